@@ -1,0 +1,15 @@
+//! The activity store: spans written at start, write-once outcomes, per-run `seq` and the global
+//! `changeId` cursor.
+//!
+//! [`types`] holds the records and inputs, [`store`] the backend trait, and [`payload`] and
+//! [`rollup`] the pure rules (payload capping, run rollups) every backend applies identically.
+
+pub mod payload;
+pub mod rollup;
+pub mod store;
+pub mod types;
+
+pub use payload::{cap_payload, CappedPayload, MAX_EVENT_PAYLOAD_BYTES, TRUNCATION_MARKER};
+pub use rollup::{compute_rollup, RollupFields};
+pub use store::{ActivityStore, StoreError, DEFAULT_CHANGES_LIMIT, DEFAULT_PRUNE_BATCH};
+pub use types::*;

@@ -1,0 +1,142 @@
+//! The activity store trait every backend implements, and its error type.
+//!
+//! The trait is async so a network database (PostgreSQL) fits without reshaping it, and it
+//! names no backend type. Semantics follow the reference `ActivityStore` to the letter; each
+//! method's doc says what it guarantees. Writes act as the instance's writer identity
+//! ([`ActivityStore::writer`]); [`ActivityStore::with_writer`] gives a handle over the same data
+//! with another identity.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::types::{
+    ActivityChange, EndSpanInput, PruneOptions, PruneResult, RunRollupRow, RunSnapshot,
+    SpanEventRow, SpanOutcome, SpanPatch, SpanRow, StartSpanInput, TerminalRootChange,
+};
+
+/// The page size of `changes_since` when the caller has no preference.
+pub const DEFAULT_CHANGES_LIMIT: i64 = 500;
+
+/// Runs pruned per `prune` call when the caller has no preference.
+pub const DEFAULT_PRUNE_BATCH: i64 = 50;
+
+/// Why a store call failed. A failed write has no effect.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A span with this id already exists (`start_span` twice with one id).
+    #[error("a span with id {span_id:?} already exists")]
+    DuplicateSpan { span_id: String },
+    /// The write queue is full: the caller should retry later. Nothing was written.
+    #[error("the store's write queue is full; retry later")]
+    Overloaded,
+    /// The store has been closed (or its writer stopped); nothing was written.
+    #[error("the store is closed")]
+    Closed,
+    /// The database was written by a newer flightlog whose schema this version cannot read.
+    #[error(
+        "the database has schema version {found}, but this flightlog supports at most version \
+         {supported}; upgrade flightlog to open it"
+    )]
+    SchemaTooNew { found: i64, supported: i64 },
+    /// A stored row could not be decoded (corruption or a foreign writer).
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    /// The backend failed (I/O, locking beyond the retry budget, …).
+    #[error("database error: {0}")]
+    Backend(String),
+}
+
+/// The canonical record of agent activity: spans in a tree per run, events, the change log,
+/// run rollups.
+#[async_trait]
+pub trait ActivityStore: Send + Sync {
+    /// The writer identity stamped on every span this instance starts.
+    fn writer(&self) -> &str;
+
+    /// A handle over the same data acting as writer `writer`.
+    fn with_writer(&self, writer: &str) -> Arc<dyn ActivityStore>;
+
+    /// Write a span at its start. Fails with [`StoreError::DuplicateSpan`] for a known id.
+    async fn start_span(&self, input: StartSpanInput) -> Result<SpanRow, StoreError>;
+
+    /// The terminal write. Write-once: `false` (and nothing written) for an unknown or already
+    /// terminal span.
+    async fn end_span(&self, span_id: &str, input: EndSpanInput) -> Result<bool, StoreError>;
+
+    /// Non-terminal updates (attrs merge, usage, wait boundary); `false` for unknown/terminal.
+    async fn patch_span(&self, span_id: &str, patch: SpanPatch) -> Result<bool, StoreError>;
+
+    /// Append an event (payload capped); `None` for an unknown span. Terminal spans accept events.
+    async fn append_event(
+        &self,
+        span_id: &str,
+        event_type: &str,
+        payload: Option<&serde_json::Value>,
+        ts: Option<i64>,
+    ) -> Result<Option<SpanEventRow>, StoreError>;
+
+    /// Touch an open span's heartbeat. Not change-logged: liveness is not activity.
+    async fn heartbeat(&self, span_id: &str, at: Option<i64>) -> Result<(), StoreError>;
+
+    /// Close every open span of a run (children first) and roll it up; returns spans closed.
+    async fn cascade_close(
+        &self,
+        run_id: &str,
+        outcome: SpanOutcome,
+        reason: &str,
+    ) -> Result<i64, StoreError>;
+
+    /// Boot sweep: close every run with an open `session`-origin span as interrupted
+    /// ("server restarted"); returns spans closed.
+    async fn sweep_own_orphans(&self) -> Result<i64, StoreError>;
+
+    /// Close runs whose open root's heartbeat is older than `stale_after_ms` before `now`,
+    /// never runs whose root this writer started ("writer went silent"); returns spans closed.
+    async fn sweep_stale(&self, stale_after_ms: i64, now: Option<i64>) -> Result<i64, StoreError>;
+
+    /// Open roots that started more than `threshold_ms` before `now`, oldest first.
+    async fn find_stuck(&self, threshold_ms: i64, now: Option<i64>)
+        -> Result<Vec<SpanRow>, StoreError>;
+
+    /// Changes after `change_cursor` whose span/event still exists, by change id, at most
+    /// `limit` (zero gives none; a negative limit drops that many from the end, as the reference).
+    async fn changes_since(
+        &self,
+        change_cursor: i64,
+        limit: i64,
+    ) -> Result<Vec<ActivityChange>, StoreError>;
+
+    /// Span changes after the cursor of spans that are now terminal roots, one per span (its
+    /// highest change id), by change id; a negative limit means no limit.
+    async fn terminal_root_changes_since(
+        &self,
+        change_cursor: i64,
+        limit: i64,
+    ) -> Result<Vec<TerminalRootChange>, StoreError>;
+
+    /// The highest change id still in the log (0 when empty; can go down after a prune).
+    async fn latest_change_cursor(&self) -> Result<i64, StoreError>;
+
+    /// Spans, events, high-water seq and global cursor of a run, from one read transaction;
+    /// `None` when the run has no spans.
+    async fn snapshot_run(&self, run_id: &str) -> Result<Option<RunSnapshot>, StoreError>;
+
+    /// The run's highest seq still logged (0 when none).
+    async fn run_high_water_seq(&self, run_id: &str) -> Result<i64, StoreError>;
+
+    /// One span by id.
+    async fn get_span(&self, span_id: &str) -> Result<Option<SpanRow>, StoreError>;
+
+    /// Open root spans, newest start first.
+    async fn open_root_spans(&self) -> Result<Vec<SpanRow>, StoreError>;
+
+    /// Upsert the run's rollup from its current spans (no-op for a run without spans).
+    async fn rollup_run(&self, run_id: &str) -> Result<(), StoreError>;
+
+    /// The run's rollup row, if any.
+    async fn read_rollup(&self, run_id: &str) -> Result<Option<RunRollupRow>, StoreError>;
+
+    /// Delete the detail of finished runs behind the digest floor or the hard ceiling.
+    async fn prune(&self, options: PruneOptions) -> Result<PruneResult, StoreError>;
+}

@@ -1,0 +1,393 @@
+//! The activity records and call inputs, shaped and named as the reference's JSON.
+//!
+//! Field names serialize in camelCase exactly as the reference TypeScript does; absent optional
+//! fields of `usage` are omitted, nullable columns are `null`. Enumerations read back from a
+//! database keep unknown values (written by a newer flightlog) instead of failing the read.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+/// A JSON object, key order preserved (attrs).
+pub type JsonObject = Map<String, Value>;
+
+macro_rules! open_enum {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)+
+            /// A value this version does not know (written by a newer flightlog); kept verbatim.
+            Unrecognized(String),
+        }
+
+        impl $name {
+            /// Every value this version knows, in declaration order.
+            pub const KNOWN: &'static [&'static str] = &[$($text),+];
+
+            /// The wire and database spelling.
+            pub fn as_str(&self) -> &str {
+                match self {
+                    $(Self::$variant => $text,)+
+                    Self::Unrecognized(other) => other,
+                }
+            }
+
+            /// Parse a stored value; unknown spellings become [`Self::Unrecognized`].
+            pub fn from_stored(text: &str) -> Self {
+                match text {
+                    $($text => Self::$variant,)+
+                    other => Self::Unrecognized(other.to_owned()),
+                }
+            }
+
+            /// Parse caller input: only known spellings are accepted.
+            pub fn parse_known(text: &str) -> Option<Self> {
+                match text {
+                    $($text => Some(Self::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(deserializer)?;
+                Self::parse_known(&text).ok_or_else(|| {
+                    serde::de::Error::custom(format!(
+                        "unknown {} {:?}, expected one of {:?}",
+                        stringify!($name),
+                        text,
+                        Self::KNOWN
+                    ))
+                })
+            }
+        }
+    };
+}
+
+open_enum!(
+    /// What unit of agent work a span is.
+    SpanKind {
+        /// One agent turn (the usual root).
+        Turn => "turn",
+        /// One tool call.
+        Tool => "tool",
+        /// A subagent run.
+        Subagent => "subagent",
+        /// A scheduled job.
+        Cron => "cron",
+        /// One call to a language model.
+        Model => "model",
+        /// Anything else (e.g. an OTLP span that maps to no agent concept).
+        Other => "other",
+    }
+);
+
+open_enum!(
+    /// Which kind of writer produced a span.
+    SpanOrigin {
+        /// Written by the serving process for an interactive session.
+        Session => "session",
+        /// Written by a scheduled-job wrapper.
+        Cron => "cron",
+        /// Ingested over OpenTelemetry.
+        Otlp => "otlp",
+    }
+);
+
+open_enum!(
+    /// The write-once terminal outcome of a span.
+    SpanOutcome {
+        /// Finished normally.
+        Success => "success",
+        /// Failed.
+        Error => "error",
+        /// Ran out of time.
+        Timeout => "timeout",
+        /// Cancelled by a caller.
+        Cancelled => "cancelled",
+        /// Refused by policy.
+        Denied => "denied",
+        /// Its writer died or restarted before it ended.
+        Interrupted => "interrupted",
+    }
+);
+
+/// Token usage as spans carry it (OpenTelemetry GenAI semantics). Absent fields are omitted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpanUsage {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read_tokens: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_creation_tokens: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+/// One span as stored: the unit of agent work.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpanRow {
+    pub span_id: String,
+    pub run_id: String,
+    /// `None` for a root. An empty string is stored as given and is *not* a root.
+    pub parent_span_id: Option<String>,
+    pub name: String,
+    pub kind: SpanKind,
+    pub origin: SpanOrigin,
+    pub session_id: Option<String>,
+    pub job_name: Option<String>,
+    /// The stored attributes (`{}` when none were given).
+    pub attrs: JsonObject,
+    pub started_at: i64,
+    pub wait_until: Option<i64>,
+    pub ended_at: Option<i64>,
+    /// `None` while the span is open; set once, never changed.
+    pub outcome: Option<SpanOutcome>,
+    pub outcome_reason: Option<String>,
+    pub usage: SpanUsage,
+    /// The identity of the store instance that started the span.
+    pub writer: String,
+    pub last_heartbeat_at: Option<i64>,
+}
+
+impl SpanRow {
+    /// A root is a span whose parent is absent (an empty-string parent is not a root).
+    pub fn is_root(&self) -> bool {
+        self.parent_span_id.is_none()
+    }
+
+    /// True once the span has its terminal outcome.
+    pub fn is_terminal(&self) -> bool {
+        self.outcome.is_some()
+    }
+}
+
+/// One event attached to a span. The payload is kept as raw JSON: the store never interprets it.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpanEventRow {
+    pub span_id: String,
+    pub event_index: i64,
+    pub ts: i64,
+    pub event_type: String,
+    /// The stored payload (`null` when none was given); a string with the truncation marker when
+    /// the original exceeded [`crate::activity::MAX_EVENT_PAYLOAD_BYTES`].
+    pub payload: Box<RawValue>,
+    pub truncated: bool,
+}
+
+impl PartialEq for SpanEventRow {
+    fn eq(&self, other: &Self) -> bool {
+        self.span_id == other.span_id
+            && self.event_index == other.event_index
+            && self.ts == other.ts
+            && self.event_type == other.event_type
+            && self.payload.get() == other.payload.get()
+            && self.truncated == other.truncated
+    }
+}
+
+/// What a change row points at.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum ChangeBody {
+    /// A span was started, patched or ended; the span as it is at read time.
+    Span { span: SpanRow },
+    /// An event was appended.
+    Event { event: SpanEventRow },
+}
+
+/// One committed write as the delta stream sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActivityChange {
+    /// The global cursor: unique and increasing across all runs.
+    pub change_id: i64,
+    pub run_id: String,
+    /// Per-run order of delta-visible writes, from 1.
+    pub seq: i64,
+    #[serde(flatten)]
+    pub body: ChangeBody,
+}
+
+/// A terminal root span and the highest change id it appears under.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TerminalRootChange {
+    pub change_id: i64,
+    pub span: SpanRow,
+}
+
+/// One consistent picture of a run: everything read in the same transaction.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunSnapshot {
+    pub run_id: String,
+    /// Spans by `started_at`.
+    pub spans: Vec<SpanRow>,
+    /// Events of all the run's spans by `(ts, event_index)`.
+    pub events: Vec<SpanEventRow>,
+    /// The run's high-water seq at the moment of the read: discard deltas at or below it.
+    pub high_water_seq: i64,
+    /// The global cursor at the same moment, to pin a poller baseline.
+    pub change_cursor: i64,
+}
+
+/// The rollup of one run: usage and outcome totals that survive pruning.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRollupRow {
+    pub run_id: String,
+    pub origin: SpanOrigin,
+    pub name: String,
+    pub session_id: Option<String>,
+    pub job_name: Option<String>,
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
+    pub outcome: Option<SpanOutcome>,
+    pub duration_ms: Option<i64>,
+    pub span_count: i64,
+    pub input_tokens: Option<i64>,
+    pub output_tokens: Option<i64>,
+    pub cache_read_tokens: Option<i64>,
+    pub cache_creation_tokens: Option<i64>,
+    pub cost_usd: Option<f64>,
+    pub failure_reason: Option<String>,
+    /// The run's detail (spans, events, changes) has been pruned; only this row remains.
+    pub detail_pruned: bool,
+}
+
+/// Input of `start_span`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StartSpanInput {
+    pub span_id: String,
+    pub run_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_span_id: Option<String>,
+    pub name: String,
+    pub kind: SpanKind,
+    pub origin: SpanOrigin,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attrs: Option<JsonObject>,
+    /// Defaults to the store's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<i64>,
+}
+
+/// Input of `end_span`: the terminal write.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EndSpanInput {
+    pub outcome: SpanOutcome,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Defaults to the store's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<SpanUsage>,
+    /// Merged shallowly over the stored attrs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attrs: Option<JsonObject>,
+}
+
+/// Input of `patch_span`: non-terminal field updates.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpanPatch {
+    /// Merged shallowly over the stored attrs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attrs: Option<JsonObject>,
+    /// Each present field replaces the stored one; absent fields keep theirs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<SpanUsage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_until: Option<i64>,
+}
+
+/// Options of `prune`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PruneOptions {
+    /// Runs that ended before this absolute epoch-ms time are covered by a digest and prunable.
+    pub digest_floor_at: i64,
+    /// Runs that ended more than this long before `now` are pruned regardless of the digest
+    /// floor, and marked with the `digest coverage gap` failure reason when the floor had not
+    /// covered them.
+    pub hard_ceiling_ms: i64,
+    /// Defaults to the store's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub now: Option<i64>,
+    /// Most runs pruned per call (default 50): pruning is batched so writers are not starved.
+    /// Zero prunes nothing; a negative value means no limit (the reference's SQL `LIMIT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<i64>,
+}
+
+/// What one `prune` call removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PruneResult {
+    pub runs_pruned: i64,
+    pub spans_deleted: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_stored_kind_is_kept_not_rejected() {
+        let kind = SpanKind::from_stored("workflow");
+        assert_eq!(kind, SpanKind::Unrecognized("workflow".into()));
+        assert_eq!(kind.as_str(), "workflow");
+        assert_eq!(SpanKind::from_stored("model"), SpanKind::Model);
+    }
+
+    #[test]
+    fn unknown_input_kind_is_rejected_with_the_known_list() {
+        let err = serde_json::from_str::<SpanKind>("\"workflow\"")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("turn"), "{err}");
+    }
+
+    #[test]
+    fn usage_omits_absent_fields() {
+        let usage = SpanUsage {
+            input_tokens: Some(3),
+            ..SpanUsage::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&usage).ok(),
+            Some(serde_json::json!({"inputTokens": 3}))
+        );
+    }
+}
