@@ -1,0 +1,77 @@
+//! The conformance suite: every fixture in the fixture folder on every backend.
+//!
+//! Prints one line per store and backend, `conformance: <store> <backend>: N fixtures passed`,
+//! and fails (non-zero exit) when any fixture fails or the folder holds no fixture at all.
+//! `FLIGHTLOG_CONFORMANCE_DIR` points it at another folder of the same format.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use flightlog_conformance::activity::replay_activity_fixture;
+use flightlog_conformance::fixtures::{conformance_dir, load_fixtures};
+use flightlog_core::activity::ActivityStore;
+use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
+
+fn report(label: &str, passed: usize, failures: &[String]) -> bool {
+    for failure in failures {
+        eprintln!("conformance: {label}: FAILED {failure}");
+    }
+    if failures.is_empty() {
+        println!("conformance: {label}: {passed} fixtures passed");
+        true
+    } else {
+        println!(
+            "conformance: {label}: {passed} fixtures passed, {} failed",
+            failures.len()
+        );
+        false
+    }
+}
+
+async fn activity_sqlite(dir: &std::path::Path) -> Result<(usize, Vec<String>), String> {
+    let fixtures = load_fixtures(dir, "activity")?;
+    let scratch = tempfile::tempdir().map_err(|err| format!("temp dir: {err}"))?;
+    let mut passed = 0;
+    let mut failures = Vec::new();
+    for (index, (path, fixture)) in fixtures.iter().enumerate() {
+        let db_path = scratch.path().join(format!("fixture-{index}.db"));
+        let outcome = replay_activity_fixture(fixture, |clock, writer| {
+            let db = SqliteDatabase::open(SqliteConfig::new(&db_path)).map_err(|e| e.to_string())?;
+            let store: Arc<dyn ActivityStore> =
+                Arc::new(SqliteActivityStore::with_identity(db, clock, writer));
+            Ok(store)
+        })
+        .await;
+        match outcome {
+            Ok(()) => passed += 1,
+            Err(err) => failures.push(format!("{} ({}): {err}", fixture.name, path.display())),
+        }
+    }
+    Ok((passed, failures))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let dir = conformance_dir();
+    let mut ok = true;
+    let mut total = 0;
+    match activity_sqlite(&dir).await {
+        Ok((passed, failures)) => {
+            total += passed + failures.len();
+            ok &= report("activity sqlite", passed, &failures);
+        }
+        Err(err) => {
+            eprintln!("conformance: {err}");
+            ok = false;
+        }
+    }
+    if total == 0 {
+        eprintln!("conformance: no fixtures found under {}", dir.display());
+        ok = false;
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

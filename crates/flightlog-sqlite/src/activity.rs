@@ -1,0 +1,418 @@
+//! [`SqliteActivityStore`]: the activity store trait on one SQLite file.
+//!
+//! Writes are closures queued to the database's writer thread (group commit); reads run on
+//! pooled reader connections. Time defaults are read from the injected clock when the call is
+//! made, so a write's timestamps do not depend on how long it waited in the queue.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use flightlog_core::activity::{
+    cap_payload, ActivityChange, ActivityStore, ChangeBody, EndSpanInput, PruneOptions,
+    PruneResult, RunRollupRow, RunSnapshot, SpanEventRow, SpanOutcome, SpanPatch, SpanRow,
+    StartSpanInput, StoreError, TerminalRootChange, DEFAULT_PRUNE_BATCH,
+};
+use flightlog_core::{default_writer_id, Clock};
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::activity_write::{self as write, PrunePlan, ORPHAN_RUNS_SQL, STALE_RUNS_SQL};
+use crate::database::SqliteDatabase;
+use crate::error::backend;
+use crate::rows::{
+    event_from_row, rollup_from_row, span_from_row, EVENT_COLUMNS, ROLLUP_COLUMNS,
+    SPAN_COLUMNS, SPAN_COLUMN_COUNT, SPAN_JOINS,
+};
+
+/// The activity store over a [`SqliteDatabase`], acting as one writer identity.
+#[derive(Debug, Clone)]
+pub struct SqliteActivityStore {
+    db: Arc<SqliteDatabase>,
+    clock: Arc<dyn Clock>,
+    writer: Arc<str>,
+}
+
+impl SqliteActivityStore {
+    /// A store over `db` with the default writer identity (`pid:<pid>:<start-ms>`).
+    pub fn new(db: Arc<SqliteDatabase>, clock: Arc<dyn Clock>) -> Self {
+        let writer = default_writer_id(clock.as_ref());
+        Self::with_identity(db, clock, &writer)
+    }
+
+    /// A store over `db` acting as `writer`.
+    pub fn with_identity(db: Arc<SqliteDatabase>, clock: Arc<dyn Clock>, writer: &str) -> Self {
+        Self {
+            db,
+            clock,
+            writer: Arc::from(writer),
+        }
+    }
+
+    /// The database this store lives in.
+    pub fn database(&self) -> &Arc<SqliteDatabase> {
+        &self.db
+    }
+
+    fn now(&self) -> i64 {
+        self.clock.now_ms()
+    }
+}
+
+fn query_spans(
+    conn: &Connection,
+    filter_and_order: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<SpanRow>, StoreError> {
+    let sql = format!("SELECT {SPAN_COLUMNS} FROM {SPAN_JOINS} {filter_and_order}");
+    conn.prepare_cached(&sql)
+        .and_then(|mut stmt| stmt.query_map(params, |row| span_from_row(row, 0))?.collect())
+        .map_err(backend)
+}
+
+fn run_key(conn: &Connection, run_id: &str) -> Result<Option<i64>, StoreError> {
+    conn.prepare_cached("SELECT run_key FROM activity_runs WHERE run_id = ?1")
+        .and_then(|mut stmt| stmt.query_row([run_id], |row| row.get(0)).optional())
+        .map_err(backend)
+}
+
+fn high_water_seq(conn: &Connection, run_key: i64) -> Result<i64, StoreError> {
+    conn.prepare_cached(
+        "SELECT seq FROM activity_changes WHERE run_key = ?1 ORDER BY seq DESC LIMIT 1",
+    )
+    .and_then(|mut stmt| stmt.query_row([run_key], |row| row.get(0)).optional())
+    .map(|seq| seq.unwrap_or(0))
+    .map_err(backend)
+}
+
+fn latest_cursor(conn: &Connection) -> Result<i64, StoreError> {
+    conn.prepare_cached("SELECT COALESCE(MAX(change_id), 0) FROM activity_changes")
+        .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
+        .map_err(backend)
+}
+
+fn any_row(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<bool, StoreError> {
+    conn.prepare_cached(sql)
+        .and_then(|mut stmt| stmt.exists(params))
+        .map_err(backend)
+}
+
+fn changes_after(
+    conn: &Connection,
+    change_cursor: i64,
+    sql_limit: i64,
+) -> Result<Vec<ActivityChange>, StoreError> {
+    // One pass over the log: a change whose span or event row was pruned drops out of the
+    // joins, as in the reference.
+    let sql = format!(
+        "SELECT c.change_id, c.seq, c.event_index, {SPAN_COLUMNS}, \
+                e.ts, e.event_type, e.payload, e.truncated \
+         FROM activity_changes c \
+         JOIN activity_spans s ON s.span_key = c.span_key \
+         JOIN activity_runs r ON r.run_key = s.run_key \
+         JOIN activity_writers w ON w.writer_key = s.writer_key \
+         LEFT JOIN activity_events e ON c.event_index IS NOT NULL \
+              AND e.span_key = c.span_key AND e.event_index = c.event_index \
+         WHERE c.change_id > ?1 AND (c.event_index IS NULL OR e.span_key IS NOT NULL) \
+         ORDER BY c.change_id LIMIT ?2"
+    );
+    let event_base = 3 + SPAN_COLUMN_COUNT;
+    conn.prepare_cached(&sql)
+        .and_then(|mut stmt| {
+            stmt.query_map(params![change_cursor, sql_limit], |row| {
+                let change_id: i64 = row.get(0)?;
+                let seq: i64 = row.get(1)?;
+                let event_index: Option<i64> = row.get(2)?;
+                let run_id: String = row.get(4)?;
+                let body = match event_index {
+                    None => ChangeBody::Span {
+                        span: span_from_row(row, 3)?,
+                    },
+                    Some(event_index) => {
+                        let payload: String = row.get(event_base + 2)?;
+                        let payload =
+                            serde_json::value::RawValue::from_string(payload).map_err(|err| {
+                                rusqlite::Error::FromSqlConversionFailure(
+                                    event_base + 2,
+                                    rusqlite::types::Type::Text,
+                                    Box::new(err),
+                                )
+                            })?;
+                        ChangeBody::Event {
+                            event: SpanEventRow {
+                                span_id: row.get(3)?,
+                                event_index,
+                                ts: row.get(event_base)?,
+                                event_type: row.get(event_base + 1)?,
+                                payload,
+                                truncated: row.get::<_, i64>(event_base + 3)? != 0,
+                            },
+                        }
+                    }
+                };
+                Ok(ActivityChange {
+                    change_id,
+                    run_id,
+                    seq,
+                    body,
+                })
+            })?
+            .collect()
+        })
+        .map_err(backend)
+}
+
+fn snapshot(conn: &Connection, run_id: &str) -> Result<Option<RunSnapshot>, StoreError> {
+    let Some(run_key) = run_key(conn, run_id)? else {
+        return Ok(None);
+    };
+    let spans = query_spans(
+        conn,
+        "WHERE s.run_key = ?1 ORDER BY s.started_at, s.span_key",
+        [run_key],
+    )?;
+    if spans.is_empty() {
+        return Ok(None);
+    }
+    let sql = format!(
+        "SELECT {EVENT_COLUMNS} FROM activity_events e \
+         JOIN activity_spans s ON s.span_key = e.span_key \
+         WHERE s.run_key = ?1 ORDER BY e.ts, e.event_index, e.span_key"
+    );
+    let events = conn
+        .prepare_cached(&sql)
+        .and_then(|mut stmt| stmt.query_map([run_key], |row| event_from_row(row, 0))?.collect())
+        .map_err(backend)?;
+    Ok(Some(RunSnapshot {
+        run_id: run_id.to_owned(),
+        spans,
+        events,
+        high_water_seq: high_water_seq(conn, run_key)?,
+        change_cursor: latest_cursor(conn)?,
+    }))
+}
+
+#[async_trait]
+impl ActivityStore for SqliteActivityStore {
+    fn writer(&self) -> &str {
+        &self.writer
+    }
+
+    fn with_writer(&self, writer: &str) -> Arc<dyn ActivityStore> {
+        Arc::new(Self::with_identity(
+            self.db.clone(),
+            self.clock.clone(),
+            writer,
+        ))
+    }
+
+    async fn start_span(&self, input: StartSpanInput) -> Result<SpanRow, StoreError> {
+        let now = self.now();
+        let writer = self.writer.clone();
+        self.db
+            .write(move |ctx| write::start_span(ctx, input, &writer, now))
+            .await
+    }
+
+    async fn end_span(&self, span_id: &str, input: EndSpanInput) -> Result<bool, StoreError> {
+        let now = self.now();
+        let span_id = span_id.to_owned();
+        self.db
+            .write(move |ctx| write::end_span(ctx, &span_id, &input, now))
+            .await
+    }
+
+    async fn patch_span(&self, span_id: &str, patch: SpanPatch) -> Result<bool, StoreError> {
+        let span_id = span_id.to_owned();
+        self.db
+            .write(move |ctx| write::patch_span(ctx, &span_id, &patch))
+            .await
+    }
+
+    async fn append_event(
+        &self,
+        span_id: &str,
+        event_type: &str,
+        payload: Option<&serde_json::Value>,
+        ts: Option<i64>,
+    ) -> Result<Option<SpanEventRow>, StoreError> {
+        let ts = ts.unwrap_or_else(|| self.now());
+        // Capping is pure CPU work: do it on the caller's thread, not the writer's.
+        let capped = cap_payload(payload);
+        let span_id = span_id.to_owned();
+        let event_type = event_type.to_owned();
+        self.db
+            .write(move |ctx| write::append_event(ctx, &span_id, &event_type, capped, ts))
+            .await
+    }
+
+    async fn heartbeat(&self, span_id: &str, at: Option<i64>) -> Result<(), StoreError> {
+        let at = at.unwrap_or_else(|| self.now());
+        let span_id = span_id.to_owned();
+        self.db
+            .write(move |ctx| write::heartbeat(ctx, &span_id, at))
+            .await
+    }
+
+    async fn cascade_close(
+        &self,
+        run_id: &str,
+        outcome: SpanOutcome,
+        reason: &str,
+    ) -> Result<i64, StoreError> {
+        let now = self.now();
+        let run_id = run_id.to_owned();
+        let reason = reason.to_owned();
+        self.db
+            .write(move |ctx| write::cascade_close(ctx, &run_id, &outcome, &reason, now))
+            .await
+    }
+
+    async fn sweep_own_orphans(&self) -> Result<i64, StoreError> {
+        let now = self.now();
+        // The common case finds nothing and must not take the write lock for it.
+        if !self.db.read(|conn| any_row(conn, ORPHAN_RUNS_SQL, []))? {
+            return Ok(0);
+        }
+        self.db
+            .write(move |ctx| write::sweep_own_orphans(ctx, now))
+            .await
+    }
+
+    async fn sweep_stale(&self, stale_after_ms: i64, now: Option<i64>) -> Result<i64, StoreError> {
+        // Ended spans are stamped with the clock even when `now` is given (reference behaviour).
+        let clock_now = self.now();
+        let cutoff = now.unwrap_or(clock_now).saturating_sub(stale_after_ms);
+        let writer = self.writer.clone();
+        let found = self.db.read(|conn| {
+            any_row(conn, STALE_RUNS_SQL, params![writer.as_ref(), cutoff])
+        })?;
+        if !found {
+            return Ok(0);
+        }
+        self.db
+            .write(move |ctx| write::sweep_stale(ctx, &writer, cutoff, clock_now))
+            .await
+    }
+
+    async fn find_stuck(
+        &self,
+        threshold_ms: i64,
+        now: Option<i64>,
+    ) -> Result<Vec<SpanRow>, StoreError> {
+        let cutoff = now.unwrap_or_else(|| self.now()).saturating_sub(threshold_ms);
+        self.db.read(|conn| {
+            query_spans(
+                conn,
+                "WHERE s.outcome IS NULL AND s.parent_span_id IS NULL AND s.started_at < ?1 \
+                 ORDER BY s.started_at, s.span_key",
+                [cutoff],
+            )
+        })
+    }
+
+    async fn changes_since(
+        &self,
+        change_cursor: i64,
+        limit: i64,
+    ) -> Result<Vec<ActivityChange>, StoreError> {
+        let mut changes = self.db.read(|conn| changes_after(conn, change_cursor, limit))?;
+        if limit < 0 {
+            // The reference slices with the negative limit after an unlimited SQL LIMIT.
+            let keep = changes.len().saturating_sub(limit.unsigned_abs() as usize);
+            changes.truncate(keep);
+        }
+        Ok(changes)
+    }
+
+    async fn terminal_root_changes_since(
+        &self,
+        change_cursor: i64,
+        limit: i64,
+    ) -> Result<Vec<TerminalRootChange>, StoreError> {
+        let sql = format!(
+            "SELECT MAX(c.change_id) AS last_change, {SPAN_COLUMNS} \
+             FROM activity_changes c \
+             JOIN activity_spans s ON s.span_key = c.span_key \
+             JOIN activity_runs r ON r.run_key = s.run_key \
+             JOIN activity_writers w ON w.writer_key = s.writer_key \
+             WHERE c.change_id > ?1 AND c.event_index IS NULL \
+               AND s.parent_span_id IS NULL AND s.outcome IS NOT NULL \
+             GROUP BY s.span_key ORDER BY last_change LIMIT ?2"
+        );
+        self.db.read(|conn| {
+            conn.prepare_cached(&sql)
+                .and_then(|mut stmt| {
+                    stmt.query_map(params![change_cursor, limit], |row| {
+                        Ok(TerminalRootChange {
+                            change_id: row.get(0)?,
+                            span: span_from_row(row, 1)?,
+                        })
+                    })?
+                    .collect()
+                })
+                .map_err(backend)
+        })
+    }
+
+    async fn latest_change_cursor(&self) -> Result<i64, StoreError> {
+        self.db.read(latest_cursor)
+    }
+
+    async fn snapshot_run(&self, run_id: &str) -> Result<Option<RunSnapshot>, StoreError> {
+        self.db.read_consistent(|conn| snapshot(conn, run_id))
+    }
+
+    async fn run_high_water_seq(&self, run_id: &str) -> Result<i64, StoreError> {
+        self.db.read(|conn| match run_key(conn, run_id)? {
+            Some(key) => high_water_seq(conn, key),
+            None => Ok(0),
+        })
+    }
+
+    async fn get_span(&self, span_id: &str) -> Result<Option<SpanRow>, StoreError> {
+        self.db.read(|conn| {
+            Ok(query_spans(conn, "WHERE s.span_id = ?1", [span_id])?
+                .into_iter()
+                .next())
+        })
+    }
+
+    async fn open_root_spans(&self) -> Result<Vec<SpanRow>, StoreError> {
+        self.db.read(|conn| {
+            query_spans(
+                conn,
+                "WHERE s.outcome IS NULL AND s.parent_span_id IS NULL \
+                 ORDER BY s.started_at DESC, s.span_key DESC",
+                [],
+            )
+        })
+    }
+
+    async fn rollup_run(&self, run_id: &str) -> Result<(), StoreError> {
+        let run_id = run_id.to_owned();
+        self.db
+            .write(move |ctx| write::rollup_run(ctx, &run_id))
+            .await
+    }
+
+    async fn read_rollup(&self, run_id: &str) -> Result<Option<RunRollupRow>, StoreError> {
+        let sql = format!(
+            "SELECT {ROLLUP_COLUMNS} FROM activity_run_rollups o \
+             JOIN activity_runs r ON r.run_key = o.run_key WHERE r.run_id = ?1"
+        );
+        self.db.read(|conn| {
+            conn.prepare_cached(&sql)
+                .and_then(|mut stmt| stmt.query_row([run_id], rollup_from_row).optional())
+                .map_err(backend)
+        })
+    }
+
+    async fn prune(&self, options: PruneOptions) -> Result<PruneResult, StoreError> {
+        let now = options.now.unwrap_or_else(|| self.now());
+        let plan = PrunePlan {
+            floor: options.digest_floor_at.max(0),
+            ceiling: now.saturating_sub(options.hard_ceiling_ms),
+            batch: options.batch.unwrap_or(DEFAULT_PRUNE_BATCH),
+        };
+        self.db.write(move |ctx| write::prune(ctx, plan)).await
+    }
+}

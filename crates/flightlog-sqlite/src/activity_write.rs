@@ -1,0 +1,582 @@
+//! The activity store's writes, run by the writer thread inside the group transaction.
+//!
+//! Each function is one store call with the reference's semantics: it either completes or
+//! returns an error (and the caller's savepoint rolls it back). Per-run `seq` is the run's
+//! highest logged seq plus one, read with one seek on `(run_key, seq)`; `change_id` is the
+//! change log's AUTOINCREMENT rowid, so ids never repeat even after the newest rows are pruned.
+
+use flightlog_core::activity::{
+    compute_rollup, CappedPayload, EndSpanInput, JsonObject, PruneResult, SpanEventRow,
+    SpanOutcome, SpanPatch, SpanRow, SpanUsage, StartSpanInput, StoreError,
+};
+use rusqlite::{params, Connection, OptionalExtension};
+use serde_json::value::RawValue;
+
+use crate::database::WriteContext;
+use crate::error::{backend, is_constraint};
+use crate::rows::{parse_attrs, span_from_row, SPAN_COLUMNS, SPAN_JOINS};
+
+/// How far behind the newest change id a terminal run's change rows are trimmed by `prune`.
+pub(crate) const CHANGE_LOG_TRIM_DISTANCE: i64 = 100_000;
+
+fn run_key_of(ctx: &mut WriteContext<'_>, run_id: &str) -> Result<i64, StoreError> {
+    if let Some(key) = ctx.keys.run_keys.get(run_id) {
+        return Ok(*key);
+    }
+    ctx.conn
+        .prepare_cached("INSERT INTO activity_runs (run_id) VALUES (?1) ON CONFLICT(run_id) DO NOTHING")
+        .and_then(|mut stmt| stmt.execute([run_id]))
+        .map_err(backend)?;
+    let key: i64 = ctx
+        .conn
+        .prepare_cached("SELECT run_key FROM activity_runs WHERE run_id = ?1")
+        .and_then(|mut stmt| stmt.query_row([run_id], |row| row.get(0)))
+        .map_err(backend)?;
+    ctx.keys.run_keys.insert(run_id.to_owned(), key);
+    Ok(key)
+}
+
+fn existing_run_key(conn: &Connection, run_id: &str) -> Result<Option<i64>, StoreError> {
+    conn.prepare_cached("SELECT run_key FROM activity_runs WHERE run_id = ?1")
+        .and_then(|mut stmt| stmt.query_row([run_id], |row| row.get(0)).optional())
+        .map_err(backend)
+}
+
+fn writer_key_of(ctx: &mut WriteContext<'_>, writer: &str) -> Result<i64, StoreError> {
+    if let Some(key) = ctx.keys.writer_keys.get(writer) {
+        return Ok(*key);
+    }
+    ctx.conn
+        .prepare_cached(
+            "INSERT INTO activity_writers (writer) VALUES (?1) ON CONFLICT(writer) DO NOTHING",
+        )
+        .and_then(|mut stmt| stmt.execute([writer]))
+        .map_err(backend)?;
+    let key: i64 = ctx
+        .conn
+        .prepare_cached("SELECT writer_key FROM activity_writers WHERE writer = ?1")
+        .and_then(|mut stmt| stmt.query_row([writer], |row| row.get(0)))
+        .map_err(backend)?;
+    ctx.keys.writer_keys.insert(writer.to_owned(), key);
+    Ok(key)
+}
+
+/// Append one change row; returns `(change_id, seq)`.
+fn log_change(
+    conn: &Connection,
+    run_key: i64,
+    span_key: i64,
+    event_index: Option<i64>,
+) -> Result<(i64, i64), StoreError> {
+    let high: Option<i64> = conn
+        .prepare_cached(
+            "SELECT seq FROM activity_changes WHERE run_key = ?1 ORDER BY seq DESC LIMIT 1",
+        )
+        .and_then(|mut stmt| stmt.query_row([run_key], |row| row.get(0)).optional())
+        .map_err(backend)?;
+    let seq = high.unwrap_or(0) + 1;
+    conn.prepare_cached(
+        "INSERT INTO activity_changes (run_key, seq, span_key, event_index) VALUES (?1, ?2, ?3, ?4)",
+    )
+    .and_then(|mut stmt| stmt.execute(params![run_key, seq, span_key, event_index]))
+    .map_err(backend)?;
+    Ok((conn.last_insert_rowid(), seq))
+}
+
+fn attrs_text(attrs: &JsonObject) -> String {
+    serde_json::Value::Object(attrs.clone()).to_string()
+}
+
+pub(crate) fn start_span(
+    ctx: &mut WriteContext<'_>,
+    input: StartSpanInput,
+    writer: &str,
+    now: i64,
+) -> Result<SpanRow, StoreError> {
+    let run_key = run_key_of(ctx, &input.run_id)?;
+    let writer_key = writer_key_of(ctx, writer)?;
+    let started_at = input.started_at.unwrap_or(now);
+    // The reference tests the parent for truthiness: an empty-string parent gets a heartbeat.
+    let last_heartbeat_at = match input.parent_span_id.as_deref() {
+        None | Some("") => Some(started_at),
+        Some(_) => None,
+    };
+    let attrs = input.attrs.as_ref().map(attrs_text);
+    let inserted = ctx
+        .conn
+        .prepare_cached(
+            "INSERT INTO activity_spans (span_id, run_key, parent_span_id, name, kind, origin, \
+             session_id, job_name, attrs, started_at, writer_key, last_heartbeat_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                input.span_id,
+                run_key,
+                input.parent_span_id,
+                input.name,
+                input.kind.as_str(),
+                input.origin.as_str(),
+                input.session_id,
+                input.job_name,
+                attrs,
+                started_at,
+                writer_key,
+                last_heartbeat_at,
+            ])
+        });
+    if let Err(err) = inserted {
+        return Err(if is_constraint(&err) {
+            StoreError::DuplicateSpan {
+                span_id: input.span_id,
+            }
+        } else {
+            backend(err)
+        });
+    }
+    let span_key = ctx.conn.last_insert_rowid();
+    log_change(ctx.conn, run_key, span_key, None)?;
+    Ok(SpanRow {
+        span_id: input.span_id,
+        run_id: input.run_id,
+        parent_span_id: input.parent_span_id,
+        name: input.name,
+        kind: input.kind,
+        origin: input.origin,
+        session_id: input.session_id,
+        job_name: input.job_name,
+        attrs: input.attrs.unwrap_or_default(),
+        started_at,
+        wait_until: None,
+        ended_at: None,
+        outcome: None,
+        outcome_reason: None,
+        usage: SpanUsage::default(),
+        writer: writer.to_owned(),
+        last_heartbeat_at,
+    })
+}
+
+/// The open-ness check and attrs every non-terminal update starts from.
+struct OpenSpan {
+    span_key: i64,
+    run_key: i64,
+    attrs: Option<String>,
+}
+
+fn open_span(conn: &Connection, span_id: &str) -> Result<Option<OpenSpan>, StoreError> {
+    let found = conn
+        .prepare_cached(
+            "SELECT span_key, run_key, outcome IS NOT NULL, attrs FROM activity_spans \
+             WHERE span_id = ?1",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row([span_id], |row| {
+                Ok((
+                    OpenSpan {
+                        span_key: row.get(0)?,
+                        run_key: row.get(1)?,
+                        attrs: row.get(3)?,
+                    },
+                    row.get::<_, bool>(2)?,
+                ))
+            })
+            .optional()
+        })
+        .map_err(backend)?;
+    Ok(match found {
+        Some((span, false)) => Some(span),
+        _ => None,
+    })
+}
+
+/// `{...old, ...new}`: new keys overwrite in place, unseen keys are appended.
+fn merged_attrs(stored: Option<String>, update: Option<&JsonObject>) -> Option<String> {
+    match update {
+        None => stored,
+        Some(update) => {
+            let mut merged = parse_attrs(stored.as_deref());
+            for (key, value) in update {
+                merged.insert(key.clone(), value.clone());
+            }
+            Some(attrs_text(&merged))
+        }
+    }
+}
+
+fn end_span_by_key(
+    conn: &Connection,
+    span: OpenSpan,
+    input: &EndSpanInput,
+    now: i64,
+) -> Result<(), StoreError> {
+    let attrs = merged_attrs(span.attrs, input.attrs.as_ref());
+    let usage = input.usage.clone().unwrap_or_default();
+    conn.prepare_cached(
+        "UPDATE activity_spans SET outcome = ?1, outcome_reason = ?2, ended_at = ?3, attrs = ?4, \
+         input_tokens = COALESCE(?5, input_tokens), output_tokens = COALESCE(?6, output_tokens), \
+         cache_read_tokens = COALESCE(?7, cache_read_tokens), \
+         cache_creation_tokens = COALESCE(?8, cache_creation_tokens), \
+         cost_usd = COALESCE(?9, cost_usd), model = COALESCE(?10, model) WHERE span_key = ?11",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            input.outcome.as_str(),
+            input.reason,
+            input.ended_at.unwrap_or(now),
+            attrs,
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cache_read_tokens,
+            usage.cache_creation_tokens,
+            usage.cost_usd,
+            usage.model,
+            span.span_key,
+        ])
+    })
+    .map_err(backend)?;
+    log_change(conn, span.run_key, span.span_key, None)?;
+    Ok(())
+}
+
+pub(crate) fn end_span(
+    ctx: &mut WriteContext<'_>,
+    span_id: &str,
+    input: &EndSpanInput,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let Some(span) = open_span(ctx.conn, span_id)? else {
+        return Ok(false);
+    };
+    end_span_by_key(ctx.conn, span, input, now)?;
+    Ok(true)
+}
+
+pub(crate) fn patch_span(
+    ctx: &mut WriteContext<'_>,
+    span_id: &str,
+    patch: &SpanPatch,
+) -> Result<bool, StoreError> {
+    let Some(span) = open_span(ctx.conn, span_id)? else {
+        return Ok(false);
+    };
+    let attrs = merged_attrs(span.attrs, patch.attrs.as_ref());
+    let usage = patch.usage.clone().unwrap_or_default();
+    ctx.conn
+        .prepare_cached(
+            "UPDATE activity_spans SET attrs = ?1, wait_until = COALESCE(?2, wait_until), \
+             input_tokens = COALESCE(?3, input_tokens), output_tokens = COALESCE(?4, output_tokens), \
+             cache_read_tokens = COALESCE(?5, cache_read_tokens), \
+             cache_creation_tokens = COALESCE(?6, cache_creation_tokens), \
+             cost_usd = COALESCE(?7, cost_usd), model = COALESCE(?8, model) WHERE span_key = ?9",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                attrs,
+                patch.wait_until,
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens,
+                usage.cache_creation_tokens,
+                usage.cost_usd,
+                usage.model,
+                span.span_key,
+            ])
+        })
+        .map_err(backend)?;
+    log_change(ctx.conn, span.run_key, span.span_key, None)?;
+    Ok(true)
+}
+
+pub(crate) fn append_event(
+    ctx: &mut WriteContext<'_>,
+    span_id: &str,
+    event_type: &str,
+    payload: CappedPayload,
+    ts: i64,
+) -> Result<Option<SpanEventRow>, StoreError> {
+    let span: Option<(i64, i64)> = ctx
+        .conn
+        .prepare_cached("SELECT span_key, run_key FROM activity_spans WHERE span_id = ?1")
+        .and_then(|mut stmt| {
+            stmt.query_row([span_id], |row| Ok((row.get(0)?, row.get(1)?)))
+                .optional()
+        })
+        .map_err(backend)?;
+    let Some((span_key, run_key)) = span else {
+        return Ok(None);
+    };
+    let last_index: Option<i64> = ctx
+        .conn
+        .prepare_cached(
+            "SELECT event_index FROM activity_events WHERE span_key = ?1 \
+             ORDER BY event_index DESC LIMIT 1",
+        )
+        .and_then(|mut stmt| stmt.query_row([span_key], |row| row.get(0)).optional())
+        .map_err(backend)?;
+    let event_index = last_index.map_or(0, |index| index + 1);
+    ctx.conn
+        .prepare_cached(
+            "INSERT INTO activity_events (span_key, event_index, ts, event_type, truncated, payload) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                span_key,
+                event_index,
+                ts,
+                event_type,
+                payload.truncated,
+                payload.json
+            ])
+        })
+        .map_err(backend)?;
+    log_change(ctx.conn, run_key, span_key, Some(event_index))?;
+    let truncated = payload.truncated;
+    let payload = RawValue::from_string(payload.json)
+        .map_err(|err| StoreError::Corrupt(format!("capped payload is not JSON: {err}")))?;
+    Ok(Some(SpanEventRow {
+        span_id: span_id.to_owned(),
+        event_index,
+        ts,
+        event_type: event_type.to_owned(),
+        payload,
+        truncated,
+    }))
+}
+
+pub(crate) fn heartbeat(ctx: &mut WriteContext<'_>, span_id: &str, at: i64) -> Result<(), StoreError> {
+    // Deliberately not change-logged: a heartbeat is liveness metadata, not activity.
+    ctx.conn
+        .prepare_cached(
+            "UPDATE activity_spans SET last_heartbeat_at = ?1 WHERE span_id = ?2 AND outcome IS NULL",
+        )
+        .and_then(|mut stmt| stmt.execute(params![at, span_id]))
+        .map_err(backend)?;
+    Ok(())
+}
+
+/// Close every open span of the run, newest start first (children before parents), then roll
+/// the run up if anything was closed. Returns the number of spans closed.
+fn close_run(
+    conn: &Connection,
+    run_key: i64,
+    outcome: &SpanOutcome,
+    reason: &str,
+    now: i64,
+) -> Result<i64, StoreError> {
+    let open: Vec<OpenSpan> = conn
+        .prepare_cached(
+            "SELECT span_key, attrs FROM activity_spans WHERE run_key = ?1 AND outcome IS NULL \
+             ORDER BY started_at DESC, span_key DESC",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map([run_key], |row| {
+                Ok(OpenSpan {
+                    span_key: row.get(0)?,
+                    run_key,
+                    attrs: row.get(1)?,
+                })
+            })?
+            .collect()
+        })
+        .map_err(backend)?;
+    let input = EndSpanInput {
+        outcome: outcome.clone(),
+        reason: Some(reason.to_owned()),
+        ended_at: None,
+        usage: None,
+        attrs: None,
+    };
+    let mut closed = 0;
+    for span in open {
+        end_span_by_key(conn, span, &input, now)?;
+        closed += 1;
+    }
+    if closed > 0 {
+        rollup_run_key(conn, run_key)?;
+    }
+    Ok(closed)
+}
+
+pub(crate) fn cascade_close(
+    ctx: &mut WriteContext<'_>,
+    run_id: &str,
+    outcome: &SpanOutcome,
+    reason: &str,
+    now: i64,
+) -> Result<i64, StoreError> {
+    match existing_run_key(ctx.conn, run_id)? {
+        Some(run_key) => close_run(ctx.conn, run_key, outcome, reason, now),
+        None => Ok(0),
+    }
+}
+
+/// Runs with an open `session`-origin span (any writer), by run id: the boot sweep's targets.
+pub(crate) const ORPHAN_RUNS_SQL: &str = "SELECT s.run_key FROM activity_spans s \
+     JOIN activity_runs r ON r.run_key = s.run_key \
+     WHERE s.outcome IS NULL AND s.origin = 'session' GROUP BY s.run_key ORDER BY r.run_id";
+
+/// Runs whose open root was started by another writer and whose root heartbeat (or start) is
+/// older than the cutoff, by root start: the stale sweep's targets.
+pub(crate) const STALE_RUNS_SQL: &str = "SELECT s.run_key FROM activity_spans s \
+     JOIN activity_writers w ON w.writer_key = s.writer_key \
+     WHERE s.outcome IS NULL AND s.parent_span_id IS NULL AND w.writer != ?1 \
+       AND COALESCE(s.last_heartbeat_at, s.started_at) < ?2 \
+     ORDER BY s.started_at, s.span_key";
+
+fn run_keys(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<Vec<i64>, StoreError> {
+    conn.prepare_cached(sql)
+        .and_then(|mut stmt| stmt.query_map(params, |row| row.get(0))?.collect())
+        .map_err(backend)
+}
+
+pub(crate) fn sweep_own_orphans(ctx: &mut WriteContext<'_>, now: i64) -> Result<i64, StoreError> {
+    let mut closed = 0;
+    // Re-read inside the transaction: a run closed since the caller's look is simply absent.
+    for run_key in run_keys(ctx.conn, ORPHAN_RUNS_SQL, [])? {
+        closed += close_run(ctx.conn, run_key, &SpanOutcome::Interrupted, "server restarted", now)?;
+    }
+    Ok(closed)
+}
+
+pub(crate) fn sweep_stale(
+    ctx: &mut WriteContext<'_>,
+    writer: &str,
+    cutoff: i64,
+    now: i64,
+) -> Result<i64, StoreError> {
+    let mut closed = 0;
+    // Re-read inside the transaction so a root that heartbeated since the caller's look survives.
+    for run_key in run_keys(ctx.conn, STALE_RUNS_SQL, params![writer, cutoff])? {
+        closed += close_run(ctx.conn, run_key, &SpanOutcome::Interrupted, "writer went silent", now)?;
+    }
+    Ok(closed)
+}
+
+pub(crate) fn rollup_run(ctx: &mut WriteContext<'_>, run_id: &str) -> Result<(), StoreError> {
+    match existing_run_key(ctx.conn, run_id)? {
+        Some(run_key) => rollup_run_key(ctx.conn, run_key),
+        None => Ok(()),
+    }
+}
+
+fn rollup_run_key(conn: &Connection, run_key: i64) -> Result<(), StoreError> {
+    let sql = format!(
+        "SELECT {SPAN_COLUMNS} FROM {SPAN_JOINS} WHERE s.run_key = ?1 \
+         ORDER BY s.started_at, s.span_key"
+    );
+    let spans: Vec<SpanRow> = conn
+        .prepare_cached(&sql)
+        .and_then(|mut stmt| stmt.query_map([run_key], |row| span_from_row(row, 0))?.collect())
+        .map_err(backend)?;
+    let Some(fields) = compute_rollup(&spans) else {
+        return Ok(());
+    };
+    conn.prepare_cached(
+        "INSERT INTO activity_run_rollups (run_key, origin, name, session_id, job_name, \
+         started_at, ended_at, outcome, duration_ms, span_count, input_tokens, output_tokens, \
+         cache_read_tokens, cache_creation_tokens, cost_usd, failure_reason, detail_pruned) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, 0) \
+         ON CONFLICT(run_key) DO UPDATE SET ended_at = excluded.ended_at, \
+         outcome = excluded.outcome, duration_ms = excluded.duration_ms, \
+         span_count = excluded.span_count, input_tokens = excluded.input_tokens, \
+         output_tokens = excluded.output_tokens, cache_read_tokens = excluded.cache_read_tokens, \
+         cache_creation_tokens = excluded.cache_creation_tokens, cost_usd = excluded.cost_usd, \
+         failure_reason = excluded.failure_reason",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            run_key,
+            fields.origin.as_str(),
+            fields.name,
+            fields.session_id,
+            fields.job_name,
+            fields.started_at,
+            fields.ended_at,
+            fields.outcome.as_ref().map(SpanOutcome::as_str),
+            fields.duration_ms,
+            fields.span_count,
+            fields.input_tokens,
+            fields.output_tokens,
+            fields.cache_read_tokens,
+            fields.cache_creation_tokens,
+            fields.cost_usd,
+            fields.failure_reason,
+        ])
+    })
+    .map_err(backend)?;
+    Ok(())
+}
+
+/// Prune parameters resolved by the caller (`now` and defaults applied).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PrunePlan {
+    pub floor: i64,
+    pub ceiling: i64,
+    /// SQL `LIMIT` semantics: 0 = none, negative = all.
+    pub batch: i64,
+}
+
+pub(crate) fn prune(ctx: &mut WriteContext<'_>, plan: PrunePlan) -> Result<PruneResult, StoreError> {
+    let conn = ctx.conn;
+    // Candidates come from the rollups (a finished run's terminal write made it prunable),
+    // guarded against any run that still has an open span.
+    let candidates: Vec<(i64, i64)> = conn
+        .prepare_cached(
+            "SELECT o.run_key, o.ended_at FROM activity_run_rollups o \
+             WHERE o.detail_pruned = 0 AND o.ended_at IS NOT NULL \
+               AND (o.ended_at < ?1 OR o.ended_at < ?2) \
+               AND NOT EXISTS (SELECT 1 FROM activity_spans s \
+                               WHERE s.run_key = o.run_key AND s.outcome IS NULL) \
+             ORDER BY o.ended_at, o.run_key LIMIT ?3",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map(params![plan.floor, plan.ceiling, plan.batch], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })?
+            .collect()
+        })
+        .map_err(backend)?;
+    let mut spans_deleted = 0i64;
+    for (run_key, ended_at) in &candidates {
+        let run_key = *run_key;
+        // Pruned by the hard ceiling alone: the digest never covered this run, so the rollup
+        // says so instead of silently losing its detail.
+        let gap = *ended_at >= plan.floor;
+        conn.prepare_cached(
+            "UPDATE activity_run_rollups SET detail_pruned = 1, failure_reason = \
+             CASE WHEN ?2 THEN COALESCE(failure_reason, 'digest coverage gap') \
+             ELSE failure_reason END WHERE run_key = ?1",
+        )
+        .and_then(|mut stmt| stmt.execute(params![run_key, gap]))
+        .map_err(backend)?;
+        conn.prepare_cached(
+            "DELETE FROM activity_events WHERE span_key IN \
+             (SELECT span_key FROM activity_spans WHERE run_key = ?1)",
+        )
+        .and_then(|mut stmt| stmt.execute([run_key]))
+        .map_err(backend)?;
+        let deleted = conn
+            .prepare_cached("DELETE FROM activity_spans WHERE run_key = ?1")
+            .and_then(|mut stmt| stmt.execute([run_key]))
+            .map_err(backend)?;
+        spans_deleted += i64::try_from(deleted).unwrap_or(i64::MAX);
+        conn.prepare_cached("DELETE FROM activity_changes WHERE run_key = ?1")
+            .and_then(|mut stmt| stmt.execute([run_key]))
+            .map_err(backend)?;
+    }
+    // The change log only serves live cursors; rows this far behind the newest are unreachable
+    // by any live poller. Runs with open spans keep theirs.
+    conn.prepare_cached(
+        "DELETE FROM activity_changes WHERE change_id < \
+           (SELECT COALESCE(MAX(change_id), 0) FROM activity_changes) - ?1 \
+         AND run_key NOT IN (SELECT run_key FROM activity_spans WHERE outcome IS NULL)",
+    )
+    .and_then(|mut stmt| stmt.execute([CHANGE_LOG_TRIM_DISTANCE]))
+    .map_err(backend)?;
+    Ok(PruneResult {
+        runs_pruned: i64::try_from(candidates.len()).unwrap_or(i64::MAX),
+        spans_deleted,
+    })
+}

@@ -1,0 +1,427 @@
+//! One SQLite file: its writer thread (group commit) and its pool of reader connections.
+//!
+//! Every write of every store on this file goes through one writer thread per process. The
+//! thread takes the first queued job, drains whatever else is already queued (up to a batch
+//! limit), and commits them all in one `BEGIN IMMEDIATE` transaction: one WAL commit for many
+//! writes. Each job runs inside its own savepoint, so a failing write rolls back alone and never
+//! takes its neighbours down. Replies are sent only after `COMMIT` returned, so an acknowledged
+//! write is on disk (to the durability level configured) and anything a caller learns from a
+//! reply is already visible to readers: persist, then emit.
+//!
+//! `BEGIN IMMEDIATE` takes the write lock up front, so a second process writing the same file
+//! makes us wait (`busy_timeout`, then our own retry loop) instead of failing mid-transaction.
+//!
+//! Reads run on separate connections from a small pool, on the caller's thread; in WAL mode they
+//! see the last committed state and never block the writer or each other.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use flightlog_core::activity::StoreError;
+use rusqlite::{Connection, OpenFlags};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{backend, is_busy};
+use crate::schema;
+
+/// How hard a commit is pushed to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `synchronous=NORMAL`: survives a process crash; the last commits may be lost on power loss.
+    #[default]
+    Normal,
+    /// `synchronous=FULL`: every commit survives power loss.
+    Full,
+}
+
+impl Durability {
+    fn pragma_value(self) -> &'static str {
+        match self {
+            Durability::Normal => "NORMAL",
+            Durability::Full => "FULL",
+        }
+    }
+}
+
+/// How a database file is opened.
+#[derive(Debug, Clone)]
+pub struct SqliteConfig {
+    /// The database file; created when missing.
+    pub path: PathBuf,
+    pub durability: Durability,
+    /// How long one connection waits for another's lock before SQLite reports busy.
+    pub busy_timeout: Duration,
+    /// How long a write keeps retrying a busy lock before failing.
+    pub lock_retry_budget: Duration,
+    /// Most writes committed in one transaction.
+    pub max_group_size: usize,
+    /// Writes that may wait in the queue; beyond it `try_*` callers get `Overloaded`.
+    pub write_queue_capacity: usize,
+}
+
+impl SqliteConfig {
+    /// Defaults for the file at `path`.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            durability: Durability::Normal,
+            busy_timeout: Duration::from_secs(5),
+            lock_retry_budget: Duration::from_secs(60),
+            max_group_size: 512,
+            write_queue_capacity: 16_384,
+        }
+    }
+}
+
+/// Caches of rows that are never deleted (run and writer surrogate keys), owned by the writer.
+/// They are dropped whenever a transaction or savepoint rolls back, so they only ever hold keys
+/// of committed rows.
+#[derive(Debug, Default)]
+pub(crate) struct KeyCache {
+    pub run_keys: HashMap<String, i64>,
+    pub writer_keys: HashMap<String, i64>,
+}
+
+impl KeyCache {
+    const MAX_ENTRIES: usize = 100_000;
+
+    fn clear(&mut self) {
+        self.run_keys.clear();
+        self.writer_keys.clear();
+    }
+
+    fn trim(&mut self) {
+        if self.run_keys.len() > Self::MAX_ENTRIES {
+            self.run_keys.clear();
+        }
+        if self.writer_keys.len() > Self::MAX_ENTRIES {
+            self.writer_keys.clear();
+        }
+    }
+}
+
+/// What a write job sees: the connection inside the open transaction and the key caches.
+pub(crate) struct WriteContext<'a> {
+    pub conn: &'a Connection,
+    pub keys: &'a mut KeyCache,
+}
+
+/// A queued write: applied inside the group transaction, answered after it committed.
+trait WriteJob: Send {
+    fn apply(&mut self, ctx: &mut WriteContext<'_>) -> Result<(), StoreError>;
+    /// Deliver the outcome; `commit` is the fate of the whole group.
+    fn finish(self: Box<Self>, commit: Result<(), StoreError>);
+}
+
+struct TypedJob<F, T> {
+    work: Option<F>,
+    outcome: Option<Result<T, StoreError>>,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<F, T> WriteJob for TypedJob<F, T>
+where
+    F: FnOnce(&mut WriteContext<'_>) -> Result<T, StoreError> + Send,
+    T: Send,
+{
+    fn apply(&mut self, ctx: &mut WriteContext<'_>) -> Result<(), StoreError> {
+        let Some(work) = self.work.take() else {
+            return Ok(());
+        };
+        let result = work(ctx);
+        let failed = match &result {
+            Ok(_) => Ok(()),
+            Err(err) => Err(StoreError::Backend(err.to_string())),
+        };
+        self.outcome = Some(result);
+        failed
+    }
+
+    fn finish(self: Box<Self>, commit: Result<(), StoreError>) {
+        let answer = match (commit, self.outcome) {
+            (Ok(()), Some(outcome)) => outcome,
+            (Ok(()), None) => Err(StoreError::Backend("write was never applied".into())),
+            // The job's own error explains more than the group's commit failure.
+            (Err(_), Some(Err(own))) => Err(own),
+            (Err(commit_err), _) => Err(commit_err),
+        };
+        // The caller may have stopped waiting; the write's fate is already settled either way.
+        let _ = self.reply.send(answer);
+    }
+}
+
+type QueuedJob = Box<dyn WriteJob>;
+
+struct ReaderPool {
+    path: PathBuf,
+    busy_timeout: Duration,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl ReaderPool {
+    const MAX_IDLE: usize = 8;
+
+    fn take(&self) -> Result<Connection, StoreError> {
+        if let Some(conn) = self.idle.lock().ok().and_then(|mut idle| idle.pop()) {
+            return Ok(conn);
+        }
+        open_reader(&self.path, self.busy_timeout)
+    }
+
+    fn give_back(&self, conn: Connection) {
+        if let Ok(mut idle) = self.idle.lock() {
+            if idle.len() < Self::MAX_IDLE {
+                idle.push(conn);
+            }
+        }
+    }
+}
+
+/// A handle on one SQLite database file shared by the stores that live in it.
+pub struct SqliteDatabase {
+    queue: mpsc::Sender<QueuedJob>,
+    readers: ReaderPool,
+    /// Detached: the thread ends by itself once every handle is dropped and the queue drained.
+    _writer_thread: JoinHandle<()>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for SqliteDatabase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteDatabase")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+fn apply_common_pragmas(conn: &Connection, busy_timeout: Duration) -> Result<(), StoreError> {
+    conn.busy_timeout(busy_timeout).map_err(backend)?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(())
+}
+
+fn open_reader(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(backend)?;
+    apply_common_pragmas(&conn, busy_timeout)?;
+    conn.pragma_update(None, "query_only", true)
+        .map_err(backend)?;
+    Ok(conn)
+}
+
+impl SqliteDatabase {
+    /// Open (creating if needed) and migrate the database, and start its writer thread.
+    pub fn open(config: SqliteConfig) -> Result<Arc<Self>, StoreError> {
+        let mut conn = Connection::open_with_flags(
+            &config.path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(backend)?;
+        apply_common_pragmas(&conn, config.busy_timeout)?;
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode=WAL", [], |row| row.get(0))
+            .map_err(backend)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Backend(format!(
+                "could not switch {} to WAL mode (got {mode})",
+                config.path.display()
+            )));
+        }
+        conn.pragma_update(None, "synchronous", config.durability.pragma_value())
+            .map_err(backend)?;
+        schema::migrate(&mut conn)?;
+
+        let (queue, jobs) = mpsc::channel::<QueuedJob>(config.write_queue_capacity.max(1));
+        let writer = GroupCommitWriter {
+            conn,
+            keys: KeyCache::default(),
+            max_group_size: config.max_group_size.max(1),
+            lock_retry_budget: config.lock_retry_budget,
+        };
+        let writer_thread = std::thread::Builder::new()
+            .name("flightlog-sqlite-writer".into())
+            .spawn(move || writer.run(jobs))
+            .map_err(|err| StoreError::Backend(format!("cannot start writer thread: {err}")))?;
+        Ok(Arc::new(Self {
+            queue,
+            readers: ReaderPool {
+                path: config.path.clone(),
+                busy_timeout: config.busy_timeout,
+                idle: Mutex::new(Vec::new()),
+            },
+            _writer_thread: writer_thread,
+            path: config.path,
+        }))
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Queue a write and wait until its group committed. Waits (asynchronously) while the queue
+    /// is full.
+    pub(crate) async fn write<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(&mut WriteContext<'_>) -> Result<T, StoreError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job: QueuedJob = Box::new(TypedJob {
+            work: Some(work),
+            outcome: None,
+            reply,
+        });
+        self.queue
+            .send(job)
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Run a read on a pooled reader connection.
+    pub(crate) fn read<T>(
+        &self,
+        work: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let conn = self.readers.take()?;
+        let result = work(&conn);
+        // A connection left inside a transaction by a failed read must not be reused.
+        if conn.is_autocommit() {
+            self.readers.give_back(conn);
+        }
+        result
+    }
+
+    /// Run a read inside one read transaction, so every query sees the same committed state.
+    pub(crate) fn read_consistent<T>(
+        &self,
+        work: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.read(|conn| {
+            conn.execute_batch("BEGIN DEFERRED").map_err(backend)?;
+            let result = work(conn);
+            let end = conn.execute_batch("COMMIT").map_err(backend);
+            let value = result?;
+            end?;
+            Ok(value)
+        })
+    }
+
+    /// Wait until every write queued before this call has committed.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.write(|_| Ok(())).await
+    }
+}
+
+struct GroupCommitWriter {
+    conn: Connection,
+    keys: KeyCache,
+    max_group_size: usize,
+    lock_retry_budget: Duration,
+}
+
+impl GroupCommitWriter {
+    fn run(mut self, mut jobs: mpsc::Receiver<QueuedJob>) {
+        let mut group: Vec<QueuedJob> = Vec::with_capacity(self.max_group_size);
+        while let Some(first) = jobs.blocking_recv() {
+            group.push(first);
+            while group.len() < self.max_group_size {
+                match jobs.try_recv() {
+                    Ok(job) => group.push(job),
+                    Err(_) => break,
+                }
+            }
+            self.commit_group(&mut group);
+        }
+    }
+
+    fn exec(&self, sql: &str) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(sql)
+            .and_then(|mut stmt| stmt.execute([]))
+            .map(|_| ())
+            .map_err(backend)
+    }
+
+    /// `BEGIN IMMEDIATE`, retrying a busy lock (another process writing) within the budget.
+    fn begin_immediate(&self) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match self.conn.execute_batch("BEGIN IMMEDIATE") {
+                Ok(()) => return Ok(()),
+                Err(err) if is_busy(&err) && started.elapsed() < self.lock_retry_budget => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+                Err(err) => return Err(backend(err)),
+            }
+        }
+    }
+
+    fn commit_group(&mut self, group: &mut Vec<QueuedJob>) {
+        let outcome = self.apply_group(group);
+        if outcome.is_err() {
+            if !self.conn.is_autocommit() {
+                let _ = self.conn.execute_batch("ROLLBACK");
+            }
+            self.keys.clear();
+        }
+        self.keys.trim();
+        for job in group.drain(..) {
+            let commit = match &outcome {
+                Ok(()) => Ok(()),
+                Err(err) => Err(StoreError::Backend(err.to_string())),
+            };
+            job.finish(commit);
+        }
+    }
+
+    fn apply_group(&mut self, group: &mut [QueuedJob]) -> Result<(), StoreError> {
+        self.begin_immediate()?;
+        if let [only] = group {
+            // A lone write needs no savepoint: its failure rolls the whole transaction back.
+            let mut ctx = WriteContext {
+                conn: &self.conn,
+                keys: &mut self.keys,
+            };
+            only.apply(&mut ctx)?;
+        } else {
+            for job in group.iter_mut() {
+                self.exec("SAVEPOINT write")?;
+                let mut ctx = WriteContext {
+                    conn: &self.conn,
+                    keys: &mut self.keys,
+                };
+                if job.apply(&mut ctx).is_err() {
+                    self.exec("ROLLBACK TO write")?;
+                    self.keys.clear();
+                }
+                self.exec("RELEASE write")?;
+            }
+        }
+        self.commit()
+    }
+
+    fn commit(&self) -> Result<(), StoreError> {
+        let started = Instant::now();
+        loop {
+            match self.conn.execute_batch("COMMIT") {
+                Ok(()) => return Ok(()),
+                Err(err) if is_busy(&err) && started.elapsed() < self.lock_retry_budget => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(err) => return Err(backend(err)),
+            }
+        }
+    }
+}

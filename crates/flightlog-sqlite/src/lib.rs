@@ -1,0 +1,18 @@
+//! flightlog's embedded SQLite backend.
+//!
+//! [`SqliteDatabase`] owns one database file: its migrations, its single writer thread that
+//! commits queued writes in groups, and its reader connections. [`SqliteActivityStore`]
+//! implements the core's activity store trait on it. The file is safe to share with other
+//! processes: every write takes the lock with `BEGIN IMMEDIATE` and reads its counters inside
+//! that transaction.
+
+mod activity;
+mod activity_write;
+mod database;
+mod error;
+mod rows;
+mod schema;
+
+pub use activity::SqliteActivityStore;
+pub use database::{Durability, SqliteConfig, SqliteDatabase};
+pub use schema::SCHEMA_VERSION;

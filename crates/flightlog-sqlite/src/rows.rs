@@ -1,0 +1,120 @@
+//! Decoding stored rows into the core's records: the one place that knows the column order.
+
+use flightlog_core::activity::{
+    JsonObject, RunRollupRow, SpanEventRow, SpanKind, SpanOrigin, SpanOutcome, SpanRow, SpanUsage,
+};
+use rusqlite::Row;
+use serde_json::value::RawValue;
+
+/// The span columns every span read selects, in [`span_from_row`]'s order. Callers join
+/// `activity_spans s`, `activity_runs r` and `activity_writers w`.
+pub(crate) const SPAN_COLUMNS: &str = "s.span_id, r.run_id, s.parent_span_id, s.name, s.kind, \
+     s.origin, s.session_id, s.job_name, s.attrs, s.started_at, s.wait_until, s.ended_at, \
+     s.outcome, s.outcome_reason, s.input_tokens, s.output_tokens, s.cache_read_tokens, \
+     s.cache_creation_tokens, s.cost_usd, s.model, w.writer, s.last_heartbeat_at";
+
+/// The joins [`SPAN_COLUMNS`] needs.
+pub(crate) const SPAN_JOINS: &str = "activity_spans s \
+     JOIN activity_runs r ON r.run_key = s.run_key \
+     JOIN activity_writers w ON w.writer_key = s.writer_key";
+
+/// Number of columns in [`SPAN_COLUMNS`].
+pub(crate) const SPAN_COLUMN_COUNT: usize = 22;
+
+/// Parse stored attrs; anything unreadable reads as `{}` (the reference's `safeParse ?? {}`).
+pub(crate) fn parse_attrs(text: Option<&str>) -> JsonObject {
+    text.and_then(|text| serde_json::from_str::<JsonObject>(text).ok())
+        .unwrap_or_default()
+}
+
+/// Decode a span from `row`, starting at column `base`.
+pub(crate) fn span_from_row(row: &Row<'_>, base: usize) -> rusqlite::Result<SpanRow> {
+    let attrs: Option<String> = row.get(base + 8)?;
+    let kind: String = row.get(base + 4)?;
+    let origin: String = row.get(base + 5)?;
+    let outcome: Option<String> = row.get(base + 12)?;
+    Ok(SpanRow {
+        span_id: row.get(base)?,
+        run_id: row.get(base + 1)?,
+        parent_span_id: row.get(base + 2)?,
+        name: row.get(base + 3)?,
+        kind: SpanKind::from_stored(&kind),
+        origin: SpanOrigin::from_stored(&origin),
+        session_id: row.get(base + 6)?,
+        job_name: row.get(base + 7)?,
+        attrs: parse_attrs(attrs.as_deref()),
+        started_at: row.get(base + 9)?,
+        wait_until: row.get(base + 10)?,
+        ended_at: row.get(base + 11)?,
+        outcome: outcome.as_deref().map(SpanOutcome::from_stored),
+        outcome_reason: row.get(base + 13)?,
+        usage: SpanUsage {
+            input_tokens: row.get(base + 14)?,
+            output_tokens: row.get(base + 15)?,
+            cache_read_tokens: row.get(base + 16)?,
+            cache_creation_tokens: row.get(base + 17)?,
+            cost_usd: row.get(base + 18)?,
+            model: row.get(base + 19)?,
+        },
+        writer: row.get(base + 20)?,
+        last_heartbeat_at: row.get(base + 21)?,
+    })
+}
+
+/// The event columns, in [`event_from_row`]'s order; callers join `activity_events e` and
+/// `activity_spans s`.
+pub(crate) const EVENT_COLUMNS: &str = "s.span_id, e.event_index, e.ts, e.event_type, e.payload, \
+     e.truncated";
+
+
+/// Decode an event from `row`, starting at column `base`.
+pub(crate) fn event_from_row(row: &Row<'_>, base: usize) -> rusqlite::Result<SpanEventRow> {
+    let payload: String = row.get(base + 4)?;
+    let payload = RawValue::from_string(payload).map_err(|err| {
+        rusqlite::Error::FromSqlConversionFailure(
+            base + 4,
+            rusqlite::types::Type::Text,
+            Box::new(err),
+        )
+    })?;
+    Ok(SpanEventRow {
+        span_id: row.get(base)?,
+        event_index: row.get(base + 1)?,
+        ts: row.get(base + 2)?,
+        event_type: row.get(base + 3)?,
+        payload,
+        truncated: row.get::<_, i64>(base + 5)? != 0,
+    })
+}
+
+/// The rollup columns, in [`rollup_from_row`]'s order; callers join `activity_run_rollups o`
+/// and `activity_runs r`.
+pub(crate) const ROLLUP_COLUMNS: &str = "r.run_id, o.origin, o.name, o.session_id, o.job_name, \
+     o.started_at, o.ended_at, o.outcome, o.duration_ms, o.span_count, o.input_tokens, \
+     o.output_tokens, o.cache_read_tokens, o.cache_creation_tokens, o.cost_usd, \
+     o.failure_reason, o.detail_pruned";
+
+/// Decode a rollup row.
+pub(crate) fn rollup_from_row(row: &Row<'_>) -> rusqlite::Result<RunRollupRow> {
+    let origin: String = row.get(1)?;
+    let outcome: Option<String> = row.get(7)?;
+    Ok(RunRollupRow {
+        run_id: row.get(0)?,
+        origin: SpanOrigin::from_stored(&origin),
+        name: row.get(2)?,
+        session_id: row.get(3)?,
+        job_name: row.get(4)?,
+        started_at: row.get(5)?,
+        ended_at: row.get(6)?,
+        outcome: outcome.as_deref().map(SpanOutcome::from_stored),
+        duration_ms: row.get(8)?,
+        span_count: row.get(9)?,
+        input_tokens: row.get(10)?,
+        output_tokens: row.get(11)?,
+        cache_read_tokens: row.get(12)?,
+        cache_creation_tokens: row.get(13)?,
+        cost_usd: row.get(14)?,
+        failure_reason: row.get(15)?,
+        detail_pruned: row.get::<_, i64>(16)? != 0,
+    })
+}

@@ -1,0 +1,138 @@
+//! Versioned schema migrations, applied at open.
+//!
+//! The schema version lives in SQLite's `user_version`. Each migration runs once, in order,
+//! inside a `BEGIN IMMEDIATE` transaction that re-reads the version, so two processes opening a
+//! fresh file at the same moment apply it exactly once. A file written by a newer flightlog is
+//! refused with an error naming both versions rather than misread.
+//!
+//! Layout choices (bytes per span matter, see BENCHMARKS.md): runs, writers and spans get
+//! integer surrogate keys so the change log and the events table carry small integers instead of
+//! repeated id strings; events are a `WITHOUT ROWID` table clustered by `(span_key, event_index)`;
+//! the change log is indexed by `(run_key, seq)` so a run's next seq is one index seek, never a
+//! scan. Run and writer rows are never deleted, which makes their keys safe to cache.
+
+use flightlog_core::activity::StoreError;
+use rusqlite::{Connection, TransactionBehavior};
+
+use crate::error::backend;
+
+/// Migrations in order; migration `i` brings the schema to version `i + 1`.
+const MIGRATIONS: &[&str] = &[
+    // Version 1: the activity store.
+    r#"
+CREATE TABLE activity_runs (
+  run_key INTEGER PRIMARY KEY,
+  run_id  TEXT NOT NULL UNIQUE
+);
+CREATE TABLE activity_writers (
+  writer_key INTEGER PRIMARY KEY,
+  writer     TEXT NOT NULL UNIQUE
+);
+CREATE TABLE activity_spans (
+  span_key              INTEGER PRIMARY KEY,
+  span_id               TEXT NOT NULL UNIQUE,
+  run_key               INTEGER NOT NULL,
+  parent_span_id        TEXT,
+  name                  TEXT NOT NULL,
+  kind                  TEXT NOT NULL,
+  origin                TEXT NOT NULL,
+  session_id            TEXT,
+  job_name              TEXT,
+  attrs                 TEXT,
+  started_at            INTEGER NOT NULL,
+  wait_until            INTEGER,
+  ended_at              INTEGER,
+  outcome               TEXT,
+  outcome_reason        TEXT,
+  input_tokens          INTEGER,
+  output_tokens         INTEGER,
+  cache_read_tokens     INTEGER,
+  cache_creation_tokens INTEGER,
+  cost_usd              REAL,
+  model                 TEXT,
+  writer_key            INTEGER NOT NULL,
+  last_heartbeat_at     INTEGER
+);
+CREATE INDEX activity_spans_by_run ON activity_spans (run_key, started_at);
+CREATE INDEX activity_spans_open_roots ON activity_spans (started_at)
+  WHERE outcome IS NULL AND parent_span_id IS NULL;
+CREATE INDEX activity_spans_open_by_run ON activity_spans (run_key) WHERE outcome IS NULL;
+CREATE TABLE activity_events (
+  span_key    INTEGER NOT NULL,
+  event_index INTEGER NOT NULL,
+  ts          INTEGER NOT NULL,
+  event_type  TEXT NOT NULL,
+  truncated   INTEGER NOT NULL,
+  payload     TEXT NOT NULL,
+  PRIMARY KEY (span_key, event_index)
+) WITHOUT ROWID;
+CREATE TABLE activity_changes (
+  change_id   INTEGER PRIMARY KEY AUTOINCREMENT,
+  run_key     INTEGER NOT NULL,
+  seq         INTEGER NOT NULL,
+  span_key    INTEGER NOT NULL,
+  event_index INTEGER
+);
+CREATE INDEX activity_changes_by_run ON activity_changes (run_key, seq);
+CREATE TABLE activity_run_rollups (
+  run_key               INTEGER PRIMARY KEY,
+  origin                TEXT NOT NULL,
+  name                  TEXT NOT NULL,
+  session_id            TEXT,
+  job_name              TEXT,
+  started_at            INTEGER NOT NULL,
+  ended_at              INTEGER,
+  outcome               TEXT,
+  duration_ms           INTEGER,
+  span_count            INTEGER NOT NULL,
+  input_tokens          INTEGER,
+  output_tokens         INTEGER,
+  cache_read_tokens     INTEGER,
+  cache_creation_tokens INTEGER,
+  cost_usd              REAL,
+  failure_reason        TEXT,
+  detail_pruned         INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX activity_run_rollups_prune ON activity_run_rollups (detail_pruned, ended_at);
+"#,
+];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+fn user_version(conn: &Connection) -> Result<i64, StoreError> {
+    conn.query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(backend)
+}
+
+/// Bring the file's schema to [`SCHEMA_VERSION`], or refuse a newer one.
+pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let found = user_version(conn)?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if found == SCHEMA_VERSION {
+        return Ok(());
+    }
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(backend)?;
+    // Another process may have migrated while we waited for the lock.
+    let found = user_version(&tx)?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    let start = usize::try_from(found.max(0)).unwrap_or(0);
+    for (index, sql) in MIGRATIONS.iter().enumerate().skip(start) {
+        tx.execute_batch(sql).map_err(backend)?;
+        tx.pragma_update(None, "user_version", index as i64 + 1)
+            .map_err(backend)?;
+    }
+    tx.commit().map_err(backend)
+}

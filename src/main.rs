@@ -1,0 +1,2 @@
+//! The `flightlog` binary (placeholder until the CLI lands).
+fn main() {}
