@@ -208,7 +208,7 @@ impl ActivityStore for SqliteActivityStore {
         let now = self.now();
         let writer = self.writer.clone();
         self.db
-            .write(move |ctx| write::start_span(ctx, input, &writer, now))
+            .write(move |ctx| write::start_span(ctx, &input, &writer, now))
             .await
     }
 
@@ -240,7 +240,7 @@ impl ActivityStore for SqliteActivityStore {
         let span_id = span_id.to_owned();
         let event_type = event_type.to_owned();
         self.db
-            .write(move |ctx| write::append_event(ctx, &span_id, &event_type, capped, ts))
+            .write(move |ctx| write::append_event(ctx, &span_id, &event_type, &capped, ts))
             .await
     }
 

@@ -6,7 +6,7 @@
 //! change log's AUTOINCREMENT rowid, so ids never repeat even after the newest rows are pruned.
 
 use flightlog_core::activity::{
-    compute_rollup, CappedPayload, EndSpanInput, JsonObject, PruneResult, SpanEventRow,
+    compute_rollup, CappedPayload, RollupSpan, SpanOrigin, EndSpanInput, JsonObject, PruneResult, SpanEventRow,
     SpanOutcome, SpanPatch, SpanRow, SpanUsage, StartSpanInput, StoreError,
 };
 use rusqlite::{params, Connection, OptionalExtension};
@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 
 use crate::database::WriteContext;
 use crate::error::{backend, is_constraint};
-use crate::rows::{parse_attrs, span_from_row, SPAN_COLUMNS, SPAN_JOINS};
+use crate::rows::parse_attrs;
 
 /// How far behind the newest change id a terminal run's change rows are trimmed by `prune`.
 pub(crate) const CHANGE_LOG_TRIM_DISTANCE: i64 = 100_000;
@@ -63,24 +63,32 @@ fn writer_key_of(ctx: &mut WriteContext<'_>, writer: &str) -> Result<i64, StoreE
 
 /// Append one change row; returns `(change_id, seq)`.
 fn log_change(
-    conn: &Connection,
+    ctx: &mut WriteContext<'_>,
     run_key: i64,
     span_key: i64,
     event_index: Option<i64>,
 ) -> Result<(i64, i64), StoreError> {
-    let high: Option<i64> = conn
+    let high = match ctx.keys.run_seq.get(&run_key) {
+        Some(seq) => *seq,
+        None => ctx
+            .conn
+            .prepare_cached(
+                "SELECT seq FROM activity_changes WHERE run_key = ?1 ORDER BY seq DESC LIMIT 1",
+            )
+            .and_then(|mut stmt| stmt.query_row([run_key], |row| row.get(0)).optional())
+            .map_err(backend)?
+            .unwrap_or(0),
+    };
+    let seq = high + 1;
+    ctx.conn
         .prepare_cached(
-            "SELECT seq FROM activity_changes WHERE run_key = ?1 ORDER BY seq DESC LIMIT 1",
+            "INSERT INTO activity_changes (run_key, seq, span_key, event_index) \
+             VALUES (?1, ?2, ?3, ?4)",
         )
-        .and_then(|mut stmt| stmt.query_row([run_key], |row| row.get(0)).optional())
+        .and_then(|mut stmt| stmt.execute(params![run_key, seq, span_key, event_index]))
         .map_err(backend)?;
-    let seq = high.unwrap_or(0) + 1;
-    conn.prepare_cached(
-        "INSERT INTO activity_changes (run_key, seq, span_key, event_index) VALUES (?1, ?2, ?3, ?4)",
-    )
-    .and_then(|mut stmt| stmt.execute(params![run_key, seq, span_key, event_index]))
-    .map_err(backend)?;
-    Ok((conn.last_insert_rowid(), seq))
+    ctx.keys.run_seq.insert(run_key, seq);
+    Ok((ctx.conn.last_insert_rowid(), seq))
 }
 
 fn attrs_text(attrs: &JsonObject) -> String {
@@ -89,7 +97,7 @@ fn attrs_text(attrs: &JsonObject) -> String {
 
 pub(crate) fn start_span(
     ctx: &mut WriteContext<'_>,
-    input: StartSpanInput,
+    input: &StartSpanInput,
     writer: &str,
     now: i64,
 ) -> Result<SpanRow, StoreError> {
@@ -126,26 +134,29 @@ pub(crate) fn start_span(
             ])
         });
     if let Err(err) = inserted {
+        // Only the run/writer key rows may have been added before this point; they are
+        // harmless (a run without spans reads as absent), so this failure counts as clean.
         return Err(if is_constraint(&err) {
             StoreError::DuplicateSpan {
-                span_id: input.span_id,
+                span_id: input.span_id.clone(),
             }
         } else {
             backend(err)
         });
     }
     let span_key = ctx.conn.last_insert_rowid();
-    log_change(ctx.conn, run_key, span_key, None)?;
+    ctx.keys.spans.insert(input.span_id.clone(), (span_key, run_key));
+    log_change(ctx, run_key, span_key, None)?;
     Ok(SpanRow {
-        span_id: input.span_id,
-        run_id: input.run_id,
-        parent_span_id: input.parent_span_id,
-        name: input.name,
-        kind: input.kind,
-        origin: input.origin,
-        session_id: input.session_id,
-        job_name: input.job_name,
-        attrs: input.attrs.unwrap_or_default(),
+        span_id: input.span_id.clone(),
+        run_id: input.run_id.clone(),
+        parent_span_id: input.parent_span_id.clone(),
+        name: input.name.clone(),
+        kind: input.kind.clone(),
+        origin: input.origin.clone(),
+        session_id: input.session_id.clone(),
+        job_name: input.job_name.clone(),
+        attrs: input.attrs.clone().unwrap_or_default(),
         started_at,
         wait_until: None,
         ended_at: None,
@@ -205,14 +216,14 @@ fn merged_attrs(stored: Option<String>, update: Option<&JsonObject>) -> Option<S
 }
 
 fn end_span_by_key(
-    conn: &Connection,
+    ctx: &mut WriteContext<'_>,
     span: OpenSpan,
     input: &EndSpanInput,
     now: i64,
 ) -> Result<(), StoreError> {
     let attrs = merged_attrs(span.attrs, input.attrs.as_ref());
     let usage = input.usage.clone().unwrap_or_default();
-    conn.prepare_cached(
+    ctx.conn.prepare_cached(
         "UPDATE activity_spans SET outcome = ?1, outcome_reason = ?2, ended_at = ?3, attrs = ?4, \
          input_tokens = COALESCE(?5, input_tokens), output_tokens = COALESCE(?6, output_tokens), \
          cache_read_tokens = COALESCE(?7, cache_read_tokens), \
@@ -235,8 +246,53 @@ fn end_span_by_key(
         ])
     })
     .map_err(backend)?;
-    log_change(conn, span.run_key, span.span_key, None)?;
+    log_change(ctx, span.run_key, span.span_key, None)?;
     Ok(())
+}
+
+/// The common terminal write (no attrs to merge): one `UPDATE … RETURNING` both checks
+/// open-ness and writes, instead of a read followed by a write.
+fn end_span_without_attrs(
+    ctx: &mut WriteContext<'_>,
+    span_id: &str,
+    input: &EndSpanInput,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let usage = input.usage.clone().unwrap_or_default();
+    let updated: Option<(i64, i64)> = ctx
+        .conn
+        .prepare_cached(
+            "UPDATE activity_spans SET outcome = ?1, outcome_reason = ?2, ended_at = ?3, \
+             input_tokens = COALESCE(?4, input_tokens), output_tokens = COALESCE(?5, output_tokens), \
+             cache_read_tokens = COALESCE(?6, cache_read_tokens), \
+             cache_creation_tokens = COALESCE(?7, cache_creation_tokens), \
+             cost_usd = COALESCE(?8, cost_usd), model = COALESCE(?9, model) \
+             WHERE span_id = ?10 AND outcome IS NULL RETURNING span_key, run_key",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(
+                params![
+                    input.outcome.as_str(),
+                    input.reason,
+                    input.ended_at.unwrap_or(now),
+                    usage.input_tokens,
+                    usage.output_tokens,
+                    usage.cache_read_tokens,
+                    usage.cache_creation_tokens,
+                    usage.cost_usd,
+                    usage.model,
+                    span_id,
+                ],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .optional()
+        })
+        .map_err(backend)?;
+    let Some((span_key, run_key)) = updated else {
+        return Ok(false);
+    };
+    log_change(ctx, run_key, span_key, None)?;
+    Ok(true)
 }
 
 pub(crate) fn end_span(
@@ -245,10 +301,13 @@ pub(crate) fn end_span(
     input: &EndSpanInput,
     now: i64,
 ) -> Result<bool, StoreError> {
+    if input.attrs.is_none() {
+        return end_span_without_attrs(ctx, span_id, input, now);
+    }
     let Some(span) = open_span(ctx.conn, span_id)? else {
         return Ok(false);
     };
-    end_span_by_key(ctx.conn, span, input, now)?;
+    end_span_by_key(ctx, span, input, now)?;
     Ok(true)
 }
 
@@ -284,7 +343,7 @@ pub(crate) fn patch_span(
             ])
         })
         .map_err(backend)?;
-    log_change(ctx.conn, span.run_key, span.span_key, None)?;
+    log_change(ctx, span.run_key, span.span_key, None)?;
     Ok(true)
 }
 
@@ -292,29 +351,36 @@ pub(crate) fn append_event(
     ctx: &mut WriteContext<'_>,
     span_id: &str,
     event_type: &str,
-    payload: CappedPayload,
+    payload: &CappedPayload,
     ts: i64,
 ) -> Result<Option<SpanEventRow>, StoreError> {
-    let span: Option<(i64, i64)> = ctx
-        .conn
-        .prepare_cached("SELECT span_key, run_key FROM activity_spans WHERE span_id = ?1")
-        .and_then(|mut stmt| {
-            stmt.query_row([span_id], |row| Ok((row.get(0)?, row.get(1)?)))
-                .optional()
-        })
-        .map_err(backend)?;
+    let span = match ctx.keys.spans.get(span_id) {
+        Some(keys) => Some(*keys),
+        None => ctx
+            .conn
+            .prepare_cached("SELECT span_key, run_key FROM activity_spans WHERE span_id = ?1")
+            .and_then(|mut stmt| {
+                stmt.query_row([span_id], |row| Ok((row.get(0)?, row.get(1)?)))
+                    .optional()
+            })
+            .map_err(backend)?,
+    };
     let Some((span_key, run_key)) = span else {
         return Ok(None);
     };
-    let last_index: Option<i64> = ctx
-        .conn
-        .prepare_cached(
-            "SELECT event_index FROM activity_events WHERE span_key = ?1 \
-             ORDER BY event_index DESC LIMIT 1",
-        )
-        .and_then(|mut stmt| stmt.query_row([span_key], |row| row.get(0)).optional())
-        .map_err(backend)?;
-    let event_index = last_index.map_or(0, |index| index + 1);
+    ctx.keys.spans.insert(span_id.to_owned(), (span_key, run_key));
+    let event_index = match ctx.keys.next_event_index.get(&span_key) {
+        Some(next) => *next,
+        None => ctx
+            .conn
+            .prepare_cached(
+                "SELECT event_index FROM activity_events WHERE span_key = ?1 \
+                 ORDER BY event_index DESC LIMIT 1",
+            )
+            .and_then(|mut stmt| stmt.query_row([span_key], |row| row.get::<_, i64>(0)).optional())
+            .map_err(backend)?
+            .map_or(0, |index| index + 1),
+    };
     ctx.conn
         .prepare_cached(
             "INSERT INTO activity_events (span_key, event_index, ts, event_type, truncated, payload) \
@@ -331,9 +397,10 @@ pub(crate) fn append_event(
             ])
         })
         .map_err(backend)?;
-    log_change(ctx.conn, run_key, span_key, Some(event_index))?;
+    ctx.keys.next_event_index.insert(span_key, event_index + 1);
+    log_change(ctx, run_key, span_key, Some(event_index))?;
     let truncated = payload.truncated;
-    let payload = RawValue::from_string(payload.json)
+    let payload = RawValue::from_string(payload.json.clone())
         .map_err(|err| StoreError::Corrupt(format!("capped payload is not JSON: {err}")))?;
     Ok(Some(SpanEventRow {
         span_id: span_id.to_owned(),
@@ -359,13 +426,14 @@ pub(crate) fn heartbeat(ctx: &mut WriteContext<'_>, span_id: &str, at: i64) -> R
 /// Close every open span of the run, newest start first (children before parents), then roll
 /// the run up if anything was closed. Returns the number of spans closed.
 fn close_run(
-    conn: &Connection,
+    ctx: &mut WriteContext<'_>,
     run_key: i64,
     outcome: &SpanOutcome,
     reason: &str,
     now: i64,
 ) -> Result<i64, StoreError> {
-    let open: Vec<OpenSpan> = conn
+    let open: Vec<OpenSpan> = ctx
+        .conn
         .prepare_cached(
             "SELECT span_key, attrs FROM activity_spans WHERE run_key = ?1 AND outcome IS NULL \
              ORDER BY started_at DESC, span_key DESC",
@@ -390,11 +458,11 @@ fn close_run(
     };
     let mut closed = 0;
     for span in open {
-        end_span_by_key(conn, span, &input, now)?;
+        end_span_by_key(ctx, span, &input, now)?;
         closed += 1;
     }
     if closed > 0 {
-        rollup_run_key(conn, run_key)?;
+        rollup_run_key(ctx.conn, run_key)?;
     }
     Ok(closed)
 }
@@ -407,7 +475,7 @@ pub(crate) fn cascade_close(
     now: i64,
 ) -> Result<i64, StoreError> {
     match existing_run_key(ctx.conn, run_id)? {
-        Some(run_key) => close_run(ctx.conn, run_key, outcome, reason, now),
+        Some(run_key) => close_run(ctx, run_key, outcome, reason, now),
         None => Ok(0),
     }
 }
@@ -435,7 +503,7 @@ pub(crate) fn sweep_own_orphans(ctx: &mut WriteContext<'_>, now: i64) -> Result<
     let mut closed = 0;
     // Re-read inside the transaction: a run closed since the caller's look is simply absent.
     for run_key in run_keys(ctx.conn, ORPHAN_RUNS_SQL, [])? {
-        closed += close_run(ctx.conn, run_key, &SpanOutcome::Interrupted, "server restarted", now)?;
+        closed += close_run(ctx, run_key, &SpanOutcome::Interrupted, "server restarted", now)?;
     }
     Ok(closed)
 }
@@ -449,7 +517,7 @@ pub(crate) fn sweep_stale(
     let mut closed = 0;
     // Re-read inside the transaction so a root that heartbeated since the caller's look survives.
     for run_key in run_keys(ctx.conn, STALE_RUNS_SQL, params![writer, cutoff])? {
-        closed += close_run(ctx.conn, run_key, &SpanOutcome::Interrupted, "writer went silent", now)?;
+        closed += close_run(ctx, run_key, &SpanOutcome::Interrupted, "writer went silent", now)?;
     }
     Ok(closed)
 }
@@ -462,13 +530,40 @@ pub(crate) fn rollup_run(ctx: &mut WriteContext<'_>, run_id: &str) -> Result<(),
 }
 
 fn rollup_run_key(conn: &Connection, run_key: i64) -> Result<(), StoreError> {
-    let sql = format!(
-        "SELECT {SPAN_COLUMNS} FROM {SPAN_JOINS} WHERE s.run_key = ?1 \
-         ORDER BY s.started_at, s.span_key"
-    );
-    let spans: Vec<SpanRow> = conn
-        .prepare_cached(&sql)
-        .and_then(|mut stmt| stmt.query_map([run_key], |row| span_from_row(row, 0))?.collect())
+    // Only the columns the rollup rule reads: this runs on every run's terminal write.
+    let spans: Vec<RollupSpan> = conn
+        .prepare_cached(
+            "SELECT parent_span_id IS NULL, origin, name, session_id, job_name, started_at, \
+             ended_at, outcome, outcome_reason, input_tokens, output_tokens, cache_read_tokens, \
+             cache_creation_tokens, cost_usd FROM activity_spans WHERE run_key = ?1 \
+             ORDER BY started_at, span_key",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map([run_key], |row| {
+                let origin: String = row.get(1)?;
+                let outcome: Option<String> = row.get(7)?;
+                Ok(RollupSpan {
+                    is_root: row.get(0)?,
+                    origin: SpanOrigin::from_stored(&origin),
+                    name: row.get(2)?,
+                    session_id: row.get(3)?,
+                    job_name: row.get(4)?,
+                    started_at: row.get(5)?,
+                    ended_at: row.get(6)?,
+                    outcome: outcome.as_deref().map(SpanOutcome::from_stored),
+                    outcome_reason: row.get(8)?,
+                    usage: SpanUsage {
+                        input_tokens: row.get(9)?,
+                        output_tokens: row.get(10)?,
+                        cache_read_tokens: row.get(11)?,
+                        cache_creation_tokens: row.get(12)?,
+                        cost_usd: row.get(13)?,
+                        model: None,
+                    },
+                })
+            })?
+            .collect()
+        })
         .map_err(backend)?;
     let Some(fields) = compute_rollup(&spans) else {
         return Ok(());
@@ -575,6 +670,8 @@ pub(crate) fn prune(ctx: &mut WriteContext<'_>, plan: PrunePlan) -> Result<Prune
     )
     .and_then(|mut stmt| stmt.execute([CHANGE_LOG_TRIM_DISTANCE]))
     .map_err(backend)?;
+    // Spans, events and change rows are gone: cached keys and counters may now be wrong.
+    ctx.keys.clear_volatile();
     Ok(PruneResult {
         runs_pruned: i64::try_from(candidates.len()).unwrap_or(i64::MAX),
         spans_deleted,

@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -76,29 +77,53 @@ impl SqliteConfig {
     }
 }
 
-/// Caches of rows that are never deleted (run and writer surrogate keys), owned by the writer.
-/// They are dropped whenever a transaction or savepoint rolls back, so they only ever hold keys
-/// of committed rows.
+/// The writer's caches, so the hot path skips lookups it already knows the answer to.
+///
+/// `run_keys` and `writer_keys` map rows that are never deleted, so they stay valid across
+/// transactions. The volatile part (span keys, per-run last seq, per-span next event index)
+/// mirrors rows other writers could change: it is trusted only while no other connection has
+/// committed since our last transaction (`PRAGMA data_version` unchanged, checked right after
+/// `BEGIN IMMEDIATE`, i.e. under the write lock) and is dropped after any rollback, after our own
+/// prune, and when it grows too large. Everything in it is therefore exactly what a query would
+/// return.
 #[derive(Debug, Default)]
-pub(crate) struct KeyCache {
+pub(crate) struct WriterCache {
     pub run_keys: HashMap<String, i64>,
     pub writer_keys: HashMap<String, i64>,
+    /// span id -> (span key, run key)
+    pub spans: HashMap<String, (i64, i64)>,
+    /// run key -> highest seq logged for the run
+    pub run_seq: HashMap<i64, i64>,
+    /// span key -> next event index
+    pub next_event_index: HashMap<i64, i64>,
 }
 
-impl KeyCache {
-    const MAX_ENTRIES: usize = 100_000;
+impl WriterCache {
+    const MAX_ENTRIES: usize = 200_000;
 
     fn clear(&mut self) {
         self.run_keys.clear();
         self.writer_keys.clear();
+        self.clear_volatile();
+    }
+
+    pub(crate) fn clear_volatile(&mut self) {
+        self.spans.clear();
+        self.run_seq.clear();
+        self.next_event_index.clear();
     }
 
     fn trim(&mut self) {
-        if self.run_keys.len() > Self::MAX_ENTRIES {
+        if self.run_keys.len() > Self::MAX_ENTRIES || self.writer_keys.len() > Self::MAX_ENTRIES
+        {
             self.run_keys.clear();
-        }
-        if self.writer_keys.len() > Self::MAX_ENTRIES {
             self.writer_keys.clear();
+        }
+        if self.spans.len() > Self::MAX_ENTRIES
+            || self.run_seq.len() > Self::MAX_ENTRIES
+            || self.next_event_index.len() > Self::MAX_ENTRIES
+        {
+            self.clear_volatile();
         }
     }
 }
@@ -106,38 +131,51 @@ impl KeyCache {
 /// What a write job sees: the connection inside the open transaction and the key caches.
 pub(crate) struct WriteContext<'a> {
     pub conn: &'a Connection,
-    pub keys: &'a mut KeyCache,
+    pub keys: &'a mut WriterCache,
 }
 
-/// A queued write: applied inside the group transaction, answered after it committed.
+/// How a job's attempt went, as far as the transaction is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Applied {
+    /// It succeeded, or failed with an error that guarantees it wrote nothing.
+    Clean,
+    /// It failed after it may have written: its effects must be rolled back.
+    Dirty,
+}
+
+/// Errors a write function only returns before it has changed anything, so the group
+/// transaction can go on without a savepoint around the failed write.
+fn fails_cleanly(err: &StoreError) -> bool {
+    matches!(err, StoreError::DuplicateSpan { .. })
+}
+
+/// A queued write: applied inside the group transaction (perhaps twice, see
+/// [`GroupCommitWriter::apply_group`]), answered after the group committed.
 trait WriteJob: Send {
-    fn apply(&mut self, ctx: &mut WriteContext<'_>) -> Result<(), StoreError>;
+    fn apply(&mut self, ctx: &mut WriteContext<'_>) -> Applied;
     /// Deliver the outcome; `commit` is the fate of the whole group.
     fn finish(self: Box<Self>, commit: Result<(), StoreError>);
 }
 
 struct TypedJob<F, T> {
-    work: Option<F>,
+    work: F,
     outcome: Option<Result<T, StoreError>>,
     reply: oneshot::Sender<Result<T, StoreError>>,
 }
 
 impl<F, T> WriteJob for TypedJob<F, T>
 where
-    F: FnOnce(&mut WriteContext<'_>) -> Result<T, StoreError> + Send,
+    F: FnMut(&mut WriteContext<'_>) -> Result<T, StoreError> + Send,
     T: Send,
 {
-    fn apply(&mut self, ctx: &mut WriteContext<'_>) -> Result<(), StoreError> {
-        let Some(work) = self.work.take() else {
-            return Ok(());
-        };
-        let result = work(ctx);
-        let failed = match &result {
-            Ok(_) => Ok(()),
-            Err(err) => Err(StoreError::Backend(err.to_string())),
+    fn apply(&mut self, ctx: &mut WriteContext<'_>) -> Applied {
+        let result = (self.work)(ctx);
+        let applied = match &result {
+            Err(err) if !fails_cleanly(err) => Applied::Dirty,
+            _ => Applied::Clean,
         };
         self.outcome = Some(result);
-        failed
+        applied
     }
 
     fn finish(self: Box<Self>, commit: Result<(), StoreError>) {
@@ -154,6 +192,21 @@ where
 }
 
 type QueuedJob = Box<dyn WriteJob>;
+
+/// Counters of the writer thread's work, for metrics and benchmarks.
+#[derive(Debug, Default)]
+pub struct WriterStats {
+    /// Transactions committed (or rolled back) by the writer.
+    pub groups: AtomicU64,
+    /// Writes applied.
+    pub writes: AtomicU64,
+    /// Nanoseconds spent applying writes (statements inside the transaction).
+    pub apply_nanos: AtomicU64,
+    /// Nanoseconds spent in `BEGIN` and `COMMIT`.
+    pub commit_nanos: AtomicU64,
+    /// Nanoseconds spent checkpointing the WAL.
+    pub checkpoint_nanos: AtomicU64,
+}
 
 struct ReaderPool {
     path: PathBuf,
@@ -184,6 +237,7 @@ impl ReaderPool {
 pub struct SqliteDatabase {
     queue: mpsc::Sender<QueuedJob>,
     readers: ReaderPool,
+    stats: Arc<WriterStats>,
     /// Detached: the thread ends by itself once every handle is dropped and the queue drained.
     _writer_thread: JoinHandle<()>,
     path: PathBuf,
@@ -237,12 +291,35 @@ impl SqliteDatabase {
         }
         conn.pragma_update(None, "synchronous", config.durability.pragma_value())
             .map_err(backend)?;
+        // The writer never checkpoints (a checkpoint fsyncs the database file, which would stall
+        // every queued write behind it); a checkpointer thread does it on its own connection.
+        conn.pragma_update(None, "wal_autocheckpoint", 0)
+            .map_err(backend)?;
+        conn.pragma_update(None, "cache_size", -32_768)
+            .map_err(backend)?;
         schema::migrate(&mut conn)?;
+        let checkpoint_conn = open_reader(&config.path, config.busy_timeout)?;
+        checkpoint_conn
+            .pragma_update(None, "query_only", false)
+            .map_err(backend)?;
 
         let (queue, jobs) = mpsc::channel::<QueuedJob>(config.write_queue_capacity.max(1));
+        let stats = Arc::new(WriterStats::default());
+        let (nudge, nudges) = std::sync::mpsc::sync_channel::<()>(1);
+        let checkpointer = Checkpointer {
+            conn: checkpoint_conn,
+            stats: stats.clone(),
+        };
+        std::thread::Builder::new()
+            .name("flightlog-sqlite-checkpointer".into())
+            .spawn(move || checkpointer.run(nudges))
+            .map_err(|err| StoreError::Backend(format!("cannot start checkpointer: {err}")))?;
         let writer = GroupCommitWriter {
+            checkpoint_nudge: nudge,
+            stats: stats.clone(),
             conn,
-            keys: KeyCache::default(),
+            keys: WriterCache::default(),
+            data_version: None,
             max_group_size: config.max_group_size.max(1),
             lock_retry_budget: config.lock_retry_budget,
         };
@@ -257,9 +334,15 @@ impl SqliteDatabase {
                 busy_timeout: config.busy_timeout,
                 idle: Mutex::new(Vec::new()),
             },
+            stats,
             _writer_thread: writer_thread,
             path: config.path,
         }))
+    }
+
+    /// What the writer thread has done so far.
+    pub fn writer_stats(&self) -> &WriterStats {
+        &self.stats
     }
 
     /// The database file.
@@ -271,12 +354,12 @@ impl SqliteDatabase {
     /// is full.
     pub(crate) async fn write<T, F>(&self, work: F) -> Result<T, StoreError>
     where
-        F: FnOnce(&mut WriteContext<'_>) -> Result<T, StoreError> + Send + 'static,
+        F: FnMut(&mut WriteContext<'_>) -> Result<T, StoreError> + Send + 'static,
         T: Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
         let job: QueuedJob = Box::new(TypedJob {
-            work: Some(work),
+            work,
             outcome: None,
             reply,
         });
@@ -322,14 +405,55 @@ impl SqliteDatabase {
     }
 }
 
-struct GroupCommitWriter {
+/// Copies committed WAL frames into the database file in the background (`PASSIVE`: never waits
+/// for, or blocks, readers and the writer). Nudged by the writer every few commits, and on a
+/// timer; ends when the writer is gone.
+struct Checkpointer {
     conn: Connection,
-    keys: KeyCache,
+    stats: Arc<WriterStats>,
+}
+
+impl Checkpointer {
+    const PERIOD: Duration = Duration::from_millis(500);
+
+    fn run(self, nudges: std::sync::mpsc::Receiver<()>) {
+        loop {
+            let last = match nudges.recv_timeout(Self::PERIOD) {
+                Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => false,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => true,
+            };
+            let started = Instant::now();
+            // A failed passive checkpoint only means the WAL stays longer; the next one retries.
+            let _ = self
+                .conn
+                .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+            let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.stats
+                .checkpoint_nanos
+                .fetch_add(nanos, Ordering::Relaxed);
+            if last {
+                return;
+            }
+        }
+    }
+}
+
+struct GroupCommitWriter {
+    /// Wakes the checkpointer; full means it already has a wake-up pending.
+    checkpoint_nudge: std::sync::mpsc::SyncSender<()>,
+    stats: Arc<WriterStats>,
+    conn: Connection,
+    keys: WriterCache,
+    /// `PRAGMA data_version` after our last transaction: a change means another connection wrote.
+    data_version: Option<i64>,
     max_group_size: usize,
     lock_retry_budget: Duration,
 }
 
 impl GroupCommitWriter {
+    /// How many commits between checkpoint nudges.
+    const GROUPS_PER_CHECKPOINT: u64 = 64;
+
     fn run(mut self, mut jobs: mpsc::Receiver<QueuedJob>) {
         let mut group: Vec<QueuedJob> = Vec::with_capacity(self.max_group_size);
         while let Some(first) = jobs.blocking_recv() {
@@ -386,30 +510,77 @@ impl GroupCommitWriter {
         }
     }
 
-    fn apply_group(&mut self, group: &mut [QueuedJob]) -> Result<(), StoreError> {
+    /// Begin the group's transaction and drop cached state if another connection wrote since
+    /// our last one.
+    fn begin_group(&mut self) -> Result<(), StoreError> {
         self.begin_immediate()?;
-        if let [only] = group {
-            // A lone write needs no savepoint: its failure rolls the whole transaction back.
+        let version: i64 = self
+            .conn
+            .prepare_cached("PRAGMA data_version")
+            .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
+            .map_err(backend)?;
+        if self.data_version != Some(version) {
+            self.keys.clear_volatile();
+            self.data_version = Some(version);
+        }
+        Ok(())
+    }
+
+    /// Apply every job and commit. The fast path runs the jobs back to back with no savepoint
+    /// (a failed statement undoes itself in SQLite, and clean failures wrote nothing). If a job
+    /// fails dirty, the whole attempt is rolled back and replayed with a savepoint around each
+    /// job, so only the failing write fails and its neighbours still commit.
+    fn apply_group(&mut self, group: &mut [QueuedJob]) -> Result<(), StoreError> {
+        let began = Instant::now();
+        self.begin_group()?;
+        let applying = Instant::now();
+        let mut dirty = false;
+        for job in group.iter_mut() {
             let mut ctx = WriteContext {
                 conn: &self.conn,
                 keys: &mut self.keys,
             };
-            only.apply(&mut ctx)?;
-        } else {
+            if job.apply(&mut ctx) == Applied::Dirty {
+                dirty = true;
+                break;
+            }
+        }
+        if dirty {
+            self.exec("ROLLBACK")?;
+            self.keys.clear();
+            self.begin_group()?;
             for job in group.iter_mut() {
                 self.exec("SAVEPOINT write")?;
                 let mut ctx = WriteContext {
                     conn: &self.conn,
                     keys: &mut self.keys,
                 };
-                if job.apply(&mut ctx).is_err() {
+                if job.apply(&mut ctx) == Applied::Dirty {
                     self.exec("ROLLBACK TO write")?;
                     self.keys.clear();
                 }
                 self.exec("RELEASE write")?;
             }
         }
-        self.commit()
+        let committing = Instant::now();
+        let committed = self.commit();
+        let done = Instant::now();
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let groups = self.stats.groups.fetch_add(1, Ordering::Relaxed) + 1;
+        if groups % Self::GROUPS_PER_CHECKPOINT == 0 {
+            let _ = self.checkpoint_nudge.try_send(());
+        }
+        self.stats
+            .writes
+            .fetch_add(group.len() as u64, Ordering::Relaxed);
+        self.stats
+            .apply_nanos
+            .fetch_add(nanos(committing - applying), Ordering::Relaxed);
+        self.stats.commit_nanos.fetch_add(
+            nanos(applying - began) + nanos(done - committing),
+            Ordering::Relaxed,
+        );
+        committed
     }
 
     fn commit(&self) -> Result<(), StoreError> {

@@ -14,5 +14,5 @@ mod rows;
 mod schema;
 
 pub use activity::SqliteActivityStore;
-pub use database::{Durability, SqliteConfig, SqliteDatabase};
+pub use database::{Durability, SqliteConfig, SqliteDatabase, WriterStats};
 pub use schema::SCHEMA_VERSION;

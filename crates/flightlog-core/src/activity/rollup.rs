@@ -4,7 +4,39 @@
 //! subagent consumption, so summing the tree would double-count every fan-out. The failure reason
 //! is the first error/timeout reason in start order, else `interrupted` for an interrupted root.
 
-use super::types::{SpanOrigin, SpanOutcome, SpanRow};
+use super::types::{SpanOrigin, SpanOutcome, SpanRow, SpanUsage};
+
+/// What the rollup rule needs to know about one span (a backend can read just these columns).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RollupSpan {
+    pub is_root: bool,
+    pub origin: SpanOrigin,
+    pub name: String,
+    pub session_id: Option<String>,
+    pub job_name: Option<String>,
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
+    pub outcome: Option<SpanOutcome>,
+    pub outcome_reason: Option<String>,
+    pub usage: SpanUsage,
+}
+
+impl From<&SpanRow> for RollupSpan {
+    fn from(span: &SpanRow) -> Self {
+        Self {
+            is_root: span.is_root(),
+            origin: span.origin.clone(),
+            name: span.name.clone(),
+            session_id: span.session_id.clone(),
+            job_name: span.job_name.clone(),
+            started_at: span.started_at,
+            ended_at: span.ended_at,
+            outcome: span.outcome.clone(),
+            outcome_reason: span.outcome_reason.clone(),
+            usage: span.usage.clone(),
+        }
+    }
+}
 
 /// The columns a rollup upsert writes, before the backend merges them with an existing row.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,10 +59,10 @@ pub struct RollupFields {
 }
 
 /// Roll up a run from its spans, which must be in `started_at` order. `None` for no spans.
-pub fn compute_rollup(spans_by_start: &[SpanRow]) -> Option<RollupFields> {
+pub fn compute_rollup(spans_by_start: &[RollupSpan]) -> Option<RollupFields> {
     let root = spans_by_start
         .iter()
-        .find(|span| span.is_root())
+        .find(|span| span.is_root)
         .or_else(|| spans_by_start.first())?;
     let failure_reason = spans_by_start
         .iter()
@@ -66,10 +98,10 @@ pub fn compute_rollup(spans_by_start: &[SpanRow]) -> Option<RollupFields> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::activity::types::{JsonObject, SpanKind, SpanUsage};
+    use crate::activity::types::{JsonObject, SpanKind};
 
-    fn span(id: &str, parent: Option<&str>, started_at: i64) -> SpanRow {
-        SpanRow {
+    fn span(id: &str, parent: Option<&str>, started_at: i64) -> RollupSpan {
+        RollupSpan::from(&SpanRow {
             span_id: id.into(),
             run_id: "r".into(),
             parent_span_id: parent.map(str::to_owned),
@@ -87,7 +119,7 @@ mod tests {
             usage: SpanUsage::default(),
             writer: "w".into(),
             last_heartbeat_at: None,
-        }
+        })
     }
 
     #[test]
