@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use flightlog_core::activity::{
-    ActivityStore, EndSpanInput, PruneOptions, SpanOutcome, SpanPatch, StartSpanInput,
-    StoreError, DEFAULT_CHANGES_LIMIT,
+    ActivityStore, EndSpanInput, PruneOptions, SpanOutcome, SpanPatch, StartSpanInput, StoreError,
+    DEFAULT_CHANGES_LIMIT,
 };
 use flightlog_core::ManualClock;
 use serde::de::DeserializeOwned;
@@ -151,7 +151,11 @@ pub async fn replay_activity_fixture<F>(fixture: &Fixture, make: F) -> Result<()
 where
     F: FnOnce(Arc<ManualClock>, &str) -> Result<Arc<dyn ActivityStore>, String>,
 {
-    let setup_clock = fixture.setup.get("clock").and_then(Value::as_i64).unwrap_or(0);
+    let setup_clock = fixture
+        .setup
+        .get("clock")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
     let default_writer = fixture
         .setup
         .get("writer")

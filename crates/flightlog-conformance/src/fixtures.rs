@@ -63,8 +63,8 @@ pub fn load_fixtures(dir: &Path, store: &str) -> Result<Vec<(PathBuf, Fixture)>,
     paths.sort();
     let mut fixtures = Vec::new();
     for path in paths {
-        let text = std::fs::read_to_string(&path)
-            .map_err(|err| format!("{}: {err}", path.display()))?;
+        let text =
+            std::fs::read_to_string(&path).map_err(|err| format!("{}: {err}", path.display()))?;
         let raw: Value =
             serde_json::from_str(&text).map_err(|err| format!("{}: {err}", path.display()))?;
         if raw.get("store").and_then(Value::as_str) != Some(store) {

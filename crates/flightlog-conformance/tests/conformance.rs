@@ -36,7 +36,8 @@ async fn activity_sqlite(dir: &std::path::Path) -> Result<(usize, Vec<String>), 
     for (index, (path, fixture)) in fixtures.iter().enumerate() {
         let db_path = scratch.path().join(format!("fixture-{index}.db"));
         let outcome = replay_activity_fixture(fixture, |clock, writer| {
-            let db = SqliteDatabase::open(SqliteConfig::new(&db_path)).map_err(|e| e.to_string())?;
+            let db =
+                SqliteDatabase::open(SqliteConfig::new(&db_path)).map_err(|e| e.to_string())?;
             let store: Arc<dyn ActivityStore> =
                 Arc::new(SqliteActivityStore::with_identity(db, clock, writer));
             Ok(store)

@@ -199,10 +199,8 @@ async fn main() {
     let mut config = SqliteConfig::new(&path);
     config.durability = Durability::Normal;
     let db = SqliteDatabase::open(config).expect("open database");
-    let store: Arc<dyn ActivityStore> = Arc::new(SqliteActivityStore::new(
-        db.clone(),
-        Arc::new(SystemClock),
-    ));
+    let store: Arc<dyn ActivityStore> =
+        Arc::new(SqliteActivityStore::new(db.clone(), Arc::new(SystemClock)));
 
     // 1. Writes.
     let started = Instant::now();
@@ -322,7 +320,10 @@ async fn main() {
             attrs: None,
             started_at: None,
         };
-        store.start_span(start(root.into(), None)).await.expect("root");
+        store
+            .start_span(start(root.into(), None))
+            .await
+            .expect("root");
         let mut pending = Vec::new();
         for i in 1..10_000 {
             let store = store.clone();

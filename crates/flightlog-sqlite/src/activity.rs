@@ -19,8 +19,8 @@ use crate::activity_write::{self as write, PrunePlan, ORPHAN_RUNS_SQL, STALE_RUN
 use crate::database::SqliteDatabase;
 use crate::error::backend;
 use crate::rows::{
-    event_from_row, rollup_from_row, span_from_row, EVENT_COLUMNS, ROLLUP_COLUMNS,
-    SPAN_COLUMNS, SPAN_COLUMN_COUNT, SPAN_JOINS,
+    event_from_row, rollup_from_row, span_from_row, EVENT_COLUMNS, ROLLUP_COLUMNS, SPAN_COLUMNS,
+    SPAN_COLUMN_COUNT, SPAN_JOINS,
 };
 
 /// The activity store over a [`SqliteDatabase`], acting as one writer identity.
@@ -64,7 +64,10 @@ fn query_spans(
 ) -> Result<Vec<SpanRow>, StoreError> {
     let sql = format!("SELECT {SPAN_COLUMNS} FROM {SPAN_JOINS} {filter_and_order}");
     conn.prepare_cached(&sql)
-        .and_then(|mut stmt| stmt.query_map(params, |row| span_from_row(row, 0))?.collect())
+        .and_then(|mut stmt| {
+            stmt.query_map(params, |row| span_from_row(row, 0))?
+                .collect()
+        })
         .map_err(backend)
 }
 
@@ -89,7 +92,11 @@ fn latest_cursor(conn: &Connection) -> Result<i64, StoreError> {
         .map_err(backend)
 }
 
-fn any_row(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<bool, StoreError> {
+fn any_row(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<bool, StoreError> {
     conn.prepare_cached(sql)
         .and_then(|mut stmt| stmt.exists(params))
         .map_err(backend)
@@ -124,7 +131,7 @@ fn changes_after(
                 let run_id: String = row.get(4)?;
                 let body = match event_index {
                     None => ChangeBody::Span {
-                        span: span_from_row(row, 3)?,
+                        span: Box::new(span_from_row(row, 3)?),
                     },
                     Some(event_index) => {
                         let payload: String = row.get(event_base + 2)?;
@@ -179,7 +186,10 @@ fn snapshot(conn: &Connection, run_id: &str) -> Result<Option<RunSnapshot>, Stor
     );
     let events = conn
         .prepare_cached(&sql)
-        .and_then(|mut stmt| stmt.query_map([run_key], |row| event_from_row(row, 0))?.collect())
+        .and_then(|mut stmt| {
+            stmt.query_map([run_key], |row| event_from_row(row, 0))?
+                .collect()
+        })
         .map_err(backend)?;
     Ok(Some(RunSnapshot {
         run_id: run_id.to_owned(),
@@ -282,9 +292,9 @@ impl ActivityStore for SqliteActivityStore {
         let clock_now = self.now();
         let cutoff = now.unwrap_or(clock_now).saturating_sub(stale_after_ms);
         let writer = self.writer.clone();
-        let found = self.db.read(|conn| {
-            any_row(conn, STALE_RUNS_SQL, params![writer.as_ref(), cutoff])
-        })?;
+        let found = self
+            .db
+            .read(|conn| any_row(conn, STALE_RUNS_SQL, params![writer.as_ref(), cutoff]))?;
         if !found {
             return Ok(0);
         }
@@ -298,7 +308,9 @@ impl ActivityStore for SqliteActivityStore {
         threshold_ms: i64,
         now: Option<i64>,
     ) -> Result<Vec<SpanRow>, StoreError> {
-        let cutoff = now.unwrap_or_else(|| self.now()).saturating_sub(threshold_ms);
+        let cutoff = now
+            .unwrap_or_else(|| self.now())
+            .saturating_sub(threshold_ms);
         self.db.read(|conn| {
             query_spans(
                 conn,
@@ -314,7 +326,9 @@ impl ActivityStore for SqliteActivityStore {
         change_cursor: i64,
         limit: i64,
     ) -> Result<Vec<ActivityChange>, StoreError> {
-        let mut changes = self.db.read(|conn| changes_after(conn, change_cursor, limit))?;
+        let mut changes = self
+            .db
+            .read(|conn| changes_after(conn, change_cursor, limit))?;
         if limit < 0 {
             // The reference slices with the negative limit after an unlimited SQL LIMIT.
             let keep = changes.len().saturating_sub(limit.unsigned_abs() as usize);

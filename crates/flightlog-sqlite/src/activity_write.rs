@@ -6,8 +6,8 @@
 //! change log's AUTOINCREMENT rowid, so ids never repeat even after the newest rows are pruned.
 
 use flightlog_core::activity::{
-    compute_rollup, CappedPayload, RollupSpan, SpanOrigin, EndSpanInput, JsonObject, PruneResult, SpanEventRow,
-    SpanOutcome, SpanPatch, SpanRow, SpanUsage, StartSpanInput, StoreError,
+    compute_rollup, CappedPayload, EndSpanInput, JsonObject, PruneResult, RollupSpan, SpanEventRow,
+    SpanOrigin, SpanOutcome, SpanPatch, SpanRow, SpanUsage, StartSpanInput, StoreError,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::value::RawValue;
@@ -24,7 +24,9 @@ fn run_key_of(ctx: &mut WriteContext<'_>, run_id: &str) -> Result<i64, StoreErro
         return Ok(*key);
     }
     ctx.conn
-        .prepare_cached("INSERT INTO activity_runs (run_id) VALUES (?1) ON CONFLICT(run_id) DO NOTHING")
+        .prepare_cached(
+            "INSERT INTO activity_runs (run_id) VALUES (?1) ON CONFLICT(run_id) DO NOTHING",
+        )
         .and_then(|mut stmt| stmt.execute([run_id]))
         .map_err(backend)?;
     let key: i64 = ctx
@@ -145,7 +147,9 @@ pub(crate) fn start_span(
         });
     }
     let span_key = ctx.conn.last_insert_rowid();
-    ctx.keys.spans.insert(input.span_id.clone(), (span_key, run_key));
+    ctx.keys
+        .spans
+        .insert(input.span_id.clone(), (span_key, run_key));
     log_change(ctx, run_key, span_key, None)?;
     Ok(SpanRow {
         span_id: input.span_id.clone(),
@@ -368,7 +372,9 @@ pub(crate) fn append_event(
     let Some((span_key, run_key)) = span else {
         return Ok(None);
     };
-    ctx.keys.spans.insert(span_id.to_owned(), (span_key, run_key));
+    ctx.keys
+        .spans
+        .insert(span_id.to_owned(), (span_key, run_key));
     let event_index = match ctx.keys.next_event_index.get(&span_key) {
         Some(next) => *next,
         None => ctx
@@ -377,7 +383,10 @@ pub(crate) fn append_event(
                 "SELECT event_index FROM activity_events WHERE span_key = ?1 \
                  ORDER BY event_index DESC LIMIT 1",
             )
-            .and_then(|mut stmt| stmt.query_row([span_key], |row| row.get::<_, i64>(0)).optional())
+            .and_then(|mut stmt| {
+                stmt.query_row([span_key], |row| row.get::<_, i64>(0))
+                    .optional()
+            })
             .map_err(backend)?
             .map_or(0, |index| index + 1),
     };
@@ -412,7 +421,11 @@ pub(crate) fn append_event(
     }))
 }
 
-pub(crate) fn heartbeat(ctx: &mut WriteContext<'_>, span_id: &str, at: i64) -> Result<(), StoreError> {
+pub(crate) fn heartbeat(
+    ctx: &mut WriteContext<'_>,
+    span_id: &str,
+    at: i64,
+) -> Result<(), StoreError> {
     // Deliberately not change-logged: a heartbeat is liveness metadata, not activity.
     ctx.conn
         .prepare_cached(
@@ -493,7 +506,11 @@ pub(crate) const STALE_RUNS_SQL: &str = "SELECT s.run_key FROM activity_spans s 
        AND COALESCE(s.last_heartbeat_at, s.started_at) < ?2 \
      ORDER BY s.started_at, s.span_key";
 
-fn run_keys(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<Vec<i64>, StoreError> {
+fn run_keys(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<i64>, StoreError> {
     conn.prepare_cached(sql)
         .and_then(|mut stmt| stmt.query_map(params, |row| row.get(0))?.collect())
         .map_err(backend)
@@ -503,7 +520,13 @@ pub(crate) fn sweep_own_orphans(ctx: &mut WriteContext<'_>, now: i64) -> Result<
     let mut closed = 0;
     // Re-read inside the transaction: a run closed since the caller's look is simply absent.
     for run_key in run_keys(ctx.conn, ORPHAN_RUNS_SQL, [])? {
-        closed += close_run(ctx, run_key, &SpanOutcome::Interrupted, "server restarted", now)?;
+        closed += close_run(
+            ctx,
+            run_key,
+            &SpanOutcome::Interrupted,
+            "server restarted",
+            now,
+        )?;
     }
     Ok(closed)
 }
@@ -517,7 +540,13 @@ pub(crate) fn sweep_stale(
     let mut closed = 0;
     // Re-read inside the transaction so a root that heartbeated since the caller's look survives.
     for run_key in run_keys(ctx.conn, STALE_RUNS_SQL, params![writer, cutoff])? {
-        closed += close_run(ctx, run_key, &SpanOutcome::Interrupted, "writer went silent", now)?;
+        closed += close_run(
+            ctx,
+            run_key,
+            &SpanOutcome::Interrupted,
+            "writer went silent",
+            now,
+        )?;
     }
     Ok(closed)
 }
@@ -613,7 +642,10 @@ pub(crate) struct PrunePlan {
     pub batch: i64,
 }
 
-pub(crate) fn prune(ctx: &mut WriteContext<'_>, plan: PrunePlan) -> Result<PruneResult, StoreError> {
+pub(crate) fn prune(
+    ctx: &mut WriteContext<'_>,
+    plan: PrunePlan,
+) -> Result<PruneResult, StoreError> {
     let conn = ctx.conn;
     // Candidates come from the rollups (a finished run's terminal write made it prunable),
     // guarded against any run that still has an open span.

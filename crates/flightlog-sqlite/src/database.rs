@@ -114,8 +114,7 @@ impl WriterCache {
     }
 
     fn trim(&mut self) {
-        if self.run_keys.len() > Self::MAX_ENTRIES || self.writer_keys.len() > Self::MAX_ENTRIES
-        {
+        if self.run_keys.len() > Self::MAX_ENTRIES || self.writer_keys.len() > Self::MAX_ENTRIES {
             self.run_keys.clear();
             self.writer_keys.clear();
         }
@@ -363,10 +362,7 @@ impl SqliteDatabase {
             outcome: None,
             reply,
         });
-        self.queue
-            .send(job)
-            .await
-            .map_err(|_| StoreError::Closed)?;
+        self.queue.send(job).await.map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -567,7 +563,7 @@ impl GroupCommitWriter {
         let done = Instant::now();
         let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let groups = self.stats.groups.fetch_add(1, Ordering::Relaxed) + 1;
-        if groups % Self::GROUPS_PER_CHECKPOINT == 0 {
+        if groups.is_multiple_of(Self::GROUPS_PER_CHECKPOINT) {
             let _ = self.checkpoint_nudge.try_send(());
         }
         self.stats

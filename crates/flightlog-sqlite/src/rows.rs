@@ -66,7 +66,6 @@ pub(crate) fn span_from_row(row: &Row<'_>, base: usize) -> rusqlite::Result<Span
 pub(crate) const EVENT_COLUMNS: &str = "s.span_id, e.event_index, e.ts, e.event_type, e.payload, \
      e.truncated";
 
-
 /// Decode an event from `row`, starting at column `base`.
 pub(crate) fn event_from_row(row: &Row<'_>, base: usize) -> rusqlite::Result<SpanEventRow> {
     let payload: String = row.get(base + 4)?;

@@ -77,7 +77,10 @@ mod tests {
         let text = "q".repeat(MAX_EVENT_PAYLOAD_BYTES - 1);
         let capped = cap_payload(Some(&Value::String(text.clone())));
         assert!(capped.truncated);
-        assert_eq!(capped.json, json!(format!("{text}{TRUNCATION_MARKER}")).to_string());
+        assert_eq!(
+            capped.json,
+            json!(format!("{text}{TRUNCATION_MARKER}")).to_string()
+        );
     }
 
     #[test]
@@ -88,7 +91,10 @@ mod tests {
         let stored: Value = serde_json::from_str(&capped.json).unwrap_or(Value::Null);
         let text = stored.as_str().unwrap_or_default();
         assert!(text.starts_with("{\"data\":\"bbb"));
-        assert_eq!(text.len(), MAX_EVENT_PAYLOAD_BYTES + TRUNCATION_MARKER.len());
+        assert_eq!(
+            text.len(),
+            MAX_EVENT_PAYLOAD_BYTES + TRUNCATION_MARKER.len()
+        );
     }
 
     #[test]

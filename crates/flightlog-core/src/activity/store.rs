@@ -96,8 +96,11 @@ pub trait ActivityStore: Send + Sync {
     async fn sweep_stale(&self, stale_after_ms: i64, now: Option<i64>) -> Result<i64, StoreError>;
 
     /// Open roots that started more than `threshold_ms` before `now`, oldest first.
-    async fn find_stuck(&self, threshold_ms: i64, now: Option<i64>)
-        -> Result<Vec<SpanRow>, StoreError>;
+    async fn find_stuck(
+        &self,
+        threshold_ms: i64,
+        now: Option<i64>,
+    ) -> Result<Vec<SpanRow>, StoreError>;
 
     /// Changes after `change_cursor` whose span/event still exists, by change id, at most
     /// `limit` (zero gives none; a negative limit drops that many from the end, as the reference).

@@ -213,7 +213,7 @@ impl PartialEq for SpanEventRow {
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum ChangeBody {
     /// A span was started, patched or ended; the span as it is at read time.
-    Span { span: SpanRow },
+    Span { span: Box<SpanRow> },
     /// An event was appended.
     Event { event: SpanEventRow },
 }

@@ -1,0 +1,334 @@
+//! `flightlog demo`: a simulated multi-agent workload, so a new user sees flightlog record
+//! something real in seconds.
+//!
+//! Each simulated run is an agent turn with model calls (with token usage), tool calls with
+//! input/output events, sometimes a subagent, sometimes a failing tool; one run is left open so
+//! the "running now" and stuck views have something to show. Everything goes through the public
+//! store trait, exactly as an embedding agent framework would use it.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+use flightlog_core::activity::{
+    ActivityStore, EndSpanInput, SpanKind, SpanOrigin, SpanOutcome, SpanPatch, SpanRow, SpanUsage,
+    StartSpanInput,
+};
+use flightlog_core::{Clock, SystemClock};
+use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
+use serde_json::json;
+
+struct Ids {
+    prefix: String,
+    next: usize,
+}
+
+impl Ids {
+    fn next(&mut self, what: &str) -> String {
+        self.next += 1;
+        format!("{}-{what}-{}", self.prefix, self.next)
+    }
+}
+
+fn start(
+    span_id: &str,
+    run_id: &str,
+    parent: Option<&str>,
+    name: &str,
+    kind: SpanKind,
+    at: i64,
+) -> StartSpanInput {
+    StartSpanInput {
+        span_id: span_id.to_owned(),
+        run_id: run_id.to_owned(),
+        parent_span_id: parent.map(str::to_owned),
+        name: name.to_owned(),
+        kind,
+        origin: SpanOrigin::Session,
+        session_id: Some("demo-session".to_owned()),
+        job_name: None,
+        attrs: None,
+        started_at: Some(at),
+    }
+}
+
+fn end(
+    outcome: SpanOutcome,
+    reason: Option<&str>,
+    at: i64,
+    usage: Option<SpanUsage>,
+) -> EndSpanInput {
+    EndSpanInput {
+        outcome,
+        reason: reason.map(str::to_owned),
+        ended_at: Some(at),
+        usage,
+        attrs: None,
+    }
+}
+
+fn usage(input: i64, output: i64, cost: f64) -> SpanUsage {
+    SpanUsage {
+        input_tokens: Some(input),
+        output_tokens: Some(output),
+        cost_usd: Some(cost),
+        model: Some("demo-model-large".to_owned()),
+        ..SpanUsage::default()
+    }
+}
+
+/// Record one finished run; returns its id.
+async fn simulate_run(
+    store: &dyn ActivityStore,
+    ids: &mut Ids,
+    index: usize,
+    mut at: i64,
+) -> anyhow::Result<String> {
+    let run_id = ids.next("run");
+    let root = ids.next("turn");
+    store
+        .start_span(start(
+            &root,
+            &run_id,
+            None,
+            &format!("turn {index}: fix failing test"),
+            SpanKind::Turn,
+            at,
+        ))
+        .await?;
+    let (mut total_in, mut total_out, mut total_cost) = (0i64, 0i64, 0.0f64);
+    let mut failure = None;
+    for step in 0..3 {
+        at += 40;
+        let model = ids.next("model");
+        store
+            .start_span(start(
+                &model,
+                &run_id,
+                Some(&root),
+                "model call",
+                SpanKind::Model,
+                at,
+            ))
+            .await?;
+        at += 900;
+        let (input, output, cost) = (1_500 + 200 * step, 300 + 20 * step, 0.0125);
+        total_in += input;
+        total_out += output;
+        total_cost += cost;
+        store
+            .end_span(
+                &model,
+                end(
+                    SpanOutcome::Success,
+                    None,
+                    at,
+                    Some(usage(input, output, cost)),
+                ),
+            )
+            .await?;
+        let tool = ids.next("tool");
+        let tool_name = ["read_file", "bash", "edit_file"][step as usize % 3];
+        store
+            .start_span(start(
+                &tool,
+                &run_id,
+                Some(&root),
+                &format!("tool:{tool_name}"),
+                SpanKind::Tool,
+                at + 5,
+            ))
+            .await?;
+        store
+            .append_event(
+                &tool,
+                "tool_input",
+                Some(&json!({"tool": tool_name, "step": step})),
+                Some(at + 6),
+            )
+            .await?;
+        at += 300;
+        let fails = index % 5 == 4 && step == 1;
+        store
+            .append_event(
+                &tool,
+                "tool_output",
+                Some(
+                    &json!({"ok": !fails, "output": if fails { "exit status 101" } else { "ok" }}),
+                ),
+                Some(at),
+            )
+            .await?;
+        if fails {
+            store
+                .end_span(
+                    &tool,
+                    end(SpanOutcome::Error, Some("tests failed"), at, None),
+                )
+                .await?;
+            failure = Some("tests failed");
+        } else {
+            store
+                .end_span(&tool, end(SpanOutcome::Success, None, at, None))
+                .await?;
+        }
+    }
+    if index.is_multiple_of(3) {
+        let sub = ids.next("subagent");
+        store
+            .start_span(start(
+                &sub,
+                &run_id,
+                Some(&root),
+                "subagent: reviewer",
+                SpanKind::Subagent,
+                at + 10,
+            ))
+            .await?;
+        store
+            .patch_span(
+                &sub,
+                SpanPatch {
+                    attrs: serde_json::from_value(json!({"agent": "reviewer"})).ok(),
+                    ..SpanPatch::default()
+                },
+            )
+            .await?;
+        at += 2_000;
+        store
+            .end_span(&sub, end(SpanOutcome::Success, None, at, None))
+            .await?;
+    }
+    let outcome = if failure.is_some() {
+        SpanOutcome::Error
+    } else {
+        SpanOutcome::Success
+    };
+    store
+        .end_span(
+            &root,
+            end(
+                outcome,
+                failure,
+                at + 20,
+                Some(usage(total_in, total_out, total_cost)),
+            ),
+        )
+        .await?;
+    store.rollup_run(&run_id).await?;
+    Ok(run_id)
+}
+
+fn print_tree(spans: &[SpanRow], parent: Option<&str>, depth: usize) {
+    for span in spans
+        .iter()
+        .filter(|s| s.parent_span_id.as_deref() == parent)
+    {
+        let state = match (&span.outcome, span.ended_at) {
+            (Some(outcome), Some(ended)) => format!("{outcome} in {} ms", ended - span.started_at),
+            (Some(outcome), None) => outcome.to_string(),
+            (None, _) => "running".to_owned(),
+        };
+        let tokens = match (span.usage.input_tokens, span.usage.output_tokens) {
+            (Some(i), Some(o)) => format!("  [{i} in / {o} out tokens]"),
+            _ => String::new(),
+        };
+        println!(
+            "{}{} ({}) {state}{tokens}",
+            "  ".repeat(depth + 1),
+            span.name,
+            span.kind
+        );
+        print_tree(spans, Some(&span.span_id), depth + 1);
+    }
+}
+
+pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
+    let db = SqliteDatabase::open(SqliteConfig::new(db_path))
+        .with_context(|| format!("cannot open database {}", db_path.display()))?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let store = SqliteActivityStore::new(db, clock.clone());
+    let now = clock.now_ms();
+    let mut ids = Ids {
+        prefix: format!("demo{now}"),
+        next: 0,
+    };
+    let mut run_ids = Vec::new();
+    for index in 0..runs {
+        let started = now - 60_000 * (runs - index) as i64;
+        run_ids.push(simulate_run(&store, &mut ids, index, started).await?);
+    }
+    // One run still going: an agent waiting on a slow tool right now.
+    let live_run = ids.next("run");
+    let live_root = ids.next("turn");
+    store
+        .start_span(start(
+            &live_root,
+            &live_run,
+            None,
+            "turn: long refactor (still running)",
+            SpanKind::Turn,
+            now - 5_000,
+        ))
+        .await?;
+    let slow_tool = ids.next("tool");
+    store
+        .start_span(start(
+            &slow_tool,
+            &live_run,
+            Some(&live_root),
+            "tool:bash (cargo build)",
+            SpanKind::Tool,
+            now - 4_000,
+        ))
+        .await?;
+
+    println!(
+        "Recorded {runs} finished runs and 1 running run into {}\n",
+        db_path.display()
+    );
+    println!(
+        "{:<34} {:<8} {:>6} {:>9} {:>9} {:>9}  failure",
+        "run", "outcome", "spans", "in tok", "out tok", "cost $"
+    );
+    for run_id in &run_ids {
+        if let Some(rollup) = store.read_rollup(run_id).await? {
+            println!(
+                "{:<34} {:<8} {:>6} {:>9} {:>9} {:>9.4}  {}",
+                rollup.run_id,
+                rollup
+                    .outcome
+                    .map(|o| o.to_string())
+                    .unwrap_or_else(|| "open".into()),
+                rollup.span_count,
+                rollup.input_tokens.unwrap_or(0),
+                rollup.output_tokens.unwrap_or(0),
+                rollup.cost_usd.unwrap_or(0.0),
+                rollup.failure_reason.unwrap_or_default(),
+            );
+        }
+    }
+    if let Some(last) = run_ids.last() {
+        if let Some(snapshot) = store.snapshot_run(last).await? {
+            println!(
+                "\nSpan tree of {last} (seq high-water {}):",
+                snapshot.high_water_seq
+            );
+            print_tree(&snapshot.spans, None, 0);
+        }
+    }
+    println!("\nRunning now:");
+    for span in store.open_root_spans().await? {
+        println!(
+            "  {} (run {}, started {} s ago)",
+            span.name,
+            span.run_id,
+            (now - span.started_at) / 1000
+        );
+    }
+    println!(
+        "\nChange log cursor: {}",
+        store.latest_change_cursor().await?
+    );
+    Ok(())
+}
