@@ -64,10 +64,11 @@ fn event_payload(run: usize, tool: usize, output: bool) -> serde_json::Value {
             "ok": true,
             "exitCode": 0,
             "output": format!(
-                "test result: ok. {} passed; 0 failed; finished in {}.{:02}s\n\
+                "running {} tests\ntest planner::tests::case_{run} ... ok\n\
+                 test result: ok. {} passed; 0 failed; finished in {}.{:02}s\n\
                  warning: unused variable `ctx` in src/agents/tool_{tool}.rs:{}:9 \
                  (run {run}); consider prefixing it with an underscore",
-                40 + tool, tool, run % 100, 100 + run % 900
+                40 + tool, 40 + tool, tool, run % 100, 100 + run % 900
             ),
             "bytes": 1800 + run % 500,
         })
@@ -79,6 +80,7 @@ fn event_payload(run: usize, tool: usize, output: bool) -> serde_json::Value {
                 "command": format!("cargo test -p agent-core --lib planner::tests::case_{run}"),
                 "cwd": "/home/agent/work/repository",
                 "timeoutMs": 120000,
+                "env": {"RUST_BACKTRACE": "1", "CARGO_TERM_COLOR": "never"},
             },
             "reason": format!(
                 "Run the planner tests again after editing step {tool} to confirm the fix for run {run}"

@@ -82,15 +82,33 @@ fn log_change(
             .unwrap_or(0),
     };
     let seq = high + 1;
+    let change_id = match ctx.keys.next_change_id {
+        Some(next) => next,
+        None => next_change_id(ctx.conn)?,
+    };
     ctx.conn
         .prepare_cached(
-            "INSERT INTO activity_changes (run_key, seq, span_key, event_index) \
-             VALUES (?1, ?2, ?3, ?4)",
+            "INSERT INTO activity_changes (change_id, run_key, seq, span_key, event_index) \
+             VALUES (?1, ?2, ?3, ?4, ?5)",
         )
-        .and_then(|mut stmt| stmt.execute(params![run_key, seq, span_key, event_index]))
+        .and_then(|mut stmt| {
+            stmt.execute(params![change_id, run_key, seq, span_key, event_index])
+        })
         .map_err(backend)?;
     ctx.keys.run_seq.insert(run_key, seq);
-    Ok((ctx.conn.last_insert_rowid(), seq))
+    ctx.keys.next_change_id = Some(change_id + 1);
+    Ok((change_id, seq))
+}
+
+/// One past the highest change id ever used: the newest row's, or the floor `prune` recorded
+/// before deleting the newest rows (ids are never reused, so cursors never see an old id twice).
+fn next_change_id(conn: &Connection) -> Result<i64, StoreError> {
+    conn.prepare_cached(
+        "SELECT MAX(COALESCE((SELECT MAX(change_id) FROM activity_changes), 0), \
+                COALESCE((SELECT value FROM flightlog_meta WHERE name = 'change_id_floor'), 0)) + 1",
+    )
+    .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
+    .map_err(backend)
 }
 
 fn attrs_text(attrs: &JsonObject) -> String {
@@ -665,6 +683,16 @@ pub(crate) fn prune(
             .collect()
         })
         .map_err(backend)?;
+    if !candidates.is_empty() {
+        // Deleting the newest change rows must not let their ids be handed out again.
+        conn.prepare_cached(
+            "INSERT INTO flightlog_meta (name, value) \
+             SELECT 'change_id_floor', COALESCE(MAX(change_id), 0) FROM activity_changes WHERE 1 \
+             ON CONFLICT(name) DO UPDATE SET value = MAX(value, excluded.value)",
+        )
+        .and_then(|mut stmt| stmt.execute([]))
+        .map_err(backend)?;
+    }
     let mut spans_deleted = 0i64;
     for (run_key, ended_at) in &candidates {
         let run_key = *run_key;

@@ -96,6 +96,8 @@ pub(crate) struct WriterCache {
     pub run_seq: HashMap<i64, i64>,
     /// span key -> next event index
     pub next_event_index: HashMap<i64, i64>,
+    /// The change id the next change row gets.
+    pub next_change_id: Option<i64>,
 }
 
 impl WriterCache {
@@ -111,6 +113,7 @@ impl WriterCache {
         self.spans.clear();
         self.run_seq.clear();
         self.next_event_index.clear();
+        self.next_change_id = None;
     }
 
     fn trim(&mut self) {
@@ -310,7 +313,7 @@ impl SqliteDatabase {
             stats: stats.clone(),
         };
         std::thread::Builder::new()
-            .name("flightlog-sqlite-checkpointer".into())
+            .name("flightlog-ckpt".into())
             .spawn(move || checkpointer.run(nudges))
             .map_err(|err| StoreError::Backend(format!("cannot start checkpointer: {err}")))?;
         let writer = GroupCommitWriter {
@@ -323,7 +326,7 @@ impl SqliteDatabase {
             lock_retry_budget: config.lock_retry_budget,
         };
         let writer_thread = std::thread::Builder::new()
-            .name("flightlog-sqlite-writer".into())
+            .name("flightlog-writer".into())
             .spawn(move || writer.run(jobs))
             .map_err(|err| StoreError::Backend(format!("cannot start writer thread: {err}")))?;
         Ok(Arc::new(Self {

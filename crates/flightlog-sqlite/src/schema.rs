@@ -9,7 +9,9 @@
 //! integer surrogate keys so the change log and the events table carry small integers instead of
 //! repeated id strings; events are a `WITHOUT ROWID` table clustered by `(span_key, event_index)`;
 //! the change log is indexed by `(run_key, seq)` so a run's next seq is one index seek, never a
-//! scan. Run and writer rows are never deleted, which makes their keys safe to cache.
+//! scan. Change ids are assigned by the writer (the highest id ever used, kept in
+//! `flightlog_meta.change_id_floor` when pruning deletes the newest rows, plus one), which keeps
+//! AUTOINCREMENT's never-reuse guarantee without its per-insert bookkeeping. Run and writer rows are never deleted, which makes their keys safe to cache.
 
 use flightlog_core::activity::StoreError;
 use rusqlite::{Connection, TransactionBehavior};
@@ -66,8 +68,12 @@ CREATE TABLE activity_events (
   payload     TEXT NOT NULL,
   PRIMARY KEY (span_key, event_index)
 ) WITHOUT ROWID;
+CREATE TABLE flightlog_meta (
+  name  TEXT PRIMARY KEY,
+  value INTEGER NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE activity_changes (
-  change_id   INTEGER PRIMARY KEY AUTOINCREMENT,
+  change_id   INTEGER PRIMARY KEY,
   run_key     INTEGER NOT NULL,
   seq         INTEGER NOT NULL,
   span_key    INTEGER NOT NULL,
