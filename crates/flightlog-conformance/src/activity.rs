@@ -141,7 +141,10 @@ async fn perform(
     };
     match result {
         Ok(value) => value.map(Ok),
-        Err(err) => Ok(Err(error_kind(&err).to_owned())),
+        Err(err) => match error_kind(&err) {
+            "backend" => Ok(Err(format!("backend ({err})"))),
+            kind => Ok(Err(kind.to_owned())),
+        },
     }
 }
 

@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use flightlog_conformance::activity::replay_activity_fixture;
 use flightlog_conformance::fixtures::{conformance_dir, load_fixtures};
+use flightlog_conformance::journal::replay_journal_fixture;
 use flightlog_core::activity::ActivityStore;
+use flightlog_core::journal::{EngagementJournal, InMemoryEngagementJournal, RetentionConfig};
 use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
 
 fn report(label: &str, passed: usize, failures: &[String]) -> bool {
@@ -51,19 +53,41 @@ async fn activity_sqlite(dir: &std::path::Path) -> Result<(usize, Vec<String>), 
     Ok((passed, failures))
 }
 
+async fn journal_memory(dir: &std::path::Path) -> Result<(usize, Vec<String>), String> {
+    let fixtures = load_fixtures(dir, "journal")?;
+    let make = |retention: RetentionConfig| -> Arc<dyn EngagementJournal> {
+        Arc::new(InMemoryEngagementJournal::new(retention))
+    };
+    let mut passed = 0;
+    let mut failures = Vec::new();
+    for (path, fixture) in &fixtures {
+        match replay_journal_fixture(fixture, &make).await {
+            Ok(()) => passed += 1,
+            Err(err) => failures.push(format!("{} ({}): {err}", fixture.name, path.display())),
+        }
+    }
+    Ok((passed, failures))
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let dir = conformance_dir();
     let mut ok = true;
     let mut total = 0;
-    match activity_sqlite(&dir).await {
-        Ok((passed, failures)) => {
-            total += passed + failures.len();
-            ok &= report("activity sqlite", passed, &failures);
-        }
-        Err(err) => {
-            eprintln!("conformance: {err}");
-            ok = false;
+    let runs = [
+        ("activity sqlite", activity_sqlite(&dir).await),
+        ("journal memory", journal_memory(&dir).await),
+    ];
+    for (label, outcome) in runs {
+        match outcome {
+            Ok((passed, failures)) => {
+                total += passed + failures.len();
+                ok &= report(label, passed, &failures);
+            }
+            Err(err) => {
+                eprintln!("conformance: {label}: {err}");
+                ok = false;
+            }
         }
     }
     if total == 0 {

@@ -6,5 +6,6 @@
 
 pub mod activity;
 pub mod clock;
+pub mod journal;
 
 pub use clock::{default_writer_id, Clock, ManualClock, SystemClock};

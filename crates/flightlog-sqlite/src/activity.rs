@@ -18,9 +18,10 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::activity_write::{self as write, PrunePlan, ORPHAN_RUNS_SQL, STALE_RUNS_SQL};
 use crate::database::SqliteDatabase;
 use crate::error::backend;
+use crate::payload_codec::PayloadCodec;
 use crate::rows::{
-    event_from_row, rollup_from_row, span_from_row, EVENT_COLUMNS, ROLLUP_COLUMNS, SPAN_COLUMNS,
-    SPAN_COLUMN_COUNT, SPAN_JOINS,
+    event_from_row, payload_from_row, rollup_from_row, span_from_row, EVENT_COLUMNS,
+    ROLLUP_COLUMNS, SPAN_COLUMNS, SPAN_COLUMN_COUNT, SPAN_JOINS,
 };
 
 /// The activity store over a [`SqliteDatabase`], acting as one writer identity.
@@ -104,6 +105,7 @@ fn any_row(
 
 fn changes_after(
     conn: &Connection,
+    codec: &PayloadCodec,
     change_cursor: i64,
     sql_limit: i64,
 ) -> Result<Vec<ActivityChange>, StoreError> {
@@ -111,7 +113,7 @@ fn changes_after(
     // joins, as in the reference.
     let sql = format!(
         "SELECT c.change_id, c.seq, c.event_index, {SPAN_COLUMNS}, \
-                e.ts, e.event_type, e.payload, e.truncated \
+                e.ts, e.event_type, e.payload, e.truncated, e.dict_id \
          FROM activity_changes c \
          JOIN activity_spans s ON s.span_key = c.span_key \
          JOIN activity_runs r ON r.run_key = s.run_key \
@@ -134,15 +136,8 @@ fn changes_after(
                         span: Box::new(span_from_row(row, 3)?),
                     },
                     Some(event_index) => {
-                        let payload: String = row.get(event_base + 2)?;
                         let payload =
-                            serde_json::value::RawValue::from_string(payload).map_err(|err| {
-                                rusqlite::Error::FromSqlConversionFailure(
-                                    event_base + 2,
-                                    rusqlite::types::Type::Text,
-                                    Box::new(err),
-                                )
-                            })?;
+                            payload_from_row(row, event_base + 2, event_base + 4, codec, conn)?;
                         ChangeBody::Event {
                             event: SpanEventRow {
                                 span_id: row.get(3)?,
@@ -167,7 +162,11 @@ fn changes_after(
         .map_err(backend)
 }
 
-fn snapshot(conn: &Connection, run_id: &str) -> Result<Option<RunSnapshot>, StoreError> {
+fn snapshot(
+    conn: &Connection,
+    codec: &PayloadCodec,
+    run_id: &str,
+) -> Result<Option<RunSnapshot>, StoreError> {
     let Some(run_key) = run_key(conn, run_id)? else {
         return Ok(None);
     };
@@ -187,7 +186,7 @@ fn snapshot(conn: &Connection, run_id: &str) -> Result<Option<RunSnapshot>, Stor
     let events = conn
         .prepare_cached(&sql)
         .and_then(|mut stmt| {
-            stmt.query_map([run_key], |row| event_from_row(row, 0))?
+            stmt.query_map([run_key], |row| event_from_row(row, 0, codec, conn))?
                 .collect()
         })
         .map_err(backend)?;
@@ -245,12 +244,17 @@ impl ActivityStore for SqliteActivityStore {
         ts: Option<i64>,
     ) -> Result<Option<SpanEventRow>, StoreError> {
         let ts = ts.unwrap_or_else(|| self.now());
-        // Capping is pure CPU work: do it on the caller's thread, not the writer's.
+        // Capping and compression are pure CPU work: do them on the caller's thread, not the
+        // writer's.
         let capped = cap_payload(payload);
+        let compressed = self.db.codec().encode(&capped.json);
+        self.db.maybe_train_payload_dictionary(self.now());
         let span_id = span_id.to_owned();
         let event_type = event_type.to_owned();
         self.db
-            .write(move |ctx| write::append_event(ctx, &span_id, &event_type, &capped, ts))
+            .write(move |ctx| {
+                write::append_event(ctx, &span_id, &event_type, &capped, compressed.as_ref(), ts)
+            })
             .await
     }
 
@@ -328,7 +332,7 @@ impl ActivityStore for SqliteActivityStore {
     ) -> Result<Vec<ActivityChange>, StoreError> {
         let mut changes = self
             .db
-            .read(|conn| changes_after(conn, change_cursor, limit))?;
+            .read(|conn| changes_after(conn, self.db.codec(), change_cursor, limit))?;
         if limit < 0 {
             // The reference slices with the negative limit after an unlimited SQL LIMIT.
             let keep = changes.len().saturating_sub(limit.unsigned_abs() as usize);
@@ -372,7 +376,8 @@ impl ActivityStore for SqliteActivityStore {
     }
 
     async fn snapshot_run(&self, run_id: &str) -> Result<Option<RunSnapshot>, StoreError> {
-        self.db.read_consistent(|conn| snapshot(conn, run_id))
+        self.db
+            .read_consistent(|conn| snapshot(conn, self.db.codec(), run_id))
     }
 
     async fn run_high_water_seq(&self, run_id: &str) -> Result<i64, StoreError> {

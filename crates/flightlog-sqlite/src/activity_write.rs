@@ -14,6 +14,7 @@ use serde_json::value::RawValue;
 
 use crate::database::WriteContext;
 use crate::error::{backend, is_constraint};
+use crate::payload_codec::CompressedPayload;
 use crate::rows::parse_attrs;
 
 /// How far behind the newest change id a terminal run's change rows are trimmed by `prune`.
@@ -91,9 +92,7 @@ fn log_change(
             "INSERT INTO activity_changes (change_id, run_key, seq, span_key, event_index) \
              VALUES (?1, ?2, ?3, ?4, ?5)",
         )
-        .and_then(|mut stmt| {
-            stmt.execute(params![change_id, run_key, seq, span_key, event_index])
-        })
+        .and_then(|mut stmt| stmt.execute(params![change_id, run_key, seq, span_key, event_index]))
         .map_err(backend)?;
     ctx.keys.run_seq.insert(run_key, seq);
     ctx.keys.next_change_id = Some(change_id + 1);
@@ -374,6 +373,7 @@ pub(crate) fn append_event(
     span_id: &str,
     event_type: &str,
     payload: &CappedPayload,
+    compressed: Option<&CompressedPayload>,
     ts: i64,
 ) -> Result<Option<SpanEventRow>, StoreError> {
     let span = match ctx.keys.spans.get(span_id) {
@@ -410,18 +410,29 @@ pub(crate) fn append_event(
     };
     ctx.conn
         .prepare_cached(
-            "INSERT INTO activity_events (span_key, event_index, ts, event_type, truncated, payload) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            "INSERT INTO activity_events \
+             (span_key, event_index, ts, event_type, truncated, dict_id, payload) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )
-        .and_then(|mut stmt| {
-            stmt.execute(params![
+        .and_then(|mut stmt| match compressed {
+            Some(compressed) => stmt.execute(params![
                 span_key,
                 event_index,
                 ts,
                 event_type,
                 payload.truncated,
+                compressed.dict_id,
+                compressed.frame
+            ]),
+            None => stmt.execute(params![
+                span_key,
+                event_index,
+                ts,
+                event_type,
+                payload.truncated,
+                Option::<i64>::None,
                 payload.json
-            ])
+            ]),
         })
         .map_err(backend)?;
     ctx.keys.next_event_index.insert(span_key, event_index + 1);

@@ -26,6 +26,7 @@ use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{backend, is_busy};
+use crate::payload_codec::{Dictionary, PayloadCodec};
 use crate::schema;
 
 /// How hard a commit is pushed to disk.
@@ -239,6 +240,7 @@ impl ReaderPool {
 pub struct SqliteDatabase {
     queue: mpsc::Sender<QueuedJob>,
     readers: ReaderPool,
+    codec: PayloadCodec,
     stats: Arc<WriterStats>,
     /// Detached: the thread ends by itself once every handle is dropped and the queue drained.
     _writer_thread: JoinHandle<()>,
@@ -300,6 +302,7 @@ impl SqliteDatabase {
         conn.pragma_update(None, "cache_size", -32_768)
             .map_err(backend)?;
         schema::migrate(&mut conn)?;
+        let codec = PayloadCodec::load(&conn)?;
         let checkpoint_conn = open_reader(&config.path, config.busy_timeout)?;
         checkpoint_conn
             .pragma_update(None, "query_only", false)
@@ -336,6 +339,7 @@ impl SqliteDatabase {
                 busy_timeout: config.busy_timeout,
                 idle: Mutex::new(Vec::new()),
             },
+            codec,
             stats,
             _writer_thread: writer_thread,
             path: config.path,
@@ -367,6 +371,64 @@ impl SqliteDatabase {
         });
         self.queue.send(job).await.map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// The same as [`Self::write`], for a thread that is not running async code.
+    pub(crate) fn write_blocking<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        F: FnMut(&mut WriteContext<'_>) -> Result<T, StoreError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job: QueuedJob = Box::new(TypedJob {
+            work,
+            outcome: None,
+            reply,
+        });
+        self.queue
+            .blocking_send(job)
+            .map_err(|_| StoreError::Closed)?;
+        answer.blocking_recv().map_err(|_| StoreError::Closed)?
+    }
+
+    /// The event payload codec of this database.
+    pub(crate) fn codec(&self) -> &PayloadCodec {
+        &self.codec
+    }
+
+    /// Hand payload samples to a training thread once enough were collected. Training, storing
+    /// the dictionary and switching to it all happen off the caller's path.
+    pub(crate) fn maybe_train_payload_dictionary(self: &Arc<Self>, now: i64) {
+        let Some(samples) = self.codec.take_training_samples() else {
+            return;
+        };
+        let db = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("flightlog-dict".into())
+            .spawn(move || {
+                let Some(bytes) = PayloadCodec::train(&samples) else {
+                    db.codec.training_failed();
+                    return;
+                };
+                let stored = bytes.clone();
+                let id = db.write_blocking(move |ctx| {
+                    ctx.conn
+                        .prepare_cached(
+                            "INSERT INTO payload_dictionaries (created_at, dictionary) \
+                             VALUES (?1, ?2)",
+                        )
+                        .and_then(|mut stmt| stmt.execute(rusqlite::params![now, stored]))
+                        .map_err(backend)?;
+                    Ok(ctx.conn.last_insert_rowid())
+                });
+                match id {
+                    Ok(id) => db.codec.install(Arc::new(Dictionary { id, bytes })),
+                    Err(_) => db.codec.training_failed(),
+                }
+            });
+        if spawned.is_err() {
+            self.codec.training_failed();
+        }
     }
 
     /// Run a read on a pooled reader connection.

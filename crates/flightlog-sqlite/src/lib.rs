@@ -10,6 +10,7 @@ mod activity;
 mod activity_write;
 mod database;
 mod error;
+mod payload_codec;
 mod rows;
 mod schema;
 

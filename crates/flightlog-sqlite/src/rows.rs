@@ -3,7 +3,10 @@
 use flightlog_core::activity::{
     JsonObject, RunRollupRow, SpanEventRow, SpanKind, SpanOrigin, SpanOutcome, SpanRow, SpanUsage,
 };
-use rusqlite::Row;
+use rusqlite::types::Type;
+use rusqlite::{Connection, Row};
+
+use crate::payload_codec::PayloadCodec;
 use serde_json::value::RawValue;
 
 /// The span columns every span read selects, in [`span_from_row`]'s order. Callers join
@@ -64,24 +67,39 @@ pub(crate) fn span_from_row(row: &Row<'_>, base: usize) -> rusqlite::Result<Span
 /// The event columns, in [`event_from_row`]'s order; callers join `activity_events e` and
 /// `activity_spans s`.
 pub(crate) const EVENT_COLUMNS: &str = "s.span_id, e.event_index, e.ts, e.event_type, e.payload, \
-     e.truncated";
+     e.truncated, e.dict_id";
+
+/// The payload JSON stored in columns `payload_column` (text or zstd frame) and `dict_column`.
+pub(crate) fn payload_from_row(
+    row: &Row<'_>,
+    payload_column: usize,
+    dict_column: usize,
+    codec: &PayloadCodec,
+    conn: &Connection,
+) -> rusqlite::Result<Box<RawValue>> {
+    let dict_id: Option<i64> = row.get(dict_column)?;
+    let conversion = |err: Box<dyn std::error::Error + Send + Sync>| {
+        rusqlite::Error::FromSqlConversionFailure(payload_column, Type::Text, err)
+    };
+    let json = codec
+        .decode(conn, dict_id, row.get_ref(payload_column)?)
+        .map_err(|err| conversion(Box::new(err)))?;
+    RawValue::from_string(json).map_err(|err| conversion(Box::new(err)))
+}
 
 /// Decode an event from `row`, starting at column `base`.
-pub(crate) fn event_from_row(row: &Row<'_>, base: usize) -> rusqlite::Result<SpanEventRow> {
-    let payload: String = row.get(base + 4)?;
-    let payload = RawValue::from_string(payload).map_err(|err| {
-        rusqlite::Error::FromSqlConversionFailure(
-            base + 4,
-            rusqlite::types::Type::Text,
-            Box::new(err),
-        )
-    })?;
+pub(crate) fn event_from_row(
+    row: &Row<'_>,
+    base: usize,
+    codec: &PayloadCodec,
+    conn: &Connection,
+) -> rusqlite::Result<SpanEventRow> {
     Ok(SpanEventRow {
         span_id: row.get(base)?,
         event_index: row.get(base + 1)?,
         ts: row.get(base + 2)?,
         event_type: row.get(base + 3)?,
-        payload,
+        payload: payload_from_row(row, base + 4, base + 6, codec, conn)?,
         truncated: row.get::<_, i64>(base + 5)? != 0,
     })
 }

@@ -8,7 +8,8 @@
 //! Layout choices (bytes per span matter, see BENCHMARKS.md): runs, writers and spans get
 //! integer surrogate keys so the change log and the events table carry small integers instead of
 //! repeated id strings; events are a `WITHOUT ROWID` table clustered by `(span_key, event_index)`;
-//! the change log is indexed by `(run_key, seq)` so a run's next seq is one index seek, never a
+//! payloads are JSON text, or zstd frames compressed with a trained dictionary (see
+//! `payload_codec`); the change log is indexed by `(run_key, seq)` so a run's next seq is one index seek, never a
 //! scan. Change ids are assigned by the writer (the highest id ever used, kept in
 //! `flightlog_meta.change_id_floor` when pruning deletes the newest rows, plus one), which keeps
 //! AUTOINCREMENT's never-reuse guarantee without its per-insert bookkeeping. Run and writer rows are never deleted, which makes their keys safe to cache.
@@ -65,9 +66,15 @@ CREATE TABLE activity_events (
   ts          INTEGER NOT NULL,
   event_type  TEXT NOT NULL,
   truncated   INTEGER NOT NULL,
-  payload     TEXT NOT NULL,
+  dict_id     INTEGER,
+  payload     BLOB NOT NULL, -- JSON text, or a zstd frame when dict_id is set
   PRIMARY KEY (span_key, event_index)
 ) WITHOUT ROWID;
+CREATE TABLE payload_dictionaries (
+  dict_id    INTEGER PRIMARY KEY,
+  created_at INTEGER NOT NULL,
+  dictionary BLOB NOT NULL
+);
 CREATE TABLE flightlog_meta (
   name  TEXT PRIMARY KEY,
   value INTEGER NOT NULL

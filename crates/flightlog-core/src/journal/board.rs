@@ -51,7 +51,11 @@ pub fn reconstruct_board_from_events<R: JournalRecord>(
             continue;
         }
         let payload = record.payload();
-        let Some(key) = payload.str("key").map(js_trim).filter(|key| !key.is_empty()) else {
+        let Some(key) = payload
+            .str("key")
+            .map(js_trim)
+            .filter(|key| !key.is_empty())
+        else {
             continue;
         };
         let index = index_by_key.get(key).copied();
@@ -153,9 +157,15 @@ mod tests {
             {"at": 1, "type": "board_written", "data": {"key": " plan "}},
             {"at": 2, "event": {"type": "board_written", "key": "art", "kind": "artifact"}},
         ]);
-        let untrimmed = BoardFilter { key: Some(" plan ".into()), kind: None };
+        let untrimmed = BoardFilter {
+            key: Some(" plan ".into()),
+            kind: None,
+        };
         assert_eq!(board(records.clone(), Some(&untrimmed)), json!([]));
-        let artifacts = BoardFilter { key: None, kind: Some(BoardEntryKind::Artifact) };
+        let artifacts = BoardFilter {
+            key: None,
+            kind: Some(BoardEntryKind::Artifact),
+        };
         let only_art = board(records, Some(&artifacts));
         assert_eq!(only_art.as_array().map(Vec::len), Some(1));
         assert_eq!(only_art[0]["key"], json!("art"));

@@ -36,10 +36,10 @@ impl<'a> Payload<'a> {
 
     /// The merged payload's value for `key`.
     pub fn get(&self, key: &str) -> Option<&'a Value> {
-        if let Some(value) = self.data.and_then(|data| data.get(key)) {
+        if let Some(value) = self.data.and_then(|data| object_get(data, key)) {
             return Some(value);
         }
-        self.event.and_then(|event| event.get(key))
+        self.event.and_then(|event| object_get(event, key))
     }
 
     /// The value for `key` when it is a string.
@@ -65,25 +65,34 @@ impl<'a> Payload<'a> {
 
 impl JournalRecord for Value {
     fn record_at(&self) -> Option<i64> {
-        self.get("at").and_then(json_integer)
+        self.as_object()
+            .and_then(|record| object_get(record, "at"))
+            .and_then(json_integer)
     }
 
     fn record_type(&self) -> &str {
-        if let Some(kind) = self.get("type").and_then(Value::as_str) {
+        let Some(record) = self.as_object() else {
+            return "";
+        };
+        if let Some(kind) = object_get(record, "type").and_then(Value::as_str) {
             if !kind.is_empty() {
                 return kind;
             }
         }
-        self.get("event")
-            .and_then(|event| event.get("type"))
+        object_get(record, "event")
+            .and_then(Value::as_object)
+            .and_then(|event| object_get(event, "type"))
             .and_then(Value::as_str)
             .unwrap_or("")
     }
 
     fn payload(&self) -> Payload<'_> {
+        let Some(record) = self.as_object() else {
+            return Payload::default();
+        };
         Payload::new(
-            self.get("data").and_then(Value::as_object),
-            self.get("event").and_then(Value::as_object),
+            object_get(record, "data").and_then(Value::as_object),
+            object_get(record, "event").and_then(Value::as_object),
         )
     }
 }
@@ -98,7 +107,7 @@ impl JournalRecord for EngagementEvent {
     }
 
     fn payload(&self) -> Payload<'_> {
-        Payload::new(Some(&self.data), None)
+        Payload::new(Some(self.data.as_ref()), None)
     }
 }
 
@@ -113,6 +122,19 @@ impl<T: JournalRecord + ?Sized> JournalRecord for &T {
 
     fn payload(&self) -> Payload<'_> {
         (**self).payload()
+    }
+}
+
+/// `object.get(key)`, by a linear scan when the object is small: comparing a few short keys is
+/// several times cheaper than hashing one, and journal payloads are mostly a handful of keys.
+pub fn object_get<'a>(object: &'a JsonObject, key: &str) -> Option<&'a Value> {
+    const LINEAR_SCAN_MAX: usize = 8;
+    if object.len() <= LINEAR_SCAN_MAX {
+        object
+            .iter()
+            .find_map(|(name, value)| (name == key).then_some(value))
+    } else {
+        object.get(key)
     }
 }
 
@@ -145,9 +167,18 @@ mod tests {
 
     #[test]
     fn type_falls_back_to_the_event_wrapper_only_when_blank_or_not_a_string() {
-        assert_eq!(json!({"type": "a", "event": {"type": "b"}}).record_type(), "a");
-        assert_eq!(json!({"type": "", "event": {"type": "b"}}).record_type(), "b");
-        assert_eq!(json!({"type": 9, "event": {"type": "b"}}).record_type(), "b");
+        assert_eq!(
+            json!({"type": "a", "event": {"type": "b"}}).record_type(),
+            "a"
+        );
+        assert_eq!(
+            json!({"type": "", "event": {"type": "b"}}).record_type(),
+            "b"
+        );
+        assert_eq!(
+            json!({"type": 9, "event": {"type": "b"}}).record_type(),
+            "b"
+        );
         assert_eq!(json!({"event": {"type": 3}}).record_type(), "");
         assert_eq!(json!({"event": "str"}).record_type(), "");
         assert_eq!(json!(null).record_type(), "");
@@ -168,10 +199,24 @@ mod tests {
         assert_eq!(json_integer(&json!(5)), Some(5));
         assert_eq!(json_integer(&json!(-5.0)), Some(-5));
         assert_eq!(json_integer(&json!(5.5)), None);
-        assert_eq!(json_integer(&json!(9_007_199_254_740_991_i64)), Some(9_007_199_254_740_991));
+        assert_eq!(
+            json_integer(&json!(9_007_199_254_740_991_i64)),
+            Some(9_007_199_254_740_991)
+        );
         assert_eq!(json_integer(&json!(9_007_199_254_740_992_i64)), None);
         assert_eq!(json_integer(&json!(u64::MAX)), None);
         assert_eq!(json_integer(&json!("5")), None);
+    }
+
+    #[test]
+    fn lookups_agree_on_small_and_large_objects() {
+        let small = json!({"a": 1, "b": 2});
+        let large: JsonObject = (0..20).map(|i| (format!("k{i}"), json!(i))).collect();
+        let small = small.as_object().cloned().unwrap_or_default();
+        assert_eq!(object_get(&small, "b"), Some(&json!(2)));
+        assert_eq!(object_get(&small, "c"), None);
+        assert_eq!(object_get(&large, "k17"), Some(&json!(17)));
+        assert_eq!(object_get(&large, "k20"), None);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use serde_json::Value;
 
 use super::board::reconstruct_board_from_events;
-use super::record::{JournalRecord, Payload};
+use super::record::{object_get, JournalRecord, Payload};
 use super::types::{
     BudgetAmounts, EngagementHopSummary, EngagementStatus, EngagementSummary, Escalation,
     GuardBlock, GuardBlockReason, HopStatus, JsonObject, Projection, ProjectionMode, VenueRef,
@@ -75,7 +75,7 @@ enum Amounts<'a> {
 impl Amounts<'_> {
     fn get(&self, key: &str) -> Option<&Value> {
         match self {
-            Self::Object(object) => object.get(key),
+            Self::Object(object) => object_get(object, key),
             Self::Flat(payload) => payload.get(key),
         }
     }
@@ -124,7 +124,8 @@ pub fn summarize_engagement_events<R: JournalRecord>(
         match record.record_type() {
             "engagement_opened" => {
                 started_at = at.unwrap_or(0);
-                let with_string_id = |object: &&JsonObject| object.get("id").is_some_and(Value::is_string);
+                let with_string_id =
+                    |object: &&JsonObject| object_get(object, "id").is_some_and(Value::is_string);
                 if let Some(object) = payload.object("initiator").filter(with_string_id) {
                     initiator = Some(Initiator::Object(object));
                 } else if let Some(object) = payload.object("principal").filter(with_string_id) {
@@ -152,7 +153,14 @@ pub fn summarize_engagement_events<R: JournalRecord>(
                 }
                 if !hop_index.contains_key(mail_id) {
                     hop_index.insert(mail_id, hops.len());
-                    hops.push(Hop { mail_id, kind, from, to, causation_id, status: HopStatus::Sent });
+                    hops.push(Hop {
+                        mail_id,
+                        kind,
+                        from,
+                        to,
+                        causation_id,
+                        status: HopStatus::Sent,
+                    });
                 }
                 if kind == "result" {
                     if let Some(&parent) = causation_id.and_then(|id| hop_index.get(id)) {
@@ -191,7 +199,10 @@ pub fn summarize_engagement_events<R: JournalRecord>(
             }
 
             "mail_cancelled" => {
-                if let Some(&index) = payload.non_empty_str("mailId").and_then(|id| hop_index.get(id)) {
+                if let Some(&index) = payload
+                    .non_empty_str("mailId")
+                    .and_then(|id| hop_index.get(id))
+                {
                     hops[index].status = HopStatus::Cancelled;
                 }
             }
@@ -209,18 +220,27 @@ pub fn summarize_engagement_events<R: JournalRecord>(
             }
 
             "guard_blocked" | "mail_denied" => {
-                let from = payload.str("from").or_else(|| payload.str("actor")).unwrap_or("");
+                let from = payload
+                    .str("from")
+                    .or_else(|| payload.str("actor"))
+                    .unwrap_or("");
                 let to = payload.str("to");
                 actors.add_str(from);
                 if let Some(to) = to {
                     actors.add_str(to);
                 }
-                let reason = match payload.object("reason") {
-                    Some(object) if object.get("code").is_some_and(Value::is_string) => GuardBlockReason {
-                        code: object.get("code").and_then(Value::as_str).unwrap_or("").to_owned(),
-                        detail: object.get("detail").and_then(Value::as_str).map(str::to_owned),
+                // A reason object counts only with a string code.
+                let coded_reason = payload
+                    .object("reason")
+                    .and_then(|reason| Some((reason, object_get(reason, "code")?.as_str()?)));
+                let reason = match coded_reason {
+                    Some((object, code)) => GuardBlockReason {
+                        code: code.to_owned(),
+                        detail: object_get(object, "detail")
+                            .and_then(Value::as_str)
+                            .map(str::to_owned),
                     },
-                    _ => GuardBlockReason {
+                    None => GuardBlockReason {
                         code: payload.str("code").unwrap_or("denied").to_owned(),
                         detail: payload.str("reason").map(str::to_owned),
                     },
@@ -251,7 +271,10 @@ pub fn summarize_engagement_events<R: JournalRecord>(
                 actors.add(payload.get("actor"));
                 if let Some((kind, id)) = payload.object("venue").and_then(venue_of) {
                     projections.push(Projection {
-                        venue: VenueRef { kind: kind.to_owned(), id: id.to_owned() },
+                        venue: VenueRef {
+                            kind: kind.to_owned(),
+                            id: id.to_owned(),
+                        },
                         actor: payload.str("actor").unwrap_or("").to_owned(),
                         mail_id: payload.str("mailId").unwrap_or("").to_owned(),
                         mode: if payload.str("mode") == Some("summary") {
@@ -282,7 +305,10 @@ pub fn summarize_engagement_events<R: JournalRecord>(
             "engagement_closed" => {
                 // The reference assigns `record.at` even when it is undefined.
                 ended_at = at;
-                if let Some(status) = payload.str("status").and_then(EngagementStatus::parse_closed) {
+                if let Some(status) = payload
+                    .str("status")
+                    .and_then(EngagementStatus::parse_closed)
+                {
                     closed_status = Some(status);
                 }
                 if let Some(text) = payload.str("reason") {
@@ -290,7 +316,7 @@ pub fn summarize_engagement_events<R: JournalRecord>(
                 }
                 let spent = payload
                     .object("budget")
-                    .and_then(|budget| budget.get("spent"))
+                    .and_then(|budget| object_get(budget, "spent"))
                     .and_then(Value::as_object);
                 if let Some(spent) = spent.or_else(|| payload.object("consumed")) {
                     closed_spent = Some(spent);
@@ -303,7 +329,7 @@ pub fn summarize_engagement_events<R: JournalRecord>(
 
     if let Some(spent) = closed_spent {
         for (index, key) in BUDGET_KEYS.iter().enumerate() {
-            if let Some(value) = spent.get(*key).and_then(Value::as_f64) {
+            if let Some(value) = object_get(spent, key).and_then(Value::as_f64) {
                 let slot = consumed.slot_mut(index);
                 *slot = slot.max(value);
             }
@@ -319,7 +345,9 @@ pub fn summarize_engagement_events<R: JournalRecord>(
     });
     let reason = match reason {
         Some(text) => Some(text.to_owned()),
-        None => escalations.last().map(|escalation| escalation.reason.clone()),
+        None => escalations
+            .last()
+            .map(|escalation| escalation.reason.clone()),
     };
 
     EngagementSummary {
@@ -328,7 +356,10 @@ pub fn summarize_engagement_events<R: JournalRecord>(
             Initiator::Object(object) => object.clone(),
             Initiator::Principal(id) => human_principal(id),
         }),
-        venue: venue.map(|(kind, id)| VenueRef { kind: kind.to_owned(), id: id.to_owned() }),
+        venue: venue.map(|(kind, id)| VenueRef {
+            kind: kind.to_owned(),
+            id: id.to_owned(),
+        }),
         started_at,
         ended_at,
         status,
@@ -357,7 +388,10 @@ pub fn summarize_engagement_events<R: JournalRecord>(
 
 /// A venue object's `(kind, id)` when both are strings (other keys are dropped).
 fn venue_of(venue: &JsonObject) -> Option<(&str, &str)> {
-    Some((venue.get("kind")?.as_str()?, venue.get("id")?.as_str()?))
+    Some((
+        object_get(venue, "kind")?.as_str()?,
+        object_get(venue, "id")?.as_str()?,
+    ))
 }
 
 /// The initiator a bare principal string stands for.
@@ -418,7 +452,10 @@ mod tests {
             {"at": 3, "type": "engagement_closed",
              "data": {"budget": {"spent": {"tokens": 3, "modelCalls": 2}}, "consumed": {"sideEffects": 9}}},
         ]));
-        assert_eq!(value["consumed"], json!({"modelCalls": 2, "tokens": 10.5, "wallMs": 0, "sideEffects": 0}));
+        assert_eq!(
+            value["consumed"],
+            json!({"modelCalls": 2, "tokens": 10.5, "wallMs": 0, "sideEffects": 0})
+        );
         assert_eq!(value["status"], json!("completed"));
     }
 
@@ -437,7 +474,15 @@ mod tests {
             .as_array()
             .map(|hops| hops.iter().map(|hop| &hop["status"]).collect())
             .unwrap_or_default();
-        assert_eq!(statuses, [&json!("completed"), &json!("cancelled"), &json!("sent"), &json!("sent")]);
+        assert_eq!(
+            statuses,
+            [
+                &json!("completed"),
+                &json!("cancelled"),
+                &json!("sent"),
+                &json!("sent")
+            ]
+        );
         assert_eq!(value["mailCount"], json!(5));
     }
 }

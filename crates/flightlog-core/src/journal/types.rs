@@ -6,6 +6,8 @@
 //! so they are `f64` here and serialize the way `JSON.stringify` writes them: an integral value
 //! as an integer (`2`, not `2.0`).
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Number, Value};
 
@@ -17,20 +19,23 @@ pub type JsonObject = Map<String, Value>;
 pub const SAFE_INTEGER_LIMIT: i64 = 1 << 53;
 
 /// One stored journal event. `seq` is the event's position in its engagement (0, 1, 2, …).
+///
+/// Cheap to clone: the id, type and data sit behind `Arc`s (events of one engagement share one
+/// id), so reads, subscriptions and the value `append` returns copy no payload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EngagementEvent {
     /// The engagement this event belongs to (never empty).
-    pub engagement_id: String,
+    pub engagement_id: Arc<str>,
     /// Position in the engagement, from 0, without gaps.
     pub seq: i64,
     /// When it happened, epoch milliseconds as the writer stated it (need not be monotonic).
     pub at: i64,
     /// What happened (`engagement_opened`, `mail_sent`, …); never empty.
     #[serde(rename = "type")]
-    pub event_type: String,
+    pub event_type: Arc<str>,
     /// The payload, a JSON object stored verbatim.
-    pub data: JsonObject,
+    pub data: Arc<JsonObject>,
 }
 
 /// How long and how large engagements may grow.
@@ -393,7 +398,12 @@ mod tests {
         assert_eq!(js_number_value(-0.0), json!(0));
         assert_eq!(js_number_value(135.5), json!(135.5));
         assert_eq!(js_number_value(f64::INFINITY), Value::Null);
-        let amounts = BudgetAmounts { model_calls: 1.0, tokens: 0.25, wall_ms: 0.0, side_effects: 3.0 };
+        let amounts = BudgetAmounts {
+            model_calls: 1.0,
+            tokens: 0.25,
+            wall_ms: 0.0,
+            side_effects: 3.0,
+        };
         assert_eq!(
             serde_json::to_string(&amounts).ok().as_deref(),
             Some(r#"{"modelCalls":1,"tokens":0.25,"wallMs":0,"sideEffects":3}"#)
@@ -413,7 +423,9 @@ mod tests {
         };
         assert_eq!(
             serde_json::to_value(&entry).ok(),
-            Some(json!({"key": "k", "kind": "note", "content": "", "author": "", "updatedAt": 5, "version": 1}))
+            Some(
+                json!({"key": "k", "kind": "note", "content": "", "author": "", "updatedAt": 5, "version": 1})
+            )
         );
         let hop = EngagementHopSummary {
             mail_id: "m".into(),
@@ -425,7 +437,9 @@ mod tests {
         };
         assert_eq!(
             serde_json::to_value(&hop).ok(),
-            Some(json!({"mailId": "m", "kind": "ask", "from": "a", "to": "b", "status": "delivered"}))
+            Some(
+                json!({"mailId": "m", "kind": "ask", "from": "a", "to": "b", "status": "delivered"})
+            )
         );
     }
 }

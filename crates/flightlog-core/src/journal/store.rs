@@ -1,0 +1,111 @@
+//! The engagement journal trait every backend implements, and its error type.
+//!
+//! The trait is async so a database backend fits without reshaping it, and it names no backend
+//! type: in-memory and SQLite journals are interchangeable behind `Arc<dyn EngagementJournal>`,
+//! and the conformance replayer drives them all the same way. Semantics follow the reference
+//! `EngagementJournal` (FORMAT.md §4); each method's doc says what it guarantees.
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use super::summary::summarize_engagement_events;
+use super::types::{EngagementEvent, EngagementSummary, RetentionConfig};
+use super::validate::{AppendInput, AppendValidationError};
+
+/// Committed events as they happen: each appended event once, in seq order per engagement,
+/// sent after its commit. A receiver that falls more than the backend's buffer behind gets
+/// `RecvError::Lagged` and must re-read (`read_from`) to catch up. Compaction rewrites are not
+/// sent: they are not new events.
+pub type JournalSubscription = tokio::sync::broadcast::Receiver<EngagementEvent>;
+
+/// Why a journal call failed. A failed append writes nothing and consumes no seq.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// The append input failed validation (the reference's `TypeError`).
+    #[error("invalid append input: {0}")]
+    Invalid(#[from] AppendValidationError),
+    /// The engagement already holds `max_events` events (the reference's `JournalFullError`).
+    /// Compaction may free room.
+    #[error("engagement {engagement_id:?} is full: it already holds {max_events} events")]
+    JournalFull {
+        /// The engagement appended to.
+        engagement_id: String,
+        /// `RetentionConfig::max_events_per_engagement`.
+        max_events: u64,
+    },
+    /// The append carried an expected seq that is not the engagement's next seq (another writer
+    /// got there first): re-read and retry.
+    #[error("expected to append at seq {expected}, but the next seq is {actual}")]
+    WrongExpectedSeq {
+        /// The seq the caller required.
+        expected: i64,
+        /// The seq the append would have had.
+        actual: i64,
+    },
+    /// The journal has been closed (or its writer stopped); nothing was written.
+    #[error("the journal is closed")]
+    Closed,
+    /// A stored event could not be decoded (corruption or a foreign writer).
+    #[error("stored journal data is corrupt: {0}")]
+    Corrupt(String),
+    /// The backend failed (I/O, locking beyond the retry budget, …).
+    #[error("journal backend error: {0}")]
+    Backend(String),
+}
+
+/// Per-engagement append-only event logs with summaries, compaction and retention.
+#[async_trait]
+pub trait EngagementJournal: Send + Sync {
+    /// The limits this journal enforces.
+    fn retention(&self) -> RetentionConfig;
+
+    /// Append an event at seq = the engagement's current number of events. Appends to one
+    /// engagement are applied in call order; other engagements do not wait on them.
+    ///
+    /// Fails, writing nothing, with [`JournalError::JournalFull`] when the engagement already
+    /// holds `max_events_per_engagement` events, then with [`JournalError::WrongExpectedSeq`]
+    /// when the input's expected seq is not the next one.
+    async fn append(&self, input: AppendInput) -> Result<EngagementEvent, JournalError>;
+
+    /// Validate a raw JSON input `{engagementId, at, type, data}` and append it.
+    async fn append_json(&self, raw: Value) -> Result<EngagementEvent, JournalError> {
+        let input = AppendInput::from_json(raw)?;
+        self.append(input).await
+    }
+
+    /// The engagement's events in seq order (`[]` for an unknown engagement).
+    async fn read(&self, engagement_id: &str) -> Result<Vec<EngagementEvent>, JournalError>;
+
+    /// The engagement's events with `seq >= from_seq`, in seq order.
+    async fn read_from(
+        &self,
+        engagement_id: &str,
+        from_seq: i64,
+    ) -> Result<Vec<EngagementEvent>, JournalError>;
+
+    /// The summary of the engagement's events, or `None` when it has none.
+    async fn summarize(
+        &self,
+        engagement_id: &str,
+    ) -> Result<Option<EngagementSummary>, JournalError> {
+        let events = self.read(engagement_id).await?;
+        Ok((!events.is_empty()).then(|| summarize_engagement_events(engagement_id, &events)))
+    }
+
+    /// Compact a finished engagement atomically (see `plan_compaction`): `true` when it was
+    /// compacted, `false` when the rules left it alone or it is unknown. Later appends continue
+    /// at the new length.
+    async fn compact(&self, engagement_id: &str) -> Result<bool, JournalError>;
+
+    /// Engagement ids, most recent first by the `at` of each one's last **appended** event
+    /// (not the largest `at`); ties: the engagement created later (first append, counting
+    /// re-creation after a prune) comes first. `None` = all; `Some(n)` = the first `max(0, n)`.
+    async fn list_engagements(&self, limit: Option<i64>) -> Result<Vec<String>, JournalError>;
+
+    /// Delete every engagement whose last appended event has `at < now - max_age_ms`; returns how
+    /// many were deleted.
+    async fn prune(&self, now: i64) -> Result<u64, JournalError>;
+
+    /// A receiver of every event committed from now on (see [`JournalSubscription`]).
+    fn subscribe(&self) -> JournalSubscription;
+}

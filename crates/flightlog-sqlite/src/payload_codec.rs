@@ -1,0 +1,276 @@
+//! Event payload compression: zstd with a dictionary trained on this database's own payloads.
+//!
+//! Event payloads are the bulk of an activity database (a tool call's input and output, a few
+//! hundred bytes of JSON each), and they are highly repetitive across events: the same keys, the
+//! same tools, the same paths. A zstd dictionary trained on the first payloads a database sees
+//! captures that repetition, which per-value compression of 300-byte texts cannot.
+//!
+//! Storage: a payload is kept as plain JSON `TEXT` (with `dict_id` NULL) until a dictionary
+//! exists, and whenever compression would not make it smaller; otherwise as a zstd frame `BLOB`
+//! with the id of the dictionary row (`payload_dictionaries`) it needs. Dictionary rows are never
+//! changed or deleted, so any process can cache them by id forever.
+//!
+//! Compression runs on the caller's thread (not the writer's), decompression on the reader's,
+//! each with a thread-local zstd context per dictionary.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use flightlog_core::activity::StoreError;
+use rusqlite::{Connection, OptionalExtension};
+
+use crate::error::backend;
+
+/// Payloads shorter than this are stored as they are: the frame overhead would eat the gain.
+const MIN_COMPRESSIBLE_BYTES: usize = 64;
+/// Sample volume collected before a dictionary is trained.
+const TRAINING_SAMPLE_BYTES: usize = 256 * 1024;
+/// Largest dictionary trained.
+const MAX_DICTIONARY_BYTES: usize = 16 * 1024;
+/// Upper bound of a decompressed payload (the cap keeps them far smaller).
+const MAX_PAYLOAD_BYTES: usize = 1 << 20;
+const COMPRESSION_LEVEL: i32 = 3;
+
+/// A trained dictionary and its row id.
+#[derive(Debug)]
+pub(crate) struct Dictionary {
+    pub id: i64,
+    pub bytes: Vec<u8>,
+}
+
+/// A payload compressed for the `payload` and `dict_id` columns.
+#[derive(Debug, Clone)]
+pub(crate) struct CompressedPayload {
+    pub dict_id: i64,
+    pub frame: Vec<u8>,
+}
+
+#[derive(Debug, Default)]
+struct Samples {
+    payloads: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+/// The dictionaries of one database, and the sample collection that trains the first one.
+#[derive(Debug, Default)]
+pub(crate) struct PayloadCodec {
+    current: RwLock<Option<Arc<Dictionary>>>,
+    known: RwLock<HashMap<i64, Arc<Dictionary>>>,
+    samples: Mutex<Samples>,
+    training: AtomicBool,
+}
+
+thread_local! {
+    static COMPRESSOR: RefCell<Option<(i64, zstd::bulk::Compressor<'static>)>> =
+        const { RefCell::new(None) };
+    static DECOMPRESSOR: RefCell<Option<(i64, zstd::bulk::Decompressor<'static>)>> =
+        const { RefCell::new(None) };
+}
+
+impl PayloadCodec {
+    /// Load the newest dictionary of the database, if it has one.
+    pub fn load(conn: &Connection) -> Result<Self, StoreError> {
+        let codec = Self::default();
+        let newest: Option<(i64, Vec<u8>)> = conn
+            .query_row(
+                "SELECT dict_id, dictionary FROM payload_dictionaries \
+                 ORDER BY dict_id DESC LIMIT 1",
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .optional()
+            .map_err(backend)?;
+        if let Some((id, bytes)) = newest {
+            codec.install(Arc::new(Dictionary { id, bytes }));
+        }
+        Ok(codec)
+    }
+
+    /// Make `dictionary` the one new payloads are compressed with.
+    pub fn install(&self, dictionary: Arc<Dictionary>) {
+        if let Ok(mut known) = self.known.write() {
+            known.insert(dictionary.id, dictionary.clone());
+        }
+        if let Ok(mut current) = self.current.write() {
+            *current = Some(dictionary);
+        }
+    }
+
+    /// Compress a capped payload's JSON for storage; `None` means store the text as it is.
+    /// Before a dictionary exists the text is kept as a training sample instead.
+    pub fn encode(&self, json: &str) -> Option<CompressedPayload> {
+        if json.len() < MIN_COMPRESSIBLE_BYTES {
+            return None;
+        }
+        let current = self.current.read().ok().and_then(|slot| slot.clone());
+        let Some(dictionary) = current else {
+            self.collect_sample(json);
+            return None;
+        };
+        let frame = COMPRESSOR.with(|slot| {
+            let mut slot = slot.borrow_mut();
+            if slot.as_ref().map(|(id, _)| *id) != Some(dictionary.id) {
+                *slot =
+                    zstd::bulk::Compressor::with_dictionary(COMPRESSION_LEVEL, &dictionary.bytes)
+                        .ok()
+                        .map(|compressor| (dictionary.id, compressor));
+            }
+            slot.as_mut()
+                .and_then(|(_, compressor)| compressor.compress(json.as_bytes()).ok())
+        });
+        match frame {
+            Some(frame) if frame.len() < json.len() => Some(CompressedPayload {
+                dict_id: dictionary.id,
+                frame,
+            }),
+            _ => None,
+        }
+    }
+
+    fn collect_sample(&self, json: &str) {
+        if let Ok(mut samples) = self.samples.lock() {
+            if samples.bytes < TRAINING_SAMPLE_BYTES {
+                samples.bytes += json.len();
+                samples.payloads.push(json.as_bytes().to_vec());
+            }
+        }
+    }
+
+    /// When enough samples are in and nobody is training yet, hand them out (once).
+    pub fn take_training_samples(&self) -> Option<Vec<Vec<u8>>> {
+        let ready = self
+            .samples
+            .lock()
+            .map(|samples| samples.bytes >= TRAINING_SAMPLE_BYTES)
+            .unwrap_or(false);
+        if !ready || self.training.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        self.samples
+            .lock()
+            .ok()
+            .map(|mut samples| std::mem::take(&mut samples.payloads))
+    }
+
+    /// Train a dictionary from samples (CPU work: call it off the writer and async threads).
+    pub fn train(samples: &[Vec<u8>]) -> Option<Vec<u8>> {
+        zstd::dict::from_samples(samples, MAX_DICTIONARY_BYTES).ok()
+    }
+
+    /// Training failed or was abandoned: collect afresh and try again later.
+    pub fn training_failed(&self) {
+        if let Ok(mut samples) = self.samples.lock() {
+            *samples = Samples::default();
+        }
+        self.training.store(false, Ordering::Release);
+    }
+
+    fn dictionary(&self, conn: &Connection, id: i64) -> Result<Arc<Dictionary>, StoreError> {
+        if let Some(found) = self
+            .known
+            .read()
+            .ok()
+            .and_then(|known| known.get(&id).cloned())
+        {
+            return Ok(found);
+        }
+        // Written by another process (or before this one started): dictionaries never change.
+        let bytes: Vec<u8> = conn
+            .query_row(
+                "SELECT dictionary FROM payload_dictionaries WHERE dict_id = ?1",
+                [id],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(backend)?
+            .ok_or_else(|| StoreError::Corrupt(format!("payload dictionary {id} is missing")))?;
+        let dictionary = Arc::new(Dictionary { id, bytes });
+        if let Ok(mut known) = self.known.write() {
+            known.insert(id, dictionary.clone());
+        }
+        Ok(dictionary)
+    }
+
+    /// The JSON text of a stored payload.
+    pub fn decode(
+        &self,
+        conn: &Connection,
+        dict_id: Option<i64>,
+        stored: rusqlite::types::ValueRef<'_>,
+    ) -> Result<String, StoreError> {
+        use rusqlite::types::ValueRef;
+        match (dict_id, stored) {
+            (None, ValueRef::Text(text)) => String::from_utf8(text.to_vec())
+                .map_err(|err| StoreError::Corrupt(format!("payload is not UTF-8: {err}"))),
+            (Some(id), ValueRef::Blob(frame)) => {
+                let dictionary = self.dictionary(conn, id)?;
+                let bytes = DECOMPRESSOR.with(|slot| {
+                    let mut slot = slot.borrow_mut();
+                    if slot.as_ref().map(|(cached, _)| *cached) != Some(id) {
+                        *slot = Some((
+                            id,
+                            zstd::bulk::Decompressor::with_dictionary(&dictionary.bytes)
+                                .map_err(|err| StoreError::Corrupt(err.to_string()))?,
+                        ));
+                    }
+                    match slot.as_mut() {
+                        Some((_, decompressor)) => decompressor
+                            .decompress(frame, MAX_PAYLOAD_BYTES)
+                            .map_err(|err| StoreError::Corrupt(format!("payload frame: {err}"))),
+                        None => Err(StoreError::Corrupt("no decompressor".into())),
+                    }
+                })?;
+                String::from_utf8(bytes)
+                    .map_err(|err| StoreError::Corrupt(format!("payload is not UTF-8: {err}")))
+            }
+            (dict_id, other) => Err(StoreError::Corrupt(format!(
+                "payload of type {:?} with dictionary {dict_id:?}",
+                other.data_type()
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_payloads_stay_text_and_long_ones_compress_after_training() {
+        let codec = PayloadCodec::default();
+        assert!(codec.encode("{\"a\":1}").is_none());
+        let sample = |i: usize| {
+            format!(
+                "{{\"tool\":\"bash\",\"input\":{{\"command\":\"cargo test case_{i}\",\
+                 \"cwd\":\"/home/agent/work\"}},\"reason\":\"check step {i} of the plan\"}}"
+            )
+        };
+        let mut i = 0;
+        while codec.take_training_samples().is_none() {
+            assert!(codec.encode(&sample(i)).is_none());
+            i += 1;
+        }
+        assert!(codec.take_training_samples().is_none(), "handed out once");
+        let samples: Vec<Vec<u8>> = (0..i).map(|n| sample(n).into_bytes()).collect();
+        let bytes = PayloadCodec::train(&samples).expect("trained");
+        codec.install(Arc::new(Dictionary { id: 7, bytes }));
+        let text = sample(100_000);
+        let Some(CompressedPayload { dict_id, frame }) = codec.encode(&text) else {
+            panic!("expected compression");
+        };
+        assert_eq!(dict_id, 7);
+        assert!(
+            frame.len() * 2 < text.len(),
+            "{} vs {}",
+            frame.len(),
+            text.len()
+        );
+        let conn = Connection::open_in_memory().expect("memory db");
+        let decoded = codec
+            .decode(&conn, Some(7), rusqlite::types::ValueRef::Blob(&frame))
+            .expect("decoded");
+        assert_eq!(decoded, text);
+    }
+}
