@@ -160,9 +160,13 @@ trait WriteJob: Send {
     fn finish(self: Box<Self>, commit: Result<(), StoreError>);
 }
 
+/// Runs on the writer thread after the job's group committed, before the caller is answered.
+pub(crate) type AfterCommit<T> = Box<dyn FnOnce(&T) + Send>;
+
 struct TypedJob<F, T> {
     work: F,
     outcome: Option<Result<T, StoreError>>,
+    after_commit: Option<AfterCommit<T>>,
     reply: oneshot::Sender<Result<T, StoreError>>,
 }
 
@@ -182,6 +186,11 @@ where
     }
 
     fn finish(self: Box<Self>, commit: Result<(), StoreError>) {
+        if let (Ok(()), Some(Ok(value)), Some(after_commit)) =
+            (&commit, &self.outcome, self.after_commit)
+        {
+            after_commit(value);
+        }
         let answer = match (commit, self.outcome) {
             (Ok(()), Some(outcome)) => outcome,
             (Ok(()), None) => Err(StoreError::Backend("write was never applied".into())),
@@ -357,8 +366,24 @@ impl SqliteDatabase {
     }
 
     /// Queue a write and wait until its group committed. Waits (asynchronously) while the queue
-    /// is full.
+    /// is full. `work` may run twice (see `apply_group`), so it must not consume its inputs.
     pub(crate) async fn write<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        F: FnMut(&mut WriteContext<'_>) -> Result<T, StoreError> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.write_then(work, None).await
+    }
+
+    /// [`Self::write`], plus `after_commit`, run on the writer thread once the write committed
+    /// successfully and before the caller is answered. Writes commit in queue order and their
+    /// `after_commit`s run in that same order, so a publisher called from there emits committed
+    /// changes in commit order: persist, then emit.
+    pub(crate) async fn write_then<T, F>(
+        &self,
+        work: F,
+        after_commit: Option<AfterCommit<T>>,
+    ) -> Result<T, StoreError>
     where
         F: FnMut(&mut WriteContext<'_>) -> Result<T, StoreError> + Send + 'static,
         T: Send + 'static,
@@ -367,6 +392,7 @@ impl SqliteDatabase {
         let job: QueuedJob = Box::new(TypedJob {
             work,
             outcome: None,
+            after_commit,
             reply,
         });
         self.queue.send(job).await.map_err(|_| StoreError::Closed)?;
@@ -383,6 +409,7 @@ impl SqliteDatabase {
         let job: QueuedJob = Box::new(TypedJob {
             work,
             outcome: None,
+            after_commit: None,
             reply,
         });
         self.queue
