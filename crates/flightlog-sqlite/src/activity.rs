@@ -21,7 +21,7 @@ use crate::error::backend;
 use crate::payload_codec::PayloadCodec;
 use crate::rows::{
     event_from_row, payload_from_row, rollup_from_row, span_from_row, EVENT_COLUMNS,
-    ROLLUP_COLUMNS, SPAN_COLUMNS, SPAN_COLUMN_COUNT, SPAN_JOINS,
+    KeyNames, ROLLUP_COLUMNS, SPAN_COLUMNS, SPAN_COLUMN_COUNT,
 };
 
 /// The activity store over a [`SqliteDatabase`], acting as one writer identity.
@@ -60,13 +60,14 @@ impl SqliteActivityStore {
 
 fn query_spans(
     conn: &Connection,
+    names: &KeyNames,
     filter_and_order: &str,
     params: impl rusqlite::Params,
 ) -> Result<Vec<SpanRow>, StoreError> {
-    let sql = format!("SELECT {SPAN_COLUMNS} FROM {SPAN_JOINS} {filter_and_order}");
+    let sql = format!("SELECT {SPAN_COLUMNS} FROM activity_spans s {filter_and_order}");
     conn.prepare_cached(&sql)
         .and_then(|mut stmt| {
-            stmt.query_map(params, |row| span_from_row(row, 0))?
+            stmt.query_map(params, |row| span_from_row(row, 0, names, conn))?
                 .collect()
         })
         .map_err(backend)
@@ -105,6 +106,7 @@ fn any_row(
 
 fn changes_after(
     conn: &Connection,
+    names: &KeyNames,
     codec: &PayloadCodec,
     change_cursor: i64,
     sql_limit: i64,
@@ -116,8 +118,6 @@ fn changes_after(
                 e.ts, e.event_type, e.payload, e.truncated, e.dict_id \
          FROM activity_changes c \
          JOIN activity_spans s ON s.span_key = c.span_key \
-         JOIN activity_runs r ON r.run_key = s.run_key \
-         JOIN activity_writers w ON w.writer_key = s.writer_key \
          LEFT JOIN activity_events e ON c.event_index IS NOT NULL \
               AND e.span_key = c.span_key AND e.event_index = c.event_index \
          WHERE c.change_id > ?1 AND (c.event_index IS NULL OR e.span_key IS NOT NULL) \
@@ -130,10 +130,10 @@ fn changes_after(
                 let change_id: i64 = row.get(0)?;
                 let seq: i64 = row.get(1)?;
                 let event_index: Option<i64> = row.get(2)?;
-                let run_id: String = row.get(4)?;
+                let run_id = names.run_id(conn, row.get(4)?)?;
                 let body = match event_index {
                     None => ChangeBody::Span {
-                        span: Box::new(span_from_row(row, 3)?),
+                        span: Box::new(span_from_row(row, 3, names, conn)?),
                     },
                     Some(event_index) => {
                         let payload =
@@ -164,6 +164,7 @@ fn changes_after(
 
 fn snapshot(
     conn: &Connection,
+    names: &KeyNames,
     codec: &PayloadCodec,
     run_id: &str,
 ) -> Result<Option<RunSnapshot>, StoreError> {
@@ -172,6 +173,7 @@ fn snapshot(
     };
     let spans = query_spans(
         conn,
+        names,
         "WHERE s.run_key = ?1 ORDER BY s.started_at, s.span_key",
         [run_key],
     )?;
@@ -318,6 +320,7 @@ impl ActivityStore for SqliteActivityStore {
         self.db.read(|conn| {
             query_spans(
                 conn,
+                self.db.names(),
                 "WHERE s.outcome IS NULL AND s.parent_span_id IS NULL AND s.started_at < ?1 \
                  ORDER BY s.started_at, s.span_key",
                 [cutoff],
@@ -332,7 +335,9 @@ impl ActivityStore for SqliteActivityStore {
     ) -> Result<Vec<ActivityChange>, StoreError> {
         let mut changes = self
             .db
-            .read(|conn| changes_after(conn, self.db.codec(), change_cursor, limit))?;
+            .read(|conn| {
+                changes_after(conn, self.db.names(), self.db.codec(), change_cursor, limit)
+            })?;
         if limit < 0 {
             // The reference slices with the negative limit after an unlimited SQL LIMIT.
             let keep = changes.len().saturating_sub(limit.unsigned_abs() as usize);
@@ -350,8 +355,6 @@ impl ActivityStore for SqliteActivityStore {
             "SELECT MAX(c.change_id) AS last_change, {SPAN_COLUMNS} \
              FROM activity_changes c \
              JOIN activity_spans s ON s.span_key = c.span_key \
-             JOIN activity_runs r ON r.run_key = s.run_key \
-             JOIN activity_writers w ON w.writer_key = s.writer_key \
              WHERE c.change_id > ?1 AND c.event_index IS NULL \
                AND s.parent_span_id IS NULL AND s.outcome IS NOT NULL \
              GROUP BY s.span_key ORDER BY last_change LIMIT ?2"
@@ -362,7 +365,7 @@ impl ActivityStore for SqliteActivityStore {
                     stmt.query_map(params![change_cursor, limit], |row| {
                         Ok(TerminalRootChange {
                             change_id: row.get(0)?,
-                            span: span_from_row(row, 1)?,
+                            span: span_from_row(row, 1, self.db.names(), conn)?,
                         })
                     })?
                     .collect()
@@ -377,7 +380,7 @@ impl ActivityStore for SqliteActivityStore {
 
     async fn snapshot_run(&self, run_id: &str) -> Result<Option<RunSnapshot>, StoreError> {
         self.db
-            .read_consistent(|conn| snapshot(conn, self.db.codec(), run_id))
+            .read_consistent(|conn| snapshot(conn, self.db.names(), self.db.codec(), run_id))
     }
 
     async fn run_high_water_seq(&self, run_id: &str) -> Result<i64, StoreError> {
@@ -389,7 +392,7 @@ impl ActivityStore for SqliteActivityStore {
 
     async fn get_span(&self, span_id: &str) -> Result<Option<SpanRow>, StoreError> {
         self.db.read(|conn| {
-            Ok(query_spans(conn, "WHERE s.span_id = ?1", [span_id])?
+            Ok(query_spans(conn, self.db.names(), "WHERE s.span_id = ?1", [span_id])?
                 .into_iter()
                 .next())
         })
@@ -399,6 +402,7 @@ impl ActivityStore for SqliteActivityStore {
         self.db.read(|conn| {
             query_spans(
                 conn,
+                self.db.names(),
                 "WHERE s.outcome IS NULL AND s.parent_span_id IS NULL \
                  ORDER BY s.started_at DESC, s.span_key DESC",
                 [],

@@ -27,6 +27,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{backend, is_busy};
 use crate::payload_codec::{Dictionary, PayloadCodec};
+use crate::rows::KeyNames;
 use crate::schema;
 
 /// How hard a commit is pushed to disk.
@@ -250,6 +251,7 @@ pub struct SqliteDatabase {
     queue: mpsc::Sender<QueuedJob>,
     readers: ReaderPool,
     codec: PayloadCodec,
+    names: KeyNames,
     stats: Arc<WriterStats>,
     /// Detached: the thread ends by itself once every handle is dropped and the queue drained.
     _writer_thread: JoinHandle<()>,
@@ -349,6 +351,7 @@ impl SqliteDatabase {
                 idle: Mutex::new(Vec::new()),
             },
             codec,
+            names: KeyNames::default(),
             stats,
             _writer_thread: writer_thread,
             path: config.path,
@@ -416,6 +419,11 @@ impl SqliteDatabase {
             .blocking_send(job)
             .map_err(|_| StoreError::Closed)?;
         answer.blocking_recv().map_err(|_| StoreError::Closed)?
+    }
+
+    /// Run ids and writer names by key.
+    pub(crate) fn names(&self) -> &KeyNames {
+        &self.names
     }
 
     /// The event payload codec of this database.

@@ -3,23 +3,72 @@
 use flightlog_core::activity::{
     JsonObject, RunRollupRow, SpanEventRow, SpanKind, SpanOrigin, SpanOutcome, SpanRow, SpanUsage,
 };
+use std::collections::HashMap;
+use std::sync::RwLock;
+
 use rusqlite::types::Type;
 use rusqlite::{Connection, Row};
 
 use crate::payload_codec::PayloadCodec;
 use serde_json::value::RawValue;
 
-/// The span columns every span read selects, in [`span_from_row`]'s order. Callers join
-/// `activity_spans s`, `activity_runs r` and `activity_writers w`.
-pub(crate) const SPAN_COLUMNS: &str = "s.span_id, r.run_id, s.parent_span_id, s.name, s.kind, \
+/// The span columns every span read selects, in [`span_from_row`]'s order, from
+/// `activity_spans s`. Run ids and writer names come from [`KeyNames`], not from joins.
+pub(crate) const SPAN_COLUMNS: &str = "s.span_id, s.run_key, s.parent_span_id, s.name, s.kind, \
      s.origin, s.session_id, s.job_name, s.attrs, s.started_at, s.wait_until, s.ended_at, \
      s.outcome, s.outcome_reason, s.input_tokens, s.output_tokens, s.cache_read_tokens, \
-     s.cache_creation_tokens, s.cost_usd, s.model, w.writer, s.last_heartbeat_at";
+     s.cache_creation_tokens, s.cost_usd, s.model, s.writer_key, s.last_heartbeat_at";
 
-/// The joins [`SPAN_COLUMNS`] needs.
-pub(crate) const SPAN_JOINS: &str = "activity_spans s \
-     JOIN activity_runs r ON r.run_key = s.run_key \
-     JOIN activity_writers w ON w.writer_key = s.writer_key";
+/// Run ids and writer names by surrogate key. Those rows are never changed or deleted, so once
+/// read they are cached for the life of the process, sparing every span read two joins.
+#[derive(Debug, Default)]
+pub(crate) struct KeyNames {
+    runs: RwLock<HashMap<i64, String>>,
+    writers: RwLock<HashMap<i64, String>>,
+}
+
+impl KeyNames {
+    const MAX_ENTRIES: usize = 1_000_000;
+
+    fn lookup(
+        cache: &RwLock<HashMap<i64, String>>,
+        conn: &Connection,
+        sql: &str,
+        key: i64,
+    ) -> rusqlite::Result<String> {
+        if let Some(name) = cache.read().ok().and_then(|names| names.get(&key).cloned()) {
+            return Ok(name);
+        }
+        let name: String = conn.prepare_cached(sql)?.query_row([key], |row| row.get(0))?;
+        if let Ok(mut names) = cache.write() {
+            if names.len() >= Self::MAX_ENTRIES {
+                names.clear();
+            }
+            names.insert(key, name.clone());
+        }
+        Ok(name)
+    }
+
+    /// The run id of `run_key`.
+    pub fn run_id(&self, conn: &Connection, run_key: i64) -> rusqlite::Result<String> {
+        Self::lookup(
+            &self.runs,
+            conn,
+            "SELECT run_id FROM activity_runs WHERE run_key = ?1",
+            run_key,
+        )
+    }
+
+    /// The writer identity of `writer_key`.
+    pub fn writer(&self, conn: &Connection, writer_key: i64) -> rusqlite::Result<String> {
+        Self::lookup(
+            &self.writers,
+            conn,
+            "SELECT writer FROM activity_writers WHERE writer_key = ?1",
+            writer_key,
+        )
+    }
+}
 
 /// Number of columns in [`SPAN_COLUMNS`].
 pub(crate) const SPAN_COLUMN_COUNT: usize = 22;
@@ -31,14 +80,19 @@ pub(crate) fn parse_attrs(text: Option<&str>) -> JsonObject {
 }
 
 /// Decode a span from `row`, starting at column `base`.
-pub(crate) fn span_from_row(row: &Row<'_>, base: usize) -> rusqlite::Result<SpanRow> {
+pub(crate) fn span_from_row(
+    row: &Row<'_>,
+    base: usize,
+    names: &KeyNames,
+    conn: &Connection,
+) -> rusqlite::Result<SpanRow> {
     let attrs: Option<String> = row.get(base + 8)?;
     let kind: String = row.get(base + 4)?;
     let origin: String = row.get(base + 5)?;
     let outcome: Option<String> = row.get(base + 12)?;
     Ok(SpanRow {
         span_id: row.get(base)?,
-        run_id: row.get(base + 1)?,
+        run_id: names.run_id(conn, row.get(base + 1)?)?,
         parent_span_id: row.get(base + 2)?,
         name: row.get(base + 3)?,
         kind: SpanKind::from_stored(&kind),
@@ -59,7 +113,7 @@ pub(crate) fn span_from_row(row: &Row<'_>, base: usize) -> rusqlite::Result<Span
             cost_usd: row.get(base + 18)?,
             model: row.get(base + 19)?,
         },
-        writer: row.get(base + 20)?,
+        writer: names.writer(conn, row.get(base + 20)?)?,
         last_heartbeat_at: row.get(base + 21)?,
     })
 }

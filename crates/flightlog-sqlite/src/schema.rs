@@ -108,6 +108,30 @@ CREATE TABLE activity_run_rollups (
 );
 CREATE INDEX activity_run_rollups_prune ON activity_run_rollups (detail_pruned, ended_at);
 "#,
+    // Version 2: the engagement journal. One counter row per engagement holds everything an
+    // append depends on (its next seq, which is also its event count, and its last appended
+    // `at`), so an append is one index seek plus two writes, never a scan. `engagement_key` is
+    // the rowid: SQLite gives a new row one more than the largest key present, so among live
+    // engagements a larger key means created later (re-creation after a prune included), which
+    // is the listing's tie-break. Events carry that small key instead of the id text and are
+    // clustered by (engagement_key, seq), so reading an engagement is one range scan.
+    r#"
+CREATE TABLE journal_engagements (
+  engagement_key INTEGER PRIMARY KEY,
+  engagement_id  TEXT NOT NULL UNIQUE,
+  next_seq       INTEGER NOT NULL,
+  last_at        INTEGER NOT NULL
+);
+CREATE INDEX journal_engagements_by_recency ON journal_engagements (last_at);
+CREATE TABLE journal_events (
+  engagement_key INTEGER NOT NULL,
+  seq            INTEGER NOT NULL,
+  at             INTEGER NOT NULL,
+  event_type     TEXT NOT NULL,
+  data           TEXT NOT NULL, -- compact JSON text of the event's data object
+  PRIMARY KEY (engagement_key, seq)
+) WITHOUT ROWID;
+"#,
 ];
 
 /// The schema version this build writes.
