@@ -1,0 +1,114 @@
+//! Opening database files: migrations, refusing newer schemas, durability settings, and reading
+//! rows written by a newer flightlog (unknown enumeration values) without failing.
+
+use std::sync::Arc;
+
+use flightlog_core::activity::{
+    ActivityStore, SpanKind, SpanOrigin, SpanOutcome, StartSpanInput, StoreError,
+};
+use flightlog_core::ManualClock;
+use flightlog_sqlite::{
+    Durability, SqliteActivityStore, SqliteConfig, SqliteDatabase, SCHEMA_VERSION,
+};
+
+fn root(span_id: &str, run_id: &str) -> StartSpanInput {
+    StartSpanInput {
+        span_id: span_id.into(),
+        run_id: run_id.into(),
+        parent_span_id: None,
+        name: "turn".into(),
+        kind: SpanKind::Turn,
+        origin: SpanOrigin::Session,
+        session_id: None,
+        job_name: None,
+        attrs: None,
+        started_at: None,
+    }
+}
+
+fn store(db: Arc<SqliteDatabase>) -> SqliteActivityStore {
+    SqliteActivityStore::with_identity(db, Arc::new(ManualClock::new(1_000)), "w1")
+}
+
+#[tokio::test]
+async fn reopening_keeps_data_and_does_not_migrate_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.db");
+    {
+        let db = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap();
+        store(db).start_span(root("s1", "r1")).await.unwrap();
+    }
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap();
+    let span = store(db).get_span("s1").await.unwrap();
+    assert_eq!(span.map(|s| s.run_id), Some("r1".to_owned()));
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+}
+
+#[tokio::test]
+async fn a_newer_schema_is_refused_naming_both_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("newer.db");
+    drop(SqliteDatabase::open(SqliteConfig::new(&path)).unwrap());
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.pragma_update(None, "user_version", SCHEMA_VERSION + 7)
+        .unwrap();
+    drop(conn);
+    let err = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap_err();
+    assert!(
+        matches!(err, StoreError::SchemaTooNew { found, supported }
+            if found == SCHEMA_VERSION + 7 && supported == SCHEMA_VERSION),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains(&(SCHEMA_VERSION + 7).to_string()),
+        "{message}"
+    );
+    assert!(message.contains(&SCHEMA_VERSION.to_string()), "{message}");
+}
+
+#[tokio::test]
+async fn full_durability_opens_and_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = SqliteConfig::new(dir.path().join("full.db"));
+    config.durability = Durability::Full;
+    let db = SqliteDatabase::open(config).unwrap();
+    let store = store(db);
+    store.start_span(root("s1", "r1")).await.unwrap();
+    assert_eq!(store.latest_change_cursor().await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn values_from_a_newer_flightlog_read_back_verbatim() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("future.db");
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap();
+    let store = store(db);
+    store.start_span(root("s1", "r1")).await.unwrap();
+    store.rollup_run("r1").await.unwrap();
+    // A newer version wrote kinds, origins and outcomes this one does not know.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "UPDATE activity_spans SET kind = 'workflow', origin = 'webhook', outcome = 'skipped', \
+         ended_at = 2000 WHERE span_id = 's1'; \
+         UPDATE activity_run_rollups SET origin = 'webhook', outcome = 'skipped';",
+    )
+    .unwrap();
+    let span = store.get_span("s1").await.unwrap().unwrap();
+    assert_eq!(span.kind, SpanKind::Unrecognized("workflow".into()));
+    assert_eq!(span.origin, SpanOrigin::Unrecognized("webhook".into()));
+    assert_eq!(
+        span.outcome,
+        Some(SpanOutcome::Unrecognized("skipped".into()))
+    );
+    let json = serde_json::to_value(&span).unwrap();
+    assert_eq!(json["kind"], "workflow");
+    let rollup = store.read_rollup("r1").await.unwrap().unwrap();
+    assert_eq!(rollup.origin, SpanOrigin::Unrecognized("webhook".into()));
+    let changes = store.changes_since(0, 10).await.unwrap();
+    assert_eq!(changes.len(), 1);
+}
