@@ -84,6 +84,8 @@ impl PayloadCodec {
             .map_err(backend)?;
         if let Some((id, bytes)) = newest {
             codec.install(Arc::new(Dictionary { id, bytes }));
+            // One dictionary per database is enough to start with; do not train another.
+            codec.training.store(true, Ordering::Release);
         }
         Ok(codec)
     }
@@ -140,6 +142,10 @@ impl PayloadCodec {
 
     /// When enough samples are in and nobody is training yet, hand them out (once).
     pub fn take_training_samples(&self) -> Option<Vec<Vec<u8>>> {
+        // The common case (a dictionary exists or is being trained) costs one atomic load.
+        if self.training.load(Ordering::Acquire) {
+            return None;
+        }
         let ready = self
             .samples
             .lock()
