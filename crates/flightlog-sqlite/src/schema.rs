@@ -86,7 +86,7 @@ CREATE TABLE activity_changes (
   span_key    INTEGER NOT NULL,
   event_index INTEGER
 );
-CREATE INDEX activity_changes_by_run ON activity_changes (run_key, seq);
+CREATE UNIQUE INDEX activity_changes_by_run ON activity_changes (run_key, seq);
 CREATE TABLE activity_run_rollups (
   run_key               INTEGER PRIMARY KEY,
   origin                TEXT NOT NULL,

@@ -20,6 +20,9 @@
 //!   (per run and in total), and event indexes on a shared span are 0..n without gaps;
 //! - every span carries the writer identity of the process that started it;
 //! - the two processes really interleaved (otherwise the test would prove nothing).
+//!
+//! Taking the lock with a deferred `BEGIN` makes it fail ("database is locked"), and so does a
+//! per-run seq cached across another process's commit (duplicate seqs).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -231,7 +234,7 @@ async fn writer_task(
         };
         let patched = store.patch_span(&root, patch).await;
         tally.logged("patch own root", &run, found(patched));
-        let outcome = if round % 2 == 0 {
+        let outcome = if round.is_multiple_of(2) {
             SpanOutcome::Success
         } else {
             SpanOutcome::Error
@@ -240,7 +243,7 @@ async fn writer_task(
         tally.logged("end own root", &run, found(ended));
 
         // Reads share the file with the other process's writer too.
-        if round % 5 == 0 {
+        if round.is_multiple_of(5) {
             let snapshot = store.snapshot_run(&shared).await;
             tally.read("snapshot shared run", snapshot);
             let changes = store.changes_since(0, 50).await;
