@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use flightlog_core::activity::{
-    cap_payload, ActivityChange, ActivityStore, ChangeBody, EndSpanInput, PruneOptions,
-    PruneResult, RunRollupRow, RunSnapshot, SpanEventRow, SpanOutcome, SpanPatch, SpanRow,
-    StartSpanInput, StoreError, TerminalRootChange, DEFAULT_PRUNE_BATCH,
+    cap_payload, ActivityChange, ActivityStore, ChangeBody, ChangeDoorbell, EndSpanInput,
+    PruneOptions, PruneResult, RunRollupRow, RunSnapshot, SpanEventRow, SpanOutcome, SpanPatch,
+    SpanRow, StartSpanInput, StoreError, TerminalRootChange, DEFAULT_PRUNE_BATCH,
 };
 use flightlog_core::{default_writer_id, Clock};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -20,8 +20,8 @@ use crate::database::SqliteDatabase;
 use crate::error::backend;
 use crate::payload_codec::PayloadCodec;
 use crate::rows::{
-    event_from_row, payload_from_row, rollup_from_row, span_from_row, EVENT_COLUMNS,
-    KeyNames, ROLLUP_COLUMNS, SPAN_COLUMNS, SPAN_COLUMN_COUNT,
+    event_from_row, payload_from_row, rollup_from_row, span_from_row, KeyNames, EVENT_COLUMNS,
+    ROLLUP_COLUMNS, SPAN_COLUMNS, SPAN_COLUMN_COUNT,
 };
 
 /// The activity store over a [`SqliteDatabase`], acting as one writer identity.
@@ -215,6 +215,10 @@ impl ActivityStore for SqliteActivityStore {
         ))
     }
 
+    fn change_doorbell(&self) -> ChangeDoorbell {
+        self.db.change_doorbell()
+    }
+
     async fn start_span(&self, input: StartSpanInput) -> Result<SpanRow, StoreError> {
         let now = self.now();
         let writer = self.writer.clone();
@@ -333,11 +337,9 @@ impl ActivityStore for SqliteActivityStore {
         change_cursor: i64,
         limit: i64,
     ) -> Result<Vec<ActivityChange>, StoreError> {
-        let mut changes = self
-            .db
-            .read(|conn| {
-                changes_after(conn, self.db.names(), self.db.codec(), change_cursor, limit)
-            })?;
+        let mut changes = self.db.read(|conn| {
+            changes_after(conn, self.db.names(), self.db.codec(), change_cursor, limit)
+        })?;
         if limit < 0 {
             // The reference slices with the negative limit after an unlimited SQL LIMIT.
             let keep = changes.len().saturating_sub(limit.unsigned_abs() as usize);
@@ -392,9 +394,11 @@ impl ActivityStore for SqliteActivityStore {
 
     async fn get_span(&self, span_id: &str) -> Result<Option<SpanRow>, StoreError> {
         self.db.read(|conn| {
-            Ok(query_spans(conn, self.db.names(), "WHERE s.span_id = ?1", [span_id])?
-                .into_iter()
-                .next())
+            Ok(
+                query_spans(conn, self.db.names(), "WHERE s.span_id = ?1", [span_id])?
+                    .into_iter()
+                    .next(),
+            )
         })
     }
 

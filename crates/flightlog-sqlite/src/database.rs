@@ -252,6 +252,9 @@ pub struct SqliteDatabase {
     readers: ReaderPool,
     codec: PayloadCodec,
     names: KeyNames,
+    /// The newest committed change id: set by our writer after each commit, and by the
+    /// change watcher when another process commits.
+    doorbell: tokio::sync::watch::Sender<i64>,
     stats: Arc<WriterStats>,
     /// Detached: the thread ends by itself once every handle is dropped and the queue drained.
     _writer_thread: JoinHandle<()>,
@@ -321,16 +324,27 @@ impl SqliteDatabase {
 
         let (queue, jobs) = mpsc::channel::<QueuedJob>(config.write_queue_capacity.max(1));
         let stats = Arc::new(WriterStats::default());
+        let newest_change: i64 = conn
+            .query_row(
+                "SELECT COALESCE(MAX(change_id), 0) FROM activity_changes",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(backend)?;
+        let (doorbell, _) = tokio::sync::watch::channel(newest_change);
         let (nudge, nudges) = std::sync::mpsc::sync_channel::<()>(1);
         let checkpointer = Checkpointer {
             conn: checkpoint_conn,
             stats: stats.clone(),
+            doorbell: doorbell.clone(),
+            data_version: None,
         };
         std::thread::Builder::new()
             .name("flightlog-ckpt".into())
             .spawn(move || checkpointer.run(nudges))
             .map_err(|err| StoreError::Backend(format!("cannot start checkpointer: {err}")))?;
         let writer = GroupCommitWriter {
+            doorbell: doorbell.clone(),
             checkpoint_nudge: nudge,
             stats: stats.clone(),
             conn,
@@ -352,6 +366,7 @@ impl SqliteDatabase {
             },
             codec,
             names: KeyNames::default(),
+            doorbell,
             stats,
             _writer_thread: writer_thread,
             path: config.path,
@@ -419,6 +434,11 @@ impl SqliteDatabase {
             .blocking_send(job)
             .map_err(|_| StoreError::Closed)?;
         answer.blocking_recv().map_err(|_| StoreError::Closed)?
+    }
+
+    /// A receiver that moves to the newest committed change id.
+    pub fn change_doorbell(&self) -> tokio::sync::watch::Receiver<i64> {
+        self.doorbell.subscribe()
     }
 
     /// Run ids and writer names by key.
@@ -501,23 +521,71 @@ impl SqliteDatabase {
     }
 }
 
-/// Copies committed WAL frames into the database file in the background (`PASSIVE`: never waits
-/// for, or blocks, readers and the writer). Nudged by the writer every few commits, and on a
-/// timer; ends when the writer is gone.
+/// The database's background housekeeper, on its own connection:
+/// - copies committed WAL frames into the database file (`PASSIVE`: never waits for, or blocks,
+///   readers and the writer), when nudged by the writer every few commits and on a timer;
+/// - notices commits by other processes (`PRAGMA data_version` moved) and rings the change
+///   doorbell with the newest change id, so live readers see foreign writes within a period.
+///
+/// It ends when the writer is gone.
 struct Checkpointer {
     conn: Connection,
     stats: Arc<WriterStats>,
+    doorbell: tokio::sync::watch::Sender<i64>,
+    data_version: Option<i64>,
 }
 
 impl Checkpointer {
-    const PERIOD: Duration = Duration::from_millis(500);
+    /// How often it looks for foreign commits (and checkpoints if nudged less often).
+    const PERIOD: Duration = Duration::from_millis(100);
+    /// Timer-driven checkpoints happen every this many periods.
+    const PERIODS_PER_CHECKPOINT: u32 = 5;
 
-    fn run(self, nudges: std::sync::mpsc::Receiver<()>) {
+    fn watch_foreign_commits(&mut self) {
+        let Ok(version) = self
+            .conn
+            .query_row("PRAGMA data_version", [], |row| row.get::<_, i64>(0))
+        else {
+            return;
+        };
+        if self.data_version == Some(version) {
+            return;
+        }
+        self.data_version = Some(version);
+        if let Ok(newest) = self.conn.query_row(
+            "SELECT COALESCE(MAX(change_id), 0) FROM activity_changes",
+            [],
+            |row| row.get::<_, i64>(0),
+        ) {
+            self.doorbell.send_if_modified(|current| {
+                let moved = newest > *current;
+                if moved {
+                    *current = newest;
+                }
+                moved
+            });
+        }
+    }
+
+    fn run(mut self, nudges: std::sync::mpsc::Receiver<()>) {
+        let mut quiet_periods = 0u32;
         loop {
             let last = match nudges.recv_timeout(Self::PERIOD) {
-                Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => false,
+                Ok(()) => {
+                    quiet_periods = Self::PERIODS_PER_CHECKPOINT;
+                    false
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    quiet_periods += 1;
+                    false
+                }
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => true,
             };
+            self.watch_foreign_commits();
+            if quiet_periods < Self::PERIODS_PER_CHECKPOINT && !last {
+                continue;
+            }
+            quiet_periods = 0;
             let started = Instant::now();
             // A failed passive checkpoint only means the WAL stays longer; the next one retries.
             let _ = self
@@ -535,6 +603,7 @@ impl Checkpointer {
 }
 
 struct GroupCommitWriter {
+    doorbell: tokio::sync::watch::Sender<i64>,
     /// Wakes the checkpointer; full means it already has a wake-up pending.
     checkpoint_nudge: std::sync::mpsc::SyncSender<()>,
     stats: Arc<WriterStats>,
@@ -660,6 +729,18 @@ impl GroupCommitWriter {
         }
         let committing = Instant::now();
         let committed = self.commit();
+        if committed.is_ok() {
+            if let Some(next) = self.keys.next_change_id {
+                let newest = next - 1;
+                self.doorbell.send_if_modified(|current| {
+                    let moved = newest > *current;
+                    if moved {
+                        *current = newest;
+                    }
+                    moved
+                });
+            }
+        }
         let done = Instant::now();
         let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let groups = self.stats.groups.fetch_add(1, Ordering::Relaxed) + 1;

@@ -11,5 +11,7 @@ pub mod types;
 
 pub use payload::{cap_payload, CappedPayload, MAX_EVENT_PAYLOAD_BYTES, TRUNCATION_MARKER};
 pub use rollup::{compute_rollup, RollupFields, RollupSpan};
-pub use store::{ActivityStore, StoreError, DEFAULT_CHANGES_LIMIT, DEFAULT_PRUNE_BATCH};
+pub use store::{
+    ActivityStore, ChangeDoorbell, StoreError, DEFAULT_CHANGES_LIMIT, DEFAULT_PRUNE_BATCH,
+};
 pub use types::*;

@@ -47,6 +47,13 @@ pub enum StoreError {
     Backend(String),
 }
 
+/// The newest committed change id known to a store: a doorbell for live readers.
+///
+/// It carries no changes itself. A reader that sees it move reads `changes_since(its cursor)`
+/// from the store, so what it streams is always what the database holds (persist, then emit),
+/// a slow reader simply reads more at a time, and nothing is ever buffered per reader.
+pub type ChangeDoorbell = tokio::sync::watch::Receiver<i64>;
+
 /// The canonical record of agent activity: spans in a tree per run, events, the change log,
 /// run rollups.
 #[async_trait]
@@ -56,6 +63,10 @@ pub trait ActivityStore: Send + Sync {
 
     /// A handle over the same data acting as writer `writer`.
     fn with_writer(&self, writer: &str) -> Arc<dyn ActivityStore>;
+
+    /// Rings (moves to the newest change id) after changes commit, whether written through this
+    /// store or, within a bounded delay, by another process sharing the database.
+    fn change_doorbell(&self) -> ChangeDoorbell;
 
     /// Write a span at its start. Fails with [`StoreError::DuplicateSpan`] for a known id.
     async fn start_span(&self, input: StartSpanInput) -> Result<SpanRow, StoreError>;
