@@ -12,7 +12,9 @@ use flightlog_conformance::fixtures::{conformance_dir, load_fixtures};
 use flightlog_conformance::journal::replay_journal_fixture;
 use flightlog_core::activity::ActivityStore;
 use flightlog_core::journal::{EngagementJournal, InMemoryEngagementJournal, RetentionConfig};
-use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
+use flightlog_sqlite::{
+    SqliteActivityStore, SqliteConfig, SqliteDatabase, SqliteEngagementJournal,
+};
 
 fn report(label: &str, passed: usize, failures: &[String]) -> bool {
     for failure in failures {
@@ -69,6 +71,37 @@ async fn journal_memory(dir: &std::path::Path) -> Result<(usize, Vec<String>), S
     Ok((passed, failures))
 }
 
+/// Every journal fixture on the SQLite journal, each on a fresh database file.
+async fn journal_sqlite(dir: &std::path::Path) -> Result<(usize, Vec<String>), String> {
+    let fixtures = load_fixtures(dir, "journal")?;
+    let scratch = tempfile::tempdir().map_err(|err| format!("temp dir: {err}"))?;
+    let mut passed = 0;
+    let mut failures = Vec::new();
+    for (index, (path, fixture)) in fixtures.iter().enumerate() {
+        let db_path = scratch.path().join(format!("journal-{index}.db"));
+        let db = match SqliteDatabase::open(SqliteConfig::new(&db_path)) {
+            Ok(db) => db,
+            Err(err) => {
+                failures.push(format!(
+                    "{} ({}): open: {err}",
+                    fixture.name,
+                    path.display()
+                ));
+                continue;
+            }
+        };
+        // The factory cannot fail, so the file is opened first and the factory only wraps it.
+        let make = |retention: RetentionConfig| -> Arc<dyn EngagementJournal> {
+            Arc::new(SqliteEngagementJournal::new(Arc::clone(&db), retention))
+        };
+        match replay_journal_fixture(fixture, &make).await {
+            Ok(()) => passed += 1,
+            Err(err) => failures.push(format!("{} ({}): {err}", fixture.name, path.display())),
+        }
+    }
+    Ok((passed, failures))
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let dir = conformance_dir();
@@ -77,6 +110,7 @@ async fn main() -> ExitCode {
     let runs = [
         ("activity sqlite", activity_sqlite(&dir).await),
         ("journal memory", journal_memory(&dir).await),
+        ("journal sqlite", journal_sqlite(&dir).await),
     ];
     for (label, outcome) in runs {
         match outcome {

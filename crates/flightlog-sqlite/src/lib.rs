@@ -2,18 +2,20 @@
 //!
 //! [`SqliteDatabase`] owns one database file: its migrations, its single writer thread that
 //! commits queued writes in groups, and its reader connections. [`SqliteActivityStore`]
-//! implements the core's activity store trait on it. The file is safe to share with other
-//! processes: every write takes the lock with `BEGIN IMMEDIATE` and reads its counters inside
-//! that transaction.
+//! implements the core's activity store trait on it, [`SqliteEngagementJournal`] the core's
+//! engagement journal trait. The file is safe to share with other processes: every write takes
+//! the lock with `BEGIN IMMEDIATE` and reads its counters inside that transaction.
 
 mod activity;
 mod activity_write;
 mod database;
 mod error;
+mod journal;
 mod payload_codec;
 mod rows;
 mod schema;
 
 pub use activity::SqliteActivityStore;
 pub use database::{Durability, SqliteConfig, SqliteDatabase, WriterStats};
+pub use journal::SqliteEngagementJournal;
 pub use schema::SCHEMA_VERSION;

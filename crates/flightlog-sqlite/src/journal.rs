@@ -1,0 +1,458 @@
+//! [`SqliteEngagementJournal`]: the engagement journal trait on one SQLite file.
+//!
+//! Writes (append, compact, prune) are closures queued to the database's writer thread, so they
+//! commit in queue order inside its `BEGIN IMMEDIATE` group transactions; reads run on pooled
+//! reader connections. Behaviour is the in-memory journal's (the conformance fixtures run on
+//! both), with the storage choices of schema version 2 (see `schema.rs`).
+//!
+//! Several rules of the writer thread shape this file:
+//! - A write closure may run twice (a neighbour's dirty failure replays the whole group with
+//!   savepoints), so the closures only borrow what they capture and re-read every counter they
+//!   depend on inside the transaction. That also makes them safe when another process writes the
+//!   same file: nothing here is cached between transactions.
+//! - A closure's `Err(StoreError)` marks the attempt dirty (rolled back, group replayed). The
+//!   journal's own refusals (`JournalFull`, `WrongExpectedSeq`, undecodable rows) are detected
+//!   before anything is written and returned as `Ok(Err(JournalError))`, so they cost no replay.
+//! - Subscribers are fed from the writer's after-commit hook, which runs once per committed write,
+//!   in commit order: each appended event is sent once, in seq order, and only after its commit.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use flightlog_core::activity::StoreError;
+use flightlog_core::journal::{
+    plan_compaction, AppendInput, EngagementEvent, EngagementJournal, JournalError,
+    JournalSubscription, JsonObject, RetentionConfig, DEFAULT_SUBSCRIBER_BUFFER,
+};
+use rusqlite::{params, Connection, OptionalExtension};
+use tokio::sync::broadcast;
+
+use crate::database::{AfterCommit, SqliteDatabase, WriteContext};
+use crate::error::backend;
+
+/// The engagement journal over a [`SqliteDatabase`].
+///
+/// A subscription sees the events appended through this handle: two handles on one database
+/// each broadcast their own appends, and events another process appends reach reads, not
+/// subscribers here.
+pub struct SqliteEngagementJournal {
+    db: Arc<SqliteDatabase>,
+    retention: RetentionConfig,
+    committed: broadcast::Sender<EngagementEvent>,
+}
+
+impl std::fmt::Debug for SqliteEngagementJournal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteEngagementJournal")
+            .field("db", &self.db)
+            .field("retention", &self.retention)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteEngagementJournal {
+    /// A journal over `db` enforcing `retention`.
+    pub fn new(db: Arc<SqliteDatabase>, retention: RetentionConfig) -> Self {
+        Self::with_subscriber_buffer(db, retention, DEFAULT_SUBSCRIBER_BUFFER)
+    }
+
+    /// A journal whose subscribers may fall `buffer` events behind before they lag (at least 1).
+    pub fn with_subscriber_buffer(
+        db: Arc<SqliteDatabase>,
+        retention: RetentionConfig,
+        buffer: usize,
+    ) -> Self {
+        let (committed, _) = broadcast::channel(buffer.max(1));
+        Self {
+            db,
+            retention,
+            committed,
+        }
+    }
+
+    /// The database this journal lives in.
+    pub fn database(&self) -> &Arc<SqliteDatabase> {
+        &self.db
+    }
+
+    /// The after-commit hook of an append: hands the committed event to the subscribers.
+    fn publisher(&self) -> AfterCommit<Result<EngagementEvent, JournalError>> {
+        let committed = self.committed.clone();
+        Box::new(move |outcome| {
+            if let Ok(event) = outcome {
+                // A send error only means nobody listens.
+                if committed.receiver_count() > 0 {
+                    let _ = committed.send(event.clone());
+                }
+            }
+        })
+    }
+}
+
+/// A store failure seen through the journal's error type.
+fn journal_error(err: StoreError) -> JournalError {
+    match err {
+        StoreError::Closed => JournalError::Closed,
+        StoreError::Corrupt(detail) => JournalError::Corrupt(detail),
+        other => JournalError::Backend(other.to_string()),
+    }
+}
+
+/// The engagement's counter row: its key and next seq (= its number of events).
+fn engagement_counter(
+    conn: &Connection,
+    engagement_id: &str,
+) -> Result<Option<(i64, i64)>, StoreError> {
+    conn.prepare_cached(
+        "SELECT engagement_key, next_seq FROM journal_engagements WHERE engagement_id = ?1",
+    )
+    .and_then(|mut stmt| {
+        stmt.query_row([engagement_id], |row| Ok((row.get(0)?, row.get(1)?)))
+            .optional()
+    })
+    .map_err(backend)
+}
+
+/// Append `template` (its `seq` is ignored) inside the writer's transaction. The checks come
+/// first and write nothing, in the in-memory journal's order: full, then the expected seq.
+fn append_in_transaction(
+    conn: &Connection,
+    template: &EngagementEvent,
+    data_json: &str,
+    expected_seq: Option<i64>,
+    max_events: u64,
+) -> Result<Result<EngagementEvent, JournalError>, StoreError> {
+    let counter = engagement_counter(conn, &template.engagement_id)?;
+    let seq = counter.map_or(0, |(_, next_seq)| next_seq);
+    if u64::try_from(seq).unwrap_or(0) >= max_events {
+        return Ok(Err(JournalError::JournalFull {
+            engagement_id: template.engagement_id.to_string(),
+            max_events,
+        }));
+    }
+    if let Some(expected) = expected_seq {
+        if expected != seq {
+            return Ok(Err(JournalError::WrongExpectedSeq {
+                expected,
+                actual: seq,
+            }));
+        }
+    }
+    let engagement_key = match counter {
+        Some((engagement_key, _)) => {
+            conn.prepare_cached(
+                "UPDATE journal_engagements SET next_seq = ?2, last_at = ?3 \
+                 WHERE engagement_key = ?1",
+            )
+            .and_then(|mut stmt| stmt.execute(params![engagement_key, seq + 1, template.at]))
+            .map_err(backend)?;
+            engagement_key
+        }
+        None => {
+            // The new row's key is one more than the largest present: the creation order.
+            conn.prepare_cached(
+                "INSERT INTO journal_engagements (engagement_id, next_seq, last_at) \
+                 VALUES (?1, 1, ?2)",
+            )
+            .and_then(|mut stmt| stmt.execute(params![&*template.engagement_id, template.at]))
+            .map_err(backend)?;
+            conn.last_insert_rowid()
+        }
+    };
+    insert_event(
+        conn,
+        engagement_key,
+        seq,
+        template.at,
+        &template.event_type,
+        data_json,
+    )?;
+    Ok(Ok(EngagementEvent {
+        seq,
+        ..template.clone()
+    }))
+}
+
+fn insert_event(
+    conn: &Connection,
+    engagement_key: i64,
+    seq: i64,
+    at: i64,
+    event_type: &str,
+    data_json: &str,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO journal_events (engagement_key, seq, at, event_type, data) \
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )
+    .and_then(|mut stmt| stmt.execute(params![engagement_key, seq, at, event_type, data_json]))
+    .map(|_| ())
+    .map_err(backend)
+}
+
+/// Decodes event rows `(seq, at, event_type, data)`, sharing one id `Arc` and one `Arc` per
+/// distinct type among the events it builds.
+struct EventDecoder {
+    engagement_id: Arc<str>,
+    types: HashSet<Arc<str>>,
+}
+
+impl EventDecoder {
+    fn new(engagement_id: &str) -> Self {
+        Self {
+            engagement_id: Arc::from(engagement_id),
+            types: HashSet::new(),
+        }
+    }
+
+    /// The event in `row`, and its data's JSON text when `keep_text` (compaction rewrites the
+    /// survivors from their stored text rather than re-encoding them).
+    fn decode(
+        &mut self,
+        row: &rusqlite::Row<'_>,
+        keep_text: bool,
+    ) -> Result<(EngagementEvent, Option<String>), StoreError> {
+        let seq: i64 = row.get(0).map_err(backend)?;
+        let at: i64 = row.get(1).map_err(backend)?;
+        let event_type = row
+            .get_ref(2)
+            .and_then(|value| Ok(value.as_str()?))
+            .map_err(backend)?;
+        let event_type = match self.types.get(event_type) {
+            Some(known) => Arc::clone(known),
+            None => {
+                let interned: Arc<str> = Arc::from(event_type);
+                self.types.insert(Arc::clone(&interned));
+                interned
+            }
+        };
+        let text = row
+            .get_ref(3)
+            .and_then(|value| Ok(value.as_str()?))
+            .map_err(backend)?;
+        let data: JsonObject = serde_json::from_str(text).map_err(|err| {
+            StoreError::Corrupt(format!(
+                "journal event {:?} seq {seq}: data is not a JSON object: {err}",
+                self.engagement_id
+            ))
+        })?;
+        let text = keep_text.then(|| text.to_owned());
+        let event = EngagementEvent {
+            engagement_id: Arc::clone(&self.engagement_id),
+            seq,
+            at,
+            event_type,
+            data: Arc::new(data),
+        };
+        Ok((event, text))
+    }
+}
+
+/// The engagement's events with `seq >= from_seq`, in seq order, in one statement (so one
+/// consistent snapshot).
+fn read_events(
+    conn: &Connection,
+    engagement_id: &str,
+    from_seq: i64,
+) -> Result<Vec<EngagementEvent>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT e.seq, e.at, e.event_type, e.data \
+             FROM journal_engagements g \
+             JOIN journal_events e ON e.engagement_key = g.engagement_key \
+             WHERE g.engagement_id = ?1 AND e.seq >= ?2 \
+             ORDER BY e.seq",
+        )
+        .map_err(backend)?;
+    let mut rows = stmt
+        .query(params![engagement_id, from_seq])
+        .map_err(backend)?;
+    let mut decoder = EventDecoder::new(engagement_id);
+    let mut events = Vec::new();
+    while let Some(row) = rows.next().map_err(backend)? {
+        events.push(decoder.decode(row, false)?.0);
+    }
+    Ok(events)
+}
+
+/// Compact the engagement inside the writer's transaction: everything is read and planned
+/// before the first write, and the rewrite (delete the old rows, insert the survivors
+/// renumbered, move the counter row) is one transaction, so a crash leaves the engagement
+/// wholly before or wholly after. `Ok(Ok(false))` when the rules leave it alone.
+fn compact_in_transaction(
+    conn: &Connection,
+    engagement_id: &str,
+) -> Result<Result<bool, JournalError>, StoreError> {
+    let Some((engagement_key, next_seq)) = engagement_counter(conn, engagement_id)? else {
+        return Ok(Ok(false));
+    };
+    let mut events = Vec::new();
+    let mut texts = Vec::new();
+    {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT seq, at, event_type, data FROM journal_events \
+                 WHERE engagement_key = ?1 ORDER BY seq",
+            )
+            .map_err(backend)?;
+        let mut rows = stmt.query([engagement_key]).map_err(backend)?;
+        let mut decoder = EventDecoder::new(engagement_id);
+        while let Some(row) = rows.next().map_err(backend)? {
+            let (event, text) = match decoder.decode(row, true) {
+                Ok(decoded) => decoded,
+                Err(StoreError::Corrupt(detail)) => return Ok(Err(JournalError::Corrupt(detail))),
+                Err(other) => return Err(other),
+            };
+            events.push(event);
+            texts.push(text.unwrap_or_default());
+        }
+    }
+    // The plan's indexes are seqs; a log that is not dense from 0 is not ours to rewrite.
+    let dense = events.len() as i64 == next_seq
+        && events
+            .iter()
+            .enumerate()
+            .all(|(index, event)| event.seq == index as i64);
+    if !dense {
+        return Ok(Err(JournalError::Corrupt(format!(
+            "journal engagement {engagement_id:?}: {} stored events do not match its next seq \
+             {next_seq}",
+            events.len()
+        ))));
+    }
+    let Some(plan) = plan_compaction(&events) else {
+        return Ok(Ok(false));
+    };
+    let closed_json = match serde_json::to_string(&plan.closed_data) {
+        Ok(json) => json,
+        Err(err) => {
+            return Ok(Err(JournalError::Backend(format!(
+                "cannot encode the compacted close record: {err}"
+            ))))
+        }
+    };
+    conn.prepare_cached("DELETE FROM journal_events WHERE engagement_key = ?1")
+        .and_then(|mut stmt| stmt.execute([engagement_key]))
+        .map_err(backend)?;
+    let mut last_at = 0;
+    for (seq, &index) in plan.kept.iter().enumerate() {
+        let Some(event) = events.get(index) else {
+            return Err(StoreError::Backend(format!(
+                "compaction plan names event {index} of {}",
+                events.len()
+            )));
+        };
+        let data_json = if index == plan.closed_index {
+            closed_json.as_str()
+        } else {
+            texts[index].as_str()
+        };
+        insert_event(
+            conn,
+            engagement_key,
+            seq as i64,
+            event.at,
+            &event.event_type,
+            data_json,
+        )?;
+        last_at = event.at;
+    }
+    // Recency follows the last event the log now holds, as in the in-memory journal.
+    conn.prepare_cached(
+        "UPDATE journal_engagements SET next_seq = ?2, last_at = ?3 WHERE engagement_key = ?1",
+    )
+    .and_then(|mut stmt| stmt.execute(params![engagement_key, plan.kept.len() as i64, last_at]))
+    .map_err(backend)?;
+    Ok(Ok(true))
+}
+
+/// Delete every engagement whose last appended event has `at < cutoff`; how many were deleted.
+fn prune_in_transaction(conn: &Connection, cutoff: i64) -> Result<u64, StoreError> {
+    conn.prepare_cached(
+        "DELETE FROM journal_events WHERE engagement_key IN \
+         (SELECT engagement_key FROM journal_engagements WHERE last_at < ?1)",
+    )
+    .and_then(|mut stmt| stmt.execute([cutoff]))
+    .map_err(backend)?;
+    let removed = conn
+        .prepare_cached("DELETE FROM journal_engagements WHERE last_at < ?1")
+        .and_then(|mut stmt| stmt.execute([cutoff]))
+        .map_err(backend)?;
+    Ok(removed as u64)
+}
+
+#[async_trait]
+impl EngagementJournal for SqliteEngagementJournal {
+    fn retention(&self) -> RetentionConfig {
+        self.retention
+    }
+
+    async fn append(&self, input: AppendInput) -> Result<EngagementEvent, JournalError> {
+        let expected_seq = input.expected_seq();
+        // Built and encoded once, on the caller's thread; the closure only borrows them.
+        let template = input.into_event(0);
+        let data_json = serde_json::to_string(&*template.data)
+            .map_err(|err| JournalError::Backend(format!("cannot encode event data: {err}")))?;
+        let max_events = self.retention.max_events_per_engagement;
+        let work = move |ctx: &mut WriteContext<'_>| {
+            append_in_transaction(ctx.conn, &template, &data_json, expected_seq, max_events)
+        };
+        self.db
+            .write_then(work, Some(self.publisher()))
+            .await
+            .map_err(journal_error)?
+    }
+
+    async fn read(&self, engagement_id: &str) -> Result<Vec<EngagementEvent>, JournalError> {
+        self.read_from(engagement_id, 0).await
+    }
+
+    async fn read_from(
+        &self,
+        engagement_id: &str,
+        from_seq: i64,
+    ) -> Result<Vec<EngagementEvent>, JournalError> {
+        self.db
+            .read(|conn| read_events(conn, engagement_id, from_seq))
+            .map_err(journal_error)
+    }
+
+    async fn compact(&self, engagement_id: &str) -> Result<bool, JournalError> {
+        let engagement_id = engagement_id.to_owned();
+        self.db
+            .write(move |ctx| compact_in_transaction(ctx.conn, &engagement_id))
+            .await
+            .map_err(journal_error)?
+    }
+
+    async fn list_engagements(&self, limit: Option<i64>) -> Result<Vec<String>, JournalError> {
+        // SQLite reads a negative LIMIT as "no limit".
+        let sql_limit = limit.map_or(-1, |limit| limit.max(0));
+        self.db
+            .read(|conn| {
+                conn.prepare_cached(
+                    "SELECT engagement_id FROM journal_engagements \
+                     ORDER BY last_at DESC, engagement_key DESC LIMIT ?1",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map([sql_limit], |row| row.get(0))?
+                        .collect::<Result<Vec<String>, _>>()
+                })
+                .map_err(backend)
+            })
+            .map_err(journal_error)
+    }
+
+    async fn prune(&self, now: i64) -> Result<u64, JournalError> {
+        let cutoff = now.saturating_sub(self.retention.max_age_ms);
+        self.db
+            .write(move |ctx| prune_in_transaction(ctx.conn, cutoff))
+            .await
+            .map_err(journal_error)
+    }
+
+    fn subscribe(&self) -> JournalSubscription {
+        self.committed.subscribe()
+    }
+}

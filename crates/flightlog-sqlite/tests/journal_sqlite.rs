@@ -1,0 +1,964 @@
+//! The SQLite engagement journal where the conformance fixtures cannot reach: concurrent
+//! appenders, two OS processes on one file, a process killed mid-compaction, and the
+//! subscription's delivery promise.
+//!
+//! The fixtures (run by the conformance target) pin the journal's results one call at a time;
+//! these tests hold it to the promises that only show under contention or failure:
+//! - optimistic appends (`expected_seq`) from sixteen tasks: exactly one winner per seq, every
+//!   loser told the actual next seq, seqs dense;
+//! - two processes appending to the same engagements: every acknowledged append is stored once,
+//!   at the seq it was told, seqs dense, and no `SQLITE_BUSY` reaches a caller;
+//! - SIGKILL during compaction, many times: each engagement is wholly before or wholly after
+//!   (equal to the in-memory journal's compaction of the same events), and compacting again
+//!   changes nothing;
+//! - subscribers get each committed event once, in seq order, after it is readable, and nothing
+//!   for failed appends or compaction rewrites.
+//!
+//! The multi-process tests re-execute this test binary with a child `#[test]` selected by name
+//! (`--exact`); a child test returns at once unless [`CHILD_ENV`] names its role.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use flightlog_core::journal::{
+    summarize_engagement_events, AppendInput, EngagementEvent, EngagementJournal,
+    InMemoryEngagementJournal, JournalError, RetentionConfig,
+};
+use flightlog_sqlite::{SqliteConfig, SqliteDatabase, SqliteEngagementJournal};
+use serde_json::{json, Value};
+use tokio::sync::broadcast::error::RecvError;
+
+/// Set (to a child role) only in the environment of a spawned child process.
+const CHILD_ENV: &str = "FLIGHTLOG_JOURNAL_TEST_CHILD";
+/// The database file the child opens.
+const DB_ENV: &str = "FLIGHTLOG_JOURNAL_TEST_DB";
+/// The child's argument (its tag, or the crash round).
+const ARG_ENV: &str = "FLIGHTLOG_JOURNAL_TEST_ARG";
+/// Marks the child's report lines. libtest writes to the same stdout, and with `--nocapture`
+/// its `test … ` prefix can share a line with a report, so the parent looks for the mark
+/// anywhere in a line.
+const REPORT_MARK: &str = "@journal-child ";
+/// A child that has not reported in this long is killed and its test fails.
+const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
+
+// ---------------------------------------------------------------------------------------------
+// Helpers.
+// ---------------------------------------------------------------------------------------------
+
+fn open_journal(path: &Path) -> SqliteEngagementJournal {
+    let db = SqliteDatabase::open(SqliteConfig::new(path)).expect("the database opens");
+    SqliteEngagementJournal::new(db, RetentionConfig::default())
+}
+
+fn input(engagement_id: &str, at: i64, event_type: &str, data: Value) -> AppendInput {
+    let Value::Object(data) = data else {
+        panic!("event data must be a JSON object: {data}");
+    };
+    AppendInput::new(engagement_id, at, event_type, data).expect("a valid append input")
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// The role of this process when it is a spawned child.
+fn is_child(role: &str) -> bool {
+    std::env::var(CHILD_ENV).as_deref() == Ok(role)
+}
+
+fn child_env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("the child needs {name}"))
+}
+
+/// Re-execute this test binary running only `test_name`, as `role`.
+fn spawn_child(test_name: &str, role: &str, db: &Path, arg: &str) -> Child {
+    Command::new(std::env::current_exe().expect("the test binary's path"))
+        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, role)
+        .env(DB_ENV, db)
+        .env(ARG_ENV, arg)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the child process starts")
+}
+
+/// The child's report lines (the text after [`REPORT_MARK`]), read by a thread so the child never
+/// blocks on a full pipe.
+fn child_reports(child: &mut Child) -> mpsc::Receiver<String> {
+    let stdout = child.stdout.take().expect("the child's stdout is piped");
+    let (lines, reports) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(start) = line.find(REPORT_MARK) {
+                let report = line[start + REPORT_MARK.len()..].to_owned();
+                if lines.send(report).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    reports
+}
+
+/// The next report, failing (after killing the child) when it takes too long or the child died.
+fn next_report(child: &mut Child, reports: &mpsc::Receiver<String>) -> String {
+    match reports.recv_timeout(CHILD_TIMEOUT) {
+        Ok(report) => report,
+        Err(err) => {
+            let _ = child.kill();
+            let status = child.wait();
+            panic!("no report from the child ({err}); it exited with {status:?}");
+        }
+    }
+}
+
+/// A child's report line on stdout.
+fn report(line: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{REPORT_MARK}{line}");
+    let _ = stdout.flush();
+}
+
+/// A small deterministic generator (xorshift64*); the seed is printed so a failure can be
+/// replayed with `FLIGHTLOG_JOURNAL_TEST_SEED`.
+struct Rng(u64);
+
+impl Rng {
+    fn from_env_or_clock() -> Self {
+        let seed = std::env::var("FLIGHTLOG_JOURNAL_TEST_SEED")
+            .ok()
+            .and_then(|seed| seed.parse().ok())
+            .unwrap_or_else(|| {
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(1, |since| since.as_nanos() as u64)
+            });
+        println!("journal test seed: {seed}");
+        Self(seed | 1)
+    }
+
+    fn below(&mut self, bound: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % bound.max(1)
+    }
+}
+
+/// Events as the JSON the reference would print (key order included), for exact comparison.
+fn as_json(events: &[EngagementEvent]) -> String {
+    serde_json::to_string(events).expect("events serialize")
+}
+
+/// Where `found` parts from the `before` and `after` lists, short enough for a failure message.
+fn describe_mismatch(
+    found: &[EngagementEvent],
+    before: &[EngagementEvent],
+    after: &[EngagementEvent],
+) -> String {
+    let first_difference = |expected: &[EngagementEvent]| {
+        found
+            .iter()
+            .zip(expected)
+            .position(|(found, expected)| {
+                as_json(std::slice::from_ref(found)) != as_json(std::slice::from_ref(expected))
+            })
+            .unwrap_or(found.len().min(expected.len()))
+    };
+    format!(
+        "found {} events (before: {}, after: {}); first difference from before at index {}, \
+         from after at index {}",
+        found.len(),
+        before.len(),
+        after.len(),
+        first_difference(before),
+        first_difference(after)
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Sixteen optimistic appenders on one engagement.
+// ---------------------------------------------------------------------------------------------
+
+const APPENDERS: usize = 16;
+const CONTENDED_ROUNDS: i64 = 64;
+
+/// What one appender got in one round.
+#[derive(Debug)]
+enum Claim {
+    Won(i64),
+    Lost { expected: i64, actual: i64 },
+    Failed(String),
+}
+
+#[test]
+fn sixteen_expected_seq_appenders_get_exactly_one_winner_per_seq() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let journal = Arc::new(open_journal(&dir.path().join("journal.db")));
+    let claims: Vec<Vec<Claim>> = runtime().block_on(async {
+        // Every round, all sixteen claim the same seq at once; the barrier also makes round
+        // `s + 1` start only after every claim of round `s` was answered.
+        let barrier = Arc::new(tokio::sync::Barrier::new(APPENDERS));
+        let tasks: Vec<_> = (0..APPENDERS)
+            .map(|appender| {
+                let journal = Arc::clone(&journal);
+                let barrier = Arc::clone(&barrier);
+                tokio::spawn(async move {
+                    let mut claims = Vec::new();
+                    for seq in 0..CONTENDED_ROUNDS {
+                        barrier.wait().await;
+                        let claim = input("contended", seq, "claim", json!({"appender": appender}))
+                            .with_expected_seq(seq);
+                        claims.push(match journal.append(claim).await {
+                            Ok(event) => Claim::Won(event.seq),
+                            Err(JournalError::WrongExpectedSeq { expected, actual }) => {
+                                Claim::Lost { expected, actual }
+                            }
+                            Err(other) => Claim::Failed(other.to_string()),
+                        });
+                    }
+                    claims
+                })
+            })
+            .collect();
+        let mut claims = Vec::new();
+        for task in tasks {
+            claims.push(task.await.expect("an appender task finishes"));
+        }
+        claims
+    });
+
+    let mut winners: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+    for (appender, appender_claims) in claims.iter().enumerate() {
+        for (round, claim) in appender_claims.iter().enumerate() {
+            let seq = round as i64;
+            match claim {
+                Claim::Won(won) => {
+                    assert_eq!(*won, seq, "appender {appender} won a seq it did not claim");
+                    winners.entry(seq).or_default().push(appender);
+                }
+                Claim::Lost { expected, actual } => {
+                    assert_eq!((*expected, *actual), (seq, seq + 1), "appender {appender}");
+                }
+                Claim::Failed(err) => panic!("appender {appender}, seq {seq}: {err}"),
+            }
+        }
+    }
+    for seq in 0..CONTENDED_ROUNDS {
+        let won_by = winners.get(&seq).map_or(0, Vec::len);
+        assert_eq!(won_by, 1, "seq {seq} has {won_by} winners: {winners:?}");
+    }
+
+    let stored = runtime()
+        .block_on(journal.read("contended"))
+        .expect("the engagement reads");
+    assert_eq!(stored.len() as i64, CONTENDED_ROUNDS);
+    for (index, event) in stored.iter().enumerate() {
+        assert_eq!(event.seq, index as i64, "seqs are dense");
+        let winner = winners[&event.seq][0];
+        assert_eq!(event.data.get("appender"), Some(&json!(winner)));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Two OS processes appending to the same engagements.
+// ---------------------------------------------------------------------------------------------
+
+const TWO_PROCESSES_ROLE: &str = "journal_two_processes_writer";
+const TWO_PROCESSES_CHILD: &str = "journal_two_processes_child_writer";
+const SHARED_ENGAGEMENTS: usize = 4;
+const TASKS_PER_PROCESS: usize = 4;
+/// How long each process appends …
+const LOAD_DURATION: Duration = Duration::from_secs(2);
+/// … unless each of its tasks has done this many rounds first.
+const MAX_ROUNDS_PER_TASK: usize = 1_500;
+
+fn shared_engagement(index: usize) -> String {
+    format!("shared-{index}")
+}
+
+/// One acknowledged append.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Ack {
+    engagement: usize,
+    seq: i64,
+    task: usize,
+    round: usize,
+}
+
+#[derive(Debug, Default)]
+struct WriterReport {
+    acks: Vec<Ack>,
+    /// Optimistic appends another writer beat to their seq (expected, not an error).
+    conflicts: u64,
+    errors: Vec<String>,
+}
+
+/// Append to the shared engagements from several tasks for [`LOAD_DURATION`]. Every eighth
+/// append is optimistic (`expected_seq` = the length just read), so the two processes also race
+/// for seqs; every sixteenth acknowledged append is read back.
+async fn append_to_shared_engagements(
+    journal: Arc<SqliteEngagementJournal>,
+    tag: &str,
+) -> WriterReport {
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..TASKS_PER_PROCESS)
+        .map(|task| {
+            let journal = Arc::clone(&journal);
+            let tag = tag.to_owned();
+            tokio::spawn(async move {
+                let mut report = WriterReport::default();
+                let mut known_len = [0_i64; SHARED_ENGAGEMENTS];
+                for round in 0..MAX_ROUNDS_PER_TASK {
+                    if started.elapsed() >= LOAD_DURATION {
+                        break;
+                    }
+                    let engagement = (task + round) % SHARED_ENGAGEMENTS;
+                    let id = shared_engagement(engagement);
+                    let data = json!({"tag": tag, "task": task, "round": round});
+                    let mut append = input(&id, round as i64, "step", data);
+                    let optimistic = round % 8 == 7;
+                    if optimistic {
+                        match journal.read_from(&id, known_len[engagement]).await {
+                            Ok(tail) => known_len[engagement] += tail.len() as i64,
+                            Err(err) => report.errors.push(format!("read_from {id}: {err}")),
+                        }
+                        append = append.with_expected_seq(known_len[engagement]);
+                    }
+                    match journal.append(append).await {
+                        Ok(event) => {
+                            known_len[engagement] = known_len[engagement].max(event.seq + 1);
+                            if round % 16 == 0 {
+                                match journal.read_from(&id, event.seq).await {
+                                    Ok(tail) if tail.first() == Some(&event) => {}
+                                    Ok(tail) => report.errors.push(format!(
+                                        "{id} seq {}: read back {:?}",
+                                        event.seq,
+                                        tail.first()
+                                    )),
+                                    Err(err) => report.errors.push(format!("read {id}: {err}")),
+                                }
+                            }
+                            report.acks.push(Ack {
+                                engagement,
+                                seq: event.seq,
+                                task,
+                                round,
+                            });
+                        }
+                        Err(JournalError::WrongExpectedSeq { .. }) if optimistic => {
+                            report.conflicts += 1;
+                        }
+                        Err(err) => report.errors.push(format!("append {id}: {err}")),
+                    }
+                }
+                report
+            })
+        })
+        .collect();
+    let mut total = WriterReport::default();
+    for task in tasks {
+        match task.await {
+            Ok(report) => {
+                total.acks.extend(report.acks);
+                total.conflicts += report.conflicts;
+                total.errors.extend(report.errors);
+            }
+            Err(err) => total.errors.push(format!("task panicked: {err}")),
+        }
+    }
+    total
+}
+
+/// The child's side: open the file, say `ready`, wait for `go` on stdin, append, report.
+#[test]
+fn journal_two_processes_child_writer() {
+    if !is_child(TWO_PROCESSES_ROLE) {
+        return;
+    }
+    let journal = Arc::new(open_journal(Path::new(&child_env(DB_ENV))));
+    let tag = child_env(ARG_ENV);
+    report("ready");
+    let mut go = String::new();
+    let _ = std::io::stdin().read_line(&mut go);
+    let outcome = runtime().block_on(append_to_shared_engagements(journal, &tag));
+    for ack in &outcome.acks {
+        report(&format!(
+            "ack {} {} {} {}",
+            ack.engagement, ack.seq, ack.task, ack.round
+        ));
+    }
+    for err in &outcome.errors {
+        report(&format!("error {err}"));
+    }
+    report(&format!("done {}", outcome.conflicts));
+}
+
+fn parse_ack(text: &str) -> Ack {
+    let fields: Vec<&str> = text.split(' ').collect();
+    let number = |index: usize| -> i64 {
+        fields
+            .get(index)
+            .and_then(|field| field.parse().ok())
+            .unwrap_or_else(|| panic!("malformed ack report {text:?}"))
+    };
+    Ack {
+        engagement: number(0) as usize,
+        seq: number(1),
+        task: number(2) as usize,
+        round: number(3) as usize,
+    }
+}
+
+#[test]
+fn two_processes_appending_to_the_same_engagements_keep_seqs_dense_and_unique() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("shared.db");
+    let journal = Arc::new(open_journal(&path));
+    let mut child = spawn_child(TWO_PROCESSES_CHILD, TWO_PROCESSES_ROLE, &path, "b");
+    let reports = child_reports(&mut child);
+    assert_eq!(next_report(&mut child, &reports), "ready");
+    {
+        let mut stdin = child.stdin.take().expect("the child's stdin is piped");
+        stdin.write_all(b"go\n").expect("the child reads go");
+    }
+    let runtime = runtime();
+    let ours = runtime.block_on(append_to_shared_engagements(Arc::clone(&journal), "a"));
+
+    let mut theirs = WriterReport::default();
+    loop {
+        let line = next_report(&mut child, &reports);
+        if let Some(ack) = line.strip_prefix("ack ") {
+            theirs.acks.push(parse_ack(ack));
+        } else if let Some(err) = line.strip_prefix("error ") {
+            theirs.errors.push(err.to_owned());
+        } else if let Some(conflicts) = line.strip_prefix("done ") {
+            theirs.conflicts = conflicts.parse().expect("a conflict count");
+            break;
+        }
+    }
+    let status = child.wait().expect("the child exits");
+    assert!(status.success(), "the child failed: {status}");
+    assert!(ours.errors.is_empty(), "parent errors: {:?}", ours.errors);
+    assert!(
+        theirs.errors.is_empty(),
+        "child errors: {:?}",
+        theirs.errors
+    );
+    assert!(!ours.acks.is_empty() && !theirs.acks.is_empty());
+
+    // Every stored event is one acknowledged append, at the seq its writer was told.
+    let mut expected: HashMap<(usize, i64), (&str, &Ack)> = HashMap::new();
+    for (tag, writer) in [("a", &ours), ("b", &theirs)] {
+        for ack in &writer.acks {
+            let previous = expected.insert((ack.engagement, ack.seq), (tag, ack));
+            assert!(
+                previous.is_none(),
+                "seq {} of engagement {} acknowledged twice",
+                ack.seq,
+                ack.engagement
+            );
+        }
+    }
+    let mut stored_total = 0;
+    let mut tag_switches = 0;
+    for engagement in 0..SHARED_ENGAGEMENTS {
+        let id = shared_engagement(engagement);
+        let events = runtime
+            .block_on(journal.read(&id))
+            .expect("the engagement reads");
+        stored_total += events.len();
+        let mut seen = HashSet::new();
+        for (index, event) in events.iter().enumerate() {
+            assert_eq!(event.seq, index as i64, "{id}: seqs are dense from 0");
+            let (tag, ack) = expected
+                .get(&(engagement, event.seq))
+                .unwrap_or_else(|| panic!("{id} seq {}: stored but never acknowledged", event.seq));
+            let data = json!({"tag": tag, "task": ack.task, "round": ack.round});
+            assert_eq!(
+                Value::Object((*event.data).clone()),
+                data,
+                "{id} seq {}",
+                event.seq
+            );
+            assert!(
+                seen.insert((*tag, ack.task, ack.round)),
+                "{id}: an append stored twice"
+            );
+            if index > 0 && events[index - 1].data.get("tag") != event.data.get("tag") {
+                tag_switches += 1;
+            }
+        }
+    }
+    assert_eq!(
+        stored_total,
+        expected.len(),
+        "every acknowledged append is stored"
+    );
+    assert!(tag_switches > 0, "the two processes never interleaved");
+    println!(
+        "two processes: {} + {} appends, {} optimistic conflicts, {tag_switches} switches",
+        ours.acks.len(),
+        theirs.acks.len(),
+        ours.conflicts + theirs.conflicts
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. SIGKILL mid-compaction.
+// ---------------------------------------------------------------------------------------------
+
+const CRASH_ROLE: &str = "journal_crash_compactor";
+const CRASH_CHILD: &str = "journal_crash_child_compactor";
+const CRASH_ROUNDS: usize = 10;
+const CRASH_ENGAGEMENTS: usize = 6;
+const CRASH_EVENTS: usize = 200;
+
+fn crash_engagement(round: usize, index: usize) -> String {
+    format!("crash-{round}-{index}")
+}
+
+/// A finished, compactable engagement of [`CRASH_EVENTS`] events: mail, turns, tools, board
+/// writes and budget charges, then a completed close (and one turn after it, so compaction also
+/// moves the engagement's last `at`).
+fn finished_engagement(id: &str, base_at: i64) -> Vec<AppendInput> {
+    let mut inputs = vec![input(
+        id,
+        base_at,
+        "engagement_opened",
+        json!({"initiator": {"kind": "human", "id": "u1", "trust": "group_member"},
+               "venue": {"kind": "chat", "id": "c1"}}),
+    )];
+    for step in 0..CRASH_EVENTS - 3 {
+        let at = base_at + 1 + step as i64;
+        let (kind, data) = match step % 6 {
+            0 => (
+                "mail_sent",
+                json!({"mailId": format!("m{step}"), "from": "agent:planner",
+                       "to": "agent:coder", "kind": "ask", "body": "please look"}),
+            ),
+            1 => (
+                "mail_delivered",
+                json!({"mailId": format!("m{}", step - 1), "actor": "agent:coder"}),
+            ),
+            2 => ("turn_started", json!({"actor": "agent:coder"})),
+            3 => (
+                "budget_charged",
+                json!({"usage": {"tokens": step, "modelCalls": 1, "wallMs": 2.5}}),
+            ),
+            4 => (
+                "tool_called",
+                json!({"actor": "agent:coder", "tool": "grep"}),
+            ),
+            _ => (
+                "board_written",
+                json!({"key": format!("k{}", step % 7), "content": format!("v{step}"),
+                       "actor": "agent:coder", "kind": "note"}),
+            ),
+        };
+        inputs.push(input(id, at, kind, data));
+    }
+    let end = base_at + CRASH_EVENTS as i64;
+    inputs.push(input(
+        id,
+        end,
+        "engagement_closed",
+        json!({"status": "completed", "reason": "done"}),
+    ));
+    inputs.push(input(
+        id,
+        end + 1,
+        "turn_started",
+        json!({"actor": "agent:late"}),
+    ));
+    inputs
+}
+
+/// The child's side: compact the round's engagements one by one (reporting each), then keep
+/// compacting them (no-ops now) until it is killed.
+#[test]
+fn journal_crash_child_compactor() {
+    if !is_child(CRASH_ROLE) {
+        return;
+    }
+    let journal = open_journal(Path::new(&child_env(DB_ENV)));
+    let round: usize = child_env(ARG_ENV).parse().expect("a round number");
+    let runtime = runtime();
+    report("ready");
+    let deadline = Instant::now() + CHILD_TIMEOUT;
+    let mut first_pass = true;
+    while Instant::now() < deadline {
+        for index in 0..CRASH_ENGAGEMENTS {
+            if first_pass {
+                report(&format!("compacting {index}"));
+            }
+            let started = Instant::now();
+            let outcome = runtime.block_on(journal.compact(&crash_engagement(round, index)));
+            match outcome {
+                Ok(_) if first_pass => report(&format!(
+                    "compacted {index} {}",
+                    started.elapsed().as_micros()
+                )),
+                Ok(_) => {}
+                Err(err) => report(&format!("error {err}")),
+            }
+        }
+        first_pass = false;
+    }
+}
+
+#[test]
+fn a_compaction_killed_at_any_moment_leaves_each_engagement_wholly_before_or_after() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path: PathBuf = dir.path().join("crash.db");
+    let mut rng = Rng::from_env_or_clock();
+    let runtime = runtime();
+    let (mut saw_before, mut saw_after) = (0, 0);
+    let mut killed_mid_compaction = 0;
+    // Of the compactions in flight at the kill: [found before, found after].
+    let mut in_flight_outcomes = [0_usize; 2];
+    let mut compaction_micros: Vec<Option<u64>> = Vec::new();
+    for round in 0..CRASH_ROUNDS {
+        // Fill the round's engagements, and compute what compaction must produce.
+        let (before, after) = runtime.block_on(async {
+            let journal = Arc::new(open_journal(&path));
+            let reference = InMemoryEngagementJournal::default();
+            let mut fills = tokio::task::JoinSet::new();
+            let mut before = Vec::new();
+            let mut after = Vec::new();
+            for index in 0..CRASH_ENGAGEMENTS {
+                let id = crash_engagement(round, index);
+                let inputs =
+                    finished_engagement(&id, 1_000_000 * round as i64 + 10_000 * index as i64);
+                for input in inputs.clone() {
+                    reference
+                        .append(input)
+                        .await
+                        .expect("the reference appends");
+                }
+                before.push(reference.read(&id).await.expect("the reference reads"));
+                assert!(reference
+                    .compact(&id)
+                    .await
+                    .expect("the reference compacts"));
+                after.push(reference.read(&id).await.expect("the reference reads"));
+                let journal = Arc::clone(&journal);
+                fills.spawn(async move {
+                    for input in inputs {
+                        journal.append(input).await.expect("the fill appends");
+                    }
+                });
+            }
+            while let Some(filled) = fills.join_next().await {
+                filled.expect("a fill task finishes");
+            }
+            (before, after)
+        });
+
+        let mut child = spawn_child(CRASH_CHILD, CRASH_ROLE, &path, &round.to_string());
+        let reports = child_reports(&mut child);
+        assert_eq!(next_report(&mut child, &reports), "ready");
+        // Let the child finish `wait_for` compactions, then kill it a random moment later:
+        // usually in the middle of the next one.
+        let wait_for = rng.below(CRASH_ENGAGEMENTS as u64 - 1) as usize;
+        let mut compacted = 0;
+        while compacted < wait_for {
+            let line = next_report(&mut child, &reports);
+            assert!(line.starts_with("compact"), "child: {line}");
+            if let Some(done) = line.strip_prefix("compacted ") {
+                compacted += 1;
+                compaction_micros.push(done.split(' ').nth(1).and_then(|m| m.parse().ok()));
+            }
+        }
+        // Spread the kills over the whole of a compaction (reading, rewriting, committing) and a
+        // little past it.
+        let timed: Vec<u64> = compaction_micros.iter().flatten().copied().collect();
+        let typical = timed.iter().sum::<u64>() / (timed.len() as u64).max(1);
+        let window = if timed.is_empty() {
+            4_000
+        } else {
+            typical * 5 / 4
+        };
+        std::thread::sleep(Duration::from_micros(rng.below(window.max(100))));
+        child.kill().expect("SIGKILL reaches the child");
+        let _ = child.wait();
+        // The child is gone, so its pipe ends and this drains every line it wrote.
+        let mut last = String::new();
+        while let Ok(line) = reports.recv_timeout(CHILD_TIMEOUT) {
+            assert!(!line.starts_with("error"), "child: {line}");
+            last = line;
+        }
+        let in_flight = last
+            .strip_prefix("compacting ")
+            .and_then(|index| index.parse::<usize>().ok());
+        killed_mid_compaction += usize::from(in_flight.is_some());
+
+        // A fresh handle, as a restarted process would open the file.
+        runtime.block_on(async {
+            let journal = open_journal(&path);
+            for index in 0..CRASH_ENGAGEMENTS {
+                let id = crash_engagement(round, index);
+                let found = journal.read(&id).await.expect("the engagement reads");
+                let (pre, post) = (as_json(&before[index]), as_json(&after[index]));
+                let was_compacted = if as_json(&found) == post {
+                    saw_after += 1;
+                    true
+                } else {
+                    assert!(
+                        as_json(&found) == pre,
+                        "{id} is neither before nor after compaction: {}",
+                        describe_mismatch(&found, &before[index], &after[index])
+                    );
+                    saw_before += 1;
+                    false
+                };
+                if in_flight == Some(index) {
+                    in_flight_outcomes[usize::from(was_compacted)] += 1;
+                }
+                let compacted = journal.compact(&id).await.expect("compaction runs");
+                assert_eq!(compacted, !was_compacted, "{id}: compact() after the crash");
+                assert_eq!(
+                    as_json(&journal.read(&id).await.expect("reads")),
+                    post,
+                    "{id}"
+                );
+                assert!(
+                    !journal.compact(&id).await.expect("compaction runs"),
+                    "{id}: twice"
+                );
+                assert_eq!(
+                    as_json(&journal.read(&id).await.expect("reads")),
+                    post,
+                    "{id}"
+                );
+                // The counter row moved with the rewrite: the next append follows the survivors.
+                let next = journal
+                    .append(input(&id, 1, "note", json!({})))
+                    .await
+                    .expect("appending after compaction");
+                assert_eq!(next.seq, after[index].len() as i64, "{id}");
+            }
+        });
+    }
+    let timed: Vec<u64> = compaction_micros.iter().flatten().copied().collect();
+    println!(
+        "crash: {saw_before} engagements found before compaction, {saw_after} after; \
+         {killed_mid_compaction} of {CRASH_ROUNDS} kills landed while a compaction was in \
+         flight (one takes ~{} µs), which then was found before {} times, after {} times",
+        timed.iter().sum::<u64>() / (timed.len() as u64).max(1),
+        in_flight_outcomes[0],
+        in_flight_outcomes[1]
+    );
+    assert!(
+        saw_after > 0,
+        "no compaction ever committed before the kill"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Subscriptions.
+// ---------------------------------------------------------------------------------------------
+
+const SUBSCRIBED_ENGAGEMENTS: usize = 4;
+const SUBSCRIBED_TASKS: usize = 4;
+const SUBSCRIBED_ROUNDS: usize = 60;
+/// Below the ~54 appends each engagement gets, so some fail with `JournalFull` (and must not be
+/// delivered).
+const SUBSCRIBED_MAX_EVENTS: u64 = 40;
+const SENTINEL: &str = "sentinel";
+
+#[test]
+fn subscribers_get_each_committed_event_once_in_seq_order_after_commit() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("subscribed.db")))
+        .expect("the database opens");
+    let retention = RetentionConfig {
+        max_events_per_engagement: SUBSCRIBED_MAX_EVENTS,
+        ..RetentionConfig::default()
+    };
+    let journal = Arc::new(SqliteEngagementJournal::new(db, retention));
+    runtime().block_on(async {
+        let mut subscription = journal.subscribe();
+        // The subscriber checks, as each event arrives, that it is already readable.
+        let receiver = {
+            let journal = Arc::clone(&journal);
+            tokio::spawn(async move {
+                let mut received = Vec::new();
+                loop {
+                    let event = match subscription.recv().await {
+                        Ok(event) => event,
+                        Err(RecvError::Lagged(missed)) => panic!("lagged by {missed}"),
+                        Err(RecvError::Closed) => panic!("the journal closed"),
+                    };
+                    if &*event.engagement_id == SENTINEL {
+                        return (received, subscription);
+                    }
+                    let stored = journal
+                        .read_from(&event.engagement_id, event.seq)
+                        .await
+                        .expect("the subscriber reads");
+                    assert_eq!(
+                        stored.first(),
+                        Some(&event),
+                        "delivered before it was readable"
+                    );
+                    received.push(event);
+                }
+            })
+        };
+
+        let appenders: Vec<_> = (0..SUBSCRIBED_TASKS)
+            .map(|task| {
+                let journal = Arc::clone(&journal);
+                tokio::spawn(async move {
+                    let (mut acked, mut full, mut wrong) = (Vec::new(), 0, 0);
+                    for round in 0..SUBSCRIBED_ROUNDS {
+                        let id = format!("sub-{}", (task + round) % SUBSCRIBED_ENGAGEMENTS);
+                        let mut append = input(&id, round as i64, "step", json!({"task": task}));
+                        if round % 10 == 9 {
+                            append = append.with_expected_seq(-1);
+                        }
+                        match journal.append(append).await {
+                            Ok(event) => acked.push(event),
+                            Err(JournalError::JournalFull { .. }) => full += 1,
+                            Err(JournalError::WrongExpectedSeq { .. }) => wrong += 1,
+                            Err(err) => panic!("append: {err}"),
+                        }
+                    }
+                    (acked, full, wrong)
+                })
+            })
+            .collect();
+        let (mut acked, mut full, mut wrong) = (Vec::new(), 0, 0);
+        for appender in appenders {
+            let (events, task_full, task_wrong) = appender.await.expect("an appender finishes");
+            acked.extend(events);
+            full += task_full;
+            wrong += task_wrong;
+        }
+        assert!(full > 0 && wrong > 0, "the failure paths were exercised");
+        journal
+            .append(input(SENTINEL, 0, "end", json!({})))
+            .await
+            .expect("the sentinel appends");
+        let (received, mut subscription) = receiver.await.expect("the subscriber finishes");
+
+        // Exactly the acknowledged events, each once, and per engagement in seq order.
+        assert_eq!(
+            received.len(),
+            acked.len(),
+            "one delivery per committed append"
+        );
+        let mut per_engagement: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+        for event in &received {
+            per_engagement
+                .entry(&event.engagement_id)
+                .or_default()
+                .push(event.seq);
+        }
+        for engagement in 0..SUBSCRIBED_ENGAGEMENTS {
+            let id = format!("sub-{engagement}");
+            let stored = journal.read(&id).await.expect("reads");
+            let seqs: Vec<i64> = stored.iter().map(|event| event.seq).collect();
+            assert_eq!(per_engagement.get(id.as_str()), Some(&seqs), "{id}");
+            let delivered: Vec<&EngagementEvent> = received
+                .iter()
+                .filter(|event| *event.engagement_id == *id)
+                .collect();
+            assert!(
+                delivered.iter().copied().eq(stored.iter()),
+                "{id}: the stored events"
+            );
+        }
+        let acked: HashSet<String> = acked
+            .iter()
+            .map(|event| as_json(std::slice::from_ref(event)))
+            .collect();
+        assert_eq!(acked.len(), received.len());
+
+        assert!(
+            subscription.try_recv().is_err(),
+            "nothing after the sentinel"
+        );
+
+        // A compaction rewrite is not new events: nothing is sent for it, and the next append
+        // is delivered at the compacted length. (A second handle on the same file, with room for
+        // a compactable engagement; its subscribers are its own.)
+        let roomy = SqliteEngagementJournal::new(
+            Arc::clone(journal.database()),
+            RetentionConfig::default(),
+        );
+        let mut roomy_subscription = roomy.subscribe();
+        for input in finished_engagement("sub-compact", 0) {
+            roomy.append(input).await.expect("appends");
+        }
+        for expected_seq in 0..CRASH_EVENTS as i64 {
+            let event = roomy_subscription.recv().await.expect("delivered");
+            assert_eq!(
+                (&*event.engagement_id, event.seq),
+                ("sub-compact", expected_seq)
+            );
+        }
+        assert!(roomy.compact("sub-compact").await.expect("compacts"));
+        let compacted_len = roomy.read("sub-compact").await.expect("reads").len() as i64;
+        let next = roomy
+            .append(input("sub-compact", 9, "after", json!({})))
+            .await
+            .expect("appends");
+        assert_eq!(next.seq, compacted_len);
+        let delivered = roomy_subscription.recv().await.expect("delivered");
+        assert_eq!(delivered, next, "nothing was sent for the rewrite");
+        assert!(roomy_subscription.try_recv().is_err());
+        assert!(
+            subscription.try_recv().is_err(),
+            "another handle's appends are not ours"
+        );
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Summary of a large stored engagement (its speed is measured by the journal benchmark, not
+//    asserted here).
+// ---------------------------------------------------------------------------------------------
+
+/// Summarizing ~1,000 events read back from disk equals the pure summary of those events.
+#[test]
+fn summarizing_a_thousand_stored_events_matches_the_pure_summary() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let journal = open_journal(&dir.path().join("summary.db"));
+    let runtime = runtime();
+    let id = "big";
+    runtime.block_on(async {
+        let mut inputs = Vec::new();
+        for copy in 0..5 {
+            let inputs_of_copy = finished_engagement(id, copy * 1_000);
+            // One open and one close for the whole engagement.
+            let skip_open = usize::from(copy > 0);
+            let keep = inputs_of_copy.len() - if copy < 4 { 2 } else { 0 };
+            inputs.extend(inputs_of_copy.into_iter().take(keep).skip(skip_open));
+        }
+        for input in inputs {
+            journal.append(input).await.expect("appends");
+        }
+    });
+    let events = runtime.block_on(journal.read(id)).expect("reads");
+    assert!(
+        (950..=1_050).contains(&events.len()),
+        "{} events",
+        events.len()
+    );
+    let expected = summarize_engagement_events(id, &events);
+    let summary = runtime.block_on(journal.summarize(id)).expect("summarizes");
+    assert_eq!(summary.as_ref(), Some(&expected));
+}
