@@ -15,7 +15,7 @@ use flightlog_core::ManualClock;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::fixtures::{describe_difference, json_equal, Fixture};
+use crate::fixtures::{check_step, Fixture};
 
 /// The error kind a fixture's `expectError` names for this store error.
 pub fn error_kind(err: &StoreError) -> &'static str {
@@ -183,22 +183,7 @@ where
         let outcome = perform(store.as_ref(), &step.op, &step.args)
             .await
             .map_err(context)?;
-        match (&step.expect_error, outcome) {
-            (Some(expected), Err(kind)) if *expected == kind => {}
-            (Some(expected), Err(kind)) => {
-                return Err(context(format!("expected error {expected}, got {kind}")))
-            }
-            (Some(expected), Ok(value)) => {
-                return Err(context(format!("expected error {expected}, got {value}")))
-            }
-            (None, Err(kind)) => return Err(context(format!("unexpected error {kind}"))),
-            (None, Ok(value)) => {
-                let expected = step.expect.clone().unwrap_or(Value::Null);
-                if !json_equal(&expected, &value) {
-                    return Err(context(describe_difference(&expected, &value)));
-                }
-            }
-        }
+        check_step(step, outcome).map_err(context)?;
     }
     Ok(())
 }

@@ -142,3 +142,21 @@ pub fn describe_difference(expected: &Value, actual: &Value) -> String {
     walk("$", expected, actual, &mut out);
     out.join("; ")
 }
+
+/// Compare what a step did (`Ok(result)` or `Err(error kind)`) with what it expects.
+pub fn check_step(step: &Step, outcome: Result<Value, String>) -> Result<(), String> {
+    match (&step.expect_error, outcome) {
+        (Some(expected), Err(kind)) if *expected == kind => Ok(()),
+        (Some(expected), Err(kind)) => Err(format!("expected error {expected}, got {kind}")),
+        (Some(expected), Ok(value)) => Err(format!("expected error {expected}, got {value}")),
+        (None, Err(kind)) => Err(format!("unexpected error {kind}")),
+        (None, Ok(value)) => {
+            let expected = step.expect.clone().unwrap_or(Value::Null);
+            if json_equal(&expected, &value) {
+                Ok(())
+            } else {
+                Err(describe_difference(&expected, &value))
+            }
+        }
+    }
+}

@@ -17,7 +17,7 @@ use flightlog_core::journal::{
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::fixtures::{describe_difference, json_equal, load_fixtures, Fixture};
+use crate::fixtures::{check_step, load_fixtures, Fixture};
 
 /// Builds a fresh, empty journal enforcing the given retention.
 pub type JournalFactory<'a> = &'a dyn Fn(RetentionConfig) -> Arc<dyn EngagementJournal>;
@@ -170,22 +170,7 @@ pub async fn replay_journal_fixture(
         let outcome = perform(journal.as_ref(), &step.op, &step.args)
             .await
             .map_err(context)?;
-        match (&step.expect_error, outcome) {
-            (Some(expected), Err(kind)) if *expected == kind => {}
-            (Some(expected), Err(kind)) => {
-                return Err(context(format!("expected error {expected}, got {kind}")))
-            }
-            (Some(expected), Ok(value)) => {
-                return Err(context(format!("expected error {expected}, got {value}")))
-            }
-            (None, Err(kind)) => return Err(context(format!("unexpected error {kind}"))),
-            (None, Ok(value)) => {
-                let expected = step.expect.clone().unwrap_or(Value::Null);
-                if !json_equal(&expected, &value) {
-                    return Err(context(describe_difference(&expected, &value)));
-                }
-            }
-        }
+        check_step(step, outcome).map_err(context)?;
     }
     Ok(())
 }

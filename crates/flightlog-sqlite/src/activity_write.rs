@@ -20,23 +20,37 @@ use crate::rows::parse_attrs;
 /// How far behind the newest change id a terminal run's change rows are trimmed by `prune`.
 pub(crate) const CHANGE_LOG_TRIM_DISTANCE: i64 = 100_000;
 
-fn run_key_of(ctx: &mut WriteContext<'_>, run_id: &str) -> Result<i64, StoreError> {
-    if let Some(key) = ctx.keys.run_keys.get(run_id) {
+/// The surrogate key of `name` in an interning table (`activity_runs`, `activity_writers`),
+/// inserting it if new. Interned rows are never deleted, so the key is cached for good.
+fn interned_key(
+    conn: &Connection,
+    cache: &mut std::collections::HashMap<String, i64>,
+    insert_sql: &str,
+    select_sql: &str,
+    name: &str,
+) -> Result<i64, StoreError> {
+    if let Some(key) = cache.get(name) {
         return Ok(*key);
     }
-    ctx.conn
-        .prepare_cached(
-            "INSERT INTO activity_runs (run_id) VALUES (?1) ON CONFLICT(run_id) DO NOTHING",
-        )
-        .and_then(|mut stmt| stmt.execute([run_id]))
+    conn.prepare_cached(insert_sql)
+        .and_then(|mut stmt| stmt.execute([name]))
         .map_err(backend)?;
-    let key: i64 = ctx
-        .conn
-        .prepare_cached("SELECT run_key FROM activity_runs WHERE run_id = ?1")
-        .and_then(|mut stmt| stmt.query_row([run_id], |row| row.get(0)))
+    let key: i64 = conn
+        .prepare_cached(select_sql)
+        .and_then(|mut stmt| stmt.query_row([name], |row| row.get(0)))
         .map_err(backend)?;
-    ctx.keys.run_keys.insert(run_id.to_owned(), key);
+    cache.insert(name.to_owned(), key);
     Ok(key)
+}
+
+fn run_key_of(ctx: &mut WriteContext<'_>, run_id: &str) -> Result<i64, StoreError> {
+    interned_key(
+        ctx.conn,
+        &mut ctx.keys.run_keys,
+        "INSERT INTO activity_runs (run_id) VALUES (?1) ON CONFLICT(run_id) DO NOTHING",
+        "SELECT run_key FROM activity_runs WHERE run_id = ?1",
+        run_id,
+    )
 }
 
 fn existing_run_key(conn: &Connection, run_id: &str) -> Result<Option<i64>, StoreError> {
@@ -46,22 +60,13 @@ fn existing_run_key(conn: &Connection, run_id: &str) -> Result<Option<i64>, Stor
 }
 
 fn writer_key_of(ctx: &mut WriteContext<'_>, writer: &str) -> Result<i64, StoreError> {
-    if let Some(key) = ctx.keys.writer_keys.get(writer) {
-        return Ok(*key);
-    }
-    ctx.conn
-        .prepare_cached(
-            "INSERT INTO activity_writers (writer) VALUES (?1) ON CONFLICT(writer) DO NOTHING",
-        )
-        .and_then(|mut stmt| stmt.execute([writer]))
-        .map_err(backend)?;
-    let key: i64 = ctx
-        .conn
-        .prepare_cached("SELECT writer_key FROM activity_writers WHERE writer = ?1")
-        .and_then(|mut stmt| stmt.query_row([writer], |row| row.get(0)))
-        .map_err(backend)?;
-    ctx.keys.writer_keys.insert(writer.to_owned(), key);
-    Ok(key)
+    interned_key(
+        ctx.conn,
+        &mut ctx.keys.writer_keys,
+        "INSERT INTO activity_writers (writer) VALUES (?1) ON CONFLICT(writer) DO NOTHING",
+        "SELECT writer_key FROM activity_writers WHERE writer = ?1",
+        writer,
+    )
 }
 
 /// Append one change row; returns `(change_id, seq)`.
