@@ -112,3 +112,34 @@ async fn values_from_a_newer_flightlog_read_back_verbatim() {
     let changes = store.changes_since(0, 10).await.unwrap();
     assert_eq!(changes.len(), 1);
 }
+
+/// Regression: a payload column with numeric affinity turned the JSON text `0` into an integer,
+/// and every later read of the event failed.
+#[tokio::test]
+async fn scalar_payloads_read_back_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("scalars.db"))).unwrap();
+    let store = store(db);
+    store.start_span(root("s1", "r1")).await.unwrap();
+    let payloads = [
+        serde_json::json!(0),
+        serde_json::json!(-1.5),
+        serde_json::json!("12"),
+        serde_json::json!(true),
+        serde_json::Value::Null,
+    ];
+    for payload in &payloads {
+        store
+            .append_event("s1", "scalar", Some(payload), None)
+            .await
+            .unwrap();
+    }
+    let snapshot = store.snapshot_run("r1").await.unwrap().unwrap();
+    let stored: Vec<serde_json::Value> = snapshot
+        .events
+        .iter()
+        .map(|event| serde_json::from_str(event.payload.get()).unwrap())
+        .collect();
+    assert_eq!(stored, payloads);
+    assert_eq!(store.changes_since(0, 100).await.unwrap().len(), 6);
+}
