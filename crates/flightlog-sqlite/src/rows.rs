@@ -39,7 +39,9 @@ impl KeyNames {
         if let Some(name) = cache.read().ok().and_then(|names| names.get(&key).cloned()) {
             return Ok(name);
         }
-        let name: String = conn.prepare_cached(sql)?.query_row([key], |row| row.get(0))?;
+        let name: String = conn
+            .prepare_cached(sql)?
+            .query_row([key], |row| row.get(0))?;
         if let Ok(mut names) = cache.write() {
             if names.len() >= Self::MAX_ENTRIES {
                 names.clear();
