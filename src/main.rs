@@ -4,6 +4,7 @@
 //! this edge only, printed with the fix when there is one.
 
 mod demo;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,6 +30,19 @@ enum Command {
         #[arg(long, default_value_t = 12)]
         runs: usize,
     },
+    /// Serve the HTTP API (activity, engagement journal) on a database file until Ctrl-C.
+    Serve {
+        /// The SQLite database file (created if missing).
+        #[arg(long, env = "FLIGHTLOG_DB", default_value = "flightlog.db")]
+        db: PathBuf,
+        /// The address to listen on, HOST:PORT (port 0 picks a free one).
+        #[arg(long, env = "FLIGHTLOG_ADDR", default_value = "127.0.0.1:4318")]
+        addr: String,
+        /// Testing: the stores read a clock that starts at 0 and moves only through
+        /// `PUT /v1/testing/clock` (the route exists only with this flag).
+        #[arg(long)]
+        manual_clock: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -46,6 +60,18 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Demo { db, runs } => demo::run(&db, runs).await,
+            Command::Serve {
+                db,
+                addr,
+                manual_clock,
+            } => {
+                serve::run(serve::ServeOptions {
+                    db: &db,
+                    addr: &addr,
+                    manual_clock,
+                })
+                .await
+            }
         }
     });
     match result {

@@ -1,0 +1,219 @@
+//! [`ApiError`]: the one place where anything that goes wrong becomes the contract's status code
+//! and `{"error": {"code", "message"}}` body.
+//!
+//! Handlers return `Result<_, ApiError>`; store and journal errors convert with `?`, and the
+//! extractors of [`crate::extract`] turn every rejection (bad JSON, wrong content type, too large
+//! a body, a bad query string) into one of these variants, so no response of this server ever
+//! carries axum's plain-text rejection bodies.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use flightlog_core::activity::StoreError;
+use flightlog_core::journal::JournalError;
+use serde_json::{json, Value};
+
+/// How long a client told `503 unavailable` should wait before retrying, in seconds.
+pub const RETRY_AFTER_SECONDS: u32 = 1;
+
+/// A request that failed, as the contract's error table names it. Each variant's text is the
+/// human sentence sent as `message`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    /// 400 `invalid_request`: malformed JSON, wrong types, missing fields, empty or too long ids,
+    /// numbers out of range, a bad query string or header.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// 404 `not_found`: an unknown span, run or engagement where the reference returns null, or
+    /// a path no route serves.
+    #[error("{0}")]
+    NotFound(String),
+    /// 405 `method_not_allowed`: the path exists but not with this method (the `Allow` header is
+    /// added by the router).
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    /// 409 `conflict`: a duplicate `spanId` on start, an `expectedSeq` mismatch on an append.
+    #[error("{0}")]
+    Conflict(String),
+    /// 409 `journal_full`: the engagement reached `maxEventsPerEngagement`.
+    #[error("{0}")]
+    JournalFull(String),
+    /// 413 `payload_too_large`: the body is over the configured limit.
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// 415 `unsupported_media_type`: a body that is not `application/json`.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// 503 `unavailable`: the store is overloaded or shutting down; sent with `Retry-After`.
+    #[error("{0}")]
+    Unavailable(String),
+    /// 500 `internal`: the database failed or holds data this version cannot read.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// A 400 `invalid_request` with `message`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::InvalidRequest(message.into())
+    }
+
+    /// A 404 `not_found` with `message`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::NotFound(message.into())
+    }
+
+    /// The HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Conflict(_) | Self::JournalFull(_) => StatusCode::CONFLICT,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The machine-readable `code` of the body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidRequest(_) => "invalid_request",
+            Self::NotFound(_) => "not_found",
+            Self::MethodNotAllowed(_) => "method_not_allowed",
+            Self::Conflict(_) => "conflict",
+            Self::JournalFull(_) => "journal_full",
+            Self::PayloadTooLarge(_) => "payload_too_large",
+            Self::UnsupportedMediaType(_) => "unsupported_media_type",
+            Self::Unavailable(_) => "unavailable",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    /// The body `{"error": {"code", "message"}}`; also what a batch op's failed entry holds.
+    pub fn body(&self) -> Value {
+        json!({"error": {"code": self.code(), "message": self.to_string()}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status(), Json(self.body())).into_response();
+        if matches!(self, Self::Unavailable(_)) {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+        }
+        response
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        let message = err.to_string();
+        match err {
+            StoreError::DuplicateSpan { .. } => Self::Conflict(message),
+            StoreError::Overloaded | StoreError::Closed => Self::Unavailable(message),
+            StoreError::SchemaTooNew { .. } | StoreError::Corrupt(_) | StoreError::Backend(_) => {
+                Self::Internal(message)
+            }
+        }
+    }
+}
+
+impl From<JournalError> for ApiError {
+    fn from(err: JournalError) -> Self {
+        let message = err.to_string();
+        match err {
+            JournalError::Invalid(_) => Self::InvalidRequest(message),
+            JournalError::JournalFull { .. } => Self::JournalFull(message),
+            JournalError::WrongExpectedSeq { .. } => Self::Conflict(message),
+            JournalError::Closed => Self::Unavailable(message),
+            JournalError::Corrupt(_) | JournalError::Backend(_) => Self::Internal(message),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flightlog_core::journal::AppendValidationError;
+
+    fn status_and_code(err: impl Into<ApiError>) -> (u16, &'static str) {
+        let err = err.into();
+        (err.status().as_u16(), err.code())
+    }
+
+    #[test]
+    fn every_store_error_has_a_contract_status() {
+        let cases = [
+            (
+                StoreError::DuplicateSpan {
+                    span_id: "s".into(),
+                },
+                (409, "conflict"),
+            ),
+            (StoreError::Overloaded, (503, "unavailable")),
+            (StoreError::Closed, (503, "unavailable")),
+            (
+                StoreError::SchemaTooNew {
+                    found: 9,
+                    supported: 1,
+                },
+                (500, "internal"),
+            ),
+            (StoreError::Corrupt("x".into()), (500, "internal")),
+            (StoreError::Backend("x".into()), (500, "internal")),
+        ];
+        for (err, expected) in cases {
+            assert_eq!(status_and_code(err), expected);
+        }
+    }
+
+    #[test]
+    fn every_journal_error_has_a_contract_status() {
+        let cases = [
+            (
+                JournalError::Invalid(AppendValidationError::Type { found: "nothing" }),
+                (400, "invalid_request"),
+            ),
+            (
+                JournalError::JournalFull {
+                    engagement_id: "e".into(),
+                    max_events: 1,
+                },
+                (409, "journal_full"),
+            ),
+            (
+                JournalError::WrongExpectedSeq {
+                    expected: 1,
+                    actual: 2,
+                },
+                (409, "conflict"),
+            ),
+            (JournalError::Closed, (503, "unavailable")),
+            (JournalError::Corrupt("x".into()), (500, "internal")),
+            (JournalError::Backend("x".into()), (500, "internal")),
+        ];
+        for (err, expected) in cases {
+            assert_eq!(status_and_code(err), expected);
+        }
+    }
+
+    #[test]
+    fn unavailable_carries_retry_after_and_the_error_body() {
+        let response = ApiError::from(StoreError::Overloaded).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            response.headers().get(header::RETRY_AFTER),
+            Some(&HeaderValue::from(RETRY_AFTER_SECONDS))
+        );
+        assert_eq!(
+            ApiError::from(StoreError::Overloaded).body(),
+            json!({"error": {"code": "unavailable",
+                             "message": "the store's write queue is full; retry later"}})
+        );
+    }
+}

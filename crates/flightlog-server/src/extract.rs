@@ -1,0 +1,233 @@
+//! The request extractors every handler uses, each rejecting with an [`ApiError`] so that a bad
+//! request always gets the contract's status and error body.
+//!
+//! - [`JsonBody`] / [`OptionalJsonBody`]: a JSON body (`415` for another content type, `413`
+//!   past the body limit, `400` for malformed JSON or wrong types, naming the JSON path).
+//! - [`ApiQuery`]: the query string (`400` for a bad one).
+//! - [`PathId`]: the one id a path captures, checked as an id (non-empty, at most 256 bytes).
+//! - [`WriterStore`]: the activity store acting as the request's `Flightlog-Writer`.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequest, FromRequestParts, Query, RawPathParams, Request};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use flightlog_core::activity::ActivityStore;
+use serde::de::DeserializeOwned;
+use std::sync::Arc;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::validate::{check_id, MAX_ID_BYTES};
+
+/// The header naming the writer identity a write acts as.
+pub const WRITER_HEADER: &str = "flightlog-writer";
+
+/// A required JSON body of type `T`.
+#[derive(Debug)]
+pub struct JsonBody<T>(pub T);
+
+/// A JSON body of type `T` that may also be empty (`None`), with or without a content type.
+#[derive(Debug)]
+pub struct OptionalJsonBody<T>(pub Option<T>);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        if !is_json(req.headers())? {
+            return Err(ApiError::UnsupportedMediaType(
+                "this endpoint takes a JSON body: send Content-Type: application/json".into(),
+            ));
+        }
+        let bytes = read_body(req, state).await?;
+        parse_json(&bytes).map(JsonBody)
+    }
+}
+
+impl<T: DeserializeOwned> FromRequest<AppState> for OptionalJsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        let declared_json = is_json(req.headers())?;
+        let declared_other = req.headers().contains_key(CONTENT_TYPE) && !declared_json;
+        if declared_other {
+            return Err(unsupported_media_type());
+        }
+        let bytes = read_body(req, state).await?;
+        if bytes.is_empty() {
+            return Ok(OptionalJsonBody(None));
+        }
+        if !declared_json {
+            return Err(unsupported_media_type());
+        }
+        parse_json(&bytes).map(|value| OptionalJsonBody(Some(value)))
+    }
+}
+
+fn unsupported_media_type() -> ApiError {
+    ApiError::UnsupportedMediaType(
+        "a request body must be JSON: send Content-Type: application/json".into(),
+    )
+}
+
+/// Whether the request declares a JSON body (`application/json` or `application/*+json`, any
+/// parameters). A content type that is not valid text is a bad request.
+fn is_json(headers: &HeaderMap) -> Result<bool, ApiError> {
+    let Some(value) = headers.get(CONTENT_TYPE) else {
+        return Ok(false);
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError::invalid("the Content-Type header is not valid text"))?;
+    let essence = text
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    Ok(essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json")))
+}
+
+/// The whole body, within the configured limit.
+async fn read_body(req: Request, state: &AppState) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, state)
+        .await
+        .map_err(|rejection| body_rejection(&rejection, state.config().body_limit))
+}
+
+fn body_rejection(rejection: &BytesRejection, limit: usize) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        payload_too_large_error(limit)
+    } else {
+        ApiError::invalid(format!("cannot read the request body: {rejection}"))
+    }
+}
+
+/// The error for a body over `limit` bytes.
+pub(crate) fn payload_too_large_error(limit: usize) -> ApiError {
+    ApiError::PayloadTooLarge(format!(
+        "the request body is larger than the limit of {limit} bytes"
+    ))
+}
+
+/// Parse a JSON body, naming the path of the first offending value.
+pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut deserializer)
+        .map_err(|err| ApiError::invalid(format!("invalid JSON body: {err}")))?;
+    deserializer
+        .end()
+        .map_err(|err| ApiError::invalid(format!("invalid JSON body: {err}")))?;
+    Ok(value)
+}
+
+/// The query string parsed as `T`; unknown parameters are ignored.
+#[derive(Debug)]
+pub struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        Query::try_from_uri(&parts.uri)
+            .map(|Query(value)| ApiQuery(value))
+            .map_err(|rejection| ApiError::invalid(rejection.body_text()))
+    }
+}
+
+/// The single id captured by the route (`{spanId}`, `{runId}`, `{engagementId}`), percent-decoded
+/// and checked: non-empty, at most 256 bytes.
+#[derive(Debug)]
+pub struct PathId(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let params = RawPathParams::from_request_parts(parts, state)
+            .await
+            .map_err(|rejection| ApiError::invalid(rejection.body_text()))?;
+        let Some((name, value)) = params.iter().next() else {
+            return Err(ApiError::Internal("the route captures no id".into()));
+        };
+        check_id(name, value)?;
+        Ok(PathId(value.to_owned()))
+    }
+}
+
+/// The activity store acting as the request's writer: the `Flightlog-Writer` header's identity,
+/// or the server's own when the header is absent.
+pub struct WriterStore(pub Arc<dyn ActivityStore>);
+
+impl FromRequestParts<AppState> for WriterStore {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Some(value) = parts.headers.get(WRITER_HEADER) else {
+            return Ok(WriterStore(Arc::clone(state.activity())));
+        };
+        let writer = value.to_str().map_err(|_| {
+            ApiError::invalid("the Flightlog-Writer header must be visible ASCII text")
+        })?;
+        if writer.is_empty() || writer.len() > MAX_ID_BYTES {
+            return Err(ApiError::invalid(format!(
+                "the Flightlog-Writer header must be 1 to {MAX_ID_BYTES} bytes, got {}",
+                writer.len()
+            )));
+        }
+        Ok(WriterStore(state.activity_as(writer)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn content_type(value: &'static str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(value));
+        headers
+    }
+
+    #[test]
+    fn json_content_types_with_parameters_and_suffixes_count() {
+        assert_eq!(is_json(&HeaderMap::new()), Ok(false));
+        assert_eq!(is_json(&content_type("application/json")), Ok(true));
+        assert_eq!(
+            is_json(&content_type("Application/JSON; charset=utf-8")),
+            Ok(true)
+        );
+        assert_eq!(
+            is_json(&content_type("application/merge-patch+json")),
+            Ok(true)
+        );
+        assert_eq!(is_json(&content_type("text/plain")), Ok(false));
+        assert_eq!(
+            is_json(&content_type("application/x-www-form-urlencoded")),
+            Ok(false)
+        );
+    }
+
+    #[test]
+    fn json_errors_name_the_path_and_reject_trailing_data() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Body {
+            at: i64,
+        }
+        let err = parse_json::<Body>(br#"{"at": "x"}"#)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("at: invalid type")),
+            "{err:?}"
+        );
+        assert!(parse_json::<Body>(br#"{"at": 1} x"#).is_err());
+        assert!(parse_json::<Body>(br#"{"at": 1}  "#).is_ok());
+    }
+}

@@ -1,0 +1,85 @@
+//! flightlog's HTTP server: the wire contract (`shared/docs/http-api.md`) in front of the stores.
+//!
+//! [`app`] builds the router from an [`AppState`] (the activity store, the engagement journal, an
+//! optional testing clock, a [`ServerConfig`]); [`serve`] runs it on a listener until a shutdown
+//! future completes. Keeping them apart lets a test call the router in process or bind it to
+//! `127.0.0.1:0`, and lets the binary choose the listener and the shutdown signal.
+//!
+//! Layout:
+//! - [`error`]: [`ApiError`], the one mapping of every failure to the contract's status and body;
+//! - [`extract`]: request extractors that reject with an [`ApiError`] (JSON bodies, queries, path
+//!   ids, the `Flightlog-Writer` header);
+//! - [`validate`]: the range checks on ids, times and page sizes;
+//! - [`state`]: [`AppState`] and [`ServerConfig`];
+//! - `routes`: one module per area (activity, batch, maintenance, journal, testing, health).
+//!
+//! This is the only crate with wire types; the stores know nothing about HTTP.
+
+pub mod error;
+pub mod extract;
+mod routes;
+pub mod state;
+pub mod validate;
+
+use std::future::Future;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use tokio::net::TcpListener;
+use tower_http::limit::RequestBodyLimitLayer;
+
+pub use error::ApiError;
+pub use state::{AppState, ServerConfig};
+
+/// Why [`serve`] stopped other than by its shutdown signal.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The listener or a connection failed at the socket level.
+    #[error("the HTTP server failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The whole HTTP API over `state`.
+pub fn app(state: AppState) -> Router {
+    let limit = state.config().body_limit;
+    routes::router(&state)
+        // tower-http enforces the limit (refusing a declared Content-Length up front, cutting a
+        // chunked body off at the limit); axum's own 2 MB default would otherwise apply first.
+        .layer(DefaultBodyLimit::disable())
+        .layer(RequestBodyLimitLayer::new(limit))
+        // tower-http answers a too-large declared length itself, in plain text; give that answer
+        // the contract's body. (A body cut off while being read is already an `ApiError`.)
+        .layer(axum::middleware::map_response(
+            move |response: Response| async move {
+                if response.status() == StatusCode::PAYLOAD_TOO_LARGE
+                    && !is_json_response(&response)
+                {
+                    return extract::payload_too_large_error(limit).into_response();
+                }
+                response
+            },
+        ))
+        .with_state(state)
+}
+
+fn is_json_response(response: &Response) -> bool {
+    response
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/json"))
+}
+
+/// Serve [`app`]`(state)` on `listener` until `shutdown` completes, then stop accepting
+/// connections and return once the requests in flight have been answered.
+pub async fn serve<F>(listener: TcpListener, state: AppState, shutdown: F) -> Result<(), ServeError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,195 @@
+//! [`AppState`]: what every handler shares (the stores, the optional testing clock, the
+//! configuration) and the cache of per-writer store handles.
+//!
+//! A write that names a writer (`Flightlog-Writer: X`) acts through `store.with_writer("X")`.
+//! Making such a handle is cheap, but a busy server would make one per request, so handles are
+//! kept in a small bounded map: a client population larger than the map only costs re-creating
+//! handles, never unbounded memory.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use flightlog_core::activity::ActivityStore;
+use flightlog_core::journal::EngagementJournal;
+use flightlog_core::ManualClock;
+
+/// The server's tunables. Later settings (auth, streams, …) join here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// The largest request body accepted, in bytes; larger ones get `413 payload_too_large`.
+    pub body_limit: usize,
+    /// The most ops one `POST /v1/activity/batch` may carry.
+    pub max_batch_ops: usize,
+    /// How many per-writer store handles are kept between requests.
+    pub writer_cache_capacity: usize,
+}
+
+impl ServerConfig {
+    /// The contract's default body limit: 8 MiB.
+    pub const DEFAULT_BODY_LIMIT: usize = 8 * 1024 * 1024;
+    /// The default largest batch.
+    pub const DEFAULT_MAX_BATCH_OPS: usize = 1_000;
+    /// The default number of cached writer handles.
+    pub const DEFAULT_WRITER_CACHE_CAPACITY: usize = 1_024;
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            body_limit: Self::DEFAULT_BODY_LIMIT,
+            max_batch_ops: Self::DEFAULT_MAX_BATCH_OPS,
+            writer_cache_capacity: Self::DEFAULT_WRITER_CACHE_CAPACITY,
+        }
+    }
+}
+
+/// Everything the handlers share. Cheap to clone (every field is behind an `Arc`).
+#[derive(Clone)]
+pub struct AppState {
+    activity: Arc<dyn ActivityStore>,
+    journal: Arc<dyn EngagementJournal>,
+    manual_clock: Option<Arc<ManualClock>>,
+    config: Arc<ServerConfig>,
+    writers: Arc<WriterHandles>,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("writer", &self.activity.writer())
+            .field("manual_clock", &self.manual_clock)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AppState {
+    /// A state over these stores with the default configuration and no testing clock. Writes
+    /// without a `Flightlog-Writer` header act as `activity`'s own writer identity.
+    pub fn new(activity: Arc<dyn ActivityStore>, journal: Arc<dyn EngagementJournal>) -> Self {
+        let config = ServerConfig::default();
+        Self {
+            writers: Arc::new(WriterHandles::new(config.writer_cache_capacity)),
+            activity,
+            journal,
+            manual_clock: None,
+            config: Arc::new(config),
+        }
+    }
+
+    /// The same state with `config`.
+    #[must_use]
+    pub fn with_config(mut self, config: ServerConfig) -> Self {
+        self.writers = Arc::new(WriterHandles::new(config.writer_cache_capacity));
+        self.config = Arc::new(config);
+        self
+    }
+
+    /// The same state with a testing clock: `PUT /v1/testing/clock` moves it. `clock` must be
+    /// the clock the stores were built with, or moving it changes nothing they see.
+    #[must_use]
+    pub fn with_manual_clock(mut self, clock: Arc<ManualClock>) -> Self {
+        self.manual_clock = Some(clock);
+        self
+    }
+
+    /// The activity store acting as the server's own writer identity.
+    pub fn activity(&self) -> &Arc<dyn ActivityStore> {
+        &self.activity
+    }
+
+    /// The activity store acting as `writer` (the server's own handle when that is its name).
+    pub fn activity_as(&self, writer: &str) -> Arc<dyn ActivityStore> {
+        if writer == self.activity.writer() {
+            return Arc::clone(&self.activity);
+        }
+        self.writers
+            .get_or_make(writer, || self.activity.with_writer(writer))
+    }
+
+    /// The engagement journal.
+    pub fn journal(&self) -> &Arc<dyn EngagementJournal> {
+        &self.journal
+    }
+
+    /// The testing clock, when the server runs with one.
+    pub fn manual_clock(&self) -> Option<&Arc<ManualClock>> {
+        self.manual_clock.as_ref()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+}
+
+/// A bounded map of writer name → handle (generic so the bound is testable without a store).
+///
+/// A std `Mutex`, not tokio's: it is held for a hash lookup and never across an `.await`.
+struct WriterHandles<T = Arc<dyn ActivityStore>> {
+    capacity: usize,
+    handles: Mutex<HashMap<String, T>>,
+}
+
+impl<T: Clone> WriterHandles<T> {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            handles: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The cached handle for `writer`, or a new one from `make` (cached when there is room; when
+    /// the map is full one arbitrary entry makes way, which only costs its re-creation later).
+    fn get_or_make(&self, writer: &str, make: impl FnOnce() -> T) -> T {
+        // A poisoned lock only means another request panicked mid-lookup; the map is still a
+        // valid cache.
+        let mut handles = self
+            .handles
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(handle) = handles.get(writer) {
+            return handle.clone();
+        }
+        let handle = make();
+        if self.capacity == 0 {
+            return handle;
+        }
+        if handles.len() >= self.capacity {
+            if let Some(victim) = handles.keys().next().cloned() {
+                handles.remove(&victim);
+            }
+        }
+        handles.insert(writer.to_owned(), handle.clone());
+        handle
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.handles
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_writer_cache_reuses_handles_and_stays_bounded() {
+        let handles: WriterHandles<Arc<str>> = WriterHandles::new(2);
+        let first = handles.get_or_make("w1", || Arc::from("w1"));
+        let again = handles.get_or_make("w1", || Arc::from("other"));
+        assert!(Arc::ptr_eq(&first, &again));
+        for writer in ["w2", "w3", "w4"] {
+            let handle = handles.get_or_make(writer, || Arc::from(writer));
+            assert_eq!(&*handle, writer);
+            assert!(handles.len() <= 2);
+        }
+        let uncached: WriterHandles<Arc<str>> = WriterHandles::new(0);
+        uncached.get_or_make("w1", || Arc::from("w1"));
+        assert_eq!(uncached.len(), 0);
+    }
+}

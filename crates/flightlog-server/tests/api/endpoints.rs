@@ -1,0 +1,874 @@
+//! Every endpoint of the activity and journal tables, `/healthz` and the testing clock: the
+//! success answer and each error status of the contract that applies (400, 404, 405, 409, 413,
+//! 415), always with the `{"error": {"code", "message"}}` body.
+
+use flightlog_core::journal::RetentionConfig;
+use flightlog_server::ServerConfig;
+use reqwest::Method;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::support::{Options, TestServer, SERVER_WRITER};
+
+fn start_input(span_id: &str, run_id: &str, parent: Option<&str>, started_at: i64) -> Value {
+    let mut input = json!({
+        "spanId": span_id, "runId": run_id, "name": format!("span {span_id}"),
+        "kind": "turn", "origin": "session", "startedAt": started_at,
+    });
+    if let Some(parent) = parent {
+        input["parentSpanId"] = json!(parent);
+        input["kind"] = json!("tool");
+    }
+    input
+}
+
+#[tokio::test]
+async fn healthz_unknown_routes_and_wrong_methods_answer_in_the_contract_shape() {
+    let server = TestServer::start().await;
+    assert_eq!(
+        server.get("/healthz").await.assert_status(200),
+        &json!({"status": "ok"})
+    );
+
+    server
+        .get("/v1/nothing-here")
+        .await
+        .assert_error(404, "not_found");
+    server
+        .post("/v1/activity/spans/s1/unknown", &json!({}))
+        .await
+        .assert_error(404, "not_found");
+
+    let reply = server
+        .send(Method::DELETE, "/v1/activity/spans", None, None)
+        .await;
+    reply.assert_error(405, "method_not_allowed");
+    let allow = reply.headers.get("allow").and_then(|v| v.to_str().ok());
+    assert_eq!(allow, Some("POST"));
+    let reply = server.get("/v1/activity/spans/s1/end").await;
+    reply.assert_error(405, "method_not_allowed");
+    server
+        .send(Method::PUT, "/v1/engagements/e/events", None, None)
+        .await
+        .assert_error(405, "method_not_allowed");
+
+    // Without --manual-clock the testing route does not exist.
+    server
+        .send(
+            Method::PUT,
+            "/v1/testing/clock",
+            Some(&json!({"now": 5})),
+            None,
+        )
+        .await
+        .assert_error(404, "not_found");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn start_span_stamps_the_writer_and_rejects_bad_input() {
+    let server = TestServer::start().await;
+    let reply = server
+        .post("/v1/activity/spans", &start_input("s1", "r1", None, 1000))
+        .await;
+    let span = reply.assert_status(201);
+    assert_eq!(span["writer"], SERVER_WRITER);
+    assert_eq!(span["startedAt"], 1000);
+    assert_eq!(span["parentSpanId"], Value::Null);
+    assert_eq!(span["usage"], json!({}));
+
+    let reply = server
+        .send(
+            Method::POST,
+            "/v1/activity/spans",
+            Some(&start_input("s2", "r2", None, 1000)),
+            Some("agent-7"),
+        )
+        .await;
+    assert_eq!(reply.assert_status(201)["writer"], "agent-7");
+
+    server
+        .post("/v1/activity/spans", &start_input("s1", "r9", None, 5))
+        .await
+        .assert_error(409, "conflict");
+
+    let mut missing = start_input("s3", "r3", None, 1);
+    missing.as_object_mut().map(|o| o.remove("name"));
+    let invalid = [
+        missing,
+        json!({"spanId": "s3", "runId": "r3", "name": "n", "kind": "workflow", "origin": "session"}),
+        json!({"spanId": "s3", "runId": "r3", "name": "n", "kind": "turn", "origin": "session",
+               "startedAt": "soon"}),
+        json!({"spanId": "s3", "runId": "r3", "name": "n", "kind": "turn", "origin": "session",
+               "surprise": 1}),
+        start_input("", "r3", None, 1),
+        start_input("s3", &"r".repeat(257), None, 1),
+        start_input("s3", "r3", None, 1 << 53),
+        start_input("s3", "r3", Some(&"p".repeat(257)), 1),
+        json!([1, 2]),
+    ];
+    for body in &invalid {
+        server
+            .post("/v1/activity/spans", body)
+            .await
+            .assert_error(400, "invalid_request");
+    }
+    // An empty parent is stored as given (the reference's quirk), not refused.
+    server
+        .post("/v1/activity/spans", &start_input("s4", "r4", Some(""), 1))
+        .await
+        .assert_status(201);
+
+    // Malformed JSON, a wrong and a missing content type.
+    let spans = "/v1/activity/spans";
+    server
+        .send_raw(
+            Method::POST,
+            spans,
+            Some("application/json"),
+            "{\"spanId\": ",
+        )
+        .await
+        .assert_error(400, "invalid_request");
+    server
+        .send_raw(Method::POST, spans, Some("application/json"), "")
+        .await
+        .assert_error(400, "invalid_request");
+    let body = start_input("s5", "r5", None, 1).to_string();
+    server
+        .send_raw(Method::POST, spans, Some("text/plain"), body.clone())
+        .await
+        .assert_error(415, "unsupported_media_type");
+    server
+        .send_raw(Method::POST, spans, None, body.clone())
+        .await
+        .assert_error(415, "unsupported_media_type");
+    server
+        .send_raw(
+            Method::POST,
+            spans,
+            Some("application/json; charset=utf-8"),
+            body,
+        )
+        .await
+        .assert_status(201);
+
+    // A bad writer header is a bad request, and writes nothing.
+    for writer in ["", &"w".repeat(257)] {
+        server
+            .send(
+                Method::POST,
+                spans,
+                Some(&start_input("s6", "r6", None, 1)),
+                Some(writer),
+            )
+            .await
+            .assert_error(400, "invalid_request");
+    }
+    server
+        .get("/v1/activity/spans/s6")
+        .await
+        .assert_error(404, "not_found");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn span_writes_end_patch_events_heartbeat_and_get() {
+    let server = TestServer::start().await;
+    server
+        .post("/v1/activity/spans", &start_input("root", "r1", None, 1000))
+        .await
+        .assert_status(201);
+
+    // patch
+    let patch = json!({"attrs": {"a": 1}, "usage": {"inputTokens": 5}, "waitUntil": 2000});
+    let reply = server
+        .send(Method::PATCH, "/v1/activity/spans/root", Some(&patch), None)
+        .await;
+    assert_eq!(reply.assert_status(200), &json!({"patched": true}));
+    let reply = server
+        .send(Method::PATCH, "/v1/activity/spans/nope", Some(&patch), None)
+        .await;
+    assert_eq!(reply.assert_status(200), &json!({"patched": false}));
+    server
+        .send(
+            Method::PATCH,
+            "/v1/activity/spans/root",
+            Some(&json!({"waitUntil": "later"})),
+            None,
+        )
+        .await
+        .assert_error(400, "invalid_request");
+
+    // events
+    let reply = server
+        .post(
+            "/v1/activity/spans/root/events",
+            &json!({"eventType": "tool.input", "payload": {"q": "x"}, "ts": 1100}),
+        )
+        .await;
+    assert_eq!(
+        reply.assert_status(201),
+        &json!({"spanId": "root", "eventIndex": 0, "ts": 1100, "eventType": "tool.input",
+                "payload": {"q": "x"}, "truncated": false})
+    );
+    let reply = server
+        .post(
+            "/v1/activity/spans/root/events",
+            &json!({"eventType": "note", "ts": 1200}),
+        )
+        .await;
+    assert_eq!(reply.assert_status(201)["payload"], Value::Null);
+    server
+        .post(
+            "/v1/activity/spans/nope/events",
+            &json!({"eventType": "note"}),
+        )
+        .await
+        .assert_error(404, "not_found");
+    server
+        .post("/v1/activity/spans/root/events", &json!({"payload": 1}))
+        .await
+        .assert_error(400, "invalid_request");
+
+    // heartbeat: an empty body, a body with `at`, a bad `at`, a body that is not JSON
+    server
+        .post_empty("/v1/activity/spans/root/heartbeat")
+        .await
+        .assert_status(204);
+    server
+        .post("/v1/activity/spans/root/heartbeat", &json!({"at": 1500}))
+        .await
+        .assert_status(204);
+    server
+        .post("/v1/activity/spans/root/heartbeat", &json!({"at": "x"}))
+        .await
+        .assert_error(400, "invalid_request");
+    server
+        .send_raw(
+            Method::POST,
+            "/v1/activity/spans/root/heartbeat",
+            Some("text/plain"),
+            "at=5",
+        )
+        .await
+        .assert_error(415, "unsupported_media_type");
+    server
+        .send_raw(
+            Method::POST,
+            "/v1/activity/spans/root/heartbeat",
+            None,
+            "{\"at\": 5}",
+        )
+        .await
+        .assert_error(415, "unsupported_media_type");
+
+    // get
+    let span = server.get("/v1/activity/spans/root").await;
+    let span = span.assert_status(200);
+    assert_eq!(span["lastHeartbeatAt"], 1500);
+    assert_eq!(span["attrs"], json!({"a": 1}));
+    assert_eq!(span["usage"], json!({"inputTokens": 5}));
+    assert_eq!(span["waitUntil"], 2000);
+    server
+        .get("/v1/activity/spans/nope")
+        .await
+        .assert_error(404, "not_found");
+    let long = format!("/v1/activity/spans/{}", "s".repeat(257));
+    server.get(&long).await.assert_error(400, "invalid_request");
+    // Percent-encoded ids are decoded: this is the span "a b".
+    server
+        .post("/v1/activity/spans", &start_input("a b", "r2", None, 1))
+        .await
+        .assert_status(201);
+    assert_eq!(
+        server
+            .get("/v1/activity/spans/a%20b")
+            .await
+            .assert_status(200)["spanId"],
+        "a b"
+    );
+
+    // end: write-once
+    let end = json!({"outcome": "success", "endedAt": 3000, "usage": {"outputTokens": 7}});
+    let reply = server.post("/v1/activity/spans/root/end", &end).await;
+    assert_eq!(reply.assert_status(200), &json!({"ended": true}));
+    let reply = server.post("/v1/activity/spans/root/end", &end).await;
+    assert_eq!(reply.assert_status(200), &json!({"ended": false}));
+    let reply = server.post("/v1/activity/spans/nope/end", &end).await;
+    assert_eq!(reply.assert_status(200), &json!({"ended": false}));
+    server
+        .post("/v1/activity/spans/root/end", &json!({"outcome": "done"}))
+        .await
+        .assert_error(400, "invalid_request");
+    server
+        .post("/v1/activity/spans/root/end", &json!({}))
+        .await
+        .assert_error(400, "invalid_request");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn runs_rollups_snapshots_and_the_change_log() {
+    let server = TestServer::start().await;
+    for (span, parent, at) in [("root", None, 1000), ("child", Some("root"), 1100)] {
+        server
+            .post("/v1/activity/spans", &start_input(span, "r1", parent, at))
+            .await
+            .assert_status(201);
+    }
+    server
+        .post("/v1/activity/spans", &start_input("other", "r2", None, 900))
+        .await
+        .assert_status(201);
+
+    // read views of open runs
+    let roots = server.get("/v1/activity/open-roots").await;
+    let ids: Vec<&Value> = roots
+        .assert_status(200)
+        .as_array()
+        .map(|spans| spans.iter().map(|s| &s["spanId"]).collect())
+        .unwrap_or_default();
+    assert_eq!(ids, [&json!("root"), &json!("other")]);
+    let stuck = server
+        .get("/v1/activity/stuck?thresholdMs=50&now=1000")
+        .await;
+    assert_eq!(stuck.assert_status(200).as_array().map(Vec::len), Some(1));
+    server
+        .get("/v1/activity/stuck")
+        .await
+        .assert_error(400, "invalid_request");
+    server
+        .get("/v1/activity/stuck?thresholdMs=abc")
+        .await
+        .assert_error(400, "invalid_request");
+
+    // change log
+    let changes = server.get("/v1/activity/changes?after=0&limit=2").await;
+    let changes = changes.assert_status(200);
+    assert_eq!(changes.as_array().map(Vec::len), Some(2));
+    assert_eq!(changes[0]["kind"], "span");
+    assert_eq!(changes[0]["changeId"], 1);
+    assert_eq!(changes[1]["seq"], 2);
+    let all = server.get("/v1/activity/changes").await;
+    assert_eq!(all.assert_status(200).as_array().map(Vec::len), Some(3));
+    let none = server.get("/v1/activity/changes?after=3&limit=0").await;
+    assert_eq!(none.assert_status(200), &json!([]));
+    for bad in [
+        "limit=10001",
+        "limit=-1",
+        "limit=abc",
+        "limit=1.5",
+        "after=x",
+    ] {
+        server
+            .get(&format!("/v1/activity/changes?{bad}"))
+            .await
+            .assert_error(400, "invalid_request");
+        server
+            .get(&format!("/v1/activity/changes/terminal-roots?{bad}"))
+            .await
+            .assert_error(400, "invalid_request");
+    }
+    assert_eq!(
+        server.get("/v1/activity/cursor").await.assert_status(200),
+        &json!({"changeCursor": 3})
+    );
+    assert_eq!(
+        server
+            .get("/v1/activity/runs/r1/seq")
+            .await
+            .assert_status(200),
+        &json!({"highWaterSeq": 2})
+    );
+    assert_eq!(
+        server
+            .get("/v1/activity/runs/unknown/seq")
+            .await
+            .assert_status(200),
+        &json!({"highWaterSeq": 0})
+    );
+
+    // close the run: children first, then the root; the rollup follows
+    server
+        .post(
+            "/v1/activity/runs/r1/close",
+            &json!({"outcome": "cancelled"}),
+        )
+        .await
+        .assert_error(400, "invalid_request");
+    let closed = server
+        .post(
+            "/v1/activity/runs/r1/close",
+            &json!({"outcome": "cancelled", "reason": "user"}),
+        )
+        .await;
+    assert_eq!(closed.assert_status(200), &json!({"closed": 2}));
+    let rollup = server.get("/v1/activity/runs/r1/rollup").await;
+    let rollup = rollup.assert_status(200);
+    assert_eq!(rollup["outcome"], "cancelled");
+    assert_eq!(rollup["spanCount"], 2);
+    let terminal = server
+        .get("/v1/activity/changes/terminal-roots?after=0")
+        .await;
+    let terminal = terminal.assert_status(200);
+    assert_eq!(terminal.as_array().map(Vec::len), Some(1));
+    assert_eq!(terminal[0]["span"]["spanId"], "root");
+
+    // explicit rollup of the other run
+    server
+        .get("/v1/activity/runs/r2/rollup")
+        .await
+        .assert_error(404, "not_found");
+    server
+        .post_empty("/v1/activity/runs/r2/rollup")
+        .await
+        .assert_status(204);
+    let rollup = server.get("/v1/activity/runs/r2/rollup").await;
+    assert_eq!(rollup.assert_status(200)["endedAt"], Value::Null);
+
+    // snapshot
+    let snapshot = server.get("/v1/activity/runs/r1/snapshot").await;
+    let snapshot = snapshot.assert_status(200);
+    assert_eq!(snapshot["runId"], "r1");
+    assert_eq!(snapshot["spans"].as_array().map(Vec::len), Some(2));
+    assert_eq!(snapshot["highWaterSeq"], 4);
+    assert_eq!(snapshot["changeCursor"], 5);
+    server
+        .get("/v1/activity/runs/unknown/snapshot")
+        .await
+        .assert_error(404, "not_found");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn maintenance_sweeps_and_prune_act_as_the_header_writer() {
+    let server = TestServer::start().await;
+    // r1: a session run of writer-a; r2: a cron run of writer-b.
+    let mut cron = start_input("cron-root", "r2", None, 1000);
+    cron["origin"] = json!("cron");
+    cron["kind"] = json!("cron");
+    for (writer, body) in [
+        ("writer-a", start_input("a-root", "r1", None, 1000)),
+        ("writer-b", cron),
+    ] {
+        server
+            .send(
+                Method::POST,
+                "/v1/activity/spans",
+                Some(&body),
+                Some(writer),
+            )
+            .await
+            .assert_status(201);
+    }
+
+    // sweep-stale as writer-b spares writer-b's own run and closes writer-a's.
+    let sweep = json!({"staleAfterMs": 10, "now": 5000});
+    let reply = server
+        .send(
+            Method::POST,
+            "/v1/activity/maintenance/sweep-stale",
+            Some(&sweep),
+            Some("writer-b"),
+        )
+        .await;
+    assert_eq!(reply.assert_status(200), &json!({"closed": 1}));
+    let a_root = server.get("/v1/activity/spans/a-root").await;
+    assert_eq!(a_root.assert_status(200)["outcome"], "interrupted");
+    let b_root = server.get("/v1/activity/spans/cron-root").await;
+    assert_eq!(b_root.assert_status(200)["outcome"], Value::Null);
+    server
+        .post("/v1/activity/maintenance/sweep-stale", &json!({"now": 5}))
+        .await
+        .assert_error(400, "invalid_request");
+    server
+        .post(
+            "/v1/activity/maintenance/sweep-stale",
+            &json!({"staleAfterMs": -(1_i64 << 53)}),
+        )
+        .await
+        .assert_error(400, "invalid_request");
+
+    // sweep-orphans closes session runs only: nothing open is of origin session now.
+    let reply = server
+        .post_empty("/v1/activity/maintenance/sweep-orphans")
+        .await;
+    assert_eq!(reply.assert_status(200), &json!({"closed": 0}));
+    server
+        .post(
+            "/v1/activity/spans",
+            &start_input("s-root", "r3", None, 2000),
+        )
+        .await
+        .assert_status(201);
+    let reply = server
+        .post_empty("/v1/activity/maintenance/sweep-orphans")
+        .await;
+    assert_eq!(reply.assert_status(200), &json!({"closed": 1}));
+
+    // prune: r3 was rolled up by the sweep, so the floor covers it.
+    let prune =
+        json!({"digestFloorAt": 1_i64 << 50, "hardCeilingMs": 1_i64 << 50, "now": 1_i64 << 50});
+    let reply = server.post("/v1/activity/maintenance/prune", &prune).await;
+    let result = reply.assert_status(200);
+    assert_eq!(result["runsPruned"], 2);
+    assert_eq!(result["spansDeleted"], 2);
+    for bad in [
+        json!({"digestFloorAt": 1, "hardCeilingMs": 1, "batch": 10_001}),
+        json!({"digestFloorAt": 1, "hardCeilingMs": 1, "batch": -1}),
+        json!({"digestFloorAt": 1}),
+        json!({"digestFloorAt": 1, "hardCeilingMs": 1, "now": 1e300}),
+    ] {
+        server
+            .post("/v1/activity/maintenance/prune", &bad)
+            .await
+            .assert_error(400, "invalid_request");
+    }
+    let batch_zero = json!({"digestFloorAt": 1_i64 << 50, "hardCeilingMs": 1, "batch": 0});
+    let reply = server
+        .post("/v1/activity/maintenance/prune", &batch_zero)
+        .await;
+    assert_eq!(
+        reply.assert_status(200),
+        &json!({"runsPruned": 0, "spansDeleted": 0})
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn batch_runs_each_op_in_order_and_reports_failures_in_place() {
+    let server = TestServer::start_with(Options {
+        config: ServerConfig {
+            max_batch_ops: 8,
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let mut start = start_input("s1", "r1", None, 1000);
+    start["op"] = json!("startSpan");
+    let mut duplicate = start.clone();
+    duplicate["runId"] = json!("r-other");
+    let ops = json!({"ops": [
+        start,
+        {"op": "appendEvent", "spanId": "s1", "eventType": "note", "payload": 1, "ts": 1001},
+        {"op": "patchSpan", "spanId": "s1", "attrs": {"k": "v"}},
+        {"op": "heartbeat", "spanId": "s1", "at": 1002},
+        duplicate,
+        {"op": "appendEvent", "spanId": "missing", "eventType": "note"},
+        {"op": "teleport", "spanId": "s1"},
+        {"op": "endSpan", "spanId": "s1", "outcome": "success", "endedAt": 1003},
+    ]});
+    let reply = server
+        .send(
+            Method::POST,
+            "/v1/activity/batch",
+            Some(&ops),
+            Some("batcher"),
+        )
+        .await;
+    let results = reply.assert_status(200)["results"].clone();
+    let results = results.as_array().cloned().unwrap_or_default();
+    assert_eq!(results.len(), 8);
+    assert_eq!(results[0]["spanId"], "s1");
+    assert_eq!(results[0]["writer"], "batcher");
+    assert_eq!(results[1]["eventIndex"], 0);
+    assert_eq!(results[2], json!({"patched": true}));
+    assert_eq!(results[3], Value::Null);
+    assert_eq!(results[4]["error"]["code"], "conflict");
+    assert_eq!(results[5]["error"]["code"], "not_found");
+    assert_eq!(results[6]["error"]["code"], "invalid_request");
+    assert_eq!(results[7], json!({"ended": true}));
+    let span = server.get("/v1/activity/spans/s1").await;
+    let span = span.assert_status(200);
+    assert_eq!(span["lastHeartbeatAt"], 1002);
+    assert_eq!(span["outcome"], "success");
+    assert_eq!(span["attrs"], json!({"k": "v"}));
+
+    // A malformed op fails alone.
+    let reply = server
+        .post(
+            "/v1/activity/batch",
+            &json!({"ops": [
+                {"op": "endSpan", "outcome": "success"},
+                {"op": "patchSpan", "spanId": "s1", "waitUntil": "x"},
+                {"spanId": "s1"},
+                {"op": "heartbeat", "spanId": "s1"},
+            ]}),
+        )
+        .await;
+    let results = reply.assert_status(200)["results"].clone();
+    for index in 0..3 {
+        assert_eq!(
+            results[index]["error"]["code"], "invalid_request",
+            "{results}"
+        );
+    }
+    assert_eq!(results[3], Value::Null);
+
+    // The request itself must be {"ops": [...]} of at most max_batch_ops ops.
+    for bad in [
+        json!({"ops": {}}),
+        json!({}),
+        json!({"ops": [], "extra": 1}),
+        json!({"ops": [1]}),
+        json!({"ops": vec![json!({"op": "heartbeat", "spanId": "s1"}); 9]}),
+    ] {
+        server
+            .post("/v1/activity/batch", &bad)
+            .await
+            .assert_error(400, "invalid_request");
+    }
+    assert_eq!(
+        server
+            .post("/v1/activity/batch", &json!({"ops": []}))
+            .await
+            .assert_status(200),
+        &json!({"results": []})
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn journal_appends_reads_views_compaction_listing_and_pruning() {
+    let server = TestServer::start_with(Options {
+        retention: RetentionConfig {
+            max_events_per_engagement: 3,
+            max_age_ms: 1000,
+        },
+        ..Options::default()
+    })
+    .await;
+    let events = "/v1/engagements/e1/events";
+    let board = json!({"type": "board_written", "at": 10,
+                       "data": {"key": "plan", "kind": "todo", "content": "c", "actor": "agent:a",
+                                "status": "pending"}});
+    let reply = server.post(events, &board).await;
+    assert_eq!(
+        reply.assert_status(201),
+        &json!({"engagementId": "e1", "seq": 0, "at": 10, "type": "board_written",
+                "data": {"key": "plan", "kind": "todo", "content": "c", "actor": "agent:a",
+                         "status": "pending"}})
+    );
+    // expectedSeq: the next seq succeeds, another is a conflict.
+    let note = json!({"type": "board_written", "at": 20, "expectedSeq": 1,
+                      "data": {"key": "memo", "content": "m"}});
+    assert_eq!(
+        server.post(events, &note).await.assert_status(201)["seq"],
+        1
+    );
+    server
+        .post(events, &note)
+        .await
+        .assert_error(409, "conflict");
+    for bad in [
+        json!({"type": "t", "at": 1, "data": null}),
+        json!({"type": "t", "at": 1, "data": [1]}),
+        json!({"type": "t", "at": "1", "data": {}}),
+        json!({"type": "", "at": 1, "data": {}}),
+        json!({"at": 1, "data": {}}),
+        json!({"type": "t", "at": 1.5, "data": {}}),
+        json!({"type": "t", "at": 1, "data": {}, "expectedSeq": -1}),
+        json!({"type": "t", "at": 1, "data": {}, "engagementId": "e2"}),
+        json!("text"),
+    ] {
+        server
+            .post(events, &bad)
+            .await
+            .assert_error(400, "invalid_request");
+    }
+    let long = format!("/v1/engagements/{}/events", "e".repeat(257));
+    server
+        .post(&long, &json!({"type": "t", "at": 1, "data": {}}))
+        .await
+        .assert_error(400, "invalid_request");
+    server
+        .send_raw(Method::POST, events, Some("text/plain"), "{}")
+        .await
+        .assert_error(415, "unsupported_media_type");
+    let third = json!({"type": "mail_sent", "at": 30, "data": {}});
+    assert_eq!(
+        server.post(events, &third).await.assert_status(201)["seq"],
+        2
+    );
+    server
+        .post(events, &third)
+        .await
+        .assert_error(409, "journal_full");
+
+    // reads
+    let all = server.get(events).await;
+    assert_eq!(all.assert_status(200).as_array().map(Vec::len), Some(3));
+    let from = server.get("/v1/engagements/e1/events?fromSeq=2").await;
+    let from = from.assert_status(200);
+    assert_eq!(from.as_array().map(Vec::len), Some(1));
+    assert_eq!(from[0]["seq"], 2);
+    server
+        .get("/v1/engagements/e1/events?fromSeq=x")
+        .await
+        .assert_error(400, "invalid_request");
+    let unknown = server.get("/v1/engagements/nobody/events").await;
+    assert_eq!(unknown.assert_status(200), &json!([]));
+
+    // summary
+    let summary = server.get("/v1/engagements/e1/summary").await;
+    let summary = summary.assert_status(200);
+    assert_eq!(summary["engagementId"], "e1");
+    assert_eq!(summary["status"], "open");
+    assert_eq!(summary["boardEntries"].as_array().map(Vec::len), Some(2));
+    server
+        .get("/v1/engagements/nobody/summary")
+        .await
+        .assert_error(404, "not_found");
+
+    // board, with filters
+    let entries = server.get("/v1/engagements/e1/board").await;
+    assert_eq!(entries.assert_status(200).as_array().map(Vec::len), Some(2));
+    let todo = server.get("/v1/engagements/e1/board?kind=todo").await;
+    assert_eq!(
+        todo.assert_status(200),
+        &json!([{"key": "plan", "kind": "todo", "content": "c", "author": "agent:a",
+                 "updatedAt": 10, "version": 1, "status": "pending"}])
+    );
+    let memo = server.get("/v1/engagements/e1/board?key=memo").await;
+    assert_eq!(memo.assert_status(200)[0]["kind"], "note");
+    let nothing = server
+        .get("/v1/engagements/e1/board?key=memo&kind=todo")
+        .await;
+    assert_eq!(nothing.assert_status(200), &json!([]));
+    server
+        .get("/v1/engagements/e1/board?kind=poem")
+        .await
+        .assert_error(400, "invalid_request");
+
+    // compaction (too few events: left alone, still 204)
+    server
+        .post_empty("/v1/engagements/e1/compact")
+        .await
+        .assert_status(204);
+    server
+        .get("/v1/engagements/e1/compact")
+        .await
+        .assert_error(405, "method_not_allowed");
+
+    // list and prune; an engagement may be called "prune"
+    server
+        .post(
+            "/v1/engagements/prune/events",
+            &json!({"type": "t", "at": 2000, "data": {}}),
+        )
+        .await
+        .assert_status(201);
+    let list = server.get("/v1/engagements").await;
+    assert_eq!(list.assert_status(200), &json!(["prune", "e1"]));
+    let first = server.get("/v1/engagements?limit=1").await;
+    assert_eq!(first.assert_status(200), &json!(["prune"]));
+    for bad in ["limit=-1", "limit=10001", "limit=many"] {
+        server
+            .get(&format!("/v1/engagements?{bad}"))
+            .await
+            .assert_error(400, "invalid_request");
+    }
+    let pruned = server
+        .post("/v1/engagements/prune", &json!({"now": 1500}))
+        .await;
+    assert_eq!(pruned.assert_status(200), &json!({"removed": 1}));
+    let list = server.get("/v1/engagements").await;
+    assert_eq!(list.assert_status(200), &json!(["prune"]));
+    for bad in [
+        json!({}),
+        json!({"now": "later"}),
+        json!({"now": 1_i64 << 53}),
+    ] {
+        server
+            .post("/v1/engagements/prune", &bad)
+            .await
+            .assert_error(400, "invalid_request");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_testing_clock_moves_the_stores_time() {
+    let server = TestServer::start_with(Options {
+        manual_clock: true,
+        ..Options::default()
+    })
+    .await;
+    let mut input = start_input("s1", "r1", None, 0);
+    input.as_object_mut().map(|o| o.remove("startedAt"));
+    server
+        .send(
+            Method::PUT,
+            "/v1/testing/clock",
+            Some(&json!({"now": 1_700_000_000_000_i64})),
+            None,
+        )
+        .await
+        .assert_status(204);
+    let span = server.post("/v1/activity/spans", &input).await;
+    assert_eq!(span.assert_status(201)["startedAt"], 1_700_000_000_000_i64);
+    assert_eq!(
+        server.clock.as_ref().map(|c| {
+            use flightlog_core::Clock;
+            c.now_ms()
+        }),
+        Some(1_700_000_000_000)
+    );
+    server
+        .send(
+            Method::PUT,
+            "/v1/testing/clock",
+            Some(&json!({"now": "noon"})),
+            None,
+        )
+        .await
+        .assert_error(400, "invalid_request");
+    server
+        .get("/v1/testing/clock")
+        .await
+        .assert_error(405, "method_not_allowed");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_are_refused_with_413_declared_or_chunked() {
+    assert_eq!(ServerConfig::default().body_limit, 8 * 1024 * 1024);
+    let server = TestServer::start_with(Options {
+        config: ServerConfig {
+            body_limit: 1024,
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let mut big = start_input("s1", "r1", None, 1);
+    big["attrs"] = json!({"blob": "x".repeat(2000)});
+    server
+        .post("/v1/activity/spans", &big)
+        .await
+        .assert_error(413, "payload_too_large");
+    big["attrs"] = json!({"blob": "x".repeat(500)});
+    server
+        .post("/v1/activity/spans", &big)
+        .await
+        .assert_status(201);
+
+    // A chunked body declares no length: it is cut off while being read.
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let chunk = format!("{{\"blob\": \"{}\"}}", "y".repeat(3000));
+    let request = format!(
+        "POST /v1/engagements/e/events HTTP/1.1\r\nHost: {addr}\r\n\
+         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+         {:x}\r\n{chunk}\r\n0\r\n\r\n",
+        chunk.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 413"), "{response}");
+    assert!(response.contains("\"payload_too_large\""), "{response}");
+    server.stop().await;
+}

@@ -1,0 +1,223 @@
+//! A real server for the tests: a fresh SQLite file, [`flightlog_server::serve`] spawned on
+//! `127.0.0.1:0` in the test's runtime, and a plain-HTTP reqwest client pointed at it.
+
+use std::sync::Arc;
+
+use flightlog_core::activity::ActivityStore;
+use flightlog_core::journal::{EngagementJournal, RetentionConfig};
+use flightlog_core::{Clock, ManualClock, SystemClock};
+use flightlog_server::{serve, AppState, ServeError, ServerConfig};
+use flightlog_sqlite::{
+    SqliteActivityStore, SqliteConfig, SqliteDatabase, SqliteEngagementJournal,
+};
+use reqwest::header::HeaderMap;
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The writer identity of every test server's own store.
+pub const SERVER_WRITER: &str = "server-under-test";
+
+/// How to build a test server.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Run with a testing clock at 0 (as `serve --manual-clock`).
+    pub manual_clock: bool,
+    pub config: ServerConfig,
+    pub retention: RetentionConfig,
+}
+
+/// One answer: status, headers and the body as JSON (`Null` when empty).
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+impl Reply {
+    /// The `error.code` of an error body.
+    pub fn code(&self) -> Option<&str> {
+        self.body.pointer("/error/code").and_then(Value::as_str)
+    }
+
+    /// Assert an error answer: the status, the code, and a non-empty message.
+    #[track_caller]
+    pub fn assert_error(&self, status: u16, code: &str) {
+        assert_eq!(self.status.as_u16(), status, "{:?}", self.body);
+        assert_eq!(self.code(), Some(code), "{:?}", self.body);
+        let message = self.body.pointer("/error/message").and_then(Value::as_str);
+        assert!(message.is_some_and(|m| !m.is_empty()), "{:?}", self.body);
+        let object = self.body.as_object().map(|o| o.len());
+        assert_eq!(object, Some(1), "the error body has only `error`");
+    }
+
+    /// Assert a status.
+    #[track_caller]
+    pub fn assert_status(&self, status: u16) -> &Value {
+        assert_eq!(self.status.as_u16(), status, "{:?}", self.body);
+        &self.body
+    }
+}
+
+/// A running server and a client for it.
+pub struct TestServer {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub clock: Option<Arc<ManualClock>>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), ServeError>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    /// A server with default options.
+    pub async fn start() -> Self {
+        Self::start_with(Options::default()).await
+    }
+
+    /// A server over a fresh database file.
+    pub async fn start_with(options: Options) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("flightlog.db")))
+            .expect("open database");
+        let manual = options.manual_clock.then(|| Arc::new(ManualClock::new(0)));
+        let clock: Arc<dyn Clock> = match &manual {
+            Some(clock) => clock.clone(),
+            None => Arc::new(SystemClock),
+        };
+        let activity: Arc<dyn ActivityStore> = Arc::new(SqliteActivityStore::with_identity(
+            Arc::clone(&db),
+            clock,
+            SERVER_WRITER,
+        ));
+        let journal: Arc<dyn EngagementJournal> =
+            Arc::new(SqliteEngagementJournal::new(db, options.retention));
+        let mut state = AppState::new(activity, journal).with_config(options.config);
+        if let Some(clock) = &manual {
+            state = state.with_manual_clock(Arc::clone(clock));
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local addr");
+        let (shutdown, signal) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve(listener, state, async move {
+            let _ = signal.await;
+        }));
+        Self {
+            base: format!("http://{addr}"),
+            client: reqwest::Client::new(),
+            clock: manual,
+            shutdown: Some(shutdown),
+            task: Some(task),
+            _dir: dir,
+        }
+    }
+
+    /// Send a request; `body` is sent as JSON when given, `writer` as `Flightlog-Writer`.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        writer: Option<&str>,
+    ) -> Reply {
+        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        if let Some(writer) = writer {
+            request = request.header("Flightlog-Writer", writer);
+        }
+        let response = request.send().await.expect("request");
+        read_reply(response).await
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.send(Method::GET, path, None, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> Reply {
+        self.send(Method::POST, path, Some(body), None).await
+    }
+
+    /// A POST without any body.
+    pub async fn post_empty(&self, path: &str) -> Reply {
+        self.send(Method::POST, path, None, None).await
+    }
+
+    /// Send raw bytes with an optional content type.
+    pub async fn send_raw(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: Option<&str>,
+        body: impl Into<reqwest::Body>,
+    ) -> Reply {
+        let mut request = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .body(body);
+        if let Some(content_type) = content_type {
+            request = request.header("Content-Type", content_type);
+        }
+        read_reply(request.send().await.expect("request")).await
+    }
+
+    /// Stop the server gracefully and check it stopped cleanly.
+    pub async fn stop(mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let outcome = tokio::time::timeout(std::time::Duration::from_secs(10), task)
+                .await
+                .expect("the server stops within 10 s of its shutdown signal");
+            outcome.expect("server task").expect("serve returns Ok");
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+    }
+}
+
+async fn read_reply(response: reqwest::Response) -> Reply {
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response.bytes().await.expect("response body");
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap_or_else(|err| {
+            panic!(
+                "{status}: body is not JSON ({err}): {}",
+                String::from_utf8_lossy(&bytes)
+            )
+        })
+    };
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// Percent-encode one path segment (everything but RFC 3986's unreserved characters).
+pub fn segment(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for byte in id.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
