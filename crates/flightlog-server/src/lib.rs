@@ -78,6 +78,13 @@ pub async fn serve<F>(listener: TcpListener, state: AppState, shutdown: F) -> Re
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    // Live streams never end on their own; they end when the server starts shutting down, so
+    // the graceful shutdown (which waits for open connections) can complete.
+    let closing = state.closing_signal();
+    let shutdown = async move {
+        shutdown.await;
+        closing.send_replace(true);
+    };
     axum::serve(listener, app(state))
         .with_graceful_shutdown(shutdown)
         .await?;

@@ -51,6 +51,8 @@ pub struct AppState {
     manual_clock: Option<Arc<ManualClock>>,
     config: Arc<ServerConfig>,
     writers: Arc<WriterHandles>,
+    /// Becomes `true` when the server starts shutting down (live streams end then).
+    closing: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -74,7 +76,18 @@ impl AppState {
             journal,
             manual_clock: None,
             config: Arc::new(config),
+            closing: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
+    }
+
+    /// The sender that marks the server as shutting down.
+    pub(crate) fn closing_signal(&self) -> Arc<tokio::sync::watch::Sender<bool>> {
+        self.closing.clone()
+    }
+
+    /// A receiver that turns `true` when the server starts shutting down.
+    pub(crate) fn closing(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.closing.subscribe()
     }
 
     /// The same state with `config`.

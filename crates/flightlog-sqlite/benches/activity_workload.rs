@@ -291,6 +291,10 @@ async fn main() {
 
     // 4. Bytes per span after a checkpoint.
     {
+        println!(
+            "wal before the final checkpoint: {:.1} MB (the housekeeper keeps it bounded)",
+            file_bytes(&path.with_extension("db-wal")) as f64 / 1e6
+        );
         let conn = rusqlite::Connection::open(&path).expect("open for checkpoint");
         conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
             .expect("checkpoint");

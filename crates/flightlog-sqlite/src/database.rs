@@ -315,11 +315,17 @@ impl SqliteDatabase {
             .map_err(backend)?;
         conn.pragma_update(None, "cache_size", -32_768)
             .map_err(backend)?;
+        // After the WAL is rewound, truncate the file back to this size instead of keeping it.
+        conn.pragma_update(None, "journal_size_limit", 32 * 1024 * 1024)
+            .map_err(backend)?;
         schema::migrate(&mut conn)?;
         let codec = PayloadCodec::load(&conn)?;
         let checkpoint_conn = open_reader(&config.path, config.busy_timeout)?;
         checkpoint_conn
             .pragma_update(None, "query_only", false)
+            .map_err(backend)?;
+        checkpoint_conn
+            .pragma_update(None, "journal_size_limit", 32 * 1024 * 1024)
             .map_err(backend)?;
 
         let (queue, jobs) = mpsc::channel::<QueuedJob>(config.write_queue_capacity.max(1));
@@ -567,6 +573,29 @@ impl Checkpointer {
         }
     }
 
+    /// WAL frames (pages) beyond which a checkpoint also rewinds the WAL.
+    const WAL_RESTART_FRAMES: i64 = 4_096;
+
+    /// Copy the WAL into the database file. A passive checkpoint never blocks anyone, but under
+    /// sustained writes the WAL never becomes fully checkpointed at the moment a write begins, so
+    /// SQLite never rewinds it and the file grows without bound. Past a size, a `RESTART`
+    /// checkpoint waits (within the busy timeout) for readers to move to the database file so
+    /// the next write starts the WAL from the beginning; `journal_size_limit` then truncates it.
+    fn checkpoint(&self) {
+        // A failed checkpoint only means the WAL stays longer; the next one retries.
+        let frames = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+                row.get::<_, i64>(1)
+            })
+            .unwrap_or(0);
+        if frames > Self::WAL_RESTART_FRAMES {
+            let _ = self
+                .conn
+                .query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()));
+        }
+    }
+
     fn run(mut self, nudges: std::sync::mpsc::Receiver<()>) {
         let mut quiet_periods = 0u32;
         loop {
@@ -587,10 +616,7 @@ impl Checkpointer {
             }
             quiet_periods = 0;
             let started = Instant::now();
-            // A failed passive checkpoint only means the WAL stays longer; the next one retries.
-            let _ = self
-                .conn
-                .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+            self.checkpoint();
             let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
             self.stats
                 .checkpoint_nanos

@@ -9,6 +9,7 @@ pub(crate) mod batch;
 pub(crate) mod health;
 pub(crate) mod journal;
 pub(crate) mod maintenance;
+pub(crate) mod streams;
 pub(crate) mod testing;
 
 use axum::http::{Method, Uri};
@@ -24,7 +25,8 @@ pub(crate) fn router(state: &AppState) -> Router<AppState> {
         .merge(activity::router())
         .merge(batch::router())
         .merge(maintenance::router())
-        .merge(journal::router());
+        .merge(journal::router())
+        .merge(streams::router());
     if state.manual_clock().is_some() {
         router = router.merge(testing::router());
     }

@@ -1,8 +1,10 @@
 //! The HTTP API tested on a real server bound to `127.0.0.1:0` with a real HTTP client: every
 //! endpoint with its successes and the contract's error statuses (`endpoints`), and the
-//! reference's conformance fixtures replayed through HTTP (`conformance`). One test binary, so
+//! reference's conformance fixtures replayed through HTTP (`conformance`), and the live SSE
+//! streams under load (`streams`). One test binary, so
 //! the suite links once.
 
 mod conformance;
 mod endpoints;
+mod streams;
 mod support;

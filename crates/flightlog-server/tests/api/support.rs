@@ -66,6 +66,8 @@ pub struct TestServer {
     pub base: String,
     pub client: reqwest::Client,
     pub clock: Option<Arc<ManualClock>>,
+    /// The server's database file.
+    pub db_path: std::path::PathBuf,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), ServeError>>>,
     _dir: tempfile::TempDir,
@@ -80,8 +82,8 @@ impl TestServer {
     /// A server over a fresh database file.
     pub async fn start_with(options: Options) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("flightlog.db")))
-            .expect("open database");
+        let db_path = dir.path().join("flightlog.db");
+        let db = SqliteDatabase::open(SqliteConfig::new(&db_path)).expect("open database");
         let manual = options.manual_clock.then(|| Arc::new(ManualClock::new(0)));
         let clock: Arc<dyn Clock> = match &manual {
             Some(clock) => clock.clone(),
@@ -110,6 +112,7 @@ impl TestServer {
             base: format!("http://{addr}"),
             client: reqwest::Client::new(),
             clock: manual,
+            db_path,
             shutdown: Some(shutdown),
             task: Some(task),
             _dir: dir,

@@ -1,0 +1,331 @@
+//! Live Server-Sent-Event streams: the global change stream, a run's stream, an engagement's.
+//!
+//! The database is the only source: a stream waits on the store's change doorbell (rung after
+//! every commit, ours or another process's) and then reads `changes_since(its cursor)`. So a
+//! stream can only ever send what is committed (persist, then emit), it never skips or repeats a
+//! change id, a reconnect with `Last-Event-ID` resumes exactly, and a slow client costs nothing
+//! but its own reads: the response body pulls the next page only when the socket has taken the
+//! previous one, so no per-client buffer grows and no writer ever waits for a reader.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use flightlog_core::activity::{ActivityChange, ActivityStore, ChangeDoorbell};
+use flightlog_core::journal::{EngagementEvent, EngagementJournal};
+use futures_util::stream::{self, Stream};
+use serde::Deserialize;
+
+use crate::error::ApiError;
+use crate::extract::{ApiQuery, PathId};
+use crate::state::AppState;
+
+/// Changes read from the database per query while a stream catches up.
+const PAGE: i64 = 500;
+/// A stream re-reads even without a doorbell this often (a safety net, not the mechanism).
+const RECHECK: Duration = Duration::from_secs(5);
+/// The contract's keep-alive: a comment line at least every 15 s.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// The routes of this module.
+pub(crate) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/activity/changes/stream", get(change_stream))
+        .route("/v1/activity/runs/{runId}/stream", get(run_stream))
+        .route("/v1/engagements/{engagementId}/stream", get(journal_stream))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AfterQuery {
+    after: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FromSeqQuery {
+    from_seq: Option<i64>,
+}
+
+/// `Last-Event-ID` (a reconnecting EventSource) wins over the query's starting point.
+fn last_event_id(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
+    let Some(value) = headers.get("last-event-id") else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|text| text.trim().parse::<i64>().ok())
+        .filter(|id| *id >= 0)
+        .map(Some)
+        .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a non-negative integer"))
+}
+
+/// Only the changes of one run above its snapshot's high-water seq.
+#[derive(Debug, Clone)]
+struct RunFilter {
+    run_id: String,
+    above_seq: i64,
+}
+
+/// A cursor over the change log that waits on the doorbell when it has caught up.
+struct ChangeFeed {
+    store: Arc<dyn ActivityStore>,
+    doorbell: ChangeDoorbell,
+    cursor: i64,
+    pending: VecDeque<ActivityChange>,
+    filter: Option<RunFilter>,
+    failed: bool,
+}
+
+impl ChangeFeed {
+    fn new(store: Arc<dyn ActivityStore>, cursor: i64, filter: Option<RunFilter>) -> Self {
+        Self {
+            doorbell: store.change_doorbell(),
+            store,
+            cursor,
+            pending: VecDeque::new(),
+            filter,
+            failed: false,
+        }
+    }
+
+    fn wanted(&self, change: &ActivityChange) -> bool {
+        match &self.filter {
+            None => true,
+            Some(filter) => change.run_id == filter.run_id && change.seq > filter.above_seq,
+        }
+    }
+
+    /// The next committed change after the cursor, waiting for one if need be; `Err` when the
+    /// store failed (the stream then ends with an `error` event, and the client resumes).
+    async fn next_change(&mut self) -> Result<ActivityChange, String> {
+        loop {
+            if let Some(change) = self.pending.pop_front() {
+                return Ok(change);
+            }
+            // Note the doorbell before reading, so a commit landing during the read rings again.
+            let rung = *self.doorbell.borrow_and_update();
+            let page = self
+                .store
+                .changes_since(self.cursor, PAGE)
+                .await
+                .map_err(|err| err.to_string())?;
+            if let Some(last) = page.last() {
+                self.cursor = last.change_id;
+                let wanted: Vec<ActivityChange> =
+                    page.into_iter().filter(|c| self.wanted(c)).collect();
+                self.pending.extend(wanted);
+                continue;
+            }
+            if rung > self.cursor {
+                // Everything up to `rung` is committed and none of it is readable any more
+                // (pruned): nothing to send for it.
+                self.cursor = rung;
+                continue;
+            }
+            let _ = tokio::time::timeout(RECHECK, self.doorbell.changed()).await;
+        }
+    }
+}
+
+fn change_event(change: &ActivityChange) -> Event {
+    let data = serde_json::to_string(change).unwrap_or_else(|_| "null".to_owned());
+    Event::default()
+        .event("change")
+        .id(change.change_id.to_string())
+        .data(data)
+}
+
+fn error_event(message: &str) -> Event {
+    let body = serde_json::json!({"error": {"code": "unavailable", "message": message}});
+    Event::default().event("error").data(body.to_string())
+}
+
+fn feed_stream(feed: ChangeFeed) -> impl Stream<Item = Result<Event, Infallible>> {
+    stream::unfold(feed, |mut feed| async move {
+        if feed.failed {
+            return None;
+        }
+        match feed.next_change().await {
+            Ok(change) => Some((Ok(change_event(&change)), feed)),
+            Err(message) => {
+                feed.failed = true;
+                Some((Ok(error_event(&message)), feed))
+            }
+        }
+    })
+}
+
+/// The SSE response: keep-alive comments, and the end of the stream when the server shuts down.
+fn sse<S>(state: &AppState, stream: S) -> impl IntoResponse
+where
+    S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
+{
+    let mut closing = state.closing();
+    let closed = async move {
+        let _ = closing.wait_for(|closing| *closing).await;
+    };
+    let stream = futures_util::StreamExt::take_until(stream, Box::pin(closed));
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
+}
+
+/// `GET /v1/activity/changes/stream?after=C`: every change with `changeId > C` in order. Without
+/// `after` or `Last-Event-ID` it starts at the newest change (live tail).
+async fn change_stream(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiQuery(query): ApiQuery<AfterQuery>,
+) -> Result<impl IntoResponse, ApiError> {
+    let store = state.activity().clone();
+    let start = match (last_event_id(&headers)?, query.after) {
+        (Some(id), _) => id,
+        (None, Some(after)) if after >= 0 => after,
+        (None, Some(_)) => return Err(ApiError::invalid("after must be a non-negative integer")),
+        (None, None) => store.latest_change_cursor().await?,
+    };
+    Ok(sse(
+        &state,
+        feed_stream(ChangeFeed::new(store, start, None)),
+    ))
+}
+
+/// `GET /v1/activity/runs/{runId}/stream`: the snapshot, then the run's changes above its
+/// high-water seq. A reconnect with `Last-Event-ID` skips the snapshot and resumes after it.
+async fn run_stream(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    PathId(run_id): PathId,
+) -> Result<impl IntoResponse, ApiError> {
+    let store = state.activity().clone();
+    let resume = last_event_id(&headers)?;
+    let (first, feed) = match resume {
+        Some(cursor) => {
+            let filter = RunFilter {
+                run_id,
+                above_seq: 0,
+            };
+            (None, ChangeFeed::new(store, cursor, Some(filter)))
+        }
+        None => {
+            let snapshot = store
+                .snapshot_run(&run_id)
+                .await?
+                .ok_or_else(|| ApiError::not_found(format!("run {run_id:?} has no spans")))?;
+            let filter = RunFilter {
+                run_id,
+                above_seq: snapshot.high_water_seq,
+            };
+            let cursor = snapshot.change_cursor;
+            let data = serde_json::to_string(&snapshot)
+                .map_err(|err| ApiError::invalid(err.to_string()))?;
+            let event = Event::default()
+                .event("snapshot")
+                .id(cursor.to_string())
+                .data(data);
+            (Some(event), ChangeFeed::new(store, cursor, Some(filter)))
+        }
+    };
+    let head = stream::iter(first.map(Ok));
+    Ok(sse(
+        &state,
+        futures_util::StreamExt::chain(head, feed_stream(feed)),
+    ))
+}
+
+/// An engagement's events from `fromSeq`, then live ones as they commit.
+struct JournalFeed {
+    journal: Arc<dyn EngagementJournal>,
+    engagement_id: String,
+    next_seq: i64,
+    pending: VecDeque<EngagementEvent>,
+    subscription: flightlog_core::journal::JournalSubscription,
+    failed: bool,
+}
+
+impl JournalFeed {
+    async fn next_event(&mut self) -> Result<EngagementEvent, String> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Ok(event);
+            }
+            // Read what is stored from the next seq on (covers catch-up, lag, other processes).
+            let stored = self
+                .journal
+                .read_from(&self.engagement_id, self.next_seq)
+                .await
+                .map_err(|err| err.to_string())?;
+            if !stored.is_empty() {
+                for event in stored {
+                    if event.seq >= self.next_seq {
+                        self.next_seq = event.seq + 1;
+                        self.pending.push_back(event);
+                    }
+                }
+                continue;
+            }
+            // Caught up: wait for a commit on this engagement (or the safety-net timeout).
+            loop {
+                match tokio::time::timeout(RECHECK, self.subscription.recv()).await {
+                    Ok(Ok(event)) if *event.engagement_id == *self.engagement_id => break,
+                    Ok(Ok(_)) => continue,
+                    // Lagged, closed or timed out: re-read from the database.
+                    _ => break,
+                }
+            }
+        }
+    }
+}
+
+/// `GET /v1/engagements/{engagementId}/stream?fromSeq=`: `event: journal`, one per event, in seq
+/// order (`id:` is the seq; a reconnect with `Last-Event-ID` resumes after it).
+async fn journal_stream(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    PathId(engagement_id): PathId,
+    ApiQuery(query): ApiQuery<FromSeqQuery>,
+) -> Result<impl IntoResponse, ApiError> {
+    let next_seq = match (last_event_id(&headers)?, query.from_seq) {
+        (Some(id), _) => id + 1,
+        (None, Some(from)) if from >= 0 => from,
+        (None, Some(_)) => return Err(ApiError::invalid("fromSeq must be a non-negative integer")),
+        (None, None) => 0,
+    };
+    let journal = state.journal().clone();
+    // Subscribe before the first read, so nothing committed in between is missed.
+    let feed = JournalFeed {
+        subscription: journal.subscribe(),
+        journal,
+        engagement_id,
+        next_seq,
+        pending: VecDeque::new(),
+        failed: false,
+    };
+    let events = stream::unfold(feed, |mut feed| async move {
+        if feed.failed {
+            return None;
+        }
+        match feed.next_event().await {
+            Ok(event) => {
+                let data = serde_json::to_string(&event).unwrap_or_else(|_| "null".to_owned());
+                let sse_event = Event::default()
+                    .event("journal")
+                    .id(event.seq.to_string())
+                    .data(data);
+                Some((Ok(sse_event), feed))
+            }
+            Err(message) => {
+                feed.failed = true;
+                Some((Ok(error_event(&message)), feed))
+            }
+        }
+    });
+    Ok(sse(&state, events))
+}

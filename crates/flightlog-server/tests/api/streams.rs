@@ -1,0 +1,350 @@
+//! The live streams on a real server: under concurrent writers every client (a normal one, a
+//! deliberately slow one, one that reconnects with `Last-Event-ID` mid-run) ends with exactly
+//! the committed changes in order; a run's stream starts with its snapshot and continues above
+//! its high-water seq; an engagement's stream follows its seqs; and a second OS process writing
+//! the same database file shows up in a stream.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flightlog_core::activity::{ActivityStore, SpanKind, SpanOrigin, StartSpanInput};
+use flightlog_core::SystemClock;
+use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
+use serde_json::{json, Value};
+
+use crate::support::TestServer;
+
+/// One parsed SSE event.
+#[derive(Debug, Clone)]
+struct SseEvent {
+    event: String,
+    id: Option<i64>,
+    data: Value,
+}
+
+/// A minimal SSE reader over a streaming reqwest response.
+struct SseClient {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl SseClient {
+    async fn connect(server: &TestServer, path: &str, last_event_id: Option<i64>) -> Self {
+        let mut request = server.client.get(format!("{}{path}", server.base));
+        if let Some(id) = last_event_id {
+            request = request.header("Last-Event-ID", id.to_string());
+        }
+        let response = request.send().await.expect("stream request");
+        assert_eq!(response.status().as_u16(), 200, "stream {path}");
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            content_type.starts_with("text/event-stream"),
+            "{content_type}"
+        );
+        Self {
+            response,
+            buffer: String::new(),
+        }
+    }
+
+    /// The next event with data (keep-alive comments are skipped).
+    async fn next(&mut self) -> SseEvent {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let mut event = SseEvent {
+                    event: "message".into(),
+                    id: None,
+                    data: Value::Null,
+                };
+                let mut data = String::new();
+                for line in block.lines() {
+                    if let Some(value) = line.strip_prefix("event:") {
+                        event.event = value.trim().to_owned();
+                    } else if let Some(value) = line.strip_prefix("id:") {
+                        event.id = value.trim().parse().ok();
+                    } else if let Some(value) = line.strip_prefix("data:") {
+                        data.push_str(value.strip_prefix(' ').unwrap_or(value));
+                    }
+                }
+                if data.is_empty() {
+                    continue;
+                }
+                event.data = serde_json::from_str(&data).expect("event data is JSON");
+                return event;
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(20), self.response.chunk())
+                .await
+                .expect("an event within 20 s")
+                .expect("stream chunk")
+                .expect("stream still open");
+            self.buffer
+                .push_str(std::str::from_utf8(&chunk).expect("UTF-8"));
+        }
+    }
+}
+
+fn span_body(span_id: &str, run_id: &str, parent: Option<&str>) -> Value {
+    let mut body = json!({
+        "spanId": span_id, "runId": run_id, "name": "step", "kind": "tool", "origin": "session"
+    });
+    if let Some(parent) = parent {
+        body["parentSpanId"] = json!(parent);
+    }
+    body
+}
+
+/// Every change id in the log, in order, read page by page over HTTP.
+async fn all_change_ids(server: &TestServer) -> Vec<i64> {
+    let mut ids = Vec::new();
+    let mut cursor = 0;
+    loop {
+        let page = server
+            .get(&format!("/v1/activity/changes?after={cursor}&limit=10000"))
+            .await;
+        let changes = page
+            .assert_status(200)
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let Some(last) = changes.last() else { break };
+        cursor = last["changeId"].as_i64().expect("changeId");
+        ids.extend(changes.iter().filter_map(|c| c["changeId"].as_i64()));
+    }
+    ids
+}
+
+/// Read change events until the one with id `last`; returns the ids seen.
+async fn read_until(client: &mut SseClient, seen: &mut Vec<i64>, last: i64, slow: bool) {
+    while seen.last().copied() != Some(last) {
+        let event = client.next().await;
+        assert_eq!(event.event, "change");
+        let id = event.id.expect("change events carry an id");
+        assert_eq!(event.data["changeId"].as_i64(), Some(id));
+        seen.push(id);
+        if slow {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_client_gets_exactly_the_committed_changes_in_order() {
+    let server = Arc::new(TestServer::start().await);
+    let mut normal = SseClient::connect(&server, "/v1/activity/changes/stream?after=0", None).await;
+    let mut slow = SseClient::connect(&server, "/v1/activity/changes/stream?after=0", None).await;
+    let mut reconnecting =
+        SseClient::connect(&server, "/v1/activity/changes/stream?after=0", None).await;
+
+    // Four writers for up to three seconds (and at most 120 rounds each).
+    let mut writers = Vec::new();
+    for writer in 0..4 {
+        let server = server.clone();
+        writers.push(tokio::spawn(async move {
+            let started = Instant::now();
+            for round in 0..120 {
+                if started.elapsed() > Duration::from_secs(3) {
+                    break;
+                }
+                let run = format!("w{writer}-r{round}");
+                let root = format!("{run}-root");
+                server
+                    .post("/v1/activity/spans", &span_body(&root, &run, None))
+                    .await
+                    .assert_status(201);
+                server
+                    .post(
+                        &format!("/v1/activity/spans/{root}/events"),
+                        &json!({"eventType": "note", "payload": {"round": round}}),
+                    )
+                    .await
+                    .assert_status(201);
+                server
+                    .post(
+                        &format!("/v1/activity/spans/{root}/end"),
+                        &json!({"outcome": "success"}),
+                    )
+                    .await
+                    .assert_status(200);
+            }
+        }));
+    }
+
+    // Meanwhile the reconnecting client reads a while, drops its connection, and resumes.
+    let mut reconnected_ids = Vec::new();
+    while reconnected_ids.len() < 150 {
+        let event = reconnecting.next().await;
+        reconnected_ids.push(event.id.expect("id"));
+    }
+    drop(reconnecting);
+    let resume_from = *reconnected_ids.last().expect("some ids");
+    let mut reconnecting =
+        SseClient::connect(&server, "/v1/activity/changes/stream", Some(resume_from)).await;
+
+    for writer in writers {
+        writer.await.expect("writer task");
+    }
+    let expected = all_change_ids(&server).await;
+    let last = *expected.last().expect("changes were written");
+    assert!(expected.len() >= 300, "{} changes", expected.len());
+
+    let mut normal_ids = Vec::new();
+    let mut slow_ids = Vec::new();
+    tokio::join!(
+        read_until(&mut normal, &mut normal_ids, last, false),
+        read_until(&mut slow, &mut slow_ids, last, true),
+        read_until(&mut reconnecting, &mut reconnected_ids, last, false),
+    );
+    assert_eq!(normal_ids, expected, "normal client");
+    assert_eq!(slow_ids, expected, "slow client");
+    assert_eq!(reconnected_ids, expected, "reconnected client");
+    drop((normal, slow, reconnecting));
+    if let Ok(server) = Arc::try_unwrap(server) {
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stream_starts_with_the_snapshot_and_follows_only_that_run() {
+    let server = TestServer::start().await;
+    server
+        .post("/v1/activity/spans", &span_body("root", "r1", None))
+        .await
+        .assert_status(201);
+    let mut stream = SseClient::connect(&server, "/v1/activity/runs/r1/stream", None).await;
+    let snapshot = stream.next().await;
+    assert_eq!(snapshot.event, "snapshot");
+    assert_eq!(snapshot.data["runId"], "r1");
+    let high_water = snapshot.data["highWaterSeq"].as_i64().expect("seq");
+    assert_eq!(high_water, 1);
+
+    server
+        .post("/v1/activity/spans", &span_body("other", "r2", None))
+        .await
+        .assert_status(201);
+    server
+        .post(
+            "/v1/activity/spans",
+            &span_body("child", "r1", Some("root")),
+        )
+        .await
+        .assert_status(201);
+    server
+        .post(
+            "/v1/activity/spans/root/events",
+            &json!({"eventType": "note", "payload": "hello"}),
+        )
+        .await
+        .assert_status(201);
+    let first = stream.next().await;
+    let second = stream.next().await;
+    for (event, seq) in [(&first, 2), (&second, 3)] {
+        assert_eq!(event.event, "change");
+        assert_eq!(event.data["runId"], "r1");
+        assert_eq!(event.data["seq"], seq);
+    }
+    assert_eq!(first.data["span"]["spanId"], "child");
+    assert_eq!(second.data["event"]["payload"], "hello");
+    assert_eq!(
+        server
+            .get("/v1/activity/runs/missing/stream")
+            .await
+            .status
+            .as_u16(),
+        404
+    );
+    drop(stream);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engagement_stream_follows_its_seqs() {
+    let server = TestServer::start().await;
+    for at in 0..3 {
+        server
+            .post(
+                "/v1/engagements/e1/events",
+                &json!({"type": "note", "at": at, "data": {"n": at}}),
+            )
+            .await
+            .assert_status(201);
+    }
+    let mut stream = SseClient::connect(&server, "/v1/engagements/e1/stream?fromSeq=1", None).await;
+    for seq in 1..3 {
+        let event = stream.next().await;
+        assert_eq!(event.event, "journal");
+        assert_eq!(event.id, Some(seq));
+        assert_eq!(event.data["seq"], seq);
+    }
+    server
+        .post(
+            "/v1/engagements/e1/events",
+            &json!({"type": "note", "at": 9, "data": {"n": 9}}),
+        )
+        .await
+        .assert_status(201);
+    let live = stream.next().await;
+    assert_eq!(live.data["seq"], 3);
+    assert_eq!(live.data["data"]["n"], 9);
+    drop(stream);
+    server.stop().await;
+}
+
+/// Child mode of [`a_second_process_writing_the_file_shows_up_in_a_stream`]: this test binary
+/// re-executed with `FLIGHTLOG_STREAM_CHILD_DB` set writes three spans into that file and exits.
+/// Run normally (the variable unset), it does nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_child_writer() {
+    let Some(path) = std::env::var_os("FLIGHTLOG_STREAM_CHILD_DB") else {
+        return;
+    };
+    let db = SqliteDatabase::open(SqliteConfig::new(path)).expect("child opens the file");
+    let store = SqliteActivityStore::with_identity(db, Arc::new(SystemClock), "child-process");
+    for i in 0..3 {
+        store
+            .start_span(StartSpanInput {
+                span_id: format!("foreign-{i}"),
+                run_id: "foreign-run".into(),
+                parent_span_id: None,
+                name: "from another process".into(),
+                kind: SpanKind::Cron,
+                origin: SpanOrigin::Cron,
+                session_id: None,
+                job_name: Some("nightly".into()),
+                attrs: None,
+                started_at: None,
+            })
+            .await
+            .expect("child write");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_writing_the_file_shows_up_in_a_stream() {
+    let server = TestServer::start().await;
+    let mut stream = SseClient::connect(&server, "/v1/activity/changes/stream", None).await;
+    let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "streams::stream_child_writer",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("FLIGHTLOG_STREAM_CHILD_DB", &server.db_path)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("child process runs");
+    assert!(status.success(), "child writer failed: {status}");
+    for i in 0..3 {
+        let event = stream.next().await;
+        assert_eq!(event.data["span"]["spanId"], format!("foreign-{i}"));
+        assert_eq!(event.data["span"]["writer"], "child-process");
+    }
+    drop(stream);
+    server.stop().await;
+}
