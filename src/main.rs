@@ -9,17 +9,19 @@ mod serve;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use flightlog_server::settings::ServeFlags;
 
 /// The flight recorder for AI agents.
-#[derive(Debug, Parser)]
+// No `Debug`: it would print `--token` secrets, and nothing needs it.
+#[derive(Parser)]
 #[command(name = "flightlog", version, about, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Subcommand)]
 enum Command {
     /// Record a simulated multi-agent workload into a database file and show what was recorded.
     Demo {
@@ -31,18 +33,79 @@ enum Command {
         runs: usize,
     },
     /// Serve the HTTP API (activity, engagement journal) on a database file until Ctrl-C.
-    Serve {
-        /// The SQLite database file (created if missing).
-        #[arg(long, env = "FLIGHTLOG_DB", default_value = "flightlog.db")]
-        db: PathBuf,
-        /// The address to listen on, HOST:PORT (port 0 picks a free one).
-        #[arg(long, env = "FLIGHTLOG_ADDR", default_value = "127.0.0.1:4318")]
-        addr: String,
-        /// Testing: the stores read a clock that starts at 0 and moves only through
-        /// `PUT /v1/testing/clock` (the route exists only with this flag).
-        #[arg(long)]
-        manual_clock: bool,
-    },
+    Serve(Box<ServeArgs>),
+}
+
+/// `flightlog serve`'s flags. Every one is optional: a setting not given here comes from its
+/// `FLIGHTLOG_*` variable, then the config file, then its default (resolved, with the error
+/// messages, by `flightlog_server::settings`).
+#[derive(Args)]
+#[command(after_help = flightlog_server::settings::CONFIG_HELP)]
+struct ServeArgs {
+    /// TOML config file with any of the settings below (format: see the end of this help).
+    /// [env: FLIGHTLOG_CONFIG]
+    #[arg(long, value_name = "PATH", verbatim_doc_comment)]
+    config: Option<PathBuf>,
+    /// SQLite database file, created if missing.
+    /// [env: FLIGHTLOG_DB] [file: db] [default: flightlog.db]
+    #[arg(long, value_name = "PATH", verbatim_doc_comment)]
+    db: Option<PathBuf>,
+    /// Address to listen on; port 0 picks a free one.
+    /// [env: FLIGHTLOG_ADDR] [file: addr] [default: 127.0.0.1:4318]
+    #[arg(long, value_name = "HOST:PORT", verbatim_doc_comment)]
+    addr: Option<String>,
+    /// normal: commits survive a crash of the process; full: they also survive power loss
+    /// (slower commits).
+    /// [env: FLIGHTLOG_DURABILITY] [file: durability] [default: normal]
+    #[arg(long, value_name = "normal|full", verbatim_doc_comment)]
+    durability: Option<String>,
+    /// Largest request body, in bytes or with KiB/MiB/GiB; larger ones get 413.
+    /// [env: FLIGHTLOG_BODY_LIMIT] [file: body_limit] [default: 8MiB]
+    #[arg(long, value_name = "SIZE", verbatim_doc_comment)]
+    body_limit: Option<String>,
+    /// Write requests handled at once; more get 503 with Retry-After instead of queueing.
+    /// [env: FLIGHTLOG_MAX_INFLIGHT_WRITES] [file: max_inflight_writes] [default: 4096]
+    #[arg(long, value_name = "N", verbatim_doc_comment)]
+    max_inflight_writes: Option<String>,
+    /// Events one engagement may hold; appends past it get 409 journal_full.
+    /// [env: FLIGHTLOG_JOURNAL_MAX_EVENTS] [file: journal.max_events] [default: 10000]
+    #[arg(long, value_name = "N", verbatim_doc_comment)]
+    journal_max_events: Option<String>,
+    /// Idle time after which POST /v1/engagements/prune removes an engagement, in ms.
+    /// [env: FLIGHTLOG_JOURNAL_MAX_AGE_MS] [file: journal.max_age_ms] [default: 2592000000 = 30 days]
+    #[arg(long, value_name = "MS", verbatim_doc_comment)]
+    journal_max_age_ms: Option<String>,
+    /// Require `Authorization: Bearer SECRET`; repeatable; each grants every scope.
+    /// Scoped tokens: FLIGHTLOG_TOKENS or [[tokens]] in the config file (see below).
+    #[arg(long = "token", value_name = "SECRET", verbatim_doc_comment)]
+    tokens: Vec<String>,
+    /// Listen on a non-loopback address although no token is configured
+    /// (only behind something that authenticates).
+    /// [env: FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBACK] [file: allow_unauthenticated_non_loopback]
+    #[arg(long, verbatim_doc_comment)]
+    allow_unauthenticated_non_loopback: bool,
+    /// Testing: the stores read a clock that starts at 0 and moves only through
+    /// PUT /v1/testing/clock (a route that exists only with this flag and needs admin).
+    #[arg(long, verbatim_doc_comment)]
+    manual_clock: bool,
+}
+
+impl ServeArgs {
+    fn into_flags(self) -> (ServeFlags, bool) {
+        let flags = ServeFlags {
+            config: self.config,
+            db: self.db,
+            addr: self.addr,
+            durability: self.durability,
+            body_limit: self.body_limit,
+            max_inflight_writes: self.max_inflight_writes,
+            journal_max_events: self.journal_max_events,
+            journal_max_age_ms: self.journal_max_age_ms,
+            tokens: self.tokens,
+            allow_unauthenticated_non_loopback: self.allow_unauthenticated_non_loopback,
+        };
+        (flags, self.manual_clock)
+    }
 }
 
 fn main() -> ExitCode {
@@ -60,17 +123,9 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Demo { db, runs } => demo::run(&db, runs).await,
-            Command::Serve {
-                db,
-                addr,
-                manual_clock,
-            } => {
-                serve::run(serve::ServeOptions {
-                    db: &db,
-                    addr: &addr,
-                    manual_clock,
-                })
-                .await
+            Command::Serve(args) => {
+                let (flags, manual_clock) = args.into_flags();
+                serve::run(&flags, manual_clock).await
             }
         }
     });

@@ -1,37 +1,47 @@
-//! `flightlog serve`: open the database, sweep the orphans a previous life left open, and serve
-//! the HTTP API until Ctrl-C.
+//! `flightlog serve`: resolve the settings (flags, `FLIGHTLOG_*` variables, config file), refuse
+//! an unauthenticated non-loopback address, open the database, sweep the orphans a previous life
+//! left open, and serve the HTTP API until Ctrl-C.
 //!
 //! Boot order matters: the orphan sweep runs before the listener is bound, so no client can start
 //! a `session` span that the sweep would then wrongly close as "server restarted".
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
 use flightlog_core::activity::ActivityStore;
-use flightlog_core::journal::{EngagementJournal, RetentionConfig};
+use flightlog_core::journal::EngagementJournal;
 use flightlog_core::{default_writer_id, Clock, ManualClock, SystemClock};
+use flightlog_server::settings::{self, is_loopback, Durability, ServeFlags};
 use flightlog_server::AppState;
 use flightlog_sqlite::{
     SqliteActivityStore, SqliteConfig, SqliteDatabase, SqliteEngagementJournal,
 };
 
-/// What `flightlog serve` was asked for.
-#[derive(Debug)]
-pub struct ServeOptions<'a> {
-    /// The SQLite file, created when missing.
-    pub db: &'a Path,
-    /// `HOST:PORT` to listen on.
-    pub addr: &'a str,
-    /// Give the stores a testing clock at 0 and expose `PUT /v1/testing/clock`.
-    pub manual_clock: bool,
-}
+/// Run the server until Ctrl-C, then shut down gracefully. `flags` are the command line's
+/// settings; the rest come from `FLIGHTLOG_*` variables and the config file.
+pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
+    // Everything is checked before the database is opened: a typo costs nothing.
+    let settings = settings::resolve(flags, &flightlog_environment()?)?;
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(settings.addr.as_str())
+        .await
+        .with_context(|| format!("cannot resolve the address {}", settings.addr))?
+        .collect();
+    settings::check_exposure(
+        &addrs,
+        &settings.server.auth,
+        settings.allow_unauthenticated_non_loopback,
+    )?;
 
-/// Run the server until Ctrl-C, then shut down gracefully.
-pub async fn run(options: ServeOptions<'_>) -> anyhow::Result<()> {
-    let db = SqliteDatabase::open(SqliteConfig::new(options.db))
-        .with_context(|| format!("cannot open the database {}", options.db.display()))?;
-    let manual_clock = options.manual_clock.then(|| Arc::new(ManualClock::new(0)));
+    let mut sqlite = SqliteConfig::new(&settings.db);
+    sqlite.durability = match settings.durability {
+        Durability::Normal => flightlog_sqlite::Durability::Normal,
+        Durability::Full => flightlog_sqlite::Durability::Full,
+    };
+    let db = SqliteDatabase::open(sqlite)
+        .with_context(|| format!("cannot open the database {}", settings.db.display()))?;
+    let manual_clock = manual_clock.then(|| Arc::new(ManualClock::new(0)));
     let clock: Arc<dyn Clock> = match &manual_clock {
         Some(clock) => clock.clone(),
         None => Arc::new(SystemClock),
@@ -45,7 +55,7 @@ pub async fn run(options: ServeOptions<'_>) -> anyhow::Result<()> {
         &writer,
     ));
     let journal: Arc<dyn EngagementJournal> =
-        Arc::new(SqliteEngagementJournal::new(db, RetentionConfig::default()));
+        Arc::new(SqliteEngagementJournal::new(db, settings.retention));
 
     let orphans = activity
         .sweep_own_orphans()
@@ -55,28 +65,62 @@ pub async fn run(options: ServeOptions<'_>) -> anyhow::Result<()> {
         println!("flightlog: closed {orphans} span(s) left open by a previous run as interrupted");
     }
 
-    let mut state = AppState::new(activity, journal);
-    if let Some(clock) = manual_clock {
-        state = state.with_manual_clock(clock);
+    let mut state = AppState::new(activity, journal).with_config(settings.server.clone());
+    if let Some(clock) = &manual_clock {
+        state = state.with_manual_clock(Arc::clone(clock));
     }
-    let listener = tokio::net::TcpListener::bind(options.addr)
+    let listener = tokio::net::TcpListener::bind(addrs.as_slice())
         .await
-        .with_context(|| format!("cannot listen on {}", options.addr))?;
+        .with_context(|| format!("cannot listen on {}", settings.addr))?;
     let local = listener
         .local_addr()
         .context("cannot read the listening address")?;
     println!(
         "flightlog: listening on http://{local} (database {}, writer {writer}{})",
-        options.db.display(),
-        if options.manual_clock {
+        settings.db.display(),
+        if manual_clock.is_some() {
             ", manual clock"
         } else {
             ""
         }
     );
+    let auth = &settings.server.auth;
+    if auth.is_enabled() {
+        println!(
+            "flightlog: bearer tokens required ({} configured); GET /healthz is open",
+            auth.token_count()
+        );
+    } else if is_loopback(&local) {
+        println!("flightlog: no tokens configured: any local process may read and write");
+    } else {
+        eprintln!(
+            "flightlog: warning: serving {local} WITHOUT authentication \
+             (--allow-unauthenticated-non-loopback)"
+        );
+    }
+    if let Some(path) = &settings.config_file {
+        println!("flightlog: settings from {}", path.display());
+    }
     flightlog_server::serve(listener, state, shutdown_signal()).await?;
     println!("flightlog: stopped");
     Ok(())
+}
+
+/// The process's `FLIGHTLOG_*` variables (the resolver takes the environment as a map, so its
+/// tests never touch the process's). A value that is not UTF-8 is an error naming the variable,
+/// rather than being skipped silently.
+fn flightlog_environment() -> anyhow::Result<BTreeMap<String, String>> {
+    let mut env = BTreeMap::new();
+    for (name, value) in std::env::vars_os() {
+        let Some(name) = name.to_str().filter(|n| n.starts_with("FLIGHTLOG_")) else {
+            continue;
+        };
+        let value = value.into_string().map_err(|_| {
+            anyhow::anyhow!("the environment variable {name} is not valid UTF-8 text")
+        })?;
+        env.insert(name.to_owned(), value);
+    }
+    Ok(env)
 }
 
 /// Completes on Ctrl-C (SIGINT) or, on Unix, SIGTERM (what a container runtime or service

@@ -24,6 +24,13 @@ pub enum ApiError {
     /// numbers out of range, a bad query string or header.
     #[error("{0}")]
     InvalidRequest(String),
+    /// 401 `unauthorized`: tokens are configured and the request carries none, a malformed
+    /// `Authorization` header or an unknown token; sent with `WWW-Authenticate: Bearer`.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// 403 `forbidden`: the token is valid but lacks the scope the route needs.
+    #[error("{0}")]
+    Forbidden(String),
     /// 404 `not_found`: an unknown span, run or engagement where the reference returns null, or
     /// a path no route serves.
     #[error("{0}")]
@@ -67,6 +74,8 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::Conflict(_) | Self::JournalFull(_) => StatusCode::CONFLICT,
@@ -81,6 +90,8 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::InvalidRequest(_) => "invalid_request",
+            Self::Unauthorized(_) => "unauthorized",
+            Self::Forbidden(_) => "forbidden",
             Self::NotFound(_) => "not_found",
             Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::Conflict(_) => "conflict",
@@ -101,10 +112,20 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status(), Json(self.body())).into_response();
-        if matches!(self, Self::Unavailable(_)) {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+        match self {
+            Self::Unavailable(_) => {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+            }
+            // RFC 6750: a 401 names the scheme the client should use.
+            Self::Unauthorized(_) => {
+                response.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"flightlog\""),
+                );
+            }
+            _ => {}
         }
         response
     }

@@ -11,13 +11,19 @@
 //!   ids, the `Flightlog-Writer` header);
 //! - [`validate`]: the range checks on ids, times and page sizes;
 //! - [`state`]: [`AppState`] and [`ServerConfig`];
+//! - [`auth`]: bearer tokens and scopes, checked before any handler runs;
+//! - [`overload`]: the write limit that answers `503 unavailable` instead of queueing forever;
+//! - [`settings`]: `flightlog serve`'s flags, environment and config file, resolved and checked;
 //! - `routes`: one module per area (activity, batch, maintenance, journal, testing, health).
 //!
 //! This is the only crate with wire types; the stores know nothing about HTTP.
 
+pub mod auth;
 pub mod error;
 pub mod extract;
+pub mod overload;
 mod routes;
+pub mod settings;
 pub mod state;
 pub mod validate;
 
@@ -26,11 +32,13 @@ use std::future::Future;
 use axum::extract::DefaultBodyLimit;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
+use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use tokio::net::TcpListener;
 use tower_http::limit::RequestBodyLimitLayer;
 
+pub use auth::{AuthConfig, Scope, Scopes};
 pub use error::ApiError;
 pub use state::{AppState, ServerConfig};
 
@@ -62,6 +70,11 @@ pub fn app(state: AppState) -> Router {
                 response
             },
         ))
+        // The last layer runs first: a request is authenticated before it takes a write slot,
+        // and takes its slot before its body is read. `Router::layer` wraps every route (and the
+        // fallbacks), after routing, so both see the matched route template.
+        .layer(from_fn_with_state(state.clone(), overload::limit_writes))
+        .layer(from_fn_with_state(state.clone(), auth::require_token))
         .with_state(state)
 }
 

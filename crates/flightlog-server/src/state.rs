@@ -1,5 +1,5 @@
 //! [`AppState`]: what every handler shares (the stores, the optional testing clock, the
-//! configuration) and the cache of per-writer store handles.
+//! configuration, the write limit's slots) and the cache of per-writer store handles.
 //!
 //! A write that names a writer (`Flightlog-Writer: X`) acts through `store.with_writer("X")`.
 //! Making such a handle is cheap, but a busy server would make one per request, so handles are
@@ -8,12 +8,16 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use flightlog_core::activity::ActivityStore;
 use flightlog_core::journal::EngagementJournal;
 use flightlog_core::ManualClock;
+use tokio::sync::Semaphore;
 
-/// The server's tunables. Later settings (auth, streams, …) join here.
+use crate::auth::AuthConfig;
+
+/// The server's tunables. Later settings (streams, …) join here.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
     /// The largest request body accepted, in bytes; larger ones get `413 payload_too_large`.
@@ -22,6 +26,13 @@ pub struct ServerConfig {
     pub max_batch_ops: usize,
     /// How many per-writer store handles are kept between requests.
     pub writer_cache_capacity: usize,
+    /// The tokens requests must carry; none (the default) means auth is off.
+    pub auth: AuthConfig,
+    /// The most write requests handled at once (see [`crate::overload`]); more wait up to
+    /// `write_wait` for a slot, then get `503 unavailable`. Zero refuses every write.
+    pub max_inflight_writes: usize,
+    /// How long a write waits for a free slot before it is answered `503 unavailable`.
+    pub write_wait: Duration,
 }
 
 impl ServerConfig {
@@ -31,6 +42,12 @@ impl ServerConfig {
     pub const DEFAULT_MAX_BATCH_OPS: usize = 1_000;
     /// The default number of cached writer handles.
     pub const DEFAULT_WRITER_CACHE_CAPACITY: usize = 1_024;
+    /// The default write limit: far more than a 2-core machine commits at once, and a quarter of
+    /// the SQLite store's write queue, so HTTP writes alone never make that queue wait.
+    pub const DEFAULT_MAX_INFLIGHT_WRITES: usize = 4_096;
+    /// The default wait for a write slot: long enough to ride out one group commit (a few ms),
+    /// short enough that a client of an overloaded server hears `503` at once.
+    pub const DEFAULT_WRITE_WAIT: Duration = Duration::from_millis(100);
 }
 
 impl Default for ServerConfig {
@@ -39,6 +56,9 @@ impl Default for ServerConfig {
             body_limit: Self::DEFAULT_BODY_LIMIT,
             max_batch_ops: Self::DEFAULT_MAX_BATCH_OPS,
             writer_cache_capacity: Self::DEFAULT_WRITER_CACHE_CAPACITY,
+            auth: AuthConfig::default(),
+            max_inflight_writes: Self::DEFAULT_MAX_INFLIGHT_WRITES,
+            write_wait: Self::DEFAULT_WRITE_WAIT,
         }
     }
 }
@@ -51,6 +71,8 @@ pub struct AppState {
     manual_clock: Option<Arc<ManualClock>>,
     config: Arc<ServerConfig>,
     writers: Arc<WriterHandles>,
+    /// One permit per write request in flight (the write limit of [`crate::overload`]).
+    write_permits: Arc<Semaphore>,
     /// Becomes `true` when the server starts shutting down (live streams end then).
     closing: Arc<tokio::sync::watch::Sender<bool>>,
 }
@@ -72,6 +94,7 @@ impl AppState {
         let config = ServerConfig::default();
         Self {
             writers: Arc::new(WriterHandles::new(config.writer_cache_capacity)),
+            write_permits: write_permits(&config),
             activity,
             journal,
             manual_clock: None,
@@ -94,6 +117,7 @@ impl AppState {
     #[must_use]
     pub fn with_config(mut self, config: ServerConfig) -> Self {
         self.writers = Arc::new(WriterHandles::new(config.writer_cache_capacity));
+        self.write_permits = write_permits(&config);
         self.config = Arc::new(config);
         self
     }
@@ -134,6 +158,19 @@ impl AppState {
     pub fn config(&self) -> &ServerConfig {
         &self.config
     }
+
+    /// The write limit's slots.
+    pub(crate) fn write_permits(&self) -> &Arc<Semaphore> {
+        &self.write_permits
+    }
+}
+
+/// The slots of `config`'s write limit (capped at what a tokio semaphore holds, so no
+/// configuration can make it panic).
+fn write_permits(config: &ServerConfig) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(
+        config.max_inflight_writes.min(Semaphore::MAX_PERMITS),
+    ))
 }
 
 /// A bounded map of writer name → handle (generic so the bound is testable without a store).

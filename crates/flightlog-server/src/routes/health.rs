@@ -1,4 +1,4 @@
-//! `GET /healthz`: answers 200 while the server runs (no auth, once auth exists).
+//! `GET /healthz`: answers 200 while the server runs; the one route that needs no token.
 
 use axum::routing::get;
 use axum::{Json, Router};

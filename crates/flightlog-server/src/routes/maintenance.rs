@@ -1,4 +1,4 @@
-//! The activity maintenance endpoints (the `admin` scope once auth exists): the boot orphan
+//! The activity maintenance endpoints (the `admin` scope, see `crate::auth`): the boot orphan
 //! sweep, the stale-writer sweep and pruning.
 //!
 //! They act as the request's writer like any write, which matters for `sweep-stale`: a writer

@@ -1,6 +1,7 @@
 //! `PUT /v1/testing/clock`: moves the testing clock of a `serve --manual-clock` server, so an
 //! outside test suite can replay time-dependent scenarios over HTTP. The route exists only when
-//! the state carries a manual clock; otherwise the path is an ordinary 404.
+//! the state carries a manual clock; otherwise the path is an ordinary 404. With auth on it needs
+//! the `admin` scope (it moves every store's time).
 
 use axum::extract::State;
 use axum::http::StatusCode;

@@ -1,0 +1,466 @@
+//! Bearer-token auth: which token may do what, checked before any handler runs.
+//!
+//! With no token configured the server is open (and `flightlog serve` refuses to listen on a
+//! non-loopback address then, unless told to on purpose). With at least one, every request but
+//! `GET /healthz` needs `Authorization: Bearer <token>`: no header, a malformed one or an unknown
+//! token is `401 unauthorized`; a known token without the route's scope is `403 forbidden`.
+//!
+//! The scope a request needs is derived from its method and its route template, not from a
+//! per-route list: reads (`GET`, `HEAD`) need `read`, every other method needs `ingest`, and the
+//! few maintenance routes of [`ADMIN_ROUTES`] need `admin` whatever the method. So a route added
+//! later (OTLP ingest, metrics, the web UI) gets the contract's scope without anyone remembering
+//! to list it; only a new *maintenance* route has to be added to [`ADMIN_ROUTES`]. A path no
+//! route serves needs any valid token (it then gets its 404), so probing without a token learns
+//! nothing about which paths exist.
+//!
+//! Tokens are kept only as SHA-256 digests. A presented token is hashed and compared with every
+//! configured digest in constant time without stopping at the first match, so neither the
+//! response time nor its variation tells how much of a guess was right, or how long the real
+//! tokens are.
+
+use std::fmt;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderMap, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+use subtle::{Choice, ConstantTimeEq};
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// What a token may do. Scopes are independent: `admin` does not imply `read` or `ingest`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Every read: all `GET`s, including the live streams.
+    Read,
+    /// Every write: span writes, the batch, journal appends, OTLP ingest.
+    Ingest,
+    /// Maintenance: the orphan and stale sweeps, activity prune, journal compact and prune, and
+    /// the testing clock.
+    Admin,
+}
+
+impl Scope {
+    /// Every scope, in the order help texts list them.
+    pub const ALL: [Scope; 3] = [Scope::Read, Scope::Ingest, Scope::Admin];
+
+    /// The scope's name in settings and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Read => "read",
+            Scope::Ingest => "ingest",
+            Scope::Admin => "admin",
+        }
+    }
+
+    /// The scope named `text` (exactly one of `read`, `ingest`, `admin`, any case).
+    pub fn parse(text: &str) -> Option<Scope> {
+        Scope::ALL
+            .into_iter()
+            .find(|scope| scope.name().eq_ignore_ascii_case(text.trim()))
+    }
+
+    fn bit(self) -> u8 {
+        match self {
+            Scope::Read => 1,
+            Scope::Ingest => 2,
+            Scope::Admin => 4,
+        }
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A set of [`Scope`]s.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct Scopes(u8);
+
+impl Scopes {
+    /// No scope at all.
+    pub const NONE: Scopes = Scopes(0);
+    /// Every scope (what a `--token` flag grants).
+    pub const ALL: Scopes = Scopes(1 | 2 | 4);
+
+    /// This set plus `scope`.
+    #[must_use]
+    pub fn with(self, scope: Scope) -> Scopes {
+        Scopes(self.0 | scope.bit())
+    }
+
+    /// Whether `scope` is in the set.
+    pub fn contains(self, scope: Scope) -> bool {
+        self.0 & scope.bit() != 0
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Both sets together.
+    #[must_use]
+    pub fn union(self, other: Scopes) -> Scopes {
+        Scopes(self.0 | other.0)
+    }
+
+    /// The scopes in the set, in [`Scope::ALL`] order.
+    pub fn iter(self) -> impl Iterator<Item = Scope> {
+        Scope::ALL
+            .into_iter()
+            .filter(move |scope| self.contains(*scope))
+    }
+}
+
+impl FromIterator<Scope> for Scopes {
+    fn from_iter<I: IntoIterator<Item = Scope>>(iter: I) -> Self {
+        iter.into_iter().fold(Scopes::NONE, Scopes::with)
+    }
+}
+
+impl fmt::Debug for Scopes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.iter().map(Scope::name)).finish()
+    }
+}
+
+/// Why a token cannot be configured. The messages never repeat the token itself.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// The token is the empty string.
+    #[error("a token must not be empty")]
+    Empty,
+    /// The token holds a space, a control character or non-ASCII text, which an
+    /// `Authorization` header cannot carry unambiguously.
+    #[error("a token may hold only visible ASCII characters (no spaces, no control characters)")]
+    NotVisibleAscii,
+    /// The token was given no scope, so it could do nothing.
+    #[error("a token needs at least one scope (read, ingest, admin)")]
+    NoScopes,
+}
+
+/// One configured token: the SHA-256 digest of its secret and its scopes. Its `Debug` shows the
+/// scopes only.
+#[derive(Clone, PartialEq, Eq)]
+struct Token {
+    digest: [u8; 32],
+    scopes: Scopes,
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Token")
+            .field("secret", &"<redacted>")
+            .field("scopes", &self.scopes)
+            .finish()
+    }
+}
+
+fn digest(secret: &[u8]) -> [u8; 32] {
+    Sha256::digest(secret).into()
+}
+
+/// The configured tokens. Empty (the default) means auth is off.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuthConfig {
+    tokens: Vec<Token>,
+}
+
+impl AuthConfig {
+    /// No tokens: every request is allowed.
+    pub fn open() -> Self {
+        Self::default()
+    }
+
+    /// Add a token with `scopes`. A token given twice keeps the union of its scopes.
+    pub fn add_token(&mut self, secret: &str, scopes: Scopes) -> Result<(), TokenError> {
+        check_token_text(secret)?;
+        if scopes.is_empty() {
+            return Err(TokenError::NoScopes);
+        }
+        let digest = digest(secret.as_bytes());
+        match self.tokens.iter_mut().find(|token| token.digest == digest) {
+            Some(token) => token.scopes = token.scopes.union(scopes),
+            None => self.tokens.push(Token { digest, scopes }),
+        }
+        Ok(())
+    }
+
+    /// The same configuration plus a token (see [`AuthConfig::add_token`]).
+    pub fn with_token(mut self, secret: &str, scopes: Scopes) -> Result<Self, TokenError> {
+        self.add_token(secret, scopes)?;
+        Ok(self)
+    }
+
+    /// Whether any token is configured, i.e. whether requests need one.
+    pub fn is_enabled(&self) -> bool {
+        !self.tokens.is_empty()
+    }
+
+    /// How many distinct tokens are configured.
+    pub fn token_count(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// The scopes of `presented`, or `None` when it is no configured token.
+    ///
+    /// Constant time in the presented token's content: every configured digest is compared,
+    /// whole, whatever matched before.
+    pub fn scopes_of(&self, presented: &str) -> Option<Scopes> {
+        let presented = digest(presented.as_bytes());
+        let mut found = Choice::from(0);
+        let mut scopes = 0u8;
+        for token in &self.tokens {
+            let matches = token.digest.ct_eq(&presented);
+            found |= matches;
+            // Branch-free: keep the scope bits only where the digest matched.
+            scopes |= token.scopes.0 & 0u8.wrapping_sub(matches.unwrap_u8());
+        }
+        bool::from(found).then_some(Scopes(scopes))
+    }
+}
+
+/// Refuse token text an `Authorization: Bearer` header cannot carry.
+pub fn check_token_text(secret: &str) -> Result<(), TokenError> {
+    if secret.is_empty() {
+        return Err(TokenError::Empty);
+    }
+    if !secret.bytes().all(|byte| byte.is_ascii_graphic()) {
+        return Err(TokenError::NotVisibleAscii);
+    }
+    Ok(())
+}
+
+/// Route templates (as registered with the router) that need `admin` whatever their method.
+/// A new maintenance route must be added here; every other route's scope follows its method.
+pub const ADMIN_ROUTES: &[&str] = &[
+    "/v1/activity/maintenance/sweep-orphans",
+    "/v1/activity/maintenance/sweep-stale",
+    "/v1/activity/maintenance/prune",
+    "/v1/engagements/prune",
+    "/v1/engagements/{engagementId}/compact",
+    "/v1/testing/clock",
+];
+
+/// What a request needs to be let through when auth is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Nothing: `GET /healthz` (and `HEAD`, its body-less twin).
+    Public,
+    /// Any configured token: a path no route serves (the answer is its 404).
+    AnyToken,
+    /// A token holding this scope.
+    Scope(Scope),
+}
+
+/// Whether `method` only reads (`GET`, `HEAD`).
+pub fn is_read_method(method: &Method) -> bool {
+    method == Method::GET || method == Method::HEAD
+}
+
+/// What a request with `method` to `path` needs; `route` is the template of the route that
+/// matched it (`None` for a path no route serves).
+pub fn required_access(method: &Method, path: &str, route: Option<&str>) -> Access {
+    if is_read_method(method) && path == "/healthz" {
+        return Access::Public;
+    }
+    let Some(route) = route else {
+        return Access::AnyToken;
+    };
+    if ADMIN_ROUTES.contains(&route) {
+        Access::Scope(Scope::Admin)
+    } else if is_read_method(method) {
+        Access::Scope(Scope::Read)
+    } else {
+        Access::Scope(Scope::Ingest)
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header (scheme in any case), if well formed.
+fn bearer_token(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Ok(None);
+    };
+    let malformed =
+        || ApiError::Unauthorized("the Authorization header must be `Bearer <token>`".into());
+    let text = value.to_str().map_err(|_| malformed())?;
+    let (scheme, token) = text.trim().split_once(' ').ok_or_else(malformed)?;
+    let token = token.trim_start();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return Err(malformed());
+    }
+    Ok(Some(token))
+}
+
+/// The auth middleware: lets a request through only with a token that may make it.
+pub(crate) async fn require_token(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let auth = &state.config().auth;
+    if !auth.is_enabled() {
+        return next.run(request).await;
+    }
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str);
+    let access = required_access(request.method(), request.uri().path(), route);
+    if let Err(err) = authorize(auth, access, request.method(), request.headers(), route) {
+        return err.into_response();
+    }
+    next.run(request).await
+}
+
+fn authorize(
+    auth: &AuthConfig,
+    access: Access,
+    method: &Method,
+    headers: &HeaderMap,
+    route: Option<&str>,
+) -> Result<(), ApiError> {
+    if access == Access::Public {
+        return Ok(());
+    }
+    let token = bearer_token(headers)?.ok_or_else(|| {
+        ApiError::Unauthorized(
+            "this server needs `Authorization: Bearer <token>` on every request but \
+             GET /healthz"
+                .into(),
+        )
+    })?;
+    let scopes = auth
+        .scopes_of(token)
+        .ok_or_else(|| ApiError::Unauthorized("the bearer token is not valid here".into()))?;
+    match access {
+        Access::Scope(scope) if !scopes.contains(scope) => Err(ApiError::Forbidden(format!(
+            "this token lacks the `{scope}` scope that {method} {} needs",
+            route.unwrap_or("this route")
+        ))),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn with_authorization(value: &'static str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::AUTHORIZATION, HeaderValue::from_static(value));
+        headers
+    }
+
+    #[test]
+    fn tokens_are_matched_by_digest_and_keep_the_union_of_their_scopes() {
+        let auth = AuthConfig::open()
+            .with_token("reader", Scopes::NONE.with(Scope::Read))
+            .and_then(|auth| auth.with_token("both", Scopes::NONE.with(Scope::Ingest)))
+            .and_then(|auth| auth.with_token("both", Scopes::NONE.with(Scope::Admin)));
+        let Ok(auth) = auth else {
+            panic!("valid tokens: {auth:?}");
+        };
+        assert_eq!(auth.token_count(), 2);
+        assert_eq!(
+            auth.scopes_of("reader"),
+            Some(Scopes::NONE.with(Scope::Read))
+        );
+        assert_eq!(
+            auth.scopes_of("both"),
+            Some(Scopes::NONE.with(Scope::Ingest).with(Scope::Admin))
+        );
+        assert_eq!(auth.scopes_of("reade"), None);
+        assert_eq!(auth.scopes_of("readerx"), None);
+        assert_eq!(auth.scopes_of(""), None);
+        assert!(!format!("{auth:?}").contains("reader"), "{auth:?}");
+    }
+
+    #[test]
+    fn unusable_tokens_are_refused() {
+        let mut auth = AuthConfig::open();
+        assert_eq!(auth.add_token("", Scopes::ALL), Err(TokenError::Empty));
+        assert_eq!(
+            auth.add_token("a b", Scopes::ALL),
+            Err(TokenError::NotVisibleAscii)
+        );
+        assert_eq!(
+            auth.add_token("caf\u{e9}", Scopes::ALL),
+            Err(TokenError::NotVisibleAscii)
+        );
+        assert_eq!(auth.add_token("x", Scopes::NONE), Err(TokenError::NoScopes));
+        assert!(!auth.is_enabled());
+    }
+
+    #[test]
+    fn scopes_follow_the_method_except_for_admin_routes_and_healthz() {
+        let cases = [
+            (Method::GET, "/healthz", Some("/healthz"), Access::Public),
+            (Method::HEAD, "/healthz", Some("/healthz"), Access::Public),
+            (
+                Method::POST,
+                "/healthz",
+                Some("/healthz"),
+                Access::Scope(Scope::Ingest),
+            ),
+            (Method::GET, "/nothing", None, Access::AnyToken),
+            (
+                Method::GET,
+                "/v1/activity/cursor",
+                Some("/v1/activity/cursor"),
+                Access::Scope(Scope::Read),
+            ),
+            (
+                Method::PATCH,
+                "/v1/activity/spans/s",
+                Some("/v1/activity/spans/{spanId}"),
+                Access::Scope(Scope::Ingest),
+            ),
+            (
+                Method::POST,
+                "/v1/engagements/e/compact",
+                Some("/v1/engagements/{engagementId}/compact"),
+                Access::Scope(Scope::Admin),
+            ),
+            (
+                Method::PUT,
+                "/v1/testing/clock",
+                Some("/v1/testing/clock"),
+                Access::Scope(Scope::Admin),
+            ),
+        ];
+        for (method, path, route, expected) in cases {
+            assert_eq!(
+                required_access(&method, path, route),
+                expected,
+                "{method} {path}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_required() {
+        assert_eq!(bearer_token(&HeaderMap::new()), Ok(None));
+        assert_eq!(
+            bearer_token(&with_authorization("Bearer abc")),
+            Ok(Some("abc"))
+        );
+        assert_eq!(
+            bearer_token(&with_authorization("bearer   abc")),
+            Ok(Some("abc"))
+        );
+        for bad in ["Basic YTpi", "Bearer", "Bearer ", "abc"] {
+            assert_eq!(
+                bearer_token(&with_authorization(bad)).map_err(|e| e.code()),
+                Err("unauthorized"),
+                "{bad}"
+            );
+        }
+    }
+}

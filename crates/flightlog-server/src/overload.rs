@@ -1,0 +1,66 @@
+//! The write limit: at most `max_inflight_writes` write requests are handled at once, and one
+//! that finds no free slot within `write_wait` is answered `503 unavailable` with `Retry-After`
+//! instead of joining an ever-growing queue.
+//!
+//! Why here and not only in the store: the SQLite store's write queue is bounded too, but a full
+//! queue makes `write()` *wait*, so without this limit every request of an overload would sit in
+//! memory (its body included) for as long as the backlog lasts. The limit turns that into a fast,
+//! explicit "retry later" that a client can act on. With the default limit (4,096) below the
+//! store's queue capacity (16,384), HTTP writes alone never fill that queue; the store's own
+//! backpressure remains for in-process writers.
+//!
+//! A write is any routed request whose method is not `GET`/`HEAD` (activity writes, the batch,
+//! journal appends, maintenance, OTLP ingest): one slot per request, held until its handler has
+//! answered, including while its body is read (so bodies in flight are bounded too). A `503` is
+//! given before the request does anything, so it never loses a write that was acknowledged; a
+//! write that got its slot runs to its answer as before.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::auth::is_read_method;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The write-limit middleware.
+pub(crate) async fn limit_writes(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let routed = request.extensions().get::<MatchedPath>().is_some();
+    if !routed || is_read_method(request.method()) {
+        return next.run(request).await;
+    }
+    let config = state.config();
+    let permit = match acquire(state.write_permits(), config.write_wait).await {
+        Some(permit) => permit,
+        None => {
+            return ApiError::Unavailable(format!(
+                "the server is handling its limit of {} writes; retry later",
+                config.max_inflight_writes
+            ))
+            .into_response()
+        }
+    };
+    let response = next.run(request).await;
+    drop(permit);
+    response
+}
+
+/// A slot from `permits`, waiting at most `wait`; `None` when none came free in time.
+async fn acquire(permits: &Arc<Semaphore>, wait: Duration) -> Option<OwnedSemaphorePermit> {
+    if let Ok(permit) = Arc::clone(permits).try_acquire_owned() {
+        return Some(permit);
+    }
+    match tokio::time::timeout(wait, Arc::clone(permits).acquire_owned()).await {
+        Ok(Ok(permit)) => Some(permit),
+        // Timed out, or the semaphore was closed (it never is): either way, no slot.
+        Ok(Err(_)) | Err(_) => None,
+    }
+}

@@ -1,0 +1,825 @@
+//! `flightlog serve`'s settings: command-line flags, `FLIGHTLOG_*` environment variables and an
+//! optional TOML config file, resolved into one checked [`ServeSettings`].
+//!
+//! Two stages, as ripgrep does it: the binary hands over what clap parsed, still as text
+//! ([`ServeFlags`]), and the environment as a plain map, so tests pass their own map and never
+//! race on the process's environment; [`resolve`] then reads the config file and parses every
+//! value. Precedence, per setting: **flag > environment > file > default**. A bad value is a
+//! [`SettingsError`] that names the setting as the user wrote it (`--body-limit`,
+//! `FLIGHTLOG_BODY_LIMIT`, or `body_limit` in the named file) and says what to write instead.
+//!
+//! Tokens are a list, and the list follows the same precedence as a whole: the `--token` flags,
+//! if any, replace `FLIGHTLOG_TOKENS`, which replaces the file's `[[tokens]]`. Mixing sources
+//! would make "which tokens are valid now?" depend on three places at once. An empty
+//! environment variable counts as unset, so `FLIGHTLOG_TOKENS=` cannot switch auth off by
+//! accident.
+//!
+//! This module also holds the start-up guard [`check_exposure`]: a server with no token refuses
+//! to listen on anything but a loopback address unless that is asked for on purpose.
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use flightlog_core::journal::{RetentionConfig, SAFE_INTEGER_LIMIT};
+use toml::{Table, Value};
+
+use crate::auth::{AuthConfig, Scope, Scopes, TokenError};
+use crate::state::ServerConfig;
+
+/// One setting's three names: its flag, its environment variable and its config-file key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setting {
+    /// The command-line flag, `--body-limit`.
+    pub flag: &'static str,
+    /// The environment variable, `FLIGHTLOG_BODY_LIMIT`.
+    pub env: &'static str,
+    /// The config-file key, dotted for a nested table (`journal.max_events`).
+    pub key: &'static str,
+}
+
+/// The SQLite database file.
+pub const DB: Setting = Setting {
+    flag: "--db",
+    env: "FLIGHTLOG_DB",
+    key: "db",
+};
+/// The listening address.
+pub const ADDR: Setting = Setting {
+    flag: "--addr",
+    env: "FLIGHTLOG_ADDR",
+    key: "addr",
+};
+/// `normal` or `full`.
+pub const DURABILITY: Setting = Setting {
+    flag: "--durability",
+    env: "FLIGHTLOG_DURABILITY",
+    key: "durability",
+};
+/// The largest request body.
+pub const BODY_LIMIT: Setting = Setting {
+    flag: "--body-limit",
+    env: "FLIGHTLOG_BODY_LIMIT",
+    key: "body_limit",
+};
+/// The write limit.
+pub const MAX_INFLIGHT_WRITES: Setting = Setting {
+    flag: "--max-inflight-writes",
+    env: "FLIGHTLOG_MAX_INFLIGHT_WRITES",
+    key: "max_inflight_writes",
+};
+/// The journal's events per engagement.
+pub const JOURNAL_MAX_EVENTS: Setting = Setting {
+    flag: "--journal-max-events",
+    env: "FLIGHTLOG_JOURNAL_MAX_EVENTS",
+    key: "journal.max_events",
+};
+/// The journal's retention age.
+pub const JOURNAL_MAX_AGE_MS: Setting = Setting {
+    flag: "--journal-max-age-ms",
+    env: "FLIGHTLOG_JOURNAL_MAX_AGE_MS",
+    key: "journal.max_age_ms",
+};
+/// The tokens (a list; see the module docs).
+pub const TOKENS: Setting = Setting {
+    flag: "--token",
+    env: "FLIGHTLOG_TOKENS",
+    key: "tokens",
+};
+/// The deliberate opt-out of [`check_exposure`].
+pub const ALLOW_UNAUTHENTICATED_NON_LOOPBACK: Setting = Setting {
+    flag: "--allow-unauthenticated-non-loopback",
+    env: "FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBACK",
+    key: "allow_unauthenticated_non_loopback",
+};
+
+/// Every setting the config file may hold.
+pub const SETTINGS: [Setting; 9] = [
+    DB,
+    ADDR,
+    DURABILITY,
+    BODY_LIMIT,
+    MAX_INFLIGHT_WRITES,
+    JOURNAL_MAX_EVENTS,
+    JOURNAL_MAX_AGE_MS,
+    TOKENS,
+    ALLOW_UNAUTHENTICATED_NON_LOOPBACK,
+];
+
+/// The flag naming the config file.
+pub const CONFIG_FLAG: &str = "--config";
+/// The environment variable naming the config file.
+pub const CONFIG_ENV: &str = "FLIGHTLOG_CONFIG";
+
+/// The database file when nothing names one.
+pub const DEFAULT_DB: &str = "flightlog.db";
+/// The address when nothing names one: loopback, the standard OTLP/HTTP port.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:4318";
+/// The largest `--max-inflight-writes` accepted.
+pub const MAX_INFLIGHT_WRITES_LIMIT: usize = 1_000_000;
+
+/// The config file's format and the token syntax, for `flightlog serve --help`.
+pub const CONFIG_HELP: &str = "\
+Settings come from flags, FLIGHTLOG_* environment variables and an optional TOML config file
+(--config PATH or FLIGHTLOG_CONFIG). Each setting takes the first of: flag, environment
+variable, config file, default. An empty environment variable counts as unset.
+
+Config file (every key optional; relative paths are relative to the file's folder):
+
+    db = \"/var/lib/flightlog/flightlog.db\"
+    addr = \"127.0.0.1:4318\"
+    durability = \"normal\"          # or \"full\"
+    body_limit = \"8MiB\"            # bytes, or with KiB / MiB / GiB
+    max_inflight_writes = 4096
+    allow_unauthenticated_non_loopback = false
+
+    [journal]
+    max_events = 10000             # events per engagement
+    max_age_ms = 2592000000        # 30 days
+
+    [[tokens]]
+    token = \"a-long-random-secret\"
+    scopes = [\"read\", \"ingest\"]
+
+    [[tokens]]
+    token = \"another-secret\"
+    scopes = [\"admin\"]
+
+Tokens and scopes: with any token configured, every request but GET /healthz needs
+`Authorization: Bearer <token>` (401 without a valid one, 403 without the scope).
+  read    all GETs and live streams
+  ingest  all writes: spans, events, batch, journal appends, OTLP
+  admin   maintenance: sweep-orphans, sweep-stale, prune, journal compact and prune,
+          and the testing clock
+--token SECRET (repeatable) grants all three scopes. FLIGHTLOG_TOKENS holds scoped tokens as
+TOKEN:SCOPE[,SCOPE...] entries separated by ';', e.g.
+    FLIGHTLOG_TOKENS=\"s3cret-reader:read;s3cret-agent:read,ingest;s3cret-ops:admin\"
+(a token may hold any visible ASCII but ';'; its scopes follow its last ':'). The token list
+is taken whole from the first source that has one: --token, else FLIGHTLOG_TOKENS, else the
+file. Prefer the environment or a file readable only by the service over --token, which other
+local users can see in the process list.
+
+Without any token the server refuses to listen on a non-loopback address (such as 0.0.0.0)
+unless --allow-unauthenticated-non-loopback says so on purpose (e.g. behind an authenticating
+proxy).";
+
+/// What `flightlog serve` got on its command line, still as text: parsing happens in
+/// [`resolve`], so a bad flag value gets the same message as a bad variable or file entry.
+#[derive(Clone, Default)]
+pub struct ServeFlags {
+    /// `--config PATH`.
+    pub config: Option<PathBuf>,
+    /// `--db PATH`.
+    pub db: Option<PathBuf>,
+    /// `--addr HOST:PORT`.
+    pub addr: Option<String>,
+    /// `--durability normal|full`.
+    pub durability: Option<String>,
+    /// `--body-limit SIZE`.
+    pub body_limit: Option<String>,
+    /// `--max-inflight-writes N`.
+    pub max_inflight_writes: Option<String>,
+    /// `--journal-max-events N`.
+    pub journal_max_events: Option<String>,
+    /// `--journal-max-age-ms MS`.
+    pub journal_max_age_ms: Option<String>,
+    /// Every `--token SECRET`, each with all scopes.
+    pub tokens: Vec<String>,
+    /// `--allow-unauthenticated-non-loopback` (a flag can only switch it on).
+    pub allow_unauthenticated_non_loopback: bool,
+}
+
+impl fmt::Debug for ServeFlags {
+    /// Everything but the token secrets, which show as a count.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServeFlags")
+            .field("config", &self.config)
+            .field("db", &self.db)
+            .field("addr", &self.addr)
+            .field("durability", &self.durability)
+            .field("body_limit", &self.body_limit)
+            .field("max_inflight_writes", &self.max_inflight_writes)
+            .field("journal_max_events", &self.journal_max_events)
+            .field("journal_max_age_ms", &self.journal_max_age_ms)
+            .field("tokens", &format_args!("<{} redacted>", self.tokens.len()))
+            .field(
+                "allow_unauthenticated_non_loopback",
+                &self.allow_unauthenticated_non_loopback,
+            )
+            .finish()
+    }
+}
+
+/// How hard the database works to keep a commit (maps to the SQLite store's `Durability`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Survives a crash of the process; the last commits may be lost on power loss.
+    #[default]
+    Normal,
+    /// Every commit survives power loss (an fsync per group commit).
+    Full,
+}
+
+/// Everything `flightlog serve` needs, resolved and checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServeSettings {
+    /// The SQLite database file.
+    pub db: PathBuf,
+    /// `HOST:PORT` to listen on (resolved and checked by [`check_exposure`] at start).
+    pub addr: String,
+    /// The SQLite durability level.
+    pub durability: Durability,
+    /// The HTTP server's configuration (body limit, tokens, write limit).
+    pub server: ServerConfig,
+    /// The engagement journal's retention.
+    pub retention: RetentionConfig,
+    /// Serve without tokens on a non-loopback address anyway.
+    pub allow_unauthenticated_non_loopback: bool,
+    /// The config file read, if any.
+    pub config_file: Option<PathBuf>,
+}
+
+/// Why the settings cannot be used. Each message names the setting and the way to fix it, and
+/// none repeats a token.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// A value that does not parse or is out of range.
+    #[error("{origin} = {value:?} is not valid: {fix}")]
+    Invalid {
+        /// Where the value came from (`--body-limit`, `FLIGHTLOG_BODY_LIMIT`, a file key).
+        origin: String,
+        /// The value as given.
+        value: String,
+        /// What a valid value looks like.
+        fix: String,
+    },
+    /// A token that cannot be used (its text is never repeated).
+    #[error("{origin}: {problem}")]
+    Token {
+        /// Where the token came from, with its position (`FLIGHTLOG_TOKENS entry 2`).
+        origin: String,
+        /// What is wrong and how to write it instead.
+        problem: String,
+    },
+    /// The config file cannot be read.
+    #[error("cannot read the config file {} (named by {named_by}): {error}", .path.display())]
+    ReadConfig {
+        /// The file.
+        path: PathBuf,
+        /// `--config` or `FLIGHTLOG_CONFIG`.
+        named_by: &'static str,
+        /// Why (in the message, not as a `source`, so a chain printer says it once).
+        error: std::io::Error,
+    },
+    /// The config file is not valid TOML.
+    #[error("the config file {} is not valid TOML: {message}", .path.display())]
+    ConfigSyntax {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (with line and column).
+        message: String,
+    },
+    /// The config file has a key this version does not know (a typo, most likely).
+    #[error(
+        "the config file {} has an unknown key `{key}`; the keys are: {known} \
+         (see `flightlog serve --help`)",
+        .path.display()
+    )]
+    UnknownKey {
+        /// The file.
+        path: PathBuf,
+        /// The key, dotted when nested.
+        key: String,
+        /// The keys it may hold.
+        known: String,
+    },
+    /// A server without tokens was asked to listen on a non-loopback address.
+    #[error(
+        "refusing to listen on {addr} without any token: anyone who can reach that address \
+         could read and change all data. Configure a token (--token, FLIGHTLOG_TOKENS or \
+         [[tokens]] in the config file), or listen on a loopback address such as \
+         127.0.0.1:{port}, or, if something in front of this server does the \
+         authentication, allow it on purpose with --allow-unauthenticated-non-loopback \
+         (or FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBACK=true)",
+        port = .addr.port()
+    )]
+    UnauthenticatedNonLoopback {
+        /// The first non-loopback address it would have listened on.
+        addr: SocketAddr,
+    },
+}
+
+/// Where a value came from, as the user wrote it.
+#[derive(Debug, Clone)]
+enum Origin<'a> {
+    Flag(&'static str),
+    Env(&'static str),
+    File { key: &'static str, path: &'a Path },
+}
+
+impl fmt::Display for Origin<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::Flag(flag) => f.write_str(flag),
+            Origin::Env(name) => f.write_str(name),
+            Origin::File { key, path } => write!(f, "`{key}` in {}", path.display()),
+        }
+    }
+}
+
+/// A parsed config file: its settings by dotted key, unknown keys already refused.
+#[derive(Debug, Clone)]
+pub struct ConfigFile {
+    path: PathBuf,
+    values: BTreeMap<&'static str, Value>,
+}
+
+impl ConfigFile {
+    /// Read and parse the file at `path`; `named_by` is the flag or variable that named it.
+    pub fn read(path: &Path, named_by: &'static str) -> Result<Self, SettingsError> {
+        let text = std::fs::read_to_string(path).map_err(|error| SettingsError::ReadConfig {
+            path: path.to_owned(),
+            named_by,
+            error,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Parse `text` as the config file at `path` (which relative paths in it are resolved
+    /// against).
+    pub fn parse(path: &Path, text: &str) -> Result<Self, SettingsError> {
+        let table: Table =
+            text.parse()
+                .map_err(|err: toml::de::Error| SettingsError::ConfigSyntax {
+                    path: path.to_owned(),
+                    message: err.to_string().trim_end().to_owned(),
+                })?;
+        let mut values = BTreeMap::new();
+        collect_keys(path, "", table, &mut values)?;
+        Ok(Self {
+            path: path.to_owned(),
+            values,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn get(&self, setting: &Setting) -> Option<(&Value, Origin<'_>)> {
+        self.values.get(setting.key).map(|value| {
+            let origin = Origin::File {
+                key: setting.key,
+                path: &self.path,
+            };
+            (value, origin)
+        })
+    }
+}
+
+/// File `table`'s settings into `values` by dotted key (`prefix` is the enclosing table's).
+fn collect_keys(
+    path: &Path,
+    prefix: &str,
+    table: Table,
+    values: &mut BTreeMap<&'static str, Value>,
+) -> Result<(), SettingsError> {
+    for (key, value) in table {
+        let dotted = if prefix.is_empty() {
+            key
+        } else {
+            format!("{prefix}.{key}")
+        };
+        if let Some(setting) = SETTINGS.iter().find(|s| s.key == dotted) {
+            values.insert(setting.key, value);
+            continue;
+        }
+        let is_section = SETTINGS
+            .iter()
+            .any(|s| s.key.starts_with(&format!("{dotted}.")));
+        match value {
+            Value::Table(inner) if is_section => collect_keys(path, &dotted, inner, values)?,
+            _ => {
+                let known: Vec<&str> = SETTINGS.iter().map(|s| s.key).collect();
+                return Err(SettingsError::UnknownKey {
+                    path: path.to_owned(),
+                    key: dotted,
+                    known: known.join(", "),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The config file `flags` or `env` name, if any, with the name of what named it.
+pub fn config_path(
+    flags: &ServeFlags,
+    env: &BTreeMap<String, String>,
+) -> Option<(PathBuf, &'static str)> {
+    if let Some(path) = &flags.config {
+        return Some((path.clone(), CONFIG_FLAG));
+    }
+    env_value(env, CONFIG_ENV).map(|path| (PathBuf::from(path), CONFIG_ENV))
+}
+
+/// Resolve the settings: read the config file `flags` or `env` name (if any), then take each
+/// setting from the flag, the environment, the file or the default, in that order.
+pub fn resolve(
+    flags: &ServeFlags,
+    env: &BTreeMap<String, String>,
+) -> Result<ServeSettings, SettingsError> {
+    let file = match config_path(flags, env) {
+        Some((path, named_by)) => Some(ConfigFile::read(&path, named_by)?),
+        None => None,
+    };
+    resolve_with_file(flags, env, file.as_ref())
+}
+
+/// [`resolve`] with the config file already parsed (or none).
+pub fn resolve_with_file(
+    flags: &ServeFlags,
+    env: &BTreeMap<String, String>,
+    file: Option<&ConfigFile>,
+) -> Result<ServeSettings, SettingsError> {
+    let layers = Layers { flags, env, file };
+
+    let db = match &flags.db {
+        // Taken as given, so a path that is not UTF-8 still works.
+        Some(path) if path.as_os_str().is_empty() => {
+            return Err(invalid(
+                &Origin::Flag(DB.flag),
+                "",
+                "give the path of the database file",
+            ))
+        }
+        Some(path) => path.clone(),
+        None => match layers.pick(&DB, None::<String>)? {
+            None => PathBuf::from(DEFAULT_DB),
+            Some((text, origin)) if text.trim().is_empty() => {
+                return Err(invalid(
+                    &origin,
+                    &text,
+                    "give the path of the database file",
+                ))
+            }
+            // A relative path in the file is relative to the file, not to wherever the server
+            // happens to be started.
+            Some((text, Origin::File { path, .. })) => match path.parent() {
+                Some(folder) => folder.join(text),
+                None => PathBuf::from(text),
+            },
+            Some((text, _)) => PathBuf::from(text),
+        },
+    };
+    let addr = layers.parse(
+        &ADDR,
+        flags.addr.as_deref(),
+        DEFAULT_ADDR.to_owned(),
+        parse_addr,
+        "give HOST:PORT, such as 127.0.0.1:4318, [::1]:4318 or 0.0.0.0:4318 (port 0 picks a \
+         free one)",
+    )?;
+    let durability = layers.parse(
+        &DURABILITY,
+        flags.durability.as_deref(),
+        Durability::default(),
+        parse_durability,
+        "give `normal` (survives a crash of the process) or `full` (survives power loss)",
+    )?;
+    let body_limit = layers.parse(
+        &BODY_LIMIT,
+        flags.body_limit.as_deref(),
+        ServerConfig::DEFAULT_BODY_LIMIT,
+        parse_size,
+        "give a size of at least 1 byte, in bytes or with KiB, MiB or GiB, such as 8388608 or \
+         8MiB",
+    )?;
+    let max_inflight_writes = layers.parse(
+        &MAX_INFLIGHT_WRITES,
+        flags.max_inflight_writes.as_deref(),
+        ServerConfig::DEFAULT_MAX_INFLIGHT_WRITES,
+        |text| parse_in_range(text, 1, MAX_INFLIGHT_WRITES_LIMIT as u64).map(|n| n as usize),
+        "give a whole number of write requests from 1 to 1000000 (default 4096)",
+    )?;
+    let max_events = layers.parse(
+        &JOURNAL_MAX_EVENTS,
+        flags.journal_max_events.as_deref(),
+        RetentionConfig::DEFAULT_MAX_EVENTS_PER_ENGAGEMENT,
+        |text| parse_in_range(text, 1, SAFE_INTEGER_LIMIT as u64 - 1),
+        "give a whole number of events per engagement, at least 1 (default 10000)",
+    )?;
+    let max_age_ms = layers.parse(
+        &JOURNAL_MAX_AGE_MS,
+        flags.journal_max_age_ms.as_deref(),
+        RetentionConfig::DEFAULT_MAX_AGE_MS,
+        |text| parse_in_range(text, 1, SAFE_INTEGER_LIMIT as u64 - 1).map(|n| n as i64),
+        "give an age in milliseconds, at least 1 (default 2592000000, 30 days)",
+    )?;
+    let allow_unauthenticated_non_loopback = layers.parse(
+        &ALLOW_UNAUTHENTICATED_NON_LOOPBACK,
+        flags.allow_unauthenticated_non_loopback.then_some("true"),
+        false,
+        parse_bool,
+        "give true or false",
+    )?;
+    let auth = layers.tokens()?;
+
+    Ok(ServeSettings {
+        db,
+        addr,
+        durability,
+        server: ServerConfig {
+            body_limit,
+            auth,
+            max_inflight_writes,
+            ..ServerConfig::default()
+        },
+        retention: RetentionConfig {
+            max_events_per_engagement: max_events,
+            max_age_ms,
+        },
+        allow_unauthenticated_non_loopback,
+        config_file: file.map(|file| file.path.clone()),
+    })
+}
+
+/// The three sources, looked up in precedence order.
+struct Layers<'a> {
+    flags: &'a ServeFlags,
+    env: &'a BTreeMap<String, String>,
+    file: Option<&'a ConfigFile>,
+}
+
+impl<'a> Layers<'a> {
+    /// The highest-precedence text for `setting` (`flag` is the flag's value) and its origin.
+    fn pick(
+        &self,
+        setting: &Setting,
+        flag: Option<impl Into<String>>,
+    ) -> Result<Option<(String, Origin<'a>)>, SettingsError> {
+        if let Some(text) = flag {
+            return Ok(Some((text.into(), Origin::Flag(setting.flag))));
+        }
+        if let Some(text) = env_value(self.env, setting.env) {
+            return Ok(Some((text.to_owned(), Origin::Env(setting.env))));
+        }
+        let Some((value, origin)) = self.file.and_then(|file| file.get(setting)) else {
+            return Ok(None);
+        };
+        match scalar_text(value) {
+            Some(text) => Ok(Some((text, origin))),
+            None => Err(invalid(
+                &origin,
+                &format!("<{}>", value.type_str()),
+                "give a single value, not a table or an array",
+            )),
+        }
+    }
+
+    /// The setting parsed by `parse`, or `default` when no source has it.
+    fn parse<T>(
+        &self,
+        setting: &Setting,
+        flag: Option<&str>,
+        default: T,
+        parse: impl Fn(&str) -> Option<T>,
+        fix: &str,
+    ) -> Result<T, SettingsError> {
+        match self.pick(setting, flag)? {
+            None => Ok(default),
+            Some((text, origin)) => parse(text.trim()).ok_or_else(|| invalid(&origin, &text, fix)),
+        }
+    }
+
+    /// The token list of the highest-precedence source that has one.
+    fn tokens(&self) -> Result<AuthConfig, SettingsError> {
+        let mut auth = AuthConfig::open();
+        if !self.flags.tokens.is_empty() {
+            for (index, secret) in self.flags.tokens.iter().enumerate() {
+                auth.add_token(secret, Scopes::ALL).map_err(|err| {
+                    token_error(
+                        format!("{} (the {})", TOKENS.flag, ordinal(index + 1)),
+                        &err,
+                    )
+                })?;
+            }
+            return Ok(auth);
+        }
+        if let Some(text) = env_value(self.env, TOKENS.env) {
+            parse_env_tokens(text, &mut auth)?;
+            return Ok(auth);
+        }
+        if let Some((value, origin)) = self.file.and_then(|file| file.get(&TOKENS)) {
+            parse_file_tokens(value, &origin, &mut auth)?;
+        }
+        Ok(auth)
+    }
+}
+
+/// `name`'s value in `env`, unless unset or blank.
+fn env_value<'e>(env: &'e BTreeMap<String, String>, name: &str) -> Option<&'e str> {
+    env.get(name)
+        .map(String::as_str)
+        .filter(|text| !text.trim().is_empty())
+}
+
+fn invalid(origin: &Origin<'_>, value: &str, fix: &str) -> SettingsError {
+    SettingsError::Invalid {
+        origin: origin.to_string(),
+        value: value.to_owned(),
+        fix: fix.to_owned(),
+    }
+}
+
+fn token_error(origin: String, err: &TokenError) -> SettingsError {
+    SettingsError::Token {
+        origin,
+        problem: err.to_string(),
+    }
+}
+
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+/// A TOML scalar as the text a flag would hold; `None` for arrays and tables.
+fn scalar_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(text) => Some(text.clone()),
+        Value::Integer(n) => Some(n.to_string()),
+        Value::Float(x) => Some(x.to_string()),
+        Value::Boolean(b) => Some(b.to_string()),
+        Value::Datetime(d) => Some(d.to_string()),
+        Value::Array(_) | Value::Table(_) => None,
+    }
+}
+
+/// `HOST:PORT` with a numeric port and a non-empty host (resolved only at start).
+fn parse_addr(text: &str) -> Option<String> {
+    let (host, port) = text.rsplit_once(':')?;
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return None;
+    }
+    port.parse::<u16>().ok()?;
+    Some(text.to_owned())
+}
+
+fn parse_durability(text: &str) -> Option<Durability> {
+    if text.eq_ignore_ascii_case("normal") {
+        Some(Durability::Normal)
+    } else if text.eq_ignore_ascii_case("full") {
+        Some(Durability::Full)
+    } else {
+        None
+    }
+}
+
+/// A byte size: plain bytes, or a whole number with `B`, `KiB`, `MiB` or `GiB` (any case).
+pub fn parse_size(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let lower = text.to_ascii_lowercase();
+    let (digits, unit) = [
+        ("kib", 1u64 << 10),
+        ("mib", 1 << 20),
+        ("gib", 1 << 30),
+        ("b", 1),
+    ]
+    .into_iter()
+    .find_map(|(suffix, unit)| lower.strip_suffix(suffix).map(|digits| (digits, unit)))
+    .unwrap_or((lower.as_str(), 1));
+    let digits = digits.trim_end();
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let bytes = digits.parse::<u64>().ok()?.checked_mul(unit)?;
+    usize::try_from(bytes).ok().filter(|bytes| *bytes >= 1)
+}
+
+/// A whole number from `min` to `max`.
+fn parse_in_range(text: &str, min: u64, max: u64) -> Option<u64> {
+    if !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse::<u64>().ok().filter(|n| (min..=max).contains(n))
+}
+
+fn parse_bool(text: &str) -> Option<bool> {
+    match text.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Some(true),
+        "false" | "0" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+/// `FLIGHTLOG_TOKENS`: `TOKEN:SCOPE[,SCOPE...]` entries separated by `;` (blank entries skipped).
+fn parse_env_tokens(text: &str, auth: &mut AuthConfig) -> Result<(), SettingsError> {
+    let entries = text.split(';').map(str::trim).filter(|e| !e.is_empty());
+    for (index, entry) in entries.enumerate() {
+        let origin = || format!("{} entry {}", TOKENS.env, index + 1);
+        let Some((secret, scopes)) = entry.rsplit_once(':') else {
+            return Err(SettingsError::Token {
+                origin: origin(),
+                problem: "has no scopes: write TOKEN:SCOPE[,SCOPE...] with scopes read, \
+                          ingest, admin, and separate entries with ';'"
+                    .into(),
+            });
+        };
+        let scopes = scopes
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(Scope::parse)
+            .collect::<Option<Scopes>>()
+            .ok_or_else(|| SettingsError::Token {
+                origin: origin(),
+                problem: "names a scope other than read, ingest, admin (write \
+                          TOKEN:SCOPE[,SCOPE...])"
+                    .into(),
+            })?;
+        auth.add_token(secret.trim(), scopes)
+            .map_err(|err| token_error(origin(), &err))?;
+    }
+    Ok(())
+}
+
+/// The file's `[[tokens]]`: tables `{token = "...", scopes = ["read", ...]}`.
+fn parse_file_tokens(
+    value: &Value,
+    origin: &Origin<'_>,
+    auth: &mut AuthConfig,
+) -> Result<(), SettingsError> {
+    let shape = "write each token as a [[tokens]] table with token = \"...\" and scopes = \
+                 [\"read\", \"ingest\", \"admin\"] (any of them)";
+    let Value::Array(entries) = value else {
+        return Err(SettingsError::Token {
+            origin: origin.to_string(),
+            problem: format!("is not a list of tables: {shape}"),
+        });
+    };
+    for (index, entry) in entries.iter().enumerate() {
+        let origin = || format!("{origin} entry {}", index + 1);
+        let problem = |problem: &str| SettingsError::Token {
+            origin: origin(),
+            problem: format!("{problem}: {shape}"),
+        };
+        let Value::Table(table) = entry else {
+            return Err(problem("is not a table"));
+        };
+        if let Some(key) = table.keys().find(|k| *k != "token" && *k != "scopes") {
+            return Err(problem(&format!("has an unknown key `{key}`")));
+        }
+        let Some(Value::String(secret)) = table.get("token") else {
+            return Err(problem("has no `token` string"));
+        };
+        let Some(Value::Array(names)) = table.get("scopes") else {
+            return Err(problem("has no `scopes` list"));
+        };
+        let scopes = names
+            .iter()
+            .map(|name| name.as_str().and_then(Scope::parse))
+            .collect::<Option<Scopes>>()
+            .ok_or_else(|| problem("names a scope other than read, ingest, admin"))?;
+        auth.add_token(secret, scopes)
+            .map_err(|err| token_error(origin(), &err))?;
+    }
+    Ok(())
+}
+
+/// Whether `addr` only reaches this machine (IPv4 127/8, IPv6 `::1`, or `::ffff:127.x.y.z`).
+pub fn is_loopback(addr: &SocketAddr) -> bool {
+    match addr {
+        SocketAddr::V4(v4) => v4.ip().is_loopback(),
+        SocketAddr::V6(v6) => {
+            v6.ip().is_loopback() || v6.ip().to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
+}
+
+/// The start-up guard: listening on `addrs` (what the address resolved to) without any token is
+/// refused when one of them is not loopback, unless `allow_unauthenticated_non_loopback`.
+pub fn check_exposure(
+    addrs: &[SocketAddr],
+    auth: &AuthConfig,
+    allow_unauthenticated_non_loopback: bool,
+) -> Result<(), SettingsError> {
+    if auth.is_enabled() || allow_unauthenticated_non_loopback {
+        return Ok(());
+    }
+    match addrs.iter().find(|addr| !is_loopback(addr)) {
+        Some(addr) => Err(SettingsError::UnauthenticatedNonLoopback { addr: *addr }),
+        None => Ok(()),
+    }
+}

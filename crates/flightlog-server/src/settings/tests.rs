@@ -1,0 +1,451 @@
+//! Settings resolution without touching the process: the environment is a map, the config file
+//! is parsed from text (or a temporary file where reading it is the point).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::*;
+
+const FILE: &str = "/etc/flightlog/flightlog.toml";
+
+fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        .collect()
+}
+
+fn file(text: &str) -> ConfigFile {
+    ConfigFile::parse(Path::new(FILE), text).expect("a valid config file")
+}
+
+/// How a case sets its setting through a flag.
+type SetFlag = fn(&mut ServeFlags);
+/// What a case reads back from the resolved settings.
+type Read = fn(&ServeSettings) -> String;
+
+/// One setting's value through each layer, and what each layer must resolve to.
+struct Case {
+    setting: Setting,
+    set_flag: SetFlag,
+    env: &'static str,
+    file: &'static str,
+    read: Read,
+    /// What `read` gives with: nothing, the file, file + env, file + env + flag.
+    expected: [&'static str; 4],
+}
+
+fn token_scopes(settings: &ServeSettings) -> String {
+    let auth = &settings.server.auth;
+    ["flag-token", "env-token", "file-token"]
+        .iter()
+        .map(|token| format!("{token}={:?}", auth.scopes_of(token)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            setting: DB,
+            set_flag: |f| f.db = Some("flag.db".into()),
+            env: "env.db",
+            file: r#"db = "file.db""#,
+            read: |s| s.db.display().to_string(),
+            expected: [
+                "flightlog.db",
+                "/etc/flightlog/file.db",
+                "env.db",
+                "flag.db",
+            ],
+        },
+        Case {
+            setting: ADDR,
+            set_flag: |f| f.addr = Some("127.0.0.1:3".into()),
+            env: "127.0.0.1:2",
+            file: r#"addr = "127.0.0.1:1""#,
+            read: |s| s.addr.clone(),
+            expected: [
+                "127.0.0.1:4318",
+                "127.0.0.1:1",
+                "127.0.0.1:2",
+                "127.0.0.1:3",
+            ],
+        },
+        Case {
+            setting: DURABILITY,
+            set_flag: |f| f.durability = Some("full".into()),
+            env: "NORMAL",
+            file: r#"durability = "full""#,
+            read: |s| format!("{:?}", s.durability),
+            expected: ["Normal", "Full", "Normal", "Full"],
+        },
+        Case {
+            setting: BODY_LIMIT,
+            set_flag: |f| f.body_limit = Some("1KiB".into()),
+            env: "2048",
+            file: r#"body_limit = "3MiB""#,
+            read: |s| s.server.body_limit.to_string(),
+            expected: ["8388608", "3145728", "2048", "1024"],
+        },
+        Case {
+            setting: MAX_INFLIGHT_WRITES,
+            set_flag: |f| f.max_inflight_writes = Some("3".into()),
+            env: "2",
+            file: "max_inflight_writes = 1",
+            read: |s| s.server.max_inflight_writes.to_string(),
+            expected: ["4096", "1", "2", "3"],
+        },
+        Case {
+            setting: JOURNAL_MAX_EVENTS,
+            set_flag: |f| f.journal_max_events = Some("13".into()),
+            env: "12",
+            file: "[journal]\nmax_events = 11",
+            read: |s| s.retention.max_events_per_engagement.to_string(),
+            expected: ["10000", "11", "12", "13"],
+        },
+        Case {
+            setting: JOURNAL_MAX_AGE_MS,
+            set_flag: |f| f.journal_max_age_ms = Some("23".into()),
+            env: "22",
+            file: "journal.max_age_ms = 21",
+            read: |s| s.retention.max_age_ms.to_string(),
+            expected: ["2592000000", "21", "22", "23"],
+        },
+        Case {
+            setting: ALLOW_UNAUTHENTICATED_NON_LOOPBACK,
+            set_flag: |f| f.allow_unauthenticated_non_loopback = true,
+            env: "false",
+            file: "allow_unauthenticated_non_loopback = true",
+            read: |s| s.allow_unauthenticated_non_loopback.to_string(),
+            expected: ["false", "true", "false", "true"],
+        },
+        Case {
+            setting: TOKENS,
+            set_flag: |f| f.tokens = vec!["flag-token".into()],
+            env: "env-token:read,ingest",
+            file: "[[tokens]]\ntoken = \"file-token\"\nscopes = [\"admin\"]",
+            read: token_scopes,
+            expected: [
+                "flag-token=None env-token=None file-token=None",
+                "flag-token=None env-token=None file-token=Some({\"admin\"})",
+                "flag-token=None env-token=Some({\"read\", \"ingest\"}) file-token=None",
+                "flag-token=Some({\"read\", \"ingest\", \"admin\"}) env-token=None \
+                 file-token=None",
+            ],
+        },
+    ]
+}
+
+#[test]
+fn each_setting_takes_the_flag_then_the_environment_then_the_file_then_the_default() {
+    let cases = cases();
+    // Every setting of the file is covered.
+    for setting in SETTINGS {
+        assert!(
+            cases.iter().any(|case| case.setting == setting),
+            "no precedence case for {setting:?}"
+        );
+    }
+    for case in cases {
+        let name = case.setting.env;
+        let mut flags = ServeFlags::default();
+        let file = file(case.file);
+        let with_env = env(&[(name, case.env)]);
+        let layers = [
+            resolve_with_file(&flags, &BTreeMap::new(), None),
+            resolve_with_file(&flags, &BTreeMap::new(), Some(&file)),
+            resolve_with_file(&flags, &with_env, Some(&file)),
+            {
+                (case.set_flag)(&mut flags);
+                resolve_with_file(&flags, &with_env, Some(&file))
+            },
+        ];
+        for (layer, (resolved, expected)) in layers.iter().zip(case.expected).enumerate() {
+            let got = resolved
+                .as_ref()
+                .map(case.read)
+                .unwrap_or_else(|err| panic!("{name}, layer {layer}: {err}"));
+            assert_eq!(got, expected, "{name}, layer {layer}");
+        }
+    }
+}
+
+#[test]
+fn defaults_are_the_documented_ones() {
+    let settings = resolve_with_file(&ServeFlags::default(), &BTreeMap::new(), None)
+        .expect("defaults resolve");
+    assert_eq!(
+        settings,
+        ServeSettings {
+            db: PathBuf::from("flightlog.db"),
+            addr: "127.0.0.1:4318".into(),
+            durability: Durability::Normal,
+            server: ServerConfig::default(),
+            retention: RetentionConfig::default(),
+            allow_unauthenticated_non_loopback: false,
+            config_file: None,
+        }
+    );
+    assert!(!settings.server.auth.is_enabled());
+    assert_eq!(settings.server.max_inflight_writes, 4096);
+}
+
+#[test]
+fn a_blank_environment_variable_counts_as_unset() {
+    let file = file("addr = \"127.0.0.1:9\"\n[[tokens]]\ntoken = \"t\"\nscopes = [\"read\"]");
+    let env = env(&[("FLIGHTLOG_ADDR", ""), ("FLIGHTLOG_TOKENS", "  ")]);
+    let settings = resolve_with_file(&ServeFlags::default(), &env, Some(&file))
+        .expect("blank variables are ignored");
+    assert_eq!(settings.addr, "127.0.0.1:9");
+    assert!(settings.server.auth.is_enabled(), "the file's token stays");
+}
+
+#[test]
+fn the_config_flag_wins_over_the_config_variable_and_a_missing_file_is_an_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let from_flag = dir.path().join("flag.toml");
+    let from_env = dir.path().join("env.toml");
+    std::fs::write(&from_flag, "addr = \"127.0.0.1:1\"").expect("write");
+    std::fs::write(&from_env, "addr = \"127.0.0.1:2\"").expect("write");
+    let env_names_file = env(&[("FLIGHTLOG_CONFIG", &from_env.to_string_lossy())]);
+
+    let settings = resolve(&ServeFlags::default(), &env_names_file).expect("resolves");
+    assert_eq!(settings.addr, "127.0.0.1:2");
+    assert_eq!(settings.config_file.as_deref(), Some(from_env.as_path()));
+
+    let flags = ServeFlags {
+        config: Some(from_flag.clone()),
+        ..ServeFlags::default()
+    };
+    let settings = resolve(&flags, &env_names_file).expect("resolves");
+    assert_eq!(settings.addr, "127.0.0.1:1");
+
+    let missing = env(&[("FLIGHTLOG_CONFIG", "/nonexistent/flightlog.toml")]);
+    let err = resolve(&ServeFlags::default(), &missing).expect_err("missing file");
+    let message = err.to_string();
+    assert!(
+        message.contains("/nonexistent/flightlog.toml") && message.contains("FLIGHTLOG_CONFIG"),
+        "{message}"
+    );
+}
+
+/// How a bad-value case feeds its value in.
+enum Input {
+    Flags(ServeFlags),
+    Env(&'static str, &'static str),
+    File(&'static str),
+}
+
+fn resolve_input(input: Input) -> Result<ServeSettings, SettingsError> {
+    match input {
+        Input::Flags(flags) => resolve_with_file(&flags, &BTreeMap::new(), None),
+        Input::Env(name, value) => {
+            resolve_with_file(&ServeFlags::default(), &env(&[(name, value)]), None)
+        }
+        Input::File(text) => match ConfigFile::parse(Path::new(FILE), text) {
+            Ok(file) => resolve_with_file(&ServeFlags::default(), &BTreeMap::new(), Some(&file)),
+            Err(err) => Err(err),
+        },
+    }
+}
+
+#[test]
+fn bad_values_name_the_setting_where_it_was_given_and_the_fix() {
+    let flags = |set: fn(&mut ServeFlags)| {
+        let mut flags = ServeFlags::default();
+        set(&mut flags);
+        Input::Flags(flags)
+    };
+    let cases: Vec<(Input, &[&str])> = vec![
+        (
+            Input::Env("FLIGHTLOG_BODY_LIMIT", "8MB"),
+            &["FLIGHTLOG_BODY_LIMIT", "\"8MB\"", "8MiB"],
+        ),
+        (
+            Input::Env("FLIGHTLOG_BODY_LIMIT", "0"),
+            &["FLIGHTLOG_BODY_LIMIT", "at least 1 byte"],
+        ),
+        (
+            flags(|f| f.durability = Some("fast".into())),
+            &["--durability", "\"fast\"", "normal", "full"],
+        ),
+        (
+            flags(|f| f.addr = Some("localhost".into())),
+            &["--addr", "HOST:PORT"],
+        ),
+        (
+            flags(|f| f.max_inflight_writes = Some("many".into())),
+            &["--max-inflight-writes", "1 to 1000000"],
+        ),
+        (
+            Input::File("max_inflight_writes = 0"),
+            &[
+                "`max_inflight_writes` in /etc/flightlog/flightlog.toml",
+                "1 to 1000000",
+            ],
+        ),
+        (
+            Input::Env("FLIGHTLOG_JOURNAL_MAX_AGE_MS", "-5"),
+            &["FLIGHTLOG_JOURNAL_MAX_AGE_MS", "milliseconds"],
+        ),
+        (
+            Input::Env("FLIGHTLOG_JOURNAL_MAX_EVENTS", "1e4"),
+            &["FLIGHTLOG_JOURNAL_MAX_EVENTS", "whole number"],
+        ),
+        (
+            Input::Env("FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBACK", "maybe"),
+            &[
+                "FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBACK",
+                "true or false",
+            ],
+        ),
+        (
+            Input::File("[journal]\nmax_events = \"lots\""),
+            &["`journal.max_events` in", "whole number"],
+        ),
+        (
+            Input::File("body_limit = [1]"),
+            &["`body_limit` in", "single value"],
+        ),
+        (
+            Input::File("bodylimit = 5"),
+            &["unknown key `bodylimit`", "body_limit", "--help"],
+        ),
+        (
+            Input::File("[journal]\nmax_event = 5"),
+            &["unknown key `journal.max_event`", "journal.max_events"],
+        ),
+        (
+            Input::File("addr = "),
+            &["/etc/flightlog/flightlog.toml", "not valid TOML", "line 1"],
+        ),
+    ];
+    for (input, needles) in cases {
+        let err = resolve_input(input).expect_err(needles[0]);
+        let message = err.to_string();
+        for needle in needles {
+            assert!(message.contains(needle), "{needle:?} not in: {message}");
+        }
+    }
+}
+
+#[test]
+fn token_errors_say_how_to_write_tokens_and_never_repeat_the_secret() {
+    let cases: Vec<(Input, &[&str])> = vec![
+        (
+            Input::Env("FLIGHTLOG_TOKENS", "ok-secret:read;topsecret"),
+            &["FLIGHTLOG_TOKENS entry 2", "TOKEN:SCOPE"],
+        ),
+        (
+            Input::Env("FLIGHTLOG_TOKENS", "topsecret:reed"),
+            &["FLIGHTLOG_TOKENS entry 1", "read, ingest, admin"],
+        ),
+        (
+            Input::Env("FLIGHTLOG_TOKENS", "topsecret:"),
+            &["FLIGHTLOG_TOKENS entry 1", "at least one scope"],
+        ),
+        (
+            Input::Env("FLIGHTLOG_TOKENS", "top secret:read"),
+            &["FLIGHTLOG_TOKENS entry 1", "visible ASCII"],
+        ),
+        (
+            Input::Flags(ServeFlags {
+                tokens: vec!["fine".into(), "top\tsecret".into()],
+                ..ServeFlags::default()
+            }),
+            &["--token (the 2nd)", "visible ASCII"],
+        ),
+        (
+            Input::File("[[tokens]]\ntoken = \"topsecret\"\nscopes = [\"root\"]"),
+            &[
+                "`tokens` in /etc/flightlog/flightlog.toml entry 1",
+                "scopes = [",
+            ],
+        ),
+        (
+            Input::File("[[tokens]]\ntoken = \"topsecret\""),
+            &["entry 1", "no `scopes` list"],
+        ),
+        (
+            Input::File("[[tokens]]\nsecret = \"topsecret\"\nscopes = [\"read\"]"),
+            &["entry 1", "unknown key `secret`"],
+        ),
+        (
+            Input::File("tokens = \"topsecret\""),
+            &["not a list of tables"],
+        ),
+    ];
+    for (input, needles) in cases {
+        let err = resolve_input(input).expect_err(needles[0]);
+        let message = err.to_string();
+        for needle in needles {
+            assert!(message.contains(needle), "{needle:?} not in: {message}");
+        }
+        assert!(!message.contains("topsecret"), "leaks the token: {message}");
+        assert!(
+            !message.contains("top secret"),
+            "leaks the token: {message}"
+        );
+    }
+}
+
+#[test]
+fn environment_tokens_take_several_scoped_entries_and_merge_repeats() {
+    let env = env(&[(
+        "FLIGHTLOG_TOKENS",
+        " reader:read ; agent:read, ingest;ops:admin;with:colon:ingest;reader:admin; ",
+    )]);
+    let settings = resolve_with_file(&ServeFlags::default(), &env, None).expect("valid token list");
+    let auth = &settings.server.auth;
+    assert_eq!(auth.token_count(), 4);
+    let scopes = |names: &[Scope]| Some(names.iter().copied().collect::<Scopes>());
+    assert_eq!(
+        auth.scopes_of("reader"),
+        scopes(&[Scope::Read, Scope::Admin])
+    );
+    assert_eq!(
+        auth.scopes_of("agent"),
+        scopes(&[Scope::Read, Scope::Ingest])
+    );
+    assert_eq!(auth.scopes_of("ops"), scopes(&[Scope::Admin]));
+    assert_eq!(auth.scopes_of("with:colon"), scopes(&[Scope::Ingest]));
+    assert_eq!(auth.scopes_of("nobody"), None);
+    assert!(!format!("{settings:?}").contains("reader"));
+}
+
+#[test]
+fn sizes_take_bytes_or_binary_units() {
+    let cases = [
+        ("1", Some(1)),
+        ("8388608", Some(8_388_608)),
+        ("512KiB", Some(512 * 1024)),
+        ("8MiB", Some(8 << 20)),
+        ("8 mib", Some(8 << 20)),
+        ("1GiB", Some(1 << 30)),
+        ("100B", Some(100)),
+        ("0", None),
+        ("8MB", None),
+        ("-1", None),
+        ("1.5MiB", None),
+        ("MiB", None),
+        ("", None),
+        ("99999999999999999999GiB", None),
+    ];
+    for (text, expected) in cases {
+        assert_eq!(parse_size(text), expected, "{text:?}");
+    }
+}
+
+#[test]
+fn the_flags_debug_output_hides_the_tokens() {
+    let flags = ServeFlags {
+        tokens: vec!["hunter2".into()],
+        ..ServeFlags::default()
+    };
+    let debug = format!("{flags:?}");
+    assert!(
+        !debug.contains("hunter2") && debug.contains("1 redacted"),
+        "{debug}"
+    );
+}

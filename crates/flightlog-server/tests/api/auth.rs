@@ -1,0 +1,476 @@
+//! Auth on a real server: every route refuses a missing, wrong or malformed token (401) and a
+//! token without its scope (403), lets the right scope through, and `GET /healthz` needs none.
+//! The route table here is checked against the routes the source registers, so a new route
+//! without a row fails [`the_table_covers_every_registered_route`]. Also: the start-up guard
+//! against serving without tokens on a non-loopback address.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+
+use flightlog_server::settings::{check_exposure, SettingsError};
+use flightlog_server::{AuthConfig, Scope, Scopes, ServerConfig};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::support::{Options, TestServer};
+
+/// What a route needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Needs {
+    Nothing,
+    Scope(Scope),
+}
+
+/// One route: method, template (with an optional query), a body, what it needs.
+struct Route {
+    method: Method,
+    template: &'static str,
+    body: Option<Value>,
+    needs: Needs,
+}
+
+fn route(method: Method, template: &'static str, body: Option<Value>, needs: Needs) -> Route {
+    Route {
+        method,
+        template,
+        body,
+        needs,
+    }
+}
+
+/// Every route of the contract this server serves.
+fn routes() -> Vec<Route> {
+    use Needs::Scope as S;
+    use Scope::{Admin, Ingest, Read};
+    let start = json!({"spanId": "s1", "runId": "r1", "name": "n", "kind": "turn",
+                       "origin": "session", "startedAt": 1});
+    vec![
+        route(Method::GET, "/healthz", None, Needs::Nothing),
+        route(Method::POST, "/v1/activity/spans", Some(start), S(Ingest)),
+        route(Method::GET, "/v1/activity/spans/{spanId}", None, S(Read)),
+        route(
+            Method::PATCH,
+            "/v1/activity/spans/{spanId}",
+            Some(json!({"attrs": {"a": 1}})),
+            S(Ingest),
+        ),
+        route(
+            Method::POST,
+            "/v1/activity/spans/{spanId}/end",
+            Some(json!({"outcome": "ok"})),
+            S(Ingest),
+        ),
+        route(
+            Method::POST,
+            "/v1/activity/spans/{spanId}/events",
+            Some(json!({"eventType": "note", "payload": {}})),
+            S(Ingest),
+        ),
+        route(
+            Method::POST,
+            "/v1/activity/spans/{spanId}/heartbeat",
+            None,
+            S(Ingest),
+        ),
+        route(
+            Method::POST,
+            "/v1/activity/batch",
+            Some(json!({"ops": []})),
+            S(Ingest),
+        ),
+        route(
+            Method::POST,
+            "/v1/activity/runs/{runId}/close",
+            Some(json!({"outcome": "cancelled", "reason": "test"})),
+            S(Ingest),
+        ),
+        route(
+            Method::POST,
+            "/v1/activity/runs/{runId}/rollup",
+            None,
+            S(Ingest),
+        ),
+        route(
+            Method::GET,
+            "/v1/activity/runs/{runId}/rollup",
+            None,
+            S(Read),
+        ),
+        route(
+            Method::GET,
+            "/v1/activity/runs/{runId}/snapshot",
+            None,
+            S(Read),
+        ),
+        route(Method::GET, "/v1/activity/runs/{runId}/seq", None, S(Read)),
+        route(Method::GET, "/v1/activity/changes?after=0", None, S(Read)),
+        route(
+            Method::GET,
+            "/v1/activity/changes/terminal-roots",
+            None,
+            S(Read),
+        ),
+        route(Method::GET, "/v1/activity/cursor", None, S(Read)),
+        route(Method::GET, "/v1/activity/open-roots", None, S(Read)),
+        route(
+            Method::GET,
+            "/v1/activity/stuck?thresholdMs=1",
+            None,
+            S(Read),
+        ),
+        route(
+            Method::POST,
+            "/v1/activity/maintenance/sweep-orphans",
+            None,
+            S(Admin),
+        ),
+        route(
+            Method::POST,
+            "/v1/activity/maintenance/sweep-stale",
+            Some(json!({"staleAfterMs": 60000})),
+            S(Admin),
+        ),
+        route(
+            Method::POST,
+            "/v1/activity/maintenance/prune",
+            Some(json!({"digestFloorAt": 0, "hardCeilingMs": 1})),
+            S(Admin),
+        ),
+        route(Method::GET, "/v1/activity/changes/stream", None, S(Read)),
+        route(
+            Method::GET,
+            "/v1/activity/runs/{runId}/stream",
+            None,
+            S(Read),
+        ),
+        route(Method::GET, "/v1/engagements?limit=5", None, S(Read)),
+        route(
+            Method::POST,
+            "/v1/engagements/prune",
+            Some(json!({"now": 0})),
+            S(Admin),
+        ),
+        route(
+            Method::POST,
+            "/v1/engagements/{engagementId}/events",
+            Some(json!({"type": "note", "at": 1, "data": {}})),
+            S(Ingest),
+        ),
+        route(
+            Method::GET,
+            "/v1/engagements/{engagementId}/events",
+            None,
+            S(Read),
+        ),
+        route(
+            Method::GET,
+            "/v1/engagements/{engagementId}/summary",
+            None,
+            S(Read),
+        ),
+        route(
+            Method::GET,
+            "/v1/engagements/{engagementId}/board",
+            None,
+            S(Read),
+        ),
+        route(
+            Method::POST,
+            "/v1/engagements/{engagementId}/compact",
+            None,
+            S(Admin),
+        ),
+        route(
+            Method::GET,
+            "/v1/engagements/{engagementId}/stream",
+            None,
+            S(Read),
+        ),
+        route(
+            Method::PUT,
+            "/v1/testing/clock",
+            Some(json!({"now": 5})),
+            S(Admin),
+        ),
+    ]
+}
+
+/// The template with its ids filled in.
+fn concrete(template: &str) -> String {
+    template
+        .replace("{spanId}", "s1")
+        .replace("{runId}", "r1")
+        .replace("{engagementId}", "e1")
+}
+
+/// The tokens of the test server: one per scope, one with all.
+const TOKENS: [(&str, &[Scope]); 4] = [
+    ("token-read", &[Scope::Read]),
+    ("token-ingest", &[Scope::Ingest]),
+    ("token-admin", &[Scope::Admin]),
+    ("token-all", &[Scope::Read, Scope::Ingest, Scope::Admin]),
+];
+
+async fn start_with_tokens() -> TestServer {
+    let mut auth = AuthConfig::open();
+    for (secret, scopes) in TOKENS {
+        auth.add_token(secret, scopes.iter().copied().collect::<Scopes>())
+            .expect("valid token");
+    }
+    TestServer::start_with(Options {
+        manual_clock: true,
+        config: ServerConfig {
+            auth,
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await
+}
+
+/// An answer: the status, the `WWW-Authenticate` header, and the body when it is an error
+/// (a granted stream's body never ends, so it is not read).
+struct Answer {
+    status: StatusCode,
+    www_authenticate: Option<String>,
+    error: Option<Value>,
+}
+
+async fn call(server: &TestServer, route: &Route, authorization: Option<&str>) -> Answer {
+    let url = format!("{}{}", server.base, concrete(route.template));
+    let mut request = server.client.request(route.method.clone(), url);
+    if let Some(body) = &route.body {
+        request = request.json(body);
+    }
+    if let Some(value) = authorization {
+        request = request.header("Authorization", value);
+    }
+    let response = request.send().await.expect("request");
+    let status = response.status();
+    let www_authenticate = response
+        .headers()
+        .get("www-authenticate")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let error = if matches!(status.as_u16(), 401 | 403) {
+        Some(response.json::<Value>().await.expect("an error body"))
+    } else {
+        None
+    };
+    Answer {
+        status,
+        www_authenticate,
+        error,
+    }
+}
+
+#[track_caller]
+fn assert_refused(answer: &Answer, status: u16, code: &str, what: &str) {
+    assert_eq!(answer.status.as_u16(), status, "{what}");
+    let body = answer.error.as_ref().expect("an error body");
+    assert_eq!(body.pointer("/error/code"), Some(&json!(code)), "{what}");
+    let message = body.pointer("/error/message").and_then(Value::as_str);
+    assert!(message.is_some_and(|m| !m.is_empty()), "{what}: {body}");
+    assert_eq!(body.as_object().map(|o| o.len()), Some(1), "{what}: {body}");
+}
+
+#[tokio::test]
+async fn every_route_refuses_missing_wrong_and_under_scoped_tokens() {
+    let server = start_with_tokens().await;
+    for route in routes() {
+        let what = format!("{} {}", route.method, route.template);
+        let Needs::Scope(scope) = route.needs else {
+            // Public: no token needed, and a wrong one does not hurt either.
+            for authorization in [None, Some("Bearer wrong")] {
+                let answer = call(&server, &route, authorization).await;
+                assert_eq!(answer.status.as_u16(), 200, "{what} with {authorization:?}");
+            }
+            continue;
+        };
+
+        let missing = call(&server, &route, None).await;
+        assert_refused(&missing, 401, "unauthorized", &format!("{what}, no token"));
+        assert_eq!(
+            missing.www_authenticate.as_deref(),
+            Some("Bearer realm=\"flightlog\""),
+            "{what}"
+        );
+        for bad in [
+            "Bearer wrong-token",
+            "Bearer token-rea",
+            "Bearer token-readx",
+            "Basic dG9rZW4tYWxsOg==",
+            "token-all",
+            "Bearer",
+        ] {
+            let answer = call(&server, &route, Some(bad)).await;
+            assert_refused(&answer, 401, "unauthorized", &format!("{what}, {bad:?}"));
+        }
+
+        for (secret, scopes) in TOKENS {
+            let answer = call(&server, &route, Some(&format!("Bearer {secret}"))).await;
+            if scopes.contains(&scope) {
+                assert!(
+                    !matches!(answer.status.as_u16(), 401 | 403),
+                    "{what} with {secret}: {} {:?}",
+                    answer.status,
+                    answer.error
+                );
+            } else {
+                assert_refused(&answer, 403, "forbidden", &format!("{what} with {secret}"));
+            }
+        }
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_unknown_path_needs_a_token_before_it_is_a_404() {
+    let server = start_with_tokens().await;
+    let unknown = route(Method::GET, "/v1/nothing-here", None, Needs::Nothing);
+    assert_refused(
+        &call(&server, &unknown, None).await,
+        401,
+        "unauthorized",
+        "no token",
+    );
+    for (secret, _) in TOKENS {
+        let answer = call(&server, &unknown, Some(&format!("Bearer {secret}"))).await;
+        assert_eq!(answer.status.as_u16(), 404, "{secret}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn without_tokens_every_route_is_open() {
+    let server = TestServer::start_with(Options {
+        manual_clock: true,
+        ..Options::default()
+    })
+    .await;
+    for route in routes() {
+        let answer = call(&server, &route, None).await;
+        assert!(
+            !matches!(answer.status.as_u16(), 401 | 403),
+            "{} {}: {}",
+            route.method,
+            route.template,
+            answer.status
+        );
+    }
+    server.stop().await;
+}
+
+/// The `(METHOD, template)` pairs `src/routes/*.rs` registers, read from the source: each
+/// `.route("template", get(a).post(b))` call.
+fn registered_routes() -> BTreeSet<(String, String)> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/routes");
+    let mut found = BTreeSet::new();
+    for entry in std::fs::read_dir(dir).expect("src/routes") {
+        let path = entry.expect("dir entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("rs") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&path).expect("read source");
+        for call in source.split(".route(").skip(1) {
+            // The call's text: up to the next `.route(` or the end of the router function.
+            let call = call.split("\n}").next().unwrap_or(call);
+            let Some(template) = call.split('"').nth(1) else {
+                continue;
+            };
+            let after = &call[call.find(template).unwrap_or(0) + template.len()..];
+            for method in ["get", "post", "put", "patch", "delete"] {
+                let needle = format!("{method}(");
+                let registered = after.match_indices(&needle).any(|(at, _)| {
+                    at == 0 || {
+                        let before = after.as_bytes()[at - 1];
+                        !(before.is_ascii_alphanumeric() || before == b'_')
+                    }
+                });
+                if registered {
+                    found.insert((method.to_ascii_uppercase(), template.to_owned()));
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_table_covers_every_registered_route() {
+    let registered = registered_routes();
+    assert!(
+        registered.len() > 20,
+        "the source scan found {registered:?}"
+    );
+    let table: BTreeSet<(String, String)> = routes()
+        .iter()
+        .map(|route| {
+            let template = route.template.split('?').next().unwrap_or(route.template);
+            (route.method.to_string(), template.to_owned())
+        })
+        .collect();
+    let missing: Vec<_> = registered.difference(&table).collect();
+    assert!(
+        missing.is_empty(),
+        "routes without a row in the auth table: {missing:?}"
+    );
+    let stale: Vec<_> = table.difference(&registered).collect();
+    assert!(
+        stale.is_empty(),
+        "rows for routes that do not exist: {stale:?}"
+    );
+}
+
+#[test]
+fn serving_without_tokens_is_refused_on_non_loopback_addresses_unless_allowed() {
+    let addr = |text: &str| text.parse::<SocketAddr>().expect("socket address");
+    let open = AuthConfig::open();
+    let guarded = AuthConfig::open()
+        .with_token("t", Scopes::ALL)
+        .expect("valid token");
+    let loopback = [
+        addr("127.0.0.1:4318"),
+        addr("127.8.9.10:1"),
+        addr("[::1]:4318"),
+        addr("[::ffff:127.0.0.1]:4318"),
+    ];
+    let exposed = [
+        addr("0.0.0.0:4318"),
+        addr("192.0.2.7:4318"),
+        addr("[::]:4318"),
+        addr("[2001:db8::1]:4318"),
+        addr("[::ffff:192.0.2.7]:4318"),
+    ];
+    for address in loopback {
+        assert!(
+            check_exposure(&[address], &open, false).is_ok(),
+            "{address}"
+        );
+    }
+    for address in exposed {
+        let err = check_exposure(&[address], &open, false).expect_err("refused");
+        assert!(
+            matches!(err, SettingsError::UnauthenticatedNonLoopback { addr } if addr == address)
+        );
+        let message = err.to_string();
+        for needle in [
+            &address.to_string(),
+            "--allow-unauthenticated-non-loopback",
+            "FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBACK=true",
+            "--token",
+            "FLIGHTLOG_TOKENS",
+            "127.0.0.1:4318",
+        ] {
+            assert!(message.contains(needle), "{needle:?} not in: {message}");
+        }
+        assert!(
+            check_exposure(&[address], &guarded, false).is_ok(),
+            "{address}"
+        );
+        assert!(check_exposure(&[address], &open, true).is_ok(), "{address}");
+    }
+    // A name that resolves to loopback and elsewhere is refused for the elsewhere.
+    let mixed = [loopback[0], exposed[1]];
+    assert!(check_exposure(&mixed, &open, false).is_err());
+}

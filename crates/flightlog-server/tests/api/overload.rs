@@ -1,0 +1,170 @@
+//! The write limit on a real server: with every write slot held, each write endpoint answers
+//! `503 unavailable` with `Retry-After: 1` after its short wait while reads go on; the held writes
+//! then complete and are stored, and writes are accepted again.
+//!
+//! A slot is held the way a real overload holds it: by a write whose body has not arrived yet
+//! (the slot is taken before the body is read), sent over a raw socket so the test decides when
+//! the rest of the body comes.
+
+use std::time::Duration;
+
+use flightlog_server::ServerConfig;
+use reqwest::Method;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::support::{Options, TestServer};
+
+/// A `POST /v1/activity/spans` whose body is only half sent.
+struct HeldWrite {
+    stream: TcpStream,
+    rest: Vec<u8>,
+}
+
+impl HeldWrite {
+    async fn start(server: &TestServer, span_id: &str) -> Self {
+        let body = json!({"spanId": span_id, "runId": "held", "name": "held", "kind": "turn",
+                          "origin": "session", "startedAt": 1})
+        .to_string()
+        .into_bytes();
+        let addr = server.base.trim_start_matches("http://");
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        let head = format!(
+            "POST /v1/activity/spans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: \
+             application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let (first, rest) = body.split_at(body.len() / 2);
+        stream.write_all(head.as_bytes()).await.expect("send head");
+        stream.write_all(first).await.expect("send half the body");
+        stream.flush().await.expect("flush");
+        Self {
+            stream,
+            rest: rest.to_vec(),
+        }
+    }
+
+    /// Send the rest of the body; the status line's code.
+    async fn finish(mut self) -> u16 {
+        self.stream
+            .write_all(&self.rest)
+            .await
+            .expect("send the rest");
+        let mut answer = Vec::new();
+        self.stream
+            .read_to_end(&mut answer)
+            .await
+            .expect("read the answer");
+        let answer = String::from_utf8_lossy(&answer);
+        answer
+            .split(' ')
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .unwrap_or_else(|| panic!("no status line in {answer:?}"))
+    }
+}
+
+#[tokio::test]
+async fn writes_get_503_with_retry_after_while_every_write_slot_is_held() {
+    tokio::time::timeout(Duration::from_secs(30), scenario())
+        .await
+        .expect("the overload scenario finishes within 30 s");
+}
+
+async fn scenario() {
+    let server = TestServer::start_with(Options {
+        config: ServerConfig {
+            max_inflight_writes: 2,
+            write_wait: Duration::from_millis(50),
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let held = [
+        HeldWrite::start(&server, "held-1").await,
+        HeldWrite::start(&server, "held-2").await,
+    ];
+
+    // The held writes take their slots as soon as the server has their heads; until then a
+    // probe write may still get through (a heartbeat of an unknown span changes nothing).
+    let mut probes = 0;
+    loop {
+        let reply = server
+            .post_empty("/v1/activity/spans/nobody/heartbeat")
+            .await;
+        if reply.status.as_u16() == 503 {
+            break;
+        }
+        probes += 1;
+        assert!(probes < 200, "the held writes never took their slots");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let writes: [(Method, &str, Option<Value>); 6] = [
+        (
+            Method::POST,
+            "/v1/activity/spans",
+            Some(
+                json!({"spanId": "late", "runId": "late", "name": "late", "kind": "turn",
+                        "origin": "session"}),
+            ),
+        ),
+        (
+            Method::POST,
+            "/v1/activity/batch",
+            Some(json!({"ops": [{"op": "heartbeat", "spanId": "nobody"}]})),
+        ),
+        (
+            Method::PATCH,
+            "/v1/activity/spans/held-1",
+            Some(json!({"attrs": {}})),
+        ),
+        (
+            Method::POST,
+            "/v1/engagements/e1/events",
+            Some(json!({"type": "note", "at": 1, "data": {}})),
+        ),
+        (Method::POST, "/v1/activity/maintenance/sweep-orphans", None),
+        (
+            Method::POST,
+            "/v1/engagements/prune",
+            Some(json!({"now": 0})),
+        ),
+    ];
+    for (method, path, body) in &writes {
+        let reply = server.send(method.clone(), path, body.as_ref(), None).await;
+        reply.assert_error(503, "unavailable");
+        let retry_after = reply
+            .headers
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok());
+        assert_eq!(retry_after, Some("1"), "{method} {path}");
+    }
+    // Reads take no slot.
+    server.get("/v1/activity/cursor").await.assert_status(200);
+    server.get("/healthz").await.assert_status(200);
+
+    // The held writes complete and are stored: nothing acknowledged is lost.
+    for write in held {
+        assert_eq!(write.finish().await, 201);
+    }
+    for span in ["held-1", "held-2"] {
+        let reply = server.get(&format!("/v1/activity/spans/{span}")).await;
+        assert_eq!(reply.assert_status(200)["spanId"], span);
+    }
+    // The late span was refused before anything was written.
+    server
+        .get("/v1/activity/spans/late")
+        .await
+        .assert_error(404, "not_found");
+
+    // With the slots free again, writes are accepted.
+    let (method, path, body) = &writes[0];
+    server
+        .send(method.clone(), path, body.as_ref(), None)
+        .await
+        .assert_status(201);
+    server.stop().await;
+}
