@@ -23,14 +23,14 @@
 
 #![cfg(unix)]
 
+mod support;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use support::{report, spawn_child};
+
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use flightlog_core::activity::{
@@ -50,11 +50,6 @@ const DB_ENV: &str = "FLIGHTLOG_TEST_DB";
 const TAG_ENV: &str = "FLIGHTLOG_TEST_TAG";
 /// The name of the `#[test]` function that is the writer process's body.
 const CHILD_TEST: &str = "crash_child_writer";
-/// Marks the child's report lines. libtest writes to the same stdout, and with `--nocapture` its
-/// `test … ` prefix can share a line with the first report, so the parent looks for the mark
-/// anywhere in a line rather than at its start.
-const REPORT_MARK: &str = "@flightlog-child ";
-
 const KILL_CYCLES: usize = 3;
 const TASKS_PER_PROCESS: usize = 6;
 /// The writer is killed this long after its first acknowledgement (a little later each cycle, so
@@ -127,15 +122,6 @@ fn outcome_for(span_id: &str) -> SpanOutcome {
 // ---------------------------------------------------------------------------------------------
 // The writer process.
 // ---------------------------------------------------------------------------------------------
-
-fn report(line: &str) {
-    let mut out = std::io::stdout().lock();
-    // One write per line (well under the pipe's atomic size), flushed at once: the parent sees a
-    // line only after the write it acknowledges returned `Ok`. A parent that stopped reading
-    // fails on its side.
-    let _ = out.write_all(format!("{REPORT_MARK}{line}\n").as_bytes());
-    let _ = out.flush();
-}
 
 fn fail(what: &str, err: impl std::fmt::Display) {
     report(&format!("FAIL {what}: {err}"));
@@ -261,7 +247,7 @@ async fn round(store: &SqliteActivityStore, tag: &str, task: usize, round: usize
 /// `crash_child_writer --exact --nocapture --test-threads=1` and sets `FLIGHTLOG_TEST_CHILD`
 /// (plus the database path and the process tag) in the child's environment. Without that
 /// variable, as in an ordinary `cargo test` run, this function returns at once and passes. The
-/// child reports on stdout in lines marked with [`REPORT_MARK`] (`ACK …` after each write
+/// child reports on stdout in lines marked with `support::REPORT_MARK` (`ACK …` after each write
 /// returned `Ok`, `FAIL …` for a failed call) because libtest prints its own lines there as well.
 /// It writes until the parent kills it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -293,62 +279,6 @@ async fn crash_child_writer() {
 // ---------------------------------------------------------------------------------------------
 // The parent.
 // ---------------------------------------------------------------------------------------------
-
-/// A spawned copy of this test binary running one child `#[test]` function.
-struct ChildProcess {
-    child: Child,
-    /// The child's complete report lines (the text after [`REPORT_MARK`]), as they arrive.
-    lines: mpsc::Receiver<String>,
-    stderr: JoinHandle<String>,
-}
-
-fn spawn_child(test_name: &str, envs: &[(&str, &str)]) -> ChildProcess {
-    let exe = std::env::current_exe().expect("the test binary knows its own path");
-    let mut command = Command::new(exe);
-    command
-        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (key, value) in envs {
-        command.env(key, value);
-    }
-    let mut child = command.spawn().expect("the test binary can be re-executed");
-    let stdout = child.stdout.take().expect("stdout is piped");
-    let mut stderr = child.stderr.take().expect("stderr is piped");
-    let (send, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut reader = BufReader::new(stdout);
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match reader.read_line(&mut line) {
-                // A line cut short by the kill was never completely reported: not an ack.
-                Ok(0) | Err(_) => break,
-                Ok(_) if !line.ends_with('\n') => break,
-                Ok(_) => {
-                    let Some(at) = line.find(REPORT_MARK) else {
-                        continue;
-                    };
-                    let report = line[at + REPORT_MARK.len()..].trim_end().to_owned();
-                    if send.send(report).is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-    });
-    let stderr = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
-    ChildProcess {
-        child,
-        lines,
-        stderr,
-    }
-}
 
 /// What the killed writers acknowledged, accumulated over every cycle.
 #[derive(Debug, Default)]

@@ -24,14 +24,15 @@
 //! Taking the lock with a deferred `BEGIN` makes it fail ("database is locked"), and so does a
 //! per-run seq cached across another process's commit (duplicate seqs).
 
+mod support;
+
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use support::{report, spawn_child, ChildProcess};
 
 use flightlog_core::activity::{
     ActivityChange, ActivityStore, ChangeBody, EndSpanInput, SpanKind, SpanOrigin, SpanOutcome,
@@ -50,11 +51,6 @@ const DB_ENV: &str = "FLIGHTLOG_TEST_DB";
 const TAG_ENV: &str = "FLIGHTLOG_TEST_TAG";
 /// The name of the `#[test]` function that is the writer process's body.
 const CHILD_TEST: &str = "two_processes_child_writer";
-/// Marks the child's report lines. libtest writes to the same stdout, and with `--nocapture` its
-/// `test … ` prefix can share a line with the first report, so the parent looks for the mark
-/// anywhere in a line rather than at its start.
-const REPORT_MARK: &str = "@flightlog-child ";
-
 const TAGS: [&str; 2] = ["a", "b"];
 /// Runs both processes write into; each has one root span started by the parent.
 const SHARED_RUNS: usize = 4;
@@ -253,20 +249,13 @@ async fn writer_task(
     tally
 }
 
-fn report(line: &str) {
-    let mut out = std::io::stdout().lock();
-    // A parent that stopped reading fails the test on its side; nothing to do about it here.
-    let _ = writeln!(out, "{REPORT_MARK}{line}");
-    let _ = out.flush();
-}
-
 /// The body of a writer process, not a test on its own.
 ///
 /// The parent test re-executes this test binary with
 /// `two_processes_child_writer --exact --nocapture --test-threads=1` and sets `FLIGHTLOG_TEST_CHILD`
 /// (plus the database path and the process tag) in the child's environment. Without that
 /// variable, as in an ordinary `cargo test` run, this function returns at once and passes. The
-/// child reports on stdout in lines marked with [`REPORT_MARK`] (`RUN`, `ROOTEVENTS`, `ERROR`,
+/// child reports on stdout in lines marked with `support::REPORT_MARK` (`RUN`, `ROOTEVENTS`, `ERROR`,
 /// `DONE`) because libtest prints its own lines there as well.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_processes_child_writer() {
@@ -309,62 +298,6 @@ async fn two_processes_child_writer() {
 // ---------------------------------------------------------------------------------------------
 // The parent.
 // ---------------------------------------------------------------------------------------------
-
-/// A spawned copy of this test binary running one child `#[test]` function.
-struct ChildProcess {
-    child: Child,
-    /// The child's complete report lines (the text after [`REPORT_MARK`]), as they arrive.
-    lines: mpsc::Receiver<String>,
-    stderr: JoinHandle<String>,
-}
-
-fn spawn_child(test_name: &str, envs: &[(&str, &str)]) -> ChildProcess {
-    let exe = std::env::current_exe().expect("the test binary knows its own path");
-    let mut command = Command::new(exe);
-    command
-        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (key, value) in envs {
-        command.env(key, value);
-    }
-    let mut child = command.spawn().expect("the test binary can be re-executed");
-    let stdout = child.stdout.take().expect("stdout is piped");
-    let mut stderr = child.stderr.take().expect("stderr is piped");
-    let (send, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut reader = BufReader::new(stdout);
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match reader.read_line(&mut line) {
-                // A line cut short by the end of the stream was never completely reported.
-                Ok(0) | Err(_) => break,
-                Ok(_) if !line.ends_with('\n') => break,
-                Ok(_) => {
-                    let Some(at) = line.find(REPORT_MARK) else {
-                        continue;
-                    };
-                    let report = line[at + REPORT_MARK.len()..].trim_end().to_owned();
-                    if send.send(report).is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-    });
-    let stderr = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
-    ChildProcess {
-        child,
-        lines,
-        stderr,
-    }
-}
 
 impl ChildProcess {
     /// Every report line until the child closes stdout, then its exit status and stderr; kills

@@ -1,0 +1,78 @@
+//! Shared by the tests that run a second OS process: the child re-executes this test binary
+//! with one child `#[test]` function selected and reports on stdout in marked lines, which the
+//! parent reads as they arrive.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+/// Marks a child's report lines (libtest prints its own lines on the same stdout, and with
+/// `--nocapture` its `test name ...` text can share a line with the first report).
+pub const REPORT_MARK: &str = "@flightlog-child ";
+
+/// Write one report line for the parent, flushed at once.
+pub fn report(line: &str) {
+    let mut out = std::io::stdout().lock();
+    // One write per line (well under the pipe's atomic size), flushed at once: the parent sees a
+    // line only after the write it acknowledges returned `Ok`. A parent that stopped reading
+    // fails on its side.
+    let _ = out.write_all(format!("{REPORT_MARK}{line}\n").as_bytes());
+    let _ = out.flush();
+}
+
+/// A spawned copy of this test binary running one child `#[test]` function.
+pub struct ChildProcess {
+    pub child: Child,
+    /// The child's complete report lines (the text after [`REPORT_MARK`]), as they arrive.
+    pub lines: mpsc::Receiver<String>,
+    pub stderr: JoinHandle<String>,
+}
+
+pub fn spawn_child(test_name: &str, envs: &[(&str, &str)]) -> ChildProcess {
+    let exe = std::env::current_exe().expect("the test binary knows its own path");
+    let mut command = Command::new(exe);
+    command
+        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (key, value) in envs {
+        command.env(key, value);
+    }
+    let mut child = command.spawn().expect("the test binary can be re-executed");
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let mut stderr = child.stderr.take().expect("stderr is piped");
+    let (send, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                // A line cut short (the child was killed) was never completely reported: not an ack.
+                Ok(0) | Err(_) => break,
+                Ok(_) if !line.ends_with('\n') => break,
+                Ok(_) => {
+                    let Some(at) = line.find(REPORT_MARK) else {
+                        continue;
+                    };
+                    let report = line[at + REPORT_MARK.len()..].trim_end().to_owned();
+                    if send.send(report).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    ChildProcess {
+        child,
+        lines,
+        stderr,
+    }
+}
