@@ -12,10 +12,9 @@ use flightlog_core::activity::{
     DEFAULT_CHANGES_LIMIT,
 };
 use flightlog_core::ManualClock;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::fixtures::{check_step, Fixture};
+use crate::fixtures::{arg, check_step, optional_arg, to_json, Fixture};
 
 /// The error kind a fixture's `expectError` names for this store error.
 pub fn error_kind(err: &StoreError) -> &'static str {
@@ -23,24 +22,6 @@ pub fn error_kind(err: &StoreError) -> &'static str {
         StoreError::DuplicateSpan { .. } => "constraint",
         _ => "backend",
     }
-}
-
-fn arg<T: DeserializeOwned>(args: &Value, name: &str) -> Result<T, String> {
-    let value = args.get(name).cloned().unwrap_or(Value::Null);
-    serde_json::from_value(value).map_err(|err| format!("argument {name}: {err}"))
-}
-
-fn optional_arg<T: DeserializeOwned>(args: &Value, name: &str) -> Result<Option<T>, String> {
-    match args.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(value) => serde_json::from_value(value.clone())
-            .map(Some)
-            .map_err(|err| format!("argument {name}: {err}")),
-    }
-}
-
-fn to_json<T: serde::Serialize>(value: T) -> Result<Value, String> {
-    serde_json::to_value(value).map_err(|err| format!("cannot serialize result: {err}"))
 }
 
 /// Perform one op; `Ok(Err(kind))` is a store error the fixture may expect.

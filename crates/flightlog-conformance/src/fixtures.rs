@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -159,4 +160,25 @@ pub fn check_step(step: &Step, outcome: Result<Value, String>) -> Result<(), Str
             }
         }
     }
+}
+
+/// A step's named argument, deserialized.
+pub fn arg<T: DeserializeOwned>(args: &Value, name: &str) -> Result<T, String> {
+    let value = args.get(name).cloned().unwrap_or(Value::Null);
+    serde_json::from_value(value).map_err(|err| format!("argument {name}: {err}"))
+}
+
+/// A step's optional argument: absent and `null` are both "not given".
+pub fn optional_arg<T: DeserializeOwned>(args: &Value, name: &str) -> Result<Option<T>, String> {
+    match args.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => serde_json::from_value(value.clone())
+            .map(Some)
+            .map_err(|err| format!("argument {name}: {err}")),
+    }
+}
+
+/// A result as the JSON the fixture compares.
+pub fn to_json<T: serde::Serialize>(value: T) -> Result<Value, String> {
+    serde_json::to_value(value).map_err(|err| format!("cannot serialize result: {err}"))
 }

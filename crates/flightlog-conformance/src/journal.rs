@@ -14,10 +14,9 @@ use flightlog_core::journal::{
     reconstruct_board_from_events, summarize_engagement_events, AppendInput, BoardEntryKind,
     BoardFilter, EngagementJournal, JournalError, RetentionConfig,
 };
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::fixtures::{check_step, load_fixtures, Fixture};
+use crate::fixtures::{arg, check_step, load_fixtures, optional_arg, to_json, Fixture};
 
 /// Builds a fresh, empty journal enforcing the given retention.
 pub type JournalFactory<'a> = &'a dyn Fn(RetentionConfig) -> Arc<dyn EngagementJournal>;
@@ -42,29 +41,11 @@ pub fn setup_retention(setup: &Value) -> Result<RetentionConfig, String> {
     }
 }
 
-fn arg<T: DeserializeOwned>(args: &Value, name: &str) -> Result<T, String> {
-    let value = args.get(name).cloned().unwrap_or(Value::Null);
-    serde_json::from_value(value).map_err(|err| format!("argument {name}: {err}"))
-}
-
-fn optional_arg<T: DeserializeOwned>(args: &Value, name: &str) -> Result<Option<T>, String> {
-    match args.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(value) => serde_json::from_value(value.clone())
-            .map(Some)
-            .map_err(|err| format!("argument {name}: {err}")),
-    }
-}
-
 fn records_arg(args: &Value) -> Result<&[Value], String> {
     args.get("records")
         .and_then(Value::as_array)
         .map(Vec::as_slice)
         .ok_or_else(|| "argument records: not an array".to_owned())
-}
-
-fn to_json<T: serde::Serialize>(value: T) -> Result<Value, String> {
-    serde_json::to_value(value).map_err(|err| format!("cannot serialize result: {err}"))
 }
 
 /// The `filter` argument of a `reconstructBoardFromEvents` step.
