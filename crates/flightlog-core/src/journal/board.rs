@@ -6,9 +6,8 @@
 //! change of kind to `note`, and a non-string `actor` lets `author` through. Entries keep the
 //! order in which their key was first written.
 
-use std::collections::HashMap;
-
-use super::record::{js_trim, JournalRecord};
+use super::index::KeyIndex;
+use super::record::{as_str, js_trim, Fields, JournalRecord};
 use super::types::{BoardEntry, BoardEntryKind, BoardTodoStatus};
 
 /// Which entries `reconstruct_board_from_events` returns; `None` fields match everything.
@@ -24,16 +23,86 @@ pub struct BoardFilter {
 /// The record type that writes the board.
 pub const BOARD_WRITTEN: &str = "board_written";
 
-/// An entry while folding, borrowing its strings from the records.
-#[derive(Clone, Copy)]
-struct Slot<'a> {
-    key: &'a str,
-    kind: BoardEntryKind,
-    content: &'a str,
-    author: &'a str,
-    updated_at: i64,
-    version: f64,
-    status: Option<BoardTodoStatus>,
+/// The board while folding `board_written` records into it, one record at a time (the summary
+/// folds it in its own pass over the records).
+#[derive(Default)]
+pub(crate) struct BoardFold {
+    entries: Vec<BoardEntry>,
+    by_key: KeyIndex,
+}
+
+impl BoardFold {
+    /// An empty board with room for `capacity` entries.
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        Self {
+            entries: Vec::with_capacity(capacity),
+            by_key: KeyIndex::default(),
+        }
+    }
+
+    /// Fold one `board_written` record, given its fields and `at`. An entry rewritten in place
+    /// keeps the fields the record does not set validly, and reuses its strings' buffers.
+    pub(crate) fn write(&mut self, fields: &Fields<'_>, at: Option<i64>) {
+        let Some(key) = as_str(fields.key)
+            .map(js_trim)
+            .filter(|key| !key.is_empty())
+        else {
+            return;
+        };
+        let kind = as_str(fields.kind).and_then(BoardEntryKind::parse);
+        let content = as_str(fields.content);
+        let author = as_str(fields.actor).or_else(|| as_str(fields.author));
+        let version = fields.version.and_then(serde_json::Value::as_f64);
+        let status = as_str(fields.status).and_then(BoardTodoStatus::parse);
+        let updated_at = at.unwrap_or(0);
+        match self.by_key.find(&self.entries, entry_key, key) {
+            Some(index) => {
+                let entry = &mut self.entries[index];
+                if let Some(kind) = kind {
+                    entry.kind = kind;
+                }
+                if let Some(content) = content {
+                    replace(&mut entry.content, content);
+                }
+                if let Some(author) = author {
+                    replace(&mut entry.author, author);
+                }
+                entry.updated_at = updated_at;
+                entry.version = version.unwrap_or(entry.version + 1.0);
+                if status.is_some() {
+                    entry.status = status;
+                }
+            }
+            None => {
+                self.entries.push(BoardEntry {
+                    key: key.to_owned(),
+                    kind: kind.unwrap_or(BoardEntryKind::Note),
+                    content: content.unwrap_or("").to_owned(),
+                    author: author.unwrap_or("").to_owned(),
+                    updated_at,
+                    version: version.unwrap_or(1.0),
+                    status,
+                });
+                self.by_key.pushed(&self.entries, entry_key);
+            }
+        }
+    }
+
+    /// The entries, in first-write order of their keys.
+    pub(crate) fn finish(self) -> Vec<BoardEntry> {
+        self.entries
+    }
+}
+
+/// An entry's key, by which the fold finds it.
+fn entry_key(entry: &BoardEntry) -> &str {
+    &entry.key
+}
+
+/// `*target = text`, in `target`'s buffer when it is large enough.
+fn replace(target: &mut String, text: &str) {
+    target.clear();
+    target.push_str(text);
 }
 
 /// The blackboard the records leave, in first-write order of the keys, filtered by `filter`.
@@ -44,74 +113,20 @@ pub fn reconstruct_board_from_events<R: JournalRecord>(
     records: &[R],
     filter: Option<&BoardFilter>,
 ) -> Vec<BoardEntry> {
-    let mut slots: Vec<Slot<'_>> = Vec::new();
-    let mut index_by_key: HashMap<&str, usize> = HashMap::new();
+    let mut board = BoardFold::default();
     for record in records {
-        if record.record_type() != BOARD_WRITTEN {
-            continue;
-        }
-        let payload = record.payload();
-        let Some(key) = payload
-            .str("key")
-            .map(js_trim)
-            .filter(|key| !key.is_empty())
-        else {
-            continue;
-        };
-        let index = index_by_key.get(key).copied();
-        let prev = index.map(|index| slots[index]);
-        let slot = Slot {
-            key,
-            kind: payload
-                .str("kind")
-                .and_then(BoardEntryKind::parse)
-                .or(prev.map(|prev| prev.kind))
-                .unwrap_or(BoardEntryKind::Note),
-            content: payload
-                .str("content")
-                .or(prev.map(|prev| prev.content))
-                .unwrap_or(""),
-            author: payload
-                .str("actor")
-                .or_else(|| payload.str("author"))
-                .or(prev.map(|prev| prev.author))
-                .unwrap_or(""),
-            updated_at: record.record_at().unwrap_or(0),
-            version: payload
-                .number("version")
-                .unwrap_or_else(|| prev.map_or(0.0, |prev| prev.version) + 1.0),
-            status: payload
-                .str("status")
-                .and_then(BoardTodoStatus::parse)
-                .or(prev.and_then(|prev| prev.status)),
-        };
-        match index {
-            Some(index) => slots[index] = slot,
-            None => {
-                index_by_key.insert(key, slots.len());
-                slots.push(slot);
-            }
+        if record.record_type() == BOARD_WRITTEN {
+            board.write(&Fields::read(&record.payload()), record.record_at());
         }
     }
-    slots
-        .into_iter()
-        .filter(|slot| match filter {
-            None => true,
-            Some(filter) => {
-                filter.key.as_deref().is_none_or(|key| key == slot.key)
-                    && filter.kind.is_none_or(|kind| kind == slot.kind)
-            }
-        })
-        .map(|slot| BoardEntry {
-            key: slot.key.to_owned(),
-            kind: slot.kind,
-            content: slot.content.to_owned(),
-            author: slot.author.to_owned(),
-            updated_at: slot.updated_at,
-            version: slot.version,
-            status: slot.status,
-        })
-        .collect()
+    let mut entries = board.finish();
+    if let Some(filter) = filter {
+        entries.retain(|entry| {
+            filter.key.as_deref().is_none_or(|key| key == entry.key)
+                && filter.kind.is_none_or(|kind| kind == entry.kind)
+        });
+    }
+    entries
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@
 
 pub mod board;
 pub mod compaction;
+mod index;
 pub mod memory;
 pub mod record;
 pub mod store;

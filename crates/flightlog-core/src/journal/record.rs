@@ -61,6 +61,119 @@ impl<'a> Payload<'a> {
     pub fn number(&self, key: &str) -> Option<f64> {
         self.get(key).and_then(Value::as_f64)
     }
+
+    /// Every entry of `event`, then every entry of `data`: a key in both comes twice, and the
+    /// later (`data`'s) is the merged payload's. Reading a record's fields in one pass over this
+    /// touches each key once, where [`Payload::get`] scans the object again for every key.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (&'a String, &'a Value)> {
+        let event = self.event.into_iter().flatten();
+        event.chain(self.data.into_iter().flatten())
+    }
+}
+
+/// The payload fields the pure rules read (the summary's and the board's), read in one pass.
+/// Each is the merged payload's value for that key, of any JSON type.
+#[derive(Default)]
+pub(crate) struct Fields<'a> {
+    pub actor: Option<&'a Value>,
+    pub amount: Option<&'a Value>,
+    pub author: Option<&'a Value>,
+    pub budget: Option<&'a Value>,
+    pub by: Option<&'a Value>,
+    pub causation_id: Option<&'a Value>,
+    pub code: Option<&'a Value>,
+    pub consumed: Option<&'a Value>,
+    pub content: Option<&'a Value>,
+    pub entry: Option<&'a Value>,
+    pub from: Option<&'a Value>,
+    pub initiator: Option<&'a Value>,
+    pub key: Option<&'a Value>,
+    pub kind: Option<&'a Value>,
+    pub mail_id: Option<&'a Value>,
+    pub mails: Option<&'a Value>,
+    pub mode: Option<&'a Value>,
+    pub principal: Option<&'a Value>,
+    pub reason: Option<&'a Value>,
+    pub status: Option<&'a Value>,
+    pub to: Option<&'a Value>,
+    pub usage: Option<&'a Value>,
+    pub venue: Option<&'a Value>,
+    pub version: Option<&'a Value>,
+    /// The flat budget amounts, in `BUDGET_KEYS` order.
+    pub amounts: [Option<&'a Value>; 4],
+}
+
+impl<'a> Fields<'a> {
+    /// The fields of `payload`, in one pass over its entries.
+    pub(crate) fn read(payload: &Payload<'a>) -> Self {
+        let mut fields = Self::default();
+        for (key, value) in payload.entries() {
+            let slot = match key.as_str() {
+                "actor" => &mut fields.actor,
+                "amount" => &mut fields.amount,
+                "author" => &mut fields.author,
+                "budget" => &mut fields.budget,
+                "by" => &mut fields.by,
+                "causationId" => &mut fields.causation_id,
+                "code" => &mut fields.code,
+                "consumed" => &mut fields.consumed,
+                "content" => &mut fields.content,
+                "entry" => &mut fields.entry,
+                "from" => &mut fields.from,
+                "initiator" => &mut fields.initiator,
+                "key" => &mut fields.key,
+                "kind" => &mut fields.kind,
+                "mailId" => &mut fields.mail_id,
+                "mails" => &mut fields.mails,
+                "mode" => &mut fields.mode,
+                "principal" => &mut fields.principal,
+                "reason" => &mut fields.reason,
+                "status" => &mut fields.status,
+                "to" => &mut fields.to,
+                "usage" => &mut fields.usage,
+                "venue" => &mut fields.venue,
+                "version" => &mut fields.version,
+                "modelCalls" => &mut fields.amounts[0],
+                "tokens" => &mut fields.amounts[1],
+                "wallMs" => &mut fields.amounts[2],
+                "sideEffects" => &mut fields.amounts[3],
+                _ => continue,
+            };
+            *slot = Some(value);
+        }
+        fields
+    }
+}
+
+/// A field's value when it is a string.
+pub(crate) fn as_str(value: Option<&Value>) -> Option<&str> {
+    value.and_then(Value::as_str)
+}
+
+/// A field's value when it is a non-empty string.
+pub(crate) fn as_non_empty_str(value: Option<&Value>) -> Option<&str> {
+    as_str(value).filter(|text| !text.is_empty())
+}
+
+/// A field's value when it is a JSON object (arrays are not).
+pub(crate) fn as_object(value: Option<&Value>) -> Option<&JsonObject> {
+    value.and_then(Value::as_object)
+}
+
+/// An object's budget amounts (its values for `BUDGET_KEYS`, in that order), in one pass.
+pub(crate) fn budget_amounts(object: &JsonObject) -> [Option<&Value>; 4] {
+    let mut amounts = [None; 4];
+    for (key, value) in object {
+        let slot = match key.as_str() {
+            "modelCalls" => 0,
+            "tokens" => 1,
+            "wallMs" => 2,
+            "sideEffects" => 3,
+            _ => continue,
+        };
+        amounts[slot] = Some(value);
+    }
+    amounts
 }
 
 impl JournalRecord for Value {
@@ -163,6 +276,7 @@ pub fn js_trim(text: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::journal::types::BUDGET_KEYS;
     use serde_json::json;
 
     #[test]
@@ -192,6 +306,40 @@ mod tests {
         assert_eq!(payload.get("b"), Some(&Value::Null));
         let array_data = json!({"event": {"a": 1}, "data": [1]});
         assert_eq!(array_data.payload().get("a"), Some(&json!(1)));
+    }
+
+    #[test]
+    fn fields_read_in_one_pass_agree_with_payload_get() {
+        let record = json!({"event": {"type": "x", "actor": "agent:e", "mailId": "m", "to": "t"},
+                            "data": {"actor": null, "from": "agent:d", "tokens": 4, "kind": 3}});
+        let payload = record.payload();
+        let fields = Fields::read(&payload);
+        assert_eq!(fields.actor, Some(&Value::Null));
+        for (key, field) in [
+            ("actor", fields.actor),
+            ("mailId", fields.mail_id),
+            ("to", fields.to),
+            ("from", fields.from),
+            ("kind", fields.kind),
+            ("status", fields.status),
+            ("tokens", fields.amounts[1]),
+        ] {
+            assert_eq!(field, payload.get(key), "{key}");
+        }
+    }
+
+    #[test]
+    fn budget_amounts_follow_the_budget_keys() {
+        let object: JsonObject = BUDGET_KEYS
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(index, key)| ((*key).to_owned(), json!(index)))
+            .collect();
+        let amounts = budget_amounts(&object);
+        for (index, amount) in amounts.iter().enumerate() {
+            assert_eq!(*amount, Some(&json!(index)));
+        }
     }
 
     #[test]
