@@ -26,7 +26,7 @@
 mod support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use support::{report, spawn_child};
+use support::{read_change_log, report, spawn_child};
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
@@ -62,7 +62,6 @@ const FIRST_ACK_TIMEOUT: Duration = Duration::from_secs(30);
 /// A writer that outlives its parent stops by itself after this long.
 const CHILD_SAFETY_STOP: Duration = Duration::from_secs(60);
 const EVENTS_PER_CHILD_SPAN: usize = 3;
-const PAGE: i64 = 500;
 
 fn open_store(path: &Path, writer: &str) -> SqliteActivityStore {
     let db = SqliteDatabase::open(SqliteConfig::new(path))
@@ -409,52 +408,6 @@ fn check_file(path: &Path) {
     );
 }
 
-/// Page through the whole change log (a positive limit: a negative one drops rows from the
-/// end), checking that change ids strictly increase and that, in that order, each run's seq is
-/// exactly one more than the run's previous one, starting at 1. Returns each run's last seq.
-async fn check_change_log(store: &SqliteActivityStore) -> HashMap<String, i64> {
-    let mut high_seq: HashMap<String, i64> = HashMap::new();
-    let mut cursor = 0;
-    loop {
-        let page = store
-            .changes_since(cursor, PAGE)
-            .await
-            .expect("the change log reads and every row decodes");
-        if page.is_empty() {
-            break;
-        }
-        for change in page {
-            assert!(
-                change.change_id > cursor,
-                "change id {} follows change id {cursor}: ids must strictly increase",
-                change.change_id
-            );
-            cursor = change.change_id;
-            let previous = high_seq.entry(change.run_id.clone()).or_insert(0);
-            assert_eq!(
-                change.seq,
-                *previous + 1,
-                "run {} has seq {} after seq {} (change id {}): per-run seqs must be gap-free, \
-                 unique and in commit order",
-                change.run_id,
-                change.seq,
-                previous,
-                change.change_id
-            );
-            *previous = change.seq;
-        }
-    }
-    let latest = store
-        .latest_change_cursor()
-        .await
-        .expect("latest cursor reads");
-    assert_eq!(
-        latest, cursor,
-        "the latest cursor is the last change id read"
-    );
-    high_seq
-}
-
 /// Everything the killed writers acknowledged is in the file, whole.
 ///
 /// `payloads` caches the expected payload texts across cycles: generating them is most of the
@@ -555,7 +508,7 @@ async fn check_after_kill(
 
     // The change log: ordered and gap-free, every acknowledged write in it, and nothing beyond
     // the one write per task that may have committed while its acknowledgement was cut off.
-    let high_seq = check_change_log(&store).await;
+    let high_seq = read_change_log(&store).await.1;
     let in_flight = (TASKS_PER_PROCESS * cycles_done) as i64;
     let logged: i64 = high_seq.values().sum();
     assert!(

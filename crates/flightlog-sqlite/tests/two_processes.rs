@@ -32,7 +32,7 @@ use std::process::ExitStatus;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{report, spawn_child, ChildProcess};
+use support::{read_change_log, report, spawn_child, ChildProcess};
 
 use flightlog_core::activity::{
     ActivityChange, ActivityStore, ChangeBody, EndSpanInput, SpanKind, SpanOrigin, SpanOutcome,
@@ -61,7 +61,6 @@ const LOAD_DURATION: Duration = Duration::from_secs(3);
 const MAX_ROUNDS_PER_TASK: usize = 250;
 /// A writer process that has not finished by then is killed and the test fails.
 const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
-const PAGE: i64 = 500;
 
 fn shared_run(k: usize) -> String {
     format!("shared-{k}")
@@ -321,57 +320,6 @@ impl ChildProcess {
         let stderr = self.stderr.join().unwrap_or_default();
         (lines, status, stderr)
     }
-}
-
-/// Page through the whole change log (a positive limit: a negative one drops rows from the end)
-/// and check its order: change ids strictly increase, and in that order each run's seq is
-/// exactly one more than the run's previous one, starting at 1.
-async fn read_change_log(
-    store: &SqliteActivityStore,
-) -> (Vec<ActivityChange>, HashMap<String, i64>) {
-    let mut all = Vec::new();
-    let mut high_seq: HashMap<String, i64> = HashMap::new();
-    let mut cursor = 0;
-    loop {
-        let page = store
-            .changes_since(cursor, PAGE)
-            .await
-            .expect("the change log reads and every row decodes");
-        if page.is_empty() {
-            break;
-        }
-        assert!(page.len() as i64 <= PAGE, "a page is longer than its limit");
-        for change in page {
-            assert!(
-                change.change_id > cursor,
-                "change id {} follows change id {cursor}: ids must strictly increase",
-                change.change_id
-            );
-            cursor = change.change_id;
-            let previous = high_seq.entry(change.run_id.clone()).or_insert(0);
-            assert_eq!(
-                change.seq,
-                *previous + 1,
-                "run {} has seq {} after seq {} (change id {}): per-run seqs must be gap-free, \
-                 unique and in commit order",
-                change.run_id,
-                change.seq,
-                previous,
-                change.change_id
-            );
-            *previous = change.seq;
-            all.push(change);
-        }
-    }
-    let latest = store
-        .latest_change_cursor()
-        .await
-        .expect("latest cursor reads");
-    assert_eq!(
-        latest, cursor,
-        "the latest cursor is the last change id read"
-    );
-    (all, high_seq)
 }
 
 /// The process tag of the span a change is about, when the id says so (shared roots: none).

@@ -1,11 +1,15 @@
 //! Shared by the tests that run a second OS process: the child re-executes this test binary
 //! with one child `#[test]` function selected and reports on stdout in marked lines, which the
-//! parent reads as they arrive.
+//! parent reads as they arrive; afterwards both read the whole change log back with the same
+//! checks (strictly increasing change ids, dense per-run seqs).
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
+
+use flightlog_core::activity::{ActivityChange, ActivityStore};
 
 /// Marks a child's report lines (libtest prints its own lines on the same stdout, and with
 /// `--nocapture` its `test name ...` text can share a line with the first report).
@@ -75,4 +79,61 @@ pub fn spawn_child(test_name: &str, envs: &[(&str, &str)]) -> ChildProcess {
         lines,
         stderr,
     }
+}
+
+/// Page size used when reading the whole change log back.
+const CHANGE_PAGE: i64 = 500;
+
+/// Page through the whole change log (a positive limit: a negative one drops rows from the end)
+/// and check its order: change ids strictly increase, and in that order each run's seq is
+/// exactly one more than the run's previous one, starting at 1.
+pub async fn read_change_log(
+    store: &dyn ActivityStore,
+) -> (Vec<ActivityChange>, HashMap<String, i64>) {
+    let mut all = Vec::new();
+    let mut high_seq: HashMap<String, i64> = HashMap::new();
+    let mut cursor = 0;
+    loop {
+        let page = store
+            .changes_since(cursor, CHANGE_PAGE)
+            .await
+            .expect("the change log reads and every row decodes");
+        if page.is_empty() {
+            break;
+        }
+        assert!(
+            page.len() as i64 <= CHANGE_PAGE,
+            "a page is longer than its limit"
+        );
+        for change in page {
+            assert!(
+                change.change_id > cursor,
+                "change id {} follows change id {cursor}: ids must strictly increase",
+                change.change_id
+            );
+            cursor = change.change_id;
+            let previous = high_seq.entry(change.run_id.clone()).or_insert(0);
+            assert_eq!(
+                change.seq,
+                *previous + 1,
+                "run {} has seq {} after seq {} (change id {}): per-run seqs must be gap-free, \
+                 unique and in commit order",
+                change.run_id,
+                change.seq,
+                previous,
+                change.change_id
+            );
+            *previous = change.seq;
+            all.push(change);
+        }
+    }
+    let latest = store
+        .latest_change_cursor()
+        .await
+        .expect("latest cursor reads");
+    assert_eq!(
+        latest, cursor,
+        "the latest cursor is the last change id read"
+    );
+    (all, high_seq)
 }
