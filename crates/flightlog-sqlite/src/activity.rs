@@ -376,6 +376,17 @@ impl ActivityStore for SqliteActivityStore {
         })
     }
 
+    async fn change_log_horizon(&self) -> Result<i64, StoreError> {
+        self.db.read(|conn| {
+            conn.prepare_cached(
+                "SELECT COALESCE((SELECT value FROM flightlog_meta \
+                 WHERE name = 'change_log_trimmed_below'), 0)",
+            )
+            .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
+            .map_err(backend)
+        })
+    }
+
     async fn latest_change_cursor(&self) -> Result<i64, StoreError> {
         self.db.read(latest_cursor)
     }
@@ -439,6 +450,7 @@ impl ActivityStore for SqliteActivityStore {
             floor: options.digest_floor_at.max(0),
             ceiling: now.saturating_sub(options.hard_ceiling_ms),
             batch: options.batch.unwrap_or(DEFAULT_PRUNE_BATCH),
+            change_log_retention: self.db.change_log_retention(),
         };
         self.db.write(move |ctx| write::prune(ctx, plan)).await
     }

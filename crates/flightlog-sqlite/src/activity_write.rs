@@ -17,7 +17,8 @@ use crate::error::{backend, is_constraint};
 use crate::payload_codec::CompressedPayload;
 use crate::rows::parse_attrs;
 
-/// How far behind the newest change id a terminal run's change rows are trimmed by `prune`.
+/// How far behind the newest change id a terminal run's change rows are trimmed by `prune`
+/// (the reference's distance; `SqliteConfig::change_log_retention` can change it).
 pub(crate) const CHANGE_LOG_TRIM_DISTANCE: i64 = 100_000;
 
 /// The surrogate key of `name` in an interning table (`activity_runs`, `activity_writers`),
@@ -674,6 +675,8 @@ pub(crate) struct PrunePlan {
     pub ceiling: i64,
     /// SQL `LIMIT` semantics: 0 = none, negative = all.
     pub batch: i64,
+    /// Change rows this far behind the newest are trimmed (runs with open spans keep theirs).
+    pub change_log_retention: i64,
 }
 
 pub(crate) fn prune(
@@ -739,13 +742,27 @@ pub(crate) fn prune(
     }
     // The change log only serves live cursors; rows this far behind the newest are unreachable
     // by any live poller. Runs with open spans keep theirs.
-    conn.prepare_cached(
-        "DELETE FROM activity_changes WHERE change_id < \
-           (SELECT COALESCE(MAX(change_id), 0) FROM activity_changes) - ?1 \
-         AND run_key NOT IN (SELECT run_key FROM activity_spans WHERE outcome IS NULL)",
-    )
-    .and_then(|mut stmt| stmt.execute([CHANGE_LOG_TRIM_DISTANCE]))
-    .map_err(backend)?;
+    let horizon: i64 = conn
+        .prepare_cached("SELECT COALESCE(MAX(change_id), 0) - ?1 FROM activity_changes")
+        .and_then(|mut stmt| stmt.query_row([plan.change_log_retention], |row| row.get(0)))
+        .map_err(backend)?;
+    let trimmed = conn
+        .prepare_cached(
+            "DELETE FROM activity_changes WHERE change_id < ?1 \
+             AND run_key NOT IN (SELECT run_key FROM activity_spans WHERE outcome IS NULL)",
+        )
+        .and_then(|mut stmt| stmt.execute([horizon]))
+        .map_err(backend)?;
+    if trimmed > 0 {
+        // A cursor below this may have missed trimmed changes of spans that still exist: live
+        // readers compare against it and tell such a client to resync instead of going silent.
+        conn.prepare_cached(
+            "INSERT INTO flightlog_meta (name, value) VALUES ('change_log_trimmed_below', ?1) \
+             ON CONFLICT(name) DO UPDATE SET value = MAX(value, excluded.value)",
+        )
+        .and_then(|mut stmt| stmt.execute([horizon]))
+        .map_err(backend)?;
+    }
     // Spans, events and change rows are gone: cached keys and counters may now be wrong.
     ctx.keys.clear_volatile();
     Ok(PruneResult {

@@ -63,6 +63,8 @@ pub struct SqliteConfig {
     pub max_group_size: usize,
     /// Writes that may wait in the queue; beyond it `try_*` callers get `Overloaded`.
     pub write_queue_capacity: usize,
+    /// `prune` trims change rows of finished runs this many change ids behind the newest.
+    pub change_log_retention: i64,
 }
 
 impl SqliteConfig {
@@ -75,6 +77,7 @@ impl SqliteConfig {
             lock_retry_budget: Duration::from_secs(60),
             max_group_size: 512,
             write_queue_capacity: 16_384,
+            change_log_retention: crate::activity_write::CHANGE_LOG_TRIM_DISTANCE,
         }
     }
 }
@@ -252,6 +255,7 @@ pub struct SqliteDatabase {
     readers: ReaderPool,
     codec: PayloadCodec,
     names: KeyNames,
+    change_log_retention: i64,
     /// The newest committed change id: set by our writer after each commit, and by the
     /// change watcher when another process commits.
     doorbell: tokio::sync::watch::Sender<i64>,
@@ -392,6 +396,7 @@ impl SqliteDatabase {
             },
             codec,
             names: KeyNames::default(),
+            change_log_retention: config.change_log_retention.max(0),
             doorbell,
             stats,
             _writer_thread: writer_thread,
@@ -465,6 +470,11 @@ impl SqliteDatabase {
     /// A receiver that moves to the newest committed change id.
     pub fn change_doorbell(&self) -> tokio::sync::watch::Receiver<i64> {
         self.doorbell.subscribe()
+    }
+
+    /// How far behind the newest change `prune` trims the change log.
+    pub(crate) fn change_log_retention(&self) -> i64 {
+        self.change_log_retention
     }
 
     /// Run ids and writer names by key.

@@ -129,6 +129,11 @@ pub trait ActivityStore: Send + Sync {
         limit: i64,
     ) -> Result<Vec<TerminalRootChange>, StoreError>;
 
+    /// Change ids below this may have been trimmed from the log while their spans still exist
+    /// (0 when nothing was ever trimmed). A reader whose cursor is below it cannot be brought up
+    /// to date from the log and must start again from a snapshot.
+    async fn change_log_horizon(&self) -> Result<i64, StoreError>;
+
     /// The highest change id still in the log (0 when empty; can go down after a prune).
     async fn latest_change_cursor(&self) -> Result<i64, StoreError>;
 

@@ -105,11 +105,22 @@ impl ChangeFeed {
     }
 
     /// The next committed change after the cursor, waiting for one if need be; `Err` when the
-    /// store failed (the stream then ends with an `error` event, and the client resumes).
-    async fn next_change(&mut self) -> Result<ActivityChange, String> {
+    /// store failed or the cursor fell behind the trimmed log (the stream then ends with an
+    /// `error` or `resync` event).
+    async fn next_change(&mut self) -> Result<ActivityChange, FeedEnd> {
         loop {
             if let Some(change) = self.pending.pop_front() {
                 return Ok(change);
+            }
+            let horizon = self
+                .store
+                .change_log_horizon()
+                .await
+                .map_err(|err| FeedEnd::Failed(err.to_string()))?;
+            if self.cursor.saturating_add(1) < horizon {
+                // Changes after the cursor may have been trimmed: streaming on would be a silent
+                // gap, so the client is told to start again from a snapshot.
+                return Err(FeedEnd::Resync { horizon });
             }
             // Note the doorbell before reading, so a commit landing during the read rings again.
             let rung = *self.doorbell.borrow_and_update();
@@ -117,7 +128,7 @@ impl ChangeFeed {
                 .store
                 .changes_since(self.cursor, PAGE)
                 .await
-                .map_err(|err| err.to_string())?;
+                .map_err(|err| FeedEnd::Failed(err.to_string()))?;
             if let Some(last) = page.last() {
                 self.cursor = last.change_id;
                 let wanted: Vec<ActivityChange> =
@@ -134,6 +145,23 @@ impl ChangeFeed {
             let _ = tokio::time::timeout(RECHECK, self.doorbell.changed()).await;
         }
     }
+}
+
+/// Why a change feed stopped.
+enum FeedEnd {
+    /// The store failed; the client may reconnect with its last event id.
+    Failed(String),
+    /// The cursor is below the trimmed part of the change log.
+    Resync { horizon: i64 },
+}
+
+fn resync_event(horizon: i64) -> Event {
+    let body = serde_json::json!({
+        "reason": "the change log no longer holds every change after this stream's cursor",
+        "changeLogHorizon": horizon,
+        "action": "take a new snapshot (or GET /v1/activity/cursor) and reconnect from its cursor",
+    });
+    Event::default().event("resync").data(body.to_string())
 }
 
 fn change_event(change: &ActivityChange) -> Event {
@@ -156,9 +184,13 @@ fn feed_stream(feed: ChangeFeed) -> impl Stream<Item = Result<Event, Infallible>
         }
         match feed.next_change().await {
             Ok(change) => Some((Ok(change_event(&change)), feed)),
-            Err(message) => {
+            Err(FeedEnd::Failed(message)) => {
                 feed.failed = true;
                 Some((Ok(error_event(&message)), feed))
+            }
+            Err(FeedEnd::Resync { horizon }) => {
+                feed.failed = true;
+                Some((Ok(resync_event(horizon)), feed))
             }
         }
     })

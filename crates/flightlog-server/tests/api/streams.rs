@@ -348,3 +348,49 @@ async fn a_second_process_writing_the_file_shows_up_in_a_stream() {
     drop(stream);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_behind_the_trimmed_change_log_is_told_to_resync() {
+    let server = TestServer::start_with(crate::support::Options {
+        change_log_retention: Some(5),
+        ..Default::default()
+    })
+    .await;
+    for run in 0..10 {
+        let span = format!("s{run}");
+        server
+            .post(
+                "/v1/activity/spans",
+                &span_body(&span, &format!("r{run}"), None),
+            )
+            .await
+            .assert_status(201);
+        server
+            .post(
+                &format!("/v1/activity/spans/{span}/end"),
+                &json!({"outcome": "success"}),
+            )
+            .await
+            .assert_status(200);
+    }
+    // Nothing is old enough to prune, but the change log is trimmed to its newest 5 ids.
+    server
+        .post(
+            "/v1/activity/maintenance/prune",
+            &json!({"digestFloorAt": 0, "hardCeilingMs": 1_000_000_000_000_i64}),
+        )
+        .await
+        .assert_status(200);
+    let mut behind = SseClient::connect(&server, "/v1/activity/changes/stream?after=0", None).await;
+    let event = behind.next().await;
+    assert_eq!(event.event, "resync");
+    assert_eq!(event.data["changeLogHorizon"], 15);
+
+    let mut current =
+        SseClient::connect(&server, "/v1/activity/changes/stream?after=14", None).await;
+    let next = current.next().await;
+    assert_eq!(next.event, "change");
+    assert_eq!(next.id, Some(15));
+    drop((behind, current));
+    server.stop().await;
+}

@@ -26,6 +26,8 @@ pub struct Options {
     pub manual_clock: bool,
     pub config: ServerConfig,
     pub retention: RetentionConfig,
+    /// Overrides how far behind the newest change `prune` trims the change log.
+    pub change_log_retention: Option<i64>,
 }
 
 /// One answer: status, headers and the body as JSON (`Null` when empty).
@@ -83,7 +85,11 @@ impl TestServer {
     pub async fn start_with(options: Options) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let db_path = dir.path().join("flightlog.db");
-        let db = SqliteDatabase::open(SqliteConfig::new(&db_path)).expect("open database");
+        let mut sqlite = SqliteConfig::new(&db_path);
+        if let Some(retention) = options.change_log_retention {
+            sqlite.change_log_retention = retention;
+        }
+        let db = SqliteDatabase::open(sqlite).expect("open database");
         let manual = options.manual_clock.then(|| Arc::new(ManualClock::new(0)));
         let clock: Arc<dyn Clock> = match &manual {
             Some(clock) => clock.clone(),
