@@ -26,19 +26,16 @@
 mod support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use support::{read_change_log, report, spawn_child};
+use support::{open_store, read_change_log, report, span_input, spawn_child};
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flightlog_core::activity::{
-    ActivityStore, EndSpanInput, SpanKind, SpanOrigin, SpanOutcome, SpanPatch, StartSpanInput,
-    StoreError,
+    ActivityStore, EndSpanInput, SpanKind, SpanOutcome, SpanPatch, StoreError,
 };
-use flightlog_core::SystemClock;
-use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase, SCHEMA_VERSION};
+use flightlog_sqlite::{SqliteActivityStore, SCHEMA_VERSION};
 use serde_json::{json, Value};
 
 /// Set (to [`CHILD_ROLE`]) only in the environment of a spawned writer process.
@@ -62,27 +59,6 @@ const FIRST_ACK_TIMEOUT: Duration = Duration::from_secs(30);
 /// A writer that outlives its parent stops by itself after this long.
 const CHILD_SAFETY_STOP: Duration = Duration::from_secs(60);
 const EVENTS_PER_CHILD_SPAN: usize = 3;
-
-fn open_store(path: &Path, writer: &str) -> SqliteActivityStore {
-    let db = SqliteDatabase::open(SqliteConfig::new(path))
-        .expect("the database opens cleanly after a killed writer");
-    SqliteActivityStore::with_identity(db, Arc::new(SystemClock), writer)
-}
-
-fn span_input(span_id: &str, run_id: &str, parent: Option<&str>, kind: SpanKind) -> StartSpanInput {
-    StartSpanInput {
-        span_id: span_id.to_owned(),
-        run_id: run_id.to_owned(),
-        parent_span_id: parent.map(str::to_owned),
-        name: format!("{span_id} name"),
-        kind,
-        origin: SpanOrigin::Session,
-        session_id: None,
-        job_name: None,
-        attrs: None,
-        started_at: None,
-    }
-}
 
 /// The payload of event `index` of `span_id`: deterministic, so the parent can check every
 /// stored payload (acknowledged or not) byte for byte. Most are small; one in eight is larger

@@ -30,16 +30,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::process::ExitStatus;
 use std::sync::mpsc;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{read_change_log, report, spawn_child, ChildProcess};
+use support::{open_store, read_change_log, report, span_input, spawn_child, ChildProcess};
 
 use flightlog_core::activity::{
-    ActivityChange, ActivityStore, ChangeBody, EndSpanInput, SpanKind, SpanOrigin, SpanOutcome,
-    SpanPatch, StartSpanInput, StoreError,
+    ActivityChange, ActivityStore, ChangeBody, EndSpanInput, SpanKind, SpanOutcome, SpanPatch,
+    StoreError,
 };
-use flightlog_core::SystemClock;
-use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
+use flightlog_sqlite::SqliteActivityStore;
 use serde_json::json;
 
 /// Set (to [`CHILD_ROLE`]) only in the environment of a spawned writer process.
@@ -72,26 +70,6 @@ fn shared_root(k: usize) -> String {
 
 fn writer_name(tag: &str) -> String {
     format!("writer-{tag}")
-}
-
-fn open_store(path: &Path, writer: &str) -> SqliteActivityStore {
-    let db = SqliteDatabase::open(SqliteConfig::new(path)).expect("the database opens");
-    SqliteActivityStore::with_identity(db, Arc::new(SystemClock), writer)
-}
-
-fn span_input(span_id: &str, run_id: &str, parent: Option<&str>, kind: SpanKind) -> StartSpanInput {
-    StartSpanInput {
-        span_id: span_id.to_owned(),
-        run_id: run_id.to_owned(),
-        parent_span_id: parent.map(str::to_owned),
-        name: format!("{span_id} name"),
-        kind,
-        origin: SpanOrigin::Session,
-        session_id: None,
-        job_name: None,
-        attrs: None,
-        started_at: None,
-    }
 }
 
 fn end_input(outcome: SpanOutcome) -> EndSpanInput {

@@ -9,7 +9,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use flightlog_core::activity::{ActivityChange, ActivityStore};
+use std::path::Path;
+use std::sync::Arc;
+
+use flightlog_core::activity::{
+    ActivityChange, ActivityStore, SpanKind, SpanOrigin, StartSpanInput,
+};
+use flightlog_core::SystemClock;
+use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
 
 /// Marks a child's report lines (libtest prints its own lines on the same stdout, and with
 /// `--nocapture` its `test name ...` text can share a line with the first report).
@@ -136,4 +143,31 @@ pub async fn read_change_log(
         "the latest cursor is the last change id read"
     );
     (all, high_seq)
+}
+
+/// A store over the file at `path` acting as `writer`.
+pub fn open_store(path: &Path, writer: &str) -> SqliteActivityStore {
+    let db = SqliteDatabase::open(SqliteConfig::new(path)).expect("the database opens cleanly");
+    SqliteActivityStore::with_identity(db, Arc::new(SystemClock), writer)
+}
+
+/// A session-origin span start with a name derived from its id.
+pub fn span_input(
+    span_id: &str,
+    run_id: &str,
+    parent: Option<&str>,
+    kind: SpanKind,
+) -> StartSpanInput {
+    StartSpanInput {
+        span_id: span_id.to_owned(),
+        run_id: run_id.to_owned(),
+        parent_span_id: parent.map(str::to_owned),
+        name: format!("{span_id} name"),
+        kind,
+        origin: SpanOrigin::Session,
+        session_id: None,
+        job_name: None,
+        attrs: None,
+        started_at: None,
+    }
 }
