@@ -9,12 +9,14 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use flightlog_core::activity::{
     cap_payload, ActivityChange, ActivityStore, ChangeBody, ChangeDoorbell, EndSpanInput,
-    PruneOptions, PruneResult, RunRollupRow, RunSnapshot, SpanEventRow, SpanOutcome, SpanPatch,
-    SpanRow, StartSpanInput, StoreError, TerminalRootChange, DEFAULT_PRUNE_BATCH,
+    ImportReport, ImportedSpan, PruneOptions, PruneResult, RunRollupRow, RunSnapshot, SpanEventRow,
+    SpanOutcome, SpanPatch, SpanRow, StartSpanInput, StoreError, TerminalRootChange,
+    DEFAULT_PRUNE_BATCH,
 };
 use flightlog_core::{default_writer_id, Clock};
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::activity_import;
 use crate::activity_write::{self as write, PrunePlan, ORPHAN_RUNS_SQL, STALE_RUNS_SQL};
 use crate::database::SqliteDatabase;
 use crate::error::backend;
@@ -453,5 +455,18 @@ impl ActivityStore for SqliteActivityStore {
             change_log_retention: self.db.change_log_retention(),
         };
         self.db.write(move |ctx| write::prune(ctx, plan)).await
+    }
+
+    async fn import_spans(&self, spans: Vec<ImportedSpan>) -> Result<ImportReport, StoreError> {
+        if spans.is_empty() {
+            return Ok(ImportReport::default());
+        }
+        let now = self.now();
+        let prepared = activity_import::prepare(spans, self.db.codec());
+        self.db.maybe_train_payload_dictionary(now);
+        let writer = self.writer.clone();
+        self.db
+            .write(move |ctx| activity_import::import_spans(ctx, &prepared, &writer, now))
+            .await
     }
 }

@@ -7,7 +7,7 @@
 
 use flightlog_core::activity::{
     compute_rollup, CappedPayload, EndSpanInput, JsonObject, PruneResult, RollupSpan, SpanEventRow,
-    SpanOrigin, SpanOutcome, SpanPatch, SpanRow, SpanUsage, StartSpanInput, StoreError,
+    SpanKind, SpanOrigin, SpanOutcome, SpanPatch, SpanRow, SpanUsage, StartSpanInput, StoreError,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::value::RawValue;
@@ -44,7 +44,7 @@ fn interned_key(
     Ok(key)
 }
 
-fn run_key_of(ctx: &mut WriteContext<'_>, run_id: &str) -> Result<i64, StoreError> {
+pub(crate) fn run_key_of(ctx: &mut WriteContext<'_>, run_id: &str) -> Result<i64, StoreError> {
     interned_key(
         ctx.conn,
         &mut ctx.keys.run_keys,
@@ -60,7 +60,7 @@ fn existing_run_key(conn: &Connection, run_id: &str) -> Result<Option<i64>, Stor
         .map_err(backend)
 }
 
-fn writer_key_of(ctx: &mut WriteContext<'_>, writer: &str) -> Result<i64, StoreError> {
+pub(crate) fn writer_key_of(ctx: &mut WriteContext<'_>, writer: &str) -> Result<i64, StoreError> {
     interned_key(
         ctx.conn,
         &mut ctx.keys.writer_keys,
@@ -71,7 +71,7 @@ fn writer_key_of(ctx: &mut WriteContext<'_>, writer: &str) -> Result<i64, StoreE
 }
 
 /// Append one change row; returns `(change_id, seq)`.
-fn log_change(
+pub(crate) fn log_change(
     ctx: &mut WriteContext<'_>,
     run_key: i64,
     span_key: i64,
@@ -116,7 +116,7 @@ fn next_change_id(conn: &Connection) -> Result<i64, StoreError> {
     .map_err(backend)
 }
 
-fn attrs_text(attrs: &JsonObject) -> String {
+pub(crate) fn attrs_text(attrs: &JsonObject) -> String {
     serde_json::Value::Object(attrs.clone()).to_string()
 }
 
@@ -229,7 +229,7 @@ fn open_span(conn: &Connection, span_id: &str) -> Result<Option<OpenSpan>, Store
 }
 
 /// `{...old, ...new}`: new keys overwrite in place, unseen keys are appended.
-fn merged_attrs(stored: Option<String>, update: Option<&JsonObject>) -> Option<String> {
+pub(crate) fn merged_attrs(stored: Option<String>, update: Option<&JsonObject>) -> Option<String> {
     match update {
         None => stored,
         Some(update) => {
@@ -399,6 +399,30 @@ pub(crate) fn append_event(
     ctx.keys
         .spans
         .insert(span_id.to_owned(), (span_key, run_key));
+    let event_index = insert_event(ctx, span_key, run_key, event_type, payload, compressed, ts)?;
+    let truncated = payload.truncated;
+    let payload = RawValue::from_string(payload.json.clone())
+        .map_err(|err| StoreError::Corrupt(format!("capped payload is not JSON: {err}")))?;
+    Ok(Some(SpanEventRow {
+        span_id: span_id.to_owned(),
+        event_index,
+        ts,
+        event_type: event_type.to_owned(),
+        payload,
+        truncated,
+    }))
+}
+
+/// Insert one event of a known span with the span's next index, change-logged; returns the index.
+pub(crate) fn insert_event(
+    ctx: &mut WriteContext<'_>,
+    span_key: i64,
+    run_key: i64,
+    event_type: &str,
+    payload: &CappedPayload,
+    compressed: Option<&CompressedPayload>,
+    ts: i64,
+) -> Result<i64, StoreError> {
     let event_index = match ctx.keys.next_event_index.get(&span_key) {
         Some(next) => *next,
         None => ctx
@@ -443,17 +467,7 @@ pub(crate) fn append_event(
         .map_err(backend)?;
     ctx.keys.next_event_index.insert(span_key, event_index + 1);
     log_change(ctx, run_key, span_key, Some(event_index))?;
-    let truncated = payload.truncated;
-    let payload = RawValue::from_string(payload.json.clone())
-        .map_err(|err| StoreError::Corrupt(format!("capped payload is not JSON: {err}")))?;
-    Ok(Some(SpanEventRow {
-        span_id: span_id.to_owned(),
-        event_index,
-        ts,
-        event_type: event_type.to_owned(),
-        payload,
-        truncated,
-    }))
+    Ok(event_index)
 }
 
 pub(crate) fn heartbeat(
@@ -593,21 +607,23 @@ pub(crate) fn rollup_run(ctx: &mut WriteContext<'_>, run_id: &str) -> Result<(),
     }
 }
 
-fn rollup_run_key(conn: &Connection, run_key: i64) -> Result<(), StoreError> {
+pub(crate) fn rollup_run_key(conn: &Connection, run_key: i64) -> Result<(), StoreError> {
     // Only the columns the rollup rule reads: this runs on every run's terminal write.
     let spans: Vec<RollupSpan> = conn
         .prepare_cached(
             "SELECT parent_span_id IS NULL, origin, name, session_id, job_name, started_at, \
              ended_at, outcome, outcome_reason, input_tokens, output_tokens, cache_read_tokens, \
-             cache_creation_tokens, cost_usd FROM activity_spans WHERE run_key = ?1 \
+             cache_creation_tokens, cost_usd, kind FROM activity_spans WHERE run_key = ?1 \
              ORDER BY started_at, span_key",
         )
         .and_then(|mut stmt| {
             stmt.query_map([run_key], |row| {
                 let origin: String = row.get(1)?;
                 let outcome: Option<String> = row.get(7)?;
+                let kind: String = row.get(14)?;
                 Ok(RollupSpan {
                     is_root: row.get(0)?,
+                    kind: SpanKind::from_stored(&kind),
                     origin: SpanOrigin::from_stored(&origin),
                     name: row.get(2)?,
                     session_id: row.get(3)?,

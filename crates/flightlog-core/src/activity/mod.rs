@@ -4,11 +4,13 @@
 //! [`types`] holds the records and inputs, [`store`] the backend trait, and [`payload`] and
 //! [`rollup`] the pure rules (payload capping, run rollups) every backend applies identically.
 
+pub mod import;
 pub mod payload;
 pub mod rollup;
 pub mod store;
 pub mod types;
 
+pub use import::{ImportRejection, ImportReport, ImportedEnd, ImportedEvent, ImportedSpan};
 pub use payload::{cap_payload, CappedPayload, MAX_EVENT_PAYLOAD_BYTES, TRUNCATION_MARKER};
 pub use rollup::{compute_rollup, RollupFields, RollupSpan};
 pub use store::{

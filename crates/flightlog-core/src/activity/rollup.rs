@@ -3,13 +3,20 @@
 //! Aggregation scope is the ROOT span only: result-level accounting on the root already includes
 //! subagent consumption, so summing the tree would double-count every fan-out. The failure reason
 //! is the first error/timeout reason in start order, else `interrupted` for an interrupted root.
+//!
+//! One extension beyond the reference: when the root carries no usage at all (typical of
+//! OpenTelemetry traces, where only the model-call spans report tokens), the run's usage is the
+//! sum over its `model` spans. Model spans are leaves of accounting (a model call never contains
+//! another), so the sum counts each token once; and a root that does report usage still wins, so
+//! nothing is ever counted twice. The reference has no `model` kind, so its behaviour is unchanged.
 
-use super::types::{SpanOrigin, SpanOutcome, SpanRow, SpanUsage};
+use super::types::{SpanKind, SpanOrigin, SpanOutcome, SpanRow, SpanUsage};
 
 /// What the rollup rule needs to know about one span (a backend can read just these columns).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RollupSpan {
     pub is_root: bool,
+    pub kind: SpanKind,
     pub origin: SpanOrigin,
     pub name: String,
     pub session_id: Option<String>,
@@ -25,6 +32,7 @@ impl From<&SpanRow> for RollupSpan {
     fn from(span: &SpanRow) -> Self {
         Self {
             is_root: span.is_root(),
+            kind: span.kind.clone(),
             origin: span.origin.clone(),
             name: span.name.clone(),
             session_id: span.session_id.clone(),
@@ -76,6 +84,11 @@ pub fn compute_rollup(spans_by_start: &[RollupSpan]) -> Option<RollupFields> {
         .or_else(|| {
             (root.outcome == Some(SpanOutcome::Interrupted)).then(|| "interrupted".to_owned())
         });
+    let usage = if carries_usage(&root.usage) {
+        root.usage.clone()
+    } else {
+        sum_model_usage(spans_by_start)
+    };
     Some(RollupFields {
         origin: root.origin.clone(),
         name: root.name.clone(),
@@ -86,19 +99,51 @@ pub fn compute_rollup(spans_by_start: &[RollupSpan]) -> Option<RollupFields> {
         outcome: root.outcome.clone(),
         duration_ms: root.ended_at.map(|ended| ended - root.started_at),
         span_count: i64::try_from(spans_by_start.len()).unwrap_or(i64::MAX),
-        input_tokens: root.usage.input_tokens,
-        output_tokens: root.usage.output_tokens,
-        cache_read_tokens: root.usage.cache_read_tokens,
-        cache_creation_tokens: root.usage.cache_creation_tokens,
-        cost_usd: root.usage.cost_usd,
+        input_tokens: usage.input_tokens,
+        output_tokens: usage.output_tokens,
+        cache_read_tokens: usage.cache_read_tokens,
+        cache_creation_tokens: usage.cache_creation_tokens,
+        cost_usd: usage.cost_usd,
         failure_reason,
     })
+}
+
+/// True when any token count or the cost is present.
+fn carries_usage(usage: &SpanUsage) -> bool {
+    usage.input_tokens.is_some()
+        || usage.output_tokens.is_some()
+        || usage.cache_read_tokens.is_some()
+        || usage.cache_creation_tokens.is_some()
+        || usage.cost_usd.is_some()
+}
+
+/// The field-wise sum over `model` spans; a field stays absent when no model span has it.
+fn sum_model_usage(spans: &[RollupSpan]) -> SpanUsage {
+    fn add_count(total: &mut Option<i64>, part: Option<i64>) {
+        if let Some(part) = part {
+            *total = Some(total.unwrap_or(0).saturating_add(part));
+        }
+    }
+    let mut total = SpanUsage::default();
+    for span in spans.iter().filter(|span| span.kind == SpanKind::Model) {
+        add_count(&mut total.input_tokens, span.usage.input_tokens);
+        add_count(&mut total.output_tokens, span.usage.output_tokens);
+        add_count(&mut total.cache_read_tokens, span.usage.cache_read_tokens);
+        add_count(
+            &mut total.cache_creation_tokens,
+            span.usage.cache_creation_tokens,
+        );
+        if let Some(cost) = span.usage.cost_usd {
+            total.cost_usd = Some(total.cost_usd.unwrap_or(0.0) + cost);
+        }
+    }
+    total
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::activity::types::{JsonObject, SpanKind};
+    use crate::activity::types::JsonObject;
 
     fn span(id: &str, parent: Option<&str>, started_at: i64) -> RollupSpan {
         RollupSpan::from(&SpanRow {
@@ -133,6 +178,44 @@ mod tests {
         assert_eq!(fields.as_ref().and_then(|f| f.input_tokens), Some(10));
         assert_eq!(fields.as_ref().and_then(|f| f.duration_ms), Some(10));
         assert_eq!(fields.map(|f| f.span_count), Some(2));
+    }
+
+    #[test]
+    fn a_root_without_usage_sums_its_model_spans_and_nothing_else() {
+        let root = span("root", None, 1);
+        let mut model_a = span("a", Some("root"), 2);
+        model_a.kind = SpanKind::Model;
+        model_a.usage.input_tokens = Some(100);
+        model_a.usage.cost_usd = Some(0.25);
+        let mut model_b = span("b", Some("a"), 3);
+        model_b.kind = SpanKind::Model;
+        model_b.usage.input_tokens = Some(20);
+        model_b.usage.output_tokens = Some(7);
+        model_b.usage.cost_usd = Some(0.5);
+        let mut tool = span("t", Some("root"), 4);
+        tool.usage.input_tokens = Some(1_000);
+        let fields = compute_rollup(&[root.clone(), model_a, model_b, tool]);
+        let fields = fields.as_ref();
+        assert_eq!(fields.and_then(|f| f.input_tokens), Some(120));
+        assert_eq!(fields.and_then(|f| f.output_tokens), Some(7));
+        assert_eq!(fields.and_then(|f| f.cache_read_tokens), None);
+        assert_eq!(fields.and_then(|f| f.cost_usd), Some(0.75));
+        // No model spans: usage stays absent, never an invented zero.
+        let bare = compute_rollup(&[root]);
+        assert_eq!(bare.and_then(|f| f.input_tokens), None);
+    }
+
+    #[test]
+    fn a_root_with_usage_wins_over_its_model_spans() {
+        let mut root = span("root", None, 1);
+        root.usage.cost_usd = Some(2.0);
+        let mut model = span("m", Some("root"), 2);
+        model.kind = SpanKind::Model;
+        model.usage.input_tokens = Some(100);
+        model.usage.cost_usd = Some(1.0);
+        let fields = compute_rollup(&[root, model]);
+        assert_eq!(fields.as_ref().and_then(|f| f.cost_usd), Some(2.0));
+        assert_eq!(fields.and_then(|f| f.input_tokens), None);
     }
 
     #[test]

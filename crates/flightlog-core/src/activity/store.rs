@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use super::import::{ImportReport, ImportedSpan};
 use super::types::{
     ActivityChange, EndSpanInput, PruneOptions, PruneResult, RunRollupRow, RunSnapshot,
     SpanEventRow, SpanOutcome, SpanPatch, SpanRow, StartSpanInput, TerminalRootChange,
@@ -158,4 +159,11 @@ pub trait ActivityStore: Send + Sync {
 
     /// Delete the detail of finished runs behind the digest floor or the hard ceiling.
     async fn prune(&self, options: PruneOptions) -> Result<PruneResult, StoreError>;
+
+    /// Store spans delivered whole by an importer (OTLP), idempotently, in one atomic write:
+    /// an unknown span is created with its events; an open one is completed (its new events
+    /// added); a terminal one is left alone. Every write is change-logged like a native one.
+    /// Afterwards each touched run whose root is terminal is rolled up again, so a late span
+    /// of an already rolled-up run updates the rollup. See [`ImportedSpan`].
+    async fn import_spans(&self, spans: Vec<ImportedSpan>) -> Result<ImportReport, StoreError>;
 }

@@ -1,0 +1,320 @@
+//! `import_spans`: whole spans from an importer (OTLP), stored idempotently in one write job.
+//!
+//! An OTLP exporter delivers finished spans in any order and batch and retries what it is unsure
+//! of, so each span is an upsert with three cases, decided under the write lock:
+//! - unknown span id: one `INSERT … ON CONFLICT DO NOTHING RETURNING` creates it whole (the
+//!   common case costs no separate existence check), then its events;
+//! - open span (started natively, or announced earlier as pending): completed in place — stored
+//!   name, kind, parent and start are kept, attrs merged, usage fields filled, the end written
+//!   if the delivery has one — and only events it does not already hold (same `ts` and type) are
+//!   added, so a span announced and then delivered whole never doubles its events;
+//! - terminal span: a repeated delivery; nothing is written, not even its events.
+//!
+//! Every write is change-logged exactly like a native one, so streams and cursors see imports.
+//! Afterwards every touched run whose root is terminal is rolled up again: spans of a trace may
+//! arrive after the root, and the rollup must include them (and be right once the last arrives).
+//!
+//! Capping, compression and attrs serialization happen on the caller's thread ([`prepare`]);
+//! the writer thread only runs statements.
+
+use std::collections::HashSet;
+
+use flightlog_core::activity::{
+    cap_payload, CappedPayload, ImportRejection, ImportReport, ImportedSpan, StoreError,
+};
+use rusqlite::{params, OptionalExtension};
+
+use crate::activity_write::{
+    attrs_text, insert_event, log_change, merged_attrs, rollup_run_key, run_key_of, writer_key_of,
+};
+use crate::database::WriteContext;
+use crate::error::backend;
+use crate::payload_codec::{CompressedPayload, PayloadCodec};
+
+/// One event, capped and (maybe) compressed, ready for the writer.
+pub(crate) struct PreparedEvent {
+    ts: i64,
+    event_type: String,
+    payload: CappedPayload,
+    compressed: Option<CompressedPayload>,
+}
+
+/// One imported span with its CPU work done.
+pub(crate) struct PreparedSpan {
+    span: ImportedSpan,
+    attrs: String,
+    events: Vec<PreparedEvent>,
+}
+
+/// Cap and compress event payloads and serialize attrs, off the writer thread.
+pub(crate) fn prepare(spans: Vec<ImportedSpan>, codec: &PayloadCodec) -> Vec<PreparedSpan> {
+    spans
+        .into_iter()
+        .map(|mut span| {
+            let events = std::mem::take(&mut span.events)
+                .into_iter()
+                .map(|event| {
+                    let payload = cap_payload(Some(&event.payload));
+                    let compressed = codec.encode(&payload.json);
+                    PreparedEvent {
+                        ts: event.ts,
+                        event_type: event.event_type,
+                        payload,
+                        compressed,
+                    }
+                })
+                .collect();
+            let attrs = attrs_text(&span.attrs);
+            PreparedSpan {
+                span,
+                attrs,
+                events,
+            }
+        })
+        .collect()
+}
+
+/// What the span id already names in the database.
+struct ExistingSpan {
+    span_key: i64,
+    run_key: i64,
+    terminal: bool,
+    attrs: Option<String>,
+}
+
+fn existing_span(
+    ctx: &WriteContext<'_>,
+    span_id: &str,
+) -> Result<Option<ExistingSpan>, StoreError> {
+    ctx.conn
+        .prepare_cached(
+            "SELECT span_key, run_key, outcome IS NOT NULL, attrs FROM activity_spans \
+             WHERE span_id = ?1",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row([span_id], |row| {
+                Ok(ExistingSpan {
+                    span_key: row.get(0)?,
+                    run_key: row.get(1)?,
+                    terminal: row.get(2)?,
+                    attrs: row.get(3)?,
+                })
+            })
+            .optional()
+        })
+        .map_err(backend)
+}
+
+/// Insert the span if its id is free; `Some(span_key)` when it was inserted.
+fn insert_new_span(
+    ctx: &mut WriteContext<'_>,
+    prepared: &PreparedSpan,
+    run_key: i64,
+    writer_key: i64,
+    now: i64,
+) -> Result<Option<i64>, StoreError> {
+    let span = &prepared.span;
+    // Roots get a heartbeat like a native start; an open (pending) root counts as alive from
+    // the moment it is announced, so a long-running trace delivered late is not swept at once.
+    let last_heartbeat_at = match (&span.parent_span_id, &span.end) {
+        (Some(_), _) => None,
+        (None, Some(_)) => Some(span.started_at),
+        (None, None) => Some(span.started_at.max(now)),
+    };
+    let end = span.end.as_ref();
+    ctx.conn
+        .prepare_cached(
+            "INSERT INTO activity_spans (span_id, run_key, parent_span_id, name, kind, origin, \
+             session_id, job_name, attrs, started_at, ended_at, outcome, outcome_reason, \
+             input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens, cost_usd, \
+             model, writer_key, last_heartbeat_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
+             ?18, ?19, ?20, ?21) ON CONFLICT(span_id) DO NOTHING RETURNING span_key",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(
+                params![
+                    span.span_id,
+                    run_key,
+                    span.parent_span_id,
+                    span.name,
+                    span.kind.as_str(),
+                    span.origin.as_str(),
+                    span.session_id,
+                    span.job_name,
+                    prepared.attrs,
+                    span.started_at,
+                    end.map(|end| end.ended_at),
+                    end.map(|end| end.outcome.as_str()),
+                    end.and_then(|end| end.reason.as_deref()),
+                    span.usage.input_tokens,
+                    span.usage.output_tokens,
+                    span.usage.cache_read_tokens,
+                    span.usage.cache_creation_tokens,
+                    span.usage.cost_usd,
+                    span.usage.model,
+                    writer_key,
+                    last_heartbeat_at,
+                ],
+                |row| row.get(0),
+            )
+            .optional()
+        })
+        .map_err(backend)
+}
+
+/// Complete (or refresh) an open span from a later delivery.
+fn complete_open_span(
+    ctx: &mut WriteContext<'_>,
+    prepared: &PreparedSpan,
+    existing: ExistingSpan,
+    now: i64,
+) -> Result<(), StoreError> {
+    let span = &prepared.span;
+    let attrs = merged_attrs(existing.attrs, Some(&span.attrs));
+    let end = span.end.as_ref();
+    ctx.conn
+        .prepare_cached(
+            "UPDATE activity_spans SET attrs = ?1, \
+             ended_at = COALESCE(?2, ended_at), outcome = COALESCE(?3, outcome), \
+             outcome_reason = CASE WHEN ?3 IS NULL THEN outcome_reason ELSE ?4 END, \
+             input_tokens = COALESCE(?5, input_tokens), output_tokens = COALESCE(?6, output_tokens), \
+             cache_read_tokens = COALESCE(?7, cache_read_tokens), \
+             cache_creation_tokens = COALESCE(?8, cache_creation_tokens), \
+             cost_usd = COALESCE(?9, cost_usd), model = COALESCE(?10, model), \
+             last_heartbeat_at = CASE WHEN ?3 IS NULL AND parent_span_id IS NULL \
+               THEN MAX(COALESCE(last_heartbeat_at, 0), ?11) ELSE last_heartbeat_at END \
+             WHERE span_key = ?12",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                attrs,
+                end.map(|end| end.ended_at),
+                end.map(|end| end.outcome.as_str()),
+                end.and_then(|end| end.reason.as_deref()),
+                span.usage.input_tokens,
+                span.usage.output_tokens,
+                span.usage.cache_read_tokens,
+                span.usage.cache_creation_tokens,
+                span.usage.cost_usd,
+                span.usage.model,
+                now,
+                existing.span_key,
+            ])
+        })
+        .map_err(backend)?;
+    log_change(ctx, existing.run_key, existing.span_key, None)?;
+    Ok(())
+}
+
+/// The `(ts, event_type)` pairs a span already holds.
+fn held_events(
+    ctx: &WriteContext<'_>,
+    span_key: i64,
+) -> Result<HashSet<(i64, String)>, StoreError> {
+    ctx.conn
+        .prepare_cached("SELECT ts, event_type FROM activity_events WHERE span_key = ?1")
+        .and_then(|mut stmt| {
+            stmt.query_map([span_key], |row| Ok((row.get(0)?, row.get(1)?)))?
+                .collect()
+        })
+        .map_err(backend)
+}
+
+fn insert_events(
+    ctx: &mut WriteContext<'_>,
+    span_key: i64,
+    run_key: i64,
+    events: &[PreparedEvent],
+    skip: &HashSet<(i64, String)>,
+) -> Result<u64, StoreError> {
+    let mut added = 0;
+    for event in events {
+        if skip.contains(&(event.ts, event.event_type.clone())) {
+            continue;
+        }
+        insert_event(
+            ctx,
+            span_key,
+            run_key,
+            &event.event_type,
+            &event.payload,
+            event.compressed.as_ref(),
+            event.ts,
+        )?;
+        added += 1;
+    }
+    Ok(added)
+}
+
+fn root_is_terminal(ctx: &WriteContext<'_>, run_key: i64) -> Result<bool, StoreError> {
+    ctx.conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM activity_spans WHERE run_key = ?1 \
+             AND parent_span_id IS NULL AND outcome IS NOT NULL)",
+        )
+        .and_then(|mut stmt| stmt.query_row([run_key], |row| row.get(0)))
+        .map_err(backend)
+}
+
+/// The write job: every span of one delivery, then the rollups of the runs it touched.
+pub(crate) fn import_spans(
+    ctx: &mut WriteContext<'_>,
+    spans: &[PreparedSpan],
+    writer: &str,
+    now: i64,
+) -> Result<ImportReport, StoreError> {
+    let mut report = ImportReport::default();
+    let mut touched_runs: Vec<i64> = Vec::new();
+    let mut touched_set: HashSet<i64> = HashSet::new();
+    let writer_key = writer_key_of(ctx, writer)?;
+    for prepared in spans {
+        let span = &prepared.span;
+        let run_key = run_key_of(ctx, &span.run_id)?;
+        if let Some(span_key) = insert_new_span(ctx, prepared, run_key, writer_key, now)? {
+            ctx.keys
+                .spans
+                .insert(span.span_id.clone(), (span_key, run_key));
+            log_change(ctx, run_key, span_key, None)?;
+            report.events_added +=
+                insert_events(ctx, span_key, run_key, &prepared.events, &HashSet::new())?;
+            report.created += 1;
+        } else {
+            let Some(existing) = existing_span(ctx, &span.span_id)? else {
+                return Err(StoreError::Corrupt(format!(
+                    "span {:?} neither inserted nor found",
+                    span.span_id
+                )));
+            };
+            if existing.run_key != run_key {
+                report.rejected.push(ImportRejection {
+                    span_id: span.span_id.clone(),
+                    reason: format!(
+                        "span id {:?} already belongs to another run than {:?}",
+                        span.span_id, span.run_id
+                    ),
+                });
+                continue;
+            }
+            if existing.terminal {
+                report.unchanged += 1;
+                continue;
+            }
+            let span_key = existing.span_key;
+            complete_open_span(ctx, prepared, existing, now)?;
+            let held = held_events(ctx, span_key)?;
+            report.events_added += insert_events(ctx, span_key, run_key, &prepared.events, &held)?;
+            report.completed += 1;
+        }
+        if touched_set.insert(run_key) {
+            touched_runs.push(run_key);
+        }
+    }
+    for run_key in touched_runs {
+        if root_is_terminal(ctx, run_key)? {
+            rollup_run_key(ctx.conn, run_key)?;
+            report.runs_rolled_up += 1;
+        }
+    }
+    Ok(report)
+}

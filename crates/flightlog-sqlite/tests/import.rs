@@ -1,0 +1,293 @@
+//! `import_spans` on a real SQLite file: the idempotence an OTLP exporter's retries need, spans
+//! arriving in any order and batch, completing natively started or pending spans, and rollups
+//! that are right once the last span arrived and updated by late ones.
+
+use std::sync::Arc;
+
+use flightlog_core::activity::{
+    ActivityStore, ChangeBody, EndSpanInput, ImportedEnd, ImportedEvent, ImportedSpan, JsonObject,
+    SpanKind, SpanOrigin, SpanOutcome, SpanUsage, StartSpanInput,
+};
+use flightlog_core::ManualClock;
+use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
+use serde_json::json;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    store: SqliteActivityStore,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("import.db"))).unwrap();
+    let store = SqliteActivityStore::with_identity(db, Arc::new(ManualClock::new(5_000)), "otlp");
+    Fixture { _dir: dir, store }
+}
+
+fn span(span_id: &str, parent: Option<&str>, kind: SpanKind, started_at: i64) -> ImportedSpan {
+    let mut attrs = JsonObject::new();
+    attrs.insert("service.name".into(), json!("agent"));
+    ImportedSpan {
+        span_id: span_id.into(),
+        run_id: "trace1".into(),
+        parent_span_id: parent.map(str::to_owned),
+        name: format!("{span_id}-name"),
+        kind,
+        origin: SpanOrigin::Otlp,
+        session_id: None,
+        job_name: None,
+        attrs,
+        started_at,
+        end: Some(ImportedEnd {
+            ended_at: started_at + 100,
+            outcome: SpanOutcome::Success,
+            reason: None,
+        }),
+        usage: SpanUsage::default(),
+        events: Vec::new(),
+    }
+}
+
+fn model_span(span_id: &str, parent: &str, started_at: i64, input: i64, cost: f64) -> ImportedSpan {
+    let mut model = span(span_id, Some(parent), SpanKind::Model, started_at);
+    model.usage = SpanUsage {
+        input_tokens: Some(input),
+        output_tokens: Some(input / 10),
+        cost_usd: Some(cost),
+        model: Some("gpt-4o".into()),
+        ..SpanUsage::default()
+    };
+    model
+}
+
+fn event(ts: i64, event_type: &str) -> ImportedEvent {
+    ImportedEvent {
+        ts,
+        event_type: event_type.into(),
+        payload: json!({"note": event_type}),
+    }
+}
+
+#[tokio::test]
+async fn a_whole_trace_is_created_with_events_and_rolled_up() {
+    let fx = fixture();
+    let mut root = span("root", None, SpanKind::Turn, 1_000);
+    root.end = Some(ImportedEnd {
+        ended_at: 2_000,
+        outcome: SpanOutcome::Error,
+        reason: Some("boom".into()),
+    });
+    let mut tool = span("tool", Some("root"), SpanKind::Tool, 1_200);
+    tool.events = vec![event(1_250, "exception"), event(1_260, "retry")];
+    let report = fx
+        .store
+        .import_spans(vec![root, model_span("m1", "root", 1_100, 100, 0.5), tool])
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.created, report.completed, report.unchanged),
+        (3, 0, 0)
+    );
+    assert_eq!(report.events_added, 2);
+    assert_eq!(report.runs_rolled_up, 1);
+    assert!(report.rejected.is_empty());
+
+    let snapshot = fx.store.snapshot_run("trace1").await.unwrap().unwrap();
+    assert_eq!(snapshot.spans.len(), 3);
+    assert_eq!(snapshot.events.len(), 2);
+    assert_eq!(
+        snapshot.high_water_seq, 5,
+        "3 spans + 2 events are change-logged"
+    );
+    let root = fx.store.get_span("root").await.unwrap().unwrap();
+    assert_eq!(root.outcome, Some(SpanOutcome::Error));
+    assert_eq!(root.outcome_reason.as_deref(), Some("boom"));
+    assert_eq!(root.ended_at, Some(2_000));
+    assert_eq!(root.writer, "otlp");
+    assert_eq!(root.attrs.get("service.name"), Some(&json!("agent")));
+
+    let rollup = fx.store.read_rollup("trace1").await.unwrap().unwrap();
+    assert_eq!(rollup.span_count, 3);
+    assert_eq!(
+        rollup.input_tokens,
+        Some(100),
+        "the root has no usage: model spans sum"
+    );
+    assert_eq!(rollup.cost_usd, Some(0.5));
+    assert_eq!(rollup.outcome, Some(SpanOutcome::Error));
+    assert_eq!(rollup.failure_reason.as_deref(), Some("boom"));
+    assert_eq!(rollup.duration_ms, Some(1_000));
+}
+
+#[tokio::test]
+async fn a_repeated_delivery_writes_nothing() {
+    let fx = fixture();
+    let mut tool = span("tool", Some("root"), SpanKind::Tool, 1_200);
+    tool.events = vec![event(1_250, "exception")];
+    let batch = vec![span("root", None, SpanKind::Turn, 1_000), tool];
+    fx.store.import_spans(batch.clone()).await.unwrap();
+    let cursor = fx.store.latest_change_cursor().await.unwrap();
+
+    let again = fx.store.import_spans(batch).await.unwrap();
+    assert_eq!((again.created, again.completed, again.unchanged), (0, 0, 2));
+    assert_eq!(again.events_added, 0);
+    assert_eq!(fx.store.latest_change_cursor().await.unwrap(), cursor);
+    let snapshot = fx.store.snapshot_run("trace1").await.unwrap().unwrap();
+    assert_eq!((snapshot.spans.len(), snapshot.events.len()), (2, 1));
+}
+
+#[tokio::test]
+async fn children_before_their_parent_and_a_late_span_after_the_rollup() {
+    let fx = fixture();
+    // The child batch arrives first: no root yet, so no rollup.
+    let first = fx
+        .store
+        .import_spans(vec![model_span("m1", "root", 1_100, 100, 0.25)])
+        .await
+        .unwrap();
+    assert_eq!(first.runs_rolled_up, 0);
+    assert!(fx.store.read_rollup("trace1").await.unwrap().is_none());
+
+    fx.store
+        .import_spans(vec![span("root", None, SpanKind::Turn, 1_000)])
+        .await
+        .unwrap();
+    let rollup = fx.store.read_rollup("trace1").await.unwrap().unwrap();
+    assert_eq!((rollup.span_count, rollup.input_tokens), (2, Some(100)));
+
+    // A straggler of the already rolled-up run updates its rollup.
+    let late = fx
+        .store
+        .import_spans(vec![model_span("m2", "root", 1_300, 50, 0.5)])
+        .await
+        .unwrap();
+    assert_eq!(late.runs_rolled_up, 1);
+    let rollup = fx.store.read_rollup("trace1").await.unwrap().unwrap();
+    assert_eq!(rollup.span_count, 3);
+    assert_eq!(rollup.input_tokens, Some(150));
+    assert_eq!(rollup.output_tokens, Some(15));
+    assert_eq!(rollup.cost_usd, Some(0.75));
+}
+
+#[tokio::test]
+async fn a_natively_started_span_is_completed_not_duplicated() {
+    let fx = fixture();
+    fx.store
+        .start_span(StartSpanInput {
+            span_id: "root".into(),
+            run_id: "trace1".into(),
+            parent_span_id: None,
+            name: "native name".into(),
+            kind: SpanKind::Turn,
+            origin: SpanOrigin::Session,
+            session_id: Some("s1".into()),
+            job_name: None,
+            attrs: Some(JsonObject::from_iter([("native".to_owned(), json!(true))])),
+            started_at: Some(900),
+        })
+        .await
+        .unwrap();
+    fx.store
+        .append_event("root", "exception", Some(&json!({"a": 1})), Some(950))
+        .await
+        .unwrap();
+
+    let mut delivered = span("root", None, SpanKind::Other, 1_000);
+    delivered.events = vec![event(950, "exception"), event(960, "second")];
+    let report = fx.store.import_spans(vec![delivered]).await.unwrap();
+    assert_eq!((report.created, report.completed), (0, 1));
+    assert_eq!(
+        report.events_added, 1,
+        "the event it already had is not added again"
+    );
+
+    let root = fx.store.get_span("root").await.unwrap().unwrap();
+    assert_eq!(
+        root.name, "native name",
+        "the native start's fields are kept"
+    );
+    assert_eq!(root.kind, SpanKind::Turn);
+    assert_eq!(root.started_at, 900);
+    assert_eq!(root.outcome, Some(SpanOutcome::Success));
+    assert_eq!(root.ended_at, Some(1_100));
+    assert_eq!(root.attrs.get("native"), Some(&json!(true)));
+    assert_eq!(root.attrs.get("service.name"), Some(&json!("agent")));
+    let snapshot = fx.store.snapshot_run("trace1").await.unwrap().unwrap();
+    assert_eq!(snapshot.spans.len(), 1);
+    assert_eq!(snapshot.events.len(), 2);
+    // The completion is delta-visible like a native end.
+    let changes = fx.store.changes_since(0, 100).await.unwrap();
+    let seqs: Vec<i64> = changes.iter().map(|change| change.seq).collect();
+    assert_eq!(seqs, vec![1, 2, 3, 4]);
+    assert!(matches!(&changes[2].body, ChangeBody::Span { span } if span.outcome.is_some()));
+}
+
+#[tokio::test]
+async fn a_pending_span_is_live_until_its_final_delivery() {
+    let fx = fixture();
+    let mut pending = span("root", None, SpanKind::Turn, 1_000);
+    pending.end = None;
+    let report = fx.store.import_spans(vec![pending.clone()]).await.unwrap();
+    assert_eq!((report.created, report.runs_rolled_up), (1, 0));
+    let open = fx.store.open_root_spans().await.unwrap();
+    assert_eq!(open.len(), 1);
+    assert_eq!(
+        open[0].last_heartbeat_at,
+        Some(5_000),
+        "alive from its announcement"
+    );
+
+    // Announced again (still running): refreshed, still open.
+    let again = fx.store.import_spans(vec![pending]).await.unwrap();
+    assert_eq!(again.completed, 1);
+    assert_eq!(fx.store.open_root_spans().await.unwrap().len(), 1);
+
+    let report = fx
+        .store
+        .import_spans(vec![span("root", None, SpanKind::Turn, 1_000)])
+        .await
+        .unwrap();
+    assert_eq!((report.completed, report.runs_rolled_up), (1, 1));
+    assert!(fx.store.open_root_spans().await.unwrap().is_empty());
+    let rollup = fx.store.read_rollup("trace1").await.unwrap().unwrap();
+    assert_eq!(rollup.outcome, Some(SpanOutcome::Success));
+}
+
+#[tokio::test]
+async fn a_span_id_of_another_run_is_rejected_and_the_rest_stored() {
+    let fx = fixture();
+    fx.store
+        .import_spans(vec![span("shared", None, SpanKind::Turn, 1_000)])
+        .await
+        .unwrap();
+    let mut clash = span("shared", None, SpanKind::Turn, 1_000);
+    clash.run_id = "trace2".into();
+    let mut fine = span("other", None, SpanKind::Turn, 1_000);
+    fine.run_id = "trace2".into();
+    let report = fx.store.import_spans(vec![clash, fine]).await.unwrap();
+    assert_eq!(report.created, 1);
+    assert_eq!(report.rejected.len(), 1);
+    assert_eq!(report.rejected[0].span_id, "shared");
+    assert!(report.rejected[0].reason.contains("another run"));
+    assert_eq!(
+        fx.store.get_span("shared").await.unwrap().unwrap().run_id,
+        "trace1"
+    );
+    assert!(fx.store.get_span("other").await.unwrap().is_some());
+    // A native end after an import still honours write-once.
+    let ended = fx
+        .store
+        .end_span(
+            "other",
+            EndSpanInput {
+                outcome: SpanOutcome::Error,
+                reason: None,
+                ended_at: None,
+                usage: None,
+                attrs: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(!ended);
+}
