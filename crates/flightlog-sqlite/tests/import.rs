@@ -18,8 +18,9 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("import.db"))).unwrap();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("import.db")))
+        .expect("the database opens");
     let store = SqliteActivityStore::with_identity(db, Arc::new(ManualClock::new(5_000)), "otlp");
     Fixture { _dir: dir, store }
 }
