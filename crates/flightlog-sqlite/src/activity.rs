@@ -9,14 +9,15 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use flightlog_core::activity::{
     cap_payload, ActivityChange, ActivityStore, ChangeBody, ChangeDoorbell, EndSpanInput,
-    ImportReport, ImportedSpan, PruneOptions, PruneResult, RunRollupRow, RunSnapshot, SpanEventRow,
-    SpanOutcome, SpanPatch, SpanRow, StartSpanInput, StoreError, TerminalRootChange,
-    DEFAULT_PRUNE_BATCH,
+    ImportReport, ImportedSpan, PruneOptions, PruneResult, RunListQuery, RunPage, RunRollupRow,
+    RunSnapshot, SpanEventRow, SpanOutcome, SpanPatch, SpanRow, StartSpanInput, StoreError,
+    TerminalRootChange, DEFAULT_PRUNE_BATCH,
 };
 use flightlog_core::{default_writer_id, Clock};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::activity_import;
+use crate::activity_listing;
 use crate::activity_write::{self as write, PrunePlan, ORPHAN_RUNS_SQL, STALE_RUNS_SQL};
 use crate::database::SqliteDatabase;
 use crate::error::backend;
@@ -455,6 +456,11 @@ impl ActivityStore for SqliteActivityStore {
             change_log_retention: self.db.change_log_retention(),
         };
         self.db.write(move |ctx| write::prune(ctx, plan)).await
+    }
+
+    async fn list_runs(&self, query: RunListQuery) -> Result<RunPage, StoreError> {
+        self.db
+            .read(|conn| activity_listing::list_runs(conn, &query))
     }
 
     async fn import_spans(&self, spans: Vec<ImportedSpan>) -> Result<ImportReport, StoreError> {

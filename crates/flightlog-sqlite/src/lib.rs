@@ -8,6 +8,7 @@
 
 mod activity;
 mod activity_import;
+mod activity_listing;
 mod activity_write;
 mod database;
 mod error;

@@ -132,6 +132,13 @@ CREATE TABLE journal_events (
   PRIMARY KEY (engagement_key, seq)
 ) WITHOUT ROWID;
 "#,
+    // Version 3: listing runs newest first. Roots (open or ended) by start, and the rollups of
+    // pruned runs (which have no root left) by start: each page is an index range scan.
+    r#"
+CREATE INDEX activity_spans_roots ON activity_spans (started_at) WHERE parent_span_id IS NULL;
+CREATE INDEX activity_run_rollups_pruned ON activity_run_rollups (started_at)
+  WHERE detail_pruned = 1;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -5,12 +5,14 @@
 //! [`rollup`] the pure rules (payload capping, run rollups) every backend applies identically.
 
 pub mod import;
+pub mod listing;
 pub mod payload;
 pub mod rollup;
 pub mod store;
 pub mod types;
 
 pub use import::{ImportRejection, ImportReport, ImportedEnd, ImportedEvent, ImportedSpan};
+pub use listing::{RunCursor, RunListEntry, RunListQuery, RunPage, RunState};
 pub use payload::{cap_payload, CappedPayload, MAX_EVENT_PAYLOAD_BYTES, TRUNCATION_MARKER};
 pub use rollup::{compute_rollup, RollupFields, RollupSpan};
 pub use store::{

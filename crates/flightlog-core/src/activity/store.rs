@@ -11,6 +11,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::import::{ImportReport, ImportedSpan};
+use super::listing::{RunListQuery, RunPage};
 use super::types::{
     ActivityChange, EndSpanInput, PruneOptions, PruneResult, RunRollupRow, RunSnapshot,
     SpanEventRow, SpanOutcome, SpanPatch, SpanRow, StartSpanInput, TerminalRootChange,
@@ -159,6 +160,11 @@ pub trait ActivityStore: Send + Sync {
 
     /// Delete the detail of finished runs behind the digest floor or the hard ceiling.
     async fn prune(&self, options: PruneOptions) -> Result<PruneResult, StoreError>;
+
+    /// Runs newest first (by start, then id, both descending): every run with a root span, open
+    /// or ended (with its rollup's totals once rolled up), and runs whose detail was pruned
+    /// (from their rollup alone). See [`RunListQuery`] for the filters and paging.
+    async fn list_runs(&self, query: RunListQuery) -> Result<RunPage, StoreError>;
 
     /// Store spans delivered whole by an importer (OTLP), idempotently, in one atomic write:
     /// an unknown span is created with its events; an open one is completed (its new events

@@ -1,0 +1,118 @@
+//! Listing runs, newest first: the "what ran, what is running" page of the API and the UI.
+//!
+//! A run is listed from its root span while the root exists (open or ended, with its rollup's
+//! totals when it has been rolled up), and from its rollup row alone once `prune` removed its
+//! detail. Pages are keyed by `(started_at, run_id)`, both descending, so a cursor stays valid
+//! while new runs start (they sort before it) and never skips or repeats a run.
+
+use serde::{Deserialize, Serialize};
+
+use super::types::{SpanOrigin, SpanOutcome};
+
+/// Whether a run's root is still open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunState {
+    Open,
+    Ended,
+}
+
+impl RunState {
+    /// Parse the query-string form (`open`, `ended`).
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "open" => Some(Self::Open),
+            "ended" => Some(Self::Ended),
+            _ => None,
+        }
+    }
+}
+
+/// The position after which a page continues: the last listed run's start and id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunCursor {
+    pub started_at: i64,
+    pub run_id: String,
+}
+
+impl RunCursor {
+    /// The wire form, `<startedAt>:<runId>` (a run id may itself contain `:`).
+    pub fn encode(&self) -> String {
+        format!("{}:{}", self.started_at, self.run_id)
+    }
+
+    /// Parse the wire form; `None` when it is not `<integer>:<run id>`.
+    pub fn decode(text: &str) -> Option<Self> {
+        let (started_at, run_id) = text.split_once(':')?;
+        Some(Self {
+            started_at: started_at.parse().ok()?,
+            run_id: run_id.to_owned(),
+        })
+    }
+}
+
+/// Which runs to list.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunListQuery {
+    pub state: Option<RunState>,
+    /// Only ended runs with this outcome.
+    pub outcome: Option<SpanOutcome>,
+    pub origin: Option<SpanOrigin>,
+    /// Most runs returned.
+    pub limit: i64,
+    /// Continue after this run (exclusive).
+    pub before: Option<RunCursor>,
+}
+
+/// One listed run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunListEntry {
+    pub run_id: String,
+    pub state: RunState,
+    pub name: String,
+    pub origin: SpanOrigin,
+    pub session_id: Option<String>,
+    pub job_name: Option<String>,
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
+    pub outcome: Option<SpanOutcome>,
+    pub duration_ms: Option<i64>,
+    pub span_count: i64,
+    pub input_tokens: Option<i64>,
+    pub output_tokens: Option<i64>,
+    pub cache_read_tokens: Option<i64>,
+    pub cache_creation_tokens: Option<i64>,
+    pub cost_usd: Option<f64>,
+    pub failure_reason: Option<String>,
+    /// The root's last heartbeat (`None` once pruned).
+    pub last_heartbeat_at: Option<i64>,
+    /// Totals come from the run's rollup row (else from the root span as it is now).
+    pub rolled_up: bool,
+    pub detail_pruned: bool,
+}
+
+/// One page of runs and the cursor of the next (`None`: this was the last page).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunPage {
+    pub runs: Vec<RunListEntry>,
+    pub next: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_round_trips_run_ids_with_colons_and_negative_times() {
+        let cursor = RunCursor {
+            started_at: -5,
+            run_id: "a:b:c".into(),
+        };
+        assert_eq!(cursor.encode(), "-5:a:b:c");
+        assert_eq!(RunCursor::decode(&cursor.encode()), Some(cursor));
+        assert_eq!(RunCursor::decode("x:run"), None);
+        assert_eq!(RunCursor::decode("12"), None);
+    }
+}

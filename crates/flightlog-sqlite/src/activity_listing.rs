@@ -1,0 +1,186 @@
+//! `list_runs`: the newest-first page of runs, from two index-ordered queries merged in Rust.
+//!
+//! Runs that still have detail are listed from their root span (the partial index
+//! `activity_spans_roots` orders them by start), with the rollup's totals once the run ended and
+//! was rolled up, else the root's own figures as they are now. Runs whose detail `prune` deleted
+//! exist only as a rollup row (`activity_run_rollups_pruned` orders those). Each query reads at
+//! most `limit + 1` rows in index order, so a page costs the same however deep it is; the two are
+//! merged by `(started_at, run_id)` descending and the extra row tells whether a next page exists.
+//! The SQL text is built from which filters are present (a handful of variants, each cached), so
+//! every filter is a plain indexable predicate rather than a `?1 IS NULL OR …` that defeats the index.
+
+use std::collections::HashSet;
+
+use flightlog_core::activity::{
+    RunCursor, RunListEntry, RunListQuery, RunPage, RunState, SpanOrigin, SpanOutcome, StoreError,
+};
+use rusqlite::types::Value as SqlValue;
+use rusqlite::{params_from_iter, Connection, Row};
+
+use crate::error::backend;
+
+/// The twenty columns both queries select, in [`entry_from_row`]'s order.
+fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<RunListEntry> {
+    let origin: String = row.get(3)?;
+    let outcome: Option<String> = row.get(8)?;
+    let open: bool = row.get(1)?;
+    Ok(RunListEntry {
+        run_id: row.get(0)?,
+        state: if open {
+            RunState::Open
+        } else {
+            RunState::Ended
+        },
+        name: row.get(2)?,
+        origin: SpanOrigin::from_stored(&origin),
+        session_id: row.get(4)?,
+        job_name: row.get(5)?,
+        started_at: row.get(6)?,
+        ended_at: row.get(7)?,
+        outcome: outcome.as_deref().map(SpanOutcome::from_stored),
+        duration_ms: row.get(9)?,
+        span_count: row.get(10)?,
+        input_tokens: row.get(11)?,
+        output_tokens: row.get(12)?,
+        cache_read_tokens: row.get(13)?,
+        cache_creation_tokens: row.get(14)?,
+        cost_usd: row.get(15)?,
+        failure_reason: row.get(16)?,
+        last_heartbeat_at: row.get(17)?,
+        rolled_up: row.get(18)?,
+        detail_pruned: row.get(19)?,
+    })
+}
+
+/// A root's figures are live while it is open or not rolled up; the rollup's once it is.
+const LIVE: &str = "(u.run_key IS NULL OR s.outcome IS NULL)";
+
+fn roots_sql(query: &RunListQuery) -> String {
+    let mut sql = format!(
+        "SELECT r.run_id, s.outcome IS NULL, s.name, s.origin, s.session_id, s.job_name, \
+         s.started_at, s.ended_at, s.outcome, \
+         CASE WHEN {LIVE} THEN s.ended_at - s.started_at ELSE u.duration_ms END, \
+         CASE WHEN {LIVE} THEN (SELECT COUNT(*) FROM activity_spans c WHERE c.run_key = s.run_key) \
+           ELSE u.span_count END, \
+         CASE WHEN {LIVE} THEN s.input_tokens ELSE u.input_tokens END, \
+         CASE WHEN {LIVE} THEN s.output_tokens ELSE u.output_tokens END, \
+         CASE WHEN {LIVE} THEN s.cache_read_tokens ELSE u.cache_read_tokens END, \
+         CASE WHEN {LIVE} THEN s.cache_creation_tokens ELSE u.cache_creation_tokens END, \
+         CASE WHEN {LIVE} THEN s.cost_usd ELSE u.cost_usd END, \
+         CASE WHEN {LIVE} THEN (CASE WHEN s.outcome IN ('error', 'timeout') THEN s.outcome_reason \
+           WHEN s.outcome = 'interrupted' THEN 'interrupted' END) ELSE u.failure_reason END, \
+         s.last_heartbeat_at, NOT {LIVE}, 0 \
+         FROM activity_spans s JOIN activity_runs r ON r.run_key = s.run_key \
+         LEFT JOIN activity_run_rollups u ON u.run_key = s.run_key \
+         WHERE s.parent_span_id IS NULL"
+    );
+    match query.state {
+        Some(RunState::Open) => sql.push_str(" AND s.outcome IS NULL"),
+        Some(RunState::Ended) => sql.push_str(" AND s.outcome IS NOT NULL"),
+        None => {}
+    }
+    push_filters(&mut sql, query, "s");
+    sql
+}
+
+fn pruned_sql(query: &RunListQuery) -> String {
+    let mut sql = String::from(
+        "SELECT r.run_id, 0, u.name, u.origin, u.session_id, u.job_name, u.started_at, \
+         u.ended_at, u.outcome, u.duration_ms, u.span_count, u.input_tokens, u.output_tokens, \
+         u.cache_read_tokens, u.cache_creation_tokens, u.cost_usd, u.failure_reason, NULL, 1, 1 \
+         FROM activity_run_rollups u JOIN activity_runs r ON r.run_key = u.run_key \
+         WHERE u.detail_pruned = 1 AND NOT EXISTS (SELECT 1 FROM activity_spans s \
+           WHERE s.run_key = u.run_key AND s.parent_span_id IS NULL)",
+    );
+    push_filters(&mut sql, query, "u");
+    sql
+}
+
+/// The outcome, origin and cursor predicates and the order, on table alias `table`; the
+/// parameters are bound in this order by [`parameters`].
+fn push_filters(sql: &mut String, query: &RunListQuery, table: &str) {
+    if query.outcome.is_some() {
+        sql.push_str(&format!(" AND {table}.outcome = ?"));
+    }
+    if query.origin.is_some() {
+        sql.push_str(&format!(" AND {table}.origin = ?"));
+    }
+    if query.before.is_some() {
+        sql.push_str(&format!(
+            " AND ({table}.started_at < ? OR ({table}.started_at = ? AND r.run_id < ?))"
+        ));
+    }
+    sql.push_str(&format!(
+        " ORDER BY {table}.started_at DESC, r.run_id DESC LIMIT ?"
+    ));
+}
+
+fn parameters(query: &RunListQuery, limit: i64) -> Vec<SqlValue> {
+    let mut values = Vec::new();
+    if let Some(outcome) = &query.outcome {
+        values.push(SqlValue::Text(outcome.as_str().to_owned()));
+    }
+    if let Some(origin) = &query.origin {
+        values.push(SqlValue::Text(origin.as_str().to_owned()));
+    }
+    if let Some(RunCursor { started_at, run_id }) = &query.before {
+        values.push(SqlValue::Integer(*started_at));
+        values.push(SqlValue::Integer(*started_at));
+        values.push(SqlValue::Text(run_id.clone()));
+    }
+    values.push(SqlValue::Integer(limit));
+    values
+}
+
+fn run_query(
+    conn: &Connection,
+    sql: &str,
+    query: &RunListQuery,
+    limit: i64,
+) -> Result<Vec<RunListEntry>, StoreError> {
+    conn.prepare_cached(sql)
+        .and_then(|mut stmt| {
+            stmt.query_map(params_from_iter(parameters(query, limit)), entry_from_row)?
+                .collect()
+        })
+        .map_err(backend)
+}
+
+/// One page of runs per [`RunListQuery`] (read inside the caller's read transaction).
+pub(crate) fn list_runs(conn: &Connection, query: &RunListQuery) -> Result<RunPage, StoreError> {
+    let limit = query.limit.max(0);
+    // An outcome belongs to ended runs only.
+    if limit == 0 || (query.state == Some(RunState::Open) && query.outcome.is_some()) {
+        return Ok(RunPage {
+            runs: Vec::new(),
+            next: None,
+        });
+    }
+    let fetch = limit.saturating_add(1);
+    let mut runs = run_query(conn, &roots_sql(query), query, fetch)?;
+    if query.state != Some(RunState::Open) {
+        runs.extend(run_query(conn, &pruned_sql(query), query, fetch)?);
+        runs.sort_by(|a, b| {
+            b.started_at
+                .cmp(&a.started_at)
+                .then_with(|| b.run_id.cmp(&a.run_id))
+        });
+    }
+    // A run with two roots (allowed, if unusual) is listed once, from its newest root.
+    let mut seen = HashSet::new();
+    runs.retain(|entry| seen.insert(entry.run_id.clone()));
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let next = if runs.len() > limit {
+        runs.truncate(limit);
+        runs.last().map(|last| {
+            RunCursor {
+                started_at: last.started_at,
+                run_id: last.run_id.clone(),
+            }
+            .encode()
+        })
+    } else {
+        None
+    };
+    Ok(RunPage { runs, next })
+}

@@ -1,0 +1,202 @@
+//! `list_runs` on a real SQLite file: open, ended, rolled-up and pruned runs newest first, each
+//! filter, and paging that neither skips nor repeats a run while new runs keep starting.
+
+use std::sync::Arc;
+
+use flightlog_core::activity::{
+    ActivityStore, EndSpanInput, PruneOptions, RunCursor, RunListQuery, RunState, SpanKind,
+    SpanOrigin, SpanOutcome, SpanUsage, StartSpanInput,
+};
+use flightlog_core::ManualClock;
+use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
+
+fn start(span_id: &str, run_id: &str, parent: Option<&str>, at: i64) -> StartSpanInput {
+    StartSpanInput {
+        span_id: span_id.into(),
+        run_id: run_id.into(),
+        parent_span_id: parent.map(str::to_owned),
+        name: format!("{run_id} work"),
+        kind: SpanKind::Turn,
+        origin: if run_id.starts_with("cron") {
+            SpanOrigin::Cron
+        } else {
+            SpanOrigin::Session
+        },
+        session_id: None,
+        job_name: None,
+        attrs: None,
+        started_at: Some(at),
+    }
+}
+
+fn end(outcome: SpanOutcome, at: i64) -> EndSpanInput {
+    EndSpanInput {
+        outcome,
+        reason: Some("why".into()),
+        ended_at: Some(at),
+        usage: Some(SpanUsage {
+            input_tokens: Some(10),
+            ..SpanUsage::default()
+        }),
+        attrs: None,
+    }
+}
+
+fn query(state: Option<RunState>, limit: i64) -> RunListQuery {
+    RunListQuery {
+        state,
+        outcome: None,
+        origin: None,
+        limit,
+        before: None,
+    }
+}
+
+async fn ids(store: &SqliteActivityStore, query: RunListQuery) -> Vec<String> {
+    let page = store.list_runs(query).await.expect("list_runs");
+    page.runs.into_iter().map(|run| run.run_id).collect()
+}
+
+#[tokio::test]
+async fn lists_open_ended_and_pruned_runs_newest_first_with_filters() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("runs.db"))).unwrap();
+    let clock = Arc::new(ManualClock::new(10_000));
+    let store = SqliteActivityStore::with_identity(db, clock.clone(), "w");
+
+    // run-a: ended long ago, rolled up, then pruned (only its rollup row remains).
+    store
+        .start_span(start("a", "run-a", None, 100))
+        .await
+        .unwrap();
+    store
+        .end_span("a", end(SpanOutcome::Success, 200))
+        .await
+        .unwrap();
+    store.rollup_run("run-a").await.unwrap();
+    let pruned = store
+        .prune(PruneOptions {
+            digest_floor_at: 1_000,
+            hard_ceiling_ms: 1_000_000,
+            now: Some(10_000),
+            batch: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(pruned.runs_pruned, 1);
+    // run-b: ended with an error and rolled up (cascade close rolls up).
+    store
+        .start_span(start("b", "run-b", None, 300))
+        .await
+        .unwrap();
+    store
+        .start_span(start("b1", "run-b", Some("b"), 310))
+        .await
+        .unwrap();
+    store
+        .cascade_close("run-b", SpanOutcome::Error, "broke")
+        .await
+        .unwrap();
+    // cron-c: ended but never rolled up: listed from its root, figures live.
+    store
+        .start_span(start("c", "cron-c", None, 400))
+        .await
+        .unwrap();
+    store
+        .end_span("c", end(SpanOutcome::Timeout, 450))
+        .await
+        .unwrap();
+    // run-d: still open, with a child.
+    store
+        .start_span(start("d", "run-d", None, 500))
+        .await
+        .unwrap();
+    store
+        .start_span(start("d1", "run-d", Some("d"), 510))
+        .await
+        .unwrap();
+
+    let all = store.list_runs(query(None, 10)).await.unwrap();
+    let listed: Vec<&str> = all.runs.iter().map(|run| run.run_id.as_str()).collect();
+    assert_eq!(listed, ["run-d", "cron-c", "run-b", "run-a"]);
+    assert_eq!(all.next, None);
+
+    let d = &all.runs[0];
+    assert_eq!(d.state, RunState::Open);
+    assert_eq!((d.span_count, d.ended_at, d.rolled_up), (2, None, false));
+    assert_eq!(d.last_heartbeat_at, Some(500));
+    let c = &all.runs[1];
+    assert_eq!(c.state, RunState::Ended);
+    assert_eq!(
+        (c.outcome.clone(), c.duration_ms),
+        (Some(SpanOutcome::Timeout), Some(50))
+    );
+    assert_eq!((c.rolled_up, c.input_tokens), (false, Some(10)));
+    assert_eq!(c.failure_reason.as_deref(), Some("why"));
+    let b = &all.runs[2];
+    assert_eq!((b.rolled_up, b.span_count), (true, 2));
+    assert_eq!(b.failure_reason.as_deref(), Some("broke"));
+    let a = &all.runs[3];
+    assert_eq!(
+        (a.detail_pruned, a.rolled_up, a.span_count),
+        (true, true, 1)
+    );
+    assert_eq!(a.outcome, Some(SpanOutcome::Success));
+
+    assert_eq!(
+        ids(&store, query(Some(RunState::Open), 10)).await,
+        ["run-d"]
+    );
+    assert_eq!(
+        ids(&store, query(Some(RunState::Ended), 10)).await,
+        ["cron-c", "run-b", "run-a"]
+    );
+    let mut errors = query(None, 10);
+    errors.outcome = Some(SpanOutcome::Error);
+    assert_eq!(ids(&store, errors.clone()).await, ["run-b"]);
+    errors.state = Some(RunState::Open);
+    assert!(ids(&store, errors).await.is_empty());
+    let mut crons = query(None, 10);
+    crons.origin = Some(SpanOrigin::Cron);
+    assert_eq!(ids(&store, crons).await, ["cron-c"]);
+    assert!(ids(&store, query(None, 0)).await.is_empty());
+}
+
+#[tokio::test]
+async fn pages_neither_skip_nor_repeat_while_runs_keep_starting() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("pages.db"))).unwrap();
+    let store = SqliteActivityStore::with_identity(db, Arc::new(ManualClock::new(0)), "w");
+    // 25 runs, several sharing a start time (the run id breaks the tie).
+    for index in 0..25 {
+        let run = format!("run-{index:02}");
+        store
+            .start_span(start(&run, &run, None, 1_000 + index / 3))
+            .await
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut before: Option<RunCursor> = None;
+    let mut pages = 0;
+    loop {
+        let mut page_query = query(None, 7);
+        page_query.before = before.clone();
+        let page = store.list_runs(page_query).await.unwrap();
+        pages += 1;
+        seen.extend(page.runs.iter().map(|run| run.run_id.clone()));
+        // A run starting now sorts before every cursor: it never shifts later pages.
+        let fresh = format!("fresh-{pages}");
+        store
+            .start_span(start(&fresh, &fresh, None, 5_000 + pages))
+            .await
+            .unwrap();
+        match page.next {
+            Some(next) => before = Some(RunCursor::decode(&next).unwrap()),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 4);
+    let mut expected: Vec<String> = (0..25).map(|index| format!("run-{index:02}")).collect();
+    expected.sort_by(|a, b| b.cmp(a));
+    assert_eq!(seen, expected);
+}
