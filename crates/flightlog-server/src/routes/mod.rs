@@ -9,6 +9,7 @@ pub(crate) mod batch;
 pub(crate) mod health;
 pub(crate) mod journal;
 pub(crate) mod maintenance;
+pub(crate) mod runs;
 pub(crate) mod streams;
 pub(crate) mod testing;
 
@@ -23,6 +24,7 @@ pub(crate) fn router(state: &AppState) -> Router<AppState> {
     let mut router = Router::new()
         .merge(health::router())
         .merge(activity::router())
+        .merge(runs::router())
         .merge(batch::router())
         .merge(maintenance::router())
         .merge(journal::router())

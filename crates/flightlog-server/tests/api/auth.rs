@@ -112,6 +112,7 @@ fn routes() -> Vec<Route> {
         ),
         route(Method::GET, "/v1/activity/cursor", None, S(Read)),
         route(Method::GET, "/v1/activity/open-roots", None, S(Read)),
+        route(Method::GET, "/v1/activity/runs", None, S(Read)),
         route(
             Method::GET,
             "/v1/activity/stuck?thresholdMs=1",

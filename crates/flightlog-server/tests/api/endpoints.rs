@@ -8,7 +8,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::support::{Options, TestServer, SERVER_WRITER};
+use crate::support::{segment, Options, TestServer, SERVER_WRITER};
 
 fn start_input(span_id: &str, run_id: &str, parent: Option<&str>, started_at: i64) -> Value {
     let mut input = json!({
@@ -871,4 +871,75 @@ async fn bodies_over_the_limit_are_refused_with_413_declared_or_chunked() {
     assert!(response.starts_with("HTTP/1.1 413"), "{response}");
     assert!(response.contains("\"payload_too_large\""), "{response}");
     server.stop().await;
+}
+
+#[tokio::test]
+async fn runs_are_listed_newest_first_with_filters_and_a_cursor() {
+    let server = TestServer::start().await;
+    for (span, run, at) in [("a", "r-a", 1000), ("b", "r-b", 2000), ("c", "r-c", 3000)] {
+        server
+            .post("/v1/activity/spans", &start_input(span, run, None, at))
+            .await
+            .assert_status(201);
+    }
+    server
+        .post(
+            "/v1/activity/runs/r-b/close",
+            &json!({"outcome": "error", "reason": "broke"}),
+        )
+        .await
+        .assert_status(200);
+
+    let all = server.get("/v1/activity/runs").await;
+    let all = all.assert_status(200);
+    let ids: Vec<&Value> = all["runs"]
+        .as_array()
+        .map(|runs| runs.iter().map(|run| &run["runId"]).collect())
+        .unwrap_or_default();
+    assert_eq!(ids, [&json!("r-c"), &json!("r-b"), &json!("r-a")]);
+    assert_eq!(all["next"], Value::Null);
+    assert_eq!(all["runs"][1]["state"], "ended");
+    assert_eq!(all["runs"][1]["outcome"], "error");
+    assert_eq!(all["runs"][1]["failureReason"], "broke");
+    assert_eq!(all["runs"][1]["rolledUp"], true);
+    assert_eq!(all["runs"][0]["state"], "open");
+
+    let open = server.get("/v1/activity/runs?state=open").await;
+    assert_eq!(
+        open.assert_status(200)["runs"].as_array().map(Vec::len),
+        Some(2)
+    );
+    let errors = server.get("/v1/activity/runs?outcome=error").await;
+    assert_eq!(errors.assert_status(200)["runs"][0]["runId"], "r-b");
+    let crons = server.get("/v1/activity/runs?origin=cron").await;
+    assert_eq!(crons.assert_status(200)["runs"], json!([]));
+
+    // Paging: one run a page, following `next` until it is null.
+    let mut seen = Vec::new();
+    let mut path = "/v1/activity/runs?limit=1".to_owned();
+    loop {
+        let page = server.get(&path).await;
+        let page = page.assert_status(200).clone();
+        seen.push(page["runs"][0]["runId"].clone());
+        match page["next"].as_str() {
+            Some(next) => path = format!("/v1/activity/runs?limit=1&before={}", segment(next)),
+            None => break,
+        }
+    }
+    assert_eq!(seen, [json!("r-c"), json!("r-b"), json!("r-a")]);
+
+    for bad in [
+        "state=closed",
+        "outcome=exploded",
+        "origin=mars",
+        "limit=10001",
+        "limit=-1",
+        "before=nocolon",
+        "unknown=1",
+    ] {
+        server
+            .get(&format!("/v1/activity/runs?{bad}"))
+            .await
+            .assert_error(400, "invalid_request");
+    }
 }

@@ -1,0 +1,80 @@
+//! `GET /v1/activity/runs`: the newest-first page of runs (open roots and finished runs with
+//! their rollups), with the contract's `state`, `outcome`, `origin`, `limit` and `before`
+//! filters. The cursor in `next` is opaque to clients: pass it back as `before`.
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use flightlog_core::activity::{
+    RunCursor, RunListQuery, RunPage, RunState, SpanOrigin, SpanOutcome,
+};
+use serde::Deserialize;
+
+use crate::error::ApiError;
+use crate::extract::ApiQuery;
+use crate::state::AppState;
+use crate::validate::check_limit;
+
+/// Runs listed per page when the client does not say.
+pub(crate) const DEFAULT_RUNS_LIMIT: i64 = 50;
+
+/// The routes of this module.
+pub(crate) fn router() -> Router<AppState> {
+    Router::new().route("/v1/activity/runs", get(list_runs))
+}
+
+/// Query of `GET /v1/activity/runs`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct RunsQuery {
+    /// `open` or `ended`; both when absent.
+    #[serde(default)]
+    state: Option<String>,
+    /// Only ended runs with this outcome.
+    #[serde(default)]
+    outcome: Option<SpanOutcome>,
+    #[serde(default)]
+    origin: Option<SpanOrigin>,
+    /// Page size, 0 to 10,000 (default 50).
+    #[serde(default)]
+    limit: Option<i64>,
+    /// The `next` of the previous page.
+    #[serde(default)]
+    before: Option<String>,
+}
+
+impl RunsQuery {
+    fn into_store_query(self) -> Result<RunListQuery, ApiError> {
+        let state = match self.state.as_deref() {
+            None => None,
+            Some(text) => Some(RunState::parse(text).ok_or_else(|| {
+                ApiError::invalid(format!("state: expected `open` or `ended`, got {text:?}"))
+            })?),
+        };
+        let limit = self.limit.unwrap_or(DEFAULT_RUNS_LIMIT);
+        check_limit("limit", limit)?;
+        let before = match self.before.as_deref() {
+            None => None,
+            Some(text) => Some(RunCursor::decode(text).ok_or_else(|| {
+                ApiError::invalid(format!(
+                    "before: {text:?} is not a cursor; pass back the `next` of a previous page"
+                ))
+            })?),
+        };
+        Ok(RunListQuery {
+            state,
+            outcome: self.outcome,
+            origin: self.origin,
+            limit,
+            before,
+        })
+    }
+}
+
+async fn list_runs(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<RunsQuery>,
+) -> Result<Json<RunPage>, ApiError> {
+    let query = query.into_store_query()?;
+    Ok(Json(state.activity().list_runs(query).await?))
+}
