@@ -8,14 +8,15 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use flightlog_core::activity::{
-    cap_payload, ActivityChange, ActivityStore, ChangeBody, ChangeDoorbell, EndSpanInput,
-    ImportReport, ImportedSpan, PruneOptions, PruneResult, RunListQuery, RunPage, RunRollupRow,
-    RunSnapshot, SpanEventRow, SpanOutcome, SpanPatch, SpanRow, StartSpanInput, StoreError,
-    TerminalRootChange, DEFAULT_PRUNE_BATCH,
+    cap_payload, ActivityChange, ActivityStore, ActivityWrite, ActivityWriteResult, ChangeBody,
+    ChangeDoorbell, EndSpanInput, ImportReport, ImportedSpan, PruneOptions, PruneResult,
+    RunListQuery, RunPage, RunRollupRow, RunSnapshot, SpanEventRow, SpanOutcome, SpanPatch,
+    SpanRow, StartSpanInput, StoreError, TerminalRootChange, DEFAULT_PRUNE_BATCH,
 };
 use flightlog_core::{default_writer_id, Clock};
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::activity_batch;
 use crate::activity_import;
 use crate::activity_listing;
 use crate::activity_write::{self as write, PrunePlan, ORPHAN_RUNS_SQL, STALE_RUNS_SQL};
@@ -456,6 +457,27 @@ impl ActivityStore for SqliteActivityStore {
             change_log_retention: self.db.change_log_retention(),
         };
         self.db.write(move |ctx| write::prune(ctx, plan)).await
+    }
+
+    async fn write_batch(
+        &self,
+        writes: Vec<ActivityWrite>,
+    ) -> Vec<Result<ActivityWriteResult, StoreError>> {
+        let now = self.now();
+        let count = writes.len();
+        let prepared = activity_batch::prepare(writes, self.db.codec(), now);
+        self.db.maybe_train_payload_dictionary(now);
+        let writer = self.writer.clone();
+        match self
+            .db
+            .write(move |ctx| activity_batch::apply_batch(ctx, &prepared, &writer, now))
+            .await
+        {
+            Ok(results) => results,
+            Err(err) => (0..count)
+                .map(|_| Err(activity_batch::replicate(&err)))
+                .collect(),
+        }
     }
 
     async fn list_runs(&self, query: RunListQuery) -> Result<RunPage, StoreError> {

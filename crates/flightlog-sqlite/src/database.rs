@@ -108,7 +108,7 @@ pub(crate) struct WriterCache {
 impl WriterCache {
     const MAX_ENTRIES: usize = 200_000;
 
-    fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.run_keys.clear();
         self.writer_keys.clear();
         self.clear_volatile();

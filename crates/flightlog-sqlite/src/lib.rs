@@ -7,6 +7,7 @@
 //! the lock with `BEGIN IMMEDIATE` and reads its counters inside that transaction.
 
 mod activity;
+mod activity_batch;
 mod activity_import;
 mod activity_listing;
 mod activity_write;

@@ -4,6 +4,7 @@
 //! [`types`] holds the records and inputs, [`store`] the backend trait, and [`payload`] and
 //! [`rollup`] the pure rules (payload capping, run rollups) every backend applies identically.
 
+pub mod batch;
 pub mod import;
 pub mod listing;
 pub mod payload;
@@ -11,6 +12,7 @@ pub mod rollup;
 pub mod store;
 pub mod types;
 
+pub use batch::{ActivityWrite, ActivityWriteResult};
 pub use import::{ImportRejection, ImportReport, ImportedEnd, ImportedEvent, ImportedSpan};
 pub use listing::{RunCursor, RunListEntry, RunListQuery, RunPage, RunState};
 pub use payload::{cap_payload, CappedPayload, MAX_EVENT_PAYLOAD_BYTES, TRUNCATION_MARKER};

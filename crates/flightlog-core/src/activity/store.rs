@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use super::batch::{ActivityWrite, ActivityWriteResult};
 use super::import::{ImportReport, ImportedSpan};
 use super::listing::{RunListQuery, RunPage};
 use super::types::{
@@ -160,6 +161,47 @@ pub trait ActivityStore: Send + Sync {
 
     /// Delete the detail of finished runs behind the digest floor or the hard ceiling.
     async fn prune(&self, options: PruneOptions) -> Result<PruneResult, StoreError>;
+
+    /// Apply `writes` in order, each atomic on its own (a failing write fails alone); one result
+    /// per write, in order. The default runs them one call after another; a backend may
+    /// override it to commit the batch in fewer round trips, with the same semantics.
+    async fn write_batch(
+        &self,
+        writes: Vec<ActivityWrite>,
+    ) -> Vec<Result<ActivityWriteResult, StoreError>> {
+        let mut results = Vec::with_capacity(writes.len());
+        for write in writes {
+            let result = match write {
+                ActivityWrite::StartSpan(input) => self
+                    .start_span(input)
+                    .await
+                    .map(ActivityWriteResult::Started),
+                ActivityWrite::EndSpan { span_id, input } => self
+                    .end_span(&span_id, input)
+                    .await
+                    .map(ActivityWriteResult::Ended),
+                ActivityWrite::PatchSpan { span_id, patch } => self
+                    .patch_span(&span_id, patch)
+                    .await
+                    .map(ActivityWriteResult::Patched),
+                ActivityWrite::AppendEvent {
+                    span_id,
+                    event_type,
+                    payload,
+                    ts,
+                } => self
+                    .append_event(&span_id, &event_type, payload.as_ref(), ts)
+                    .await
+                    .map(ActivityWriteResult::Appended),
+                ActivityWrite::Heartbeat { span_id, at } => self
+                    .heartbeat(&span_id, at)
+                    .await
+                    .map(|()| ActivityWriteResult::Heartbeat),
+            };
+            results.push(result);
+        }
+        results
+    }
 
     /// Runs newest first (by start, then id, both descending): every run with a root span, open
     /// or ended (with its rollup's totals once rolled up), and runs whose detail was pruned

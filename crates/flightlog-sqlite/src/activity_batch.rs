@@ -1,0 +1,135 @@
+//! `write_batch`: a whole batch of span writes as ONE job of the writer thread.
+//!
+//! Queued one by one, each write of a batch would pay a queue round trip and a wake-up, and the
+//! batch could never be faster than the writer's latency times its length. As one job it costs
+//! one round trip, and the writes still apply in order, each atomic on its own: every write runs
+//! inside its own savepoint, and a write that fails is rolled back to it alone (its neighbours
+//! keep their effects). After such a rollback the writer's caches are cleared, because the
+//! rolled-back write may have cached keys or counters that no longer exist.
+//!
+//! Capping and compressing event payloads happens before the job is queued, on the caller's
+//! thread, as for a single `append_event`.
+
+use flightlog_core::activity::{
+    cap_payload, ActivityWrite, ActivityWriteResult, CappedPayload, StoreError,
+};
+
+use crate::activity_write as write;
+use crate::database::WriteContext;
+use crate::error::backend;
+use crate::payload_codec::{CompressedPayload, PayloadCodec};
+
+/// One write of the batch with its CPU work done.
+pub(crate) enum PreparedWrite {
+    /// Everything but an event append: applied as given.
+    Plain(ActivityWrite),
+    AppendEvent {
+        span_id: String,
+        event_type: String,
+        payload: CappedPayload,
+        compressed: Option<CompressedPayload>,
+        ts: i64,
+    },
+}
+
+/// Cap and compress the payloads of the batch's appends (`now` is the default event time).
+pub(crate) fn prepare(
+    writes: Vec<ActivityWrite>,
+    codec: &PayloadCodec,
+    now: i64,
+) -> Vec<PreparedWrite> {
+    writes
+        .into_iter()
+        .map(|write| match write {
+            ActivityWrite::AppendEvent {
+                span_id,
+                event_type,
+                payload,
+                ts,
+            } => {
+                let payload = cap_payload(payload.as_ref());
+                let compressed = codec.encode(&payload.json);
+                PreparedWrite::AppendEvent {
+                    span_id,
+                    event_type,
+                    payload,
+                    compressed,
+                    ts: ts.unwrap_or(now),
+                }
+            }
+            other => PreparedWrite::Plain(other),
+        })
+        .collect()
+}
+
+fn apply_one(
+    ctx: &mut WriteContext<'_>,
+    prepared: &PreparedWrite,
+    writer: &str,
+    now: i64,
+) -> Result<ActivityWriteResult, StoreError> {
+    match prepared {
+        PreparedWrite::Plain(ActivityWrite::StartSpan(input)) => {
+            write::start_span(ctx, input, writer, now).map(ActivityWriteResult::Started)
+        }
+        PreparedWrite::Plain(ActivityWrite::EndSpan { span_id, input }) => {
+            write::end_span(ctx, span_id, input, now).map(ActivityWriteResult::Ended)
+        }
+        PreparedWrite::Plain(ActivityWrite::PatchSpan { span_id, patch }) => {
+            write::patch_span(ctx, span_id, patch).map(ActivityWriteResult::Patched)
+        }
+        PreparedWrite::Plain(ActivityWrite::Heartbeat { span_id, at }) => {
+            write::heartbeat(ctx, span_id, at.unwrap_or(now))
+                .map(|()| ActivityWriteResult::Heartbeat)
+        }
+        PreparedWrite::Plain(ActivityWrite::AppendEvent { .. }) => Err(StoreError::Backend(
+            "an event append reached the batch job unprepared".to_owned(),
+        )),
+        PreparedWrite::AppendEvent {
+            span_id,
+            event_type,
+            payload,
+            compressed,
+            ts,
+        } => write::append_event(ctx, span_id, event_type, payload, compressed.as_ref(), *ts)
+            .map(ActivityWriteResult::Appended),
+    }
+}
+
+fn exec(ctx: &WriteContext<'_>, sql: &str) -> Result<(), StoreError> {
+    ctx.conn
+        .prepare_cached(sql)
+        .and_then(|mut stmt| stmt.execute([]))
+        .map(|_| ())
+        .map_err(backend)
+}
+
+/// The job: each write in its own savepoint. Only a failing savepoint statement fails the job.
+pub(crate) fn apply_batch(
+    ctx: &mut WriteContext<'_>,
+    writes: &[PreparedWrite],
+    writer: &str,
+    now: i64,
+) -> Result<Vec<Result<ActivityWriteResult, StoreError>>, StoreError> {
+    let mut results = Vec::with_capacity(writes.len());
+    for prepared in writes {
+        exec(ctx, "SAVEPOINT batch_write")?;
+        let result = apply_one(ctx, prepared, writer, now);
+        if result.is_err() {
+            exec(ctx, "ROLLBACK TO batch_write")?;
+            ctx.keys.clear();
+        }
+        exec(ctx, "RELEASE batch_write")?;
+        results.push(result);
+    }
+    Ok(results)
+}
+
+/// The same failure for every write of a batch whose job as a whole failed.
+pub(crate) fn replicate(err: &StoreError) -> StoreError {
+    match err {
+        StoreError::Overloaded => StoreError::Overloaded,
+        StoreError::Closed => StoreError::Closed,
+        other => StoreError::Backend(other.to_string()),
+    }
+}
