@@ -70,7 +70,8 @@ fn apply_one(
 ) -> Result<ActivityWriteResult, StoreError> {
     match prepared {
         PreparedWrite::Plain(ActivityWrite::StartSpan(input)) => {
-            write::start_span(ctx, input, writer, now).map(ActivityWriteResult::Started)
+            write::start_span(ctx, input, writer, now)
+                .map(|span| ActivityWriteResult::Started(Box::new(span)))
         }
         PreparedWrite::Plain(ActivityWrite::EndSpan { span_id, input }) => {
             write::end_span(ctx, span_id, input, now).map(ActivityWriteResult::Ended)

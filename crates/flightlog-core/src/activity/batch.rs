@@ -37,7 +37,7 @@ pub enum ActivityWrite {
 /// What one write of a batch returned: the single call's return value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ActivityWriteResult {
-    Started(SpanRow),
+    Started(Box<SpanRow>),
     Ended(bool),
     Patched(bool),
     /// `None`: the span is unknown.

@@ -175,7 +175,7 @@ pub trait ActivityStore: Send + Sync {
                 ActivityWrite::StartSpan(input) => self
                     .start_span(input)
                     .await
-                    .map(ActivityWriteResult::Started),
+                    .map(|span| ActivityWriteResult::Started(Box::new(span))),
                 ActivityWrite::EndSpan { span_id, input } => self
                     .end_span(&span_id, input)
                     .await
