@@ -1,0 +1,208 @@
+//! OTLP attribute values (`AnyValue`) as JSON, each value capped so one giant attribute (a whole
+//! prompt, a base64 image) cannot blow up a span's stored attrs.
+//!
+//! Conversion: string → string, bool → bool, int → number (every i64 is exact in serde_json),
+//! double → number (NaN and ±infinity, which JSON cannot hold, become the strings `"NaN"`,
+//! `"Infinity"`, `"-Infinity"` as in OTLP/JSON), array → array, kvlist → object (a repeated key:
+//! the last wins), bytes → lower-case hex string, empty value → `null`.
+//!
+//! The cap is per attribute value, counted in UTF-8 bytes: a longer string keeps its first
+//! bytes, cut on a character boundary, plus the core's truncation marker; a longer array or
+//! object (measured as its compact JSON text) becomes the first bytes of that text as a string,
+//! plus the marker — the same rule the store applies to event payloads.
+
+use flightlog_core::activity::{JsonObject, TRUNCATION_MARKER};
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+use serde_json::{Number, Value};
+
+use crate::ids::to_hex;
+
+/// The default most UTF-8 bytes one attribute value keeps (see the module doc).
+pub const MAX_ATTRIBUTE_VALUE_BYTES: usize = 16_384;
+
+/// `attributes` as one JSON object, keys as given, every value capped at `max_bytes`.
+pub(crate) fn attributes_to_json(attributes: &[KeyValue], max_bytes: usize) -> JsonObject {
+    let mut object = JsonObject::new();
+    for attribute in attributes {
+        object.insert(
+            attribute.key.clone(),
+            any_value_to_json(attribute.value.as_ref(), max_bytes),
+        );
+    }
+    object
+}
+
+/// One attribute value as JSON, capped at `max_bytes`.
+pub(crate) fn any_value_to_json(value: Option<&AnyValue>, max_bytes: usize) -> Value {
+    let converted = convert(value, max_bytes);
+    match converted {
+        Value::Array(_) | Value::Object(_) => {
+            let text = converted.to_string();
+            if text.len() <= max_bytes {
+                converted
+            } else {
+                Value::String(marked_prefix(&text, max_bytes))
+            }
+        }
+        other => other,
+    }
+}
+
+fn convert(value: Option<&AnyValue>, max_bytes: usize) -> Value {
+    let Some(value) = value.and_then(|value| value.value.as_ref()) else {
+        return Value::Null;
+    };
+    match value {
+        any_value::Value::StringValue(text) => Value::String(capped_string(text, max_bytes)),
+        any_value::Value::BoolValue(flag) => Value::Bool(*flag),
+        any_value::Value::IntValue(number) => Value::Number(Number::from(*number)),
+        any_value::Value::DoubleValue(number) => double_to_json(*number),
+        any_value::Value::ArrayValue(array) => Value::Array(
+            array
+                .values
+                .iter()
+                .map(|item| convert(Some(item), max_bytes))
+                .collect(),
+        ),
+        any_value::Value::KvlistValue(list) => {
+            let mut object = JsonObject::new();
+            for entry in &list.values {
+                object.insert(entry.key.clone(), convert(entry.value.as_ref(), max_bytes));
+            }
+            Value::Object(object)
+        }
+        any_value::Value::BytesValue(bytes) => {
+            // Hex doubles the size: cut the bytes first so a huge blob is never fully encoded.
+            let keep = bytes.len().min(max_bytes / 2 + 1);
+            let hex = to_hex(&bytes[..keep]);
+            Value::String(capped_string(&hex, max_bytes))
+        }
+        // A profiles-only string-table reference: meaningless in a trace (OTLP says to ignore it).
+        any_value::Value::StringValueStrindex(_) => Value::Null,
+    }
+}
+
+fn double_to_json(number: f64) -> Value {
+    match Number::from_f64(number) {
+        Some(number) => Value::Number(number),
+        None if number.is_nan() => Value::String("NaN".to_owned()),
+        None if number > 0.0 => Value::String("Infinity".to_owned()),
+        None => Value::String("-Infinity".to_owned()),
+    }
+}
+
+/// `text` itself when it fits in `max_bytes`, else its marked prefix.
+pub(crate) fn capped_string(text: &str, max_bytes: usize) -> String {
+    if text.len() <= max_bytes {
+        text.to_owned()
+    } else {
+        marked_prefix(text, max_bytes)
+    }
+}
+
+/// The longest prefix of `text` of at most `max_bytes` bytes ending on a character boundary,
+/// followed by the truncation marker.
+fn marked_prefix(text: &str, max_bytes: usize) -> String {
+    let mut end = max_bytes.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut marked = String::with_capacity(end + TRUNCATION_MARKER.len());
+    marked.push_str(&text[..end]);
+    marked.push_str(TRUNCATION_MARKER);
+    marked
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::test_support::{array, bytes, double, int, kv, kvlist, string};
+
+    #[test]
+    fn every_value_type_converts() {
+        let attributes = vec![
+            kv("s", string("text")),
+            kv(
+                "b",
+                AnyValue {
+                    value: Some(any_value::Value::BoolValue(true)),
+                },
+            ),
+            kv("i", int(i64::MAX)),
+            kv("d", double(1.5)),
+            kv("nan", double(f64::NAN)),
+            kv("inf", double(f64::NEG_INFINITY)),
+            kv("a", array(vec![int(1), string("two")])),
+            kv("o", kvlist(vec![kv("k", int(3)), kv("k", int(4))])),
+            kv("bytes", bytes(&[0xde, 0xad])),
+            KeyValue {
+                key: "empty".into(),
+                value: None,
+                key_strindex: 0,
+            },
+        ];
+        assert_eq!(
+            Value::Object(attributes_to_json(&attributes, MAX_ATTRIBUTE_VALUE_BYTES)),
+            json!({
+                "s": "text",
+                "b": true,
+                "i": 9_223_372_036_854_775_807_i64,
+                "d": 1.5,
+                "nan": "NaN",
+                "inf": "-Infinity",
+                "a": [1, "two"],
+                "o": {"k": 4},
+                "bytes": "dead",
+                "empty": null,
+            })
+        );
+    }
+
+    #[test]
+    fn a_huge_string_is_cut_on_a_char_boundary_with_the_marker() {
+        // 'é' is two bytes: a cut at an odd byte must step back to the boundary.
+        let huge = "é".repeat(20_000);
+        let capped = any_value_to_json(Some(&string(&huge)), 16_383);
+        let Value::String(text) = capped else {
+            panic!("not a string: {capped:?}");
+        };
+        assert!(text.ends_with(TRUNCATION_MARKER));
+        let kept = text.trim_end_matches(TRUNCATION_MARKER);
+        assert_eq!(kept.len(), 16_382);
+        assert_eq!(kept, "é".repeat(8_191));
+    }
+
+    #[test]
+    fn a_string_at_the_cap_is_kept_whole() {
+        let exact = "x".repeat(MAX_ATTRIBUTE_VALUE_BYTES);
+        assert_eq!(
+            any_value_to_json(Some(&string(&exact)), MAX_ATTRIBUTE_VALUE_BYTES),
+            Value::String(exact)
+        );
+    }
+
+    #[test]
+    fn a_huge_array_becomes_its_marked_json_prefix() {
+        let items = (0..10_000).map(int).collect();
+        let capped = any_value_to_json(Some(&array(items)), 100);
+        let Value::String(text) = capped else {
+            panic!("not a string: {capped:?}");
+        };
+        let full: Vec<String> = (0..10_000).map(|n| n.to_string()).collect();
+        let full = format!("[{}]", full.join(","));
+        assert_eq!(text, format!("{}{TRUNCATION_MARKER}", &full[..100]));
+        assert!(text.starts_with("[0,1,2,3,"));
+    }
+
+    #[test]
+    fn huge_bytes_are_capped_without_encoding_them_all() {
+        let blob = vec![0xab; 1_000_000];
+        let capped = any_value_to_json(Some(&bytes(&blob)), 10);
+        assert_eq!(
+            capped,
+            Value::String(format!("ababababab{TRUNCATION_MARKER}"))
+        );
+    }
+}

@@ -1,0 +1,632 @@
+//! An OTLP/HTTP request body into an `ExportTraceServiceRequest`: content type, bounded gzip
+//! inflation, and protobuf or OTLP/JSON decoding with the traps of the JSON form closed.
+//!
+//! OTLP/JSON is not the protobuf canonical JSON mapping, and opentelemetry-proto's serde
+//! support (0.33.1) is lenient where a silent misreading would hurt:
+//! - snake_case keys (`trace_id`, `resource_spans`) are ignored as unknown fields, so a span
+//!   would lose its ids, times or parent without an error. A body using any OTLP field name in
+//!   snake_case is refused, naming the key; and a non-empty body that decodes to no span at all
+//!   is refused too (whatever the encoding), since nothing was understood.
+//! - ids must be hex (not base64, the canonical protobuf JSON form): a non-hex id refuses the
+//!   body with its JSON path instead of the library's bare hex error.
+//! - 64-bit integers may arrive as strings or numbers: the library accepts both (tested here).
+//! - enums (span kind, status code) must be numbers, as OTLP/JSON requires.
+//!
+//! Id *lengths* are checked per span by the mapping, which rejects just that span.
+
+use std::io::Read;
+
+use flate2::read::MultiGzDecoder;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use prost::Message;
+use serde_json::Value;
+
+use crate::error::OtlpError;
+
+/// The two OTLP/HTTP encodings; a response is sent in the request's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OtlpEncoding {
+    /// Binary protobuf (`application/x-protobuf`).
+    Protobuf,
+    /// OTLP/JSON (`application/json`).
+    Json,
+}
+
+impl OtlpEncoding {
+    /// The `Content-Type` of a body in this encoding.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Self::Protobuf => "application/x-protobuf",
+            Self::Json => "application/json",
+        }
+    }
+
+    /// The encoding a `Content-Type` header names; parameters (`; charset=utf-8`) and case are
+    /// ignored. `None` for anything that is not an OTLP encoding.
+    pub fn from_content_type(content_type: &str) -> Option<Self> {
+        let essence = content_type
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase();
+        match essence.as_str() {
+            "application/x-protobuf" | "application/protobuf" => Some(Self::Protobuf),
+            "application/json" => Some(Self::Json),
+            _ => None,
+        }
+    }
+}
+
+/// Decode an OTLP/HTTP trace export body.
+///
+/// `max_decompressed` bounds the body after inflation (and an uncompressed body too): a larger
+/// one is refused with [`OtlpError::TooLarge`], and a gzip stream is never inflated past it.
+/// Both headers are checked before the body is touched.
+pub fn decode_request(
+    content_type: Option<&str>,
+    content_encoding: Option<&str>,
+    body: &[u8],
+    max_decompressed: usize,
+) -> Result<(ExportTraceServiceRequest, OtlpEncoding), OtlpError> {
+    let encoding = content_type
+        .and_then(OtlpEncoding::from_content_type)
+        .ok_or_else(|| OtlpError::UnsupportedContentType {
+            content_type: content_type.unwrap_or_default().to_owned(),
+        })?;
+    let gzip = match content_encoding.map(|value| value.trim().to_ascii_lowercase()) {
+        None => false,
+        Some(value) if value.is_empty() || value == "identity" => false,
+        Some(value) if value == "gzip" || value == "x-gzip" => true,
+        Some(_) => {
+            return Err(OtlpError::UnsupportedContentEncoding {
+                content_encoding: content_encoding.unwrap_or_default().to_owned(),
+            })
+        }
+    };
+    let inflated;
+    let body = if gzip {
+        inflated = gunzip_bounded(body, max_decompressed)?;
+        inflated.as_slice()
+    } else {
+        if body.len() > max_decompressed {
+            return Err(OtlpError::TooLarge {
+                limit: max_decompressed,
+            });
+        }
+        body
+    };
+    let request = match encoding {
+        OtlpEncoding::Protobuf => ExportTraceServiceRequest::decode(body)
+            .map_err(|error| OtlpError::malformed(format!("invalid protobuf: {error}")))?,
+        OtlpEncoding::Json => decode_json(body)?,
+    };
+    if !body.is_empty() && !has_spans(&request) {
+        return Err(OtlpError::malformed(match encoding {
+            OtlpEncoding::Protobuf => {
+                "the body decoded to no spans: is it an ExportTraceServiceRequest?"
+            }
+            OtlpEncoding::Json => {
+                "the body decoded to no spans: OTLP/JSON keys are lowerCamelCase \
+                 (resourceSpans, scopeSpans, spans)"
+            }
+        }));
+    }
+    Ok((request, encoding))
+}
+
+fn has_spans(request: &ExportTraceServiceRequest) -> bool {
+    request
+        .resource_spans
+        .iter()
+        .flat_map(|resource| &resource.scope_spans)
+        .any(|scope| !scope.spans.is_empty())
+}
+
+/// Inflate a gzip body (concatenated members too), reading at most `limit + 1` bytes of output:
+/// the extra byte tells "exactly at the limit" from "over it" without inflating the rest.
+fn gunzip_bounded(body: &[u8], limit: usize) -> Result<Vec<u8>, OtlpError> {
+    inflate_bounded(body, limit, body.len())
+}
+
+fn inflate_bounded(
+    compressed: impl Read,
+    limit: usize,
+    size_hint: usize,
+) -> Result<Vec<u8>, OtlpError> {
+    let cap = u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1);
+    let mut inflated = Vec::with_capacity(size_hint.saturating_mul(4).min(limit));
+    MultiGzDecoder::new(compressed)
+        .take(cap)
+        .read_to_end(&mut inflated)
+        .map_err(|error| OtlpError::malformed(format!("invalid gzip body: {error}")))?;
+    if inflated.len() > limit {
+        return Err(OtlpError::TooLarge { limit });
+    }
+    Ok(inflated)
+}
+
+fn decode_json(body: &[u8]) -> Result<ExportTraceServiceRequest, OtlpError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|error| OtlpError::malformed(format!("invalid JSON: {error}")))?;
+    check_json(&value, &mut Vec::new())?;
+    serde_path_to_error::deserialize(value).map_err(|error| {
+        let path = error.path().to_string();
+        OtlpError::malformed(format!("{path}: {}", error.inner()))
+    })
+}
+
+/// OTLP field names that contain an underscore: their snake_case spelling is a sure sign of a
+/// body in the wrong JSON form (OTLP/JSON uses lowerCamelCase only).
+const SNAKE_CASE_FIELDS: &[&str] = &[
+    "resource_spans",
+    "scope_spans",
+    "schema_url",
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "trace_state",
+    "start_time_unix_nano",
+    "end_time_unix_nano",
+    "time_unix_nano",
+    "dropped_attributes_count",
+    "dropped_events_count",
+    "dropped_links_count",
+    "string_value",
+    "bool_value",
+    "int_value",
+    "double_value",
+    "array_value",
+    "kvlist_value",
+    "bytes_value",
+    "entity_refs",
+    "id_keys",
+    "description_keys",
+    "key_strindex",
+    "string_value_strindex",
+];
+
+/// JSON keys holding ids, which OTLP/JSON spells in hex.
+const ID_FIELDS: &[&str] = &["traceId", "spanId", "parentSpanId"];
+
+/// One step of a JSON path, for error messages.
+enum Step<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+fn path_text(path: &[Step<'_>], last: &str) -> String {
+    let mut text = String::new();
+    for step in path {
+        match step {
+            Step::Key(key) => {
+                if !text.is_empty() {
+                    text.push('.');
+                }
+                text.push_str(key);
+            }
+            Step::Index(index) => {
+                text.push('[');
+                text.push_str(&index.to_string());
+                text.push(']');
+            }
+        }
+    }
+    if !text.is_empty() {
+        text.push('.');
+    }
+    text.push_str(last);
+    text
+}
+
+/// Refuse snake_case OTLP keys and non-hex ids anywhere in the body. The recursion is bounded
+/// by serde_json's own nesting limit (128), which the body has already passed.
+fn check_json<'a>(value: &'a Value, path: &mut Vec<Step<'a>>) -> Result<(), OtlpError> {
+    match value {
+        Value::Object(object) => {
+            for (key, child) in object {
+                if SNAKE_CASE_FIELDS.contains(&key.as_str()) {
+                    return Err(OtlpError::malformed(format!(
+                        "{}: snake_case key; OTLP/JSON keys are lowerCamelCase ({})",
+                        path_text(path, key),
+                        lower_camel_case(key)
+                    )));
+                }
+                if ID_FIELDS.contains(&key.as_str()) {
+                    if let Value::String(id) = child {
+                        if !is_hex(id) {
+                            return Err(OtlpError::malformed(format!(
+                                "{}: {id:?} is not hex; OTLP/JSON ids are hex strings, not base64",
+                                path_text(path, key)
+                            )));
+                        }
+                    }
+                }
+                path.push(Step::Key(key));
+                check_json(child, path)?;
+                path.pop();
+            }
+            Ok(())
+        }
+        Value::Array(items) => {
+            for (index, item) in items.iter().enumerate() {
+                path.push(Step::Index(index));
+                check_json(item, path)?;
+                path.pop();
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+fn is_hex(text: &str) -> bool {
+    text.len().is_multiple_of(2) && text.bytes().all(|byte| byte.is_ascii_hexdigit())
+}
+
+fn lower_camel_case(snake: &str) -> String {
+    let mut camel = String::with_capacity(snake.len());
+    let mut upper = false;
+    for character in snake.chars() {
+        if character == '_' {
+            upper = true;
+        } else if upper {
+            camel.push(character.to_ascii_uppercase());
+            upper = false;
+        } else {
+            camel.push(character);
+        }
+    }
+    camel
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use flate2::write::GzEncoder;
+    use flate2::Compression;
+    use opentelemetry_proto::tonic::common::v1::any_value;
+
+    use super::*;
+    use crate::test_support::{kv, request, span, string};
+
+    const LIMIT: usize = 4 * 1024 * 1024;
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        let mut encoder = GzEncoder::new(Vec::new(), Compression::default());
+        encoder.write_all(data).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    fn decode_json_text(text: &str) -> Result<ExportTraceServiceRequest, OtlpError> {
+        decode_request(Some("application/json"), None, text.as_bytes(), LIMIT)
+            .map(|(request, _)| request)
+    }
+
+    fn malformed_message(result: Result<ExportTraceServiceRequest, OtlpError>) -> String {
+        match result {
+            Err(OtlpError::Malformed { message }) => message,
+            other => panic!("expected a malformed error, got {other:?}"),
+        }
+    }
+
+    /// One span in OTLP/JSON; `times` and `int` are spliced in raw so each test picks strings
+    /// or numbers.
+    fn json_body(start: &str, end: &str, int: &str) -> String {
+        format!(
+            r#"{{"resourceSpans":[{{"resource":{{"attributes":[{{"key":"service.name","value":{{"stringValue":"svc"}}}}]}},
+            "scopeSpans":[{{"scope":{{"name":"lib"}},"spans":[{{
+              "traceId":"5B8EFFF798038103D269B633813FC60C","spanId":"eee19b7ec3c1b174",
+              "parentSpanId":"EEE19B7EC3C1B173","name":"chat","kind":3,
+              "startTimeUnixNano":{start},"endTimeUnixNano":{end},
+              "attributes":[{{"key":"gen_ai.usage.input_tokens","value":{{"intValue":{int}}}}}],
+              "status":{{"code":2,"message":"boom"}}}}]}}]}}]}}"#
+        )
+    }
+
+    #[test]
+    fn protobuf_round_trips() {
+        let original = request(vec![span(1, None, "root", vec![kv("k", string("v"))])]);
+        let body = original.encode_to_vec();
+        for content_type in [
+            "application/x-protobuf",
+            "application/protobuf",
+            "Application/X-Protobuf; charset=binary",
+        ] {
+            let (decoded, encoding) =
+                decode_request(Some(content_type), None, &body, LIMIT).unwrap();
+            assert_eq!(decoded, original, "{content_type}");
+            assert_eq!(encoding, OtlpEncoding::Protobuf);
+        }
+    }
+
+    #[test]
+    fn json_with_hex_ids_and_64_bit_ints_as_strings() {
+        let text = json_body(
+            r#""1544712660000000000""#,
+            r#""1544712661000000000""#,
+            r#""9007199254740993""#,
+        );
+        let (decoded, encoding) = decode_request(
+            Some("application/json; charset=utf-8"),
+            None,
+            text.as_bytes(),
+            LIMIT,
+        )
+        .unwrap();
+        assert_eq!(encoding, OtlpEncoding::Json);
+        let span = &decoded.resource_spans[0].scope_spans[0].spans[0];
+        assert_eq!(
+            span.trace_id,
+            vec![
+                0x5b, 0x8e, 0xff, 0xf7, 0x98, 0x03, 0x81, 0x03, 0xd2, 0x69, 0xb6, 0x33, 0x81, 0x3f,
+                0xc6, 0x0c
+            ]
+        );
+        assert_eq!(
+            span.span_id,
+            vec![0xee, 0xe1, 0x9b, 0x7e, 0xc3, 0xc1, 0xb1, 0x74]
+        );
+        assert_eq!(
+            span.parent_span_id,
+            vec![0xee, 0xe1, 0x9b, 0x7e, 0xc3, 0xc1, 0xb1, 0x73]
+        );
+        assert_eq!(span.start_time_unix_nano, 1_544_712_660_000_000_000);
+        assert_eq!(span.end_time_unix_nano, 1_544_712_661_000_000_000);
+        assert_eq!(span.kind, 3);
+        assert_eq!(span.status.as_ref().map(|status| status.code), Some(2));
+        // Beyond 2^53: a string keeps every digit.
+        assert_eq!(
+            span.attributes[0]
+                .value
+                .as_ref()
+                .and_then(|value| value.value.clone()),
+            Some(any_value::Value::IntValue(9_007_199_254_740_993))
+        );
+    }
+
+    #[test]
+    fn json_with_64_bit_ints_as_numbers() {
+        let text = json_body("1544712660000000000", "1544712661000000000", "42");
+        let decoded = decode_json_text(&text).unwrap();
+        let span = &decoded.resource_spans[0].scope_spans[0].spans[0];
+        assert_eq!(span.start_time_unix_nano, 1_544_712_660_000_000_000);
+        assert_eq!(span.end_time_unix_nano, 1_544_712_661_000_000_000);
+        assert_eq!(
+            span.attributes[0]
+                .value
+                .as_ref()
+                .and_then(|value| value.value.clone()),
+            Some(any_value::Value::IntValue(42))
+        );
+    }
+
+    #[test]
+    fn base64_ids_fail_the_request_with_the_path() {
+        let text = json_body("1", "2", "3").replace(
+            "5B8EFFF798038103D269B633813FC60C",
+            "W47/95gDgQPSabYzgT/GDA==",
+        );
+        assert_eq!(
+            malformed_message(decode_json_text(&text)),
+            "resourceSpans[0].scopeSpans[0].spans[0].traceId: \"W47/95gDgQPSabYzgT/GDA==\" is not \
+             hex; OTLP/JSON ids are hex strings, not base64"
+        );
+    }
+
+    #[test]
+    fn snake_case_only_json_is_malformed() {
+        let text = r#"{"resource_spans":[{"scope_spans":[{"spans":[{"trace_id":"5b8efff798038103d269b633813fc60c"}]}]}]}"#;
+        assert_eq!(
+            malformed_message(decode_json_text(text)),
+            "resource_spans: snake_case key; OTLP/JSON keys are lowerCamelCase (resourceSpans)"
+        );
+        // Deeper too: a single snake_case field of a span names its path.
+        let text = json_body("1", "2", "3").replace("\"parentSpanId\"", "\"parent_span_id\"");
+        assert_eq!(
+            malformed_message(decode_json_text(&text)),
+            "resourceSpans[0].scopeSpans[0].spans[0].parent_span_id: snake_case key; OTLP/JSON \
+             keys are lowerCamelCase (parentSpanId)"
+        );
+    }
+
+    #[test]
+    fn a_non_empty_body_without_spans_is_malformed() {
+        for text in [
+            r#"{}"#,
+            r#"{"resourceSpans":[]}"#,
+            r#"{"ResourceSpans":[{"x":1}]}"#,
+        ] {
+            assert_eq!(
+                malformed_message(decode_json_text(text)),
+                "the body decoded to no spans: OTLP/JSON keys are lowerCamelCase (resourceSpans, \
+                 scopeSpans, spans)",
+                "{text}"
+            );
+        }
+        // An empty protobuf body is a valid, empty request.
+        let (empty, _) = decode_request(Some("application/x-protobuf"), None, b"", LIMIT).unwrap();
+        assert_eq!(empty.resource_spans, vec![]);
+    }
+
+    #[test]
+    fn json_type_errors_name_their_path() {
+        let text = json_body("1", "2", "3").replace("\"kind\":3", "\"kind\":\"SPAN_KIND_CLIENT\"");
+        let message = malformed_message(decode_json_text(&text));
+        assert!(
+            message.starts_with("resourceSpans[0].scopeSpans[0].spans[0].kind: invalid type"),
+            "{message}"
+        );
+        assert!(malformed_message(decode_json_text("{not json")).starts_with("invalid JSON: "));
+    }
+
+    #[test]
+    fn gzip_bodies_are_inflated() {
+        let original = request(vec![span(1, None, "root", vec![])]);
+        let body = gzip(&original.encode_to_vec());
+        for encoding in ["gzip", "GZIP", "x-gzip"] {
+            let (decoded, _) =
+                decode_request(Some("application/x-protobuf"), Some(encoding), &body, LIMIT)
+                    .unwrap();
+            assert_eq!(decoded, original, "{encoding}");
+        }
+        let json = gzip(json_body("1", "2", "3").as_bytes());
+        let (decoded, encoding) =
+            decode_request(Some("application/json"), Some("gzip"), &json, LIMIT).unwrap();
+        assert_eq!(encoding, OtlpEncoding::Json);
+        assert_eq!(
+            decoded.resource_spans[0].scope_spans[0].spans[0].name,
+            "chat"
+        );
+        // identity and an empty header mean "not compressed".
+        let plain = original.encode_to_vec();
+        for encoding in ["identity", ""] {
+            let (decoded, _) = decode_request(
+                Some("application/x-protobuf"),
+                Some(encoding),
+                &plain,
+                LIMIT,
+            )
+            .unwrap();
+            assert_eq!(decoded, original, "{encoding:?}");
+        }
+    }
+
+    /// Counts the compressed bytes the decoder pulled.
+    struct CountingReader<'a> {
+        inner: &'a [u8],
+        consumed: &'a std::cell::Cell<usize>,
+    }
+
+    impl Read for CountingReader<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let read = self.inner.read(buf)?;
+            self.consumed.set(self.consumed.get() + read);
+            Ok(read)
+        }
+    }
+
+    /// 1 GiB of zeros as 1,024 concatenated gzip members of 1 MiB each (about 1 MB compressed,
+    /// built without ever holding the gigabyte).
+    fn gzip_bomb() -> Vec<u8> {
+        let member = gzip(&vec![0u8; 1 << 20]);
+        member.repeat(1024)
+    }
+
+    #[test]
+    fn a_gzip_bomb_is_cut_off_at_the_limit() {
+        let bomb = gzip_bomb();
+        assert!(bomb.len() < 2 << 20, "{}", bomb.len());
+        let limit = 1 << 20;
+        let result = decode_request(Some("application/x-protobuf"), Some("gzip"), &bomb, limit);
+        assert_eq!(result, Err(OtlpError::TooLarge { limit }));
+        assert_eq!(result.map(|_| ()).unwrap_err().http_status(), 413);
+    }
+
+    #[test]
+    fn a_gzip_bomb_is_never_inflated_past_the_limit() {
+        let bomb = gzip_bomb();
+        let consumed = std::cell::Cell::new(0);
+        let reader = CountingReader {
+            inner: &bomb,
+            consumed: &consumed,
+        };
+        let limit = 1 << 20;
+        assert_eq!(
+            inflate_bounded(reader, limit, bomb.len()),
+            Err(OtlpError::TooLarge { limit })
+        );
+        // Two members (2 MiB inflated) at most were read, out of 1,024: memory stays at the
+        // limit, not at the gigabyte.
+        let member_len = bomb.len() / 1024;
+        assert!(
+            consumed.get() <= 2 * member_len + 64 * 1024,
+            "read {} of {} compressed bytes",
+            consumed.get(),
+            bomb.len()
+        );
+    }
+
+    #[test]
+    fn the_bound_reads_at_most_one_byte_past_the_limit() {
+        let data = vec![7u8; 10_000];
+        let body = gzip(&data);
+        assert_eq!(gunzip_bounded(&body, 10_000).unwrap(), data);
+        assert_eq!(
+            gunzip_bounded(&body, 9_999),
+            Err(OtlpError::TooLarge { limit: 9_999 })
+        );
+    }
+
+    #[test]
+    fn an_uncompressed_body_over_the_limit_is_too_large() {
+        let body = request(vec![span(1, None, "root", vec![])]).encode_to_vec();
+        assert_eq!(
+            decode_request(Some("application/x-protobuf"), None, &body, body.len() - 1),
+            Err(OtlpError::TooLarge {
+                limit: body.len() - 1
+            })
+        );
+    }
+
+    #[test]
+    fn bad_gzip_is_malformed() {
+        let error = decode_request(
+            Some("application/x-protobuf"),
+            Some("gzip"),
+            b"not gzip",
+            LIMIT,
+        )
+        .map(|_| ())
+        .unwrap_err();
+        assert_eq!(error.http_status(), 400);
+        assert!(error.to_string().contains("invalid gzip body"), "{error}");
+    }
+
+    #[test]
+    fn wrong_content_types_and_encodings_are_415() {
+        for content_type in [Some("text/plain"), Some("application/grpc"), None] {
+            let error = decode_request(content_type, None, b"{}", LIMIT)
+                .map(|_| ())
+                .unwrap_err();
+            assert_eq!(
+                error,
+                OtlpError::UnsupportedContentType {
+                    content_type: content_type.unwrap_or_default().to_owned()
+                }
+            );
+            assert_eq!(error.http_status(), 415);
+        }
+        let error = decode_request(Some("application/json"), Some("br"), b"{}", LIMIT)
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!(
+            error,
+            OtlpError::UnsupportedContentEncoding {
+                content_encoding: "br".into()
+            }
+        );
+        assert_eq!(error.http_status(), 415);
+    }
+
+    #[test]
+    fn malformed_protobuf_is_400() {
+        // Field 1 (resource_spans) announced as length-delimited with 100 bytes, then cut short.
+        let error = decode_request(
+            Some("application/x-protobuf"),
+            None,
+            &[0x0a, 100, 1, 2],
+            LIMIT,
+        )
+        .map(|_| ())
+        .unwrap_err();
+        assert_eq!(error.http_status(), 400);
+        assert!(
+            error
+                .to_string()
+                .starts_with("malformed OTLP request: invalid protobuf:"),
+            "{error}"
+        );
+    }
+}

@@ -1,0 +1,82 @@
+//! Why an OTLP/HTTP request body could not be decoded, and the HTTP status each reason deserves.
+//!
+//! The crate has no HTTP dependency; [`OtlpError::http_status`] is a plain number the server's
+//! error mapping uses, so the status each failure gets is decided (and tested) here, next to the
+//! decoding rules.
+
+use crate::response::GrpcCode;
+
+/// A request body that is refused as a whole. Spans that are individually unusable are not
+/// errors: they are rejected one by one (see [`crate::RejectedSpan`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OtlpError {
+    /// The `Content-Type` is absent or not one of the OTLP encodings (HTTP 415).
+    #[error(
+        "unsupported content type {content_type:?}: OTLP/HTTP accepts application/x-protobuf, \
+         application/protobuf and application/json"
+    )]
+    UnsupportedContentType { content_type: String },
+    /// The `Content-Encoding` is neither absent, `identity` nor `gzip` (HTTP 415).
+    #[error("unsupported content encoding {content_encoding:?}: use gzip or identity")]
+    UnsupportedContentEncoding { content_encoding: String },
+    /// The body is not a valid request in its declared encoding (HTTP 400); `message` says where.
+    #[error("malformed OTLP request: {message}")]
+    Malformed { message: String },
+    /// The body, once inflated, is larger than the limit (HTTP 413). Inflation stopped at the
+    /// limit: the rest of the body was never decompressed.
+    #[error("the decompressed request exceeds {limit} bytes")]
+    TooLarge { limit: usize },
+}
+
+impl OtlpError {
+    pub(crate) fn malformed(message: impl Into<String>) -> Self {
+        Self::Malformed {
+            message: message.into(),
+        }
+    }
+
+    /// The HTTP status code of this failure: 415, 400 or 413.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Self::UnsupportedContentType { .. } | Self::UnsupportedContentEncoding { .. } => 415,
+            Self::Malformed { .. } => 400,
+            Self::TooLarge { .. } => 413,
+        }
+    }
+
+    /// The gRPC status code for the `google.rpc.Status` body an OTLP/HTTP error response carries.
+    pub fn grpc_code(&self) -> GrpcCode {
+        match self {
+            Self::TooLarge { .. } => GrpcCode::ResourceExhausted,
+            _ => GrpcCode::InvalidArgument,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_failure_has_its_http_status() {
+        let cases = [
+            (
+                OtlpError::UnsupportedContentType {
+                    content_type: "text/plain".into(),
+                },
+                415,
+            ),
+            (
+                OtlpError::UnsupportedContentEncoding {
+                    content_encoding: "br".into(),
+                },
+                415,
+            ),
+            (OtlpError::malformed("x"), 400),
+            (OtlpError::TooLarge { limit: 1 }, 413),
+        ];
+        for (error, status) in cases {
+            assert_eq!(error.http_status(), status, "{error}");
+        }
+    }
+}

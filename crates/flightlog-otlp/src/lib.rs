@@ -1,0 +1,46 @@
+//! OpenTelemetry trace ingest for flightlog: OTLP in, [`ImportedSpan`]s out.
+//!
+//! An OpenTelemetry exporter (an SDK, a collector, Logfire, OpenLLMetry, OpenInference …) sends
+//! `ExportTraceServiceRequest`s over OTLP/HTTP or OTLP/gRPC. This crate turns one into the spans
+//! the activity store imports, and nothing else: it knows no HTTP framework and no database.
+//!
+//! - [`decode_request`]: an OTLP/HTTP body (protobuf or OTLP/JSON, maybe gzip) into a request,
+//!   with the OTLP/JSON traps closed (hex ids, lowerCamelCase keys, bounded inflation).
+//! - [`map_request`]: the pure mapping (documented as a table in `docs/otlp.md`): trace → run,
+//!   span → span, kinds from the GenAI / OpenInference / OpenLLMetry conventions, usage and cost,
+//!   Logfire's pending spans; a span that cannot be mapped is rejected alone, with a reason.
+//! - [`export_response`], [`encode_response`], [`encode_status`]: the answer an exporter expects.
+//! - [`ingest`]: map + `ActivityStore::import_spans` + response, shared by the HTTP handler and
+//!   the gRPC service; [`trace_service`]: the tonic `TraceService` around it.
+//!
+//! [`ImportedSpan`]: flightlog_core::activity::ImportedSpan
+
+mod attributes;
+mod decode;
+mod docs;
+mod error;
+mod facts;
+mod ids;
+mod kind;
+mod mapping;
+mod prices;
+mod response;
+mod service;
+mod usage;
+
+#[cfg(test)]
+mod test_support;
+
+pub use attributes::MAX_ATTRIBUTE_VALUE_BYTES;
+pub use decode::{decode_request, OtlpEncoding};
+pub use error::OtlpError;
+pub use mapping::{map_request, MappedBatch, MappingOptions, RejectedSpan};
+pub use prices::{ModelPrice, PriceTable, PriceTableError};
+pub use response::{encode_response, encode_status, export_response, GrpcCode};
+pub use service::{ingest, trace_service, Authorize, FlightlogTraceService, TraceServiceServer};
+
+/// The OTLP trace request and response messages this crate speaks, re-exported so callers need
+/// no direct `opentelemetry-proto` dependency.
+pub use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
+};

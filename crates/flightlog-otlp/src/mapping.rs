@@ -1,0 +1,852 @@
+//! The mapping of one OTLP trace export to the spans flightlog imports: pure, no I/O.
+//!
+//! Each OTLP trace is a run and each OTLP span a span (ids in lower-case hex). A span that
+//! cannot be mapped (bad ids, no start time) is rejected alone with a reason; the others of the
+//! same request are unaffected. `docs/otlp.md` holds the full table; the modules `kind`, `usage`
+//! and `attributes` hold the individual rules.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use flightlog_core::activity::{
+    ImportedEnd, ImportedEvent, ImportedSpan, JsonObject, SpanOrigin, SpanOutcome,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope};
+use opentelemetry_proto::tonic::trace::v1::{span, status, Span};
+use serde_json::Value;
+
+use crate::attributes::{attributes_to_json, capped_string, MAX_ATTRIBUTE_VALUE_BYTES};
+use crate::facts::{first_of, Facts};
+use crate::ids::{self, to_hex};
+use crate::kind::span_kind;
+use crate::prices::PriceTable;
+use crate::usage::{span_usage, CostSource};
+
+/// attrs key: the resource's attributes, as an object.
+pub(crate) const RESOURCE_KEY: &str = "resource";
+/// attrs key: the instrumentation scope (`name`, `version`, `attributes`).
+pub(crate) const SCOPE_KEY: &str = "scope";
+/// attrs key: the span's links.
+pub(crate) const LINKS_KEY: &str = "links";
+/// attrs key: the OTLP span kind (`internal`, `server`, `client`, `producer`, `consumer`).
+pub(crate) const OTEL_SPAN_KIND_KEY: &str = "otel.span_kind";
+/// attrs key: `"reported"` or `"price_table"`, when the span has a cost.
+pub(crate) const COST_SOURCE_KEY: &str = "flightlog.cost_source";
+/// attrs key: the version of the price table that computed the span's cost.
+pub(crate) const PRICE_TABLE_KEY: &str = "flightlog.price_table";
+/// Logfire appends this to a pending span's name.
+const PENDING_NAME_SUFFIX: &str = " (pending)";
+/// A rejected span's id is reported with at most this many bytes (a huge bogus id stays short).
+const MAX_REPORTED_ID_BYTES: usize = 32;
+
+/// How spans are mapped.
+#[derive(Debug, Clone)]
+pub struct MappingOptions {
+    /// The most UTF-8 bytes one attribute value keeps (see `docs/otlp.md`); default 16,384.
+    pub max_attribute_value_bytes: usize,
+    /// The prices a cost is computed from when a span reports none; default the bundled table.
+    pub price_table: Arc<PriceTable>,
+}
+
+impl Default for MappingOptions {
+    fn default() -> Self {
+        Self {
+            max_attribute_value_bytes: MAX_ATTRIBUTE_VALUE_BYTES,
+            price_table: PriceTable::bundled(),
+        }
+    }
+}
+
+/// One span that was not imported, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejectedSpan {
+    /// The span's position among all spans of the request (0-based, in request order); `None`
+    /// when the store rejected it (the store knows spans by id only).
+    pub index: Option<usize>,
+    /// Lower-case hex of the span id as delivered (whatever its length, at most 32 bytes shown);
+    /// `None` when the span had no id.
+    pub span_id: Option<String>,
+    /// Why, in a sentence for the exporter's log.
+    pub reason: String,
+}
+
+/// The result of mapping one request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MappedBatch {
+    /// The spans to import, in request order (a pending announcement of a span that the same
+    /// request also delivers is dropped: the delivered span supersedes it).
+    pub spans: Vec<ImportedSpan>,
+    /// The spans that could not be mapped, in request order.
+    pub rejected: Vec<RejectedSpan>,
+}
+
+/// Map every span of `request` (see `docs/otlp.md` for the rules).
+pub fn map_request(request: &ExportTraceServiceRequest, options: &MappingOptions) -> MappedBatch {
+    let max_bytes = options.max_attribute_value_bytes;
+    let mut batch = MappedBatch::default();
+    let mut pending_ids: Vec<usize> = Vec::new();
+    let mut index = 0usize;
+    for resource_spans in &request.resource_spans {
+        let resource = resource_spans
+            .resource
+            .as_ref()
+            .map(|resource| attributes_to_json(&resource.attributes, max_bytes))
+            .filter(|attributes| !attributes.is_empty())
+            .map(Value::Object);
+        for scope_spans in &resource_spans.scope_spans {
+            let scope = scope_spans
+                .scope
+                .as_ref()
+                .and_then(|scope| scope_to_json(scope, max_bytes));
+            let context = SpanContext {
+                resource: resource.as_ref(),
+                scope: scope.as_ref(),
+            };
+            for span in &scope_spans.spans {
+                match map_span(span, &context, options) {
+                    Ok(Mapped { span, pending }) => {
+                        if pending {
+                            pending_ids.push(batch.spans.len());
+                        }
+                        batch.spans.push(span);
+                    }
+                    Err(reason) => batch.rejected.push(RejectedSpan {
+                        index: Some(index),
+                        span_id: reported_id(&span.span_id),
+                        reason,
+                    }),
+                }
+                index += 1;
+            }
+        }
+    }
+    if !pending_ids.is_empty() {
+        drop_superseded_pending(&mut batch.spans, &pending_ids);
+    }
+    batch
+}
+
+/// What every span of one scope shares.
+struct SpanContext<'a> {
+    resource: Option<&'a Value>,
+    scope: Option<&'a Value>,
+}
+
+struct Mapped {
+    span: ImportedSpan,
+    /// A Logfire pending announcement rather than the span itself.
+    pending: bool,
+}
+
+fn reported_id(bytes: &[u8]) -> Option<String> {
+    if bytes.is_empty() {
+        return None;
+    }
+    let shown = &bytes[..bytes.len().min(MAX_REPORTED_ID_BYTES)];
+    let mut hex = to_hex(shown);
+    if shown.len() < bytes.len() {
+        hex.push('…');
+    }
+    Some(hex)
+}
+
+fn nanos_to_ms(nanos: u64) -> i64 {
+    i64::try_from(nanos / 1_000_000).unwrap_or(i64::MAX)
+}
+
+fn map_span(
+    span: &Span,
+    context: &SpanContext<'_>,
+    options: &MappingOptions,
+) -> Result<Mapped, String> {
+    let max_bytes = options.max_attribute_value_bytes;
+    let run_id = ids::trace_id(&span.trace_id)?;
+    let own_id = ids::span_id(&span.span_id)?;
+    let own_parent = ids::parent_id(&span.parent_span_id)?;
+    if span.start_time_unix_nano == 0 {
+        return Err("start time is missing (startTimeUnixNano is 0)".to_owned());
+    }
+    let facts = Facts::scan(&span.attributes);
+    let pending = facts
+        .logfire_span_type
+        .is_some_and(|span_type| span_type == "pending_span");
+    // A pending span stands for its parent (the real span, still running); the real span's own
+    // parent travels in an attribute.
+    let (span_id, parent_span_id, name) = if pending {
+        let Some(real_id) = own_parent else {
+            return Err(
+                "pending span (logfire.span_type = pending_span) has no parent: the parent is \
+                 the span it announces"
+                    .to_owned(),
+            );
+        };
+        let real_parent = match facts.logfire_pending_parent {
+            None => None,
+            Some(value) => pending_parent(value)?,
+        };
+        let name = span
+            .name
+            .strip_suffix(PENDING_NAME_SUFFIX)
+            .unwrap_or(&span.name);
+        (real_id, real_parent, name.to_owned())
+    } else {
+        (own_id, own_parent, span.name.clone())
+    };
+
+    let kind = span_kind(&facts, parent_span_id.is_none());
+    let started_at = nanos_to_ms(span.start_time_unix_nano);
+    let end = (!pending && span.end_time_unix_nano != 0).then(|| span_end(span, max_bytes));
+    let (usage, cost_source) = span_usage(&facts, &options.price_table);
+    let session_id = first_of(&facts.session, |value| session_text(value, max_bytes));
+
+    let mut attrs = attributes_to_json(&span.attributes, max_bytes);
+    if let Some(resource) = context.resource {
+        attrs.insert(RESOURCE_KEY.to_owned(), resource.clone());
+    }
+    if let Some(scope) = context.scope {
+        attrs.insert(SCOPE_KEY.to_owned(), scope.clone());
+    }
+    if !span.links.is_empty() {
+        attrs.insert(LINKS_KEY.to_owned(), links_to_json(&span.links, max_bytes));
+    }
+    if let Some(kind) = otel_span_kind(span.kind) {
+        attrs.insert(OTEL_SPAN_KIND_KEY.to_owned(), Value::from(kind));
+    }
+    match cost_source {
+        Some(CostSource::Reported) => {
+            attrs.insert(COST_SOURCE_KEY.to_owned(), Value::from("reported"));
+        }
+        Some(CostSource::PriceTable(version)) => {
+            attrs.insert(COST_SOURCE_KEY.to_owned(), Value::from("price_table"));
+            attrs.insert(PRICE_TABLE_KEY.to_owned(), Value::from(version));
+        }
+        None => {}
+    }
+
+    let events = if pending {
+        Vec::new()
+    } else {
+        span.events
+            .iter()
+            .map(|event| ImportedEvent {
+                ts: if event.time_unix_nano == 0 {
+                    started_at
+                } else {
+                    nanos_to_ms(event.time_unix_nano)
+                },
+                event_type: if event.name.is_empty() {
+                    "event".to_owned()
+                } else {
+                    event.name.clone()
+                },
+                payload: Value::Object(attributes_to_json(&event.attributes, max_bytes)),
+            })
+            .collect()
+    };
+
+    Ok(Mapped {
+        span: ImportedSpan {
+            span_id,
+            run_id,
+            parent_span_id,
+            name,
+            kind,
+            origin: SpanOrigin::Otlp,
+            session_id,
+            job_name: None,
+            attrs,
+            started_at,
+            end,
+            usage,
+            events,
+        },
+        pending,
+    })
+}
+
+/// The real parent named by `logfire.pending_parent_id` (hex text; all zero: a root).
+fn pending_parent(value: &AnyValue) -> Result<Option<String>, String> {
+    match value.value.as_ref() {
+        None => Ok(None),
+        Some(any_value::Value::StringValue(text)) => ids::parent_id_from_hex(text)
+            .map_err(|reason| format!("logfire.pending_parent_id: {reason}")),
+        Some(_) => Err("logfire.pending_parent_id must be a hex string".to_owned()),
+    }
+}
+
+/// The terminal part of an ended span: ERROR is `error` (the status message is the reason),
+/// OK and UNSET are `success`.
+fn span_end(span: &Span, max_bytes: usize) -> ImportedEnd {
+    let status = span.status.as_ref();
+    let is_error = status.is_some_and(|status| status.code == status::StatusCode::Error as i32);
+    let (outcome, reason) = if is_error {
+        let message = status
+            .map(|status| status.message.trim())
+            .unwrap_or_default();
+        let reason = (!message.is_empty()).then(|| capped_string(message, max_bytes));
+        (SpanOutcome::Error, reason)
+    } else {
+        (SpanOutcome::Success, None)
+    };
+    ImportedEnd {
+        ended_at: nanos_to_ms(span.end_time_unix_nano),
+        outcome,
+        reason,
+    }
+}
+
+/// A session id from a string (or an integer, spelled in decimal); empty is none.
+fn session_text(value: &AnyValue, max_bytes: usize) -> Option<String> {
+    match value.value.as_ref()? {
+        any_value::Value::StringValue(text) => {
+            let text = text.trim();
+            (!text.is_empty()).then(|| capped_string(text, max_bytes))
+        }
+        any_value::Value::IntValue(number) => Some(number.to_string()),
+        _ => None,
+    }
+}
+
+fn scope_to_json(scope: &InstrumentationScope, max_bytes: usize) -> Option<Value> {
+    let mut object = JsonObject::new();
+    if !scope.name.is_empty() {
+        object.insert(
+            "name".to_owned(),
+            Value::from(capped_string(&scope.name, max_bytes)),
+        );
+    }
+    if !scope.version.is_empty() {
+        object.insert(
+            "version".to_owned(),
+            Value::from(capped_string(&scope.version, max_bytes)),
+        );
+    }
+    if !scope.attributes.is_empty() {
+        object.insert(
+            "attributes".to_owned(),
+            Value::Object(attributes_to_json(&scope.attributes, max_bytes)),
+        );
+    }
+    (!object.is_empty()).then_some(Value::Object(object))
+}
+
+fn links_to_json(links: &[span::Link], max_bytes: usize) -> Value {
+    Value::Array(
+        links
+            .iter()
+            .map(|link| {
+                let mut object = JsonObject::new();
+                object.insert("traceId".to_owned(), Value::from(to_hex(&link.trace_id)));
+                object.insert("spanId".to_owned(), Value::from(to_hex(&link.span_id)));
+                if !link.attributes.is_empty() {
+                    object.insert(
+                        "attributes".to_owned(),
+                        Value::Object(attributes_to_json(&link.attributes, max_bytes)),
+                    );
+                }
+                Value::Object(object)
+            })
+            .collect(),
+    )
+}
+
+fn otel_span_kind(kind: i32) -> Option<&'static str> {
+    match span::SpanKind::try_from(kind).ok()? {
+        span::SpanKind::Unspecified => None,
+        span::SpanKind::Internal => Some("internal"),
+        span::SpanKind::Server => Some("server"),
+        span::SpanKind::Client => Some("client"),
+        span::SpanKind::Producer => Some("producer"),
+        span::SpanKind::Consumer => Some("consumer"),
+    }
+}
+
+/// Drop a pending announcement when the request also carries the span it announces (whole), or
+/// an earlier announcement of the same span.
+fn drop_superseded_pending(spans: &mut Vec<ImportedSpan>, pending_positions: &[usize]) {
+    let pending: HashSet<usize> = pending_positions.iter().copied().collect();
+    let delivered: HashSet<String> = spans
+        .iter()
+        .enumerate()
+        .filter(|(position, _)| !pending.contains(position))
+        .map(|(_, span)| span.span_id.clone())
+        .collect();
+    let mut announced: HashSet<String> = HashSet::new();
+    let mut position = 0usize;
+    spans.retain(|span| {
+        let keep = !pending.contains(&position)
+            || (!delivered.contains(&span.span_id) && announced.insert(span.span_id.clone()));
+        position += 1;
+        keep
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use flightlog_core::activity::{SpanKind, SpanUsage, TRUNCATION_MARKER};
+    use opentelemetry_proto::tonic::common::v1::KeyValue;
+    use opentelemetry_proto::tonic::trace::v1::Status;
+    use serde_json::json;
+
+    use super::*;
+    use crate::test_support::{double, int, kv, request, sid, sid_hex, span, string, TRACE_HEX};
+
+    fn map(spans: Vec<Span>) -> MappedBatch {
+        map_request(&request(spans), &MappingOptions::default())
+    }
+
+    fn only_span(spans: Vec<Span>) -> ImportedSpan {
+        let batch = map(spans);
+        assert_eq!(batch.rejected, vec![]);
+        assert_eq!(batch.spans.len(), 1, "{:?}", batch.spans);
+        batch.spans.into_iter().next().unwrap()
+    }
+
+    #[test]
+    fn a_span_maps_field_by_field() {
+        let mut model_call = span(
+            2,
+            Some(1),
+            "chat gpt-4o",
+            vec![
+                kv("gen_ai.operation.name", string("chat")),
+                kv("gen_ai.request.model", string("gpt-4o")),
+                kv("gen_ai.usage.input_tokens", int(1_000)),
+                kv("gen_ai.usage.output_tokens", int(200)),
+                kv("session.id", string("sess-1")),
+            ],
+        );
+        model_call.kind = span::SpanKind::Client as i32;
+        model_call.events = vec![span::Event {
+            time_unix_nano: 1_700_000_000,
+            name: "gen_ai.choice".into(),
+            attributes: vec![kv("index", int(0))],
+            dropped_attributes_count: 0,
+        }];
+        model_call.links = vec![span::Link {
+            trace_id: vec![2; 16],
+            span_id: sid(9),
+            attributes: vec![kv("why", string("follows"))],
+            ..span::Link::default()
+        }];
+        let mapped = only_span(vec![model_call]);
+        assert_eq!(
+            mapped,
+            ImportedSpan {
+                span_id: sid_hex(2),
+                run_id: TRACE_HEX.into(),
+                parent_span_id: Some(sid_hex(1)),
+                name: "chat gpt-4o".into(),
+                kind: SpanKind::Model,
+                origin: SpanOrigin::Otlp,
+                session_id: Some("sess-1".into()),
+                job_name: None,
+                attrs: json!({
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.request.model": "gpt-4o",
+                    "gen_ai.usage.input_tokens": 1000,
+                    "gen_ai.usage.output_tokens": 200,
+                    "session.id": "sess-1",
+                    "resource": {"service.name": "svc"},
+                    "scope": {"name": "agent-lib", "version": "1.2"},
+                    "links": [{
+                        "traceId": "02020202020202020202020202020202",
+                        "spanId": "0909090909090909",
+                        "attributes": {"why": "follows"},
+                    }],
+                    "otel.span_kind": "client",
+                    "flightlog.cost_source": "price_table",
+                    "flightlog.price_table": "2025-11-01",
+                })
+                .as_object()
+                .cloned()
+                .unwrap(),
+                started_at: 1_000,
+                end: Some(ImportedEnd {
+                    ended_at: 2_500,
+                    outcome: SpanOutcome::Success,
+                    reason: None,
+                }),
+                usage: SpanUsage {
+                    input_tokens: Some(1_000),
+                    output_tokens: Some(200),
+                    // 1,000 × $2.50 + 200 × $10 per million.
+                    cost_usd: Some(0.0045),
+                    model: Some("gpt-4o".into()),
+                    ..SpanUsage::default()
+                },
+                events: vec![ImportedEvent {
+                    ts: 1_700,
+                    event_type: "gen_ai.choice".into(),
+                    payload: json!({"index": 0}),
+                }],
+            }
+        );
+    }
+
+    #[test]
+    fn error_status_is_an_error_outcome_with_its_message() {
+        let mut failed = span(1, None, "root", vec![]);
+        failed.status = Some(Status {
+            message: "tool crashed".into(),
+            code: status::StatusCode::Error as i32,
+        });
+        let mut silent = span(2, Some(1), "child", vec![]);
+        silent.status = Some(Status {
+            message: String::new(),
+            code: status::StatusCode::Error as i32,
+        });
+        let mut fine = span(3, Some(1), "ok", vec![]);
+        fine.status = Some(Status {
+            message: "ignored".into(),
+            code: status::StatusCode::Ok as i32,
+        });
+        let batch = map(vec![failed, silent, fine]);
+        let ends: Vec<_> = batch.spans.iter().map(|span| span.end.clone()).collect();
+        assert_eq!(
+            ends,
+            vec![
+                Some(ImportedEnd {
+                    ended_at: 2_500,
+                    outcome: SpanOutcome::Error,
+                    reason: Some("tool crashed".into()),
+                }),
+                Some(ImportedEnd {
+                    ended_at: 2_500,
+                    outcome: SpanOutcome::Error,
+                    reason: None,
+                }),
+                Some(ImportedEnd {
+                    ended_at: 2_500,
+                    outcome: SpanOutcome::Success,
+                    reason: None,
+                }),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_zero_end_time_means_still_running() {
+        let mut running = span(
+            1,
+            None,
+            "agent",
+            vec![kv("gen_ai.operation.name", string("invoke_agent"))],
+        );
+        running.end_time_unix_nano = 0;
+        let mapped = only_span(vec![running]);
+        assert_eq!(mapped.end, None);
+        assert_eq!(mapped.kind, SpanKind::Turn);
+        assert_eq!(mapped.started_at, 1_000);
+    }
+
+    #[test]
+    fn times_are_truncated_to_milliseconds() {
+        let mut precise = span(1, None, "root", vec![]);
+        precise.start_time_unix_nano = 1_544_712_660_123_999_999;
+        precise.end_time_unix_nano = 1_544_712_661_000_000_001;
+        let mapped = only_span(vec![precise]);
+        assert_eq!(mapped.started_at, 1_544_712_660_123);
+        assert_eq!(mapped.end.map(|end| end.ended_at), Some(1_544_712_661_000));
+    }
+
+    #[test]
+    fn bad_ids_are_rejected_one_by_one_and_good_spans_survive() {
+        let good = span(1, None, "good", vec![]);
+        let mut short_trace = span(2, Some(1), "short trace", vec![]);
+        short_trace.trace_id = vec![1; 8];
+        let mut zero_trace = span(3, Some(1), "zero trace", vec![]);
+        zero_trace.trace_id = vec![0; 16];
+        let mut long_span = span(4, Some(1), "long span id", vec![]);
+        long_span.span_id = vec![4; 16];
+        let mut zero_span = span(5, Some(1), "zero span id", vec![]);
+        zero_span.span_id = vec![0; 8];
+        let mut no_span_id = span(6, Some(1), "no span id", vec![]);
+        no_span_id.span_id = Vec::new();
+        let mut bad_parent = span(7, Some(1), "bad parent", vec![]);
+        bad_parent.parent_span_id = vec![1; 4];
+        let mut no_start = span(8, Some(1), "no start", vec![]);
+        no_start.start_time_unix_nano = 0;
+        let also_good = span(9, Some(1), "also good", vec![]);
+        let batch = map(vec![
+            good,
+            short_trace,
+            zero_trace,
+            long_span,
+            zero_span,
+            no_span_id,
+            bad_parent,
+            no_start,
+            also_good,
+        ]);
+        let names: Vec<&str> = batch.spans.iter().map(|span| span.name.as_str()).collect();
+        assert_eq!(names, vec!["good", "also good"]);
+        let rejected: Vec<(Option<usize>, Option<&str>, &str)> = batch
+            .rejected
+            .iter()
+            .map(|r| (r.index, r.span_id.as_deref(), r.reason.as_str()))
+            .collect();
+        let four = sid_hex(4).repeat(2);
+        assert_eq!(
+            rejected,
+            vec![
+                (
+                    Some(1),
+                    Some(sid_hex(2).as_str()),
+                    "trace id must be 16 bytes, got 8"
+                ),
+                (Some(2), Some(sid_hex(3).as_str()), "trace id is all zero"),
+                (
+                    Some(3),
+                    Some(four.as_str()),
+                    "span id must be 8 bytes, got 16"
+                ),
+                (Some(4), Some("0000000000000000"), "span id is all zero"),
+                (Some(5), None, "span id must be 8 bytes, got 0"),
+                (
+                    Some(6),
+                    Some(sid_hex(7).as_str()),
+                    "parent span id must be 8 bytes, got 4"
+                ),
+                (
+                    Some(7),
+                    Some(sid_hex(8).as_str()),
+                    "start time is missing (startTimeUnixNano is 0)"
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_zero_parent_is_a_root() {
+        let mut root = span(1, None, "root", vec![]);
+        root.parent_span_id = vec![0; 8];
+        assert_eq!(only_span(vec![root]).parent_span_id, None);
+    }
+
+    #[test]
+    fn a_huge_reported_id_is_shortened() {
+        let mut huge = span(1, None, "huge", vec![]);
+        huge.span_id = vec![0xab; 1_000];
+        let batch = map(vec![huge]);
+        let shown = batch.rejected[0].span_id.clone().unwrap();
+        assert_eq!(shown, format!("{}…", "ab".repeat(32)));
+    }
+
+    fn pending_span(own: u8, real: u8, pending_parent: Option<&str>, name: &str) -> Span {
+        let mut attributes = vec![
+            kv("logfire.span_type", string("pending_span")),
+            kv("gen_ai.operation.name", string("invoke_agent")),
+        ];
+        if let Some(parent) = pending_parent {
+            attributes.push(kv("logfire.pending_parent_id", string(parent)));
+        }
+        let mut pending = span(own, Some(real), name, attributes);
+        // Logfire ends a pending span at its start.
+        pending.end_time_unix_nano = pending.start_time_unix_nano;
+        pending.events = vec![span::Event {
+            time_unix_nano: 1_000_000_000,
+            name: "ignored".into(),
+            attributes: vec![],
+            dropped_attributes_count: 0,
+        }];
+        pending
+    }
+
+    #[test]
+    fn a_pending_span_announces_its_parent_as_running() {
+        let below = only_span(vec![pending_span(
+            0x20,
+            0x10,
+            Some("0F0F0F0F0F0F0F0F"),
+            "agent run (pending)",
+        )]);
+        assert_eq!(below.span_id, sid_hex(0x10));
+        assert_eq!(below.parent_span_id, Some(sid_hex(0x0f)));
+        assert_eq!(below.name, "agent run");
+        assert_eq!(below.kind, SpanKind::Subagent);
+        assert_eq!(below.started_at, 1_000);
+        assert_eq!(below.end, None);
+        assert_eq!(below.events, vec![]);
+        assert_eq!(below.attrs["logfire.span_type"], json!("pending_span"));
+
+        for root_parent in [Some("0000000000000000"), None] {
+            let root = only_span(vec![pending_span(0x20, 0x10, root_parent, "agent run")]);
+            assert_eq!(root.span_id, sid_hex(0x10));
+            assert_eq!(root.parent_span_id, None, "{root_parent:?}");
+            assert_eq!(root.kind, SpanKind::Turn, "{root_parent:?}");
+            assert_eq!(root.name, "agent run");
+        }
+    }
+
+    #[test]
+    fn bad_pending_spans_are_rejected() {
+        let mut orphan = pending_span(0x20, 0x10, None, "orphan");
+        orphan.parent_span_id = Vec::new();
+        let bad_parent = pending_span(0x21, 0x11, Some("xyz"), "bad parent");
+        let batch = map(vec![orphan, bad_parent]);
+        assert_eq!(batch.spans, vec![]);
+        let reasons: Vec<&str> = batch.rejected.iter().map(|r| r.reason.as_str()).collect();
+        assert_eq!(
+            reasons,
+            vec![
+                "pending span (logfire.span_type = pending_span) has no parent: the parent is \
+                 the span it announces",
+                "logfire.pending_parent_id: parent span id \"xyz\" is not 16 hex digits (8 bytes)",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_pending_span_delivered_with_its_real_span_is_dropped() {
+        let real = span(
+            0x10,
+            None,
+            "agent run",
+            vec![kv("logfire.span_type", string("span"))],
+        );
+        let batch = map(vec![
+            pending_span(0x20, 0x10, None, "agent run"),
+            pending_span(0x21, 0x11, None, "other run"),
+            pending_span(0x22, 0x11, None, "other run again"),
+            real,
+        ]);
+        let spans: Vec<(String, bool)> = batch
+            .spans
+            .iter()
+            .map(|span| (span.name.clone(), span.end.is_some()))
+            .collect();
+        assert_eq!(
+            spans,
+            vec![
+                ("other run".to_owned(), false),
+                ("agent run".to_owned(), true)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_huge_attribute_is_capped() {
+        let huge = "x".repeat(100_000);
+        let mapped = only_span(vec![span(
+            1,
+            None,
+            "root",
+            vec![kv("prompt", string(&huge))],
+        )]);
+        let Value::String(text) = &mapped.attrs["prompt"] else {
+            panic!("{:?}", mapped.attrs["prompt"]);
+        };
+        assert_eq!(
+            text.len(),
+            MAX_ATTRIBUTE_VALUE_BYTES + TRUNCATION_MARKER.len()
+        );
+        assert!(text.ends_with(TRUNCATION_MARKER));
+
+        let options = MappingOptions {
+            max_attribute_value_bytes: 4,
+            ..MappingOptions::default()
+        };
+        let batch = map_request(
+            &request(vec![span(
+                1,
+                None,
+                "root",
+                vec![kv("prompt", string("abcdefgh"))],
+            )]),
+            &options,
+        );
+        assert_eq!(
+            batch.spans[0].attrs["prompt"],
+            json!(format!("abcd{TRUNCATION_MARKER}"))
+        );
+    }
+
+    #[test]
+    fn session_from_openinference_or_the_conversation_id() {
+        let conversation = only_span(vec![span(
+            1,
+            None,
+            "root",
+            vec![kv("gen_ai.conversation.id", string("conv-7"))],
+        )]);
+        assert_eq!(conversation.session_id.as_deref(), Some("conv-7"));
+        let both = only_span(vec![span(
+            1,
+            None,
+            "root",
+            vec![
+                kv("gen_ai.conversation.id", string("conv-7")),
+                kv("session.id", string("sess-1")),
+            ],
+        )]);
+        assert_eq!(both.session_id.as_deref(), Some("sess-1"));
+        let none = only_span(vec![span(
+            1,
+            None,
+            "root",
+            vec![kv("session.id", string(""))],
+        )]);
+        assert_eq!(none.session_id, None);
+    }
+
+    #[test]
+    fn usage_on_a_non_model_span_is_kept() {
+        let agent = only_span(vec![span(
+            1,
+            None,
+            "agent",
+            vec![
+                kv("gen_ai.operation.name", string("invoke_agent")),
+                kv("gen_ai.usage.input_tokens", double(50.0)),
+                kv("gen_ai.usage.cost", double(0.01)),
+            ],
+        )]);
+        assert_eq!(agent.kind, SpanKind::Turn);
+        assert_eq!(agent.usage.input_tokens, Some(50));
+        assert_eq!(agent.usage.cost_usd, Some(0.01));
+        assert_eq!(agent.attrs[COST_SOURCE_KEY], json!("reported"));
+        assert!(!agent.attrs.contains_key(PRICE_TABLE_KEY));
+    }
+
+    #[test]
+    fn spans_of_several_resources_and_scopes_keep_their_own_context() {
+        let mut two = request(vec![span(1, None, "first", vec![])]);
+        let mut second = two.resource_spans[0].clone();
+        second.resource = None;
+        second.scope_spans[0].scope = None;
+        second.scope_spans[0].spans = vec![span(2, Some(1), "second", vec![])];
+        two.resource_spans.push(second);
+        let batch = map_request(&two, &MappingOptions::default());
+        assert_eq!(batch.spans.len(), 2);
+        assert_eq!(
+            batch.spans[0].attrs["resource"],
+            json!({"service.name": "svc"})
+        );
+        assert!(!batch.spans[1].attrs.contains_key("resource"));
+        assert!(!batch.spans[1].attrs.contains_key("scope"));
+    }
+
+    #[test]
+    fn empty_event_names_and_times_get_defaults() {
+        let mut with_event = span(1, None, "root", vec![]);
+        with_event.events = vec![span::Event::default()];
+        let mapped = only_span(vec![with_event]);
+        assert_eq!(
+            mapped.events,
+            vec![ImportedEvent {
+                ts: 1_000,
+                event_type: "event".into(),
+                payload: json!({}),
+            }]
+        );
+    }
+
+    #[test]
+    fn our_keys_replace_span_attributes_of_the_same_name() {
+        let attributes: Vec<KeyValue> = vec![kv("resource", string("mine"))];
+        let mapped = only_span(vec![span(1, None, "root", attributes)]);
+        assert_eq!(mapped.attrs["resource"], json!({"service.name": "svc"}));
+    }
+}

@@ -1,0 +1,243 @@
+//! The model price table: what a span's tokens cost when the instrumentation reported no cost.
+//!
+//! The bundled table (`prices.json`, compiled in) carries a `version`; a span whose cost it
+//! computed records that version in its attrs, so costs can be recomputed when prices change.
+//! Prices are USD per million tokens. A model is found by its exact name, else by the longest
+//! table name it starts with, followed by `-`, `@` or `:` (dated snapshots and Vertex-style
+//! `@` versions), after lower-casing and dropping any `provider/` path before the last `/`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
+
+use serde::Deserialize;
+
+/// The bundled price table's JSON text.
+const BUNDLED_PRICES: &str = include_str!("prices.json");
+
+/// Why a price table could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum PriceTableError {
+    /// The text is not a price table (`{"version": …, "models": {name: {input, output, …}}}`).
+    #[error("invalid price table: {0}")]
+    Invalid(#[from] serde_json::Error),
+    /// A price is negative or not finite.
+    #[error("invalid price for model {model:?}: prices must be finite and not negative")]
+    BadPrice { model: String },
+}
+
+/// One model's prices in USD per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ModelPrice {
+    pub input: f64,
+    pub output: f64,
+    /// Cached input read; absent: charged at the input price.
+    #[serde(default)]
+    pub cache_read: Option<f64>,
+    /// Cached input written; absent: charged at the input price.
+    #[serde(default)]
+    pub cache_write: Option<f64>,
+}
+
+impl ModelPrice {
+    fn is_valid(&self) -> bool {
+        [
+            Some(self.input),
+            Some(self.output),
+            self.cache_read,
+            self.cache_write,
+        ]
+        .into_iter()
+        .flatten()
+        .all(|price| price.is_finite() && price >= 0.0)
+    }
+}
+
+/// A versioned table of model prices.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PriceTable {
+    version: String,
+    /// Lower-case model name → price.
+    models: BTreeMap<String, ModelPrice>,
+}
+
+#[derive(Deserialize)]
+struct PriceTableFile {
+    version: String,
+    models: BTreeMap<String, ModelPrice>,
+}
+
+impl PriceTable {
+    /// Parse a table in the bundled file's format (unknown top-level fields are ignored).
+    pub fn from_json(text: &str) -> Result<Self, PriceTableError> {
+        let file: PriceTableFile = serde_json::from_str(text)?;
+        let mut models = BTreeMap::new();
+        for (name, price) in file.models {
+            if !price.is_valid() {
+                return Err(PriceTableError::BadPrice { model: name });
+            }
+            models.insert(name.to_ascii_lowercase(), price);
+        }
+        Ok(Self {
+            version: file.version,
+            models,
+        })
+    }
+
+    /// The table compiled into this crate, parsed once. A unit test guarantees it parses; were
+    /// it ever broken, the result is an empty table (no computed costs) rather than a panic.
+    pub fn bundled() -> Arc<PriceTable> {
+        static BUNDLED: OnceLock<Arc<PriceTable>> = OnceLock::new();
+        BUNDLED
+            .get_or_init(|| {
+                Arc::new(
+                    PriceTable::from_json(BUNDLED_PRICES).unwrap_or_else(|_| PriceTable {
+                        version: "unavailable".to_owned(),
+                        models: BTreeMap::new(),
+                    }),
+                )
+            })
+            .clone()
+    }
+
+    /// The table's version, recorded on every span whose cost it computed.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The price of `model`: exact name, else the longest known prefix (see the module doc).
+    pub fn lookup(&self, model: &str) -> Option<&ModelPrice> {
+        let lowered = model.trim().to_ascii_lowercase();
+        let name = lowered.rsplit('/').next().unwrap_or(&lowered);
+        if let Some(price) = self.models.get(name) {
+            return Some(price);
+        }
+        self.models
+            .iter()
+            .filter(|(known, _)| {
+                name.strip_prefix(known.as_str())
+                    .and_then(|rest| rest.chars().next())
+                    .is_some_and(|next| matches!(next, '-' | '@' | ':'))
+            })
+            .max_by_key(|(known, _)| known.len())
+            .map(|(_, price)| price)
+    }
+}
+
+/// Token counts a cost is computed from (absent counts cost nothing).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TokenCounts {
+    pub(crate) input: Option<i64>,
+    pub(crate) output: Option<i64>,
+    pub(crate) cache_read: Option<i64>,
+    pub(crate) cache_creation: Option<i64>,
+}
+
+/// The cost in USD of `tokens` at `price`, rounded to a nano-dollar.
+///
+/// Input tokens are taken to *include* cached ones (the OpenTelemetry GenAI and OpenInference
+/// convention): the uncached remainder `input − cache_read − cache_creation` (never below 0) is
+/// charged at the input price and the cached parts at their own prices.
+pub(crate) fn cost_usd(tokens: TokenCounts, price: &ModelPrice) -> f64 {
+    let cache_read = tokens.cache_read.unwrap_or(0);
+    let cache_creation = tokens.cache_creation.unwrap_or(0);
+    let uncached = tokens
+        .input
+        .map(|input| {
+            input
+                .saturating_sub(cache_read)
+                .saturating_sub(cache_creation)
+                .max(0)
+        })
+        .unwrap_or(0);
+    let output = tokens.output.unwrap_or(0);
+    // Token counts are far below 2^53, so the conversions are exact.
+    let per_million = uncached as f64 * price.input
+        + cache_read as f64 * price.cache_read.unwrap_or(price.input)
+        + cache_creation as f64 * price.cache_write.unwrap_or(price.input)
+        + output as f64 * price.output;
+    (per_million / 1_000_000.0 * 1e9).round() / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bundled_table_parses_and_has_a_version() {
+        let table = PriceTable::from_json(BUNDLED_PRICES).unwrap();
+        assert_eq!(table.version(), "2025-11-01");
+        assert_eq!(PriceTable::bundled().version(), "2025-11-01");
+        assert!(table.models.len() >= 30, "{}", table.models.len());
+        for family in ["gpt-4o", "gpt-4o-mini", "gpt-4.1", "o3", "o4-mini"] {
+            assert!(table.models.contains_key(family), "{family}");
+        }
+        for family in [
+            "claude-sonnet-4",
+            "claude-opus-4",
+            "claude-3-5-haiku",
+            "gemini-2.5-pro",
+        ] {
+            assert!(table.models.contains_key(family), "{family}");
+        }
+    }
+
+    #[test]
+    fn exact_names_then_the_longest_prefix_at_a_boundary() {
+        let table = PriceTable::bundled();
+        let input_price = |model: &str| table.lookup(model).map(|price| price.input);
+        assert_eq!(input_price("gpt-4o"), Some(2.5));
+        assert_eq!(input_price("gpt-4o-2024-08-06"), Some(2.5));
+        assert_eq!(input_price("gpt-4o-mini-2024-07-18"), Some(0.15));
+        assert_eq!(input_price("gpt-4.1-nano-2025-04-14"), Some(0.1));
+        assert_eq!(input_price("claude-sonnet-4-20250514"), Some(3.0));
+        assert_eq!(input_price("claude-opus-4-5-20251101"), Some(5.0));
+        assert_eq!(input_price("claude-opus-4-20250514"), Some(15.0));
+        assert_eq!(input_price("claude-sonnet-4@20250514"), Some(3.0));
+        assert_eq!(input_price("models/gemini-2.5-flash"), Some(0.3));
+        assert_eq!(input_price("GPT-4o"), Some(2.5));
+        assert_eq!(input_price("o3-pro-2025-06-10"), Some(20.0));
+        // A prefix must end at a boundary: "gpt-4o" does not price "gpt-4o2".
+        assert_eq!(input_price("gpt-4o2"), None);
+        assert_eq!(input_price("llama-3-70b"), None);
+    }
+
+    #[test]
+    fn cost_charges_cached_input_at_its_own_price() {
+        let price = ModelPrice {
+            input: 3.0,
+            output: 15.0,
+            cache_read: Some(0.3),
+            cache_write: Some(3.75),
+        };
+        let tokens = TokenCounts {
+            input: Some(1_000_000),
+            output: Some(100_000),
+            cache_read: Some(400_000),
+            cache_creation: Some(100_000),
+        };
+        // 500k uncached × 3 + 400k × 0.3 + 100k × 3.75 + 100k × 15, per million.
+        assert_eq!(cost_usd(tokens, &price), 3.495);
+        let output_only = TokenCounts {
+            output: Some(2_000),
+            ..TokenCounts::default()
+        };
+        assert_eq!(cost_usd(output_only, &price), 0.03);
+    }
+
+    #[test]
+    fn negative_prices_are_refused() {
+        let error = PriceTable::from_json(
+            r#"{"version": "x", "models": {"m": {"input": -1, "output": 1}}}"#,
+        )
+        .err()
+        .map(|error| error.to_string());
+        assert_eq!(
+            error.as_deref(),
+            Some("invalid price for model \"m\": prices must be finite and not negative")
+        );
+        assert!(
+            PriceTable::from_json(r#"{"version": "x", "models": {"m": {"input": 1}}}"#).is_err()
+        );
+    }
+}
