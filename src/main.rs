@@ -54,6 +54,10 @@ struct ServeArgs {
     /// [env: FLIGHTLOG_ADDR] [file: addr] [default: 127.0.0.1:4318]
     #[arg(long, value_name = "HOST:PORT", verbatim_doc_comment)]
     addr: Option<String>,
+    /// OTLP/gRPC listener (TraceService/Export), or `off`.
+    /// [env: FLIGHTLOG_GRPC_ADDR] [file: grpc_addr] [default: 127.0.0.1:4317]
+    #[arg(long, value_name = "HOST:PORT|off", verbatim_doc_comment)]
+    grpc_addr: Option<String>,
     /// normal: commits survive a crash of the process; full: they also survive power loss
     /// (slower commits).
     /// [env: FLIGHTLOG_DURABILITY] [file: durability] [default: normal]
@@ -96,6 +100,7 @@ impl ServeArgs {
             config: self.config,
             db: self.db,
             addr: self.addr,
+            grpc_addr: self.grpc_addr,
             durability: self.durability,
             body_limit: self.body_limit,
             max_inflight_writes: self.max_inflight_writes,

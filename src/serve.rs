@@ -1,6 +1,6 @@
 //! `flightlog serve`: resolve the settings (flags, `FLIGHTLOG_*` variables, config file), refuse
 //! an unauthenticated non-loopback address, open the database, sweep the orphans a previous life
-//! left open, and serve the HTTP API until Ctrl-C.
+//! left open, and serve the HTTP API (and the OTLP/gRPC listener) until Ctrl-C.
 //!
 //! Boot order matters: the orphan sweep runs before the listener is bound, so no client can start
 //! a `session` span that the sweep would then wrongly close as "server restarted".
@@ -33,6 +33,21 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
         &settings.server.auth,
         settings.allow_unauthenticated_non_loopback,
     )?;
+    let grpc_addrs: Option<Vec<SocketAddr>> = match &settings.grpc_addr {
+        None => None,
+        Some(grpc_addr) => {
+            let grpc_addrs: Vec<SocketAddr> = tokio::net::lookup_host(grpc_addr.as_str())
+                .await
+                .with_context(|| format!("cannot resolve the gRPC address {grpc_addr}"))?
+                .collect();
+            settings::check_exposure(
+                &grpc_addrs,
+                &settings.server.auth,
+                settings.allow_unauthenticated_non_loopback,
+            )?;
+            Some(grpc_addrs)
+        }
+    };
 
     let mut sqlite = SqliteConfig::new(&settings.db);
     sqlite.durability = match settings.durability {
@@ -75,6 +90,19 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     let local = listener
         .local_addr()
         .context("cannot read the listening address")?;
+    let grpc_listener = match (&grpc_addrs, &settings.grpc_addr) {
+        (Some(grpc_addrs), Some(grpc_addr)) => Some(
+            tokio::net::TcpListener::bind(grpc_addrs.as_slice())
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot listen on {grpc_addr} for OTLP/gRPC (choose another with \
+                         --grpc-addr HOST:PORT, or --grpc-addr off)"
+                    )
+                })?,
+        ),
+        _ => None,
+    };
     println!(
         "flightlog: listening on http://{local} (database {}, writer {writer}{})",
         settings.db.display(),
@@ -101,7 +129,36 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     if let Some(path) = &settings.config_file {
         println!("flightlog: settings from {}", path.display());
     }
-    flightlog_server::serve(listener, state, shutdown_signal()).await?;
+    // One signal stops both listeners.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        stop.send_replace(true);
+    });
+    let wait_for_stop = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    };
+    let grpc = match grpc_listener {
+        Some(grpc_listener) => {
+            let grpc_local = grpc_listener
+                .local_addr()
+                .context("cannot read the gRPC listening address")?;
+            println!("flightlog: OTLP/gRPC on {grpc_local}; OTLP/HTTP at http://{local}/v1/traces");
+            Some(tokio::spawn(flightlog_server::grpc::serve_grpc(
+                grpc_listener,
+                state.clone(),
+                wait_for_stop(stopped.clone()),
+            )))
+        }
+        None => {
+            println!("flightlog: OTLP/HTTP at http://{local}/v1/traces (OTLP/gRPC off)");
+            None
+        }
+    };
+    flightlog_server::serve(listener, state, wait_for_stop(stopped)).await?;
+    if let Some(grpc) = grpc {
+        grpc.await.context("the gRPC listener's task failed")??;
+    }
     println!("flightlog: stopped");
     Ok(())
 }

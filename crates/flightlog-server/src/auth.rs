@@ -13,6 +13,10 @@
 //! route serves needs any valid token (it then gets its 404), so probing without a token learns
 //! nothing about which paths exist.
 //!
+//! Several OpenTelemetry SDKs make a Basic header easier to set than a Bearer one, so a token
+//! is also accepted as the password of `Authorization: Basic base64(user:token)` (the user
+//! name is ignored); the gRPC listener takes the same two forms from its metadata.
+//!
 //! Tokens are kept only as SHA-256 digests. A presented token is hashed and compared with every
 //! configured digest in constant time without stopping at the first match, so neither the
 //! response time nor its variation tells how much of a guess was right, or how long the real
@@ -24,6 +28,7 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderMap, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use base64::prelude::{Engine as _, BASE64_STANDARD};
 use sha2::{Digest, Sha256};
 use subtle::{Choice, ConstantTimeEq};
 
@@ -281,20 +286,50 @@ pub fn required_access(method: &Method, path: &str, route: Option<&str>) -> Acce
     }
 }
 
-/// The token of an `Authorization: Bearer <token>` header (scheme in any case), if well formed.
-fn bearer_token(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+/// The token an `Authorization` header value carries: `Bearer <token>`, or `Basic` with the
+/// token as the password (schemes in any case). `Err` names the accepted forms.
+pub fn presented_token(value: &str) -> Result<String, String> {
+    let malformed = || {
+        "the Authorization header must be `Bearer <token>` (or `Basic` with the token as the \
+         password)"
+            .to_owned()
+    };
+    let (scheme, credentials) = value.trim().split_once(' ').ok_or_else(malformed)?;
+    let credentials = credentials.trim_start();
+    if credentials.is_empty() {
+        return Err(malformed());
+    }
+    if scheme.eq_ignore_ascii_case("bearer") {
+        return Ok(credentials.to_owned());
+    }
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return Err(malformed());
+    }
+    let decoded = BASE64_STANDARD
+        .decode(credentials)
+        .map_err(|_| "the Basic credentials are not base64".to_owned())?;
+    let decoded = String::from_utf8(decoded)
+        .map_err(|_| "the Basic credentials are not UTF-8 text".to_owned())?;
+    let (_user, password) = decoded
+        .split_once(':')
+        .ok_or_else(|| "the Basic credentials must be `user:token`".to_owned())?;
+    if password.is_empty() {
+        return Err(malformed());
+    }
+    Ok(password.to_owned())
+}
+
+/// The token of the request's `Authorization` header, if it has one (see [`presented_token`]).
+fn bearer_token(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let Some(value) = headers.get(header::AUTHORIZATION) else {
         return Ok(None);
     };
-    let malformed =
-        || ApiError::Unauthorized("the Authorization header must be `Bearer <token>`".into());
-    let text = value.to_str().map_err(|_| malformed())?;
-    let (scheme, token) = text.trim().split_once(' ').ok_or_else(malformed)?;
-    let token = token.trim_start();
-    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
-        return Err(malformed());
-    }
-    Ok(Some(token))
+    let text = value.to_str().map_err(|_| {
+        ApiError::Unauthorized("the Authorization header must be visible ASCII text".into())
+    })?;
+    presented_token(text)
+        .map(Some)
+        .map_err(ApiError::Unauthorized)
 }
 
 /// The auth middleware: lets a request through only with a token that may make it.
@@ -336,7 +371,7 @@ fn authorize(
         )
     })?;
     let scopes = auth
-        .scopes_of(token)
+        .scopes_of(&token)
         .ok_or_else(|| ApiError::Unauthorized("the bearer token is not valid here".into()))?;
     match access {
         Access::Scope(scope) if !scopes.contains(scope) => Err(ApiError::Forbidden(format!(
@@ -445,17 +480,30 @@ mod tests {
     }
 
     #[test]
-    fn the_bearer_scheme_is_case_insensitive_and_required() {
+    fn the_bearer_and_basic_schemes_are_case_insensitive_and_required() {
         assert_eq!(bearer_token(&HeaderMap::new()), Ok(None));
-        assert_eq!(
-            bearer_token(&with_authorization("Bearer abc")),
-            Ok(Some("abc"))
-        );
-        assert_eq!(
-            bearer_token(&with_authorization("bearer   abc")),
-            Ok(Some("abc"))
-        );
-        for bad in ["Basic YTpi", "Bearer", "Bearer ", "abc"] {
+        for (header, token) in [
+            ("Bearer abc", "abc"),
+            ("bearer   abc", "abc"),
+            // base64("user:s3cret") and base64(":s3cret"): the token is the password.
+            ("Basic dXNlcjpzM2NyZXQ=", "s3cret"),
+            ("basic OnMzY3JldA==", "s3cret"),
+        ] {
+            assert_eq!(
+                bearer_token(&with_authorization(header)),
+                Ok(Some(token.to_owned())),
+                "{header}"
+            );
+        }
+        for bad in [
+            "Basic !!!",
+            "Basic dXNlcg==",
+            "Basic dXNlcjo=",
+            "Digest abc",
+            "Bearer",
+            "Bearer ",
+            "abc",
+        ] {
             assert_eq!(
                 bearer_token(&with_authorization(bad)).map_err(|e| e.code()),
                 Err("unauthorized"),

@@ -11,7 +11,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flightlog_core::activity::StoreError;
 use flightlog_core::journal::JournalError;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use utoipa::ToSchema;
 
 /// How long a client told `503 unavailable` should wait before retrying, in seconds.
 pub const RETRY_AFTER_SECONDS: u32 = 1;
@@ -107,6 +109,38 @@ impl ApiError {
     pub fn body(&self) -> Value {
         json!({"error": {"code": self.code(), "message": self.to_string()}})
     }
+
+    /// [`ApiError::body`] as its typed shape.
+    pub fn error_body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail {
+                code: self.code().to_owned(),
+                message: self.to_string(),
+            },
+        }
+    }
+}
+
+/// The body of every error answer, as the OpenAPI document describes it. [`ApiError::body`]
+/// writes it (a test checks that what it writes reads back as this type).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// The `error` object of an [`ErrorBody`], also a failed op's entry in a batch's `results`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorDetail {
+    /// Machine-readable: `invalid_request`, `unauthorized`, `forbidden`, `not_found`,
+    /// `method_not_allowed`, `conflict`, `journal_full`, `payload_too_large`,
+    /// `unsupported_media_type`, `unavailable` or `internal`.
+    #[schema(example = "invalid_request")]
+    pub code: String,
+    /// A human sentence; not meant to be parsed.
+    pub message: String,
 }
 
 impl IntoResponse for ApiError {
@@ -220,6 +254,34 @@ mod tests {
         ];
         for (err, expected) in cases {
             assert_eq!(status_and_code(err), expected);
+        }
+    }
+
+    #[test]
+    fn every_error_body_reads_back_as_the_documented_shape() {
+        let errors = [
+            ApiError::invalid("i"),
+            ApiError::Unauthorized("u".into()),
+            ApiError::Forbidden("f".into()),
+            ApiError::not_found("n"),
+            ApiError::MethodNotAllowed("m".into()),
+            ApiError::Conflict("c".into()),
+            ApiError::JournalFull("j".into()),
+            ApiError::PayloadTooLarge("p".into()),
+            ApiError::UnsupportedMediaType("u".into()),
+            ApiError::Unavailable("u".into()),
+            ApiError::Internal("i".into()),
+        ];
+        for err in errors {
+            let body: Result<ErrorBody, _> = serde_json::from_value(err.body());
+            assert_eq!(
+                body.ok().map(|body| body.error),
+                Some(ErrorDetail {
+                    code: err.code().to_owned(),
+                    message: err.to_string(),
+                }),
+                "{err:?}"
+            );
         }
     }
 

@@ -182,6 +182,33 @@ impl FromRequestParts<AppState> for WriterStore {
     }
 }
 
+/// The OpenAPI description of the `Flightlog-Writer` header, for every handler that takes a
+/// [`WriterStore`] (`params(WriterStore)` in its `#[utoipa::path]`).
+impl utoipa::IntoParams for WriterStore {
+    fn into_params(
+        _parameter_in_provider: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        use utoipa::openapi::Required;
+        let schema = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(MAX_ID_BYTES));
+        vec![ParameterBuilder::new()
+            .name("Flightlog-Writer")
+            .parameter_in(ParameterIn::Header)
+            .required(Required::False)
+            .description(Some(format!(
+                "The writer identity this write acts as (1 to {MAX_ID_BYTES} bytes of visible \
+                 ASCII): spans it starts are stamped with it, and `sweep-stale` spares its runs. \
+                 Without it the server's own identity is used."
+            )))
+            .schema(Some(schema))
+            .build()]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,27 +14,40 @@
 //! - [`auth`]: bearer tokens and scopes, checked before any handler runs;
 //! - [`overload`]: the write limit that answers `503 unavailable` instead of queueing forever;
 //! - [`settings`]: `flightlog serve`'s flags, environment and config file, resolved and checked;
-//! - `routes`: one module per area (activity, batch, maintenance, journal, testing, health).
+//! - [`wire`]: the small answer bodies the contract spells out inline (`{"ended": bool}`, …);
+//! - [`openapi`]: `GET /openapi.json`, the OpenAPI 3.1 document generated from the handlers'
+//!   `#[utoipa::path]` annotations and the wire types' `ToSchema` (the core's `openapi` feature),
+//!   plus what the middleware adds to every route (security scopes, 401/403/413/415/503);
+//! - [`metrics`]: `GET /metrics` (Prometheus text format) and the middleware counting requests;
+//! - `routes`: one module per area (activity, batch, maintenance, journal, streams, testing,
+//!   health); each route is registered from its `#[utoipa::path]` annotation, so every served
+//!   route is in the OpenAPI document.
 //!
 //! This is the only crate with wire types; the stores know nothing about HTTP.
 
 pub mod auth;
 pub mod error;
 pub mod extract;
+pub mod grpc;
+pub mod metrics;
+pub mod openapi;
 pub mod overload;
 mod routes;
 pub mod settings;
 pub mod state;
 pub mod validate;
+pub mod wire;
 
 use std::future::Future;
+
+use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
 use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
-use axum::Router;
+use axum::{Extension, Router};
 use tokio::net::TcpListener;
 use tower_http::limit::RequestBodyLimitLayer;
 
@@ -53,7 +66,9 @@ pub enum ServeError {
 /// The whole HTTP API over `state`.
 pub fn app(state: AppState) -> Router {
     let limit = state.config().body_limit;
-    routes::router(&state)
+    let (routes, document) = routes::router(&state);
+    routes
+        .layer(Extension(openapi::Document(Arc::new(document))))
         // tower-http enforces the limit (refusing a declared Content-Length up front, cutting a
         // chunked body off at the limit); axum's own 2 MB default would otherwise apply first.
         .layer(DefaultBodyLimit::disable())
@@ -75,6 +90,8 @@ pub fn app(state: AppState) -> Router {
         // fallbacks), after routing, so both see the matched route template.
         .layer(from_fn_with_state(state.clone(), overload::limit_writes))
         .layer(from_fn_with_state(state.clone(), auth::require_token))
+        // Outermost, so every answer is counted, the middleware's refusals included.
+        .layer(from_fn_with_state(state.clone(), metrics::track_requests))
         .with_state(state)
 }
 

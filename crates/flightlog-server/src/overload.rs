@@ -41,16 +41,30 @@ pub(crate) async fn limit_writes(
     let permit = match acquire(state.write_permits(), config.write_wait).await {
         Some(permit) => permit,
         None => {
+            state.metrics().write_refused();
             return ApiError::Unavailable(format!(
                 "the server is handling its limit of {} writes; retry later",
                 config.max_inflight_writes
             ))
-            .into_response()
+            .into_response();
         }
     };
     let response = next.run(request).await;
     drop(permit);
     response
+}
+
+/// The most write requests handled at once (the configured limit, capped as the semaphore is).
+pub(crate) fn write_limit(state: &AppState) -> usize {
+    state
+        .config()
+        .max_inflight_writes
+        .min(Semaphore::MAX_PERMITS)
+}
+
+/// How many write requests hold a slot now (read at scrape time by `GET /metrics`).
+pub(crate) fn writes_in_flight(state: &AppState) -> usize {
+    write_limit(state).saturating_sub(state.write_permits().available_permits())
 }
 
 /// A slot from `permits`, waiting at most `wait`; `None` when none came free in time.

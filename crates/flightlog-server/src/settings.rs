@@ -54,6 +54,12 @@ pub const ADDR: Setting = Setting {
     env: "FLIGHTLOG_ADDR",
     key: "addr",
 };
+/// The OTLP/gRPC listening address, or `off`.
+pub const GRPC_ADDR: Setting = Setting {
+    flag: "--grpc-addr",
+    env: "FLIGHTLOG_GRPC_ADDR",
+    key: "grpc_addr",
+};
 /// `normal` or `full`.
 pub const DURABILITY: Setting = Setting {
     flag: "--durability",
@@ -98,9 +104,10 @@ pub const ALLOW_UNAUTHENTICATED_NON_LOOPBACK: Setting = Setting {
 };
 
 /// Every setting the config file may hold.
-pub const SETTINGS: [Setting; 9] = [
+pub const SETTINGS: [Setting; 10] = [
     DB,
     ADDR,
+    GRPC_ADDR,
     DURABILITY,
     BODY_LIMIT,
     MAX_INFLIGHT_WRITES,
@@ -119,6 +126,8 @@ pub const CONFIG_ENV: &str = "FLIGHTLOG_CONFIG";
 pub const DEFAULT_DB: &str = "flightlog.db";
 /// The address when nothing names one: loopback, the standard OTLP/HTTP port.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:4318";
+/// The OTLP/gRPC address when nothing names one: loopback, the standard OTLP/gRPC port.
+pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:4317";
 /// The largest `--max-inflight-writes` accepted.
 pub const MAX_INFLIGHT_WRITES_LIMIT: usize = 1_000_000;
 
@@ -132,6 +141,7 @@ Config file (every key optional; relative paths are relative to the file's folde
 
     db = \"/var/lib/flightlog/flightlog.db\"
     addr = \"127.0.0.1:4318\"
+    grpc_addr = \"127.0.0.1:4317\"  # OTLP/gRPC; \"off\" disables it
     durability = \"normal\"          # or \"full\"
     body_limit = \"8MiB\"            # bytes, or with KiB / MiB / GiB
     max_inflight_writes = 4096
@@ -177,6 +187,8 @@ pub struct ServeFlags {
     pub db: Option<PathBuf>,
     /// `--addr HOST:PORT`.
     pub addr: Option<String>,
+    /// `--grpc-addr HOST:PORT|off`.
+    pub grpc_addr: Option<String>,
     /// `--durability normal|full`.
     pub durability: Option<String>,
     /// `--body-limit SIZE`.
@@ -200,6 +212,7 @@ impl fmt::Debug for ServeFlags {
             .field("config", &self.config)
             .field("db", &self.db)
             .field("addr", &self.addr)
+            .field("grpc_addr", &self.grpc_addr)
             .field("durability", &self.durability)
             .field("body_limit", &self.body_limit)
             .field("max_inflight_writes", &self.max_inflight_writes)
@@ -231,6 +244,8 @@ pub struct ServeSettings {
     pub db: PathBuf,
     /// `HOST:PORT` to listen on (resolved and checked by [`check_exposure`] at start).
     pub addr: String,
+    /// `HOST:PORT` of the OTLP/gRPC listener; `None` when set to `off`.
+    pub grpc_addr: Option<String>,
     /// The SQLite durability level.
     pub durability: Durability,
     /// The HTTP server's configuration (body limit, tokens, write limit).
@@ -485,6 +500,19 @@ pub fn resolve_with_file(
         "give HOST:PORT, such as 127.0.0.1:4318, [::1]:4318 or 0.0.0.0:4318 (port 0 picks a \
          free one)",
     )?;
+    let grpc_addr = layers.parse(
+        &GRPC_ADDR,
+        flags.grpc_addr.as_deref(),
+        Some(DEFAULT_GRPC_ADDR.to_owned()),
+        |text| {
+            if text == "off" {
+                Some(None)
+            } else {
+                parse_addr(text).map(Some)
+            }
+        },
+        "give HOST:PORT, such as 127.0.0.1:4317, or `off` to serve no OTLP/gRPC listener",
+    )?;
     let durability = layers.parse(
         &DURABILITY,
         flags.durability.as_deref(),
@@ -533,6 +561,7 @@ pub fn resolve_with_file(
     Ok(ServeSettings {
         db,
         addr,
+        grpc_addr,
         durability,
         server: ServerConfig {
             body_limit,

@@ -1,5 +1,5 @@
 //! [`AppState`]: what every handler shares (the stores, the optional testing clock, the
-//! configuration, the write limit's slots) and the cache of per-writer store handles.
+//! configuration, the write limit's slots, the metrics) and the cache of per-writer store handles.
 //!
 //! A write that names a writer (`Flightlog-Writer: X`) acts through `store.with_writer("X")`.
 //! Making such a handle is cheap, but a busy server would make one per request, so handles are
@@ -13,9 +13,11 @@ use std::time::Duration;
 use flightlog_core::activity::ActivityStore;
 use flightlog_core::journal::EngagementJournal;
 use flightlog_core::ManualClock;
+use flightlog_otlp::MappingOptions;
 use tokio::sync::Semaphore;
 
 use crate::auth::AuthConfig;
+use crate::metrics::Metrics;
 
 /// The server's tunables. Later settings (streams, …) join here.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +35,9 @@ pub struct ServerConfig {
     pub max_inflight_writes: usize,
     /// How long a write waits for a free slot before it is answered `503 unavailable`.
     pub write_wait: Duration,
+    /// The most bytes a `Content-Encoding: gzip` OTLP body may inflate to (`413` beyond): the
+    /// body limit bounds what is sent, this bounds what a gzip bomb could make of it.
+    pub otlp_max_decompressed: usize,
 }
 
 impl ServerConfig {
@@ -48,6 +53,9 @@ impl ServerConfig {
     /// The default wait for a write slot: long enough to ride out one group commit (a few ms),
     /// short enough that a client of an overloaded server hears `503` at once.
     pub const DEFAULT_WRITE_WAIT: Duration = Duration::from_millis(100);
+    /// The default inflated-size limit of gzip OTLP bodies: 64 MiB (8x the default body limit;
+    /// OTLP protobuf typically compresses 5-10x).
+    pub const DEFAULT_OTLP_MAX_DECOMPRESSED: usize = 64 * 1024 * 1024;
 }
 
 impl Default for ServerConfig {
@@ -59,6 +67,7 @@ impl Default for ServerConfig {
             auth: AuthConfig::default(),
             max_inflight_writes: Self::DEFAULT_MAX_INFLIGHT_WRITES,
             write_wait: Self::DEFAULT_WRITE_WAIT,
+            otlp_max_decompressed: Self::DEFAULT_OTLP_MAX_DECOMPRESSED,
         }
     }
 }
@@ -75,6 +84,11 @@ pub struct AppState {
     write_permits: Arc<Semaphore>,
     /// Becomes `true` when the server starts shutting down (live streams end then).
     closing: Arc<tokio::sync::watch::Sender<bool>>,
+    /// What `GET /metrics` reports (see [`crate::metrics`]).
+    metrics: Arc<Metrics>,
+    /// How OTLP spans are mapped (attribute cap, the bundled price table), shared by the
+    /// OTLP/HTTP route and the gRPC service.
+    otlp_mapping: Arc<MappingOptions>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -100,7 +114,14 @@ impl AppState {
             manual_clock: None,
             config: Arc::new(config),
             closing: Arc::new(tokio::sync::watch::Sender::new(false)),
+            metrics: Arc::new(Metrics::new()),
+            otlp_mapping: Arc::new(MappingOptions::default()),
         }
+    }
+
+    /// How OTLP spans are mapped.
+    pub fn otlp_mapping(&self) -> &MappingOptions {
+        &self.otlp_mapping
     }
 
     /// The sender that marks the server as shutting down.
@@ -162,6 +183,11 @@ impl AppState {
     /// The write limit's slots.
     pub(crate) fn write_permits(&self) -> &Arc<Semaphore> {
         &self.write_permits
+    }
+
+    /// The metrics counted as requests come and go.
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 }
 

@@ -11,6 +11,7 @@ use super::types::{SpanOrigin, SpanOutcome};
 
 /// Whether a run's root is still open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum RunState {
     Open,
@@ -66,26 +67,39 @@ pub struct RunListQuery {
 
 /// One listed run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RunListEntry {
     pub run_id: String,
     pub state: RunState,
     pub name: String,
     pub origin: SpanOrigin,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub session_id: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub job_name: Option<String>,
     pub started_at: i64,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub ended_at: Option<i64>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub outcome: Option<SpanOutcome>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub duration_ms: Option<i64>,
     pub span_count: i64,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub input_tokens: Option<i64>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub output_tokens: Option<i64>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub cache_read_tokens: Option<i64>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub cache_creation_tokens: Option<i64>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub cost_usd: Option<f64>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub failure_reason: Option<String>,
     /// The root's last heartbeat (`None` once pruned).
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub last_heartbeat_at: Option<i64>,
     /// Totals come from the run's rollup row (else from the root span as it is now).
     pub rolled_up: bool,
@@ -94,9 +108,11 @@ pub struct RunListEntry {
 
 /// One page of runs and the cursor of the next (`None`: this was the last page).
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RunPage {
     pub runs: Vec<RunListEntry>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub next: Option<String>,
 }
 

@@ -3,6 +3,11 @@
 //! Field names serialize in camelCase exactly as the reference TypeScript does; absent optional
 //! fields of `usage` are omitted, nullable columns are `null`. Enumerations read back from a
 //! database keep unknown values (written by a newer flightlog) instead of failing the read.
+//!
+//! With the `openapi` feature every type the HTTP API sends or takes also implements
+//! `utoipa::ToSchema`, so the server's OpenAPI document is derived from these definitions; the
+//! open enums implement it by hand (a string enum of their known values), raw payloads are any
+//! JSON value and `attrs` any JSON object.
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -49,6 +54,28 @@ macro_rules! open_enum {
                 }
             }
         }
+
+        /// A string with one of the known values. Responses may carry a value a newer flightlog
+        /// wrote (read back as `Unrecognized`), so clients should keep unknown ones as text.
+        #[cfg(feature = "openapi")]
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::Type::String)
+                    .enum_values(Some(Self::KNOWN.iter().copied()))
+                    .description(Some(concat!(
+                        "One of the ",
+                        stringify!($name),
+                        " values this version knows. A request must use one of them; a response \
+                         may carry a value written by a newer flightlog, which clients should keep \
+                         as text."
+                    )))
+                    .into()
+            }
+        }
+
+        #[cfg(feature = "openapi")]
+        impl utoipa::ToSchema for $name {}
 
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -128,6 +155,7 @@ open_enum!(
 
 /// Token usage as spans carry it (OpenTelemetry GenAI semantics). Absent fields are omitted.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SpanUsage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -146,28 +174,38 @@ pub struct SpanUsage {
 
 /// One span as stored: the unit of agent work.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SpanRow {
     pub span_id: String,
     pub run_id: String,
     /// `None` for a root. An empty string is stored as given and is *not* a root.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub parent_span_id: Option<String>,
     pub name: String,
     pub kind: SpanKind,
     pub origin: SpanOrigin,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub session_id: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub job_name: Option<String>,
     /// The stored attributes (`{}` when none were given).
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub attrs: JsonObject,
     pub started_at: i64,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub wait_until: Option<i64>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub ended_at: Option<i64>,
     /// `None` while the span is open; set once, never changed.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub outcome: Option<SpanOutcome>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub outcome_reason: Option<String>,
     pub usage: SpanUsage,
     /// The identity of the store instance that started the span.
     pub writer: String,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub last_heartbeat_at: Option<i64>,
 }
 
@@ -185,6 +223,7 @@ impl SpanRow {
 
 /// One event attached to a span. The payload is kept as raw JSON: the store never interprets it.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SpanEventRow {
     pub span_id: String,
@@ -193,6 +232,7 @@ pub struct SpanEventRow {
     pub event_type: String,
     /// The stored payload (`null` when none was given); a string with the truncation marker when
     /// the original exceeded [`crate::activity::MAX_EVENT_PAYLOAD_BYTES`].
+    #[cfg_attr(feature = "openapi", schema(value_type = Value))]
     pub payload: Box<RawValue>,
     pub truncated: bool,
 }
@@ -210,6 +250,7 @@ impl PartialEq for SpanEventRow {
 
 /// What a change row points at.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum ChangeBody {
     /// A span was started, patched or ended; the span as it is at read time.
@@ -220,6 +261,7 @@ pub enum ChangeBody {
 
 /// One committed write as the delta stream sees it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ActivityChange {
     /// The global cursor: unique and increasing across all runs.
@@ -233,6 +275,7 @@ pub struct ActivityChange {
 
 /// A terminal root span and the highest change id it appears under.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TerminalRootChange {
     pub change_id: i64,
@@ -241,6 +284,7 @@ pub struct TerminalRootChange {
 
 /// One consistent picture of a run: everything read in the same transaction.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RunSnapshot {
     pub run_id: String,
@@ -256,23 +300,35 @@ pub struct RunSnapshot {
 
 /// The rollup of one run: usage and outcome totals that survive pruning.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RunRollupRow {
     pub run_id: String,
     pub origin: SpanOrigin,
     pub name: String,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub session_id: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub job_name: Option<String>,
     pub started_at: i64,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub ended_at: Option<i64>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub outcome: Option<SpanOutcome>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub duration_ms: Option<i64>,
     pub span_count: i64,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub input_tokens: Option<i64>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub output_tokens: Option<i64>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub cache_read_tokens: Option<i64>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub cache_creation_tokens: Option<i64>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub cost_usd: Option<f64>,
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub failure_reason: Option<String>,
     /// The run's detail (spans, events, changes) has been pruned; only this row remains.
     pub detail_pruned: bool,
@@ -280,6 +336,7 @@ pub struct RunRollupRow {
 
 /// Input of `start_span`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StartSpanInput {
     pub span_id: String,
@@ -294,6 +351,7 @@ pub struct StartSpanInput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub attrs: Option<JsonObject>,
     /// Defaults to the store's clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -302,6 +360,7 @@ pub struct StartSpanInput {
 
 /// Input of `end_span`: the terminal write.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EndSpanInput {
     pub outcome: SpanOutcome,
@@ -314,15 +373,18 @@ pub struct EndSpanInput {
     pub usage: Option<SpanUsage>,
     /// Merged shallowly over the stored attrs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub attrs: Option<JsonObject>,
 }
 
 /// Input of `patch_span`: non-terminal field updates.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SpanPatch {
     /// Merged shallowly over the stored attrs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub attrs: Option<JsonObject>,
     /// Each present field replaces the stored one; absent fields keep theirs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -333,6 +395,7 @@ pub struct SpanPatch {
 
 /// Options of `prune`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PruneOptions {
     /// Runs that ended before this absolute epoch-ms time are covered by a digest and prunable.
@@ -352,6 +415,7 @@ pub struct PruneOptions {
 
 /// What one `prune` call removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PruneResult {
     pub runs_pruned: i64,

@@ -5,6 +5,8 @@
 //! Budget amounts and board versions are JavaScript numbers in the reference (fractions allowed),
 //! so they are `f64` here and serialize the way `JSON.stringify` writes them: an integral value
 //! as an integer (`2`, not `2.0`).
+//!
+//! With the `openapi` feature the types the HTTP API sends also implement `utoipa::ToSchema`.
 
 use std::sync::Arc;
 
@@ -23,9 +25,11 @@ pub const SAFE_INTEGER_LIMIT: i64 = 1 << 53;
 /// Cheap to clone: the id, type and data sit behind `Arc`s (events of one engagement share one
 /// id), so reads, subscriptions and the value `append` returns copy no payload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct EngagementEvent {
     /// The engagement this event belongs to (never empty).
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub engagement_id: Arc<str>,
     /// Position in the engagement, from 0, without gaps.
     pub seq: i64,
@@ -33,8 +37,10 @@ pub struct EngagementEvent {
     pub at: i64,
     /// What happened (`engagement_opened`, `mail_sent`, …); never empty.
     #[serde(rename = "type")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub event_type: Arc<str>,
     /// The payload, a JSON object stored verbatim.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub data: Arc<JsonObject>,
 }
 
@@ -66,6 +72,7 @@ impl Default for RetentionConfig {
 
 /// Where an engagement takes place (a chat, a thread, …).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct VenueRef {
     /// The venue's kind, free text (`chat`, `thread`).
     pub kind: String,
@@ -75,6 +82,7 @@ pub struct VenueRef {
 
 /// An engagement's state as its events tell it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum EngagementStatus {
     /// Not closed and never escalated.
@@ -104,6 +112,7 @@ impl EngagementStatus {
 
 /// What a board entry holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum BoardEntryKind {
     /// A produced artifact (a file, a document).
@@ -137,6 +146,7 @@ impl BoardEntryKind {
 
 /// Progress of a todo entry. It is kept when an entry's kind later changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum BoardTodoStatus {
     /// Not started.
@@ -161,6 +171,7 @@ impl BoardTodoStatus {
 
 /// One blackboard entry, the fold of every `board_written` record with its key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BoardEntry {
     /// The trimmed key.
@@ -183,6 +194,7 @@ pub struct BoardEntry {
 
 /// Why a guard blocked a message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GuardBlockReason {
     /// A machine-readable code (`loop`, `budget`, `denied` by default).
     pub code: String,
@@ -193,6 +205,7 @@ pub struct GuardBlockReason {
 
 /// A `guard_blocked` or `mail_denied` record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GuardBlock {
     /// The sender (`""` when the record names none).
     pub from: String,
@@ -207,6 +220,7 @@ pub struct GuardBlock {
 
 /// An `escalated` record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Escalation {
     /// Who escalated (`""` when the record names no one).
     pub by: String,
@@ -218,6 +232,7 @@ pub struct Escalation {
 
 /// How a projection showed a mail in a venue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ProjectionMode {
     /// The mail itself was shown (the default).
@@ -228,6 +243,7 @@ pub enum ProjectionMode {
 
 /// A `venue_projected` record with a valid venue.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Projection {
     /// Where it was shown.
@@ -244,6 +260,7 @@ pub struct Projection {
 
 /// Budget amounts, one per `BUDGET_KEYS` entry. JavaScript numbers: fractions are allowed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BudgetAmounts {
     /// Model invocations.
@@ -291,6 +308,7 @@ impl BudgetAmounts {
 
 /// How a mail hop stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum HopStatus {
     /// Sent or admitted, not yet picked up.
@@ -305,6 +323,7 @@ pub enum HopStatus {
 
 /// One mail in the collaboration graph, in first-seen order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct EngagementHopSummary {
     /// The mail's id (never empty).
@@ -324,6 +343,7 @@ pub struct EngagementHopSummary {
 
 /// What an engagement's events add up to: who took part, what they did, what it cost.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct EngagementSummary {
     /// The engagement summarized.
@@ -331,6 +351,7 @@ pub struct EngagementSummary {
     /// Who opened it: the `initiator`/`principal` object verbatim, or
     /// `{kind: "human", id, trust: "group_member"}` for a principal string.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub initiator: Option<JsonObject>,
     /// Where it was opened, absent when no opened record named a valid venue.
     #[serde(default, skip_serializing_if = "Option::is_none")]

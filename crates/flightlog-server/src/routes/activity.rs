@@ -8,79 +8,82 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use flightlog_core::activity::{
     ActivityChange, ActivityStore, EndSpanInput, RunRollupRow, RunSnapshot, SpanEventRow,
     SpanOutcome, SpanPatch, SpanRow, StartSpanInput, TerminalRootChange, DEFAULT_CHANGES_LIMIT,
 };
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiQuery, JsonBody, OptionalJsonBody, PathId, WriterStore};
+use crate::openapi::{tags, RUN_ID, SPAN_ID};
 use crate::state::AppState;
 use crate::validate::{check_id, check_limit, check_optional_time, check_reference, check_time};
+use crate::wire::{ChangeCursor, Closed, Ended, HighWaterSeq, Patched};
 
-/// The routes of this module.
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/activity/spans", post(start_span))
-        .route(
-            "/v1/activity/spans/{spanId}",
-            get(get_span).patch(patch_span),
-        )
-        .route("/v1/activity/spans/{spanId}/end", post(end_span))
-        .route("/v1/activity/spans/{spanId}/events", post(append_event))
-        .route("/v1/activity/spans/{spanId}/heartbeat", post(heartbeat))
-        .route("/v1/activity/runs/{runId}/close", post(close_run))
-        .route(
-            "/v1/activity/runs/{runId}/rollup",
-            post(rollup_run).get(read_rollup),
-        )
-        .route("/v1/activity/runs/{runId}/snapshot", get(snapshot_run))
-        .route("/v1/activity/runs/{runId}/seq", get(run_high_water_seq))
-        .route("/v1/activity/changes", get(changes_since))
-        .route(
-            "/v1/activity/changes/terminal-roots",
-            get(terminal_root_changes_since),
-        )
-        .route("/v1/activity/cursor", get(latest_change_cursor))
-        .route("/v1/activity/open-roots", get(open_root_spans))
-        .route("/v1/activity/stuck", get(find_stuck))
+/// The routes of this module, each registered from its `#[utoipa::path]` annotation.
+pub(crate) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(start_span))
+        .routes(routes!(get_span, patch_span))
+        .routes(routes!(end_span))
+        .routes(routes!(append_event))
+        .routes(routes!(heartbeat))
+        .routes(routes!(close_run))
+        .routes(routes!(rollup_run, read_rollup))
+        .routes(routes!(snapshot_run))
+        .routes(routes!(run_high_water_seq))
+        .routes(routes!(changes_since))
+        .routes(routes!(terminal_root_changes_since))
+        .routes(routes!(latest_change_cursor))
+        .routes(routes!(open_root_spans))
+        .routes(routes!(find_stuck))
 }
 
 /// Body of `POST /v1/activity/spans/{spanId}/events`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct AppendEventBody {
+    /// What happened; free text.
     event_type: String,
-    /// Any JSON; absent and `null` both store `null`.
+    /// Any JSON; absent and `null` both store `null`. Stored payloads are capped at 16,384 bytes
+    /// (a longer one is stored as a truncated string and the event marked `truncated`).
     #[serde(default)]
+    #[schema(value_type = Value)]
     payload: Option<Value>,
+    /// When it happened (epoch ms); defaults to the server's clock.
     #[serde(default)]
     ts: Option<i64>,
 }
 
 /// Body of `POST /v1/activity/spans/{spanId}/heartbeat` (the body itself may be empty).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct HeartbeatBody {
+    /// When the span was last known alive (epoch ms); defaults to the server's clock.
     #[serde(default)]
     at: Option<i64>,
 }
 
 /// Body of `POST /v1/activity/runs/{runId}/close`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct CloseRunBody {
+    /// The outcome every open span of the run gets.
     outcome: SpanOutcome,
+    /// The reason every open span of the run gets.
     reason: String,
 }
 
 /// Query of the two change-log pages.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
 struct ChangesQuery {
     /// The cursor to read after (0: from the start).
     #[serde(default)]
@@ -99,10 +102,13 @@ impl ChangesQuery {
 }
 
 /// Query of `GET /v1/activity/stuck`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
 struct StuckQuery {
+    /// How long (ms) before `now` an open root must have started to count as stuck.
     threshold_ms: i64,
+    /// The time to judge at (epoch ms); defaults to the server's clock.
     #[serde(default)]
     now: Option<i64>,
 }
@@ -126,10 +132,10 @@ pub(crate) async fn op_end_span(
     store: &dyn ActivityStore,
     span_id: &str,
     input: EndSpanInput,
-) -> Result<Value, ApiError> {
+) -> Result<Ended, ApiError> {
     check_optional_time("endedAt", input.ended_at)?;
     let ended = store.end_span(span_id, input).await?;
-    Ok(json!({ "ended": ended }))
+    Ok(Ended { ended })
 }
 
 /// `patchSpan`: `{"patched": bool}`.
@@ -137,10 +143,10 @@ pub(crate) async fn op_patch_span(
     store: &dyn ActivityStore,
     span_id: &str,
     patch: SpanPatch,
-) -> Result<Value, ApiError> {
+) -> Result<Patched, ApiError> {
     check_optional_time("waitUntil", patch.wait_until)?;
     let patched = store.patch_span(span_id, patch).await?;
-    Ok(json!({ "patched": patched }))
+    Ok(Patched { patched })
 }
 
 /// `appendEvent`: the stored event; 404 for an unknown span.
@@ -176,6 +182,20 @@ fn unknown_run(run_id: &str) -> ApiError {
 
 // ---- handlers ----
 
+/// Start a span (`startSpan`).
+#[utoipa::path(
+    post,
+    path = "/v1/activity/spans",
+    tag = tags::ACTIVITY,
+    operation_id = "startSpan",
+    params(WriterStore),
+    request_body = StartSpanInput,
+    responses(
+        (status = 201, description = "The span as stored.", body = SpanRow),
+        (status = 400, description = "An invalid input (empty id, unknown kind, …).", body = ErrorBody),
+        (status = 409, description = "A span with this `spanId` exists (`conflict`).", body = ErrorBody),
+    ),
+)]
 async fn start_span(
     WriterStore(store): WriterStore,
     JsonBody(input): JsonBody<StartSpanInput>,
@@ -184,24 +204,64 @@ async fn start_span(
     Ok((StatusCode::CREATED, Json(span)))
 }
 
+/// End a span with its write-once outcome (`endSpan`).
+#[utoipa::path(
+    post,
+    path = "/v1/activity/spans/{spanId}/end",
+    tag = tags::ACTIVITY,
+    operation_id = "endSpan",
+    params(("spanId" = String, Path, description = SPAN_ID), WriterStore),
+    request_body = EndSpanInput,
+    responses(
+        (status = 200, description = "Whether this call ended the span.", body = Ended),
+        (status = 400, description = "An invalid input.", body = ErrorBody),
+    ),
+)]
 async fn end_span(
     WriterStore(store): WriterStore,
     PathId(span_id): PathId,
     JsonBody(input): JsonBody<EndSpanInput>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Ended>, ApiError> {
     op_end_span(store.as_ref(), &span_id, input).await.map(Json)
 }
 
+/// Update an open span's attrs, usage or wait (`patchSpan`).
+#[utoipa::path(
+    patch,
+    path = "/v1/activity/spans/{spanId}",
+    tag = tags::ACTIVITY,
+    operation_id = "patchSpan",
+    params(("spanId" = String, Path, description = SPAN_ID), WriterStore),
+    request_body = SpanPatch,
+    responses(
+        (status = 200, description = "Whether the span was patched.", body = Patched),
+        (status = 400, description = "An invalid input.", body = ErrorBody),
+    ),
+)]
 async fn patch_span(
     WriterStore(store): WriterStore,
     PathId(span_id): PathId,
     JsonBody(patch): JsonBody<SpanPatch>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Patched>, ApiError> {
     op_patch_span(store.as_ref(), &span_id, patch)
         .await
         .map(Json)
 }
 
+/// Append an event to a span (`appendEvent`).
+#[utoipa::path(
+    post,
+    path = "/v1/activity/spans/{spanId}/events",
+    tag = tags::ACTIVITY,
+    operation_id = "appendEvent",
+    params(("spanId" = String, Path, description = SPAN_ID), WriterStore),
+    request_body = AppendEventBody,
+    responses(
+        (status = 201, description = "The event as stored.", body = SpanEventRow),
+        (status = 400, description = "An invalid input.", body = ErrorBody),
+        (status = 404, description = "No span with this id.", body = ErrorBody),
+    ),
+)]
 async fn append_event(
     WriterStore(store): WriterStore,
     PathId(span_id): PathId,
@@ -211,6 +271,19 @@ async fn append_event(
     Ok((StatusCode::CREATED, Json(event)))
 }
 
+/// Touch an open span's heartbeat (`heartbeat`); not change-logged.
+#[utoipa::path(
+    post,
+    path = "/v1/activity/spans/{spanId}/heartbeat",
+    tag = tags::ACTIVITY,
+    operation_id = "heartbeat",
+    params(("spanId" = String, Path, description = SPAN_ID), WriterStore),
+    request_body = Option<HeartbeatBody>,
+    responses(
+        (status = 204, description = "Recorded (an unknown or terminal span is ignored)."),
+        (status = 400, description = "An invalid input.", body = ErrorBody),
+    ),
+)]
 async fn heartbeat(
     WriterStore(store): WriterStore,
     PathId(span_id): PathId,
@@ -220,6 +293,19 @@ async fn heartbeat(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Read one span (`getSpan`).
+#[utoipa::path(
+    get,
+    path = "/v1/activity/spans/{spanId}",
+    tag = tags::ACTIVITY,
+    operation_id = "getSpan",
+    params(("spanId" = String, Path, description = SPAN_ID)),
+    responses(
+        (status = 200, description = "The span.", body = SpanRow),
+        (status = 400, description = "An invalid id.", body = ErrorBody),
+        (status = 404, description = "No span with this id.", body = ErrorBody),
+    ),
+)]
 async fn get_span(
     State(state): State<AppState>,
     PathId(span_id): PathId,
@@ -232,17 +318,42 @@ async fn get_span(
         .ok_or_else(|| unknown_span(&span_id))
 }
 
+/// Close every open span of a run, children first, and roll it up (`cascadeClose`).
+#[utoipa::path(
+    post,
+    path = "/v1/activity/runs/{runId}/close",
+    tag = tags::ACTIVITY,
+    operation_id = "cascadeClose",
+    params(("runId" = String, Path, description = RUN_ID), WriterStore),
+    request_body = CloseRunBody,
+    responses(
+        (status = 200, description = "How many spans were closed.", body = Closed),
+        (status = 400, description = "An invalid input.", body = ErrorBody),
+    ),
+)]
 async fn close_run(
     WriterStore(store): WriterStore,
     PathId(run_id): PathId,
     JsonBody(body): JsonBody<CloseRunBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Closed>, ApiError> {
     let closed = store
         .cascade_close(&run_id, body.outcome, &body.reason)
         .await?;
-    Ok(Json(json!({ "closed": closed })))
+    Ok(Json(Closed { closed }))
 }
 
+/// Compute and store a run's rollup (`rollupRun`).
+#[utoipa::path(
+    post,
+    path = "/v1/activity/runs/{runId}/rollup",
+    tag = tags::ACTIVITY,
+    operation_id = "rollupRun",
+    params(("runId" = String, Path, description = RUN_ID), WriterStore),
+    responses(
+        (status = 204, description = "Rolled up (a run without spans is left alone)."),
+        (status = 400, description = "An invalid id.", body = ErrorBody),
+    ),
+)]
 async fn rollup_run(
     WriterStore(store): WriterStore,
     PathId(run_id): PathId,
@@ -251,6 +362,19 @@ async fn rollup_run(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Read a run's rollup (`readRollup`).
+#[utoipa::path(
+    get,
+    path = "/v1/activity/runs/{runId}/rollup",
+    tag = tags::ACTIVITY,
+    operation_id = "readRollup",
+    params(("runId" = String, Path, description = RUN_ID)),
+    responses(
+        (status = 200, description = "The rollup.", body = RunRollupRow),
+        (status = 400, description = "An invalid id.", body = ErrorBody),
+        (status = 404, description = "The run has no rollup.", body = ErrorBody),
+    ),
+)]
 async fn read_rollup(
     State(state): State<AppState>,
     PathId(run_id): PathId,
@@ -263,6 +387,20 @@ async fn read_rollup(
         .ok_or_else(|| ApiError::not_found(format!("run {run_id:?} has no rollup")))
 }
 
+/// A consistent picture of a run: its spans, events, high-water seq and the global cursor
+/// (`snapshotRun`).
+#[utoipa::path(
+    get,
+    path = "/v1/activity/runs/{runId}/snapshot",
+    tag = tags::ACTIVITY,
+    operation_id = "snapshotRun",
+    params(("runId" = String, Path, description = RUN_ID)),
+    responses(
+        (status = 200, description = "The snapshot.", body = RunSnapshot),
+        (status = 400, description = "An invalid id.", body = ErrorBody),
+        (status = 404, description = "No run with this id.", body = ErrorBody),
+    ),
+)]
 async fn snapshot_run(
     State(state): State<AppState>,
     PathId(run_id): PathId,
@@ -275,14 +413,38 @@ async fn snapshot_run(
         .ok_or_else(|| unknown_run(&run_id))
 }
 
+/// A run's highest change-logged seq (`runHighWaterSeq`).
+#[utoipa::path(
+    get,
+    path = "/v1/activity/runs/{runId}/seq",
+    tag = tags::ACTIVITY,
+    operation_id = "runHighWaterSeq",
+    params(("runId" = String, Path, description = RUN_ID)),
+    responses(
+        (status = 200, description = "The seq (0 for an unknown run).", body = HighWaterSeq),
+        (status = 400, description = "An invalid id.", body = ErrorBody),
+    ),
+)]
 async fn run_high_water_seq(
     State(state): State<AppState>,
     PathId(run_id): PathId,
-) -> Result<Json<Value>, ApiError> {
-    let seq = state.activity().run_high_water_seq(&run_id).await?;
-    Ok(Json(json!({ "highWaterSeq": seq })))
+) -> Result<Json<HighWaterSeq>, ApiError> {
+    let high_water_seq = state.activity().run_high_water_seq(&run_id).await?;
+    Ok(Json(HighWaterSeq { high_water_seq }))
 }
 
+/// The change log after a cursor, in `changeId` order (`changesSince`).
+#[utoipa::path(
+    get,
+    path = "/v1/activity/changes",
+    tag = tags::ACTIVITY,
+    operation_id = "changesSince",
+    params(ChangesQuery),
+    responses(
+        (status = 200, description = "At most `limit` changes.", body = Vec<ActivityChange>),
+        (status = 400, description = "A bad query.", body = ErrorBody),
+    ),
+)]
 async fn changes_since(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<ChangesQuery>,
@@ -292,6 +454,19 @@ async fn changes_since(
     Ok(Json(changes))
 }
 
+/// Terminal root spans with the highest change id they appear under, after a cursor
+/// (`terminalRootChangesSince`).
+#[utoipa::path(
+    get,
+    path = "/v1/activity/changes/terminal-roots",
+    tag = tags::ACTIVITY,
+    operation_id = "terminalRootChangesSince",
+    params(ChangesQuery),
+    responses(
+        (status = 200, description = "At most `limit` entries.", body = Vec<TerminalRootChange>),
+        (status = 400, description = "A bad query.", body = ErrorBody),
+    ),
+)]
 async fn terminal_root_changes_since(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<ChangesQuery>,
@@ -304,15 +479,45 @@ async fn terminal_root_changes_since(
     Ok(Json(changes))
 }
 
-async fn latest_change_cursor(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let cursor = state.activity().latest_change_cursor().await?;
-    Ok(Json(json!({ "changeCursor": cursor })))
+/// The highest change id still in the log (`latestChangeCursor`).
+#[utoipa::path(
+    get,
+    path = "/v1/activity/cursor",
+    tag = tags::ACTIVITY,
+    operation_id = "latestChangeCursor",
+    responses((status = 200, description = "The cursor.", body = ChangeCursor)),
+)]
+async fn latest_change_cursor(
+    State(state): State<AppState>,
+) -> Result<Json<ChangeCursor>, ApiError> {
+    let change_cursor = state.activity().latest_change_cursor().await?;
+    Ok(Json(ChangeCursor { change_cursor }))
 }
 
+/// Every open root span (`openRootSpans`).
+#[utoipa::path(
+    get,
+    path = "/v1/activity/open-roots",
+    tag = tags::ACTIVITY,
+    operation_id = "openRootSpans",
+    responses((status = 200, description = "The open roots, newest start first.", body = Vec<SpanRow>)),
+)]
 async fn open_root_spans(State(state): State<AppState>) -> Result<Json<Vec<SpanRow>>, ApiError> {
     Ok(Json(state.activity().open_root_spans().await?))
 }
 
+/// Open roots that started more than `thresholdMs` before `now`, oldest first (`findStuck`).
+#[utoipa::path(
+    get,
+    path = "/v1/activity/stuck",
+    tag = tags::ACTIVITY,
+    operation_id = "findStuck",
+    params(StuckQuery),
+    responses(
+        (status = 200, description = "The stuck roots, oldest first.", body = Vec<SpanRow>),
+        (status = 400, description = "A bad query.", body = ErrorBody),
+    ),
+)]
 async fn find_stuck(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<StuckQuery>,

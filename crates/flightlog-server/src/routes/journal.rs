@@ -7,37 +7,39 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use flightlog_core::journal::{
     reconstruct_board_from_events, AppendInput, BoardEntry, BoardEntryKind, BoardFilter,
     EngagementEvent, EngagementSummary, JournalError, SAFE_INTEGER_LIMIT,
 };
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiQuery, JsonBody, PathId};
+use crate::openapi::{tags, ENGAGEMENT_ID};
 use crate::state::AppState;
 use crate::validate::{check_limit, check_time};
+use crate::wire::Removed;
 
-/// The routes of this module.
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/engagements", get(list_engagements))
-        .route("/v1/engagements/prune", post(prune))
-        .route(
-            "/v1/engagements/{engagementId}/events",
-            post(append).get(read_events),
-        )
-        .route("/v1/engagements/{engagementId}/summary", get(summary))
-        .route("/v1/engagements/{engagementId}/board", get(board))
-        .route("/v1/engagements/{engagementId}/compact", post(compact))
+/// The routes of this module, each registered from its `#[utoipa::path]` annotation.
+pub(crate) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_engagements))
+        .routes(routes!(prune))
+        .routes(routes!(append, read_events))
+        .routes(routes!(summary))
+        .routes(routes!(board))
+        .routes(routes!(compact))
 }
 
 /// Query of `GET /v1/engagements/{engagementId}/events`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
 struct EventsQuery {
     /// Only events with `seq >= fromSeq`.
     #[serde(default)]
@@ -45,26 +47,56 @@ struct EventsQuery {
 }
 
 /// Query of `GET /v1/engagements/{engagementId}/board`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct BoardQuery {
+    /// Only the entry with this key.
     #[serde(default)]
     key: Option<String>,
+    /// Only entries of this kind.
     #[serde(default)]
+    #[param(value_type = Option<BoardEntryKind>)]
     kind: Option<String>,
 }
 
 /// Query of `GET /v1/engagements`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ListQuery {
+    /// At most this many ids (0 to 10,000; all when absent).
     #[serde(default)]
     limit: Option<i64>,
 }
 
 /// Body of `POST /v1/engagements/prune`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct PruneBody {
+struct EngagementPruneBody {
+    /// Engagements whose last event is older than `now` minus the configured maximum age are
+    /// deleted (epoch ms).
     now: i64,
+}
+
+/// Body of `POST /v1/engagements/{engagementId}/events` as the OpenAPI document describes it.
+///
+/// Documentation only: the handler takes the body as loose JSON and hands it to
+/// `AppendInput::from_json`, so the wire applies exactly the library's rules and messages.
+#[derive(ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)] // never built: it only describes what `append_input` accepts
+struct EngagementAppendBody {
+    /// What happened (`engagement_opened`, `mail_sent`, …); a non-empty string.
+    #[serde(rename = "type")]
+    event_type: String,
+    /// When it happened, epoch milliseconds as the writer states it.
+    at: i64,
+    /// The payload, stored verbatim.
+    #[schema(value_type = Object)]
+    data: Value,
+    /// When given, the append succeeds only if this is the seq it gets (else 409 `conflict`).
+    expected_seq: Option<i64>,
+    /// May be given only if equal to the path's id.
+    engagement_id: Option<String>,
 }
 
 /// Turn the wire body into an [`AppendInput`] for `engagement_id`.
@@ -108,6 +140,20 @@ fn append_input(engagement_id: &str, body: Value) -> Result<AppendInput, ApiErro
     })
 }
 
+/// Append an event to an engagement's journal.
+#[utoipa::path(
+    post,
+    path = "/v1/engagements/{engagementId}/events",
+    tag = tags::JOURNAL,
+    operation_id = "appendEngagementEvent",
+    params(("engagementId" = String, Path, description = ENGAGEMENT_ID)),
+    request_body = EngagementAppendBody,
+    responses(
+        (status = 201, description = "The event as stored, with its seq.", body = EngagementEvent),
+        (status = 400, description = "An invalid event.", body = ErrorBody),
+        (status = 409, description = "`conflict`: `expectedSeq` is not the next seq; `journal_full`: the engagement holds the maximum number of events.", body = ErrorBody),
+    ),
+)]
 async fn append(
     State(state): State<AppState>,
     PathId(engagement_id): PathId,
@@ -118,6 +164,18 @@ async fn append(
     Ok((StatusCode::CREATED, Json(event)))
 }
 
+/// An engagement's events in seq order.
+#[utoipa::path(
+    get,
+    path = "/v1/engagements/{engagementId}/events",
+    tag = tags::JOURNAL,
+    operation_id = "readEngagementEvents",
+    params(("engagementId" = String, Path, description = ENGAGEMENT_ID), EventsQuery),
+    responses(
+        (status = 200, description = "The events (empty for an unknown engagement).", body = Vec<EngagementEvent>),
+        (status = 400, description = "A bad id or query.", body = ErrorBody),
+    ),
+)]
 async fn read_events(
     State(state): State<AppState>,
     PathId(engagement_id): PathId,
@@ -131,6 +189,19 @@ async fn read_events(
     Ok(Json(events))
 }
 
+/// What an engagement's events add up to.
+#[utoipa::path(
+    get,
+    path = "/v1/engagements/{engagementId}/summary",
+    tag = tags::JOURNAL,
+    operation_id = "summarizeEngagement",
+    params(("engagementId" = String, Path, description = ENGAGEMENT_ID)),
+    responses(
+        (status = 200, description = "The summary.", body = EngagementSummary),
+        (status = 400, description = "A bad id.", body = ErrorBody),
+        (status = 404, description = "The engagement has no events.", body = ErrorBody),
+    ),
+)]
 async fn summary(
     State(state): State<AppState>,
     PathId(engagement_id): PathId,
@@ -143,6 +214,18 @@ async fn summary(
         .ok_or_else(|| ApiError::not_found(format!("engagement {engagement_id:?} has no events")))
 }
 
+/// An engagement's blackboard as its events leave it.
+#[utoipa::path(
+    get,
+    path = "/v1/engagements/{engagementId}/board",
+    tag = tags::JOURNAL,
+    operation_id = "readBoard",
+    params(("engagementId" = String, Path, description = ENGAGEMENT_ID), BoardQuery),
+    responses(
+        (status = 200, description = "The entries.", body = Vec<BoardEntry>),
+        (status = 400, description = "A bad id or kind.", body = ErrorBody),
+    ),
+)]
 async fn board(
     State(state): State<AppState>,
     PathId(engagement_id): PathId,
@@ -164,6 +247,18 @@ async fn board(
     Ok(Json(reconstruct_board_from_events(&events, Some(&filter))))
 }
 
+/// Compact an engagement's journal when its rules allow (atomic).
+#[utoipa::path(
+    post,
+    path = "/v1/engagements/{engagementId}/compact",
+    tag = tags::MAINTENANCE,
+    operation_id = "compactEngagement",
+    params(("engagementId" = String, Path, description = ENGAGEMENT_ID)),
+    responses(
+        (status = 204, description = "Compacted, or left alone by the rules (or unknown)."),
+        (status = 400, description = "A bad id.", body = ErrorBody),
+    ),
+)]
 async fn compact(
     State(state): State<AppState>,
     PathId(engagement_id): PathId,
@@ -174,6 +269,18 @@ async fn compact(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Engagement ids, most recent activity first.
+#[utoipa::path(
+    get,
+    path = "/v1/engagements",
+    tag = tags::JOURNAL,
+    operation_id = "listEngagements",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "The ids.", body = Vec<String>),
+        (status = 400, description = "A bad limit.", body = ErrorBody),
+    ),
+)]
 async fn list_engagements(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<ListQuery>,
@@ -184,18 +291,31 @@ async fn list_engagements(
     Ok(Json(state.journal().list_engagements(query.limit).await?))
 }
 
+/// Delete engagements older than the configured maximum age.
+#[utoipa::path(
+    post,
+    path = "/v1/engagements/prune",
+    tag = tags::MAINTENANCE,
+    operation_id = "pruneEngagements",
+    request_body = EngagementPruneBody,
+    responses(
+        (status = 200, description = "How many engagements were deleted.", body = Removed),
+        (status = 400, description = "An invalid time.", body = ErrorBody),
+    ),
+)]
 async fn prune(
     State(state): State<AppState>,
-    JsonBody(body): JsonBody<PruneBody>,
-) -> Result<Json<Value>, ApiError> {
+    JsonBody(body): JsonBody<EngagementPruneBody>,
+) -> Result<Json<Removed>, ApiError> {
     check_time("now", body.now)?;
     let removed = state.journal().prune(body.now).await?;
-    Ok(Json(json!({ "removed": removed })))
+    Ok(Json(Removed { removed }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn the_path_supplies_the_engagement_and_expected_seq_is_checked() {

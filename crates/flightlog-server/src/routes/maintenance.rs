@@ -4,52 +4,89 @@
 //! They act as the request's writer like any write, which matters for `sweep-stale`: a writer
 //! never sweeps its own runs, so a caller naming itself in `Flightlog-Writer` spares them.
 
-use axum::routing::post;
-use axum::{Json, Router};
+use axum::Json;
 use flightlog_core::activity::{PruneOptions, PruneResult};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::extract::{JsonBody, WriterStore};
+use crate::openapi::tags;
 use crate::state::AppState;
 use crate::validate::{check_limit, check_optional_time, check_time};
+use crate::wire::Closed;
 
-/// The routes of this module.
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/v1/activity/maintenance/sweep-orphans",
-            post(sweep_orphans),
-        )
-        .route("/v1/activity/maintenance/sweep-stale", post(sweep_stale))
-        .route("/v1/activity/maintenance/prune", post(prune))
+/// The routes of this module, each registered from its `#[utoipa::path]` annotation.
+pub(crate) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(sweep_orphans))
+        .routes(routes!(sweep_stale))
+        .routes(routes!(prune))
 }
 
 /// Body of `POST /v1/activity/maintenance/sweep-stale`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct SweepStaleBody {
+    /// A run whose open root's heartbeat (or start) is older than this many ms is closed.
     stale_after_ms: i64,
+    /// The time to judge at (epoch ms); defaults to the server's clock.
     #[serde(default)]
     now: Option<i64>,
 }
 
-async fn sweep_orphans(WriterStore(store): WriterStore) -> Result<Json<Value>, ApiError> {
+/// Close every run with an open `session`-origin span as `interrupted` (`sweepOwnOrphans`).
+#[utoipa::path(
+    post,
+    path = "/v1/activity/maintenance/sweep-orphans",
+    tag = tags::MAINTENANCE,
+    operation_id = "sweepOwnOrphans",
+    params(WriterStore),
+    responses((status = 200, description = "How many spans were closed.", body = Closed)),
+)]
+async fn sweep_orphans(WriterStore(store): WriterStore) -> Result<Json<Closed>, ApiError> {
     let closed = store.sweep_own_orphans().await?;
-    Ok(Json(json!({ "closed": closed })))
+    Ok(Json(Closed { closed }))
 }
 
+/// Close runs of *other* writers whose open root went silent (`sweepStale`).
+#[utoipa::path(
+    post,
+    path = "/v1/activity/maintenance/sweep-stale",
+    tag = tags::MAINTENANCE,
+    operation_id = "sweepStale",
+    params(WriterStore),
+    request_body = SweepStaleBody,
+    responses(
+        (status = 200, description = "How many spans were closed.", body = Closed),
+        (status = 400, description = "An invalid input.", body = ErrorBody),
+    ),
+)]
 async fn sweep_stale(
     WriterStore(store): WriterStore,
     JsonBody(body): JsonBody<SweepStaleBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Closed>, ApiError> {
     check_time("staleAfterMs", body.stale_after_ms)?;
     check_optional_time("now", body.now)?;
     let closed = store.sweep_stale(body.stale_after_ms, body.now).await?;
-    Ok(Json(json!({ "closed": closed })))
+    Ok(Json(Closed { closed }))
 }
 
+/// Delete the detail of finished runs behind the digest floor or the hard ceiling (`prune`).
+#[utoipa::path(
+    post,
+    path = "/v1/activity/maintenance/prune",
+    tag = tags::MAINTENANCE,
+    operation_id = "pruneActivity",
+    params(WriterStore),
+    request_body = PruneOptions,
+    responses(
+        (status = 200, description = "What was removed.", body = PruneResult),
+        (status = 400, description = "An invalid input.", body = ErrorBody),
+    ),
+)]
 async fn prune(
     WriterStore(store): WriterStore,
     JsonBody(options): JsonBody<PruneOptions>,

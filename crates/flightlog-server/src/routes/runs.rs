@@ -3,36 +3,42 @@
 //! filters. The cursor in `next` is opaque to clients: pass it back as `before`.
 
 use axum::extract::State;
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use flightlog_core::activity::{
     RunCursor, RunListQuery, RunPage, RunState, SpanOrigin, SpanOutcome,
 };
 use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::extract::ApiQuery;
+use crate::openapi::tags;
 use crate::state::AppState;
 use crate::validate::check_limit;
 
 /// Runs listed per page when the client does not say.
 pub(crate) const DEFAULT_RUNS_LIMIT: i64 = 50;
 
-/// The routes of this module.
-pub(crate) fn router() -> Router<AppState> {
-    Router::new().route("/v1/activity/runs", get(list_runs))
+/// The routes of this module, each registered from its `#[utoipa::path]` annotation.
+pub(crate) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_runs))
 }
 
 /// Query of `GET /v1/activity/runs`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct RunsQuery {
     /// `open` or `ended`; both when absent.
     #[serde(default)]
+    #[param(value_type = Option<RunState>)]
     state: Option<String>,
     /// Only ended runs with this outcome.
     #[serde(default)]
     outcome: Option<SpanOutcome>,
+    /// Only runs of this origin.
     #[serde(default)]
     origin: Option<SpanOrigin>,
     /// Page size, 0 to 10,000 (default 50).
@@ -71,6 +77,18 @@ impl RunsQuery {
     }
 }
 
+/// Runs newest first: open roots, ended runs with their rollups, and pruned runs.
+#[utoipa::path(
+    get,
+    path = "/v1/activity/runs",
+    tag = tags::ACTIVITY,
+    operation_id = "listRuns",
+    params(RunsQuery),
+    responses(
+        (status = 200, description = "One page of runs and the cursor of the next (`null` after the last page).", body = RunPage),
+        (status = 400, description = "A bad query (unknown state, outcome or origin; a bad limit or cursor).", body = ErrorBody),
+    ),
+)]
 async fn list_runs(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<RunsQuery>,

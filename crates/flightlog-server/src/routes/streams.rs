@@ -16,15 +16,18 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::Router;
 use flightlog_core::activity::{ActivityChange, ActivityStore, ChangeDoorbell};
 use flightlog_core::journal::{EngagementEvent, EngagementJournal};
 use futures_util::stream::{self, Stream};
 use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiQuery, PathId};
+use crate::metrics::StreamKind;
+use crate::openapi::{tags, ENGAGEMENT_ID, RUN_ID};
 use crate::state::AppState;
 
 /// Changes read from the database per query while a stream catches up.
@@ -34,23 +37,36 @@ const RECHECK: Duration = Duration::from_secs(5);
 /// The contract's keep-alive: a comment line at least every 15 s.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
-/// The routes of this module.
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/activity/changes/stream", get(change_stream))
-        .route("/v1/activity/runs/{runId}/stream", get(run_stream))
-        .route("/v1/engagements/{engagementId}/stream", get(journal_stream))
+/// The `Last-Event-ID` header of a reconnecting client, as the OpenAPI document describes it.
+const LAST_EVENT_ID: &str = "The `id:` of the last event received (sent by a reconnecting \
+     EventSource): the stream resumes right after it. Takes precedence over the query.";
+
+/// The routes of this module, each registered from its `#[utoipa::path]` annotation.
+pub(crate) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(change_stream))
+        .routes(routes!(run_stream))
+        .routes(routes!(journal_stream))
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// Query of `GET /v1/activity/changes/stream`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct AfterQuery {
+    /// Send every change with `changeId` above this; without it (and without `Last-Event-ID`)
+    /// the stream starts at the newest change.
+    #[param(minimum = 0)]
     after: Option<i64>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// Query of `GET /v1/engagements/{engagementId}/stream`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct FromSeqQuery {
+    /// The first seq to send (default 0).
+    #[param(minimum = 0)]
     from_seq: Option<i64>,
 }
 
@@ -196,8 +212,9 @@ fn feed_stream(feed: ChangeFeed) -> impl Stream<Item = Result<Event, Infallible>
     })
 }
 
-/// The SSE response: keep-alive comments, and the end of the stream when the server shuts down.
-fn sse<S>(state: &AppState, stream: S) -> impl IntoResponse
+/// The SSE response: keep-alive comments, the end of the stream when the server shuts down, and
+/// the live-clients gauge of `kind` for as long as the response body exists.
+fn sse<S>(state: &AppState, kind: StreamKind, stream: S) -> impl IntoResponse
 where
     S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
 {
@@ -205,12 +222,34 @@ where
     let closed = async move {
         let _ = closing.wait_for(|closing| *closing).await;
     };
+    let client = state.metrics().stream_opened(kind);
+    let stream = futures_util::StreamExt::map(stream, move |event| {
+        // The closure owns the guard, so the gauge goes down when the body is dropped: the
+        // client went away, the stream ended, or the server shut down.
+        let _client = &client;
+        event
+    });
     let stream = futures_util::StreamExt::take_until(stream, Box::pin(closed));
     Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
 }
 
-/// `GET /v1/activity/changes/stream?after=C`: every change with `changeId > C` in order. Without
-/// `after` or `Last-Event-ID` it starts at the newest change (live tail).
+/// Every committed change after a cursor, in `changeId` order, live (Server-Sent Events).
+///
+/// `event: change` with an `ActivityChange` as `data:` and its `changeId` as `id:`; a
+/// `: keep-alive` comment at least every 15 s; `event: resync` (and the end of the stream) when
+/// the cursor is behind the part of the change log that `prune` trimmed; `event: error` when the
+/// store fails. Without `after` or `Last-Event-ID` it starts at the newest change.
+#[utoipa::path(
+    get,
+    path = "/v1/activity/changes/stream",
+    tag = tags::STREAMS,
+    operation_id = "changeStream",
+    params(AfterQuery, ("Last-Event-ID" = Option<i64>, Header, description = LAST_EVENT_ID)),
+    responses(
+        (status = 200, description = "The event stream (`change`, `resync`, `error` events).", content_type = "text/event-stream", body = String),
+        (status = 400, description = "A bad `after` or `Last-Event-ID`.", body = ErrorBody),
+    ),
+)]
 async fn change_stream(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -225,12 +264,31 @@ async fn change_stream(
     };
     Ok(sse(
         &state,
+        StreamKind::Changes,
         feed_stream(ChangeFeed::new(store, start, None)),
     ))
 }
 
-/// `GET /v1/activity/runs/{runId}/stream`: the snapshot, then the run's changes above its
-/// high-water seq. A reconnect with `Last-Event-ID` skips the snapshot and resumes after it.
+/// One run live (Server-Sent Events): its snapshot, then its changes, gap-free.
+///
+/// First `event: snapshot` with the `RunSnapshot`, then `event: change` with each
+/// `ActivityChange` of the run whose `seq` is above the snapshot's `highWaterSeq` (`id:` is the
+/// `changeId`). A reconnect with `Last-Event-ID` skips the snapshot and resumes after that id.
+#[utoipa::path(
+    get,
+    path = "/v1/activity/runs/{runId}/stream",
+    tag = tags::STREAMS,
+    operation_id = "runStream",
+    params(
+        ("runId" = String, Path, description = RUN_ID),
+        ("Last-Event-ID" = Option<i64>, Header, description = LAST_EVENT_ID),
+    ),
+    responses(
+        (status = 200, description = "The event stream (`snapshot`, `change`, `resync`, `error` events).", content_type = "text/event-stream", body = String),
+        (status = 400, description = "A bad id or `Last-Event-ID`.", body = ErrorBody),
+        (status = 404, description = "The run has no spans (and no `Last-Event-ID` was given).", body = ErrorBody),
+    ),
+)]
 async fn run_stream(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -268,6 +326,7 @@ async fn run_stream(
     let head = stream::iter(first.map(Ok));
     Ok(sse(
         &state,
+        StreamKind::Run,
         futures_util::StreamExt::chain(head, feed_stream(feed)),
     ))
 }
@@ -316,8 +375,25 @@ impl JournalFeed {
     }
 }
 
-/// `GET /v1/engagements/{engagementId}/stream?fromSeq=`: `event: journal`, one per event, in seq
-/// order (`id:` is the seq; a reconnect with `Last-Event-ID` resumes after it).
+/// An engagement's events from `fromSeq` on, then live ones as they commit (Server-Sent Events).
+///
+/// `event: journal` with an `EngagementEvent` as `data:`, one per event, in seq order; `id:` is
+/// the seq, and a reconnect with `Last-Event-ID` resumes after it.
+#[utoipa::path(
+    get,
+    path = "/v1/engagements/{engagementId}/stream",
+    tag = tags::STREAMS,
+    operation_id = "engagementStream",
+    params(
+        ("engagementId" = String, Path, description = ENGAGEMENT_ID),
+        FromSeqQuery,
+        ("Last-Event-ID" = Option<i64>, Header, description = LAST_EVENT_ID),
+    ),
+    responses(
+        (status = 200, description = "The event stream (`journal`, `error` events).", content_type = "text/event-stream", body = String),
+        (status = 400, description = "A bad id, `fromSeq` or `Last-Event-ID`.", body = ErrorBody),
+    ),
+)]
 async fn journal_stream(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -359,5 +435,5 @@ async fn journal_stream(
             }
         }
     });
-    Ok(sse(&state, events))
+    Ok(sse(&state, StreamKind::Journal, events))
 }

@@ -5,28 +5,42 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::put;
-use axum::Router;
 use serde::Deserialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::extract::JsonBody;
+use crate::openapi::tags;
 use crate::state::AppState;
 use crate::validate::check_time;
 
-/// The routes of this module.
-pub(crate) fn router() -> Router<AppState> {
-    Router::new().route("/v1/testing/clock", put(set_clock))
+/// The routes of this module, each registered from its `#[utoipa::path]` annotation.
+pub(crate) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(set_clock))
 }
 
 /// Body of `PUT /v1/testing/clock`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ClockBody {
     /// The new time, epoch milliseconds.
     now: i64,
 }
 
+/// Set the testing clock (only on a server started with `--manual-clock`).
+#[utoipa::path(
+    put,
+    path = "/v1/testing/clock",
+    tag = tags::TESTING,
+    operation_id = "setTestingClock",
+    request_body = ClockBody,
+    responses(
+        (status = 204, description = "Every store now reads this time."),
+        (status = 400, description = "An invalid time.", body = ErrorBody),
+    ),
+)]
 async fn set_clock(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<ClockBody>,

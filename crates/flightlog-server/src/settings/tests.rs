@@ -73,6 +73,19 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
+            setting: GRPC_ADDR,
+            set_flag: |f| f.grpc_addr = Some("127.0.0.1:13".into()),
+            env: "off",
+            file: r#"grpc_addr = "127.0.0.1:11""#,
+            read: |s| format!("{:?}", s.grpc_addr),
+            expected: [
+                "Some(\"127.0.0.1:4317\")",
+                "Some(\"127.0.0.1:11\")",
+                "None",
+                "Some(\"127.0.0.1:13\")",
+            ],
+        },
+        Case {
             setting: DURABILITY,
             set_flag: |f| f.durability = Some("full".into()),
             env: "NORMAL",
@@ -180,6 +193,7 @@ fn defaults_are_the_documented_ones() {
         ServeSettings {
             db: PathBuf::from("flightlog.db"),
             addr: "127.0.0.1:4318".into(),
+            grpc_addr: Some("127.0.0.1:4317".into()),
             durability: Durability::Normal,
             server: ServerConfig::default(),
             retention: RetentionConfig::default(),
@@ -232,14 +246,14 @@ fn the_config_flag_wins_over_the_config_variable_and_a_missing_file_is_an_error(
 
 /// How a bad-value case feeds its value in.
 enum Input {
-    Flags(ServeFlags),
+    Flags(Box<ServeFlags>),
     Env(&'static str, &'static str),
     File(&'static str),
 }
 
 fn resolve_input(input: Input) -> Result<ServeSettings, SettingsError> {
     match input {
-        Input::Flags(flags) => resolve_with_file(&flags, &BTreeMap::new(), None),
+        Input::Flags(flags) => resolve_with_file(flags.as_ref(), &BTreeMap::new(), None),
         Input::Env(name, value) => {
             resolve_with_file(&ServeFlags::default(), &env(&[(name, value)]), None)
         }
@@ -255,7 +269,7 @@ fn bad_values_name_the_setting_where_it_was_given_and_the_fix() {
     let flags = |set: fn(&mut ServeFlags)| {
         let mut flags = ServeFlags::default();
         set(&mut flags);
-        Input::Flags(flags)
+        Input::Flags(Box::new(flags))
     };
     let cases: Vec<(Input, &[&str])> = vec![
         (
@@ -350,10 +364,10 @@ fn token_errors_say_how_to_write_tokens_and_never_repeat_the_secret() {
             &["FLIGHTLOG_TOKENS entry 1", "visible ASCII"],
         ),
         (
-            Input::Flags(ServeFlags {
+            Input::Flags(Box::new(ServeFlags {
                 tokens: vec!["fine".into(), "top\tsecret".into()],
                 ..ServeFlags::default()
-            }),
+            })),
             &["--token (the 2nd)", "visible ASCII"],
         ),
         (

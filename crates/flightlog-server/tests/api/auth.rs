@@ -1,7 +1,8 @@
 //! Auth on a real server: every route refuses a missing, wrong or malformed token (401) and a
 //! token without its scope (403), lets the right scope through, and `GET /healthz` needs none.
-//! The route table here is checked against the routes the source registers, so a new route
-//! without a row fails [`the_table_covers_every_registered_route`]. Also: the start-up guard
+//! The route table here is checked against the routes the server registers (its OpenAPI
+//! document, from which the routes are registered, plus any plain `.route(…)` in the source), so
+//! a new route without a row fails [`the_table_covers_every_registered_route`]. Also: the start-up guard
 //! against serving without tokens on a non-loopback address.
 
 use std::collections::BTreeSet;
@@ -46,6 +47,8 @@ fn routes() -> Vec<Route> {
                        "origin": "session", "startedAt": 1});
     vec![
         route(Method::GET, "/healthz", None, Needs::Nothing),
+        route(Method::GET, "/metrics", None, S(Read)),
+        route(Method::GET, "/openapi.json", None, S(Read)),
         route(Method::POST, "/v1/activity/spans", Some(start), S(Ingest)),
         route(Method::GET, "/v1/activity/spans/{spanId}", None, S(Read)),
         route(
@@ -113,6 +116,7 @@ fn routes() -> Vec<Route> {
         route(Method::GET, "/v1/activity/cursor", None, S(Read)),
         route(Method::GET, "/v1/activity/open-roots", None, S(Read)),
         route(Method::GET, "/v1/activity/runs", None, S(Read)),
+        route(Method::POST, "/v1/traces", Some(json!({})), S(Ingest)),
         route(
             Method::GET,
             "/v1/activity/stuck?thresholdMs=1",
@@ -362,9 +366,25 @@ async fn without_tokens_every_route_is_open() {
     server.stop().await;
 }
 
-/// The `(METHOD, template)` pairs `src/routes/*.rs` registers, read from the source: each
-/// `.route("template", get(a).post(b))` call.
-fn registered_routes() -> BTreeSet<(String, String)> {
+/// The `(METHOD, template)` pairs the server registers: the operations of its OpenAPI document
+/// (routes are registered from their `#[utoipa::path]` annotations, so the document is the
+/// router's own list), plus any plain `.route(…)` call in the source.
+async fn registered_routes() -> BTreeSet<(String, String)> {
+    let server = TestServer::start_with(Options {
+        manual_clock: true,
+        ..Options::default()
+    })
+    .await;
+    let document = server.get("/openapi.json").await.assert_status(200).clone();
+    server.stop().await;
+    let mut found = crate::openapi::documented_operations(&document);
+    found.extend(plain_routes_in_source());
+    found
+}
+
+/// The `(METHOD, template)` pairs `src/routes/*.rs` registers without an annotation, read from
+/// the source: each `.route("template", get(a).post(b))` call.
+fn plain_routes_in_source() -> BTreeSet<(String, String)> {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/routes");
     let mut found = BTreeSet::new();
     for entry in std::fs::read_dir(dir).expect("src/routes") {
@@ -397,9 +417,9 @@ fn registered_routes() -> BTreeSet<(String, String)> {
     found
 }
 
-#[test]
-fn the_table_covers_every_registered_route() {
-    let registered = registered_routes();
+#[tokio::test]
+async fn the_table_covers_every_registered_route() {
+    let registered = registered_routes().await;
     assert!(
         registered.len() > 20,
         "the source scan found {registered:?}"

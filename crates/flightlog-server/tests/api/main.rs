@@ -2,11 +2,18 @@
 //! endpoint with its successes and the contract's error statuses (`endpoints`), and the
 //! reference's conformance fixtures replayed through HTTP (`conformance`), and the live SSE
 //! streams under load (`streams`), bearer-token auth on every route (`auth`), and the write
-//! limit's `503` under overload (`overload`). One test binary, so the suite links once.
+//! limit's `503` under overload (`overload`), the generated OpenAPI document (`openapi`) and the
+//! Prometheus metrics (`metrics`), and real OpenTelemetry SDK clients (Python http/protobuf and
+//! gRPC, JavaScript OTLP/JSON) exporting to it (`otlp_clients`). One test binary, so the suite
+//! links once.
 
 mod auth;
 mod conformance;
 mod endpoints;
+mod metrics;
+mod openapi;
+mod otlp;
+mod otlp_clients;
 mod overload;
 mod streams;
 mod support;

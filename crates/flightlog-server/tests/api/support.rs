@@ -1,11 +1,14 @@
 //! A real server for the tests: a fresh SQLite file, [`flightlog_server::serve`] spawned on
-//! `127.0.0.1:0` in the test's runtime, and a plain-HTTP reqwest client pointed at it.
+//! `127.0.0.1:0` in the test's runtime, and a plain-HTTP reqwest client pointed at it; with
+//! [`Options::grpc`], also the OTLP/gRPC listener ([`flightlog_server::grpc::serve_grpc`]) on a
+//! second `127.0.0.1:0` port over the same state.
 
 use std::sync::Arc;
 
 use flightlog_core::activity::ActivityStore;
 use flightlog_core::journal::{EngagementJournal, RetentionConfig};
 use flightlog_core::{Clock, ManualClock, SystemClock};
+use flightlog_server::grpc::serve_grpc;
 use flightlog_server::{serve, AppState, ServeError, ServerConfig};
 use flightlog_sqlite::{
     SqliteActivityStore, SqliteConfig, SqliteDatabase, SqliteEngagementJournal,
@@ -28,6 +31,8 @@ pub struct Options {
     pub retention: RetentionConfig,
     /// Overrides how far behind the newest change `prune` trims the change log.
     pub change_log_retention: Option<i64>,
+    /// Also serve the OTLP/gRPC listener (its address is [`TestServer::grpc_base`]).
+    pub grpc: bool,
 }
 
 /// One answer: status, headers and the body as JSON (`Null` when empty).
@@ -66,12 +71,16 @@ impl Reply {
 /// A running server and a client for it.
 pub struct TestServer {
     pub base: String,
+    /// `http://127.0.0.1:PORT` of the OTLP/gRPC listener, when [`Options::grpc`] asked for one.
+    pub grpc_base: Option<String>,
     pub client: reqwest::Client,
     pub clock: Option<Arc<ManualClock>>,
     /// The server's database file.
     pub db_path: std::path::PathBuf,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), ServeError>>>,
+    grpc_shutdown: Option<oneshot::Sender<()>>,
+    grpc_task: Option<JoinHandle<Result<(), ServeError>>>,
     _dir: tempfile::TempDir,
 }
 
@@ -110,17 +119,37 @@ impl TestServer {
             .await
             .expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
+        let (grpc_base, grpc_shutdown, grpc_task) = if options.grpc {
+            let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind 127.0.0.1:0 for gRPC");
+            let grpc_addr = grpc_listener.local_addr().expect("gRPC local addr");
+            let (grpc_shutdown, grpc_signal) = oneshot::channel::<()>();
+            let grpc_task = tokio::spawn(serve_grpc(grpc_listener, state.clone(), async move {
+                let _ = grpc_signal.await;
+            }));
+            (
+                Some(format!("http://{grpc_addr}")),
+                Some(grpc_shutdown),
+                Some(grpc_task),
+            )
+        } else {
+            (None, None, None)
+        };
         let (shutdown, signal) = oneshot::channel::<()>();
         let task = tokio::spawn(serve(listener, state, async move {
             let _ = signal.await;
         }));
         Self {
             base: format!("http://{addr}"),
+            grpc_base,
             client: reqwest::Client::new(),
             clock: manual,
             db_path,
             shutdown: Some(shutdown),
             task: Some(task),
+            grpc_shutdown,
+            grpc_task,
             _dir: dir,
         }
     }
@@ -180,6 +209,17 @@ impl TestServer {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());
         }
+        if let Some(shutdown) = self.grpc_shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(task) = self.grpc_task.take() {
+            let outcome = tokio::time::timeout(std::time::Duration::from_secs(10), task)
+                .await
+                .expect("the gRPC listener stops within 10 s of its shutdown signal");
+            outcome
+                .expect("gRPC server task")
+                .expect("serve_grpc returns Ok");
+        }
         if let Some(task) = self.task.take() {
             let outcome = tokio::time::timeout(std::time::Duration::from_secs(10), task)
                 .await
@@ -192,6 +232,9 @@ impl TestServer {
 impl Drop for TestServer {
     fn drop(&mut self) {
         if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(shutdown) = self.grpc_shutdown.take() {
             let _ = shutdown.send(());
         }
     }

@@ -1,0 +1,80 @@
+//! The OTLP/gRPC listener: `opentelemetry.proto.collector.trace.v1.TraceService/Export`.
+//!
+//! The service itself (mapping, import, `partialSuccess`) is `flightlog-otlp`'s, shared with the
+//! OTLP/HTTP route; this module gives it the server's auth (the `ingest` scope, a token as
+//! `Bearer` or as the password of `Basic`, from the call's `authorization` metadata), its writer
+//! identity (`otlp`, or the call's `flightlog-writer` metadata is NOT consulted: gRPC exporters
+//! cannot set per-call headers easily, so one identity keeps sweeps predictable) and a listener
+//! of its own. It is served by axum over HTTP/2 cleartext (h2c, what OTLP exporters use on
+//! loopback and behind a TLS-terminating proxy), so no second HTTP stack is needed.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use flightlog_otlp::{trace_service, Authorize};
+use tokio::net::TcpListener;
+use tonic::metadata::MetadataMap;
+use tonic::Status;
+
+use crate::auth::{presented_token, AuthConfig, Scope};
+use crate::routes::otlp::OTLP_WRITER;
+use crate::state::AppState;
+use crate::ServeError;
+
+/// Admit a call when auth is off, or when its token holds the `ingest` scope.
+fn authorizer(auth: AuthConfig) -> Arc<Authorize> {
+    Arc::new(move |metadata: &MetadataMap| {
+        if !auth.is_enabled() {
+            return Ok(());
+        }
+        let value = metadata
+            .get("authorization")
+            .ok_or_else(|| {
+                Status::unauthenticated(
+                    "this server needs `authorization: Bearer <token>` metadata on every call",
+                )
+            })?
+            .to_str()
+            .map_err(|_| Status::unauthenticated("the authorization metadata must be ASCII"))?;
+        let token = presented_token(value).map_err(Status::unauthenticated)?;
+        let scopes = auth
+            .scopes_of(&token)
+            .ok_or_else(|| Status::unauthenticated("the token is not valid here"))?;
+        if scopes.contains(Scope::Ingest) {
+            Ok(())
+        } else {
+            Err(Status::permission_denied(
+                "this token lacks the `ingest` scope that trace export needs",
+            ))
+        }
+    })
+}
+
+/// The gRPC trace service over `state`'s activity store, as a router.
+pub fn grpc_app(state: &AppState) -> Router {
+    let service = trace_service(
+        state.activity_as(OTLP_WRITER),
+        authorizer(state.config().auth.clone()),
+        state.otlp_mapping().clone(),
+    )
+    // An OTLP batch is bounded by the HTTP body limit on the other listener; the same here
+    // (tonic's default would be 4 MiB).
+    .max_decoding_message_size(state.config().body_limit);
+    Router::new().fallback_service(service)
+}
+
+/// Serve [`grpc_app`] on `listener` until `shutdown` completes.
+pub async fn serve_grpc<F>(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: F,
+) -> Result<(), ServeError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    axum::serve(listener, grpc_app(&state))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,477 @@
+//! `GET /metrics`: what the server is doing, in the Prometheus text exposition format (0.0.4), so
+//! an operator can scrape it without any agent or sidecar.
+//!
+//! Two kinds of values:
+//! - counted as things happen, in the state's [`Metrics`] (one registry per server state, no
+//!   global recorder, so two servers in one process, as in the tests, never mix their numbers):
+//!   requests by route template, method and status; request durations; writes refused by the
+//!   write limit; live stream clients;
+//! - read at scrape time and never stored: the activity store's change cursor, the writes in
+//!   flight (from the write limit's semaphore), the process's resident memory and start time.
+//!
+//! Labels are bounded: `route` is the matched route *template* (`/v1/activity/spans/{spanId}`),
+//! never the raw path, and a request no route serves is counted under `route="unmatched"`, so
+//! neither ids nor probing can grow the number of series.
+
+use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::sync::OnceLock;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::Method;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::error::ApiError;
+use crate::openapi::tags;
+use crate::overload;
+use crate::state::AppState;
+
+/// The `Content-Type` of the answer: the Prometheus text format, version 0.0.4.
+pub const CONTENT_TYPE_TEXT: &str = prometheus_text::CONTENT_TYPE;
+
+/// The `route` label of a request no route serves.
+pub const UNMATCHED_ROUTE: &str = "unmatched";
+
+/// Upper bounds (seconds) of the request-duration buckets: a local SQLite read answers in well
+/// under a millisecond, a group commit in a few, so the low end is fine-grained.
+const DURATION_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Labels of `flightlog_http_requests_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: String,
+    method: &'static str,
+    status: u16,
+}
+
+/// Labels of `flightlog_http_request_duration_seconds`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: String,
+    method: &'static str,
+}
+
+/// Labels of `flightlog_stream_clients`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StreamLabels {
+    stream: &'static str,
+}
+
+/// Which live stream a client follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamKind {
+    /// `GET /v1/activity/changes/stream`.
+    Changes,
+    /// `GET /v1/activity/runs/{runId}/stream`.
+    Run,
+    /// `GET /v1/engagements/{engagementId}/stream`.
+    Journal,
+}
+
+impl StreamKind {
+    const ALL: [StreamKind; 3] = [Self::Changes, Self::Run, Self::Journal];
+
+    /// The `stream` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Changes => "changes",
+            Self::Run => "run",
+            Self::Journal => "journal",
+        }
+    }
+}
+
+type DurationFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
+
+/// The metrics counted as things happen; one per server state.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    durations: DurationFamily,
+    writes_refused: Counter,
+    stream_clients: Family<StreamLabels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Fresh metrics, every counter at zero.
+    pub fn new() -> Self {
+        // Fix the start time the first time any server state is made: close to the process's
+        // own start for `flightlog serve`, and the same for every state of one process.
+        process_start_time();
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "flightlog_http_requests",
+            "HTTP requests answered, by matched route template, method and status code",
+            requests.clone(),
+        );
+        let durations: DurationFamily =
+            Family::new_with_constructor(|| Histogram::new(DURATION_BUCKETS));
+        registry.register(
+            "flightlog_http_request_duration_seconds",
+            "Time from receiving a request to its response head (for a stream: until the stream \
+             started), by matched route template and method",
+            durations.clone(),
+        );
+        let writes_refused = Counter::default();
+        registry.register(
+            "flightlog_http_writes_refused",
+            "Write requests answered 503 because the write limit had no free slot in time",
+            writes_refused.clone(),
+        );
+        let stream_clients = Family::<StreamLabels, Gauge>::default();
+        for kind in StreamKind::ALL {
+            // Every kind is exported from the start (at 0), not only once a client came.
+            let _ = stream_clients.get_or_create_owned(&StreamLabels {
+                stream: kind.as_str(),
+            });
+        }
+        registry.register(
+            "flightlog_stream_clients",
+            "Live Server-Sent-Event streams open now, by stream kind",
+            stream_clients.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            durations,
+            writes_refused,
+            stream_clients,
+        }
+    }
+
+    /// Count one answered request.
+    fn observe_request(&self, route: String, method: &'static str, status: u16, seconds: f64) {
+        self.durations
+            .get_or_create(&RouteLabels {
+                route: route.clone(),
+                method,
+            })
+            .observe(seconds);
+        self.requests
+            .get_or_create(&RequestLabels {
+                route,
+                method,
+                status,
+            })
+            .inc();
+    }
+
+    /// Count one write refused by the write limit.
+    pub(crate) fn write_refused(&self) {
+        self.writes_refused.inc();
+    }
+
+    /// A stream client of `kind` came; the gauge goes down again when the guard is dropped.
+    pub(crate) fn stream_opened(&self, kind: StreamKind) -> StreamClient {
+        let gauge = self
+            .stream_clients
+            .get_or_create(&StreamLabels {
+                stream: kind.as_str(),
+            })
+            .clone();
+        gauge.inc();
+        StreamClient(gauge)
+    }
+
+    /// The exposition: the counted metrics followed by the values read at scrape time.
+    fn encode(&self, scrape: &ScrapeValues) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        prometheus_text::encode(&mut text, &self.registry)?;
+        prometheus_text::encode(&mut text, &scrape.registry())?;
+        Ok(text)
+    }
+}
+
+/// One open stream, counted in `flightlog_stream_clients` until dropped.
+#[derive(Debug)]
+pub(crate) struct StreamClient(Gauge);
+
+impl Drop for StreamClient {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// The values read at scrape time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ScrapeValues {
+    /// `None` when the store could not be read (the rest of the scrape still answers).
+    change_cursor: Option<i64>,
+    writes_in_flight: i64,
+    write_limit: i64,
+    /// `None` where `/proc/self/status` does not exist (not Linux).
+    resident_memory_bytes: Option<i64>,
+    start_time_seconds: f64,
+}
+
+impl ScrapeValues {
+    /// A registry holding just these values, made per scrape (a few allocations) so that a value
+    /// that could not be read is absent rather than stale.
+    fn registry(&self) -> Registry {
+        let mut registry = Registry::default();
+        if let Some(cursor) = self.change_cursor {
+            registry.register(
+                "flightlog_activity_change_cursor",
+                "The activity store's highest change id still in the log (latestChangeCursor)",
+                gauge_i64(cursor),
+            );
+        }
+        registry.register(
+            "flightlog_http_writes_in_flight",
+            "Write requests holding a slot of the write limit now",
+            gauge_i64(self.writes_in_flight),
+        );
+        registry.register(
+            "flightlog_http_write_limit",
+            "The write limit: the most write requests handled at once",
+            gauge_i64(self.write_limit),
+        );
+        if let Some(bytes) = self.resident_memory_bytes {
+            registry.register(
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes",
+                gauge_i64(bytes),
+            );
+        }
+        let start: Gauge<f64, AtomicU64> = Gauge::default();
+        start.set(self.start_time_seconds);
+        registry.register(
+            "process_start_time_seconds",
+            "Start time of the process since the Unix epoch in seconds",
+            start,
+        );
+        registry
+    }
+}
+
+fn gauge_i64(value: i64) -> Gauge<i64, AtomicI64> {
+    let gauge = Gauge::default();
+    gauge.set(value);
+    gauge
+}
+
+/// When this process made its first server state, seconds since the Unix epoch.
+fn process_start_time() -> f64 {
+    static START: OnceLock<f64> = OnceLock::new();
+    *START.get_or_init(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |since| since.as_secs_f64())
+    })
+}
+
+/// The process's resident set size, from `VmRSS` in `/proc/self/status` (in kB there).
+/// `/proc/self/statm` holds the same number in pages, but the page size needs `sysconf`, which
+/// safe Rust cannot call without a libc binding; `status` gives it in kB directly.
+fn resident_memory_bytes() -> Option<i64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    parse_vm_rss(&status)
+}
+
+fn parse_vm_rss(status: &str) -> Option<i64> {
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    let kilobytes: i64 = line
+        .trim_start_matches("VmRSS:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    kilobytes.checked_mul(1024)
+}
+
+/// The `method` label: the standard methods by name, anything else as `other`, so a client
+/// inventing methods cannot grow the number of series.
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::OPTIONS => "OPTIONS",
+        Method::TRACE => "TRACE",
+        Method::CONNECT => "CONNECT",
+        _ => "other",
+    }
+}
+
+/// The request-counting middleware. It wraps every other layer (see [`crate::app`]), so the
+/// answers of auth (401/403), the write limit (503) and the body limit (413) are counted too.
+pub(crate) async fn track_requests(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let route = request.extensions().get::<MatchedPath>().map_or_else(
+        || UNMATCHED_ROUTE.to_owned(),
+        |path| path.as_str().to_owned(),
+    );
+    let method = method_label(request.method());
+    let started = Instant::now();
+    let response = next.run(request).await;
+    state.metrics().observe_request(
+        route,
+        method,
+        response.status().as_u16(),
+        started.elapsed().as_secs_f64(),
+    );
+    response
+}
+
+/// The routes of this module, each registered from its `#[utoipa::path]` annotation.
+pub(crate) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(metrics))
+}
+
+/// The server's metrics in the Prometheus text format (0.0.4).
+///
+/// Counters and histograms: `flightlog_http_requests_total{route,method,status}`,
+/// `flightlog_http_request_duration_seconds{route,method}`, `flightlog_http_writes_refused_total`.
+/// Gauges: `flightlog_stream_clients{stream}`, `flightlog_http_writes_in_flight`,
+/// `flightlog_http_write_limit`, `flightlog_activity_change_cursor` (absent when the store could
+/// not be read), `process_resident_memory_bytes` (Linux only), `process_start_time_seconds`.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = tags::OPERATIONS,
+    operation_id = "metrics",
+    responses(
+        (status = 200, description = "The exposition.", content_type = "text/plain; version=0.0.4", body = String),
+    ),
+)]
+async fn metrics(State(state): State<AppState>) -> Response {
+    // A store that cannot be read leaves the cursor out instead of failing the scrape: the other
+    // metrics matter most exactly when something is wrong.
+    let change_cursor = state.activity().latest_change_cursor().await.ok();
+    let scrape = ScrapeValues {
+        change_cursor,
+        writes_in_flight: saturating_i64(overload::writes_in_flight(&state)),
+        write_limit: saturating_i64(overload::write_limit(&state)),
+        resident_memory_bytes: resident_memory_bytes(),
+        start_time_seconds: process_start_time(),
+    };
+    match state.metrics().encode(&scrape) {
+        Ok(text) => ([(CONTENT_TYPE, CONTENT_TYPE_TEXT)], text).into_response(),
+        Err(_) => ApiError::Internal("cannot encode the metrics".into()).into_response(),
+    }
+}
+
+fn saturating_i64(value: usize) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scrape() -> ScrapeValues {
+        ScrapeValues {
+            change_cursor: Some(7),
+            writes_in_flight: 1,
+            write_limit: 4,
+            resident_memory_bytes: None,
+            start_time_seconds: 1.5,
+        }
+    }
+
+    #[test]
+    fn requests_are_counted_by_route_method_and_status() {
+        let metrics = Metrics::new();
+        metrics.observe_request("/v1/activity/cursor".into(), "GET", 200, 0.002);
+        metrics.observe_request("/v1/activity/cursor".into(), "GET", 200, 0.002);
+        metrics.observe_request(UNMATCHED_ROUTE.into(), "POST", 404, 0.0001);
+        metrics.write_refused();
+        let text = metrics.encode(&scrape()).unwrap_or_default();
+        for expected in [
+            "# TYPE flightlog_http_requests_total counter\n",
+            "flightlog_http_requests_total{route=\"/v1/activity/cursor\",method=\"GET\",status=\"200\"} 2\n",
+            "flightlog_http_requests_total{route=\"unmatched\",method=\"POST\",status=\"404\"} 1\n",
+            "# TYPE flightlog_http_request_duration_seconds histogram\n",
+            "flightlog_http_request_duration_seconds_count{route=\"/v1/activity/cursor\",method=\"GET\"} 2\n",
+            "flightlog_http_request_duration_seconds_bucket{route=\"/v1/activity/cursor\",method=\"GET\",le=\"0.0025\"} 2\n",
+            "flightlog_http_writes_refused_total 1\n",
+            "flightlog_activity_change_cursor 7\n",
+            "flightlog_http_writes_in_flight 1\n",
+            "flightlog_http_write_limit 4\n",
+            "process_start_time_seconds 1.5\n",
+        ] {
+            assert!(text.contains(expected), "{expected:?} not in:\n{text}");
+        }
+        assert!(!text.contains("process_resident_memory_bytes"), "{text}");
+    }
+
+    #[test]
+    fn stream_clients_go_up_and_down_with_their_guards() {
+        let metrics = Metrics::new();
+        let first = metrics.stream_opened(StreamKind::Run);
+        let second = metrics.stream_opened(StreamKind::Run);
+        let text = metrics.encode(&scrape()).unwrap_or_default();
+        assert!(
+            text.contains("flightlog_stream_clients{stream=\"run\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("flightlog_stream_clients{stream=\"changes\"} 0\n"),
+            "{text}"
+        );
+        drop(first);
+        drop(second);
+        let text = metrics.encode(&scrape()).unwrap_or_default();
+        assert!(
+            text.contains("flightlog_stream_clients{stream=\"run\"} 0\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_unreadable_value_is_left_out_not_reported_stale() {
+        let metrics = Metrics::new();
+        let scrape = ScrapeValues {
+            change_cursor: None,
+            ..scrape()
+        };
+        let text = metrics.encode(&scrape).unwrap_or_default();
+        assert!(!text.contains("flightlog_activity_change_cursor"), "{text}");
+    }
+
+    #[test]
+    fn resident_memory_is_read_in_kilobytes() {
+        let status = "Name:\tflightlog\nVmPeak:\t  9000 kB\nVmRSS:\t    1234 kB\nThreads:\t3\n";
+        assert_eq!(parse_vm_rss(status), Some(1234 * 1024));
+        assert_eq!(parse_vm_rss("Name:\tx\n"), None);
+        assert_eq!(parse_vm_rss("VmRSS:\tlots kB\n"), None);
+        if cfg!(target_os = "linux") {
+            assert!(resident_memory_bytes().is_some_and(|bytes| bytes > 0));
+        }
+    }
+
+    #[test]
+    fn unknown_methods_share_one_label() {
+        assert_eq!(method_label(&Method::PATCH), "PATCH");
+        let custom = Method::from_bytes(b"BREW").unwrap_or(Method::GET);
+        assert_eq!(method_label(&custom), "other");
+    }
+}

@@ -1,0 +1,342 @@
+//! `GET /openapi.json`: the OpenAPI 3.1 document of this server, generated from the code rather
+//! than written by hand, so it cannot describe an API the server does not serve.
+//!
+//! Where each part comes from:
+//! - paths, methods, parameters, bodies and each handler's own answers: the `#[utoipa::path]`
+//!   annotation on the handler, which is also what registers the route (see `crate::routes`);
+//! - schemas: `utoipa::ToSchema` on the wire types, the core's records included (its `openapi`
+//!   feature);
+//! - what the middleware adds to every route ([`finish`]): the bearer security requirement with
+//!   the scope [`crate::auth::required_access`] demands, `401`/`403` wherever a token is needed,
+//!   `503` for writes (the write limit of [`crate::overload`]), `413`/`415` wherever a JSON body
+//!   is read, and `500`/`503` for every route over the stores.
+//!
+//! [`base`] holds what no handler knows: the title, the tags, the security scheme. A new route
+//! needs nothing here; a new *area* adds its tag to [`tags`] and to [`ApiDoc`].
+
+use std::sync::Arc;
+
+use axum::http::header::CONTENT_TYPE;
+use axum::http::Method;
+use axum::response::IntoResponse;
+use axum::Extension;
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{Content, OpenApi, Ref, RefOr, Response, ResponseBuilder, Schema};
+use utoipa::{OpenApi as _, PartialSchema, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::auth::{is_read_method, required_access, Access};
+use crate::error::{ApiError, ErrorBody};
+use crate::state::AppState;
+
+/// The tag of each area of the contract (the sections of `http-api.md`).
+pub(crate) mod tags {
+    /// Spans, runs and the change log.
+    pub(crate) const ACTIVITY: &str = "activity";
+    /// The engagement journal.
+    pub(crate) const JOURNAL: &str = "journal";
+    /// The live Server-Sent-Event streams.
+    pub(crate) const STREAMS: &str = "streams";
+    /// Sweeps, pruning and compaction (the `admin` scope).
+    pub(crate) const MAINTENANCE: &str = "maintenance";
+    /// OpenTelemetry trace ingest (OTLP/HTTP).
+    pub(crate) const INGEST: &str = "ingest";
+    /// Health, metrics and this document.
+    pub(crate) const OPERATIONS: &str = "operations";
+    /// The testing clock of a `--manual-clock` server.
+    pub(crate) const TESTING: &str = "testing";
+}
+
+/// The `{spanId}` path parameter.
+pub(crate) const SPAN_ID: &str = "The span's client-chosen id (1 to 256 bytes).";
+/// The `{runId}` path parameter.
+pub(crate) const RUN_ID: &str = "The run's client-chosen id (1 to 256 bytes).";
+/// The `{engagementId}` path parameter.
+pub(crate) const ENGAGEMENT_ID: &str = "The engagement's client-chosen id (1 to 256 bytes).";
+
+/// The name of the bearer-token security scheme.
+pub const BEARER: &str = "bearerAuth";
+
+/// What no handler annotation knows: the document's title and description and the tags.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "flightlog HTTP API",
+        description = "The flight recorder for AI agents: activity spans (a tree per run, with \
+            events, a change log and rollups) and engagement journals (append-only event streams \
+            per multi-agent engagement). Field names are camelCase, times are integer epoch \
+            milliseconds, a field the reference leaves undefined is absent and `null` stays \
+            `null`. Every error answer is `{\"error\": {\"code\", \"message\"}}`.\n\n\
+            When the server has tokens configured, every request but `GET /healthz` needs \
+            `Authorization: Bearer <token>` with the scope each operation's security \
+            requirement names (`read`, `ingest` or `admin`); without tokens the server is open.",
+    ),
+    tags(
+        (name = tags::ACTIVITY, description = "Spans, runs and the change log: one operation per reference `ActivityStore` call."),
+        (name = tags::JOURNAL, description = "The engagement journal: appends, reads, summaries and the board."),
+        (name = tags::STREAMS, description = "Live Server-Sent-Event streams: persist, then emit; gap-free and resumable with `Last-Event-ID`."),
+        (name = tags::MAINTENANCE, description = "Sweeps, pruning and compaction; the `admin` scope."),
+        (name = tags::INGEST, description = "OpenTelemetry trace ingest: OTLP/HTTP protobuf or JSON, each trace a run."),
+        (name = tags::OPERATIONS, description = "Health, Prometheus metrics and this document."),
+        (name = tags::TESTING, description = "The testing clock; present only on a server started with `--manual-clock`."),
+    ),
+)]
+struct ApiDoc;
+
+/// The document before any route is added.
+pub(crate) fn base() -> OpenApi {
+    ApiDoc::openapi()
+}
+
+/// The routes of this module, each registered from its `#[utoipa::path]` annotation.
+pub(crate) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(openapi_json))
+}
+
+/// The finished document, shared by every request (see [`crate::app`]).
+#[derive(Clone)]
+pub(crate) struct Document(pub(crate) Arc<OpenApi>);
+
+/// This document: the OpenAPI 3.1 description of every route this server serves.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = tags::OPERATIONS,
+    operation_id = "openapi",
+    responses((status = 200, description = "The OpenAPI document.", content_type = "application/json", body = Object)),
+)]
+async fn openapi_json(Extension(document): Extension<Document>) -> impl IntoResponse {
+    match serde_json::to_vec(document.0.as_ref()) {
+        Ok(json) => ([(CONTENT_TYPE, "application/json")], json).into_response(),
+        Err(err) => {
+            ApiError::Internal(format!("cannot write the OpenAPI document: {err}")).into_response()
+        }
+    }
+}
+
+/// Add to every operation of `document` what the middleware does to its route (see the module
+/// documentation), and the shared error responses and the security scheme they refer to.
+pub(crate) fn finish(document: &mut OpenApi) {
+    let components = document.components.get_or_insert_with(Default::default);
+    components.add_security_scheme(
+        BEARER,
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .description(Some(
+                    "A token configured on the server (`--token`, `FLIGHTLOG_TOKENS`, the config \
+                     file), with the scopes `read` (all GETs and streams), `ingest` (all writes \
+                     and OTLP) and `admin` (maintenance, prune, compact).",
+                ))
+                .build(),
+        ),
+    );
+    // The shared responses refer to `ErrorBody`: make sure it is there even if no handler names it.
+    let mut schemas = vec![(ErrorBody::name().into_owned(), ErrorBody::schema())];
+    <ErrorBody as ToSchema>::schemas(&mut schemas);
+    for (name, schema) in schemas {
+        components.schemas.entry(name).or_insert(schema);
+    }
+    for shared in SharedResponse::ALL {
+        components
+            .responses
+            .insert(shared.name().to_owned(), RefOr::T(shared.response()));
+    }
+    for (path, item) in document.paths.paths.iter_mut() {
+        let operations = [
+            (Method::GET, &mut item.get),
+            (Method::PUT, &mut item.put),
+            (Method::POST, &mut item.post),
+            (Method::DELETE, &mut item.delete),
+            (Method::OPTIONS, &mut item.options),
+            (Method::HEAD, &mut item.head),
+            (Method::PATCH, &mut item.patch),
+            (Method::TRACE, &mut item.trace),
+        ];
+        for (method, operation) in operations {
+            if let Some(operation) = operation {
+                finish_operation(path, &method, operation);
+            }
+        }
+    }
+}
+
+fn finish_operation(path: &str, method: &Method, operation: &mut Operation) {
+    optional_body_is_absent_not_null(operation);
+    // The route template is both the path and the matched route, as the auth middleware sees it.
+    let access = required_access(method, path, Some(path));
+    match access {
+        Access::Public => {}
+        Access::AnyToken => add_security(operation, &[]),
+        Access::Scope(scope) => add_security(operation, &[scope.name()]),
+    }
+    if access != Access::Public {
+        add_response(operation, SharedResponse::Unauthorized);
+        add_response(operation, SharedResponse::Forbidden);
+    }
+    if operation.request_body.is_some() {
+        add_response(operation, SharedResponse::PayloadTooLarge);
+        add_response(operation, SharedResponse::UnsupportedMediaType);
+    }
+    if !is_read_method(method) || path.starts_with("/v1/") {
+        add_response(operation, SharedResponse::Unavailable);
+    }
+    if path.starts_with("/v1/") {
+        add_response(operation, SharedResponse::Internal);
+    }
+}
+
+/// An optional body (`request_body = Option<T>`) is one that may be *left out*
+/// (`OptionalJsonBody`), not one that may be `null`; utoipa describes it as `oneOf [null, T]`,
+/// so keep just `T`.
+fn optional_body_is_absent_not_null(operation: &mut Operation) {
+    let Some(body) = operation.request_body.as_mut() else {
+        return;
+    };
+    if body.required == Some(utoipa::openapi::Required::True) {
+        return;
+    }
+    for content in body.content.values_mut() {
+        let Some(RefOr::T(Schema::OneOf(one_of))) = content.schema.as_ref() else {
+            continue;
+        };
+        let mut not_null = one_of.items.iter().filter(|item| !is_null_schema(item));
+        if let (Some(only), None) = (not_null.next(), not_null.next()) {
+            let only = only.clone();
+            content.schema = Some(only);
+        }
+    }
+}
+
+fn is_null_schema(schema: &RefOr<Schema>) -> bool {
+    matches!(
+        schema,
+        RefOr::T(Schema::Object(object))
+            if object.schema_type == utoipa::openapi::schema::SchemaType::Type(
+                utoipa::openapi::schema::Type::Null
+            )
+    )
+}
+
+fn add_security(operation: &mut Operation, scopes: &[&str]) {
+    operation
+        .security
+        .get_or_insert_with(Vec::new)
+        .push(SecurityRequirement::new(BEARER, scopes.iter().copied()));
+}
+
+/// Refer to `shared` for its status, unless the handler's annotation describes that status itself.
+fn add_response(operation: &mut Operation, shared: SharedResponse) {
+    operation
+        .responses
+        .responses
+        .entry(shared.status().to_owned())
+        .or_insert_with(|| RefOr::Ref(Ref::from_response_name(shared.name())));
+}
+
+/// The error answers the middleware (not the handler) gives, kept once in `components.responses`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SharedResponse {
+    Unauthorized,
+    Forbidden,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    Unavailable,
+    Internal,
+}
+
+impl SharedResponse {
+    const ALL: [SharedResponse; 6] = [
+        Self::Unauthorized,
+        Self::Forbidden,
+        Self::PayloadTooLarge,
+        Self::UnsupportedMediaType,
+        Self::Unavailable,
+        Self::Internal,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Unauthorized => "Unauthorized",
+            Self::Forbidden => "Forbidden",
+            Self::PayloadTooLarge => "PayloadTooLarge",
+            Self::UnsupportedMediaType => "UnsupportedMediaType",
+            Self::Unavailable => "Unavailable",
+            Self::Internal => "Internal",
+        }
+    }
+
+    fn status(self) -> &'static str {
+        match self {
+            Self::Unauthorized => "401",
+            Self::Forbidden => "403",
+            Self::PayloadTooLarge => "413",
+            Self::UnsupportedMediaType => "415",
+            Self::Unavailable => "503",
+            Self::Internal => "500",
+        }
+    }
+
+    fn description(self) -> &'static str {
+        match self {
+            Self::Unauthorized => {
+                "`unauthorized`: tokens are configured and the request carries none, a malformed \
+                 `Authorization` header, or an unknown token."
+            }
+            Self::Forbidden => "`forbidden`: the token lacks the scope this operation needs.",
+            Self::PayloadTooLarge => {
+                "`payload_too_large`: the body is over the server's limit (default 8 MiB)."
+            }
+            Self::UnsupportedMediaType => {
+                "`unsupported_media_type`: a body in a content type (or encoding) this operation \
+                 does not take."
+            }
+            Self::Unavailable => {
+                "`unavailable`: the server is at its limit of writes in flight, the store is \
+                 overloaded, or the server is shutting down; retry after `Retry-After` seconds."
+            }
+            Self::Internal => {
+                "`internal`: the database failed or holds data this version cannot read."
+            }
+        }
+    }
+
+    fn response(self) -> Response {
+        let error_body: RefOr<Schema> = RefOr::Ref(Ref::from_schema_name("ErrorBody"));
+        let mut response = ResponseBuilder::new()
+            .description(self.description())
+            .content("application/json", Content::new(Some(error_body)));
+        match self {
+            Self::Unavailable => {
+                let seconds = utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::Type::Integer);
+                response = response.header(
+                    "Retry-After",
+                    HeaderBuilder::new()
+                        .schema(seconds)
+                        .description(Some("Seconds to wait before retrying."))
+                        .build(),
+                );
+            }
+            Self::Unauthorized => {
+                let text = utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::Type::String);
+                response = response.header(
+                    "WWW-Authenticate",
+                    HeaderBuilder::new()
+                        .schema(text)
+                        .description(Some("`Bearer realm=\"flightlog\"`."))
+                        .build(),
+                );
+            }
+            _ => {}
+        }
+        response.build()
+    }
+}
+
+#[cfg(test)]
+mod tests;

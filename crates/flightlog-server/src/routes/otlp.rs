@@ -1,0 +1,146 @@
+//! `POST /v1/traces`: OTLP/HTTP trace ingest on the main listener.
+//!
+//! Decoding and the span mapping live in `flightlog-otlp` (no HTTP there); this handler only
+//! reads the headers, calls [`flightlog_otlp::decode_request`] and [`flightlog_otlp::ingest`],
+//! and answers an `ExportTraceServiceResponse` in the request's own encoding (`partialSuccess`
+//! names the spans refused and why).
+//!
+//! Errors: a request whose body is protobuf gets the OTLP/HTTP error body, a protobuf
+//! `google.rpc.Status` (what a protobuf exporter can read); any other request gets the
+//! contract's JSON `{"error": …}`. Either way the status code is the contract's (400, 413, 415,
+//! 503 with `Retry-After`), so an exporter's retry logic, which reads only the status, behaves.
+//!
+//! Spans are written as the `Flightlog-Writer` header's identity, else as the writer `otlp`:
+//! not the server's own per-boot identity, so a server restart never sweeps the pending spans
+//! of traces still being delivered (their staleness is judged by heartbeat age instead).
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::header::{CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use flightlog_otlp::{
+    decode_request, encode_response, encode_status, ingest, GrpcCode, OtlpEncoding, OtlpError,
+};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::error::{ApiError, ErrorBody, RETRY_AFTER_SECONDS};
+use crate::extract::WRITER_HEADER;
+use crate::openapi::tags;
+use crate::state::AppState;
+use crate::validate::MAX_ID_BYTES;
+
+/// The writer identity of OTLP spans when the request names none.
+pub const OTLP_WRITER: &str = "otlp";
+
+/// The routes of this module, each registered from its `#[utoipa::path]` annotation.
+pub(crate) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(export_traces))
+}
+
+fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|value| value.to_str().ok())
+}
+
+/// Whether the request declared a protobuf body (its errors are then answered in protobuf).
+fn is_protobuf(headers: &HeaderMap) -> bool {
+    header_text(headers, CONTENT_TYPE.as_str())
+        .and_then(OtlpEncoding::from_content_type)
+        .is_some_and(|encoding| encoding == OtlpEncoding::Protobuf)
+}
+
+/// An error answer: the OTLP `Status` for protobuf requests, the contract's body otherwise.
+fn failure(headers: &HeaderMap, error: ApiError, code: GrpcCode) -> Response {
+    if !is_protobuf(headers) {
+        return error.into_response();
+    }
+    let status = error.status();
+    let (content_type, body) = encode_status(code, &error.to_string(), OtlpEncoding::Protobuf);
+    let mut response = (status, [(CONTENT_TYPE, content_type)], body).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+    }
+    response
+}
+
+fn decode_failure(headers: &HeaderMap, error: &OtlpError) -> Response {
+    let message = error.to_string();
+    let api_error = match error {
+        OtlpError::UnsupportedContentType { .. } | OtlpError::UnsupportedContentEncoding { .. } => {
+            ApiError::UnsupportedMediaType(message)
+        }
+        OtlpError::TooLarge { .. } => ApiError::PayloadTooLarge(message),
+        OtlpError::Malformed { .. } => ApiError::InvalidRequest(message),
+    };
+    failure(headers, api_error, error.grpc_code())
+}
+
+/// OTLP/HTTP trace export: each trace a run, each span a span (mapping: docs/otlp.md).
+#[utoipa::path(
+    post,
+    path = "/v1/traces",
+    tag = tags::INGEST,
+    operation_id = "exportTraces",
+    request_body(
+        description = "An OTLP `ExportTraceServiceRequest`, optionally `Content-Encoding: gzip`.",
+        content(
+            (Vec<u8> = "application/x-protobuf"),
+            (Object = "application/json"),
+        ),
+    ),
+    responses(
+        (status = 200, description = "An `ExportTraceServiceResponse` in the request's encoding; \
+            `partialSuccess` counts the spans refused and says why.",
+            content((Vec<u8> = "application/x-protobuf"), (Object = "application/json"))),
+        (status = 400, description = "Malformed protobuf or OTLP/JSON (a protobuf request gets a \
+            protobuf `google.rpc.Status` body).", body = ErrorBody),
+        (status = 413, description = "The body, or what its gzip inflates to, is too large.", body = ErrorBody),
+        (status = 415, description = "Neither protobuf nor JSON, or an unknown `Content-Encoding`.", body = ErrorBody),
+    ),
+)]
+async fn export_traces(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let writer = match header_text(&headers, WRITER_HEADER) {
+        None if headers.contains_key(WRITER_HEADER) => {
+            let error = ApiError::invalid("the Flightlog-Writer header must be visible ASCII text");
+            return failure(&headers, error, GrpcCode::InvalidArgument);
+        }
+        None => OTLP_WRITER,
+        Some(writer) if writer.is_empty() || writer.len() > MAX_ID_BYTES => {
+            let error = ApiError::invalid(format!(
+                "the Flightlog-Writer header must be 1 to {MAX_ID_BYTES} bytes, got {}",
+                writer.len()
+            ));
+            return failure(&headers, error, GrpcCode::InvalidArgument);
+        }
+        Some(writer) => writer,
+    };
+    let max_decompressed = state.config().otlp_max_decompressed;
+    let (request, encoding) = match decode_request(
+        header_text(&headers, CONTENT_TYPE.as_str()),
+        header_text(&headers, CONTENT_ENCODING.as_str()),
+        &body,
+        max_decompressed,
+    ) {
+        Ok(decoded) => decoded,
+        Err(error) => return decode_failure(&headers, &error),
+    };
+    let store = state.activity_as(writer);
+    match ingest(store.as_ref(), &request, state.otlp_mapping()).await {
+        Ok((response, _report)) => {
+            let (content_type, body) = encode_response(&response, encoding);
+            (StatusCode::OK, [(CONTENT_TYPE, content_type)], body).into_response()
+        }
+        Err(error) => {
+            let api_error = ApiError::from(error);
+            let code = if api_error.status() == StatusCode::SERVICE_UNAVAILABLE {
+                GrpcCode::Unavailable
+            } else {
+                GrpcCode::Internal
+            };
+            failure(&headers, api_error, code)
+        }
+    }
+}

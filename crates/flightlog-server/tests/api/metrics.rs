@@ -1,0 +1,334 @@
+//! `GET /metrics` on a real server: the exposition parses as the Prometheus text format, the
+//! request counters move with the right labels, refused writes and live streams are counted, and
+//! the values read at scrape time (change cursor, process memory and start) are there.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use flightlog_server::ServerConfig;
+use reqwest::Method;
+use serde_json::json;
+
+use crate::support::{Options, TestServer};
+
+/// One parsed exposition: each sample line keyed by `name{labels}` exactly as written, and the
+/// declared type of each family.
+#[derive(Debug, Default)]
+struct Exposition {
+    samples: BTreeMap<String, f64>,
+    types: BTreeMap<String, String>,
+}
+
+impl Exposition {
+    /// The sample `series` (`name{labels}` as written), if present.
+    fn get(&self, series: &str) -> Option<f64> {
+        self.samples.get(series).copied()
+    }
+}
+
+/// Parse the text format, failing on any line that is not a `# HELP`/`# TYPE` comment or a
+/// `name{labels} value` sample, and on a sample whose family had no `# TYPE` before it.
+fn parse(text: &str) -> Exposition {
+    let mut exposition = Exposition::default();
+    let mut helped = BTreeSet::new();
+    for line in text.lines().filter(|line| !line.is_empty()) {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').expect("# HELP name text");
+            assert!(is_metric_name(name), "{line}");
+            assert!(!help.is_empty(), "{line}");
+            assert!(helped.insert(name.to_owned()), "HELP twice: {line}");
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').expect("# TYPE name type");
+            assert!(is_metric_name(name), "{line}");
+            assert!(
+                ["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind),
+                "{line}"
+            );
+            let previous = exposition.types.insert(name.to_owned(), kind.to_owned());
+            assert!(previous.is_none(), "TYPE twice: {line}");
+            continue;
+        }
+        assert!(!line.starts_with('#'), "an unexpected comment: {line}");
+        let (series, value) = line.rsplit_once(' ').expect("name{labels} value");
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            other => other.parse().unwrap_or_else(|_| panic!("a number: {line}")),
+        };
+        let name = match series.split_once('{') {
+            Some((name, labels)) => {
+                let labels = labels.strip_suffix('}').expect("labels end with }");
+                for pair in split_labels(labels) {
+                    let (key, quoted) = pair.split_once('=').expect("label=\"value\"");
+                    assert!(is_label_name(key), "{line}");
+                    assert!(
+                        quoted.len() >= 2 && quoted.starts_with('"') && quoted.ends_with('"'),
+                        "{line}"
+                    );
+                }
+                name
+            }
+            None => series,
+        };
+        assert!(is_metric_name(name), "{line}");
+        let family = family_of(name, &exposition.types);
+        assert!(family.is_some(), "no # TYPE before {line}");
+        let previous = exposition.samples.insert(series.to_owned(), value);
+        assert!(previous.is_none(), "the same series twice: {line}");
+    }
+    exposition
+}
+
+/// The declared family a sample belongs to: its own name, or a histogram's name for its
+/// `_bucket`/`_sum`/`_count` lines.
+fn family_of<'a>(name: &'a str, types: &BTreeMap<String, String>) -> Option<&'a str> {
+    if types.contains_key(name) {
+        return Some(name);
+    }
+    ["_bucket", "_sum", "_count"].iter().find_map(|suffix| {
+        let base = name.strip_suffix(suffix)?;
+        (types.get(base).map(String::as_str) == Some("histogram")).then_some(base)
+    })
+}
+
+/// Split `a="x",b="y,z"` at the commas outside quotes.
+fn split_labels(labels: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0, false, false);
+    for (index, byte) in labels.bytes().enumerate() {
+        match byte {
+            _ if escaped => escaped = false,
+            b'\\' if quoted => escaped = true,
+            b'"' => quoted = !quoted,
+            b',' if !quoted => {
+                parts.push(&labels[start..index]);
+                start = index + 1;
+            }
+            _ => {}
+        }
+    }
+    assert!(!quoted, "unterminated label value: {labels}");
+    if start < labels.len() {
+        parts.push(&labels[start..]);
+    }
+    parts
+}
+
+fn is_metric_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_' || b == b':')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
+}
+
+fn is_label_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Scrape `/metrics`, checking the status and content type.
+async fn scrape(server: &TestServer) -> Exposition {
+    let response = server
+        .client
+        .get(format!("{}/metrics", server.base))
+        .send()
+        .await
+        .expect("scrape");
+    assert_eq!(response.status().as_u16(), 200);
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .unwrap_or_default();
+    assert!(
+        content_type.starts_with("text/plain; version=0.0.4"),
+        "{content_type}"
+    );
+    parse(&response.text().await.expect("text"))
+}
+
+fn requests(route: &str, method: &str, status: u16) -> String {
+    format!(
+        "flightlog_http_requests_total{{route=\"{route}\",method=\"{method}\",status=\"{status}\"}}"
+    )
+}
+
+#[tokio::test]
+async fn requests_are_counted_by_route_template_method_and_status() {
+    let server = TestServer::start().await;
+    let start = json!({"spanId": "s1", "runId": "r1", "name": "n", "kind": "turn",
+                       "origin": "session", "startedAt": 1});
+    server
+        .post("/v1/activity/spans", &start)
+        .await
+        .assert_status(201);
+    server
+        .post("/v1/activity/spans", &start)
+        .await
+        .assert_error(409, "conflict");
+    server.get("/v1/activity/spans/s1").await.assert_status(200);
+    server
+        .get("/v1/activity/spans/unknown")
+        .await
+        .assert_error(404, "not_found");
+    server
+        .get("/v1/no/such/route")
+        .await
+        .assert_error(404, "not_found");
+    let cursor = server.get("/v1/activity/cursor").await.assert_status(200)["changeCursor"]
+        .as_f64()
+        .expect("a cursor");
+
+    let before = scrape(&server).await;
+    let expected = [
+        (requests("/v1/activity/spans", "POST", 201), 1.0),
+        (requests("/v1/activity/spans", "POST", 409), 1.0),
+        // Both span reads count under the template, never under the raw path.
+        (requests("/v1/activity/spans/{spanId}", "GET", 200), 1.0),
+        (requests("/v1/activity/spans/{spanId}", "GET", 404), 1.0),
+        (requests("unmatched", "GET", 404), 1.0),
+        (requests("/v1/activity/cursor", "GET", 200), 1.0),
+    ];
+    for (series, value) in &expected {
+        assert_eq!(before.get(series), Some(*value), "{series}");
+    }
+    assert_eq!(
+        before
+            .types
+            .get("flightlog_http_requests_total")
+            .map(String::as_str),
+        Some("counter")
+    );
+    assert!(!before
+        .samples
+        .keys()
+        .any(|series| series.contains("unknown")));
+    let duration = "flightlog_http_request_duration_seconds_count{route=\"/v1/activity/spans/{spanId}\",method=\"GET\"}";
+    assert_eq!(before.get(duration), Some(2.0));
+    assert_eq!(
+        before
+            .types
+            .get("flightlog_http_request_duration_seconds")
+            .map(String::as_str),
+        Some("histogram")
+    );
+    assert_eq!(before.get("flightlog_activity_change_cursor"), Some(cursor));
+    assert!(cursor >= 1.0);
+    assert!(before
+        .get("process_start_time_seconds")
+        .is_some_and(|t| t > 1.6e9));
+    if cfg!(target_os = "linux") {
+        assert!(before
+            .get("process_resident_memory_bytes")
+            .is_some_and(|b| b > 0.0));
+    }
+    assert_eq!(before.get("flightlog_http_writes_in_flight"), Some(0.0));
+    assert_eq!(
+        before.get("flightlog_http_write_limit"),
+        Some(ServerConfig::DEFAULT_MAX_INFLIGHT_WRITES as f64)
+    );
+    assert_eq!(before.get("flightlog_http_writes_refused_total"), Some(0.0));
+
+    // The counters move: one more read, and the first scrape itself.
+    server.get("/v1/activity/cursor").await.assert_status(200);
+    let after = scrape(&server).await;
+    assert_eq!(
+        after.get(&requests("/v1/activity/cursor", "GET", 200)),
+        Some(2.0)
+    );
+    assert_eq!(after.get(&requests("/metrics", "GET", 200)), Some(1.0));
+    assert_eq!(
+        after.get(&requests("/v1/activity/spans", "POST", 201)),
+        Some(1.0)
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn refused_writes_are_counted() {
+    let server = TestServer::start_with(Options {
+        config: ServerConfig {
+            max_inflight_writes: 0,
+            write_wait: Duration::from_millis(1),
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    for _ in 0..2 {
+        server
+            .send(
+                Method::POST,
+                "/v1/activity/maintenance/sweep-orphans",
+                None,
+                None,
+            )
+            .await
+            .assert_error(503, "unavailable");
+    }
+    let exposition = scrape(&server).await;
+    assert_eq!(
+        exposition.get("flightlog_http_writes_refused_total"),
+        Some(2.0)
+    );
+    assert_eq!(exposition.get("flightlog_http_write_limit"), Some(0.0));
+    assert_eq!(
+        exposition.get(&requests(
+            "/v1/activity/maintenance/sweep-orphans",
+            "POST",
+            503
+        )),
+        Some(2.0)
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn live_stream_clients_are_counted_while_connected() {
+    let server = TestServer::start().await;
+    let changes = "flightlog_stream_clients{stream=\"changes\"}";
+    let journal = "flightlog_stream_clients{stream=\"journal\"}";
+    let idle = scrape(&server).await;
+    assert_eq!(idle.get(changes), Some(0.0));
+    assert_eq!(idle.get(journal), Some(0.0));
+    assert_eq!(
+        idle.types
+            .get("flightlog_stream_clients")
+            .map(String::as_str),
+        Some("gauge")
+    );
+
+    let stream = server
+        .client
+        .get(format!(
+            "{}/v1/activity/changes/stream?after=0",
+            server.base
+        ))
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(stream.status().as_u16(), 200);
+    let open = scrape(&server).await;
+    assert_eq!(open.get(changes), Some(1.0));
+    assert_eq!(open.get(journal), Some(0.0));
+
+    // A client that goes away is no longer counted.
+    drop(stream);
+    let mut now = scrape(&server).await.get(changes);
+    for _ in 0..50 {
+        if now == Some(0.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        now = scrape(&server).await.get(changes);
+    }
+    assert_eq!(now, Some(0.0), "the stream's client went away");
+    server.stop().await;
+}

@@ -1,0 +1,338 @@
+//! `POST /v1/traces` on a real server with hand-built OTLP bodies: the edge cases an exporter in
+//! the wild produces (retries, spans out of order, stragglers after the rollup) and the inputs a
+//! hostile or broken one sends (malformed protobuf, a wrong content type, a gzip bomb, huge
+//! attributes), each with its answer, and the server still serving afterwards. The real SDK
+//! clients are exercised in `otlp_clients`.
+
+use std::io::Write;
+
+use flightlog_otlp::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{span, ResourceSpans, ScopeSpans, Span, Status};
+use prost::Message;
+use serde_json::{json, Value};
+
+use crate::support::TestServer;
+
+const TRACE: [u8; 16] = [0xab; 16];
+const TRACE_HEX: &str = "abababababababababababababababab";
+
+fn span_id(n: u8) -> Vec<u8> {
+    vec![0, 0, 0, 0, 0, 0, 0, n]
+}
+
+fn hex(n: u8) -> String {
+    format!("00000000000000{n:02x}")
+}
+
+fn attr(key: &str, value: any_value::Value) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue { value: Some(value) }),
+        ..KeyValue::default()
+    }
+}
+
+fn text(key: &str, value: &str) -> KeyValue {
+    attr(key, any_value::Value::StringValue(value.into()))
+}
+
+fn int(key: &str, value: i64) -> KeyValue {
+    attr(key, any_value::Value::IntValue(value))
+}
+
+/// A finished span `n` under `parent` (0: root), started at `start_ms`.
+fn otlp_span(n: u8, parent: u8, start_ms: u64, attributes: Vec<KeyValue>) -> Span {
+    Span {
+        trace_id: TRACE.to_vec(),
+        span_id: span_id(n),
+        parent_span_id: if parent == 0 {
+            Vec::new()
+        } else {
+            span_id(parent)
+        },
+        name: format!("span-{n}"),
+        start_time_unix_nano: start_ms * 1_000_000,
+        end_time_unix_nano: (start_ms + 50) * 1_000_000,
+        attributes,
+        status: Some(Status {
+            code: 1,
+            message: String::new(),
+        }),
+        ..Span::default()
+    }
+}
+
+fn model_span(n: u8, parent: u8, start_ms: u64, input: i64) -> Span {
+    otlp_span(
+        n,
+        parent,
+        start_ms,
+        vec![
+            text("gen_ai.operation.name", "chat"),
+            text("gen_ai.request.model", "gpt-4o-mini"),
+            int("gen_ai.usage.input_tokens", input),
+            int("gen_ai.usage.output_tokens", 10),
+        ],
+    )
+}
+
+fn root_span() -> Span {
+    otlp_span(
+        1,
+        0,
+        1_000,
+        vec![text("gen_ai.operation.name", "invoke_agent")],
+    )
+}
+
+fn request(spans: Vec<Span>) -> ExportTraceServiceRequest {
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: vec![text("service.name", "test-agent")],
+                ..Resource::default()
+            }),
+            scope_spans: vec![ScopeSpans {
+                spans,
+                ..ScopeSpans::default()
+            }],
+            ..ResourceSpans::default()
+        }],
+    }
+}
+
+async fn post_raw(
+    server: &TestServer,
+    content_type: &str,
+    encoding: Option<&str>,
+    body: Vec<u8>,
+) -> reqwest::Response {
+    let mut builder = server
+        .client
+        .post(format!("{}/v1/traces", server.base))
+        .header("content-type", content_type)
+        .body(body);
+    if let Some(encoding) = encoding {
+        builder = builder.header("content-encoding", encoding);
+    }
+    builder.send().await.expect("the server answers")
+}
+
+/// Post protobuf; the decoded response.
+async fn export(server: &TestServer, spans: Vec<Span>) -> ExportTraceServiceResponse {
+    let response = post_raw(
+        server,
+        "application/x-protobuf",
+        None,
+        request(spans).encode_to_vec(),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["content-type"].to_str().ok(),
+        Some("application/x-protobuf")
+    );
+    let bytes = response.bytes().await.expect("body");
+    ExportTraceServiceResponse::decode(bytes).expect("an ExportTraceServiceResponse")
+}
+
+async fn get_json(server: &TestServer, path: &str) -> (u16, Value) {
+    let response = server
+        .client
+        .get(format!("{}{path}", server.base))
+        .send()
+        .await
+        .expect("the server answers");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn a_trace_becomes_a_run_and_retries_out_of_order_and_stragglers_are_right() {
+    let server = TestServer::start().await;
+    // The child batch arrives before its parent.
+    let first = export(&server, vec![model_span(2, 1, 1_010, 100)]).await;
+    assert_eq!(first.partial_success, None);
+    let (status, _) = get_json(&server, &format!("/v1/activity/runs/{TRACE_HEX}/rollup")).await;
+    assert_eq!(status, 404, "no root yet, so no rollup");
+
+    export(&server, vec![root_span()]).await;
+    let (status, rollup) =
+        get_json(&server, &format!("/v1/activity/runs/{TRACE_HEX}/rollup")).await;
+    assert_eq!(status, 200);
+    assert_eq!(rollup["inputTokens"], 100);
+    assert_eq!(rollup["spanCount"], 2);
+    assert!(rollup["costUsd"].as_f64().is_some_and(|cost| cost > 0.0));
+
+    // An exporter retry of both batches changes nothing.
+    let cursor = get_json(&server, "/v1/activity/cursor").await.1;
+    export(&server, vec![root_span(), model_span(2, 1, 1_010, 100)]).await;
+    assert_eq!(get_json(&server, "/v1/activity/cursor").await.1, cursor);
+
+    // A straggler after the rollup updates it.
+    export(&server, vec![model_span(3, 1, 1_020, 40)]).await;
+    let (_, rollup) = get_json(&server, &format!("/v1/activity/runs/{TRACE_HEX}/rollup")).await;
+    assert_eq!(rollup["inputTokens"], 140);
+    assert_eq!(rollup["spanCount"], 3);
+
+    let (_, root) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
+    assert_eq!(root["kind"], "turn");
+    assert_eq!(root["origin"], "otlp");
+    assert_eq!(root["writer"], "otlp");
+    assert_eq!(root["runId"], TRACE_HEX);
+    assert_eq!(root["attrs"]["resource"]["service.name"], "test-agent");
+    let (_, model) = get_json(&server, &format!("/v1/activity/spans/{}", hex(2))).await;
+    assert_eq!(model["kind"], "model");
+    assert_eq!(model["parentSpanId"], hex(1));
+    assert_eq!(model["startedAt"], 1_010);
+    assert_eq!(model["endedAt"], 1_060);
+    assert_eq!(model["outcome"], "success");
+    assert_eq!(model["usage"]["model"], "gpt-4o-mini");
+}
+
+#[tokio::test]
+async fn otlp_json_is_answered_in_json_and_bad_spans_are_reported_not_fatal() {
+    let server = TestServer::start().await;
+    let body = json!({"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": TRACE_HEX, "spanId": hex(1), "name": "ok",
+         "startTimeUnixNano": "1000000000", "endTimeUnixNano": 1100000000u64,
+         "status": {"code": 2, "message": "tool exploded"}},
+        {"traceId": TRACE_HEX, "spanId": "00", "name": "bad id",
+         "startTimeUnixNano": "1000000000", "endTimeUnixNano": "1100000000"}
+    ]}]}]});
+    let response = post_raw(
+        &server,
+        "application/json",
+        None,
+        body.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let answer: Value = response.json().await.expect("JSON");
+    assert_eq!(answer["partialSuccess"]["rejectedSpans"], 1);
+    assert!(answer["partialSuccess"]["errorMessage"]
+        .as_str()
+        .is_some_and(|message| !message.is_empty()));
+    let (_, span) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
+    assert_eq!(span["outcome"], "error");
+    assert_eq!(span["outcomeReason"], "tool exploded");
+}
+
+#[tokio::test]
+async fn hostile_bodies_get_their_status_and_the_server_keeps_serving() {
+    let server = TestServer::start().await;
+    // Malformed protobuf: the OTLP error body (google.rpc.Status) for a protobuf request.
+    let response = post_raw(
+        &server,
+        "application/x-protobuf",
+        None,
+        vec![0xff, 0xff, 0xff, 0x01],
+    )
+    .await;
+    assert_eq!(response.status(), 400);
+    assert_eq!(
+        response.headers()["content-type"].to_str().ok(),
+        Some("application/x-protobuf")
+    );
+    // Malformed JSON: the contract's error body.
+    let response = post_raw(&server, "application/json", None, b"{not json".to_vec()).await;
+    assert_eq!(response.status(), 400);
+    let body: Value = response.json().await.expect("JSON");
+    assert_eq!(body["error"]["code"], "invalid_request");
+    // A content type OTLP does not use.
+    let response = post_raw(&server, "text/plain", None, b"hello".to_vec()).await;
+    assert_eq!(response.status(), 415);
+    let body: Value = response.json().await.expect("JSON");
+    assert_eq!(body["error"]["code"], "unsupported_media_type");
+    // An unknown content encoding.
+    let response = post_raw(&server, "application/json", Some("br"), b"{}".to_vec()).await;
+    assert_eq!(response.status(), 415);
+
+    // A gzip bomb: 80 MiB of zeros (over the 64 MiB inflate limit) compressed to under 100 KiB;
+    // refused without inflating it all.
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    let zeros = vec![0u8; 1024 * 1024];
+    for _ in 0..80 {
+        encoder.write_all(&zeros).expect("compress");
+    }
+    let bomb = encoder.finish().expect("compress");
+    assert!(bomb.len() < 1024 * 1024);
+    let response = post_raw(&server, "application/x-protobuf", Some("gzip"), bomb).await;
+    assert_eq!(response.status(), 413);
+
+    // A gzip body within bounds is accepted.
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder
+        .write_all(&request(vec![root_span()]).encode_to_vec())
+        .expect("compress");
+    let response = post_raw(
+        &server,
+        "application/x-protobuf",
+        Some("gzip"),
+        encoder.finish().expect("compress"),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+
+    // A 2 MiB attribute value is stored capped, not whole.
+    let huge = "x".repeat(2 * 1024 * 1024);
+    let mut span = otlp_span(9, 1, 1_000, vec![text("prompt", &huge)]);
+    span.events = vec![span::Event {
+        time_unix_nano: 1_010_000_000,
+        name: "log".into(),
+        attributes: vec![text("line", &huge)],
+        ..span::Event::default()
+    }];
+    export(&server, vec![span]).await;
+    let (status, stored) = get_json(&server, &format!("/v1/activity/spans/{}", hex(9))).await;
+    assert_eq!(status, 200);
+    let prompt = stored["attrs"]["prompt"].as_str().unwrap_or_default();
+    assert!(
+        prompt.len() <= 16_384 + 64,
+        "capped, got {} bytes",
+        prompt.len()
+    );
+    let (_, snapshot) = get_json(&server, &format!("/v1/activity/runs/{TRACE_HEX}/snapshot")).await;
+    let event = &snapshot["events"][0];
+    assert_eq!(event["truncated"], true);
+
+    // Still serving.
+    let (status, _) = get_json(&server, "/healthz").await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn a_pending_span_is_live_until_the_real_one_arrives() {
+    let server = TestServer::start().await;
+    // Logfire's convention: a zero-length span announcing its parent (the real span) as running.
+    let mut pending = otlp_span(
+        7,
+        1,
+        1_000,
+        vec![
+            text("logfire.span_type", "pending_span"),
+            text("logfire.pending_parent_id", "0000000000000000"),
+        ],
+    );
+    pending.name = "agent run".into();
+    pending.end_time_unix_nano = pending.start_time_unix_nano;
+    export(&server, vec![pending]).await;
+    let (_, open) = get_json(&server, "/v1/activity/runs?state=open").await;
+    assert_eq!(open["runs"][0]["runId"], TRACE_HEX);
+    let (_, root) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
+    assert_eq!(root["outcome"], Value::Null);
+
+    export(&server, vec![root_span()]).await;
+    let (_, open) = get_json(&server, "/v1/activity/runs?state=open").await;
+    assert_eq!(open["runs"], json!([]));
+    let (_, root) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
+    assert_eq!(root["outcome"], "success");
+    let (_, snapshot) = get_json(&server, &format!("/v1/activity/runs/{TRACE_HEX}/snapshot")).await;
+    assert_eq!(
+        snapshot["spans"].as_array().map(Vec::len),
+        Some(1),
+        "the announcement is not a span of its own"
+    );
+}

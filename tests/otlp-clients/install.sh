@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Why this exists: the real-client OTLP tests (crates/flightlog-server/tests/api/otlp_clients.rs)
+# drive the OpenTelemetry Python SDK (http/protobuf and gRPC exporters) and the OpenTelemetry
+# JavaScript SDK (OTLP/HTTP JSON exporter) against a real server. This installs them from the
+# registries, at the pinned versions of python/requirements.txt and js/package-lock.json:
+#
+#   - a Python venv at $DIR/venv (pip install -r python/requirements.txt);
+#   - js/node_modules (npm ci --ignore-scripts).
+#
+# $DIR is $FLIGHTLOG_OTLP_CLIENTS_DIR if set, else ${CARGO_TARGET_DIR:-<workspace>/target}/otlp-clients.
+# The Rust test runs this script itself (with FLIGHTLOG_OTLP_CLIENTS_DIR set to its own target
+# dir), and .ci/run runs it before `cargo test`. It is idempotent: each half writes a stamp (the
+# hash of its pins, this script and the interpreter's version) once it is complete, and a second
+# run whose stamps match only says so. Concurrent runs are serialized with flock.
+#
+# Needs: python3 (>= 3.9, with venv), node (>= 20.6) and npm, and access to PyPI and the npm
+# registry. Override the interpreters with PYTHON=..., NODE=..., NPM=....
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+dir="${FLIGHTLOG_OTLP_CLIENTS_DIR:-${CARGO_TARGET_DIR:-$root/target}/otlp-clients}"
+python="${PYTHON:-python3}"
+node="${NODE:-node}"
+npm="${NPM:-npm}"
+js="$here/js"
+
+say() { printf 'otlp-clients: %s\n' "$*" >&2; }
+fail() {
+  say "FAILED: $*"
+  exit 1
+}
+
+mkdir -p "$dir"
+dir="$(cd "$dir" && pwd)"
+venv="$dir/venv"
+
+exec 9>"$dir/.install.lock"
+flock -w 900 9 || fail "another install.sh held $dir/.install.lock for 15 minutes"
+
+command -v "$python" >/dev/null || fail "no $python on PATH (Python >= 3.9 with the venv module is needed)"
+command -v "$node" >/dev/null || fail "no $node on PATH (Node.js >= 20.6 is needed)"
+command -v "$npm" >/dev/null || fail "no $npm on PATH"
+
+digest() { sha256sum "$@" | sha256sum | cut -c1-64; }
+
+python_version="$("$python" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
+"$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 9) else 1)' \
+  || fail "$python is $python_version; Python >= 3.9 is needed"
+python_stamp="$(digest "$here/python/requirements.txt" "$here/install.sh")-python-$python_version"
+node_version="$("$node" --version)"
+# The lock is committed; should it be missing, `npm install` writes it and the stamp is taken after.
+node_stamp() {
+  local files=("$js/package.json" "$here/install.sh")
+  [[ -f "$js/package-lock.json" ]] && files+=("$js/package-lock.json")
+  printf '%s-node-%s' "$(digest "${files[@]}")" "$node_version"
+}
+
+# --- Python -------------------------------------------------------------------------------
+if [[ -x "$venv/bin/python" && "$(cat "$venv/.flightlog-stamp" 2>/dev/null)" == "$python_stamp" ]]; then
+  say "python venv up to date: $venv"
+else
+  say "creating python venv $venv ($python $python_version)"
+  rm -rf "$venv"
+  "$python" -m venv "$venv" || fail "$python -m venv $venv"
+  say "pip install -r tests/otlp-clients/python/requirements.txt"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
+    -r "$here/python/requirements.txt" || fail "pip install into $venv"
+  "$venv/bin/python" -c 'import opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter, opentelemetry.exporter.otlp.proto.grpc.trace_exporter' \
+    || fail "the installed Python SDK does not import"
+  printf '%s\n' "$python_stamp" >"$venv/.flightlog-stamp"
+  say "python venv ready"
+fi
+
+# --- JavaScript ---------------------------------------------------------------------------
+node_major="$("$node" -p 'process.versions.node.split(".")[0]')"
+[[ "$node_major" -ge 20 ]] || fail "node is $node_version; Node.js >= 20.6 is needed"
+if [[ -d "$js/node_modules" && "$(cat "$js/node_modules/.flightlog-stamp" 2>/dev/null)" == "$(node_stamp)" ]]; then
+  say "js node_modules up to date: $js/node_modules"
+else
+  if [[ -f "$js/package-lock.json" ]]; then
+    say "npm ci in tests/otlp-clients/js ($node $node_version)"
+    (cd "$js" && "$npm" ci --ignore-scripts --no-audit --no-fund --loglevel=error >&2) || fail "npm ci in $js"
+  else
+    say "npm install in tests/otlp-clients/js (no package-lock.json: it will be written; commit it)"
+    (cd "$js" && "$npm" install --ignore-scripts --no-audit --no-fund --loglevel=error >&2) || fail "npm install in $js"
+  fi
+  (cd "$js" && "$node" --input-type=module -e "await import('@opentelemetry/exporter-trace-otlp-http'); await import('@opentelemetry/sdk-trace-node');") \
+    || fail "the installed JavaScript SDK does not import"
+  printf '%s\n' "$(node_stamp)" >"$js/node_modules/.flightlog-stamp"
+  say "js node_modules ready"
+fi
+
+say "python: $venv/bin/python; node modules: $js/node_modules"

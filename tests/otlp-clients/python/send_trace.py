@@ -1,0 +1,229 @@
+# Why this exists: flightlog's OTLP ingest must work with the real OpenTelemetry Python SDK and
+# its stock exporters, not only with hand-built requests. The Rust test
+# `crates/flightlog-server/tests/api/otlp_clients.rs` runs this script against a real server and
+# reads the run back through the API.
+#
+# It sends one agent-shaped trace using the OpenTelemetry GenAI semantic conventions:
+#
+#   invoke_agent travel-agent                      (root, gen_ai.operation.name=invoke_agent)
+#   ├── chat gpt-4o-mini                           (model, usage, a custom event)
+#   ├── execute_tool get_weather                   (tool, succeeds)
+#   ├── execute_tool search_flights                (tool, status ERROR + an exception event)
+#   └── chat gpt-4o-mini                           (model, usage)
+#
+# and prints ONE JSON line on stdout: the trace id and span ids (lower-case hex), and whether
+# every export call succeeded. Exit status: 0 when every export succeeded, 3 when an export failed
+# (the exporter's own log goes to stderr), 2 for bad arguments.
+#
+#   python send_trace.py --protocol http --endpoint http://127.0.0.1:4318/v1/traces
+#   python send_trace.py --protocol grpc --endpoint http://127.0.0.1:4317 [--token T]
+#   python send_trace.py --protocol http --endpoint ... --basic-token T   (Basic, token as password)
+
+import argparse
+import base64
+import json
+import sys
+import time
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+MODEL = "gpt-4o-mini"
+ERROR_MESSAGE = "search_flights failed: upstream fare index unavailable"
+
+
+class RecordingExporter(SpanExporter):
+    """Delegates to the real exporter and remembers whether any export call failed (a batch
+    processor swallows export results, so this is how the script learns about a refusal)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls = 0
+        self.failures = 0
+
+    def export(self, spans):
+        self.calls += 1
+        try:
+            result = self.inner.export(spans)
+        except Exception as error:  # pylint: disable=broad-except
+            # The HTTP exporter lets some transport errors (connection refused) escape.
+            print(f"export raised {type(error).__name__}: {error}", file=sys.stderr)
+            result = SpanExportResult.FAILURE
+        if result != SpanExportResult.SUCCESS:
+            self.failures += 1
+        return result
+
+    def shutdown(self):
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis=30000):
+        return self.inner.force_flush(timeout_millis)
+
+
+def make_exporter(args):
+    headers = {}
+    if args.token is not None:
+        # gRPC metadata keys must be lower case; HTTP header names are case-insensitive.
+        headers["authorization"] = f"Bearer {args.token}"
+    if args.basic_token is not None:
+        credentials = base64.b64encode(f"flightlog-test:{args.basic_token}".encode()).decode()
+        headers["authorization"] = f"Basic {credentials}"
+    if args.protocol == "http":
+        from opentelemetry.exporter.otlp.proto.http import Compression
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        compression = Compression.Gzip if args.compression == "gzip" else Compression.NoCompression
+        return OTLPSpanExporter(
+            endpoint=args.endpoint,
+            headers=headers,
+            timeout=args.timeout,
+            compression=compression,
+        )
+    from grpc import Compression as GrpcCompression
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    compression = GrpcCompression.Gzip if args.compression == "gzip" else GrpcCompression.NoCompression
+    return OTLPSpanExporter(
+        endpoint=args.endpoint,
+        insecure=True,
+        headers=headers,
+        timeout=args.timeout,
+        compression=compression,
+    )
+
+
+def hex_ids(span):
+    context = span.get_span_context()
+    return trace.format_trace_id(context.trace_id), trace.format_span_id(context.span_id)
+
+
+def send(tracer):
+    """Record the agent-shaped trace; returns the ids to print."""
+    ids = {}
+    with tracer.start_as_current_span(
+        "invoke_agent travel-agent",
+        kind=SpanKind.INTERNAL,
+        attributes={
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": "travel-agent",
+            "gen_ai.agent.id": "agent-001",
+            "gen_ai.provider.name": "openai",
+            "gen_ai.conversation.id": "conv-python-1",
+        },
+    ) as agent:
+        trace_id, ids["agent"] = hex_ids(agent)
+
+        with tracer.start_as_current_span(
+            f"chat {MODEL}",
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": "openai",
+                "gen_ai.request.model": MODEL,
+                "gen_ai.response.model": MODEL,
+                "gen_ai.usage.input_tokens": 1200,
+                "gen_ai.usage.output_tokens": 80,
+                "gen_ai.response.finish_reasons": ["tool_calls"],
+            },
+        ) as chat:
+            chat.add_event(
+                "flightlog.test.checkpoint",
+                attributes={"step": 1, "note": "planning the trip", "cached": False},
+            )
+            ids["chat1"] = hex_ids(chat)[1]
+            time.sleep(0.002)
+
+        with tracer.start_as_current_span(
+            "execute_tool get_weather",
+            kind=SpanKind.INTERNAL,
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "get_weather",
+                "gen_ai.tool.call.id": "call-1",
+            },
+        ) as tool:
+            ids["toolOk"] = hex_ids(tool)[1]
+            time.sleep(0.002)
+
+        with tracer.start_as_current_span(
+            "execute_tool search_flights",
+            kind=SpanKind.INTERNAL,
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "search_flights",
+                "gen_ai.tool.call.id": "call-2",
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as failing:
+            ids["toolError"] = hex_ids(failing)[1]
+            try:
+                raise ConnectionError("upstream fare index unavailable")
+            except ConnectionError as error:
+                failing.record_exception(error)
+                failing.set_status(Status(StatusCode.ERROR, ERROR_MESSAGE))
+
+        with tracer.start_as_current_span(
+            f"chat {MODEL}",
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": "openai",
+                "gen_ai.request.model": MODEL,
+                "gen_ai.response.model": MODEL,
+                "gen_ai.usage.input_tokens": 1500,
+                "gen_ai.usage.output_tokens": 120,
+                "gen_ai.response.finish_reasons": ["stop"],
+            },
+        ) as chat:
+            ids["chat2"] = hex_ids(chat)[1]
+            time.sleep(0.002)
+    return trace_id, ids
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Send one agent-shaped OTLP trace.")
+    parser.add_argument("--protocol", choices=["http", "grpc"], required=True)
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--token", help="sent as `authorization: Bearer <token>`")
+    parser.add_argument("--basic-token", help="sent as the password of `authorization: Basic`")
+    parser.add_argument("--compression", choices=["none", "gzip"], default="none")
+    parser.add_argument("--service-name", default="flightlog-python-client")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per export call")
+    args = parser.parse_args()
+
+    exporter = RecordingExporter(make_exporter(args))
+    provider = TracerProvider(resource=Resource.create({"service.name": args.service_name}))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    tracer = provider.get_tracer("flightlog-otlp-client-test", "0.1.0")
+
+    trace_id, ids = send(tracer)
+    flushed = provider.force_flush(int(args.timeout * 1000) + 5000)
+    provider.shutdown()
+
+    ok = flushed and exporter.calls > 0 and exporter.failures == 0
+    print(
+        json.dumps(
+            {
+                "client": f"python-{args.protocol}",
+                "traceId": trace_id,
+                "spans": ids,
+                "exportCalls": exporter.calls,
+                "exportFailures": exporter.failures,
+                "ok": ok,
+            }
+        ),
+        flush=True,
+    )
+    return 0 if ok else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
