@@ -50,15 +50,15 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct AppendEventBody {
     /// What happened; free text.
-    event_type: String,
+    pub(crate) event_type: String,
     /// Any JSON; absent and `null` both store `null`. Stored payloads are capped at 16,384 bytes
     /// (a longer one is stored as a truncated string and the event marked `truncated`).
     #[serde(default)]
     #[schema(value_type = Value)]
-    payload: Option<Value>,
+    pub(crate) payload: Option<Value>,
     /// When it happened (epoch ms); defaults to the server's clock.
     #[serde(default)]
-    ts: Option<i64>,
+    pub(crate) ts: Option<i64>,
 }
 
 /// Body of `POST /v1/activity/spans/{spanId}/heartbeat` (the body itself may be empty).
@@ -67,7 +67,7 @@ pub(crate) struct AppendEventBody {
 pub(crate) struct HeartbeatBody {
     /// When the span was last known alive (epoch ms); defaults to the server's clock.
     #[serde(default)]
-    at: Option<i64>,
+    pub(crate) at: Option<i64>,
 }
 
 /// Body of `POST /v1/activity/runs/{runId}/close`.
@@ -115,15 +115,20 @@ struct StuckQuery {
 
 // ---- the writes, shared with the batch endpoint ----
 
+/// The checks of `startSpan` beyond its body's types.
+pub(crate) fn check_start_span(input: &StartSpanInput) -> Result<(), ApiError> {
+    check_id("spanId", &input.span_id)?;
+    check_id("runId", &input.run_id)?;
+    check_reference("parentSpanId", input.parent_span_id.as_deref())?;
+    check_optional_time("startedAt", input.started_at)
+}
+
 /// `startSpan`: the new span.
 pub(crate) async fn op_start_span(
     store: &dyn ActivityStore,
     input: StartSpanInput,
 ) -> Result<SpanRow, ApiError> {
-    check_id("spanId", &input.span_id)?;
-    check_id("runId", &input.run_id)?;
-    check_reference("parentSpanId", input.parent_span_id.as_deref())?;
-    check_optional_time("startedAt", input.started_at)?;
+    check_start_span(&input)?;
     Ok(store.start_span(input).await?)
 }
 
@@ -172,7 +177,7 @@ pub(crate) async fn op_heartbeat(
     Ok(store.heartbeat(span_id, body.at).await?)
 }
 
-fn unknown_span(span_id: &str) -> ApiError {
+pub(crate) fn unknown_span(span_id: &str) -> ApiError {
     ApiError::not_found(format!("no span with id {span_id:?}"))
 }
 

@@ -1,19 +1,22 @@
 //! `POST /v1/activity/batch`: many span writes in one request.
 //!
-//! The ops run in order, each through the same `op_*` function as its single endpoint, so each is
-//! atomic on its own and a failing op (an unknown span, a duplicate id, a malformed op) fails
-//! alone: its entry in `results` is the `{"error": …}` object the single endpoint would have
-//! answered, and the ops after it still run. Only a body that is not `{"ops": [...]}` at all, or
-//! one with too many ops, fails the whole request.
+//! Each op is parsed and checked exactly as its single endpoint checks its body (the same
+//! `check_*` functions); the valid ones go to the store in ONE `write_batch` call, which applies
+//! them in order, each atomic on its own (the SQLite store runs the whole batch as one writer job
+//! with a savepoint per op: one queue round trip per request instead of one per op). A failing op
+//! (malformed, an unknown span, a duplicate id) fails alone: its entry in `results` is the
+//! `{"error": …}` object the single endpoint would have answered, and the ops after it still
+//! run. Only a body that is not `{"ops": [...]}` at all, or one with too many ops, fails the
+//! whole request.
 //!
-//! The ops run one after another rather than concurrently: op N+1 may depend on op N (start a
-//! span, then end it), and waiting for each answer is what guarantees that order whatever the
-//! backend.
+//! Order is kept: op N+1 may depend on op N (start a span, then end it), and `write_batch`
+//! guarantees in-order application whatever the backend.
 
 use axum::extract::State;
 use axum::Json;
 use flightlog_core::activity::{
-    ActivityStore, EndSpanInput, SpanEventRow, SpanPatch, SpanRow, StartSpanInput,
+    ActivityWrite, ActivityWriteResult, EndSpanInput, SpanEventRow, SpanPatch, SpanRow,
+    StartSpanInput, StoreError,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -22,15 +25,12 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::activity::{
-    op_append_event, op_end_span, op_heartbeat, op_patch_span, op_start_span, AppendEventBody,
-    HeartbeatBody,
-};
+use super::activity::{check_start_span, unknown_span, AppendEventBody, HeartbeatBody};
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{JsonBody, WriterStore};
 use crate::openapi::tags;
 use crate::state::AppState;
-use crate::validate::check_id;
+use crate::validate::{check_id, check_optional_time};
 use crate::wire::{Ended, Patched};
 
 /// The routes of this module, each registered from its `#[utoipa::path]` annotation.
@@ -132,23 +132,69 @@ async fn batch(
             body.ops.len()
         )));
     }
-    let mut results = Vec::with_capacity(body.ops.len());
-    for (index, op) in body.ops.into_iter().enumerate() {
-        let result = match run_op(store.as_ref(), index, op).await {
-            Ok(result) => result,
-            Err(err) => BatchResult::Error(err.error_body()),
-        };
-        results.push(result);
+    // Parse and check every op first; only the valid ones reach the store, in order.
+    let parsed: Vec<Result<ActivityWrite, ApiError>> = body
+        .ops
+        .into_iter()
+        .enumerate()
+        .map(|(index, op)| parse_op(index, op))
+        .collect();
+    let mut writes = Vec::with_capacity(parsed.len());
+    let mut slots = Vec::with_capacity(parsed.len());
+    for op in parsed {
+        match op {
+            Ok(write) => {
+                slots.push(Ok(span_id_of(&write)));
+                writes.push(write);
+            }
+            Err(err) => slots.push(Err(err)),
+        }
     }
+    let mut outcomes = store.write_batch(writes).await.into_iter();
+    let results = slots
+        .into_iter()
+        .map(|slot| match slot {
+            Err(err) => BatchResult::Error(err.error_body()),
+            Ok(span_id) => match outcomes.next() {
+                Some(outcome) => batch_result(&span_id, outcome),
+                None => BatchResult::Error(
+                    ApiError::Internal("the store answered fewer results than ops".into())
+                        .error_body(),
+                ),
+            },
+        })
+        .collect();
     Ok(Json(BatchResponse { results }))
 }
 
-/// One op: its single endpoint's response body (`null` for heartbeat's empty 204).
-async fn run_op(
-    store: &dyn ActivityStore,
-    index: usize,
-    mut op: Map<String, Value>,
-) -> Result<BatchResult, ApiError> {
+/// The span an op writes (for the `not_found` message of an append to an unknown span).
+fn span_id_of(write: &ActivityWrite) -> String {
+    match write {
+        ActivityWrite::StartSpan(input) => input.span_id.clone(),
+        ActivityWrite::EndSpan { span_id, .. }
+        | ActivityWrite::PatchSpan { span_id, .. }
+        | ActivityWrite::AppendEvent { span_id, .. }
+        | ActivityWrite::Heartbeat { span_id, .. } => span_id.clone(),
+    }
+}
+
+/// One op's store outcome as its single endpoint's answer body.
+fn batch_result(span_id: &str, outcome: Result<ActivityWriteResult, StoreError>) -> BatchResult {
+    match outcome {
+        Ok(ActivityWriteResult::Started(span)) => BatchResult::Span(span),
+        Ok(ActivityWriteResult::Ended(ended)) => BatchResult::Ended(Ended { ended }),
+        Ok(ActivityWriteResult::Patched(patched)) => BatchResult::Patched(Patched { patched }),
+        Ok(ActivityWriteResult::Appended(Some(event))) => BatchResult::Event(Box::new(event)),
+        Ok(ActivityWriteResult::Appended(None)) => {
+            BatchResult::Error(unknown_span(span_id).error_body())
+        }
+        Ok(ActivityWriteResult::Heartbeat) => BatchResult::Heartbeat,
+        Err(err) => BatchResult::Error(ApiError::from(err).error_body()),
+    }
+}
+
+/// One op, parsed and checked as its single endpoint would: the write to apply.
+fn parse_op(index: usize, mut op: Map<String, Value>) -> Result<ActivityWrite, ApiError> {
     let name = match op.remove("op") {
         Some(Value::String(name)) => name,
         _ => {
@@ -161,34 +207,40 @@ async fn run_op(
     match name.as_str() {
         "startSpan" => {
             let input: StartSpanInput = fields(index, op)?;
-            let span = op_start_span(store, input).await?;
-            Ok(BatchResult::Span(Box::new(span)))
+            check_start_span(&input)?;
+            Ok(ActivityWrite::StartSpan(input))
         }
         "endSpan" => {
             let span_id = span_id(index, &mut op)?;
             let input: EndSpanInput = fields(index, op)?;
-            op_end_span(store, &span_id, input)
-                .await
-                .map(BatchResult::Ended)
+            check_optional_time("endedAt", input.ended_at)?;
+            Ok(ActivityWrite::EndSpan { span_id, input })
         }
         "patchSpan" => {
             let span_id = span_id(index, &mut op)?;
             let patch: SpanPatch = fields(index, op)?;
-            op_patch_span(store, &span_id, patch)
-                .await
-                .map(BatchResult::Patched)
+            check_optional_time("waitUntil", patch.wait_until)?;
+            Ok(ActivityWrite::PatchSpan { span_id, patch })
         }
         "appendEvent" => {
             let span_id = span_id(index, &mut op)?;
             let body: AppendEventBody = fields(index, op)?;
-            let event = op_append_event(store, &span_id, body).await?;
-            Ok(BatchResult::Event(Box::new(event)))
+            check_optional_time("ts", body.ts)?;
+            Ok(ActivityWrite::AppendEvent {
+                span_id,
+                event_type: body.event_type,
+                payload: body.payload,
+                ts: body.ts,
+            })
         }
         "heartbeat" => {
             let span_id = span_id(index, &mut op)?;
             let body: HeartbeatBody = fields(index, op)?;
-            op_heartbeat(store, &span_id, body).await?;
-            Ok(BatchResult::Heartbeat)
+            check_optional_time("at", body.at)?;
+            Ok(ActivityWrite::Heartbeat {
+                span_id,
+                at: body.at,
+            })
         }
         other => Err(ApiError::invalid(format!(
             "ops[{index}].op {other:?} is not one of startSpan, endSpan, patchSpan, \
