@@ -19,6 +19,6 @@ mod rows;
 mod schema;
 
 pub use activity::SqliteActivityStore;
-pub use database::{Durability, SqliteConfig, SqliteDatabase, WriterStats};
+pub use database::{configure_connection, Durability, SqliteConfig, SqliteDatabase, WriterStats};
 pub use journal::SqliteEngagementJournal;
 pub use schema::SCHEMA_VERSION;
