@@ -465,14 +465,17 @@ impl ActivityStore for SqliteActivityStore {
     ) -> Vec<Result<ActivityWriteResult, StoreError>> {
         let now = self.now();
         let count = writes.len();
-        let prepared = activity_batch::prepare(writes, self.db.codec(), now);
+        // Shared, so the inputs are dropped by the caller, not on the writer thread.
+        let prepared = Arc::new(activity_batch::prepare(writes, self.db.codec(), now));
         self.db.maybe_train_payload_dictionary(now);
         let writer = self.writer.clone();
-        match self
+        let for_writer = Arc::clone(&prepared);
+        let outcome = self
             .db
-            .write(move |ctx| activity_batch::apply_batch(ctx, &prepared, &writer, now))
-            .await
-        {
+            .write(move |ctx| activity_batch::apply_batch(ctx, &for_writer, &writer, now))
+            .await;
+        drop(prepared);
+        match outcome {
             Ok(results) => results,
             Err(err) => (0..count)
                 .map(|_| Err(activity_batch::replicate(&err)))
@@ -490,11 +493,17 @@ impl ActivityStore for SqliteActivityStore {
             return Ok(ImportReport::default());
         }
         let now = self.now();
-        let prepared = activity_import::prepare(spans, self.db.codec());
+        // Shared, so the last reference (and the drop of every span's attrs and events) is the
+        // caller's, after the answer, not the writer thread's.
+        let prepared = Arc::new(activity_import::prepare(spans, self.db.codec()));
         self.db.maybe_train_payload_dictionary(now);
         let writer = self.writer.clone();
-        self.db
-            .write(move |ctx| activity_import::import_spans(ctx, &prepared, &writer, now))
-            .await
+        let for_writer = Arc::clone(&prepared);
+        let report = self
+            .db
+            .write(move |ctx| activity_import::import_spans(ctx, &for_writer, &writer, now))
+            .await;
+        drop(prepared);
+        report
     }
 }

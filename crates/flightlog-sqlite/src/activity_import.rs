@@ -271,10 +271,10 @@ pub(crate) fn import_spans(
     for prepared in spans {
         let span = &prepared.span;
         let run_key = run_key_of(ctx, &span.run_id)?;
+        // (New spans are not added to the writer's span-key cache: an importer delivers a span
+        // whole, so no later call of this batch looks it up; the insert cost a clone and a hash
+        // per span.)
         if let Some(span_key) = insert_new_span(ctx, prepared, run_key, writer_key, now)? {
-            ctx.keys
-                .spans
-                .insert(span.span_id.clone(), (span_key, run_key));
             log_change(ctx, run_key, span_key, None)?;
             report.events_added +=
                 insert_events(ctx, span_key, run_key, &prepared.events, &HashSet::new())?;
