@@ -72,9 +72,17 @@ impl Default for ServerConfig {
     }
 }
 
-/// Everything the handlers share. Cheap to clone (every field is behind an `Arc`).
+/// Everything the handlers share. Cloning it is one reference-count increment: every
+/// middleware layer and extractor clones the state per request, and with the fields each behind
+/// its own `Arc` that was a dozen atomic operations on cache lines shared by all worker threads.
 #[derive(Clone)]
 pub struct AppState {
+    shared: Arc<Shared>,
+}
+
+/// The state's contents (built before serving; `with_*` copy them while they are still unshared).
+#[derive(Clone)]
+struct Shared {
     activity: Arc<dyn ActivityStore>,
     journal: Arc<dyn EngagementJournal>,
     manual_clock: Option<Arc<ManualClock>>,
@@ -94,9 +102,9 @@ pub struct AppState {
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppState")
-            .field("writer", &self.activity.writer())
-            .field("manual_clock", &self.manual_clock)
-            .field("config", &self.config)
+            .field("writer", &self.shared.activity.writer())
+            .field("manual_clock", &self.shared.manual_clock)
+            .field("config", &self.shared.config)
             .finish_non_exhaustive()
     }
 }
@@ -106,7 +114,7 @@ impl AppState {
     /// without a `Flightlog-Writer` header act as `activity`'s own writer identity.
     pub fn new(activity: Arc<dyn ActivityStore>, journal: Arc<dyn EngagementJournal>) -> Self {
         let config = ServerConfig::default();
-        Self {
+        let shared = Shared {
             writers: Arc::new(WriterHandles::new(config.writer_cache_capacity)),
             write_permits: write_permits(&config),
             activity,
@@ -116,30 +124,34 @@ impl AppState {
             closing: Arc::new(tokio::sync::watch::Sender::new(false)),
             metrics: Arc::new(Metrics::new()),
             otlp_mapping: Arc::new(MappingOptions::default()),
+        };
+        Self {
+            shared: Arc::new(shared),
         }
     }
 
     /// How OTLP spans are mapped.
     pub fn otlp_mapping(&self) -> &MappingOptions {
-        &self.otlp_mapping
+        &self.shared.otlp_mapping
     }
 
     /// The sender that marks the server as shutting down.
     pub(crate) fn closing_signal(&self) -> Arc<tokio::sync::watch::Sender<bool>> {
-        self.closing.clone()
+        self.shared.closing.clone()
     }
 
     /// A receiver that turns `true` when the server starts shutting down.
     pub(crate) fn closing(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.closing.subscribe()
+        self.shared.closing.subscribe()
     }
 
     /// The same state with `config`.
     #[must_use]
     pub fn with_config(mut self, config: ServerConfig) -> Self {
-        self.writers = Arc::new(WriterHandles::new(config.writer_cache_capacity));
-        self.write_permits = write_permits(&config);
-        self.config = Arc::new(config);
+        let shared = Arc::make_mut(&mut self.shared);
+        shared.writers = Arc::new(WriterHandles::new(config.writer_cache_capacity));
+        shared.write_permits = write_permits(&config);
+        shared.config = Arc::new(config);
         self
     }
 
@@ -147,47 +159,48 @@ impl AppState {
     /// the clock the stores were built with, or moving it changes nothing they see.
     #[must_use]
     pub fn with_manual_clock(mut self, clock: Arc<ManualClock>) -> Self {
-        self.manual_clock = Some(clock);
+        Arc::make_mut(&mut self.shared).manual_clock = Some(clock);
         self
     }
 
     /// The activity store acting as the server's own writer identity.
     pub fn activity(&self) -> &Arc<dyn ActivityStore> {
-        &self.activity
+        &self.shared.activity
     }
 
     /// The activity store acting as `writer` (the server's own handle when that is its name).
     pub fn activity_as(&self, writer: &str) -> Arc<dyn ActivityStore> {
-        if writer == self.activity.writer() {
-            return Arc::clone(&self.activity);
+        if writer == self.shared.activity.writer() {
+            return Arc::clone(&self.shared.activity);
         }
-        self.writers
-            .get_or_make(writer, || self.activity.with_writer(writer))
+        self.shared
+            .writers
+            .get_or_make(writer, || self.shared.activity.with_writer(writer))
     }
 
     /// The engagement journal.
     pub fn journal(&self) -> &Arc<dyn EngagementJournal> {
-        &self.journal
+        &self.shared.journal
     }
 
     /// The testing clock, when the server runs with one.
     pub fn manual_clock(&self) -> Option<&Arc<ManualClock>> {
-        self.manual_clock.as_ref()
+        self.shared.manual_clock.as_ref()
     }
 
     /// The configuration.
     pub fn config(&self) -> &ServerConfig {
-        &self.config
+        &self.shared.config
     }
 
     /// The write limit's slots.
     pub(crate) fn write_permits(&self) -> &Arc<Semaphore> {
-        &self.write_permits
+        &self.shared.write_permits
     }
 
     /// The metrics counted as requests come and go.
     pub(crate) fn metrics(&self) -> &Metrics {
-        &self.metrics
+        &self.shared.metrics
     }
 }
 
