@@ -116,8 +116,11 @@ fn next_change_id(conn: &Connection) -> Result<i64, StoreError> {
     .map_err(backend)
 }
 
+/// The stored text of attrs, serialized straight from the map (not through a cloned `Value`:
+/// a deep copy of every nested object per span was most of this function's cost).
 pub(crate) fn attrs_text(attrs: &JsonObject) -> String {
-    serde_json::Value::Object(attrs.clone()).to_string()
+    // A map with string keys always serializes; the fallback only keeps this total.
+    serde_json::to_string(attrs).unwrap_or_else(|_| String::from("{}"))
 }
 
 pub(crate) fn start_span(
