@@ -11,6 +11,11 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use flightlog_server::settings::ServeFlags;
+use mimalloc::MiMalloc;
+
+/// mimalloc instead of the system allocator (see Cargo.toml for why).
+#[global_allocator]
+static GLOBAL: MiMalloc = MiMalloc;
 
 /// The flight recorder for AI agents.
 // No `Debug`: it would print `--token` secrets, and nothing needs it.
