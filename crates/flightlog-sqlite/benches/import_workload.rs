@@ -189,6 +189,10 @@ async fn main() {
         calls
     );
     println!("writer: {stats:?}");
+    let wal = std::fs::metadata(path.with_extension("db-wal"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    println!("wal at the end of the load: {:.1} MB", wal as f64 / 1e6);
     drop(store);
     drop(db);
     let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
