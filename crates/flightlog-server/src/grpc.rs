@@ -73,7 +73,7 @@ pub async fn serve_grpc<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    axum::serve(listener, grpc_app(&state))
+    axum::serve(crate::without_nagle(listener), grpc_app(&state))
         .with_graceful_shutdown(shutdown)
         .await?;
     Ok(())

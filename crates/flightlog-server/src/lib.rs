@@ -115,8 +115,22 @@ where
         shutdown.await;
         closing.send_replace(true);
     };
-    axum::serve(listener, app(state))
+    axum::serve(without_nagle(listener), app(state))
         .with_graceful_shutdown(shutdown)
         .await?;
     Ok(())
+}
+
+/// `listener` with `TCP_NODELAY` set on every accepted connection. axum's plain `serve` leaves
+/// Nagle's algorithm on, so a small write that follows another small write (each SSE event of a
+/// live stream, a response right after its headers) waited for the peer's delayed ACK, up to
+/// 40 ms: the stream-latency benchmark's p99 was 24 ms from that alone. A connection whose
+/// option cannot be set is served anyway (a latency defect, not a reason to refuse it).
+pub(crate) fn without_nagle(
+    listener: TcpListener,
+) -> axum::serve::TapIo<TcpListener, impl FnMut(&mut tokio::net::TcpStream) + Send + 'static> {
+    use axum::serve::ListenerExt as _;
+    listener.tap_io(|connection: &mut tokio::net::TcpStream| {
+        let _ = connection.set_nodelay(true);
+    })
 }
