@@ -943,3 +943,35 @@ async fn runs_are_listed_newest_first_with_filters_and_a_cursor() {
             .assert_error(400, "invalid_request");
     }
 }
+
+#[tokio::test]
+async fn deeply_nested_json_is_a_400_not_a_crash() {
+    let server = TestServer::start().await;
+    // 10,000 levels: far past serde_json's recursion limit (128), which is the server's
+    // nesting-depth limit for every JSON body; the journal adds its own 64-level rule on `data`.
+    let deep = format!("{}1{}", "[".repeat(10_000), "]".repeat(10_000));
+    let body = format!(
+        r#"{{"spanId":"deep","runId":"r","name":"n","kind":"tool","origin":"session","attrs":{{"x":{deep}}}}}"#
+    );
+    let response = server
+        .client
+        .post(format!("{}/v1/activity/spans", server.base))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("the server answers");
+    assert_eq!(response.status().as_u16(), 400);
+    let answer: Value = response.json().await.expect("a JSON error body");
+    assert_eq!(answer["error"]["code"], "invalid_request");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("recursion") || message.contains("nest"),
+        "{message}"
+    );
+    // Nothing was stored, and the server still serves.
+    server
+        .get("/v1/activity/spans/deep")
+        .await
+        .assert_error(404, "not_found");
+}
