@@ -37,7 +37,7 @@ enum Command {
         #[arg(long, default_value_t = 12)]
         runs: usize,
     },
-    /// Serve the HTTP API (activity, engagement journal, OTLP ingest) and the OTLP/gRPC listener on a database file until Ctrl-C.
+    /// Serve the HTTP API (activity, journal, OTLP) and OTLP/gRPC on a database file until Ctrl-C.
     Serve(Box<ServeArgs>),
 }
 
