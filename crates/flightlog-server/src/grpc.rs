@@ -3,9 +3,9 @@
 //! The service itself (mapping, import, `partialSuccess`) is `flightlog-otlp`'s, shared with the
 //! OTLP/HTTP route; this module gives it the server's auth (the `ingest` scope, a token as
 //! `Bearer` or as the password of `Basic`, from the call's `authorization` metadata), its writer
-//! identity (`otlp`, or the call's `flightlog-writer` metadata is NOT consulted: gRPC exporters
-//! cannot set per-call headers easily, so one identity keeps sweeps predictable) and a listener
-//! of its own. It is served by axum over HTTP/2 cleartext (h2c, what OTLP exporters use on
+//! identity (always `otlp`: a `flightlog-writer` metadata entry is not consulted, since exporters
+//! set metadata once per exporter, not per call, and one identity keeps sweeps predictable) and
+//! a listener of its own. It is served by axum over HTTP/2 cleartext (h2c, what OTLP exporters use on
 //! loopback and behind a TLS-terminating proxy), so no second HTTP stack is needed.
 
 use std::future::Future;
