@@ -24,9 +24,8 @@
 
 use std::fmt;
 
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::Request;
 use axum::http::{header, HeaderMap, Method};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::prelude::{Engine as _, BASE64_STANDARD};
 use sha2::{Digest, Sha256};
@@ -332,25 +331,20 @@ fn bearer_token(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
         .map_err(ApiError::Unauthorized)
 }
 
-/// The auth middleware: lets a request through only with a token that may make it.
-pub(crate) async fn require_token(
-    State(state): State<AppState>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// The auth check of [`crate::gate`]: `Ok` when the request may go on (auth disabled, a public
+/// route, or a token with the scope the route needs), else the `401`/`403` answer.
+pub(crate) fn check_token(
+    state: &AppState,
+    request: &Request,
+    route: Option<&str>,
+) -> Result<(), Response> {
     let auth = &state.config().auth;
     if !auth.is_enabled() {
-        return next.run(request).await;
+        return Ok(());
     }
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(MatchedPath::as_str);
     let access = required_access(request.method(), request.uri().path(), route);
-    if let Err(err) = authorize(auth, access, request.method(), request.headers(), route) {
-        return err.into_response();
-    }
-    next.run(request).await
+    authorize(auth, access, request.method(), request.headers(), route)
+        .map_err(IntoResponse::into_response)
 }
 
 fn authorize(

@@ -28,6 +28,7 @@
 pub mod auth;
 pub mod error;
 pub mod extract;
+mod gate;
 pub mod grpc;
 pub mod metrics;
 pub mod openapi;
@@ -40,14 +41,9 @@ pub mod wire;
 
 use std::future::Future;
 
-use std::sync::Arc;
-
 use axum::extract::DefaultBodyLimit;
-use axum::http::header::CONTENT_TYPE;
-use axum::http::StatusCode;
 use axum::middleware::from_fn_with_state;
-use axum::response::{IntoResponse, Response};
-use axum::{Extension, Router};
+use axum::Router;
 use tokio::net::TcpListener;
 use tower_http::limit::RequestBodyLimitLayer;
 
@@ -67,39 +63,17 @@ pub enum ServeError {
 pub fn app(state: AppState) -> Router {
     let limit = state.config().body_limit;
     let (routes, document) = routes::router(&state);
+    state.set_openapi_document(document);
     routes
-        .layer(Extension(openapi::Document(Arc::new(document))))
         // tower-http enforces the limit (refusing a declared Content-Length up front, cutting a
         // chunked body off at the limit); axum's own 2 MB default would otherwise apply first.
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(limit))
-        // tower-http answers a too-large declared length itself, in plain text; give that answer
-        // the contract's body. (A body cut off while being read is already an `ApiError`.)
-        .layer(axum::middleware::map_response(
-            move |response: Response| async move {
-                if response.status() == StatusCode::PAYLOAD_TOO_LARGE
-                    && !is_json_response(&response)
-                {
-                    return extract::payload_too_large_error(limit).into_response();
-                }
-                response
-            },
-        ))
-        // The last layer runs first: a request is authenticated before it takes a write slot,
-        // and takes its slot before its body is read. `Router::layer` wraps every route (and the
-        // fallbacks), after routing, so both see the matched route template.
-        .layer(from_fn_with_state(state.clone(), overload::limit_writes))
-        .layer(from_fn_with_state(state.clone(), auth::require_token))
-        // Outermost, so every answer is counted, the middleware's refusals included.
-        .layer(from_fn_with_state(state.clone(), metrics::track_requests))
+        // Outermost: counting, auth and the write limit, in one layer (see `gate`).
+        // `Router::layer` wraps every route (and the fallbacks), after routing, so the gate sees
+        // the matched route template.
+        .layer(from_fn_with_state(state.clone(), gate::gate))
         .with_state(state)
-}
-
-fn is_json_response(response: &Response) -> bool {
-    response
-        .headers()
-        .get(CONTENT_TYPE)
-        .is_some_and(|value| value.as_bytes().starts_with(b"application/json"))
 }
 
 /// Serve [`app`]`(state)` on `listener` until `shutdown` completes, then stop accepting

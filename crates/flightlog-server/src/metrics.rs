@@ -15,12 +15,11 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::OnceLock;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::Method;
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -161,7 +160,13 @@ impl Metrics {
     }
 
     /// Count one answered request.
-    fn observe_request(&self, route: String, method: &'static str, status: u16, seconds: f64) {
+    pub(crate) fn observe_request(
+        &self,
+        route: String,
+        method: &'static str,
+        status: u16,
+        seconds: f64,
+    ) {
         self.durations
             .get_or_create(&RouteLabels {
                 route: route.clone(),
@@ -303,7 +308,7 @@ fn parse_vm_rss(status: &str) -> Option<i64> {
 
 /// The `method` label: the standard methods by name, anything else as `other`, so a client
 /// inventing methods cannot grow the number of series.
-fn method_label(method: &Method) -> &'static str {
+pub(crate) fn method_label(method: &Method) -> &'static str {
     match *method {
         Method::GET => "GET",
         Method::HEAD => "HEAD",
@@ -316,29 +321,6 @@ fn method_label(method: &Method) -> &'static str {
         Method::CONNECT => "CONNECT",
         _ => "other",
     }
-}
-
-/// The request-counting middleware. It wraps every other layer (see [`crate::app`]), so the
-/// answers of auth (401/403), the write limit (503) and the body limit (413) are counted too.
-pub(crate) async fn track_requests(
-    State(state): State<AppState>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let route = request.extensions().get::<MatchedPath>().map_or_else(
-        || UNMATCHED_ROUTE.to_owned(),
-        |path| path.as_str().to_owned(),
-    );
-    let method = method_label(request.method());
-    let started = Instant::now();
-    let response = next.run(request).await;
-    state.metrics().observe_request(
-        route,
-        method,
-        response.status().as_u16(),
-        started.elapsed().as_secs_f64(),
-    );
-    response
 }
 
 /// The routes of this module, each registered from its `#[utoipa::path]` annotation.

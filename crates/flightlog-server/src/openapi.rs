@@ -14,12 +14,10 @@
 //! [`base`] holds what no handler knows: the title, the tags, the security scheme. A new route
 //! needs nothing here; a new *area* adds its tag to [`tags`] and to [`ApiDoc`].
 
-use std::sync::Arc;
-
+use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::Method;
 use axum::response::IntoResponse;
-use axum::Extension;
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
@@ -96,10 +94,6 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(openapi_json))
 }
 
-/// The finished document, shared by every request (see [`crate::app`]).
-#[derive(Clone)]
-pub(crate) struct Document(pub(crate) Arc<OpenApi>);
-
 /// This document: the OpenAPI 3.1 description of every route this server serves.
 #[utoipa::path(
     get,
@@ -108,12 +102,10 @@ pub(crate) struct Document(pub(crate) Arc<OpenApi>);
     operation_id = "openapi",
     responses((status = 200, description = "The OpenAPI document.", content_type = "application/json", body = Object)),
 )]
-async fn openapi_json(Extension(document): Extension<Document>) -> impl IntoResponse {
-    match serde_json::to_vec(document.0.as_ref()) {
-        Ok(json) => ([(CONTENT_TYPE, "application/json")], json).into_response(),
-        Err(err) => {
-            ApiError::Internal(format!("cannot write the OpenAPI document: {err}")).into_response()
-        }
+async fn openapi_json(State(state): State<AppState>) -> axum::response::Response {
+    match state.openapi_document() {
+        Some(json) => ([(CONTENT_TYPE, "application/json")], json.clone()).into_response(),
+        None => ApiError::Internal("the OpenAPI document was not built".into()).into_response(),
     }
 }
 

@@ -18,8 +18,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::middleware::Next;
+use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -27,31 +26,28 @@ use crate::auth::is_read_method;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// The write-limit middleware.
-pub(crate) async fn limit_writes(
-    State(state): State<AppState>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let routed = request.extensions().get::<MatchedPath>().is_some();
-    if !routed || is_read_method(request.method()) {
-        return next.run(request).await;
+/// The write-limit check of [`crate::gate`]: for a routed write, a slot to hold until the answer
+/// (`Ok(Some)`), or the `503` answer when none came free in time; reads pass (`Ok(None)`).
+pub(crate) async fn take_write_slot(
+    state: &AppState,
+    method: &Method,
+    routed: bool,
+) -> Result<Option<OwnedSemaphorePermit>, Response> {
+    if !routed || is_read_method(method) {
+        return Ok(None);
     }
     let config = state.config();
-    let permit = match acquire(state.write_permits(), config.write_wait).await {
-        Some(permit) => permit,
+    match acquire(state.write_permits(), config.write_wait).await {
+        Some(permit) => Ok(Some(permit)),
         None => {
             state.metrics().write_refused();
-            return ApiError::Unavailable(format!(
+            Err(ApiError::Unavailable(format!(
                 "the server is handling its limit of {} writes; retry later",
                 config.max_inflight_writes
             ))
-            .into_response();
+            .into_response())
         }
-    };
-    let response = next.run(request).await;
-    drop(permit);
-    response
+    }
 }
 
 /// The most write requests handled at once (the configured limit, capped as the semaphore is).

@@ -97,6 +97,8 @@ struct Shared {
     /// How OTLP spans are mapped (attribute cap, the bundled price table), shared by the
     /// OTLP/HTTP route and the gRPC service.
     otlp_mapping: Arc<MappingOptions>,
+    /// `GET /openapi.json`'s body, encoded once when the router is built (see [`crate::app`]).
+    openapi_json: Arc<std::sync::OnceLock<axum::body::Bytes>>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -124,10 +126,24 @@ impl AppState {
             closing: Arc::new(tokio::sync::watch::Sender::new(false)),
             metrics: Arc::new(Metrics::new()),
             otlp_mapping: Arc::new(MappingOptions::default()),
+            openapi_json: Arc::new(std::sync::OnceLock::new()),
         };
         Self {
             shared: Arc::new(shared),
         }
+    }
+
+    /// Keep the finished OpenAPI document, encoded, for `GET /openapi.json` (the first one
+    /// wins: every router built over one state describes the same routes).
+    pub(crate) fn set_openapi_document(&self, document: utoipa::openapi::OpenApi) {
+        if let Ok(json) = serde_json::to_vec(&document) {
+            let _ = self.shared.openapi_json.set(json.into());
+        }
+    }
+
+    /// The encoded OpenAPI document, once the router is built.
+    pub(crate) fn openapi_document(&self) -> Option<&axum::body::Bytes> {
+        self.shared.openapi_json.get()
     }
 
     /// How OTLP spans are mapped.
