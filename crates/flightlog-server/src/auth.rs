@@ -26,7 +26,6 @@ use std::fmt;
 
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, Method};
-use axum::response::{IntoResponse, Response};
 use base64::prelude::{Engine as _, BASE64_STANDARD};
 use sha2::{Digest, Sha256};
 use subtle::{Choice, ConstantTimeEq};
@@ -332,19 +331,18 @@ fn bearer_token(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 }
 
 /// The auth check of [`crate::gate`]: `Ok` when the request may go on (auth disabled, a public
-/// route, or a token with the scope the route needs), else the `401`/`403` answer.
+/// route, or a token with the scope the route needs), else the `401`/`403` error.
 pub(crate) fn check_token(
     state: &AppState,
     request: &Request,
     route: Option<&str>,
-) -> Result<(), Response> {
+) -> Result<(), ApiError> {
     let auth = &state.config().auth;
     if !auth.is_enabled() {
         return Ok(());
     }
     let access = required_access(request.method(), request.uri().path(), route);
     authorize(auth, access, request.method(), request.headers(), route)
-        .map_err(IntoResponse::into_response)
 }
 
 fn authorize(

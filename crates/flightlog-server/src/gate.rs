@@ -51,12 +51,12 @@ async fn admit_and_run(
     next: Next,
 ) -> Response {
     if let Err(refusal) = auth::check_token(state, &request, route.map(MatchedPath::as_str)) {
-        return refusal;
+        return refusal.into_response();
     }
     let method = request.method().clone();
     let slot = match overload::take_write_slot(state, &method, route.is_some()).await {
         Ok(slot) => slot,
-        Err(refusal) => return refusal,
+        Err(refusal) => return refusal.into_response(),
     };
     let response = next.run(request).await;
     drop(slot);

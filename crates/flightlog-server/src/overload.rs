@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::Method;
-use axum::response::{IntoResponse, Response};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::auth::is_read_method;
@@ -27,12 +26,12 @@ use crate::error::ApiError;
 use crate::state::AppState;
 
 /// The write-limit check of [`crate::gate`]: for a routed write, a slot to hold until the answer
-/// (`Ok(Some)`), or the `503` answer when none came free in time; reads pass (`Ok(None)`).
+/// (`Ok(Some)`), or the `503` error when none came free in time; reads pass (`Ok(None)`).
 pub(crate) async fn take_write_slot(
     state: &AppState,
     method: &Method,
     routed: bool,
-) -> Result<Option<OwnedSemaphorePermit>, Response> {
+) -> Result<Option<OwnedSemaphorePermit>, ApiError> {
     if !routed || is_read_method(method) {
         return Ok(None);
     }
@@ -44,8 +43,7 @@ pub(crate) async fn take_write_slot(
             Err(ApiError::Unavailable(format!(
                 "the server is handling its limit of {} writes; retry later",
                 config.max_inflight_writes
-            ))
-            .into_response())
+            )))
         }
     }
 }
