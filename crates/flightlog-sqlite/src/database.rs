@@ -152,7 +152,7 @@ enum Applied {
 
 /// Errors a write function only returns before it has changed anything, so the group
 /// transaction can go on without a savepoint around the failed write.
-fn fails_cleanly(err: &StoreError) -> bool {
+pub(crate) fn fails_cleanly(err: &StoreError) -> bool {
     matches!(err, StoreError::DuplicateSpan { .. })
 }
 

@@ -141,3 +141,73 @@ async fn writes_apply_in_order_and_a_failing_write_fails_alone() {
         .unwrap()
         .is_some_and(|snapshot| snapshot.high_water_seq == 1));
 }
+
+/// A write that fails after it changed something (here: its span row is in, then a trigger on
+/// the file refuses its change row) must fail alone, in a batch and as a single write: the
+/// batch is replayed write by write, its neighbours keep their effects, the failed write leaves
+/// no trace, and per-run seqs stay dense.
+#[tokio::test]
+async fn a_write_failing_half_way_fails_alone_and_leaves_no_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dirty.db");
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap();
+    let store = SqliteActivityStore::with_identity(db, Arc::new(ManualClock::new(7_000)), "w");
+    // Another connection to the same file installs the fault: any change row of a span whose
+    // id starts with `poison` is refused, after the span row itself was written.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "CREATE TRIGGER poison BEFORE INSERT ON activity_changes
+         WHEN NEW.span_key IN (SELECT span_key FROM activity_spans WHERE span_id LIKE 'poison%')
+         BEGIN SELECT RAISE(ABORT, 'poisoned write'); END;",
+    )
+    .unwrap();
+    drop(conn);
+
+    let results = store
+        .write_batch(vec![
+            start("root", "r1", None),
+            start("poison-1", "r1", Some("root")),
+            start("child", "r1", Some("root")),
+            end("child"),
+        ])
+        .await;
+    assert_eq!(results.len(), 4);
+    assert!(matches!(&results[0], Ok(ActivityWriteResult::Started(_))));
+    assert!(
+        matches!(&results[1], Err(StoreError::Backend(message)) if message.contains("poisoned")),
+        "{:?}",
+        results[1]
+    );
+    assert!(matches!(&results[2], Ok(ActivityWriteResult::Started(_))));
+    assert!(matches!(&results[3], Ok(ActivityWriteResult::Ended(true))));
+    assert!(store.get_span("poison-1").await.unwrap().is_none());
+
+    // The same fault on a single write, queued beside other single writes.
+    let (poisoned, neighbour) = tokio::join!(
+        store.start_span(match start("poison-2", "r1", Some("root")) {
+            ActivityWrite::StartSpan(input) => input,
+            _ => unreachable!(),
+        }),
+        store.start_span(match start("after", "r1", Some("root")) {
+            ActivityWrite::StartSpan(input) => input,
+            _ => unreachable!(),
+        }),
+    );
+    assert!(poisoned.is_err());
+    assert!(neighbour.is_ok());
+    assert!(store.get_span("poison-2").await.unwrap().is_none());
+
+    let snapshot = store.snapshot_run("r1").await.unwrap().unwrap();
+    let mut names: Vec<&str> = snapshot.spans.iter().map(|s| s.span_id.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["after", "child", "root"]);
+    let seqs: Vec<i64> = store
+        .changes_since(0, 100)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|change| change.run_id == "r1")
+        .map(|change| change.seq)
+        .collect();
+    assert_eq!(seqs, [1, 2, 3, 4], "root, child, end child, after");
+}
