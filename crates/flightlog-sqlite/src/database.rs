@@ -367,7 +367,7 @@ impl SqliteDatabase {
         // every queued write behind it); a checkpointer thread does it on its own connection.
         conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(backend)?;
-        conn.pragma_update(None, "cache_size", -32_768)
+        conn.pragma_update(None, "cache_size", -16_384)
             .map_err(backend)?;
         // After the WAL is rewound, truncate the file back to this size instead of keeping it.
         conn.pragma_update(None, "journal_size_limit", 32 * 1024 * 1024)
