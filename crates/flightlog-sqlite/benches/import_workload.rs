@@ -7,6 +7,10 @@
 //!
 //! Run: `cargo bench -p flightlog-sqlite --bench import_workload -- [--spans N] [--concurrency C]`
 
+/// The allocator the `flightlog` binary ships with, so the figures are the product's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 use std::time::Instant;
 

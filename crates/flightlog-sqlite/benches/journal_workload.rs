@@ -26,6 +26,10 @@
 //! [--repeat R] [--sqlite-tasks T] [--only-memory | --only-sqlite]` (unknown arguments, such as
 //! cargo's `--bench`, are ignored).
 
+/// The allocator the `flightlog` binary ships with, so the figures are the product's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
