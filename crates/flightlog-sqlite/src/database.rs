@@ -14,6 +14,7 @@
 //! Reads run on separate connections from a small pool, on the caller's thread; in WAL mode they
 //! see the last committed state and never block the writer or each other.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -103,6 +104,9 @@ pub(crate) struct WriterCache {
     pub next_event_index: HashMap<i64, i64>,
     /// The change id the next change row gets.
     pub next_change_id: Option<i64>,
+    /// engagement id -> (engagement key, next seq): the journal's counter rows. Only appends
+    /// keep entries up to date; compaction and pruning drop them (see `journal.rs`).
+    pub engagements: HashMap<String, (i64, i64)>,
 }
 
 impl WriterCache {
@@ -119,6 +123,7 @@ impl WriterCache {
         self.run_seq.clear();
         self.next_event_index.clear();
         self.next_change_id = None;
+        self.engagements.clear();
     }
 
     fn trim(&mut self) {
@@ -129,6 +134,7 @@ impl WriterCache {
         if self.spans.len() > Self::MAX_ENTRIES
             || self.run_seq.len() > Self::MAX_ENTRIES
             || self.next_event_index.len() > Self::MAX_ENTRIES
+            || self.engagements.len() > Self::MAX_ENTRIES
         {
             self.clear_volatile();
         }
@@ -367,6 +373,8 @@ impl SqliteDatabase {
         // every queued write behind it); a checkpointer thread does it on its own connection.
         conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(backend)?;
+        // After the pragma, which would replace it.
+        conn.wal_hook(Some(record_wal_frames));
         conn.pragma_update(None, "cache_size", -16_384)
             .map_err(backend)?;
         // After the WAL is rewound, truncate the file back to this size instead of keeping it.
@@ -417,6 +425,7 @@ impl SqliteDatabase {
             rewind_wanted,
             wal_path: wal_path_of(&config.path),
             groups_since_wal_check: 0,
+            frames_at_last_nudge: 0,
         };
         let writer_thread = std::thread::Builder::new()
             .name("flightlog-writer".into())
@@ -719,11 +728,26 @@ struct GroupCommitWriter {
     /// The `-wal` file, whose size the writer checks every few groups.
     wal_path: PathBuf,
     groups_since_wal_check: u32,
+    /// The WAL's frame count when the checkpointer was last nudged.
+    frames_at_last_nudge: i64,
+}
+
+thread_local! {
+    /// The frame count of the WAL after the writer thread's last commit, set by SQLite's WAL
+    /// hook on the writer's connection (which runs on the committing thread).
+    static WAL_FRAMES: Cell<i64> = const { Cell::new(0) };
+}
+
+/// The writer connection's WAL hook: remember the WAL's size in frames (see
+/// [`GroupCommitWriter::nudge_checkpointer_if_due`]).
+fn record_wal_frames(_wal: &rusqlite::hooks::Wal, frames: std::ffi::c_int) -> rusqlite::Result<()> {
+    WAL_FRAMES.with(|count| count.set(i64::from(frames)));
+    Ok(())
 }
 
 impl GroupCommitWriter {
-    /// How many commits between checkpoint nudges.
-    const GROUPS_PER_CHECKPOINT: u64 = 64;
+    /// How many WAL frames (pages) the writer appends between checkpoint nudges (8 MiB).
+    const FRAMES_PER_CHECKPOINT: i64 = 2_048;
     /// How many commits between looks at the WAL file's size.
     const GROUPS_PER_WAL_CHECK: u32 = 16;
     /// The WAL size past which the writer rewinds it itself (see `rewind_wal_if_asked`).
@@ -890,10 +914,8 @@ impl GroupCommitWriter {
         }
         let done = Instant::now();
         let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        let groups = self.stats.groups.fetch_add(1, Ordering::Relaxed) + 1;
-        if groups.is_multiple_of(Self::GROUPS_PER_CHECKPOINT) {
-            let _ = self.checkpoint_nudge.try_send(());
-        }
+        self.stats.groups.fetch_add(1, Ordering::Relaxed);
+        self.nudge_checkpointer_if_due();
         self.stats
             .writes
             .fetch_add(group.len() as u64, Ordering::Relaxed);
@@ -905,6 +927,22 @@ impl GroupCommitWriter {
             Ordering::Relaxed,
         );
         committed
+    }
+
+    /// Wake the checkpointer once every [`Self::FRAMES_PER_CHECKPOINT`] WAL frames this writer
+    /// appended (read from the WAL hook after each commit). Counting frames, not groups, keeps
+    /// the WAL short whatever the group size: nudging every 64 groups let 500-span OTLP imports
+    /// (~250 frames a group) grow the WAL past 100 MB before the first checkpoint started.
+    fn nudge_checkpointer_if_due(&mut self) {
+        let frames = WAL_FRAMES.with(Cell::get);
+        if frames < self.frames_at_last_nudge {
+            // The WAL was rewound since: count from its start.
+            self.frames_at_last_nudge = 0;
+        }
+        if frames - self.frames_at_last_nudge >= Self::FRAMES_PER_CHECKPOINT {
+            self.frames_at_last_nudge = frames;
+            let _ = self.checkpoint_nudge.try_send(());
+        }
     }
 
     fn commit(&self) -> Result<(), StoreError> {

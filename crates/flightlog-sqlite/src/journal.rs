@@ -116,14 +116,20 @@ fn engagement_counter(
 
 /// Append `template` (its `seq` is ignored) inside the writer's transaction. The checks come
 /// first and write nothing, in the in-memory journal's order: full, then the expected seq.
+/// The counter row is read from the writer's cache when it holds it (exactly the row's
+/// contents: see `WriterCache`), else from the table.
 fn append_in_transaction(
-    conn: &Connection,
+    ctx: &mut WriteContext<'_>,
     template: &EngagementEvent,
     data_json: &str,
     expected_seq: Option<i64>,
     max_events: u64,
 ) -> Result<Result<EngagementEvent, JournalError>, StoreError> {
-    let counter = engagement_counter(conn, &template.engagement_id)?;
+    let conn = ctx.conn;
+    let counter = match ctx.keys.engagements.get(&*template.engagement_id) {
+        Some(counter) => Some(*counter),
+        None => engagement_counter(conn, &template.engagement_id)?,
+    };
     let seq = counter.map_or(0, |(_, next_seq)| next_seq);
     if u64::try_from(seq).unwrap_or(0) >= max_events {
         return Ok(Err(JournalError::JournalFull {
@@ -168,6 +174,9 @@ fn append_in_transaction(
         &template.event_type,
         data_json,
     )?;
+    ctx.keys
+        .engagements
+        .insert(template.engagement_id.to_string(), (engagement_key, seq + 1));
     Ok(Ok(EngagementEvent {
         seq,
         ..template.clone()
@@ -396,7 +405,7 @@ impl EngagementJournal for SqliteEngagementJournal {
             .map_err(|err| JournalError::Backend(format!("cannot encode event data: {err}")))?;
         let max_events = self.retention.max_events_per_engagement;
         let work = move |ctx: &mut WriteContext<'_>| {
-            append_in_transaction(ctx.conn, &template, &data_json, expected_seq, max_events)
+            append_in_transaction(ctx, &template, &data_json, expected_seq, max_events)
         };
         self.db
             .write_then(work, Some(self.publisher()))
@@ -421,7 +430,11 @@ impl EngagementJournal for SqliteEngagementJournal {
     async fn compact(&self, engagement_id: &str) -> Result<bool, JournalError> {
         let engagement_id = engagement_id.to_owned();
         self.db
-            .write(move |ctx| compact_in_transaction(ctx.conn, &engagement_id))
+            .write(move |ctx| {
+                // Compaction renumbers the engagement: its cached counter is stale.
+                ctx.keys.engagements.remove(&engagement_id);
+                compact_in_transaction(ctx.conn, &engagement_id)
+            })
             .await
             .map_err(journal_error)?
     }
@@ -447,7 +460,11 @@ impl EngagementJournal for SqliteEngagementJournal {
     async fn prune(&self, now: i64) -> Result<u64, JournalError> {
         let cutoff = now.saturating_sub(self.retention.max_age_ms);
         self.db
-            .write(move |ctx| prune_in_transaction(ctx.conn, cutoff))
+            .write(move |ctx| {
+                // Pruned engagements lose their counter rows (and may come back anew).
+                ctx.keys.engagements.clear();
+                prune_in_transaction(ctx.conn, cutoff)
+            })
             .await
             .map_err(journal_error)
     }
