@@ -5,7 +5,8 @@
 //!
 //! Reports spans/s, the writer thread's split (apply / begin+commit), and bytes per span.
 //!
-//! Run: `cargo bench -p flightlog-sqlite --bench import_workload -- [--spans N] [--concurrency C]`
+//! Run: `cargo bench -p flightlog-sqlite --bench import_workload -- [--spans N] [--concurrency C]
+//! [--sequential-ids]`
 
 /// The allocator the `flightlog` binary ships with, so the figures are the product's.
 #[global_allocator]
@@ -34,10 +35,21 @@ fn option(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// `--sequential-ids`: trace and span ids that increase with time instead of the random-looking
+/// ids real SDKs send. An experiment, not the workload: it shows what the random inserts into
+/// the span-id index cost (see BENCHMARKS.md).
+fn sequential_ids() -> bool {
+    std::env::args().any(|arg| arg == "--sequential-ids")
+}
+
 fn hex(n: u64, width: usize) -> String {
     format!(
         "{:0width$x}",
-        n.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        if sequential_ids() {
+            n
+        } else {
+            n.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        },
         width = width
     )
 }

@@ -196,12 +196,20 @@ where
     }
 
     fn finish(self: Box<Self>, commit: Result<(), StoreError>) {
-        if let (Ok(()), Some(Ok(value)), Some(after_commit)) =
-            (&commit, &self.outcome, self.after_commit)
-        {
+        let TypedJob {
+            work,
+            outcome,
+            after_commit,
+            reply,
+        } = *self;
+        // Dropped before the answer, so whatever the work shares with the caller (a batch's
+        // spans, their attrs and events) is freed by the caller's last reference, on the
+        // caller's thread, and not here on the one serial thread.
+        drop(work);
+        if let (Ok(()), Some(Ok(value)), Some(after_commit)) = (&commit, &outcome, after_commit) {
             after_commit(value);
         }
-        let answer = match (commit, self.outcome) {
+        let answer = match (commit, outcome) {
             (Ok(()), Some(outcome)) => outcome,
             (Ok(()), None) => Err(StoreError::Backend("write was never applied".into())),
             // The job's own error explains more than the group's commit failure.
@@ -209,7 +217,7 @@ where
             (Err(commit_err), _) => Err(commit_err),
         };
         // The caller may have stopped waiting; the write's fate is already settled either way.
-        let _ = self.reply.send(answer);
+        let _ = reply.send(answer);
     }
 }
 
