@@ -86,9 +86,11 @@ impl Connection {
         content_type: &'static str,
         body: &Bytes,
     ) -> Result<(u16, Bytes), String> {
-        let outcome =
-            tokio::time::timeout(REQUEST_TIMEOUT, self.exchange(method, uri, content_type, body))
-                .await;
+        let outcome = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            self.exchange(method, uri, content_type, body),
+        )
+        .await;
         let result = match outcome {
             Ok(result) => result,
             Err(_) => Err(format!("no answer within {REQUEST_TIMEOUT:?}")),
@@ -112,7 +114,11 @@ impl Connection {
         self.connect().await?;
         self.out.clear();
         let target = uri.path_and_query().map_or("/", |target| target.as_str());
-        let _ = write!(self.out, "{method} {target} HTTP/1.1\r\nhost: {}\r\n", self.host);
+        let _ = write!(
+            self.out,
+            "{method} {target} HTTP/1.1\r\nhost: {}\r\n",
+            self.host
+        );
         if !body.is_empty() {
             let _ = write!(
                 self.out,

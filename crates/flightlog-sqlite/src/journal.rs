@@ -174,9 +174,10 @@ fn append_in_transaction(
         &template.event_type,
         data_json,
     )?;
-    ctx.keys
-        .engagements
-        .insert(template.engagement_id.to_string(), (engagement_key, seq + 1));
+    ctx.keys.engagements.insert(
+        template.engagement_id.to_string(),
+        (engagement_key, seq + 1),
+    );
     Ok(Ok(EngagementEvent {
         seq,
         ..template.clone()
