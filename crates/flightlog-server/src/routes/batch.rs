@@ -2,8 +2,10 @@
 //!
 //! Each op is parsed and checked exactly as its single endpoint checks its body (the same
 //! `check_*` functions); the valid ones go to the store in ONE `write_batch` call, which applies
-//! them in order, each atomic on its own (the SQLite store runs the whole batch as one writer job
-//! with a savepoint per op: one queue round trip per request instead of one per op). A failing op
+//! them in order, each atomic on its own (the SQLite store runs the whole batch as one writer job:
+//! one queue round trip per request instead of one per op). At most
+//! [`AppState::BATCH_LANES`] batches are read and parsed at once; the others wait for a lane with
+//! their bodies unread, so memory follows the lanes, not the number of clients. A failing op
 //! (malformed, an unknown span, a duplicate id) fails alone: its entry in `results` is the
 //! `{"error": …}` object the single endpoint would have answered, and the ops after it still
 //! run. Only a body that is not `{"ops": [...]}` at all, or one with too many ops, fails the
@@ -12,7 +14,7 @@
 //! Order is kept: op N+1 may depend on op N (start a span, then end it), and `write_batch`
 //! guarantees in-order application whatever the backend.
 
-use axum::extract::State;
+use axum::extract::{FromRequest, Request, State};
 use axum::Json;
 use flightlog_core::activity::{
     ActivityWrite, ActivityWriteResult, EndSpanInput, SpanEventRow, SpanPatch, SpanRow,
@@ -123,8 +125,16 @@ enum BatchResult {
 async fn batch(
     State(state): State<AppState>,
     WriterStore(store): WriterStore,
-    JsonBody(body): JsonBody<BatchBody>,
+    request: Request,
 ) -> Result<Json<BatchResponse>, ApiError> {
+    // The body is read only once this request has a lane (see `AppState::BATCH_LANES`): a
+    // queued batch holds its socket, not its parsed ops.
+    let _lane = state
+        .batch_lanes()
+        .acquire()
+        .await
+        .map_err(|_| ApiError::Unavailable("the server is shutting down".into()))?;
+    let JsonBody(body) = JsonBody::<BatchBody>::from_request(request, &state).await?;
     let max = state.config().max_batch_ops;
     if body.ops.len() > max {
         return Err(ApiError::invalid(format!(
