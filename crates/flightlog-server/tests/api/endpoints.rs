@@ -630,6 +630,48 @@ async fn batch_runs_each_op_in_order_and_reports_failures_in_place() {
     server.stop().await;
 }
 
+/// More batches at once than the server parses at once (it reads at most 8 bodies and queues
+/// the rest): every one is answered, in full, with its own results.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_concurrent_batches_than_lanes_all_complete() {
+    let server = TestServer::start().await;
+    let batches = 24;
+    let mut requests = tokio::task::JoinSet::new();
+    for n in 0..batches {
+        let client = server.client.clone();
+        let url = format!("{}/v1/activity/batch", server.base);
+        requests.spawn(async move {
+            let span = format!("lane-{n}");
+            let ops = json!({"ops": [
+                {"op": "startSpan", "spanId": span, "runId": format!("run-{n}"), "name": "t",
+                 "kind": "tool", "origin": "session"},
+                {"op": "appendEvent", "spanId": span, "eventType": "note", "payload": {"n": n}},
+                {"op": "endSpan", "spanId": span, "outcome": "success"},
+            ]});
+            let reply = client.post(url).json(&ops).send().await.unwrap();
+            let status = reply.status().as_u16();
+            let body: Value = reply.json().await.unwrap();
+            (n, status, body)
+        });
+    }
+    let mut answered = 0;
+    while let Some(joined) = requests.join_next().await {
+        let (n, status, body) = joined.unwrap();
+        assert_eq!(status, 200, "{body}");
+        let results = &body["results"];
+        assert_eq!(results[0]["spanId"], format!("lane-{n}"));
+        assert_eq!(results[1]["payload"], json!({"n": n}));
+        assert_eq!(results[2], json!({"ended": true}));
+        answered += 1;
+    }
+    assert_eq!(answered, batches);
+    for n in 0..batches {
+        let span = server.get(&format!("/v1/activity/spans/lane-{n}")).await;
+        assert_eq!(span.assert_status(200)["outcome"], "success");
+    }
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn journal_appends_reads_views_compaction_listing_and_pruning() {
     let server = TestServer::start_with(Options {
