@@ -588,22 +588,20 @@ unsafe extern "C" fn x_shm_lock(
 ) -> c_int {
     // SAFETY: SQLite passes only files we opened.
     let this = unsafe { wrapped(file) };
-    let written = write_out_linked_wal(this);
+    // Whatever is still gathered here can only be frames past the last commit (a commit's
+    // frames are written inside `walFrames`), which no reader looks at. A failure to write them
+    // is therefore not reported: reporting it on a lock that was then taken would make SQLite
+    // believe the lock failed and never release it.
+    let _ = write_out_linked_wal(this);
     // SAFETY: forwarding SQLite's own arguments to the open `unix` file.
-    let locked = unsafe {
+    unsafe {
         forward!(
             this.inner,
             xShmLock,
             ffi::SQLITE_IOERR_SHMLOCK,
             (offset, count, flags)
         )
-    };
-    // A failed write-out on a lock change can only concern frames past the last commit (a
-    // commit's frames were written inside `walFrames`), which SQLite ignores; but say so.
-    if written != ffi::SQLITE_OK && locked == ffi::SQLITE_OK && flags & ffi::SQLITE_SHM_LOCK != 0 {
-        return written;
     }
-    locked
 }
 
 unsafe extern "C" fn x_shm_barrier(file: *mut ffi::sqlite3_file) {
