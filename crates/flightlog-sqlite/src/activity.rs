@@ -19,7 +19,9 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::activity_batch;
 use crate::activity_import;
 use crate::activity_listing;
-use crate::activity_write::{self as write, PrunePlan, ORPHAN_RUNS_SQL, STALE_RUNS_SQL};
+use crate::activity_write::{
+    self as write, span_key_of, PrunePlan, ORPHAN_RUNS_SQL, STALE_RUNS_SQL,
+};
 use crate::database::SqliteDatabase;
 use crate::error::backend;
 use crate::payload_codec::PayloadCodec;
@@ -409,11 +411,14 @@ impl ActivityStore for SqliteActivityStore {
 
     async fn get_span(&self, span_id: &str) -> Result<Option<SpanRow>, StoreError> {
         self.db.read(|conn| {
-            Ok(
-                query_spans(conn, self.db.names(), "WHERE s.span_id = ?1", [span_id])?
-                    .into_iter()
-                    .next(),
-            )
+            Ok(query_spans(
+                conn,
+                self.db.names(),
+                concat!("WHERE s.span_key = ", span_key_of!("?1")),
+                [span_id],
+            )?
+            .into_iter()
+            .next())
         })
     }
 

@@ -25,7 +25,8 @@ use flightlog_core::activity::{
 use rusqlite::{params, OptionalExtension};
 
 use crate::activity_write::{
-    attrs_text, insert_event, log_change, merged_attrs, rollup_run_key, run_key_of, writer_key_of,
+    attrs_text, insert_event, log_change, merged_attrs, register_span_id, rollup_run_key,
+    run_key_of, span_id_taken, span_key_of, writer_key_of,
 };
 use crate::database::WriteContext;
 use crate::error::backend;
@@ -87,10 +88,11 @@ fn existing_span(
     span_id: &str,
 ) -> Result<Option<ExistingSpan>, StoreError> {
     ctx.conn
-        .prepare_cached(
+        .prepare_cached(concat!(
             "SELECT span_key, run_key, outcome IS NOT NULL, attrs FROM activity_spans \
-             WHERE span_id = ?1",
-        )
+                 WHERE span_key = ",
+            span_key_of!("?1")
+        ))
         .and_then(|mut stmt| {
             stmt.query_row([span_id], |row| {
                 Ok(ExistingSpan {
@@ -122,14 +124,18 @@ fn insert_new_span(
         (None, None) => Some(span.started_at.max(now)),
     };
     let end = span.end.as_ref();
-    ctx.conn
+    if span_id_taken(ctx.conn, &span.span_id)? {
+        return Ok(None);
+    }
+    let span_key: i64 = ctx
+        .conn
         .prepare_cached(
             "INSERT INTO activity_spans (span_id, run_key, parent_span_id, name, kind, origin, \
              session_id, job_name, attrs, started_at, ended_at, outcome, outcome_reason, \
              input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens, cost_usd, \
              model, writer_key, last_heartbeat_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-             ?18, ?19, ?20, ?21) ON CONFLICT(span_id) DO NOTHING RETURNING span_key",
+             ?18, ?19, ?20, ?21) RETURNING span_key",
         )
         .and_then(|mut stmt| {
             stmt.query_row(
@@ -158,9 +164,10 @@ fn insert_new_span(
                 ],
                 |row| row.get(0),
             )
-            .optional()
         })
-        .map_err(backend)
+        .map_err(backend)?;
+    register_span_id(ctx, &span.span_id, span_key)?;
+    Ok(Some(span_key))
 }
 
 /// Complete (or refresh) an open span from a later delivery.

@@ -21,6 +21,78 @@ use crate::rows::parse_attrs;
 /// (the reference's distance; `SqliteConfig::change_log_retention` can change it).
 pub(crate) const CHANGE_LOG_TRIM_DISTANCE: i64 = 100_000;
 
+/// SQL for the span key of the span id bound at `$param` (a literal like `"?1"`): the recent
+/// span-id index first, then the merged one (schema version 4); NULL for an unknown id.
+macro_rules! span_key_of {
+    ($param:literal) => {
+        concat!(
+            "COALESCE((SELECT span_key FROM activity_span_ids_recent WHERE span_id = ",
+            $param,
+            "), (SELECT span_key FROM activity_span_ids WHERE span_id = ",
+            $param,
+            "))"
+        )
+    };
+}
+pub(crate) use span_key_of;
+
+/// How many span ids the recent index holds before the writer merges it into the main one.
+/// A merge touches each page of the main index at most once (it inserts in id order), so its
+/// cost per span is the main index's page count over this; the recent index's own pages are
+/// what a commit's inserts share. 16,384 keeps both well under one page per span for indexes of
+/// up to a few hundred thousand spans (see BENCHMARKS.md).
+const RECENT_SPAN_IDS_MERGE_AT: i64 = 16_384;
+
+/// Whether a span id is already taken (by any run).
+pub(crate) fn span_id_taken(conn: &Connection, span_id: &str) -> Result<bool, StoreError> {
+    conn.prepare_cached(concat!("SELECT ", span_key_of!("?1"), " IS NOT NULL"))
+        .and_then(|mut stmt| stmt.query_row([span_id], |row| row.get(0)))
+        .map_err(backend)
+}
+
+/// Record a new span's id in the recent index, merging that index into the main one when it
+/// has grown to [`RECENT_SPAN_IDS_MERGE_AT`]. The caller checked that the id is free.
+pub(crate) fn register_span_id(
+    ctx: &mut WriteContext<'_>,
+    span_id: &str,
+    span_key: i64,
+) -> Result<(), StoreError> {
+    ctx.conn
+        .prepare_cached("INSERT INTO activity_span_ids_recent (span_id, span_key) VALUES (?1, ?2)")
+        .and_then(|mut stmt| stmt.execute(params![span_id, span_key]))
+        .map_err(backend)?;
+    let recent = match ctx.keys.recent_span_ids {
+        Some(count) => count + 1,
+        None => ctx
+            .conn
+            .prepare_cached("SELECT COUNT(*) FROM activity_span_ids_recent")
+            .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
+            .map_err(backend)?,
+    };
+    ctx.keys.recent_span_ids = Some(recent);
+    if recent >= RECENT_SPAN_IDS_MERGE_AT {
+        merge_recent_span_ids(ctx)?;
+    }
+    Ok(())
+}
+
+/// Move every id of the recent index into the main one, in id order, inside the current
+/// transaction (so a crash leaves each id in exactly one of the two).
+pub(crate) fn merge_recent_span_ids(ctx: &mut WriteContext<'_>) -> Result<(), StoreError> {
+    for sql in [
+        "INSERT INTO activity_span_ids (span_id, span_key) \
+         SELECT span_id, span_key FROM activity_span_ids_recent ORDER BY span_id",
+        "DELETE FROM activity_span_ids_recent",
+    ] {
+        ctx.conn
+            .prepare_cached(sql)
+            .and_then(|mut stmt| stmt.execute([]))
+            .map_err(backend)?;
+    }
+    ctx.keys.recent_span_ids = Some(0);
+    Ok(())
+}
+
 /// The surrogate key of `name` in an interning table (`activity_runs`, `activity_writers`),
 /// inserting it if new. Interned rows are never deleted, so the key is cached for good.
 fn interned_key(
@@ -138,6 +210,13 @@ pub(crate) fn start_span(
         Some(_) => None,
     };
     let attrs = input.attrs.as_ref().map(attrs_text);
+    if ctx.keys.spans.contains_key(&input.span_id) || span_id_taken(ctx.conn, &input.span_id)? {
+        // Only the run/writer key rows may have been added before this point; they are
+        // harmless (a run without spans reads as absent), so this failure counts as clean.
+        return Err(StoreError::DuplicateSpan {
+            span_id: input.span_id.clone(),
+        });
+    }
     let inserted = ctx
         .conn
         .prepare_cached(
@@ -173,6 +252,7 @@ pub(crate) fn start_span(
         });
     }
     let span_key = ctx.conn.last_insert_rowid();
+    register_span_id(ctx, &input.span_id, span_key)?;
     ctx.keys
         .spans
         .insert(input.span_id.clone(), (span_key, run_key));
@@ -207,10 +287,11 @@ struct OpenSpan {
 
 fn open_span(conn: &Connection, span_id: &str) -> Result<Option<OpenSpan>, StoreError> {
     let found = conn
-        .prepare_cached(
+        .prepare_cached(concat!(
             "SELECT span_key, run_key, outcome IS NOT NULL, attrs FROM activity_spans \
-             WHERE span_id = ?1",
-        )
+                 WHERE span_key = ",
+            span_key_of!("?1")
+        ))
         .and_then(|mut stmt| {
             stmt.query_row([span_id], |row| {
                 Ok((
@@ -291,13 +372,16 @@ fn end_span_without_attrs(
     let usage = input.usage.clone().unwrap_or_default();
     let updated: Option<(i64, i64)> = ctx
         .conn
-        .prepare_cached(
+        .prepare_cached(concat!(
             "UPDATE activity_spans SET outcome = ?1, outcome_reason = ?2, ended_at = ?3, \
              input_tokens = COALESCE(?4, input_tokens), output_tokens = COALESCE(?5, output_tokens), \
              cache_read_tokens = COALESCE(?6, cache_read_tokens), \
              cache_creation_tokens = COALESCE(?7, cache_creation_tokens), \
              cost_usd = COALESCE(?8, cost_usd), model = COALESCE(?9, model) \
-             WHERE span_id = ?10 AND outcome IS NULL RETURNING span_key, run_key",
+             WHERE span_key = ",
+            span_key_of!("?10"),
+            " AND outcome IS NULL RETURNING span_key, run_key"
+            ),
         )
         .and_then(|mut stmt| {
             stmt.query_row(
@@ -389,7 +473,10 @@ pub(crate) fn append_event(
         Some(keys) => Some(*keys),
         None => ctx
             .conn
-            .prepare_cached("SELECT span_key, run_key FROM activity_spans WHERE span_id = ?1")
+            .prepare_cached(concat!(
+                "SELECT span_key, run_key FROM activity_spans WHERE span_key = ",
+                span_key_of!("?1")
+            ))
             .and_then(|mut stmt| {
                 stmt.query_row([span_id], |row| Ok((row.get(0)?, row.get(1)?)))
                     .optional()
@@ -480,9 +567,11 @@ pub(crate) fn heartbeat(
 ) -> Result<(), StoreError> {
     // Deliberately not change-logged: a heartbeat is liveness metadata, not activity.
     ctx.conn
-        .prepare_cached(
-            "UPDATE activity_spans SET last_heartbeat_at = ?1 WHERE span_id = ?2 AND outcome IS NULL",
-        )
+        .prepare_cached(concat!(
+            "UPDATE activity_spans SET last_heartbeat_at = ?1 WHERE span_key = ",
+            span_key_of!("?2"),
+            " AND outcome IS NULL"
+        ))
         .and_then(|mut stmt| stmt.execute(params![at, span_id]))
         .map_err(backend)?;
     Ok(())
@@ -750,6 +839,16 @@ pub(crate) fn prune(
         )
         .and_then(|mut stmt| stmt.execute([run_key]))
         .map_err(backend)?;
+        for sql in [
+            "DELETE FROM activity_span_ids_recent WHERE span_id IN \
+             (SELECT span_id FROM activity_spans WHERE run_key = ?1)",
+            "DELETE FROM activity_span_ids WHERE span_id IN \
+             (SELECT span_id FROM activity_spans WHERE run_key = ?1)",
+        ] {
+            conn.prepare_cached(sql)
+                .and_then(|mut stmt| stmt.execute([run_key]))
+                .map_err(backend)?;
+        }
         let deleted = conn
             .prepare_cached("DELETE FROM activity_spans WHERE run_key = ?1")
             .and_then(|mut stmt| stmt.execute([run_key]))

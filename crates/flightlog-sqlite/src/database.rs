@@ -107,6 +107,8 @@ pub(crate) struct WriterCache {
     /// engagement id -> (engagement key, next seq): the journal's counter rows. Only appends
     /// keep entries up to date; compaction and pruning drop them (see `journal.rs`).
     pub engagements: HashMap<String, (i64, i64)>,
+    /// How many ids the recent span-id index holds (see `activity_write::register_span_id`).
+    pub recent_span_ids: Option<i64>,
 }
 
 impl WriterCache {
@@ -124,6 +126,7 @@ impl WriterCache {
         self.next_event_index.clear();
         self.next_change_id = None;
         self.engagements.clear();
+        self.recent_span_ids = None;
     }
 
     fn trim(&mut self) {

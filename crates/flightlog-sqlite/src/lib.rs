@@ -21,4 +21,6 @@ mod schema;
 pub use activity::SqliteActivityStore;
 pub use database::{configure_connection, Durability, SqliteConfig, SqliteDatabase, WriterStats};
 pub use journal::SqliteEngagementJournal;
+#[doc(hidden)]
+pub use schema::migrate_up_to;
 pub use schema::SCHEMA_VERSION;

@@ -1,0 +1,200 @@
+//! Span ids live in two indexes since schema version 4 (a small recent one, merged into the main
+//! one in sorted runs). These tests hold the store to the same promises as before across that
+//! design: an id is found wherever it lives, is never taken twice (across runs, across a merge,
+//! by native starts and OTLP imports alike), leaves both indexes when its run is pruned, and a
+//! database written by schema version 3 upgrades with every span still reachable.
+
+use std::sync::Arc;
+
+use flightlog_core::activity::{
+    ActivityStore, EndSpanInput, ImportedEnd, ImportedSpan, PruneOptions, SpanKind, SpanOrigin,
+    SpanOutcome, SpanUsage, StartSpanInput, StoreError,
+};
+use flightlog_core::ManualClock;
+use flightlog_sqlite::{migrate_up_to, SqliteActivityStore, SqliteConfig, SqliteDatabase};
+
+fn store(path: &std::path::Path) -> SqliteActivityStore {
+    let db = SqliteDatabase::open(SqliteConfig::new(path)).expect("open the store");
+    SqliteActivityStore::with_identity(db, Arc::new(ManualClock::new(1_000)), "w")
+}
+
+fn start(span_id: &str, run_id: &str) -> StartSpanInput {
+    StartSpanInput {
+        span_id: span_id.into(),
+        run_id: run_id.into(),
+        parent_span_id: None,
+        name: span_id.into(),
+        kind: SpanKind::Turn,
+        origin: SpanOrigin::Session,
+        session_id: None,
+        job_name: None,
+        attrs: None,
+        started_at: None,
+    }
+}
+
+fn imported(span_id: String, run_id: String, parent: Option<String>) -> ImportedSpan {
+    ImportedSpan {
+        span_id,
+        run_id,
+        parent_span_id: parent,
+        name: "op".into(),
+        kind: SpanKind::Other,
+        origin: SpanOrigin::Otlp,
+        session_id: None,
+        job_name: None,
+        attrs: Default::default(),
+        started_at: 10,
+        end: Some(ImportedEnd {
+            ended_at: 20,
+            outcome: SpanOutcome::Success,
+            reason: None,
+        }),
+        usage: SpanUsage::default(),
+        events: Vec::new(),
+    }
+}
+
+/// A random-looking id, as OTLP SDKs send.
+fn id(n: u64) -> String {
+    format!("{:016x}", n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+#[tokio::test]
+async fn ids_stay_unique_and_reachable_across_a_merge_and_a_prune() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(&dir.path().join("ids.db"));
+    // More spans than the recent index holds, so at least one merge happens in the middle.
+    let total = 17_000u64;
+    for call in 0..(total / 500) {
+        let spans: Vec<ImportedSpan> = (call * 500..(call + 1) * 500)
+            .map(|n| {
+                let run = format!("run-{}", n / 10);
+                let parent = (n % 10 != 0).then(|| id(n - n % 10));
+                imported(id(n), run, parent)
+            })
+            .collect();
+        let report = store.import_spans(spans).await.unwrap();
+        assert_eq!(report.created, 500);
+    }
+    // Every id is found, the first ones (merged) and the last ones (recent) alike.
+    for n in [0, 1, 9, 8_000, 16_383, 16_384, 16_999] {
+        let span = store.get_span(&id(n)).await.unwrap().unwrap();
+        assert_eq!(span.run_id, format!("run-{}", n / 10));
+    }
+    // Taken ids stay taken, wherever they live, for native starts and imports.
+    for n in [3, 16_990] {
+        let err = store
+            .start_span(start(&id(n), "elsewhere"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::DuplicateSpan { .. }), "{err:?}");
+        let report = store
+            .import_spans(vec![imported(id(n), "elsewhere".into(), None)])
+            .await
+            .unwrap();
+        assert_eq!(report.rejected.len(), 1, "{report:?}");
+        // Delivered again to its own run: recognised, nothing written.
+        let report = store
+            .import_spans(vec![imported(id(n), format!("run-{}", n / 10), None)])
+            .await
+            .unwrap();
+        assert_eq!((report.created, report.unchanged), (0, 1), "{report:?}");
+    }
+    // Native writes by id reach spans in both indexes.
+    store
+        .start_span(start("native-root", "native"))
+        .await
+        .unwrap();
+    assert!(store
+        .end_span(
+            "native-root",
+            EndSpanInput {
+                outcome: SpanOutcome::Success,
+                reason: None,
+                ended_at: Some(2_000),
+                usage: None,
+                attrs: None,
+            },
+        )
+        .await
+        .unwrap());
+    assert!(store
+        .append_event(&id(5), "late", None, None)
+        .await
+        .unwrap()
+        .is_some());
+
+    // Pruning every run frees its ids: they can be used again afterwards.
+    for run in 0..(total / 10) {
+        store.rollup_run(&format!("run-{run}")).await.unwrap();
+    }
+    store.rollup_run("native").await.unwrap();
+    let pruned = store
+        .prune(PruneOptions {
+            digest_floor_at: i64::MAX,
+            hard_ceiling_ms: i64::MAX,
+            batch: Some(-1),
+            now: Some(10_000_000),
+        })
+        .await
+        .unwrap();
+    assert_eq!(pruned.spans_deleted, total as i64 + 1);
+    assert!(store.get_span(&id(0)).await.unwrap().is_none());
+    assert!(store.get_span(&id(16_999)).await.unwrap().is_none());
+    store.start_span(start(&id(0), "again")).await.unwrap();
+    store.start_span(start(&id(16_999), "again")).await.unwrap();
+    assert_eq!(
+        store.get_span(&id(16_999)).await.unwrap().unwrap().run_id,
+        "again"
+    );
+}
+
+#[tokio::test]
+async fn a_version_3_database_upgrades_with_every_span_reachable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v3.db");
+    {
+        let mut conn = rusqlite::Connection::open(&path).unwrap();
+        migrate_up_to(&mut conn, 3).unwrap();
+        conn.execute_batch(
+            "INSERT INTO activity_runs (run_key, run_id) VALUES (1, 'old-run');
+             INSERT INTO activity_writers (writer_key, writer) VALUES (1, 'old-writer');
+             INSERT INTO activity_spans (span_key, span_id, run_key, parent_span_id, name, kind,
+               origin, started_at, writer_key, last_heartbeat_at)
+             VALUES (1, 'old-root', 1, NULL, 'root', 'turn', 'session', 100, 1, 100),
+                    (2, 'old-child', 1, 'old-root', 'child', 'tool', 'session', 110, 1, NULL);
+             INSERT INTO activity_changes (change_id, run_key, seq, span_key, event_index)
+             VALUES (1, 1, 1, 1, NULL), (2, 1, 2, 2, NULL);",
+        )
+        .unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(version, 3);
+    }
+    let store = store(&path);
+    let child = store.get_span("old-child").await.unwrap().unwrap();
+    assert_eq!(child.parent_span_id.as_deref(), Some("old-root"));
+    let err = store
+        .start_span(start("old-root", "other"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::DuplicateSpan { .. }), "{err:?}");
+    let event = store
+        .append_event("old-child", "note", None, None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(event.event_index, 0);
+    // The run's seq continues from the old change rows.
+    let snapshot = store.snapshot_run("old-run").await.unwrap().unwrap();
+    assert_eq!(snapshot.high_water_seq, 3);
+    assert_eq!(snapshot.spans.len(), 2);
+    // New spans get keys after the old ones.
+    let fresh = store
+        .start_span(start("new-root", "new-run"))
+        .await
+        .unwrap();
+    assert_eq!(fresh.span_id, "new-root");
+}
