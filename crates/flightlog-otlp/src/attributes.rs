@@ -22,18 +22,39 @@ pub const MAX_ATTRIBUTE_VALUE_BYTES: usize = 16_384;
 
 /// `attributes` as one JSON object, keys as given, every value capped at `max_bytes`.
 pub(crate) fn attributes_to_json(attributes: &[KeyValue], max_bytes: usize) -> JsonObject {
-    let mut object = JsonObject::new();
+    attributes_into_json(attributes.to_vec(), max_bytes)
+}
+
+/// [`attributes_to_json`] consuming the decoded attributes: keys and string values are moved
+/// into the JSON, not copied (a span's attributes are most of an OTLP request's allocations).
+pub(crate) fn attributes_into_json(attributes: Vec<KeyValue>, max_bytes: usize) -> JsonObject {
+    attributes_into_json_with_room(attributes, max_bytes, 0)
+}
+
+/// [`attributes_into_json`] with room for `spare` more keys.
+pub(crate) fn attributes_into_json_with_room(
+    attributes: Vec<KeyValue>,
+    max_bytes: usize,
+    spare: usize,
+) -> JsonObject {
+    let mut object = JsonObject::with_capacity(attributes.len() + spare);
     for attribute in attributes {
         object.insert(
-            attribute.key.clone(),
-            any_value_to_json(attribute.value.as_ref(), max_bytes),
+            attribute.key,
+            any_value_into_json(attribute.value, max_bytes),
         );
     }
     object
 }
 
 /// One attribute value as JSON, capped at `max_bytes`.
-pub(crate) fn any_value_to_json(value: Option<&AnyValue>, max_bytes: usize) -> Value {
+#[cfg(test)]
+fn any_value_to_json(value: Option<&AnyValue>, max_bytes: usize) -> Value {
+    any_value_into_json(value.cloned(), max_bytes)
+}
+
+/// [`any_value_to_json`] consuming the value.
+fn any_value_into_json(value: Option<AnyValue>, max_bytes: usize) -> Value {
     let converted = convert(value, max_bytes);
     match converted {
         Value::Array(_) | Value::Object(_) => {
@@ -48,26 +69,26 @@ pub(crate) fn any_value_to_json(value: Option<&AnyValue>, max_bytes: usize) -> V
     }
 }
 
-fn convert(value: Option<&AnyValue>, max_bytes: usize) -> Value {
-    let Some(value) = value.and_then(|value| value.value.as_ref()) else {
+fn convert(value: Option<AnyValue>, max_bytes: usize) -> Value {
+    let Some(value) = value.and_then(|value| value.value) else {
         return Value::Null;
     };
     match value {
-        any_value::Value::StringValue(text) => Value::String(capped_string(text, max_bytes)),
-        any_value::Value::BoolValue(flag) => Value::Bool(*flag),
-        any_value::Value::IntValue(number) => Value::Number(Number::from(*number)),
-        any_value::Value::DoubleValue(number) => double_to_json(*number),
+        any_value::Value::StringValue(text) => Value::String(capped_owned(text, max_bytes)),
+        any_value::Value::BoolValue(flag) => Value::Bool(flag),
+        any_value::Value::IntValue(number) => Value::Number(Number::from(number)),
+        any_value::Value::DoubleValue(number) => double_to_json(number),
         any_value::Value::ArrayValue(array) => Value::Array(
             array
                 .values
-                .iter()
+                .into_iter()
                 .map(|item| convert(Some(item), max_bytes))
                 .collect(),
         ),
         any_value::Value::KvlistValue(list) => {
-            let mut object = JsonObject::new();
-            for entry in &list.values {
-                object.insert(entry.key.clone(), convert(entry.value.as_ref(), max_bytes));
+            let mut object = JsonObject::with_capacity(list.values.len());
+            for entry in list.values {
+                object.insert(entry.key, convert(entry.value, max_bytes));
             }
             Value::Object(object)
         }
@@ -75,10 +96,19 @@ fn convert(value: Option<&AnyValue>, max_bytes: usize) -> Value {
             // Hex doubles the size: cut the bytes first so a huge blob is never fully encoded.
             let keep = bytes.len().min(max_bytes / 2 + 1);
             let hex = to_hex(&bytes[..keep]);
-            Value::String(capped_string(&hex, max_bytes))
+            Value::String(capped_owned(hex, max_bytes))
         }
         // A profiles-only string-table reference: meaningless in a trace (OTLP says to ignore it).
         any_value::Value::StringValueStrindex(_) => Value::Null,
+    }
+}
+
+/// `text` itself when it fits in `max_bytes`, else its marked prefix.
+fn capped_owned(text: String, max_bytes: usize) -> String {
+    if text.len() <= max_bytes {
+        text
+    } else {
+        marked_prefix(&text, max_bytes)
     }
 }
 

@@ -16,7 +16,10 @@ use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, Instrumentatio
 use opentelemetry_proto::tonic::trace::v1::{span, status, Span};
 use serde_json::Value;
 
-use crate::attributes::{attributes_to_json, capped_string, MAX_ATTRIBUTE_VALUE_BYTES};
+use crate::attributes::{
+    attributes_into_json, attributes_into_json_with_room, attributes_to_json, capped_string,
+    MAX_ATTRIBUTE_VALUE_BYTES,
+};
 use crate::facts::{first_of, Facts};
 use crate::ids::{self, to_hex};
 use crate::kind::span_kind;
@@ -82,19 +85,20 @@ pub struct MappedBatch {
 }
 
 /// Map every span of `request` (see `docs/otlp.md` for the rules).
-pub fn map_request(request: &ExportTraceServiceRequest, options: &MappingOptions) -> MappedBatch {
+pub fn map_request(request: ExportTraceServiceRequest, options: &MappingOptions) -> MappedBatch {
     let max_bytes = options.max_attribute_value_bytes;
     let mut batch = MappedBatch::default();
     let mut pending_ids: Vec<usize> = Vec::new();
     let mut index = 0usize;
-    for resource_spans in &request.resource_spans {
+    // The request is consumed as it is mapped: each span's strings move into its ImportedSpan,
+    // and what the mapping does not keep is freed span by span.
+    for resource_spans in request.resource_spans {
         let resource = resource_spans
             .resource
-            .as_ref()
-            .map(|resource| attributes_to_json(&resource.attributes, max_bytes))
+            .map(|resource| attributes_into_json(resource.attributes, max_bytes))
             .filter(|attributes| !attributes.is_empty())
             .map(Value::Object);
-        for scope_spans in &resource_spans.scope_spans {
+        for scope_spans in resource_spans.scope_spans {
             let scope = scope_spans
                 .scope
                 .as_ref()
@@ -103,8 +107,8 @@ pub fn map_request(request: &ExportTraceServiceRequest, options: &MappingOptions
                 resource: resource.as_ref(),
                 scope: scope.as_ref(),
             };
-            for span in &scope_spans.spans {
-                match map_span(span, &context, options) {
+            for mut span in scope_spans.spans {
+                match map_span(&mut span, &context, options) {
                     Ok(Mapped { span, pending }) => {
                         if pending {
                             pending_ids.push(batch.spans.len());
@@ -155,8 +159,10 @@ fn nanos_to_ms(nanos: u64) -> i64 {
     i64::try_from(nanos / 1_000_000).unwrap_or(i64::MAX)
 }
 
+/// Map one span, taking its attributes, events and name out of it (the caller keeps its ids,
+/// for the rejection report).
 fn map_span(
-    span: &Span,
+    span: &mut Span,
     context: &SpanContext<'_>,
     options: &MappingOptions,
 ) -> Result<Mapped, String> {
@@ -191,7 +197,7 @@ fn map_span(
             .unwrap_or(&span.name);
         (real_id, real_parent, name.to_owned())
     } else {
-        (own_id, own_parent, span.name.clone())
+        (own_id, own_parent, std::mem::take(&mut span.name))
     };
 
     let kind = span_kind(&facts, parent_span_id.is_none());
@@ -200,7 +206,9 @@ fn map_span(
     let (usage, cost_source) = span_usage(&facts, &options.price_table);
     let session_id = first_of(&facts.session, |value| session_text(value, max_bytes));
 
-    let mut attrs = attributes_to_json(&span.attributes, max_bytes);
+    // Room for the keys added below (resource, scope, links, kind, cost source, price table).
+    let mut attrs =
+        attributes_into_json_with_room(std::mem::take(&mut span.attributes), max_bytes, 6);
     if let Some(resource) = context.resource {
         attrs.insert(RESOURCE_KEY.to_owned(), resource.clone());
     }
@@ -227,8 +235,8 @@ fn map_span(
     let events = if pending {
         Vec::new()
     } else {
-        span.events
-            .iter()
+        std::mem::take(&mut span.events)
+            .into_iter()
             .map(|event| ImportedEvent {
                 ts: if event.time_unix_nano == 0 {
                     started_at
@@ -238,9 +246,9 @@ fn map_span(
                 event_type: if event.name.is_empty() {
                     "event".to_owned()
                 } else {
-                    event.name.clone()
+                    event.name
                 },
-                payload: Value::Object(attributes_to_json(&event.attributes, max_bytes)),
+                payload: Value::Object(attributes_into_json(event.attributes, max_bytes)),
             })
             .collect()
     };
@@ -393,7 +401,7 @@ mod tests {
     use crate::test_support::{double, int, kv, request, sid, sid_hex, span, string, TRACE_HEX};
 
     fn map(spans: Vec<Span>) -> MappedBatch {
-        map_request(&request(spans), &MappingOptions::default())
+        map_request(request(spans), &MappingOptions::default())
     }
 
     fn only_span(spans: Vec<Span>) -> ImportedSpan {
@@ -749,7 +757,7 @@ mod tests {
             ..MappingOptions::default()
         };
         let batch = map_request(
-            &request(vec![span(
+            request(vec![span(
                 1,
                 None,
                 "root",
@@ -818,7 +826,7 @@ mod tests {
         second.scope_spans[0].scope = None;
         second.scope_spans[0].spans = vec![span(2, Some(1), "second", vec![])];
         two.resource_spans.push(second);
-        let batch = map_request(&two, &MappingOptions::default());
+        let batch = map_request(two, &MappingOptions::default());
         assert_eq!(batch.spans.len(), 2);
         assert_eq!(
             batch.spans[0].attrs["resource"],

@@ -26,10 +26,11 @@ pub type Authorize = dyn Fn(&MetadataMap) -> Result<(), Status> + Send + Sync;
 
 /// Map `request`, import its spans into `store`, and build the response: `partialSuccess`
 /// counts the spans the mapping rejected plus those the store refused. A request with no
-/// importable span does not call the store (the report is then all zero).
+/// importable span does not call the store (the report is then all zero). The request is
+/// consumed by the mapping, so none of it is held while the store writes.
 pub async fn ingest(
     store: &dyn ActivityStore,
-    request: &ExportTraceServiceRequest,
+    request: ExportTraceServiceRequest,
     options: &MappingOptions,
 ) -> Result<(ExportTraceServiceResponse, ImportReport), StoreError> {
     let batch = map_request(request, options);
@@ -86,7 +87,7 @@ impl TraceService for FlightlogTraceService {
         request: Request<ExportTraceServiceRequest>,
     ) -> Result<Response<ExportTraceServiceResponse>, Status> {
         (self.authorize)(request.metadata())?;
-        let (response, _report) = ingest(self.store.as_ref(), request.get_ref(), &self.options)
+        let (response, _report) = ingest(self.store.as_ref(), request.into_inner(), &self.options)
             .await
             .map_err(store_status)?;
         Ok(Response::new(response))

@@ -128,7 +128,7 @@ async fn export_traces(State(state): State<AppState>, headers: HeaderMap, body: 
         Err(error) => return decode_failure(&headers, &error),
     };
     let store = state.activity_as(writer);
-    match ingest(store.as_ref(), &request, state.otlp_mapping()).await {
+    match ingest(store.as_ref(), request, state.otlp_mapping()).await {
         Ok((response, _report)) => {
             let (content_type, body) = encode_response(&response, encoding);
             (StatusCode::OK, [(CONTENT_TYPE, content_type)], body).into_response()
