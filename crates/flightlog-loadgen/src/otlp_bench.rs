@@ -621,7 +621,7 @@ mod tests {
             64 * 1024 * 1024,
         )
         .expect("decodes");
-        let mapped = map_request(&request, &MappingOptions::default());
+        let mapped = map_request(request, &MappingOptions::default());
         assert!(mapped.rejected.is_empty(), "{:?}", mapped.rejected);
         assert_eq!(mapped.spans.len(), 500);
         let spans = serde_json::to_value(&mapped.spans).expect("json");
