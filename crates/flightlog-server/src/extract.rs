@@ -113,8 +113,13 @@ pub(crate) fn payload_too_large_error(limit: usize) -> ApiError {
     ))
 }
 
-/// Parse a JSON body, naming the path of the first offending value.
+/// Parse a JSON body, naming the path of the first offending value. The common case, a valid
+/// body, is parsed without path tracking; only a body that fails is parsed again with it, for
+/// the message.
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if let Ok(value) = serde_json::from_slice(bytes) {
+        return Ok(value);
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut deserializer)
         .map_err(|err| ApiError::invalid(format!("invalid JSON body: {err}")))?;
