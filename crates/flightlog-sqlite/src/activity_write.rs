@@ -78,7 +78,7 @@ pub(crate) fn register_span_id(
 
 /// Move every id of the recent index into the main one, in id order, inside the current
 /// transaction (so a crash leaves each id in exactly one of the two).
-pub(crate) fn merge_recent_span_ids(ctx: &mut WriteContext<'_>) -> Result<(), StoreError> {
+fn merge_recent_span_ids(ctx: &mut WriteContext<'_>) -> Result<(), StoreError> {
     for sql in [
         "INSERT INTO activity_span_ids (span_id, span_key) \
          SELECT span_id, span_key FROM activity_span_ids_recent ORDER BY span_id",
@@ -209,7 +209,6 @@ pub(crate) fn start_span(
         None | Some("") => Some(started_at),
         Some(_) => None,
     };
-    let attrs = input.attrs.as_ref().map(attrs_text);
     if ctx.keys.spans.contains_key(&input.span_id) || span_id_taken(ctx.conn, &input.span_id)? {
         // Only the run/writer key rows may have been added before this point; they are
         // harmless (a run without spans reads as absent), so this failure counts as clean.
@@ -217,6 +216,7 @@ pub(crate) fn start_span(
             span_id: input.span_id.clone(),
         });
     }
+    let attrs = input.attrs.as_ref().map(attrs_text);
     let inserted = ctx
         .conn
         .prepare_cached(
