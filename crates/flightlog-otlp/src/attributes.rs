@@ -48,8 +48,7 @@ pub(crate) fn attributes_into_json_with_room(
 }
 
 /// One attribute value as JSON, capped at `max_bytes`.
-#[cfg(test)]
-fn any_value_to_json(value: Option<&AnyValue>, max_bytes: usize) -> Value {
+pub(crate) fn any_value_to_json(value: Option<&AnyValue>, max_bytes: usize) -> Value {
     any_value_into_json(value.cloned(), max_bytes)
 }
 
@@ -92,12 +91,7 @@ fn convert(value: Option<AnyValue>, max_bytes: usize) -> Value {
             }
             Value::Object(object)
         }
-        any_value::Value::BytesValue(bytes) => {
-            // Hex doubles the size: cut the bytes first so a huge blob is never fully encoded.
-            let keep = bytes.len().min(max_bytes / 2 + 1);
-            let hex = to_hex(&bytes[..keep]);
-            Value::String(capped_owned(hex, max_bytes))
-        }
+        any_value::Value::BytesValue(bytes) => Value::String(hex_capped(&bytes, max_bytes)),
         // A profiles-only string-table reference: meaningless in a trace (OTLP says to ignore it).
         any_value::Value::StringValueStrindex(_) => Value::Null,
     }
@@ -118,6 +112,22 @@ fn double_to_json(number: f64) -> Value {
         None if number.is_nan() => Value::String("NaN".to_owned()),
         None if number > 0.0 => Value::String("Infinity".to_owned()),
         None => Value::String("-Infinity".to_owned()),
+    }
+}
+
+/// `bytes` as lower-case hex, capped at `max_bytes`.
+pub(crate) fn hex_capped(bytes: &[u8], max_bytes: usize) -> String {
+    // Hex doubles the size: cut the bytes first so a huge blob is never fully encoded.
+    let keep = bytes.len().min(max_bytes / 2 + 1);
+    capped_owned(to_hex(&bytes[..keep]), max_bytes)
+}
+
+/// `text` itself (borrowed) when it fits in `max_bytes`, else its marked prefix.
+pub(crate) fn capped_str(text: &str, max_bytes: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max_bytes {
+        std::borrow::Cow::Borrowed(text)
+    } else {
+        std::borrow::Cow::Owned(marked_prefix(text, max_bytes))
     }
 }
 

@@ -16,6 +16,7 @@
 //! [`ImportedSpan`]: flightlog_core::activity::ImportedSpan
 
 mod attributes;
+mod attrs_text;
 mod decode;
 mod docs;
 mod error;

@@ -9,7 +9,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use flightlog_core::activity::{
-    ImportedEnd, ImportedEvent, ImportedSpan, JsonObject, SpanOrigin, SpanOutcome,
+    EncodedAttrs, ImportedAttrs, ImportedEnd, ImportedEvent, ImportedSpan, JsonObject, SpanOrigin,
+    SpanOutcome,
 };
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope};
@@ -20,6 +21,7 @@ use crate::attributes::{
     attributes_into_json, attributes_into_json_with_room, attributes_to_json, capped_string,
     MAX_ATTRIBUTE_VALUE_BYTES,
 };
+use crate::attrs_text::{attrs_object_text, Extra};
 use crate::facts::{first_of, Facts};
 use crate::ids::{self, to_hex};
 use crate::kind::span_kind;
@@ -98,14 +100,21 @@ pub fn map_request(request: ExportTraceServiceRequest, options: &MappingOptions)
             .map(|resource| attributes_into_json(resource.attributes, max_bytes))
             .filter(|attributes| !attributes.is_empty())
             .map(Value::Object);
+        let resource_text = resource.as_ref().map(Value::to_string);
         for scope_spans in resource_spans.scope_spans {
             let scope = scope_spans
                 .scope
                 .as_ref()
                 .and_then(|scope| scope_to_json(scope, max_bytes));
+            let scope_text = scope.as_ref().map(Value::to_string);
+            let shared_bytes = resource_text.as_ref().map_or(0, String::len)
+                + scope_text.as_ref().map_or(0, String::len);
             let context = SpanContext {
                 resource: resource.as_ref(),
                 scope: scope.as_ref(),
+                resource_text: resource_text.as_deref(),
+                scope_text: scope_text.as_deref(),
+                attrs_size_hint: shared_bytes + 256,
             };
             for mut span in scope_spans.spans {
                 match map_span(&mut span, &context, options) {
@@ -135,6 +144,11 @@ pub fn map_request(request: ExportTraceServiceRequest, options: &MappingOptions)
 struct SpanContext<'a> {
     resource: Option<&'a Value>,
     scope: Option<&'a Value>,
+    /// The same two as compact JSON text, encoded once for all the scope's spans.
+    resource_text: Option<&'a str>,
+    scope_text: Option<&'a str>,
+    /// A starting capacity for one span's attrs text (the shared parts plus typical own ones).
+    attrs_size_hint: usize,
 }
 
 struct Mapped {
@@ -206,32 +220,7 @@ fn map_span(
     let (usage, cost_source) = span_usage(&facts, &options.price_table);
     let session_id = first_of(&facts.session, |value| session_text(value, max_bytes));
 
-    // Room for the keys added below (resource, scope, links, kind, cost source, price table).
-    let mut attrs =
-        attributes_into_json_with_room(std::mem::take(&mut span.attributes), max_bytes, 6);
-    if let Some(resource) = context.resource {
-        attrs.insert(RESOURCE_KEY.to_owned(), resource.clone());
-    }
-    if let Some(scope) = context.scope {
-        attrs.insert(SCOPE_KEY.to_owned(), scope.clone());
-    }
-    if !span.links.is_empty() {
-        attrs.insert(LINKS_KEY.to_owned(), links_to_json(&span.links, max_bytes));
-    }
-    if let Some(kind) = otel_span_kind(span.kind) {
-        attrs.insert(OTEL_SPAN_KIND_KEY.to_owned(), Value::from(kind));
-    }
-    match cost_source {
-        Some(CostSource::Reported) => {
-            attrs.insert(COST_SOURCE_KEY.to_owned(), Value::from("reported"));
-        }
-        Some(CostSource::PriceTable(version)) => {
-            attrs.insert(COST_SOURCE_KEY.to_owned(), Value::from("price_table"));
-            attrs.insert(PRICE_TABLE_KEY.to_owned(), Value::from(version));
-        }
-        None => {}
-    }
-
+    let attrs = span_attrs(span, context, cost_source, max_bytes);
     let events = if pending {
         Vec::new()
     } else {
@@ -271,6 +260,86 @@ fn map_span(
         },
         pending,
     })
+}
+
+/// The keys the mapping adds to a span's own attributes, in the order it adds them.
+const ADDED_KEYS: [&str; 6] = [
+    RESOURCE_KEY,
+    SCOPE_KEY,
+    LINKS_KEY,
+    OTEL_SPAN_KIND_KEY,
+    COST_SOURCE_KEY,
+    PRICE_TABLE_KEY,
+];
+
+/// A span's attrs: its own attributes, then the resource, scope, links, OTLP span kind and
+/// cost source. Written straight as JSON text (see `attrs_text`), or, when a key repeats or
+/// collides with an added one, built as a map (an added key replaces the span's own in place).
+fn span_attrs(
+    span: &mut Span,
+    context: &SpanContext<'_>,
+    cost_source: Option<CostSource>,
+    max_bytes: usize,
+) -> ImportedAttrs {
+    let links = (!span.links.is_empty()).then(|| links_to_json(&span.links, max_bytes));
+    let kind = otel_span_kind(span.kind);
+    let (cost_source, price_table) = match &cost_source {
+        Some(CostSource::Reported) => (Some("reported"), None),
+        Some(CostSource::PriceTable(version)) => (Some("price_table"), Some(version.as_str())),
+        None => (None, None),
+    };
+    let mut extras: Vec<(&str, Extra<'_>)> = Vec::with_capacity(ADDED_KEYS.len());
+    if let Some(resource) = context.resource_text {
+        extras.push((RESOURCE_KEY, Extra::Text(resource)));
+    }
+    if let Some(scope) = context.scope_text {
+        extras.push((SCOPE_KEY, Extra::Text(scope)));
+    }
+    if let Some(links) = &links {
+        extras.push((LINKS_KEY, Extra::Value(links)));
+    }
+    if let Some(kind) = kind {
+        extras.push((OTEL_SPAN_KIND_KEY, Extra::Str(kind)));
+    }
+    if let Some(source) = cost_source {
+        extras.push((COST_SOURCE_KEY, Extra::Str(source)));
+    }
+    if let Some(version) = price_table {
+        extras.push((PRICE_TABLE_KEY, Extra::Str(version)));
+    }
+    if let Some(text) = attrs_object_text(
+        &span.attributes,
+        &extras,
+        &ADDED_KEYS,
+        max_bytes,
+        context.attrs_size_hint,
+    ) {
+        return ImportedAttrs::Encoded(EncodedAttrs::from_object_text(text));
+    }
+    let mut attrs = attributes_into_json_with_room(
+        std::mem::take(&mut span.attributes),
+        max_bytes,
+        ADDED_KEYS.len(),
+    );
+    if let Some(resource) = context.resource {
+        attrs.insert(RESOURCE_KEY.to_owned(), resource.clone());
+    }
+    if let Some(scope) = context.scope {
+        attrs.insert(SCOPE_KEY.to_owned(), scope.clone());
+    }
+    if let Some(links) = links {
+        attrs.insert(LINKS_KEY.to_owned(), links);
+    }
+    if let Some(kind) = kind {
+        attrs.insert(OTEL_SPAN_KIND_KEY.to_owned(), Value::from(kind));
+    }
+    if let Some(source) = cost_source {
+        attrs.insert(COST_SOURCE_KEY.to_owned(), Value::from(source));
+    }
+    if let Some(version) = price_table {
+        attrs.insert(PRICE_TABLE_KEY.to_owned(), Value::from(version));
+    }
+    ImportedAttrs::Object(attrs)
 }
 
 /// The real parent named by `logfire.pending_parent_id` (hex text; all zero: a root).
@@ -401,7 +470,27 @@ mod tests {
     use crate::test_support::{double, int, kv, request, sid, sid_hex, span, string, TRACE_HEX};
 
     fn map(spans: Vec<Span>) -> MappedBatch {
-        map_request(request(spans), &MappingOptions::default())
+        decoded(map_request(request(spans), &MappingOptions::default()))
+    }
+
+    /// The batch with every span's attrs as a map, after checking that each encoded text is
+    /// the compact text of that map (so the comparisons below cover the encoded form too).
+    fn decoded(mut batch: MappedBatch) -> MappedBatch {
+        for span in &mut batch.spans {
+            if let ImportedAttrs::Encoded(encoded) = &span.attrs {
+                let object: JsonObject = serde_json::from_str(encoded.as_str()).unwrap();
+                assert_eq!(serde_json::to_string(&object).unwrap(), encoded.as_str());
+                span.attrs = ImportedAttrs::Object(object);
+            }
+        }
+        batch
+    }
+
+    fn object(attrs: &ImportedAttrs) -> &JsonObject {
+        match attrs {
+            ImportedAttrs::Object(object) => object,
+            ImportedAttrs::Encoded(encoded) => panic!("not decoded: {encoded:?}"),
+        }
     }
 
     fn only_span(spans: Vec<Span>) -> ImportedSpan {
@@ -409,6 +498,31 @@ mod tests {
         assert_eq!(batch.rejected, vec![]);
         assert_eq!(batch.spans.len(), 1, "{:?}", batch.spans);
         batch.spans.into_iter().next().unwrap()
+    }
+
+    #[test]
+    fn typical_attrs_are_encoded_as_text_and_repeated_keys_fall_back_to_the_map() {
+        let options = MappingOptions::default();
+        let plain = map_request(
+            request(vec![span(1, None, "root", vec![kv("a", int(1))])]),
+            &options,
+        );
+        assert!(matches!(plain.spans[0].attrs, ImportedAttrs::Encoded(_)));
+        let repeated = map_request(
+            request(vec![span(
+                1,
+                None,
+                "root",
+                vec![kv("a", int(1)), kv("b", int(2)), kv("a", int(3))],
+            )]),
+            &options,
+        );
+        let ImportedAttrs::Object(attrs) = &repeated.spans[0].attrs else {
+            panic!("{:?}", repeated.spans[0].attrs);
+        };
+        let keys: Vec<&str> = attrs.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["a", "b", "resource", "scope"]);
+        assert_eq!(attrs["a"], json!(3));
     }
 
     #[test]
@@ -469,7 +583,8 @@ mod tests {
                 })
                 .as_object()
                 .cloned()
-                .unwrap(),
+                .unwrap()
+                .into(),
                 started_at: 1_000,
                 end: Some(ImportedEnd {
                     ended_at: 2_500,
@@ -677,7 +792,10 @@ mod tests {
         assert_eq!(below.started_at, 1_000);
         assert_eq!(below.end, None);
         assert_eq!(below.events, vec![]);
-        assert_eq!(below.attrs["logfire.span_type"], json!("pending_span"));
+        assert_eq!(
+            object(&below.attrs)["logfire.span_type"],
+            json!("pending_span")
+        );
 
         for root_parent in [Some("0000000000000000"), None] {
             let root = only_span(vec![pending_span(0x20, 0x10, root_parent, "agent run")]);
@@ -743,8 +861,8 @@ mod tests {
             "root",
             vec![kv("prompt", string(&huge))],
         )]);
-        let Value::String(text) = &mapped.attrs["prompt"] else {
-            panic!("{:?}", mapped.attrs["prompt"]);
+        let Value::String(text) = &object(&mapped.attrs)["prompt"] else {
+            panic!("{:?}", object(&mapped.attrs)["prompt"]);
         };
         assert_eq!(
             text.len(),
@@ -756,7 +874,7 @@ mod tests {
             max_attribute_value_bytes: 4,
             ..MappingOptions::default()
         };
-        let batch = map_request(
+        let batch = decoded(map_request(
             request(vec![span(
                 1,
                 None,
@@ -764,9 +882,9 @@ mod tests {
                 vec![kv("prompt", string("abcdefgh"))],
             )]),
             &options,
-        );
+        ));
         assert_eq!(
-            batch.spans[0].attrs["prompt"],
+            object(&batch.spans[0].attrs)["prompt"],
             json!(format!("abcd{TRUNCATION_MARKER}"))
         );
     }
@@ -814,8 +932,8 @@ mod tests {
         assert_eq!(agent.kind, SpanKind::Turn);
         assert_eq!(agent.usage.input_tokens, Some(50));
         assert_eq!(agent.usage.cost_usd, Some(0.01));
-        assert_eq!(agent.attrs[COST_SOURCE_KEY], json!("reported"));
-        assert!(!agent.attrs.contains_key(PRICE_TABLE_KEY));
+        assert_eq!(object(&agent.attrs)[COST_SOURCE_KEY], json!("reported"));
+        assert!(!object(&agent.attrs).contains_key(PRICE_TABLE_KEY));
     }
 
     #[test]
@@ -826,14 +944,14 @@ mod tests {
         second.scope_spans[0].scope = None;
         second.scope_spans[0].spans = vec![span(2, Some(1), "second", vec![])];
         two.resource_spans.push(second);
-        let batch = map_request(two, &MappingOptions::default());
+        let batch = decoded(map_request(two, &MappingOptions::default()));
         assert_eq!(batch.spans.len(), 2);
         assert_eq!(
-            batch.spans[0].attrs["resource"],
+            object(&batch.spans[0].attrs)["resource"],
             json!({"service.name": "svc"})
         );
-        assert!(!batch.spans[1].attrs.contains_key("resource"));
-        assert!(!batch.spans[1].attrs.contains_key("scope"));
+        assert!(!object(&batch.spans[1].attrs).contains_key("resource"));
+        assert!(!object(&batch.spans[1].attrs).contains_key("scope"));
     }
 
     #[test]
@@ -855,6 +973,9 @@ mod tests {
     fn our_keys_replace_span_attributes_of_the_same_name() {
         let attributes: Vec<KeyValue> = vec![kv("resource", string("mine"))];
         let mapped = only_span(vec![span(1, None, "root", attributes)]);
-        assert_eq!(mapped.attrs["resource"], json!({"service.name": "svc"}));
+        assert_eq!(
+            object(&mapped.attrs)["resource"],
+            json!({"service.name": "svc"})
+        );
     }
 }

@@ -140,7 +140,7 @@ fn span(trace: u64, position: u64) -> ImportedSpan {
         origin: SpanOrigin::Otlp,
         session_id: Some(format!("conv-{}", trace % 977)),
         job_name: None,
-        attrs,
+        attrs: attrs.into(),
         started_at: start,
         end: Some(ImportedEnd {
             ended_at: start + 40,

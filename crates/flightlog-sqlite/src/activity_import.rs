@@ -2,8 +2,8 @@
 //!
 //! An OTLP exporter delivers finished spans in any order and batch and retries what it is unsure
 //! of, so each span is an upsert with three cases, decided under the write lock:
-//! - unknown span id: one `INSERT … ON CONFLICT DO NOTHING RETURNING` creates it whole (the
-//!   common case costs no separate existence check), then its events;
+//! - unknown span id: one `INSERT … SELECT … WHERE` the id is in neither span-id index creates
+//!   it whole (the common case costs no separate existence check), then its events;
 //! - open span (started natively, or announced earlier as pending): completed in place — stored
 //!   name, kind, parent and start are kept, attrs merged, usage fields filled, the end written
 //!   if the delivery has one — and only events it does not already hold (same `ts` and type) are
@@ -20,13 +20,13 @@
 use std::collections::HashSet;
 
 use flightlog_core::activity::{
-    cap_payload, CappedPayload, ImportRejection, ImportReport, ImportedSpan, StoreError,
+    cap_payload, CappedPayload, ImportRejection, ImportReport, ImportedSpan, JsonObject, StoreError,
 };
 use rusqlite::{params, OptionalExtension};
 
 use crate::activity_write::{
-    attrs_text, insert_event, log_change, merged_attrs, register_span_id, rollup_run_key,
-    run_key_of, span_id_taken, span_key_of, writer_key_of,
+    insert_event, log_change, merged_attrs, register_span_id, rollup_run_key, run_key_of,
+    span_key_of, writer_key_of,
 };
 use crate::database::WriteContext;
 use crate::error::backend;
@@ -42,7 +42,9 @@ pub(crate) struct PreparedEvent {
 
 /// One imported span with its CPU work done.
 pub(crate) struct PreparedSpan {
+    /// The span; its `attrs` were moved into [`Self::attrs`].
     span: ImportedSpan,
+    /// The attrs' JSON text, as stored.
     attrs: String,
     events: Vec<PreparedEvent>,
 }
@@ -65,7 +67,7 @@ pub(crate) fn prepare(spans: Vec<ImportedSpan>, codec: &PayloadCodec) -> Vec<Pre
                     }
                 })
                 .collect();
-            let attrs = attrs_text(&span.attrs);
+            let attrs = std::mem::take(&mut span.attrs).into_text();
             PreparedSpan {
                 span,
                 attrs,
@@ -124,48 +126,51 @@ fn insert_new_span(
         (None, None) => Some(span.started_at.max(now)),
     };
     let end = span.end.as_ref();
-    if span_id_taken(ctx.conn, &span.span_id)? {
-        return Ok(None);
-    }
-    let span_key: i64 = ctx
+    // The id check is part of the insert (one statement, not a lookup and then an insert), and
+    // the new key is read with `last_insert_rowid` (a `RETURNING` clause costs SQLite an
+    // ephemeral table per execution).
+    let inserted = ctx
         .conn
-        .prepare_cached(
+        .prepare_cached(concat!(
             "INSERT INTO activity_spans (span_id, run_key, parent_span_id, name, kind, origin, \
              session_id, job_name, attrs, started_at, ended_at, outcome, outcome_reason, \
              input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens, cost_usd, \
              model, writer_key, last_heartbeat_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-             ?18, ?19, ?20, ?21) RETURNING span_key",
-        )
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
+             ?18, ?19, ?20, ?21 WHERE ",
+            span_key_of!("?1"),
+            " IS NULL"
+        ))
         .and_then(|mut stmt| {
-            stmt.query_row(
-                params![
-                    span.span_id,
-                    run_key,
-                    span.parent_span_id,
-                    span.name,
-                    span.kind.as_str(),
-                    span.origin.as_str(),
-                    span.session_id,
-                    span.job_name,
-                    prepared.attrs,
-                    span.started_at,
-                    end.map(|end| end.ended_at),
-                    end.map(|end| end.outcome.as_str()),
-                    end.and_then(|end| end.reason.as_deref()),
-                    span.usage.input_tokens,
-                    span.usage.output_tokens,
-                    span.usage.cache_read_tokens,
-                    span.usage.cache_creation_tokens,
-                    span.usage.cost_usd,
-                    span.usage.model,
-                    writer_key,
-                    last_heartbeat_at,
-                ],
-                |row| row.get(0),
-            )
+            stmt.execute(params![
+                span.span_id,
+                run_key,
+                span.parent_span_id,
+                span.name,
+                span.kind.as_str(),
+                span.origin.as_str(),
+                span.session_id,
+                span.job_name,
+                prepared.attrs,
+                span.started_at,
+                end.map(|end| end.ended_at),
+                end.map(|end| end.outcome.as_str()),
+                end.and_then(|end| end.reason.as_deref()),
+                span.usage.input_tokens,
+                span.usage.output_tokens,
+                span.usage.cache_read_tokens,
+                span.usage.cache_creation_tokens,
+                span.usage.cost_usd,
+                span.usage.model,
+                writer_key,
+                last_heartbeat_at,
+            ])
         })
         .map_err(backend)?;
+    if inserted == 0 {
+        return Ok(None);
+    }
+    let span_key = ctx.conn.last_insert_rowid();
     register_span_id(ctx, &span.span_id, span_key)?;
     Ok(Some(span_key))
 }
@@ -174,11 +179,12 @@ fn insert_new_span(
 fn complete_open_span(
     ctx: &mut WriteContext<'_>,
     prepared: &PreparedSpan,
+    update: &JsonObject,
     existing: ExistingSpan,
     now: i64,
 ) -> Result<(), StoreError> {
     let span = &prepared.span;
-    let attrs = merged_attrs(existing.attrs, Some(&span.attrs));
+    let attrs = merged_attrs(existing.attrs, Some(update));
     let end = span.end.as_ref();
     ctx.conn
         .prepare_cached(
@@ -308,8 +314,20 @@ pub(crate) fn import_spans(
                 report.unchanged += 1;
                 continue;
             }
+            // The delivery's attrs are text by now (see `prepare`); completing an open span is
+            // the rare case, so they are parsed back here rather than kept as a map for all.
+            let update: JsonObject = match serde_json::from_str(&prepared.attrs) {
+                Ok(update) => update,
+                Err(err) => {
+                    report.rejected.push(ImportRejection {
+                        span_id: span.span_id.clone(),
+                        reason: format!("the span's attrs are not a JSON object: {err}"),
+                    });
+                    continue;
+                }
+            };
             let span_key = existing.span_key;
-            complete_open_span(ctx, prepared, existing, now)?;
+            complete_open_span(ctx, prepared, &update, existing, now)?;
             let held = held_events(ctx, span_key)?;
             report.events_added += insert_events(ctx, span_key, run_key, &prepared.events, &held)?;
             report.completed += 1;

@@ -5,8 +5,9 @@
 use std::sync::Arc;
 
 use flightlog_core::activity::{
-    ActivityStore, ChangeBody, EndSpanInput, ImportedEnd, ImportedEvent, ImportedSpan, JsonObject,
-    SpanKind, SpanOrigin, SpanOutcome, SpanUsage, StartSpanInput,
+    ActivityStore, ChangeBody, EncodedAttrs, EndSpanInput, ImportedAttrs, ImportedEnd,
+    ImportedEvent, ImportedSpan, JsonObject, SpanKind, SpanOrigin, SpanOutcome, SpanUsage,
+    StartSpanInput,
 };
 use flightlog_core::ManualClock;
 use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
@@ -37,7 +38,7 @@ fn span(span_id: &str, parent: Option<&str>, kind: SpanKind, started_at: i64) ->
         origin: SpanOrigin::Otlp,
         session_id: None,
         job_name: None,
-        attrs,
+        attrs: attrs.into(),
         started_at,
         end: Some(ImportedEnd {
             ended_at: started_at + 100,
@@ -291,4 +292,51 @@ async fn a_span_id_of_another_run_is_rejected_and_the_rest_stored() {
         .await
         .unwrap();
     assert!(!ended);
+}
+
+#[tokio::test]
+async fn attrs_encoded_by_the_importer_are_stored_as_given_and_merged_on_completion() {
+    let fx = fixture();
+    let encoded =
+        |text: &str| ImportedAttrs::Encoded(EncodedAttrs::from_object_text(text.to_owned()));
+    let mut whole = span("whole", None, SpanKind::Turn, 1_000);
+    whole.attrs = encoded(r#"{"b":1,"a":{"nested":[true,null]},"service.name":"agent"}"#);
+    fx.store
+        .start_span(StartSpanInput {
+            span_id: "open".into(),
+            run_id: "trace2".into(),
+            parent_span_id: None,
+            name: "native".into(),
+            kind: SpanKind::Turn,
+            origin: SpanOrigin::Session,
+            session_id: None,
+            job_name: None,
+            attrs: Some(JsonObject::from_iter([
+                ("native".to_owned(), json!(true)),
+                ("b".to_owned(), json!("old")),
+            ])),
+            started_at: Some(900),
+        })
+        .await
+        .unwrap();
+    let mut completing = span("open", None, SpanKind::Turn, 1_000);
+    completing.run_id = "trace2".into();
+    completing.attrs = encoded(r#"{"b":"new","otel.span_kind":"server"}"#);
+    let report = fx
+        .store
+        .import_spans(vec![whole, completing])
+        .await
+        .unwrap();
+    assert_eq!((report.created, report.completed), (1, 1));
+
+    let whole = fx.store.get_span("whole").await.unwrap().unwrap();
+    assert_eq!(
+        serde_json::Value::Object(whole.attrs),
+        json!({"b": 1, "a": {"nested": [true, null]}, "service.name": "agent"})
+    );
+    let completed = fx.store.get_span("open").await.unwrap().unwrap();
+    assert_eq!(
+        serde_json::Value::Object(completed.attrs),
+        json!({"native": true, "b": "new", "otel.span_kind": "server"})
+    );
 }

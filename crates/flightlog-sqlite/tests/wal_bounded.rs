@@ -40,7 +40,7 @@ fn batch(number: u64) -> Vec<ImportedSpan> {
                 origin: SpanOrigin::Otlp,
                 session_id: None,
                 job_name: None,
-                attrs,
+                attrs: attrs.into(),
                 started_at: 1_000 + n as i64,
                 end: Some(ImportedEnd {
                     ended_at: 2_000 + n as i64,

@@ -47,7 +47,7 @@ pub struct ImportedSpan {
     pub session_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_name: Option<String>,
-    pub attrs: JsonObject,
+    pub attrs: ImportedAttrs,
     pub started_at: i64,
     /// `None`: the span was announced before it ended (it stays open until a later delivery
     /// carries its end).
@@ -56,6 +56,99 @@ pub struct ImportedSpan {
     pub usage: SpanUsage,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<ImportedEvent>,
+}
+
+/// An imported span's attrs: a map, or the text of one already encoded by the importer.
+///
+/// The OTLP mapping writes a span's attrs as JSON text straight from the decoded protobuf
+/// (the resource and scope parts encoded once per request): building a map per span, deep-copying
+/// the resource into it and serializing it again was about a third of ingest's CPU per span.
+/// The store keeps the text as it is. Both forms serialize as the same JSON object.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ImportedAttrs {
+    Object(JsonObject),
+    Encoded(EncodedAttrs),
+}
+
+impl Default for ImportedAttrs {
+    fn default() -> Self {
+        Self::Object(JsonObject::new())
+    }
+}
+
+impl From<JsonObject> for ImportedAttrs {
+    fn from(object: JsonObject) -> Self {
+        Self::Object(object)
+    }
+}
+
+impl From<EncodedAttrs> for ImportedAttrs {
+    fn from(encoded: EncodedAttrs) -> Self {
+        Self::Encoded(encoded)
+    }
+}
+
+impl ImportedAttrs {
+    /// The attrs as a map (an encoded text is parsed).
+    pub fn to_object(&self) -> Result<JsonObject, serde_json::Error> {
+        match self {
+            Self::Object(object) => Ok(object.clone()),
+            Self::Encoded(encoded) => serde_json::from_str(encoded.as_str()),
+        }
+    }
+
+    /// The attrs as compact JSON text (a map is serialized; an encoded text is moved out).
+    pub fn into_text(self) -> String {
+        match self {
+            // A map with string keys always serializes; the fallback only keeps this total.
+            Self::Object(object) => {
+                serde_json::to_string(&object).unwrap_or_else(|_| String::from("{}"))
+            }
+            Self::Encoded(encoded) => encoded.0,
+        }
+    }
+}
+
+impl Serialize for ImportedAttrs {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Object(object) => object.serialize(serializer),
+            Self::Encoded(_) => self
+                .to_object()
+                .map_err(serde::ser::Error::custom)?
+                .serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ImportedAttrs {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        JsonObject::deserialize(deserializer).map(Self::Object)
+    }
+}
+
+/// The compact text of one JSON object, written by an importer.
+///
+/// The contract is the producer's: the text must parse as a JSON object (checked in debug
+/// builds only; the OTLP encoder's tests compare its output with the map form, shape by shape).
+/// It is not re-validated on the ingest path because that parse would cost as much as the
+/// encoding saves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedAttrs(String);
+
+impl EncodedAttrs {
+    /// Wrap `text`, the compact text of one JSON object.
+    pub fn from_object_text(text: String) -> Self {
+        debug_assert!(
+            serde_json::from_str::<JsonObject>(&text).is_ok(),
+            "not a JSON object: {text}"
+        );
+        Self(text)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 /// A span the store refused to import, and why.

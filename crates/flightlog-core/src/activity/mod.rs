@@ -13,7 +13,10 @@ pub mod store;
 pub mod types;
 
 pub use batch::{ActivityWrite, ActivityWriteResult};
-pub use import::{ImportRejection, ImportReport, ImportedEnd, ImportedEvent, ImportedSpan};
+pub use import::{
+    EncodedAttrs, ImportRejection, ImportReport, ImportedAttrs, ImportedEnd, ImportedEvent,
+    ImportedSpan,
+};
 pub use listing::{RunCursor, RunListEntry, RunListQuery, RunPage, RunState};
 pub use payload::{cap_payload, CappedPayload, MAX_EVENT_PAYLOAD_BYTES, TRUNCATION_MARKER};
 pub use rollup::{compute_rollup, RollupFields, RollupSpan};
