@@ -126,21 +126,35 @@ fn insert_new_span(
         (None, None) => Some(span.started_at.max(now)),
     };
     let end = span.end.as_ref();
-    // The id check is part of the insert (one statement, not a lookup and then an insert), and
-    // the new key is read with `last_insert_rowid` (a `RETURNING` clause costs SQLite an
-    // ephemeral table per execution).
+    // The id check: the writer's filter proves most new ids free; for the others the check is
+    // part of the insert (one statement, not a lookup and then an insert). The new key is read
+    // with `last_insert_rowid` (a `RETURNING` clause costs SQLite an ephemeral table per
+    // execution).
+    let proved_free = !ctx
+        .keys
+        .span_id_filter
+        .may_be_taken(ctx.conn, &span.span_id)?;
+    macro_rules! insert_span_sql {
+        ($condition:expr) => {
+            concat!(
+                "INSERT INTO activity_spans (span_id, run_key, parent_span_id, name, kind, \
+                 origin, session_id, job_name, attrs, started_at, ended_at, outcome, \
+                 outcome_reason, input_tokens, output_tokens, cache_read_tokens, \
+                 cache_creation_tokens, cost_usd, model, writer_key, last_heartbeat_at) \
+                 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
+                 ?17, ?18, ?19, ?20, ?21 WHERE ",
+                $condition
+            )
+        };
+    }
+    let sql = if proved_free {
+        insert_span_sql!("1")
+    } else {
+        insert_span_sql!(concat!(span_key_of!("?1"), " IS NULL"))
+    };
     let inserted = ctx
         .conn
-        .prepare_cached(concat!(
-            "INSERT INTO activity_spans (span_id, run_key, parent_span_id, name, kind, origin, \
-             session_id, job_name, attrs, started_at, ended_at, outcome, outcome_reason, \
-             input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens, cost_usd, \
-             model, writer_key, last_heartbeat_at) \
-             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-             ?18, ?19, ?20, ?21 WHERE ",
-            span_key_of!("?1"),
-            " IS NULL"
-        ))
+        .prepare_cached(sql)
         .and_then(|mut stmt| {
             stmt.execute(params![
                 span.span_id,

@@ -43,9 +43,14 @@ pub(crate) use span_key_of;
 /// up to a few hundred thousand spans (see BENCHMARKS.md).
 const RECENT_SPAN_IDS_MERGE_AT: i64 = 16_384;
 
-/// Whether a span id is already taken (by any run).
-pub(crate) fn span_id_taken(conn: &Connection, span_id: &str) -> Result<bool, StoreError> {
-    conn.prepare_cached(concat!("SELECT ", span_key_of!("?1"), " IS NOT NULL"))
+/// Whether a span id is already taken (by any run): the writer's filter proves most new ids
+/// free (see `span_id_filter`); the others are looked up in both span-id indexes.
+pub(crate) fn span_id_taken(ctx: &mut WriteContext<'_>, span_id: &str) -> Result<bool, StoreError> {
+    if !ctx.keys.span_id_filter.may_be_taken(ctx.conn, span_id)? {
+        return Ok(false);
+    }
+    ctx.conn
+        .prepare_cached(concat!("SELECT ", span_key_of!("?1"), " IS NOT NULL"))
         .and_then(|mut stmt| stmt.query_row([span_id], |row| row.get(0)))
         .map_err(backend)
 }
@@ -61,6 +66,7 @@ pub(crate) fn register_span_id(
         .prepare_cached("INSERT INTO activity_span_ids_recent (span_id, span_key) VALUES (?1, ?2)")
         .and_then(|mut stmt| stmt.execute(params![span_id, span_key]))
         .map_err(backend)?;
+    ctx.keys.span_id_filter.insert(span_id);
     let recent = match ctx.keys.recent_span_ids {
         Some(count) => count + 1,
         None => ctx
@@ -209,7 +215,7 @@ pub(crate) fn start_span(
         None | Some("") => Some(started_at),
         Some(_) => None,
     };
-    if ctx.keys.spans.contains_key(&input.span_id) || span_id_taken(ctx.conn, &input.span_id)? {
+    if ctx.keys.spans.contains_key(&input.span_id) || span_id_taken(ctx, &input.span_id)? {
         // Only the run/writer key rows may have been added before this point; they are
         // harmless (a run without spans reads as absent), so this failure counts as clean.
         return Err(StoreError::DuplicateSpan {

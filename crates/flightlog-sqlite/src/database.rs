@@ -30,6 +30,7 @@ use crate::error::{backend, is_busy};
 use crate::payload_codec::{Dictionary, PayloadCodec};
 use crate::rows::KeyNames;
 use crate::schema;
+use crate::span_id_filter::SpanIdFilterState;
 
 /// How hard a commit is pushed to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -109,6 +110,9 @@ pub(crate) struct WriterCache {
     pub engagements: HashMap<String, (i64, i64)>,
     /// How many ids the recent span-id index holds (see `activity_write::register_span_id`).
     pub recent_span_ids: Option<i64>,
+    /// Every span id in the database, as a Bloom filter (see `span_id_filter`). Kept across
+    /// rollbacks and prunes (they only remove ids); dropped when another connection commits.
+    pub span_id_filter: SpanIdFilterState,
 }
 
 impl WriterCache {
@@ -878,10 +882,12 @@ impl GroupCommitWriter {
             .prepare_cached("PRAGMA data_version")
             .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
             .map_err(backend)?;
-        if self.data_version != Some(version) {
+        let foreign_commit = self.data_version != Some(version);
+        if foreign_commit {
             self.keys.clear_volatile();
             self.data_version = Some(version);
         }
+        self.keys.span_id_filter.begin_group(foreign_commit);
         Ok(())
     }
 

@@ -17,6 +17,7 @@ mod journal;
 mod payload_codec;
 mod rows;
 mod schema;
+mod span_id_filter;
 
 pub use activity::SqliteActivityStore;
 pub use database::{configure_connection, Durability, SqliteConfig, SqliteDatabase, WriterStats};

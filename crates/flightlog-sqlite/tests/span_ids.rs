@@ -198,3 +198,74 @@ async fn a_version_3_database_upgrades_with_every_span_reachable() {
         .unwrap();
     assert_eq!(fresh.span_id, "new-root");
 }
+
+/// The writer proves most new ids free with an in-memory filter once it has written alone for a
+/// few groups. Ids taken behind its back (another process on the same file, here a second
+/// store) must still be refused: a foreign commit makes it drop the filter.
+#[tokio::test]
+async fn ids_taken_by_another_writer_are_refused_after_the_filter_is_built() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("filter.db");
+    let first = store(&path);
+    let second = store(&path);
+    // Enough groups alone for the first writer to build its filter, then repeats it must see.
+    for call in 0..12u64 {
+        let spans: Vec<ImportedSpan> = (call * 100..(call + 1) * 100)
+            .map(|n| imported(id(n), format!("run-{}", n / 10), None))
+            .collect();
+        assert_eq!(first.import_spans(spans).await.unwrap().created, 100);
+    }
+    let again: Vec<ImportedSpan> = (0..1_200u64)
+        .map(|n| imported(id(n), format!("run-{}", n / 10), None))
+        .collect();
+    let report = first.import_spans(again).await.unwrap();
+    assert_eq!((report.created, report.unchanged), (0, 1_200));
+    first.start_span(start("native-1", "native")).await.unwrap();
+    for _ in 0..12 {
+        first
+            .start_span(start("native-1", "native"))
+            .await
+            .unwrap_err();
+    }
+
+    // The second writer takes ids the first has never seen, natively and by import.
+    second.start_span(start("theirs", "r2")).await.unwrap();
+    let report = second
+        .import_spans(vec![imported("imported-theirs".into(), "r2".into(), None)])
+        .await
+        .unwrap();
+    assert_eq!(report.created, 1);
+
+    assert!(matches!(
+        first.start_span(start("theirs", "r1")).await,
+        Err(StoreError::DuplicateSpan { .. })
+    ));
+    let report = first
+        .import_spans(vec![
+            imported("imported-theirs".into(), "r2".into(), None),
+            imported("theirs".into(), "r2".into(), None),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(report.created, 0, "{report:?}");
+    assert_eq!(
+        report.unchanged + report.completed,
+        2,
+        "both already exist: {report:?}"
+    );
+    // And after writing alone again for a while (the filter rebuilt), still refused.
+    for n in 0..12 {
+        first
+            .start_span(start(&format!("later-{n}"), "later"))
+            .await
+            .unwrap();
+    }
+    assert!(matches!(
+        first.start_span(start("theirs", "r3")).await,
+        Err(StoreError::DuplicateSpan { .. })
+    ));
+    assert!(matches!(
+        second.start_span(start("later-3", "r3")).await,
+        Err(StoreError::DuplicateSpan { .. })
+    ));
+}
