@@ -17,16 +17,17 @@
 //! Capping, compression and attrs serialization happen on the caller's thread ([`prepare`]);
 //! the writer thread only runs statements.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use flightlog_core::activity::{
-    cap_payload, CappedPayload, ImportRejection, ImportReport, ImportedSpan, JsonObject, StoreError,
+    cap_payload, CappedPayload, ImportRejection, ImportReport, ImportedSpan, JsonObject,
+    RollupSpan, SpanUsage, StoreError,
 };
 use rusqlite::{params, OptionalExtension};
 
 use crate::activity_write::{
-    insert_event, log_change, merged_attrs, register_span_id, rollup_run_key, run_key_of,
-    span_key_of, writer_key_of,
+    insert_event, log_change, merged_attrs, register_span_id, rollup_run_key, run_key_or_new,
+    span_key_of, store_rollup, writer_key_of,
 };
 use crate::database::WriteContext;
 use crate::error::backend;
@@ -285,6 +286,36 @@ fn root_is_terminal(ctx: &WriteContext<'_>, run_key: i64) -> Result<bool, StoreE
         .map_err(backend)
 }
 
+/// How a touched run's rollup is computed at the end of the job.
+enum RunSpans {
+    /// The run was created by this job and holds exactly the spans it inserted (in insertion
+    /// order): the rollup is computed from them, with no query.
+    New(Vec<RollupSpan>),
+    /// The run existed (or a span of it was completed rather than created): read it back.
+    Stored,
+}
+
+fn rollup_span(span: &ImportedSpan) -> RollupSpan {
+    let end = span.end.as_ref();
+    RollupSpan {
+        is_root: span.parent_span_id.is_none(),
+        kind: span.kind.clone(),
+        origin: span.origin.clone(),
+        name: span.name.clone(),
+        session_id: span.session_id.clone(),
+        job_name: span.job_name.clone(),
+        started_at: span.started_at,
+        ended_at: end.map(|end| end.ended_at),
+        outcome: end.map(|end| end.outcome.clone()),
+        outcome_reason: end.and_then(|end| end.reason.clone()),
+        // The stored rollup rule reads no model (see `rollup_run_key`).
+        usage: SpanUsage {
+            model: None,
+            ..span.usage.clone()
+        },
+    }
+}
+
 /// The write job: every span of one delivery, then the rollups of the runs it touched.
 pub(crate) fn import_spans(
     ctx: &mut WriteContext<'_>,
@@ -293,12 +324,24 @@ pub(crate) fn import_spans(
     now: i64,
 ) -> Result<ImportReport, StoreError> {
     let mut report = ImportReport::default();
-    let mut touched_runs: Vec<i64> = Vec::new();
-    let mut touched_set: HashSet<i64> = HashSet::new();
+    // Touched runs in first-touch order, with how each one's rollup is computed.
+    let mut touched: Vec<(i64, RunSpans)> = Vec::new();
+    let mut touched_at: HashMap<i64, usize> = HashMap::new();
     let writer_key = writer_key_of(ctx, writer)?;
     for prepared in spans {
         let span = &prepared.span;
-        let run_key = run_key_of(ctx, &span.run_id)?;
+        let (run_key, new_run) = run_key_or_new(ctx, &span.run_id)?;
+        let at = *touched_at.entry(run_key).or_insert_with(|| {
+            touched.push((
+                run_key,
+                if new_run {
+                    RunSpans::New(Vec::new())
+                } else {
+                    RunSpans::Stored
+                },
+            ));
+            touched.len() - 1
+        });
         // (New spans are not added to the writer's span-key cache: an importer delivers a span
         // whole, so no later call of this batch looks it up; the insert cost a clone and a hash
         // per span.)
@@ -307,6 +350,9 @@ pub(crate) fn import_spans(
             report.events_added +=
                 insert_events(ctx, span_key, run_key, &prepared.events, &HashSet::new())?;
             report.created += 1;
+            if let Some((_, RunSpans::New(run_spans))) = touched.get_mut(at) {
+                run_spans.push(rollup_span(span));
+            }
         } else {
             let Some(existing) = existing_span(ctx, &span.span_id)? else {
                 return Err(StoreError::Corrupt(format!(
@@ -323,6 +369,11 @@ pub(crate) fn import_spans(
                     ),
                 });
                 continue;
+            }
+            // A span of this run already stored (a repeat within the delivery): the run's
+            // rows are no longer just the inserted ones.
+            if let Some((_, run_spans)) = touched.get_mut(at) {
+                *run_spans = RunSpans::Stored;
             }
             if existing.terminal {
                 report.unchanged += 1;
@@ -346,14 +397,26 @@ pub(crate) fn import_spans(
             report.events_added += insert_events(ctx, span_key, run_key, &prepared.events, &held)?;
             report.completed += 1;
         }
-        if touched_set.insert(run_key) {
-            touched_runs.push(run_key);
-        }
     }
-    for run_key in touched_runs {
-        if root_is_terminal(ctx, run_key)? {
-            rollup_run_key(ctx.conn, run_key)?;
-            report.runs_rolled_up += 1;
+    for (run_key, run_spans) in touched {
+        match run_spans {
+            RunSpans::New(mut run_spans) => {
+                if run_spans
+                    .iter()
+                    .any(|span| span.is_root && span.outcome.is_some())
+                {
+                    // The stored order: by start, then insertion (a stable sort keeps it).
+                    run_spans.sort_by_key(|span| span.started_at);
+                    store_rollup(ctx.conn, run_key, &run_spans)?;
+                    report.runs_rolled_up += 1;
+                }
+            }
+            RunSpans::Stored => {
+                if root_is_terminal(ctx, run_key)? {
+                    rollup_run_key(ctx.conn, run_key)?;
+                    report.runs_rolled_up += 1;
+                }
+            }
         }
     }
     Ok(report)

@@ -100,29 +100,43 @@ fn merge_recent_span_ids(ctx: &mut WriteContext<'_>) -> Result<(), StoreError> {
 }
 
 /// The surrogate key of `name` in an interning table (`activity_runs`, `activity_writers`),
-/// inserting it if new. Interned rows are never deleted, so the key is cached for good.
+/// inserting it if new, and whether this call created the row. Interned rows are never deleted,
+/// so the key is cached for good.
 fn interned_key(
     conn: &Connection,
     cache: &mut std::collections::HashMap<String, i64>,
     insert_sql: &str,
     select_sql: &str,
     name: &str,
-) -> Result<i64, StoreError> {
+) -> Result<(i64, bool), StoreError> {
     if let Some(key) = cache.get(name) {
-        return Ok(*key);
+        return Ok((*key, false));
     }
-    conn.prepare_cached(insert_sql)
+    let inserted = conn
+        .prepare_cached(insert_sql)
         .and_then(|mut stmt| stmt.execute([name]))
         .map_err(backend)?;
-    let key: i64 = conn
-        .prepare_cached(select_sql)
-        .and_then(|mut stmt| stmt.query_row([name], |row| row.get(0)))
-        .map_err(backend)?;
+    let key: i64 = if inserted == 1 {
+        conn.last_insert_rowid()
+    } else {
+        conn.prepare_cached(select_sql)
+            .and_then(|mut stmt| stmt.query_row([name], |row| row.get(0)))
+            .map_err(backend)?
+    };
     cache.insert(name.to_owned(), key);
-    Ok(key)
+    Ok((key, inserted == 1))
 }
 
 pub(crate) fn run_key_of(ctx: &mut WriteContext<'_>, run_id: &str) -> Result<i64, StoreError> {
+    run_key_or_new(ctx, run_id).map(|(key, _)| key)
+}
+
+/// [`run_key_of`], and whether the run is new: created by this call, so every span it will
+/// hold is one the caller inserts from here on.
+pub(crate) fn run_key_or_new(
+    ctx: &mut WriteContext<'_>,
+    run_id: &str,
+) -> Result<(i64, bool), StoreError> {
     interned_key(
         ctx.conn,
         &mut ctx.keys.run_keys,
@@ -146,6 +160,7 @@ pub(crate) fn writer_key_of(ctx: &mut WriteContext<'_>, writer: &str) -> Result<
         "SELECT writer_key FROM activity_writers WHERE writer = ?1",
         writer,
     )
+    .map(|(key, _)| key)
 }
 
 /// Append one change row; returns `(change_id, seq)`.
@@ -743,7 +758,17 @@ pub(crate) fn rollup_run_key(conn: &Connection, run_key: i64) -> Result<(), Stor
             .collect()
         })
         .map_err(backend)?;
-    let Some(fields) = compute_rollup(&spans) else {
+    store_rollup(conn, run_key, &spans)
+}
+
+/// Compute the rollup of a run from its spans (in `started_at`, then insertion order) and
+/// upsert it.
+pub(crate) fn store_rollup(
+    conn: &Connection,
+    run_key: i64,
+    spans: &[RollupSpan],
+) -> Result<(), StoreError> {
+    let Some(fields) = compute_rollup(spans) else {
         return Ok(());
     };
     conn.prepare_cached(

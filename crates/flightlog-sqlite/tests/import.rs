@@ -340,3 +340,76 @@ async fn attrs_encoded_by_the_importer_are_stored_as_given_and_merged_on_complet
         json!({"native": true, "b": "new", "otel.span_kind": "server"})
     );
 }
+
+/// A run created by one delivery is rolled up from the delivered spans without reading them
+/// back; the result must be exactly what the stored rule computes from the rows. Varied shapes:
+/// usage on the root or only on model spans, failures with and without reasons, several roots,
+/// equal start times, a root that is still open, a repeat of a span within the delivery.
+#[tokio::test]
+async fn the_rollup_of_a_new_run_equals_the_one_computed_from_its_rows() {
+    let fx = fixture();
+    let in_run = |mut span: ImportedSpan, run: &str| {
+        span.run_id = run.into();
+        span
+    };
+    let mut with_root_usage = span("a-root", None, SpanKind::Turn, 1_000);
+    with_root_usage.usage = SpanUsage {
+        input_tokens: Some(7),
+        cost_usd: Some(0.25),
+        ..SpanUsage::default()
+    };
+    let mut failed_child = span("b-tool", Some("b-root"), SpanKind::Tool, 1_000);
+    failed_child.end = Some(ImportedEnd {
+        ended_at: 1_400,
+        outcome: SpanOutcome::Error,
+        reason: Some("tool failed".into()),
+    });
+    let mut failed_root = span("b-root", None, SpanKind::Turn, 1_000);
+    failed_root.end = Some(ImportedEnd {
+        ended_at: 1_900,
+        outcome: SpanOutcome::Error,
+        reason: None,
+    });
+    let mut open_root = span("c-root", None, SpanKind::Turn, 500);
+    open_root.end = None;
+    let mut second_root = span("d-root2", None, SpanKind::Subagent, 900);
+    second_root.end = Some(ImportedEnd {
+        ended_at: 3_000,
+        outcome: SpanOutcome::Cancelled,
+        reason: Some("stopped".into()),
+    });
+    let mut later_failure = span("b-later", Some("b-root"), SpanKind::Tool, 1_300);
+    later_failure.end = Some(ImportedEnd {
+        ended_at: 1_350,
+        outcome: SpanOutcome::Timeout,
+        reason: Some("later failure".into()),
+    });
+    let delivery = vec![
+        in_run(model_span("a-m1", "a-root", 1_100, 100, 0.5), "run-a"),
+        in_run(with_root_usage, "run-a"),
+        in_run(model_span("a-m2", "a-root", 1_100, 50, 0.25), "run-a"),
+        in_run(later_failure, "run-b"),
+        in_run(failed_child, "run-b"),
+        in_run(model_span("b-m1", "b-root", 1_050, 10, 0.1), "run-b"),
+        in_run(failed_root, "run-b"),
+        in_run(open_root, "run-c"),
+        in_run(model_span("c-m1", "c-root", 600, 10, 0.1), "run-c"),
+        in_run(second_root, "run-d"),
+        in_run(model_span("d-m1", "d-root1", 950, 30, 0.3), "run-d"),
+        in_run(span("d-root1", None, SpanKind::Turn, 800), "run-d"),
+        in_run(span("e-root", None, SpanKind::Turn, 10), "run-e"),
+        in_run(model_span("e-m1", "e-root", 20, 5, 0.05), "run-e"),
+        in_run(model_span("e-m1", "e-root", 20, 5, 0.05), "run-e"),
+    ];
+    let report = fx.store.import_spans(delivery).await.unwrap();
+    assert_eq!((report.created, report.unchanged), (14, 1), "{report:?}");
+    assert_eq!(report.runs_rolled_up, 4, "not the run whose root is open");
+    assert_eq!(fx.store.read_rollup("run-c").await.unwrap(), None);
+    for run in ["run-a", "run-b", "run-d", "run-e"] {
+        let from_delivery = fx.store.read_rollup(run).await.unwrap();
+        assert!(from_delivery.is_some(), "{run}");
+        fx.store.rollup_run(run).await.unwrap();
+        let from_rows = fx.store.read_rollup(run).await.unwrap();
+        assert_eq!(from_delivery, from_rows, "{run}");
+    }
+}
