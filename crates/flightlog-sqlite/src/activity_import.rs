@@ -87,27 +87,26 @@ struct ExistingSpan {
 }
 
 fn existing_span(
-    ctx: &WriteContext<'_>,
+    ctx: &mut WriteContext<'_>,
     span_id: &str,
 ) -> Result<Option<ExistingSpan>, StoreError> {
-    ctx.conn
-        .prepare_cached(concat!(
-            "SELECT span_key, run_key, outcome IS NOT NULL, attrs FROM activity_spans \
+    ctx.statement(concat!(
+        "SELECT span_key, run_key, outcome IS NOT NULL, attrs FROM activity_spans \
                  WHERE span_key = ",
-            span_key_of!("?1")
-        ))
-        .and_then(|mut stmt| {
-            stmt.query_row([span_id], |row| {
-                Ok(ExistingSpan {
-                    span_key: row.get(0)?,
-                    run_key: row.get(1)?,
-                    terminal: row.get(2)?,
-                    attrs: row.get(3)?,
-                })
+        span_key_of!("?1")
+    ))
+    .and_then(|stmt| {
+        stmt.query_row([span_id], |row| {
+            Ok(ExistingSpan {
+                span_key: row.get(0)?,
+                run_key: row.get(1)?,
+                terminal: row.get(2)?,
+                attrs: row.get(3)?,
             })
-            .optional()
         })
-        .map_err(backend)
+        .optional()
+    })
+    .map_err(backend)
 }
 
 /// Insert the span if its id is free; `Some(span_key)` when it was inserted.
@@ -154,9 +153,8 @@ fn insert_new_span(
         insert_span_sql!(concat!(span_key_of!("?1"), " IS NULL"))
     };
     let inserted = ctx
-        .conn
-        .prepare_cached(sql)
-        .and_then(|mut stmt| {
+        .statement(sql)
+        .and_then(|stmt| {
             stmt.execute(params![
                 span.span_id,
                 run_key,
@@ -201,8 +199,7 @@ fn complete_open_span(
     let span = &prepared.span;
     let attrs = merged_attrs(existing.attrs, Some(update));
     let end = span.end.as_ref();
-    ctx.conn
-        .prepare_cached(
+    ctx.statement(
             "UPDATE activity_spans SET attrs = ?1, \
              ended_at = COALESCE(?2, ended_at), outcome = COALESCE(?3, outcome), \
              outcome_reason = CASE WHEN ?3 IS NULL THEN outcome_reason ELSE ?4 END, \
@@ -214,7 +211,7 @@ fn complete_open_span(
                THEN MAX(COALESCE(last_heartbeat_at, 0), ?11) ELSE last_heartbeat_at END \
              WHERE span_key = ?12",
         )
-        .and_then(|mut stmt| {
+        .and_then(|stmt| {
             stmt.execute(params![
                 attrs,
                 end.map(|end| end.ended_at),
@@ -237,12 +234,11 @@ fn complete_open_span(
 
 /// The `(ts, event_type)` pairs a span already holds.
 fn held_events(
-    ctx: &WriteContext<'_>,
+    ctx: &mut WriteContext<'_>,
     span_key: i64,
 ) -> Result<HashSet<(i64, String)>, StoreError> {
-    ctx.conn
-        .prepare_cached("SELECT ts, event_type FROM activity_events WHERE span_key = ?1")
-        .and_then(|mut stmt| {
+    ctx.statement("SELECT ts, event_type FROM activity_events WHERE span_key = ?1")
+        .and_then(|stmt| {
             stmt.query_map([span_key], |row| Ok((row.get(0)?, row.get(1)?)))?
                 .collect()
         })
@@ -276,14 +272,13 @@ fn insert_events(
     Ok(added)
 }
 
-fn root_is_terminal(ctx: &WriteContext<'_>, run_key: i64) -> Result<bool, StoreError> {
-    ctx.conn
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM activity_spans WHERE run_key = ?1 \
+fn root_is_terminal(ctx: &mut WriteContext<'_>, run_key: i64) -> Result<bool, StoreError> {
+    ctx.statement(
+        "SELECT EXISTS (SELECT 1 FROM activity_spans WHERE run_key = ?1 \
              AND parent_span_id IS NULL AND outcome IS NOT NULL)",
-        )
-        .and_then(|mut stmt| stmt.query_row([run_key], |row| row.get(0)))
-        .map_err(backend)
+    )
+    .and_then(|stmt| stmt.query_row([run_key], |row| row.get(0)))
+    .map_err(backend)
 }
 
 /// How a touched run's rollup is computed at the end of the job.

@@ -49,9 +49,8 @@ pub(crate) fn span_id_taken(ctx: &mut WriteContext<'_>, span_id: &str) -> Result
     if !ctx.keys.span_id_filter.may_be_taken(ctx.conn, span_id)? {
         return Ok(false);
     }
-    ctx.conn
-        .prepare_cached(concat!("SELECT ", span_key_of!("?1"), " IS NOT NULL"))
-        .and_then(|mut stmt| stmt.query_row([span_id], |row| row.get(0)))
+    ctx.statement(concat!("SELECT ", span_key_of!("?1"), " IS NOT NULL"))
+        .and_then(|stmt| stmt.query_row([span_id], |row| row.get(0)))
         .map_err(backend)
 }
 
@@ -62,17 +61,15 @@ pub(crate) fn register_span_id(
     span_id: &str,
     span_key: i64,
 ) -> Result<(), StoreError> {
-    ctx.conn
-        .prepare_cached("INSERT INTO activity_span_ids_recent (span_id, span_key) VALUES (?1, ?2)")
-        .and_then(|mut stmt| stmt.execute(params![span_id, span_key]))
+    ctx.statement("INSERT INTO activity_span_ids_recent (span_id, span_key) VALUES (?1, ?2)")
+        .and_then(|stmt| stmt.execute(params![span_id, span_key]))
         .map_err(backend)?;
     ctx.keys.span_id_filter.insert(span_id);
     let recent = match ctx.keys.recent_span_ids {
         Some(count) => count + 1,
         None => ctx
-            .conn
-            .prepare_cached("SELECT COUNT(*) FROM activity_span_ids_recent")
-            .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
+            .statement("SELECT COUNT(*) FROM activity_span_ids_recent")
+            .and_then(|stmt| stmt.query_row([], |row| row.get(0)))
             .map_err(backend)?,
     };
     ctx.keys.recent_span_ids = Some(recent);
@@ -90,9 +87,8 @@ fn merge_recent_span_ids(ctx: &mut WriteContext<'_>) -> Result<(), StoreError> {
          SELECT span_id, span_key FROM activity_span_ids_recent ORDER BY span_id",
         "DELETE FROM activity_span_ids_recent",
     ] {
-        ctx.conn
-            .prepare_cached(sql)
-            .and_then(|mut stmt| stmt.execute([]))
+        ctx.statement(sql)
+            .and_then(|stmt| stmt.execute([]))
             .map_err(backend)?;
     }
     ctx.keys.recent_span_ids = Some(0);
@@ -173,11 +169,10 @@ pub(crate) fn log_change(
     let high = match ctx.keys.run_seq.get(&run_key) {
         Some(seq) => *seq,
         None => ctx
-            .conn
-            .prepare_cached(
+            .statement(
                 "SELECT seq FROM activity_changes WHERE run_key = ?1 ORDER BY seq DESC LIMIT 1",
             )
-            .and_then(|mut stmt| stmt.query_row([run_key], |row| row.get(0)).optional())
+            .and_then(|stmt| stmt.query_row([run_key], |row| row.get(0)).optional())
             .map_err(backend)?
             .unwrap_or(0),
     };
@@ -186,13 +181,12 @@ pub(crate) fn log_change(
         Some(next) => next,
         None => next_change_id(ctx.conn)?,
     };
-    ctx.conn
-        .prepare_cached(
-            "INSERT INTO activity_changes (change_id, run_key, seq, span_key, event_index) \
+    ctx.statement(
+        "INSERT INTO activity_changes (change_id, run_key, seq, span_key, event_index) \
              VALUES (?1, ?2, ?3, ?4, ?5)",
-        )
-        .and_then(|mut stmt| stmt.execute(params![change_id, run_key, seq, span_key, event_index]))
-        .map_err(backend)?;
+    )
+    .and_then(|stmt| stmt.execute(params![change_id, run_key, seq, span_key, event_index]))
+    .map_err(backend)?;
     ctx.keys.run_seq.insert(run_key, seq);
     ctx.keys.next_change_id = Some(change_id + 1);
     Ok((change_id, seq))
@@ -239,13 +233,12 @@ pub(crate) fn start_span(
     }
     let attrs = input.attrs.as_ref().map(attrs_text);
     let inserted = ctx
-        .conn
-        .prepare_cached(
+        .statement(
             "INSERT INTO activity_spans (span_id, run_key, parent_span_id, name, kind, origin, \
              session_id, job_name, attrs, started_at, writer_key, last_heartbeat_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
         )
-        .and_then(|mut stmt| {
+        .and_then(|stmt| {
             stmt.execute(params![
                 input.span_id,
                 run_key,
@@ -355,14 +348,14 @@ fn end_span_by_key(
 ) -> Result<(), StoreError> {
     let attrs = merged_attrs(span.attrs, input.attrs.as_ref());
     let usage = input.usage.clone().unwrap_or_default();
-    ctx.conn.prepare_cached(
+    ctx.statement(
         "UPDATE activity_spans SET outcome = ?1, outcome_reason = ?2, ended_at = ?3, attrs = ?4, \
          input_tokens = COALESCE(?5, input_tokens), output_tokens = COALESCE(?6, output_tokens), \
          cache_read_tokens = COALESCE(?7, cache_read_tokens), \
          cache_creation_tokens = COALESCE(?8, cache_creation_tokens), \
          cost_usd = COALESCE(?9, cost_usd), model = COALESCE(?10, model) WHERE span_key = ?11",
     )
-    .and_then(|mut stmt| {
+    .and_then(|stmt| {
         stmt.execute(params![
             input.outcome.as_str(),
             input.reason,
@@ -392,8 +385,7 @@ fn end_span_without_attrs(
 ) -> Result<bool, StoreError> {
     let usage = input.usage.clone().unwrap_or_default();
     let updated: Option<(i64, i64)> = ctx
-        .conn
-        .prepare_cached(concat!(
+        .statement(concat!(
             "UPDATE activity_spans SET outcome = ?1, outcome_reason = ?2, ended_at = ?3, \
              input_tokens = COALESCE(?4, input_tokens), output_tokens = COALESCE(?5, output_tokens), \
              cache_read_tokens = COALESCE(?6, cache_read_tokens), \
@@ -404,7 +396,7 @@ fn end_span_without_attrs(
             " AND outcome IS NULL RETURNING span_key, run_key"
             ),
         )
-        .and_then(|mut stmt| {
+        .and_then(|stmt| {
             stmt.query_row(
                 params![
                     input.outcome.as_str(),
@@ -456,15 +448,14 @@ pub(crate) fn patch_span(
     };
     let attrs = merged_attrs(span.attrs, patch.attrs.as_ref());
     let usage = patch.usage.clone().unwrap_or_default();
-    ctx.conn
-        .prepare_cached(
+    ctx.statement(
             "UPDATE activity_spans SET attrs = ?1, wait_until = COALESCE(?2, wait_until), \
              input_tokens = COALESCE(?3, input_tokens), output_tokens = COALESCE(?4, output_tokens), \
              cache_read_tokens = COALESCE(?5, cache_read_tokens), \
              cache_creation_tokens = COALESCE(?6, cache_creation_tokens), \
              cost_usd = COALESCE(?7, cost_usd), model = COALESCE(?8, model) WHERE span_key = ?9",
         )
-        .and_then(|mut stmt| {
+        .and_then(|stmt| {
             stmt.execute(params![
                 attrs,
                 patch.wait_until,
@@ -493,12 +484,11 @@ pub(crate) fn append_event(
     let span = match ctx.keys.spans.get(span_id) {
         Some(keys) => Some(*keys),
         None => ctx
-            .conn
-            .prepare_cached(concat!(
+            .statement(concat!(
                 "SELECT span_key, run_key FROM activity_spans WHERE span_key = ",
                 span_key_of!("?1")
             ))
-            .and_then(|mut stmt| {
+            .and_then(|stmt| {
                 stmt.query_row([span_id], |row| Ok((row.get(0)?, row.get(1)?)))
                     .optional()
             })
@@ -537,45 +527,43 @@ pub(crate) fn insert_event(
     let event_index = match ctx.keys.next_event_index.get(&span_key) {
         Some(next) => *next,
         None => ctx
-            .conn
-            .prepare_cached(
+            .statement(
                 "SELECT event_index FROM activity_events WHERE span_key = ?1 \
                  ORDER BY event_index DESC LIMIT 1",
             )
-            .and_then(|mut stmt| {
+            .and_then(|stmt| {
                 stmt.query_row([span_key], |row| row.get::<_, i64>(0))
                     .optional()
             })
             .map_err(backend)?
             .map_or(0, |index| index + 1),
     };
-    ctx.conn
-        .prepare_cached(
-            "INSERT INTO activity_events \
+    ctx.statement(
+        "INSERT INTO activity_events \
              (span_key, event_index, ts, event_type, truncated, dict_id, payload) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        )
-        .and_then(|mut stmt| match compressed {
-            Some(compressed) => stmt.execute(params![
-                span_key,
-                event_index,
-                ts,
-                event_type,
-                payload.truncated,
-                compressed.dict_id,
-                compressed.frame
-            ]),
-            None => stmt.execute(params![
-                span_key,
-                event_index,
-                ts,
-                event_type,
-                payload.truncated,
-                Option::<i64>::None,
-                payload.json
-            ]),
-        })
-        .map_err(backend)?;
+    )
+    .and_then(|stmt| match compressed {
+        Some(compressed) => stmt.execute(params![
+            span_key,
+            event_index,
+            ts,
+            event_type,
+            payload.truncated,
+            compressed.dict_id,
+            compressed.frame
+        ]),
+        None => stmt.execute(params![
+            span_key,
+            event_index,
+            ts,
+            event_type,
+            payload.truncated,
+            Option::<i64>::None,
+            payload.json
+        ]),
+    })
+    .map_err(backend)?;
     ctx.keys.next_event_index.insert(span_key, event_index + 1);
     log_change(ctx, run_key, span_key, Some(event_index))?;
     Ok(event_index)
@@ -587,14 +575,13 @@ pub(crate) fn heartbeat(
     at: i64,
 ) -> Result<(), StoreError> {
     // Deliberately not change-logged: a heartbeat is liveness metadata, not activity.
-    ctx.conn
-        .prepare_cached(concat!(
-            "UPDATE activity_spans SET last_heartbeat_at = ?1 WHERE span_key = ",
-            span_key_of!("?2"),
-            " AND outcome IS NULL"
-        ))
-        .and_then(|mut stmt| stmt.execute(params![at, span_id]))
-        .map_err(backend)?;
+    ctx.statement(concat!(
+        "UPDATE activity_spans SET last_heartbeat_at = ?1 WHERE span_key = ",
+        span_key_of!("?2"),
+        " AND outcome IS NULL"
+    ))
+    .and_then(|stmt| stmt.execute(params![at, span_id]))
+    .map_err(backend)?;
     Ok(())
 }
 
@@ -608,12 +595,11 @@ fn close_run(
     now: i64,
 ) -> Result<i64, StoreError> {
     let open: Vec<OpenSpan> = ctx
-        .conn
-        .prepare_cached(
+        .statement(
             "SELECT span_key, attrs FROM activity_spans WHERE run_key = ?1 AND outcome IS NULL \
              ORDER BY started_at DESC, span_key DESC",
         )
-        .and_then(|mut stmt| {
+        .and_then(|stmt| {
             stmt.query_map([run_key], |row| {
                 Ok(OpenSpan {
                     span_key: row.get(0)?,

@@ -147,11 +147,11 @@ fn append_in_transaction(
     }
     let engagement_key = match counter {
         Some((engagement_key, _)) => {
-            conn.prepare_cached(
+            ctx.statement(
                 "UPDATE journal_engagements SET next_seq = ?2, last_at = ?3 \
                  WHERE engagement_key = ?1",
             )
-            .and_then(|mut stmt| stmt.execute(params![engagement_key, seq + 1, template.at]))
+            .and_then(|stmt| stmt.execute(params![engagement_key, seq + 1, template.at]))
             .map_err(backend)?;
             engagement_key
         }
@@ -166,14 +166,20 @@ fn append_in_transaction(
             conn.last_insert_rowid()
         }
     };
-    insert_event(
-        conn,
-        engagement_key,
-        seq,
-        template.at,
-        &template.event_type,
-        data_json,
-    )?;
+    ctx.statement(
+        "INSERT INTO journal_events (engagement_key, seq, at, event_type, data) \
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )
+    .and_then(|stmt| {
+        stmt.execute(params![
+            engagement_key,
+            seq,
+            template.at,
+            &template.event_type,
+            data_json
+        ])
+    })
+    .map_err(backend)?;
     ctx.keys.engagements.insert(
         template.engagement_id.to_string(),
         (engagement_key, seq + 1),
