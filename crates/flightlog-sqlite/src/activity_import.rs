@@ -130,10 +130,7 @@ fn insert_new_span(
     // part of the insert (one statement, not a lookup and then an insert). The new key is read
     // with `last_insert_rowid` (a `RETURNING` clause costs SQLite an ephemeral table per
     // execution).
-    let proved_free = !ctx
-        .keys
-        .span_id_filter
-        .may_be_taken(ctx.conn, &span.span_id)?;
+    let proved_free = !ctx.keys.span_id_filter.may_be_taken(&span.span_id);
     macro_rules! insert_span_sql {
         ($condition:expr) => {
             concat!(

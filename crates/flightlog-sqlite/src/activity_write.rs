@@ -46,7 +46,7 @@ const RECENT_SPAN_IDS_MERGE_AT: i64 = 16_384;
 /// Whether a span id is already taken (by any run): the writer's filter proves most new ids
 /// free (see `span_id_filter`); the others are looked up in both span-id indexes.
 pub(crate) fn span_id_taken(ctx: &mut WriteContext<'_>, span_id: &str) -> Result<bool, StoreError> {
-    if !ctx.keys.span_id_filter.may_be_taken(ctx.conn, span_id)? {
+    if !ctx.keys.span_id_filter.may_be_taken(span_id) {
         return Ok(false);
     }
     ctx.statement(concat!("SELECT ", span_key_of!("?1"), " IS NOT NULL"))

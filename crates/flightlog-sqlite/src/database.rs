@@ -314,6 +314,9 @@ pub struct WriterStats {
     pub writer_rewinds: AtomicU64,
     /// Nanoseconds the writer thread spent in those rewinds (time no write could commit).
     pub writer_rewind_nanos: AtomicU64,
+    /// Span-id filters the writer installed (see `span_id_filter`): built in the background
+    /// after the writer wrote alone for a few groups, rebuilt larger when full.
+    pub span_id_filters_installed: AtomicU64,
 }
 
 struct ReaderPool {
@@ -504,7 +507,10 @@ impl SqliteDatabase {
             checkpoint_nudge: nudge,
             stats: stats.clone(),
             conn,
-            keys: WriterCache::default(),
+            keys: WriterCache {
+                span_id_filter: SpanIdFilterState::new(config.path.clone(), config.busy_timeout),
+                ..WriterCache::default()
+            },
             data_version: None,
             max_group_size: config.max_group_size.max(1),
             lock_retry_budget: config.lock_retry_budget,
@@ -953,7 +959,11 @@ impl GroupCommitWriter {
             self.keys.clear_volatile();
             self.data_version = Some(version);
         }
-        self.keys.span_id_filter.begin_group(foreign_commit);
+        if self.keys.span_id_filter.begin_group(foreign_commit) {
+            self.stats
+                .span_id_filters_installed
+                .fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
     }
 

@@ -8,22 +8,27 @@
 //! costs that check.
 //!
 //! Soundness needs the filter to hold every id the database holds (extra ids are harmless):
-//! - it is built from both span-id indexes under the write lock, and every id this writer
-//!   registers is added to it;
+//! - it is built from both span-id indexes by a background thread on its own read-only
+//!   connection, started at the beginning of a group (so every id this writer registers from
+//!   then on is either in the builder's snapshot or in the pending list it keeps meanwhile, or
+//!   both), and every id this writer registers is added to it;
 //! - deletions (prune) and rolled-back inserts only leave extra ids;
 //! - another connection's commit (another process on the same file) may add ids it has not
-//!   seen, so the writer drops the filter whenever `PRAGMA data_version` moved, and rebuilds it
-//!   only after [`QUIET_GROUPS_BEFORE_BUILD`] groups in a row with no foreign commit. Two
-//!   processes writing at once therefore both use the SQL check, exactly as without a filter.
+//!   seen, so the writer drops the filter (and any build in progress) whenever `PRAGMA
+//!   data_version` moved, and starts a new build only after [`QUIET_GROUPS_BEFORE_BUILD`]
+//!   groups in a row with no foreign commit. Two processes writing at once therefore both use
+//!   the SQL check, exactly as without a filter.
 //!
-//! A full filter (more ids than it was sized for) is dropped and rebuilt twice as large, so the
-//! scan's cost is amortized over the ids added since. Past [`MAX_IDS`] no filter is built (the
+//! Building in the background keeps the writer from stalling on a scan of millions of ids (at a
+//! restart, or when a full filter is rebuilt twice as large; a full filter keeps answering
+//! soundly meanwhile, only with more false positives). Past [`MAX_IDS`] no filter is kept (the
 //! memory would exceed ~40 MiB) and every check is the SQL one.
 
-use rusqlite::Connection;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
 
-use crate::error::backend;
-use flightlog_core::activity::StoreError;
+use rusqlite::{Connection, OpenFlags};
 
 /// Groups committed in a row without a foreign commit before the writer builds a filter.
 pub(crate) const QUIET_GROUPS_BEFORE_BUILD: u32 = 8;
@@ -77,9 +82,8 @@ impl SpanIdFilter {
         }
     }
 
-    /// The block's first word and the bit positions (0..512) an id maps to.
-    fn positions(&self, id: &str) -> (usize, [u32; BITS_SET as usize]) {
-        let hashed = hash(id);
+    /// The block's first word and the bit positions (0..512) an id's hash maps to.
+    fn positions(&self, hashed: u64) -> (usize, [u32; BITS_SET as usize]) {
         // The high half picks the block (multiply-shift: no division).
         let block = ((hashed >> 32) * self.blocks) >> 32;
         let first = usize::try_from(block).unwrap_or(0) * BLOCK_WORDS;
@@ -94,7 +98,11 @@ impl SpanIdFilter {
     }
 
     pub(crate) fn insert(&mut self, id: &str) {
-        let (first, bits) = self.positions(id);
+        self.insert_hash(hash(id));
+    }
+
+    fn insert_hash(&mut self, hashed: u64) {
+        let (first, bits) = self.positions(hashed);
         for bit in bits {
             if let Some(word) = self.words.get_mut(first + (bit / 64) as usize) {
                 *word |= 1 << (bit % 64);
@@ -105,7 +113,7 @@ impl SpanIdFilter {
 
     /// `false` only when `id` was certainly never inserted.
     pub(crate) fn may_contain(&self, id: &str) -> bool {
-        let (first, bits) = self.positions(id);
+        let (first, bits) = self.positions(hash(id));
         bits.iter().all(|bit| {
             self.words
                 .get(first + (bit / 64) as usize)
@@ -118,15 +126,22 @@ impl SpanIdFilter {
         self.ids > self.capacity
     }
 
-    /// Build a filter of every span id in the database, sized for twice as many, read on the
-    /// writer's connection inside its transaction. `None` when there are too many ids for one.
-    pub(crate) fn build(conn: &Connection) -> Result<Option<Self>, StoreError> {
+    /// A filter of every span id in the database at `path`, sized for twice as many, read in
+    /// one read transaction on a connection of its own. `None` when there are too many ids.
+    fn build(path: &Path, busy_timeout: Duration) -> rusqlite::Result<Option<Self>> {
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(busy_timeout)?;
+        conn.execute_batch("BEGIN")?;
         // Span keys are rowids allocated as max + 1, so the largest is an O(log n) upper bound
         // of the span count (and so of the ids), without counting them.
-        let largest_key: i64 = conn
-            .prepare_cached("SELECT COALESCE(MAX(span_key), 0) FROM activity_spans")
-            .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
-            .map_err(backend)?;
+        let largest_key: i64 = conn.query_row(
+            "SELECT COALESCE(MAX(span_key), 0) FROM activity_spans",
+            [],
+            |row| row.get(0),
+        )?;
         let ids = u64::try_from(largest_key).unwrap_or(0);
         if ids > MAX_IDS {
             return Ok(None);
@@ -136,24 +151,36 @@ impl SpanIdFilter {
             "SELECT span_id FROM activity_span_ids",
             "SELECT span_id FROM activity_span_ids_recent",
         ] {
-            let mut stmt = conn.prepare_cached(table).map_err(backend)?;
-            let mut rows = stmt.query([]).map_err(backend)?;
-            while let Some(row) = rows.next().map_err(backend)? {
-                let id = row.get_ref(0).map_err(backend)?;
+            let mut stmt = conn.prepare(table)?;
+            let mut rows = stmt.query([])?;
+            while let Some(row) = rows.next()? {
                 // Span ids are TEXT; anything else cannot equal a text id looked up later.
-                if let Ok(text) = id.as_str() {
+                if let Ok(text) = row.get_ref(0)?.as_str() {
                     filter.insert(text);
                 }
             }
         }
+        conn.execute_batch("COMMIT")?;
         Ok(Some(filter))
     }
+}
+
+/// A build in progress, and the ids registered since it started.
+#[derive(Debug)]
+struct Build {
+    /// Hashes of the ids this writer registered since the build started.
+    pending: Vec<u64>,
+    result: mpsc::Receiver<rusqlite::Result<Option<SpanIdFilter>>>,
 }
 
 /// The writer's filter and what it needs to know to trust it (see the module doc).
 #[derive(Debug, Default)]
 pub(crate) struct SpanIdFilterState {
+    /// The database file (`None`: no filter is ever built).
+    path: Option<PathBuf>,
+    busy_timeout: Duration,
     filter: Option<SpanIdFilter>,
+    build: Option<Build>,
     /// Groups begun in a row with no foreign commit before them.
     quiet_groups: u32,
     /// Set when a build found too many ids: no filter is attempted again in this process.
@@ -161,39 +188,97 @@ pub(crate) struct SpanIdFilterState {
 }
 
 impl SpanIdFilterState {
-    /// Called at the start of each group, under the write lock: `foreign_commit` says whether
-    /// another connection committed since this writer's last transaction.
-    pub(crate) fn begin_group(&mut self, foreign_commit: bool) {
-        if foreign_commit {
-            self.filter = None;
-            self.quiet_groups = 0;
-        } else {
-            self.quiet_groups = self.quiet_groups.saturating_add(1);
+    /// A state that builds its filters from the database at `path`.
+    pub(crate) fn new(path: PathBuf, busy_timeout: Duration) -> Self {
+        Self {
+            path: Some(path),
+            busy_timeout,
+            ..Self::default()
         }
     }
 
-    /// Whether `id` may be taken: `false` only when the filter proves it free. Builds the filter
-    /// first when due.
-    pub(crate) fn may_be_taken(&mut self, conn: &Connection, id: &str) -> Result<bool, StoreError> {
-        if self.filter.is_none() && !self.too_many && self.quiet_groups >= QUIET_GROUPS_BEFORE_BUILD
-        {
-            self.filter = SpanIdFilter::build(conn)?;
-            self.too_many = self.filter.is_none();
+    /// Called at the start of each group, under the write lock and before any write of the
+    /// group: `foreign_commit` says whether another connection committed since this writer's
+    /// last transaction. Installs a finished build (and says so) and starts a new one when due.
+    pub(crate) fn begin_group(&mut self, foreign_commit: bool) -> bool {
+        if foreign_commit {
+            self.filter = None;
+            self.build = None;
+            self.quiet_groups = 0;
+            return false;
         }
-        Ok(self
-            .filter
+        let mut installed = false;
+        self.quiet_groups = self.quiet_groups.saturating_add(1);
+        if let Some(build) = &self.build {
+            match build.result.try_recv() {
+                Err(mpsc::TryRecvError::Empty) => {}
+                Ok(Ok(Some(mut filter))) => {
+                    for hashed in &build.pending {
+                        filter.insert_hash(*hashed);
+                    }
+                    self.filter = Some(filter);
+                    self.build = None;
+                    installed = true;
+                }
+                Ok(Ok(None)) => {
+                    self.too_many = true;
+                    self.filter = None;
+                    self.build = None;
+                }
+                // A failed build (or a builder that died) is retried at a later group.
+                Ok(Err(_)) | Err(mpsc::TryRecvError::Disconnected) => self.build = None,
+            }
+        }
+        let wanted = self.filter.as_ref().is_none_or(SpanIdFilter::is_full);
+        if wanted
+            && self.build.is_none()
+            && !self.too_many
+            && self.quiet_groups >= QUIET_GROUPS_BEFORE_BUILD
+        {
+            self.start_build();
+        }
+        installed
+    }
+
+    fn start_build(&mut self) {
+        let Some(path) = self.path.clone() else {
+            return;
+        };
+        let busy_timeout = self.busy_timeout;
+        let (sender, result) = mpsc::sync_channel(1);
+        let spawned = std::thread::Builder::new()
+            .name("flightlog-idfilter".into())
+            .spawn(move || {
+                // The writer may have dropped the build meanwhile: nobody to tell then.
+                let _ = sender.send(SpanIdFilter::build(&path, busy_timeout));
+            });
+        if spawned.is_ok() {
+            self.build = Some(Build {
+                pending: Vec::new(),
+                result,
+            });
+        }
+    }
+
+    /// Whether `id` may be taken: `false` only when the filter proves it free.
+    pub(crate) fn may_be_taken(&self, id: &str) -> bool {
+        self.filter
             .as_ref()
-            .is_none_or(|filter| filter.may_contain(id)))
+            .is_none_or(|filter| filter.may_contain(id))
     }
 
     /// Record a span id this writer registered (inside its open transaction).
     pub(crate) fn insert(&mut self, id: &str) {
+        if self.filter.is_none() && self.build.is_none() {
+            return;
+        }
+        let hashed = hash(id);
         if let Some(filter) = &mut self.filter {
-            filter.insert(id);
-            if filter.is_full() {
-                // Rebuilt at the next check, twice as large.
-                self.filter = None;
-            }
+            // A full filter still answers soundly; a larger one is built at the next group.
+            filter.insert_hash(hashed);
+        }
+        if let Some(build) = &mut self.build {
+            build.pending.push(hashed);
         }
     }
 
@@ -201,6 +286,20 @@ impl SpanIdFilterState {
     #[cfg(test)]
     fn is_built(&self) -> bool {
         self.filter.is_some()
+    }
+
+    /// Wait for the build in progress, if any, to finish (as the next group would find it).
+    #[cfg(test)]
+    fn wait_for_build(&mut self) {
+        if let Some(build) = &self.build {
+            if let Ok(result) = build.result.recv() {
+                let (sender, receiver) = mpsc::sync_channel(1);
+                let _ = sender.send(result);
+                if let Some(build) = &mut self.build {
+                    build.result = receiver;
+                }
+            }
+        }
     }
 }
 
@@ -246,8 +345,10 @@ mod tests {
     }
 
     #[test]
-    fn a_foreign_commit_drops_the_filter_until_the_writer_is_alone_again() {
-        let conn = Connection::open_in_memory().unwrap();
+    fn a_filter_is_built_in_the_background_and_dropped_on_a_foreign_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.db");
+        let conn = Connection::open(&path).unwrap();
         conn.execute_batch(
             "CREATE TABLE activity_spans (span_key INTEGER PRIMARY KEY);
              CREATE TABLE activity_span_ids (span_id TEXT PRIMARY KEY, span_key INTEGER);
@@ -257,20 +358,51 @@ mod tests {
              INSERT INTO activity_span_ids_recent VALUES ('recent', 2);",
         )
         .unwrap();
-        let mut state = SpanIdFilterState::default();
+        let mut state = SpanIdFilterState::new(path, Duration::from_secs(1));
         // Not built before enough quiet groups: every id may be taken.
-        assert!(state.may_be_taken(&conn, "new").unwrap());
+        assert!(state.may_be_taken("new"));
         for _ in 0..QUIET_GROUPS_BEFORE_BUILD {
             state.begin_group(false);
         }
-        assert!(!state.may_be_taken(&conn, "new").unwrap());
+        // Registered while the build runs: kept in the pending list.
+        state.insert("during");
+        assert!(state.may_be_taken("new"), "no filter until the build is in");
+        state.wait_for_build();
+        state.begin_group(false);
         assert!(state.is_built());
-        assert!(state.may_be_taken(&conn, "old").unwrap());
-        assert!(state.may_be_taken(&conn, "recent").unwrap());
-        state.insert("new");
-        assert!(state.may_be_taken(&conn, "new").unwrap());
+        assert!(!state.may_be_taken("new"));
+        assert!(state.may_be_taken("old"));
+        assert!(state.may_be_taken("recent"));
+        assert!(state.may_be_taken("during"));
+        state.insert("after");
+        assert!(state.may_be_taken("after"));
         state.begin_group(true);
         assert!(!state.is_built());
-        assert!(state.may_be_taken(&conn, "anything").unwrap());
+        assert!(state.may_be_taken("anything"));
+    }
+
+    #[test]
+    fn a_build_in_progress_is_dropped_by_a_foreign_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE activity_spans (span_key INTEGER PRIMARY KEY);
+             CREATE TABLE activity_span_ids (span_id TEXT PRIMARY KEY, span_key INTEGER);
+             CREATE TABLE activity_span_ids_recent (span_id TEXT PRIMARY KEY, span_key INTEGER);",
+        )
+        .unwrap();
+        let mut state = SpanIdFilterState::new(path, Duration::from_secs(1));
+        for _ in 0..QUIET_GROUPS_BEFORE_BUILD {
+            state.begin_group(false);
+        }
+        state.wait_for_build();
+        // Another process took an id after the build's snapshot: the commit drops the build.
+        conn.execute_batch("INSERT INTO activity_span_ids_recent VALUES ('theirs', 1)")
+            .unwrap();
+        state.begin_group(true);
+        state.begin_group(false);
+        assert!(!state.is_built());
+        assert!(state.may_be_taken("theirs"));
     }
 }

@@ -4,6 +4,7 @@
 //! by native starts and OTLP imports alike), leaves both indexes when its run is pruned, and a
 //! database written by schema version 3 upgrades with every span still reachable.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use flightlog_core::activity::{
@@ -208,18 +209,30 @@ async fn ids_taken_by_another_writer_are_refused_after_the_filter_is_built() {
     let path = dir.path().join("filter.db");
     let first = store(&path);
     let second = store(&path);
-    // Enough groups alone for the first writer to build its filter, then repeats it must see.
-    for call in 0..12u64 {
+    // Enough groups alone for the first writer to build and install its filter (in the
+    // background: the loop goes on until it is in), then repeats it must see.
+    let mut call = 0u64;
+    while first
+        .database()
+        .writer_stats()
+        .span_id_filters_installed
+        .load(Ordering::Relaxed)
+        == 0
+    {
+        assert!(call < 1_000, "no filter was installed after {call} groups");
         let spans: Vec<ImportedSpan> = (call * 100..(call + 1) * 100)
             .map(|n| imported(id(n), format!("run-{}", n / 10), None))
             .collect();
         assert_eq!(first.import_spans(spans).await.unwrap().created, 100);
+        call += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
-    let again: Vec<ImportedSpan> = (0..1_200u64)
+    let delivered = call * 100;
+    let again: Vec<ImportedSpan> = (0..delivered)
         .map(|n| imported(id(n), format!("run-{}", n / 10), None))
         .collect();
     let report = first.import_spans(again).await.unwrap();
-    assert_eq!((report.created, report.unchanged), (0, 1_200));
+    assert_eq!((report.created, report.unchanged), (0, delivered));
     first.start_span(start("native-1", "native")).await.unwrap();
     for _ in 0..12 {
         first
@@ -253,19 +266,29 @@ async fn ids_taken_by_another_writer_are_refused_after_the_filter_is_built() {
         2,
         "both already exist: {report:?}"
     );
-    // And after writing alone again for a while (the filter rebuilt), still refused.
-    for n in 0..12 {
+    // And after writing alone again until a new filter is in, still refused.
+    let mut n = 0;
+    while first
+        .database()
+        .writer_stats()
+        .span_id_filters_installed
+        .load(Ordering::Relaxed)
+        < 2
+    {
+        assert!(n < 1_000, "no second filter after {n} groups");
         first
             .start_span(start(&format!("later-{n}"), "later"))
             .await
             .unwrap();
+        n += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
     assert!(matches!(
         first.start_span(start("theirs", "r3")).await,
         Err(StoreError::DuplicateSpan { .. })
     ));
     assert!(matches!(
-        second.start_span(start("later-3", "r3")).await,
+        second.start_span(start("later-0", "r3")).await,
         Err(StoreError::DuplicateSpan { .. })
     ));
 }
