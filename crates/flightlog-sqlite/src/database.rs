@@ -314,6 +314,9 @@ pub struct WriterStats {
     pub writer_rewinds: AtomicU64,
     /// Nanoseconds the writer thread spent in those rewinds (time no write could commit).
     pub writer_rewind_nanos: AtomicU64,
+    /// WAL frames (pages) the writer appended: the write volume of its commits, which the
+    /// checkpointer copies again.
+    pub wal_frames: AtomicU64,
     /// Span-id filters the writer installed (see `span_id_filter`): built in the background
     /// after the writer wrote alone for a few groups, rebuilt larger when full.
     pub span_id_filters_installed: AtomicU64,
@@ -518,6 +521,7 @@ impl SqliteDatabase {
             wal_path: wal_path_of(&config.path),
             groups_since_wal_check: 0,
             frames_at_last_nudge: 0,
+            frames_after_last_commit: 0,
         };
         let writer_thread = std::thread::Builder::new()
             .name("flightlog-writer".into())
@@ -825,6 +829,8 @@ struct GroupCommitWriter {
     groups_since_wal_check: u32,
     /// The WAL's frame count when the checkpointer was last nudged.
     frames_at_last_nudge: i64,
+    /// The WAL's frame count after the previous commit.
+    frames_after_last_commit: i64,
 }
 
 thread_local! {
@@ -1036,6 +1042,16 @@ impl GroupCommitWriter {
     /// (~250 frames a group) grow the WAL past 100 MB before the first checkpoint started.
     fn nudge_checkpointer_if_due(&mut self) {
         let frames = WAL_FRAMES.with(Cell::get);
+        // After a rewind the WAL counts from its start again.
+        let appended = if frames >= self.frames_after_last_commit {
+            frames - self.frames_after_last_commit
+        } else {
+            frames
+        };
+        self.frames_after_last_commit = frames;
+        self.stats
+            .wal_frames
+            .fetch_add(u64::try_from(appended).unwrap_or(0), Ordering::Relaxed);
         if frames < self.frames_at_last_nudge {
             // The WAL was rewound since: count from its start.
             self.frames_at_last_nudge = 0;
