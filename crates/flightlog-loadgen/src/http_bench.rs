@@ -28,6 +28,8 @@ use crate::workload::{
 pub const PHASE_SINGLE: u8 = 1;
 pub const PHASE_BATCH: u8 = 2;
 pub const PHASE_BIG_BATCH: u8 = 3;
+/// Id tag of the unmeasured warm-up before the phases.
+pub const PHASE_WARMUP: u8 = 6;
 
 /// The server's default `max_batch_ops` (`ServerConfig::DEFAULT_MAX_BATCH_OPS`).
 const SERVER_MAX_BATCH_OPS: usize = 1_000;
