@@ -384,6 +384,40 @@ fn end_span_without_attrs(
     now: i64,
 ) -> Result<bool, StoreError> {
     let usage = input.usage.clone().unwrap_or_default();
+    // A span this writer started is in its key cache: the update goes by key, without the
+    // span-id lookup and without `RETURNING` (an ephemeral table per execution in SQLite).
+    if let Some(&(span_key, run_key)) = ctx.keys.spans.get(span_id) {
+        let ended = ctx
+            .statement(
+                "UPDATE activity_spans SET outcome = ?1, outcome_reason = ?2, ended_at = ?3, \
+                 input_tokens = COALESCE(?4, input_tokens), \
+                 output_tokens = COALESCE(?5, output_tokens), \
+                 cache_read_tokens = COALESCE(?6, cache_read_tokens), \
+                 cache_creation_tokens = COALESCE(?7, cache_creation_tokens), \
+                 cost_usd = COALESCE(?8, cost_usd), model = COALESCE(?9, model) \
+                 WHERE span_key = ?10 AND outcome IS NULL",
+            )
+            .and_then(|stmt| {
+                stmt.execute(params![
+                    input.outcome.as_str(),
+                    input.reason,
+                    input.ended_at.unwrap_or(now),
+                    usage.input_tokens,
+                    usage.output_tokens,
+                    usage.cache_read_tokens,
+                    usage.cache_creation_tokens,
+                    usage.cost_usd,
+                    usage.model,
+                    span_key,
+                ])
+            })
+            .map_err(backend)?;
+        if ended == 0 {
+            return Ok(false);
+        }
+        log_change(ctx, run_key, span_key, None)?;
+        return Ok(true);
+    }
     let updated: Option<(i64, i64)> = ctx
         .statement(concat!(
             "UPDATE activity_spans SET outcome = ?1, outcome_reason = ?2, ended_at = ?3, \
