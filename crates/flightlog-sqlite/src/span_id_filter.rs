@@ -32,8 +32,9 @@ use rusqlite::{Connection, OpenFlags};
 
 /// Groups committed in a row without a foreign commit before the writer builds a filter.
 pub(crate) const QUIET_GROUPS_BEFORE_BUILD: u32 = 8;
-/// The most ids a filter is built for.
-const MAX_IDS: u64 = 32_000_000;
+/// The most ids a filter is built for: sized for twice as many at 10 bits each, its largest
+/// bit array is 40 MB.
+const MAX_IDS: u64 = 16_000_000;
 /// Bits per id at the filter's capacity (with [`BITS_SET`] bits set per id in one 512-bit
 /// block: under 1% false positives at capacity, far fewer below it).
 const BITS_PER_ID: u64 = 10;
