@@ -299,14 +299,42 @@ struct OpenSpan {
     attrs: Option<String>,
 }
 
-fn open_span(conn: &Connection, span_id: &str) -> Result<Option<OpenSpan>, StoreError> {
-    let found = conn
-        .prepare_cached(concat!(
+fn open_span(
+    ctx: &mut WriteContext<'_>,
+    span_id: &str,
+    want_attrs: bool,
+) -> Result<Option<OpenSpan>, StoreError> {
+    // A span this writer started is found by its cached key (a rowid lookup, not the span-id
+    // indexes), and its attrs are only read when the caller merges into them.
+    if let Some(&(span_key, run_key)) = ctx.keys.spans.get(span_id) {
+        let sql = if want_attrs {
+            "SELECT outcome IS NOT NULL, attrs FROM activity_spans WHERE span_key = ?1"
+        } else {
+            "SELECT outcome IS NOT NULL, NULL FROM activity_spans WHERE span_key = ?1"
+        };
+        let found: Option<(bool, Option<String>)> = ctx
+            .statement(sql)
+            .and_then(|stmt| {
+                stmt.query_row([span_key], |row| Ok((row.get(0)?, row.get(1)?)))
+                    .optional()
+            })
+            .map_err(backend)?;
+        return Ok(match found {
+            Some((false, attrs)) => Some(OpenSpan {
+                span_key,
+                run_key,
+                attrs,
+            }),
+            _ => None,
+        });
+    }
+    let found = ctx
+        .statement(concat!(
             "SELECT span_key, run_key, outcome IS NOT NULL, attrs FROM activity_spans \
                  WHERE span_key = ",
             span_key_of!("?1")
         ))
-        .and_then(|mut stmt| {
+        .and_then(|stmt| {
             stmt.query_row([span_id], |row| {
                 Ok((
                     OpenSpan {
@@ -465,7 +493,7 @@ pub(crate) fn end_span(
     if input.attrs.is_none() {
         return end_span_without_attrs(ctx, span_id, input, now);
     }
-    let Some(span) = open_span(ctx.conn, span_id)? else {
+    let Some(span) = open_span(ctx, span_id, true)? else {
         return Ok(false);
     };
     end_span_by_key(ctx, span, input, now)?;
@@ -477,11 +505,36 @@ pub(crate) fn patch_span(
     span_id: &str,
     patch: &SpanPatch,
 ) -> Result<bool, StoreError> {
-    let Some(span) = open_span(ctx.conn, span_id)? else {
+    let Some(span) = open_span(ctx, span_id, patch.attrs.is_some())? else {
         return Ok(false);
     };
-    let attrs = merged_attrs(span.attrs, patch.attrs.as_ref());
     let usage = patch.usage.clone().unwrap_or_default();
+    if patch.attrs.is_none() {
+        // Nothing to merge: the stored attrs are neither read nor rewritten.
+        ctx.statement(
+            "UPDATE activity_spans SET wait_until = COALESCE(?1, wait_until), \
+             input_tokens = COALESCE(?2, input_tokens), output_tokens = COALESCE(?3, output_tokens), \
+             cache_read_tokens = COALESCE(?4, cache_read_tokens), \
+             cache_creation_tokens = COALESCE(?5, cache_creation_tokens), \
+             cost_usd = COALESCE(?6, cost_usd), model = COALESCE(?7, model) WHERE span_key = ?8",
+        )
+        .and_then(|stmt| {
+            stmt.execute(params![
+                patch.wait_until,
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens,
+                usage.cache_creation_tokens,
+                usage.cost_usd,
+                usage.model,
+                span.span_key,
+            ])
+        })
+        .map_err(backend)?;
+        log_change(ctx, span.run_key, span.span_key, None)?;
+        return Ok(true);
+    }
+    let attrs = merged_attrs(span.attrs, patch.attrs.as_ref());
     ctx.statement(
             "UPDATE activity_spans SET attrs = ?1, wait_until = COALESCE(?2, wait_until), \
              input_tokens = COALESCE(?3, input_tokens), output_tokens = COALESCE(?4, output_tokens), \
