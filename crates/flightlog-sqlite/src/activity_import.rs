@@ -399,13 +399,13 @@ pub(crate) fn import_spans(
                 {
                     // The stored order: by start, then insertion (a stable sort keeps it).
                     run_spans.sort_by_key(|span| span.started_at);
-                    store_rollup(ctx.conn, run_key, &run_spans)?;
+                    store_rollup(ctx, run_key, &run_spans)?;
                     report.runs_rolled_up += 1;
                 }
             }
             RunSpans::Stored => {
                 if root_is_terminal(ctx, run_key)? {
-                    rollup_run_key(ctx.conn, run_key)?;
+                    rollup_run_key(ctx, run_key)?;
                     report.runs_rolled_up += 1;
                 }
             }

@@ -710,7 +710,7 @@ fn close_run(
         closed += 1;
     }
     if closed > 0 {
-        rollup_run_key(ctx.conn, run_key)?;
+        rollup_run_key(ctx, run_key)?;
     }
     Ok(closed)
 }
@@ -788,21 +788,21 @@ pub(crate) fn sweep_stale(
 
 pub(crate) fn rollup_run(ctx: &mut WriteContext<'_>, run_id: &str) -> Result<(), StoreError> {
     match existing_run_key(ctx.conn, run_id)? {
-        Some(run_key) => rollup_run_key(ctx.conn, run_key),
+        Some(run_key) => rollup_run_key(ctx, run_key),
         None => Ok(()),
     }
 }
 
-pub(crate) fn rollup_run_key(conn: &Connection, run_key: i64) -> Result<(), StoreError> {
+pub(crate) fn rollup_run_key(ctx: &mut WriteContext<'_>, run_key: i64) -> Result<(), StoreError> {
     // Only the columns the rollup rule reads: this runs on every run's terminal write.
-    let spans: Vec<RollupSpan> = conn
-        .prepare_cached(
+    let spans: Vec<RollupSpan> = ctx
+        .statement(
             "SELECT parent_span_id IS NULL, origin, name, session_id, job_name, started_at, \
              ended_at, outcome, outcome_reason, input_tokens, output_tokens, cache_read_tokens, \
              cache_creation_tokens, cost_usd, kind FROM activity_spans WHERE run_key = ?1 \
              ORDER BY started_at, span_key",
         )
-        .and_then(|mut stmt| {
+        .and_then(|stmt| {
             stmt.query_map([run_key], |row| {
                 let origin: String = row.get(1)?;
                 let outcome: Option<String> = row.get(7)?;
@@ -831,20 +831,20 @@ pub(crate) fn rollup_run_key(conn: &Connection, run_key: i64) -> Result<(), Stor
             .collect()
         })
         .map_err(backend)?;
-    store_rollup(conn, run_key, &spans)
+    store_rollup(ctx, run_key, &spans)
 }
 
 /// Compute the rollup of a run from its spans (in `started_at`, then insertion order) and
 /// upsert it.
 pub(crate) fn store_rollup(
-    conn: &Connection,
+    ctx: &mut WriteContext<'_>,
     run_key: i64,
     spans: &[RollupSpan],
 ) -> Result<(), StoreError> {
     let Some(fields) = compute_rollup(spans) else {
         return Ok(());
     };
-    conn.prepare_cached(
+    ctx.statement(
         "INSERT INTO activity_run_rollups (run_key, origin, name, session_id, job_name, \
          started_at, ended_at, outcome, duration_ms, span_count, input_tokens, output_tokens, \
          cache_read_tokens, cache_creation_tokens, cost_usd, failure_reason, detail_pruned) \
@@ -856,7 +856,7 @@ pub(crate) fn store_rollup(
          cache_creation_tokens = excluded.cache_creation_tokens, cost_usd = excluded.cost_usd, \
          failure_reason = excluded.failure_reason",
     )
-    .and_then(|mut stmt| {
+    .and_then(|stmt| {
         stmt.execute(params![
             run_key,
             fields.origin.as_str(),
