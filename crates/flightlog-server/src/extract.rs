@@ -36,14 +36,20 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        if !is_json(req.headers())? {
-            return Err(ApiError::UnsupportedMediaType(
-                "this endpoint takes a JSON body: send Content-Type: application/json".into(),
-            ));
-        }
-        let bytes = read_body(req, state).await?;
+        let bytes = json_body_bytes(req, state).await?;
         parse_json(&bytes).map(JsonBody)
     }
+}
+
+/// The body of a request that must declare a JSON content type, unparsed (what [`JsonBody`]
+/// parses).
+pub(crate) async fn json_body_bytes(req: Request, state: &AppState) -> Result<Bytes, ApiError> {
+    if !is_json(req.headers())? {
+        return Err(ApiError::UnsupportedMediaType(
+            "this endpoint takes a JSON body: send Content-Type: application/json".into(),
+        ));
+    }
+    read_body(req, state).await
 }
 
 impl<T: DeserializeOwned> FromRequest<AppState> for OptionalJsonBody<T> {

@@ -35,6 +35,7 @@ pub mod openapi;
 pub mod overload;
 mod routes;
 pub mod settings;
+mod skip_keys;
 pub mod state;
 pub mod validate;
 pub mod wire;

@@ -14,7 +14,7 @@
 //! Order is kept: op N+1 may depend on op N (start a span, then end it), and `write_batch`
 //! guarantees in-order application whatever the backend.
 
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{Request, State};
 use axum::Json;
 use flightlog_core::activity::{
     ActivityWrite, ActivityWriteResult, EndSpanInput, SpanEventRow, SpanPatch, SpanRow,
@@ -22,6 +22,7 @@ use flightlog_core::activity::{
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -29,8 +30,9 @@ use utoipa_axum::routes;
 
 use super::activity::{check_start_span, unknown_span, AppendEventBody, HeartbeatBody};
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{JsonBody, WriterStore};
+use crate::extract::{json_body_bytes, parse_json, WriterStore};
 use crate::openapi::tags;
+use crate::skip_keys::SkipKeys;
 use crate::state::AppState;
 use crate::validate::{check_id, check_optional_time};
 use crate::wire::{Ended, Patched};
@@ -134,21 +136,9 @@ async fn batch(
         .acquire()
         .await
         .map_err(|_| ApiError::Unavailable("the server is shutting down".into()))?;
-    let JsonBody(body) = JsonBody::<BatchBody>::from_request(request, &state).await?;
-    let max = state.config().max_batch_ops;
-    if body.ops.len() > max {
-        return Err(ApiError::invalid(format!(
-            "a batch holds at most {max} ops, got {}",
-            body.ops.len()
-        )));
-    }
+    let bytes = json_body_bytes(request, &state).await?;
     // Parse and check every op first; only the valid ones reach the store, in order.
-    let parsed: Vec<Result<ActivityWrite, ApiError>> = body
-        .ops
-        .into_iter()
-        .enumerate()
-        .map(|(index, op)| parse_op(index, op))
-        .collect();
+    let parsed = parse_ops(&bytes, state.config().max_batch_ops)?;
     let mut writes = Vec::with_capacity(parsed.len());
     let mut slots = Vec::with_capacity(parsed.len());
     for op in parsed {
@@ -203,38 +193,180 @@ fn batch_result(span_id: &str, outcome: Result<ActivityWriteResult, StoreError>)
     }
 }
 
-/// One op, parsed and checked as its single endpoint would: the write to apply.
-fn parse_op(index: usize, mut op: Map<String, Value>) -> Result<ActivityWrite, ApiError> {
-    let name = match op.remove("op") {
-        Some(Value::String(name)) => name,
-        _ => {
-            return Err(ApiError::invalid(format!(
+/// The body with each op kept as its text, borrowed from the request's bytes.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBatchBody<'a> {
+    #[serde(borrow)]
+    ops: Vec<&'a RawValue>,
+}
+
+/// Every op of the body, parsed and checked (or the whole body's error).
+///
+/// The fast path reads each op's text straight into its body type ([`RawOp`]); whatever it
+/// cannot take (any error at all, or a body that is not an object of objects) is read again the
+/// original way, through a `serde_json` map ([`MapOp`]), so every answer, error messages
+/// included, is exactly what that way gives.
+fn parse_ops(bytes: &[u8], max: usize) -> Result<Vec<Result<ActivityWrite, ApiError>>, ApiError> {
+    let fast = serde_json::from_slice::<RawBatchBody<'_>>(bytes)
+        .ok()
+        .filter(|body| body.ops.iter().all(|op| op.get().starts_with('{')));
+    let Some(body) = fast else {
+        let body: BatchBody = parse_json(bytes)?;
+        check_op_count(body.ops.len(), max)?;
+        return Ok(body
+            .ops
+            .into_iter()
+            .enumerate()
+            .map(|(index, op)| parse_op(index, MapOp(op)))
+            .collect());
+    };
+    check_op_count(body.ops.len(), max)?;
+    Ok(body
+        .ops
+        .into_iter()
+        .enumerate()
+        .map(|(index, raw)| {
+            RawOp::new(raw)
+                .and_then(|op| parse_op(index, op).ok())
+                .map_or_else(|| reparse_op(index, raw), Ok)
+        })
+        .collect())
+}
+
+fn check_op_count(ops: usize, max: usize) -> Result<(), ApiError> {
+    if ops > max {
+        return Err(ApiError::invalid(format!(
+            "a batch holds at most {max} ops, got {ops}"
+        )));
+    }
+    Ok(())
+}
+
+/// An op the fast path could not take, read the original way for its exact answer.
+fn reparse_op(index: usize, raw: &RawValue) -> Result<ActivityWrite, ApiError> {
+    let op: Map<String, Value> = serde_json::from_str(raw.get())
+        .map_err(|err| ApiError::invalid(format!("ops[{index}]: {err}")))?;
+    parse_op(index, MapOp(op))
+}
+
+/// Where an op's parts come from.
+trait OpSource {
+    /// The op's `op` member.
+    fn name(&mut self, index: usize) -> Result<String, ApiError>;
+    /// The op's `spanId` member (the path parameter of the single endpoint), checked.
+    fn span_id(&mut self, index: usize) -> Result<String, ApiError>;
+    /// The op's other members as the single endpoint's body; `with_span_id` keeps `spanId` in
+    /// it (a start's body carries its own span id).
+    fn fields<T: DeserializeOwned>(self, index: usize, with_span_id: bool) -> Result<T, ApiError>;
+}
+
+/// An op read as a `serde_json` map: the reference way, with the error messages of the API.
+struct MapOp(Map<String, Value>);
+
+impl OpSource for MapOp {
+    fn name(&mut self, index: usize) -> Result<String, ApiError> {
+        match self.0.remove("op") {
+            Some(Value::String(name)) => Ok(name),
+            _ => Err(ApiError::invalid(format!(
                 "ops[{index}].op must be one of startSpan, endSpan, patchSpan, appendEvent, \
                  heartbeat"
-            )))
+            ))),
         }
-    };
+    }
+
+    fn span_id(&mut self, index: usize) -> Result<String, ApiError> {
+        match self.0.remove("spanId") {
+            Some(Value::String(span_id)) => {
+                check_id(&format!("ops[{index}].spanId"), &span_id)?;
+                Ok(span_id)
+            }
+            _ => Err(ApiError::invalid(format!(
+                "ops[{index}].spanId must be a non-empty string"
+            ))),
+        }
+    }
+
+    fn fields<T: DeserializeOwned>(self, index: usize, _with_span_id: bool) -> Result<T, ApiError> {
+        // `spanId` is already taken out when it is not part of the body.
+        serde_path_to_error::deserialize(Value::Object(self.0))
+            .map_err(|err| ApiError::invalid(format!("ops[{index}]: {err}")))
+    }
+}
+
+/// The members of an op the fast path reads first; the others are skipped unread.
+#[derive(Deserialize)]
+struct OpHeader {
+    op: String,
+    #[serde(rename = "spanId", default)]
+    span_id: Option<String>,
+}
+
+/// An op read straight from its text. Its errors are never shown: any error sends the op to
+/// [`reparse_op`].
+struct RawOp<'a> {
+    raw: &'a RawValue,
+    header: OpHeader,
+}
+
+impl<'a> RawOp<'a> {
+    fn new(raw: &'a RawValue) -> Option<Self> {
+        let header = serde_json::from_str(raw.get()).ok()?;
+        Some(Self { raw, header })
+    }
+}
+
+impl OpSource for RawOp<'_> {
+    fn name(&mut self, _index: usize) -> Result<String, ApiError> {
+        Ok(std::mem::take(&mut self.header.op))
+    }
+
+    fn span_id(&mut self, index: usize) -> Result<String, ApiError> {
+        let span_id = self
+            .header
+            .span_id
+            .take()
+            .ok_or_else(|| ApiError::invalid("no spanId"))?;
+        check_id(&format!("ops[{index}].spanId"), &span_id)?;
+        Ok(span_id)
+    }
+
+    fn fields<T: DeserializeOwned>(self, _index: usize, with_span_id: bool) -> Result<T, ApiError> {
+        const OP: &[&str] = &["op"];
+        const OP_AND_SPAN_ID: &[&str] = &["op", "spanId"];
+        let skip = if with_span_id { OP } else { OP_AND_SPAN_ID };
+        let mut deserializer = serde_json::Deserializer::from_str(self.raw.get());
+        let body = T::deserialize(SkipKeys::new(&mut deserializer, skip))
+            .and_then(|body| deserializer.end().map(|()| body))
+            .map_err(|err| ApiError::invalid(err.to_string()))?;
+        Ok(body)
+    }
+}
+
+/// One op, parsed and checked as its single endpoint would: the write to apply.
+fn parse_op(index: usize, mut op: impl OpSource) -> Result<ActivityWrite, ApiError> {
+    let name = op.name(index)?;
     match name.as_str() {
         "startSpan" => {
-            let input: StartSpanInput = fields(index, op)?;
+            let input: StartSpanInput = op.fields(index, true)?;
             check_start_span(&input)?;
             Ok(ActivityWrite::StartSpan(input))
         }
         "endSpan" => {
-            let span_id = span_id(index, &mut op)?;
-            let input: EndSpanInput = fields(index, op)?;
+            let span_id = op.span_id(index)?;
+            let input: EndSpanInput = op.fields(index, false)?;
             check_optional_time("endedAt", input.ended_at)?;
             Ok(ActivityWrite::EndSpan { span_id, input })
         }
         "patchSpan" => {
-            let span_id = span_id(index, &mut op)?;
-            let patch: SpanPatch = fields(index, op)?;
+            let span_id = op.span_id(index)?;
+            let patch: SpanPatch = op.fields(index, false)?;
             check_optional_time("waitUntil", patch.wait_until)?;
             Ok(ActivityWrite::PatchSpan { span_id, patch })
         }
         "appendEvent" => {
-            let span_id = span_id(index, &mut op)?;
-            let body: AppendEventBody = fields(index, op)?;
+            let span_id = op.span_id(index)?;
+            let body: AppendEventBody = op.fields(index, false)?;
             check_optional_time("ts", body.ts)?;
             Ok(ActivityWrite::AppendEvent {
                 span_id,
@@ -244,8 +376,8 @@ fn parse_op(index: usize, mut op: Map<String, Value>) -> Result<ActivityWrite, A
             })
         }
         "heartbeat" => {
-            let span_id = span_id(index, &mut op)?;
-            let body: HeartbeatBody = fields(index, op)?;
+            let span_id = op.span_id(index)?;
+            let body: HeartbeatBody = op.fields(index, false)?;
             check_optional_time("at", body.at)?;
             Ok(ActivityWrite::Heartbeat {
                 span_id,
@@ -259,21 +391,80 @@ fn parse_op(index: usize, mut op: Map<String, Value>) -> Result<ActivityWrite, A
     }
 }
 
-/// Take the op's `spanId` (the path parameter of the single endpoint).
-fn span_id(index: usize, op: &mut Map<String, Value>) -> Result<String, ApiError> {
-    match op.remove("spanId") {
-        Some(Value::String(span_id)) => {
-            check_id(&format!("ops[{index}].spanId"), &span_id)?;
-            Ok(span_id)
-        }
-        _ => Err(ApiError::invalid(format!(
-            "ops[{index}].spanId must be a non-empty string"
-        ))),
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// The op's remaining fields as the single endpoint's body.
-fn fields<T: DeserializeOwned>(index: usize, op: Map<String, Value>) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(Value::Object(op))
-        .map_err(|err| ApiError::invalid(format!("ops[{index}]: {err}")))
+    /// Every op read the original way (a map per op) — the reference for the fast path.
+    fn through_maps(
+        body: &str,
+        max: usize,
+    ) -> Result<Vec<Result<ActivityWrite, ApiError>>, ApiError> {
+        let body: BatchBody = parse_json(body.as_bytes())?;
+        check_op_count(body.ops.len(), max)?;
+        Ok(body
+            .ops
+            .into_iter()
+            .enumerate()
+            .map(|(index, op)| parse_op(index, MapOp(op)))
+            .collect())
+    }
+
+    #[test]
+    fn the_fast_path_answers_exactly_as_the_map_path() {
+        let ops = [
+            r#"{"op": "startSpan", "spanId": "s1", "runId": "r1", "name": "turn", "kind": "turn", "origin": "session", "attrs": {"k": [1, 2.5, null]}}"#,
+            r#"{"spanId": "s1", "op": "endSpan", "outcome": "success", "usage": {"inputTokens": 3}}"#,
+            r#"{"op": "patchSpan", "spanId": "s1", "attrs": {"op": "inner"}, "waitUntil": 5}"#,
+            r#"{"op": "appendEvent", "spanId": "s\u0031", "eventType": "tool", "payload": {"spanId": 1}, "ts": 9}"#,
+            r#"{"op": "heartbeat", "spanId": "s1", "at": 3}"#,
+            r#"{"op": "heartbeat", "spanId": "s1"}"#,
+            // Errors: each must come out with the map path's message.
+            r#"{"op": "endSpan", "spanId": "s1", "outcome": "exploded"}"#,
+            r#"{"op": "endSpan", "spanId": "", "outcome": "success"}"#,
+            r#"{"op": "endSpan", "outcome": "success"}"#,
+            r#"{"op": "endSpan", "spanId": 7, "outcome": "success"}"#,
+            r#"{"op": "appendEvent", "spanId": "s1", "eventType": "x", "extra": 1}"#,
+            r#"{"op": "appendEvent", "spanId": "s1", "eventType": "x", "ts": 1.5}"#,
+            r#"{"op": "startSpan", "runId": "r1", "name": "n", "kind": "turn", "origin": "session"}"#,
+            r#"{"op": "fly", "spanId": "s1"}"#,
+            r#"{"op": 3}"#,
+            r#"{}"#,
+            // Repeated members: the map keeps the last one.
+            r#"{"op": "heartbeat", "op": "endSpan", "spanId": "s1", "outcome": "success"}"#,
+            r#"{"op": "endSpan", "spanId": "s0", "spanId": "s1", "outcome": "error", "outcome": "success"}"#,
+        ];
+        for op in ops {
+            let body = format!(r#"{{"ops": [{op}]}}"#);
+            assert_eq!(
+                parse_ops(body.as_bytes(), 10),
+                through_maps(&body, 10),
+                "{op}"
+            );
+        }
+        // The valid ones (the first six) are taken by the fast path itself.
+        for op in &ops[..6] {
+            let raw: Box<RawValue> = serde_json::from_str(op).unwrap();
+            let fast = RawOp::new(&raw).and_then(|source| parse_op(0, source).ok());
+            assert!(fast.is_some(), "{op}");
+        }
+        let all = format!(r#"{{"ops": [{}]}}"#, ops.join(",\n "));
+        assert_eq!(parse_ops(all.as_bytes(), 100), through_maps(&all, 100));
+        // Whole-body errors.
+        for body in [
+            r#"{"ops": [1]}"#,
+            r#"{"ops": [{"op": "heartbeat", "spanId": "a"}, "x"]}"#,
+            r#"{"ops": {}}"#,
+            r#"{"ops": [], "more": 1}"#,
+            r#"{"ops": [{"op": "heartbeat", "spanId": "a"}, {"op": "heartbeat", "spanId": "b"}]}"#,
+            r#"not json"#,
+            r#"{"ops": [{"op": "heartbeat", "spanId": "a"}]} trailing"#,
+        ] {
+            assert_eq!(
+                parse_ops(body.as_bytes(), 1),
+                through_maps(body, 1),
+                "{body}"
+            );
+        }
+    }
 }
