@@ -10,8 +10,9 @@
 //! Soundness needs the filter to hold every id the database holds (extra ids are harmless):
 //! - it is built from both span-id indexes by a background thread on its own read-only
 //!   connection, started at the beginning of a group (so every id this writer registers from
-//!   then on is either in the builder's snapshot or in the pending list it keeps meanwhile, or
-//!   both), and every id this writer registers is added to it;
+//!   then on is either read by the builder or in the pending list it keeps meanwhile, or both;
+//!   the builder reads the main index in short chunks, see [`SpanIdFilter::build`]), and every
+//!   id this writer registers is added to it;
 //! - deletions (prune) and rolled-back inserts only leave extra ids;
 //! - another connection's commit (another process on the same file) may add ids it has not
 //!   seen, so the writer drops the filter (and any build in progress) whenever `PRAGMA
@@ -127,15 +128,31 @@ impl SpanIdFilter {
         self.ids > self.capacity
     }
 
-    /// A filter of every span id in the database at `path`, sized for twice as many, read in
-    /// one read transaction on a connection of its own. `None` when there are too many ids.
+    /// A filter of every span id in the database at `path`, sized for twice as many, read on a
+    /// connection of its own. `None` when there are too many ids.
+    ///
+    /// The recent index is read first, in one statement; the main index after it, in key-order
+    /// chunks, each its own short read (a read held for the whole scan of millions of ids would
+    /// keep the checkpointer from rewinding the WAL meanwhile). That is still every id committed
+    /// before the build started: an id in the recent index then is read with it; an id in the
+    /// main index then stays there (merges only add to it; only pruning removes, and a pruned
+    /// id needs no place in the filter); later ids are the writer's pending ones.
     fn build(path: &Path, busy_timeout: Duration) -> rusqlite::Result<Option<Self>> {
+        /// Main-index ids read per statement.
+        const CHUNK: i64 = 65_536;
+        Self::build_in_chunks(path, busy_timeout, CHUNK)
+    }
+
+    fn build_in_chunks(
+        path: &Path,
+        busy_timeout: Duration,
+        chunk: i64,
+    ) -> rusqlite::Result<Option<Self>> {
         let conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
         conn.busy_timeout(busy_timeout)?;
-        conn.execute_batch("BEGIN")?;
         // Span keys are rowids allocated as max + 1, so the largest is an O(log n) upper bound
         // of the span count (and so of the ids), without counting them.
         let largest_key: i64 = conn.query_row(
@@ -148,11 +165,8 @@ impl SpanIdFilter {
             return Ok(None);
         }
         let mut filter = Self::with_capacity(ids.saturating_mul(2).max(65_536));
-        for table in [
-            "SELECT span_id FROM activity_span_ids",
-            "SELECT span_id FROM activity_span_ids_recent",
-        ] {
-            let mut stmt = conn.prepare(table)?;
+        {
+            let mut stmt = conn.prepare("SELECT span_id FROM activity_span_ids_recent")?;
             let mut rows = stmt.query([])?;
             while let Some(row) = rows.next()? {
                 // Span ids are TEXT; anything else cannot equal a text id looked up later.
@@ -161,7 +175,28 @@ impl SpanIdFilter {
                 }
             }
         }
-        conn.execute_batch("COMMIT")?;
+        let mut stmt = conn.prepare(
+            "SELECT span_id FROM activity_span_ids WHERE span_id > ?1 ORDER BY span_id LIMIT ?2",
+        )?;
+        let mut after = String::new();
+        let mut next_after = String::new();
+        loop {
+            let mut rows = stmt.query(rusqlite::params![after, chunk])?;
+            let mut read = 0i64;
+            while let Some(row) = rows.next()? {
+                read += 1;
+                if let Ok(text) = row.get_ref(0)?.as_str() {
+                    filter.insert(text);
+                    next_after.clear();
+                    next_after.push_str(text);
+                }
+            }
+            // A short chunk is the last; a chunk that did not move the cursor ends it too.
+            if read < chunk || next_after == after {
+                break;
+            }
+            std::mem::swap(&mut after, &mut next_after);
+        }
         Ok(Some(filter))
     }
 }
@@ -380,6 +415,35 @@ mod tests {
         state.begin_group(true);
         assert!(!state.is_built());
         assert!(state.may_be_taken("anything"));
+    }
+
+    #[test]
+    fn the_main_index_is_read_in_chunks_without_missing_an_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE activity_spans (span_key INTEGER PRIMARY KEY);
+             CREATE TABLE activity_span_ids (span_id TEXT PRIMARY KEY, span_key INTEGER);
+             CREATE TABLE activity_span_ids_recent (span_id TEXT PRIMARY KEY, span_key INTEGER);",
+        )
+        .unwrap();
+        for n in 0..50u64 {
+            conn.execute(
+                "INSERT INTO activity_span_ids VALUES (?1, ?2)",
+                rusqlite::params![id(n), n as i64],
+            )
+            .unwrap();
+        }
+        conn.execute("INSERT INTO activity_spans VALUES (50)", [])
+            .unwrap();
+        // Chunks of 7 (the last one short) and of 10 (the last one exactly full).
+        for chunk in [7, 10] {
+            let filter = SpanIdFilter::build_in_chunks(&path, Duration::from_secs(1), chunk)
+                .unwrap()
+                .unwrap();
+            assert!((0..50).all(|n| filter.may_contain(&id(n))), "chunk {chunk}");
+        }
     }
 
     #[test]
