@@ -172,6 +172,7 @@ pub(crate) fn attrs_object_text(
 #[cfg(test)]
 mod tests {
     use flightlog_core::activity::{JsonObject, TRUNCATION_MARKER};
+    use proptest::prelude::*;
 
     use super::*;
     use crate::attributes::attributes_to_json;
@@ -281,6 +282,67 @@ mod tests {
         expected.insert("links".into(), links);
         expected.insert("otel.span_kind".into(), Value::from("client"));
         assert_eq!(text, serde_json::to_string(&expected).unwrap());
+    }
+
+    /// Any attribute value: every scalar kind, and arrays and key-value lists nested a few
+    /// levels (with repeated keys inside lists, which the map form resolves).
+    fn any_value() -> impl Strategy<Value = AnyValue> {
+        let text = proptest::collection::vec(
+            prop_oneof![
+                Just('a'),
+                Just('"'),
+                Just('\\'),
+                Just('\u{1}'),
+                Just('\u{1f}'),
+                Just('\n'),
+                Just('\u{7f}'),
+                Just('é'),
+                Just('€'),
+                Just('𝄞'),
+                Just(' '),
+            ],
+            0..12,
+        )
+        .prop_map(|chars| chars.into_iter().collect::<String>());
+        let scalar = prop_oneof![
+            text.prop_map(|text: String| string(&text)),
+            any::<bool>().prop_map(|flag| AnyValue {
+                value: Some(any_value::Value::BoolValue(flag)),
+            }),
+            any::<i64>().prop_map(int),
+            any::<f64>().prop_map(double),
+            proptest::collection::vec(any::<u8>(), 0..12).prop_map(|data| bytes(&data)),
+            Just(AnyValue { value: None }),
+        ];
+        scalar.prop_recursive(3, 24, 4, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(array),
+                proptest::collection::vec(("[a-c]{1,2}", inner), 0..4).prop_map(|members| {
+                    kvlist(
+                        members
+                            .into_iter()
+                            .map(|(key, value): (String, AnyValue)| kv(&key, value))
+                            .collect(),
+                    )
+                }),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn generated_attributes_write_the_map_forms_text(
+            values in proptest::collection::vec(any_value(), 0..6),
+            max_bytes in prop_oneof![Just(16_384usize), 0usize..40],
+        ) {
+            let attributes: Vec<KeyValue> = values
+                .into_iter()
+                .enumerate()
+                .map(|(at, value)| kv(&format!("key.{at}"), value))
+                .collect();
+            let direct = direct_text(&attributes, max_bytes);
+            prop_assert_eq!(direct, Some(map_text(&attributes, max_bytes)));
+        }
     }
 
     #[test]
