@@ -393,6 +393,8 @@ fn parse_op(index: usize, mut op: impl OpSource) -> Result<ActivityWrite, ApiErr
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     /// Every op read the original way (a map per op) — the reference for the fast path.
@@ -465,6 +467,141 @@ mod tests {
                 through_maps(body, 1),
                 "{body}"
             );
+        }
+    }
+
+    /// One member of an op: the names the endpoints know (and a few they do not), each with
+    /// values of the right and of wrong types.
+    fn member() -> impl Strategy<Value = String> {
+        let value = prop_oneof![
+            Just("\"s1\"".to_owned()),
+            Just("\"\"".to_owned()),
+            Just("\"s\\u0031\"".to_owned()),
+            Just("7".to_owned()),
+            Just("1.5".to_owned()),
+            Just("null".to_owned()),
+            Just("true".to_owned()),
+            Just("{\"k\": [1, {\"op\": 2}]}".to_owned()),
+            Just("[1]".to_owned()),
+            Just("\"success\"".to_owned()),
+            Just("\"turn\"".to_owned()),
+            Just("\"session\"".to_owned()),
+            Just("{\"inputTokens\": 3}".to_owned()),
+        ];
+        let name = prop_oneof![
+            Just("op"),
+            Just("spanId"),
+            Just("runId"),
+            Just("name"),
+            Just("kind"),
+            Just("origin"),
+            Just("attrs"),
+            Just("startedAt"),
+            Just("outcome"),
+            Just("reason"),
+            Just("usage"),
+            Just("endedAt"),
+            Just("waitUntil"),
+            Just("eventType"),
+            Just("payload"),
+            Just("ts"),
+            Just("at"),
+            Just("extra"),
+        ];
+        let op_name = prop_oneof![
+            Just("\"startSpan\""),
+            Just("\"endSpan\""),
+            Just("\"patchSpan\""),
+            Just("\"appendEvent\""),
+            Just("\"heartbeat\""),
+            Just("\"fly\""),
+        ];
+        prop_oneof![
+            3 => op_name.prop_map(|op| format!("\"op\": {op}")),
+            10 => (name, value).prop_map(|(name, value)| format!("\"{name}\": {value}")),
+        ]
+    }
+
+    /// A valid op of each kind, its optional members present or not, in any member order, and
+    /// now and then one random member more (which may make it invalid).
+    fn valid_op() -> impl Strategy<Value = Vec<String>> {
+        let optional =
+            |member: &'static str| prop_oneof![Just(None), Just(Some(member.to_owned()))];
+        let kind = prop_oneof![
+            Just(vec![
+                r#""op": "startSpan""#,
+                r#""spanId": "s1""#,
+                r#""runId": "r1""#,
+                r#""name": "n""#,
+                r#""kind": "turn""#,
+                r#""origin": "session""#,
+            ]),
+            Just(vec![
+                r#""op": "endSpan""#,
+                r#""spanId": "s1""#,
+                r#""outcome": "error""#
+            ]),
+            Just(vec![r#""op": "patchSpan""#, r#""spanId": "s1""#]),
+            Just(vec![
+                r#""op": "appendEvent""#,
+                r#""spanId": "s1""#,
+                r#""eventType": "x""#
+            ]),
+            Just(vec![r#""op": "heartbeat""#, r#""spanId": "s\u0031""#]),
+        ];
+        (
+            kind,
+            optional(r#""ts": 12"#),
+            optional(r#""payload": {"a": [1, "b"], "op": null}"#),
+            optional(r#""at": 5"#),
+            optional(r#""usage": {"inputTokens": 3, "costUsd": 0.5}"#),
+            optional(r#""attrs": {"spanId": 1}"#),
+            prop_oneof![4 => Just(None), 1 => member().prop_map(Some)],
+        )
+            .prop_flat_map(|(kind, ts, payload, at, usage, attrs, extra)| {
+                let head = kind[0];
+                let mut members: Vec<String> = kind.iter().map(|m| (*m).to_owned()).collect();
+                // Only the members the kind takes, so that most generated ops are valid.
+                let takes = |name: &str| match name {
+                    "ts" | "payload" => head.contains("appendEvent"),
+                    "at" => head.contains("heartbeat"),
+                    "usage" => head.contains("endSpan") || head.contains("patchSpan"),
+                    "attrs" => !head.contains("heartbeat") && !head.contains("appendEvent"),
+                    _ => false,
+                };
+                for (name, member) in [
+                    ("ts", ts),
+                    ("payload", payload),
+                    ("at", at),
+                    ("usage", usage),
+                    ("attrs", attrs),
+                ] {
+                    if let Some(member) = member.filter(|_| takes(name)) {
+                        members.push(member);
+                    }
+                }
+                members.extend(extra);
+                Just(members).prop_shuffle()
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn generated_ops_are_answered_exactly_as_the_map_path(
+            ops in proptest::collection::vec(
+                prop_oneof![
+                    2 => valid_op(),
+                    1 => proptest::collection::vec(member(), 0..7),
+                ],
+                1..5,
+            ),
+        ) {
+            let ops: Vec<String> = ops
+                .into_iter()
+                .map(|members| format!("{{{}}}", members.join(", ")))
+                .collect();
+            let body = format!(r#"{{"ops": [{}]}}"#, ops.join(", "));
+            prop_assert_eq!(parse_ops(body.as_bytes(), 10), through_maps(&body, 10), "{}", body);
         }
     }
 }
