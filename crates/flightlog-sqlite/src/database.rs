@@ -154,14 +154,19 @@ pub(crate) struct WriteContext<'a> {
     pub keys: &'a mut WriterCache,
     /// The hot statements, held for the whole group (see [`StatementSlots`]).
     pub statements: StatementSlots<'a>,
+    /// Set when the group is being replayed with a savepoint around each job, after a job
+    /// failed dirty in the fast pass: a job made of many writes (a batch) then isolates each of
+    /// them too, so only the failing one fails (see [`GroupCommitWriter::apply_group`]).
+    pub isolated: bool,
 }
 
 impl<'a> WriteContext<'a> {
-    fn new(conn: &'a Connection, keys: &'a mut WriterCache) -> Self {
+    fn new(conn: &'a Connection, keys: &'a mut WriterCache, isolated: bool) -> Self {
         Self {
             conn,
             keys,
             statements: StatementSlots::default(),
+            isolated,
         }
     }
 
@@ -983,7 +988,7 @@ impl GroupCommitWriter {
         let applying = Instant::now();
         let mut dirty = false;
         {
-            let mut ctx = WriteContext::new(&self.conn, &mut self.keys);
+            let mut ctx = WriteContext::new(&self.conn, &mut self.keys, false);
             for job in group.iter_mut() {
                 if job.apply(&mut ctx) == Applied::Dirty {
                     dirty = true;
@@ -997,7 +1002,7 @@ impl GroupCommitWriter {
             self.begin_group()?;
             for job in group.iter_mut() {
                 self.exec("SAVEPOINT write")?;
-                let applied = job.apply(&mut WriteContext::new(&self.conn, &mut self.keys));
+                let applied = job.apply(&mut WriteContext::new(&self.conn, &mut self.keys, true));
                 if applied == Applied::Dirty {
                     self.exec("ROLLBACK TO write")?;
                     self.keys.clear();
