@@ -132,22 +132,31 @@ fn insert_new_span(
     // execution).
     let proved_free = !ctx.keys.span_id_filter.may_be_taken(&span.span_id);
     macro_rules! insert_span_sql {
-        ($condition:expr) => {
+        ($values:expr) => {
             concat!(
                 "INSERT INTO activity_spans (span_id, run_key, parent_span_id, name, kind, \
                  origin, session_id, job_name, attrs, started_at, ended_at, outcome, \
                  outcome_reason, input_tokens, output_tokens, cache_read_tokens, \
-                 cache_creation_tokens, cost_usd, model, writer_key, last_heartbeat_at) \
-                 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
-                 ?17, ?18, ?19, ?20, ?21 WHERE ",
-                $condition
+                 cache_creation_tokens, cost_usd, model, writer_key, last_heartbeat_at) ",
+                $values
             )
         };
     }
+    // A proved-free id takes the plain `VALUES` form: SQLite runs an `INSERT … SELECT` with a
+    // statement journal (it could insert many rows and fail half-way), copying each page it
+    // touches first.
     let sql = if proved_free {
-        insert_span_sql!("1")
+        insert_span_sql!(
+            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
+             ?18, ?19, ?20, ?21)"
+        )
     } else {
-        insert_span_sql!(concat!(span_key_of!("?1"), " IS NULL"))
+        insert_span_sql!(concat!(
+            "SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
+             ?18, ?19, ?20, ?21 WHERE ",
+            span_key_of!("?1"),
+            " IS NULL"
+        ))
     };
     let inserted = ctx
         .statement(sql)
