@@ -412,72 +412,59 @@ fn end_span_without_attrs(
     now: i64,
 ) -> Result<bool, StoreError> {
     let usage = input.usage.clone().unwrap_or_default();
-    // A span this writer started is in its key cache: the update goes by key, without the
-    // span-id lookup and without `RETURNING` (an ephemeral table per execution in SQLite).
-    if let Some(&(span_key, run_key)) = ctx.keys.spans.get(span_id) {
-        let ended = ctx
-            .statement(
+    macro_rules! end_span_sql {
+        ($span_key_and_rest:expr) => {
+            concat!(
                 "UPDATE activity_spans SET outcome = ?1, outcome_reason = ?2, ended_at = ?3, \
                  input_tokens = COALESCE(?4, input_tokens), \
                  output_tokens = COALESCE(?5, output_tokens), \
                  cache_read_tokens = COALESCE(?6, cache_read_tokens), \
                  cache_creation_tokens = COALESCE(?7, cache_creation_tokens), \
                  cost_usd = COALESCE(?8, cost_usd), model = COALESCE(?9, model) \
-                 WHERE span_key = ?10 AND outcome IS NULL",
+                 WHERE outcome IS NULL AND span_key = ",
+                $span_key_and_rest
             )
-            .and_then(|stmt| {
-                stmt.execute(params![
-                    input.outcome.as_str(),
-                    input.reason,
-                    input.ended_at.unwrap_or(now),
-                    usage.input_tokens,
-                    usage.output_tokens,
-                    usage.cache_read_tokens,
-                    usage.cache_creation_tokens,
-                    usage.cost_usd,
-                    usage.model,
-                    span_key,
-                ])
-            })
-            .map_err(backend)?;
-        if ended == 0 {
-            return Ok(false);
-        }
-        log_change(ctx, run_key, span_key, None)?;
-        return Ok(true);
+        };
     }
-    let updated: Option<(i64, i64)> = ctx
-        .statement(concat!(
-            "UPDATE activity_spans SET outcome = ?1, outcome_reason = ?2, ended_at = ?3, \
-             input_tokens = COALESCE(?4, input_tokens), output_tokens = COALESCE(?5, output_tokens), \
-             cache_read_tokens = COALESCE(?6, cache_read_tokens), \
-             cache_creation_tokens = COALESCE(?7, cache_creation_tokens), \
-             cost_usd = COALESCE(?8, cost_usd), model = COALESCE(?9, model) \
-             WHERE span_key = ",
-            span_key_of!("?10"),
-            " AND outcome IS NULL RETURNING span_key, run_key"
-            ),
-        )
-        .and_then(|stmt| {
-            stmt.query_row(
-                params![
-                    input.outcome.as_str(),
-                    input.reason,
-                    input.ended_at.unwrap_or(now),
-                    usage.input_tokens,
-                    usage.output_tokens,
-                    usage.cache_read_tokens,
-                    usage.cache_creation_tokens,
-                    usage.cost_usd,
-                    usage.model,
-                    span_id,
-                ],
-                |row| Ok((row.get(0)?, row.get(1)?)),
-            )
-            .optional()
-        })
-        .map_err(backend)?;
-    let Some((span_key, run_key)) = updated else {
+    // A span this writer started is in its key cache: the update goes by key, without the
+    // span-id lookup and without `RETURNING` (an ephemeral table per execution in SQLite).
+    let cached = ctx.keys.spans.get(span_id).copied();
+    let span_key_param: &dyn rusqlite::ToSql = match &cached {
+        Some((span_key, _)) => span_key,
+        None => &span_id,
+    };
+    let values = params![
+        input.outcome.as_str(),
+        input.reason,
+        input.ended_at.unwrap_or(now),
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.cache_read_tokens,
+        usage.cache_creation_tokens,
+        usage.cost_usd,
+        usage.model,
+        span_key_param,
+    ];
+    let ended: Option<(i64, i64)> = match cached {
+        Some(keys) => {
+            let changed = ctx
+                .statement(end_span_sql!("?10"))
+                .and_then(|stmt| stmt.execute(values))
+                .map_err(backend)?;
+            (changed > 0).then_some(keys)
+        }
+        None => ctx
+            .statement(end_span_sql!(concat!(
+                span_key_of!("?10"),
+                " RETURNING span_key, run_key"
+            )))
+            .and_then(|stmt| {
+                stmt.query_row(values, |row| Ok((row.get(0)?, row.get(1)?)))
+                    .optional()
+            })
+            .map_err(backend)?,
+    };
+    let Some((span_key, run_key)) = ended else {
         return Ok(false);
     };
     log_change(ctx, run_key, span_key, None)?;
@@ -509,53 +496,33 @@ pub(crate) fn patch_span(
         return Ok(false);
     };
     let usage = patch.usage.clone().unwrap_or_default();
-    if patch.attrs.is_none() {
-        // Nothing to merge: the stored attrs are neither read nor rewritten.
-        ctx.statement(
-            "UPDATE activity_spans SET wait_until = COALESCE(?1, wait_until), \
-             input_tokens = COALESCE(?2, input_tokens), output_tokens = COALESCE(?3, output_tokens), \
-             cache_read_tokens = COALESCE(?4, cache_read_tokens), \
-             cache_creation_tokens = COALESCE(?5, cache_creation_tokens), \
-             cost_usd = COALESCE(?6, cost_usd), model = COALESCE(?7, model) WHERE span_key = ?8",
-        )
-        .and_then(|stmt| {
-            stmt.execute(params![
-                patch.wait_until,
-                usage.input_tokens,
-                usage.output_tokens,
-                usage.cache_read_tokens,
-                usage.cache_creation_tokens,
-                usage.cost_usd,
-                usage.model,
-                span.span_key,
-            ])
-        })
-        .map_err(backend)?;
-        log_change(ctx, span.run_key, span.span_key, None)?;
-        return Ok(true);
-    }
-    let attrs = merged_attrs(span.attrs, patch.attrs.as_ref());
+    // Without attrs to merge, NULL keeps the stored attrs: they are neither read nor rewritten.
+    let attrs = patch
+        .attrs
+        .as_ref()
+        .and_then(|update| merged_attrs(span.attrs, Some(update)));
     ctx.statement(
-            "UPDATE activity_spans SET attrs = ?1, wait_until = COALESCE(?2, wait_until), \
-             input_tokens = COALESCE(?3, input_tokens), output_tokens = COALESCE(?4, output_tokens), \
-             cache_read_tokens = COALESCE(?5, cache_read_tokens), \
-             cache_creation_tokens = COALESCE(?6, cache_creation_tokens), \
-             cost_usd = COALESCE(?7, cost_usd), model = COALESCE(?8, model) WHERE span_key = ?9",
-        )
-        .and_then(|stmt| {
-            stmt.execute(params![
-                attrs,
-                patch.wait_until,
-                usage.input_tokens,
-                usage.output_tokens,
-                usage.cache_read_tokens,
-                usage.cache_creation_tokens,
-                usage.cost_usd,
-                usage.model,
-                span.span_key,
-            ])
-        })
-        .map_err(backend)?;
+        "UPDATE activity_spans SET attrs = COALESCE(?1, attrs), \
+         wait_until = COALESCE(?2, wait_until), \
+         input_tokens = COALESCE(?3, input_tokens), output_tokens = COALESCE(?4, output_tokens), \
+         cache_read_tokens = COALESCE(?5, cache_read_tokens), \
+         cache_creation_tokens = COALESCE(?6, cache_creation_tokens), \
+         cost_usd = COALESCE(?7, cost_usd), model = COALESCE(?8, model) WHERE span_key = ?9",
+    )
+    .and_then(|stmt| {
+        stmt.execute(params![
+            attrs,
+            patch.wait_until,
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cache_read_tokens,
+            usage.cache_creation_tokens,
+            usage.cost_usd,
+            usage.model,
+            span.span_key,
+        ])
+    })
+    .map_err(backend)?;
     log_change(ctx, span.run_key, span.span_key, None)?;
     Ok(true)
 }

@@ -347,6 +347,20 @@ mod tests {
         format!("{:016x}", n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
     }
 
+    /// A file holding just the tables a filter build reads.
+    fn span_id_tables() -> (tempfile::TempDir, std::path::PathBuf, Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE activity_spans (span_key INTEGER PRIMARY KEY);
+             CREATE TABLE activity_span_ids (span_id TEXT PRIMARY KEY, span_key INTEGER);
+             CREATE TABLE activity_span_ids_recent (span_id TEXT PRIMARY KEY, span_key INTEGER);",
+        )
+        .unwrap();
+        (dir, path, conn)
+    }
+
     #[test]
     fn every_inserted_id_is_found() {
         let mut filter = SpanIdFilter::with_capacity(100_000);
@@ -382,14 +396,9 @@ mod tests {
 
     #[test]
     fn a_filter_is_built_in_the_background_and_dropped_on_a_foreign_commit() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("ids.db");
-        let conn = Connection::open(&path).unwrap();
+        let (_dir, path, conn) = span_id_tables();
         conn.execute_batch(
-            "CREATE TABLE activity_spans (span_key INTEGER PRIMARY KEY);
-             CREATE TABLE activity_span_ids (span_id TEXT PRIMARY KEY, span_key INTEGER);
-             CREATE TABLE activity_span_ids_recent (span_id TEXT PRIMARY KEY, span_key INTEGER);
-             INSERT INTO activity_spans VALUES (1), (2);
+            "INSERT INTO activity_spans VALUES (1), (2);
              INSERT INTO activity_span_ids VALUES ('old', 1);
              INSERT INTO activity_span_ids_recent VALUES ('recent', 2);",
         )
@@ -419,15 +428,7 @@ mod tests {
 
     #[test]
     fn the_main_index_is_read_in_chunks_without_missing_an_id() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("ids.db");
-        let conn = Connection::open(&path).unwrap();
-        conn.execute_batch(
-            "CREATE TABLE activity_spans (span_key INTEGER PRIMARY KEY);
-             CREATE TABLE activity_span_ids (span_id TEXT PRIMARY KEY, span_key INTEGER);
-             CREATE TABLE activity_span_ids_recent (span_id TEXT PRIMARY KEY, span_key INTEGER);",
-        )
-        .unwrap();
+        let (_dir, path, conn) = span_id_tables();
         for n in 0..50u64 {
             conn.execute(
                 "INSERT INTO activity_span_ids VALUES (?1, ?2)",
@@ -448,15 +449,7 @@ mod tests {
 
     #[test]
     fn a_build_in_progress_is_dropped_by_a_foreign_commit() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("ids.db");
-        let conn = Connection::open(&path).unwrap();
-        conn.execute_batch(
-            "CREATE TABLE activity_spans (span_key INTEGER PRIMARY KEY);
-             CREATE TABLE activity_span_ids (span_id TEXT PRIMARY KEY, span_key INTEGER);
-             CREATE TABLE activity_span_ids_recent (span_id TEXT PRIMARY KEY, span_key INTEGER);",
-        )
-        .unwrap();
+        let (_dir, path, conn) = span_id_tables();
         let mut state = SpanIdFilterState::new(path, Duration::from_secs(1));
         for _ in 0..QUIET_GROUPS_BEFORE_BUILD {
             state.begin_group(false);
