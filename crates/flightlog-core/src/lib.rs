@@ -7,5 +7,6 @@
 pub mod activity;
 pub mod clock;
 pub mod journal;
+pub mod json_depth;
 
 pub use clock::{default_writer_id, Clock, ManualClock, SystemClock};

@@ -14,7 +14,7 @@ use serde_json::{Number, Value};
 use super::types::{EngagementEvent, JsonObject, SAFE_INTEGER_LIMIT};
 
 /// How deeply `data` may nest: `data` itself is level 1, an object or array inside it level 2, …
-pub const MAX_DATA_DEPTH: usize = 64;
+pub const MAX_DATA_DEPTH: usize = crate::json_depth::MAX_JSON_DEPTH;
 
 /// Why an append input was rejected. Nothing is written and no seq is consumed. Every variant
 /// names the offending path ([`AppendValidationError::path`]); the reference throws `TypeError`
@@ -280,61 +280,13 @@ fn parse_at(at: Option<&Value>) -> Result<i64, AppendValidationError> {
     Ok(float as i64)
 }
 
-/// One step of a JSON path, collected while unwinding from a too-deep value.
-enum Step<'a> {
-    Key(&'a str),
-    Index(usize),
-}
-
 fn check_depth(data: &JsonObject) -> Result<(), AppendValidationError> {
-    let mut steps = Vec::new();
-    if too_deep_in_object(data, 1, &mut steps) {
-        let mut path = String::from("data");
-        for step in steps.iter().rev() {
-            match step {
-                Step::Key(key) => {
-                    path.push('.');
-                    path.push_str(key);
-                }
-                Step::Index(index) => path.push_str(&format!("[{index}]")),
-            }
-        }
-        return Err(AppendValidationError::DataTooDeep {
+    match crate::json_depth::too_deep_path_in_object("data", data) {
+        Some(path) => Err(AppendValidationError::DataTooDeep {
             path,
             limit: MAX_DATA_DEPTH,
-        });
-    }
-    Ok(())
-}
-
-/// Whether a container at `depth` inside `object` (itself at `depth`) exceeds the limit; on
-/// `true`, `steps` holds the path to it, innermost first. Recursion stops at the limit, so the
-/// stack stays shallow whatever the input.
-fn too_deep_in_object<'a>(object: &'a JsonObject, depth: usize, steps: &mut Vec<Step<'a>>) -> bool {
-    object.iter().any(|(key, value)| {
-        let found = too_deep(value, depth + 1, steps);
-        if found {
-            steps.push(Step::Key(key));
-        }
-        found
-    })
-}
-
-fn too_deep<'a>(value: &'a Value, depth: usize, steps: &mut Vec<Step<'a>>) -> bool {
-    let is_container = matches!(value, Value::Object(_) | Value::Array(_));
-    if is_container && depth > MAX_DATA_DEPTH {
-        return true;
-    }
-    match value {
-        Value::Object(object) => too_deep_in_object(object, depth, steps),
-        Value::Array(items) => items.iter().enumerate().any(|(index, item)| {
-            let found = too_deep(item, depth + 1, steps);
-            if found {
-                steps.push(Step::Index(index));
-            }
-            found
         }),
-        _ => false,
+        None => Ok(()),
     }
 }
 
