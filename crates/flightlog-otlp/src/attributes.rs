@@ -10,8 +10,16 @@
 //! bytes, cut on a character boundary, plus the core's truncation marker; a longer array or
 //! object (measured as its compact JSON text) becomes the first bytes of that text as a string,
 //! plus the marker — the same rule the store applies to event payloads.
+//!
+//! Depth: an array or object nesting more than [`MAX_ATTRIBUTE_VALUE_DEPTH`] levels becomes its
+//! compact JSON text as a string (capped the same way), so stored attrs never nest past the
+//! limit every stored JSON value keeps (`flightlog_core::json_depth`): reads stay parseable.
+//! Today's decoders already stop near 30 levels (prost decodes 100 message levels, three per
+//! kvlist level; OTLP/JSON spends four of serde_json's 128 per level); this rule keeps the
+//! bound whatever a decoder lets through.
 
 use flightlog_core::activity::{JsonObject, TRUNCATION_MARKER};
+use flightlog_core::json_depth::{nesting_depth, MAX_JSON_DEPTH};
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use serde_json::{Number, Value};
 
@@ -19,6 +27,11 @@ use crate::ids::to_hex;
 
 /// The default most UTF-8 bytes one attribute value keeps (see the module doc).
 pub const MAX_ATTRIBUTE_VALUE_BYTES: usize = 16_384;
+
+/// The most levels one attribute value keeps (see the module doc). The deepest place a value
+/// sits in a span's stored attrs is level 5 (attrs, `otel.links`, a link, its `attributes`,
+/// the value), so values of this depth keep the attrs within [`MAX_JSON_DEPTH`].
+pub const MAX_ATTRIBUTE_VALUE_DEPTH: usize = MAX_JSON_DEPTH - 4;
 
 /// `attributes` as one JSON object, keys as given, every value capped at `max_bytes`.
 pub(crate) fn attributes_to_json(attributes: &[KeyValue], max_bytes: usize) -> JsonObject {
@@ -58,10 +71,10 @@ fn any_value_into_json(value: Option<AnyValue>, max_bytes: usize) -> Value {
     match converted {
         Value::Array(_) | Value::Object(_) => {
             let text = converted.to_string();
-            if text.len() <= max_bytes {
+            if text.len() <= max_bytes && nesting_depth(&converted) <= MAX_ATTRIBUTE_VALUE_DEPTH {
                 converted
             } else {
-                Value::String(marked_prefix(&text, max_bytes))
+                Value::String(capped_owned(text, max_bytes))
             }
         }
         other => other,
@@ -221,6 +234,32 @@ mod tests {
             any_value_to_json(Some(&string(&exact)), MAX_ATTRIBUTE_VALUE_BYTES),
             Value::String(exact)
         );
+    }
+
+    #[test]
+    fn a_value_nested_past_the_depth_limit_becomes_its_json_text() {
+        fn nested(levels: usize) -> AnyValue {
+            let mut value = string("leaf");
+            for _ in 0..levels {
+                value = array(vec![value]);
+            }
+            value
+        }
+        let kept = any_value_to_json(Some(&nested(MAX_ATTRIBUTE_VALUE_DEPTH)), 16_384);
+        assert_eq!(nesting_depth(&kept), MAX_ATTRIBUTE_VALUE_DEPTH);
+        let deep = nested(MAX_ATTRIBUTE_VALUE_DEPTH + 1);
+        let text = any_value_to_json(Some(&deep), 16_384);
+        let expected = format!(
+            "{}\"leaf\"{}",
+            "[".repeat(MAX_ATTRIBUTE_VALUE_DEPTH + 1),
+            "]".repeat(MAX_ATTRIBUTE_VALUE_DEPTH + 1)
+        );
+        assert_eq!(text, Value::String(expected));
+        // Deep and long: the marked prefix, as for any long value.
+        let Value::String(cut) = any_value_to_json(Some(&nested(90)), 40) else {
+            panic!("not a string");
+        };
+        assert!(cut.ends_with(TRUNCATION_MARKER), "{cut}");
     }
 
     #[test]

@@ -122,7 +122,12 @@ pub(crate) fn payload_too_large_error(limit: usize) -> ApiError {
 /// Parse a JSON body, naming the path of the first offending value. The common case, a valid
 /// body, is parsed without path tracking; only a body that fails is parsed again with it, for
 /// the message.
+///
+/// Every body of the contract is a JSON object; any other JSON value is refused before serde
+/// sees it, because a derived `Deserialize` would read a struct from an array of its fields in
+/// declaration order (`[1125899906842624, 1]` as prune options).
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    require_json_object(bytes)?;
     if let Ok(value) = serde_json::from_slice(bytes) {
         return Ok(value);
     }
@@ -133,6 +138,32 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
         .end()
         .map_err(|err| ApiError::invalid(format!("invalid JSON body: {err}")))?;
     Ok(value)
+}
+
+/// Refuse a body whose JSON text is a value other than an object (see [`parse_json`]).
+pub(crate) fn require_json_object(bytes: &[u8]) -> Result<(), ApiError> {
+    match non_object_json(bytes) {
+        Some(found) => Err(ApiError::invalid(format!(
+            "invalid JSON body: expected a JSON object, got {found}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// What the body's JSON text starts, when that is a JSON value other than an object. Text that
+/// starts like no JSON value at all is left to the parser, whose message says where it fails.
+fn non_object_json(bytes: &[u8]) -> Option<&'static str> {
+    let first = bytes
+        .iter()
+        .find(|byte| !matches!(byte, b' ' | b'\t' | b'\n' | b'\r'))?;
+    match first {
+        b'[' => Some("an array"),
+        b'"' => Some("a string"),
+        b'-' | b'0'..=b'9' => Some("a number"),
+        b't' | b'f' => Some("a boolean"),
+        b'n' => Some("null"),
+        _ => None,
+    }
 }
 
 /// The query string parsed as `T`; unknown parameters are ignored.
@@ -267,5 +298,38 @@ mod tests {
         );
         assert!(parse_json::<Body>(br#"{"at": 1} x"#).is_err());
         assert!(parse_json::<Body>(br#"{"at": 1}  "#).is_ok());
+    }
+
+    #[test]
+    fn only_an_object_is_a_body() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Body {
+            at: i64,
+            reason: String,
+        }
+        assert!(parse_json::<Body>(br#" {"at": 1, "reason": "r"}"#).is_ok());
+        // serde alone would read this one as `{"at": 1, "reason": "r"}`.
+        for (text, found) in [
+            (&br#"[1, "r"]"#[..], "an array"),
+            (b"\n\t 7", "a number"),
+            (b"-1", "a number"),
+            (br#""x""#, "a string"),
+            (b"true", "a boolean"),
+            (b"null", "null"),
+        ] {
+            let err = parse_json::<Body>(text).err().map(|e| e.to_string());
+            assert_eq!(
+                err.as_deref(),
+                Some(format!("invalid JSON body: expected a JSON object, got {found}").as_str()),
+                "{}",
+                String::from_utf8_lossy(text)
+            );
+        }
+        // Not JSON at all, or nothing: the parser's own message.
+        for text in [&b"x"[..], b"", b"   "] {
+            let err = parse_json::<Body>(text).err().map(|e| e.to_string());
+            assert!(err.is_some_and(|e| !e.contains("expected a JSON object")));
+        }
     }
 }

@@ -369,7 +369,11 @@ pub struct EndSpanInput {
     /// Defaults to the store's clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "object_or_null"
+    )]
     pub usage: Option<SpanUsage>,
     /// Merged shallowly over the stored attrs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -387,10 +391,54 @@ pub struct SpanPatch {
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub attrs: Option<JsonObject>,
     /// Each present field replaces the stored one; absent fields keep theirs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "object_or_null"
+    )]
     pub usage: Option<SpanUsage>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_until: Option<i64>,
+}
+
+/// An optional nested struct read only from a JSON object (or `null`). A derived `Deserialize`
+/// also reads a struct from an array of its fields in declaration order, which a JSON API must
+/// not: `"usage": [10, 20]` is a wrong type, not two token counts.
+fn object_or_null<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct ObjectOrNull<T>(std::marker::PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for ObjectOrNull<T> {
+        type Value = Option<T>;
+
+        fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            formatter.write_str("a JSON object or null")
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D2: serde::Deserializer<'de>>(
+            self,
+            deserializer: D2,
+        ) -> Result<Option<T>, D2::Error> {
+            deserializer.deserialize_map(self)
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Option<T>, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Some)
+        }
+    }
+
+    deserializer.deserialize_option(ObjectOrNull(std::marker::PhantomData))
 }
 
 /// Options of `prune`.
@@ -425,6 +473,30 @@ pub struct PruneResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_is_read_from_an_object_or_null_and_never_from_an_array() {
+        let patch: SpanPatch =
+            serde_json::from_str(r#"{"usage": {"inputTokens": 10}}"#).expect("an object");
+        assert_eq!(patch.usage.and_then(|usage| usage.input_tokens), Some(10));
+        for text in [r#"{"usage": null}"#, "{}"] {
+            let patch: SpanPatch = serde_json::from_str(text).expect("null or absent");
+            assert_eq!(patch.usage, None, "{text}");
+        }
+        for text in [
+            r#"{"usage": [10, 20]}"#,
+            r#"{"usage": "x"}"#,
+            r#"{"usage": {"tokens": 1}}"#,
+        ] {
+            assert!(serde_json::from_str::<SpanPatch>(text).is_err(), "{text}");
+        }
+        // The same through a `Value` (how a batch op's fields are read when they fail fast).
+        let end = serde_json::json!({"outcome": "success", "usage": [10]});
+        assert!(serde_json::from_value::<EndSpanInput>(end).is_err());
+        let end = serde_json::json!({"outcome": "success", "usage": {"outputTokens": 3}});
+        let end: EndSpanInput = serde_json::from_value(end).expect("an object");
+        assert_eq!(end.usage.and_then(|usage| usage.output_tokens), Some(3));
+    }
 
     #[test]
     fn unknown_stored_kind_is_kept_not_rejected() {

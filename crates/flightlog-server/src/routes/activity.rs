@@ -10,9 +10,11 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use flightlog_core::activity::{
-    ActivityChange, ActivityStore, EndSpanInput, RunRollupRow, RunSnapshot, SpanEventRow,
-    SpanOutcome, SpanPatch, SpanRow, StartSpanInput, TerminalRootChange, DEFAULT_CHANGES_LIMIT,
+    ActivityChange, ActivityStore, EndSpanInput, JsonObject, RunRollupRow, RunSnapshot,
+    SpanEventRow, SpanOutcome, SpanPatch, SpanRow, StartSpanInput, TerminalRootChange,
+    DEFAULT_CHANGES_LIMIT,
 };
+use flightlog_core::json_depth::{too_deep_path, too_deep_path_in_object, MAX_JSON_DEPTH};
 use serde::Deserialize;
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
@@ -51,8 +53,9 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
 pub(crate) struct AppendEventBody {
     /// What happened; free text.
     pub(crate) event_type: String,
-    /// Any JSON; absent and `null` both store `null`. Stored payloads are capped at 16,384 bytes
-    /// (a longer one is stored as a truncated string and the event marked `truncated`).
+    /// Any JSON, at most 64 levels deep; absent and `null` both store `null`. Stored payloads
+    /// are capped at 16,384 bytes (a longer one is stored as a truncated string and the event
+    /// marked `truncated`).
     #[serde(default)]
     #[schema(value_type = Value)]
     pub(crate) payload: Option<Value>,
@@ -120,7 +123,49 @@ pub(crate) fn check_start_span(input: &StartSpanInput) -> Result<(), ApiError> {
     check_id("spanId", &input.span_id)?;
     check_id("runId", &input.run_id)?;
     check_reference("parentSpanId", input.parent_span_id.as_deref())?;
-    check_optional_time("startedAt", input.started_at)
+    check_optional_time("startedAt", input.started_at)?;
+    check_attrs_depth(input.attrs.as_ref())
+}
+
+/// The checks of `endSpan` beyond its body's types.
+pub(crate) fn check_end_span(input: &EndSpanInput) -> Result<(), ApiError> {
+    check_optional_time("endedAt", input.ended_at)?;
+    check_attrs_depth(input.attrs.as_ref())
+}
+
+/// The checks of `patchSpan` beyond its body's types.
+pub(crate) fn check_patch_span(patch: &SpanPatch) -> Result<(), ApiError> {
+    check_optional_time("waitUntil", patch.wait_until)?;
+    check_attrs_depth(patch.attrs.as_ref())
+}
+
+/// The checks of `appendEvent` beyond its body's types.
+pub(crate) fn check_append_event(body: &AppendEventBody) -> Result<(), ApiError> {
+    check_optional_time("ts", body.ts)?;
+    check_depth(
+        body.payload
+            .as_ref()
+            .and_then(|payload| too_deep_path("payload", payload)),
+    )
+}
+
+/// The checks of `heartbeat` beyond its body's types.
+pub(crate) fn check_heartbeat(body: &HeartbeatBody) -> Result<(), ApiError> {
+    check_optional_time("at", body.at)
+}
+
+fn check_attrs_depth(attrs: Option<&JsonObject>) -> Result<(), ApiError> {
+    check_depth(attrs.and_then(|attrs| too_deep_path_in_object("attrs", attrs)))
+}
+
+/// A stored value nests at most [`MAX_JSON_DEPTH`] levels (see `flightlog_core::json_depth`).
+fn check_depth(too_deep: Option<String>) -> Result<(), ApiError> {
+    match too_deep {
+        Some(path) => Err(ApiError::invalid(format!(
+            "{path} nests deeper than {MAX_JSON_DEPTH} levels"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// `startSpan`: the new span.
@@ -138,7 +183,7 @@ pub(crate) async fn op_end_span(
     span_id: &str,
     input: EndSpanInput,
 ) -> Result<Ended, ApiError> {
-    check_optional_time("endedAt", input.ended_at)?;
+    check_end_span(&input)?;
     let ended = store.end_span(span_id, input).await?;
     Ok(Ended { ended })
 }
@@ -149,7 +194,7 @@ pub(crate) async fn op_patch_span(
     span_id: &str,
     patch: SpanPatch,
 ) -> Result<Patched, ApiError> {
-    check_optional_time("waitUntil", patch.wait_until)?;
+    check_patch_span(&patch)?;
     let patched = store.patch_span(span_id, patch).await?;
     Ok(Patched { patched })
 }
@@ -160,7 +205,7 @@ pub(crate) async fn op_append_event(
     span_id: &str,
     body: AppendEventBody,
 ) -> Result<SpanEventRow, ApiError> {
-    check_optional_time("ts", body.ts)?;
+    check_append_event(&body)?;
     store
         .append_event(span_id, &body.event_type, body.payload.as_ref(), body.ts)
         .await?
@@ -173,7 +218,7 @@ pub(crate) async fn op_heartbeat(
     span_id: &str,
     body: HeartbeatBody,
 ) -> Result<(), ApiError> {
-    check_optional_time("at", body.at)?;
+    check_heartbeat(&body)?;
     Ok(store.heartbeat(span_id, body.at).await?)
 }
 

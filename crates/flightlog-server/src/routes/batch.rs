@@ -28,13 +28,16 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::activity::{check_start_span, unknown_span, AppendEventBody, HeartbeatBody};
+use super::activity::{
+    check_append_event, check_end_span, check_heartbeat, check_patch_span, check_start_span,
+    unknown_span, AppendEventBody, HeartbeatBody,
+};
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{json_body_bytes, parse_json, WriterStore};
+use crate::extract::{json_body_bytes, parse_json, require_json_object, WriterStore};
 use crate::openapi::tags;
 use crate::skip_keys::SkipKeys;
 use crate::state::AppState;
-use crate::validate::{check_id, check_optional_time};
+use crate::validate::check_id;
 use crate::wire::{Ended, Patched};
 
 /// The routes of this module, each registered from its `#[utoipa::path]` annotation.
@@ -48,7 +51,50 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
 struct BatchBody {
     /// The ops, run in order; each is atomic on its own.
     #[schema(value_type = Vec<BatchOp>)]
-    ops: Vec<Map<String, Value>>,
+    ops: Vec<OpMembers>,
+}
+
+/// One op's members as a map, and the first member name it repeats, if any: the single
+/// endpoints' typed bodies refuse a repeated field, so an op that repeats one is refused too
+/// (a plain map would keep the last value and run the op).
+#[derive(Debug)]
+struct OpMembers {
+    members: Map<String, Value>,
+    repeated: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for OpMembers {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MembersVisitor;
+
+        impl<'de> serde::de::Visitor<'de> for MembersVisitor {
+            type Value = OpMembers;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                formatter.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<OpMembers, A::Error> {
+                let mut op = OpMembers {
+                    members: Map::new(),
+                    repeated: None,
+                };
+                while let Some((name, value)) = map.next_entry::<String, Value>()? {
+                    if op.members.contains_key(&name) {
+                        op.repeated.get_or_insert(name);
+                    } else {
+                        op.members.insert(name, value);
+                    }
+                }
+                Ok(op)
+            }
+        }
+
+        deserializer.deserialize_map(MembersVisitor)
+    }
 }
 
 /// One op of a batch as the OpenAPI document describes it: `op` names the operation, `spanId`
@@ -208,6 +254,8 @@ struct RawBatchBody<'a> {
 /// original way, through a `serde_json` map ([`MapOp`]), so every answer, error messages
 /// included, is exactly what that way gives.
 fn parse_ops(bytes: &[u8], max: usize) -> Result<Vec<Result<ActivityWrite, ApiError>>, ApiError> {
+    // Before the fast path too: it would read `[[op, …]]` as `{"ops": [op, …]}`.
+    require_json_object(bytes)?;
     let fast = serde_json::from_slice::<RawBatchBody<'_>>(bytes)
         .ok()
         .filter(|body| body.ops.iter().all(|op| op.get().starts_with('{')));
@@ -245,7 +293,7 @@ fn check_op_count(ops: usize, max: usize) -> Result<(), ApiError> {
 
 /// An op the fast path could not take, read the original way for its exact answer.
 fn reparse_op(index: usize, raw: &RawValue) -> Result<ActivityWrite, ApiError> {
-    let op: Map<String, Value> = serde_json::from_str(raw.get())
+    let op: OpMembers = serde_json::from_str(raw.get())
         .map_err(|err| ApiError::invalid(format!("ops[{index}]: {err}")))?;
     parse_op(index, MapOp(op))
 }
@@ -262,11 +310,16 @@ trait OpSource {
 }
 
 /// An op read as a `serde_json` map: the reference way, with the error messages of the API.
-struct MapOp(Map<String, Value>);
+struct MapOp(OpMembers);
 
 impl OpSource for MapOp {
     fn name(&mut self, index: usize) -> Result<String, ApiError> {
-        match self.0.remove("op") {
+        if let Some(name) = &self.0.repeated {
+            return Err(ApiError::invalid(format!(
+                "ops[{index}]: duplicate field `{name}`"
+            )));
+        }
+        match self.0.members.remove("op") {
             Some(Value::String(name)) => Ok(name),
             _ => Err(ApiError::invalid(format!(
                 "ops[{index}].op must be one of startSpan, endSpan, patchSpan, appendEvent, \
@@ -276,7 +329,7 @@ impl OpSource for MapOp {
     }
 
     fn span_id(&mut self, index: usize) -> Result<String, ApiError> {
-        match self.0.remove("spanId") {
+        match self.0.members.remove("spanId") {
             Some(Value::String(span_id)) => {
                 check_id(&format!("ops[{index}].spanId"), &span_id)?;
                 Ok(span_id)
@@ -289,7 +342,7 @@ impl OpSource for MapOp {
 
     fn fields<T: DeserializeOwned>(self, index: usize, _with_span_id: bool) -> Result<T, ApiError> {
         // `spanId` is already taken out when it is not part of the body.
-        serde_path_to_error::deserialize(Value::Object(self.0))
+        serde_path_to_error::deserialize(Value::Object(self.0.members))
             .map_err(|err| ApiError::invalid(format!("ops[{index}]: {err}")))
     }
 }
@@ -355,19 +408,19 @@ fn parse_op(index: usize, mut op: impl OpSource) -> Result<ActivityWrite, ApiErr
         "endSpan" => {
             let span_id = op.span_id(index)?;
             let input: EndSpanInput = op.fields(index, false)?;
-            check_optional_time("endedAt", input.ended_at)?;
+            check_end_span(&input)?;
             Ok(ActivityWrite::EndSpan { span_id, input })
         }
         "patchSpan" => {
             let span_id = op.span_id(index)?;
             let patch: SpanPatch = op.fields(index, false)?;
-            check_optional_time("waitUntil", patch.wait_until)?;
+            check_patch_span(&patch)?;
             Ok(ActivityWrite::PatchSpan { span_id, patch })
         }
         "appendEvent" => {
             let span_id = op.span_id(index)?;
             let body: AppendEventBody = op.fields(index, false)?;
-            check_optional_time("ts", body.ts)?;
+            check_append_event(&body)?;
             Ok(ActivityWrite::AppendEvent {
                 span_id,
                 event_type: body.event_type,
@@ -378,7 +431,7 @@ fn parse_op(index: usize, mut op: impl OpSource) -> Result<ActivityWrite, ApiErr
         "heartbeat" => {
             let span_id = op.span_id(index)?;
             let body: HeartbeatBody = op.fields(index, false)?;
-            check_optional_time("at", body.at)?;
+            check_heartbeat(&body)?;
             Ok(ActivityWrite::Heartbeat {
                 span_id,
                 at: body.at,
@@ -432,7 +485,7 @@ mod tests {
             r#"{"op": "fly", "spanId": "s1"}"#,
             r#"{"op": 3}"#,
             r#"{}"#,
-            // Repeated members: the map keeps the last one.
+            // Repeated members: refused, as the single endpoints' typed bodies refuse them.
             r#"{"op": "heartbeat", "op": "endSpan", "spanId": "s1", "outcome": "success"}"#,
             r#"{"op": "endSpan", "spanId": "s0", "spanId": "s1", "outcome": "error", "outcome": "success"}"#,
         ];

@@ -401,7 +401,8 @@ async fn journal_stream(
     ApiQuery(query): ApiQuery<FromSeqQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
     let next_seq = match (last_event_id(&headers)?, query.from_seq) {
-        (Some(id), _) => id + 1,
+        // The seq after the last one seen; `i64::MAX` has no successor, and nothing follows it.
+        (Some(id), _) => id.saturating_add(1),
         (None, Some(from)) if from >= 0 => from,
         (None, Some(_)) => return Err(ApiError::invalid("fromSeq must be a non-negative integer")),
         (None, None) => 0,
