@@ -4,12 +4,14 @@
 //! streams under load (`streams`), bearer-token auth on every route (`auth`), and the write
 //! limit's `503` under overload (`overload`), the generated OpenAPI document (`openapi`) and the
 //! Prometheus metrics (`metrics`), and real OpenTelemetry SDK clients (Python http/protobuf and
-//! gRPC, JavaScript OTLP/JSON) exporting to it (`otlp_clients`). One test binary, so the suite
-//! links once.
+//! gRPC, JavaScript OTLP/JSON) exporting to it (`otlp_clients`), and a seeded fuzz of every
+//! endpoint with malformed input that must get contract errors and lose nothing (`fuzz`). One
+//! test binary, so the suite links once.
 
 mod auth;
 mod conformance;
 mod endpoints;
+mod fuzz;
 mod metrics;
 mod openapi;
 mod otlp;

@@ -298,6 +298,41 @@ async fn hostile_bodies_get_their_status_and_the_server_keeps_serving() {
     let event = &snapshot["events"][0];
     assert_eq!(event["truncated"], true);
 
+    // An attribute value nested as deep as OTLP/protobuf can carry (prost decodes 100 message
+    // levels, three per kvlist level) is stored as it is, and every read that includes it stays
+    // parseable; deeper values are refused by the decoder (and past 60 levels the mapping would
+    // store them as their JSON text: `flightlog-otlp`'s attributes tests).
+    let mut deep = any_value::Value::StringValue("leaf".into());
+    for _ in 0..30 {
+        deep =
+            any_value::Value::KvlistValue(opentelemetry_proto::tonic::common::v1::KeyValueList {
+                values: vec![attr("k", deep)],
+            });
+    }
+    let mut span = otlp_span(10, 1, 1_000, vec![attr("deep", deep.clone())]);
+    span.events = vec![span::Event {
+        time_unix_nano: 1_020_000_000,
+        name: "deep".into(),
+        attributes: vec![attr("deep", deep)],
+        ..span::Event::default()
+    }];
+    export(&server, vec![span]).await;
+    let (status, stored) = get_json(&server, &format!("/v1/activity/spans/{}", hex(10))).await;
+    assert_eq!(status, 200, "{stored}");
+    let mut value = &stored["attrs"]["deep"];
+    for _ in 0..30 {
+        value = &value["k"];
+    }
+    assert_eq!(value, "leaf", "{stored}");
+    for path in [
+        format!("/v1/activity/runs/{TRACE_HEX}/snapshot"),
+        "/v1/activity/changes?after=0".to_owned(),
+    ] {
+        let (status, read) = get_json(&server, &path).await;
+        assert_eq!(status, 200, "{path}");
+        assert_ne!(read, Value::Null, "{path}: not parseable");
+    }
+
     // Still serving.
     let (status, _) = get_json(&server, "/healthz").await;
     assert_eq!(status, 200);
