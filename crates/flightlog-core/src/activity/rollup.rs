@@ -97,7 +97,9 @@ pub fn compute_rollup(spans_by_start: &[RollupSpan]) -> Option<RollupFields> {
         started_at: root.started_at,
         ended_at: root.ended_at,
         outcome: root.outcome.clone(),
-        duration_ms: root.ended_at.map(|ended| ended - root.started_at),
+        duration_ms: root
+            .ended_at
+            .map(|ended| ended.saturating_sub(root.started_at)),
         span_count: i64::try_from(spans_by_start.len()).unwrap_or(i64::MAX),
         input_tokens: usage.input_tokens,
         output_tokens: usage.output_tokens,
