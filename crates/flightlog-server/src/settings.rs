@@ -40,6 +40,47 @@ pub struct Setting {
     pub env: &'static str,
     /// The config-file key, dotted for a nested table (`journal.max_events`).
     pub key: &'static str,
+    /// The TOML type the config file must give it.
+    pub toml: TomlType,
+}
+
+/// The TOML type a setting takes in the config file. Flags and variables are text; the file is
+/// typed, and a value of another type is refused rather than read as its text (`db = true`
+/// would otherwise name a database file called `true`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TomlType {
+    /// A string: `db = "agents.db"`.
+    String,
+    /// An integer: `max_inflight_writes = 4096`.
+    Integer,
+    /// A string or an integer: `body_limit = "8MiB"` or `body_limit = 8388608`.
+    StringOrInteger,
+    /// A boolean: `allow_unauthenticated_non_loopback = true`.
+    Boolean,
+    /// The array of token tables (checked by its own parser).
+    Tokens,
+}
+
+impl TomlType {
+    fn accepts(self, value: &Value) -> bool {
+        match self {
+            TomlType::String => value.is_str(),
+            TomlType::Integer => value.is_integer(),
+            TomlType::StringOrInteger => value.is_str() || value.is_integer(),
+            TomlType::Boolean => value.is_bool(),
+            TomlType::Tokens => true,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            TomlType::String => "a TOML string (in double quotes)",
+            TomlType::Integer => "a TOML integer (no quotes, no decimal point)",
+            TomlType::StringOrInteger => "a TOML string (in double quotes) or integer",
+            TomlType::Boolean => "a TOML boolean (true or false, no quotes)",
+            TomlType::Tokens => "an array of token tables",
+        }
+    }
 }
 
 /// The SQLite database file.
@@ -47,60 +88,70 @@ pub const DB: Setting = Setting {
     flag: "--db",
     env: "FLIGHTLOG_DB",
     key: "db",
+    toml: TomlType::String,
 };
 /// The listening address.
 pub const ADDR: Setting = Setting {
     flag: "--addr",
     env: "FLIGHTLOG_ADDR",
     key: "addr",
+    toml: TomlType::String,
 };
 /// The OTLP/gRPC listening address, or `off`.
 pub const GRPC_ADDR: Setting = Setting {
     flag: "--grpc-addr",
     env: "FLIGHTLOG_GRPC_ADDR",
     key: "grpc_addr",
+    toml: TomlType::String,
 };
 /// `normal` or `full`.
 pub const DURABILITY: Setting = Setting {
     flag: "--durability",
     env: "FLIGHTLOG_DURABILITY",
     key: "durability",
+    toml: TomlType::String,
 };
 /// The largest request body.
 pub const BODY_LIMIT: Setting = Setting {
     flag: "--body-limit",
     env: "FLIGHTLOG_BODY_LIMIT",
     key: "body_limit",
+    toml: TomlType::StringOrInteger,
 };
 /// The write limit.
 pub const MAX_INFLIGHT_WRITES: Setting = Setting {
     flag: "--max-inflight-writes",
     env: "FLIGHTLOG_MAX_INFLIGHT_WRITES",
     key: "max_inflight_writes",
+    toml: TomlType::Integer,
 };
 /// The journal's events per engagement.
 pub const JOURNAL_MAX_EVENTS: Setting = Setting {
     flag: "--journal-max-events",
     env: "FLIGHTLOG_JOURNAL_MAX_EVENTS",
     key: "journal.max_events",
+    toml: TomlType::Integer,
 };
 /// The journal's retention age.
 pub const JOURNAL_MAX_AGE_MS: Setting = Setting {
     flag: "--journal-max-age-ms",
     env: "FLIGHTLOG_JOURNAL_MAX_AGE_MS",
     key: "journal.max_age_ms",
+    toml: TomlType::Integer,
 };
 /// The tokens (a list; see the module docs).
 pub const TOKENS: Setting = Setting {
     flag: "--token",
     env: "FLIGHTLOG_TOKENS",
     key: "tokens",
+    toml: TomlType::Tokens,
 };
 /// The deliberate opt-out of [`check_exposure`].
 pub const ALLOW_UNAUTHENTICATED_NON_LOOPBACK: Setting = Setting {
     flag: "--allow-unauthenticated-non-loopback",
     env: "FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBACK",
     key: "allow_unauthenticated_non_loopback",
+    toml: TomlType::Boolean,
 };
 
 /// Every setting the config file may hold.
@@ -601,6 +652,13 @@ impl<'a> Layers<'a> {
         let Some((value, origin)) = self.file.and_then(|file| file.get(setting)) else {
             return Ok(None);
         };
+        if !setting.toml.accepts(value) {
+            return Err(invalid(
+                &origin,
+                &format!("<{}>", value.type_str()),
+                &format!("give {}", setting.toml.describe()),
+            ));
+        }
         match scalar_text(value) {
             Some(text) => Ok(Some((text, origin))),
             None => Err(invalid(

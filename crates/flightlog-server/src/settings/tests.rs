@@ -316,11 +316,32 @@ fn bad_values_name_the_setting_where_it_was_given_and_the_fix() {
         ),
         (
             Input::File("[journal]\nmax_events = \"lots\""),
+            &["`journal.max_events` in", "<string>", "TOML integer"],
+        ),
+        (
+            Input::File("[journal]\nmax_events = 0"),
             &["`journal.max_events` in", "whole number"],
         ),
         (
             Input::File("body_limit = [1]"),
-            &["`body_limit` in", "single value"],
+            &["`body_limit` in", "<array>", "TOML string"],
+        ),
+        // The file is typed: a value of another type is not read as its text.
+        (
+            Input::File("db = true"),
+            &["`db` in", "<boolean>", "TOML string"],
+        ),
+        (
+            Input::File("max_inflight_writes = 4096.0"),
+            &["`max_inflight_writes` in", "<float>", "TOML integer"],
+        ),
+        (
+            Input::File("max_inflight_writes = \"4096\""),
+            &["`max_inflight_writes` in", "<string>", "TOML integer"],
+        ),
+        (
+            Input::File("allow_unauthenticated_non_loopback = 1"),
+            &["`allow_unauthenticated_non_loopback` in", "TOML boolean"],
         ),
         (
             Input::File("bodylimit = 5"),
@@ -462,4 +483,20 @@ fn the_flags_debug_output_hides_the_tokens() {
         !debug.contains("hunter2") && debug.contains("1 redacted"),
         "{debug}"
     );
+}
+
+#[test]
+fn each_file_setting_takes_its_toml_type() {
+    let settings = resolve_input(Input::File(
+        "db = \"a.db\"\nbody_limit = 2048\nmax_inflight_writes = 7\n\
+         allow_unauthenticated_non_loopback = true\n[journal]\nmax_events = 9\nmax_age_ms = 60000",
+    ))
+    .expect("every value of its type");
+    assert_eq!(settings.server.body_limit, 2048);
+    assert_eq!(settings.server.max_inflight_writes, 7);
+    assert!(settings.allow_unauthenticated_non_loopback);
+    assert_eq!(settings.retention.max_events_per_engagement, 9);
+    assert_eq!(settings.retention.max_age_ms, 60_000);
+    let settings = resolve_input(Input::File("body_limit = \"2KiB\"")).expect("a size text");
+    assert_eq!(settings.server.body_limit, 2048);
 }
