@@ -418,6 +418,32 @@ fn wal_path_of(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// Why the database at `path` cannot be opened, in words that say what to do.
+fn cannot_open(path: &Path, err: &rusqlite::Error) -> StoreError {
+    if path.is_dir() {
+        return StoreError::Backend(format!(
+            "{} is a directory: give the path of a database file, such as {}",
+            path.display(),
+            path.join("flightlog.db").display()
+        ));
+    }
+    let missing_folder = path
+        .parent()
+        .filter(|folder| !folder.as_os_str().is_empty() && !folder.exists());
+    if let Some(folder) = missing_folder {
+        return StoreError::Backend(format!(
+            "the folder {} does not exist: create it, or give a database path in an existing \
+             folder",
+            folder.display()
+        ));
+    }
+    StoreError::Backend(format!(
+        "cannot open {}: {err} (the file and its folder must be readable and writable: SQLite \
+         keeps a -wal and a -shm file beside the database)",
+        path.display()
+    ))
+}
+
 /// How much of the database file a reader maps into memory.
 const READER_MMAP_BYTES: i64 = 1 << 30;
 
@@ -453,7 +479,16 @@ impl SqliteDatabase {
                 | OpenFlags::SQLITE_OPEN_NO_MUTEX,
             vfs,
         )
-        .map_err(backend)?;
+        .map_err(|err| cannot_open(&config.path, &err))?;
+        // SQLite opens a file it may not write read-only, without a word; every write would
+        // then fail (an HTTP 500 for each).
+        if conn.is_readonly(rusqlite::MAIN_DB).map_err(backend)? {
+            return Err(StoreError::Backend(format!(
+                "{} is read-only: flightlog writes to its database; make it writable (chmod u+w) \
+                 or choose another file",
+                config.path.display()
+            )));
+        }
         apply_common_pragmas(&conn, config.busy_timeout)?;
         let mode: String = conn
             .query_row("PRAGMA journal_mode=WAL", [], |row| row.get(0))

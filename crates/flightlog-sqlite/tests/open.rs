@@ -71,6 +71,31 @@ async fn a_newer_schema_is_refused_naming_both_versions() {
     assert!(message.contains(&SCHEMA_VERSION.to_string()), "{message}");
 }
 
+#[test]
+fn paths_that_cannot_be_a_database_say_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let refusal = |path: &std::path::Path| match SqliteDatabase::open(SqliteConfig::new(path)) {
+        Ok(_) => panic!("{} opened", path.display()),
+        Err(err) => err.to_string(),
+    };
+    let message = refusal(dir.path());
+    assert!(message.contains("is a directory"), "{message}");
+    assert!(message.contains("flightlog.db"), "{message}");
+    let message = refusal(&dir.path().join("no/such/folder/a.db"));
+    assert!(message.contains("does not exist"), "{message}");
+    assert!(message.contains("no/such/folder"), "{message}");
+    // A file the process may not write (meaningless for root, which writes anyway).
+    let path = dir.path().join("read-only.db");
+    drop(SqliteDatabase::open(SqliteConfig::new(&path)).unwrap());
+    let mut permissions = std::fs::metadata(&path).unwrap().permissions();
+    permissions.set_readonly(true);
+    std::fs::set_permissions(&path, permissions).unwrap();
+    if std::fs::OpenOptions::new().write(true).open(&path).is_err() {
+        let message = refusal(&path);
+        assert!(message.contains("is read-only"), "{message}");
+    }
+}
+
 #[tokio::test]
 async fn full_durability_opens_and_writes() {
     let dir = tempfile::tempdir().unwrap();
