@@ -31,11 +31,12 @@ enum Command {
     /// Record a simulated multi-agent workload into a database file and show what was recorded.
     Demo {
         /// The SQLite database file (created if missing).
-        #[arg(long, env = "FLIGHTLOG_DB", default_value = "flightlog.db")]
-        db: PathBuf,
-        /// How many agent runs to simulate.
-        #[arg(long, default_value_t = 12)]
-        runs: usize,
+        /// [env: FLIGHTLOG_DB] [default: flightlog.db]
+        #[arg(long, value_name = "PATH", verbatim_doc_comment)]
+        db: Option<PathBuf>,
+        /// How many finished agent runs to simulate (0 to 100000).
+        #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+        runs: u32,
     },
     /// Serve the HTTP API (activity, journal, OTLP) and OTLP/gRPC on a database file until Ctrl-C.
     Serve(Box<ServeArgs>),
@@ -118,6 +119,22 @@ impl ServeArgs {
     }
 }
 
+/// The demo's database: `--db`, else `FLIGHTLOG_DB` unless it is empty (as `serve` reads it),
+/// else `flightlog.db`.
+fn demo_db(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    if let Some(path) = flag {
+        anyhow::ensure!(
+            !path.as_os_str().is_empty(),
+            "--db is empty: give the path of the database file"
+        );
+        return Ok(path);
+    }
+    match std::env::var_os(flightlog_server::settings::DB.env) {
+        Some(path) if !path.is_empty() => Ok(PathBuf::from(path)),
+        _ => Ok(PathBuf::from(flightlog_server::settings::DEFAULT_DB)),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -132,7 +149,10 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Demo { db, runs } => demo::run(&db, runs).await,
+            Command::Demo { db, runs } => match demo_db(db) {
+                Ok(db) => demo::run(&db, runs as usize).await,
+                Err(err) => Err(err),
+            },
             Command::Serve(args) => {
                 let (flags, manual_clock) = args.into_flags();
                 serve::run(&flags, manual_clock).await

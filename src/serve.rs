@@ -2,8 +2,11 @@
 //! an unauthenticated non-loopback address, open the database, sweep the orphans a previous life
 //! left open, and serve the HTTP API (and the OTLP/gRPC listener) until Ctrl-C.
 //!
-//! Boot order matters: the orphan sweep runs before the listener is bound, so no client can start
-//! a `session` span that the sweep would then wrongly close as "server restarted".
+//! Boot order matters. Everything that can refuse the start (settings, addresses, binding the
+//! listeners) comes before the database is opened, so a refused start changes nothing stored.
+//! The orphan sweep then runs before the first request is served (connections wait in the
+//! listener's backlog meanwhile), so no client can start a `session` span that the sweep would
+//! then wrongly close as "server restarted".
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -19,6 +22,12 @@ use flightlog_sqlite::{
     SqliteActivityStore, SqliteConfig, SqliteDatabase, SqliteEngagementJournal,
 };
 
+/// Where the listening address can be set, for error messages.
+const ADDR_SOURCES: &str = "--addr, FLIGHTLOG_ADDR or `addr` in the config file";
+/// Where the OTLP/gRPC address can be set, for error messages.
+const GRPC_ADDR_SOURCES: &str =
+    "--grpc-addr, FLIGHTLOG_GRPC_ADDR or `grpc_addr` in the config file";
+
 /// Run the server until Ctrl-C, then shut down gracefully. `flags` are the command line's
 /// settings; the rest come from `FLIGHTLOG_*` variables and the config file.
 pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
@@ -26,7 +35,14 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     let settings = settings::resolve(flags, &flightlog_environment()?)?;
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(settings.addr.as_str())
         .await
-        .with_context(|| format!("cannot resolve the address {}", settings.addr))?
+        .with_context(|| {
+            format!(
+                "cannot resolve {}, the address to listen on ({ADDR_SOURCES}): give HOST:PORT \
+                 with an IP address, such as 127.0.0.1:4318, or a host name this machine \
+                 resolves",
+                settings.addr
+            )
+        })?
         .collect();
     settings::check_exposure(
         &addrs,
@@ -38,7 +54,13 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
         Some(grpc_addr) => {
             let grpc_addrs: Vec<SocketAddr> = tokio::net::lookup_host(grpc_addr.as_str())
                 .await
-                .with_context(|| format!("cannot resolve the gRPC address {grpc_addr}"))?
+                .with_context(|| {
+                    format!(
+                        "cannot resolve {grpc_addr}, the OTLP/gRPC address \
+                         ({GRPC_ADDR_SOURCES}): give HOST:PORT with an IP address, such as \
+                         127.0.0.1:4317, a host name this machine resolves, or `off`"
+                    )
+                })?
                 .collect();
             settings::check_exposure(
                 &grpc_addrs,
@@ -49,13 +71,45 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
         }
     };
 
+    // Bound before the database is opened (see the module doc); nothing is served until the
+    // boot sweep is done.
+    let listener = tokio::net::TcpListener::bind(addrs.as_slice())
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {} ({ADDR_SOURCES}): choose a free port, or port 0 for any \
+                 free one",
+                settings.addr
+            )
+        })?;
+    let local = listener
+        .local_addr()
+        .context("cannot read the listening address")?;
+    let grpc_listener = match (&grpc_addrs, &settings.grpc_addr) {
+        (Some(grpc_addrs), Some(grpc_addr)) => Some(
+            tokio::net::TcpListener::bind(grpc_addrs.as_slice())
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot listen on {grpc_addr} for OTLP/gRPC ({GRPC_ADDR_SOURCES}): \
+                         choose a free port, or `off` to serve no gRPC listener"
+                    )
+                })?,
+        ),
+        _ => None,
+    };
+
     let mut sqlite = SqliteConfig::new(&settings.db);
     sqlite.durability = match settings.durability {
         Durability::Normal => flightlog_sqlite::Durability::Normal,
         Durability::Full => flightlog_sqlite::Durability::Full,
     };
-    let db = SqliteDatabase::open(sqlite)
-        .with_context(|| format!("cannot open the database {}", settings.db.display()))?;
+    let db = SqliteDatabase::open(sqlite).with_context(|| {
+        format!(
+            "cannot open the database {} (--db, FLIGHTLOG_DB or `db` in the config file)",
+            settings.db.display()
+        )
+    })?;
     let manual_clock = manual_clock.then(|| Arc::new(ManualClock::new(0)));
     let clock: Arc<dyn Clock> = match &manual_clock {
         Some(clock) => clock.clone(),
@@ -84,25 +138,6 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     if let Some(clock) = &manual_clock {
         state = state.with_manual_clock(Arc::clone(clock));
     }
-    let listener = tokio::net::TcpListener::bind(addrs.as_slice())
-        .await
-        .with_context(|| format!("cannot listen on {}", settings.addr))?;
-    let local = listener
-        .local_addr()
-        .context("cannot read the listening address")?;
-    let grpc_listener = match (&grpc_addrs, &settings.grpc_addr) {
-        (Some(grpc_addrs), Some(grpc_addr)) => Some(
-            tokio::net::TcpListener::bind(grpc_addrs.as_slice())
-                .await
-                .with_context(|| {
-                    format!(
-                        "cannot listen on {grpc_addr} for OTLP/gRPC (choose another with \
-                         --grpc-addr HOST:PORT, or --grpc-addr off)"
-                    )
-                })?,
-        ),
-        _ => None,
-    };
     println!(
         "flightlog: listening on http://{local} (database {}, writer {writer}{})",
         settings.db.display(),
