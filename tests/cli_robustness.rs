@@ -1,0 +1,1715 @@
+//! Bad command lines, settings and database files against the real `flightlog` binary.
+//!
+//! Why this file exists: the repository rule "bad input gets a clear error (a CLI message with
+//! the fix), never a panic, and never loses what was already stored" is about the binary as a
+//! user runs it, so these tests start `flightlog` itself as a child process (never the library
+//! functions behind it). Each case checks the exit status (or that `serve` refused before
+//! listening), that stderr holds no panic, that the message names the offending flag, variable,
+//! config key or file and says what would be valid, and, where a good database was named, that
+//! it is byte-for-byte unchanged or, after a start that failed late, still opens with all its
+//! runs. Every child gets a time limit, so a hang fails its case instead of the suite.
+//!
+//! Servers here only ever listen on 127.0.0.1 with port 0, with `--grpc-addr off` unless the
+//! gRPC address is what a case is about. The defects this file found are fixed; their minimal
+//! cases stay at the end of the file as regression tests.
+
+#![cfg(unix)]
+
+use std::ffi::OsStr;
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_flightlog");
+
+/// No case may take longer than this; a child still running then is killed and the case fails.
+const CASE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What `serve` prints once its listener is bound.
+const LISTENING: &str = "flightlog: listening on http://";
+
+/// The flags that keep a `serve` case on loopback and off the default gRPC port.
+const LOOPBACK: [&str; 4] = ["--addr", "127.0.0.1:0", "--grpc-addr", "off"];
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+// ---------------------------------------------------------------------------------------------
+
+/// A scratch folder, removed (after restoring write permission) when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "flightlog-cli-robustness-{}-{}-{name}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir_all(&path).expect("create the scratch folder");
+        Self(path)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+
+    fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        make_writable(&self.0);
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn make_writable(path: &Path) {
+    if let Ok(meta) = fs::symlink_metadata(path) {
+        if meta.is_dir() {
+            let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o755));
+            if let Ok(entries) = fs::read_dir(path) {
+                for entry in entries.flatten() {
+                    make_writable(&entry.path());
+                }
+            }
+        } else if meta.is_file() {
+            let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o644));
+        }
+    }
+}
+
+fn s(path: &Path) -> String {
+    path.to_str().expect("scratch paths are UTF-8").to_owned()
+}
+
+/// A running `flightlog` child whose stdout and stderr lines arrive on a channel.
+struct Spawned {
+    child: Child,
+    lines: mpsc::Receiver<(bool, String)>,
+    readers: Vec<JoinHandle<()>>,
+    stdout: String,
+    stderr: String,
+    description: String,
+}
+
+fn spawn(dir: &Path, args: &[&OsStr], env: &[(&str, &OsStr)]) -> Spawned {
+    let mut command = Command::new(BIN);
+    command
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // Only what the case sets: nothing inherited may change the settings or the panic output.
+    for (name, _) in std::env::vars_os() {
+        if name.as_bytes().starts_with(b"FLIGHTLOG_") {
+            command.env_remove(&name);
+        }
+    }
+    command.env_remove("RUST_BACKTRACE");
+    command.env_remove("RUST_LIB_BACKTRACE");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let description = format!(
+        "{}flightlog {}",
+        env.iter()
+            .map(|(n, v)| format!("{n}={:?} ", v.to_string_lossy()))
+            .collect::<String>(),
+        args.iter()
+            .map(|a| format!("{:?}", a.to_string_lossy()))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let mut child = command.spawn().expect("start the flightlog binary");
+    let (send, lines) = mpsc::channel();
+    let mut readers = Vec::new();
+    let streams: [(bool, Box<dyn Read + Send>); 2] = [
+        (false, Box::new(child.stdout.take().expect("piped stdout"))),
+        (true, Box::new(child.stderr.take().expect("piped stderr"))),
+    ];
+    for (is_stderr, stream) in streams {
+        let send = send.clone();
+        readers.push(std::thread::spawn(move || {
+            let mut reader = BufReader::new(stream);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match reader.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        let text = String::from_utf8_lossy(&line).into_owned();
+                        if send.send((is_stderr, text)).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    Spawned {
+        child,
+        lines,
+        readers,
+        stdout: String::new(),
+        stderr: String::new(),
+        description,
+    }
+}
+
+impl Spawned {
+    fn take(&mut self, (is_stderr, line): (bool, String)) -> bool {
+        let listening = !is_stderr && line.starts_with(LISTENING);
+        if is_stderr {
+            self.stderr.push_str(&line);
+        } else {
+            self.stdout.push_str(&line);
+        }
+        listening
+    }
+
+    /// Wait until the child exits, prints its listening line, or runs out of time.
+    fn wait_for_exit_or_listening(&mut self) -> (Option<ExitStatus>, bool, bool) {
+        let started = Instant::now();
+        loop {
+            match self.lines.recv_timeout(Duration::from_millis(20)) {
+                Ok(line) => {
+                    if self.take(line) {
+                        return (None, true, false);
+                    }
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            if let Some(status) = self.child.try_wait().expect("poll the child") {
+                return (Some(status), false, false);
+            }
+            if started.elapsed() > CASE_TIMEOUT {
+                return (None, false, true);
+            }
+        }
+    }
+
+    /// Kill the child (if still running) and collect the rest of its output.
+    fn finish(mut self) -> (String, String) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for reader in std::mem::take(&mut self.readers) {
+            let _ = reader.join();
+        }
+        while let Ok(line) = self.lines.try_recv() {
+            self.take(line);
+        }
+        (
+            std::mem::take(&mut self.stdout),
+            std::mem::take(&mut self.stderr),
+        )
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What one run of the binary did.
+struct Outcome {
+    description: String,
+    /// `None` when the child was killed: it listened, or it timed out.
+    status: Option<ExitStatus>,
+    listening: bool,
+    timed_out: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "\n  command: {}\n  status: {:?} listening: {} timed out: {}\n  stdout: {}\n  stderr: {}",
+            self.description,
+            self.status,
+            self.listening,
+            self.timed_out,
+            self.stdout.trim_end(),
+            self.stderr.trim_end()
+        )
+    }
+}
+
+fn run_os(dir: &Path, args: &[&OsStr], env: &[(&str, &OsStr)]) -> Outcome {
+    let mut spawned = spawn(dir, args, env);
+    let description = spawned.description.clone();
+    let (status, listening, timed_out) = spawned.wait_for_exit_or_listening();
+    let (stdout, stderr) = spawned.finish();
+    Outcome {
+        description,
+        status,
+        listening,
+        timed_out,
+        stdout,
+        stderr,
+    }
+}
+
+/// Run `flightlog ARGS` in `dir` with only the `FLIGHTLOG_*` variables in `env`.
+fn run(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Outcome {
+    let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let env: Vec<(&str, &OsStr)> = env.iter().map(|(n, v)| (*n, OsStr::new(v))).collect();
+    run_os(dir, &args, &env)
+}
+
+impl Outcome {
+    fn assert_no_panic(&self) {
+        assert!(
+            !self.timed_out,
+            "the case hung (killed after {CASE_TIMEOUT:?}):{self}"
+        );
+        for marker in ["panicked at", "RUST_BACKTRACE", "stack backtrace"] {
+            assert!(!self.stderr.contains(marker), "a panic:{self}");
+        }
+    }
+
+    /// A refusal: exited non-zero before listening, no panic, and stderr holds every needle.
+    fn assert_refused(&self, needles: &[&str]) {
+        self.assert_no_panic();
+        assert!(!self.listening, "started although the input is bad:{self}");
+        let status = self.status.expect("exited");
+        assert!(!status.success(), "exit status 0 for bad input:{self}");
+        assert!(
+            !self.stderr.trim().is_empty(),
+            "refused without a message:{self}"
+        );
+        for needle in needles {
+            assert!(
+                self.stderr.contains(needle),
+                "the message does not say {needle:?}:{self}"
+            );
+        }
+    }
+
+    /// A `clap` refusal: exit status 2, the usage error names `needles` and points at `--help`.
+    fn assert_usage_error(&self, needles: &[&str]) {
+        self.assert_refused(needles);
+        assert_eq!(self.status.and_then(|s| s.code()), Some(2), "{self}");
+        assert!(self.stderr.starts_with("error: "), "{self}");
+        assert!(
+            self.stderr.contains("--help") || self.stderr.contains("Usage:"),
+            "no pointer to the usage:{self}"
+        );
+    }
+
+    fn assert_listened(&self) {
+        self.assert_no_panic();
+        assert!(self.listening, "expected a start:{self}");
+    }
+
+    fn assert_success(&self) {
+        self.assert_no_panic();
+        assert!(
+            self.status.is_some_and(|s| s.success()),
+            "expected success:{self}"
+        );
+    }
+}
+
+/// `GET path` on `addr` over a fresh connection; the status and the body.
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).expect("connect to the server");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("set a read timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send the request");
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .expect("read the response");
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The database files whose bytes a refused start must leave alone.
+fn db_files(db: &Path) -> Vec<PathBuf> {
+    let mut wal = db.as_os_str().to_owned();
+    wal.push("-wal");
+    vec![db.to_owned(), PathBuf::from(wal)]
+}
+
+/// A database recorded by `flightlog demo --runs 5`, with its run ids and its bytes.
+struct GoodDb {
+    path: PathBuf,
+    run_ids: Vec<String>,
+    bytes: Vec<(PathBuf, Option<Vec<u8>>)>,
+}
+
+impl GoodDb {
+    fn create(scratch: &Scratch) -> Self {
+        let path = scratch.join("good.db");
+        let out = run(
+            scratch.path(),
+            &["demo", "--db", &s(&path), "--runs", "5"],
+            &[],
+        );
+        out.assert_success();
+        let mut run_ids: Vec<String> = Vec::new();
+        for word in out.stdout.split(|c: char| c.is_whitespace() || c == ',') {
+            let word = word.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '-');
+            if word.starts_with("demo")
+                && word.contains("-run-")
+                && !run_ids.iter().any(|r| r == word)
+            {
+                run_ids.push(word.to_owned());
+            }
+        }
+        assert_eq!(run_ids.len(), 6, "5 finished runs and 1 running:{out}");
+        let mut good = Self {
+            path,
+            run_ids,
+            bytes: Vec::new(),
+        };
+        good.remember_bytes();
+        good
+    }
+
+    fn arg(&self) -> String {
+        s(&self.path)
+    }
+
+    fn remember_bytes(&mut self) {
+        self.bytes = db_files(&self.path)
+            .into_iter()
+            .map(|file| {
+                let bytes = fs::read(&file).ok();
+                (file, bytes)
+            })
+            .collect();
+    }
+
+    /// For a start refused before the database was opened: not one byte differs.
+    fn assert_unchanged(&self, after: &Outcome) {
+        for (file, bytes) in &self.bytes {
+            assert!(
+                fs::read(file).ok() == *bytes,
+                "{} changed after a refused start:{after}",
+                file.display()
+            );
+        }
+    }
+
+    /// The database still opens and serves every run the demo recorded.
+    fn assert_still_serves(&self, scratch: &Scratch) {
+        let mut args: Vec<&OsStr> = ["serve", "--db"].map(OsStr::new).to_vec();
+        let db = self.path.clone();
+        args.push(db.as_os_str());
+        args.extend(LOOPBACK.map(OsStr::new));
+        let mut server = spawn(scratch.path(), &args, &[]);
+        let (status, listening, _) = server.wait_for_exit_or_listening();
+        let addr = server
+            .stdout
+            .lines()
+            .find_map(|line| line.strip_prefix(LISTENING))
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(str::to_owned);
+        let (stdout, stderr) = (server.stdout.clone(), server.stderr.clone());
+        assert!(
+            listening,
+            "the good database no longer opens ({status:?}):\n{stdout}\n{stderr}"
+        );
+        let addr = addr.expect("the listening address");
+        let (code, body) = http_get(&addr, "/v1/activity/runs?limit=50");
+        server.finish();
+        assert_eq!(code, 200, "{body}");
+        for run_id in &self.run_ids {
+            assert!(
+                body.contains(&format!("\"runId\":\"{run_id}\"")),
+                "run {run_id} is gone from the good database: {body}"
+            );
+        }
+    }
+}
+
+/// Whether file permissions stop this process (false as root or with CAP_DAC_OVERRIDE).
+fn permission_checks_apply(scratch: &Scratch) -> bool {
+    let probe = scratch.join("permission-probe");
+    fs::write(&probe, b"probe").expect("write the probe");
+    fs::set_permissions(&probe, fs::Permissions::from_mode(0o444)).expect("chmod the probe");
+    let writable = fs::OpenOptions::new().write(true).open(&probe).is_ok();
+    let _ = fs::set_permissions(&probe, fs::Permissions::from_mode(0o644));
+    let _ = fs::remove_file(&probe);
+    if writable {
+        eprintln!("skipped: running with privileges that ignore file permissions (root?)");
+    }
+    !writable
+}
+
+fn serve_args<'a>(db: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["serve", "--db", db];
+    args.extend_from_slice(extra);
+    args
+}
+
+/// A copy of the good database with its WAL folded into the main file, so the file alone holds
+/// everything: a `serve` on the copy checkpoints the WAL every 500 ms and deletes it when its
+/// last connection closes, which a graceful stop (SIGTERM) does, though not always before the
+/// process exits; so it is tried with growing pauses until the WAL is gone.
+fn checkpointed_copy(scratch: &Scratch, good: &GoodDb, name: &str) -> PathBuf {
+    let copy = scratch.join(name);
+    for (from, to) in db_files(&good.path).iter().zip(db_files(&copy)) {
+        if from.exists() {
+            fs::copy(from, to).expect("copy the database");
+        }
+    }
+    let wal = db_files(&copy).remove(1);
+    for pause_ms in [700, 1500, 3000] {
+        let mut args: Vec<&OsStr> = vec![OsStr::new("serve"), OsStr::new("--db")];
+        args.push(copy.as_os_str());
+        args.extend(LOOPBACK.map(OsStr::new));
+        let mut server = spawn(scratch.path(), &args, &[]);
+        let (_, listening, _) = server.wait_for_exit_or_listening();
+        assert!(listening, "the copy serves:\n{}", server.stderr);
+        std::thread::sleep(Duration::from_millis(pause_ms));
+        let pid = server.child.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("run kill");
+        assert!(sent.success());
+        let started = Instant::now();
+        while server.child.try_wait().expect("poll").is_none() {
+            assert!(
+                started.elapsed() < CASE_TIMEOUT,
+                "serve did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (stdout, stderr) = server.finish();
+        assert!(stdout.contains("flightlog: stopped"), "{stdout}\n{stderr}");
+        if fs::metadata(&wal).map_or(true, |m| m.len() == 0) {
+            let _ = fs::remove_file(&wal);
+            let mut shm = copy.as_os_str().to_owned();
+            shm.push("-shm");
+            let _ = fs::remove_file(shm);
+            return copy;
+        }
+    }
+    panic!(
+        "the WAL of {} was never folded into the file",
+        copy.display()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command line itself
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn unknown_commands_flags_missing_values_and_repeated_flags_are_usage_errors() {
+    let scratch = Scratch::new("usage");
+    let good = GoodDb::create(&scratch);
+    let db = good.arg();
+    let dir = scratch.path();
+
+    // No command: the usage, with the commands, on stderr and exit status 2.
+    let out = run(dir, &[], &[]);
+    out.assert_refused(&["Usage: flightlog <COMMAND>", "serve", "demo", "--help"]);
+    assert_eq!(out.status.and_then(|s| s.code()), Some(2), "{out}");
+    let out = run(dir, &["bogus"], &[]);
+    out.assert_usage_error(&["unrecognized subcommand 'bogus'"]);
+    let out = run(dir, &["--db", &db], &[]);
+    out.assert_usage_error(&["--db"]);
+
+    let cases: Vec<(Vec<&str>, &[&str])> = vec![
+        // Unknown flags.
+        (serve_args(&db, &["--bogus"]), &["'--bogus'"]),
+        (
+            serve_args(&db, &["--bodylimit", "8MiB"]),
+            &["'--bodylimit'"],
+        ),
+        (vec!["demo", "--db", &db, "--bogus"], &["'--bogus'"]),
+        (
+            vec!["demo", "--db", &db, "--addr", "127.0.0.1:0"],
+            &["'--addr'"],
+        ),
+        // A flag without its value.
+        (vec!["serve", "--db"], &["--db <PATH>"]),
+        (serve_args(&db, &["--addr"]), &["--addr <HOST:PORT>"]),
+        (
+            serve_args(&db, &["--grpc-addr"]),
+            &["--grpc-addr <HOST:PORT|off>"],
+        ),
+        (serve_args(&db, &["--body-limit"]), &["--body-limit <SIZE>"]),
+        (serve_args(&db, &["--token"]), &["--token <SECRET>"]),
+        (serve_args(&db, &["--config"]), &["--config <PATH>"]),
+        (
+            serve_args(&db, &["--journal-max-events"]),
+            &["--journal-max-events <N>"],
+        ),
+        (vec!["demo", "--db", &db, "--runs"], &["--runs <RUNS>"]),
+        (vec!["demo", "--db"], &["--db <PATH>"]),
+        // A switch given a value.
+        (
+            serve_args(&db, &["--allow-unauthenticated-non-loopback=maybe"]),
+            &["--allow-unauthenticated-non-loopback"],
+        ),
+        // Flags that cannot sensibly be given twice.
+        (
+            vec!["serve", "--db", &db, "--db", "other.db"],
+            &["'--db <PATH>' cannot be used multiple times"],
+        ),
+        (
+            serve_args(&db, &["--addr", "127.0.0.1:0", "--addr", "127.0.0.1:0"]),
+            &["'--addr <HOST:PORT>' cannot be used multiple times"],
+        ),
+        (
+            serve_args(&db, &["--body-limit", "1", "--body-limit", "2"]),
+            &["'--body-limit <SIZE>' cannot be used multiple times"],
+        ),
+        (
+            serve_args(&db, &["--config", "a.toml", "--config", "b.toml"]),
+            &["'--config <PATH>' cannot be used multiple times"],
+        ),
+        (
+            serve_args(&db, &["--manual-clock", "--manual-clock"]),
+            &["'--manual-clock' cannot be used multiple times"],
+        ),
+        (
+            vec!["demo", "--db", &db, "--runs", "1", "--runs", "2"],
+            &["'--runs <RUNS>' cannot be used multiple times"],
+        ),
+    ];
+    for (args, needles) in cases {
+        let out = run(dir, &args, &[]);
+        out.assert_usage_error(needles);
+        good.assert_unchanged(&out);
+    }
+    good.assert_still_serves(&scratch);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Addresses
+// ---------------------------------------------------------------------------------------------
+
+/// `FLIGHTLOG_*` variables for one case.
+type Env<'a> = Vec<(&'a str, &'a str)>;
+
+/// An address setting's three names.
+#[derive(Clone, Copy)]
+struct AddrSetting {
+    flag: &'static str,
+    env: &'static str,
+    key: &'static str,
+}
+
+const ADDR: AddrSetting = AddrSetting {
+    flag: "--addr",
+    env: "FLIGHTLOG_ADDR",
+    key: "addr",
+};
+
+const GRPC_ADDR: AddrSetting = AddrSetting {
+    flag: "--grpc-addr",
+    env: "FLIGHTLOG_GRPC_ADDR",
+    key: "grpc_addr",
+};
+
+/// Run `serve` on the good database with `setting` taken from the flag, the variable and the
+/// config file in turn (the other address flags keep it on loopback); each must be refused
+/// with `needles`, before the database is touched. `{origin}` in a needle stands for where the
+/// value came from (`--addr`, `FLIGHTLOG_ADDR`, `` `addr` in FILE ``).
+fn refuse_everywhere(
+    scratch: &Scratch,
+    good: &GoodDb,
+    setting: &AddrSetting,
+    text: &str,
+    toml: &str,
+    needles: &[&str],
+) {
+    let AddrSetting { flag, env, key } = *setting;
+    let db = good.arg();
+    let others: Vec<&str> = LOOPBACK
+        .chunks(2)
+        .filter(|pair| pair[0] != flag)
+        .flatten()
+        .copied()
+        .collect();
+    let config = scratch.join("flightlog.toml");
+    let config_arg = s(&config);
+    let base = serve_args(&db, &others);
+    let with_flag = [base.as_slice(), &[flag, text]].concat();
+    let with_config = [base.as_slice(), &["--config", &config_arg]].concat();
+    let file_origin = format!("`{key}` in {config_arg}");
+    let sources: Vec<(Vec<&str>, Env, String)> = vec![
+        (with_flag, vec![], flag.to_owned()),
+        (base.clone(), vec![(env, text)], env.to_owned()),
+        (with_config, vec![], file_origin),
+    ];
+    for (args, vars, origin) in sources {
+        if origin == env && text.trim().is_empty() {
+            continue; // an empty variable counts as unset (documented)
+        }
+        fs::write(&config, format!("{key} = {toml}\n")).expect("write the config file");
+        let out = run(scratch.path(), &args, &vars);
+        let all: Vec<String> = needles
+            .iter()
+            .map(|n| n.replace("{origin}", &origin))
+            .collect();
+        out.assert_refused(&all.iter().map(String::as_str).collect::<Vec<_>>());
+        good.assert_unchanged(&out);
+    }
+}
+
+#[test]
+fn bad_addresses_are_refused_with_the_valid_form() {
+    let scratch = Scratch::new("addr");
+    let good = GoodDb::create(&scratch);
+    let fix = "is not valid: give HOST:PORT, such as 127.0.0.1:4318";
+    for (text, toml) in [
+        ("notanaddress", "\"notanaddress\""),
+        ("127.0.0.1:70000", "\"127.0.0.1:70000\""),
+        ("127.0.0.1:-1", "\"127.0.0.1:-1\""),
+        ("127.0.0.1:", "\"127.0.0.1:\""),
+        (":4318", "\":4318\""),
+        ("127.0.0.1", "\"127.0.0.1\""),
+        ("127.0.0.1 :0", "\"127.0.0.1 :0\""),
+        ("", "\"\""),
+        ("4318", "\"4318\""),
+        ("true", "\"true\""),
+    ] {
+        refuse_everywhere(&scratch, &good, &ADDR, text, toml, &["{origin} = ", fix]);
+    }
+    let grpc_fix = "is not valid: give HOST:PORT, such as 127.0.0.1:4317, or `off`";
+    for (text, toml) in [
+        ("bad", "\"bad\""),
+        ("OFF", "\"OFF\""),
+        ("no", "\"no\""),
+        ("127.0.0.1:99999", "\"127.0.0.1:99999\""),
+        ("", "\"\""),
+    ] {
+        refuse_everywhere(
+            &scratch,
+            &good,
+            &GRPC_ADDR,
+            text,
+            toml,
+            &["{origin} = ", grpc_fix],
+        );
+    }
+    // An array where one address goes.
+    refuse_everywhere(
+        &scratch,
+        &good,
+        &ADDR,
+        "[127.0.0.1:0]",
+        "[\"127.0.0.1:0\"]",
+        &["{origin} = ", "is not valid: give"],
+    );
+    good.assert_still_serves(&scratch);
+}
+
+#[test]
+fn a_non_loopback_address_without_a_token_is_refused_with_how_to_allow_it() {
+    let scratch = Scratch::new("exposure");
+    let good = GoodDb::create(&scratch);
+    let how = [
+        "refusing to listen on",
+        "without any token",
+        "--token",
+        "FLIGHTLOG_TOKENS",
+        "127.0.0.1:",
+        "--allow-unauthenticated-non-loopback",
+        "FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBACK=true",
+    ];
+    for addr in ["0.0.0.0:0", "[::]:0"] {
+        // The message names the address itself (not where it came from) and how to allow it.
+        refuse_everywhere(&scratch, &good, &ADDR, addr, &format!("{addr:?}"), &how);
+    }
+    let db = good.arg();
+    // The gRPC listener gets the same guard.
+    let out = run(
+        scratch.path(),
+        &serve_args(&db, &["--addr", "127.0.0.1:0", "--grpc-addr", "0.0.0.0:0"]),
+        &[],
+    );
+    out.assert_refused(&how);
+    good.assert_unchanged(&out);
+    // A broken token is refused itself rather than taken as configured authentication.
+    let out = run(
+        scratch.path(),
+        &serve_args(&db, &["--addr", "0.0.0.0:0", "--grpc-addr", "off"]),
+        &[("FLIGHTLOG_TOKENS", "secret-without-scopes")],
+    );
+    out.assert_refused(&["FLIGHTLOG_TOKENS entry 1"]);
+    good.assert_unchanged(&out);
+    good.assert_still_serves(&scratch);
+}
+
+#[test]
+fn an_unresolvable_host_is_refused_without_a_panic() {
+    let scratch = Scratch::new("host");
+    let good = GoodDb::create(&scratch);
+    let db = good.arg();
+    let out = run(
+        scratch.path(),
+        &serve_args(
+            &db,
+            &["--addr", "no-such-host.invalid:4318", "--grpc-addr", "off"],
+        ),
+        &[],
+    );
+    out.assert_refused(&["no-such-host.invalid:4318", "cannot resolve"]);
+    good.assert_unchanged(&out);
+    good.assert_still_serves(&scratch);
+}
+
+#[test]
+fn a_port_already_in_use_is_refused_and_the_database_keeps_its_runs() {
+    let scratch = Scratch::new("in-use");
+    let mut good = GoodDb::create(&scratch);
+    good.remember_bytes();
+    let db = good.arg();
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    let port = taken.local_addr().expect("its address").port();
+    let busy = format!("127.0.0.1:{port}");
+
+    let out = run(
+        scratch.path(),
+        &serve_args(&db, &["--addr", &busy, "--grpc-addr", "off"]),
+        &[],
+    );
+    out.assert_refused(&["cannot listen on", &busy, "in use", "--addr", "free port"]);
+    good.assert_unchanged(&out);
+
+    let out = run(
+        scratch.path(),
+        &serve_args(&db, &["--addr", "127.0.0.1:0", "--grpc-addr", &busy]),
+        &[],
+    );
+    out.assert_refused(&[
+        "cannot listen on",
+        &busy,
+        "OTLP/gRPC",
+        "--grpc-addr",
+        "`off`",
+        "in use",
+    ]);
+    // The listeners are bound before the database is opened: the demo's running run was not
+    // swept as "server restarted" by a start that never served.
+    good.assert_unchanged(&out);
+    drop(taken);
+    good.assert_still_serves(&scratch);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Numbers, sizes, durations, switches: flag, variable and config file
+// ---------------------------------------------------------------------------------------------
+
+struct Numeric {
+    flag: &'static str,
+    env: &'static str,
+    key: &'static str,
+    /// Bad values as flag and variable text.
+    texts: &'static [&'static str],
+    /// Bad values as TOML literals.
+    tomls: &'static [&'static str],
+    /// What the fix says.
+    fix: &'static str,
+    /// The TOML types the file may give it (`toml_kind`'s names); another type is refused for
+    /// its type, before its value is looked at.
+    takes: &'static [&'static str],
+}
+
+/// The TOML type of a literal as these tests write them.
+fn toml_kind(toml: &str) -> &'static str {
+    match toml.trim().as_bytes().first() {
+        Some(b'"') => "string",
+        Some(b't' | b'f') => "boolean",
+        Some(b'[') => "array",
+        Some(b'{') => "table",
+        _ if toml.contains('-') && toml.len() == 10 => "datetime",
+        _ if toml.contains(['.', 'e']) => "float",
+        _ => "integer",
+    }
+}
+
+const NUMERIC: [Numeric; 6] = [
+    Numeric {
+        flag: "--body-limit",
+        env: "FLIGHTLOG_BODY_LIMIT",
+        key: "body_limit",
+        texts: &[
+            "-1",
+            "0",
+            "0KiB",
+            "abc",
+            "1.5",
+            "8 MB",
+            "1TiB",
+            "MiB",
+            "99999999999999999999999",
+            "17179869184GiB",
+            "",
+        ],
+        tomls: &[
+            "-1",
+            "0",
+            "1.5",
+            "true",
+            "\"abc\"",
+            "1979-05-27",
+            "\"-8MiB\"",
+        ],
+        fix: "give a size of at least 1 byte, in bytes or with KiB, MiB or GiB",
+        takes: &["string", "integer"],
+    },
+    Numeric {
+        flag: "--max-inflight-writes",
+        env: "FLIGHTLOG_MAX_INFLIGHT_WRITES",
+        key: "max_inflight_writes",
+        texts: &[
+            "-1",
+            "0",
+            "1000001",
+            "abc",
+            "1.5",
+            "+5",
+            "1e3",
+            "99999999999999999999999",
+            "",
+        ],
+        tomls: &[
+            "-1",
+            "0",
+            "1000001",
+            "9223372036854775807",
+            "1.5",
+            "true",
+            "\"abc\"",
+        ],
+        fix: "give a whole number of write requests from 1 to 1000000",
+        takes: &["integer"],
+    },
+    Numeric {
+        flag: "--journal-max-events",
+        env: "FLIGHTLOG_JOURNAL_MAX_EVENTS",
+        key: "journal.max_events",
+        texts: &[
+            "-1",
+            "0",
+            "9007199254740992",
+            "abc",
+            "1.5",
+            "99999999999999999999999",
+            "",
+        ],
+        tomls: &["-1", "0", "9007199254740992", "1.5", "false", "\"ten\""],
+        fix: "give a whole number of events per engagement, at least 1",
+        takes: &["integer"],
+    },
+    Numeric {
+        flag: "--journal-max-age-ms",
+        env: "FLIGHTLOG_JOURNAL_MAX_AGE_MS",
+        key: "journal.max_age_ms",
+        texts: &[
+            "-1",
+            "0",
+            "9007199254740992",
+            "30d",
+            "1e9",
+            "99999999999999999999999",
+            "",
+        ],
+        tomls: &[
+            "-1",
+            "0",
+            "9223372036854775807",
+            "2.5",
+            "true",
+            "\"30 days\"",
+        ],
+        fix: "give an age in milliseconds, at least 1",
+        takes: &["integer"],
+    },
+    Numeric {
+        flag: "--durability",
+        env: "FLIGHTLOG_DURABILITY",
+        key: "durability",
+        texts: &["fast", "1", "normal,full", "fulll", ""],
+        tomls: &["1", "true", "\"fast\""],
+        fix: "give `normal` (survives a crash of the process) or `full`",
+        takes: &["string"],
+    },
+    Numeric {
+        flag: "--allow-unauthenticated-non-loopback",
+        env: "FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBACK",
+        key: "allow_unauthenticated_non_loopback",
+        // The flag is a switch (its bad uses are usage errors, tested above).
+        texts: &[],
+        tomls: &["\"maybe\"", "2", "0.5"],
+        fix: "give true or false",
+        takes: &["boolean"],
+    },
+];
+
+#[test]
+fn bad_numbers_sizes_and_switches_are_refused_from_flag_variable_and_file() {
+    let scratch = Scratch::new("numeric");
+    let good = GoodDb::create(&scratch);
+    let db = good.arg();
+    let config = scratch.join("flightlog.toml");
+    let config_arg = s(&config);
+    let base = serve_args(&db, &LOOPBACK);
+    let mut cases = 0;
+    for setting in &NUMERIC {
+        let fix = format!("is not valid: {}", setting.fix);
+        for text in setting.texts {
+            let mut args = base.clone();
+            let flag_value = format!("{}={text}", setting.flag);
+            args.push(&flag_value);
+            let out = run(scratch.path(), &args, &[]);
+            out.assert_refused(&[&format!("{} = {text:?}", setting.flag), &fix]);
+            good.assert_unchanged(&out);
+            cases += 1;
+            if text.trim().is_empty() {
+                continue; // an empty variable counts as unset (documented)
+            }
+            let out = run(scratch.path(), &base, &[(setting.env, text)]);
+            out.assert_refused(&[&format!("{} = {text:?}", setting.env), &fix]);
+            good.assert_unchanged(&out);
+            cases += 1;
+        }
+        if setting.env.ends_with("NON_LOOPBACK") {
+            for text in ["maybe", "2", "y"] {
+                let out = run(scratch.path(), &base, &[(setting.env, text)]);
+                out.assert_refused(&[&format!("{} = {text:?}", setting.env), &fix]);
+                good.assert_unchanged(&out);
+                cases += 1;
+            }
+        }
+        let file_origin = format!("`{}` in {config_arg} = ", setting.key);
+        for toml in setting.tomls {
+            fs::write(&config, format!("{} = {toml}\n", setting.key)).expect("write config");
+            let fix = if setting.takes.contains(&toml_kind(toml)) {
+                fix.clone()
+            } else {
+                format!("= \"<{}>\" is not valid: give a TOML", toml_kind(toml))
+            };
+            let mut args = base.clone();
+            args.extend(["--config", &config_arg]);
+            let out = run(scratch.path(), &args, &[]);
+            out.assert_refused(&[&file_origin, &fix]);
+            good.assert_unchanged(&out);
+            // The same file named by FLIGHTLOG_CONFIG.
+            let out = run(scratch.path(), &base, &[("FLIGHTLOG_CONFIG", &config_arg)]);
+            out.assert_refused(&[&file_origin, &fix]);
+            good.assert_unchanged(&out);
+            cases += 2;
+        }
+        // A table or an array where one value goes.
+        for toml in ["[1]", "{ value = 1 }"] {
+            fs::write(&config, format!("{} = {toml}\n", setting.key)).expect("write config");
+            let mut args = base.clone();
+            args.extend(["--config", &config_arg]);
+            let out = run(scratch.path(), &args, &[]);
+            out.assert_refused(&[&file_origin, "is not valid: give a TOML"]);
+            good.assert_unchanged(&out);
+            cases += 1;
+        }
+    }
+    // A TOML integer too large for TOML itself: a syntax error that points at the line.
+    fs::write(&config, "body_limit = 99999999999999999999999\n").expect("write config");
+    let mut args = base.clone();
+    args.extend(["--config", &config_arg]);
+    let out = run(scratch.path(), &args, &[]);
+    out.assert_refused(&[
+        &format!("the config file {config_arg} is not valid TOML"),
+        "line 1",
+        "body_limit",
+    ]);
+    good.assert_unchanged(&out);
+    // A value that is not UTF-8 names its variable.
+    let out = run_os(
+        scratch.path(),
+        &base.iter().map(OsStr::new).collect::<Vec<_>>(),
+        &[("FLIGHTLOG_BODY_LIMIT", OsStr::from_bytes(b"8\xffMiB"))],
+    );
+    out.assert_refused(&["FLIGHTLOG_BODY_LIMIT", "not valid UTF-8"]);
+    good.assert_unchanged(&out);
+    eprintln!("{cases} numeric cases refused");
+    good.assert_still_serves(&scratch);
+}
+
+#[test]
+fn bad_tokens_are_refused_without_repeating_the_secret() {
+    let scratch = Scratch::new("tokens");
+    let good = GoodDb::create(&scratch);
+    let db = good.arg();
+    let config = scratch.join("flightlog.toml");
+    let config_arg = s(&config);
+    let base = serve_args(&db, &LOOPBACK);
+    let secret = "s3cr3t-value";
+
+    for (token, needle) in [
+        ("", "--token (the 1st): a token must not be empty"),
+        (
+            "s3cr3t-value with space",
+            "--token (the 1st): a token may hold only visible ASCII",
+        ),
+        ("s3cr3t-valué", "a token may hold only visible ASCII"),
+    ] {
+        let mut args = base.clone();
+        args.extend(["--token", "fine-token", "--token", token]);
+        let out = run(scratch.path(), &args, &[]);
+        out.assert_refused(&[&needle.replace("1st", "2nd")]);
+        assert!(!out.stderr.contains(secret), "the secret leaked:{out}");
+        good.assert_unchanged(&out);
+    }
+    for (value, needles) in [
+        (
+            "s3cr3t-value",
+            &["FLIGHTLOG_TOKENS entry 1", "has no scopes", "TOKEN:SCOPE"][..],
+        ),
+        (
+            "ok:read;s3cr3t-value:write",
+            &[
+                "FLIGHTLOG_TOKENS entry 2",
+                "scope other than read, ingest, admin",
+            ],
+        ),
+        (
+            "s3cr3t value:read",
+            &["FLIGHTLOG_TOKENS entry 1", "visible ASCII"],
+        ),
+        (":read", &["FLIGHTLOG_TOKENS entry 1", "must not be empty"]),
+        (
+            "s3cr3t-value:",
+            &["FLIGHTLOG_TOKENS entry 1", "at least one scope"],
+        ),
+    ] {
+        let out = run(scratch.path(), &base, &[("FLIGHTLOG_TOKENS", value)]);
+        out.assert_refused(needles);
+        assert!(!out.stderr.contains(secret), "the secret leaked:{out}");
+        good.assert_unchanged(&out);
+    }
+    let shape = "write each token as a [[tokens]] table";
+    for (toml, needles) in [
+        (
+            "tokens = \"s3cr3t-value\"",
+            &["is not a list of tables", shape][..],
+        ),
+        (
+            "tokens = [\"s3cr3t-value\"]",
+            &["entry 1: is not a table", shape],
+        ),
+        (
+            "[[tokens]]\ntoken = \"s3cr3t-value\"",
+            &["entry 1: has no `scopes` list", shape],
+        ),
+        (
+            "[[tokens]]\nscopes = [\"read\"]",
+            &["entry 1: has no `token` string", shape],
+        ),
+        (
+            "[[tokens]]\ntoken = \"s3cr3t-value\"\nscopes = []",
+            &["entry 1: a token needs at least one scope"],
+        ),
+        (
+            "[[tokens]]\ntoken = \"s3cr3t-value\"\nscopes = [\"write\"]",
+            &[
+                "entry 1: names a scope other than read, ingest, admin",
+                shape,
+            ],
+        ),
+        (
+            "[[tokens]]\ntoken = \"s3cr3t-value\"\nscopes = [\"read\"]\nexpires = 1",
+            &["entry 1: has an unknown key `expires`", shape],
+        ),
+        (
+            "[[tokens]]\ntoken = 42\nscopes = [\"read\"]",
+            &["entry 1: has no `token` string", shape],
+        ),
+    ] {
+        fs::write(&config, format!("{toml}\n")).expect("write config");
+        let mut args = base.clone();
+        args.extend(["--config", &config_arg]);
+        let out = run(scratch.path(), &args, &[]);
+        let mut all = needles.to_vec();
+        let origin = format!("`tokens` in {config_arg}");
+        all.push(&origin);
+        out.assert_refused(&all);
+        assert!(!out.stderr.contains(secret), "the secret leaked:{out}");
+        good.assert_unchanged(&out);
+    }
+    good.assert_still_serves(&scratch);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The config file
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn config_files_that_are_missing_unreadable_not_toml_or_unknown_are_refused() {
+    let scratch = Scratch::new("config");
+    let good = GoodDb::create(&scratch);
+    let db = good.arg();
+    let base = serve_args(&db, &LOOPBACK);
+    let missing = s(&scratch.join("no-such.toml"));
+    let folder = scratch.join("a-folder");
+    fs::create_dir(&folder).expect("create a folder");
+    let folder = s(&folder);
+    let binary = scratch.join("binary.toml");
+    fs::write(&binary, [0x00, 0xff, 0xfe, 0x13, 0x37, 0x80, 0x81]).expect("write");
+    let binary = s(&binary);
+    let text = scratch.join("prose.toml");
+    fs::write(&text, "this is not a config file\n").expect("write");
+    let text = s(&text);
+    let duplicate = scratch.join("duplicate.toml");
+    fs::write(&duplicate, "body_limit = 1\nbody_limit = 2\n").expect("write");
+    let duplicate = s(&duplicate);
+
+    let read_fail =
+        |path: &str, by: &str| format!("cannot read the config file {path} (named by {by})");
+    let cases: Vec<(&str, Vec<String>)> = vec![
+        (
+            &missing,
+            vec![read_fail(&missing, "X"), "No such file".into()],
+        ),
+        (&folder, vec![read_fail(&folder, "X"), "directory".into()]),
+        (&binary, vec![read_fail(&binary, "X"), "UTF-8".into()]),
+        (
+            &text,
+            vec![
+                format!("the config file {text} is not valid TOML"),
+                "line 1".into(),
+            ],
+        ),
+        (
+            &duplicate,
+            vec![
+                format!("the config file {duplicate} is not valid TOML"),
+                "line 2".into(),
+                "duplicate key".into(),
+            ],
+        ),
+    ];
+    for (path, needles) in &cases {
+        for by in ["--config", "FLIGHTLOG_CONFIG"] {
+            let needles: Vec<String> = needles
+                .iter()
+                .map(|n| n.replace("(named by X)", &format!("(named by {by})")))
+                .collect();
+            let needles: Vec<&str> = needles.iter().map(String::as_str).collect();
+            let out = if by == "--config" {
+                let mut args = base.clone();
+                args.extend(["--config", path]);
+                run(scratch.path(), &args, &[])
+            } else {
+                run(scratch.path(), &base, &[("FLIGHTLOG_CONFIG", path)])
+            };
+            out.assert_refused(&needles);
+            good.assert_unchanged(&out);
+        }
+    }
+
+    // Unknown keys (typos, sections, keys of a table that is not a section) name the key and
+    // list the valid ones.
+    let config = scratch.join("flightlog.toml");
+    let config_arg = s(&config);
+    for (toml, key) in [
+        ("bodylimit = \"8MiB\"", "bodylimit"),
+        ("Body_Limit = \"8MiB\"", "Body_Limit"),
+        ("journal.max_evnts = 5", "journal.max_evnts"),
+        ("journal = 5", "journal"),
+        ("[server]\nport = 4318", "server"),
+        (
+            "[journal]\nmax_events = 5\nretention = 1",
+            "journal.retention",
+        ),
+        ("token = \"abc\"", "token"),
+        ("manual_clock = true", "manual_clock"),
+    ] {
+        fs::write(&config, format!("{toml}\n")).expect("write config");
+        let mut args = base.clone();
+        args.extend(["--config", &config_arg]);
+        let out = run(scratch.path(), &args, &[]);
+        out.assert_refused(&[
+            &format!("the config file {config_arg} has an unknown key `{key}`"),
+            "the keys are: db, addr, grpc_addr",
+            "journal.max_events",
+            "flightlog serve --help",
+        ]);
+        good.assert_unchanged(&out);
+    }
+    good.assert_still_serves(&scratch);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Database files
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn database_paths_that_cannot_be_a_database_are_refused_and_left_alone() {
+    let scratch = Scratch::new("db");
+    let dir = scratch.path();
+    let folder = scratch.join("a-folder");
+    fs::create_dir(&folder).expect("create a folder");
+    let folder = s(&folder);
+    let in_missing = s(&scratch.join("no-such-folder").join("x.db"));
+    let garbage = scratch.join("garbage.db");
+    // Deterministic bytes that are not an SQLite header.
+    let garbage_bytes: Vec<u8> = (0..5000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    fs::write(&garbage, &garbage_bytes).expect("write garbage");
+    let garbage_arg = s(&garbage);
+    let prose = scratch.join("prose.db");
+    fs::write(&prose, "SQLite format 2\0 but not really a database\n").expect("write");
+    let prose_arg = s(&prose);
+
+    for command in ["serve", "demo"] {
+        let args_for = |db: &str| -> Vec<String> {
+            let mut args = vec![command.to_owned(), "--db".into(), db.to_owned()];
+            if command == "serve" {
+                args.extend(LOOPBACK.map(str::to_owned));
+            } else {
+                args.extend(["--runs".into(), "1".into()]);
+            }
+            args
+        };
+        for (db, needles) in [
+            (&folder, vec![folder.as_str(), "is a directory"]),
+            (&in_missing, vec![in_missing.as_str(), "does not exist"]),
+            (
+                &garbage_arg,
+                vec![garbage_arg.as_str(), "file is not a database"],
+            ),
+            (
+                &prose_arg,
+                vec![prose_arg.as_str(), "file is not a database"],
+            ),
+        ] {
+            let args = args_for(db);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = run(dir, &args, &[]);
+            out.assert_refused(&needles);
+            if command == "serve" {
+                // The same path from the variable and from the config file.
+                let out = run(
+                    dir,
+                    &["serve", "--addr", "127.0.0.1:0", "--grpc-addr", "off"],
+                    &[("FLIGHTLOG_DB", db)],
+                );
+                out.assert_refused(&needles);
+                let config = scratch.join("flightlog.toml");
+                fs::write(&config, format!("db = {db:?}\n")).expect("write config");
+                let config_arg = s(&config);
+                let out = run(
+                    dir,
+                    &[
+                        "serve",
+                        "--config",
+                        &config_arg,
+                        "--addr",
+                        "127.0.0.1:0",
+                        "--grpc-addr",
+                        "off",
+                    ],
+                    &[],
+                );
+                out.assert_refused(&needles);
+            }
+        }
+        assert_eq!(
+            fs::read(&garbage).expect("read garbage"),
+            garbage_bytes,
+            "the garbage file was changed by `{command}`"
+        );
+        assert!(
+            !db_files(&garbage)[1].exists(),
+            "a WAL appeared next to the garbage"
+        );
+        assert!(
+            !Path::new(&in_missing).parent().expect("parent").exists(),
+            "a folder was created"
+        );
+    }
+
+    // An empty path: from the flag it is a usage error, from the variable it counts as unset
+    // (documented), from the file it is refused naming the key.
+    let out = run(
+        dir,
+        &[
+            "serve",
+            "--db",
+            "",
+            "--addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "off",
+        ],
+        &[],
+    );
+    out.assert_usage_error(&["--db <PATH>"]);
+    let config = scratch.join("flightlog.toml");
+    let config_arg = s(&config);
+    for toml in ["\"\"", "\"  \""] {
+        fs::write(&config, format!("db = {toml}\n")).expect("write config");
+        let out = run(
+            dir,
+            &[
+                "serve",
+                "--config",
+                &config_arg,
+                "--addr",
+                "127.0.0.1:0",
+                "--grpc-addr",
+                "off",
+            ],
+            &[],
+        );
+        out.assert_refused(&[
+            &format!("`db` in {config_arg}"),
+            "give the path of the database file",
+        ]);
+    }
+    fs::write(&config, "db = [\"a.db\"]\n").expect("write config");
+    let out = run(
+        dir,
+        &[
+            "serve",
+            "--config",
+            &config_arg,
+            "--addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "off",
+        ],
+        &[],
+    );
+    out.assert_refused(&[&format!("`db` in {config_arg}"), "give a TOML string"]);
+
+    // An empty file is an empty SQLite database: nothing is stored in it to lose, and it
+    // becomes a flightlog database.
+    let empty = scratch.join("empty.db");
+    fs::write(&empty, b"").expect("write an empty file");
+    let out = run(dir, &serve_args(&s(&empty), &LOOPBACK), &[]);
+    out.assert_listened();
+    let out = run(dir, &["demo", "--db", &s(&empty), "--runs", "1"], &[]);
+    out.assert_success();
+}
+
+#[test]
+fn a_database_from_a_newer_flightlog_is_refused_naming_both_versions_and_left_unchanged() {
+    let scratch = Scratch::new("newer");
+    let good = GoodDb::create(&scratch);
+    let newer = checkpointed_copy(&scratch, &good, "newer.db");
+    let supported = flightlog_sqlite::SCHEMA_VERSION;
+    let found = supported + 37;
+    {
+        // `PRAGMA user_version` is the big-endian u32 at byte 60 of the header.
+        let mut file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&newer)
+            .expect("open the copy");
+        let mut header = [0u8; 64];
+        file.read_exact(&mut header).expect("read the header");
+        assert_eq!(&header[..16], b"SQLite format 3\0");
+        assert_eq!(
+            i64::from(u32::from_be_bytes(
+                header[60..64].try_into().expect("4 bytes")
+            )),
+            supported,
+            "the copy is at this build's version"
+        );
+        file.seek(SeekFrom::Start(60)).expect("seek");
+        file.write_all(&u32::try_from(found).expect("small").to_be_bytes())
+            .expect("patch user_version");
+    }
+    let before = fs::read(&newer).expect("read");
+    let newer_arg = s(&newer);
+    let versions = [
+        format!("schema version {found}"),
+        format!("at most version {supported}"),
+        "upgrade flightlog".to_owned(),
+    ];
+    let mut needles: Vec<&str> = versions.iter().map(String::as_str).collect();
+    needles.push(&newer_arg);
+    let out = run(scratch.path(), &serve_args(&newer_arg, &LOOPBACK), &[]);
+    out.assert_refused(&needles);
+    assert!(
+        fs::read(&newer).expect("read") == before,
+        "the newer database changed:{out}"
+    );
+    let out = run(
+        scratch.path(),
+        &["demo", "--db", &newer_arg, "--runs", "1"],
+        &[],
+    );
+    out.assert_refused(&needles);
+    assert!(
+        fs::read(&newer).expect("read") == before,
+        "the newer database changed:{out}"
+    );
+    good.assert_still_serves(&scratch);
+}
+
+#[test]
+fn a_read_only_folder_is_refused_and_its_database_left_alone() {
+    let scratch = Scratch::new("read-only-folder");
+    if !permission_checks_apply(&scratch) {
+        return;
+    }
+    let good = GoodDb::create(&scratch);
+    let folder = scratch.join("locked");
+    fs::create_dir(&folder).expect("create the folder");
+    let checkpointed = checkpointed_copy(&scratch, &good, "for-locked.db");
+    let db = folder.join("flightlog.db");
+    fs::copy(&checkpointed, &db).expect("copy");
+    let before = fs::read(&db).expect("read");
+    fs::set_permissions(&folder, fs::Permissions::from_mode(0o555)).expect("chmod");
+    let db_arg = s(&db);
+    let out = run(scratch.path(), &serve_args(&db_arg, &LOOPBACK), &[]);
+    out.assert_refused(&[&db_arg, "readonly"]);
+    // A new database in a read-only folder.
+    let fresh = s(&folder.join("new.db"));
+    let out = run(scratch.path(), &serve_args(&fresh, &LOOPBACK), &[]);
+    out.assert_refused(&[&fresh]);
+    fs::set_permissions(&folder, fs::Permissions::from_mode(0o755)).expect("chmod back");
+    assert!(
+        fs::read(&db).expect("read") == before,
+        "the database changed"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// `flightlog demo`
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn demo_refuses_bad_run_counts_and_keeps_the_database() {
+    let scratch = Scratch::new("demo");
+    let good = GoodDb::create(&scratch);
+    let db = good.arg();
+    for (runs, needle) in [
+        ("-1", "unexpected argument '-1'"),
+        ("abc", "invalid value 'abc' for '--runs <RUNS>'"),
+        ("1.5", "invalid value '1.5' for '--runs <RUNS>'"),
+        ("", "invalid value '' for '--runs <RUNS>'"),
+        (
+            "99999999999999999999999",
+            "invalid value '99999999999999999999999' for '--runs <RUNS>'",
+        ),
+    ] {
+        let out = run(scratch.path(), &["demo", "--db", &db, "--runs", runs], &[]);
+        out.assert_usage_error(&[needle]);
+        good.assert_unchanged(&out);
+    }
+    // Zero finished runs is a (small) demo: it still records the one running run.
+    let zero = s(&scratch.join("zero.db"));
+    let out = run(scratch.path(), &["demo", "--db", &zero, "--runs", "0"], &[]);
+    out.assert_success();
+    assert!(
+        out.stdout
+            .contains("Recorded 0 finished runs and 1 running run"),
+        "{out}"
+    );
+    // The variable is read too.
+    let out = run(
+        scratch.path(),
+        &["demo", "--runs", "1"],
+        &[("FLIGHTLOG_DB", "no-such-folder/x.db")],
+    );
+    out.assert_refused(&["no-such-folder/x.db"]);
+    // Adding runs to the good database keeps the old ones.
+    let out = run(scratch.path(), &["demo", "--db", &db, "--runs", "1"], &[]);
+    out.assert_success();
+    good.assert_still_serves(&scratch);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Regressions: the defects this file found, each a minimal case of what the rule expects.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn demo_refuses_a_run_count_that_would_overflow() {
+    let scratch = Scratch::new("defect-demo-overflow");
+    let db = s(&scratch.join("d.db"));
+    let out = run(
+        scratch.path(),
+        &["demo", "--db", &db, "--runs", "4611686018427387904"],
+        &[],
+    );
+    out.assert_refused(&["--runs"]);
+}
+
+#[test]
+fn demo_refuses_an_unbounded_run_count() {
+    let scratch = Scratch::new("defect-demo-unbounded");
+    let db = s(&scratch.join("d.db"));
+    let out = run(
+        scratch.path(),
+        &["demo", "--db", &db, "--runs", "18446744073709551615"],
+        &[],
+    );
+    out.assert_refused(&["--runs"]);
+}
+
+#[test]
+fn a_config_db_of_the_wrong_toml_type_is_refused() {
+    let scratch = Scratch::new("db-type");
+    let config = scratch.join("flightlog.toml");
+    let config_arg = s(&config);
+    // Each once without `--addr`/`--grpc-addr` flags when it is the address at stake.
+    for (line, key, found) in [
+        ("db = true", "db", "boolean"),
+        ("db = 5", "db", "integer"),
+        ("addr = 4318", "addr", "integer"),
+        ("grpc_addr = false", "grpc_addr", "boolean"),
+        ("durability = 1", "durability", "integer"),
+    ] {
+        fs::write(&config, format!("{line}\n")).expect("write config");
+        let mut args = vec!["serve", "--config", &config_arg];
+        if key != "addr" {
+            args.extend(["--addr", "127.0.0.1:0"]);
+        }
+        if key != "grpc_addr" {
+            args.extend(["--grpc-addr", "off"]);
+        }
+        let out = run(scratch.path(), &args, &[]);
+        out.assert_refused(&[
+            &format!("`{key}` in {config_arg} = \"<{found}>\""),
+            "give a TOML string",
+        ]);
+        assert!(!scratch.join("true").exists() && !scratch.join("5").exists());
+    }
+}
+
+#[test]
+fn an_unresolvable_addr_names_the_setting_and_the_form() {
+    let scratch = Scratch::new("defect-resolve");
+    let db = s(&scratch.join("x.db"));
+    let out = run(
+        scratch.path(),
+        &serve_args(
+            &db,
+            &["--addr", "no-such-host.invalid:4318", "--grpc-addr", "off"],
+        ),
+        &[],
+    );
+    out.assert_refused(&["--addr", "give HOST:PORT"]);
+}
+
+#[test]
+fn an_addr_in_use_names_the_setting_and_the_fix() {
+    let scratch = Scratch::new("defect-in-use");
+    let db = s(&scratch.join("x.db"));
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let busy = taken.local_addr().expect("address").to_string();
+    let out = run(
+        scratch.path(),
+        &serve_args(&db, &["--addr", &busy, "--grpc-addr", "off"]),
+        &[],
+    );
+    out.assert_refused(&["--addr", "free port"]);
+}
+
+#[test]
+fn a_db_that_is_a_directory_is_called_one() {
+    let scratch = Scratch::new("defect-db-dir");
+    let folder = scratch.join("a-folder");
+    fs::create_dir(&folder).expect("create");
+    let out = run(scratch.path(), &serve_args(&s(&folder), &LOOPBACK), &[]);
+    out.assert_refused(&["directory"]);
+}
+
+#[test]
+fn a_db_in_a_missing_folder_says_the_folder_is_missing() {
+    let scratch = Scratch::new("defect-db-missing");
+    let db = s(&scratch.join("no-such-folder").join("x.db"));
+    let out = run(scratch.path(), &serve_args(&db, &LOOPBACK), &[]);
+    out.assert_refused(&["no-such-folder"]);
+    let lower = out.stderr.to_lowercase();
+    assert!(
+        lower.contains("does not exist") || lower.contains("no such"),
+        "the message does not say the folder is missing:{out}"
+    );
+}
+
+#[test]
+fn serve_refuses_a_read_only_database_at_start() {
+    let scratch = Scratch::new("defect-read-only");
+    if !permission_checks_apply(&scratch) {
+        return;
+    }
+    let good = GoodDb::create(&scratch);
+    let db = checkpointed_copy(&scratch, &good, "read-only.db");
+    fs::set_permissions(&db, fs::Permissions::from_mode(0o444)).expect("chmod");
+    let db_arg = s(&db);
+    let out = run(scratch.path(), &serve_args(&db_arg, &LOOPBACK), &[]);
+    out.assert_refused(&[&db_arg, "read"]);
+}
+
+#[test]
+fn demo_on_a_read_only_database_names_the_file() {
+    let scratch = Scratch::new("defect-demo-read-only");
+    if !permission_checks_apply(&scratch) {
+        return;
+    }
+    let good = GoodDb::create(&scratch);
+    let db = checkpointed_copy(&scratch, &good, "read-only.db");
+    fs::set_permissions(&db, fs::Permissions::from_mode(0o444)).expect("chmod");
+    let db_arg = s(&db);
+    let out = run(
+        scratch.path(),
+        &["demo", "--db", &db_arg, "--runs", "1"],
+        &[],
+    );
+    out.assert_refused(&[&db_arg]);
+}
+
+#[test]
+fn demo_treats_an_empty_db_variable_as_unset() {
+    let scratch = Scratch::new("defect-demo-empty-env");
+    let out = run(
+        scratch.path(),
+        &["demo", "--runs", "1"],
+        &[("FLIGHTLOG_DB", "")],
+    );
+    out.assert_no_panic();
+    let succeeded = out.status.is_some_and(|s| s.success());
+    assert!(
+        succeeded || out.stderr.contains("FLIGHTLOG_DB"),
+        "the message does not name FLIGHTLOG_DB:{out}"
+    );
+}
