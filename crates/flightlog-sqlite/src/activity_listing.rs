@@ -1,15 +1,15 @@
 //! `list_runs`: the newest-first page of runs, from two index-ordered queries merged in Rust.
 //!
 //! Runs that still have detail are listed from their root span (the partial index
-//! `activity_spans_roots` orders them by start), with the rollup's totals once the run ended and
+//! `activity_spans_roots` orders them by start; a run with several roots, as OTLP traces may
+//! have, from its newest one only, found through `activity_spans_roots_by_run`, so it appears
+//! once and paging by cursor never meets it again), with the rollup's totals once the run ended and
 //! was rolled up, else the root's own figures as they are now. Runs whose detail `prune` deleted
 //! exist only as a rollup row (`activity_run_rollups_pruned` orders those). Each query reads at
 //! most `limit + 1` rows in index order, so a page costs the same however deep it is; the two are
 //! merged by `(started_at, run_id)` descending and the extra row tells whether a next page exists.
 //! The SQL text is built from which filters are present (a handful of variants, each cached), so
 //! every filter is a plain indexable predicate rather than a `?1 IS NULL OR …` that defeats the index.
-
-use std::collections::HashSet;
 
 use flightlog_core::activity::{
     RunCursor, RunListEntry, RunListQuery, RunPage, RunState, SpanOrigin, SpanOutcome, StoreError,
@@ -72,7 +72,10 @@ fn roots_sql(query: &RunListQuery) -> String {
          s.last_heartbeat_at, NOT {LIVE}, 0 \
          FROM activity_spans s JOIN activity_runs r ON r.run_key = s.run_key \
          LEFT JOIN activity_run_rollups u ON u.run_key = s.run_key \
-         WHERE s.parent_span_id IS NULL"
+         WHERE s.parent_span_id IS NULL \
+         AND NOT EXISTS (SELECT 1 FROM activity_spans n WHERE n.run_key = s.run_key \
+           AND n.parent_span_id IS NULL AND n.started_at >= s.started_at \
+           AND (n.started_at > s.started_at OR n.span_key > s.span_key))"
     );
     match query.state {
         Some(RunState::Open) => sql.push_str(" AND s.outcome IS NULL"),
@@ -166,9 +169,6 @@ pub(crate) fn list_runs(conn: &Connection, query: &RunListQuery) -> Result<RunPa
                 .then_with(|| b.run_id.cmp(&a.run_id))
         });
     }
-    // A run with two roots (allowed, if unusual) is listed once, from its newest root.
-    let mut seen = HashSet::new();
-    runs.retain(|entry| seen.insert(entry.run_id.clone()));
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let next = if runs.len() > limit {
         runs.truncate(limit);

@@ -200,3 +200,55 @@ async fn pages_neither_skip_nor_repeat_while_runs_keep_starting() {
     expected.sort_by(|a, b| b.cmp(a));
     assert_eq!(seen, expected);
 }
+
+#[tokio::test]
+async fn a_run_with_several_roots_is_listed_once_from_its_newest_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("roots.db"))).unwrap();
+    let store = SqliteActivityStore::with_identity(db, Arc::new(ManualClock::new(0)), "w");
+    // Runs "b" and "d" have several roots (an OTLP trace may), interleaved in time with the
+    // one-root runs "a", "c" and "e".
+    for (span, run, at) in [
+        ("b1", "b", 100),
+        ("a1", "a", 200),
+        ("b2", "b", 300),
+        ("d1", "d", 350),
+        ("c1", "c", 400),
+        ("d2", "d", 500),
+        ("d3", "d", 500),
+        ("e1", "e", 600),
+        ("b3", "b", 700),
+    ] {
+        store.start_span(start(span, run, None, at)).await.unwrap();
+    }
+    // Newest first, each run once, at its newest root's start.
+    let page = store.list_runs(query(None, 10)).await.unwrap();
+    let listed: Vec<(String, i64)> = page
+        .runs
+        .iter()
+        .map(|run| (run.run_id.clone(), run.started_at))
+        .collect();
+    let expected: Vec<(String, i64)> = [("b", 700), ("e", 600), ("d", 500), ("c", 400), ("a", 200)]
+        .iter()
+        .map(|(run, at)| ((*run).to_owned(), *at))
+        .collect();
+    assert_eq!(listed, expected);
+    assert_eq!(page.next, None);
+    // Every page size reaches every run exactly once.
+    for limit in 1..=5 {
+        let mut seen = Vec::new();
+        let mut before: Option<RunCursor> = None;
+        loop {
+            let mut page_query = query(None, limit);
+            page_query.before = before.clone();
+            let page = store.list_runs(page_query).await.unwrap();
+            assert!(page.runs.len() <= limit as usize);
+            seen.extend(page.runs.iter().map(|run| run.run_id.clone()));
+            match page.next {
+                Some(next) => before = Some(RunCursor::decode(&next).unwrap()),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ["b", "e", "d", "c", "a"], "limit {limit}");
+    }
+}
