@@ -1,8 +1,10 @@
 //! The one middleware every request passes through: it counts the request for `/metrics`,
-//! checks its token, takes a write slot for a write, runs the route, and gives a body-limit
-//! refusal the contract's error body — in that order, so every answer (the gate's own refusals
-//! included) is counted, a request is authenticated before it takes a write slot, and it takes
-//! its slot before its body is read.
+//! checks its token, refuses a body declared larger than the limit (after draining a bounded
+//! part of it, so the client reads the `413` rather than a reset connection), takes a write
+//! slot for a write, runs the route, and gives a body-limit refusal the contract's error body
+//! (the OTLP one on the protobuf trace route) — in that order, so every answer (the gate's own
+//! refusals included) is counted, a request is authenticated before it takes a write slot, and
+//! it takes its slot before its body is read.
 //!
 //! Why one middleware and not one layer per concern: `Router::layer` wraps every route in each
 //! layer, so each layer is a boxed service cloned and polled for every request. With four layers
@@ -11,17 +13,25 @@
 //! The checks themselves live with their subjects ([`crate::auth`], [`crate::overload`],
 //! [`crate::metrics`]); this module is only their order.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::header::CONTENT_TYPE;
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, EXPECT};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 
 use crate::metrics::{method_label, UNMATCHED_ROUTE};
+use crate::routes::otlp::{is_protobuf, too_large_answer, TRACES_PATH};
 use crate::state::AppState;
 use crate::{auth, extract, overload};
+
+/// At most this many times the body limit is read and discarded from a body declared too large
+/// before it is refused (see [`refuse_declared_too_large`]).
+const DRAIN_LIMITS: u64 = 4;
+/// The longest a too-large body is drained before it is refused anyway.
+const DRAIN_TIME: Duration = Duration::from_secs(10);
 
 /// The middleware (installed by [`crate::app`] with `from_fn_with_state`).
 pub(crate) async fn gate(State(state): State<AppState>, request: Request, next: Next) -> Response {
@@ -30,8 +40,14 @@ pub(crate) async fn gate(State(state): State<AppState>, request: Request, next: 
     // A cheap clone (the template is shared); routing already happened, so it is present for
     // every routed request.
     let route = request.extensions().get::<MatchedPath>().cloned();
-    let response = admit_and_run(&state, route.as_ref(), request, next).await;
-    let response = with_contract_body_limit_answer(response, state.config().body_limit);
+    // A body-limit refusal answers in the OTLP error encoding on the protobuf trace route.
+    let otlp_protobuf = route
+        .as_ref()
+        .is_some_and(|route| route.as_str() == TRACES_PATH)
+        && is_protobuf(request.headers());
+    let response = admit_and_run(&state, route.as_ref(), otlp_protobuf, request, next).await;
+    let response =
+        with_contract_body_limit_answer(response, state.config().body_limit, otlp_protobuf);
     state.metrics().observe_request(
         route.map_or_else(
             || UNMATCHED_ROUTE.to_owned(),
@@ -47,11 +63,16 @@ pub(crate) async fn gate(State(state): State<AppState>, request: Request, next: 
 async fn admit_and_run(
     state: &AppState,
     route: Option<&MatchedPath>,
+    otlp_protobuf: bool,
     request: Request,
     next: Next,
 ) -> Response {
     if let Err(refusal) = auth::check_token(state, &request, route.map(MatchedPath::as_str)) {
         return refusal.into_response();
+    }
+    let limit = state.config().body_limit;
+    if declared_length(&request).is_some_and(|length| length > limit as u64) {
+        return refuse_declared_too_large(request, limit, otlp_protobuf).await;
     }
     let method = request.method().clone();
     let slot = match overload::take_write_slot(state, &method, route.is_some()).await {
@@ -63,18 +84,73 @@ async fn admit_and_run(
     response
 }
 
-/// tower-http answers a too-large declared length itself, in plain text; give that answer the
-/// contract's body. (A body cut off while being read is already an `ApiError`.)
-fn with_contract_body_limit_answer(response: Response, limit: usize) -> Response {
-    if response.status() == StatusCode::PAYLOAD_TOO_LARGE && !is_json_response(&response) {
-        return extract::payload_too_large_error(limit).into_response();
+fn declared_length(request: &Request) -> Option<u64> {
+    request
+        .headers()
+        .get(CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// A body declared larger than the limit: refused with `413`, after reading and discarding up
+/// to [`DRAIN_LIMITS`] times the limit of it for at most [`DRAIN_TIME`]. A server that answers
+/// without reading closes the connection with unread bytes in its receive buffer, and the kernel
+/// then resets it: a client still sending its body sees the reset instead of the `413` (an OTLP
+/// exporter then retries the same batch as if the network had failed). A client that sent
+/// `Expect: 100-continue` has sent no body yet, so it is answered at once.
+async fn refuse_declared_too_large(
+    request: Request,
+    limit: usize,
+    otlp_protobuf: bool,
+) -> Response {
+    let waits_to_send = request
+        .headers()
+        .get(EXPECT)
+        .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if !waits_to_send {
+        let most = DRAIN_LIMITS.saturating_mul(limit as u64);
+        let deadline = tokio::time::Instant::now() + DRAIN_TIME;
+        let mut body = request.into_body().into_data_stream();
+        let mut drained = 0u64;
+        while drained <= most {
+            match tokio::time::timeout_at(deadline, body.next()).await {
+                Ok(Some(Ok(chunk))) => drained += chunk.len() as u64,
+                _ => break,
+            }
+        }
+    }
+    too_large(limit, otlp_protobuf)
+}
+
+/// The body-limit refusal: the OTLP `Status` on the protobuf trace route, the contract's
+/// error body everywhere else.
+fn too_large(limit: usize, otlp_protobuf: bool) -> Response {
+    if otlp_protobuf {
+        too_large_answer(limit)
+    } else {
+        extract::payload_too_large_error(limit).into_response()
+    }
+}
+
+/// A body cut off at the limit while being read (chunked, with no length declared) can be
+/// refused by axum itself, in plain text; give that answer the contract's body (or the OTLP
+/// one). The routes' own `413`s (JSON, or protobuf on the trace route) are left as they are.
+fn with_contract_body_limit_answer(
+    response: Response,
+    limit: usize,
+    otlp_protobuf: bool,
+) -> Response {
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE && is_plain_text(&response) {
+        return too_large(limit, otlp_protobuf);
     }
     response
 }
 
-fn is_json_response(response: &Response) -> bool {
+fn is_plain_text(response: &Response) -> bool {
     response
         .headers()
         .get(CONTENT_TYPE)
-        .is_some_and(|value| value.as_bytes().starts_with(b"application/json"))
+        .is_none_or(|value| value.as_bytes().starts_with(b"text/plain"))
 }

@@ -43,8 +43,20 @@ fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|value| value.to_str().ok())
 }
 
+/// The route of OTLP/HTTP trace export.
+pub(crate) const TRACES_PATH: &str = "/v1/traces";
+
+/// The body-limit refusal of a protobuf request to [`TRACES_PATH`], in the OTLP error encoding
+/// (answered by the gate, before the route runs).
+pub(crate) fn too_large_answer(limit: usize) -> Response {
+    protobuf_failure(
+        &crate::extract::payload_too_large_error(limit),
+        GrpcCode::ResourceExhausted,
+    )
+}
+
 /// Whether the request declared a protobuf body (its errors are then answered in protobuf).
-fn is_protobuf(headers: &HeaderMap) -> bool {
+pub(crate) fn is_protobuf(headers: &HeaderMap) -> bool {
     header_text(headers, CONTENT_TYPE.as_str())
         .and_then(OtlpEncoding::from_content_type)
         .is_some_and(|encoding| encoding == OtlpEncoding::Protobuf)
@@ -55,6 +67,11 @@ fn failure(headers: &HeaderMap, error: ApiError, code: GrpcCode) -> Response {
     if !is_protobuf(headers) {
         return error.into_response();
     }
+    protobuf_failure(&error, code)
+}
+
+/// `error` as a protobuf `google.rpc.Status` with the contract's HTTP status.
+fn protobuf_failure(error: &ApiError, code: GrpcCode) -> Response {
     let status = error.status();
     let (content_type, body) = encode_status(code, &error.to_string(), OtlpEncoding::Protobuf);
     let mut response = (status, [(CONTENT_TYPE, content_type)], body).into_response();
