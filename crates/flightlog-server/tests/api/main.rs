@@ -5,7 +5,8 @@
 //! limit's `503` under overload (`overload`), the generated OpenAPI document (`openapi`) and the
 //! Prometheus metrics (`metrics`), and real OpenTelemetry SDK clients (Python http/protobuf and
 //! gRPC, JavaScript OTLP/JSON) exporting to it (`otlp_clients`), and a seeded fuzz of every
-//! endpoint with malformed input that must get contract errors and lose nothing (`fuzz`). One
+//! endpoint with malformed input that must get contract errors and lose nothing (`fuzz`), and a
+//! seeded fuzz of OTLP trace ingest over protobuf, OTLP/JSON and gRPC (`otlp_fuzz`). One
 //! test binary, so the suite links once.
 
 mod auth;
@@ -16,6 +17,7 @@ mod metrics;
 mod openapi;
 mod otlp;
 mod otlp_clients;
+mod otlp_fuzz;
 mod overload;
 mod streams;
 mod support;
