@@ -65,7 +65,7 @@ use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
-use crate::support::{segment, Options, TestServer};
+use crate::support::{assert_no_fuzz_failures, segment, Options, Rng, TestServer};
 
 /// The fixed seed: the same requests on every run.
 const SEED: u64 = 0x07e1_f022_a5ee_d001;
@@ -86,48 +86,14 @@ const KEEP_TRACE: [u8; 16] = [
 const KEEP_SPANS: u8 = 7;
 const KEEP_START_MS: u64 = 1_700_000_000_000;
 
-/// xorshift64*: small, fast and the same everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+/// `len` random bytes that are not all zero (a wrong-length id that is also zero would be
+/// refused for two reasons at once).
+fn id_bytes(rng: &mut Rng, len: usize) -> Vec<u8> {
+    let mut bytes = rng.bytes(len);
+    if let Some(first) = bytes.first_mut() {
+        *first |= 0x01;
     }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn range(&mut self, low: usize, high: usize) -> usize {
-        low + self.below(high - low + 1)
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-
-    fn percent(&mut self, p: u64) -> bool {
-        self.next() % 100 < p
-    }
-
-    fn bytes(&mut self, len: usize) -> Vec<u8> {
-        (0..len).map(|_| self.next() as u8).collect()
-    }
-
-    /// `len` random bytes that are not all zero (a wrong-length id that is also zero would be
-    /// refused for two reasons at once).
-    fn id_bytes(&mut self, len: usize) -> Vec<u8> {
-        let mut bytes = self.bytes(len);
-        if let Some(first) = bytes.first_mut() {
-            *first |= 0x01;
-        }
-        bytes
-    }
+    bytes
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1704,12 +1670,12 @@ impl<'a> Fuzz<'a> {
         match choice {
             0 => {
                 let len = *rng.pick(&ID_LENGTHS);
-                span.trace_id = rng.id_bytes(len);
+                span.trace_id = id_bytes(rng, len);
                 format!("trace id of {len} bytes")
             }
             1 => {
                 let len = *rng.pick(&ID_LENGTHS);
-                span.span_id = rng.id_bytes(len);
+                span.span_id = id_bytes(rng, len);
                 format!("span id of {len} bytes")
             }
             2 => {
@@ -1722,7 +1688,7 @@ impl<'a> Fuzz<'a> {
             }
             4 => {
                 let len = *rng.pick(&PARENT_LENGTHS);
-                span.parent_span_id = rng.id_bytes(len);
+                span.parent_span_id = id_bytes(rng, len);
                 format!("parent id of {len} bytes")
             }
             5 => {
@@ -2162,14 +2128,14 @@ impl<'a> Fuzz<'a> {
             0 => (Vec::new(), "no parent"),
             1 => {
                 let len = *rng.pick(&PARENT_LENGTHS);
-                (rng.id_bytes(len), "parent of a wrong length")
+                (id_bytes(rng, len), "parent of a wrong length")
             }
             2 => (Vec::new(), "own parent kept"),
             3 => (
                 rng.pick(&ids).clone(),
                 "announcing another span of the request",
             ),
-            4 => (rng.id_bytes(8), "announcing an unknown span"),
+            4 => (id_bytes(rng, 8), "announcing an unknown span"),
             _ => (Vec::new(), "announcing itself"),
         };
         let span = span_at(request, index).expect("a span");
@@ -3279,18 +3245,7 @@ async fn otlp_fuzzed_exports_get_clear_answers_and_lose_nothing() {
     assert_eq!(health.assert_status(200), &json!({"status": "ok"}));
 
     fuzz.report(started.elapsed());
-    assert!(
-        fuzz.failures.is_empty(),
-        "{} problems in {} requests:\n{}",
-        fuzz.failures.len(),
-        fuzz.sent,
-        fuzz.failures
-            .iter()
-            .take(40)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    assert_no_fuzz_failures(&fuzz.failures, fuzz.sent);
     server.stop().await;
 }
 

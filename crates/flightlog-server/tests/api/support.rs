@@ -273,3 +273,55 @@ pub fn segment(id: &str) -> String {
     }
     out
 }
+
+/// The fuzz tests' seeded xorshift64* generator: the same requests on every run, no dependency.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// A number in `low..=high`.
+    pub fn range(&mut self, low: usize, high: usize) -> usize {
+        low + self.below(high - low + 1)
+    }
+
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+
+    /// True `p` times in a hundred.
+    pub fn percent(&mut self, p: u64) -> bool {
+        self.next() % 100 < p
+    }
+
+    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
+        (0..len).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// Fail with the first 40 of a fuzz run's `failures`, if it has any.
+pub fn assert_no_fuzz_failures(failures: &[String], sent: usize) {
+    assert!(
+        failures.is_empty(),
+        "{} problems in {sent} requests:\n{}",
+        failures.len(),
+        failures
+            .iter()
+            .take(40)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
