@@ -30,6 +30,26 @@ pub fn too_deep_path_in_object(root: &str, object: &JsonObject) -> Option<String
     too_deep_in_object(object, 1, &mut steps).then(|| path(root, &steps))
 }
 
+/// `Err` with a message naming the path (`attrs.a.b`) when `object` nests too deep.
+pub fn check_object(root: &str, object: Option<&JsonObject>) -> Result<(), String> {
+    match object.and_then(|object| too_deep_path_in_object(root, object)) {
+        Some(path) => Err(too_deep_message(&path)),
+        None => Ok(()),
+    }
+}
+
+/// `Err` with a message naming the path (`payload[0].a`) when `value` nests too deep.
+pub fn check_value(root: &str, value: Option<&Value>) -> Result<(), String> {
+    match value.and_then(|value| too_deep_path(root, value)) {
+        Some(path) => Err(too_deep_message(&path)),
+        None => Ok(()),
+    }
+}
+
+fn too_deep_message(path: &str) -> String {
+    format!("{path} nests deeper than {MAX_JSON_DEPTH} levels")
+}
+
 /// How deep `value` nests: 0 for a scalar, 1 for an object or array holding only scalars, and
 /// so on. Stops counting past [`MAX_JSON_DEPTH`] + 1 (the answer is then that bound).
 pub fn nesting_depth(value: &Value) -> usize {

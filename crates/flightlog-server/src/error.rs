@@ -170,6 +170,7 @@ impl From<StoreError> for ApiError {
         let message = err.to_string();
         match err {
             StoreError::DuplicateSpan { .. } => Self::Conflict(message),
+            StoreError::InvalidInput(_) => Self::InvalidRequest(message),
             StoreError::Overloaded | StoreError::Closed => Self::Unavailable(message),
             StoreError::SchemaTooNew { .. } | StoreError::Corrupt(_) | StoreError::Backend(_) => {
                 Self::Internal(message)

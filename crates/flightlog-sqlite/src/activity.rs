@@ -13,6 +13,7 @@ use flightlog_core::activity::{
     RunListQuery, RunPage, RunRollupRow, RunSnapshot, SpanEventRow, SpanOutcome, SpanPatch,
     SpanRow, StartSpanInput, StoreError, TerminalRootChange, DEFAULT_PRUNE_BATCH,
 };
+use flightlog_core::json_depth;
 use flightlog_core::{default_writer_id, Clock};
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -226,6 +227,8 @@ impl ActivityStore for SqliteActivityStore {
     }
 
     async fn start_span(&self, input: StartSpanInput) -> Result<SpanRow, StoreError> {
+        json_depth::check_object("attrs", input.attrs.as_ref())
+            .map_err(StoreError::InvalidInput)?;
         let now = self.now();
         let writer = self.writer.clone();
         self.db
@@ -234,6 +237,8 @@ impl ActivityStore for SqliteActivityStore {
     }
 
     async fn end_span(&self, span_id: &str, input: EndSpanInput) -> Result<bool, StoreError> {
+        json_depth::check_object("attrs", input.attrs.as_ref())
+            .map_err(StoreError::InvalidInput)?;
         let now = self.now();
         let span_id = span_id.to_owned();
         self.db
@@ -242,6 +247,8 @@ impl ActivityStore for SqliteActivityStore {
     }
 
     async fn patch_span(&self, span_id: &str, patch: SpanPatch) -> Result<bool, StoreError> {
+        json_depth::check_object("attrs", patch.attrs.as_ref())
+            .map_err(StoreError::InvalidInput)?;
         let span_id = span_id.to_owned();
         self.db
             .write(move |ctx| write::patch_span(ctx, &span_id, &patch))
@@ -255,6 +262,7 @@ impl ActivityStore for SqliteActivityStore {
         payload: Option<&serde_json::Value>,
         ts: Option<i64>,
     ) -> Result<Option<SpanEventRow>, StoreError> {
+        json_depth::check_value("payload", payload).map_err(StoreError::InvalidInput)?;
         let ts = ts.unwrap_or_else(|| self.now());
         // Capping and compression are pure CPU work: do them on the caller's thread, not the
         // writer's.

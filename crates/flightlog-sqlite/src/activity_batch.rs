@@ -13,6 +13,7 @@
 use flightlog_core::activity::{
     cap_payload, ActivityWrite, ActivityWriteResult, CappedPayload, StoreError,
 };
+use flightlog_core::json_depth;
 
 use crate::activity_write as write;
 use crate::database::{fails_cleanly, WriteContext};
@@ -21,6 +22,9 @@ use crate::payload_codec::{CompressedPayload, PayloadCodec};
 
 /// One write of the batch with its CPU work done.
 pub(crate) enum PreparedWrite {
+    /// Refused before the job (its input cannot be stored; see [`check_input`]): it fails alone,
+    /// cleanly, in its place in the order.
+    Refused(String),
     /// Everything but an event append: applied as given.
     Plain(ActivityWrite),
     AppendEvent {
@@ -40,26 +44,51 @@ pub(crate) fn prepare(
 ) -> Vec<PreparedWrite> {
     writes
         .into_iter()
-        .map(|write| match write {
-            ActivityWrite::AppendEvent {
+        .map(|write| match check_input(&write) {
+            Err(message) => PreparedWrite::Refused(message),
+            Ok(()) => prepare_one(write, codec, now),
+        })
+        .collect()
+}
+
+/// The input checks every write path of the store applies before queueing (the same as the
+/// single calls'): stored attrs and payloads nest at most `MAX_JSON_DEPTH` levels.
+pub(crate) fn check_input(write: &ActivityWrite) -> Result<(), String> {
+    match write {
+        ActivityWrite::StartSpan(input) => json_depth::check_object("attrs", input.attrs.as_ref()),
+        ActivityWrite::EndSpan { input, .. } => {
+            json_depth::check_object("attrs", input.attrs.as_ref())
+        }
+        ActivityWrite::PatchSpan { patch, .. } => {
+            json_depth::check_object("attrs", patch.attrs.as_ref())
+        }
+        ActivityWrite::AppendEvent { payload, .. } => {
+            json_depth::check_value("payload", payload.as_ref())
+        }
+        ActivityWrite::Heartbeat { .. } => Ok(()),
+    }
+}
+
+fn prepare_one(write: ActivityWrite, codec: &PayloadCodec, now: i64) -> PreparedWrite {
+    match write {
+        ActivityWrite::AppendEvent {
+            span_id,
+            event_type,
+            payload,
+            ts,
+        } => {
+            let payload = cap_payload(payload.as_ref());
+            let compressed = codec.encode(&payload.json);
+            PreparedWrite::AppendEvent {
                 span_id,
                 event_type,
                 payload,
-                ts,
-            } => {
-                let payload = cap_payload(payload.as_ref());
-                let compressed = codec.encode(&payload.json);
-                PreparedWrite::AppendEvent {
-                    span_id,
-                    event_type,
-                    payload,
-                    compressed,
-                    ts: ts.unwrap_or(now),
-                }
+                compressed,
+                ts: ts.unwrap_or(now),
             }
-            other => PreparedWrite::Plain(other),
-        })
-        .collect()
+        }
+        other => PreparedWrite::Plain(other),
+    }
 }
 
 fn apply_one(
@@ -69,6 +98,7 @@ fn apply_one(
     now: i64,
 ) -> Result<ActivityWriteResult, StoreError> {
     match prepared {
+        PreparedWrite::Refused(message) => Err(StoreError::InvalidInput(message.clone())),
         PreparedWrite::Plain(ActivityWrite::StartSpan(input)) => {
             write::start_span(ctx, input, writer, now)
                 .map(|span| ActivityWriteResult::Started(Box::new(span)))
@@ -154,6 +184,7 @@ pub(crate) fn replicate(err: &StoreError) -> StoreError {
     match err {
         StoreError::Overloaded => StoreError::Overloaded,
         StoreError::Closed => StoreError::Closed,
+        StoreError::InvalidInput(message) => StoreError::InvalidInput(message.clone()),
         other => StoreError::Backend(other.to_string()),
     }
 }

@@ -20,9 +20,10 @@
 use std::collections::{HashMap, HashSet};
 
 use flightlog_core::activity::{
-    cap_payload, CappedPayload, ImportRejection, ImportReport, ImportedSpan, JsonObject,
-    RollupSpan, SpanUsage, StoreError,
+    cap_payload, CappedPayload, ImportRejection, ImportReport, ImportedAttrs, ImportedSpan,
+    JsonObject, RollupSpan, SpanUsage, StoreError,
 };
+use flightlog_core::json_depth;
 use rusqlite::{params, OptionalExtension};
 
 use crate::activity_write::{
@@ -48,6 +49,9 @@ pub(crate) struct PreparedSpan {
     /// The attrs' JSON text, as stored.
     attrs: String,
     events: Vec<PreparedEvent>,
+    /// Why the span cannot be stored as given (attrs or a payload nested too deep): it is
+    /// reported rejected and nothing of it is written.
+    refusal: Option<String>,
 }
 
 /// Cap and compress event payloads and serialize attrs, off the writer thread.
@@ -55,6 +59,17 @@ pub(crate) fn prepare(spans: Vec<ImportedSpan>, codec: &PayloadCodec) -> Vec<Pre
     spans
         .into_iter()
         .map(|mut span| {
+            // The mapping of OTLP already keeps within the limit; this holds it for any caller.
+            let refusal = match &span.attrs {
+                ImportedAttrs::Object(attrs) => json_depth::check_object("attrs", Some(attrs)),
+                ImportedAttrs::Encoded(_) => Ok(()),
+            }
+            .and_then(|()| {
+                span.events
+                    .iter()
+                    .try_for_each(|event| json_depth::check_value("payload", Some(&event.payload)))
+            })
+            .err();
             let events = std::mem::take(&mut span.events)
                 .into_iter()
                 .map(|event| {
@@ -73,6 +88,7 @@ pub(crate) fn prepare(spans: Vec<ImportedSpan>, codec: &PayloadCodec) -> Vec<Pre
                 span,
                 attrs,
                 events,
+                refusal,
             }
         })
         .collect()
@@ -331,6 +347,13 @@ pub(crate) fn import_spans(
     let writer_key = writer_key_of(ctx, writer)?;
     for prepared in spans {
         let span = &prepared.span;
+        if let Some(reason) = &prepared.refusal {
+            report.rejected.push(ImportRejection {
+                span_id: span.span_id.clone(),
+                reason: reason.clone(),
+            });
+            continue;
+        }
         let (run_key, new_run) = run_key_or_new(ctx, &span.run_id)?;
         let at = *touched_at.entry(run_key).or_insert_with(|| {
             touched.push((

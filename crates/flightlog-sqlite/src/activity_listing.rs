@@ -24,6 +24,9 @@ fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<RunListEntry> {
     let origin: String = row.get(3)?;
     let outcome: Option<String> = row.get(8)?;
     let open: bool = row.get(1)?;
+    let started_at: i64 = row.get(6)?;
+    let ended_at: Option<i64> = row.get(7)?;
+    let rolled_up: bool = row.get(18)?;
     Ok(RunListEntry {
         run_id: row.get(0)?,
         state: if open {
@@ -35,10 +38,16 @@ fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<RunListEntry> {
         origin: SpanOrigin::from_stored(&origin),
         session_id: row.get(4)?,
         job_name: row.get(5)?,
-        started_at: row.get(6)?,
-        ended_at: row.get(7)?,
+        started_at,
+        ended_at,
         outcome: outcome.as_deref().map(SpanOutcome::from_stored),
-        duration_ms: row.get(9)?,
+        // A live root's duration is computed here, saturating as the rollup's does (SQLite
+        // turns an overflowing subtraction into a real number).
+        duration_ms: if rolled_up {
+            row.get(9)?
+        } else {
+            ended_at.map(|ended: i64| ended.saturating_sub(started_at))
+        },
         span_count: row.get(10)?,
         input_tokens: row.get(11)?,
         output_tokens: row.get(12)?,
@@ -47,7 +56,7 @@ fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<RunListEntry> {
         cost_usd: row.get(15)?,
         failure_reason: row.get(16)?,
         last_heartbeat_at: row.get(17)?,
-        rolled_up: row.get(18)?,
+        rolled_up,
         detail_pruned: row.get(19)?,
     })
 }
@@ -59,7 +68,7 @@ fn roots_sql(query: &RunListQuery) -> String {
     let mut sql = format!(
         "SELECT r.run_id, s.outcome IS NULL, s.name, s.origin, s.session_id, s.job_name, \
          s.started_at, s.ended_at, s.outcome, \
-         CASE WHEN {LIVE} THEN s.ended_at - s.started_at ELSE u.duration_ms END, \
+         CASE WHEN {LIVE} THEN NULL ELSE u.duration_ms END, \
          CASE WHEN {LIVE} THEN (SELECT COUNT(*) FROM activity_spans c WHERE c.run_key = s.run_key) \
            ELSE u.span_count END, \
          CASE WHEN {LIVE} THEN s.input_tokens ELSE u.input_tokens END, \

@@ -57,13 +57,15 @@ pub struct SqliteConfig {
     /// The database file; created when missing.
     pub path: PathBuf,
     pub durability: Durability,
-    /// How long one connection waits for another's lock before SQLite reports busy.
+    /// How long one connection waits for another's lock before SQLite reports busy (at most
+    /// `i32::MAX` ms, SQLite's limit).
     pub busy_timeout: Duration,
     /// How long a write keeps retrying a busy lock before failing.
     pub lock_retry_budget: Duration,
-    /// Most writes committed in one transaction.
+    /// Most writes committed in one transaction (1 to 65,536).
     pub max_group_size: usize,
-    /// Writes that may wait in the queue; beyond it `try_*` callers get `Overloaded`.
+    /// Writes that may wait in the queue (1 to 2^24); beyond it `try_*` callers get
+    /// `Overloaded`.
     pub write_queue_capacity: usize,
     /// `prune` trims change rows of finished runs this many change ids behind the newest.
     pub change_log_retention: i64,
@@ -237,7 +239,10 @@ enum Applied {
 /// Errors a write function only returns before it has changed anything, so the group
 /// transaction can go on without a savepoint around the failed write.
 pub(crate) fn fails_cleanly(err: &StoreError) -> bool {
-    matches!(err, StoreError::DuplicateSpan { .. })
+    matches!(
+        err,
+        StoreError::DuplicateSpan { .. } | StoreError::InvalidInput(_)
+    )
 }
 
 /// A queued write: applied inside the group transaction (perhaps twice, see
@@ -397,7 +402,9 @@ fn execute_cached(conn: &Connection, sql: &str) -> Result<(), StoreError> {
 /// statement, which is what a cache of prepared statements is for; no query of flightlog relies
 /// on value-dependent planning (there are no `sqlite_stat4` statistics).
 pub fn configure_connection(conn: &Connection, busy_timeout: Duration) -> Result<(), StoreError> {
-    conn.busy_timeout(busy_timeout).map_err(backend)?;
+    // SQLite takes milliseconds as a C int (rusqlite panics past it): ~24.8 days is the most.
+    conn.busy_timeout(busy_timeout.min(MAX_BUSY_TIMEOUT))
+        .map_err(backend)?;
     conn.set_prepared_statement_cache_capacity(64);
     conn.set_db_config(
         rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
@@ -443,6 +450,15 @@ fn cannot_open(path: &Path, err: &rusqlite::Error) -> StoreError {
         path.display()
     ))
 }
+
+/// The longest `busy_timeout` SQLite can take (`i32::MAX` milliseconds).
+const MAX_BUSY_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+/// The largest write queue (`SqliteConfig::write_queue_capacity` is clamped to it; tokio's
+/// channel refuses more than `usize::MAX >> 3`, and no queue needs to be near that).
+const MAX_WRITE_QUEUE_CAPACITY: usize = 1 << 24;
+/// The largest group of writes in one transaction (`SqliteConfig::max_group_size` is clamped
+/// to it; the writer reserves room for a whole group).
+const MAX_GROUP_SIZE: usize = 1 << 16;
 
 /// How much of the database file a reader maps into memory.
 const READER_MMAP_BYTES: i64 = 1 << 30;
@@ -522,7 +538,11 @@ impl SqliteDatabase {
             .pragma_update(None, "journal_size_limit", 32 * 1024 * 1024)
             .map_err(backend)?;
 
-        let (queue, jobs) = mpsc::channel::<QueuedJob>(config.write_queue_capacity.max(1));
+        let (queue, jobs) = mpsc::channel::<QueuedJob>(
+            config
+                .write_queue_capacity
+                .clamp(1, MAX_WRITE_QUEUE_CAPACITY),
+        );
         let stats = Arc::new(WriterStats::default());
         let newest_change: i64 = conn
             .query_row(
@@ -555,7 +575,7 @@ impl SqliteDatabase {
                 ..WriterCache::default()
             },
             data_version: None,
-            max_group_size: config.max_group_size.max(1),
+            max_group_size: config.max_group_size.clamp(1, MAX_GROUP_SIZE),
             lock_retry_budget: config.lock_retry_budget,
             rewind_wanted,
             wal_path: wal_path_of(&config.path),

@@ -24,6 +24,7 @@ use flightlog_core::activity::StoreError;
 use flightlog_core::journal::{
     plan_compaction, AppendInput, EngagementEvent, EngagementJournal, JournalError,
     JournalSubscription, JsonObject, RetentionConfig, DEFAULT_SUBSCRIBER_BUFFER,
+    MAX_SUBSCRIBER_BUFFER,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::broadcast;
@@ -57,13 +58,14 @@ impl SqliteEngagementJournal {
         Self::with_subscriber_buffer(db, retention, DEFAULT_SUBSCRIBER_BUFFER)
     }
 
-    /// A journal whose subscribers may fall `buffer` events behind before they lag (at least 1).
+    /// A journal whose subscribers may fall `buffer` events behind before they lag (1 to
+    /// [`MAX_SUBSCRIBER_BUFFER`]).
     pub fn with_subscriber_buffer(
         db: Arc<SqliteDatabase>,
         retention: RetentionConfig,
         buffer: usize,
     ) -> Self {
-        let (committed, _) = broadcast::channel(buffer.max(1));
+        let (committed, _) = broadcast::channel(buffer.clamp(1, MAX_SUBSCRIBER_BUFFER));
         Self {
             db,
             retention,

@@ -137,7 +137,9 @@ impl<'de> Deserialize<'de> for ImportedAttrs {
 pub struct EncodedAttrs(String);
 
 impl EncodedAttrs {
-    /// Wrap `text`, the compact text of one JSON object.
+    /// Wrap `text`, the compact text of one JSON object nesting at most
+    /// [`crate::json_depth::MAX_JSON_DEPTH`] levels (the store keeps it as it is, unchecked:
+    /// this form exists so an importer that already wrote the text pays nothing more).
     pub fn from_object_text(text: String) -> Self {
         debug_assert!(
             serde_json::from_str::<JsonObject>(&text).is_ok(),

@@ -48,6 +48,10 @@ pub enum StoreError {
     /// The backend failed (I/O, locking beyond the retry budget, …).
     #[error("database error: {0}")]
     Backend(String),
+    /// The input cannot be stored as given (the message names the offending value and the
+    /// limit); nothing was written.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
 }
 
 /// The newest committed change id known to a store: a doorbell for live readers.

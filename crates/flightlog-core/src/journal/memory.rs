@@ -28,6 +28,9 @@ const SHARD_COUNT: usize = 64;
 
 /// Events a subscriber may fall behind before it lags (see [`JournalSubscription`]).
 pub const DEFAULT_SUBSCRIBER_BUFFER: usize = 4096;
+/// The largest subscriber buffer a journal takes (a larger one is clamped to it): the channel
+/// allocates every slot up front, and tokio refuses more than `usize::MAX / 2`.
+pub const MAX_SUBSCRIBER_BUFFER: usize = 1 << 20;
 
 /// One engagement's log.
 struct Log {
@@ -75,9 +78,9 @@ impl InMemoryEngagementJournal {
     }
 
     /// An empty journal whose subscribers may fall `buffer` events behind before they lag
-    /// (at least 1).
+    /// (1 to [`MAX_SUBSCRIBER_BUFFER`]).
     pub fn with_subscriber_buffer(retention: RetentionConfig, buffer: usize) -> Self {
-        let (committed, _) = broadcast::channel(buffer.max(1));
+        let (committed, _) = broadcast::channel(buffer.clamp(1, MAX_SUBSCRIBER_BUFFER));
         Self {
             retention,
             shards: (0..SHARD_COUNT).map(|_| Mutex::new(Shard::new())).collect(),

@@ -32,7 +32,7 @@ pub use compaction::{
     plan_compaction, CompactionPlan, COMPACTABLE_EVENT_TYPES, COMPACTION_BLOCKING_EVENT_TYPES,
     COMPACTION_MIN_EVENTS,
 };
-pub use memory::{InMemoryEngagementJournal, DEFAULT_SUBSCRIBER_BUFFER};
+pub use memory::{InMemoryEngagementJournal, DEFAULT_SUBSCRIBER_BUFFER, MAX_SUBSCRIBER_BUFFER};
 pub use record::{JournalRecord, Payload};
 pub use store::{EngagementJournal, JournalError, JournalSubscription};
 pub use summary::{is_actor_ref, summarize_engagement_events};

@@ -10,11 +10,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use flightlog_core::activity::{
-    ActivityChange, ActivityStore, EndSpanInput, JsonObject, RunRollupRow, RunSnapshot,
-    SpanEventRow, SpanOutcome, SpanPatch, SpanRow, StartSpanInput, TerminalRootChange,
-    DEFAULT_CHANGES_LIMIT,
+    ActivityChange, ActivityStore, EndSpanInput, RunRollupRow, RunSnapshot, SpanEventRow,
+    SpanOutcome, SpanPatch, SpanRow, StartSpanInput, TerminalRootChange, DEFAULT_CHANGES_LIMIT,
 };
-use flightlog_core::json_depth::{too_deep_path, too_deep_path_in_object, MAX_JSON_DEPTH};
 use serde::Deserialize;
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
@@ -123,49 +121,27 @@ pub(crate) fn check_start_span(input: &StartSpanInput) -> Result<(), ApiError> {
     check_id("spanId", &input.span_id)?;
     check_id("runId", &input.run_id)?;
     check_reference("parentSpanId", input.parent_span_id.as_deref())?;
-    check_optional_time("startedAt", input.started_at)?;
-    check_attrs_depth(input.attrs.as_ref())
+    check_optional_time("startedAt", input.started_at)
 }
 
 /// The checks of `endSpan` beyond its body's types.
 pub(crate) fn check_end_span(input: &EndSpanInput) -> Result<(), ApiError> {
-    check_optional_time("endedAt", input.ended_at)?;
-    check_attrs_depth(input.attrs.as_ref())
+    check_optional_time("endedAt", input.ended_at)
 }
 
 /// The checks of `patchSpan` beyond its body's types.
 pub(crate) fn check_patch_span(patch: &SpanPatch) -> Result<(), ApiError> {
-    check_optional_time("waitUntil", patch.wait_until)?;
-    check_attrs_depth(patch.attrs.as_ref())
+    check_optional_time("waitUntil", patch.wait_until)
 }
 
 /// The checks of `appendEvent` beyond its body's types.
 pub(crate) fn check_append_event(body: &AppendEventBody) -> Result<(), ApiError> {
-    check_optional_time("ts", body.ts)?;
-    check_depth(
-        body.payload
-            .as_ref()
-            .and_then(|payload| too_deep_path("payload", payload)),
-    )
+    check_optional_time("ts", body.ts)
 }
 
 /// The checks of `heartbeat` beyond its body's types.
 pub(crate) fn check_heartbeat(body: &HeartbeatBody) -> Result<(), ApiError> {
     check_optional_time("at", body.at)
-}
-
-fn check_attrs_depth(attrs: Option<&JsonObject>) -> Result<(), ApiError> {
-    check_depth(attrs.and_then(|attrs| too_deep_path_in_object("attrs", attrs)))
-}
-
-/// A stored value nests at most [`MAX_JSON_DEPTH`] levels (see `flightlog_core::json_depth`).
-fn check_depth(too_deep: Option<String>) -> Result<(), ApiError> {
-    match too_deep {
-        Some(path) => Err(ApiError::invalid(format!(
-            "{path} nests deeper than {MAX_JSON_DEPTH} levels"
-        ))),
-        None => Ok(()),
-    }
 }
 
 /// `startSpan`: the new span.
