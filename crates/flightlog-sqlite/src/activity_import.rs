@@ -83,6 +83,9 @@ pub(crate) fn prepare(spans: Vec<ImportedSpan>, codec: &PayloadCodec) -> Vec<Pre
                     }
                 })
                 .collect();
+            // SQLite stores a NaN as NULL: the span is held (and rolled up, see `RunSpans::New`)
+            // as it will read back.
+            span.usage.cost_usd = span.usage.cost_usd.filter(|cost| !cost.is_nan());
             let attrs = std::mem::take(&mut span.attrs).into_text();
             PreparedSpan {
                 span,
