@@ -1068,8 +1068,21 @@ impl GroupCommitWriter {
         let committing = Instant::now();
         let committed = self.commit();
         if committed.is_ok() {
-            if let Some(next) = self.keys.next_change_id {
-                let newest = next - 1;
+            let newest = match self.keys.next_change_id {
+                Some(next) => Some(next - 1),
+                // The cache was cleared during the group (a prune, a rolled-back write), or
+                // this writer has logged no change yet: the committed newest is one index
+                // seek away, and a reader waiting on this group's changes must not wait for
+                // the checkpointer's next look.
+                None => self
+                    .conn
+                    .query_row("SELECT MAX(change_id) FROM activity_changes", [], |row| {
+                        row.get::<_, Option<i64>>(0)
+                    })
+                    .ok()
+                    .flatten(),
+            };
+            if let Some(newest) = newest {
                 self.doorbell.send_if_modified(|current| {
                     let moved = newest > *current;
                     if moved {

@@ -59,3 +59,48 @@ async fn rings_after_own_commits_and_after_foreign_ones() {
     assert_eq!(changes.len(), 1);
     assert_eq!(changes[0].run_id, "run-b");
 }
+
+/// A prune clears the writer's caches, the newest change id among them. When it shared a group
+/// with earlier writes, that group's changes were not rung until the checkpointer's next look
+/// (up to 100 ms); every group's commit rings at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_ends_with_a_prune_still_rings_its_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteActivityStore::with_identity(
+        SqliteDatabase::open(SqliteConfig::new(dir.path().join("prune.db"))).unwrap(),
+        Arc::new(ManualClock::new(1_000)),
+        "ours",
+    ));
+    let bell = store.change_doorbell();
+    for round in 0..20 {
+        // Writes and a prune queued together, so that some land in one group.
+        let mut tasks = Vec::new();
+        for index in 0..16 {
+            let store = Arc::clone(&store);
+            tasks.push(tokio::spawn(async move {
+                store
+                    .start_span(root(&format!("s{round}-{index}")))
+                    .await
+                    .map(|_| ())
+            }));
+        }
+        let pruning = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            pruning
+                .prune(flightlog_core::activity::PruneOptions {
+                    digest_floor_at: 0,
+                    hard_ceiling_ms: i64::MAX,
+                    now: None,
+                    batch: None,
+                })
+                .await
+                .map(|_| ())
+        }));
+        for task in tasks {
+            task.await.unwrap().unwrap();
+        }
+        // Every write has returned: its change was rung before it did.
+        let newest = store.latest_change_cursor().await.unwrap();
+        assert_eq!(*bell.borrow(), newest, "round {round}");
+    }
+}
