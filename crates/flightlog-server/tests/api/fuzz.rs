@@ -30,7 +30,9 @@ use reqwest::header::{HeaderValue, CONTENT_TYPE};
 use reqwest::Method;
 use serde_json::{json, Map, Value};
 
-use crate::support::{assert_no_fuzz_failures, segment, Options, Rng, TestServer};
+use crate::support::{
+    assert_no_fuzz_failures, contract_error_problem, segment, Options, Rng, TestServer,
+};
 
 /// The fixed seed: the same requests on every run.
 const SEED: u64 = 0x5eed_f1a6_2024_0001;
@@ -1049,41 +1051,11 @@ fn mutate(rng: &mut Rng, valid: &Value, uses: BodyUse, otlp: bool) -> Mutated {
     out
 }
 
-/// The contract's code for an error status.
-fn codes_for(status: u16) -> &'static [&'static str] {
-    match status {
-        400 => &["invalid_request"],
-        404 => &["not_found"],
-        405 => &["method_not_allowed"],
-        409 => &["conflict", "journal_full"],
-        413 => &["payload_too_large"],
-        415 => &["unsupported_media_type"],
-        _ => &[],
-    }
-}
-
 /// Why an error body is not the contract's `{"error": {"code", "message"}}`, if it is not.
 fn error_body_problem(status: u16, bytes: &[u8]) -> Option<String> {
-    let Ok(body) = serde_json::from_slice::<Value>(bytes) else {
-        return Some("the error body is not JSON".into());
-    };
-    let Some(object) = body.as_object().filter(|o| o.len() == 1) else {
-        return Some("the error body is not an object with only `error`".into());
-    };
-    let Some(error) = object.get("error").and_then(Value::as_object) else {
-        return Some("`error` is not an object".into());
-    };
-    let code = error.get("code").and_then(Value::as_str);
-    let message = error.get("message").and_then(Value::as_str);
-    if error.len() != 2 || message.is_none_or(str::is_empty) {
-        return Some("`error` is not exactly a code and a non-empty message".into());
-    }
-    let expected = codes_for(status);
-    match code {
-        Some(code) if expected.contains(&code) => None,
-        _ => Some(format!(
-            "status {status} with code {code:?}; the contract says {expected:?}"
-        )),
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(body) => contract_error_problem(status, &body),
+        Err(_) => Some("the error body is not JSON".into()),
     }
 }
 

@@ -65,7 +65,9 @@ use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
-use crate::support::{assert_no_fuzz_failures, segment, Options, Rng, TestServer};
+use crate::support::{
+    assert_no_fuzz_failures, contract_error_problem, segment, Options, Rng, TestServer,
+};
 
 /// The fixed seed: the same requests on every run.
 const SEED: u64 = 0x07e1_f022_a5ee_d001;
@@ -787,41 +789,6 @@ fn is_protobuf_type(content_type: Option<&HeaderValue>) -> bool {
         })
 }
 
-fn codes_for(status: u16) -> &'static [&'static str] {
-    match status {
-        400 => &["invalid_request"],
-        404 => &["not_found"],
-        405 => &["method_not_allowed"],
-        413 => &["payload_too_large"],
-        415 => &["unsupported_media_type"],
-        _ => &[],
-    }
-}
-
-/// Why a JSON error body is not the contract's `{"error": {"code", "message"}}`, if it is not.
-fn error_body_problem(status: u16, body: &Value) -> Option<String> {
-    let Some(error) = body
-        .as_object()
-        .filter(|object| object.len() == 1)
-        .and_then(|object| object.get("error"))
-        .and_then(Value::as_object)
-    else {
-        return Some("the error body is not an object with only `error`".into());
-    };
-    let code = error.get("code").and_then(Value::as_str);
-    let message = error.get("message").and_then(Value::as_str);
-    if error.len() != 2 || message.is_none_or(str::is_empty) {
-        return Some("`error` is not exactly a code and a non-empty message".into());
-    }
-    let expected = codes_for(status);
-    match code {
-        Some(code) if expected.contains(&code) => None,
-        _ => Some(format!(
-            "status {status} with code {code:?}; the contract says {expected:?}"
-        )),
-    }
-}
-
 /// The rules for an export's `partialSuccess` (`None`: unset, full success).
 fn partial_problem(partial: Option<(i64, &str)>, expect: Expect) -> Option<String> {
     match partial {
@@ -913,7 +880,7 @@ fn http_problem(
         return Some("the answer is not JSON".into());
     };
     if status != 200 {
-        return error_body_problem(status, &body);
+        return contract_error_problem(status, &body);
     }
     let Some(object) = body.as_object() else {
         return Some("the 200 body is not a JSON object".into());

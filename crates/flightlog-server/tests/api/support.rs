@@ -325,3 +325,41 @@ pub fn assert_no_fuzz_failures(failures: &[String], sent: usize) {
             .join("\n")
     );
 }
+
+/// The contract's codes for an error status.
+fn codes_for(status: u16) -> &'static [&'static str] {
+    match status {
+        400 => &["invalid_request"],
+        404 => &["not_found"],
+        405 => &["method_not_allowed"],
+        409 => &["conflict", "journal_full"],
+        413 => &["payload_too_large"],
+        415 => &["unsupported_media_type"],
+        _ => &[],
+    }
+}
+
+/// Why `body` is not the contract's error body for `status` (`{"error": {"code", "message"}}`
+/// with the status's code and a non-empty message), if it is not.
+pub fn contract_error_problem(status: u16, body: &Value) -> Option<String> {
+    let Some(error) = body
+        .as_object()
+        .filter(|object| object.len() == 1)
+        .and_then(|object| object.get("error"))
+        .and_then(Value::as_object)
+    else {
+        return Some("the error body is not an object with only `error`".into());
+    };
+    let code = error.get("code").and_then(Value::as_str);
+    let message = error.get("message").and_then(Value::as_str);
+    if error.len() != 2 || message.is_none_or(str::is_empty) {
+        return Some("`error` is not exactly a code and a non-empty message".into());
+    }
+    let expected = codes_for(status);
+    match code {
+        Some(code) if expected.contains(&code) => None,
+        _ => Some(format!(
+            "status {status} with code {code:?}; the contract says {expected:?}"
+        )),
+    }
+}
