@@ -1,10 +1,11 @@
 //! The one middleware every request passes through: it counts the request for `/metrics`,
-//! checks its token, refuses a body declared larger than the limit (after draining a bounded
-//! part of it, so the client reads the `413` rather than a reset connection), takes a write
-//! slot for a write, runs the route, and gives a body-limit refusal the contract's error body
-//! (the OTLP one on the protobuf trace route) — in that order, so every answer (the gate's own
-//! refusals included) is counted, a request is authenticated before it takes a write slot, and
-//! it takes its slot before its body is read.
+//! checks its token, refuses a body declared larger than the limit, takes a write slot for a
+//! write, reads a body of no declared length (refusing it past the limit), runs the route, and
+//! gives a body-limit refusal the contract's error body (the OTLP one on the protobuf trace
+//! route) — in that order, so every answer (the gate's own refusals included) is counted, a
+//! request is authenticated before it takes a write slot, and it takes its slot before its body
+//! is read. A refused body is drained (a bounded part of it) before the `413` is sent, so the
+//! client reads the `413` rather than a reset connection.
 //!
 //! Why one middleware and not one layer per concern: `Router::layer` wraps every route in each
 //! layer, so each layer is a boxed service cloned and polled for every request. With four layers
@@ -15,13 +16,15 @@
 
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, EXPECT};
-use axum::http::StatusCode;
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, EXPECT, TRANSFER_ENCODING};
+use axum::http::{StatusCode, Version};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 
+use crate::error::ApiError;
 use crate::metrics::{method_label, UNMATCHED_ROUTE};
 use crate::routes::otlp::{is_protobuf, too_large_answer, TRACES_PATH};
 use crate::state::AppState;
@@ -71,13 +74,35 @@ async fn admit_and_run(
         return refusal.into_response();
     }
     let limit = state.config().body_limit;
-    if declared_length(&request).is_some_and(|length| length > limit as u64) {
-        return refuse_declared_too_large(request, limit, otlp_protobuf).await;
+    let declared = declared_length(&request);
+    if declared.is_some_and(|length| length > limit as u64) {
+        // Nothing is sent yet by a client waiting for `100 Continue` (hyper sends it when the
+        // body is first read): answer it at once.
+        let waits_to_send = request
+            .headers()
+            .get(EXPECT)
+            .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        if waits_to_send {
+            return too_large(limit, otlp_protobuf);
+        }
+        return refuse_too_large(request.into_body(), limit, otlp_protobuf).await;
     }
     let method = request.method().clone();
     let slot = match overload::take_write_slot(state, &method, route.is_some()).await {
         Ok(slot) => slot,
         Err(refusal) => return refusal.into_response(),
+    };
+    // Read with the slot held, so that the write limit also bounds the bodies buffered here.
+    let request = if declared.is_none() && streams_its_body(&request) {
+        match read_chunked(request, limit).await {
+            Ok(request) => request,
+            Err(BodyRead::TooLarge(rest)) => {
+                return refuse_too_large(rest, limit, otlp_protobuf).await;
+            }
+            Err(BodyRead::Failed(error)) => return error.into_response(),
+        }
+    } else {
+        request
     };
     let response = next.run(request).await;
     drop(slot);
@@ -94,31 +119,59 @@ fn declared_length(request: &Request) -> Option<u64> {
         .ok()
 }
 
-/// A body declared larger than the limit: refused with `413`, after reading and discarding up
-/// to [`DRAIN_LIMITS`] times the limit of it for at most [`DRAIN_TIME`]. A server that answers
+/// A body of no declared length: HTTP/1.1 chunked, or any HTTP/2 body without
+/// `content-length` (an empty one ends at once).
+fn streams_its_body(request: &Request) -> bool {
+    request.version() >= Version::HTTP_2
+        || request
+            .headers()
+            .get(TRANSFER_ENCODING)
+            .is_some_and(|value| value.as_bytes().ends_with(b"chunked"))
+}
+
+/// Why a chunked body could not be read whole.
+enum BodyRead {
+    /// It went past the limit: the rest of it, still unread.
+    TooLarge(Body),
+    /// The connection failed while it was read.
+    Failed(ApiError),
+}
+
+/// A body of no declared length read whole in the gate, within the limit, so that one
+/// going past it is refused like a declared one, after draining, rather than cut off inside a
+/// route with its rest unread. The routes read whole bodies anyway; they get it as one buffer.
+async fn read_chunked(request: Request, limit: usize) -> Result<Request, BodyRead> {
+    let (parts, body) = request.into_parts();
+    let mut stream = body.into_data_stream();
+    let mut whole = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|err| {
+            BodyRead::Failed(ApiError::invalid(format!(
+                "cannot read the request body: {err}"
+            )))
+        })?;
+        if whole.len() + chunk.len() > limit {
+            return Err(BodyRead::TooLarge(Body::from_stream(stream)));
+        }
+        whole.extend_from_slice(&chunk);
+    }
+    Ok(Request::from_parts(parts, Body::from(whole)))
+}
+
+/// A body larger than the limit: refused with `413`, after reading and discarding up to
+/// [`DRAIN_LIMITS`] times the limit of it for at most [`DRAIN_TIME`]. A server that answers
 /// without reading closes the connection with unread bytes in its receive buffer, and the kernel
 /// then resets it: a client still sending its body sees the reset instead of the `413` (an OTLP
-/// exporter then retries the same batch as if the network had failed). A client that sent
-/// `Expect: 100-continue` has sent no body yet, so it is answered at once.
-async fn refuse_declared_too_large(
-    request: Request,
-    limit: usize,
-    otlp_protobuf: bool,
-) -> Response {
-    let waits_to_send = request
-        .headers()
-        .get(EXPECT)
-        .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    if !waits_to_send {
-        let most = DRAIN_LIMITS.saturating_mul(limit as u64);
-        let deadline = tokio::time::Instant::now() + DRAIN_TIME;
-        let mut body = request.into_body().into_data_stream();
-        let mut drained = 0u64;
-        while drained <= most {
-            match tokio::time::timeout_at(deadline, body.next()).await {
-                Ok(Some(Ok(chunk))) => drained += chunk.len() as u64,
-                _ => break,
-            }
+/// exporter then retries the same batch as if the network had failed).
+async fn refuse_too_large(body: Body, limit: usize, otlp_protobuf: bool) -> Response {
+    let most = DRAIN_LIMITS.saturating_mul(limit as u64);
+    let deadline = tokio::time::Instant::now() + DRAIN_TIME;
+    let mut body = body.into_data_stream();
+    let mut drained = 0u64;
+    while drained <= most {
+        match tokio::time::timeout_at(deadline, body.next()).await {
+            Ok(Some(Ok(chunk))) => drained += chunk.len() as u64,
+            _ => break,
         }
     }
     too_large(limit, otlp_protobuf)
@@ -134,9 +187,9 @@ fn too_large(limit: usize, otlp_protobuf: bool) -> Response {
     }
 }
 
-/// A body cut off at the limit while being read (chunked, with no length declared) can be
-/// refused by axum itself, in plain text; give that answer the contract's body (or the OTLP
-/// one). The routes' own `413`s (JSON, or protobuf on the trace route) are left as they are.
+/// tower-http's limit (kept behind the gate's own checks, as a second line) answers in plain
+/// text; give such an answer the contract's body (or the OTLP one). The routes' own `413`s
+/// (JSON, or protobuf on the trace route) are left as they are.
 fn with_contract_body_limit_answer(
     response: Response,
     limit: usize,

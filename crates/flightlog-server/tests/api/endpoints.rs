@@ -912,6 +912,54 @@ async fn bodies_over_the_limit_are_refused_with_413_declared_or_chunked() {
     stream.read_to_string(&mut response).await.unwrap();
     assert!(response.starts_with("HTTP/1.1 413"), "{response}");
     assert!(response.contains("\"payload_too_large\""), "{response}");
+
+    server.stop().await;
+}
+
+/// A body of no declared length read past the limit is drained (up to 4x the limit) before the
+/// 413: the server no longer closes the connection on unread bytes, which made the kernel reset
+/// it under a client still writing, so that the client never read its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_chunked_body_over_the_limit_always_gets_its_413() {
+    const LIMIT: usize = 2 * 1024 * 1024;
+    let server = TestServer::start_with(Options {
+        config: ServerConfig {
+            body_limit: LIMIT,
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let chunk = "z".repeat(64 * 1024);
+    let framed = format!("{:x}\r\n{chunk}\r\n", chunk.len());
+    for attempt in 0..10 {
+        let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let head = format!(
+            "POST /v1/activity/spans HTTP/1.1\r\nHost: {addr}\r\n\
+             Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\
+             Connection: close\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        // 3.5 times the limit: more than the socket buffers hold, less than the drain takes.
+        for _ in 0..(LIMIT * 7 / 2) / chunk.len() {
+            stream
+                .write_all(framed.as_bytes())
+                .await
+                .unwrap_or_else(|err| panic!("attempt {attempt}: reset while writing: {err}"));
+        }
+        stream.write_all(b"0\r\n\r\n").await.unwrap();
+        let mut response = String::new();
+        stream
+            .read_to_string(&mut response)
+            .await
+            .unwrap_or_else(|err| panic!("attempt {attempt}: no answer: {err}"));
+        assert!(
+            response.starts_with("HTTP/1.1 413"),
+            "attempt {attempt}: {response}"
+        );
+        assert!(response.contains("\"payload_too_large\""), "{response}");
+    }
     server.stop().await;
 }
 
