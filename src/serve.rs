@@ -126,12 +126,19 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     let journal: Arc<dyn EngagementJournal> =
         Arc::new(SqliteEngagementJournal::new(db, settings.retention));
 
-    let orphans = activity
-        .sweep_own_orphans()
-        .await
-        .context("the boot sweep of orphaned session spans failed")?;
-    if orphans > 0 {
-        println!("flightlog: closed {orphans} span(s) left open by a previous run as interrupted");
+    // A sweep that cannot write (a full disk) must not keep the recorder from serving what it
+    // holds: it starts anyway, and the spans stay open until a later boot's sweep, or
+    // `sweep-stale` from another writer, closes them. (Retrying it later could close a session
+    // span a client started since.)
+    match activity.sweep_own_orphans().await {
+        Ok(0) => {}
+        Ok(orphans) => println!(
+            "flightlog: closed {orphans} span(s) left open by a previous run as interrupted"
+        ),
+        Err(err) => eprintln!(
+            "flightlog: warning: could not close the spans a previous run left open ({err}); \
+             serving anyway, they stay open until the next start closes them"
+        ),
     }
 
     let mut state = AppState::new(activity, journal).with_config(settings.server.clone());

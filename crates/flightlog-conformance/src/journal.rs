@@ -28,7 +28,10 @@ pub fn error_kind(err: &JournalError) -> &'static str {
         JournalError::Invalid(_) => "TypeError",
         JournalError::JournalFull { .. } => "JournalFullError",
         JournalError::WrongExpectedSeq { .. } => "WrongExpectedSeq",
-        JournalError::Closed | JournalError::Corrupt(_) | JournalError::Backend(_) => "backend",
+        JournalError::Closed
+        | JournalError::Corrupt(_)
+        | JournalError::Backend(_)
+        | JournalError::StorageFull(_) => "backend",
     }
 }
 

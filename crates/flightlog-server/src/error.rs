@@ -171,7 +171,9 @@ impl From<StoreError> for ApiError {
         match err {
             StoreError::DuplicateSpan { .. } => Self::Conflict(message),
             StoreError::InvalidInput(_) => Self::InvalidRequest(message),
-            StoreError::Overloaded | StoreError::Closed => Self::Unavailable(message),
+            StoreError::Overloaded | StoreError::Closed | StoreError::StorageFull(_) => {
+                Self::Unavailable(message)
+            }
             StoreError::SchemaTooNew { .. } | StoreError::Corrupt(_) | StoreError::Backend(_) => {
                 Self::Internal(message)
             }
@@ -186,7 +188,7 @@ impl From<JournalError> for ApiError {
             JournalError::Invalid(_) => Self::InvalidRequest(message),
             JournalError::JournalFull { .. } => Self::JournalFull(message),
             JournalError::WrongExpectedSeq { .. } => Self::Conflict(message),
-            JournalError::Closed => Self::Unavailable(message),
+            JournalError::Closed | JournalError::StorageFull(_) => Self::Unavailable(message),
             JournalError::Corrupt(_) | JournalError::Backend(_) => Self::Internal(message),
         }
     }
@@ -213,6 +215,7 @@ mod tests {
             ),
             (StoreError::Overloaded, (503, "unavailable")),
             (StoreError::Closed, (503, "unavailable")),
+            (StoreError::StorageFull("x".into()), (503, "unavailable")),
             (
                 StoreError::SchemaTooNew {
                     found: 9,
@@ -250,6 +253,7 @@ mod tests {
                 (409, "conflict"),
             ),
             (JournalError::Closed, (503, "unavailable")),
+            (JournalError::StorageFull("x".into()), (503, "unavailable")),
             (JournalError::Corrupt("x".into()), (500, "internal")),
             (JournalError::Backend("x".into()), (500, "internal")),
         ];

@@ -181,10 +181,5 @@ pub(crate) fn apply_batch(
 
 /// The same failure for every write of a batch whose job as a whole failed.
 pub(crate) fn replicate(err: &StoreError) -> StoreError {
-    match err {
-        StoreError::Overloaded => StoreError::Overloaded,
-        StoreError::Closed => StoreError::Closed,
-        StoreError::InvalidInput(message) => StoreError::InvalidInput(message.clone()),
-        other => StoreError::Backend(other.to_string()),
-    }
+    err.clone()
 }

@@ -1005,7 +1005,7 @@ impl GroupCommitWriter {
         for job in group.drain(..) {
             let commit = match &outcome {
                 Ok(()) => Ok(()),
-                Err(err) => Err(StoreError::Backend(err.to_string())),
+                Err(err) => Err(err.clone()),
             };
             job.finish(commit);
         }

@@ -4,7 +4,18 @@ use flightlog_core::activity::StoreError;
 
 /// Any SQLite failure that is not a caller mistake.
 pub(crate) fn backend(err: rusqlite::Error) -> StoreError {
+    if is_disk_full(&err) {
+        return StoreError::StorageFull(err.to_string());
+    }
     StoreError::Backend(err.to_string())
+}
+
+/// True when SQLite could not write for lack of space (`SQLITE_FULL`).
+fn is_disk_full(err: &rusqlite::Error) -> bool {
+    matches!(
+        err,
+        rusqlite::Error::SqliteFailure(inner, _) if inner.code == rusqlite::ErrorCode::DiskFull
+    )
 }
 
 /// True when `err` is a constraint violation (duplicate primary or unique key).
@@ -24,4 +35,27 @@ pub(crate) fn is_busy(err: &rusqlite::Error) -> bool {
             if inner.code == rusqlite::ErrorCode::DatabaseBusy
                 || inner.code == rusqlite::ErrorCode::DatabaseLocked
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_database_is_storage_full_and_other_failures_are_backend() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (x BLOB); PRAGMA max_page_count = 4;")
+            .unwrap();
+        let full = (0..100)
+            .map(|_| conn.execute("INSERT INTO t VALUES (zeroblob(4000))", []))
+            .find_map(Result::err)
+            .expect("the page limit is reached");
+        let err = backend(full);
+        assert!(matches!(err, StoreError::StorageFull(_)), "{err:?}");
+        assert!(err.to_string().contains("free space"), "{err}");
+        let other = conn
+            .execute("INSERT INTO missing VALUES (1)", [])
+            .unwrap_err();
+        assert!(matches!(backend(other), StoreError::Backend(_)));
+    }
 }

@@ -97,6 +97,10 @@ fn journal_error(err: StoreError) -> JournalError {
     match err {
         StoreError::Closed => JournalError::Closed,
         StoreError::Corrupt(detail) => JournalError::Corrupt(detail),
+        StoreError::StorageFull(detail) => JournalError::StorageFull(detail),
+        // The inner text, not the store error's: "journal backend error: database error: …"
+        // said it twice.
+        StoreError::Backend(detail) => JournalError::Backend(detail),
         other => JournalError::Backend(other.to_string()),
     }
 }

@@ -25,7 +25,7 @@ pub const DEFAULT_CHANGES_LIMIT: i64 = 500;
 pub const DEFAULT_PRUNE_BATCH: i64 = 50;
 
 /// Why a store call failed. A failed write has no effect.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// A span with this id already exists (`start_span` twice with one id).
     #[error("a span with id {span_id:?} already exists")]
@@ -52,6 +52,10 @@ pub enum StoreError {
     /// limit); nothing was written.
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// The disk holding the database is full; nothing was written. A retry succeeds once
+    /// space is freed (what was stored before is intact).
+    #[error("the disk is full: {0}; free space on it, then retry")]
+    StorageFull(String),
 }
 
 /// The newest committed change id known to a store: a doorbell for live readers.

@@ -51,6 +51,10 @@ pub enum JournalError {
     /// The backend failed (I/O, locking beyond the retry budget, …).
     #[error("journal backend error: {0}")]
     Backend(String),
+    /// The disk holding the journal is full; nothing was written. A retry succeeds once space
+    /// is freed.
+    #[error("the disk is full: {0}; free space on it, then retry")]
+    StorageFull(String),
 }
 
 /// Per-engagement append-only event logs with summaries, compaction and retention.
