@@ -490,9 +490,7 @@ impl ActivityStore for SqliteActivityStore {
         drop(prepared);
         match outcome {
             Ok(results) => results,
-            Err(err) => (0..count)
-                .map(|_| Err(activity_batch::replicate(&err)))
-                .collect(),
+            Err(err) => (0..count).map(|_| Err(err.clone())).collect(),
         }
     }
 

@@ -178,8 +178,3 @@ pub(crate) fn apply_batch(
     }
     Ok(results)
 }
-
-/// The same failure for every write of a batch whose job as a whole failed.
-pub(crate) fn replicate(err: &StoreError) -> StoreError {
-    err.clone()
-}
