@@ -70,12 +70,15 @@ impl FlightlogTraceService {
     }
 }
 
-/// A store failure as a gRPC status: a full queue or a closing store is `unavailable` (the
-/// exporter retries later, with backoff, as OTLP prescribes for that code); anything else is
-/// `internal`.
+/// A store failure as a gRPC status: a full queue, a closing store or a full disk is
+/// `unavailable` (the exporter retries later, with backoff, as OTLP prescribes for that code);
+/// input the store cannot keep is `invalid_argument`; anything else is `internal`.
 fn store_status(error: StoreError) -> Status {
     match error {
-        StoreError::Overloaded | StoreError::Closed => Status::unavailable(error.to_string()),
+        StoreError::Overloaded | StoreError::Closed | StoreError::StorageFull(_) => {
+            Status::unavailable(error.to_string())
+        }
+        StoreError::InvalidInput(_) => Status::invalid_argument(error.to_string()),
         other => Status::internal(other.to_string()),
     }
 }
@@ -119,6 +122,14 @@ mod tests {
             Code::Unavailable
         );
         assert_eq!(store_status(StoreError::Closed).code(), Code::Unavailable);
+        assert_eq!(
+            store_status(StoreError::StorageFull("no space".into())).code(),
+            Code::Unavailable
+        );
+        assert_eq!(
+            store_status(StoreError::InvalidInput("attrs".into())).code(),
+            Code::InvalidArgument
+        );
         let internal = store_status(StoreError::Backend("disk full".into()));
         assert_eq!(internal.code(), Code::Internal);
         assert_eq!(internal.message(), "database error: disk full");
