@@ -73,8 +73,5 @@ pub async fn serve_grpc<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    axum::serve(crate::without_nagle(listener), grpc_app(&state))
-        .with_graceful_shutdown(shutdown)
-        .await?;
-    Ok(())
+    crate::serve_router(listener, grpc_app(&state), shutdown, crate::Protocol::Http2).await
 }

@@ -41,11 +41,19 @@ pub mod validate;
 pub mod wire;
 
 use std::future::Future;
+use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::DefaultBodyLimit;
+use axum::http::Request;
 use axum::middleware::from_fn_with_state;
 use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulConnection;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tower::ServiceExt;
 use tower_http::limit::RequestBodyLimitLayer;
 
 pub use auth::{AuthConfig, Scope, Scopes};
@@ -78,7 +86,8 @@ pub fn app(state: AppState) -> Router {
 }
 
 /// Serve [`app`]`(state)` on `listener` until `shutdown` completes, then stop accepting
-/// connections and return once the requests in flight have been answered.
+/// connections and return once the requests in flight have been answered (at most
+/// [`SHUTDOWN_GRACE`] later).
 pub async fn serve<F>(listener: TcpListener, state: AppState, shutdown: F) -> Result<(), ServeError>
 where
     F: Future<Output = ()> + Send + 'static,
@@ -90,22 +99,131 @@ where
         shutdown.await;
         closing.send_replace(true);
     };
-    axum::serve(without_nagle(listener), app(state))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    serve_router(listener, app(state), shutdown, Protocol::Http1).await
+}
+
+/// What a listener speaks. Each listener speaks one protocol only: telling them apart (as
+/// `axum::serve` does) first waits for bytes, with no timeout, so a connection that sent
+/// nothing was held forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Protocol {
+    /// The HTTP API: HTTP/1.1 (what the contract and OTLP/HTTP exporters speak).
+    Http1,
+    /// OTLP/gRPC: HTTP/2 without TLS (h2c).
+    Http2,
+}
+
+/// How long a client may take to send a request head, counted from when the connection is
+/// ready for one (so also how long a keep-alive connection may sit idle): past it the
+/// connection is closed. Without it, connections that trickle a head or send nothing held a
+/// file descriptor each forever, and enough of them locked every other client out.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a graceful shutdown waits for the connections still open (a request in flight, a
+/// stream client whose socket is full and so never sees its stream end) before dropping them.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// HTTP/2 keep-alive pings (h2c on the gRPC listener): a peer that does not answer within the
+/// interval is dropped.
+const HTTP2_KEEP_ALIVE: Duration = Duration::from_secs(20);
+
+/// The accept loop of both listeners: what `axum::serve` does, plus a timer for hyper (the
+/// header-read timeout and HTTP/2 keep-alive need one, and `axum::serve` sets none),
+/// `TCP_NODELAY` on every connection, and a bounded graceful shutdown.
+///
+/// `TCP_NODELAY`: with Nagle's algorithm on, a small write that follows another small write
+/// (each SSE event of a live stream, a response right after its headers) waited for the peer's
+/// delayed ACK, up to 40 ms: the stream-latency benchmark's p99 was 24 ms from that alone. A
+/// connection whose option cannot be set is served anyway (a latency defect, not a reason to
+/// refuse it).
+pub(crate) async fn serve_router<F>(
+    listener: TcpListener,
+    router: Router,
+    shutdown: F,
+    protocol: Protocol,
+) -> Result<(), ServeError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let mut shutdown = std::pin::pin!(shutdown);
+    let (closing, closing_seen) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => stream,
+                Err(err) => {
+                    // A connection that failed before it was accepted is only that one; anything
+                    // else (out of file descriptors) is waited out, not spun on.
+                    if !is_connection_error(&err) {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(
+            router
+                .clone()
+                .map_request(|request: Request<Incoming>| request.map(Body::new)),
+        );
+        let closing_seen = closing_seen.clone();
+        let io = TokioIo::new(stream);
+        match protocol {
+            Protocol::Http1 => {
+                let mut builder = hyper::server::conn::http1::Builder::new();
+                builder
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT);
+                connections.spawn(drive(builder.serve_connection(io, service), closing_seen));
+            }
+            Protocol::Http2 => {
+                let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                builder
+                    .timer(TokioTimer::new())
+                    .keep_alive_interval(HTTP2_KEEP_ALIVE)
+                    .keep_alive_timeout(HTTP2_KEEP_ALIVE);
+                connections.spawn(drive(builder.serve_connection(io, service), closing_seen));
+            }
+        }
+        // Reap the finished connections, so the set holds only live ones.
+        while connections.try_join_next().is_some() {}
+    }
+    drop(listener);
+    closing.send_replace(true);
+    let finished = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(SHUTDOWN_GRACE, finished)
+        .await
+        .is_err()
+    {
+        connections.abort_all();
+    }
     Ok(())
 }
 
-/// `listener` with `TCP_NODELAY` set on every accepted connection. axum's plain `serve` leaves
-/// Nagle's algorithm on, so a small write that follows another small write (each SSE event of a
-/// live stream, a response right after its headers) waited for the peer's delayed ACK, up to
-/// 40 ms: the stream-latency benchmark's p99 was 24 ms from that alone. A connection whose
-/// option cannot be set is served anyway (a latency defect, not a reason to refuse it).
-pub(crate) fn without_nagle(
-    listener: TcpListener,
-) -> axum::serve::TapIo<TcpListener, impl FnMut(&mut tokio::net::TcpStream) + Send + 'static> {
-    use axum::serve::ListenerExt as _;
-    listener.tap_io(|connection: &mut tokio::net::TcpStream| {
-        let _ = connection.set_nodelay(true);
-    })
+/// Serve one connection until it ends, or until the server closes: then let its request in
+/// flight finish (the caller bounds how long).
+async fn drive<C: GracefulConnection>(
+    connection: C,
+    mut closing: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut connection = std::pin::pin!(connection);
+    tokio::select! {
+        _ = connection.as_mut() => return,
+        _ = closing.wait_for(|closing| *closing) => {}
+    }
+    connection.as_mut().graceful_shutdown();
+    let _ = connection.await;
+}
+
+/// An accept error that concerns only the connection being accepted.
+fn is_connection_error(err: &std::io::Error) -> bool {
+    matches!(
+        err.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+    )
 }
