@@ -41,6 +41,8 @@ pub mod validate;
 pub mod wire;
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -164,11 +166,16 @@ where
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(
-            router
-                .clone()
-                .map_request(|request: Request<Incoming>| request.map(Body::new)),
-        );
+        // Set by the connection's first request: HTTP/2 has no header-read timeout, and a client
+        // that never sends its preface (or a request) would otherwise hold the connection.
+        let served = Arc::new(AtomicBool::new(false));
+        let first_request = Arc::clone(&served);
+        let service = TowerToHyperService::new(router.clone().map_request(
+            move |request: Request<Incoming>| {
+                first_request.store(true, Ordering::Relaxed);
+                request.map(Body::new)
+            },
+        ));
         let closing_seen = closing_seen.clone();
         let io = TokioIo::new(stream);
         match protocol {
@@ -177,7 +184,8 @@ where
                 builder
                     .timer(TokioTimer::new())
                     .header_read_timeout(HEADER_READ_TIMEOUT);
-                connections.spawn(drive(builder.serve_connection(io, service), closing_seen));
+                let connection = builder.serve_connection(io, service);
+                connections.spawn(drive(connection, closing_seen, None));
             }
             Protocol::Http2 => {
                 let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
@@ -185,7 +193,8 @@ where
                     .timer(TokioTimer::new())
                     .keep_alive_interval(HTTP2_KEEP_ALIVE)
                     .keep_alive_timeout(HTTP2_KEEP_ALIVE);
-                connections.spawn(drive(builder.serve_connection(io, service), closing_seen));
+                let connection = builder.serve_connection(io, service);
+                connections.spawn(drive(connection, closing_seen, Some(served)));
             }
         }
         // Reap the finished connections, so the set holds only live ones.
@@ -204,14 +213,28 @@ where
 }
 
 /// Serve one connection until it ends, or until the server closes: then let its request in
-/// flight finish (the caller bounds how long).
+/// flight finish (the caller bounds how long). With `served`, the connection is dropped if no
+/// request has come within [`HEADER_READ_TIMEOUT`] (HTTP/2, where hyper has no such timeout).
 async fn drive<C: GracefulConnection>(
     connection: C,
     mut closing: tokio::sync::watch::Receiver<bool>,
+    served: Option<Arc<AtomicBool>>,
 ) {
     let mut connection = std::pin::pin!(connection);
+    let silent = async {
+        match served {
+            Some(served) => {
+                tokio::time::sleep(HEADER_READ_TIMEOUT).await;
+                if served.load(Ordering::Relaxed) {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
     tokio::select! {
         _ = connection.as_mut() => return,
+        () = silent => return,
         _ = closing.wait_for(|closing| *closing) => {}
     }
     connection.as_mut().graceful_shutdown();

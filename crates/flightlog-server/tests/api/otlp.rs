@@ -371,3 +371,41 @@ async fn a_pending_span_is_live_until_the_real_one_arrives() {
         "the announcement is not a span of its own"
     );
 }
+
+/// The gRPC listener (HTTP/2) drops a connection that sends no request within the header-read
+/// timeout: HTTP/2 has no such timeout in hyper, and a client that never sent its preface held
+/// the connection (and a file descriptor) forever.
+#[tokio::test]
+async fn a_grpc_connection_that_sends_nothing_is_closed() {
+    use tokio::io::AsyncReadExt;
+    let server = TestServer::start_with(crate::support::Options {
+        grpc: true,
+        ..crate::support::Options::default()
+    })
+    .await;
+    let grpc = server.grpc_base.clone().expect("a gRPC listener");
+    let addr = grpc.trim_start_matches("http://").to_owned();
+    let mut silent = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let started = std::time::Instant::now();
+    let limit = flightlog_server::HEADER_READ_TIMEOUT + std::time::Duration::from_secs(5);
+    let mut buffer = [0u8; 64];
+    let closed = tokio::time::timeout(limit, async {
+        loop {
+            match silent.read(&mut buffer).await {
+                // The server's HTTP/2 SETTINGS frame may come first; the end of the stream is
+                // what counts.
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "still open after {limit:?}");
+    assert!(started.elapsed() >= flightlog_server::HEADER_READ_TIMEOUT);
+    // The server still serves.
+    let response = export(&server, vec![root_span()]).await;
+    assert_eq!(response.partial_success, None);
+    server.stop().await;
+}
