@@ -566,6 +566,7 @@ impl SqliteDatabase {
             rewind_wanted: Arc::clone(&rewind_wanted),
             wal_path: wal_path_of(&config.path),
             busy_timeout: config.busy_timeout,
+            database_file: std::fs::File::open(&config.path).ok(),
         };
         std::thread::Builder::new()
             .name("flightlog-ckpt".into())
@@ -780,6 +781,9 @@ struct Checkpointer {
     wal_path: PathBuf,
     /// The connection's busy timeout, restored after a truncation that must not wait.
     busy_timeout: Duration,
+    /// The database file, synced before a rewind is asked (see `checkpoint`); `None` if it could
+    /// not be opened, which only leaves that sync to the writer's `RESTART`.
+    database_file: Option<std::fs::File>,
 }
 
 impl Checkpointer {
@@ -860,6 +864,15 @@ impl Checkpointer {
             if written_meanwhile <= Self::FEW_FRAMES {
                 break;
             }
+        }
+        // The writer's `RESTART` ends with a sync of the database file, and under load it is
+        // the first for a while: a pass syncs the file only when it copied the whole WAL, which
+        // a writer always mid-transaction seldom lets it do, so the file held tens of MB not yet
+        // synced (measured: 17 ms a rewind, 90% of its time). Sync it here, off the writer's path,
+        // so the `RESTART` syncs only what it copies itself.
+        if let Some(file) = &self.database_file {
+            // A failed sync only leaves the work to the `RESTART`'s own sync, which reports it.
+            let _ = file.sync_data();
         }
         // Rewinding is the writer's job: a `RESTART` here would wait for the write lock while
         // holding the checkpoint lock, so under back-to-back commits it neither got in nor let
