@@ -18,21 +18,22 @@
 #![allow(clippy::unwrap_used)]
 
 use std::fs;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-const BIN: &str = env!("CARGO_BIN_EXE_flightlog");
+#[allow(dead_code)] // Each test file uses its own part of the shared helpers.
+mod support;
+use support::ServeProcess;
 
-/// What `serve` prints once its listener is bound.
-const LISTENING: &str = "flightlog: listening on http://";
+const BIN: &str = env!("CARGO_BIN_EXE_flightlog");
 
 /// How long a server may take to print its listening line.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -49,10 +50,8 @@ const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A running `flightlog serve` on a scratch database, killed and cleaned up when dropped.
 struct Server {
-    child: Child,
+    process: ServeProcess,
     addr: SocketAddr,
-    log: Arc<Mutex<String>>,
-    readers: Vec<JoinHandle<()>>,
     dir: PathBuf,
     case: &'static str,
 }
@@ -86,69 +85,19 @@ impl Server {
             }
             None => Command::new(BIN),
         };
-        command
-            .args(serve)
-            .current_dir(&dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("FLIGHTLOG_") {
-                command.env_remove(&name);
-            }
-        }
-        let mut child = command.spawn().expect("start flightlog serve");
-        let log = Arc::new(Mutex::new(String::new()));
-        let (send, lines) = mpsc::channel::<String>();
-        let streams: [Box<dyn Read + Send>; 2] = [
-            Box::new(child.stdout.take().expect("piped stdout")),
-            Box::new(child.stderr.take().expect("piped stderr")),
-        ];
-        let mut readers = Vec::new();
-        for stream in streams {
-            let send = send.clone();
-            let log = Arc::clone(&log);
-            readers.push(std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines() {
-                    let Ok(line) = line else { break };
-                    log.lock().unwrap().push_str(&format!("{line}\n"));
-                    let _ = send.send(line);
-                }
-            }));
-        }
-        let deadline = Instant::now() + START_TIMEOUT;
-        let addr = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match lines.recv_timeout(left) {
-                Ok(line) => {
-                    if let Some(rest) = line.strip_prefix(LISTENING) {
-                        let addr = rest.split_whitespace().next().expect("an address");
-                        break addr.parse::<SocketAddr>().expect("a socket address");
-                    }
-                }
-                Err(_) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!(
-                        "[{case}] no listening line within {START_TIMEOUT:?}:\n{}",
-                        log.lock().unwrap()
-                    );
-                }
-            }
-        };
-        assert!(addr.ip().is_loopback(), "{addr}");
+        command.args(serve).current_dir(&dir);
+        let process = ServeProcess::spawn(command, START_TIMEOUT);
+        let addr = process.addr;
         Self {
-            child,
+            process,
             addr,
-            log,
-            readers,
             dir,
             case,
         }
     }
 
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 
     fn say(&self, text: impl std::fmt::Display) {
@@ -158,7 +107,7 @@ impl Server {
     }
 
     fn alive(&mut self) -> bool {
-        self.child.try_wait().expect("try_wait").is_none()
+        self.process.child.try_wait().expect("try_wait").is_none()
     }
 
     /// The server's CPU time (user + system) in clock ticks.
@@ -187,32 +136,25 @@ impl Server {
 
     /// SIGTERM, and the time the process took to exit; `Err` (after SIGKILL) past [`STOP_LIMIT`].
     fn stop(&mut self) -> Result<Duration, String> {
-        let started = Instant::now();
-        let sent = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(sent.success(), "kill -TERM failed");
-        while started.elapsed() < STOP_LIMIT {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                let took = started.elapsed();
-                let log = self.log.lock().unwrap().clone();
-                assert!(!log.contains("panicked"), "a panic:\n{log}");
-                assert!(
-                    status.success(),
-                    "exit status {status:?} after SIGTERM:\n{log}"
-                );
-                self.say(format!("SIGTERM -> exited ({status}) after {took:?}"));
-                return Ok(took);
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let stopped = self.process.stop(STOP_LIMIT);
+        if !stopped.graceful {
+            return Err(format!(
+                "the server did not stop within {STOP_LIMIT:?} of SIGTERM:\n{}",
+                stopped.output
+            ));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        Err(format!(
-            "the server did not stop within {STOP_LIMIT:?} of SIGTERM:\n{}",
-            self.log.lock().unwrap()
-        ))
+        let log = stopped.output;
+        assert!(!log.contains("panicked"), "a panic:\n{log}");
+        let status = stopped.status.expect("an exit status");
+        assert!(
+            status.success(),
+            "exit status {status:?} after SIGTERM:\n{log}"
+        );
+        self.say(format!(
+            "SIGTERM -> exited ({status}) after {:?}",
+            stopped.took
+        ));
+        Ok(stopped.took)
     }
 
     /// `/healthz`, a write and its read-back each answered within [`PROMPT`]; the timings.
@@ -258,11 +200,9 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        for reader in self.readers.drain(..) {
-            let _ = reader.join();
-        }
+        // The process first (its own drop kills it), then its folder.
+        let _ = self.process.child.kill();
+        let _ = self.process.child.wait();
         let _ = fs::remove_dir_all(&self.dir);
     }
 }
@@ -631,7 +571,7 @@ fn accept_at_the_open_file_limit_recovers() {
         "serving again {recovered:?} after the idle connections closed"
     ));
     assert!(server.alive());
-    let log = server.log.lock().unwrap().clone();
+    let log = server.process.output();
     server.say(format!(
         "server log lines mentioning accept: {}",
         log.lines().filter(|l| l.contains("accept")).count()

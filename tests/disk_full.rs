@@ -48,18 +48,19 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-const BIN: &str = env!("CARGO_BIN_EXE_flightlog");
+#[allow(dead_code)] // Each test file uses its own part of the shared helpers.
+mod support;
+use support::{wait_at_most, ServeProcess, Stopped, LISTENING};
 
-/// What `serve` prints once its listener is bound.
-const LISTENING: &str = "flightlog: listening on http://";
+const BIN: &str = env!("CARGO_BIN_EXE_flightlog");
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
@@ -161,20 +162,6 @@ fn limited_command(limit: u64, program: &str, args: &[&str]) -> Command {
     command
 }
 
-/// Wait for `child` to exit, at most `limit`; `None` if it is still running.
-fn wait_at_most(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("poll the child") {
-            return Some(status);
-        }
-        if started.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// The premise of this file: under the wrapper, a write past the limit fails (`EFBIG`, "File too
 /// large") and the writer lives on to report it, instead of being killed by SIGXFSZ.
 fn assert_the_limit_fails_writes(scratch: &Scratch) {
@@ -261,21 +248,10 @@ impl fmt::Display for Sizes {
     }
 }
 
-/// A running `flightlog serve` child; its output is collected by two threads.
+/// A running `flightlog serve` child (see `support::ServeProcess`), with its address as text.
 struct Server {
-    child: Child,
+    process: ServeProcess,
     addr: String,
-    output: Arc<Mutex<String>>,
-    readers: Vec<JoinHandle<()>>,
-}
-
-/// How a server stopped.
-struct Stopped {
-    /// It exited by itself after SIGTERM (not killed).
-    graceful: bool,
-    status: Option<ExitStatus>,
-    took: Duration,
-    output: String,
 }
 
 impl Server {
@@ -299,92 +275,23 @@ impl Server {
                 command
             }
         };
-        command
-            .current_dir(folder)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // Only the flags above: nothing inherited may change the settings.
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("FLIGHTLOG_") {
-                command.env_remove(&name);
-            }
-        }
-        let mut child = command.spawn().expect("start flightlog serve");
-        let output = Arc::new(Mutex::new(String::new()));
-        let (send, lines) = std::sync::mpsc::channel::<String>();
-        let streams: [Box<dyn Read + Send>; 2] = [
-            Box::new(child.stdout.take().expect("piped stdout")),
-            Box::new(child.stderr.take().expect("piped stderr")),
-        ];
-        let mut readers = Vec::new();
-        for stream in streams {
-            let send = send.clone();
-            let output = Arc::clone(&output);
-            readers.push(std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream);
-                let mut line = String::new();
-                loop {
-                    line.clear();
-                    match reader.read_line(&mut line) {
-                        Ok(0) | Err(_) => break,
-                        Ok(_) => {
-                            output.lock().expect("output lock").push_str(&line);
-                            let _ = send.send(line.clone());
-                        }
-                    }
-                }
-            }));
-        }
-        drop(send);
-        let started = Instant::now();
-        let addr = loop {
-            match lines.recv_timeout(Duration::from_millis(50)) {
-                Ok(line) => {
-                    if let Some(rest) = line.strip_prefix(LISTENING) {
-                        let addr = rest.split_whitespace().next().expect("an address");
-                        break addr.to_owned();
-                    }
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
-            let exited = child.try_wait().expect("poll the server");
-            if exited.is_some() || started.elapsed() > START_TIMEOUT {
-                let _ = child.kill();
-                let _ = child.wait();
-                for reader in readers {
-                    let _ = reader.join();
-                }
-                panic!(
-                    "serve did not start (exit {exited:?}, after {:?}):\n{}",
-                    started.elapsed(),
-                    output.lock().expect("output lock")
-                );
-            }
-        };
-        assert!(addr.starts_with("127.0.0.1:"), "listening on {addr}");
-        Self {
-            child,
-            addr,
-            output,
-            readers,
-        }
+        command.current_dir(folder);
+        let process = ServeProcess::spawn(command, START_TIMEOUT);
+        let addr = process.addr.to_string();
+        Self { process, addr }
     }
 
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 
     fn output(&self) -> String {
-        self.output.lock().expect("output lock").clone()
+        self.process.output()
     }
 
     /// The process is still running and has printed no panic.
     fn assert_alive(&mut self, when: &str) {
-        let status = self.child.try_wait().expect("poll the server");
+        let status = self.process.child.try_wait().expect("poll the server");
         let output = self.output();
         assert!(
             status.is_none(),
@@ -398,37 +305,7 @@ impl Server {
 
     /// SIGTERM, then SIGKILL after [`STOP_TIMEOUT`].
     fn stop(mut self) -> Stopped {
-        let started = Instant::now();
-        let sent = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(sent.success(), "kill -TERM failed");
-        let mut status = wait_at_most(&mut self.child, STOP_TIMEOUT);
-        let graceful = status.is_some();
-        if status.is_none() {
-            let _ = self.child.kill();
-            status = self.child.wait().ok();
-        }
-        let took = started.elapsed();
-        for reader in std::mem::take(&mut self.readers) {
-            let _ = reader.join();
-        }
-        Stopped {
-            graceful,
-            status,
-            took,
-            output: self.output(),
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        self.process.stop(STOP_TIMEOUT)
     }
 }
 
@@ -1848,7 +1725,7 @@ fn fill_up(server: &mut Server, db: &Path) -> Fill {
         if db_full.is_some() && now.wal + 64 * KIB >= LIMIT && quiet {
             break;
         }
-        let died = server.child.try_wait().ok().flatten().is_some();
+        let died = server.process.child.try_wait().ok().flatten().is_some();
         if started.elapsed() > FILL_DEADLINE || died {
             stop.store(true, Ordering::Relaxed);
             for worker in workers {
