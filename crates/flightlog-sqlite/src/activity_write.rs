@@ -22,11 +22,14 @@ use crate::rows::parse_attrs;
 pub(crate) const CHANGE_LOG_TRIM_DISTANCE: i64 = 100_000;
 
 /// SQL for the span key of the span id bound at `$param` (a literal like `"?1"`): the recent
-/// span-id index first, then the merged one (schema version 4); NULL for an unknown id.
+/// span-id index first, then the middle one, then the main one (schema versions 4 and 6); NULL
+/// for an unknown id.
 macro_rules! span_key_of {
     ($param:literal) => {
         concat!(
             "COALESCE((SELECT span_key FROM activity_span_ids_recent WHERE span_id = ",
+            $param,
+            "), (SELECT span_key FROM activity_span_ids_middle WHERE span_id = ",
             $param,
             "), (SELECT span_key FROM activity_span_ids WHERE span_id = ",
             $param,
@@ -36,15 +39,28 @@ macro_rules! span_key_of {
 }
 pub(crate) use span_key_of;
 
-/// How many span ids the recent index holds before the writer merges it into the main one.
-/// A merge touches each page of the main index at most once (it inserts in id order), so its
-/// cost per span is the main index's page count over this; the recent index's own pages are
-/// what a commit's inserts share. 16,384 keeps both well under one page per span for indexes of
-/// up to a few hundred thousand spans (see BENCHMARKS.md).
+/// How many span ids the recent index holds before the writer merges it into the middle one.
+/// The recent index stays small enough (~120 pages) that a commit's random inserts share its
+/// pages; a merge inserts in id order, so it touches each page of the middle index at most once.
 const RECENT_SPAN_IDS_MERGE_AT: i64 = 16_384;
+/// The fewest and the most ids the middle index is kept at (see [`middle_target`]).
+const MIDDLE_SPAN_IDS_MIN: i64 = RECENT_SPAN_IDS_MERGE_AT;
+const MIDDLE_SPAN_IDS_MAX: i64 = 1 << 20;
+
+/// The size the middle index is kept at, for a database of about `spans` spans.
+///
+/// Each merge of `R` recent ids costs about the middle index's pages (`M / E` for `M` ids, `E`
+/// ids a page) plus the main-index pages of the key range it sweeps: `R` ids of the middle's
+/// `M` cover `R / M` of the key space, so `(spans / E) * R / M` pages. The sum is smallest at
+/// `M = sqrt(spans * R)`: 128 Ki ids at a million spans, where a merge then writes ~1,800
+/// pages instead of the ~7,000 of a main index merged whole.
+fn middle_target(spans: i64) -> i64 {
+    let ideal = (spans.max(0) as f64 * RECENT_SPAN_IDS_MERGE_AT as f64).sqrt() as i64;
+    ideal.clamp(MIDDLE_SPAN_IDS_MIN, MIDDLE_SPAN_IDS_MAX)
+}
 
 /// Whether a span id is already taken (by any run): the writer's filter proves most new ids
-/// free (see `span_id_filter`); the others are looked up in both span-id indexes.
+/// free (see `span_id_filter`); the others are looked up in the span-id indexes.
 pub(crate) fn span_id_taken(ctx: &mut WriteContext<'_>, span_id: &str) -> Result<bool, StoreError> {
     if !ctx.keys.span_id_filter.may_be_taken(span_id) {
         return Ok(false);
@@ -54,7 +70,7 @@ pub(crate) fn span_id_taken(ctx: &mut WriteContext<'_>, span_id: &str) -> Result
         .map_err(backend)
 }
 
-/// Record a new span's id in the recent index, merging that index into the main one when it
+/// Record a new span's id in the recent index, merging that index into the middle one when it
 /// has grown to [`RECENT_SPAN_IDS_MERGE_AT`]. The caller checked that the id is free.
 pub(crate) fn register_span_id(
     ctx: &mut WriteContext<'_>,
@@ -74,16 +90,18 @@ pub(crate) fn register_span_id(
     };
     ctx.keys.recent_span_ids = Some(recent);
     if recent >= RECENT_SPAN_IDS_MERGE_AT {
-        merge_recent_span_ids(ctx)?;
+        merge_recent_span_ids(ctx, recent)?;
+        sweep_middle_span_ids(ctx, span_key)?;
     }
     Ok(())
 }
 
-/// Move every id of the recent index into the main one, in id order, inside the current
-/// transaction (so a crash leaves each id in exactly one of the two).
-fn merge_recent_span_ids(ctx: &mut WriteContext<'_>) -> Result<(), StoreError> {
+/// Move every id of the recent index into the middle one, in id order, inside the current
+/// transaction (so a crash leaves each id in exactly one index).
+fn merge_recent_span_ids(ctx: &mut WriteContext<'_>, recent: i64) -> Result<(), StoreError> {
+    let middle = middle_span_id_count(ctx)?;
     for sql in [
-        "INSERT INTO activity_span_ids (span_id, span_key) \
+        "INSERT INTO activity_span_ids_middle (span_id, span_key) \
          SELECT span_id, span_key FROM activity_span_ids_recent ORDER BY span_id",
         "DELETE FROM activity_span_ids_recent",
     ] {
@@ -92,6 +110,82 @@ fn merge_recent_span_ids(ctx: &mut WriteContext<'_>) -> Result<(), StoreError> {
             .map_err(backend)?;
     }
     ctx.keys.recent_span_ids = Some(0);
+    ctx.keys.middle_span_ids = Some(middle + recent);
+    Ok(())
+}
+
+/// How many ids the middle index holds (cached by the writer like the recent count).
+fn middle_span_id_count(ctx: &mut WriteContext<'_>) -> Result<i64, StoreError> {
+    if let Some(count) = ctx.keys.middle_span_ids {
+        return Ok(count);
+    }
+    let count = ctx
+        .statement("SELECT COUNT(*) FROM activity_span_ids_middle")
+        .and_then(|stmt| stmt.query_row([], |row| row.get(0)))
+        .map_err(backend)?;
+    ctx.keys.middle_span_ids = Some(count);
+    Ok(count)
+}
+
+/// Move the ids of the middle index above its target size (see [`middle_target`]; `newest_key`,
+/// the newest span's key, bounds the span count) into the main index: the next ones in id order
+/// after the writer's sweep cursor, so successive merges sweep the key space in turn and each
+/// main-index page is rewritten about once per sweep. The cursor only spreads the work (any
+/// range may move at any time), so it lives in the writer's memory and restarts at the lowest
+/// id after a restart.
+fn sweep_middle_span_ids(ctx: &mut WriteContext<'_>, newest_key: i64) -> Result<(), StoreError> {
+    let middle = middle_span_id_count(ctx)?;
+    let excess = middle - middle_target(newest_key);
+    if excess <= 0 {
+        return Ok(());
+    }
+    let cursor = std::mem::take(&mut ctx.keys.span_id_sweep_cursor);
+    // The last id of the range: `excess` ids on from the cursor, or none when fewer are left
+    // (the range then runs to the end, and the next sweep starts again from the lowest id).
+    let last: Option<String> = ctx
+        .statement(
+            "SELECT span_id FROM activity_span_ids_middle WHERE span_id > ?1 \
+             ORDER BY span_id LIMIT 1 OFFSET ?2",
+        )
+        .and_then(|stmt| {
+            stmt.query_row(params![cursor, excess - 1], |row| row.get(0))
+                .optional()
+        })
+        .map_err(backend)?;
+    let moved = match &last {
+        Some(last) => {
+            let moved = ctx
+                .statement(
+                    "INSERT INTO activity_span_ids (span_id, span_key) \
+                     SELECT span_id, span_key FROM activity_span_ids_middle \
+                     WHERE span_id > ?1 AND span_id <= ?2 ORDER BY span_id",
+                )
+                .and_then(|stmt| stmt.execute(params![cursor, last]))
+                .map_err(backend)?;
+            ctx.statement(
+                "DELETE FROM activity_span_ids_middle WHERE span_id > ?1 AND span_id <= ?2",
+            )
+            .and_then(|stmt| stmt.execute(params![cursor, last]))
+            .map_err(backend)?;
+            moved
+        }
+        None => {
+            let moved = ctx
+                .statement(
+                    "INSERT INTO activity_span_ids (span_id, span_key) \
+                     SELECT span_id, span_key FROM activity_span_ids_middle \
+                     WHERE span_id > ?1 ORDER BY span_id",
+                )
+                .and_then(|stmt| stmt.execute(params![cursor]))
+                .map_err(backend)?;
+            ctx.statement("DELETE FROM activity_span_ids_middle WHERE span_id > ?1")
+                .and_then(|stmt| stmt.execute(params![cursor]))
+                .map_err(backend)?;
+            moved
+        }
+    };
+    ctx.keys.span_id_sweep_cursor = last.unwrap_or_default();
+    ctx.keys.middle_span_ids = Some(middle - i64::try_from(moved).unwrap_or(0));
     Ok(())
 }
 
@@ -912,6 +1006,8 @@ pub(crate) fn prune(
         .map_err(backend)?;
         for sql in [
             "DELETE FROM activity_span_ids_recent WHERE span_id IN \
+             (SELECT span_id FROM activity_spans WHERE run_key = ?1)",
+            "DELETE FROM activity_span_ids_middle WHERE span_id IN \
              (SELECT span_id FROM activity_spans WHERE run_key = ?1)",
             "DELETE FROM activity_span_ids WHERE span_id IN \
              (SELECT span_id FROM activity_spans WHERE run_key = ?1)",

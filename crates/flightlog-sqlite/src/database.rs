@@ -112,6 +112,11 @@ pub(crate) struct WriterCache {
     pub engagements: HashMap<String, (i64, i64)>,
     /// How many ids the recent span-id index holds (see `activity_write::register_span_id`).
     pub recent_span_ids: Option<i64>,
+    /// How many ids the middle span-id index holds.
+    pub middle_span_ids: Option<i64>,
+    /// Where the next sweep of the middle span-id index into the main one starts (the last id
+    /// swept; empty: from the lowest). Only spreads work, so it survives every cache clear.
+    pub span_id_sweep_cursor: String,
     /// Every span id in the database, as a Bloom filter (see `span_id_filter`). Kept across
     /// rollbacks and prunes (they only remove ids); dropped when another connection commits.
     pub span_id_filter: SpanIdFilterState,
@@ -133,6 +138,7 @@ impl WriterCache {
         self.next_change_id = None;
         self.engagements.clear();
         self.recent_span_ids = None;
+        self.middle_span_ids = None;
     }
 
     fn trim(&mut self) {

@@ -131,12 +131,15 @@ impl SpanIdFilter {
     /// A filter of every span id in the database at `path`, sized for twice as many, read on a
     /// connection of its own. `None` when there are too many ids.
     ///
-    /// The recent index is read first, in one statement; the main index after it, in key-order
-    /// chunks, each its own short read (a read held for the whole scan of millions of ids would
-    /// keep the checkpointer from rewinding the WAL meanwhile). That is still every id committed
-    /// before the build started: an id in the recent index then is read with it; an id in the
-    /// main index then stays there (merges only add to it; only pruning removes, and a pruned
-    /// id needs no place in the filter); later ids are the writer's pending ones.
+    /// The recent index is read first, in one statement; then the middle index, in one
+    /// statement; the main index last, in key-order chunks, each its own short read (a read held
+    /// for the whole scan of millions of ids would keep the checkpointer from rewinding the WAL
+    /// meanwhile). That is still every id committed before the build started, because ids only
+    /// move down (recent to middle to main) and each index is read after the one above it: an id
+    /// is read in the index where the read of that index finds it, or else it has moved on to a
+    /// lower index, read later; an id in the main index stays there (merges only add to it; only
+    /// pruning removes, and a pruned id needs no place in the filter); later ids are the
+    /// writer's pending ones.
     fn build(path: &Path, busy_timeout: Duration) -> rusqlite::Result<Option<Self>> {
         /// Main-index ids read per statement.
         const CHUNK: i64 = 65_536;
@@ -165,8 +168,11 @@ impl SpanIdFilter {
             return Ok(None);
         }
         let mut filter = Self::with_capacity(ids.saturating_mul(2).max(65_536));
-        {
-            let mut stmt = conn.prepare("SELECT span_id FROM activity_span_ids_recent")?;
+        for sql in [
+            "SELECT span_id FROM activity_span_ids_recent",
+            "SELECT span_id FROM activity_span_ids_middle",
+        ] {
+            let mut stmt = conn.prepare(sql)?;
             let mut rows = stmt.query([])?;
             while let Some(row) = rows.next()? {
                 // Span ids are TEXT; anything else cannot equal a text id looked up later.
@@ -355,7 +361,8 @@ mod tests {
         conn.execute_batch(
             "CREATE TABLE activity_spans (span_key INTEGER PRIMARY KEY);
              CREATE TABLE activity_span_ids (span_id TEXT PRIMARY KEY, span_key INTEGER);
-             CREATE TABLE activity_span_ids_recent (span_id TEXT PRIMARY KEY, span_key INTEGER);",
+             CREATE TABLE activity_span_ids_recent (span_id TEXT PRIMARY KEY, span_key INTEGER);
+             CREATE TABLE activity_span_ids_middle (span_id TEXT PRIMARY KEY, span_key INTEGER);",
         )
         .unwrap();
         (dir, path, conn)
@@ -398,8 +405,9 @@ mod tests {
     fn a_filter_is_built_in_the_background_and_dropped_on_a_foreign_commit() {
         let (_dir, path, conn) = span_id_tables();
         conn.execute_batch(
-            "INSERT INTO activity_spans VALUES (1), (2);
+            "INSERT INTO activity_spans VALUES (1), (2), (3);
              INSERT INTO activity_span_ids VALUES ('old', 1);
+             INSERT INTO activity_span_ids_middle VALUES ('middle', 3);
              INSERT INTO activity_span_ids_recent VALUES ('recent', 2);",
         )
         .unwrap();
@@ -417,6 +425,7 @@ mod tests {
         assert!(state.is_built());
         assert!(!state.may_be_taken("new"));
         assert!(state.may_be_taken("old"));
+        assert!(state.may_be_taken("middle"));
         assert!(state.may_be_taken("recent"));
         assert!(state.may_be_taken("during"));
         state.insert("after");

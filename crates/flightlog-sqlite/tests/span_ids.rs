@@ -1,8 +1,10 @@
 //! Span ids live in two indexes since schema version 4 (a small recent one, merged into the main
-//! one in sorted runs). These tests hold the store to the same promises as before across that
-//! design: an id is found wherever it lives, is never taken twice (across runs, across a merge,
-//! by native starts and OTLP imports alike), leaves both indexes when its run is pruned, and a
-//! database written by schema version 3 upgrades with every span still reachable.
+//! one in sorted runs), and in three since version 6 (recent ids merge into a middle index, swept
+//! into the main one a key range at a time). These tests hold the store to the same promises as
+//! before across that design: an id is found wherever it lives, lives in exactly one index, is
+//! never taken twice (across runs, across merges and sweeps, by native starts and OTLP imports
+//! alike), leaves every index when its run is pruned, and a database written by schema version 3
+//! upgrades with every span still reachable.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -149,6 +151,139 @@ async fn ids_stay_unique_and_reachable_across_a_merge_and_a_prune() {
         store.get_span(&id(16_999)).await.unwrap().unwrap().run_id,
         "again"
     );
+}
+
+/// Ids per span-id index, read on a connection of the test's own.
+fn index_sizes(path: &std::path::Path) -> [i64; 3] {
+    let conn = rusqlite::Connection::open(path).expect("open the database");
+    [
+        "activity_span_ids_recent",
+        "activity_span_ids_middle",
+        "activity_span_ids",
+    ]
+    .map(|table| {
+        conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |row| {
+            row.get(0)
+        })
+        .expect("count the ids")
+    })
+}
+
+/// Some ids of one span-id index, in id order.
+fn ids_in(path: &std::path::Path, table: &str) -> Vec<String> {
+    let conn = rusqlite::Connection::open(path).expect("open the database");
+    let mut stmt = conn
+        .prepare(&format!("SELECT span_id FROM {table} ORDER BY span_id"))
+        .expect("prepare");
+    let all: Vec<String> = stmt
+        .query_map([], |row| row.get(0))
+        .expect("query")
+        .map(|id| id.expect("an id"))
+        .collect();
+    // The first, the last and a few between.
+    let step = (all.len() / 5).max(1);
+    let mut some: Vec<String> = all.iter().step_by(step).cloned().collect();
+    some.extend(all.last().cloned());
+    some
+}
+
+#[tokio::test]
+async fn ids_stay_unique_and_reachable_across_sweeps_of_the_middle_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sweeps.db");
+    let store = store(&path);
+    // Four merges of the recent index; from the second on, the middle index is past its target
+    // (about sqrt(16,384 x spans) ids) and each merge sweeps a key range of it into the main one.
+    let total = 70_000u64;
+    for call in 0..(total / 500) {
+        let spans: Vec<ImportedSpan> = (call * 500..(call + 1) * 500)
+            .map(|n| {
+                let run = format!("run-{}", n / 10);
+                let parent = (n % 10 != 0).then(|| id(n - n % 10));
+                imported(id(n), run, parent)
+            })
+            .collect();
+        let report = store.import_spans(spans).await.unwrap();
+        assert_eq!(report.created, 500);
+    }
+    let [recent, middle, main] = index_sizes(&path);
+    println!("span ids: {recent} recent, {middle} middle, {main} main");
+    assert_eq!(
+        recent + middle + main,
+        total as i64,
+        "{recent} {middle} {main}"
+    );
+    assert!(
+        recent > 0 && middle > 0 && main > 0,
+        "{recent} {middle} {main}"
+    );
+    // The middle index was kept near its target, not left to grow with every merge.
+    assert!(middle < 40_000, "the middle index holds {middle} ids");
+    // No id is in two indexes.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let shared: i64 = conn
+        .query_row(
+            "SELECT (SELECT COUNT(*) FROM activity_span_ids_recent r
+                       JOIN activity_span_ids_middle m USING (span_id))
+                  + (SELECT COUNT(*) FROM activity_span_ids_recent r
+                       JOIN activity_span_ids a USING (span_id))
+                  + (SELECT COUNT(*) FROM activity_span_ids_middle m
+                       JOIN activity_span_ids a USING (span_id))",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(shared, 0);
+    // Ids in each index are found, keep their run, and stay taken.
+    for table in [
+        "activity_span_ids_recent",
+        "activity_span_ids_middle",
+        "activity_span_ids",
+    ] {
+        for span_id in ids_in(&path, table) {
+            let span = store.get_span(&span_id).await.unwrap();
+            let span = span.unwrap_or_else(|| panic!("{span_id} of {table} not found"));
+            assert_eq!(span.span_id, span_id);
+            let err = store
+                .start_span(start(&span_id, "elsewhere"))
+                .await
+                .unwrap_err();
+            assert!(matches!(err, StoreError::DuplicateSpan { .. }), "{err:?}");
+            let report = store
+                .import_spans(vec![imported(span_id.clone(), span.run_id.clone(), None)])
+                .await
+                .unwrap();
+            assert_eq!((report.created, report.unchanged), (0, 1), "{report:?}");
+        }
+    }
+    // Every id of the workload is found.
+    for n in (0..total).step_by(997) {
+        assert!(store.get_span(&id(n)).await.unwrap().is_some(), "span {n}");
+    }
+    // Pruning every run empties all three indexes.
+    for run in 0..(total / 10) {
+        store.rollup_run(&format!("run-{run}")).await.unwrap();
+    }
+    let pruned = store
+        .prune(PruneOptions {
+            digest_floor_at: i64::MAX,
+            hard_ceiling_ms: i64::MAX,
+            batch: Some(-1),
+            now: Some(10_000_000),
+        })
+        .await
+        .unwrap();
+    assert_eq!(pruned.spans_deleted, total as i64);
+    assert_eq!(index_sizes(&path), [0, 0, 0]);
+    // And the writer goes on registering, merging and sweeping after it.
+    for call in 0..40u64 {
+        let spans: Vec<ImportedSpan> = (call * 500..(call + 1) * 500)
+            .map(|n| imported(id(total + n), format!("again-{}", n / 10), None))
+            .collect();
+        assert_eq!(store.import_spans(spans).await.unwrap().created, 500);
+    }
+    let [recent, middle, main] = index_sizes(&path);
+    assert_eq!(recent + middle + main, 20_000, "{recent} {middle} {main}");
 }
 
 #[tokio::test]
