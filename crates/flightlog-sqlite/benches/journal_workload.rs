@@ -348,6 +348,8 @@ struct SqliteAppends {
     p99: Duration,
     groups: u64,
     wal_frames: u64,
+    rewinds: u64,
+    rewind: Duration,
     writes: u64,
     apply: Duration,
     commit: Duration,
@@ -401,6 +403,8 @@ fn sqlite_appends(
         p99: percentile(&latencies, 0.99),
         groups: stats.groups.load(Relaxed),
         wal_frames: stats.wal_frames.load(Relaxed),
+        rewinds: stats.writer_rewinds.load(Relaxed),
+        rewind: Duration::from_nanos(stats.writer_rewind_nanos.load(Relaxed)),
         writes: stats.writes.load(Relaxed),
         apply: Duration::from_nanos(stats.apply_nanos.load(Relaxed)),
         commit: Duration::from_nanos(stats.commit_nanos.load(Relaxed)),
@@ -423,8 +427,8 @@ fn print_sqlite_appends(label: &str, runs: &[SqliteAppends], target: Option<f64>
     println!("{label}: {}{target}", rates_line(&rates));
     println!(
         "    best run: per call p50 {:.1} us, p99 {:.1} us; writer: {} transactions, {:.1} \
-         writes each, {:.1} WAL pages each, apply {:.3} s, begin+commit {:.3} s; file {:.1} MB, \
-         WAL {:.1} MB",
+         writes each, {:.1} WAL pages each, apply {:.3} s, begin+commit {:.3} s, {} WAL rewinds \
+         {:.3} s; file {:.1} MB, WAL {:.1} MB",
         micros(best.p50),
         micros(best.p99),
         best.groups,
@@ -432,6 +436,8 @@ fn print_sqlite_appends(label: &str, runs: &[SqliteAppends], target: Option<f64>
         best.wal_frames as f64 / best.groups.max(1) as f64,
         best.apply.as_secs_f64(),
         best.commit.as_secs_f64(),
+        best.rewinds,
+        best.rewind.as_secs_f64(),
         best.db_bytes as f64 / 1e6,
         best.wal_bytes as f64 / 1e6,
     );
