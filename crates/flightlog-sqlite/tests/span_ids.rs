@@ -63,12 +63,9 @@ fn id(n: u64) -> String {
     format!("{:016x}", n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
-#[tokio::test]
-async fn ids_stay_unique_and_reachable_across_a_merge_and_a_prune() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = store(&dir.path().join("ids.db"));
-    // More spans than the recent index holds, so at least one merge happens in the middle.
-    let total = 17_000u64;
+/// Import spans `0..total` (a multiple of 500) as OTLP delivers them: traces of 10 (`run-N`, a
+/// root and 9 children), 500 spans a call, every span new.
+async fn import_traces(store: &SqliteActivityStore, total: u64) {
     for call in 0..(total / 500) {
         let spans: Vec<ImportedSpan> = (call * 500..(call + 1) * 500)
             .map(|n| {
@@ -77,9 +74,39 @@ async fn ids_stay_unique_and_reachable_across_a_merge_and_a_prune() {
                 imported(id(n), run, parent)
             })
             .collect();
-        let report = store.import_spans(spans).await.unwrap();
+        let report = store.import_spans(spans).await.expect("import");
         assert_eq!(report.created, 500);
     }
+}
+
+/// Roll up the runs of [`import_traces`] and prune every rolled-up run (and whatever else is
+/// rolled up): the spans deleted.
+async fn prune_every_run(store: &SqliteActivityStore, total: u64) -> i64 {
+    for run in 0..(total / 10) {
+        store
+            .rollup_run(&format!("run-{run}"))
+            .await
+            .expect("rollup");
+    }
+    store
+        .prune(PruneOptions {
+            digest_floor_at: i64::MAX,
+            hard_ceiling_ms: i64::MAX,
+            batch: Some(-1),
+            now: Some(10_000_000),
+        })
+        .await
+        .expect("prune")
+        .spans_deleted
+}
+
+#[tokio::test]
+async fn ids_stay_unique_and_reachable_across_a_merge_and_a_prune() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(&dir.path().join("ids.db"));
+    // More spans than the recent index holds, so at least one merge happens in the middle.
+    let total = 17_000u64;
+    import_traces(&store, total).await;
     // Every id is found, the first ones (merged) and the last ones (recent) alike.
     for n in [0, 1, 9, 8_000, 16_383, 16_384, 16_999] {
         let span = store.get_span(&id(n)).await.unwrap().unwrap();
@@ -129,20 +156,8 @@ async fn ids_stay_unique_and_reachable_across_a_merge_and_a_prune() {
         .is_some());
 
     // Pruning every run frees its ids: they can be used again afterwards.
-    for run in 0..(total / 10) {
-        store.rollup_run(&format!("run-{run}")).await.unwrap();
-    }
     store.rollup_run("native").await.unwrap();
-    let pruned = store
-        .prune(PruneOptions {
-            digest_floor_at: i64::MAX,
-            hard_ceiling_ms: i64::MAX,
-            batch: Some(-1),
-            now: Some(10_000_000),
-        })
-        .await
-        .unwrap();
-    assert_eq!(pruned.spans_deleted, total as i64 + 1);
+    assert_eq!(prune_every_run(&store, total).await, total as i64 + 1);
     assert!(store.get_span(&id(0)).await.unwrap().is_none());
     assert!(store.get_span(&id(16_999)).await.unwrap().is_none());
     store.start_span(start(&id(0), "again")).await.unwrap();
@@ -195,17 +210,7 @@ async fn ids_stay_unique_and_reachable_across_sweeps_of_the_middle_index() {
     // Four merges of the recent index; from the second on, the middle index is past its target
     // (about sqrt(16,384 x spans) ids) and each merge sweeps a key range of it into the main one.
     let total = 70_000u64;
-    for call in 0..(total / 500) {
-        let spans: Vec<ImportedSpan> = (call * 500..(call + 1) * 500)
-            .map(|n| {
-                let run = format!("run-{}", n / 10);
-                let parent = (n % 10 != 0).then(|| id(n - n % 10));
-                imported(id(n), run, parent)
-            })
-            .collect();
-        let report = store.import_spans(spans).await.unwrap();
-        assert_eq!(report.created, 500);
-    }
+    import_traces(&store, total).await;
     let [recent, middle, main] = index_sizes(&path);
     println!("span ids: {recent} recent, {middle} middle, {main} main");
     assert_eq!(
@@ -261,19 +266,7 @@ async fn ids_stay_unique_and_reachable_across_sweeps_of_the_middle_index() {
         assert!(store.get_span(&id(n)).await.unwrap().is_some(), "span {n}");
     }
     // Pruning every run empties all three indexes.
-    for run in 0..(total / 10) {
-        store.rollup_run(&format!("run-{run}")).await.unwrap();
-    }
-    let pruned = store
-        .prune(PruneOptions {
-            digest_floor_at: i64::MAX,
-            hard_ceiling_ms: i64::MAX,
-            batch: Some(-1),
-            now: Some(10_000_000),
-        })
-        .await
-        .unwrap();
-    assert_eq!(pruned.spans_deleted, total as i64);
+    assert_eq!(prune_every_run(&store, total).await, total as i64);
     assert_eq!(index_sizes(&path), [0, 0, 0]);
     // And the writer goes on registering, merging and sweeping after it.
     for call in 0..40u64 {
