@@ -572,7 +572,6 @@ impl SqliteDatabase {
             rewind_wanted: Arc::clone(&rewind_wanted),
             wal_path: wal_path_of(&config.path),
             busy_timeout: config.busy_timeout,
-            database_file: std::fs::File::open(&config.path).ok(),
         };
         std::thread::Builder::new()
             .name("flightlog-ckpt".into())
@@ -787,9 +786,6 @@ struct Checkpointer {
     wal_path: PathBuf,
     /// The connection's busy timeout, restored after a truncation that must not wait.
     busy_timeout: Duration,
-    /// The database file, synced before a rewind is asked (see `checkpoint`); `None` if it could
-    /// not be opened, which only leaves that sync to the writer's `RESTART`.
-    database_file: Option<std::fs::File>,
 }
 
 impl Checkpointer {
@@ -875,11 +871,10 @@ impl Checkpointer {
         // the first for a while: a pass syncs the file only when it copied the whole WAL, which
         // a writer always mid-transaction seldom lets it do, so the file held tens of MB not yet
         // synced (measured: 17 ms a rewind, 90% of its time). Sync it here, off the writer's path,
-        // so the `RESTART` syncs only what it copies itself.
-        if let Some(file) = &self.database_file {
-            // A failed sync only leaves the work to the `RESTART`'s own sync, which reports it.
-            let _ = file.sync_data();
-        }
+        // so the `RESTART` syncs only what it copies itself. Through SQLite's own handle: a
+        // descriptor of our own would drop the process's locks on the file when closed.
+        // A failed sync only leaves the work to the `RESTART`'s own sync, which reports it.
+        let _ = flightlog_walvfs::sync_database_file(&self.conn);
         // Rewinding is the writer's job: a `RESTART` here would wait for the write lock while
         // holding the checkpoint lock, so under back-to-back commits it neither got in nor let
         // the writer rewind (measured: 766 MB of WAL after 200,000 imported spans).
@@ -1024,9 +1019,10 @@ impl GroupCommitWriter {
     ///
     /// Independently of the checkpointer, after each group the writer looks at the WAL's length
     /// (its frame count from the WAL hook; the file itself keeps its high-water size, see the
-    /// `journal_size_limit` at open): past [`Self::WAL_HARD_CAP_FRAMES`] (the checkpointer cannot
-    /// keep up, e.g. both cores saturated by ingest) it rewinds the WAL itself, copying what the checkpointer has not, so
-    /// the disk the WAL takes is bounded under any load, at the price of this thread's time.
+    /// `journal_size_limit` at open): past [`Self::WAL_HARD_CAP_FRAMES`] (the checkpointer
+    /// cannot keep up, e.g. both cores saturated by ingest) it rewinds the WAL itself, copying
+    /// what the checkpointer has not, so the disk the WAL takes is bounded under any load, at the
+    /// price of this thread's time.
     fn rewind_wal_if_asked(&mut self) {
         if self.frames_after_last_commit > Self::WAL_HARD_CAP_FRAMES {
             self.rewind_wanted.store(true, Ordering::Release);

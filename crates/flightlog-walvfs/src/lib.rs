@@ -44,6 +44,9 @@ use std::sync::OnceLock;
 
 use rusqlite::ffi;
 
+mod sync;
+pub use sync::sync_database_file;
+
 /// The name this VFS is registered under (pass it to `Connection::open_with_flags_and_vfs`).
 pub const VFS_NAME: &str = "flightlog-wal";
 const VFS_NAME_C: &CStr = c"flightlog-wal";
