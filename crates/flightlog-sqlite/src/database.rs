@@ -123,7 +123,12 @@ pub(crate) struct WriterCache {
 }
 
 impl WriterCache {
-    const MAX_ENTRIES: usize = 200_000;
+    /// Entries a map may hold before it is cleared. Each entry costs ~70 – 100 bytes (an id
+    /// string and its key), so at 200,000 the maps took ~40 MB of the server's memory during
+    /// long OTLP ingest, where they stop helping once a trace's batch is written: at 65,536 the
+    /// server's peak RSS over 2,000,000 ingested spans fell from 146.9 / 151.6 MiB to
+    /// 140.3 / 132.5 MiB, and `import_workload` stayed within its noise (alternating runs).
+    const MAX_ENTRIES: usize = 65_536;
 
     pub(crate) fn clear(&mut self) {
         self.run_keys.clear();
