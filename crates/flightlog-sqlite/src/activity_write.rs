@@ -9,6 +9,7 @@ use flightlog_core::activity::{
     compute_rollup, CappedPayload, EndSpanInput, JsonObject, PruneResult, RollupSpan, SpanEventRow,
     SpanKind, SpanOrigin, SpanOutcome, SpanPatch, SpanRow, SpanUsage, StartSpanInput, StoreError,
 };
+use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::value::RawValue;
 
@@ -140,8 +141,9 @@ fn sweep_middle_span_ids(ctx: &mut WriteContext<'_>, newest_key: i64) -> Result<
         return Ok(());
     }
     let cursor = std::mem::take(&mut ctx.keys.span_id_sweep_cursor);
-    // The last id of the range: `excess` ids on from the cursor, or none when fewer are left
-    // (the range then runs to the end, and the next sweep starts again from the lowest id).
+    // The last id of the range: `excess` ids on from the cursor, or none when fewer are left:
+    // the range then runs to the end (a BLOB sorts after every TEXT value in SQLite, so an empty
+    // one bounds nothing), and the next sweep starts again from the lowest id.
     let last: Option<String> = ctx
         .statement(
             "SELECT span_id FROM activity_span_ids_middle WHERE span_id > ?1 \
@@ -152,38 +154,21 @@ fn sweep_middle_span_ids(ctx: &mut WriteContext<'_>, newest_key: i64) -> Result<
                 .optional()
         })
         .map_err(backend)?;
-    let moved = match &last {
-        Some(last) => {
-            let moved = ctx
-                .statement(
-                    "INSERT INTO activity_span_ids (span_id, span_key) \
-                     SELECT span_id, span_key FROM activity_span_ids_middle \
-                     WHERE span_id > ?1 AND span_id <= ?2 ORDER BY span_id",
-                )
-                .and_then(|stmt| stmt.execute(params![cursor, last]))
-                .map_err(backend)?;
-            ctx.statement(
-                "DELETE FROM activity_span_ids_middle WHERE span_id > ?1 AND span_id <= ?2",
-            )
-            .and_then(|stmt| stmt.execute(params![cursor, last]))
-            .map_err(backend)?;
-            moved
-        }
-        None => {
-            let moved = ctx
-                .statement(
-                    "INSERT INTO activity_span_ids (span_id, span_key) \
-                     SELECT span_id, span_key FROM activity_span_ids_middle \
-                     WHERE span_id > ?1 ORDER BY span_id",
-                )
-                .and_then(|stmt| stmt.execute(params![cursor]))
-                .map_err(backend)?;
-            ctx.statement("DELETE FROM activity_span_ids_middle WHERE span_id > ?1")
-                .and_then(|stmt| stmt.execute(params![cursor]))
-                .map_err(backend)?;
-            moved
-        }
+    let upper = match &last {
+        Some(last) => Value::Text(last.clone()),
+        None => Value::Blob(Vec::new()),
     };
+    let moved = ctx
+        .statement(
+            "INSERT INTO activity_span_ids (span_id, span_key) \
+             SELECT span_id, span_key FROM activity_span_ids_middle \
+             WHERE span_id > ?1 AND span_id <= ?2 ORDER BY span_id",
+        )
+        .and_then(|stmt| stmt.execute(params![cursor, upper]))
+        .map_err(backend)?;
+    ctx.statement("DELETE FROM activity_span_ids_middle WHERE span_id > ?1 AND span_id <= ?2")
+        .and_then(|stmt| stmt.execute(params![cursor, upper]))
+        .map_err(backend)?;
     ctx.keys.span_id_sweep_cursor = last.unwrap_or_default();
     ctx.keys.middle_span_ids = Some(middle - i64::try_from(moved).unwrap_or(0));
     Ok(())
@@ -1054,4 +1039,74 @@ pub(crate) fn prune(
         runs_pruned: i64::try_from(candidates.len()).unwrap_or(i64::MAX),
         spans_deleted,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::database::{WriteContext, WriterCache};
+
+    fn id(n: usize) -> String {
+        format!("{:016x}", (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+
+    fn ids_of(conn: &Connection, table: &str) -> Vec<String> {
+        let mut stmt = conn
+            .prepare(&format!("SELECT span_id FROM {table} ORDER BY span_id"))
+            .expect("prepare");
+        let ids = stmt
+            .query_map([], |row| row.get(0))
+            .expect("query")
+            .map(|id| id.expect("an id"))
+            .collect();
+        ids
+    }
+
+    /// The end-to-end test (`tests/span_ids.rs`) sweeps from the lowest id on; this one starts a
+    /// sweep near the end of the key space, where fewer ids are left than are due.
+    #[test]
+    fn a_sweep_that_reaches_the_end_of_the_key_space_starts_over_from_the_lowest_id() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        let total = 40_000;
+        {
+            let tx = conn.transaction().unwrap();
+            let mut insert = tx
+                .prepare("INSERT INTO activity_span_ids_middle (span_id, span_key) VALUES (?1, ?2)")
+                .unwrap();
+            for n in 0..total {
+                insert.execute(params![id(n), n as i64]).unwrap();
+            }
+            drop(insert);
+            tx.commit().unwrap();
+        }
+        let mut sorted: Vec<String> = (0..total).map(id).collect();
+        sorted.sort();
+        // The 100 highest ids lie after the cursor.
+        let mut keys = WriterCache {
+            span_id_sweep_cursor: sorted[total - 101].clone(),
+            ..WriterCache::default()
+        };
+        let mut ctx = WriteContext::new(&conn, &mut keys, false);
+        // A small database: the middle's target is its minimum, so 40,000 - 16,384 ids are due,
+        // but only the 100 after the cursor are taken; the next sweep starts from the lowest.
+        sweep_middle_span_ids(&mut ctx, 1).unwrap();
+        assert_eq!(ctx.keys.span_id_sweep_cursor, "");
+        assert_eq!(ctx.keys.middle_span_ids, Some(39_900));
+        assert_eq!(ids_of(&conn, "activity_span_ids"), sorted[total - 100..]);
+        sweep_middle_span_ids(&mut ctx, 1).unwrap();
+        let due = 39_900 - MIDDLE_SPAN_IDS_MIN as usize;
+        assert_eq!(ctx.keys.span_id_sweep_cursor, sorted[due - 1]);
+        assert_eq!(ctx.keys.middle_span_ids, Some(MIDDLE_SPAN_IDS_MIN));
+        let mut main = sorted[..due].to_vec();
+        main.extend_from_slice(&sorted[total - 100..]);
+        assert_eq!(ids_of(&conn, "activity_span_ids"), main);
+        assert_eq!(
+            ids_of(&conn, "activity_span_ids_middle"),
+            sorted[due..total - 100]
+        );
+        // At its target, the middle index is left alone.
+        sweep_middle_span_ids(&mut ctx, 1).unwrap();
+        assert_eq!(ctx.keys.middle_span_ids, Some(MIDDLE_SPAN_IDS_MIN));
+    }
 }

@@ -174,7 +174,7 @@ pub(crate) struct WriteContext<'a> {
 }
 
 impl<'a> WriteContext<'a> {
-    fn new(conn: &'a Connection, keys: &'a mut WriterCache, isolated: bool) -> Self {
+    pub(crate) fn new(conn: &'a Connection, keys: &'a mut WriterCache, isolated: bool) -> Self {
         Self {
             conn,
             keys,

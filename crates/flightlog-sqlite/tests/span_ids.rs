@@ -208,7 +208,8 @@ async fn ids_stay_unique_and_reachable_across_sweeps_of_the_middle_index() {
     let path = dir.path().join("sweeps.db");
     let store = store(&path);
     // Four merges of the recent index; from the second on, the middle index is past its target
-    // (about sqrt(16,384 x spans) ids) and each merge sweeps a key range of it into the main one.
+    // (about sqrt(16,384 x spans) ids) and each merge sweeps the next key range of it into the
+    // main one (a sweep that reaches the end of the key space is `activity_write`'s unit test).
     let total = 70_000u64;
     import_traces(&store, total).await;
     let [recent, middle, main] = index_sizes(&path);
