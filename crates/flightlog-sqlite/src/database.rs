@@ -799,15 +799,17 @@ impl Checkpointer {
     /// Timer-driven checkpoints happen every this many periods.
     const PERIODS_PER_CHECKPOINT: u32 = 5;
 
-    fn watch_foreign_commits(&mut self) {
+    /// Ring the doorbell if another connection (this process's writer or another process)
+    /// committed since the last look, and say whether one did (or whether that is unknown).
+    fn watch_commits(&mut self) -> bool {
         let Ok(version) = self
             .conn
             .query_row("PRAGMA data_version", [], |row| row.get::<_, i64>(0))
         else {
-            return;
+            return true;
         };
         if self.data_version == Some(version) {
-            return;
+            return false;
         }
         self.data_version = Some(version);
         if let Ok(newest) = self.conn.query_row(
@@ -823,6 +825,7 @@ impl Checkpointer {
                 moved
             });
         }
+        true
     }
 
     /// WAL frames (pages) beyond which a checkpoint also rewinds the WAL. Each rewind stalls the
@@ -886,8 +889,9 @@ impl Checkpointer {
         self.rewind_wanted.store(true, Ordering::Release);
     }
 
-    /// On a pass with no nudge for [`Self::PERIODS_PER_CHECKPOINT`] periods (writes have gone
-    /// quiet), cut a WAL file longer than [`Self::QUIET_WAL_BYTES`] back to nothing: the writer
+    /// Once no connection has committed for [`Self::PERIODS_PER_CHECKPOINT`] periods (writes
+    /// have gone quiet, in this process and in any other), cut a WAL file longer than
+    /// [`Self::QUIET_WAL_BYTES`] back to nothing: the writer
     /// reuses the file after each rewind and never shrinks it, so after a burst of ingest it
     /// would keep its high-water size (up to ~100 MiB) for good. A `TRUNCATE` checkpoint needs
     /// the write lock and a WAL no reader uses; it is tried without waiting, so a writer or
@@ -927,13 +931,14 @@ impl Checkpointer {
     }
 
     fn run(mut self, nudges: std::sync::mpsc::Receiver<()>) {
+        // Periods since the last checkpoint pass (a nudge makes the next look a pass).
         let mut quiet_periods = 0u32;
+        // Looks in a row at which nobody, in this process or another, had committed.
+        let mut idle_looks = 0u32;
         loop {
-            let mut nudged = false;
             let last = match nudges.recv_timeout(Self::PERIOD) {
                 Ok(()) => {
                     quiet_periods = Self::PERIODS_PER_CHECKPOINT;
-                    nudged = true;
                     false
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
@@ -942,14 +947,20 @@ impl Checkpointer {
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => true,
             };
-            self.watch_foreign_commits();
-            if quiet_periods < Self::PERIODS_PER_CHECKPOINT && !last {
-                continue;
-            }
-            quiet_periods = 0;
+            idle_looks = if self.watch_commits() {
+                0
+            } else {
+                idle_looks.saturating_add(1)
+            };
             let started = Instant::now();
-            self.checkpoint();
-            if !nudged && !last {
+            if quiet_periods >= Self::PERIODS_PER_CHECKPOINT || last {
+                quiet_periods = 0;
+                self.checkpoint();
+            }
+            // Only when nobody has committed for a while: a `TRUNCATE` holds the write lock
+            // while it runs, and another process writing the same file must not be stalled by
+            // it every few periods.
+            if idle_looks >= Self::PERIODS_PER_CHECKPOINT && !last {
                 self.truncate_long_wal();
             }
             let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);

@@ -11,8 +11,9 @@
 //! The writer reuses the WAL file after a rewind without shrinking it (a truncation stalled it on
 //! the kernel's writeback), so the file keeps its high-water length until writes go quiet; then
 //! the checkpointer truncates it. The second test pins that: a reader holding an old snapshot
-//! keeps the WAL from being copied back while a burst of writes makes it long, and once the
-//! reader is gone and the writes have stopped the file shrinks without anyone writing again.
+//! keeps the WAL from being copied back while a burst of writes makes it long; while another
+//! connection keeps committing the file stays long (a truncation would stall that writer), and
+//! once the writes have stopped it shrinks without anyone writing again.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -137,8 +138,28 @@ async fn a_long_wal_is_truncated_once_writes_go_quiet() {
     }
     reader.execute_batch("COMMIT").unwrap();
     drop(reader);
-    // Nobody writes from here on: the next quiet checkpointer pass copies the WAL back and
-    // truncates it.
+    // Another connection (as another process would) keeps committing small writes: the WAL is
+    // not truncated meanwhile, because a truncation holds the write lock and would stall it.
+    let foreign = rusqlite::Connection::open(&path).unwrap();
+    foreign
+        .execute_batch("CREATE TABLE foreign_writes (n INTEGER)")
+        .unwrap();
+    let until = Instant::now() + Duration::from_millis(1_500);
+    let mut n = 0;
+    while Instant::now() < until {
+        foreign
+            .execute("INSERT INTO foreign_writes VALUES (?1)", [n])
+            .unwrap();
+        n += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let len = file_len(&wal_path);
+    assert!(
+        len > 32 * 1024 * 1024,
+        "the WAL was truncated ({len} bytes) while another connection was committing"
+    );
+    drop(foreign);
+    // Nobody writes from here on: the checkpointer copies the WAL back and truncates it.
     if let Err(len) = wait_for_wal_at_most(&wal_path, 32 * 1024 * 1024) {
         panic!("the WAL file stayed {len} bytes long after the writes stopped");
     }
