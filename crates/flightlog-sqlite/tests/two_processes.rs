@@ -28,10 +28,8 @@ mod support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::process::ExitStatus;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use support::{open_store, read_change_log, report, span_input, spawn_child, ChildProcess};
+use support::{open_store, read_change_log, report, span_input, spawn_child};
 
 use flightlog_core::activity::{
     ActivityChange, ActivityStore, ChangeBody, EndSpanInput, SpanKind, SpanOutcome, SpanPatch,
@@ -275,30 +273,6 @@ async fn two_processes_child_writer() {
 // ---------------------------------------------------------------------------------------------
 // The parent.
 // ---------------------------------------------------------------------------------------------
-
-impl ChildProcess {
-    /// Every report line until the child closes stdout, then its exit status and stderr; kills
-    /// the child (and fails) if it runs past `timeout`.
-    fn finish(mut self, timeout: Duration) -> (Vec<String>, ExitStatus, String) {
-        let deadline = Instant::now() + timeout;
-        let mut lines = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => lines.push(line),
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    panic!("a writer process ran past {timeout:?} and was killed");
-                }
-            }
-        }
-        let status = self.child.wait().expect("waiting for the writer process");
-        let stderr = self.stderr.join().unwrap_or_default();
-        (lines, status, stderr)
-    }
-}
 
 /// The process tag of the span a change is about, when the id says so (shared roots: none).
 fn change_tag(change: &ActivityChange) -> Option<&'static str> {

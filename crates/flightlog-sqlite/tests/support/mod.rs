@@ -3,9 +3,12 @@
 //! parent reads as they arrive; afterwards both read the whole change log back with the same
 //! checks (strictly increasing change ids, dense per-run seqs).
 
+// Each test binary compiles its own copy of this module and uses a part of it.
+#![allow(dead_code)]
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
@@ -143,6 +146,30 @@ pub async fn read_change_log(
         "the latest cursor is the last change id read"
     );
     (all, high_seq)
+}
+
+impl ChildProcess {
+    /// Every report line until the child closes stdout, then its exit status and stderr; kills
+    /// the child (and fails) if it runs past `timeout`.
+    pub fn finish(mut self, timeout: std::time::Duration) -> (Vec<String>, ExitStatus, String) {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut lines = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => lines.push(line),
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    panic!("a child process ran past {timeout:?} and was killed");
+                }
+            }
+        }
+        let status = self.child.wait().expect("waiting for the child process");
+        let stderr = self.stderr.join().unwrap_or_default();
+        (lines, status, stderr)
+    }
 }
 
 /// A store over the file at `path` acting as `writer`.
