@@ -6,15 +6,18 @@
 //! alike), leaves every index when its run is pruned, and a database written by schema version 3
 //! upgrades with every span still reachable.
 
+mod support;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use flightlog_core::activity::{
-    ActivityStore, EndSpanInput, ImportedEnd, ImportedSpan, PruneOptions, SpanKind, SpanOrigin,
-    SpanOutcome, SpanUsage, StartSpanInput, StoreError,
+    ActivityStore, EndSpanInput, ImportedSpan, PruneOptions, SpanKind, SpanOrigin, SpanOutcome,
+    StartSpanInput, StoreError,
 };
 use flightlog_core::ManualClock;
 use flightlog_sqlite::{migrate_up_to, SqliteActivityStore, SqliteConfig, SqliteDatabase};
+use support::ended_otlp_span;
 
 fn store(path: &std::path::Path) -> SqliteActivityStore {
     let db = SqliteDatabase::open(SqliteConfig::new(path)).expect("open the store");
@@ -37,25 +40,7 @@ fn start(span_id: &str, run_id: &str) -> StartSpanInput {
 }
 
 fn imported(span_id: String, run_id: String, parent: Option<String>) -> ImportedSpan {
-    ImportedSpan {
-        span_id,
-        run_id,
-        parent_span_id: parent,
-        name: "op".into(),
-        kind: SpanKind::Other,
-        origin: SpanOrigin::Otlp,
-        session_id: None,
-        job_name: None,
-        attrs: Default::default(),
-        started_at: 10,
-        end: Some(ImportedEnd {
-            ended_at: 20,
-            outcome: SpanOutcome::Success,
-            reason: None,
-        }),
-        usage: SpanUsage::default(),
-        events: Vec::new(),
-    }
+    ended_otlp_span(span_id, run_id, parent, 10)
 }
 
 /// A random-looking id, as OTLP SDKs send.

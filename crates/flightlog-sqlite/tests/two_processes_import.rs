@@ -19,10 +19,8 @@ mod support;
 use std::path::Path;
 use std::time::Duration;
 
-use flightlog_core::activity::{
-    ActivityStore, ImportedEnd, ImportedSpan, SpanKind, SpanOrigin, SpanOutcome, SpanUsage,
-};
-use support::{open_store, report, spawn_child};
+use flightlog_core::activity::{ActivityStore, ImportedSpan};
+use support::{ended_otlp_span, open_store, report, spawn_child};
 
 const CHILD_ENV: &str = "FLIGHTLOG_TEST_CHILD";
 const CHILD_ROLE: &str = "two_processes_importer";
@@ -58,25 +56,12 @@ const SHARED_SPACE: u64 = 3;
 
 fn span(space: u64, n: u64) -> ImportedSpan {
     let root = n - n % 10;
-    ImportedSpan {
-        span_id: id(space, n),
-        run_id: format!("run-{space}-{}", n / 10),
-        parent_span_id: (n != root).then(|| id(space, root)),
-        name: "op".into(),
-        kind: SpanKind::Other,
-        origin: SpanOrigin::Otlp,
-        session_id: None,
-        job_name: None,
-        attrs: Default::default(),
-        started_at: 1_000 + n as i64,
-        end: Some(ImportedEnd {
-            ended_at: 2_000 + n as i64,
-            outcome: SpanOutcome::Success,
-            reason: None,
-        }),
-        usage: SpanUsage::default(),
-        events: Vec::new(),
-    }
+    ended_otlp_span(
+        id(space, n),
+        format!("run-{space}-{}", n / 10),
+        (n != root).then(|| id(space, root)),
+        1_000 + n as i64,
+    )
 }
 
 /// Wait (30 s at most) until every importer has opened its store, so that they import at the

@@ -15,17 +15,17 @@
 //! connection keeps committing the file stays long (a truncation would stall that writer), and
 //! once the writes have stopped it shrinks without anyone writing again.
 
+mod support;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flightlog_core::activity::{
-    ActivityStore, ImportedEnd, ImportedSpan, JsonObject, SpanKind, SpanOrigin, SpanOutcome,
-    SpanUsage,
-};
+use flightlog_core::activity::{ActivityStore, ImportedSpan, JsonObject};
 use flightlog_core::SystemClock;
 use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
 use serde_json::json;
+use support::ended_otlp_span;
 
 const BATCHES: u64 = 100;
 const SPANS_PER_BATCH: u64 = 500;
@@ -40,25 +40,14 @@ fn batch(number: u64) -> Vec<ImportedSpan> {
                 "prompt".into(),
                 json!(format!("{n:08} {}", "y".repeat(2_000))),
             );
-            ImportedSpan {
-                span_id: format!("{:016x}", n.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-                run_id: format!("run-{}", n / 10),
-                parent_span_id: None,
-                name: "span".into(),
-                kind: SpanKind::Other,
-                origin: SpanOrigin::Otlp,
-                session_id: None,
-                job_name: None,
-                attrs: attrs.into(),
-                started_at: 1_000 + n as i64,
-                end: Some(ImportedEnd {
-                    ended_at: 2_000 + n as i64,
-                    outcome: SpanOutcome::Success,
-                    reason: None,
-                }),
-                usage: SpanUsage::default(),
-                events: Vec::new(),
-            }
+            let mut span = ended_otlp_span(
+                format!("{:016x}", n.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                format!("run-{}", n / 10),
+                None,
+                1_000 + n as i64,
+            );
+            span.attrs = attrs.into();
+            span
         })
         .collect()
 }

@@ -16,7 +16,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use flightlog_core::activity::{
-    ActivityChange, ActivityStore, SpanKind, SpanOrigin, StartSpanInput,
+    ActivityChange, ActivityStore, ImportedEnd, ImportedSpan, SpanKind, SpanOrigin, SpanOutcome,
+    SpanUsage, StartSpanInput,
 };
 use flightlog_core::SystemClock;
 use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
@@ -169,6 +170,35 @@ impl ChildProcess {
         let status = self.child.wait().expect("waiting for the child process");
         let stderr = self.stderr.join().unwrap_or_default();
         (lines, status, stderr)
+    }
+}
+
+/// A finished OTLP span as an exporter delivers it (kind `other`, ended a second after its
+/// start, successfully, no usage, attrs or events): the shape the import tests vary.
+pub fn ended_otlp_span(
+    span_id: String,
+    run_id: String,
+    parent_span_id: Option<String>,
+    started_at: i64,
+) -> ImportedSpan {
+    ImportedSpan {
+        span_id,
+        run_id,
+        parent_span_id,
+        name: "op".into(),
+        kind: SpanKind::Other,
+        origin: SpanOrigin::Otlp,
+        session_id: None,
+        job_name: None,
+        attrs: Default::default(),
+        started_at,
+        end: Some(ImportedEnd {
+            ended_at: started_at + 1_000,
+            outcome: SpanOutcome::Success,
+            reason: None,
+        }),
+        usage: SpanUsage::default(),
+        events: Vec::new(),
     }
 }
 
