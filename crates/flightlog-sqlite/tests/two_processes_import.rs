@@ -103,6 +103,12 @@ async fn two_processes_child_importer() {
             Ok(done) => created_own += done.created,
             Err(err) => report(&format!("ERROR own import: {err}")),
         }
+        // Every few batches a pause longer than a waiting writer's longest back-off (50 ms), so
+        // the other process gets the lock: one importing back to back holds it off for its whole
+        // burst (the lock is not fair), and the two would not interleave.
+        if call % 4 == 3 {
+            tokio::time::sleep(Duration::from_millis(60)).await;
+        }
         // The shared traces, spread over the run (both processes in the same order).
         if call % (own_batches / shared_batches) == 0 {
             let shared = call / (own_batches / shared_batches);
