@@ -27,6 +27,7 @@ use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{backend, is_busy};
+use crate::lock_turns::LockTurns;
 use crate::payload_codec::{Dictionary, PayloadCodec};
 use crate::rows::KeyNames;
 use crate::schema;
@@ -545,6 +546,9 @@ impl SqliteDatabase {
             .map_err(backend)?;
         schema::migrate(&mut conn)?;
         let codec = PayloadCodec::load(&conn)?;
+        // From here on the writer never sleeps inside SQLite for the lock: `begin_immediate`
+        // polls it and takes turns with other processes' writers (see `LockTurns`).
+        conn.busy_timeout(Duration::ZERO).map_err(backend)?;
         let checkpoint_conn = open_reader(&config.path, config.busy_timeout)?;
         checkpoint_conn
             .pragma_update(None, "query_only", false)
@@ -595,6 +599,7 @@ impl SqliteDatabase {
             max_group_size: config.max_group_size.clamp(1, MAX_GROUP_SIZE),
             lock_retry_budget: config.lock_retry_budget,
             rewind_wanted,
+            turns: LockTurns::new(&config.path),
             frames_at_last_nudge: 0,
             frames_after_last_commit: 0,
         };
@@ -987,6 +992,8 @@ struct GroupCommitWriter {
     lock_retry_budget: Duration,
     /// Set by the checkpointer when the WAL needs rewinding and it could not do it itself.
     rewind_wanted: Arc<AtomicBool>,
+    /// Taking turns at the write lock with writers of other processes.
+    turns: LockTurns,
     /// The WAL's frame count when the checkpointer was last nudged.
     frames_at_last_nudge: i64,
     /// The WAL's frame count after the previous commit.
@@ -1025,6 +1032,7 @@ impl GroupCommitWriter {
             }
             self.commit_group(&mut group);
             self.rewind_wal_if_asked();
+            self.turns.yield_if_waited_for();
         }
     }
 
@@ -1073,15 +1081,20 @@ impl GroupCommitWriter {
     }
 
     /// `BEGIN IMMEDIATE`, retrying a busy lock (another process writing) within the budget.
-    fn begin_immediate(&self) -> Result<(), StoreError> {
+    /// The connection's busy timeout is zero: this loop is the wait. While it waits, the writer
+    /// is marked waiting (see [`LockTurns`]), so a writer of another process that holds the lock
+    /// pauses after its next commit, and the next poll here takes the lock.
+    fn begin_immediate(&mut self) -> Result<(), StoreError> {
         let started = Instant::now();
-        let mut pause = Duration::from_millis(1);
+        let mut mark = None;
         loop {
             match execute_cached_raw(&self.conn, "BEGIN IMMEDIATE") {
                 Ok(()) => return Ok(()),
                 Err(err) if is_busy(&err) && started.elapsed() < self.lock_retry_budget => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(50));
+                    if mark.is_none() {
+                        mark = Some(self.turns.mark_waiting());
+                    }
+                    std::thread::sleep(crate::lock_turns::POLL);
                 }
                 Err(err) => return Err(backend(err)),
             }

@@ -14,6 +14,7 @@ mod activity_write;
 mod database;
 mod error;
 mod journal;
+mod lock_turns;
 mod payload_codec;
 mod rows;
 mod schema;

@@ -20,6 +20,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use flightlog_core::activity::{ActivityStore, ImportedSpan};
+use flightlog_sqlite::SqliteActivityStore;
 use support::{ended_otlp_span, open_store, report, spawn_child};
 
 const CHILD_ENV: &str = "FLIGHTLOG_TEST_CHILD";
@@ -80,6 +81,44 @@ fn start_together(db: &Path, tag: &str) {
     }
 }
 
+/// Concurrent import tasks per process.
+const IMPORT_TASKS: u64 = 3;
+
+/// Task `task`'s share of a process's imports: its own batches `task`, `task + IMPORT_TASKS`, …,
+/// each followed now and then by one of the shared batches (every process delivers them all,
+/// in the same order). Returns the spans it created, own and shared.
+async fn import_part(store: SqliteActivityStore, own: u64, task: u64) -> (u64, u64) {
+    let (mut created_own, mut created_shared) = (0u64, 0u64);
+    let shared_batches = SHARED_SPANS / BATCH;
+    let own_batches = OWN_SPANS / BATCH;
+    let every = own_batches / shared_batches;
+    for call in (task..own_batches).step_by(IMPORT_TASKS as usize) {
+        let spans = (call * BATCH..(call + 1) * BATCH)
+            .map(|n| span(own, n))
+            .collect();
+        match store.import_spans(spans).await {
+            Ok(done) => created_own += done.created,
+            Err(err) => report(&format!("ERROR own import: {err}")),
+        }
+        if call % every == 0 && call / every < shared_batches {
+            let shared = call / every;
+            let spans = (shared * BATCH..(shared + 1) * BATCH)
+                .map(|n| span(SHARED_SPACE, n))
+                .collect();
+            match store.import_spans(spans).await {
+                Ok(done) => {
+                    created_shared += done.created;
+                    if !done.rejected.is_empty() {
+                        report(&format!("ERROR shared import rejected {:?}", done.rejected));
+                    }
+                }
+                Err(err) => report(&format!("ERROR shared import: {err}")),
+            }
+        }
+    }
+    (created_own, created_shared)
+}
+
 /// The child process's body (a no-op in an ordinary `cargo test` run; see `two_processes.rs`
 /// for the protocol). Reports `CREATED <own> <shared>` and `ERROR …` lines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -92,41 +131,16 @@ async fn two_processes_child_importer() {
     let store = open_store(Path::new(&path), &format!("importer-{tag}"));
     start_together(Path::new(&path), &tag);
     let own = space_of(&tag);
+    // Several callers at once, so the writer always has the next import queued and commits
+    // groups back to back, as under real ingest.
+    let tasks: Vec<_> = (0..IMPORT_TASKS)
+        .map(|task| tokio::spawn(import_part(store.clone(), own, task)))
+        .collect();
     let (mut created_own, mut created_shared) = (0u64, 0u64);
-    let shared_batches = SHARED_SPANS / BATCH;
-    let own_batches = OWN_SPANS / BATCH;
-    for call in 0..own_batches {
-        let spans = (call * BATCH..(call + 1) * BATCH)
-            .map(|n| span(own, n))
-            .collect();
-        match store.import_spans(spans).await {
-            Ok(done) => created_own += done.created,
-            Err(err) => report(&format!("ERROR own import: {err}")),
-        }
-        // Every few batches a pause longer than a waiting writer's longest back-off (50 ms), so
-        // the other process gets the lock: one importing back to back holds it off for its whole
-        // burst (the lock is not fair), and the two would not interleave.
-        if call % 4 == 3 {
-            tokio::time::sleep(Duration::from_millis(60)).await;
-        }
-        // The shared traces, spread over the run (both processes in the same order).
-        if call % (own_batches / shared_batches) == 0 {
-            let shared = call / (own_batches / shared_batches);
-            if shared < shared_batches {
-                let spans = (shared * BATCH..(shared + 1) * BATCH)
-                    .map(|n| span(SHARED_SPACE, n))
-                    .collect();
-                match store.import_spans(spans).await {
-                    Ok(done) => {
-                        created_shared += done.created;
-                        if !done.rejected.is_empty() {
-                            report(&format!("ERROR shared import rejected {:?}", done.rejected));
-                        }
-                    }
-                    Err(err) => report(&format!("ERROR shared import: {err}")),
-                }
-            }
-        }
+    for task in tasks {
+        let (own_count, shared_count) = task.await.expect("an import task does not panic");
+        created_own += own_count;
+        created_shared += shared_count;
     }
     report(&format!("CREATED {created_own} {created_shared}"));
 }
@@ -182,7 +196,8 @@ fn two_processes_import_into_one_file_and_every_span_id_lives_in_one_index() {
     let spans = (2 * OWN_SPANS + SHARED_SPANS) as i64;
     assert_eq!(count("SELECT COUNT(*) FROM activity_spans"), spans);
     // The two really wrote at the same time: their span keys (allocated in commit order)
-    // interleave.
+    // interleave. Each imports back to back, with no pause: before the writers took turns at
+    // the lock (`lock_turns.rs`), the first to start held the other off for its whole run.
     let key_range = |space: u64| -> (i64, i64) {
         conn.query_row(
             "SELECT MIN(s.span_key), MAX(s.span_key) FROM activity_spans s
