@@ -600,6 +600,7 @@ impl SqliteDatabase {
             lock_retry_budget: config.lock_retry_budget,
             rewind_wanted,
             turns: LockTurns::new(&config.path),
+            restart_busy_timeout: config.busy_timeout.min(MAX_BUSY_TIMEOUT),
             frames_at_last_nudge: 0,
             frames_after_last_commit: 0,
         };
@@ -994,6 +995,8 @@ struct GroupCommitWriter {
     rewind_wanted: Arc<AtomicBool>,
     /// Taking turns at the write lock with writers of other processes.
     turns: LockTurns,
+    /// How long a `RESTART` may wait for readers (the configured busy timeout).
+    restart_busy_timeout: Duration,
     /// The WAL's frame count when the checkpointer was last nudged.
     frames_at_last_nudge: i64,
     /// The WAL's frame count after the previous commit.
@@ -1055,6 +1058,10 @@ impl GroupCommitWriter {
             return;
         }
         let started = Instant::now();
+        // A `RESTART` waits for the readers of older snapshots to finish (they are short); the
+        // connection otherwise has no busy timeout (see `begin_immediate`), and without one
+        // the rewind failed whenever any reader was mid-read, which under steady reads is always.
+        let _ = self.conn.busy_timeout(self.restart_busy_timeout);
         // Busy (the checkpointer is finishing a pass): the request stays, and the next group
         // retries; the checkpointer starts no new pass meanwhile.
         let rewound = self
@@ -1063,6 +1070,7 @@ impl GroupCommitWriter {
                 row.get::<_, i64>(0)
             })
             .is_ok_and(|busy| busy == 0);
+        let _ = self.conn.busy_timeout(Duration::ZERO);
         if rewound {
             self.rewind_wanted.store(false, Ordering::Release);
         }
