@@ -1102,7 +1102,7 @@ impl GroupCommitWriter {
                     if mark.is_none() {
                         mark = Some(self.turns.mark_waiting());
                     }
-                    std::thread::sleep(crate::lock_turns::POLL);
+                    std::thread::sleep(crate::lock_turns::poll_interval(started.elapsed()));
                 }
                 Err(err) => return Err(backend(err)),
             }

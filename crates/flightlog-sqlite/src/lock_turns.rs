@@ -23,8 +23,21 @@ use std::time::Duration;
 /// How long a writer pauses after a commit when another process's writer is waiting: longer
 /// than the waiter's poll interval, so its next try falls inside the pause.
 const YIELD: Duration = Duration::from_millis(1);
-/// How often a waiting writer tries the lock again.
-pub(crate) const POLL: Duration = Duration::from_micros(250);
+/// How often a waiting writer tries the lock again, in its first second of waiting.
+const POLL: Duration = Duration::from_micros(250);
+/// … and after that: a lock held that long is held by a long transaction (another tool, a
+/// compaction), not by a stream of short ones, and polling it 4,000 times a second would only
+/// burn CPU.
+const SLOW_POLL: Duration = Duration::from_millis(5);
+
+/// How long a writer that has waited `waited` sleeps before it tries the lock again.
+pub(crate) fn poll_interval(waited: Duration) -> Duration {
+    if waited < Duration::from_secs(1) {
+        POLL
+    } else {
+        SLOW_POLL
+    }
+}
 /// Groups between looks for the side file while it does not exist yet (opening it is a system
 /// call; it exists only once some writer has waited).
 const GROUPS_PER_LOOK: u32 = 64;
