@@ -1784,28 +1784,31 @@ impl Harness {
         &mut self,
         input: AppendInput,
     ) -> Result<Result<EngagementEvent, String>, TestCaseError> {
-        let model = journal_outcome(
-            "model append",
-            self.journal_model.append(input.clone()).await,
-        )?;
-        let store = journal_outcome("append", self.live.journal.append(input).await)?;
-        same("journal append", &store, &model)?;
-        if let Ok(event) = &store {
-            self.published.push(event.clone());
-        }
-        Ok(store)
+        let model = self.journal_model.append(input.clone()).await;
+        let store = self.live.journal.append(input).await;
+        self.compare_appends("append", store, model)
     }
 
     async fn journal_append_json(
         &mut self,
         raw: Value,
     ) -> Result<Result<EngagementEvent, String>, TestCaseError> {
-        let model = journal_outcome(
-            "model append_json",
-            self.journal_model.append_json(raw.clone()).await,
-        )?;
-        let store = journal_outcome("append_json", self.live.journal.append_json(raw).await)?;
-        same("journal append_json", &store, &model)?;
+        let model = self.journal_model.append_json(raw.clone()).await;
+        let store = self.live.journal.append_json(raw).await;
+        self.compare_appends("append_json", store, model)
+    }
+
+    /// The store's and the model's answers to one append must agree; an appended event is
+    /// remembered as published (the subscription must deliver it).
+    fn compare_appends(
+        &mut self,
+        call: &str,
+        store: Result<EngagementEvent, JournalError>,
+        model: Result<EngagementEvent, JournalError>,
+    ) -> Result<Result<EngagementEvent, String>, TestCaseError> {
+        let model = journal_outcome(&format!("model {call}"), model)?;
+        let store = journal_outcome(call, store)?;
+        same(&format!("journal {call}"), &store, &model)?;
         if let Ok(event) = &store {
             self.published.push(event.clone());
         }
