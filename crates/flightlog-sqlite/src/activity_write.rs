@@ -268,6 +268,7 @@ pub(crate) fn log_change(
     .map_err(backend)?;
     ctx.keys.run_seq.insert(run_key, seq);
     ctx.keys.next_change_id = Some(change_id + 1);
+    ctx.keys.group_logged_change = true;
     Ok((change_id, seq))
 }
 
