@@ -877,6 +877,11 @@ impl Checkpointer {
         // few new frames (each pass is shorter than the one before while copying outpaces
         // writing; the pass count bounds it when it does not).
         for _ in 0..Self::MAX_CATCH_UP_PASSES {
+            // The writer reached its hard cap and asked for the rewind itself: it is waiting
+            // for the checkpoint lock these passes hold.
+            if self.rewind_wanted.load(Ordering::Acquire) {
+                return;
+            }
             let Some(now) = self.passive_checkpoint() else {
                 return;
             };
@@ -1054,9 +1059,13 @@ impl GroupCommitWriter {
     /// `journal_size_limit` at open): past [`Self::WAL_HARD_CAP_FRAMES`] (the checkpointer
     /// cannot keep up, e.g. both cores saturated by ingest) it rewinds the WAL itself, copying
     /// what the checkpointer has not, so the disk the WAL takes is bounded under any load, at the
-    /// price of this thread's time.
+    /// price of this thread's time. Past the cap the writer does not move on until the rewind
+    /// is done (or the busy timeout has passed): a `RESTART` fails at once while the
+    /// checkpointer is in a pass, and retrying only at the next group let the WAL grow to
+    /// 160 - 230 MiB under four back-to-back importers (release build, `wal_bounded.rs`).
     fn rewind_wal_if_asked(&mut self) {
-        if self.frames_after_last_commit > Self::WAL_HARD_CAP_FRAMES {
+        let over_cap = self.frames_after_last_commit > Self::WAL_HARD_CAP_FRAMES;
+        if over_cap {
             self.rewind_wanted.store(true, Ordering::Release);
         }
         if !self.rewind_wanted.load(Ordering::Acquire) {
@@ -1067,14 +1076,22 @@ impl GroupCommitWriter {
         // connection otherwise has no busy timeout (see `begin_immediate`), and without one
         // the rewind failed whenever any reader was mid-read, which under steady reads is always.
         let _ = self.conn.busy_timeout(self.restart_busy_timeout);
-        // Busy (the checkpointer is finishing a pass): the request stays, and the next group
-        // retries; the checkpointer starts no new pass meanwhile.
-        let rewound = self
-            .conn
-            .query_row("PRAGMA wal_checkpoint(RESTART)", [], |row| {
-                row.get::<_, i64>(0)
-            })
-            .is_ok_and(|busy| busy == 0);
+        let rewound = loop {
+            let rewound = self
+                .conn
+                .query_row("PRAGMA wal_checkpoint(RESTART)", [], |row| {
+                    row.get::<_, i64>(0)
+                })
+                .is_ok_and(|busy| busy == 0);
+            // Busy under the cap (the checkpointer is finishing a pass): the request stays, and
+            // the next group retries; the checkpointer starts no new pass meanwhile. Over the
+            // cap: the checkpointer stops its catch-up passes when it sees the request, so the
+            // wait is at most the rest of one pass.
+            if rewound || !over_cap || started.elapsed() >= self.restart_busy_timeout {
+                break rewound;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
         let _ = self.conn.busy_timeout(Duration::ZERO);
         if rewound {
             self.rewind_wanted.store(false, Ordering::Release);
