@@ -70,6 +70,10 @@ pub struct SqliteConfig {
     pub write_queue_capacity: usize,
     /// `prune` trims change rows of finished runs this many change ids behind the newest.
     pub change_log_retention: i64,
+    /// WAL frames (pages) in use past which the writer rewinds the WAL itself and takes no new
+    /// group until it has (256 to 2^20; default 32,768 frames, 128 MiB of 4 KiB pages). The
+    /// checkpointer normally rewinds long before; this bounds the WAL's disk when it cannot.
+    pub wal_hard_cap_frames: i64,
 }
 
 impl SqliteConfig {
@@ -83,6 +87,7 @@ impl SqliteConfig {
             max_group_size: 512,
             write_queue_capacity: 16_384,
             change_log_retention: crate::activity_write::CHANGE_LOG_TRIM_DISTANCE,
+            wal_hard_cap_frames: 32_768,
         }
     }
 }
@@ -607,6 +612,7 @@ impl SqliteDatabase {
             restart_busy_timeout: config.busy_timeout.min(MAX_BUSY_TIMEOUT),
             frames_at_last_nudge: 0,
             frames_after_last_commit: 0,
+            wal_hard_cap_frames: config.wal_hard_cap_frames.clamp(256, 1 << 20),
         };
         let writer_thread = std::thread::Builder::new()
             .name("flightlog-writer".into())
@@ -1011,6 +1017,8 @@ struct GroupCommitWriter {
     frames_at_last_nudge: i64,
     /// The WAL's frame count after the previous commit.
     frames_after_last_commit: i64,
+    /// `SqliteConfig::wal_hard_cap_frames`, clamped.
+    wal_hard_cap_frames: i64,
 }
 
 thread_local! {
@@ -1029,9 +1037,6 @@ fn record_wal_frames(_wal: &rusqlite::hooks::Wal, frames: std::ffi::c_int) -> ru
 impl GroupCommitWriter {
     /// How many WAL frames (pages) the writer appends between checkpoint nudges (8 MiB).
     const FRAMES_PER_CHECKPOINT: i64 = 2_048;
-    /// The WAL length in frames past which the writer rewinds it itself (128 MiB of 4 KiB
-    /// pages; see `rewind_wal_if_asked`).
-    const WAL_HARD_CAP_FRAMES: i64 = 32_768;
 
     fn run(mut self, mut jobs: mpsc::Receiver<QueuedJob>) {
         let mut group: Vec<QueuedJob> = Vec::with_capacity(self.max_group_size);
@@ -1056,7 +1061,7 @@ impl GroupCommitWriter {
     ///
     /// Independently of the checkpointer, after each group the writer looks at the WAL's length
     /// (its frame count from the WAL hook; the file itself keeps its high-water size, see the
-    /// `journal_size_limit` at open): past [`Self::WAL_HARD_CAP_FRAMES`] (the checkpointer
+    /// `journal_size_limit` at open): past `SqliteConfig::wal_hard_cap_frames` (the checkpointer
     /// cannot keep up, e.g. both cores saturated by ingest) it rewinds the WAL itself, copying
     /// what the checkpointer has not, so the disk the WAL takes is bounded under any load, at the
     /// price of this thread's time. Past the cap the writer does not move on until the rewind
@@ -1064,7 +1069,7 @@ impl GroupCommitWriter {
     /// checkpointer is in a pass, and retrying only at the next group let the WAL grow to
     /// 160 - 230 MiB under four back-to-back importers (release build, `wal_bounded.rs`).
     fn rewind_wal_if_asked(&mut self) {
-        let over_cap = self.frames_after_last_commit > Self::WAL_HARD_CAP_FRAMES;
+        let over_cap = self.frames_after_last_commit > self.wal_hard_cap_frames;
         if over_cap {
             self.rewind_wanted.store(true, Ordering::Release);
         }
