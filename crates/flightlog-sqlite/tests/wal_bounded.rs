@@ -56,13 +56,8 @@ fn batch(number: u64) -> Vec<ImportedSpan> {
 async fn back_to_back_imports_keep_the_wal_bounded() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("wal.db");
-    let db = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap();
-    let store = Arc::new(SqliteActivityStore::with_identity(
-        db,
-        Arc::new(SystemClock),
-        "otlp",
-    ));
-    import_back_to_back(&store, BATCHES).await;
+    // Kept open to the end: the checks below need the running checkpointer, and no final one.
+    let _store = import_back_to_back(SqliteConfig::new(&path), BATCHES).await;
     // Measured while the store is still open (no final checkpoint has run). The file keeps
     // its high-water length, bounded by the writer's hard cap (32,768 frames of 4 KiB pages)
     // plus the group that crossed it; the frames in use are fewer.
@@ -86,13 +81,20 @@ async fn back_to_back_imports_keep_the_wal_bounded() {
     }
 }
 
-/// `batches` batches imported by four callers, each starting its next import as soon as the
-/// last one is acknowledged.
-async fn import_back_to_back(store: &Arc<SqliteActivityStore>, batches: u64) {
+/// Opens a store with `config` and imports `batches` batches into it from four callers, each
+/// starting its next import as soon as the last one is acknowledged. The store is returned
+/// open (so no final checkpoint has run yet).
+async fn import_back_to_back(config: SqliteConfig, batches: u64) -> Arc<SqliteActivityStore> {
+    let db = SqliteDatabase::open(config).expect("the database opens");
+    let store = Arc::new(SqliteActivityStore::with_identity(
+        db,
+        Arc::new(SystemClock),
+        "otlp",
+    ));
     let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut callers = Vec::new();
     for _ in 0..4 {
-        let store = Arc::clone(store);
+        let store = Arc::clone(&store);
         let next = Arc::clone(&next);
         callers.push(tokio::spawn(async move {
             loop {
@@ -110,6 +112,7 @@ async fn import_back_to_back(store: &Arc<SqliteActivityStore>, batches: u64) {
     for caller in callers {
         caller.await.expect("an import caller finishes");
     }
+    store
 }
 
 /// The writer's hard cap holds even while the checkpointer is busy. With the cap just above
@@ -126,13 +129,7 @@ async fn the_writers_hard_cap_holds_while_the_checkpointer_is_busy() {
     let path = dir.path().join("cap.db");
     let mut config = SqliteConfig::new(&path);
     config.wal_hard_cap_frames = CAP_FRAMES;
-    let db = SqliteDatabase::open(config).unwrap();
-    let store = Arc::new(SqliteActivityStore::with_identity(
-        db,
-        Arc::new(SystemClock),
-        "otlp",
-    ));
-    import_back_to_back(&store, BATCHES).await;
+    let _store = import_back_to_back(config, BATCHES).await;
     let wal = file_len(&dir.path().join("cap.db-wal"));
     let data = file_len(&path);
     // A group holds at most four 500-span imports, ~300 frames each with their index pages:
