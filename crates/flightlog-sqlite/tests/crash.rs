@@ -26,7 +26,9 @@
 mod support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use support::{open_store, read_change_log, report, span_input, spawn_child};
+use support::{
+    open_store, read_change_log, report, span_input, spawn_writer_process, writer_process_args,
+};
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
@@ -38,13 +40,9 @@ use flightlog_core::activity::{
 use flightlog_sqlite::{SqliteActivityStore, SCHEMA_VERSION};
 use serde_json::{json, Value};
 
-/// Set (to [`CHILD_ROLE`]) only in the environment of a spawned writer process.
-const CHILD_ENV: &str = "FLIGHTLOG_TEST_CHILD";
+/// The spawned writer process's role (see `support::writer_process_args`); its tag is new for
+/// each kill cycle.
 const CHILD_ROLE: &str = "crash_writer";
-/// The database file the writer process opens.
-const DB_ENV: &str = "FLIGHTLOG_TEST_DB";
-/// The writer process's tag: the prefix of every id it creates, new for each kill cycle.
-const TAG_ENV: &str = "FLIGHTLOG_TEST_TAG";
 /// The name of the `#[test]` function that is the writer process's body.
 const CHILD_TEST: &str = "crash_child_writer";
 const KILL_CYCLES: usize = 3;
@@ -227,11 +225,9 @@ async fn round(store: &SqliteActivityStore, tag: &str, task: usize, round: usize
 /// It writes until the parent kills it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn crash_child_writer() {
-    if std::env::var(CHILD_ENV).as_deref() != Ok(CHILD_ROLE) {
+    let Some((path, tag)) = writer_process_args(CHILD_ROLE) else {
         return;
-    }
-    let path = std::env::var(DB_ENV).expect("the parent passes the database path");
-    let tag = std::env::var(TAG_ENV).expect("the parent passes the process tag");
+    };
     let store = open_store(Path::new(&path), &format!("writer-{tag}"));
     let stop_at = Instant::now() + CHILD_SAFETY_STOP;
     let tasks: Vec<_> = (0..TASKS_PER_PROCESS)
@@ -317,8 +313,7 @@ impl Acked {
 
 /// Run one writer until it is killed; returns how many writes it acknowledged.
 fn run_and_kill(path: &str, tag: &str, cycle: usize, acked: &mut Acked) -> usize {
-    let envs = [(CHILD_ENV, CHILD_ROLE), (DB_ENV, path), (TAG_ENV, tag)];
-    let mut child = spawn_child(CHILD_TEST, &envs);
+    let mut child = spawn_writer_process(CHILD_TEST, CHILD_ROLE, path, tag);
     let mut count = 0;
     let mut failures = Vec::new();
     let mut take = |line: String, count: &mut usize| {

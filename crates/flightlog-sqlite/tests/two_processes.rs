@@ -29,7 +29,9 @@ mod support;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use support::{open_store, read_change_log, report, span_input, spawn_child};
+use support::{
+    open_store, read_change_log, report, span_input, spawn_writer_process, writer_process_args,
+};
 
 use flightlog_core::activity::{
     ActivityChange, ActivityStore, ChangeBody, EndSpanInput, SpanKind, SpanOutcome, SpanPatch,
@@ -38,13 +40,8 @@ use flightlog_core::activity::{
 use flightlog_sqlite::SqliteActivityStore;
 use serde_json::json;
 
-/// Set (to [`CHILD_ROLE`]) only in the environment of a spawned writer process.
-const CHILD_ENV: &str = "FLIGHTLOG_TEST_CHILD";
+/// The spawned writer process's role (see `support::writer_process_args`).
 const CHILD_ROLE: &str = "two_processes_writer";
-/// The database file the writer process opens.
-const DB_ENV: &str = "FLIGHTLOG_TEST_DB";
-/// The writer process's tag: the prefix of every id it creates.
-const TAG_ENV: &str = "FLIGHTLOG_TEST_TAG";
 /// The name of the `#[test]` function that is the writer process's body.
 const CHILD_TEST: &str = "two_processes_child_writer";
 const TAGS: [&str; 2] = ["a", "b"];
@@ -234,11 +231,9 @@ async fn writer_task(
 /// `DONE`) because libtest prints its own lines there as well.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_processes_child_writer() {
-    if std::env::var(CHILD_ENV).as_deref() != Ok(CHILD_ROLE) {
+    let Some((path, tag)) = writer_process_args(CHILD_ROLE) else {
         return;
-    }
-    let path = std::env::var(DB_ENV).expect("the parent passes the database path");
-    let tag = std::env::var(TAG_ENV).expect("the parent passes the process tag");
+    };
     let store = open_store(Path::new(&path), &writer_name(&tag));
     let deadline = Instant::now() + LOAD_DURATION;
     let tasks: Vec<_> = (0..TASKS_PER_PROCESS)
@@ -321,12 +316,8 @@ async fn two_processes_share_one_file_without_errors_or_seq_gaps() {
     let children: Vec<_> = TAGS
         .iter()
         .map(|tag| {
-            let envs = [
-                (CHILD_ENV, CHILD_ROLE),
-                (DB_ENV, path_text.as_str()),
-                (TAG_ENV, *tag),
-            ];
-            (*tag, spawn_child(CHILD_TEST, &envs))
+            let child = spawn_writer_process(CHILD_TEST, CHILD_ROLE, &path_text, tag);
+            (*tag, child)
         })
         .collect();
     let mut expected_root_events: HashMap<String, u64> = HashMap::new();

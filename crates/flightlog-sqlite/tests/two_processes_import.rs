@@ -21,12 +21,9 @@ use std::time::Duration;
 
 use flightlog_core::activity::{ActivityStore, ImportedSpan};
 use flightlog_sqlite::SqliteActivityStore;
-use support::{ended_otlp_span, open_store, report, spawn_child};
+use support::{ended_otlp_span, open_store, report, spawn_writer_process, writer_process_args};
 
-const CHILD_ENV: &str = "FLIGHTLOG_TEST_CHILD";
 const CHILD_ROLE: &str = "two_processes_importer";
-const DB_ENV: &str = "FLIGHTLOG_TEST_DB";
-const TAG_ENV: &str = "FLIGHTLOG_TEST_TAG";
 const CHILD_TEST: &str = "two_processes_child_importer";
 const TAGS: [&str; 2] = ["a", "b"];
 /// Spans each process imports on its own: past two merges of the recent index (16,384 ids
@@ -123,11 +120,9 @@ async fn import_part(store: SqliteActivityStore, own: u64, task: u64) -> (u64, u
 /// for the protocol). Reports `CREATED <own> <shared>` and `ERROR …` lines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_child_importer() {
-    if std::env::var(CHILD_ENV).as_deref() != Ok(CHILD_ROLE) {
+    let Some((path, tag)) = writer_process_args(CHILD_ROLE) else {
         return;
-    }
-    let path = std::env::var(DB_ENV).expect("the parent passes the database path");
-    let tag = std::env::var(TAG_ENV).expect("the parent passes the process tag");
+    };
     let store = open_store(Path::new(&path), &format!("importer-{tag}"));
     start_together(Path::new(&path), &tag);
     let own = space_of(&tag);
@@ -154,16 +149,7 @@ fn two_processes_import_into_one_file_and_every_span_id_lives_in_one_index() {
     drop(open_store(&path, "parent"));
     let children: Vec<_> = TAGS
         .iter()
-        .map(|tag| {
-            spawn_child(
-                CHILD_TEST,
-                &[
-                    (CHILD_ENV, CHILD_ROLE),
-                    (DB_ENV, &path_text),
-                    (TAG_ENV, tag),
-                ],
-            )
-        })
+        .map(|tag| spawn_writer_process(CHILD_TEST, CHILD_ROLE, &path_text, tag))
         .collect();
     let mut created_shared = 0;
     for (child, tag) in children.into_iter().zip(TAGS) {

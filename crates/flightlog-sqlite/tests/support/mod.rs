@@ -44,7 +44,34 @@ pub struct ChildProcess {
     pub stderr: JoinHandle<String>,
 }
 
-pub fn spawn_child(test_name: &str, envs: &[(&str, &str)]) -> ChildProcess {
+/// The environment of a spawned writer process: its role (unset in an ordinary test run, where
+/// the child test returns at once), the database file it opens, and its tag (the prefix of every
+/// id it creates).
+const CHILD_ENV: &str = "FLIGHTLOG_TEST_CHILD";
+const DB_ENV: &str = "FLIGHTLOG_TEST_DB";
+const TAG_ENV: &str = "FLIGHTLOG_TEST_TAG";
+
+/// Run `test_name` of this test binary as the writer process `role` on the database file `db`,
+/// with `tag`.
+pub fn spawn_writer_process(test_name: &str, role: &str, db: &str, tag: &str) -> ChildProcess {
+    spawn_child(
+        test_name,
+        &[(CHILD_ENV, role), (DB_ENV, db), (TAG_ENV, tag)],
+    )
+}
+
+/// In the writer process spawned for `role`: the database path and the tag its parent passed.
+/// `None` anywhere else (an ordinary test run, or a child of another role).
+pub fn writer_process_args(role: &str) -> Option<(String, String)> {
+    if std::env::var(CHILD_ENV).as_deref() != Ok(role) {
+        return None;
+    }
+    let path = std::env::var(DB_ENV).expect("the parent passes the database path");
+    let tag = std::env::var(TAG_ENV).expect("the parent passes the process tag");
+    Some((path, tag))
+}
+
+fn spawn_child(test_name: &str, envs: &[(&str, &str)]) -> ChildProcess {
     let exe = std::env::current_exe().expect("the test binary knows its own path");
     let mut command = Command::new(exe);
     command
