@@ -179,7 +179,7 @@ fn sweep_middle_span_ids(ctx: &mut WriteContext<'_>, newest_key: i64) -> Result<
 /// so the key is cached for good.
 fn interned_key(
     conn: &Connection,
-    cache: &mut std::collections::HashMap<String, i64>,
+    cache: &mut crate::database::FastMap<String, i64>,
     insert_sql: &str,
     select_sql: &str,
     name: &str,

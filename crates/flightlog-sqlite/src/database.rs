@@ -15,7 +15,6 @@
 //! see the last committed state and never block the writer or each other.
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -92,6 +91,9 @@ impl SqliteConfig {
     }
 }
 
+/// The writer caches' map: std's `HashMap` with foldhash's randomly seeded hasher.
+pub(crate) type FastMap<K, V> = foldhash::HashMap<K, V>;
+
 /// The writer's caches, so the hot path skips lookups it already knows the answer to.
 ///
 /// `run_keys` and `writer_keys` map rows that are never deleted, so they stay valid across
@@ -101,16 +103,22 @@ impl SqliteConfig {
 /// `BEGIN IMMEDIATE`, i.e. under the write lock) and is dropped after any rollback, after our own
 /// prune, and when it grows too large. Everything in it is therefore exactly what a query would
 /// return.
+///
+/// The maps hash with foldhash, seeded at random per process, rather than the standard SipHash:
+/// they sit on every write's path (a single-op HTTP write made five lookups in them, a journal
+/// append two), and SipHash over span ids was 2.7% of a single-op request's instructions
+/// (callgrind, BENCHMARKS.md). Their keys come from clients, and foldhash's random seed keeps
+/// colliding keys from being precomputed.
 #[derive(Debug, Default)]
 pub(crate) struct WriterCache {
-    pub run_keys: HashMap<String, i64>,
-    pub writer_keys: HashMap<String, i64>,
+    pub run_keys: FastMap<String, i64>,
+    pub writer_keys: FastMap<String, i64>,
     /// span id -> (span key, run key)
-    pub spans: HashMap<String, (i64, i64)>,
+    pub spans: FastMap<String, (i64, i64)>,
     /// run key -> highest seq logged for the run
-    pub run_seq: HashMap<i64, i64>,
+    pub run_seq: FastMap<i64, i64>,
     /// span key -> next event index
-    pub next_event_index: HashMap<i64, i64>,
+    pub next_event_index: FastMap<i64, i64>,
     /// The change id the next change row gets.
     pub next_change_id: Option<i64>,
     /// Whether the current group logged a change (set by `activity_write::log_change`, reset
@@ -119,7 +127,7 @@ pub(crate) struct WriterCache {
     pub group_logged_change: bool,
     /// engagement id -> (engagement key, next seq): the journal's counter rows. Only appends
     /// keep entries up to date; compaction and pruning drop them (see `journal.rs`).
-    pub engagements: HashMap<String, (i64, i64)>,
+    pub engagements: FastMap<String, (i64, i64)>,
     /// How many ids the recent span-id index holds (see `activity_write::register_span_id`).
     pub recent_span_ids: Option<i64>,
     /// How many ids the middle span-id index holds.

@@ -16,7 +16,7 @@
 //! - Subscribers are fed from the writer's after-commit hook, which runs once per committed write,
 //!   in commit order: each appended event is sent once, in seq order, and only after its commit.
 
-use std::collections::HashSet;
+use foldhash::{HashSet, HashSetExt};
 use std::sync::Arc;
 
 use async_trait::async_trait;
