@@ -20,11 +20,23 @@ use serde_json::Value;
 use crate::attributes::{any_value_to_json, capped_str, hex_capped};
 
 /// Append `text` to `out` as a JSON string literal, escaped exactly as `serde_json` escapes.
+///
+/// Runs of bytes that need no escape are found eight at a time ([`word_needs_escape`]) and
+/// copied whole: attribute values are mostly long plain text (prompts, completions, tool input),
+/// and the byte-at-a-time loop was 6% of OTLP ingest's instructions per span (callgrind).
 pub(crate) fn write_json_string(out: &mut String, text: &str) {
+    out.reserve(text.len() + 2);
     out.push('"');
     let bytes = text.as_bytes();
     let mut start = 0;
-    for (at, &byte) in bytes.iter().enumerate() {
+    let mut at = 0;
+    while let Some(&byte) = bytes.get(at) {
+        if let Some(word) = bytes[at..].first_chunk::<8>() {
+            if !word_needs_escape(u64::from_le_bytes(*word)) {
+                at += 8;
+                continue;
+            }
+        }
         let escape: Option<&str> = match byte {
             b'"' => Some("\\\""),
             b'\\' => Some("\\\\"),
@@ -34,7 +46,10 @@ pub(crate) fn write_json_string(out: &mut String, text: &str) {
             b'\r' => Some("\\r"),
             b'\t' => Some("\\t"),
             0x00..=0x1f => None,
-            _ => continue,
+            _ => {
+                at += 1;
+                continue;
+            }
         };
         // Every byte that needs escaping is ASCII, so `at` is a character boundary.
         out.push_str(&text[start..at]);
@@ -47,10 +62,24 @@ pub(crate) fn write_json_string(out: &mut String, text: &str) {
                 out.push(char::from(HEX[usize::from(byte & 0x0f)]));
             }
         }
-        start = at + 1;
+        at += 1;
+        start = at;
     }
     out.push_str(&text[start..]);
     out.push('"');
+}
+
+/// Whether any of the eight bytes in `word` is a control character (below 0x20), `"` or `\`:
+/// the classic "has a byte less than n" and "has a zero byte" tests (exact as a yes/no; bytes of
+/// 0x80 and above, which every non-ASCII UTF-8 byte is, never count).
+fn word_needs_escape(word: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
+    let has_zero_byte = |value: u64| value.wrapping_sub(ONES) & !value & HIGH_BITS != 0;
+    let below_space = word.wrapping_sub(ONES * 0x20) & !word & HIGH_BITS != 0;
+    below_space
+        || has_zero_byte(word ^ (ONES * u64::from(b'"')))
+        || has_zero_byte(word ^ (ONES * u64::from(b'\\')))
 }
 
 /// Append one attribute value, capped at `max_bytes` (the rules of [`crate::attributes`]).
@@ -198,6 +227,24 @@ mod tests {
     }
 
     #[test]
+    fn the_word_test_finds_every_byte_that_needs_escaping_at_every_position() {
+        for filler in [b'a', b' ', 0x80, 0xff, 0x21, 0x5d] {
+            for byte in 0..=u8::MAX {
+                for position in 0..8 {
+                    let mut word = [filler; 8];
+                    word[position] = byte;
+                    let expected = byte < 0x20 || byte == b'"' || byte == b'\\';
+                    assert_eq!(
+                        word_needs_escape(u64::from_le_bytes(word)),
+                        expected,
+                        "byte {byte:#04x} at {position} among {filler:#04x}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn every_value_type_writes_the_map_forms_text() {
         let attributes = vec![
             kv("s", string("text with \"quotes\" and\nlines")),
@@ -330,6 +377,25 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn generated_strings_escape_exactly_as_serde_json(
+            pieces in proptest::collection::vec(
+                prop_oneof![
+                    Just("\"".to_string()),
+                    Just("\\".to_string()),
+                    (0u8..0x20).prop_map(|byte| char::from(byte).to_string()),
+                    Just("é€𝄞\u{2028}".to_string()),
+                    "[a-z ]{0,17}",
+                ],
+                0..24,
+            ),
+        ) {
+            let text: String = pieces.concat();
+            let mut written = String::from("prefix kept");
+            write_json_string(&mut written, &text);
+            prop_assert_eq!(written, format!("prefix kept{}", serde_json::to_string(&text).unwrap()));
+        }
+
         #[test]
         fn generated_attributes_write_the_map_forms_text(
             values in proptest::collection::vec(any_value(), 0..6),
