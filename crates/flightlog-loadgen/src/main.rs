@@ -10,6 +10,8 @@
 //!   `POST /v1/activity/batch`, then commit-to-stream latency on the change stream.
 //! - `otlp`: pre-encoded OTLP protobuf bodies of agent-shaped traces to `/v1/traces`, until
 //!   every body is queryable.
+//! - `machine`: only the machine probe ([`machine`]), which `http` and `otlp` also run before
+//!   starting the server, so every result says how fast the shared machine was at the time.
 //!
 //! Output: a table (stdout), the server's own lines (stderr, prefixed), and a last stdout line
 //! that is the whole result as one JSON object. The exit status is 1 when a phase had errors or
@@ -17,6 +19,7 @@
 
 mod client;
 mod http_bench;
+mod machine;
 mod otlp_bench;
 mod server;
 mod sse;
@@ -126,6 +129,10 @@ enum Command {
     /// Targets (from the issue): >= 100,000 spans/s end to end, server RSS < 150 MiB.
     #[command(verbatim_doc_comment)]
     Otlp(OtlpArgs),
+    /// Only the machine probe: how fast this shared machine is right now (a CPU step, a random
+    /// memory load, a cross-thread wake-up round trip; best of 3, about half a second), to read
+    /// any benchmark's figures against. `http` and `otlp` run it too, before the server starts.
+    Machine,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -210,6 +217,16 @@ struct OtlpArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before any runtime or server thread exists, so nothing of ours competes with the probe.
+    let speed = machine::measure();
+    if matches!(cli.command, Command::Machine) {
+        println!("{}", speed.describe());
+        println!(
+            "{}",
+            json!({"loadgen": "machine", "machine": speed.to_json()})
+        );
+        return ExitCode::SUCCESS;
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -224,7 +241,7 @@ fn main() -> ExitCode {
     // (its Drop kills it) and the temporary database.
     let result = runtime.block_on(async {
         tokio::select! {
-            result = run(cli) => result,
+            result = run(cli, speed) => result,
             signal = interrupted() => Err(anyhow::anyhow!("interrupted by {signal}; the server was stopped")),
         }
     });
@@ -268,7 +285,7 @@ fn default_server() -> PathBuf {
 }
 
 /// Run the chosen benchmark; `Ok(false)` when a phase had errors or failed a check.
-async fn run(cli: Cli) -> anyhow::Result<bool> {
+async fn run(cli: Cli, speed: machine::MachineSpeed) -> anyhow::Result<bool> {
     let options = ServerOptions {
         binary: cli.common.server.clone().unwrap_or_else(default_server),
         tmp_parent: cli.common.tmp_dir.clone(),
@@ -276,6 +293,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     };
     let time_limit = Duration::from_secs(cli.common.phase_timeout.max(1));
     let load_before = load_average();
+    eprintln!("flightlog-loadgen: {}", speed.describe());
     let mut server = ServerProcess::spawn(&options).await?;
     let base = Url::parse(&server.base_url()).context("the server's address is not a URL")?;
     eprintln!(
@@ -299,6 +317,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             let targets = otlp_targets(&phases);
             ("otlp", phases, targets)
         }
+        Command::Machine => return Ok(true),
     };
     let disk = disk_bytes(&server);
     let memory = server.finish();
@@ -334,6 +353,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         mib(memory.vm_hwm),
         disk as f64 / 1e6 / 1.048_576
     );
+    println!("{}", speed.describe());
     let ok = phases
         .iter()
         .all(|phase| phase.errors.count == 0 && phase.violations == 0);
@@ -347,7 +367,8 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             memory,
             idle_rss,
             ok,
-            [&load_before, &load_after]
+            [&load_before, &load_after],
+            speed,
         )
     );
     Ok(ok)
@@ -522,6 +543,7 @@ fn summary_json(
     idle_rss: u64,
     ok: bool,
     load: [&str; 2],
+    speed: machine::MachineSpeed,
 ) -> Value {
     let mut by_name = Map::new();
     for phase in phases {
@@ -533,6 +555,7 @@ fn summary_json(
         "serverArgs": options.extra_args,
         "cores": cores(),
         "loadAverage": {"before": load[0], "after": load[1]},
+        "machine": speed.to_json(),
         "phases": by_name,
         "rss": {
             "idleMiB": stats::round3(mib(idle_rss)),
