@@ -87,14 +87,22 @@ fn is_json(headers: &HeaderMap) -> Result<bool, ApiError> {
     let text = value
         .to_str()
         .map_err(|_| ApiError::invalid("the Content-Type header is not valid text"))?;
-    let essence = text
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
-    Ok(essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json")))
+    let essence = text.split(';').next().unwrap_or_default().trim();
+    // Compared without lower-casing a copy: this runs on every JSON request.
+    let ascii_prefix = |prefix: &str| {
+        essence
+            .get(..prefix.len())
+            .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
+    };
+    let ascii_suffix = |suffix: &str| {
+        essence
+            .len()
+            .checked_sub(suffix.len())
+            .and_then(|at| essence.get(at..))
+            .is_some_and(|end| end.eq_ignore_ascii_case(suffix))
+    };
+    Ok(essence.eq_ignore_ascii_case("application/json")
+        || (ascii_prefix("application/") && ascii_suffix("+json")))
 }
 
 /// The whole body, within the configured limit.
@@ -279,6 +287,24 @@ mod tests {
             is_json(&content_type("application/x-www-form-urlencoded")),
             Ok(false)
         );
+        for declared in [
+            "APPLICATION/VND.API+JSON",
+            " application/json ;q=1",
+            "application/+json",
+        ] {
+            assert_eq!(is_json(&content_type(declared)), Ok(true), "{declared}");
+        }
+        for declared in [
+            "",
+            "json",
+            "+json",
+            "app",
+            "application+json",
+            "text/json+x",
+            "application/jsonx",
+        ] {
+            assert_eq!(is_json(&content_type(declared)), Ok(false), "{declared}");
+        }
     }
 
     #[test]
