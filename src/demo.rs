@@ -233,7 +233,7 @@ fn print_tree(spans: &[SpanRow], parent: Option<&str>, depth: usize) {
             (Some(i), Some(o)) => format!("  [{i} in / {o} out tokens]"),
             _ => String::new(),
         };
-        println!(
+        say!(
             "{}{} ({}) {state}{tokens}",
             "  ".repeat(depth + 1),
             span.name,
@@ -283,17 +283,22 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
         ))
         .await?;
 
-    println!(
+    say!(
         "Recorded {runs} finished runs and 1 running run into {}\n",
         db_path.display()
     );
-    println!(
+    say!(
         "{:<34} {:<8} {:>6} {:>9} {:>9} {:>9}  failure",
-        "run", "outcome", "spans", "in tok", "out tok", "cost $"
+        "run",
+        "outcome",
+        "spans",
+        "in tok",
+        "out tok",
+        "cost $"
     );
     for run_id in &run_ids {
         if let Some(rollup) = store.read_rollup(run_id).await? {
-            println!(
+            say!(
                 "{:<34} {:<8} {:>6} {:>9} {:>9} {:>9.4}  {}",
                 rollup.run_id,
                 rollup
@@ -310,23 +315,23 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
     }
     if let Some(last) = run_ids.last() {
         if let Some(snapshot) = store.snapshot_run(last).await? {
-            println!(
+            say!(
                 "\nSpan tree of {last} (seq high-water {}):",
                 snapshot.high_water_seq
             );
             print_tree(&snapshot.spans, None, 0);
         }
     }
-    println!("\nRunning now:");
+    say!("\nRunning now:");
     for span in store.open_root_spans().await? {
-        println!(
+        say!(
             "  {} (run {}, started {} s ago)",
             span.name,
             span.run_id,
             (now - span.started_at) / 1000
         );
     }
-    println!(
+    say!(
         "\nChange log cursor: {}",
         store.latest_change_cursor().await?
     );

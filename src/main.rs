@@ -3,6 +3,24 @@
 //! Parsing happens here (clap); each command lives in its own module. Errors are `anyhow` at
 //! this edge only, printed with the fix when there is one.
 
+/// `println!` that cannot panic: a closed stdout (`flightlog serve | head -1`, a log pipe whose
+/// reader died) made `println!` panic at the next line, and the server exited with it.
+/// Output is best effort; losing a line to a closed stream is not an error.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that cannot panic (see [`say!`]).
+macro_rules! say_err {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 mod demo;
 mod serve;
 
@@ -143,7 +161,7 @@ fn main() -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("flightlog: cannot start the async runtime: {err}");
+            say_err!("flightlog: cannot start the async runtime: {err}");
             return ExitCode::FAILURE;
         }
     };
@@ -162,7 +180,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("flightlog: {err:#}");
+            say_err!("flightlog: {err:#}");
             ExitCode::FAILURE
         }
     }

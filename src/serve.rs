@@ -132,10 +132,10 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     // span a client started since.)
     match activity.sweep_own_orphans().await {
         Ok(0) => {}
-        Ok(orphans) => println!(
-            "flightlog: closed {orphans} span(s) left open by a previous run as interrupted"
-        ),
-        Err(err) => eprintln!(
+        Ok(orphans) => {
+            say!("flightlog: closed {orphans} span(s) left open by a previous run as interrupted")
+        }
+        Err(err) => say_err!(
             "flightlog: warning: could not close the spans a previous run left open ({err}); \
              serving anyway, they stay open until the next start closes them"
         ),
@@ -145,7 +145,7 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     if let Some(clock) = &manual_clock {
         state = state.with_manual_clock(Arc::clone(clock));
     }
-    println!(
+    say!(
         "flightlog: listening on http://{local} (database {}, writer {writer}{})",
         settings.db.display(),
         if manual_clock.is_some() {
@@ -156,20 +156,20 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     );
     let auth = &settings.server.auth;
     if auth.is_enabled() {
-        println!(
+        say!(
             "flightlog: bearer tokens required ({} configured); GET /healthz is open",
             auth.token_count()
         );
     } else if is_loopback(&local) {
-        println!("flightlog: no tokens configured: any local process may read and write");
+        say!("flightlog: no tokens configured: any local process may read and write");
     } else {
-        eprintln!(
+        say_err!(
             "flightlog: warning: serving {local} WITHOUT authentication \
              (--allow-unauthenticated-non-loopback)"
         );
     }
     if let Some(path) = &settings.config_file {
-        println!("flightlog: settings from {}", path.display());
+        say!("flightlog: settings from {}", path.display());
     }
     // One signal stops both listeners.
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -185,7 +185,7 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
             let grpc_local = grpc_listener
                 .local_addr()
                 .context("cannot read the gRPC listening address")?;
-            println!("flightlog: OTLP/gRPC on {grpc_local}; OTLP/HTTP at http://{local}/v1/traces");
+            say!("flightlog: OTLP/gRPC on {grpc_local}; OTLP/HTTP at http://{local}/v1/traces");
             Some(tokio::spawn(flightlog_server::grpc::serve_grpc(
                 grpc_listener,
                 state.clone(),
@@ -193,7 +193,7 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
             )))
         }
         None => {
-            println!("flightlog: OTLP/HTTP at http://{local}/v1/traces (OTLP/gRPC off)");
+            say!("flightlog: OTLP/HTTP at http://{local}/v1/traces (OTLP/gRPC off)");
             None
         }
     };
@@ -201,7 +201,7 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     if let Some(grpc) = grpc {
         grpc.await.context("the gRPC listener's task failed")??;
     }
-    println!("flightlog: stopped");
+    say!("flightlog: stopped");
     Ok(())
 }
 
@@ -228,7 +228,7 @@ fn flightlog_environment() -> anyhow::Result<BTreeMap<String, String>> {
 async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(err) = tokio::signal::ctrl_c().await {
-            eprintln!("flightlog: cannot listen for Ctrl-C ({err})");
+            say_err!("flightlog: cannot listen for Ctrl-C ({err})");
             std::future::pending::<()>().await;
         }
     };
@@ -240,7 +240,7 @@ async fn shutdown_signal() {
                 terminate.recv().await;
             }
             Err(err) => {
-                eprintln!("flightlog: cannot listen for SIGTERM ({err})");
+                say_err!("flightlog: cannot listen for SIGTERM ({err})");
                 std::future::pending::<()>().await;
             }
         }
@@ -251,5 +251,5 @@ async fn shutdown_signal() {
         () = ctrl_c => {}
         () = terminate => {}
     }
-    println!("flightlog: shutting down (finishing requests in flight)");
+    say!("flightlog: shutting down (finishing requests in flight)");
 }

@@ -1713,3 +1713,67 @@ fn demo_treats_an_empty_db_variable_as_unset() {
         "the message does not name FLIGHTLOG_DB:{out}"
     );
 }
+
+/// A closed stdout (`flightlog serve | head -1`, or a log pipe whose reader died) made the next
+/// `println!` panic, and the server exited at start. Output is now best effort: the server keeps
+/// serving and stops cleanly on SIGTERM, its shutdown lines going nowhere.
+#[test]
+fn serve_keeps_serving_and_stops_cleanly_when_its_stdout_is_closed() {
+    let scratch = Scratch::new("closed-stdout");
+    let db = s(&scratch.join("closed.db"));
+    let stderr_path = scratch.join("stderr.txt");
+    let mut command = Command::new(BIN);
+    command
+        .args(serve_args(&db, &LOOPBACK))
+        .current_dir(scratch.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(
+            fs::File::create(&stderr_path).expect("create the stderr file"),
+        ));
+    for (name, _) in std::env::vars_os() {
+        if name.as_bytes().starts_with(b"FLIGHTLOG_") {
+            command.env_remove(&name);
+        }
+    }
+    let mut child = command.spawn().expect("start flightlog serve");
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let addr = loop {
+        let mut line = String::new();
+        let read = stdout.read_line(&mut line).expect("read serve's stdout");
+        assert!(read > 0, "serve closed its stdout before listening");
+        if let Some(rest) = line.trim_end().strip_prefix(LISTENING) {
+            break rest
+                .split_whitespace()
+                .next()
+                .expect("an address")
+                .to_owned();
+        }
+    };
+    // What `head -1` does once it has its line.
+    drop(stdout);
+    std::thread::sleep(Duration::from_millis(200));
+
+    let (status, body) = http_get(&addr, "/healthz");
+    assert_eq!(status, 200, "{body}");
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(sent.success(), "kill -TERM failed");
+    let started = Instant::now();
+    let exit = loop {
+        if let Some(exit) = child.try_wait().expect("poll serve") {
+            break exit;
+        }
+        if started.elapsed() > CASE_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("serve did not stop on SIGTERM with its stdout closed");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let stderr = fs::read_to_string(&stderr_path).expect("read the stderr file");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(exit.success(), "exit {exit:?}; stderr:\n{stderr}");
+}

@@ -17,6 +17,24 @@
 //! that is the whole result as one JSON object. The exit status is 1 when a phase had errors or
 //! failed a check (missed targets are reported, not failed).
 
+/// `println!` that cannot panic: a closed stdout (`flightlog-loadgen machine | head -1`) made `println!` panic
+/// at the next line.
+/// Output is best effort; losing a line to a closed stream is not an error.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that cannot panic (see [`say!`]).
+macro_rules! say_err {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 mod client;
 mod http_bench;
 mod machine;
@@ -220,8 +238,8 @@ fn main() -> ExitCode {
     // Before any runtime or server thread exists, so nothing of ours competes with the probe.
     let speed = machine::measure();
     if matches!(cli.command, Command::Machine) {
-        println!("{}", speed.describe());
-        println!(
+        say!("{}", speed.describe());
+        say!(
             "{}",
             json!({"loadgen": "machine", "machine": speed.to_json()})
         );
@@ -233,7 +251,7 @@ fn main() -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("flightlog-loadgen: cannot start the async runtime: {err}");
+            say_err!("flightlog-loadgen: cannot start the async runtime: {err}");
             return ExitCode::FAILURE;
         }
     };
@@ -249,11 +267,11 @@ fn main() -> ExitCode {
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
-            eprintln!("flightlog-loadgen: some phase had errors or failed a check (see above)");
+            say_err!("flightlog-loadgen: some phase had errors or failed a check (see above)");
             ExitCode::FAILURE
         }
         Err(err) => {
-            eprintln!("flightlog-loadgen: {err:#}");
+            say_err!("flightlog-loadgen: {err:#}");
             ExitCode::FAILURE
         }
     }
@@ -293,10 +311,10 @@ async fn run(cli: Cli, speed: machine::MachineSpeed) -> anyhow::Result<bool> {
     };
     let time_limit = Duration::from_secs(cli.common.phase_timeout.max(1));
     let load_before = load_average();
-    eprintln!("flightlog-loadgen: {}", speed.describe());
+    say_err!("flightlog-loadgen: {}", speed.describe());
     let mut server = ServerProcess::spawn(&options).await?;
     let base = Url::parse(&server.base_url()).context("the server's address is not a URL")?;
-    eprintln!(
+    say_err!(
         "flightlog-loadgen: server pid {} at {base} (binary {}), load average {load_before}",
         server.pid(),
         options.binary.display()
@@ -343,8 +361,8 @@ async fn run(cli: Cli, speed: machine::MachineSpeed) -> anyhow::Result<bool> {
         &phases,
         &targets,
     );
-    println!();
-    println!(
+    say!();
+    say!(
         "server memory: idle {:.1} MiB, sampled peak {:.1} MiB ({} samples), VmHWM {:.1} MiB; \
          database + WAL at the end {:.1} MiB",
         mib(idle_rss),
@@ -353,11 +371,11 @@ async fn run(cli: Cli, speed: machine::MachineSpeed) -> anyhow::Result<bool> {
         mib(memory.vm_hwm),
         disk as f64 / 1e6 / 1.048_576
     );
-    println!("{}", speed.describe());
+    say!("{}", speed.describe());
     let ok = phases
         .iter()
         .all(|phase| phase.errors.count == 0 && phase.violations == 0);
-    println!(
+    say!(
         "{}",
         summary_json(
             name,
@@ -383,7 +401,7 @@ async fn run_http(
     let wants = |phase| args.phases.contains(&phase);
     let mut phases = Vec::new();
     if args.warmup_runs > 0 {
-        eprintln!(
+        say_err!(
             "flightlog-loadgen: warm-up ({} runs, not measured) ...",
             args.warmup_runs
         );
@@ -402,7 +420,7 @@ async fn run_http(
         server.check_alive()?;
     }
     if wants(HttpPhase::Single) {
-        eprintln!("flightlog-loadgen: single-op phase ...");
+        say_err!("flightlog-loadgen: single-op phase ...");
         phases.push(
             single_op_phase(
                 server,
@@ -432,12 +450,12 @@ async fn run_http(
             clients: batch_clients,
             rollups: !args.no_batch_rollup,
         };
-        eprintln!("flightlog-loadgen: {} phase ...", shape.name);
+        say_err!("flightlog-loadgen: {} phase ...", shape.name);
         phases.push(batch_phase(server, base, &shape, time_limit).await?);
         server.check_alive()?;
     }
     if wants(HttpPhase::Stream) {
-        eprintln!("flightlog-loadgen: stream-latency phase ...");
+        say_err!("flightlog-loadgen: stream-latency phase ...");
         let shape = StreamShape {
             rate: args.stream_rate.max(1.0),
             seconds: args.stream_seconds.max(0.1),
@@ -445,7 +463,7 @@ async fn run_http(
             grace: Duration::from_millis(args.stream_grace_ms),
         };
         if args.stream_baseline {
-            eprintln!("flightlog-loadgen: paced-no-stream phase ...");
+            say_err!("flightlog-loadgen: paced-no-stream phase ...");
             phases.push(paced_baseline_phase(server, &shape, time_limit).await?);
             server.check_alive()?;
         }
@@ -461,7 +479,7 @@ async fn run_otlp(
     args: &OtlpArgs,
     time_limit: Duration,
 ) -> anyhow::Result<Vec<PhaseReport>> {
-    eprintln!("flightlog-loadgen: encoding OTLP bodies, then the otlp phase ...");
+    say_err!("flightlog-loadgen: encoding OTLP bodies, then the otlp phase ...");
     let shape = OtlpShape {
         spans: args.spans.max(1),
         spans_per_body: args.spans_per_body,

@@ -244,7 +244,7 @@ fn forward_stdout(
     let mut found = Some(found);
     for line in BufReader::new(stdout).lines() {
         let Ok(line) = line else { break };
-        eprintln!("  server | {line}");
+        say_err!("  server | {line}");
         if let Some(addr) = parse_listening_line(&line) {
             if let Some(found) = found.take() {
                 let _ = found.send(Some(addr));
@@ -259,7 +259,7 @@ fn forward_stdout(
 fn forward_stderr(stderr: std::process::ChildStderr, tail: &Mutex<Vec<String>>) {
     for line in BufReader::new(stderr).lines() {
         let Ok(line) = line else { break };
-        eprintln!("  server! {line}");
+        say_err!("  server! {line}");
         if let Ok(mut tail) = tail.lock() {
             if tail.len() >= 40 {
                 tail.remove(0);

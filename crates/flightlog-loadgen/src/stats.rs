@@ -212,9 +212,9 @@ impl Target {
 
 /// The human summary: one row per phase, then the targets, then the notes.
 pub fn print_table(title: &str, phases: &[PhaseReport], targets: &[Target]) {
-    println!();
-    println!("{title}");
-    println!(
+    say!();
+    say!("{title}");
+    say!(
         "{:<16} {:>14} {:<9} {:>8} {:>8} {:>9} {:>9} {:>7} {:>6} {:>9} {:>8} {:>8}",
         "phase",
         "rate",
@@ -233,7 +233,7 @@ pub fn print_table(title: &str, phases: &[PhaseReport], targets: &[Target]) {
         let (p50, p99) = phase
             .latency
             .map_or((f64::NAN, f64::NAN), |l| (l.p50, l.p99));
-        println!(
+        say!(
             "{:<16} {:>14.0} {:<9} {:>8} {:>8.2} {:>9.3} {:>9.3} {:>7} {:>6} {:>9.1} {:>7.2}s {:>7.2}s",
             phase.name,
             phase.throughput,
@@ -250,10 +250,10 @@ pub fn print_table(title: &str, phases: &[PhaseReport], targets: &[Target]) {
         );
     }
     if !targets.is_empty() {
-        println!();
-        println!("targets:");
+        say!();
+        say!("targets:");
         for target in targets {
-            println!(
+            say!(
                 "  {:<52} {:>12.1} {:<8} {} {:>10} -> {}",
                 target.what,
                 target.measured,
@@ -265,18 +265,18 @@ pub fn print_table(title: &str, phases: &[PhaseReport], targets: &[Target]) {
         }
     }
     for phase in phases {
-        println!();
-        println!("{}:", phase.name);
+        say!();
+        say!("{}:", phase.name);
         let (server_us, loadgen_us) = phase.cpu_per_unit();
-        println!(
+        say!(
             "  CPU: server {server_us:.1} us per {}, generator {loadgen_us:.1} us per request",
             phase.unit.trim_end_matches("/s").trim_end_matches('s')
         );
         for note in &phase.notes {
-            println!("  {note}");
+            say!("  {note}");
         }
         if let Some(first) = &phase.errors.first {
-            println!("  first error: {first}");
+            say!("  first error: {first}");
         }
     }
 }
