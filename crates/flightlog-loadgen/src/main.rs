@@ -17,22 +17,12 @@
 //! that is the whole result as one JSON object. The exit status is 1 when a phase had errors or
 //! failed a check (missed targets are reported, not failed).
 
-/// `println!` that cannot panic: a closed stdout (`flightlog-loadgen machine | head -1`) made `println!` panic
-/// at the next line.
-/// Output is best effort; losing a line to a closed stream is not an error.
+/// `println!` and `eprintln!` for this tool's report, through [`write_line`].
 macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
-    }};
+    ($($arg:tt)*) => { $crate::write_line(&mut std::io::stdout().lock(), format_args!($($arg)*)) };
 }
-
-/// `eprintln!` that cannot panic (see [`say!`]).
 macro_rules! say_err {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
-    }};
+    ($($arg:tt)*) => { $crate::write_line(&mut std::io::stderr().lock(), format_args!($($arg)*)) };
 }
 
 mod client;
@@ -361,7 +351,7 @@ async fn run(cli: Cli, speed: machine::MachineSpeed) -> anyhow::Result<bool> {
         &phases,
         &targets,
     );
-    say!();
+    say!("");
     say!(
         "server memory: idle {:.1} MiB, sampled peak {:.1} MiB ({} samples), VmHWM {:.1} MiB; \
          database + WAL at the end {:.1} MiB",
@@ -545,6 +535,13 @@ fn disk_bytes(server: &ServerProcess) -> u64 {
     let mut wal = db.as_os_str().to_owned();
     wal.push("-wal");
     size(db.to_path_buf()) + size(PathBuf::from(wal))
+}
+
+/// Write one line of the report. A closed stream (`flightlog-loadgen machine | head -1`) made
+/// `println!` panic at the next line; here the line is dropped instead, as there is no one left
+/// to read it.
+fn write_line(out: &mut impl std::io::Write, line: std::fmt::Arguments<'_>) {
+    let _ = writeln!(out, "{line}");
 }
 
 fn cores() -> usize {

@@ -212,7 +212,7 @@ impl Target {
 
 /// The human summary: one row per phase, then the targets, then the notes.
 pub fn print_table(title: &str, phases: &[PhaseReport], targets: &[Target]) {
-    say!();
+    say!("");
     say!("{title}");
     say!(
         "{:<16} {:>14} {:<9} {:>8} {:>8} {:>9} {:>9} {:>7} {:>6} {:>9} {:>8} {:>8}",
@@ -250,7 +250,7 @@ pub fn print_table(title: &str, phases: &[PhaseReport], targets: &[Target]) {
         );
     }
     if !targets.is_empty() {
-        say!();
+        say!("");
         say!("targets:");
         for target in targets {
             say!(
@@ -265,7 +265,7 @@ pub fn print_table(title: &str, phases: &[PhaseReport], targets: &[Target]) {
         }
     }
     for phase in phases {
-        say!();
+        say!("");
         say!("{}:", phase.name);
         let (server_us, loadgen_us) = phase.cpu_per_unit();
         say!(
