@@ -1098,11 +1098,11 @@ impl GroupCommitWriter {
         // the rewind failed whenever any reader was mid-read, which under steady reads is always.
         let _ = self.conn.busy_timeout(self.restart_busy_timeout);
         let rewound = loop {
+            // Cached: over the cap this may run once a millisecond until the rewind is done.
             let rewound = self
                 .conn
-                .query_row("PRAGMA wal_checkpoint(RESTART)", [], |row| {
-                    row.get::<_, i64>(0)
-                })
+                .prepare_cached("PRAGMA wal_checkpoint(RESTART)")
+                .and_then(|mut stmt| stmt.query_row([], |row| row.get::<_, i64>(0)))
                 .is_ok_and(|busy| busy == 0);
             // Busy under the cap (the checkpointer is finishing a pass): the request stays, and
             // the next group retries; the checkpointer starts no new pass meanwhile. Over the
