@@ -5,8 +5,10 @@
 //! capping, run rollups) lives here as plain functions over plain data so it is testable alone.
 
 pub mod activity;
+pub mod backend_metrics;
 pub mod clock;
 pub mod journal;
 pub mod json_depth;
 
+pub use backend_metrics::{BackendMetric, MetricKind};
 pub use clock::{default_writer_id, Clock, ManualClock, SystemClock};

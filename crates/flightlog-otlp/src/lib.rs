@@ -38,7 +38,10 @@ pub use error::OtlpError;
 pub use mapping::{map_request, MappedBatch, MappingOptions, RejectedSpan};
 pub use prices::{ModelPrice, PriceTable, PriceTableError};
 pub use response::{encode_response, encode_status, export_response, GrpcCode};
-pub use service::{ingest, trace_service, Authorize, FlightlogTraceService, TraceServiceServer};
+pub use service::{
+    ingest, trace_service, Authorize, FlightlogTraceService, IngestTally, ObserveIngest,
+    TraceServiceServer,
+};
 
 /// The OTLP trace request and response messages this crate speaks, re-exported so callers need
 /// no direct `opentelemetry-proto` dependency.

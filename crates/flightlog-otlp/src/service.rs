@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use flightlog_core::activity::{ActivityStore, ImportReport, StoreError};
+use flightlog_core::activity::{ActivityStore, StoreError};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -24,48 +24,77 @@ pub use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::
 /// returned to the caller as is (typically `Status::unauthenticated` or `permission_denied`).
 pub type Authorize = dyn Fn(&MetadataMap) -> Result<(), Status> + Send + Sync;
 
+/// What one export did with its spans: the numbers the server's `/metrics` counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IngestTally {
+    /// Spans written whole (their id was new).
+    pub created: u64,
+    /// Spans that were stored open (started natively, or announced pending) and were completed.
+    pub completed: u64,
+    /// Spans already stored terminal: a repeated delivery, nothing written.
+    pub unchanged: u64,
+    /// Spans refused, by the mapping or by the store (`partialSuccess.rejectedSpans`).
+    pub rejected: u64,
+    /// Span events written.
+    pub events_added: u64,
+}
+
+/// Told of every export's [`IngestTally`] (the server counts them in its metrics).
+pub type ObserveIngest = dyn Fn(&IngestTally) + Send + Sync;
+
 /// Map `request`, import its spans into `store`, and build the response: `partialSuccess`
 /// counts the spans the mapping rejected plus those the store refused. A request with no
-/// importable span does not call the store (the report is then all zero). The request is
-/// consumed by the mapping, so none of it is held while the store writes.
+/// importable span does not call the store. The request is consumed by the mapping, so none of
+/// it is held while the store writes.
 pub async fn ingest(
     store: &dyn ActivityStore,
     request: ExportTraceServiceRequest,
     options: &MappingOptions,
-) -> Result<(ExportTraceServiceResponse, ImportReport), StoreError> {
+) -> Result<(ExportTraceServiceResponse, IngestTally), StoreError> {
     let batch = map_request(request, options);
     let mut rejected = batch.rejected;
-    let report = if batch.spans.is_empty() {
-        ImportReport::default()
-    } else {
-        store.import_spans(batch.spans).await?
-    };
-    rejected.extend(report.rejected.iter().map(|refused| RejectedSpan {
-        index: None,
-        span_id: Some(refused.span_id.clone()),
-        reason: refused.reason.clone(),
-    }));
-    Ok((export_response(&rejected), report))
+    let mut tally = IngestTally::default();
+    if !batch.spans.is_empty() {
+        let report = store.import_spans(batch.spans).await?;
+        tally = IngestTally {
+            created: report.created,
+            completed: report.completed,
+            unchanged: report.unchanged,
+            rejected: 0,
+            events_added: report.events_added,
+        };
+        rejected.extend(report.rejected.into_iter().map(|refused| RejectedSpan {
+            index: None,
+            span_id: Some(refused.span_id),
+            reason: refused.reason,
+        }));
+    }
+    tally.rejected = rejected.len() as u64;
+    Ok((export_response(&rejected), tally))
 }
 
-/// The OTLP/gRPC trace service: authorize, [`ingest`], answer.
+/// The OTLP/gRPC trace service: authorize, [`ingest`], tell `observe`, answer.
 pub struct FlightlogTraceService {
     store: Arc<dyn ActivityStore>,
     authorize: Arc<Authorize>,
     options: MappingOptions,
+    observe: Arc<ObserveIngest>,
 }
 
 impl FlightlogTraceService {
-    /// A service importing into `store`, admitting the calls `authorize` accepts.
+    /// A service importing into `store`, admitting the calls `authorize` accepts, telling
+    /// `observe` what each export did.
     pub fn new(
         store: Arc<dyn ActivityStore>,
         authorize: Arc<Authorize>,
         options: MappingOptions,
+        observe: Arc<ObserveIngest>,
     ) -> Self {
         Self {
             store,
             authorize,
             options,
+            observe,
         }
     }
 }
@@ -90,9 +119,10 @@ impl TraceService for FlightlogTraceService {
         request: Request<ExportTraceServiceRequest>,
     ) -> Result<Response<ExportTraceServiceResponse>, Status> {
         (self.authorize)(request.metadata())?;
-        let (response, _report) = ingest(self.store.as_ref(), request.into_inner(), &self.options)
+        let (response, tally) = ingest(self.store.as_ref(), request.into_inner(), &self.options)
             .await
             .map_err(store_status)?;
+        (self.observe)(&tally);
         Ok(Response::new(response))
     }
 }
@@ -104,9 +134,12 @@ pub fn trace_service(
     store: Arc<dyn ActivityStore>,
     authorize: Arc<Authorize>,
     options: MappingOptions,
+    observe: Arc<ObserveIngest>,
 ) -> TraceServiceServer<FlightlogTraceService> {
-    TraceServiceServer::new(FlightlogTraceService::new(store, authorize, options))
-        .accept_compressed(CompressionEncoding::Gzip)
+    TraceServiceServer::new(FlightlogTraceService::new(
+        store, authorize, options, observe,
+    ))
+    .accept_compressed(CompressionEncoding::Gzip)
 }
 
 #[cfg(test)]

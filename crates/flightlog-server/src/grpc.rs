@@ -12,7 +12,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use axum::Router;
-use flightlog_otlp::{trace_service, Authorize};
+use flightlog_otlp::{trace_service, Authorize, IngestTally};
 use tokio::net::TcpListener;
 use tonic::metadata::MetadataMap;
 use tonic::Status;
@@ -53,10 +53,12 @@ fn authorizer(auth: AuthConfig) -> Arc<Authorize> {
 
 /// The gRPC trace service over `state`'s activity store, as a router.
 pub fn grpc_app(state: &AppState) -> Router {
+    let counted = state.clone();
     let service = trace_service(
         state.activity_as(OTLP_WRITER),
         authorizer(state.config().auth.clone()),
         state.otlp_mapping().clone(),
+        Arc::new(move |tally: &IngestTally| counted.metrics().observe_ingest(tally)),
     )
     // An OTLP batch is bounded by the HTTP body limit on the other listener; the same here
     // (tonic's default would be 4 MiB).

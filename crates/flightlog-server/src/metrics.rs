@@ -5,9 +5,12 @@
 //! - counted as things happen, in the state's [`Metrics`] (one registry per server state, no
 //!   global recorder, so two servers in one process, as in the tests, never mix their numbers):
 //!   requests by route template, method and status; request durations; writes refused by the
-//!   write limit; live stream clients;
+//!   write limit; live stream clients; stream events sent, and streams the server ended (resync
+//!   or error); OTLP spans by what became of them;
 //! - read at scrape time and never stored: the activity store's change cursor, the writes in
-//!   flight (from the write limit's semaphore), the process's resident memory and start time.
+//!   flight (from the write limit's semaphore), the process's resident memory and start time,
+//!   and the storage backend's own numbers (`ActivityStore::backend_metrics`: on SQLite the
+//!   writer thread's group commits, its queue, the WAL and the file sizes).
 //!
 //! Labels are bounded: `route` is the matched route *template* (`/v1/activity/spans/{spanId}`),
 //! never the raw path, and a request no route serves is counted under `route="unmatched"`, so
@@ -21,6 +24,8 @@ use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::Method;
 use axum::response::{IntoResponse, Response};
+use flightlog_core::{BackendMetric, MetricKind};
+use flightlog_otlp::IngestTally;
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -69,6 +74,19 @@ struct StreamLabels {
     stream: &'static str,
 }
 
+/// Labels of `flightlog_stream_ends_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StreamEndLabels {
+    stream: &'static str,
+    reason: &'static str,
+}
+
+/// Labels of `flightlog_otlp_spans_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OtlpSpanLabels {
+    result: &'static str,
+}
+
 /// Which live stream a client follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamKind {
@@ -103,7 +121,23 @@ pub struct Metrics {
     durations: DurationFamily,
     writes_refused: Counter,
     stream_clients: Family<StreamLabels, Gauge>,
+    stream_events: Family<StreamLabels, Counter>,
+    stream_ends: Family<StreamEndLabels, Counter>,
+    otlp_spans: Family<OtlpSpanLabels, Counter>,
+    otlp_span_events: Counter,
 }
+
+/// The ways a stream ends on the server's side, each counted in `flightlog_stream_ends_total`.
+#[derive(Debug, Clone)]
+pub(crate) struct StreamEnds {
+    /// The client's cursor fell behind the trimmed change log: it was told to resync.
+    pub resync: Counter,
+    /// The store failed while the stream read it: an `error` event ended it.
+    pub error: Counter,
+}
+
+/// The `result` labels of `flightlog_otlp_spans_total`, in [`IngestTally`] order.
+const OTLP_RESULTS: [&str; 4] = ["created", "completed", "unchanged", "rejected"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -150,12 +184,95 @@ impl Metrics {
             "Live Server-Sent-Event streams open now, by stream kind",
             stream_clients.clone(),
         );
+        let stream_events = Family::<StreamLabels, Counter>::default();
+        let stream_ends = Family::<StreamEndLabels, Counter>::default();
+        for kind in StreamKind::ALL {
+            let stream = kind.as_str();
+            let _ = stream_events.get_or_create_owned(&StreamLabels { stream });
+            for reason in ["resync", "error"] {
+                let _ = stream_ends.get_or_create_owned(&StreamEndLabels { stream, reason });
+            }
+        }
+        registry.register(
+            "flightlog_stream_events",
+            "Events sent on live streams (snapshots, changes, journal events, resync and error \
+             events; not keep-alive comments), by stream kind",
+            stream_events.clone(),
+        );
+        registry.register(
+            "flightlog_stream_ends",
+            "Streams the server ended: `resync` when a client fell behind the trimmed change \
+             log (it must take a new snapshot), `error` when the store failed under it",
+            stream_ends.clone(),
+        );
+        let otlp_spans = Family::<OtlpSpanLabels, Counter>::default();
+        for result in OTLP_RESULTS {
+            let _ = otlp_spans.get_or_create_owned(&OtlpSpanLabels { result });
+        }
+        registry.register(
+            "flightlog_otlp_spans",
+            "Spans received over OTLP (HTTP and gRPC), by what became of them: `created` (new), \
+             `completed` (stored open before), `unchanged` (a repeated delivery), `rejected` \
+             (refused, and reported in partialSuccess)",
+            otlp_spans.clone(),
+        );
+        let otlp_span_events = Counter::default();
+        registry.register(
+            "flightlog_otlp_span_events",
+            "Span events written from OTLP spans",
+            otlp_span_events.clone(),
+        );
         Self {
             registry,
             requests,
             durations,
             writes_refused,
             stream_clients,
+            stream_events,
+            stream_ends,
+            otlp_spans,
+            otlp_span_events,
+        }
+    }
+
+    /// Count what one OTLP export did with its spans (HTTP or gRPC).
+    pub(crate) fn observe_ingest(&self, tally: &IngestTally) {
+        let counts = [
+            tally.created,
+            tally.completed,
+            tally.unchanged,
+            tally.rejected,
+        ];
+        for (result, count) in OTLP_RESULTS.into_iter().zip(counts) {
+            if count > 0 {
+                self.otlp_spans
+                    .get_or_create(&OtlpSpanLabels { result })
+                    .inc_by(count);
+            }
+        }
+        self.otlp_span_events.inc_by(tally.events_added);
+    }
+
+    /// The counter of events sent on streams of `kind` (a handle: clones share the count).
+    pub(crate) fn stream_events(&self, kind: StreamKind) -> Counter {
+        self.stream_events
+            .get_or_create(&StreamLabels {
+                stream: kind.as_str(),
+            })
+            .clone()
+    }
+
+    /// The counters of the ways a stream of `kind` ends on the server's side.
+    pub(crate) fn stream_ends(&self, kind: StreamKind) -> StreamEnds {
+        let stream = kind.as_str();
+        let counter = |reason| {
+            self.stream_ends
+                .get_or_create(&StreamEndLabels { stream, reason })
+                .clone()
+        };
+        StreamEnds {
+            resync: counter("resync"),
+            error: counter("error"),
         }
     }
 
@@ -219,7 +336,7 @@ impl Drop for StreamClient {
 }
 
 /// The values read at scrape time.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 struct ScrapeValues {
     /// `None` when the store could not be read (the rest of the scrape still answers).
     change_cursor: Option<i64>,
@@ -228,6 +345,8 @@ struct ScrapeValues {
     /// `None` where `/proc/self/status` does not exist (not Linux).
     resident_memory_bytes: Option<i64>,
     start_time_seconds: f64,
+    /// What the store's backend reports about itself (see [`BackendMetric`]).
+    backend: Vec<BackendMetric>,
 }
 
 impl ScrapeValues {
@@ -266,6 +385,20 @@ impl ScrapeValues {
             "Start time of the process since the Unix epoch in seconds",
             start,
         );
+        for sample in &self.backend {
+            match sample.kind {
+                MetricKind::Counter => {
+                    let counter: Counter<f64, AtomicU64> = Counter::default();
+                    counter.inc_by(sample.value);
+                    registry.register(sample.name, sample.help, counter);
+                }
+                MetricKind::Gauge => {
+                    let gauge: Gauge<f64, AtomicU64> = Gauge::default();
+                    gauge.set(sample.value);
+                    registry.register(sample.name, sample.help, gauge);
+                }
+            }
+        }
         registry
     }
 }
@@ -331,10 +464,16 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
 /// The server's metrics in the Prometheus text format (0.0.4).
 ///
 /// Counters and histograms: `flightlog_http_requests_total{route,method,status}`,
-/// `flightlog_http_request_duration_seconds{route,method}`, `flightlog_http_writes_refused_total`.
+/// `flightlog_http_request_duration_seconds{route,method}`, `flightlog_http_writes_refused_total`,
+/// `flightlog_stream_events_total{stream}`, `flightlog_stream_ends_total{stream,reason}`,
+/// `flightlog_otlp_spans_total{result}`, `flightlog_otlp_span_events_total`.
 /// Gauges: `flightlog_stream_clients{stream}`, `flightlog_http_writes_in_flight`,
 /// `flightlog_http_write_limit`, `flightlog_activity_change_cursor` (absent when the store could
 /// not be read), `process_resident_memory_bytes` (Linux only), `process_start_time_seconds`.
+/// And what the storage backend reports about itself: on SQLite the writer thread's
+/// transactions, writes, apply and commit time, WAL frames and rewinds, checkpoint time, its
+/// queue's depth and capacity, and the sizes of the database and WAL files
+/// (`flightlog_sqlite_*`).
 #[utoipa::path(
     get,
     path = "/metrics",
@@ -354,6 +493,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
         write_limit: saturating_i64(overload::write_limit(&state)),
         resident_memory_bytes: resident_memory_bytes(),
         start_time_seconds: process_start_time(),
+        backend: state.activity().backend_metrics(),
     };
     match state.metrics().encode(&scrape) {
         Ok(text) => ([(CONTENT_TYPE, CONTENT_TYPE_TEXT)], text).into_response(),
@@ -376,6 +516,10 @@ mod tests {
             write_limit: 4,
             resident_memory_bytes: None,
             start_time_seconds: 1.5,
+            backend: vec![
+                BackendMetric::counter("flightlog_test_writes", "Writes", 12.0),
+                BackendMetric::gauge("flightlog_test_queue_depth", "Queued", 3.0),
+            ],
         }
     }
 
@@ -399,6 +543,11 @@ mod tests {
             "flightlog_http_writes_in_flight 1\n",
             "flightlog_http_write_limit 4\n",
             "process_start_time_seconds 1.5\n",
+            "# TYPE flightlog_test_writes_total counter\n",
+            "flightlog_test_writes_total 12.0\n",
+            "# HELP flightlog_test_queue_depth Queued.\n",
+            "# TYPE flightlog_test_queue_depth gauge\n",
+            "flightlog_test_queue_depth 3.0\n",
         ] {
             assert!(text.contains(expected), "{expected:?} not in:\n{text}");
         }

@@ -14,7 +14,7 @@ use flightlog_core::activity::{
     SpanRow, StartSpanInput, StoreError, TerminalRootChange, DEFAULT_PRUNE_BATCH,
 };
 use flightlog_core::json_depth;
-use flightlog_core::{default_writer_id, Clock};
+use flightlog_core::{default_writer_id, BackendMetric, Clock};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::activity_batch;
@@ -224,6 +224,10 @@ impl ActivityStore for SqliteActivityStore {
 
     fn change_doorbell(&self) -> ChangeDoorbell {
         self.db.change_doorbell()
+    }
+
+    fn backend_metrics(&self) -> Vec<BackendMetric> {
+        self.db.backend_metrics()
     }
 
     async fn start_span(&self, input: StartSpanInput) -> Result<SpanRow, StoreError> {

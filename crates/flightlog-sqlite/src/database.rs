@@ -22,6 +22,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use flightlog_core::activity::StoreError;
+use flightlog_core::BackendMetric;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
@@ -646,6 +647,90 @@ impl SqliteDatabase {
     /// What the writer thread has done so far.
     pub fn writer_stats(&self) -> &WriterStats {
         &self.stats
+    }
+
+    /// The writer's work, its queue and the file sizes, as `/metrics` samples (the activity
+    /// store and the journal share this database, so these cover both). Only atomic loads and
+    /// two `stat` calls: cheap enough for every scrape.
+    pub fn backend_metrics(&self) -> Vec<BackendMetric> {
+        let stats = &self.stats;
+        let count = |counter: &AtomicU64| counter.load(Ordering::Relaxed) as f64;
+        let seconds = |nanos: &AtomicU64| nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let queued = self.queue.max_capacity() - self.queue.capacity();
+        let mut metrics = vec![
+            BackendMetric::counter(
+                "flightlog_sqlite_writer_transactions",
+                "Transactions (group commits) the writer thread ran; writes / transactions is \
+                 the average group size",
+                count(&stats.groups),
+            ),
+            BackendMetric::counter(
+                "flightlog_sqlite_writer_writes",
+                "Write jobs the writer thread applied (one per single write, batch or import)",
+                count(&stats.writes),
+            ),
+            BackendMetric::counter(
+                "flightlog_sqlite_writer_apply_seconds",
+                "Time the writer thread spent running writes' statements",
+                seconds(&stats.apply_nanos),
+            ),
+            BackendMetric::counter(
+                "flightlog_sqlite_writer_commit_seconds",
+                "Time the writer thread spent in BEGIN and COMMIT; with the apply time, how \
+                 busy the one serial resource of the SQLite backend is",
+                seconds(&stats.commit_nanos),
+            ),
+            BackendMetric::counter(
+                "flightlog_sqlite_wal_frames",
+                "WAL frames (pages) the writer's commits appended",
+                count(&stats.wal_frames),
+            ),
+            BackendMetric::counter(
+                "flightlog_sqlite_wal_rewinds",
+                "WAL rewinds (RESTART checkpoints) the writer thread ran between groups",
+                count(&stats.writer_rewinds),
+            ),
+            BackendMetric::counter(
+                "flightlog_sqlite_wal_rewind_seconds",
+                "Time the writer thread spent in WAL rewinds (no write commits meanwhile)",
+                seconds(&stats.writer_rewind_nanos),
+            ),
+            BackendMetric::counter(
+                "flightlog_sqlite_checkpoint_seconds",
+                "Time spent checkpointing the WAL into the database file (checkpointer passes \
+                 and the writer's rewinds)",
+                seconds(&stats.checkpoint_nanos),
+            ),
+            BackendMetric::gauge(
+                "flightlog_sqlite_write_queue_depth",
+                "Write jobs waiting for the writer thread now",
+                queued as f64,
+            ),
+            BackendMetric::gauge(
+                "flightlog_sqlite_write_queue_capacity",
+                "The most write jobs that may wait; a full queue answers writes 503",
+                self.queue.max_capacity() as f64,
+            ),
+        ];
+        // A file that cannot be read leaves its size out rather than reporting a wrong one.
+        for (name, help, path) in [
+            (
+                "flightlog_sqlite_database_bytes",
+                "Size of the database file",
+                self.path.clone(),
+            ),
+            (
+                "flightlog_sqlite_wal_bytes",
+                "Size of the WAL file beside it (kept at its high-water mark under load, cut \
+                 back once writes go quiet)",
+                wal_path_of(&self.path),
+            ),
+        ] {
+            if let Ok(meta) = std::fs::metadata(&path) {
+                metrics.push(BackendMetric::gauge(name, help, meta.len() as f64));
+            }
+        }
+        metrics
     }
 
     /// The database file.

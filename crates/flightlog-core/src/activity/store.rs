@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use crate::backend_metrics::BackendMetric;
+
 use super::batch::{ActivityWrite, ActivityWriteResult};
 use super::import::{ImportReport, ImportedSpan};
 use super::listing::{RunListQuery, RunPage};
@@ -78,6 +80,12 @@ pub trait ActivityStore: Send + Sync {
     /// Rings (moves to the newest change id) after changes commit, whether written through this
     /// store or, within a bounded delay, by another process sharing the database.
     fn change_doorbell(&self) -> ChangeDoorbell;
+
+    /// What the backend reports about its own machinery, for `/metrics` (see
+    /// [`BackendMetric`]): cheap to call, read at every scrape. None by default.
+    fn backend_metrics(&self) -> Vec<BackendMetric> {
+        Vec::new()
+    }
 
     /// Write a span at its start. Fails with [`StoreError::DuplicateSpan`] for a known id.
     async fn start_span(&self, input: StartSpanInput) -> Result<SpanRow, StoreError>;

@@ -146,7 +146,8 @@ async fn export_traces(State(state): State<AppState>, headers: HeaderMap, body: 
     };
     let store = state.activity_as(writer);
     match ingest(store.as_ref(), request, state.otlp_mapping()).await {
-        Ok((response, _report)) => {
+        Ok((response, tally)) => {
+            state.metrics().observe_ingest(&tally);
             let (content_type, body) = encode_response(&response, encoding);
             (StatusCode::OK, [(CONTENT_TYPE, content_type)], body).into_response()
         }

@@ -26,7 +26,7 @@ use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiQuery, PathId};
-use crate::metrics::StreamKind;
+use crate::metrics::{StreamEnds, StreamKind};
 use crate::openapi::{tags, ENGAGEMENT_ID, RUN_ID};
 use crate::state::AppState;
 
@@ -193,22 +193,29 @@ fn error_event(message: &str) -> Event {
     Event::default().event("error").data(body.to_string())
 }
 
-fn feed_stream(feed: ChangeFeed) -> impl Stream<Item = Result<Event, Infallible>> {
-    stream::unfold(feed, |mut feed| async move {
+/// The feed's changes as events; the stream's end (a resync or an error) is counted in `ends`.
+fn feed_stream(
+    feed: ChangeFeed,
+    ends: StreamEnds,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    stream::unfold((feed, ends), |(mut feed, ends)| async move {
         if feed.failed {
             return None;
         }
-        match feed.next_change().await {
-            Ok(change) => Some((Ok(change_event(&change)), feed)),
+        let event = match feed.next_change().await {
+            Ok(change) => change_event(&change),
             Err(FeedEnd::Failed(message)) => {
                 feed.failed = true;
-                Some((Ok(error_event(&message)), feed))
+                ends.error.inc();
+                error_event(&message)
             }
             Err(FeedEnd::Resync { horizon }) => {
                 feed.failed = true;
-                Some((Ok(resync_event(horizon)), feed))
+                ends.resync.inc();
+                resync_event(horizon)
             }
-        }
+        };
+        Some((Ok(event), (feed, ends)))
     })
 }
 
@@ -223,10 +230,12 @@ where
         let _ = closing.wait_for(|closing| *closing).await;
     };
     let client = state.metrics().stream_opened(kind);
+    let sent = state.metrics().stream_events(kind);
     let stream = futures_util::StreamExt::map(stream, move |event| {
         // The closure owns the guard, so the gauge goes down when the body is dropped: the
         // client went away, the stream ended, or the server shut down.
         let _client = &client;
+        sent.inc();
         event
     });
     let stream = futures_util::StreamExt::take_until(stream, Box::pin(closed));
@@ -265,7 +274,10 @@ async fn change_stream(
     Ok(sse(
         &state,
         StreamKind::Changes,
-        feed_stream(ChangeFeed::new(store, start, None)),
+        feed_stream(
+            ChangeFeed::new(store, start, None),
+            state.metrics().stream_ends(StreamKind::Changes),
+        ),
     ))
 }
 
@@ -327,7 +339,10 @@ async fn run_stream(
     Ok(sse(
         &state,
         StreamKind::Run,
-        futures_util::StreamExt::chain(head, feed_stream(feed)),
+        futures_util::StreamExt::chain(
+            head,
+            feed_stream(feed, state.metrics().stream_ends(StreamKind::Run)),
+        ),
     ))
 }
 
@@ -417,24 +432,26 @@ async fn journal_stream(
         pending: VecDeque::new(),
         failed: false,
     };
-    let events = stream::unfold(feed, |mut feed| async move {
+    let ends = state.metrics().stream_ends(StreamKind::Journal);
+    let events = stream::unfold((feed, ends), |(mut feed, ends)| async move {
         if feed.failed {
             return None;
         }
-        match feed.next_event().await {
+        let sse_event = match feed.next_event().await {
             Ok(event) => {
                 let data = serde_json::to_string(&event).unwrap_or_else(|_| "null".to_owned());
-                let sse_event = Event::default()
+                Event::default()
                     .event("journal")
                     .id(event.seq.to_string())
-                    .data(data);
-                Some((Ok(sse_event), feed))
+                    .data(data)
             }
             Err(message) => {
                 feed.failed = true;
-                Some((Ok(error_event(&message)), feed))
+                ends.error.inc();
+                error_event(&message)
             }
-        }
+        };
+        Some((Ok(sse_event), (feed, ends)))
     });
     Ok(sse(&state, StreamKind::Journal, events))
 }

@@ -14,14 +14,14 @@ use crate::support::{Options, TestServer};
 /// One parsed exposition: each sample line keyed by `name{labels}` exactly as written, and the
 /// declared type of each family.
 #[derive(Debug, Default)]
-struct Exposition {
+pub(crate) struct Exposition {
     samples: BTreeMap<String, f64>,
     types: BTreeMap<String, String>,
 }
 
 impl Exposition {
     /// The sample `series` (`name{labels}` as written), if present.
-    fn get(&self, series: &str) -> Option<f64> {
+    pub(crate) fn get(&self, series: &str) -> Option<f64> {
         self.samples.get(series).copied()
     }
 }
@@ -133,7 +133,7 @@ fn is_label_name(name: &str) -> bool {
 }
 
 /// Scrape `/metrics`, checking the status and content type.
-async fn scrape(server: &TestServer) -> Exposition {
+pub(crate) async fn scrape(server: &TestServer) -> Exposition {
     let response = server
         .client
         .get(format!("{}/metrics", server.base))
@@ -330,5 +330,135 @@ async fn live_stream_clients_are_counted_while_connected() {
         now = scrape(&server).await.get(changes);
     }
     assert_eq!(now, Some(0.0), "the stream's client went away");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_sqlite_writer_its_queue_and_its_files_are_exported() {
+    let server = TestServer::start().await;
+    for n in 0..3 {
+        let start = json!({"spanId": format!("w{n}"), "runId": "r1", "name": "n",
+                           "kind": "turn", "origin": "session"});
+        server
+            .post("/v1/activity/spans", &start)
+            .await
+            .assert_status(201);
+    }
+    let batch = json!({"ops": [
+        {"op": "heartbeat", "spanId": "w0"},
+        {"op": "endSpan", "spanId": "w1", "outcome": "success"},
+    ]});
+    server
+        .post("/v1/activity/batch", &batch)
+        .await
+        .assert_status(200);
+
+    let before = scrape(&server).await;
+    let value = |exposition: &Exposition, series: &str| {
+        exposition
+            .get(series)
+            .unwrap_or_else(|| panic!("{series} is not exported"))
+    };
+    let writes = value(&before, "flightlog_sqlite_writer_writes_total");
+    let transactions = value(&before, "flightlog_sqlite_writer_transactions_total");
+    // Three single writes and one batch job at least (the boot sweep may add its own).
+    assert!(writes >= 4.0, "{writes}");
+    assert!(
+        transactions >= 1.0 && transactions <= writes,
+        "{transactions} transactions for {writes} writes"
+    );
+    assert!(value(&before, "flightlog_sqlite_writer_apply_seconds_total") > 0.0);
+    assert!(value(&before, "flightlog_sqlite_writer_commit_seconds_total") > 0.0);
+    assert!(value(&before, "flightlog_sqlite_wal_frames_total") >= 1.0);
+    assert!(value(&before, "flightlog_sqlite_wal_rewinds_total") >= 0.0);
+    assert!(value(&before, "flightlog_sqlite_checkpoint_seconds_total") >= 0.0);
+    assert_eq!(value(&before, "flightlog_sqlite_write_queue_depth"), 0.0);
+    assert!(value(&before, "flightlog_sqlite_write_queue_capacity") >= 1.0);
+    assert!(value(&before, "flightlog_sqlite_database_bytes") > 0.0);
+    assert!(value(&before, "flightlog_sqlite_wal_bytes") > 0.0);
+    for (family, kind) in [
+        ("flightlog_sqlite_writer_writes_total", "counter"),
+        ("flightlog_sqlite_writer_commit_seconds_total", "counter"),
+        ("flightlog_sqlite_write_queue_depth", "gauge"),
+        ("flightlog_sqlite_database_bytes", "gauge"),
+    ] {
+        assert_eq!(
+            before.types.get(family).map(String::as_str),
+            Some(kind),
+            "{family}"
+        );
+    }
+
+    // One more write moves the writer's counters.
+    let start = json!({"spanId": "w9", "runId": "r1", "name": "n", "kind": "turn",
+                       "origin": "session"});
+    server
+        .post("/v1/activity/spans", &start)
+        .await
+        .assert_status(201);
+    let after = scrape(&server).await;
+    assert!(value(&after, "flightlog_sqlite_writer_writes_total") >= writes + 1.0);
+    assert!(value(&after, "flightlog_sqlite_writer_transactions_total") >= transactions + 1.0);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otlp_spans_are_counted_by_what_became_of_them_over_http_and_grpc() {
+    use crate::otlp::{export, hex, model_span, request, root_span, TRACE_HEX};
+    use crate::otlp_fuzz::{grpc_channel, grpc_export};
+    use opentelemetry_proto::tonic::trace::v1::span;
+    use prost::Message;
+
+    let server = TestServer::start_with(Options {
+        grpc: true,
+        ..Options::default()
+    })
+    .await;
+    let spans_series = |result: &str| format!("flightlog_otlp_spans_total{{result=\"{result}\"}}");
+    let idle = scrape(&server).await;
+    for result in ["created", "completed", "unchanged", "rejected"] {
+        assert_eq!(idle.get(&spans_series(result)), Some(0.0), "{result}");
+    }
+    assert_eq!(idle.get("flightlog_otlp_span_events_total"), Some(0.0));
+
+    // A root and a model call with one event, then the same delivery again (an exporter retry).
+    let mut model = model_span(2, 1, 1_010, 100);
+    model.events = vec![span::Event {
+        time_unix_nano: 1_020_000_000,
+        name: "gen_ai.content.prompt".into(),
+        ..span::Event::default()
+    }];
+    export(&server, vec![root_span(), model.clone()]).await;
+    export(&server, vec![root_span(), model]).await;
+    // OTLP/JSON with one good span and one whose id is malformed.
+    let body = json!({"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": TRACE_HEX, "spanId": hex(3), "name": "ok",
+         "startTimeUnixNano": "1000000000", "endTimeUnixNano": "1100000000"},
+        {"traceId": TRACE_HEX, "spanId": "00", "name": "bad id",
+         "startTimeUnixNano": "1000000000", "endTimeUnixNano": "1100000000"}
+    ]}]}]});
+    let answer = server
+        .client
+        .post(format!("{}/v1/traces", server.base))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("the server answers");
+    assert_eq!(answer.status().as_u16(), 200);
+    // And one span over gRPC.
+    let channel = grpc_channel(&server).await;
+    let grpc_body = request(vec![model_span(4, 1, 1_030, 5)]).encode_to_vec();
+    let exported = grpc_export(&channel, grpc_body, false)
+        .await
+        .expect("in time");
+    assert!(exported.is_ok(), "{exported:?}");
+
+    let counted = scrape(&server).await;
+    assert_eq!(counted.get(&spans_series("created")), Some(4.0));
+    assert_eq!(counted.get(&spans_series("unchanged")), Some(2.0));
+    assert_eq!(counted.get(&spans_series("rejected")), Some(1.0));
+    assert_eq!(counted.get(&spans_series("completed")), Some(0.0));
+    assert_eq!(counted.get("flightlog_otlp_span_events_total"), Some(1.0));
     server.stop().await;
 }

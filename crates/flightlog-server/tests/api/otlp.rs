@@ -16,13 +16,13 @@ use serde_json::{json, Value};
 use crate::support::TestServer;
 
 const TRACE: [u8; 16] = [0xab; 16];
-const TRACE_HEX: &str = "abababababababababababababababab";
+pub(crate) const TRACE_HEX: &str = "abababababababababababababababab";
 
-fn span_id(n: u8) -> Vec<u8> {
+pub(crate) fn span_id(n: u8) -> Vec<u8> {
     vec![0, 0, 0, 0, 0, 0, 0, n]
 }
 
-fn hex(n: u8) -> String {
+pub(crate) fn hex(n: u8) -> String {
     format!("00000000000000{n:02x}")
 }
 
@@ -34,7 +34,7 @@ fn attr(key: &str, value: any_value::Value) -> KeyValue {
     }
 }
 
-fn text(key: &str, value: &str) -> KeyValue {
+pub(crate) fn text(key: &str, value: &str) -> KeyValue {
     attr(key, any_value::Value::StringValue(value.into()))
 }
 
@@ -43,7 +43,7 @@ fn int(key: &str, value: i64) -> KeyValue {
 }
 
 /// A finished span `n` under `parent` (0: root), started at `start_ms`.
-fn otlp_span(n: u8, parent: u8, start_ms: u64, attributes: Vec<KeyValue>) -> Span {
+pub(crate) fn otlp_span(n: u8, parent: u8, start_ms: u64, attributes: Vec<KeyValue>) -> Span {
     Span {
         trace_id: TRACE.to_vec(),
         span_id: span_id(n),
@@ -64,7 +64,7 @@ fn otlp_span(n: u8, parent: u8, start_ms: u64, attributes: Vec<KeyValue>) -> Spa
     }
 }
 
-fn model_span(n: u8, parent: u8, start_ms: u64, input: i64) -> Span {
+pub(crate) fn model_span(n: u8, parent: u8, start_ms: u64, input: i64) -> Span {
     otlp_span(
         n,
         parent,
@@ -78,7 +78,7 @@ fn model_span(n: u8, parent: u8, start_ms: u64, input: i64) -> Span {
     )
 }
 
-fn root_span() -> Span {
+pub(crate) fn root_span() -> Span {
     otlp_span(
         1,
         0,
@@ -87,7 +87,7 @@ fn root_span() -> Span {
     )
 }
 
-fn request(spans: Vec<Span>) -> ExportTraceServiceRequest {
+pub(crate) fn request(spans: Vec<Span>) -> ExportTraceServiceRequest {
     ExportTraceServiceRequest {
         resource_spans: vec![ResourceSpans {
             resource: Some(Resource {
@@ -121,7 +121,7 @@ async fn post_raw(
 }
 
 /// Post protobuf; the decoded response.
-async fn export(server: &TestServer, spans: Vec<Span>) -> ExportTraceServiceResponse {
+pub(crate) async fn export(server: &TestServer, spans: Vec<Span>) -> ExportTraceServiceResponse {
     let response = post_raw(
         server,
         "application/x-protobuf",

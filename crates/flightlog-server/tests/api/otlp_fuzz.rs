@@ -721,7 +721,7 @@ const TONIC_DECODE_FAILURES: &[&str] = &[
     "Unexpected EOF",
 ];
 
-async fn grpc_export(
+pub(crate) async fn grpc_export(
     channel: &Channel,
     body: Vec<u8>,
     gzip: bool,
@@ -3127,7 +3127,7 @@ async fn post_protobuf(
     ExportTraceServiceResponse::decode(bytes).expect("an ExportTraceServiceResponse")
 }
 
-async fn grpc_channel(server: &TestServer) -> Channel {
+pub(crate) async fn grpc_channel(server: &TestServer) -> Channel {
     let base = server.grpc_base.clone().expect("the gRPC listener");
     Endpoint::from_shared(base)
         .expect("an endpoint")

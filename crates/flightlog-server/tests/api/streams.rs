@@ -391,6 +391,18 @@ async fn a_cursor_behind_the_trimmed_change_log_is_told_to_resync() {
     let next = current.next().await;
     assert_eq!(next.event, "change");
     assert_eq!(next.id, Some(15));
+    // The resync is counted as the way one changes stream ended, and both streams' events as sent.
+    let metrics = crate::metrics::scrape(&server).await;
+    let ends = |reason: &str| {
+        metrics.get(&format!(
+            "flightlog_stream_ends_total{{stream=\"changes\",reason=\"{reason}\"}}"
+        ))
+    };
+    assert_eq!(ends("resync"), Some(1.0));
+    assert_eq!(ends("error"), Some(0.0));
+    assert!(metrics
+        .get("flightlog_stream_events_total{stream=\"changes\"}")
+        .is_some_and(|sent| sent >= 2.0));
     drop((behind, current));
     server.stop().await;
 }
