@@ -23,6 +23,7 @@ use crate::workload::{
     batch_body, rollup_request, run_writes, single_request, PreparedRequest, CHANGES_PER_RUN,
     WRITES_PER_RUN,
 };
+use crate::writer_use;
 
 /// The id tags that keep each phase's ids apart (see [`crate::workload::RunIds`]).
 pub const PHASE_SINGLE: u8 = 1;
@@ -104,6 +105,7 @@ pub async fn single_op_phase(
     let prepare_seconds = prepared_at.elapsed().as_secs_f64();
     let probe = http_client()?;
     let cursor_before = change_cursor(&probe, base).await?;
+    let writer_before = writer_use::sample(&probe, base).await;
 
     let meter = PhaseMeter::start(server);
     let next = Arc::new(AtomicUsize::new(0));
@@ -145,6 +147,11 @@ pub async fn single_op_phase(
     let seconds = started.elapsed().as_secs_f64();
     let (rss_peak, server_cpu, loadgen_cpu) = meter.finish(server);
     let cursor_after = change_cursor(&probe, base).await?;
+    let writer = writer_use::between(
+        writer_before,
+        writer_use::sample(&probe, base).await,
+        seconds,
+    );
 
     let mut notes = vec![format!(
         "{runs} runs x {WRITES_PER_RUN} writes, {clients} clients, one request per write \
@@ -158,6 +165,10 @@ pub async fn single_op_phase(
         violations += 1;
     }
     let mut extra = Map::new();
+    if let Some(writer) = writer {
+        notes.push(writer.note());
+        extra.insert("writer".into(), writer.to_json());
+    }
     extra.insert("runs".into(), json!(runs));
     extra.insert("clients".into(), json!(clients));
     extra.insert("writes".into(), json!(tally.writes));
@@ -244,6 +255,7 @@ pub async fn batch_phase(
     let batch_uri = crate::workload::uri("/v1/activity/batch")?;
     let probe = http_client()?;
     let cursor_before = change_cursor(&probe, base).await?;
+    let writer_before = writer_use::sample(&probe, base).await;
 
     let meter = PhaseMeter::start(server);
     let next = Arc::new(AtomicUsize::new(0));
@@ -311,6 +323,11 @@ pub async fn batch_phase(
     let seconds = started.elapsed().as_secs_f64();
     let (rss_peak, server_cpu, loadgen_cpu) = meter.finish(server);
     let cursor_after = change_cursor(&probe, base).await?;
+    let writer = writer_use::between(
+        writer_before,
+        writer_use::sample(&probe, base).await,
+        seconds,
+    );
 
     let rollups = tally.rollup_latencies.len() as u64;
     let mut notes = vec![
@@ -343,6 +360,10 @@ pub async fn batch_phase(
         violations += 1;
     }
     let mut extra = Map::new();
+    if let Some(writer) = writer {
+        notes.push(writer.note());
+        extra.insert("writer".into(), writer.to_json());
+    }
     extra.insert("runs".into(), json!(shape.runs));
     extra.insert("runsPerRequest".into(), json!(shape.runs_per_request));
     extra.insert("opsPerRequest".into(), json!(ops_per_request));

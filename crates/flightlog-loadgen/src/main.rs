@@ -34,6 +34,7 @@ mod sse;
 mod stats;
 mod stream_bench;
 mod workload;
+mod writer_use;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

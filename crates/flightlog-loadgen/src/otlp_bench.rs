@@ -35,6 +35,7 @@ use crate::client::{change_cursor, http_client, snippet, Connection};
 use crate::server::ServerProcess;
 use crate::stats::{Distribution, Errors, PhaseMeter, PhaseReport};
 use crate::workload::mix;
+use crate::writer_use;
 
 /// Spans per trace: root, then chat, tool, chat, tool, … chat.
 pub const SPANS_PER_TRACE: usize = 10;
@@ -349,6 +350,7 @@ pub async fn otlp_phase(
     let traces_uri = crate::workload::uri("/v1/traces")?;
     let probe = http_client()?;
     let cursor_before = change_cursor(&probe, base).await?;
+    let writer_before = writer_use::sample(&probe, base).await;
 
     let meter = PhaseMeter::start(server);
     let next = Arc::new(AtomicUsize::new(0));
@@ -490,6 +492,11 @@ pub async fn otlp_phase(
     let end_to_end_seconds = last_found.duration_since(started).as_secs_f64();
     let (rss_peak, server_cpu, loadgen_cpu) = meter.finish(server);
     let cursor_after = change_cursor(&probe, base).await?;
+    let writer = writer_use::between(
+        writer_before,
+        writer_use::sample(&probe, base).await,
+        end_to_end_seconds,
+    );
 
     // After the clock: a sample of spans read back, with their mapped kind and origin.
     let mut sample_mismatches = 0u64;
@@ -563,6 +570,10 @@ pub async fn otlp_phase(
         ));
     }
     let mut extra = Map::new();
+    if let Some(writer) = writer {
+        notes.push(writer.note());
+        extra.insert("writer".into(), writer.to_json());
+    }
     extra.insert("spans".into(), json!(total_spans));
     extra.insert("bodies".into(), json!(bodies_count));
     extra.insert("spansPerBody".into(), json!(shape.spans_per_body));
