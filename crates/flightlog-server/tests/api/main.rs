@@ -13,6 +13,7 @@ mod auth;
 mod conformance;
 mod endpoints;
 mod fuzz;
+mod keep_alive;
 mod metrics;
 mod openapi;
 mod otlp;
