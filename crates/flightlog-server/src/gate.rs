@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, EXPECT, TRANSFER_ENCODING};
-use axum::http::{StatusCode, Version};
+use axum::http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, EXPECT, TRANSFER_ENCODING};
+use axum::http::{HeaderValue, StatusCode, Version};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
@@ -126,14 +126,20 @@ async fn admit_and_run(
 
 /// Answer `response` to a request refused before its body was read: after draining the body
 /// (see [`drain`]), so the client reads the answer and may keep using the connection. A client
-/// waiting for `100 Continue` has sent no body and is answered at once.
+/// waiting for `100 Continue` has sent no body and is answered at once, with `Connection:
+/// close`: hyper closes such a connection after the answer (the body may still come), and RFC
+/// 9110 (10.1.1) asks a server answering before the content to say whether it will close.
 async fn answer_after_draining(
     request: Request,
     waits_to_send: bool,
     limit: usize,
-    response: Response,
+    mut response: Response,
 ) -> Response {
-    if !waits_to_send {
+    if waits_to_send {
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    } else {
         drain(request.into_body(), limit).await;
     }
     response

@@ -21,6 +21,11 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Read one answer (head and `Content-Length` body) from `stream`; its status.
 async fn read_answer(stream: &mut TcpStream) -> Option<u16> {
+    read_answer_head(stream).await.map(|(status, _)| status)
+}
+
+/// Read one answer from `stream`; its status and its head, lower-cased.
+async fn read_answer_head(stream: &mut TcpStream) -> Option<(u16, String)> {
     let mut buffer = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
@@ -32,10 +37,8 @@ async fn read_answer(stream: &mut TcpStream) -> Option<u16> {
                 .and_then(|value| value.trim().parse().ok())
                 .unwrap_or(0);
             if buffer.len() >= end + 4 + length {
-                return head
-                    .split_whitespace()
-                    .nth(1)
-                    .and_then(|status| status.parse().ok());
+                let status = head.split_whitespace().nth(1)?.parse().ok()?;
+                return Some((status, head));
             }
         }
         let read = tokio::time::timeout(ANSWER_TIMEOUT, stream.read(&mut chunk))
@@ -146,4 +149,24 @@ async fn refusals_of_the_gate_leave_the_connection_usable() {
     assert_eq!(first, Some(503));
     assert_eq!(next, Some(200), "the request after a full write limit");
     full.stop().await;
+}
+
+/// A client waiting for `100 Continue` whose body is refused has sent none of it: the answer
+/// comes at once and says that the connection closes (hyper closes it; the body may still be
+/// on its way).
+#[tokio::test]
+async fn a_refusal_before_100_continue_says_the_connection_closes() {
+    let server = TestServer::start().await;
+    let address = server.base.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(address).await.expect("connect");
+    let declared = ServerConfig::DEFAULT_BODY_LIMIT + 1;
+    let head = format!(
+        "POST /v1/activity/spans HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n\
+         content-length: {declared}\r\nexpect: 100-continue\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.expect("head");
+    let (status, head) = read_answer_head(&mut stream).await.expect("an answer");
+    assert_eq!(status, 413, "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    server.stop().await;
 }
