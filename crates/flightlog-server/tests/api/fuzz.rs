@@ -31,10 +31,10 @@ use reqwest::Method;
 use serde_json::{json, Map, Value};
 
 use crate::support::{
-    assert_no_fuzz_failures, contract_error_problem, segment, Options, Rng, TestServer,
+    assert_no_fuzz_failures, contract_error_problem, fuzz_seed, segment, Options, Rng, TestServer,
 };
 
-/// The fixed seed: the same requests on every run.
+/// The fixed seed: the same requests on every run (`FLIGHTLOG_FUZZ_SEED` explores others).
 const SEED: u64 = 0x5eed_f1a6_2024_0001;
 /// Mutated requests per write endpoint.
 const WRITE_ROUNDS: usize = 150;
@@ -1083,7 +1083,7 @@ impl<'a> Fuzz<'a> {
     fn new(server: &'a TestServer) -> Self {
         Self {
             server,
-            rng: Rng(SEED),
+            rng: Rng(fuzz_seed(SEED)),
             next_id: 0,
             counts: BTreeMap::new(),
             statuses: BTreeMap::new(),
@@ -1323,10 +1323,11 @@ impl<'a> Fuzz<'a> {
 
     fn report(&self, elapsed: Duration) {
         println!(
-            "fuzz: {} requests to {} endpoints in {:.1} s (seed {SEED:#x})",
+            "fuzz: {} requests to {} endpoints in {:.1} s (seed {:#x})",
             self.sent,
             self.counts.len(),
-            elapsed.as_secs_f64()
+            elapsed.as_secs_f64(),
+            fuzz_seed(SEED)
         );
         for (endpoint, statuses) in &self.counts {
             let total: usize = statuses.values().sum();

@@ -66,10 +66,10 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
 use crate::support::{
-    assert_no_fuzz_failures, contract_error_problem, segment, Options, Rng, TestServer,
+    assert_no_fuzz_failures, contract_error_problem, fuzz_seed, segment, Options, Rng, TestServer,
 };
 
-/// The fixed seed: the same requests on every run.
+/// The fixed seed: the same requests on every run (`FLIGHTLOG_FUZZ_SEED` explores others).
 const SEED: u64 = 0x07e1_f022_a5ee_d001;
 /// Rounds of [`PLAN`]: `ROUNDS * PLAN.len()` requests.
 const ROUNDS: usize = 140;
@@ -1213,7 +1213,7 @@ impl<'a> Fuzz<'a> {
         Self {
             server,
             grpc,
-            rng: Rng(SEED),
+            rng: Rng(fuzz_seed(SEED)),
             next_trace: 0,
             history: Vec::new(),
             by_encoding: BTreeMap::new(),
@@ -2962,9 +2962,10 @@ impl<'a> Fuzz<'a> {
 
     fn report(&self, elapsed: Duration) {
         println!(
-            "otlp fuzz: {} requests in {:.1} s (seed {SEED:#x})",
+            "otlp fuzz: {} requests in {:.1} s (seed {:#x})",
             self.sent,
-            elapsed.as_secs_f64()
+            elapsed.as_secs_f64(),
+            fuzz_seed(SEED)
         );
         let table = |title: &str, rows: Vec<(String, &BTreeMap<String, usize>)>| {
             println!("  by {title}:");

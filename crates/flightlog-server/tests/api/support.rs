@@ -311,6 +311,24 @@ impl Rng {
     }
 }
 
+/// A fuzz test's seed: `fixed`, or the one in `FLIGHTLOG_FUZZ_SEED` (decimal, or hex with
+/// `0x`; not 0) to explore other request sequences; the test prints the seed it used.
+pub fn fuzz_seed(fixed: u64) -> u64 {
+    let Ok(text) = std::env::var("FLIGHTLOG_FUZZ_SEED") else {
+        return fixed;
+    };
+    let text = text.trim();
+    let parsed = match text.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => text.parse(),
+    };
+    // A xorshift generator seeded with 0 only ever yields 0.
+    match parsed {
+        Ok(seed) if seed != 0 => seed,
+        _ => panic!("FLIGHTLOG_FUZZ_SEED {text:?} is not a non-zero u64"),
+    }
+}
+
 /// Fail with the first 40 of a fuzz run's `failures`, if it has any.
 pub fn assert_no_fuzz_failures(failures: &[String], sent: usize) {
     assert!(
