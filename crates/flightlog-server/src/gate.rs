@@ -100,24 +100,30 @@ async fn admit_and_run(
                 .await
         }
     };
-    // Every body is read whole here, before the route runs (with the slot held, so that the
-    // write limit also bounds the bodies buffered here). A route may answer without reading
-    // the body (a 404, 405 or 415, a bad id in the path); hyper then reads on only what has
-    // already arrived and closes the connection after the answer, which says nothing of it:
-    // a keep-alive client sent its next request on that connection and got no answer at all
+    // Every body is read here, before the route runs. A route may answer without reading the
+    // body (a 404, 405 or 415, a bad id in the path); hyper then reads on only what has already
+    // arrived and closes the connection after the answer, which says nothing of it: a
+    // keep-alive client sent its next request on that connection and got no answer at all
     // (found by the fuzz test, one request in a few thousand, when a body arrived a moment
-    // after its head).
-    let request = if declared.is_some_and(|length| length > 0) || streams_its_body(&request) {
-        match read_whole(request, limit).await {
+    // after its head). A write's body is kept for the route, read with the slot held so that
+    // the write limit also bounds the bodies buffered here; any other body (a read's, or one
+    // sent where no route is) is read and dropped, never held.
+    let has_body = declared.is_some_and(|length| length > 0) || streams_its_body(&request);
+    let request = match (has_body, &slot) {
+        (false, _) => request,
+        (true, Some(_)) => match read_whole(request, limit).await {
             Ok(request) => request,
             Err(BodyRead::TooLarge(rest)) => {
                 drain(rest, limit).await;
                 return too_large(limit, otlp_protobuf);
             }
             Err(BodyRead::Failed(error)) => return error.into_response(),
+        },
+        (true, None) => {
+            let (parts, body) = request.into_parts();
+            drain(body, limit).await;
+            Request::from_parts(parts, Body::empty())
         }
-    } else {
-        request
     };
     let response = next.run(request).await;
     drop(slot);
