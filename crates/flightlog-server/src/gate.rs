@@ -1,7 +1,7 @@
 //! The one middleware every request passes through: it counts the request for `/metrics`,
 //! checks its token, refuses a body declared larger than the limit, takes a write slot for a
-//! write, reads the body whole (refusing one of no declared length past the limit), runs the
-//! route, and gives a body-limit refusal the contract's error body (the OTLP one on the
+//! write, reads the body (a write's whole, refusing one of no declared length past the limit;
+//! any other is read and dropped), runs the route, and gives a body-limit refusal the contract's error body (the OTLP one on the
 //! protobuf trace route) — in that order, so every answer (the gate's own refusals included) is
 //! counted, a request is authenticated before it takes a write slot, and it takes its slot
 //! before its body is read. No answer leaves a body unread: the gate's refusals drain it (a
