@@ -27,8 +27,8 @@ use flightlog_core::json_depth;
 use rusqlite::{params, OptionalExtension};
 
 use crate::activity_write::{
-    insert_event, log_change, merged_attrs, register_span_id, rollup_run_key, run_key_or_new,
-    span_key_of, store_rollup, writer_key_of,
+    insert_event, log_change, merged_attrs, note_new_span, register_span_id, rollup_run_key,
+    run_key_or_new, span_key_of, store_rollup, writer_key_of,
 };
 use crate::database::WriteContext;
 use crate::error::backend;
@@ -374,6 +374,9 @@ pub(crate) fn import_spans(
         // per span.)
         if let Some(span_key) = insert_new_span(ctx, prepared, run_key, writer_key, now)? {
             log_change(ctx, run_key, span_key, None)?;
+            if !prepared.events.is_empty() {
+                note_new_span(ctx, span_key);
+            }
             report.events_added +=
                 insert_events(ctx, span_key, run_key, &prepared.events, &HashSet::new())?;
             report.created += 1;
