@@ -132,15 +132,7 @@ async fn refusals_of_the_gate_leave_the_connection_usable() {
     assert_eq!(next, Some(200), "the request after a refused token");
     guarded.stop().await;
 
-    let full = TestServer::start_with(Options {
-        config: ServerConfig {
-            max_inflight_writes: 0,
-            write_wait: Duration::from_millis(1),
-            ..ServerConfig::default()
-        },
-        ..Options::default()
-    })
-    .await;
+    let full = TestServer::start_refusing_writes().await;
     let (first, next) = late_body_then_next(
         &full,
         "POST",

@@ -253,15 +253,7 @@ async fn requests_are_counted_by_route_template_method_and_status() {
 
 #[tokio::test]
 async fn refused_writes_are_counted() {
-    let server = TestServer::start_with(Options {
-        config: ServerConfig {
-            max_inflight_writes: 0,
-            write_wait: Duration::from_millis(1),
-            ..ServerConfig::default()
-        },
-        ..Options::default()
-    })
-    .await;
+    let server = TestServer::start_refusing_writes().await;
     for _ in 0..2 {
         server
             .send(

@@ -90,6 +90,19 @@ impl TestServer {
         Self::start_with(Options::default()).await
     }
 
+    /// A server whose write limit is 0: every write gets `503 unavailable` (after a 1 ms wait).
+    pub async fn start_refusing_writes() -> Self {
+        Self::start_with(Options {
+            config: ServerConfig {
+                max_inflight_writes: 0,
+                write_wait: std::time::Duration::from_millis(1),
+                ..ServerConfig::default()
+            },
+            ..Options::default()
+        })
+        .await
+    }
+
     /// A server over a fresh database file.
     pub async fn start_with(options: Options) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
