@@ -166,8 +166,7 @@ pub async fn single_op_phase(
     }
     let mut extra = Map::new();
     if let Some(writer) = writer {
-        notes.push(writer.note());
-        extra.insert("writer".into(), writer.to_json());
+        writer.report(&mut notes, &mut extra);
     }
     extra.insert("runs".into(), json!(runs));
     extra.insert("clients".into(), json!(clients));
@@ -361,8 +360,7 @@ pub async fn batch_phase(
     }
     let mut extra = Map::new();
     if let Some(writer) = writer {
-        notes.push(writer.note());
-        extra.insert("writer".into(), writer.to_json());
+        writer.report(&mut notes, &mut extra);
     }
     extra.insert("runs".into(), json!(shape.runs));
     extra.insert("runsPerRequest".into(), json!(shape.runs_per_request));

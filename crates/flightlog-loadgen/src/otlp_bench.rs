@@ -571,8 +571,7 @@ pub async fn otlp_phase(
     }
     let mut extra = Map::new();
     if let Some(writer) = writer {
-        notes.push(writer.note());
-        extra.insert("writer".into(), writer.to_json());
+        writer.report(&mut notes, &mut extra);
     }
     extra.insert("spans".into(), json!(total_spans));
     extra.insert("bodies".into(), json!(bodies_count));

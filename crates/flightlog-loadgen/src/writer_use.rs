@@ -8,7 +8,7 @@
 //! build) just leaves the line out.
 
 use reqwest::{Client, Url};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use crate::stats::round3;
 
@@ -93,6 +93,12 @@ impl WriterUse {
             self.writes_per_transaction,
             self.busy_share * 100.0
         )
+    }
+
+    /// Add the line under the phase's table and the `writer` entry of its JSON.
+    pub fn report(self, notes: &mut Vec<String>, extra: &mut Map<String, Value>) {
+        notes.push(self.note());
+        extra.insert("writer".into(), self.to_json());
     }
 
     pub fn to_json(self) -> Value {
