@@ -103,6 +103,12 @@ struct ServeArgs {
     /// [env: FLIGHTLOG_JOURNAL_MAX_AGE_MS] [file: journal.max_age_ms] [default: 2592000000 = 30 days]
     #[arg(long, value_name = "MS", verbatim_doc_comment)]
     journal_max_age_ms: Option<String>,
+    /// This server's name among the servers sharing the database: at start it closes the
+    /// spans its earlier lives under the same name left open (as interrupted, "server
+    /// restarted"), and no one else's.
+    /// [env: FLIGHTLOG_INSTANCE] [file: instance] [default: HOSTNAME:HTTP-PORT]
+    #[arg(long, value_name = "NAME", verbatim_doc_comment)]
+    instance: Option<String>,
     /// Require `Authorization: Bearer SECRET`; repeatable; each grants every scope.
     /// Scoped tokens: FLIGHTLOG_TOKENS or [[tokens]] in the config file (see below).
     #[arg(long = "token", value_name = "SECRET", verbatim_doc_comment)]
@@ -130,6 +136,7 @@ impl ServeArgs {
             max_inflight_writes: self.max_inflight_writes,
             journal_max_events: self.journal_max_events,
             journal_max_age_ms: self.journal_max_age_ms,
+            instance: self.instance,
             tokens: self.tokens,
             allow_unauthenticated_non_loopback: self.allow_unauthenticated_non_loopback,
         };

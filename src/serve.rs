@@ -1,12 +1,17 @@
 //! `flightlog serve`: resolve the settings (flags, `FLIGHTLOG_*` variables, config file), refuse
-//! an unauthenticated non-loopback address, open the database, sweep the orphans a previous life
-//! left open, and serve the HTTP API (and the OTLP/gRPC listener) until Ctrl-C.
+//! an unauthenticated non-loopback address, open the database, close what this instance's
+//! previous lives left open, and serve the HTTP API (and the OTLP/gRPC listener) until Ctrl-C.
+//!
+//! The server's writer identity is `serve:<instance>/pid:<pid>:<start-ms>`: writes that name no
+//! `Flightlog-Writer` are stamped with it. At boot the spans still open under an earlier
+//! identity of the same instance are closed as interrupted ("server restarted"); spans of any
+//! other writer (a client naming itself, another instance on the same file, OTLP) are never
+//! touched by that sweep and end by their writer or by `sweep-stale`.
 //!
 //! Boot order matters. Everything that can refuse the start (settings, addresses, binding the
 //! listeners) comes before the database is opened, so a refused start changes nothing stored.
-//! The orphan sweep then runs before the first request is served (connections wait in the
-//! listener's backlog meanwhile), so no client can start a `session` span that the sweep would
-//! then wrongly close as "server restarted".
+//! The sweep then runs before the first request is served (connections wait in the listener's
+//! backlog meanwhile).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -115,9 +120,14 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
         Some(clock) => clock.clone(),
         None => Arc::new(SystemClock),
     };
-    // The identity comes from the wall clock even under --manual-clock, so two boots of the same
-    // pid (a container's pid 1) never share one.
-    let writer = default_writer_id(&SystemClock);
+    // The identity names the instance, then comes from the wall clock even under
+    // --manual-clock, so two boots of the same pid (a container's pid 1) never share one.
+    let instance = match &settings.instance {
+        Some(instance) => instance.clone(),
+        None => settings::default_instance(&host_name(), local.port()),
+    };
+    let life_prefix = settings::instance_life_prefix(&instance);
+    let writer = format!("{life_prefix}{}", default_writer_id(&SystemClock));
     let activity: Arc<dyn ActivityStore> = Arc::new(SqliteActivityStore::with_identity(
         Arc::clone(&db),
         clock,
@@ -128,12 +138,14 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
 
     // A sweep that cannot write (a full disk) must not keep the recorder from serving what it
     // holds: it starts anyway, and the spans stay open until a later boot's sweep, or
-    // `sweep-stale` from another writer, closes them. (Retrying it later could close a session
-    // span a client started since.)
-    match activity.sweep_own_orphans().await {
+    // `sweep-stale` from another writer, closes them.
+    match activity.sweep_previous_lives(&life_prefix).await {
         Ok(0) => {}
         Ok(orphans) => {
-            say!("flightlog: closed {orphans} span(s) left open by a previous run as interrupted")
+            say!(
+                "flightlog: closed {orphans} span(s) left open by a previous run of instance \
+                 {instance} as interrupted"
+            )
         }
         Err(err) => say_err!(
             "flightlog: warning: could not close the spans a previous run left open ({err}); \
@@ -225,6 +237,14 @@ fn flightlog_environment() -> anyhow::Result<BTreeMap<String, String>> {
 /// Completes on Ctrl-C (SIGINT) or, on Unix, SIGTERM (what a container runtime or service
 /// manager sends). A handler that cannot be installed never completes: the server then runs until
 /// killed, which is what it would do without one.
+/// This machine's host name, for the default instance name (empty when it cannot be read).
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default()
+}
+
 async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(err) = tokio::signal::ctrl_c().await {

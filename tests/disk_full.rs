@@ -266,6 +266,10 @@ impl Server {
             "127.0.0.1:0",
             "--grpc-addr",
             "off",
+            // One name for every start, so a restart is a later life of the same server and its
+            // boot sweep looks for what the earlier one left open (port 0 differs each time).
+            "--instance",
+            "disk-full",
         ];
         let mut command = match limit {
             Some(limit) => limited_command(limit, BIN, &args),
@@ -2146,5 +2150,10 @@ fn a_restart_on_a_full_disk_with_an_open_session_span_still_serves() {
         .expect("read the session span");
     assert_eq!(reply.status, 200, "{}", reply.body);
     drop(http);
+    let output = server.output();
+    assert!(
+        output.contains("could not close the spans a previous run left open"),
+        "the boot sweep was tried, failed and said so:\n{output}"
+    );
     stop_cleanly(case, server, "after a restart while full");
 }

@@ -139,6 +139,13 @@ pub const JOURNAL_MAX_AGE_MS: Setting = Setting {
     key: "journal.max_age_ms",
     toml: TomlType::Integer,
 };
+/// The server instance's name (see [`parse_instance`]).
+pub const INSTANCE: Setting = Setting {
+    flag: "--instance",
+    env: "FLIGHTLOG_INSTANCE",
+    key: "instance",
+    toml: TomlType::String,
+};
 /// The tokens (a list; see the module docs).
 pub const TOKENS: Setting = Setting {
     flag: "--token",
@@ -155,7 +162,7 @@ pub const ALLOW_UNAUTHENTICATED_NON_LOOPBACK: Setting = Setting {
 };
 
 /// Every setting the config file may hold.
-pub const SETTINGS: [Setting; 10] = [
+pub const SETTINGS: [Setting; 11] = [
     DB,
     ADDR,
     GRPC_ADDR,
@@ -164,6 +171,7 @@ pub const SETTINGS: [Setting; 10] = [
     MAX_INFLIGHT_WRITES,
     JOURNAL_MAX_EVENTS,
     JOURNAL_MAX_AGE_MS,
+    INSTANCE,
     TOKENS,
     ALLOW_UNAUTHENTICATED_NON_LOOPBACK,
 ];
@@ -196,6 +204,7 @@ Config file (every key optional; relative paths are relative to the file's folde
     durability = \"normal\"          # or \"full\"
     body_limit = \"8MiB\"            # bytes, or with KiB / MiB / GiB
     max_inflight_writes = 4096
+    instance = \"ingest-1\"           # default: this host's name and the HTTP port
     allow_unauthenticated_non_loopback = false
 
     [journal]
@@ -250,6 +259,8 @@ pub struct ServeFlags {
     pub journal_max_events: Option<String>,
     /// `--journal-max-age-ms MS`.
     pub journal_max_age_ms: Option<String>,
+    /// `--instance NAME`.
+    pub instance: Option<String>,
     /// Every `--token SECRET`, each with all scopes.
     pub tokens: Vec<String>,
     /// `--allow-unauthenticated-non-loopback` (a flag can only switch it on).
@@ -269,6 +280,7 @@ impl fmt::Debug for ServeFlags {
             .field("max_inflight_writes", &self.max_inflight_writes)
             .field("journal_max_events", &self.journal_max_events)
             .field("journal_max_age_ms", &self.journal_max_age_ms)
+            .field("instance", &self.instance)
             .field("tokens", &format_args!("<{} redacted>", self.tokens.len()))
             .field(
                 "allow_unauthenticated_non_loopback",
@@ -303,6 +315,9 @@ pub struct ServeSettings {
     pub server: ServerConfig,
     /// The engagement journal's retention.
     pub retention: RetentionConfig,
+    /// The instance name this server's writer identity starts with; `None`: this host's name
+    /// and the HTTP listener's port (see [`default_instance`]).
+    pub instance: Option<String>,
     /// Serve without tokens on a non-loopback address anyway.
     pub allow_unauthenticated_non_loopback: bool,
     /// The config file read, if any.
@@ -600,6 +615,14 @@ pub fn resolve_with_file(
         |text| parse_in_range(text, 1, SAFE_INTEGER_LIMIT as u64 - 1).map(|n| n as i64),
         "give an age in milliseconds, at least 1 (default 2592000000, 30 days)",
     )?;
+    let instance = layers.parse(
+        &INSTANCE,
+        flags.instance.as_deref(),
+        None,
+        |text| parse_instance(text).map(Some),
+        "give 1 to 64 letters, digits, '.', '_', ':' or '-', a name no other server on this \
+         database uses at the same time (default: this host's name and the HTTP port)",
+    )?;
     let allow_unauthenticated_non_loopback = layers.parse(
         &ALLOW_UNAUTHENTICATED_NON_LOOPBACK,
         flags.allow_unauthenticated_non_loopback.then_some("true"),
@@ -624,6 +647,7 @@ pub fn resolve_with_file(
             max_events_per_engagement: max_events,
             max_age_ms,
         },
+        instance,
         allow_unauthenticated_non_loopback,
         config_file: file.map(|file| file.path.clone()),
     })
@@ -762,6 +786,42 @@ fn parse_addr(text: &str) -> Option<String> {
     }
     port.parse::<u16>().ok()?;
     Some(text.to_owned())
+}
+
+/// An instance name: 1 to 64 of `[A-Za-z0-9._:-]`. A server's writer identity is
+/// `serve:<instance>/pid:<pid>:<start-ms>`, and at boot it closes the open spans of every
+/// earlier `serve:<instance>/` identity; `/` cannot occur in a name, so no instance's prefix is
+/// another's.
+pub fn parse_instance(text: &str) -> Option<String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-');
+    (!text.is_empty() && text.len() <= 64 && text.chars().all(allowed)).then(|| text.to_owned())
+}
+
+/// The instance name when none is set: this host's name (its characters outside an instance
+/// name's replaced by `-`, at most 48 of them) and the HTTP listener's port. Two servers on one
+/// host cannot listen on one port, so they never share it.
+pub fn default_instance(host_name: &str, port: u16) -> String {
+    let mut host: String = host_name
+        .trim()
+        .chars()
+        .take(48)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if host.is_empty() {
+        host.push_str("localhost");
+    }
+    format!("{host}:{port}")
+}
+
+/// The writer-identity prefix of every life of `instance` (see [`parse_instance`]).
+pub fn instance_life_prefix(instance: &str) -> String {
+    format!("serve:{instance}/")
 }
 
 fn parse_durability(text: &str) -> Option<Durability> {

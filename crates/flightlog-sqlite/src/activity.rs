@@ -21,7 +21,7 @@ use crate::activity_batch;
 use crate::activity_import;
 use crate::activity_listing;
 use crate::activity_write::{
-    self as write, span_key_of, PrunePlan, ORPHAN_RUNS_SQL, STALE_RUNS_SQL,
+    self as write, span_key_of, PrunePlan, ORPHAN_RUNS_SQL, PREVIOUS_LIVES_SQL, STALE_RUNS_SQL,
 };
 use crate::database::SqliteDatabase;
 use crate::error::backend;
@@ -312,6 +312,26 @@ impl ActivityStore for SqliteActivityStore {
         }
         self.db
             .write(move |ctx| write::sweep_own_orphans(ctx, now))
+            .await
+    }
+
+    async fn sweep_previous_lives(&self, life_prefix: &str) -> Result<i64, StoreError> {
+        let now = self.now();
+        let prefix = life_prefix.to_owned();
+        let writer = self.writer.clone();
+        // The common case finds nothing and must not take the write lock for it.
+        let found = self.db.read(|conn| {
+            any_row(
+                conn,
+                PREVIOUS_LIVES_SQL,
+                params![prefix.as_str(), writer.as_ref()],
+            )
+        })?;
+        if !found {
+            return Ok(0);
+        }
+        self.db
+            .write(move |ctx| write::sweep_previous_lives(ctx, &prefix, &writer, now))
             .await
     }
 

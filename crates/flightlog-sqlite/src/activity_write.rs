@@ -796,6 +796,15 @@ pub(crate) const ORPHAN_RUNS_SQL: &str = "SELECT s.run_key FROM activity_spans s
      JOIN activity_runs r ON r.run_key = s.run_key \
      WHERE s.outcome IS NULL AND s.origin = 'session' GROUP BY s.run_key ORDER BY r.run_id";
 
+/// Open spans written by an earlier life of a server (writer starting with `?1`, not `?2`),
+/// by run, children before parents: the named boot sweep's targets. It walks the index of
+/// open spans, never the whole span table.
+pub(crate) const PREVIOUS_LIVES_SQL: &str = "SELECT s.span_key, s.run_key, s.attrs \
+     FROM activity_spans s INDEXED BY activity_spans_open_by_run \
+     JOIN activity_writers w ON w.writer_key = s.writer_key \
+     WHERE s.outcome IS NULL AND substr(w.writer, 1, length(?1)) = ?1 AND w.writer != ?2 \
+     ORDER BY s.run_key, s.started_at DESC, s.span_key DESC";
+
 /// Runs whose open root was started by another writer and whose root heartbeat (or start) is
 /// older than the cutoff, by root start: the stale sweep's targets.
 pub(crate) const STALE_RUNS_SQL: &str = "SELECT s.run_key FROM activity_spans s \
@@ -825,6 +834,50 @@ pub(crate) fn sweep_own_orphans(ctx: &mut WriteContext<'_>, now: i64) -> Result<
             "server restarted",
             now,
         )?;
+    }
+    Ok(closed)
+}
+
+/// Close the open spans of a server's earlier lives (see [`PREVIOUS_LIVES_SQL`]) and roll up
+/// each run touched. Spans of other writers in the same runs stay open.
+pub(crate) fn sweep_previous_lives(
+    ctx: &mut WriteContext<'_>,
+    life_prefix: &str,
+    own_writer: &str,
+    now: i64,
+) -> Result<i64, StoreError> {
+    // Re-read inside the transaction: a span ended since the caller's look is simply absent.
+    let open: Vec<OpenSpan> = ctx
+        .statement(PREVIOUS_LIVES_SQL)
+        .and_then(|stmt| {
+            stmt.query_map(params![life_prefix, own_writer], |row| {
+                Ok(OpenSpan {
+                    span_key: row.get(0)?,
+                    run_key: row.get(1)?,
+                    attrs: row.get(2)?,
+                })
+            })?
+            .collect()
+        })
+        .map_err(backend)?;
+    let input = EndSpanInput {
+        outcome: SpanOutcome::Interrupted,
+        reason: Some("server restarted".to_owned()),
+        ended_at: None,
+        usage: None,
+        attrs: None,
+    };
+    let mut runs: Vec<i64> = Vec::new();
+    let mut closed = 0;
+    for span in open {
+        if runs.last() != Some(&span.run_key) {
+            runs.push(span.run_key);
+        }
+        end_span_by_key(ctx, span, &input, now)?;
+        closed += 1;
+    }
+    for run_key in runs {
+        rollup_run_key(ctx, run_key)?;
     }
     Ok(closed)
 }

@@ -121,6 +121,13 @@ pub trait ActivityStore: Send + Sync {
     /// ("server restarted"); returns spans closed.
     async fn sweep_own_orphans(&self) -> Result<i64, StoreError>;
 
+    /// Boot sweep of a server that names its lives: close every open span whose writer starts
+    /// with `life_prefix`, other than this store's own writer, as interrupted ("server
+    /// restarted"), children first, then roll up each run it touched; returns spans closed.
+    /// Spans of every other writer are left alone, whatever their origin: they end by their
+    /// writer or by [`ActivityStore::sweep_stale`].
+    async fn sweep_previous_lives(&self, life_prefix: &str) -> Result<i64, StoreError>;
+
     /// Close runs whose open root's heartbeat is older than `stale_after_ms` before `now`,
     /// never runs whose root this writer started ("writer went silent"); returns spans closed.
     async fn sweep_stale(&self, stale_after_ms: i64, now: Option<i64>) -> Result<i64, StoreError>;

@@ -126,6 +126,19 @@ fn cases() -> Vec<Case> {
             expected: ["2592000000", "21", "22", "23"],
         },
         Case {
+            setting: INSTANCE,
+            set_flag: |f| f.instance = Some("flag-1".into()),
+            env: "env.2",
+            file: r#"instance = "file:3""#,
+            read: |s| format!("{:?}", s.instance),
+            expected: [
+                "None",
+                "Some(\"file:3\")",
+                "Some(\"env.2\")",
+                "Some(\"flag-1\")",
+            ],
+        },
+        Case {
             setting: ALLOW_UNAUTHENTICATED_NON_LOOPBACK,
             set_flag: |f| f.allow_unauthenticated_non_loopback = true,
             env: "false",
@@ -197,6 +210,7 @@ fn defaults_are_the_documented_ones() {
             durability: Durability::Normal,
             server: ServerConfig::default(),
             retention: RetentionConfig::default(),
+            instance: None,
             allow_unauthenticated_non_loopback: false,
             config_file: None,
         }
@@ -297,6 +311,21 @@ fn bad_values_name_the_setting_where_it_was_given_and_the_fix() {
             &[
                 "`max_inflight_writes` in /etc/flightlog/flightlog.toml",
                 "1 to 1000000",
+            ],
+        ),
+        (
+            Input::Env("FLIGHTLOG_INSTANCE", "a/b"),
+            &["FLIGHTLOG_INSTANCE", "\"a/b\"", "1 to 64 letters"],
+        ),
+        (
+            flags(|f| f.instance = Some("x".repeat(65))),
+            &["--instance", "1 to 64 letters"],
+        ),
+        (
+            Input::File("instance = \"\""),
+            &[
+                "`instance` in /etc/flightlog/flightlog.toml",
+                "1 to 64 letters",
             ],
         ),
         (
@@ -499,4 +528,24 @@ fn each_file_setting_takes_its_toml_type() {
     assert_eq!(settings.retention.max_age_ms, 60_000);
     let settings = resolve_input(Input::File("body_limit = \"2KiB\"")).expect("a size text");
     assert_eq!(settings.server.body_limit, 2048);
+}
+
+#[test]
+fn the_default_instance_is_the_host_and_port_in_instance_characters() {
+    assert_eq!(
+        default_instance("build-7.example.org", 4318),
+        "build-7.example.org:4318"
+    );
+    assert_eq!(default_instance(" odd host/name\n", 80), "odd-host-name:80");
+    assert_eq!(default_instance("", 1), "localhost:1");
+    let long = default_instance(&"h".repeat(300), 65535);
+    assert_eq!(long.len(), 48 + 6);
+    for name in [long, default_instance("ünïcode", 9)] {
+        assert_eq!(
+            parse_instance(&name).as_deref(),
+            Some(name.as_str()),
+            "{name}"
+        );
+    }
+    assert_eq!(instance_life_prefix("a:1"), "serve:a:1/");
 }

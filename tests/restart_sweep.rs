@@ -1,0 +1,255 @@
+//! The boot sweep of `flightlog serve`, through the real binary: at start a server closes, as
+//! interrupted ("server restarted"), exactly the spans its own earlier lives left open, and
+//! never a span of another writer: not a client that named itself in `Flightlog-Writer`
+//! (whatever the span's origin), not another instance serving the same database file.
+//!
+//! A server's writer identity is `serve:<instance>/pid:<pid>:<start-ms>`; `--instance` names
+//! the instance (by default this host's name and the HTTP port, which changes with port 0, so
+//! these tests name theirs).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::ServeProcess;
+
+const BIN: &str = env!("CARGO_BIN_EXE_flightlog");
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A scratch folder removed at the end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "flightlog-restart-sweep-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("create the scratch folder");
+        Self(path)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `flightlog serve` on `db` at 127.0.0.1:0, with `extra` flags.
+fn serve(folder: &Path, db: &Path, extra: &[&str]) -> ServeProcess {
+    let mut command = Command::new(BIN);
+    command
+        .current_dir(folder)
+        .args(["serve", "--db"])
+        .arg(db)
+        .args(["--addr", "127.0.0.1:0", "--grpc-addr", "off"])
+        .args(extra);
+    ServeProcess::spawn(command, START_TIMEOUT)
+}
+
+/// One request on its own connection (`Connection: close`): status and JSON body.
+fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    writer: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let payload = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(writer) = writer {
+        head.push_str(&format!("Flightlog-Writer: {writer}\r\n"));
+    }
+    if !payload.is_empty() {
+        head.push_str("Content-Type: application/json\r\n");
+    }
+    head.push_str(&format!(
+        "Content-Length: {}\r\n\r\n{payload}",
+        payload.len()
+    ));
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("read timeout");
+    stream.write_all(head.as_bytes()).expect("send");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("read the answer");
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {answer:?}"));
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// Start a span (as `writer` when given) and return the stored row.
+fn start(addr: SocketAddr, writer: Option<&str>, span: Value) -> Value {
+    let (status, row) = request(addr, "POST", "/v1/activity/spans", writer, Some(span));
+    assert_eq!(status, 201, "{row}");
+    row
+}
+
+fn span(addr: SocketAddr, span_id: &str) -> Value {
+    let (status, row) = request(
+        addr,
+        "GET",
+        &format!("/v1/activity/spans/{span_id}"),
+        None,
+        None,
+    );
+    assert_eq!(status, 200, "{span_id}: {row}");
+    row
+}
+
+fn stop(mut server: ServeProcess) -> String {
+    let stopped = server.stop(STOP_TIMEOUT);
+    assert!(
+        stopped.graceful && stopped.status.is_some_and(|status| status.success()),
+        "no clean stop ({:?} after {:?}):\n{}",
+        stopped.status,
+        stopped.took,
+        stopped.output
+    );
+    assert!(!stopped.output.contains("panicked"), "{}", stopped.output);
+    stopped.output
+}
+
+#[test]
+fn a_restart_closes_only_what_its_own_earlier_life_left_open() {
+    let scratch = Scratch::new("own");
+    let db = scratch.0.join("flightlog.db");
+
+    // The first life of instance `alpha`: spans without a writer header are its own.
+    let alpha = serve(&scratch.0, &db, &["--instance", "alpha"]);
+    let own = start(
+        alpha.addr,
+        None,
+        json!({"spanId": "own-session", "runId": "run-own", "name": "turn", "kind": "turn",
+               "origin": "session"}),
+    );
+    let alpha_writer = own["writer"].as_str().expect("a writer").to_owned();
+    assert!(
+        alpha_writer.starts_with("serve:alpha/pid:"),
+        "{alpha_writer}"
+    );
+    start(
+        alpha.addr,
+        None,
+        json!({"spanId": "own-cron", "runId": "run-cron", "name": "nightly", "kind": "cron",
+               "origin": "cron"}),
+    );
+    start(
+        alpha.addr,
+        None,
+        json!({"spanId": "own-cron-step", "runId": "run-cron", "parentSpanId": "own-cron",
+               "name": "step", "kind": "tool", "origin": "cron"}),
+    );
+    // Clients that name themselves, one of them with a session span in alpha's own run.
+    start(
+        alpha.addr,
+        Some("agent-7"),
+        json!({"spanId": "client-session", "runId": "run-client", "name": "turn",
+               "kind": "turn", "origin": "session"}),
+    );
+    start(
+        alpha.addr,
+        Some("agent-7"),
+        json!({"spanId": "client-in-own-run", "runId": "run-own", "parentSpanId": "own-session",
+               "name": "tool", "kind": "tool", "origin": "session"}),
+    );
+
+    // Another instance on the same file, started while alpha serves: alpha's spans are not its
+    // own, so its start closes none of them.
+    let beta = serve(&scratch.0, &db, &["--instance", "beta"]);
+    assert_eq!(span(beta.addr, "own-session")["outcome"], Value::Null);
+    start(
+        beta.addr,
+        None,
+        json!({"spanId": "beta-session", "runId": "run-beta", "name": "turn", "kind": "turn",
+               "origin": "session"}),
+    );
+    let beta_output = stop(beta);
+    assert!(!beta_output.contains("closed"), "{beta_output}");
+    stop(alpha);
+
+    // A later life of alpha.
+    let alpha = serve(&scratch.0, &db, &["--instance", "alpha"]);
+    let output = alpha.output();
+    assert!(
+        output.contains("closed 3 span(s) left open by a previous run of instance alpha"),
+        "{output}"
+    );
+    for span_id in ["own-session", "own-cron", "own-cron-step"] {
+        let row = span(alpha.addr, span_id);
+        assert_eq!(row["outcome"], "interrupted", "{span_id}: {row}");
+        assert_eq!(row["outcomeReason"], "server restarted", "{span_id}: {row}");
+        assert_eq!(row["writer"], alpha_writer.as_str(), "{span_id}: {row}");
+    }
+    for span_id in ["client-session", "client-in-own-run", "beta-session"] {
+        let row = span(alpha.addr, span_id);
+        assert_eq!(row["outcome"], Value::Null, "{span_id} was closed: {row}");
+    }
+    // Every run it closed spans of is rolled up.
+    let (status, rollup) = request(
+        alpha.addr,
+        "GET",
+        "/v1/activity/runs/run-cron/rollup",
+        None,
+        None,
+    );
+    assert_eq!(status, 200, "{rollup}");
+    assert_eq!(rollup["outcome"], "interrupted", "{rollup}");
+    assert_eq!(rollup["spanCount"], 2, "{rollup}");
+    // The spans this life starts are not swept by anything at its own start.
+    start(
+        alpha.addr,
+        None,
+        json!({"spanId": "alpha-again", "runId": "run-again", "name": "turn", "kind": "turn",
+               "origin": "session"}),
+    );
+    stop(alpha);
+
+    // Beta's next life closes beta's span and nothing else.
+    let beta = serve(&scratch.0, &db, &["--instance", "beta"]);
+    let output = beta.output();
+    assert!(
+        output.contains("closed 1 span(s) left open by a previous run of instance beta"),
+        "{output}"
+    );
+    assert_eq!(span(beta.addr, "beta-session")["outcome"], "interrupted");
+    assert_eq!(span(beta.addr, "alpha-again")["outcome"], Value::Null);
+    assert_eq!(span(beta.addr, "client-session")["outcome"], Value::Null);
+    stop(beta);
+}
+
+#[test]
+fn the_default_instance_is_the_host_and_the_port() {
+    let scratch = Scratch::new("default");
+    let db = scratch.0.join("flightlog.db");
+    let server = serve(&scratch.0, &db, &[]);
+    let output = server.output();
+    let port = server.addr.port();
+    let writer = output
+        .split("writer ")
+        .nth(1)
+        .and_then(|rest| rest.split([',', ')']).next())
+        .unwrap_or_else(|| panic!("no writer in the listening line:\n{output}"));
+    assert!(writer.starts_with("serve:"), "{writer}");
+    assert!(writer.contains(&format!(":{port}/pid:")), "{writer}");
+    let row = start(
+        server.addr,
+        None,
+        json!({"spanId": "s", "runId": "r", "name": "turn", "kind": "turn", "origin": "session"}),
+    );
+    assert_eq!(row["writer"], writer, "{row}");
+    stop(server);
+}
