@@ -397,6 +397,9 @@ pub struct SqliteDatabase {
     /// The newest committed change id: set by our writer after each commit, and by the
     /// change watcher when another process commits.
     doorbell: tokio::sync::watch::Sender<i64>,
+    /// Counts the commits the housekeeper saw on the file (any connection's, this process's
+    /// writer included): the journal's doorbell for what its subscription cannot carry.
+    commits_seen: tokio::sync::watch::Sender<u64>,
     stats: Arc<WriterStats>,
     /// Detached: the thread ends by itself once every handle is dropped and the queue drained.
     _writer_thread: JoinHandle<()>,
@@ -589,12 +592,14 @@ impl SqliteDatabase {
             )
             .map_err(backend)?;
         let (doorbell, _) = tokio::sync::watch::channel(newest_change);
+        let commits_seen = tokio::sync::watch::Sender::new(0_u64);
         let (nudge, nudges) = std::sync::mpsc::sync_channel::<()>(1);
         let rewind_wanted = Arc::new(AtomicBool::new(false));
         let checkpointer = Checkpointer {
             conn: checkpoint_conn,
             stats: stats.clone(),
             doorbell: doorbell.clone(),
+            commits_seen: commits_seen.clone(),
             data_version: None,
             rewind_wanted: Arc::clone(&rewind_wanted),
             wal_path: wal_path_of(&config.path),
@@ -638,6 +643,7 @@ impl SqliteDatabase {
             names: KeyNames::default(),
             change_log_retention: config.change_log_retention.max(0),
             doorbell,
+            commits_seen,
             stats,
             _writer_thread: writer_thread,
             path: config.path,
@@ -796,6 +802,12 @@ impl SqliteDatabase {
         self.doorbell.subscribe()
     }
 
+    /// A receiver that moves whenever the housekeeper sees that the file changed (a commit by
+    /// any connection, another process's included), within its period.
+    pub fn commit_doorbell(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.commits_seen.subscribe()
+    }
+
     /// How far behind the newest change `prune` trims the change log.
     pub(crate) fn change_log_retention(&self) -> i64 {
         self.change_log_retention
@@ -885,13 +897,15 @@ impl SqliteDatabase {
 /// - copies committed WAL frames into the database file (`PASSIVE`: never waits for, or blocks,
 ///   readers and the writer), when nudged by the writer every few commits and on a timer;
 /// - notices commits by other processes (`PRAGMA data_version` moved) and rings the change
-///   doorbell with the newest change id, so live readers see foreign writes within a period.
+///   doorbell with the newest change id, and the commit doorbell, so live readers see foreign
+///   writes (and the journal's rewrites) within a period.
 ///
 /// It ends when the writer is gone.
 struct Checkpointer {
     conn: Connection,
     stats: Arc<WriterStats>,
     doorbell: tokio::sync::watch::Sender<i64>,
+    commits_seen: tokio::sync::watch::Sender<u64>,
     data_version: Option<i64>,
     /// Set when the WAL is long and a `RESTART` from here could not rewind it (see
     /// [`GroupCommitWriter::rewind_wal_if_asked`]).
@@ -922,6 +936,9 @@ impl Checkpointer {
             return false;
         }
         self.data_version = Some(version);
+        if self.commits_seen.receiver_count() > 0 {
+            self.commits_seen.send_modify(|seen| *seen += 1);
+        }
         if let Ok(newest) = self
             .conn
             .prepare_cached("SELECT COALESCE(MAX(change_id), 0) FROM activity_changes")

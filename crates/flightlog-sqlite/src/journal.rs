@@ -15,16 +15,22 @@
 //!   before anything is written and returned as `Ok(Err(JournalError))`, so they cost no replay.
 //! - Subscribers are fed from the writer's after-commit hook, which runs once per committed write,
 //!   in commit order: each appended event is sent once, in seq order, and only after its commit.
+//! - Each engagement's counter row holds its numbering's generation, a random value drawn when
+//!   the row is created and again at each compaction (see `EngagementJournal::read_tail`): a
+//!   live reader compares it to tell a renumbered or re-created engagement from a longer one.
+//!   The commit doorbell is the database's housekeeper noticing that the file changed, so it
+//!   also carries other processes' appends and every compaction and prune.
 
 use foldhash::{HashSet, HashSetExt};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use flightlog_core::activity::StoreError;
 use flightlog_core::journal::{
-    plan_compaction, AppendInput, EngagementEvent, EngagementJournal, JournalError,
-    JournalSubscription, JsonObject, RetentionConfig, DEFAULT_SUBSCRIBER_BUFFER,
-    MAX_SUBSCRIBER_BUFFER,
+    plan_compaction, AppendInput, EngagementEvent, EngagementJournal, JournalDoorbell,
+    JournalError, JournalSubscription, JournalTail, JsonObject, RetentionConfig,
+    DEFAULT_SUBSCRIBER_BUFFER, MAX_SUBSCRIBER_BUFFER,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::broadcast;
@@ -105,6 +111,18 @@ fn journal_error(err: StoreError) -> JournalError {
     }
 }
 
+/// A new numbering generation: 53 random bits (exact in a JavaScript number, as it travels in
+/// stream ids), from std's randomly keyed hasher. Another process drawing for the same
+/// engagement draws independently, so generations are unique with overwhelming probability
+/// without any shared counter.
+fn new_generation(salt: i64) -> i64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos());
+    let random = std::collections::hash_map::RandomState::new().hash_one((nanos, salt));
+    (random >> 11) as i64
+}
+
 /// The engagement's counter row: its key and next seq (= its number of events).
 fn engagement_counter(
     conn: &Connection,
@@ -164,10 +182,16 @@ fn append_in_transaction(
         None => {
             // The new row's key is one more than the largest present: the creation order.
             conn.prepare_cached(
-                "INSERT INTO journal_engagements (engagement_id, next_seq, last_at) \
-                 VALUES (?1, 1, ?2)",
+                "INSERT INTO journal_engagements (engagement_id, next_seq, last_at, generation) \
+                 VALUES (?1, 1, ?2, ?3)",
             )
-            .and_then(|mut stmt| stmt.execute(params![&*template.engagement_id, template.at]))
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    &*template.engagement_id,
+                    template.at,
+                    new_generation(seq)
+                ])
+            })
             .map_err(backend)?;
             conn.last_insert_rowid()
         }
@@ -298,6 +322,38 @@ fn read_events(
     Ok(events)
 }
 
+/// The engagement's generation and its events with `seq >= from_seq`, in one statement (one
+/// snapshot): a `LEFT JOIN` so an engagement with no events that far still yields its
+/// generation, on a row whose event columns are null.
+fn read_tail(
+    conn: &Connection,
+    engagement_id: &str,
+    from_seq: i64,
+) -> Result<JournalTail, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT e.seq, e.at, e.event_type, e.data, g.generation \
+             FROM journal_engagements g \
+             LEFT JOIN journal_events e ON e.engagement_key = g.engagement_key AND e.seq >= ?2 \
+             WHERE g.engagement_id = ?1 \
+             ORDER BY e.seq",
+        )
+        .map_err(backend)?;
+    let mut rows = stmt
+        .query(params![engagement_id, from_seq])
+        .map_err(backend)?;
+    let mut decoder = EventDecoder::new(engagement_id);
+    let mut tail = JournalTail::default();
+    while let Some(row) = rows.next().map_err(backend)? {
+        let generation: i64 = row.get(4).map_err(backend)?;
+        tail.generation = Some(generation as u64);
+        if row.get_ref(0).map_err(backend)?.data_type() != rusqlite::types::Type::Null {
+            tail.events.push(decoder.decode(row, false)?.0);
+        }
+    }
+    Ok(tail)
+}
+
 /// Compact the engagement inside the writer's transaction: everything is read and planned
 /// before the first write, and the rewrite (delete the old rows, insert the survivors
 /// renumbered, move the counter row) is one transaction, so a crash leaves the engagement
@@ -381,10 +437,19 @@ fn compact_in_transaction(
         last_at = event.at;
     }
     // Recency follows the last event the log now holds, as in the in-memory journal.
+    // The survivors' seqs are given out again: a new generation tells live readers.
     conn.prepare_cached(
-        "UPDATE journal_engagements SET next_seq = ?2, last_at = ?3 WHERE engagement_key = ?1",
+        "UPDATE journal_engagements SET next_seq = ?2, last_at = ?3, generation = ?4 \
+         WHERE engagement_key = ?1",
     )
-    .and_then(|mut stmt| stmt.execute(params![engagement_key, plan.kept.len() as i64, last_at]))
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            engagement_key,
+            plan.kept.len() as i64,
+            last_at,
+            new_generation(engagement_key)
+        ])
+    })
     .map_err(backend)?;
     Ok(Ok(true))
 }
@@ -440,6 +505,16 @@ impl EngagementJournal for SqliteEngagementJournal {
             .map_err(journal_error)
     }
 
+    async fn read_tail(
+        &self,
+        engagement_id: &str,
+        from_seq: i64,
+    ) -> Result<JournalTail, JournalError> {
+        self.db
+            .read(|conn| read_tail(conn, engagement_id, from_seq))
+            .map_err(journal_error)
+    }
+
     async fn compact(&self, engagement_id: &str) -> Result<bool, JournalError> {
         let engagement_id = engagement_id.to_owned();
         self.db
@@ -484,5 +559,9 @@ impl EngagementJournal for SqliteEngagementJournal {
 
     fn subscribe(&self) -> JournalSubscription {
         self.committed.subscribe()
+    }
+
+    fn commit_doorbell(&self) -> JournalDoorbell {
+        self.db.commit_doorbell()
     }
 }

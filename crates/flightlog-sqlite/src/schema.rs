@@ -221,6 +221,12 @@ CREATE TABLE activity_span_ids_middle (
   span_key INTEGER NOT NULL
 ) WITHOUT ROWID;
 "#,
+    // Version 7: each engagement's numbering generation (see `EngagementJournal::read_tail`): a
+    // random value set when the counter row is created and again at each compaction, so a live
+    // reader can tell that the seqs it followed were given out again. Existing rows start at 0.
+    r#"
+ALTER TABLE journal_engagements ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -962,3 +962,85 @@ fn summarizing_a_thousand_stored_events_matches_the_pure_summary() {
     let summary = runtime.block_on(journal.summarize(id)).expect("summarizes");
     assert_eq!(summary.as_ref(), Some(&expected));
 }
+
+/// `read_tail`'s generation, on both backends: the same while an engagement only grows, new
+/// when compaction renumbers it, gone when a prune deletes it, and new again (not the old one)
+/// when an append re-creates it; the doorbell rings for the compaction and the prune.
+#[test]
+fn the_generation_changes_exactly_when_seqs_are_given_out_again() {
+    let folder = std::env::temp_dir().join(format!(
+        "flightlog-journal-generation-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&folder);
+    std::fs::create_dir_all(&folder).expect("scratch folder");
+    let journals: Vec<(&str, Arc<dyn EngagementJournal>)> = vec![
+        (
+            "memory",
+            Arc::new(InMemoryEngagementJournal::new(RetentionConfig::default())),
+        ),
+        ("sqlite", Arc::new(open_journal(&folder.join("g.db")))),
+    ];
+    let rt = runtime();
+    for (name, journal) in journals {
+        rt.block_on(async {
+            let mut doorbell = journal.commit_doorbell();
+            doorbell.borrow_and_update();
+            let tail = journal.read_tail("g", 0).await.expect("read");
+            assert_eq!(tail.generation, None, "{name}: unknown engagement");
+            assert!(tail.events.is_empty());
+            let events = finished_engagement("g", 1_000);
+            let count = events.len() as i64;
+            for event in events {
+                journal.append(event).await.expect("append");
+            }
+            let first = journal.read_tail("g", 0).await.expect("read");
+            let generation = first.generation.expect("a generation");
+            assert_eq!(first.events.len() as i64, count, "{name}");
+            let tail = journal.read_tail("g", count - 2).await.expect("read");
+            assert_eq!(tail.generation, Some(generation), "{name}: appends keep it");
+            assert_eq!(
+                tail.events.iter().map(|e| e.seq).collect::<Vec<_>>(),
+                vec![count - 2, count - 1],
+                "{name}"
+            );
+            // Past the end: no events, the generation still told.
+            let past = journal.read_tail("g", count + 5).await.expect("read");
+            assert_eq!(past.generation, Some(generation), "{name}");
+            assert!(past.events.is_empty(), "{name}");
+
+            assert!(journal.compact("g").await.expect("compact"), "{name}");
+            let compacted = journal.read_tail("g", 0).await.expect("read");
+            let renumbered = compacted.generation.expect("a generation");
+            assert_ne!(renumbered, generation, "{name}: compaction renews it");
+            assert_eq!(compacted.events, journal.read("g").await.expect("read"));
+            tokio::time::timeout(Duration::from_secs(5), doorbell.changed())
+                .await
+                .unwrap_or_else(|_| panic!("{name}: no ring for the compaction"))
+                .expect("the doorbell is open");
+
+            let removed = journal.prune(i64::MAX / 2).await.expect("prune everything");
+            assert_eq!(removed, 1, "{name}");
+            let gone = journal.read_tail("g", 0).await.expect("read");
+            assert_eq!(gone, Default::default(), "{name}: pruned");
+            tokio::time::timeout(Duration::from_secs(5), doorbell.changed())
+                .await
+                .unwrap_or_else(|_| panic!("{name}: no ring for the prune"))
+                .expect("the doorbell is open");
+
+            journal
+                .append(input("g", 1, "note", json!({"again": true})))
+                .await
+                .expect("re-create");
+            let recreated = journal.read_tail("g", 0).await.expect("read");
+            let fresh = recreated.generation.expect("a generation");
+            assert!(
+                fresh != generation && fresh != renumbered,
+                "{name}: a re-created engagement gets a generation of its own"
+            );
+            assert_eq!(recreated.events.len(), 1, "{name}");
+            assert_eq!(recreated.events[0].seq, 0, "{name}");
+        });
+    }
+    let _ = std::fs::remove_dir_all(&folder);
+}

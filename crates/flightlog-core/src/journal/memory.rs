@@ -15,10 +15,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
 use hashbrown::HashTable;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
 use super::compaction::plan_compaction;
-use super::store::{EngagementJournal, JournalError, JournalSubscription};
+use super::store::{
+    EngagementJournal, JournalDoorbell, JournalError, JournalSubscription, JournalTail,
+};
 use super::summary::summarize_engagement_events;
 use super::types::{EngagementEvent, EngagementSummary, RetentionConfig};
 use super::validate::AppendInput;
@@ -42,6 +44,9 @@ struct Log {
     events: Vec<EngagementEvent>,
     /// When the engagement was (re)created, as a journal-wide counter: the recency tie-break.
     created: u64,
+    /// Its numbering's generation (see `EngagementJournal::read_tail`): `created`, then a new
+    /// value of the same counter at each compaction, so no two numberings share one.
+    generation: u64,
 }
 
 /// Engagements of one shard, keyed by their id's hash (computed once per call).
@@ -55,6 +60,8 @@ pub struct InMemoryEngagementJournal {
     hasher: RandomState,
     creations: AtomicU64,
     committed: broadcast::Sender<EngagementEvent>,
+    /// Rung by compactions and prunes (see [`JournalDoorbell`]).
+    rewrites: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for InMemoryEngagementJournal {
@@ -87,6 +94,7 @@ impl InMemoryEngagementJournal {
             hasher: RandomState::new(),
             creations: AtomicU64::new(0),
             committed,
+            rewrites: watch::Sender::new(0),
         }
     }
 
@@ -156,6 +164,7 @@ impl EngagementJournal for InMemoryEngagementJournal {
                     hash,
                     events: vec![event.clone()],
                     created,
+                    generation: created,
                 };
                 shard.insert_unique(hash, log, |log| log.hash);
                 event
@@ -188,6 +197,24 @@ impl EngagementJournal for InMemoryEngagementJournal {
         }))
     }
 
+    async fn read_tail(
+        &self,
+        engagement_id: &str,
+        from_seq: i64,
+    ) -> Result<JournalTail, JournalError> {
+        let (hash, shard) = self.shard(engagement_id);
+        let Some(log) = shard.find(hash, |log| *log.id == *engagement_id) else {
+            return Ok(JournalTail::default());
+        };
+        let start = usize::try_from(from_seq.max(0))
+            .unwrap_or(usize::MAX)
+            .min(log.events.len());
+        Ok(JournalTail {
+            generation: Some(log.generation),
+            events: log.events[start..].to_vec(),
+        })
+    }
+
     async fn summarize(
         &self,
         engagement_id: &str,
@@ -208,6 +235,9 @@ impl EngagementJournal for InMemoryEngagementJournal {
         };
         let events = std::mem::take(&mut log.events);
         log.events = plan.apply(events);
+        log.generation = self.creations.fetch_add(1, Ordering::Relaxed);
+        drop(shard);
+        self.rewrites.send_modify(|rung| *rung += 1);
         Ok(true)
     }
 
@@ -238,11 +268,18 @@ impl EngagementJournal for InMemoryEngagementJournal {
                 !expired
             });
         }
+        if removed > 0 {
+            self.rewrites.send_modify(|rung| *rung += 1);
+        }
         Ok(removed)
     }
 
     fn subscribe(&self) -> JournalSubscription {
         self.committed.subscribe()
+    }
+
+    fn commit_doorbell(&self) -> JournalDoorbell {
+        self.rewrites.subscribe()
     }
 }
 

@@ -34,7 +34,9 @@ pub use compaction::{
 };
 pub use memory::{InMemoryEngagementJournal, DEFAULT_SUBSCRIBER_BUFFER, MAX_SUBSCRIBER_BUFFER};
 pub use record::{JournalRecord, Payload};
-pub use store::{EngagementJournal, JournalError, JournalSubscription};
+pub use store::{
+    EngagementJournal, JournalDoorbell, JournalError, JournalSubscription, JournalTail,
+};
 pub use summary::{is_actor_ref, summarize_engagement_events};
 pub use types::*;
 pub use validate::{AppendInput, AppendValidationError, MAX_DATA_DEPTH};

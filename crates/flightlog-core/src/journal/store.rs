@@ -18,6 +18,21 @@ use super::validate::{AppendInput, AppendValidationError};
 /// sent: they are not new events.
 pub type JournalSubscription = tokio::sync::broadcast::Receiver<EngagementEvent>;
 
+/// Rings (its value grows) after commits that a [`JournalSubscription`] does not carry:
+/// compactions, prunes and, where the backend can see them, other processes' appends. A live
+/// reader re-reads its engagement ([`EngagementJournal::read_tail`]) when it rings.
+pub type JournalDoorbell = tokio::sync::watch::Receiver<u64>;
+
+/// An engagement's events from some seq on, and the generation they belong to, read together
+/// (see [`EngagementJournal::read_tail`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JournalTail {
+    /// Names the engagement's current numbering; `None` when the engagement has no events.
+    pub generation: Option<u64>,
+    /// Its events with `seq >= from_seq`, in seq order.
+    pub events: Vec<EngagementEvent>,
+}
+
 /// Why a journal call failed. A failed append writes nothing and consumes no seq.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
@@ -87,6 +102,17 @@ pub trait EngagementJournal: Send + Sync {
         from_seq: i64,
     ) -> Result<Vec<EngagementEvent>, JournalError>;
 
+    /// The engagement's events with `seq >= from_seq` and its generation, from one consistent
+    /// read. The generation changes whenever seqs already given out are given out again: when
+    /// compaction renumbers the engagement, and when a prune deletes it and an append creates
+    /// it anew. A reader that followed the engagement under another generation must start over
+    /// from seq 0, because what it holds no longer matches the stored log.
+    async fn read_tail(
+        &self,
+        engagement_id: &str,
+        from_seq: i64,
+    ) -> Result<JournalTail, JournalError>;
+
     /// The summary of the engagement's events, or `None` when it has none.
     async fn summarize(
         &self,
@@ -112,4 +138,7 @@ pub trait EngagementJournal: Send + Sync {
 
     /// A receiver of every event committed from now on (see [`JournalSubscription`]).
     fn subscribe(&self) -> JournalSubscription;
+
+    /// A doorbell for the commits a subscription does not carry (see [`JournalDoorbell`]).
+    fn commit_doorbell(&self) -> JournalDoorbell;
 }

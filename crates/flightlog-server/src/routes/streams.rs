@@ -37,6 +37,12 @@ const RECHECK: Duration = Duration::from_secs(5);
 /// The contract's keep-alive: a comment line at least every 15 s.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
+/// The journal stream's `Last-Event-ID`, as the OpenAPI document describes it.
+const JOURNAL_LAST_EVENT_ID: &str = "The `id:` of the last event received (sent by a \
+     reconnecting EventSource), `<seq>@<generation>`: the stream resumes right after it, or \
+     sends `resync` first when the engagement was renumbered since. A bare seq is accepted \
+     (resumed without that check). Takes precedence over the query.";
+
 /// The `Last-Event-ID` header of a reconnecting client, as the OpenAPI document describes it.
 const LAST_EVENT_ID: &str = "The `id:` of the last event received (sent by a reconnecting \
      EventSource): the stream resumes right after it. Takes precedence over the query.";
@@ -346,54 +352,168 @@ async fn run_stream(
     ))
 }
 
-/// An engagement's events from `fromSeq`, then live ones as they commit.
+/// Where a journal stream starts: `fromSeq`, or a reconnecting client's `Last-Event-ID`, which
+/// is `<seq>@<generation>` as this stream sends it (a bare `<seq>` is taken too, unchecked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct JournalStart {
+    next_seq: i64,
+    /// The generation the client's events came from, to be checked before resuming.
+    generation: Option<u64>,
+}
+
+/// Parse a journal stream's `Last-Event-ID`: `<seq>` (0 or more) or `<seq>@<generation>` (seq
+/// -1 or more: `-1@G` is the id of a `resync`, "nothing of generation G seen yet").
+fn journal_last_event_id(headers: &HeaderMap) -> Result<Option<JournalStart>, ApiError> {
+    let Some(value) = headers.get("last-event-id") else {
+        return Ok(None);
+    };
+    let parsed = value.to_str().ok().map(str::trim).and_then(|text| {
+        let (seq, generation) = match text.split_once('@') {
+            Some((seq, generation)) => (seq, Some(generation.parse::<u64>().ok()?)),
+            None => (text, None),
+        };
+        let seq = seq.parse::<i64>().ok()?;
+        let lowest = if generation.is_some() { -1 } else { 0 };
+        (seq >= lowest).then(|| JournalStart {
+            // The seq after the last one seen; `i64::MAX` has no successor, and nothing follows.
+            next_seq: seq.saturating_add(1),
+            generation,
+        })
+    });
+    parsed.map(Some).ok_or_else(|| {
+        ApiError::invalid(
+            "Last-Event-ID must be an id this stream sent: <seq>@<generation>, or a \
+             non-negative seq",
+        )
+    })
+}
+
+/// What a journal stream sends next.
+enum JournalItem {
+    Event {
+        event: EngagementEvent,
+        generation: u64,
+    },
+    /// The seqs the client followed were given out again (compaction), or the engagement was
+    /// deleted (prune): drop what you hold; what follows starts again at seq 0.
+    Resync { generation: Option<u64> },
+}
+
+/// An engagement's events from `fromSeq`, then live ones as they commit. Every read also
+/// returns the engagement's generation; when it differs from the one the client's events came
+/// from, the feed sends a `resync` and starts over from seq 0, so a compaction or a prune is
+/// never a silent gap (or a silent repeat under new numbers).
 struct JournalFeed {
     journal: Arc<dyn EngagementJournal>,
     engagement_id: String,
     next_seq: i64,
-    pending: VecDeque<EngagementEvent>,
+    /// The generation of what the client holds; `None` until the engagement is first seen.
+    generation: Option<u64>,
+    pending: VecDeque<JournalItem>,
     subscription: flightlog_core::journal::JournalSubscription,
+    /// Rings on compactions, prunes and other processes' commits; `None` once it has closed.
+    doorbell: Option<flightlog_core::journal::JournalDoorbell>,
     failed: bool,
 }
 
 impl JournalFeed {
-    async fn next_event(&mut self) -> Result<EngagementEvent, String> {
+    async fn next_item(&mut self) -> Result<JournalItem, String> {
         loop {
-            if let Some(event) = self.pending.pop_front() {
-                return Ok(event);
+            if let Some(item) = self.pending.pop_front() {
+                return Ok(item);
             }
             // Read what is stored from the next seq on (covers catch-up, lag, other processes).
-            let stored = self
+            let tail = self
                 .journal
-                .read_from(&self.engagement_id, self.next_seq)
+                .read_tail(&self.engagement_id, self.next_seq)
                 .await
                 .map_err(|err| err.to_string())?;
-            if !stored.is_empty() {
-                for event in stored {
+            match (self.generation, tail.generation) {
+                (Some(held), current) if current != Some(held) => {
+                    self.generation = current;
+                    self.next_seq = 0;
+                    self.pending.push_back(JournalItem::Resync {
+                        generation: current,
+                    });
+                    continue;
+                }
+                (None, Some(current)) => self.generation = Some(current),
+                _ => {}
+            }
+            if let Some(generation) = tail.generation {
+                for event in tail.events {
                     if event.seq >= self.next_seq {
                         self.next_seq = event.seq + 1;
-                        self.pending.push_back(event);
+                        self.pending
+                            .push_back(JournalItem::Event { event, generation });
                     }
                 }
-                continue;
-            }
-            // Caught up: wait for a commit on this engagement (or the safety-net timeout).
-            loop {
-                match tokio::time::timeout(RECHECK, self.subscription.recv()).await {
-                    Ok(Ok(event)) if *event.engagement_id == *self.engagement_id => break,
-                    Ok(Ok(_)) => continue,
-                    // Lagged, closed or timed out: re-read from the database.
-                    _ => break,
+                if !self.pending.is_empty() {
+                    continue;
                 }
             }
+            self.wait().await;
         }
+    }
+
+    /// Caught up: wait for a commit on this engagement, the doorbell, or the safety-net timeout.
+    async fn wait(&mut self) {
+        let recheck = tokio::time::sleep(RECHECK);
+        tokio::pin!(recheck);
+        loop {
+            let rung = async {
+                match self.doorbell.as_mut() {
+                    Some(doorbell) => doorbell.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                received = self.subscription.recv() => match received {
+                    Ok(event) if *event.engagement_id != *self.engagement_id => continue,
+                    // This engagement's commit, or lagged or closed: re-read from the database.
+                    _ => return,
+                },
+                open = rung => {
+                    if !open {
+                        self.doorbell = None;
+                    }
+                    return;
+                }
+                () = &mut recheck => return,
+            }
+        }
+    }
+}
+
+fn journal_event(event: &EngagementEvent, generation: u64) -> Event {
+    let data = serde_json::to_string(event).unwrap_or_else(|_| "null".to_owned());
+    Event::default()
+        .event("journal")
+        .id(format!("{}@{generation}", event.seq))
+        .data(data)
+}
+
+fn journal_resync_event(generation: Option<u64>) -> Event {
+    let body = serde_json::json!({
+        "reason": "the engagement was compacted or pruned: drop the events you hold; the \
+                   events that follow start again at seq 0",
+        "fromSeq": 0,
+    });
+    let event = Event::default().event("resync").data(body.to_string());
+    match generation {
+        Some(generation) => event.id(format!("-1@{generation}")),
+        None => event,
     }
 }
 
 /// An engagement's events from `fromSeq` on, then live ones as they commit (Server-Sent Events).
 ///
 /// `event: journal` with an `EngagementEvent` as `data:`, one per event, in seq order; `id:` is
-/// the seq, and a reconnect with `Last-Event-ID` resumes after it.
+/// `<seq>@<generation>`, and a reconnect with `Last-Event-ID` resumes after it. `event: resync`
+/// when the engagement's seqs were given out again (a compaction renumbers it; a prune deletes
+/// it and a later append starts it anew): the client drops what it holds, and the events that
+/// follow on the same stream start again at seq 0. A reconnect whose `Last-Event-ID` names an
+/// older generation gets the same `resync` first.
 #[utoipa::path(
     get,
     path = "/v1/engagements/{engagementId}/stream",
@@ -402,10 +522,10 @@ impl JournalFeed {
     params(
         ("engagementId" = String, Path, description = ENGAGEMENT_ID),
         FromSeqQuery,
-        ("Last-Event-ID" = Option<i64>, Header, description = LAST_EVENT_ID),
+        ("Last-Event-ID" = Option<String>, Header, description = JOURNAL_LAST_EVENT_ID),
     ),
     responses(
-        (status = 200, description = "The event stream (`journal`, `error` events).", content_type = "text/event-stream", body = String),
+        (status = 200, description = "The event stream (`journal`, `resync`, `error` events).", content_type = "text/event-stream", body = String),
         (status = 400, description = "A bad id, `fromSeq` or `Last-Event-ID`.", body = ErrorBody),
     ),
 )]
@@ -415,20 +535,27 @@ async fn journal_stream(
     PathId(engagement_id): PathId,
     ApiQuery(query): ApiQuery<FromSeqQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let next_seq = match (last_event_id(&headers)?, query.from_seq) {
-        // The seq after the last one seen; `i64::MAX` has no successor, and nothing follows it.
-        (Some(id), _) => id.saturating_add(1),
-        (None, Some(from)) if from >= 0 => from,
+    let start = match (journal_last_event_id(&headers)?, query.from_seq) {
+        (Some(start), _) => start,
+        (None, Some(from)) if from >= 0 => JournalStart {
+            next_seq: from,
+            generation: None,
+        },
         (None, Some(_)) => return Err(ApiError::invalid("fromSeq must be a non-negative integer")),
-        (None, None) => 0,
+        (None, None) => JournalStart {
+            next_seq: 0,
+            generation: None,
+        },
     };
     let journal = state.journal().clone();
     // Subscribe before the first read, so nothing committed in between is missed.
     let feed = JournalFeed {
         subscription: journal.subscribe(),
+        doorbell: Some(journal.commit_doorbell()),
         journal,
         engagement_id,
-        next_seq,
+        next_seq: start.next_seq,
+        generation: start.generation,
         pending: VecDeque::new(),
         failed: false,
     };
@@ -437,14 +564,10 @@ async fn journal_stream(
         if feed.failed {
             return None;
         }
-        let sse_event = match feed.next_event().await {
-            Ok(event) => {
-                let data = serde_json::to_string(&event).unwrap_or_else(|_| "null".to_owned());
-                Event::default()
-                    .event("journal")
-                    .id(event.seq.to_string())
-                    .data(data)
-            }
+        let sse_event = match feed.next_item().await {
+            Ok(JournalItem::Event { event, generation }) => journal_event(&event, generation),
+            // Not an end: the stream goes on from seq 0.
+            Ok(JournalItem::Resync { generation }) => journal_resync_event(generation),
             Err(message) => {
                 feed.failed = true;
                 ends.error.inc();

@@ -1,15 +1,19 @@
 //! The live streams on a real server: under concurrent writers every client (a normal one, a
 //! deliberately slow one, one that reconnects with `Last-Event-ID` mid-run) ends with exactly
 //! the committed changes in order; a run's stream starts with its snapshot and continues above
-//! its high-water seq; an engagement's stream follows its seqs; and a second OS process writing
-//! the same database file shows up in a stream.
+//! its high-water seq; an engagement's stream follows its seqs and says `resync` when they are
+//! given out again (compaction, prune); and a second OS process writing the same database file
+//! shows up in a stream, activity and journal alike.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flightlog_core::activity::{ActivityStore, SpanKind, SpanOrigin, StartSpanInput};
+use flightlog_core::journal::{AppendInput, EngagementJournal, RetentionConfig};
 use flightlog_core::SystemClock;
-use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
+use flightlog_sqlite::{
+    SqliteActivityStore, SqliteConfig, SqliteDatabase, SqliteEngagementJournal,
+};
 use serde_json::{json, Value};
 
 use crate::support::TestServer;
@@ -18,7 +22,10 @@ use crate::support::TestServer;
 #[derive(Debug, Clone)]
 struct SseEvent {
     event: String,
+    /// The `id:` as a number (the change streams' ids).
     id: Option<i64>,
+    /// The `id:` as sent (the journal stream's are `<seq>@<generation>`).
+    raw_id: Option<String>,
     data: Value,
 }
 
@@ -30,9 +37,14 @@ struct SseClient {
 
 impl SseClient {
     async fn connect(server: &TestServer, path: &str, last_event_id: Option<i64>) -> Self {
+        Self::connect_after(server, path, last_event_id.map(|id| id.to_string())).await
+    }
+
+    /// Connect with `Last-Event-ID` as given.
+    async fn connect_after(server: &TestServer, path: &str, last_event_id: Option<String>) -> Self {
         let mut request = server.client.get(format!("{}{path}", server.base));
         if let Some(id) = last_event_id {
-            request = request.header("Last-Event-ID", id.to_string());
+            request = request.header("Last-Event-ID", id);
         }
         let response = request.send().await.expect("stream request");
         assert_eq!(response.status().as_u16(), 200, "stream {path}");
@@ -60,6 +72,7 @@ impl SseClient {
                 let mut event = SseEvent {
                     event: "message".into(),
                     id: None,
+                    raw_id: None,
                     data: Value::Null,
                 };
                 let mut data = String::new();
@@ -68,6 +81,7 @@ impl SseClient {
                         event.event = value.trim().to_owned();
                     } else if let Some(value) = line.strip_prefix("id:") {
                         event.id = value.trim().parse().ok();
+                        event.raw_id = Some(value.trim().to_owned());
                     } else if let Some(value) = line.strip_prefix("data:") {
                         data.push_str(value.strip_prefix(' ').unwrap_or(value));
                     }
@@ -278,7 +292,8 @@ async fn an_engagement_stream_follows_its_seqs() {
     for seq in 1..3 {
         let event = stream.next().await;
         assert_eq!(event.event, "journal");
-        assert_eq!(event.id, Some(seq));
+        let id = event.raw_id.expect("an id");
+        assert!(id.starts_with(&format!("{seq}@")), "{id}");
         assert_eq!(event.data["seq"], seq);
     }
     server
@@ -291,6 +306,191 @@ async fn an_engagement_stream_follows_its_seqs() {
     let live = stream.next().await;
     assert_eq!(live.data["seq"], 3);
     assert_eq!(live.data["data"]["n"], 9);
+    drop(stream);
+    server.stop().await;
+}
+
+/// Append `count` events to engagement `id`, the first `engagement_opened`, the last
+/// `engagement_closed` (completed), the others `budget_charged`, at times from `at`.
+async fn append_engagement(server: &TestServer, id: &str, count: i64, at: i64) {
+    for n in 0..count {
+        let kind = match n {
+            0 => "engagement_opened",
+            n if n == count - 1 => "engagement_closed",
+            _ => "budget_charged",
+        };
+        let data = if kind == "engagement_closed" {
+            json!({"status": "completed"})
+        } else {
+            json!({"tokens": n})
+        };
+        server
+            .post(
+                &format!("/v1/engagements/{id}/events"),
+                &json!({"type": kind, "at": at + n, "data": data}),
+            )
+            .await
+            .assert_status(201);
+    }
+}
+
+/// The next `count` events of `stream`, which must all be journal events of seqs `from..`;
+/// returns the last one's id.
+async fn expect_journal_seqs(stream: &mut SseClient, from: i64, count: i64) -> String {
+    let mut last = String::new();
+    for seq in from..from + count {
+        let event = stream.next().await;
+        assert_eq!(event.event, "journal", "{event:?}");
+        assert_eq!(event.data["seq"], seq, "{event:?}");
+        last = event.raw_id.expect("a journal event has an id");
+        assert!(last.starts_with(&format!("{seq}@")), "{last}");
+    }
+    last
+}
+
+/// Regression: compaction renumbers an engagement from 0, and the stream waited for seqs above
+/// the last one it had sent, so later events never came and nothing said why. Now: `resync`,
+/// then the compacted log from seq 0 and what follows, on the same stream; a reconnect naming
+/// the old numbering gets the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_sends_resync_and_the_stream_goes_on_from_seq_0() {
+    let server = TestServer::start().await;
+    append_engagement(&server, "cmp", 21, 1).await;
+    let mut stream = SseClient::connect(&server, "/v1/engagements/cmp/stream", None).await;
+    let before = expect_journal_seqs(&mut stream, 0, 21).await;
+    let reply = server.post("/v1/engagements/cmp/compact", &json!({})).await;
+    assert_eq!(reply.status.as_u16(), 204, "{:?}", reply.body);
+    let compacted = server.get("/v1/engagements/cmp/events").await.body;
+    let kept = compacted.as_array().expect("events").len() as i64;
+    assert!(kept < 21, "compacted to {kept}");
+
+    let resync = stream.next().await;
+    assert_eq!(resync.event, "resync", "{resync:?}");
+    assert_eq!(resync.data["fromSeq"], 0);
+    let new_generation = resync.raw_id.clone().expect("a resync carries an id");
+    assert!(new_generation.starts_with("-1@"), "{new_generation}");
+    assert_ne!(
+        before.split('@').nth(1),
+        new_generation.split('@').nth(1),
+        "a new generation"
+    );
+    expect_journal_seqs(&mut stream, 0, kept).await;
+    server
+        .post(
+            "/v1/engagements/cmp/events",
+            &json!({"type": "note", "at": 40, "data": {"x": 1}}),
+        )
+        .await
+        .assert_status(201);
+    let live = stream.next().await;
+    assert_eq!(live.data["seq"], kept, "{live:?}");
+    assert_eq!(live.data["data"]["x"], 1);
+    drop(stream);
+
+    // A client that saw the old numbering reconnects: resync first, then everything.
+    let mut again =
+        SseClient::connect_after(&server, "/v1/engagements/cmp/stream", Some(before)).await;
+    assert_eq!(again.next().await.event, "resync");
+    expect_journal_seqs(&mut again, 0, kept + 1).await;
+    drop(again);
+    // One that saw the new numbering resumes after its last event, with no resync.
+    let mut resumed = SseClient::connect_after(
+        &server,
+        "/v1/engagements/cmp/stream",
+        Some(new_generation.replacen("-1@", "0@", 1)),
+    )
+    .await;
+    expect_journal_seqs(&mut resumed, 1, kept).await;
+    drop(resumed);
+    server.stop().await;
+}
+
+/// Regression: after a prune deleted an engagement and an append re-created it, the stream
+/// waited for seqs above the old ones. Now: `resync` when the engagement is gone, then the new
+/// engagement from seq 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prune_sends_resync_and_a_recreated_engagement_streams_from_seq_0() {
+    let server = TestServer::start().await;
+    append_engagement(&server, "old", 3, 1).await;
+    let mut stream = SseClient::connect(&server, "/v1/engagements/old/stream", None).await;
+    expect_journal_seqs(&mut stream, 0, 3).await;
+    let pruned = server
+        .post(
+            "/v1/engagements/prune",
+            &json!({"now": RetentionConfig::default().max_age_ms + 1_000}),
+        )
+        .await;
+    pruned.assert_status(200);
+    assert_eq!(pruned.body["removed"], 1);
+    let resync = stream.next().await;
+    assert_eq!(resync.event, "resync", "{resync:?}");
+    server
+        .post(
+            "/v1/engagements/old/events",
+            &json!({"type": "note", "at": 5_000_000_000_000_i64, "data": {"again": true}}),
+        )
+        .await
+        .assert_status(201);
+    let event = stream.next().await;
+    assert_eq!(event.event, "journal");
+    assert_eq!(event.data["seq"], 0, "{event:?}");
+    assert_eq!(event.data["data"]["again"], true);
+    drop(stream);
+    server.stop().await;
+}
+
+/// Child mode of [`another_process_s_journal_appends_reach_an_engagement_stream`]: appends two
+/// events to engagement `foreign` of the file in `FLIGHTLOG_STREAM_CHILD_JOURNAL_DB` and exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_child_journal_writer() {
+    let Some(path) = std::env::var_os("FLIGHTLOG_STREAM_CHILD_JOURNAL_DB") else {
+        return;
+    };
+    let db = SqliteDatabase::open(SqliteConfig::new(path)).expect("child opens the file");
+    let journal = SqliteEngagementJournal::new(db, RetentionConfig::default());
+    for n in 0..2 {
+        let input = AppendInput::from_json(json!({
+            "engagementId": "foreign", "type": "note", "at": n, "data": {"from": "child", "n": n}
+        }))
+        .expect("a valid append");
+        journal.append(input).await.expect("child appends");
+    }
+}
+
+/// Regression: an engagement stream learned of another process's appends only from its 5 s
+/// safety-net re-read. The database's housekeeper now rings the journal's doorbell when the
+/// file changes (every 100 ms it looks), so they arrive well before that re-read would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_process_s_journal_appends_reach_an_engagement_stream() {
+    let server = TestServer::start().await;
+    let mut stream = SseClient::connect(&server, "/v1/engagements/foreign/stream", None).await;
+    // Let the stream reach its wait, so only a doorbell (or the 5 s re-read) can wake it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "streams::stream_child_journal_writer",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("FLIGHTLOG_STREAM_CHILD_JOURNAL_DB", &server.db_path)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("child process runs");
+    assert!(status.success(), "child writer failed: {status}");
+    let written = Instant::now();
+    for n in 0..2 {
+        let event = stream.next().await;
+        assert_eq!(event.data["data"]["n"], n, "{event:?}");
+        assert_eq!(event.data["data"]["from"], "child");
+    }
+    // Not a speed check: 4 s is far above the doorbell's period and below the 5 s re-read, so
+    // it only tells which of the two woke the stream.
+    assert!(
+        written.elapsed() < Duration::from_secs(4),
+        "the stream woke only after {:?}",
+        written.elapsed()
+    );
     drop(stream);
     server.stop().await;
 }
