@@ -534,9 +534,12 @@ impl ActivityStore for SqliteActivityStore {
         self.db.maybe_train_payload_dictionary(now);
         let writer = self.writer.clone();
         let for_writer = Arc::clone(&prepared);
+        let db = Arc::clone(&self.db);
         let report = self
             .db
-            .write(move |ctx| activity_import::import_spans(ctx, &for_writer, &writer, now))
+            .write(move |ctx| {
+                activity_import::import_spans(ctx, &for_writer, &writer, now, db.codec())
+            })
             .await;
         drop(prepared);
         report

@@ -4,10 +4,16 @@
 //! of, so each span is an upsert with three cases, decided under the write lock:
 //! - unknown span id: one `INSERT … SELECT … WHERE` the id is in neither span-id index creates
 //!   it whole (the common case costs no separate existence check), then its events;
-//! - open span (started natively, or announced earlier as pending): completed in place — stored
-//!   name, kind, parent and start are kept, attrs merged, usage fields filled, the end written
-//!   if the delivery has one — and only events it does not already hold (same `ts` and type) are
-//!   added, so a span announced and then delivered whole never doubles its events;
+//! - open span (started natively, or announced earlier as pending): completed in place — parent
+//!   and start are kept, attrs merged, usage fields filled, the end written if the delivery has
+//!   one. A span the same importer announced (same origin) takes the delivery's name, kind,
+//!   session and job, since the final copy describes it best (an announcement may lack the
+//!   attributes its kind comes from); a span started natively keeps the identity its writer
+//!   gave it. Only events it does not already hold are added (see [`events_to_add`]): each
+//!   held event accounts for one delivered event of the same `ts` and type, the one with the
+//!   same payload first, so a span announced and then delivered whole never doubles its events,
+//!   distinct events sharing a millisecond and a type are all kept, and an event written
+//!   natively with its own payload shape is not doubled by the exporter's copy;
 //! - terminal span: a repeated delivery; nothing is written, not even its events.
 //!
 //! Every write is change-logged exactly like a native one, so streams and cursors see imports.
@@ -17,7 +23,7 @@
 //! Capping, compression and attrs serialization happen on the caller's thread ([`prepare`]);
 //! the writer thread only runs statements.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use flightlog_core::activity::{
     cap_payload, CappedPayload, ImportRejection, ImportReport, ImportedAttrs, ImportedSpan,
@@ -33,6 +39,10 @@ use crate::activity_write::{
 use crate::database::WriteContext;
 use crate::error::backend;
 use crate::payload_codec::{CompressedPayload, PayloadCodec};
+use crate::rows::payload_from_row;
+
+/// Events a span already holds: their payloads' JSON text by `(ts, event_type)`.
+type HeldEvents = HashMap<(i64, String), Vec<String>>;
 
 /// One event, capped and (maybe) compressed, ready for the writer.
 pub(crate) struct PreparedEvent {
@@ -226,6 +236,11 @@ fn complete_open_span(
     let end = span.end.as_ref();
     ctx.statement(
             "UPDATE activity_spans SET attrs = ?1, \
+             name = CASE WHEN origin = ?13 THEN ?14 ELSE name END, \
+             kind = CASE WHEN origin = ?13 THEN ?15 ELSE kind END, \
+             session_id = CASE WHEN origin = ?13 THEN COALESCE(?16, session_id) \
+               ELSE session_id END, \
+             job_name = CASE WHEN origin = ?13 THEN COALESCE(?17, job_name) ELSE job_name END, \
              ended_at = COALESCE(?2, ended_at), outcome = COALESCE(?3, outcome), \
              outcome_reason = CASE WHEN ?3 IS NULL THEN outcome_reason ELSE ?4 END, \
              input_tokens = COALESCE(?5, input_tokens), output_tokens = COALESCE(?6, output_tokens), \
@@ -250,6 +265,11 @@ fn complete_open_span(
                 span.usage.model,
                 now,
                 existing.span_key,
+                span.origin.as_str(),
+                span.name,
+                span.kind.as_str(),
+                span.session_id,
+                span.job_name,
             ])
         })
         .map_err(backend)?;
@@ -257,17 +277,61 @@ fn complete_open_span(
     Ok(())
 }
 
-/// The `(ts, event_type)` pairs a span already holds.
+/// The events a span already holds (payloads decoded, so a payload compressed with another
+/// dictionary still matches its text). Only spans completed by a delivery are read this way.
 fn held_events(
     ctx: &mut WriteContext<'_>,
     span_key: i64,
-) -> Result<HashSet<(i64, String)>, StoreError> {
-    ctx.statement("SELECT ts, event_type FROM activity_events WHERE span_key = ?1")
+    codec: &PayloadCodec,
+) -> Result<HeldEvents, StoreError> {
+    let conn = ctx.conn;
+    let rows: Vec<(i64, String, String)> = ctx
+        .statement(
+            "SELECT ts, event_type, payload, dict_id FROM activity_events WHERE span_key = ?1",
+        )
         .and_then(|stmt| {
-            stmt.query_map([span_key], |row| Ok((row.get(0)?, row.get(1)?)))?
-                .collect()
+            stmt.query_map([span_key], |row| {
+                let payload = payload_from_row(row, 2, 3, codec, conn)?;
+                Ok((row.get(0)?, row.get(1)?, payload.get().to_owned()))
+            })?
+            .collect()
         })
-        .map_err(backend)
+        .map_err(backend)?;
+    let mut held = HeldEvents::new();
+    for (ts, event_type, payload) in rows {
+        held.entry((ts, event_type)).or_default().push(payload);
+    }
+    Ok(held)
+}
+
+/// Which delivered events a span does not hold yet. Each held event accounts for one delivered
+/// event of its `ts` and type: first one with the same payload, then (for held events whose
+/// payload no delivered event repeats, such as one written natively in another shape) the
+/// earliest delivered one left. The rest are new.
+fn events_to_add(events: &[PreparedEvent], mut held: HeldEvents) -> Vec<bool> {
+    let mut add = vec![true; events.len()];
+    if held.is_empty() {
+        return add;
+    }
+    let key = |event: &PreparedEvent| (event.ts, event.event_type.clone());
+    for (index, event) in events.iter().enumerate() {
+        if let Some(payloads) = held.get_mut(&key(event)) {
+            if let Some(at) = payloads.iter().position(|held| *held == event.payload.json) {
+                payloads.swap_remove(at);
+                add[index] = false;
+            }
+        }
+    }
+    for (index, event) in events.iter().enumerate() {
+        if add[index] {
+            if let Some(payloads) = held.get_mut(&key(event)) {
+                if payloads.pop().is_some() {
+                    add[index] = false;
+                }
+            }
+        }
+    }
+    add
 }
 
 fn insert_events(
@@ -275,12 +339,12 @@ fn insert_events(
     span_key: i64,
     run_key: i64,
     events: &[PreparedEvent],
-    skip: &HashSet<(i64, String)>,
+    add: Option<&[bool]>,
 ) -> Result<u64, StoreError> {
     let mut added = 0;
-    for event in events {
-        // (A new span holds no events: no key is built for the check then.)
-        if !skip.is_empty() && skip.contains(&(event.ts, event.event_type.clone())) {
+    for (index, event) in events.iter().enumerate() {
+        // (A new span holds no events: nothing is checked then.)
+        if add.is_some_and(|add| !add.get(index).copied().unwrap_or(true)) {
             continue;
         }
         insert_event(
@@ -342,6 +406,7 @@ pub(crate) fn import_spans(
     spans: &[PreparedSpan],
     writer: &str,
     now: i64,
+    codec: &PayloadCodec,
 ) -> Result<ImportReport, StoreError> {
     let mut report = ImportReport::default();
     // Touched runs in first-touch order, with how each one's rollup is computed.
@@ -377,8 +442,7 @@ pub(crate) fn import_spans(
             if !prepared.events.is_empty() {
                 note_new_span(ctx, span_key);
             }
-            report.events_added +=
-                insert_events(ctx, span_key, run_key, &prepared.events, &HashSet::new())?;
+            report.events_added += insert_events(ctx, span_key, run_key, &prepared.events, None)?;
             report.created += 1;
             if let Some((_, RunSpans::New(run_spans))) = touched.get_mut(at) {
                 run_spans.push(rollup_span(span));
@@ -423,8 +487,9 @@ pub(crate) fn import_spans(
             };
             let span_key = existing.span_key;
             complete_open_span(ctx, prepared, &update, existing, now)?;
-            let held = held_events(ctx, span_key)?;
-            report.events_added += insert_events(ctx, span_key, run_key, &prepared.events, &held)?;
+            let add = events_to_add(&prepared.events, held_events(ctx, span_key, codec)?);
+            report.events_added +=
+                insert_events(ctx, span_key, run_key, &prepared.events, Some(&add))?;
             report.completed += 1;
         }
     }

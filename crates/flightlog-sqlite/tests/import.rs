@@ -413,3 +413,104 @@ async fn the_rollup_of_a_new_run_equals_the_one_computed_from_its_rows() {
         assert_eq!(from_delivery, from_rows, "{run}");
     }
 }
+
+/// Regression (found by an audit): a span announced open before it had the attributes its kind
+/// comes from kept the announcement's kind `other`, name and (no) session when its final copy
+/// arrived, so the run's rollup, which sums `model` spans, lost its usage and cost. A span the
+/// importer itself announced now takes the final copy's name, kind, session and job.
+#[tokio::test]
+async fn the_final_copy_of_an_announced_span_gives_its_name_kind_and_session() {
+    let fx = fixture();
+    let mut root = span("root", None, SpanKind::Turn, 1_000);
+    root.end = None;
+    root.name = "starting".into();
+    let mut call = span("call", Some("root"), SpanKind::Other, 1_100);
+    call.end = None;
+    call.name = "llm call".into();
+    fx.store.import_spans(vec![root, call]).await.unwrap();
+    let announced = fx.store.get_span("call").await.unwrap().unwrap();
+    assert_eq!(announced.kind, SpanKind::Other);
+
+    let mut final_root = span("root", None, SpanKind::Turn, 1_000);
+    final_root.name = "agent run".into();
+    final_root.session_id = Some("sess-9".into());
+    final_root.end = Some(ImportedEnd {
+        ended_at: 3_000,
+        outcome: SpanOutcome::Success,
+        reason: None,
+    });
+    let mut final_call = model_span("call", "root", 1_100, 1_000, 0.0035);
+    final_call.name = "chat gpt-4o".into();
+    let report = fx
+        .store
+        .import_spans(vec![final_call, final_root])
+        .await
+        .unwrap();
+    assert_eq!((report.created, report.completed), (0, 2));
+
+    let call = fx.store.get_span("call").await.unwrap().unwrap();
+    assert_eq!(call.kind, SpanKind::Model);
+    assert_eq!(call.name, "chat gpt-4o");
+    assert_eq!(call.started_at, 1_100, "the start stays");
+    let root = fx.store.get_span("root").await.unwrap().unwrap();
+    assert_eq!(root.name, "agent run");
+    assert_eq!(root.session_id.as_deref(), Some("sess-9"));
+    let rollup = fx.store.read_rollup("trace1").await.unwrap().unwrap();
+    assert_eq!(rollup.name, "agent run");
+    assert_eq!(rollup.session_id.as_deref(), Some("sess-9"));
+    assert_eq!(
+        rollup.input_tokens,
+        Some(1_000),
+        "the model span's usage counts"
+    );
+    assert_eq!(rollup.output_tokens, Some(100));
+    assert_eq!(rollup.cost_usd, Some(0.0035));
+}
+
+/// Regression (found by an audit): completing an announced span skipped every delivered event
+/// whose `ts` and type matched a held one, so distinct events in the same millisecond (stream
+/// chunks) were lost. Each held event now accounts for one delivered event of its `ts` and type
+/// (the same payload first), and the rest are added.
+#[tokio::test]
+async fn completing_a_span_keeps_distinct_events_of_one_millisecond() {
+    let fx = fixture();
+    let chunk = |i: i64, ts: i64| ImportedEvent {
+        ts,
+        event_type: "chunk".into(),
+        payload: json!({"i": i}),
+    };
+    let mut announced = span("s", None, SpanKind::Model, 1_000);
+    announced.end = None;
+    announced.events = vec![chunk(0, 5)];
+    fx.store.import_spans(vec![announced]).await.unwrap();
+
+    let mut delivered = span("s", None, SpanKind::Model, 1_000);
+    // The held chunk again, a distinct one in the same ms, the same one twice more (one of the
+    // two is new: the span holds it once), and one in the next ms.
+    delivered.events = vec![chunk(0, 5), chunk(1, 5), chunk(0, 5), chunk(2, 6)];
+    let report = fx
+        .store
+        .import_spans(vec![delivered.clone()])
+        .await
+        .unwrap();
+    assert_eq!(report.events_added, 3, "{report:?}");
+    let snapshot = fx.store.snapshot_run("trace1").await.unwrap().unwrap();
+    let mut held: Vec<(i64, String)> = snapshot
+        .events
+        .iter()
+        .map(|event| (event.ts, event.payload.get().to_owned()))
+        .collect();
+    held.sort();
+    assert_eq!(
+        held,
+        vec![
+            (5, r#"{"i":0}"#.to_owned()),
+            (5, r#"{"i":0}"#.to_owned()),
+            (5, r#"{"i":1}"#.to_owned()),
+            (6, r#"{"i":2}"#.to_owned()),
+        ]
+    );
+    // The span is terminal now: a retry of the same delivery adds nothing.
+    let retry = fx.store.import_spans(vec![delivered]).await.unwrap();
+    assert_eq!((retry.unchanged, retry.events_added), (1, 0));
+}
