@@ -101,26 +101,7 @@ pub fn decode_request(
             .map_err(|error| OtlpError::malformed(format!("invalid protobuf: {error}")))?,
         OtlpEncoding::Json => decode_json(body)?,
     };
-    if !body.is_empty() && !has_spans(&request) {
-        return Err(OtlpError::malformed(match encoding {
-            OtlpEncoding::Protobuf => {
-                "the body decoded to no spans: is it an ExportTraceServiceRequest?"
-            }
-            OtlpEncoding::Json => {
-                "the body decoded to no spans: OTLP/JSON keys are lowerCamelCase \
-                 (resourceSpans, scopeSpans, spans)"
-            }
-        }));
-    }
     Ok((request, encoding))
-}
-
-fn has_spans(request: &ExportTraceServiceRequest) -> bool {
-    request
-        .resource_spans
-        .iter()
-        .flat_map(|resource| &resource.scope_spans)
-        .any(|scope| !scope.spans.is_empty())
 }
 
 /// Inflate a gzip body (concatenated members too), reading at most `limit + 1` bytes of output:
@@ -146,10 +127,28 @@ fn inflate_bounded(
     Ok(inflated)
 }
 
+/// Decode an OTLP/JSON body. An empty request (`{}`, `{"resourceSpans": []}`, resources or
+/// scopes without spans) is valid: the OTLP specification has the server answer it with
+/// success. A top-level object with none of the request's keys (`{"resourceLogs": …}`, a
+/// body in another form) is refused instead of being read as an empty request.
 fn decode_json(body: &[u8]) -> Result<ExportTraceServiceRequest, OtlpError> {
-    let value: Value = serde_json::from_slice(body)
+    let mut value: Value = serde_json::from_slice(body)
         .map_err(|error| OtlpError::malformed(format!("invalid JSON: {error}")))?;
     check_json(&value, &mut Vec::new())?;
+    // (serde would read a struct from an array too: `[]` is no request.)
+    let Value::Object(request) = &value else {
+        return Err(OtlpError::malformed(
+            "an OTLP/JSON body is a JSON object (an ExportTraceServiceRequest)",
+        ));
+    };
+    if !request.is_empty() && !request.contains_key("resourceSpans") {
+        let keys: Vec<&str> = request.keys().map(String::as_str).take(5).collect();
+        return Err(OtlpError::malformed(format!(
+            "not an ExportTraceServiceRequest: no `resourceSpans` among its keys {keys:?} \
+             (OTLP/JSON keys are lowerCamelCase: resourceSpans, scopeSpans, spans)"
+        )));
+    }
+    normalize_any_values(&mut value);
     serde_path_to_error::deserialize(value).map_err(|error| {
         let path = error.path().to_string();
         OtlpError::malformed(format!("{path}: {}", error.inner()))
@@ -257,6 +256,57 @@ fn check_json<'a>(value: &'a Value, path: &mut Vec<Step<'a>>) -> Result<(), Otlp
             Ok(())
         }
         _ => Ok(()),
+    }
+}
+
+/// Bring `AnyValue`s that the protobuf JSON mapping allows, but opentelemetry-proto's serde
+/// derive refuses, to a form it reads:
+/// - `{"arrayValue": {}}` and `{"kvlistValue": {}}` (an empty repeated field is omitted, as Go's
+///   protojson and the Collector write it) get `"values": []`;
+/// - `doubleValue` as a string (the mapping writes `"NaN"`, `"Infinity"` and `"-Infinity"` so,
+///   and accepts any number as a string): a finite number becomes a JSON number; a non-finite
+///   one becomes the `stringValue` `"NaN"`, `"Infinity"` or `"-Infinity"`, which is how a
+///   non-finite double of a protobuf body is stored too (JSON has no such numbers);
+///   a string that is no number is left for the decoder to refuse, naming its path.
+///
+/// The keys are the `AnyValue` oneof's own, so whatever object holds them is an `AnyValue`.
+/// The recursion is bounded by serde_json's nesting limit (128), which the body has passed.
+fn normalize_any_values(value: &mut Value) {
+    match value {
+        Value::Object(object) => {
+            for key in ["arrayValue", "kvlistValue"] {
+                if let Some(Value::Object(list)) = object.get_mut(key) {
+                    list.entry("values")
+                        .or_insert_with(|| Value::Array(Vec::new()));
+                }
+            }
+            if let Some(Value::String(text)) = object.get("doubleValue") {
+                let replacement = match text.trim().parse::<f64>() {
+                    Ok(number) => serde_json::Number::from_f64(number)
+                        .map(|number| ("doubleValue", Value::Number(number)))
+                        .or_else(|| {
+                            let name = if number.is_nan() {
+                                "NaN"
+                            } else if number > 0.0 {
+                                "Infinity"
+                            } else {
+                                "-Infinity"
+                            };
+                            Some(("stringValue", Value::String(name.to_owned())))
+                        }),
+                    Err(_) => None,
+                };
+                if let Some((key, replacement)) = replacement {
+                    object.remove("doubleValue");
+                    object.insert(key.to_owned(), replacement);
+                }
+            }
+            for child in object.values_mut() {
+                normalize_any_values(child);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(normalize_any_values),
+        _ => {}
     }
 }
 
@@ -432,22 +482,115 @@ mod tests {
     }
 
     #[test]
-    fn a_non_empty_body_without_spans_is_malformed() {
+    fn an_empty_request_is_valid_and_a_body_in_another_form_is_not() {
+        // The OTLP specification: an empty request is answered with success.
         for text in [
             r#"{}"#,
             r#"{"resourceSpans":[]}"#,
-            r#"{"ResourceSpans":[{"x":1}]}"#,
+            r#"{"resourceSpans":[{"resource":{"attributes":[]},"scopeSpans":[{"scope":{},"spans":[]}]}]}"#,
         ] {
-            assert_eq!(
-                malformed_message(decode_json_text(text)),
-                "the body decoded to no spans: OTLP/JSON keys are lowerCamelCase (resourceSpans, \
-                 scopeSpans, spans)",
+            let decoded = decode_json_text(text).unwrap_or_else(|err| panic!("{text}: {err}"));
+            assert!(
+                decoded.resource_spans.iter().all(|resource| resource
+                    .scope_spans
+                    .iter()
+                    .all(|scope| scope.spans.is_empty())),
                 "{text}"
             );
         }
-        // An empty protobuf body is a valid, empty request.
-        let (empty, _) = decode_request(Some("application/x-protobuf"), None, b"", LIMIT).unwrap();
-        assert_eq!(empty.resource_spans, vec![]);
+        let resource_only = ExportTraceServiceRequest {
+            resource_spans: vec![opentelemetry_proto::tonic::trace::v1::ResourceSpans::default()],
+        }
+        .encode_to_vec();
+        for body in [&b""[..], &resource_only] {
+            let (empty, _) =
+                decode_request(Some("application/x-protobuf"), None, body, LIMIT).unwrap();
+            assert!(empty.resource_spans.len() <= 1);
+        }
+        for text in ["[]", "[[]]", "null", "1", "\"x\""] {
+            assert_eq!(
+                malformed_message(decode_json_text(text)),
+                "an OTLP/JSON body is a JSON object (an ExportTraceServiceRequest)",
+                "{text}"
+            );
+        }
+        // A JSON object without the request's key is something else (another signal, another
+        // casing), not an empty request.
+        for (text, keys) in [
+            (r#"{"resourceLogs":[]}"#, r#"["resourceLogs"]"#),
+            (r#"{"ResourceSpans":[{"x":1}]}"#, r#"["ResourceSpans"]"#),
+        ] {
+            assert_eq!(
+                malformed_message(decode_json_text(text)),
+                format!(
+                    "not an ExportTraceServiceRequest: no `resourceSpans` among its keys {keys} \
+                     (OTLP/JSON keys are lowerCamelCase: resourceSpans, scopeSpans, spans)"
+                ),
+                "{text}"
+            );
+        }
+    }
+
+    /// Values the protobuf JSON mapping allows and opentelemetry-proto's derive refused (found
+    /// by an audit): empty lists written without their `values`, doubles as strings.
+    #[test]
+    fn any_values_in_every_form_of_the_json_mapping_decode() {
+        let attribute =
+            |value: &str| json_body("1", "2", "3").replacen(r#"{"intValue":3}"#, value, 1);
+        let cases: [(&str, any_value::Value); 7] = [
+            (
+                r#"{"arrayValue":{}}"#,
+                any_value::Value::ArrayValue(Default::default()),
+            ),
+            (
+                r#"{"kvlistValue":{}}"#,
+                any_value::Value::KvlistValue(Default::default()),
+            ),
+            (
+                r#"{"doubleValue":"1.5"}"#,
+                any_value::Value::DoubleValue(1.5),
+            ),
+            (
+                r#"{"doubleValue":" -2e3 "}"#,
+                any_value::Value::DoubleValue(-2000.0),
+            ),
+            (
+                r#"{"doubleValue":"NaN"}"#,
+                any_value::Value::StringValue("NaN".into()),
+            ),
+            (
+                r#"{"doubleValue":"Infinity"}"#,
+                any_value::Value::StringValue("Infinity".into()),
+            ),
+            (
+                r#"{"doubleValue":"-Infinity"}"#,
+                any_value::Value::StringValue("-Infinity".into()),
+            ),
+        ];
+        for (value, expected) in cases {
+            let text = attribute(value);
+            assert!(text.contains(value), "the fixture holds {value}");
+            let decoded = decode_json_text(&text).unwrap_or_else(|err| panic!("{value}: {err}"));
+            let span = &decoded.resource_spans[0].scope_spans[0].spans[0];
+            assert_eq!(
+                span.attributes[0]
+                    .value
+                    .as_ref()
+                    .and_then(|v| v.value.clone()),
+                Some(expected),
+                "{value}"
+            );
+        }
+        // Nested too: inside an array and a key-value list.
+        let nested =
+            attribute(r#"{"arrayValue":{"values":[{"doubleValue":"NaN"},{"kvlistValue":{}}]}}"#);
+        assert!(decode_json_text(&nested).is_ok());
+        // A string that is no number is still refused, naming where it is.
+        let message = malformed_message(decode_json_text(&attribute(r#"{"doubleValue":"abc"}"#)));
+        assert!(
+            message.contains("attributes[0].value") && message.contains("\"abc\""),
+            "{message}"
+        );
     }
 
     #[test]

@@ -28,7 +28,7 @@ use futures_util::StreamExt;
 
 use crate::error::ApiError;
 use crate::metrics::{method_label, UNMATCHED_ROUTE};
-use crate::routes::otlp::{is_protobuf, too_large_answer, TRACES_PATH};
+use crate::routes::otlp::{is_protobuf, refusal_answer, too_large_answer, TRACES_PATH};
 use crate::state::AppState;
 use crate::{auth, extract, overload};
 
@@ -79,8 +79,16 @@ async fn admit_and_run(
         .headers()
         .get(EXPECT)
         .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    // An OTLP exporter sending protobuf reads a protobuf `Status` in every error answer.
+    let refuse = |refusal: ApiError| {
+        if otlp_protobuf {
+            refusal_answer(&refusal)
+        } else {
+            refusal.into_response()
+        }
+    };
     if let Err(refusal) = auth::check_token(state, &request, route.map(MatchedPath::as_str)) {
-        return answer_after_draining(request, waits_to_send, limit, refusal.into_response()).await;
+        return answer_after_draining(request, waits_to_send, limit, refuse(refusal)).await;
     }
     let declared = declared_length(&request);
     if declared.is_some_and(|length| length > limit as u64) {
@@ -96,8 +104,7 @@ async fn admit_and_run(
     let slot = match overload::take_write_slot(state, &method, route.is_some()).await {
         Ok(slot) => slot,
         Err(refusal) => {
-            return answer_after_draining(request, waits_to_send, limit, refusal.into_response())
-                .await
+            return answer_after_draining(request, waits_to_send, limit, refuse(refusal)).await
         }
     };
     // Every body is read here, before the route runs. A route may answer without reading the

@@ -55,6 +55,21 @@ pub(crate) fn too_large_answer(limit: usize) -> Response {
     )
 }
 
+/// A refusal of the gate (401, 403, 503) to a protobuf request to [`TRACES_PATH`], in the OTLP
+/// error encoding: a `google.rpc.Status` with the matching gRPC code and the contract's HTTP
+/// status (and `Retry-After` on a 503).
+pub(crate) fn refusal_answer(error: &ApiError) -> Response {
+    let code = match error.status() {
+        StatusCode::UNAUTHORIZED => GrpcCode::Unauthenticated,
+        StatusCode::FORBIDDEN => GrpcCode::PermissionDenied,
+        StatusCode::SERVICE_UNAVAILABLE => GrpcCode::Unavailable,
+        StatusCode::PAYLOAD_TOO_LARGE => GrpcCode::ResourceExhausted,
+        status if status.is_server_error() => GrpcCode::Internal,
+        _ => GrpcCode::InvalidArgument,
+    };
+    protobuf_failure(error, code)
+}
+
 /// Whether the request declared a protobuf body (its errors are then answered in protobuf).
 pub(crate) fn is_protobuf(headers: &HeaderMap) -> bool {
     header_text(headers, CONTENT_TYPE.as_str())

@@ -409,3 +409,129 @@ async fn a_grpc_connection_that_sends_nothing_is_closed() {
     assert_eq!(response.partial_success, None);
     server.stop().await;
 }
+
+/// `google.rpc.Status`, the error body of a protobuf OTLP/HTTP request.
+#[derive(Clone, PartialEq, Message)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+}
+
+/// An answer to a protobuf export must be protobuf: the `Status` of an error, with `code`.
+async fn assert_protobuf_status(response: reqwest::Response, http: u16, code: i32) {
+    assert_eq!(response.status(), http);
+    assert_eq!(
+        response.headers()["content-type"].to_str().ok(),
+        Some("application/x-protobuf"),
+        "a protobuf exporter reads a protobuf Status"
+    );
+    let bytes = response.bytes().await.expect("body");
+    let status = RpcStatus::decode(bytes).expect("a google.rpc.Status");
+    assert_eq!(status.code, code, "{status:?}");
+    assert!(!status.message.is_empty());
+}
+
+/// Regression (found by an audit): the gate's refusals (a missing or wrong token, a token
+/// without `ingest`, an overload) answered a protobuf export with the contract's JSON body,
+/// which an OTLP exporter cannot read; the OTLP/HTTP specification asks for a protobuf
+/// `Status` in every error answer to a protobuf request. JSON exports keep the contract's body.
+#[tokio::test]
+async fn the_gate_refuses_a_protobuf_export_with_a_protobuf_status() {
+    use flightlog_server::auth::{AuthConfig, Scope, Scopes};
+    let auth = AuthConfig::open()
+        .with_token("ingest-secret", Scopes::default().with(Scope::Ingest))
+        .and_then(|auth| auth.with_token("read-secret", Scopes::default().with(Scope::Read)))
+        .expect("valid tokens");
+    let server = TestServer::start_with(crate::support::Options {
+        config: flightlog_server::ServerConfig {
+            auth,
+            ..flightlog_server::ServerConfig::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let body = request(vec![]).encode_to_vec();
+    let post = |token: Option<&'static str>, content_type: &'static str, body: Vec<u8>| {
+        let mut builder = server
+            .client
+            .post(format!("{}/v1/traces", server.base))
+            .header("content-type", content_type)
+            .body(body);
+        if let Some(token) = token {
+            builder = builder.bearer_auth(token);
+        }
+        builder.send()
+    };
+    let response = post(None, "application/x-protobuf", body.clone())
+        .await
+        .unwrap();
+    assert_protobuf_status(response, 401, 16).await;
+    let response = post(Some("wrong"), "application/x-protobuf", body.clone())
+        .await
+        .unwrap();
+    assert_protobuf_status(response, 401, 16).await;
+    let response = post(Some("read-secret"), "application/x-protobuf", body.clone())
+        .await
+        .unwrap();
+    assert_protobuf_status(response, 403, 7).await;
+    let response = post(Some("ingest-secret"), "application/x-protobuf", body)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    // JSON: the contract's error body.
+    let response = post(None, "application/json", b"{}".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+    let error: Value = response.json().await.expect("JSON");
+    assert_eq!(error["error"]["code"], "unauthorized");
+    server.stop().await;
+
+    let busy = TestServer::start_refusing_writes().await;
+    let response = busy
+        .client
+        .post(format!("{}/v1/traces", busy.base))
+        .header("content-type", "application/x-protobuf")
+        .body(request(vec![]).encode_to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert!(response.headers().contains_key("retry-after"));
+    assert_protobuf_status(response, 503, 14).await;
+    busy.stop().await;
+}
+
+/// Regression (found by an audit): a request with resources or scopes but no spans got 400
+/// over HTTP and OK over gRPC. The OTLP specification has an empty request answered with
+/// success, in both transports; nothing is stored.
+#[tokio::test]
+async fn an_empty_export_is_a_success_that_stores_nothing() {
+    let server = TestServer::start().await;
+    let empty = export(&server, vec![]).await;
+    assert_eq!(empty.partial_success, None);
+    for body in [
+        r#"{}"#,
+        r#"{"resourceSpans":[]}"#,
+        r#"{"resourceSpans":[{"resource":{},"scopeSpans":[{"scope":{},"spans":[]}]}]}"#,
+    ] {
+        let response = post_raw(&server, "application/json", None, body.as_bytes().to_vec()).await;
+        assert_eq!(response.status(), 200, "{body}");
+        let answer: Value = response.json().await.expect("JSON");
+        assert_eq!(answer, json!({}), "{body}");
+    }
+    // Another signal's export sent here by mistake is not mistaken for an empty one.
+    let response = post_raw(
+        &server,
+        "application/json",
+        None,
+        br#"{"resourceLogs":[]}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(response.status(), 400);
+    let (status, runs) = get_json(&server, "/v1/activity/runs").await;
+    assert_eq!(status, 200);
+    assert_eq!(runs["runs"], json!([]));
+    server.stop().await;
+}

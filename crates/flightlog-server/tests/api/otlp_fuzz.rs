@@ -2443,19 +2443,23 @@ impl<'a> Fuzz<'a> {
                 (format!("snake_case key {to}"), Expect::Refused)
             }
             11 => {
-                let body = rng.pick(&[
-                    "{}",
-                    "[]",
-                    "null",
-                    "\"x\"",
-                    "1",
-                    "[[]]",
-                    "{\"resourceSpans\":null}",
-                    "{\"resourceSpans\":[{}]}",
-                    " ",
+                // Empty requests are valid (the OTLP specification: answer them with success);
+                // anything that is not a JSON object is not a request.
+                let (body, expect) = *rng.pick(&[
+                    ("{}", Expect::Accepted),
+                    ("{\"resourceSpans\":[{}]}", Expect::Accepted),
+                    ("{\"resourceSpans\":[]}", Expect::Accepted),
+                    ("{\"resourceLogs\":[]}", Expect::Refused),
+                    ("[]", Expect::Refused),
+                    ("null", Expect::Refused),
+                    ("\"x\"", Expect::Refused),
+                    ("1", Expect::Refused),
+                    ("[[]]", Expect::Refused),
+                    ("{\"resourceSpans\":null}", Expect::Any),
+                    (" ", Expect::Refused),
                 ]);
                 raw = Some(body.as_bytes().to_vec());
-                (format!("body {body:?}"), Expect::Refused)
+                (format!("body {body:?}"), expect)
             }
             12 => {
                 let text = serde_json::to_string(&value).expect("JSON").replacen(
