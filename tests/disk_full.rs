@@ -256,9 +256,17 @@ struct Server {
 
 impl Server {
     /// Start `serve` on `db`, under the file-size `limit` if given, and wait until it listens.
+    /// Each start is a new instance (port 0 names it): it closes nothing an earlier start left
+    /// open, so what a test finds after a restart is what the disk let it store.
     fn start(folder: &Path, db: &Path, limit: Option<u64>) -> Self {
+        Self::start_as(folder, db, limit, None)
+    }
+
+    /// [`Server::start`], as `instance` when given: two starts under one name are two lives of
+    /// one server, and the later one's boot sweep closes what the earlier one left open.
+    fn start_as(folder: &Path, db: &Path, limit: Option<u64>, instance: Option<&str>) -> Self {
         let db_arg = db.to_str().expect("scratch paths are UTF-8");
-        let args = [
+        let mut args = vec![
             "serve",
             "--db",
             db_arg,
@@ -266,11 +274,10 @@ impl Server {
             "127.0.0.1:0",
             "--grpc-addr",
             "off",
-            // One name for every start, so a restart is a later life of the same server and its
-            // boot sweep looks for what the earlier one left open (port 0 differs each time).
-            "--instance",
-            "disk-full",
         ];
+        if let Some(instance) = instance {
+            args.extend(["--instance", instance]);
+        }
         let mut command = match limit {
             Some(limit) => limited_command(limit, BIN, &args),
             None => {
@@ -2130,7 +2137,7 @@ fn a_restart_on_a_full_disk_with_an_open_session_span_still_serves() {
     let scratch = Scratch::new("boot-sweep");
     assert_the_limit_fails_writes(&scratch);
     let db = scratch.join("flightlog.db");
-    let mut server = Server::start(&scratch.0, &db, Some(LIMIT));
+    let mut server = Server::start_as(&scratch.0, &db, Some(LIMIT), Some("restarted"));
     let mut http = Http::new(&server.addr);
     let session = json!({"spanId": "session-1", "runId": "run-session", "name": "a session",
                          "kind": "turn", "origin": "session"});
@@ -2143,7 +2150,7 @@ fn a_restart_on_a_full_disk_with_an_open_session_span_still_serves() {
     stop_cleanly(case, server, "while full");
 
     // Panics with the server's output if it does not come up.
-    let server = Server::start(&scratch.0, &db, Some(LIMIT));
+    let server = Server::start_as(&scratch.0, &db, Some(LIMIT), Some("restarted"));
     let mut http = Http::new(&server.addr);
     let reply = http
         .get("/v1/activity/spans/session-1")

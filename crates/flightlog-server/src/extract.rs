@@ -46,7 +46,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
 pub(crate) async fn json_body_bytes(req: Request, state: &AppState) -> Result<Bytes, ApiError> {
     if !is_json(req.headers())? {
         return Err(ApiError::UnsupportedMediaType(
-            "this endpoint takes a JSON body: send Content-Type: application/json".into(),
+            "this endpoint takes a JSON body in UTF-8: send Content-Type: application/json".into(),
         ));
     }
     read_body(req, state).await
@@ -74,12 +74,13 @@ impl<T: DeserializeOwned> FromRequest<AppState> for OptionalJsonBody<T> {
 
 fn unsupported_media_type() -> ApiError {
     ApiError::UnsupportedMediaType(
-        "a request body must be JSON: send Content-Type: application/json".into(),
+        "a request body must be JSON in UTF-8: send Content-Type: application/json".into(),
     )
 }
 
-/// Whether the request declares a JSON body (`application/json` or `application/*+json`, any
-/// parameters). A content type that is not valid text is a bad request.
+/// Whether the request declares a JSON body (`application/json` or `application/*+json`, with
+/// no `charset` or a UTF-8 one: JSON is read as UTF-8, so a body declared in another charset is
+/// not one this server can take). A content type that is not valid text is a bad request.
 fn is_json(headers: &HeaderMap) -> Result<bool, ApiError> {
     let Some(value) = headers.get(CONTENT_TYPE) else {
         return Ok(false);
@@ -87,7 +88,19 @@ fn is_json(headers: &HeaderMap) -> Result<bool, ApiError> {
     let text = value
         .to_str()
         .map_err(|_| ApiError::invalid("the Content-Type header is not valid text"))?;
-    let essence = text.split(';').next().unwrap_or_default().trim();
+    let mut parts = text.split(';');
+    let essence = parts.next().unwrap_or_default().trim();
+    let foreign_charset = parts.any(|parameter| {
+        parameter.split_once('=').is_some_and(|(name, charset)| {
+            let charset = charset.trim().trim_matches('"');
+            name.trim().eq_ignore_ascii_case("charset")
+                && !charset.eq_ignore_ascii_case("utf-8")
+                && !charset.eq_ignore_ascii_case("utf8")
+        })
+    });
+    if foreign_charset {
+        return Ok(false);
+    }
     // Compared without lower-casing a copy: this runs on every JSON request.
     let ascii_prefix = |prefix: &str| {
         essence
@@ -283,6 +296,21 @@ mod tests {
             Ok(true)
         );
         assert_eq!(is_json(&content_type("text/plain")), Ok(false));
+        // JSON is read as UTF-8: another declared charset is refused (415), not misread.
+        for declared in [
+            "application/json; charset=UTF-8",
+            "application/json;charset=\"utf-8\"",
+            "application/json; charset=utf8",
+        ] {
+            assert_eq!(is_json(&content_type(declared)), Ok(true), "{declared}");
+        }
+        for declared in [
+            "application/json; charset=utf-16",
+            "application/json; charset=latin-1",
+            "application/json; CHARSET=\"iso-8859-1\"",
+        ] {
+            assert_eq!(is_json(&content_type(declared)), Ok(false), "{declared}");
+        }
         assert_eq!(
             is_json(&content_type("application/x-www-form-urlencoded")),
             Ok(false)
