@@ -1148,6 +1148,18 @@ impl Model {
                 continue;
             }
             let stored = &mut self.spans[index];
+            // A span the same importer announced takes the final copy's identity; a span of
+            // another origin (started natively) keeps its own.
+            if stored.origin == span.origin {
+                stored.name = span.name.clone();
+                stored.kind = span.kind.clone();
+                if span.session_id.is_some() {
+                    stored.session_id = span.session_id.clone();
+                }
+                if span.job_name.is_some() {
+                    stored.job_name = span.job_name.clone();
+                }
+            }
             merge(&mut stored.attrs, Some(&attrs));
             if let Some(end) = end {
                 stored.ended_at = Some(end.ended_at);
@@ -1158,15 +1170,36 @@ impl Model {
             }
             coalesce(&mut stored.usage, Some(&span.usage));
             self.log(&span.run_id, &span.span_id, None);
-            // Only events the span does not already hold (same time and type) are added.
-            let held: BTreeSet<(i64, String)> = self
-                .events
-                .iter()
-                .filter(|event| event.span_id == span.span_id)
-                .map(|event| (event.ts, event.event_type.clone()))
-                .collect();
-            for event in &span.events {
-                if held.contains(&(event.ts, event.event_type.clone())) {
+            // Only events the span does not already hold are added: each held event accounts
+            // for one delivered event of its time and type, the one with the same payload
+            // first.
+            let mut held: BTreeMap<(i64, String), Vec<String>> = BTreeMap::new();
+            for event in self.events.iter().filter(|e| e.span_id == span.span_id) {
+                held.entry((event.ts, event.event_type.clone()))
+                    .or_default()
+                    .push(event.payload.get().to_owned());
+            }
+            let mut add = vec![true; span.events.len()];
+            for (at, event) in span.events.iter().enumerate() {
+                let payload = capped(Some(&event.payload)).0;
+                if let Some(list) = held.get_mut(&(event.ts, event.event_type.clone())) {
+                    if let Some(found) = list.iter().position(|held| *held == payload) {
+                        list.remove(found);
+                        add[at] = false;
+                    }
+                }
+            }
+            for (at, event) in span.events.iter().enumerate() {
+                if add[at] {
+                    if let Some(list) = held.get_mut(&(event.ts, event.event_type.clone())) {
+                        if list.pop().is_some() {
+                            add[at] = false;
+                        }
+                    }
+                }
+            }
+            for (at, event) in span.events.iter().enumerate() {
+                if !add[at] {
                     continue;
                 }
                 self.add_event(
