@@ -169,13 +169,7 @@ fn inflate_bounded(
     let mut len = inflated.len();
     map[..len].copy_from_slice(&inflated);
     drop(inflated);
-    loop {
-        let Some(rest) = map.get_mut(len..) else {
-            break;
-        };
-        if rest.is_empty() {
-            break;
-        }
+    while let Some(rest) = map.get_mut(len..).filter(|rest| !rest.is_empty()) {
         match decoder.read(rest) {
             Ok(0) => break,
             Ok(read) => len += read,
