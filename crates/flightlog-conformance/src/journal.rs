@@ -25,7 +25,7 @@ pub type JournalFactory<'a> = &'a dyn Fn(RetentionConfig) -> Arc<dyn EngagementJ
 /// exception class (`TypeError` for validation, `JournalFullError` for a full engagement).
 pub fn error_kind(err: &JournalError) -> &'static str {
     match err {
-        JournalError::Invalid(_) => "TypeError",
+        JournalError::Invalid(_) | JournalError::NotFinite { .. } => "TypeError",
         JournalError::JournalFull { .. } => "JournalFullError",
         JournalError::WrongExpectedSeq { .. } => "WrongExpectedSeq",
         JournalError::Closed

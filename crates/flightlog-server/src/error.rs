@@ -185,7 +185,9 @@ impl From<JournalError> for ApiError {
     fn from(err: JournalError) -> Self {
         let message = err.to_string();
         match err {
-            JournalError::Invalid(_) => Self::InvalidRequest(message),
+            JournalError::Invalid(_) | JournalError::NotFinite { .. } => {
+                Self::InvalidRequest(message)
+            }
             JournalError::JournalFull { .. } => Self::JournalFull(message),
             JournalError::WrongExpectedSeq { .. } => Self::Conflict(message),
             JournalError::Closed | JournalError::StorageFull(_) => Self::Unavailable(message),

@@ -399,8 +399,11 @@ fn compact_in_transaction(
             events.len()
         ))));
     }
-    let Some(plan) = plan_compaction(&events) else {
-        return Ok(Ok(false));
+    let plan = match plan_compaction(&events) {
+        Ok(Some(plan)) => plan,
+        Ok(None) => return Ok(Ok(false)),
+        // Refused before anything was written: no replay of the group.
+        Err(refusal) => return Ok(Err(refusal)),
     };
     let closed_json = match serde_json::to_string(&plan.closed_data) {
         Ok(json) => json,

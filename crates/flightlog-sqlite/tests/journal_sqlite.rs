@@ -1044,3 +1044,52 @@ fn the_generation_changes_exactly_when_seqs_are_given_out_again() {
     }
     let _ = std::fs::remove_dir_all(&folder);
 }
+
+/// A budget total past `f64::MAX` makes compaction fail as the reference's does (a
+/// `TypeError` from its copy step), on both backends, and leaves the engagement unchanged.
+#[test]
+fn a_total_that_is_not_finite_leaves_the_engagement_uncompacted() {
+    let folder = std::env::temp_dir().join(format!(
+        "flightlog-journal-not-finite-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&folder);
+    std::fs::create_dir_all(&folder).expect("scratch folder");
+    let journals: Vec<(&str, Arc<dyn EngagementJournal>)> = vec![
+        (
+            "memory",
+            Arc::new(InMemoryEngagementJournal::new(RetentionConfig::default())),
+        ),
+        ("sqlite", Arc::new(open_journal(&folder.join("f.db")))),
+    ];
+    let rt = runtime();
+    for (name, journal) in journals {
+        rt.block_on(async {
+            let mut events = vec![input("inf", 1, "engagement_opened", json!({}))];
+            for _ in 0..2 {
+                events.push(input("inf", 2, "budget_charged", json!({"tokens": 1e308})));
+            }
+            for _ in 0..18 {
+                events.push(input("inf", 3, "tool_called", json!({})));
+            }
+            events.push(input(
+                "inf",
+                4,
+                "engagement_closed",
+                json!({"status": "completed"}),
+            ));
+            for event in events {
+                journal.append(event).await.expect("append");
+            }
+            let before = journal.read("inf").await.expect("read");
+            match journal.compact("inf").await {
+                Err(JournalError::NotFinite { path }) => {
+                    assert_eq!(path, "data.consumed.tokens", "{name}")
+                }
+                other => panic!("{name}: expected NotFinite, got {other:?}"),
+            }
+            assert_eq!(journal.read("inf").await.expect("read"), before, "{name}");
+        });
+    }
+    let _ = std::fs::remove_dir_all(&folder);
+}

@@ -10,8 +10,9 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::record::JournalRecord;
+use super::store::JournalError;
 use super::summary::summarize_engagement_events;
-use super::types::{EngagementEvent, JsonObject};
+use super::types::{EngagementEvent, JsonObject, BUDGET_KEYS};
 
 /// An engagement is compacted only when it holds more events than this.
 pub const COMPACTION_MIN_EVENTS: usize = 20;
@@ -90,7 +91,19 @@ impl CompactionPlan {
 /// leaves the engagement alone: at most [`COMPACTION_MIN_EVENTS`] events; any guard block, denied
 /// mail or escalation; no `engagement_closed`; the last close's `data.status` present (even
 /// `null`) and not `"completed"`; or nothing to drop.
-pub fn plan_compaction(events: &[EngagementEvent]) -> Option<CompactionPlan> {
+///
+/// [`JournalError::NotFinite`] when the closing record's `consumed` would hold a total that is
+/// not a finite number (amounts summed past `f64::MAX`): the reference's copy step throws a
+/// `TypeError` for it, so nothing is compacted, rather than the total being written as `null`.
+pub fn plan_compaction(events: &[EngagementEvent]) -> Result<Option<CompactionPlan>, JournalError> {
+    match plan(events) {
+        Some(Err(path)) => Err(JournalError::NotFinite { path }),
+        Some(Ok(plan)) => Ok(Some(plan)),
+        None => Ok(None),
+    }
+}
+
+fn plan(events: &[EngagementEvent]) -> Option<Result<CompactionPlan, String>> {
     if events.len() <= COMPACTION_MIN_EVENTS {
         return None;
     }
@@ -123,23 +136,65 @@ pub fn plan_compaction(events: &[EngagementEvent]) -> Option<CompactionPlan> {
         return None;
     }
     let consumed = summarize_engagement_events(&closed.engagement_id, events).consumed;
+    // The reference copies the close's data, then `status`, then `consumed`, key by key.
+    let amounts = [
+        consumed.model_calls,
+        consumed.tokens,
+        consumed.wall_ms,
+        consumed.side_effects,
+    ];
+    if let Some((key, _)) = BUDGET_KEYS
+        .iter()
+        .zip(amounts)
+        .find(|(_, amount)| !amount.is_finite())
+    {
+        return Some(Err(format!("data.consumed.{key}")));
+    }
     let mut closed_data = JsonObject::clone(&closed.data);
     closed_data.insert("status".to_owned(), Value::from("completed"));
     closed_data.insert(
         "consumed".to_owned(),
         Value::Object(consumed.to_json_object()),
     );
-    Some(CompactionPlan {
+    Some(Ok(CompactionPlan {
         kept,
         closed_index,
         closed_data,
-    })
+    }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The plan, for events that cannot make compaction fail.
+    fn planned(events: &[EngagementEvent]) -> Option<CompactionPlan> {
+        match plan_compaction(events) {
+            Ok(plan) => plan,
+            Err(err) => panic!("no plan error expected: {err}"),
+        }
+    }
+
+    /// Regression (found by a differential test against the reference): totals summed past
+    /// `f64::MAX` were written into the close record as `null` (and read back as 0), silently
+    /// losing them; the reference's copy step throws a `TypeError` and compacts nothing.
+    #[test]
+    fn a_total_that_is_not_finite_refuses_the_compaction() {
+        let mut events = finished(json!({"status": "completed"}));
+        events[0] = event(0, "budget_charged", json!({"tokens": 1e308}));
+        events[1] = event(1, "budget_charged", json!({"tokens": 1e308}));
+        match plan_compaction(&events) {
+            Err(JournalError::NotFinite { path }) => assert_eq!(path, "data.consumed.tokens"),
+            other => panic!(
+                "expected NotFinite, got {:?}",
+                other.map(|plan| plan.is_some())
+            ),
+        }
+        // Large but finite totals still compact.
+        events[1] = event(1, "budget_charged", json!({"tokens": 1}));
+        assert!(planned(&events).is_some());
+    }
 
     fn event(seq: usize, kind: &str, data: Value) -> EngagementEvent {
         EngagementEvent {
@@ -164,7 +219,7 @@ mod tests {
     #[test]
     fn drops_bookkeeping_renumbers_and_keeps_totals_in_the_close_record() {
         let events = finished(json!({"consumed": {"x": 1}, "reason": "ok"}));
-        let plan = plan_compaction(&events);
+        let plan = planned(&events);
         assert!(plan.is_some(), "21 finished events compact");
         let compacted = plan.map(|plan| plan.apply(events)).unwrap_or_default();
         let value = serde_json::to_value(&compacted).unwrap_or_default();
@@ -185,7 +240,7 @@ mod tests {
     #[test]
     fn borrowed_and_owned_application_agree() {
         let events = finished(json!({"status": "completed"}));
-        let Some(plan) = plan_compaction(&events) else {
+        let Some(plan) = planned(&events) else {
             panic!("expected a plan");
         };
         assert_eq!(plan.compacted_events(&events), plan.apply(events));
@@ -193,24 +248,21 @@ mod tests {
 
     #[test]
     fn leaves_alone_what_the_reference_leaves_alone() {
-        assert_eq!(plan_compaction(&finished(json!({"status": null}))), None);
-        assert_eq!(
-            plan_compaction(&finished(json!({"status": "cancelled"}))),
-            None
-        );
+        assert_eq!(planned(&finished(json!({"status": null}))), None);
+        assert_eq!(planned(&finished(json!({"status": "cancelled"}))), None);
         let mut short = finished(json!({}));
         short.remove(0);
-        assert_eq!(plan_compaction(&short), None, "20 events are not enough");
+        assert_eq!(planned(&short), None, "20 events are not enough");
         let mut escalated = finished(json!({}));
         escalated[3] = event(3, "escalated", json!({}));
-        assert_eq!(plan_compaction(&escalated), None);
+        assert_eq!(planned(&escalated), None);
         let mut open = finished(json!({}));
         open[20] = event(20, "tool_called", json!({}));
-        assert_eq!(plan_compaction(&open), None);
+        assert_eq!(planned(&open), None);
         let nothing_to_drop: Vec<EngagementEvent> = (0..20)
             .map(|seq| event(seq, "tool_called", json!({})))
             .chain([event(20, "engagement_closed", json!({}))])
             .collect();
-        assert_eq!(plan_compaction(&nothing_to_drop), None);
+        assert_eq!(planned(&nothing_to_drop), None);
     }
 }

@@ -230,7 +230,7 @@ impl EngagementJournal for InMemoryEngagementJournal {
         let Some(log) = shard.find_mut(hash, |log| *log.id == *engagement_id) else {
             return Ok(false);
         };
-        let Some(plan) = plan_compaction(&log.events) else {
+        let Some(plan) = plan_compaction(&log.events)? else {
             return Ok(false);
         };
         let events = std::mem::take(&mut log.events);

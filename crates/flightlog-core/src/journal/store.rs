@@ -57,6 +57,14 @@ pub enum JournalError {
         /// The seq the append would have had.
         actual: i64,
     },
+    /// Compaction would write a number JSON cannot hold (a budget total that overflowed to
+    /// infinity): the reference's copy step throws a `TypeError` there, and the engagement is
+    /// left as it was.
+    #[error("journal data at {path} is not a finite number: the engagement was not compacted")]
+    NotFinite {
+        /// Where the number would go, e.g. `data.consumed.tokens`.
+        path: String,
+    },
     /// The journal has been closed (or its writer stopped); nothing was written.
     #[error("the journal is closed")]
     Closed,

@@ -73,8 +73,30 @@ struct ListQuery {
 #[serde(deny_unknown_fields)]
 struct EngagementPruneBody {
     /// Engagements whose last event is older than `now` minus the configured maximum age are
-    /// deleted (epoch ms).
+    /// deleted (epoch ms). Any JSON number with an integral value, as an append's `at`
+    /// (`1000`, `1e3`, `1000.0`).
+    #[serde(deserialize_with = "integral_ms")]
     now: i64,
+}
+
+/// A time read as the journal reads an append's `at`: any JSON number whose value is an integer
+/// below 2^53 in magnitude, however it is written (`1000`, `1e3`, `1000.0`, `-0`), as the
+/// reference's `prune(now)` takes any such number.
+fn integral_ms<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+    use serde::de::Error;
+    let number = serde_json::Number::deserialize(deserializer)?;
+    if let Some(integer) = number.as_i64() {
+        return Ok(integer);
+    }
+    match number.as_f64() {
+        // Exact: integral and below 2^53.
+        Some(float) if float.fract() == 0.0 && float.abs() < SAFE_INTEGER_LIMIT as f64 => {
+            Ok(float as i64)
+        }
+        _ => Err(D::Error::custom(format!(
+            "an integer number of epoch milliseconds below 2^53 in magnitude, got {number}"
+        ))),
+    }
 }
 
 /// Body of `POST /v1/engagements/{engagementId}/events` as the OpenAPI document describes it.
@@ -256,7 +278,7 @@ async fn board(
     params(("engagementId" = String, Path, description = ENGAGEMENT_ID)),
     responses(
         (status = 204, description = "Compacted, or left alone by the rules (or unknown)."),
-        (status = 400, description = "A bad id.", body = ErrorBody),
+        (status = 400, description = "A bad id, or a budget total of the engagement that is not a finite number (summed past the largest double): the reference's compaction throws a TypeError there, and nothing is changed.", body = ErrorBody),
     ),
 )]
 async fn compact(

@@ -821,13 +821,57 @@ async fn journal_appends_reads_views_compaction_listing_and_pruning() {
     for bad in [
         json!({}),
         json!({"now": "later"}),
+        json!({"now": "1000"}),
         json!({"now": 1_i64 << 53}),
+        json!({"now": 9_007_199_254_740_992.0_f64}),
+        json!({"now": 1.5}),
     ] {
         server
             .post("/v1/engagements/prune", &bad)
             .await
             .assert_error(400, "invalid_request");
     }
+    // Any number with an integral value, as an append's `at` (found by a differential test
+    // against the reference, whose `prune(now)` takes `1e3`).
+    for now in [json!(1000.0), json!(-0.0), json!(1e3)] {
+        let pruned = server
+            .post("/v1/engagements/prune", &json!({ "now": now }))
+            .await;
+        assert_eq!(pruned.assert_status(200), &json!({"removed": 0}), "{now}");
+    }
+    server.stop().await;
+}
+
+/// A budget total that overflowed to infinity: the reference's compaction throws a TypeError
+/// (found by a differential test), so over HTTP it is a 400 and the engagement is unchanged.
+#[tokio::test]
+async fn a_compaction_that_would_lose_a_total_is_refused() {
+    let server = TestServer::start().await;
+    let mut bodies = vec![json!({"type": "engagement_opened", "at": 1, "data": {}})];
+    for _ in 0..2 {
+        bodies.push(json!({"type": "budget_charged", "at": 2, "data": {"tokens": 1e308}}));
+    }
+    for _ in 0..18 {
+        bodies.push(json!({"type": "tool_called", "at": 3, "data": {}}));
+    }
+    bodies.push(json!({"type": "engagement_closed", "at": 4, "data": {"status": "completed"}}));
+    for body in &bodies {
+        server
+            .post("/v1/engagements/inf/events", body)
+            .await
+            .assert_status(201);
+    }
+    let compact = server.post("/v1/engagements/inf/compact", &json!({})).await;
+    compact.assert_error(400, "invalid_request");
+    let message = compact.body["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("data.consumed.tokens"), "{message}");
+    let events = server.get("/v1/engagements/inf/events").await;
+    assert_eq!(
+        events.assert_status(200).as_array().map(Vec::len),
+        Some(bodies.len())
+    );
     server.stop().await;
 }
 
