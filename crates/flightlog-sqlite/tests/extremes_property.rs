@@ -35,6 +35,9 @@
 //! compressed storage path, and journal extremes. The defect this file found (an imported run's
 //! rollup with a NaN root cost) is fixed and pinned at its end by a minimal case.
 
+mod reference_json;
+use reference_json::js_normalized;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
@@ -483,7 +486,7 @@ fn raw(json: String) -> Box<RawValue> {
 /// of the longest prefix (of the string itself, or else of the JSON text) of at most the cap
 /// that ends on a character boundary.
 fn capped(payload: Option<&Value>) -> (String, bool) {
-    let value = payload.cloned().unwrap_or(Value::Null);
+    let value = js_normalized(&payload.cloned().unwrap_or(Value::Null));
     let text = value.to_string();
     if text.len() <= CAP {
         return (text, false);

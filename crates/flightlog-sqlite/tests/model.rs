@@ -25,6 +25,9 @@
 //! event payload compression dictionary, so the compressed storage path is exercised too.
 //! `PROPTEST_CASES` overrides the number of cases (64 and 12 by default) for a longer soak.
 
+mod reference_json;
+use reference_json::js_normalized;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
@@ -273,7 +276,7 @@ fn merge_attrs(stored: &mut JsonObject, update: Option<&JsonObject>) {
 /// The reference's `capPayload` (lengths in characters = bytes: the generated big payloads are
 /// ASCII).
 fn cap(payload: Option<&Value>) -> (Value, bool) {
-    let value = payload.cloned().unwrap_or(Value::Null);
+    let value = js_normalized(&payload.cloned().unwrap_or(Value::Null));
     let text = serde_json::to_string(&value).unwrap_or_default();
     if text.len() <= PAYLOAD_CAP {
         return (value, false);
