@@ -295,31 +295,14 @@ impl EventDecoder {
     }
 }
 
-/// The engagement's events with `seq >= from_seq`, in seq order, in one statement (so one
+/// The engagement's events with `seq >= from_seq`, in seq order, from one statement (so one
 /// consistent snapshot).
 fn read_events(
     conn: &Connection,
     engagement_id: &str,
     from_seq: i64,
 ) -> Result<Vec<EngagementEvent>, StoreError> {
-    let mut stmt = conn
-        .prepare_cached(
-            "SELECT e.seq, e.at, e.event_type, e.data \
-             FROM journal_engagements g \
-             JOIN journal_events e ON e.engagement_key = g.engagement_key \
-             WHERE g.engagement_id = ?1 AND e.seq >= ?2 \
-             ORDER BY e.seq",
-        )
-        .map_err(backend)?;
-    let mut rows = stmt
-        .query(params![engagement_id, from_seq])
-        .map_err(backend)?;
-    let mut decoder = EventDecoder::new(engagement_id);
-    let mut events = Vec::new();
-    while let Some(row) = rows.next().map_err(backend)? {
-        events.push(decoder.decode(row, false)?.0);
-    }
-    Ok(events)
+    read_tail(conn, engagement_id, from_seq).map(|tail| tail.events)
 }
 
 /// The engagement's generation and its events with `seq >= from_seq`, in one statement (one

@@ -963,24 +963,32 @@ fn summarizing_a_thousand_stored_events_matches_the_pure_summary() {
     assert_eq!(summary.as_ref(), Some(&expected));
 }
 
+/// A journal and the backend's name, for failure messages.
+type NamedJournal = (&'static str, Arc<dyn EngagementJournal>);
+
+/// A fresh in-memory journal and a fresh SQLite one (in a scratch folder the caller removes),
+/// for a test that holds both backends to one rule.
+fn both_journals(tag: &str) -> (PathBuf, Vec<NamedJournal>) {
+    let folder =
+        std::env::temp_dir().join(format!("flightlog-journal-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&folder);
+    std::fs::create_dir_all(&folder).expect("scratch folder");
+    let journals: Vec<NamedJournal> = vec![
+        (
+            "memory",
+            Arc::new(InMemoryEngagementJournal::new(RetentionConfig::default())),
+        ),
+        ("sqlite", Arc::new(open_journal(&folder.join("journal.db")))),
+    ];
+    (folder, journals)
+}
+
 /// `read_tail`'s generation, on both backends: the same while an engagement only grows, new
 /// when compaction renumbers it, gone when a prune deletes it, and new again (not the old one)
 /// when an append re-creates it; the doorbell rings for the compaction and the prune.
 #[test]
 fn the_generation_changes_exactly_when_seqs_are_given_out_again() {
-    let folder = std::env::temp_dir().join(format!(
-        "flightlog-journal-generation-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&folder);
-    std::fs::create_dir_all(&folder).expect("scratch folder");
-    let journals: Vec<(&str, Arc<dyn EngagementJournal>)> = vec![
-        (
-            "memory",
-            Arc::new(InMemoryEngagementJournal::new(RetentionConfig::default())),
-        ),
-        ("sqlite", Arc::new(open_journal(&folder.join("g.db")))),
-    ];
+    let (folder, journals) = both_journals("generation");
     let rt = runtime();
     for (name, journal) in journals {
         rt.block_on(async {
@@ -1049,19 +1057,7 @@ fn the_generation_changes_exactly_when_seqs_are_given_out_again() {
 /// `TypeError` from its copy step), on both backends, and leaves the engagement unchanged.
 #[test]
 fn a_total_that_is_not_finite_leaves_the_engagement_uncompacted() {
-    let folder = std::env::temp_dir().join(format!(
-        "flightlog-journal-not-finite-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&folder);
-    std::fs::create_dir_all(&folder).expect("scratch folder");
-    let journals: Vec<(&str, Arc<dyn EngagementJournal>)> = vec![
-        (
-            "memory",
-            Arc::new(InMemoryEngagementJournal::new(RetentionConfig::default())),
-        ),
-        ("sqlite", Arc::new(open_journal(&folder.join("f.db")))),
-    ];
+    let (folder, journals) = both_journals("not-finite");
     let rt = runtime();
     for (name, journal) in journals {
         rt.block_on(async {

@@ -13,7 +13,7 @@ use opentelemetry_proto::tonic::trace::v1::{span, ResourceSpans, ScopeSpans, Spa
 use prost::Message;
 use serde_json::{json, Value};
 
-use crate::support::TestServer;
+use crate::support::{RpcStatus, TestServer};
 
 const TRACE: [u8; 16] = [0xab; 16];
 pub(crate) const TRACE_HEX: &str = "abababababababababababababababab";
@@ -408,15 +408,6 @@ async fn a_grpc_connection_that_sends_nothing_is_closed() {
     let response = export(&server, vec![root_span()]).await;
     assert_eq!(response.partial_success, None);
     server.stop().await;
-}
-
-/// `google.rpc.Status`, the error body of a protobuf OTLP/HTTP request.
-#[derive(Clone, PartialEq, Message)]
-struct RpcStatus {
-    #[prost(int32, tag = "1")]
-    code: i32,
-    #[prost(string, tag = "2")]
-    message: String,
 }
 
 /// An answer to a protobuf export must be protobuf: the `Status` of an error, with `code`.

@@ -66,7 +66,8 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
 use crate::support::{
-    assert_no_fuzz_failures, contract_error_problem, fuzz_seed, segment, Options, Rng, TestServer,
+    assert_no_fuzz_failures, contract_error_problem, fuzz_seed, segment, Options, Rng, RpcStatus,
+    TestServer,
 };
 
 /// The fixed seed: the same requests on every run (`FLIGHTLOG_FUZZ_SEED` explores others).
@@ -747,15 +748,6 @@ pub(crate) async fn grpc_export(
 
 // ---------------------------------------------------------------------------------------------
 // Answers
-
-/// `google.rpc.Status`, the error body of a protobuf OTLP/HTTP request.
-#[derive(Clone, PartialEq, Message)]
-struct RpcStatus {
-    #[prost(int32, tag = "1")]
-    code: i32,
-    #[prost(string, tag = "2")]
-    message: String,
-}
 
 /// What an answer must be beyond the general rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

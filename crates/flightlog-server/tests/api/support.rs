@@ -394,3 +394,12 @@ pub fn contract_error_problem(status: u16, body: &Value) -> Option<String> {
         )),
     }
 }
+
+/// `google.rpc.Status`, the error body of a protobuf OTLP/HTTP request.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    pub code: i32,
+    #[prost(string, tag = "2")]
+    pub message: String,
+}
