@@ -1041,8 +1041,19 @@ pub(crate) fn prune(
         .map_err(backend)?;
     }
     let mut spans_deleted = 0i64;
+    // The newest change id this prune deletes: a live reader whose cursor is below it may not
+    // have seen every change of a pruned run (its root's end, say), and the log can no longer
+    // tell it; the horizon below makes the streams tell such a reader to resync.
+    let mut newest_pruned_change = 0i64;
     for (run_key, ended_at) in &candidates {
         let run_key = *run_key;
+        let newest: i64 = conn
+            .prepare_cached(
+                "SELECT COALESCE(MAX(change_id), 0) FROM activity_changes WHERE run_key = ?1",
+            )
+            .and_then(|mut stmt| stmt.query_row([run_key], |row| row.get(0)))
+            .map_err(backend)?;
+        newest_pruned_change = newest_pruned_change.max(newest);
         // Pruned by the hard ceiling alone: the digest never covered this run, so the rollup
         // says so instead of silently losing its detail.
         let gap = *ended_at >= plan.floor;
@@ -1093,14 +1104,21 @@ pub(crate) fn prune(
         )
         .and_then(|mut stmt| stmt.execute([horizon]))
         .map_err(backend)?;
-    if trimmed > 0 {
-        // A cursor below this may have missed trimmed changes of spans that still exist: live
-        // readers compare against it and tell such a client to resync instead of going silent.
+    // A cursor below this may have missed changes the log no longer holds (trimmed ones of spans
+    // that still exist, or a pruned run's): live readers compare against it and tell such a
+    // client to resync instead of going silent.
+    let pruned_horizon = if newest_pruned_change > 0 {
+        newest_pruned_change + 1
+    } else {
+        0
+    };
+    let new_horizon = if trimmed > 0 { horizon } else { 0 }.max(pruned_horizon);
+    if new_horizon > 0 {
         conn.prepare_cached(
             "INSERT INTO flightlog_meta (name, value) VALUES ('change_log_trimmed_below', ?1) \
              ON CONFLICT(name) DO UPDATE SET value = MAX(value, excluded.value)",
         )
-        .and_then(|mut stmt| stmt.execute([horizon]))
+        .and_then(|mut stmt| stmt.execute([new_horizon]))
         .map_err(backend)?;
     }
     // Spans, events and change rows are gone: cached keys and counters may now be wrong.

@@ -104,6 +104,9 @@ struct ChangeFeed {
     cursor: i64,
     pending: VecDeque<ActivityChange>,
     filter: Option<RunFilter>,
+    /// Set when a page showed the followed run pruned and started again under the same id: the
+    /// stream sends what it holds, then a `resync`.
+    run_recreated: bool,
     failed: bool,
 }
 
@@ -115,34 +118,46 @@ impl ChangeFeed {
             cursor,
             pending: VecDeque::new(),
             filter,
+            run_recreated: false,
             failed: false,
         }
     }
 
-    fn wanted(&self, change: &ActivityChange) -> bool {
-        match &self.filter {
-            None => true,
-            Some(filter) => change.run_id == filter.run_id && change.seq > filter.above_seq,
+    /// Queue a page's changes this feed sends. A run's seqs only grow, so a change of the
+    /// followed run at or below the highest seq already passed means the run was pruned and its
+    /// id used again (seqs start over at 1): following on would mix two runs, or silently skip
+    /// the new one's first changes.
+    fn take_page(&mut self, page: Vec<ActivityChange>) {
+        for change in page {
+            let Some(filter) = &mut self.filter else {
+                self.pending.push_back(change);
+                continue;
+            };
+            if change.run_id != filter.run_id {
+                continue;
+            }
+            if change.seq <= filter.above_seq {
+                self.run_recreated = true;
+                return;
+            }
+            filter.above_seq = change.seq;
+            self.pending.push_back(change);
         }
     }
 
     /// The next committed change after the cursor, waiting for one if need be; `Err` when the
-    /// store failed or the cursor fell behind the trimmed log (the stream then ends with an
-    /// `error` or `resync` event).
+    /// store failed, the cursor fell behind what the log still holds, or the followed run was
+    /// started again (the stream then ends with an `error` or `resync` event).
     async fn next_change(&mut self) -> Result<ActivityChange, FeedEnd> {
         loop {
             if let Some(change) = self.pending.pop_front() {
                 return Ok(change);
             }
-            let horizon = self
-                .store
-                .change_log_horizon()
-                .await
-                .map_err(|err| FeedEnd::Failed(err.to_string()))?;
-            if self.cursor.saturating_add(1) < horizon {
-                // Changes after the cursor may have been trimmed: streaming on would be a silent
-                // gap, so the client is told to start again from a snapshot.
-                return Err(FeedEnd::Resync { horizon });
+            if self.run_recreated {
+                return Err(FeedEnd::Resync {
+                    horizon: self.cursor,
+                    reason: RUN_RECREATED,
+                });
             }
             // Note the doorbell before reading, so a commit landing during the read rings again.
             let rung = *self.doorbell.borrow_and_update();
@@ -151,11 +166,25 @@ impl ChangeFeed {
                 .changes_since(self.cursor, PAGE)
                 .await
                 .map_err(|err| FeedEnd::Failed(err.to_string()))?;
+            // The horizon after the page: it only grows, in the transaction that deletes, so a
+            // prune or trim that committed before the page was read is seen here, and one
+            // after it deleted nothing the page holds.
+            let horizon = self
+                .store
+                .change_log_horizon()
+                .await
+                .map_err(|err| FeedEnd::Failed(err.to_string()))?;
+            if self.cursor.saturating_add(1) < horizon {
+                // Changes after the cursor may have been trimmed or pruned: streaming on would be
+                // a silent gap, so the client is told to start again from a snapshot.
+                return Err(FeedEnd::Resync {
+                    horizon,
+                    reason: LOG_TRIMMED,
+                });
+            }
             if let Some(last) = page.last() {
                 self.cursor = last.change_id;
-                let wanted: Vec<ActivityChange> =
-                    page.into_iter().filter(|c| self.wanted(c)).collect();
-                self.pending.extend(wanted);
+                self.take_page(page);
                 continue;
             }
             if rung > self.cursor {
@@ -173,13 +202,20 @@ impl ChangeFeed {
 enum FeedEnd {
     /// The store failed; the client may reconnect with its last event id.
     Failed(String),
-    /// The cursor is below the trimmed part of the change log.
-    Resync { horizon: i64 },
+    /// The cursor is below what the change log still holds, or the followed run was started
+    /// again under its id.
+    Resync { horizon: i64, reason: &'static str },
 }
 
-fn resync_event(horizon: i64) -> Event {
+/// A `resync`'s reason when the log no longer holds every change after the cursor.
+const LOG_TRIMMED: &str = "the change log no longer holds every change after this stream's \
+                           cursor (trimmed, or deleted with a pruned run)";
+/// A `resync`'s reason when the followed run was pruned and its id used again.
+const RUN_RECREATED: &str = "the run was pruned and a new run started under its id";
+
+fn resync_event(horizon: i64, reason: &str) -> Event {
     let body = serde_json::json!({
-        "reason": "the change log no longer holds every change after this stream's cursor",
+        "reason": reason,
         "changeLogHorizon": horizon,
         "action": "take a new snapshot (or GET /v1/activity/cursor) and reconnect from its cursor",
     });
@@ -215,10 +251,10 @@ fn feed_stream(
                 ends.error.inc();
                 error_event(&message)
             }
-            Err(FeedEnd::Resync { horizon }) => {
+            Err(FeedEnd::Resync { horizon, reason }) => {
                 feed.failed = true;
                 ends.resync.inc();
-                resync_event(horizon)
+                resync_event(horizon, reason)
             }
         };
         Some((Ok(event), (feed, ends)))

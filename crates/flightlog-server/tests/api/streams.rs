@@ -606,3 +606,104 @@ async fn a_cursor_behind_the_trimmed_change_log_is_told_to_resync() {
     drop((behind, current));
     server.stop().await;
 }
+
+/// Start and end a one-span run over HTTP, and roll it up (which makes it prunable).
+async fn finished_run(server: &TestServer, span: &str, run: &str) {
+    server
+        .post("/v1/activity/spans", &span_body(span, run, None))
+        .await
+        .assert_status(201);
+    server
+        .post(
+            &format!("/v1/activity/spans/{span}/end"),
+            &json!({"outcome": "success"}),
+        )
+        .await
+        .assert_status(200);
+    server
+        .post(&format!("/v1/activity/runs/{run}/rollup"), &json!({}))
+        .await
+        .assert_status(204);
+}
+
+/// Prune every ended run (the digest floor far in the future).
+async fn prune_every_ended_run(server: &TestServer) -> Value {
+    server
+        .post(
+            "/v1/activity/maintenance/prune",
+            &json!({"digestFloorAt": 4_000_000_000_000_i64, "hardCeilingMs": 1}),
+        )
+        .await
+        .assert_status(200)
+        .clone()
+}
+
+/// A prune deletes a pruned run's change rows (as the reference does), and a client whose
+/// cursor was before that run's end silently never saw it end: it thought the run still open.
+/// Now the prune moves the change-log horizon past the run's newest change, so that client is
+/// told to resync, and one that had seen all of it streams on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_behind_a_pruned_runs_changes_is_told_to_resync() {
+    let server = TestServer::start().await;
+    // Change 1 (the start) and 2 (the end) of run "pruned"; then 3, an open run's start.
+    finished_run(&server, "p", "pruned").await;
+    server
+        .post("/v1/activity/spans", &span_body("o", "open", None))
+        .await
+        .assert_status(201);
+    let result = prune_every_ended_run(&server).await;
+    assert_eq!(result["runsPruned"], 1, "{result}");
+
+    // Saw the start, not the end.
+    let mut behind = SseClient::connect(&server, "/v1/activity/changes/stream?after=1", None).await;
+    let event = behind.next().await;
+    assert_eq!(event.event, "resync", "{event:?}");
+    assert_eq!(event.data["changeLogHorizon"], 3);
+    // Reconnecting with the same id does not get past it either.
+    let mut again = SseClient::connect(&server, "/v1/activity/changes/stream", Some(1)).await;
+    assert_eq!(again.next().await.event, "resync");
+    // Saw the whole pruned run: streams on, with the open run's start.
+    let mut current =
+        SseClient::connect(&server, "/v1/activity/changes/stream?after=2", None).await;
+    let next = current.next().await;
+    assert_eq!(next.event, "change", "{next:?}");
+    assert_eq!(next.id, Some(3));
+    assert_eq!(next.data["span"]["spanId"], "o");
+    drop((behind, again, current));
+    server.stop().await;
+}
+
+/// A run stream filtered on `seq` above the snapshot's high water: when the run was pruned and
+/// a new run started under its id (seqs start again at 1), the new run's first changes were
+/// silently skipped. Now the stream says `resync`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stream_resyncs_when_its_run_is_pruned_and_started_again() {
+    let server = TestServer::start().await;
+    finished_run(&server, "first", "reused").await;
+    let mut stream = SseClient::connect(&server, "/v1/activity/runs/reused/stream", None).await;
+    let snapshot = stream.next().await;
+    assert_eq!(snapshot.event, "snapshot");
+    assert_eq!(snapshot.data["highWaterSeq"], 2);
+    let result = prune_every_ended_run(&server).await;
+    assert_eq!(result["runsPruned"], 1, "{result}");
+    server
+        .post("/v1/activity/spans", &span_body("second", "reused", None))
+        .await
+        .assert_status(201);
+    let event = stream.next().await;
+    assert_eq!(event.event, "resync", "{event:?}");
+    assert!(
+        event.data["reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("new run")),
+        "{event:?}"
+    );
+    // A new stream of the run starts from the new run's snapshot.
+    let mut fresh = SseClient::connect(&server, "/v1/activity/runs/reused/stream", None).await;
+    let snapshot = fresh.next().await;
+    assert_eq!(snapshot.event, "snapshot");
+    assert_eq!(snapshot.data["highWaterSeq"], 1);
+    assert_eq!(snapshot.data["spans"][0]["spanId"], "second");
+    drop((stream, fresh));
+    server.stop().await;
+}
