@@ -133,8 +133,10 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
         clock,
         &writer,
     ));
-    let journal: Arc<dyn EngagementJournal> =
-        Arc::new(SqliteEngagementJournal::new(db, settings.retention));
+    let journal: Arc<dyn EngagementJournal> = Arc::new(SqliteEngagementJournal::new(
+        Arc::clone(&db),
+        settings.retention,
+    ));
 
     // A sweep that cannot write (a full disk) must not keep the recorder from serving what it
     // holds: it starts anyway, and the spans stay open until a later boot's sweep, or
@@ -213,21 +215,52 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     if let Some(grpc) = grpc {
         grpc.await.context("the gRPC listener's task failed")??;
     }
+    // Leave the database file complete on its own (the WAL copied into it), so that copying
+    // the stopped server's file is a backup of everything it acknowledged.
+    match db.close().await {
+        Ok(true) => {}
+        Ok(false) => say_err!(
+            "flightlog: warning: another process is reading {}, so its newest writes stay in \
+             the -wal file beside it (nothing is lost; copy both files for a backup)",
+            settings.db.display()
+        ),
+        Err(err) => say_err!(
+            "flightlog: warning: could not copy the write-ahead log into {} at exit ({err}); \
+             nothing is lost: the next start reads it from the -wal file",
+            settings.db.display()
+        ),
+    }
     say!("flightlog: stopped");
     Ok(())
 }
 
-/// The process's `FLIGHTLOG_*` variables (the resolver takes the environment as a map, so its
-/// tests never touch the process's). A value that is not UTF-8 is an error naming the variable,
-/// rather than being skipped silently.
+/// The process's setting variables (the resolver takes the environment as a map, so its tests
+/// never touch the process's). A setting whose value is not UTF-8 is an error naming the
+/// variable, rather than being skipped silently; a `FLIGHTLOG_*` name close to a setting's
+/// (`FLIGHTLOG_TOKEN`) gets a warning naming the setting; other variables are not ours to judge.
 fn flightlog_environment() -> anyhow::Result<BTreeMap<String, String>> {
     let mut env = BTreeMap::new();
     for (name, value) in std::env::vars_os() {
-        let Some(name) = name.to_str().filter(|n| n.starts_with("FLIGHTLOG_")) else {
+        let Some(name) = name.to_str().filter(|n| {
+            n.get(..10)
+                .is_some_and(|p| p.eq_ignore_ascii_case("FLIGHTLOG_"))
+        }) else {
             continue;
         };
+        if !settings::is_setting_variable(name) {
+            if let Some(meant) = settings::meant_variable(name) {
+                say_err!(
+                    "flightlog: warning: {name} is not a setting and is ignored; did you mean \
+                     {meant}? (flightlog serve --help lists them)"
+                );
+            }
+            continue;
+        }
         let value = value.into_string().map_err(|_| {
-            anyhow::anyhow!("the environment variable {name} is not valid UTF-8 text")
+            anyhow::anyhow!(
+                "the environment variable {name} is not valid UTF-8 text: set it to plain text, \
+                 or unset it"
+            )
         })?;
         env.insert(name.to_owned(), value);
     }

@@ -359,6 +359,70 @@ fn http_get(addr: &str, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// `POST path` with a JSON `body` on `addr` over a fresh connection; the status and the body.
+fn http_post(addr: &str, path: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).expect("connect to the server");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("set a read timeout");
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send the request");
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .expect("read the response");
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The address a spawned `serve` printed in its listening line.
+fn listening_addr(server: &Spawned) -> String {
+    server
+        .stdout
+        .lines()
+        .find_map(|line| line.strip_prefix(LISTENING))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(str::to_owned)
+        .expect("the listening address")
+}
+
+/// Send SIGTERM to a spawned `serve` and wait (bounded) for it to exit; its stdout and stderr.
+fn stop_with_sigterm(mut server: Spawned) -> (ExitStatus, String, String) {
+    let pid = server.child.id().to_string();
+    let sent = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("run kill");
+    assert!(sent.success());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = server.child.try_wait().expect("poll") {
+            break status;
+        }
+        assert!(
+            started.elapsed() < CASE_TIMEOUT,
+            "serve did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (stdout, stderr) = server.finish();
+    (status, stdout, stderr)
+}
+
 /// The database files whose bytes a refused start must leave alone.
 fn db_files(db: &Path) -> Vec<PathBuf> {
     let mut wal = db.as_os_str().to_owned();
@@ -480,9 +544,8 @@ fn serve_args<'a>(db: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
 }
 
 /// A copy of the good database with its WAL folded into the main file, so the file alone holds
-/// everything: a `serve` on the copy checkpoints the WAL every 500 ms and deletes it when its
-/// last connection closes, which a graceful stop (SIGTERM) does, though not always before the
-/// process exits; so it is tried with growing pauses until the WAL is gone.
+/// everything: a `serve` on the copy, stopped with SIGTERM, copies its WAL into the file and
+/// removes it (see `a_clean_stop_leaves_everything_in_the_database_file_itself`).
 fn checkpointed_copy(scratch: &Scratch, good: &GoodDb, name: &str) -> PathBuf {
     let copy = scratch.join(name);
     for (from, to) in db_files(&good.path).iter().zip(db_files(&copy)) {
@@ -490,43 +553,25 @@ fn checkpointed_copy(scratch: &Scratch, good: &GoodDb, name: &str) -> PathBuf {
             fs::copy(from, to).expect("copy the database");
         }
     }
+    let mut args: Vec<&OsStr> = vec![OsStr::new("serve"), OsStr::new("--db")];
+    args.push(copy.as_os_str());
+    args.extend(LOOPBACK.map(OsStr::new));
+    let mut server = spawn(scratch.path(), &args, &[]);
+    let (_, listening, _) = server.wait_for_exit_or_listening();
+    assert!(listening, "the copy serves:\n{}", server.stderr);
+    let (status, stdout, stderr) = stop_with_sigterm(server);
+    assert!(status.success(), "{status:?}\n{stdout}\n{stderr}");
     let wal = db_files(&copy).remove(1);
-    for pause_ms in [700, 1500, 3000] {
-        let mut args: Vec<&OsStr> = vec![OsStr::new("serve"), OsStr::new("--db")];
-        args.push(copy.as_os_str());
-        args.extend(LOOPBACK.map(OsStr::new));
-        let mut server = spawn(scratch.path(), &args, &[]);
-        let (_, listening, _) = server.wait_for_exit_or_listening();
-        assert!(listening, "the copy serves:\n{}", server.stderr);
-        std::thread::sleep(Duration::from_millis(pause_ms));
-        let pid = server.child.id().to_string();
-        let sent = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("run kill");
-        assert!(sent.success());
-        let started = Instant::now();
-        while server.child.try_wait().expect("poll").is_none() {
-            assert!(
-                started.elapsed() < CASE_TIMEOUT,
-                "serve did not stop on SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let (stdout, stderr) = server.finish();
-        assert!(stdout.contains("flightlog: stopped"), "{stdout}\n{stderr}");
-        if fs::metadata(&wal).map_or(true, |m| m.len() == 0) {
-            let _ = fs::remove_file(&wal);
-            let mut shm = copy.as_os_str().to_owned();
-            shm.push("-shm");
-            let _ = fs::remove_file(shm);
-            return copy;
-        }
-    }
-    panic!(
-        "the WAL of {} was never folded into the file",
+    assert!(
+        fs::metadata(&wal).map_or(true, |m| m.len() == 0),
+        "the WAL of {} was not folded into the file at a clean stop:\n{stdout}\n{stderr}",
         copy.display()
     );
+    let _ = fs::remove_file(&wal);
+    let mut shm = copy.as_os_str().to_owned();
+    shm.push("-shm");
+    let _ = fs::remove_file(shm);
+    copy
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1776,4 +1821,74 @@ fn serve_keeps_serving_and_stops_cleanly_when_its_stdout_is_closed() {
     let stderr = fs::read_to_string(&stderr_path).expect("read the stderr file");
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(exit.success(), "exit {exit:?}; stderr:\n{stderr}");
+}
+
+/// A clean stop (SIGTERM) used to leave the newest writes, and on a new file even the schema,
+/// only in the `-wal` file beside the database: copying the stopped server's database file, the
+/// natural backup, gave an empty or stale copy. Now the stop copies the WAL into the file.
+#[test]
+fn a_clean_stop_leaves_everything_in_the_database_file_itself() {
+    let scratch = Scratch::new("clean-stop");
+    let db = scratch.join("stopped.db");
+    let db_arg = s(&db);
+    let mut server = spawn(
+        scratch.path(),
+        &serve_args(&db_arg, &LOOPBACK)
+            .into_iter()
+            .map(OsStr::new)
+            .collect::<Vec<_>>(),
+        &[],
+    );
+    let (_, listening, _) = server.wait_for_exit_or_listening();
+    assert!(listening, "serve starts:\n{}", server.stderr);
+    let addr = listening_addr(&server);
+    for at in 0..3 {
+        let (status, body) = http_post(
+            &addr,
+            "/v1/engagements/backup-check/events",
+            &format!(r#"{{"type":"note","at":{at},"data":{{"n":{at}}}}}"#),
+        );
+        assert_eq!(status, 201, "{body}");
+    }
+    let (status, body) = http_post(
+        &addr,
+        "/v1/activity/spans",
+        r#"{"spanId":"backup-span","runId":"backup-run","kind":"turn","name":"t","origin":"session"}"#,
+    );
+    assert_eq!(status, 201, "{body}");
+    let (exit, stdout, stderr) = stop_with_sigterm(server);
+    assert!(exit.success(), "{exit:?}\n{stdout}\n{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+    let wal = db_files(&db).remove(1);
+    assert!(
+        fs::metadata(&wal).map_or(true, |m| m.len() == 0),
+        "the WAL still holds writes after a clean stop:\n{stdout}\n{stderr}"
+    );
+
+    // The database file alone, as a backup would copy it.
+    let backup_dir = scratch.join("backup");
+    fs::create_dir(&backup_dir).expect("create the backup folder");
+    let backup = backup_dir.join("copy.db");
+    fs::copy(&db, &backup).expect("copy the database file");
+    let backup_arg = s(&backup);
+    let mut server = spawn(
+        scratch.path(),
+        &serve_args(&backup_arg, &LOOPBACK)
+            .into_iter()
+            .map(OsStr::new)
+            .collect::<Vec<_>>(),
+        &[],
+    );
+    let (_, listening, _) = server.wait_for_exit_or_listening();
+    assert!(listening, "the copy serves:\n{}", server.stderr);
+    let addr = listening_addr(&server);
+    let (status, events) = http_get(&addr, "/v1/engagements/backup-check/events");
+    let (span_status, span) = http_get(&addr, "/v1/activity/spans/backup-span");
+    server.finish();
+    assert_eq!(status, 200, "{events}");
+    for at in 0..3 {
+        assert!(events.contains(&format!(r#""seq":{at}"#)), "{events}");
+    }
+    assert_eq!(span_status, 200, "{span}");
+    assert!(span.contains(r#""runId":"backup-run""#), "{span}");
 }

@@ -401,8 +401,12 @@ pub struct SqliteDatabase {
     /// writer included): the journal's doorbell for what its subscription cannot carry.
     commits_seen: tokio::sync::watch::Sender<u64>,
     stats: Arc<WriterStats>,
-    /// Detached: the thread ends by itself once every handle is dropped and the queue drained.
-    _writer_thread: JoinHandle<()>,
+    /// Set by [`SqliteDatabase::close`]: the writer stops after the group it is committing.
+    stop_writer: Arc<AtomicBool>,
+    /// The writer and checkpointer threads, joined by [`SqliteDatabase::close`]. Without a
+    /// close they are detached: the writer ends once every handle is dropped and the queue
+    /// drained, and the checkpointer after it.
+    threads: Mutex<Option<(JoinHandle<()>, JoinHandle<()>)>>,
     path: PathBuf,
 }
 
@@ -456,6 +460,37 @@ fn wal_path_of(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push("-wal");
     PathBuf::from(name)
+}
+
+/// Why SQLite cannot use the file at `path` it opened, in words that say what to do.
+fn unusable_file(path: &Path, err: &rusqlite::Error) -> StoreError {
+    let code = match err {
+        rusqlite::Error::SqliteFailure(inner, _) => Some(inner.code),
+        _ => None,
+    };
+    match code {
+        Some(rusqlite::ErrorCode::NotADatabase) => StoreError::NotFlightlog(format!(
+            "{} is not an SQLite database file at all ({err})",
+            path.display()
+        )),
+        Some(rusqlite::ErrorCode::DatabaseCorrupt) => StoreError::Corrupt(format!(
+            "{path} is damaged ({err}): restore it from a backup, or recover what it holds with \
+             `sqlite3 {path} .recover | sqlite3 recovered.db` and start on recovered.db",
+            path = path.display()
+        )),
+        Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::CannotOpen) => {
+            StoreError::Backend(format!(
+                "cannot write {} ({err}): the file and its folder must be writable, because \
+                 SQLite keeps a -wal and a -shm file beside the database",
+                path.display()
+            ))
+        }
+        _ => backend_ref(err),
+    }
+}
+
+fn backend_ref(err: &rusqlite::Error) -> StoreError {
+    StoreError::Backend(err.to_string())
 }
 
 /// Why the database at `path` cannot be opened, in words that say what to do.
@@ -539,9 +574,16 @@ impl SqliteDatabase {
             )));
         }
         apply_common_pragmas(&conn, config.busy_timeout)?;
+        // The first read of the file (its header and schema), then whose file it is: both
+        // before anything writes, so a refused file keeps every byte.
+        conn.query_row("SELECT count(*) FROM sqlite_schema", [], |row| {
+            row.get::<_, i64>(0)
+        })
+        .map_err(|err| unusable_file(&config.path, &err))?;
+        schema::check_identity(&conn)?;
         let mode: String = conn
             .query_row("PRAGMA journal_mode=WAL", [], |row| row.get(0))
-            .map_err(backend)?;
+            .map_err(|err| unusable_file(&config.path, &err))?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(StoreError::Backend(format!(
                 "could not switch {} to WAL mode (got {mode})",
@@ -605,10 +647,11 @@ impl SqliteDatabase {
             wal_path: wal_path_of(&config.path),
             busy_timeout: config.busy_timeout,
         };
-        std::thread::Builder::new()
+        let checkpointer_thread = std::thread::Builder::new()
             .name("flightlog-ckpt".into())
             .spawn(move || checkpointer.run(nudges))
             .map_err(|err| StoreError::Backend(format!("cannot start checkpointer: {err}")))?;
+        let stop_writer = Arc::new(AtomicBool::new(false));
         let writer = GroupCommitWriter {
             doorbell: doorbell.clone(),
             checkpoint_nudge: nudge,
@@ -627,6 +670,7 @@ impl SqliteDatabase {
             frames_at_last_nudge: 0,
             frames_after_last_commit: 0,
             wal_hard_cap_frames: config.wal_hard_cap_frames.clamp(256, 1 << 20),
+            stop: Arc::clone(&stop_writer),
         };
         let writer_thread = std::thread::Builder::new()
             .name("flightlog-writer".into())
@@ -645,9 +689,57 @@ impl SqliteDatabase {
             doorbell,
             commits_seen,
             stats,
-            _writer_thread: writer_thread,
+            stop_writer,
+            threads: Mutex::new(Some((writer_thread, checkpointer_thread))),
             path: config.path,
         }))
+    }
+
+    /// Stop writing and leave the database file complete on its own: the writer finishes the
+    /// group it is committing (writes still queued behind it fail with [`StoreError::Closed`],
+    /// unacknowledged), the writer and checkpointer threads are joined, and a `TRUNCATE`
+    /// checkpoint copies the whole WAL into the database file and empties it. After a clean
+    /// stop, then, a copy of the database file alone holds everything acknowledged (without
+    /// it the newest writes lived only in the `-wal` file, and the file alone could lack even
+    /// the schema). Every later write fails with [`StoreError::Closed`].
+    ///
+    /// The checkpoint waits up to the busy timeout (at most 5 s) for other processes' readers;
+    /// `Ok(false)` when it could not copy everything (nothing is lost: the rest stays in the
+    /// WAL, which SQLite reads on the next open). Closing twice does nothing the second time.
+    pub async fn close(&self) -> Result<bool, StoreError> {
+        let Some((writer, checkpointer)) = self.threads.lock().ok().and_then(|mut t| t.take())
+        else {
+            return Ok(true);
+        };
+        self.stop_writer.store(true, Ordering::Release);
+        // Wakes a writer waiting for work; refused (fine) when it has already stopped.
+        let _ = self.write(|_| Ok(())).await;
+        let path = self.path.clone();
+        let busy_timeout = self.readers.busy_timeout.min(Duration::from_secs(5));
+        if let Ok(mut idle) = self.readers.idle.lock() {
+            idle.clear();
+        }
+        // Joining blocks, so on a thread of its own rather than the caller's async task.
+        let (reply, answer) = oneshot::channel();
+        let closing = move || -> Result<bool, StoreError> {
+            // The writer's nudge sender goes with it, which ends the checkpointer.
+            let _ = writer.join();
+            let _ = checkpointer.join();
+            let conn = open_reader(&path, busy_timeout)?;
+            conn.pragma_update(None, "query_only", false)
+                .map_err(backend)?;
+            let busy: i64 = conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| row.get(0))
+                .map_err(backend)?;
+            Ok(busy == 0)
+        };
+        std::thread::Builder::new()
+            .name("flightlog-close".into())
+            .spawn(move || {
+                let _ = reply.send(closing());
+            })
+            .map_err(|err| StoreError::Backend(format!("cannot start closing: {err}")))?;
+        answer.await.map_err(|_| StoreError::Closed)?
     }
 
     /// What the writer thread has done so far.
@@ -1129,6 +1221,8 @@ struct GroupCommitWriter {
     frames_after_last_commit: i64,
     /// `SqliteConfig::wal_hard_cap_frames`, clamped.
     wal_hard_cap_frames: i64,
+    /// Set by [`SqliteDatabase::close`]: stop after the current group.
+    stop: Arc<AtomicBool>,
 }
 
 thread_local! {
@@ -1167,6 +1261,9 @@ impl GroupCommitWriter {
                 }
             }
             self.commit_group(&mut group);
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
             self.rewind_wal_if_asked();
             self.turns.yield_if_waited_for();
         }
