@@ -59,6 +59,11 @@ struct Server {
 impl Server {
     /// Start a server; with `nofile`, under that open-file limit (soft and hard) via `prlimit`.
     fn start(case: &'static str, nofile: Option<u64>) -> Self {
+        Self::start_with(case, nofile, &[])
+    }
+
+    /// [`Server::start`] with more `serve` flags.
+    fn start_with(case: &'static str, nofile: Option<u64>, extra: &[&str]) -> Self {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "flightlog-connections-{}-{}-{case}",
@@ -85,7 +90,7 @@ impl Server {
             }
             None => Command::new(BIN),
         };
-        command.args(serve).current_dir(&dir);
+        command.args(serve).args(extra).current_dir(&dir);
         let process = ServeProcess::spawn(command, START_TIMEOUT);
         let addr = process.addr;
         Self {
@@ -820,4 +825,65 @@ fn sigterm_stops_the_server_with_a_stream_client_that_never_reads() {
     let stopped = server.stop();
     drop(stuck);
     stopped.unwrap();
+}
+
+/// A write whose body stalls after its head: the body is read with the request's write slot
+/// held, with no time limit, so a client could hold a slot for as long as it liked, and the
+/// write limit's worth of such connections (4,096 by default) refused every write with 503.
+/// Now a body with nothing new for 10 s is answered `408 request_timeout` (and the connection
+/// closed), and its slot goes back.
+#[test]
+fn a_stalled_write_body_gives_its_write_slot_back() {
+    let mut server =
+        Server::start_with("defect-stalled-body", None, &["--max-inflight-writes", "2"]);
+    let append = json!({"type": "note", "at": 1, "data": {}});
+    let stalled: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut stream = connect(server.addr).unwrap();
+            stream
+                .write_all(
+                    b"POST /v1/engagements/stalled/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+                      Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"ty",
+                )
+                .unwrap();
+            stream
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let (held, body) = request(
+        server.addr,
+        "POST",
+        "/v1/engagements/e/events",
+        Some(&append),
+    )
+    .expect("a write while both slots are held");
+    server.say(format!("a write while two bodies stall: {held} {body}"));
+    assert_eq!(
+        held, 503,
+        "both slots are held by the stalled bodies: {body}"
+    );
+    let started = Instant::now();
+    for mut stream in stalled {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(25)))
+            .unwrap();
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        let text = String::from_utf8_lossy(&answer);
+        server.say(format!(
+            "stalled body answered after {:?}: {text:.160}",
+            started.elapsed()
+        ));
+        assert_eq!(status_of(&text), Some(408), "{text}");
+        assert!(text.contains("\"request_timeout\""), "{text}");
+    }
+    let (status, body) = request(
+        server.addr,
+        "POST",
+        "/v1/engagements/e/events",
+        Some(&append),
+    )
+    .expect("a write once the stalled bodies are gone");
+    assert_eq!(status, 201, "{body}");
+    server.stop().unwrap();
 }

@@ -47,6 +47,11 @@ pub enum ApiError {
     /// 409 `journal_full`: the engagement reached `maxEventsPerEngagement`.
     #[error("{0}")]
     JournalFull(String),
+    /// 408 `request_timeout`: a write's body stalled (nothing new for a while, or not all of it
+    /// within the time a body may take); sent with `Connection: close`, since the rest of the
+    /// body is left unread. A stalled body must not hold its write slot.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// 413 `payload_too_large`: the body is over the configured limit.
     #[error("{0}")]
     PayloadTooLarge(String),
@@ -81,6 +86,7 @@ impl ApiError {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::Conflict(_) | Self::JournalFull(_) => StatusCode::CONFLICT,
+            Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -98,6 +104,7 @@ impl ApiError {
             Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::Conflict(_) => "conflict",
             Self::JournalFull(_) => "journal_full",
+            Self::RequestTimeout(_) => "request_timeout",
             Self::PayloadTooLarge(_) => "payload_too_large",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::Unavailable(_) => "unavailable",
@@ -130,12 +137,13 @@ pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
-/// The `error` object of an [`ErrorBody`], also a failed op's entry in a batch's `results`.
+/// The `error` object of an [`ErrorBody`] (a failed op's entry in a batch's `results` is a
+/// whole [`ErrorBody`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ErrorDetail {
     /// Machine-readable: `invalid_request`, `unauthorized`, `forbidden`, `not_found`,
-    /// `method_not_allowed`, `conflict`, `journal_full`, `payload_too_large`,
+    /// `method_not_allowed`, `conflict`, `journal_full`, `request_timeout`, `payload_too_large`,
     /// `unsupported_media_type`, `unavailable` or `internal`.
     #[schema(example = "invalid_request")]
     pub code: String,
@@ -151,6 +159,12 @@ impl IntoResponse for ApiError {
                 response
                     .headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+            }
+            // The rest of the body is unread: the connection cannot carry another request.
+            Self::RequestTimeout(_) => {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
             // RFC 6750: a 401 names the scheme the client should use.
             Self::Unauthorized(_) => {
@@ -174,9 +188,10 @@ impl From<StoreError> for ApiError {
             StoreError::Overloaded | StoreError::Closed | StoreError::StorageFull(_) => {
                 Self::Unavailable(message)
             }
-            StoreError::SchemaTooNew { .. } | StoreError::Corrupt(_) | StoreError::Backend(_) => {
-                Self::Internal(message)
-            }
+            StoreError::SchemaTooNew { .. }
+            | StoreError::NotFlightlog(_)
+            | StoreError::Corrupt(_)
+            | StoreError::Backend(_) => Self::Internal(message),
         }
     }
 }
@@ -225,6 +240,7 @@ mod tests {
                 },
                 (500, "internal"),
             ),
+            (StoreError::NotFlightlog("x".into()), (500, "internal")),
             (StoreError::Corrupt("x".into()), (500, "internal")),
             (StoreError::Backend("x".into()), (500, "internal")),
         ];

@@ -37,6 +37,14 @@ use crate::{auth, extract, overload};
 const DRAIN_LIMITS: u64 = 4;
 /// The longest a too-large body is drained before it is refused anyway.
 const DRAIN_TIME: Duration = Duration::from_secs(10);
+/// The longest a write's body may go without a byte arriving while the gate reads it.
+pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest a write's body may take in all. The body is read with the request's write slot
+/// held (so the write limit bounds the bodies buffered), so without these two a client that
+/// sent a write's head and then stalled, or trickled its body, held a slot for as long as it
+/// liked: the write limit's worth of such connections (4,096 by default) refused every write
+/// with 503 until they went away. At the default 8 MiB limit this still allows 140 KiB/s.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The middleware (installed by [`crate::app`] with `from_fn_with_state`).
 pub(crate) async fn gate(State(state): State<AppState>, request: Request, next: Next) -> Response {
@@ -125,6 +133,13 @@ async fn admit_and_run(
                 return too_large(limit, otlp_protobuf);
             }
             Err(BodyRead::Failed(error)) => return error.into_response(),
+            Err(BodyRead::Stalled(error)) => {
+                let mut response = refuse(error);
+                response
+                    .headers_mut()
+                    .insert(CONNECTION, HeaderValue::from_static("close"));
+                return response;
+            }
         },
         (true, None) => {
             let (parts, body) = request.into_parts();
@@ -184,6 +199,8 @@ enum BodyRead {
     TooLarge(Body),
     /// The connection failed while it was read.
     Failed(ApiError),
+    /// It stopped arriving ([`BODY_IDLE_TIMEOUT`]) or took too long ([`BODY_READ_TIMEOUT`]).
+    Stalled(ApiError),
 }
 
 /// A body read whole in the gate, within the limit (one of no declared length may go past
@@ -195,7 +212,32 @@ async fn read_whole(request: Request, limit: usize) -> Result<Request, BodyRead>
     let mut stream = body.into_data_stream();
     let mut chunks: Vec<Bytes> = Vec::with_capacity(1);
     let mut length = 0usize;
-    while let Some(chunk) = stream.next().await {
+    let deadline = tokio::time::Instant::now() + BODY_READ_TIMEOUT;
+    loop {
+        // Most bodies have arrived with their head: take what is there without arming a timer
+        // (one per chunk would be a timer-wheel entry per write request).
+        let ready = futures_util::FutureExt::now_or_never(stream.next());
+        let next = match ready {
+            Some(next) => Ok(next),
+            None => {
+                let idle_deadline = (tokio::time::Instant::now() + BODY_IDLE_TIMEOUT).min(deadline);
+                tokio::time::timeout_at(idle_deadline, stream.next()).await
+            }
+        };
+        let next = match next {
+            Ok(next) => next,
+            Err(_) => {
+                return Err(BodyRead::Stalled(ApiError::RequestTimeout(format!(
+                    "the request body stalled after {length} bytes: a body must keep arriving \
+                     (nothing for {} s) and arrive whole within {} s",
+                    BODY_IDLE_TIMEOUT.as_secs(),
+                    BODY_READ_TIMEOUT.as_secs()
+                ))))
+            }
+        };
+        let Some(chunk) = next else {
+            break;
+        };
         let chunk = chunk.map_err(|err| {
             BodyRead::Failed(ApiError::invalid(format!(
                 "cannot read the request body: {err}"

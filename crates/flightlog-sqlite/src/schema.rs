@@ -3,7 +3,9 @@
 //! The schema version lives in SQLite's `user_version`. Each migration runs once, in order,
 //! inside a `BEGIN IMMEDIATE` transaction that re-reads the version, so two processes opening a
 //! fresh file at the same moment apply it exactly once. A file written by a newer flightlog is
-//! refused with an error naming both versions rather than misread.
+//! refused with an error naming both versions rather than misread, and a file of another program
+//! (told apart by SQLite's `application_id`, or for files of early flightlogs by their tables)
+//! is refused before anything writes to it ([`check_identity`]).
 //!
 //! Layout choices (bytes per span matter, see BENCHMARKS.md): runs, writers and spans get
 //! integer surrogate keys so the change log and the events table carry small integers instead of
@@ -232,6 +234,70 @@ ALTER TABLE journal_engagements ADD COLUMN generation INTEGER NOT NULL DEFAULT 0
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
+/// SQLite's `application_id` of a flightlog database ("FLLG"): set when the schema is first
+/// created (and on the first open of a file an earlier flightlog made, which left it 0), so a
+/// database of another program is told apart by its header before anything is written to it.
+pub const APPLICATION_ID: i64 = 0x464c_4c47;
+
+/// Tables every flightlog schema since version 1 has: how a file an earlier flightlog made
+/// without the application id is recognised.
+const FLIGHTLOG_TABLES: [&str; 2] = ["activity_runs", "flightlog_meta"];
+
+/// Refuse, before anything writes to it, a file this build must not touch: a newer flightlog's
+/// ([`StoreError::SchemaTooNew`]) or another program's ([`StoreError::NotFlightlog`]). Runs on
+/// the freshly opened connection, so a refused file keeps every byte (its journal mode
+/// included, which switching to WAL would change).
+pub fn check_identity(conn: &Connection) -> Result<(), StoreError> {
+    let found = user_version(conn)?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    let application_id = application_id(conn)?;
+    if application_id == APPLICATION_ID {
+        return Ok(());
+    }
+    if application_id != 0 {
+        return Err(StoreError::NotFlightlog(format!(
+            "its header names another program (application id {application_id:#x})"
+        )));
+    }
+    let mut statement = conn
+        .prepare(
+            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%' \
+             ORDER BY name",
+        )
+        .map_err(backend)?;
+    let tables = statement
+        .query_map([], |row| row.get::<_, String>(0))
+        .map_err(backend)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(backend)?;
+    let made_by_flightlog = FLIGHTLOG_TABLES
+        .iter()
+        .all(|table| tables.iter().any(|name| name == table));
+    if tables.is_empty() || (found >= 1 && made_by_flightlog) {
+        return Ok(());
+    }
+    let shown: Vec<&str> = tables.iter().take(3).map(String::as_str).collect();
+    Err(StoreError::NotFlightlog(format!(
+        "it holds tables flightlog did not make ({}{})",
+        shown.join(", "),
+        if tables.len() > shown.len() {
+            ", …"
+        } else {
+            ""
+        }
+    )))
+}
+
+fn application_id(conn: &Connection) -> Result<i64, StoreError> {
+    conn.query_row("PRAGMA application_id", [], |row| row.get(0))
+        .map_err(backend)
+}
+
 fn user_version(conn: &Connection) -> Result<i64, StoreError> {
     conn.query_row("PRAGMA user_version", [], |row| row.get(0))
         .map_err(backend)
@@ -264,7 +330,7 @@ pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
             supported: SCHEMA_VERSION,
         });
     }
-    if found == SCHEMA_VERSION {
+    if found == SCHEMA_VERSION && application_id(conn)? == APPLICATION_ID {
         return Ok(());
     }
     let tx = conn
@@ -282,6 +348,10 @@ pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     for (index, sql) in MIGRATIONS.iter().enumerate().skip(start) {
         tx.execute_batch(sql).map_err(backend)?;
         tx.pragma_update(None, "user_version", index as i64 + 1)
+            .map_err(backend)?;
+    }
+    if application_id(&tx)? != APPLICATION_ID {
+        tx.pragma_update(None, "application_id", APPLICATION_ID)
             .map_err(backend)?;
     }
     tx.commit().map_err(backend)

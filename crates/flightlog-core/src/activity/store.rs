@@ -44,6 +44,13 @@ pub enum StoreError {
          {supported}; upgrade flightlog to open it"
     )]
     SchemaTooNew { found: i64, supported: i64 },
+    /// The file is a database of another program (the message says how it was told apart);
+    /// flightlog refuses it without writing to it.
+    #[error(
+        "the file is not a flightlog database: {0}; choose another path (flightlog creates its \
+         database where no file exists)"
+    )]
+    NotFlightlog(String),
     /// A stored row could not be decoded (corruption or a foreign writer).
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
@@ -155,9 +162,9 @@ pub trait ActivityStore: Send + Sync {
         limit: i64,
     ) -> Result<Vec<TerminalRootChange>, StoreError>;
 
-    /// Change ids below this may have been trimmed from the log while their spans still exist
-    /// (0 when nothing was ever trimmed). A reader whose cursor is below it cannot be brought up
-    /// to date from the log and must start again from a snapshot.
+    /// Change ids below this may be missing from the log: trimmed while their spans still exist,
+    /// or deleted with a pruned run (0 when neither ever happened). A reader whose cursor is
+    /// below it cannot be brought up to date from the log and must start again from a snapshot.
     async fn change_log_horizon(&self) -> Result<i64, StoreError>;
 
     /// The highest change id still in the log (0 when empty; can go down after a prune).
