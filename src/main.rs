@@ -87,21 +87,42 @@ struct ServeArgs {
     /// [env: FLIGHTLOG_DURABILITY] [file: durability] [default: normal]
     #[arg(long, value_name = "normal|full", verbatim_doc_comment)]
     durability: Option<String>,
-    /// Largest request body, in bytes or with KiB/MiB/GiB; larger ones get 413.
+    /// Largest request body, in bytes or with KiB/MiB/GiB; larger ones get 413
+    /// (a gzip OTLP body may inflate to 64 MiB, or to this limit when larger).
     /// [env: FLIGHTLOG_BODY_LIMIT] [file: body_limit] [default: 8MiB]
-    #[arg(long, value_name = "SIZE", verbatim_doc_comment)]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        allow_negative_numbers = true,
+        verbatim_doc_comment
+    )]
     body_limit: Option<String>,
     /// Write requests handled at once; more get 503 with Retry-After instead of queueing.
     /// [env: FLIGHTLOG_MAX_INFLIGHT_WRITES] [file: max_inflight_writes] [default: 4096]
-    #[arg(long, value_name = "N", verbatim_doc_comment)]
+    #[arg(
+        long,
+        value_name = "N",
+        allow_negative_numbers = true,
+        verbatim_doc_comment
+    )]
     max_inflight_writes: Option<String>,
     /// Events one engagement may hold; appends past it get 409 journal_full.
     /// [env: FLIGHTLOG_JOURNAL_MAX_EVENTS] [file: journal.max_events] [default: 10000]
-    #[arg(long, value_name = "N", verbatim_doc_comment)]
+    #[arg(
+        long,
+        value_name = "N",
+        allow_negative_numbers = true,
+        verbatim_doc_comment
+    )]
     journal_max_events: Option<String>,
     /// Idle time after which POST /v1/engagements/prune removes an engagement, in ms.
     /// [env: FLIGHTLOG_JOURNAL_MAX_AGE_MS] [file: journal.max_age_ms] [default: 2592000000 = 30 days]
-    #[arg(long, value_name = "MS", verbatim_doc_comment)]
+    #[arg(
+        long,
+        value_name = "MS",
+        allow_negative_numbers = true,
+        verbatim_doc_comment
+    )]
     journal_max_age_ms: Option<String>,
     /// This server's name among the servers sharing the database: at start it closes the
     /// spans its earlier lives under the same name left open (as interrupted, "server
@@ -111,7 +132,15 @@ struct ServeArgs {
     instance: Option<String>,
     /// Require `Authorization: Bearer SECRET`; repeatable; each grants every scope.
     /// Scoped tokens: FLIGHTLOG_TOKENS or [[tokens]] in the config file (see below).
-    #[arg(long = "token", value_name = "SECRET", verbatim_doc_comment)]
+    // A secret may start with '-' (one random base64url secret in 64 does), so the value is
+    // taken as given; the settings refuse one that starts with "--", which is a flag forgotten
+    // after `--token`.
+    #[arg(
+        long = "token",
+        value_name = "SECRET",
+        allow_hyphen_values = true,
+        verbatim_doc_comment
+    )]
     tokens: Vec<String>,
     /// Listen on a non-loopback address although no token is configured
     /// (only behind something that authenticates).

@@ -106,12 +106,6 @@ impl Scopes {
         self.0 == 0
     }
 
-    /// Both sets together.
-    #[must_use]
-    pub fn union(self, other: Scopes) -> Scopes {
-        Scopes(self.0 | other.0)
-    }
-
     /// The scopes in the set, in [`Scope::ALL`] order.
     pub fn iter(self) -> impl Iterator<Item = Scope> {
         Scope::ALL
@@ -145,6 +139,13 @@ pub enum TokenError {
     /// The token was given no scope, so it could do nothing.
     #[error("a token needs at least one scope (read, ingest, admin)")]
     NoScopes,
+    /// The same secret was configured before: silently merging the two entries' scopes would
+    /// let a copy-paste slip grant more than either entry says.
+    #[error(
+        "this token is configured twice: give each token once, with all its scopes in that one \
+         entry"
+    )]
+    Duplicate,
 }
 
 /// One configured token: the SHA-256 digest of its secret and its scopes. Its `Debug` shows the
@@ -180,17 +181,18 @@ impl AuthConfig {
         Self::default()
     }
 
-    /// Add a token with `scopes`. A token given twice keeps the union of its scopes.
+    /// Add a token with `scopes`; a secret already configured is refused
+    /// ([`TokenError::Duplicate`]).
     pub fn add_token(&mut self, secret: &str, scopes: Scopes) -> Result<(), TokenError> {
         check_token_text(secret)?;
         if scopes.is_empty() {
             return Err(TokenError::NoScopes);
         }
         let digest = digest(secret.as_bytes());
-        match self.tokens.iter_mut().find(|token| token.digest == digest) {
-            Some(token) => token.scopes = token.scopes.union(scopes),
-            None => self.tokens.push(Token { digest, scopes }),
+        if self.tokens.iter().any(|token| token.digest == digest) {
+            return Err(TokenError::Duplicate);
         }
+        self.tokens.push(Token { digest, scopes });
         Ok(())
     }
 
@@ -386,11 +388,12 @@ mod tests {
     }
 
     #[test]
-    fn tokens_are_matched_by_digest_and_keep_the_union_of_their_scopes() {
+    fn tokens_are_matched_by_digest() {
         let auth = AuthConfig::open()
             .with_token("reader", Scopes::NONE.with(Scope::Read))
-            .and_then(|auth| auth.with_token("both", Scopes::NONE.with(Scope::Ingest)))
-            .and_then(|auth| auth.with_token("both", Scopes::NONE.with(Scope::Admin)));
+            .and_then(|auth| {
+                auth.with_token("both", Scopes::NONE.with(Scope::Ingest).with(Scope::Admin))
+            });
         let Ok(auth) = auth else {
             panic!("valid tokens: {auth:?}");
         };
@@ -407,6 +410,20 @@ mod tests {
         assert_eq!(auth.scopes_of("readerx"), None);
         assert_eq!(auth.scopes_of(""), None);
         assert!(!format!("{auth:?}").contains("reader"), "{auth:?}");
+    }
+
+    #[test]
+    fn a_token_configured_twice_is_refused_not_merged() {
+        let mut auth = AuthConfig::open();
+        assert_eq!(
+            auth.add_token("same", Scopes::NONE.with(Scope::Read)),
+            Ok(())
+        );
+        assert_eq!(
+            auth.add_token("same", Scopes::NONE.with(Scope::Admin)),
+            Err(TokenError::Duplicate)
+        );
+        assert_eq!(auth.scopes_of("same"), Some(Scopes::NONE.with(Scope::Read)));
     }
 
     #[test]

@@ -641,6 +641,9 @@ pub fn resolve_with_file(
             body_limit,
             auth,
             max_inflight_writes,
+            // What an OTLP body may inflate to is never below what it may be sent as: a plain
+            // body over 64 MiB was refused as "decompressed" past a larger --body-limit.
+            otlp_max_decompressed: ServerConfig::DEFAULT_OTLP_MAX_DECOMPRESSED.max(body_limit),
             ..ServerConfig::default()
         },
         retention: RetentionConfig {
@@ -713,12 +716,20 @@ impl<'a> Layers<'a> {
         let mut auth = AuthConfig::open();
         if !self.flags.tokens.is_empty() {
             for (index, secret) in self.flags.tokens.iter().enumerate() {
-                auth.add_token(secret, Scopes::ALL).map_err(|err| {
-                    token_error(
-                        format!("{} (the {})", TOKENS.flag, ordinal(index + 1)),
-                        &err,
-                    )
-                })?;
+                let origin = || format!("{} (the {})", TOKENS.flag, ordinal(index + 1));
+                if secret.starts_with("--") {
+                    return Err(SettingsError::Token {
+                        origin: origin(),
+                        problem: format!(
+                            "starts with \"--\", so it looks like a flag: give the secret \
+                             right after {} (a secret that really starts with \"--\" goes in \
+                             FLIGHTLOG_TOKENS or the config file)",
+                            TOKENS.flag
+                        ),
+                    });
+                }
+                auth.add_token(secret, Scopes::ALL)
+                    .map_err(|err| token_error(origin(), &err))?;
             }
             return Ok(auth);
         }
@@ -731,6 +742,30 @@ impl<'a> Layers<'a> {
         }
         Ok(auth)
     }
+}
+
+/// Whether `name` is an environment variable `flightlog serve` reads.
+pub fn is_setting_variable(name: &str) -> bool {
+    name == CONFIG_ENV || SETTINGS.iter().any(|setting| setting.env == name)
+}
+
+/// The setting variable a `FLIGHTLOG_*` name that is none was probably meant to be
+/// (`FLIGHTLOG_TOKEN` → `FLIGHTLOG_TOKENS`), if one is close. A misspelled variable is otherwise
+/// ignored without a word, and for the token list that means a server without authentication.
+/// Names far from every setting (other tools' variables, test harnesses') get `None`.
+pub fn meant_variable(name: &str) -> Option<&'static str> {
+    if is_setting_variable(name) {
+        return None;
+    }
+    let upper = name.to_ascii_uppercase();
+    SETTINGS
+        .iter()
+        .map(|setting| setting.env)
+        .chain([CONFIG_ENV])
+        .map(|known| (strsim::levenshtein(&upper, known), known))
+        .filter(|(distance, _)| *distance <= 2)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, known)| known)
 }
 
 /// `name`'s value in `env`, unless unset or blank.
@@ -872,9 +907,14 @@ fn parse_bool(text: &str) -> Option<bool> {
 }
 
 /// `FLIGHTLOG_TOKENS`: `TOKEN:SCOPE[,SCOPE...]` entries separated by `;` (blank entries skipped).
+///
+/// A value with no entry at all (`";"`) is refused: it would replace the config file's tokens
+/// with none and so switch authentication off.
 fn parse_env_tokens(text: &str, auth: &mut AuthConfig) -> Result<(), SettingsError> {
     let entries = text.split(';').map(str::trim).filter(|e| !e.is_empty());
+    let mut seen = 0;
     for (index, entry) in entries.enumerate() {
+        seen += 1;
         let origin = || format!("{} entry {}", TOKENS.env, index + 1);
         let Some((secret, scopes)) = entry.rsplit_once(':') else {
             return Err(SettingsError::Token {
@@ -898,6 +938,14 @@ fn parse_env_tokens(text: &str, auth: &mut AuthConfig) -> Result<(), SettingsErr
             })?;
         auth.add_token(secret.trim(), scopes)
             .map_err(|err| token_error(origin(), &err))?;
+    }
+    if seen == 0 {
+        return Err(SettingsError::Token {
+            origin: TOKENS.env.to_owned(),
+            problem: "holds no token: write TOKEN:SCOPE[,SCOPE...] entries separated by ';', \
+                      or unset it"
+                .into(),
+        });
     }
     Ok(())
 }

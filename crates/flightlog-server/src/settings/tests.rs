@@ -230,6 +230,19 @@ fn a_blank_environment_variable_counts_as_unset() {
 }
 
 #[test]
+fn a_token_variable_with_no_entry_is_refused_rather_than_switching_auth_off() {
+    let file = file("[[tokens]]\ntoken = \"t\"\nscopes = [\"read\"]");
+    for text in [";", " ; ;"] {
+        let env = env(&[("FLIGHTLOG_TOKENS", text)]);
+        let err = resolve_with_file(&ServeFlags::default(), &env, Some(&file))
+            .expect_err("a token list with no token");
+        let message = err.to_string();
+        assert!(message.contains("FLIGHTLOG_TOKENS"), "{message}");
+        assert!(message.contains("holds no token"), "{message}");
+    }
+}
+
+#[test]
 fn the_config_flag_wins_over_the_config_variable_and_a_missing_file_is_an_error() {
     let dir = tempfile::tempdir().expect("temp dir");
     let from_flag = dir.path().join("flag.toml");
@@ -439,6 +452,24 @@ fn token_errors_say_how_to_write_tokens_and_never_repeat_the_secret() {
             Input::File("tokens = \"topsecret\""),
             &["not a list of tables"],
         ),
+        (
+            Input::Env("FLIGHTLOG_TOKENS", "topsecret:read;topsecret:admin"),
+            &["FLIGHTLOG_TOKENS entry 2", "configured twice"],
+        ),
+        (
+            Input::File(
+                "[[tokens]]\ntoken = \"topsecret\"\nscopes = [\"read\"]\n\
+                 [[tokens]]\ntoken = \"topsecret\"\nscopes = [\"admin\"]",
+            ),
+            &["entry 2", "configured twice"],
+        ),
+        (
+            Input::Flags(Box::new(ServeFlags {
+                tokens: vec!["topsecret".into(), "topsecret".into()],
+                ..ServeFlags::default()
+            })),
+            &["--token (the 2nd)", "configured twice"],
+        ),
     ];
     for (input, needles) in cases {
         let err = resolve_input(input).expect_err(needles[0]);
@@ -455,10 +486,10 @@ fn token_errors_say_how_to_write_tokens_and_never_repeat_the_secret() {
 }
 
 #[test]
-fn environment_tokens_take_several_scoped_entries_and_merge_repeats() {
+fn environment_tokens_take_several_scoped_entries() {
     let env = env(&[(
         "FLIGHTLOG_TOKENS",
-        " reader:read ; agent:read, ingest;ops:admin;with:colon:ingest;reader:admin; ",
+        " reader:read,admin ; agent:read, ingest;ops:admin;with:colon:ingest; ",
     )]);
     let settings = resolve_with_file(&ServeFlags::default(), &env, None).expect("valid token list");
     let auth = &settings.server.auth;
@@ -548,4 +579,33 @@ fn the_default_instance_is_the_host_and_port_in_instance_characters() {
         );
     }
     assert_eq!(instance_life_prefix("a:1"), "serve:a:1/");
+}
+
+#[test]
+fn a_misspelled_variable_is_matched_to_the_setting_it_was_meant_to_be() {
+    assert_eq!(meant_variable("FLIGHTLOG_TOKEN"), Some("FLIGHTLOG_TOKENS"));
+    assert_eq!(meant_variable("flightlog_tokens"), Some("FLIGHTLOG_TOKENS"));
+    assert_eq!(meant_variable("FLIGHTLOG_ADR"), Some("FLIGHTLOG_ADDR"));
+    assert_eq!(meant_variable("FLIGHTLOG_CONFG"), Some("FLIGHTLOG_CONFIG"));
+    assert_eq!(meant_variable("FLIGHTLOG_TOKENS"), None, "a setting itself");
+    assert_eq!(meant_variable("FLIGHTLOG_TEST_DATABASE_URL"), None);
+    assert_eq!(meant_variable("FLIGHTLOG_OTLP_CLIENTS_DIR"), None);
+    assert!(is_setting_variable("FLIGHTLOG_CONFIG"));
+    assert!(is_setting_variable("FLIGHTLOG_JOURNAL_MAX_AGE_MS"));
+    assert!(!is_setting_variable("FLIGHTLOG_TOKEN"));
+}
+
+#[test]
+fn a_body_limit_above_the_otlp_inflate_limit_raises_it() {
+    let flags = ServeFlags {
+        body_limit: Some("128MiB".into()),
+        ..ServeFlags::default()
+    };
+    let settings = resolve_with_file(&flags, &env(&[]), None).expect("valid");
+    assert_eq!(settings.server.otlp_max_decompressed, 128 << 20);
+    let settings = resolve_with_file(&ServeFlags::default(), &env(&[]), None).expect("valid");
+    assert_eq!(
+        settings.server.otlp_max_decompressed,
+        ServerConfig::DEFAULT_OTLP_MAX_DECOMPRESSED
+    );
 }
