@@ -221,6 +221,29 @@ impl<S: Send + Sync> FromRequestParts<S> for PathId {
     }
 }
 
+/// Identities that start with this belong to servers (`serve:<instance>/pid:…`): a server's
+/// boot sweep closes the open spans of its instance's earlier identities, so a client naming
+/// itself inside that namespace would have its spans closed by someone else's restart.
+pub const SERVER_WRITER_PREFIX: &str = "serve:";
+
+/// The checks of a `Flightlog-Writer` value: 1 to 256 bytes, not a server's identity.
+pub(crate) fn check_writer(writer: &str) -> Result<(), ApiError> {
+    if writer.is_empty() || writer.len() > MAX_ID_BYTES {
+        return Err(ApiError::invalid(format!(
+            "the Flightlog-Writer header must be 1 to {MAX_ID_BYTES} bytes, got {}",
+            writer.len()
+        )));
+    }
+    if writer.starts_with(SERVER_WRITER_PREFIX) {
+        return Err(ApiError::invalid(format!(
+            "the Flightlog-Writer header may not start with {SERVER_WRITER_PREFIX:?}: such \
+             identities are the servers' own, whose spans a server restart closes; name the \
+             client (or leave the header out to write as this server)"
+        )));
+    }
+    Ok(())
+}
+
 /// The activity store acting as the request's writer: the `Flightlog-Writer` header's identity,
 /// or the server's own when the header is absent.
 pub struct WriterStore(pub Arc<dyn ActivityStore>);
@@ -235,12 +258,7 @@ impl FromRequestParts<AppState> for WriterStore {
         let writer = value.to_str().map_err(|_| {
             ApiError::invalid("the Flightlog-Writer header must be visible ASCII text")
         })?;
-        if writer.is_empty() || writer.len() > MAX_ID_BYTES {
-            return Err(ApiError::invalid(format!(
-                "the Flightlog-Writer header must be 1 to {MAX_ID_BYTES} bytes, got {}",
-                writer.len()
-            )));
-        }
+        check_writer(writer)?;
         Ok(WriterStore(state.activity_as(writer)))
     }
 }
@@ -264,8 +282,9 @@ impl utoipa::IntoParams for WriterStore {
             .required(Required::False)
             .description(Some(format!(
                 "The writer identity this write acts as (1 to {MAX_ID_BYTES} bytes of visible \
-                 ASCII): spans it starts are stamped with it, and `sweep-stale` spares its runs. \
-                 Without it the server's own identity is used."
+                 ASCII, not starting with `{SERVER_WRITER_PREFIX}`, the servers' own \
+                 namespace): spans it starts are stamped with it, and `sweep-stale` spares its \
+                 runs. Without it the server's own identity is used."
             )))
             .schema(Some(schema))
             .build()]

@@ -7,9 +7,11 @@
 //! - schemas: `utoipa::ToSchema` on the wire types, the core's records included (its `openapi`
 //!   feature);
 //! - what the middleware adds to every route ([`finish`]): the bearer security requirement with
-//!   the scope [`crate::auth::required_access`] demands, `401`/`403` wherever a token is needed,
-//!   `503` for writes (the write limit of [`crate::overload`]), `413`/`415` wherever a JSON body
-//!   is read, and `500`/`503` for every route over the stores.
+//!   the scope [`crate::auth::required_access`] demands, `400` wherever input is taken,
+//!   `401`/`403` wherever a token is needed, `408` for writes (a stalled body), `413` everywhere
+//!   (the gate refuses a body declared too large on any route), `415` wherever a body is read,
+//!   `503` for writes (the write limit of [`crate::overload`]), `500`/`503` for every route over
+//!   the stores, the protobuf form of `/v1/traces`' errors, and the path ids' length bounds.
 //!
 //! [`base`] holds what no handler knows: the title, the tags, the security scheme. A new route
 //! needs nothing here; a new *area* adds its tag to [`tags`] and to [`ApiDoc`].
@@ -19,7 +21,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::Method;
 use axum::response::IntoResponse;
 use utoipa::openapi::header::HeaderBuilder;
-use utoipa::openapi::path::Operation;
+use utoipa::openapi::path::{Operation, ParameterIn};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{Content, OpenApi, Ref, RefOr, Response, ResponseBuilder, Schema};
 use utoipa::{OpenApi as _, PartialSchema, ToSchema};
@@ -28,7 +30,9 @@ use utoipa_axum::routes;
 
 use crate::auth::{is_read_method, required_access, Access};
 use crate::error::{ApiError, ErrorBody};
+use crate::routes::otlp::TRACES_PATH;
 use crate::state::AppState;
+use crate::validate::MAX_ID_BYTES;
 
 /// The tag of each area of the contract (the sections of `http-api.md`).
 pub(crate) mod tags {
@@ -165,12 +169,25 @@ fn finish_operation(path: &str, method: &Method, operation: &mut Operation) {
         Access::AnyToken => add_security(operation, &[]),
         Access::Scope(scope) => add_security(operation, &[scope.name()]),
     }
+    ids_are_bounded(operation);
+    let takes_input = operation.request_body.is_some()
+        || operation
+            .parameters
+            .as_ref()
+            .is_some_and(|parameters| !parameters.is_empty());
+    if takes_input {
+        add_response(operation, SharedResponse::InvalidRequest);
+    }
     if access != Access::Public {
         add_response(operation, SharedResponse::Unauthorized);
         add_response(operation, SharedResponse::Forbidden);
     }
+    if !is_read_method(method) {
+        add_response(operation, SharedResponse::RequestTimeout);
+    }
+    // The gate refuses a body declared over the limit on every route, a bodiless one included.
+    add_response(operation, SharedResponse::PayloadTooLarge);
     if operation.request_body.is_some() {
-        add_response(operation, SharedResponse::PayloadTooLarge);
         add_response(operation, SharedResponse::UnsupportedMediaType);
     }
     if !is_read_method(method) || path.starts_with("/v1/") {
@@ -178,6 +195,63 @@ fn finish_operation(path: &str, method: &Method, operation: &mut Operation) {
     }
     if path.starts_with("/v1/") {
         add_response(operation, SharedResponse::Internal);
+    }
+    if path == TRACES_PATH {
+        errors_also_in_protobuf(operation);
+    }
+}
+
+/// The path ids (`spanId`, `runId`, `engagementId`) are 1 to 256 bytes.
+fn ids_are_bounded(operation: &mut Operation) {
+    for parameter in operation.parameters.iter_mut().flatten() {
+        if parameter.parameter_in != ParameterIn::Path {
+            continue;
+        }
+        if let Some(RefOr::T(Schema::Object(schema))) = parameter.schema.as_mut() {
+            schema.min_length = Some(1);
+            schema.max_length = Some(MAX_ID_BYTES);
+        }
+    }
+}
+
+/// `POST /v1/traces` answers a protobuf request's errors with a protobuf `google.rpc.Status`
+/// (what OTLP exporters read), a JSON request's with the contract's error body: every error
+/// response of the operation gets the protobuf form beside the JSON one.
+fn errors_also_in_protobuf(operation: &mut Operation) {
+    let status_schema: RefOr<Schema> = RefOr::T(Schema::Object(
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .content_media_type("application/x-protobuf")
+            .description(Some(
+                "A protobuf `google.rpc.Status` (code and message), as the OTLP/HTTP \
+                 specification asks for a protobuf request's errors.",
+            ))
+            .build(),
+    ));
+    for (status, response) in operation.responses.responses.iter_mut() {
+        if !(status.starts_with('4') || status.starts_with('5')) {
+            continue;
+        }
+        let inline = match response {
+            RefOr::T(inline) => inline,
+            RefOr::Ref(reference) => {
+                let Some(shared) = SharedResponse::ALL
+                    .into_iter()
+                    .find(|shared| reference.ref_location.ends_with(shared.name()))
+                else {
+                    continue;
+                };
+                *response = RefOr::T(shared.response());
+                let RefOr::T(inline) = response else {
+                    continue;
+                };
+                inline
+            }
+        };
+        inline.content.insert(
+            "application/x-protobuf".to_owned(),
+            Content::new(Some(status_schema.clone())),
+        );
     }
 }
 
@@ -232,8 +306,10 @@ fn add_response(operation: &mut Operation, shared: SharedResponse) {
 /// The error answers the middleware (not the handler) gives, kept once in `components.responses`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SharedResponse {
+    InvalidRequest,
     Unauthorized,
     Forbidden,
+    RequestTimeout,
     PayloadTooLarge,
     UnsupportedMediaType,
     Unavailable,
@@ -241,9 +317,11 @@ enum SharedResponse {
 }
 
 impl SharedResponse {
-    const ALL: [SharedResponse; 6] = [
+    const ALL: [SharedResponse; 8] = [
+        Self::InvalidRequest,
         Self::Unauthorized,
         Self::Forbidden,
+        Self::RequestTimeout,
         Self::PayloadTooLarge,
         Self::UnsupportedMediaType,
         Self::Unavailable,
@@ -252,6 +330,8 @@ impl SharedResponse {
 
     fn name(self) -> &'static str {
         match self {
+            Self::InvalidRequest => "InvalidRequest",
+            Self::RequestTimeout => "RequestTimeout",
             Self::Unauthorized => "Unauthorized",
             Self::Forbidden => "Forbidden",
             Self::PayloadTooLarge => "PayloadTooLarge",
@@ -263,6 +343,8 @@ impl SharedResponse {
 
     fn status(self) -> &'static str {
         match self {
+            Self::InvalidRequest => "400",
+            Self::RequestTimeout => "408",
             Self::Unauthorized => "401",
             Self::Forbidden => "403",
             Self::PayloadTooLarge => "413",
@@ -274,6 +356,14 @@ impl SharedResponse {
 
     fn description(self) -> &'static str {
         match self {
+            Self::InvalidRequest => {
+                "`invalid_request`: a parameter, header (such as `Flightlog-Writer`) or body \
+                 this operation cannot take: wrong type, out of range, empty or too long."
+            }
+            Self::RequestTimeout => {
+                "`request_timeout`: the body stalled (nothing new for 10 s, or not whole within \
+                 60 s); the connection is closed."
+            }
             Self::Unauthorized => {
                 "`unauthorized`: tokens are configured and the request carries none, a malformed \
                  `Authorization` header, or an unknown token."

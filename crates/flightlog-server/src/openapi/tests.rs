@@ -224,11 +224,15 @@ fn middleware_answers_are_documented_where_they_can_happen() {
             .map(|r| r.keys().cloned().collect())
             .unwrap_or_default()
     };
+    // A body declared over the limit is refused on every route, even one that reads none.
     let healthz = responses("get", "/healthz");
-    assert_eq!(healthz, BTreeSet::from(["200".to_owned()]));
+    assert_eq!(
+        healthz,
+        BTreeSet::from(["200".to_owned(), "413".to_owned()])
+    );
     let start = responses("post", "/v1/activity/spans");
     for status in [
-        "201", "400", "401", "403", "409", "413", "415", "500", "503",
+        "201", "400", "401", "403", "408", "409", "413", "415", "500", "503",
     ] {
         assert!(
             start.contains(status),
@@ -237,9 +241,38 @@ fn middleware_answers_are_documented_where_they_can_happen() {
     }
     let cursor = responses("get", "/v1/activity/cursor");
     assert!(
-        !cursor.contains("413") && !cursor.contains("415"),
+        cursor.contains("413") && !cursor.contains("415") && !cursor.contains("408"),
         "{cursor:?}"
     );
+    // A bad `Flightlog-Writer` is a 400 on a route that takes no other input.
+    let sweep = responses("post", "/v1/activity/maintenance/sweep-orphans");
+    assert!(sweep.contains("400") && sweep.contains("408"), "{sweep:?}");
+    // `/v1/traces` answers a protobuf request's errors in protobuf.
+    for status in ["400", "401", "413", "415", "503"] {
+        let pointer =
+            format!("/paths/~1v1~1traces/post/responses/{status}/content/application~1x-protobuf");
+        assert!(json.pointer(&pointer).is_some(), "{pointer}");
+        let pointer =
+            format!("/paths/~1v1~1traces/post/responses/{status}/content/application~1json");
+        assert!(json.pointer(&pointer).is_some(), "{pointer}");
+    }
+    // The limits the server enforces are in the schemas.
+    let parameter = |path: &str, name: &str| -> serde_json::Value {
+        json.pointer(&format!(
+            "/paths/{}/get/parameters",
+            path.replace('/', "~1")
+        ))
+        .and_then(|p| p.as_array())
+        .and_then(|p| p.iter().find(|p| p["name"] == name))
+        .cloned()
+        .unwrap_or_default()
+    };
+    let limit = parameter("/v1/activity/changes", "limit");
+    assert_eq!(limit["schema"]["maximum"], 10_000, "{limit}");
+    assert_eq!(limit["schema"]["minimum"], 0, "{limit}");
+    let span_id = parameter("/v1/activity/spans/{spanId}", "spanId");
+    assert_eq!(span_id["schema"]["maxLength"], 256, "{span_id}");
+    assert_eq!(span_id["schema"]["minLength"], 1, "{span_id}");
     assert!(
         cursor.contains("401") && cursor.contains("403"),
         "{cursor:?}"

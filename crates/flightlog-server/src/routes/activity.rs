@@ -91,6 +91,7 @@ struct ChangesQuery {
     after: i64,
     /// Page size, 0 to 10,000 (default 500).
     #[serde(default)]
+    #[param(minimum = 0, maximum = 10_000)]
     limit: Option<i64>,
 }
 
@@ -108,9 +109,11 @@ impl ChangesQuery {
 #[into_params(parameter_in = Query)]
 struct StuckQuery {
     /// How long (ms) before `now` an open root must have started to count as stuck.
+    #[param(minimum = -9_007_199_254_740_991_i64, maximum = 9_007_199_254_740_991_i64)]
     threshold_ms: i64,
     /// The time to judge at (epoch ms); defaults to the server's clock.
     #[serde(default)]
+    #[param(minimum = -9_007_199_254_740_991_i64, maximum = 9_007_199_254_740_991_i64)]
     now: Option<i64>,
 }
 

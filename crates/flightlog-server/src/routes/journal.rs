@@ -65,6 +65,7 @@ struct BoardQuery {
 struct ListQuery {
     /// At most this many ids (0 to 10,000; all when absent).
     #[serde(default)]
+    #[param(minimum = 0, maximum = 10_000)]
     limit: Option<i64>,
 }
 
@@ -116,8 +117,10 @@ struct EngagementAppendBody {
     #[schema(value_type = Object)]
     data: Value,
     /// When given, the append succeeds only if this is the seq it gets (else 409 `conflict`).
+    #[schema(nullable = false, minimum = 0)]
     expected_seq: Option<i64>,
     /// May be given only if equal to the path's id.
+    #[schema(nullable = false)]
     engagement_id: Option<String>,
 }
 

@@ -26,10 +26,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody, RETRY_AFTER_SECONDS};
-use crate::extract::WRITER_HEADER;
+use crate::extract::{check_writer, WriterStore, WRITER_HEADER};
 use crate::openapi::tags;
 use crate::state::AppState;
-use crate::validate::MAX_ID_BYTES;
 
 /// The writer identity of OTLP spans when the request names none.
 pub const OTLP_WRITER: &str = "otlp";
@@ -116,6 +115,7 @@ fn decode_failure(headers: &HeaderMap, error: &OtlpError) -> Response {
     path = "/v1/traces",
     tag = tags::INGEST,
     operation_id = "exportTraces",
+    params(WriterStore),
     request_body(
         description = "An OTLP `ExportTraceServiceRequest`, optionally `Content-Encoding: gzip`.",
         content(
@@ -140,14 +140,10 @@ async fn export_traces(State(state): State<AppState>, headers: HeaderMap, body: 
             return failure(&headers, error, GrpcCode::InvalidArgument);
         }
         None => OTLP_WRITER,
-        Some(writer) if writer.is_empty() || writer.len() > MAX_ID_BYTES => {
-            let error = ApiError::invalid(format!(
-                "the Flightlog-Writer header must be 1 to {MAX_ID_BYTES} bytes, got {}",
-                writer.len()
-            ));
-            return failure(&headers, error, GrpcCode::InvalidArgument);
-        }
-        Some(writer) => writer,
+        Some(writer) => match check_writer(writer) {
+            Ok(()) => writer,
+            Err(error) => return failure(&headers, error, GrpcCode::InvalidArgument),
+        },
     };
     let max_decompressed = state.config().otlp_max_decompressed;
     let (request, encoding) = match decode_request(

@@ -43,6 +43,7 @@ pub(crate) struct RunsQuery {
     origin: Option<SpanOrigin>,
     /// Page size, 0 to 10,000 (default 50).
     #[serde(default)]
+    #[param(minimum = 0, maximum = 10_000)]
     limit: Option<i64>,
     /// The `next` of the previous page.
     #[serde(default)]

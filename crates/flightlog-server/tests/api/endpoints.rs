@@ -86,6 +86,19 @@ async fn start_span_stamps_the_writer_and_rejects_bad_input() {
         )
         .await;
     assert_eq!(reply.assert_status(201)["writer"], "agent-7");
+    // A server's identity is not a client's to take: the boot sweep of that server's instance
+    // would close the client's spans.
+    for writer in ["serve:", "serve:other-host:4318/pid:1:2"] {
+        server
+            .send(
+                Method::POST,
+                "/v1/activity/spans",
+                Some(&start_input("s-reserved", "r-reserved", None, 1000)),
+                Some(writer),
+            )
+            .await
+            .assert_error(400, "invalid_request");
+    }
 
     server
         .post("/v1/activity/spans", &start_input("s1", "r9", None, 5))
