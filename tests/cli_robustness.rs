@@ -1892,3 +1892,58 @@ fn a_clean_stop_leaves_everything_in_the_database_file_itself() {
     assert_eq!(span_status, 200, "{span}");
     assert!(span.contains(r#""runId":"backup-run""#), "{span}");
 }
+
+/// clap took `-5` after `--body-limit`, and a secret starting with `-` after `--token`, for
+/// flags of their own and answered "unexpected argument '-5' found", naming neither the setting
+/// nor the fix. Now the value reaches the settings' checks: a negative number gets the setting's
+/// own message, a `-` secret works, and a `--` one (a flag where the secret was forgotten) is
+/// refused saying so. A misspelled variable (`FLIGHTLOG_TOKEN`, as the flag is `--token`) was
+/// ignored without a word, which here means a server without authentication: it now gets a
+/// warning naming `FLIGHTLOG_TOKENS`, and `FLIGHTLOG_TOKENS=";"` (no entry) is refused instead
+/// of replacing the config file's tokens with none.
+#[test]
+fn hyphen_values_and_misspelled_variables_get_the_settings_messages() {
+    let scratch = Scratch::new("hyphen-values");
+    let db = s(&scratch.join("hyphen.db"));
+    for (flag, value) in [
+        ("--body-limit", "-5"),
+        ("--max-inflight-writes", "-1"),
+        ("--journal-max-events", "-3"),
+        ("--journal-max-age-ms", "-1"),
+    ] {
+        let mut args = serve_args(&db, &LOOPBACK);
+        args.extend([flag, value]);
+        let out = run(scratch.path(), &args, &[]);
+        out.assert_refused(&[&format!("{flag} = {value:?} is not valid: give")]);
+    }
+    let mut args = serve_args(&db, &LOOPBACK);
+    args.extend(["--token", "-Xy9_secret"]);
+    let out = run(scratch.path(), &args, &[]);
+    out.assert_listened();
+    assert!(out.stdout.contains("bearer tokens required"), "{out}");
+
+    let mut args = serve_args(&db, &LOOPBACK);
+    args.extend(["--token", "--manual-clock"]);
+    let out = run(scratch.path(), &args, &[]);
+    out.assert_refused(&["--token (the 1st)", "looks like a flag"]);
+
+    let out = run(
+        scratch.path(),
+        &serve_args(&db, &LOOPBACK),
+        &[("FLIGHTLOG_TOKEN", "supersecret")],
+    );
+    out.assert_listened();
+    assert!(
+        out.stderr.contains("FLIGHTLOG_TOKEN is not a setting")
+            && out.stderr.contains("did you mean FLIGHTLOG_TOKENS?"),
+        "{out}"
+    );
+    assert!(!out.stderr.contains("supersecret"), "{out}");
+
+    let out = run(
+        scratch.path(),
+        &serve_args(&db, &LOOPBACK),
+        &[("FLIGHTLOG_TOKENS", ";")],
+    );
+    out.assert_refused(&["FLIGHTLOG_TOKENS", "holds no token"]);
+}

@@ -25,4 +25,4 @@ pub use database::{configure_connection, Durability, SqliteConfig, SqliteDatabas
 pub use journal::SqliteEngagementJournal;
 #[doc(hidden)]
 pub use schema::migrate_up_to;
-pub use schema::SCHEMA_VERSION;
+pub use schema::{APPLICATION_ID, SCHEMA_VERSION};

@@ -168,3 +168,109 @@ async fn scalar_payloads_read_back_as_json() {
     assert_eq!(stored, payloads);
     assert_eq!(store.changes_since(0, 100).await.unwrap().len(), 6);
 }
+
+/// Another program's SQLite file used to be adopted (a `user_version` of 0: flightlog's tables
+/// added beside its own) or switched to WAL before a late, confusing refusal. It is now refused
+/// by its header or its tables before anything writes, and keeps every byte.
+#[test]
+fn another_programs_database_is_refused_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, &str); 4] = [
+        (
+            "plain.db",
+            "CREATE TABLE users (id INTEGER); INSERT INTO users VALUES (1);",
+        ),
+        (
+            "versioned.db",
+            "CREATE TABLE users (id INTEGER); PRAGMA user_version = 3;",
+        ),
+        (
+            "same-version.db",
+            "CREATE TABLE activity_runs (x); PRAGMA user_version = 7;",
+        ),
+        (
+            "app-id.db",
+            "CREATE TABLE t (x); PRAGMA application_id = 1234;",
+        ),
+    ];
+    for (name, sql) in cases {
+        let path = dir.path().join(name);
+        {
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            conn.execute_batch(sql).unwrap();
+        }
+        let before = std::fs::read(&path).unwrap();
+        let err = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap_err();
+        assert!(
+            matches!(err, StoreError::NotFlightlog(_)),
+            "{name}: {err:?}"
+        );
+        let message = err.to_string();
+        assert!(message.contains("not a flightlog database"), "{message}");
+        assert!(message.contains("choose another path"), "{message}");
+        assert_eq!(std::fs::read(&path).unwrap(), before, "{name} changed");
+        let wal = dir.path().join(format!("{name}-wal"));
+        assert!(!wal.exists(), "{name} was switched to WAL");
+    }
+    // Not SQLite at all.
+    let path = dir.path().join("notes.db");
+    std::fs::write(&path, "not a database ".repeat(100)).unwrap();
+    let err = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap_err();
+    assert!(err.to_string().contains("not an SQLite database"), "{err}");
+}
+
+/// A new database gets flightlog's application id; one an earlier flightlog made (id 0, its
+/// tables present) is recognised and gets the id on its next open.
+#[tokio::test]
+async fn flightlog_databases_carry_the_application_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new.db");
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap();
+    store(Arc::clone(&db))
+        .start_span(root("s1", "r1"))
+        .await
+        .unwrap();
+    let id = |path: &std::path::Path| -> i64 {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        conn.query_row("PRAGMA application_id", [], |row| row.get(0))
+            .unwrap()
+    };
+    assert_eq!(id(&path), flightlog_sqlite::APPLICATION_ID);
+    assert!(db.close().await.unwrap(), "nothing else reads the file");
+    // As an earlier flightlog left it.
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.pragma_update(None, "application_id", 0).unwrap();
+    }
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap();
+    let span = store(db).get_span("s1").await.unwrap();
+    assert_eq!(span.map(|s| s.run_id), Some("r1".to_owned()));
+    assert_eq!(id(&path), flightlog_sqlite::APPLICATION_ID);
+}
+
+/// After `close`, the database file alone holds every write (the WAL is copied into it), and
+/// later writes fail as closed rather than hang.
+#[tokio::test]
+async fn close_leaves_everything_in_the_database_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("closed.db");
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap();
+    let writer = store(Arc::clone(&db));
+    for i in 0..50 {
+        writer
+            .start_span(root(&format!("s{i}"), &format!("r{i}")))
+            .await
+            .unwrap();
+    }
+    assert!(db.close().await.unwrap());
+    assert!(db.close().await.unwrap(), "closing twice is harmless");
+    let err = writer.start_span(root("late", "late")).await.unwrap_err();
+    assert!(matches!(err, StoreError::Closed), "{err:?}");
+    let copy = dir.path().join("copy.db");
+    std::fs::copy(&path, &copy).unwrap();
+    let conn = rusqlite::Connection::open(&copy).unwrap();
+    let spans: i64 = conn
+        .query_row("SELECT COUNT(*) FROM activity_spans", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(spans, 50);
+}
