@@ -307,10 +307,13 @@ async fn change_stream(
     ApiQuery(query): ApiQuery<AfterQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
     let store = state.activity().clone();
+    // Both are checked, whichever wins: a bad `after` is a 400 with or without the header.
+    if query.after.is_some_and(|after| after < 0) {
+        return Err(ApiError::invalid("after must be a non-negative integer"));
+    }
     let start = match (last_event_id(&headers)?, query.after) {
         (Some(id), _) => id,
-        (None, Some(after)) if after >= 0 => after,
-        (None, Some(_)) => return Err(ApiError::invalid("after must be a non-negative integer")),
+        (None, Some(after)) => after,
         (None, None) => store.latest_change_cursor().await?,
     };
     Ok(sse(
@@ -571,13 +574,16 @@ async fn journal_stream(
     PathId(engagement_id): PathId,
     ApiQuery(query): ApiQuery<FromSeqQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
+    // Both are checked, whichever wins: a bad `fromSeq` is a 400 with or without the header.
+    if query.from_seq.is_some_and(|from| from < 0) {
+        return Err(ApiError::invalid("fromSeq must be a non-negative integer"));
+    }
     let start = match (journal_last_event_id(&headers)?, query.from_seq) {
         (Some(start), _) => start,
-        (None, Some(from)) if from >= 0 => JournalStart {
+        (None, Some(from)) => JournalStart {
             next_seq: from,
             generation: None,
         },
-        (None, Some(_)) => return Err(ApiError::invalid("fromSeq must be a non-negative integer")),
         (None, None) => JournalStart {
             next_seq: 0,
             generation: None,

@@ -249,6 +249,18 @@ async fn span_writes_end_patch_events_heartbeat_and_get() {
         .post_empty("/v1/activity/spans/root/heartbeat")
         .await
         .assert_status(204);
+    // An empty body is no body, whatever content type a client library labels it with.
+    for content_type in ["text/plain", "application/x-www-form-urlencoded"] {
+        server
+            .send_raw(
+                Method::POST,
+                "/v1/activity/spans/root/heartbeat",
+                Some(content_type),
+                "",
+            )
+            .await
+            .assert_status(204);
+    }
     server
         .post("/v1/activity/spans/root/heartbeat", &json!({"at": 1500}))
         .await

@@ -707,3 +707,26 @@ async fn a_run_stream_resyncs_when_its_run_is_pruned_and_started_again() {
     drop((stream, fresh));
     server.stop().await;
 }
+
+/// A negative `after` or `fromSeq` was refused only when no `Last-Event-ID` came with it
+/// (the header wins), while a bad header was refused whatever the query: both are checked now.
+#[tokio::test]
+async fn a_bad_starting_point_is_refused_whichever_would_win() {
+    let server = TestServer::start().await;
+    for (path, header) in [
+        ("/v1/activity/changes/stream?after=-1", "5"),
+        ("/v1/activity/changes/stream?after=5", "-1"),
+        ("/v1/engagements/e/stream?fromSeq=-1", "0@1"),
+        ("/v1/engagements/e/stream?fromSeq=0", "-2@1"),
+    ] {
+        let response = server
+            .client
+            .get(format!("{}{path}", server.base))
+            .header("Last-Event-ID", header)
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status().as_u16(), 400, "{path} with {header}");
+    }
+    server.stop().await;
+}
