@@ -36,6 +36,7 @@ pub mod overload;
 mod routes;
 pub mod settings;
 mod skip_keys;
+pub mod snapshot_budget;
 pub mod state;
 pub mod validate;
 pub mod wire;

@@ -8,6 +8,7 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::Response;
 use axum::Json;
 use flightlog_core::activity::{
     ActivityChange, ActivityStore, EndSpanInput, RunRollupRow, RunSnapshot, SpanEventRow,
@@ -22,6 +23,7 @@ use utoipa_axum::routes;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiQuery, JsonBody, OptionalJsonBody, PathId, WriterStore};
 use crate::openapi::{tags, RUN_ID, SPAN_ID};
+use crate::snapshot_budget;
 use crate::state::AppState;
 use crate::validate::{check_id, check_limit, check_optional_time, check_reference, check_time};
 use crate::wire::{ChangeCursor, Closed, Ended, HighWaterSeq, Patched};
@@ -433,13 +435,16 @@ async fn read_rollup(
 async fn snapshot_run(
     State(state): State<AppState>,
     PathId(run_id): PathId,
-) -> Result<Json<RunSnapshot>, ApiError> {
-    state
+) -> Result<Response, ApiError> {
+    let snapshot = state
         .activity()
         .snapshot_run(&run_id)
         .await?
-        .map(Json)
-        .ok_or_else(|| unknown_run(&run_id))
+        .ok_or_else(|| unknown_run(&run_id))?;
+    let json = serde_json::to_vec(&snapshot).map_err(|err| ApiError::Internal(err.to_string()))?;
+    drop(snapshot);
+    let permit = state.snapshot_budget().reserve(json.len()).await?;
+    Ok(snapshot_budget::json_response(json.into(), permit))
 }
 
 /// A run's highest change-logged seq (`runHighWaterSeq`).

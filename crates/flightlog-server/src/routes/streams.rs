@@ -359,7 +359,7 @@ async fn run_stream(
                 run_id,
                 above_seq: 0,
             };
-            (None, ChangeFeed::new(store, cursor, Some(filter)))
+            ((None, None), ChangeFeed::new(store, cursor, Some(filter)))
         }
         None => {
             let snapshot = store
@@ -372,15 +372,27 @@ async fn run_stream(
             };
             let cursor = snapshot.change_cursor;
             let data = serde_json::to_string(&snapshot)
-                .map_err(|err| ApiError::invalid(err.to_string()))?;
+                .map_err(|err| ApiError::Internal(err.to_string()))?;
+            drop(snapshot);
+            // A large snapshot holds budget until the stream is polled for what follows it,
+            // which hyper does once it has written most of it (see `snapshot_budget`).
+            let permit = state.snapshot_budget().reserve(data.len()).await?;
             let event = Event::default()
                 .event("snapshot")
                 .id(cursor.to_string())
                 .data(data);
-            (Some(event), ChangeFeed::new(store, cursor, Some(filter)))
+            (
+                (Some(event), permit),
+                ChangeFeed::new(store, cursor, Some(filter)),
+            )
         }
     };
-    let head = stream::iter(first.map(Ok));
+    // The snapshot, then nothing; its permit (if any) is carried past the snapshot and dropped
+    // when the stream is polled again.
+    let head = stream::unfold(first, |(event, permit)| async move {
+        let event = event?;
+        Some((Ok(event), (None, permit)))
+    });
     Ok(sse(
         &state,
         StreamKind::Run,

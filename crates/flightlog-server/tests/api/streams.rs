@@ -730,3 +730,88 @@ async fn a_bad_starting_point_is_refused_whichever_would_win() {
     }
     server.stop().await;
 }
+
+/// Write a run of `spans` spans with `attr_bytes` of attributes each, in batches.
+async fn big_run(server: &TestServer, run: &str, spans: usize, attr_bytes: usize) {
+    let filler = "x".repeat(attr_bytes);
+    for first in (0..spans).step_by(250) {
+        let ops: Vec<Value> = (first..(first + 250).min(spans))
+            .map(|i| {
+                let mut op = span_body(&format!("{run}-{i}"), run, None);
+                op["op"] = json!("startSpan");
+                op["attrs"] = json!({ "filler": filler });
+                op
+            })
+            .collect();
+        server
+            .post("/v1/activity/batch", &json!({ "ops": ops }))
+            .await
+            .assert_status(200);
+    }
+}
+
+/// A large snapshot sent to a client that does not read it stayed in the server's memory for
+/// as long as that client kept its connection: ten such clients of a 48 MB run held half a
+/// gigabyte. Large snapshots now take from a shared budget until they are handed to the socket;
+/// while it is taken, the next large snapshot waits briefly and then gets 503 (nobody waits on
+/// the slow client for long), and the budget comes back when the slow client goes away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_snapshots_for_clients_that_do_not_read_are_bounded() {
+    use std::io::Write as _;
+    let mut options = crate::support::Options::default();
+    options.config.snapshot_budget_bytes = 8 << 20;
+    let server = TestServer::start_with(options).await;
+    // About 12 MB of snapshot: more than the kernel buffers on both ends of a loopback
+    // connection hold (4 MiB of send buffer, the receiver's unread window), so most of it stays
+    // in the server while its client does not read.
+    big_run(&server, "big", 2_000, 6_000).await;
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let stalled_get = |path: &str| {
+        let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").expect("send");
+        stream
+    };
+    let slow_reader = stalled_get("/v1/activity/runs/big/snapshot");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let refused = server.get("/v1/activity/runs/big/snapshot").await;
+    refused.assert_error(503, "unavailable");
+    assert!(refused.headers.contains_key("retry-after"));
+    let stream = server
+        .client
+        .get(format!("{}/v1/activity/runs/big/stream", server.base))
+        .send()
+        .await
+        .expect("stream request");
+    assert_eq!(stream.status().as_u16(), 503);
+    // Small snapshots are never held up.
+    finished_run(&server, "small", "small-run").await;
+    server
+        .get("/v1/activity/runs/small-run/snapshot")
+        .await
+        .assert_status(200);
+
+    drop(slow_reader);
+    let started = Instant::now();
+    loop {
+        let reply = server.get("/v1/activity/runs/big/snapshot").await;
+        if reply.status.as_u16() == 200 {
+            assert_eq!(reply.body["spans"].as_array().map(Vec::len), Some(2_000));
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the budget did not come back: {:?}",
+            reply.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A stream client that does not read holds the budget the same way.
+    let slow_stream = stalled_get("/v1/activity/runs/big/stream");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server
+        .get("/v1/activity/runs/big/snapshot")
+        .await
+        .assert_error(503, "unavailable");
+    drop(slow_stream);
+    server.stop().await;
+}
