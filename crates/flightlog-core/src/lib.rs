@@ -9,6 +9,7 @@ pub mod backend_metrics;
 pub mod clock;
 pub mod journal;
 pub mod json_depth;
+pub mod json_number;
 
 pub use backend_metrics::{BackendMetric, MetricKind};
 pub use clock::{default_writer_id, Clock, ManualClock, SystemClock};

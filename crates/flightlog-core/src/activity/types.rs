@@ -158,13 +158,29 @@ open_enum!(
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SpanUsage {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::json_number::optional_integral_i64"
+    )]
     pub input_tokens: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::json_number::optional_integral_i64"
+    )]
     pub output_tokens: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::json_number::optional_integral_i64"
+    )]
     pub cache_read_tokens: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::json_number::optional_integral_i64"
+    )]
     pub cache_creation_tokens: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_usd: Option<f64>,
@@ -354,7 +370,11 @@ pub struct StartSpanInput {
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub attrs: Option<JsonObject>,
     /// Defaults to the store's clock.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::json_number::optional_integral_i64"
+    )]
     pub started_at: Option<i64>,
 }
 
@@ -367,7 +387,11 @@ pub struct EndSpanInput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// Defaults to the store's clock.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::json_number::optional_integral_i64"
+    )]
     pub ended_at: Option<i64>,
     #[serde(
         default,
@@ -397,7 +421,11 @@ pub struct SpanPatch {
         deserialize_with = "object_or_null"
     )]
     pub usage: Option<SpanUsage>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::json_number::optional_integral_i64"
+    )]
     pub wait_until: Option<i64>,
 }
 
@@ -447,17 +475,27 @@ where
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PruneOptions {
     /// Runs that ended before this absolute epoch-ms time are covered by a digest and prunable.
+    #[serde(deserialize_with = "crate::json_number::integral_i64")]
     pub digest_floor_at: i64,
     /// Runs that ended more than this long before `now` are pruned regardless of the digest
     /// floor, and marked with the `digest coverage gap` failure reason when the floor had not
     /// covered them.
+    #[serde(deserialize_with = "crate::json_number::integral_i64")]
     pub hard_ceiling_ms: i64,
     /// Defaults to the store's clock.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::json_number::optional_integral_i64"
+    )]
     pub now: Option<i64>,
     /// Most runs pruned per call (default 50): pruning is batched so writers are not starved.
     /// Zero prunes nothing; a negative value means no limit (the reference's SQL `LIMIT`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::json_number::optional_integral_i64"
+    )]
     pub batch: Option<i64>,
 }
 

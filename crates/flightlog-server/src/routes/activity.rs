@@ -60,7 +60,10 @@ pub(crate) struct AppendEventBody {
     #[schema(value_type = Value)]
     pub(crate) payload: Option<Value>,
     /// When it happened (epoch ms); defaults to the server's clock.
-    #[serde(default)]
+    #[serde(
+        default,
+        deserialize_with = "flightlog_core::json_number::optional_integral_i64"
+    )]
     pub(crate) ts: Option<i64>,
 }
 
@@ -69,7 +72,10 @@ pub(crate) struct AppendEventBody {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct HeartbeatBody {
     /// When the span was last known alive (epoch ms); defaults to the server's clock.
-    #[serde(default)]
+    #[serde(
+        default,
+        deserialize_with = "flightlog_core::json_number::optional_integral_i64"
+    )]
     pub(crate) at: Option<i64>,
 }
 

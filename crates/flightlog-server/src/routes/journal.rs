@@ -8,6 +8,7 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
+use flightlog_core::journal::record::json_integer;
 use flightlog_core::journal::{
     reconstruct_board_from_events, AppendInput, BoardEntry, BoardEntryKind, BoardFilter,
     EngagementEvent, EngagementSummary, JournalError, SAFE_INTEGER_LIMIT,
@@ -86,18 +87,11 @@ struct EngagementPruneBody {
 fn integral_ms<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
     use serde::de::Error;
     let number = serde_json::Number::deserialize(deserializer)?;
-    if let Some(integer) = number.as_i64() {
-        return Ok(integer);
-    }
-    match number.as_f64() {
-        // Exact: integral and below 2^53.
-        Some(float) if float.fract() == 0.0 && float.abs() < SAFE_INTEGER_LIMIT as f64 => {
-            Ok(float as i64)
-        }
-        _ => Err(D::Error::custom(format!(
+    json_integer(&Value::Number(number.clone())).ok_or_else(|| {
+        D::Error::custom(format!(
             "an integer number of epoch milliseconds below 2^53 in magnitude, got {number}"
-        ))),
-    }
+        ))
+    })
 }
 
 /// Body of `POST /v1/engagements/{engagementId}/events` as the OpenAPI document describes it.
@@ -133,7 +127,8 @@ fn append_input(engagement_id: &str, body: Value) -> Result<AppendInput, ApiErro
     };
     let expected_seq = match body.remove("expectedSeq") {
         None | Some(Value::Null) => None,
-        Some(Value::Number(number)) => match number.as_i64() {
+        // Any JSON number that is a whole number (`3`, `3.0`), as JavaScript reads it.
+        Some(Value::Number(number)) => match json_integer(&Value::Number(number.clone())) {
             Some(seq) if (0..SAFE_INTEGER_LIMIT).contains(&seq) => Some(seq),
             _ => {
                 return Err(ApiError::invalid(format!(
@@ -364,6 +359,20 @@ mod tests {
             json!({"type": "t", "at": 1, "data": {}, "expectedSeq": "1"})
         )
         .is_err());
+        assert!(append_input(
+            "e",
+            json!({"type": "t", "at": 1, "data": {}, "expectedSeq": 1.5})
+        )
+        .is_err());
+        // A whole number written with a fraction is that integer, as JavaScript reads it.
+        assert_eq!(
+            append_input(
+                "e",
+                json!({"type": "t", "at": 1, "data": {}, "expectedSeq": 3.0})
+            )
+            .map(|i| i.expected_seq()),
+            Ok(Some(3))
+        );
         assert!(append_input(
             "e",
             json!({"type": "t", "at": 1, "data": {}, "engagementId": "f"})

@@ -31,9 +31,13 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct SweepStaleBody {
     /// A run whose open root's heartbeat (or start) is older than this many ms is closed.
+    #[serde(deserialize_with = "flightlog_core::json_number::integral_i64")]
     stale_after_ms: i64,
     /// The time to judge at (epoch ms); defaults to the server's clock.
-    #[serde(default)]
+    #[serde(
+        default,
+        deserialize_with = "flightlog_core::json_number::optional_integral_i64"
+    )]
     now: Option<i64>,
 }
 

@@ -26,6 +26,7 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 struct ClockBody {
     /// The new time, epoch milliseconds.
+    #[serde(deserialize_with = "flightlog_core::json_number::integral_i64")]
     now: i64,
 }
 

@@ -126,6 +126,30 @@ async fn start_span_stamps_the_writer_and_rejects_bad_input() {
             .await
             .assert_error(400, "invalid_request");
     }
+    // A whole number is an integer however it is written (as JSON.parse reads it in the
+    // reference); a fraction is not.
+    let mut whole = start_input("s-whole", "r-whole", None, 0);
+    whole["startedAt"] = json!(1000.0);
+    let span = server.post("/v1/activity/spans", &whole).await;
+    assert_eq!(span.assert_status(201)["startedAt"], 1000);
+    server
+        .post(
+            "/v1/activity/spans/s-whole/end",
+            &json!({"outcome": "success", "endedAt": 2e3, "usage": {"inputTokens": 5.0}}),
+        )
+        .await
+        .assert_status(200);
+    let ended = server.get("/v1/activity/spans/s-whole").await;
+    let ended = ended.assert_status(200);
+    assert_eq!(ended["endedAt"], 2000);
+    assert_eq!(ended["usage"]["inputTokens"], 5);
+    let mut fraction = start_input("s-fraction", "r-fraction", None, 0);
+    fraction["startedAt"] = json!(1000.5);
+    server
+        .post("/v1/activity/spans", &fraction)
+        .await
+        .assert_error(400, "invalid_request");
+
     // An empty parent is stored as given (the reference's quirk), not refused.
     server
         .post("/v1/activity/spans", &start_input("s4", "r4", Some(""), 1))

@@ -1,0 +1,95 @@
+//! Integer fields read from JSON the way the reference's JavaScript reads them: a JSON number
+//! is a number, so `1000`, `1000.0`, `1e3` and `-0` are all the integer 1000 (or 0), as
+//! `JSON.parse` gives the reference. serde reads an `i64` only from a number written without a
+//! fraction or exponent, so a client whose JSON library writes whole floats (`1000.0`, as
+//! Python's `json` does for a float) was refused with "invalid type: floating point".
+//!
+//! A number with a fractional part, or a float of magnitude 2^53 or more (where a double no
+//! longer holds every integer), is still refused: these fields are integers. Integers written
+//! as such keep their full `i64` range here; the range checks of times and counts are the
+//! callers'.
+
+use serde::{Deserialize, Deserializer};
+
+/// 2^53: from here on a double does not hold every integer.
+const EXACT_FLOAT_LIMIT: f64 = 9_007_199_254_740_992.0;
+
+fn integral<E: serde::de::Error>(number: &serde_json::Number) -> Result<i64, E> {
+    if let Some(integer) = number.as_i64() {
+        return Ok(integer);
+    }
+    match number.as_f64() {
+        Some(float) if float.fract() == 0.0 && float.abs() < EXACT_FLOAT_LIMIT => Ok(float as i64),
+        _ => Err(E::custom(format!(
+            "expected an integer (below 2^53 in magnitude when written with a fraction or \
+             exponent), got {number}"
+        ))),
+    }
+}
+
+/// An integer field (`#[serde(deserialize_with = "integral_i64")]`).
+pub fn integral_i64<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+    integral(&serde_json::Number::deserialize(deserializer)?)
+}
+
+/// An optional integer field, `null` reading as absent (`#[serde(default, deserialize_with =
+/// "optional_integral_i64")]`).
+pub fn optional_integral_i64<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<i64>, D::Error> {
+    match Option::<serde_json::Number>::deserialize(deserializer)? {
+        None => Ok(None),
+        Some(number) => integral(&number).map(Some),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    struct Fields {
+        #[serde(deserialize_with = "integral_i64")]
+        required: i64,
+        #[serde(default, deserialize_with = "optional_integral_i64")]
+        optional: Option<i64>,
+    }
+
+    fn read(json: &str) -> Result<Fields, String> {
+        serde_json::from_str(json).map_err(|err| err.to_string())
+    }
+
+    #[test]
+    fn whole_numbers_however_written_are_integers() {
+        for (json, required, optional) in [
+            (r#"{"required": 1000}"#, 1000, None),
+            (r#"{"required": 1000.0, "optional": 1e3}"#, 1000, Some(1000)),
+            (r#"{"required": -0, "optional": -0.0}"#, 0, Some(0)),
+            (r#"{"required": -5, "optional": null}"#, -5, None),
+            (
+                r#"{"required": 9223372036854775807, "optional": 9007199254740991.0}"#,
+                i64::MAX,
+                Some(9_007_199_254_740_991),
+            ),
+        ] {
+            let fields = read(json).unwrap_or_else(|err| panic!("{json}: {err}"));
+            assert_eq!(fields.required, required, "{json}");
+            assert_eq!(fields.optional, optional, "{json}");
+        }
+    }
+
+    #[test]
+    fn fractions_huge_floats_and_other_types_are_refused() {
+        for json in [
+            r#"{"required": 1000.5}"#,
+            r#"{"required": 1, "optional": 0.1}"#,
+            r#"{"required": 9007199254740992.0}"#,
+            r#"{"required": 1e300}"#,
+            r#"{"required": "1000"}"#,
+            r#"{"required": null}"#,
+            r#"{"required": 1, "optional": true}"#,
+        ] {
+            assert!(read(json).is_err(), "{json} was accepted");
+        }
+    }
+}
