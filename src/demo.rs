@@ -247,7 +247,7 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
     let db = SqliteDatabase::open(SqliteConfig::new(db_path))
         .with_context(|| format!("cannot open database {}", db_path.display()))?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store = SqliteActivityStore::new(db, clock.clone());
+    let store = SqliteActivityStore::new(Arc::clone(&db), clock.clone());
     let now = clock.now_ms();
     let mut ids = Ids {
         prefix: format!("demo{now}"),
@@ -335,5 +335,9 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
         "\nChange log cursor: {}",
         store.latest_change_cursor().await?
     );
+    // Leave everything in the database file itself (a server reading it keeps its own view).
+    db.close()
+        .await
+        .with_context(|| format!("cannot close database {}", db_path.display()))?;
     Ok(())
 }

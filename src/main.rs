@@ -47,6 +47,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Record a simulated multi-agent workload into a database file and show what was recorded.
+    ///
+    /// Its last run stays open, as one whose agent went away does (sweep-stale closes it).
     Demo {
         /// The SQLite database file (created if missing).
         /// [env: FLIGHTLOG_DB] [default: flightlog.db]
@@ -87,8 +89,9 @@ struct ServeArgs {
     /// [env: FLIGHTLOG_DURABILITY] [file: durability] [default: normal]
     #[arg(long, value_name = "normal|full", verbatim_doc_comment)]
     durability: Option<String>,
-    /// Largest request body, in bytes or with KiB/MiB/GiB; larger ones get 413
-    /// (a gzip OTLP body may inflate to 64 MiB, or to this limit when larger).
+    /// Largest request body, in bytes or with KiB/MiB/GiB; larger ones get 413 (a gzip OTLP
+    /// body may inflate to 64 MiB, or to this limit when larger); also the largest OTLP/gRPC
+    /// message (OUT_OF_RANGE past it).
     /// [env: FLIGHTLOG_BODY_LIMIT] [file: body_limit] [default: 8MiB]
     #[arg(
         long,
@@ -126,7 +129,8 @@ struct ServeArgs {
     journal_max_age_ms: Option<String>,
     /// This server's name among the servers sharing the database: at start it closes the
     /// spans its earlier lives under the same name left open (as interrupted, "server
-    /// restarted"), and no one else's.
+    /// restarted"), and no one else's. Give a fixed one where the default changes from start
+    /// to start (a container's host name, --addr with port 0).
     /// [env: FLIGHTLOG_INSTANCE] [file: instance] [default: HOSTNAME:HTTP-PORT]
     #[arg(long, value_name = "NAME", verbatim_doc_comment)]
     instance: Option<String>,

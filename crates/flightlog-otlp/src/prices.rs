@@ -3,8 +3,11 @@
 //! The bundled table (`prices.json`, compiled in) carries a `version`; a span whose cost it
 //! computed records that version in its attrs, so costs can be recomputed when prices change.
 //! Prices are USD per million tokens. A model is found by its exact name, else by the longest
-//! table name it starts with, followed by `-`, `@` or `:` (dated snapshots and Vertex-style
-//! `@` versions), after lower-casing and dropping any `provider/` path before the last `/`.
+//! table name it starts with followed by a version suffix only: `-`, `@` or `:` and then
+//! numbers, `v`-numbers or `latest` (dated snapshots such as `-2024-08-06`, Vertex-style
+//! `@20250514`, `-001`, `:0`), after lower-casing and dropping any `provider/` path before the
+//! last `/`. Any other suffix is another model: `o1-mini` is not priced as `o1` (at about 14
+//! times its price), and a model the table lacks gets no computed cost rather than a wrong one.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -116,12 +119,24 @@ impl PriceTable {
             .iter()
             .filter(|(known, _)| {
                 name.strip_prefix(known.as_str())
-                    .and_then(|rest| rest.chars().next())
-                    .is_some_and(|next| matches!(next, '-' | '@' | ':'))
+                    .is_some_and(is_version_suffix)
             })
             .max_by_key(|(known, _)| known.len())
             .map(|(_, price)| price)
     }
+}
+
+/// Whether `rest` (what follows a known model name) only names a version of that model: a
+/// separator (`-`, `@`, `:`), then parts separated by `-`, `.`, `@`, `:`, each digits,
+/// `v` and digits, or `latest`.
+fn is_version_suffix(rest: &str) -> bool {
+    let Some(parts) = rest.strip_prefix(['-', '@', ':']) else {
+        return false;
+    };
+    parts.split(['-', '.', '@', ':']).all(|part| {
+        let digits = part.strip_prefix('v').unwrap_or(part);
+        part == "latest" || (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+    })
 }
 
 /// Token counts a cost is computed from (absent counts cost nothing).
@@ -200,6 +215,16 @@ mod tests {
         // A prefix must end at a boundary: "gpt-4o" does not price "gpt-4o2".
         assert_eq!(input_price("gpt-4o2"), None);
         assert_eq!(input_price("llama-3-70b"), None);
+        // Only a version may follow: another model is not priced as the one it starts with.
+        assert_eq!(input_price("o1-mini"), None);
+        assert_eq!(input_price("o1-preview-2024-09-12"), None);
+        assert_eq!(input_price("gpt-4o-audio-preview"), None);
+        assert_eq!(input_price("gemini-2.5-flash-preview-05-20"), None);
+        assert_eq!(input_price("o1-2024-12-17"), input_price("o1"));
+        assert_eq!(input_price("gemini-2.5-flash-001"), Some(0.3));
+        assert_eq!(input_price("claude-sonnet-4-5-latest"), Some(3.0));
+        assert_eq!(input_price("gpt-4o:v2"), Some(2.5));
+        assert_eq!(input_price("gpt-4o-"), None);
     }
 
     #[test]
