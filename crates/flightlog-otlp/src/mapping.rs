@@ -209,9 +209,15 @@ fn map_span(
             .name
             .strip_suffix(PENDING_NAME_SUFFIX)
             .unwrap_or(&span.name);
-        (real_id, real_parent, name.to_owned())
+        (real_id, real_parent, capped_string(name, max_bytes))
     } else {
-        (own_id, own_parent, std::mem::take(&mut span.name))
+        // Capped like an attribute value: a name is as much the sender's text as they are.
+        let name = if span.name.len() <= max_bytes {
+            std::mem::take(&mut span.name)
+        } else {
+            capped_string(&span.name, max_bytes)
+        };
+        (own_id, own_parent, name)
     };
 
     let kind = span_kind(&facts, parent_span_id.is_none());
@@ -850,6 +856,17 @@ mod tests {
                 ("agent run".to_owned(), true)
             ]
         );
+    }
+
+    #[test]
+    fn a_huge_name_is_capped_like_an_attribute() {
+        let huge = "n".repeat(100_000);
+        let mapped = only_span(vec![span(1, None, &huge, vec![])]);
+        assert_eq!(
+            mapped.name.len(),
+            MAX_ATTRIBUTE_VALUE_BYTES + TRUNCATION_MARKER.len()
+        );
+        assert!(mapped.name.ends_with(TRUNCATION_MARKER));
     }
 
     #[test]
