@@ -198,6 +198,23 @@ impl ChangeFeed {
     }
 }
 
+/// Where a client that is up to date now (it asked for no starting point, or has just been sent
+/// a snapshot read at `cursor`) starts following: the newest change id, or just below the
+/// change-log horizon when a prune deleted the newest changes. The reference's cursor is the
+/// highest id *still in the log*, which goes down when a prune deletes the newest rows, while
+/// the horizon (which counts them) does not: starting at the cursor would be "behind the
+/// horizon", and such a client was told to resync on every attempt until something new was
+/// written. Every id between the two was deleted, and every later change gets a higher id, so
+/// starting at the higher of the two misses nothing.
+async fn newest_position(store: &dyn ActivityStore, cursor: Option<i64>) -> Result<i64, ApiError> {
+    let cursor = match cursor {
+        Some(cursor) => cursor,
+        None => store.latest_change_cursor().await?,
+    };
+    let horizon = store.change_log_horizon().await?;
+    Ok(cursor.max(horizon.saturating_sub(1)))
+}
+
 /// Why a change feed stopped.
 enum FeedEnd {
     /// The store failed; the client may reconnect with its last event id.
@@ -217,7 +234,9 @@ fn resync_event(horizon: i64, reason: &str) -> Event {
     let body = serde_json::json!({
         "reason": reason,
         "changeLogHorizon": horizon,
-        "action": "take a new snapshot (or GET /v1/activity/cursor) and reconnect from its cursor",
+        "resumeAfter": horizon.saturating_sub(1).max(0),
+        "action": "take a new snapshot, then reconnect with after = the larger of its cursor and \
+                   resumeAfter (or with no after, to start at the newest change)",
     });
     Event::default().event("resync").data(body.to_string())
 }
@@ -314,7 +333,7 @@ async fn change_stream(
     let start = match (last_event_id(&headers)?, query.after) {
         (Some(id), _) => id,
         (None, Some(after)) => after,
-        (None, None) => store.latest_change_cursor().await?,
+        (None, None) => newest_position(store.as_ref(), None).await?,
     };
     Ok(sse(
         &state,
@@ -371,6 +390,7 @@ async fn run_stream(
                 above_seq: snapshot.high_water_seq,
             };
             let cursor = snapshot.change_cursor;
+            let follow_from = newest_position(store.as_ref(), Some(cursor)).await?;
             let data = serde_json::to_string(&snapshot)
                 .map_err(|err| ApiError::Internal(err.to_string()))?;
             drop(snapshot);
@@ -383,7 +403,7 @@ async fn run_stream(
                 .data(data);
             (
                 (Some(event), permit),
-                ChangeFeed::new(store, cursor, Some(filter)),
+                ChangeFeed::new(store, follow_from, Some(filter)),
             )
         }
     };

@@ -815,3 +815,63 @@ async fn large_snapshots_for_clients_that_do_not_read_are_bounded() {
     drop(slow_stream);
     server.stop().await;
 }
+
+/// After a prune deleted the newest changes, the reference's cursor (`GET /v1/activity/cursor`,
+/// a snapshot's `changeCursor`) is below the change-log horizon, and every client starting
+/// there, a run stream of an unrelated run right after its snapshot included, was told to
+/// resync, again and again until something new was written. Up-to-date clients now start at the
+/// horizon, and a resync says where to resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_to_date_clients_are_not_told_to_resync_after_a_prune_of_the_newest_changes() {
+    let server = TestServer::start().await;
+    // Change 1: an open run's start; 2 and 3: a run that is then pruned.
+    server
+        .post("/v1/activity/spans", &span_body("open-root", "open", None))
+        .await
+        .assert_status(201);
+    finished_run(&server, "gone", "gone-run").await;
+    let result = prune_every_ended_run(&server).await;
+    assert_eq!(result["runsPruned"], 1, "{result}");
+    let cursor = server.get("/v1/activity/cursor").await;
+    assert_eq!(
+        cursor.assert_status(200)["changeCursor"],
+        1,
+        "the reference's cursor"
+    );
+
+    let mut newest = SseClient::connect(&server, "/v1/activity/changes/stream", None).await;
+    let mut run = SseClient::connect(&server, "/v1/activity/runs/open/stream", None).await;
+    assert_eq!(run.next().await.event, "snapshot");
+    // Told where to resume, a client that started from the reference's cursor goes on.
+    let mut behind = SseClient::connect(&server, "/v1/activity/changes/stream?after=1", None).await;
+    let resync = behind.next().await;
+    assert_eq!(resync.event, "resync", "{resync:?}");
+    let resume = resync.data["resumeAfter"].as_i64().expect("resumeAfter");
+    assert_eq!(resume, 3);
+    let mut resumed = SseClient::connect(
+        &server,
+        &format!("/v1/activity/changes/stream?after={resume}"),
+        None,
+    )
+    .await;
+
+    server
+        .post(
+            "/v1/activity/spans",
+            &span_body("open-child", "open", Some("open-root")),
+        )
+        .await
+        .assert_status(201);
+    for (name, client) in [
+        ("newest", &mut newest),
+        ("run", &mut run),
+        ("resumed", &mut resumed),
+    ] {
+        let event = client.next().await;
+        assert_eq!(event.event, "change", "{name}: {event:?}");
+        assert_eq!(event.id, Some(4), "{name}: {event:?}");
+        assert_eq!(event.data["span"]["spanId"], "open-child", "{name}");
+    }
+    drop((newest, run, behind, resumed));
+    server.stop().await;
+}
