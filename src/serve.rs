@@ -36,6 +36,14 @@ const GRPC_ADDR_SOURCES: &str =
 /// Run the server until Ctrl-C, then shut down gracefully. `flags` are the command line's
 /// settings; the rest come from `FLIGHTLOG_*` variables and the config file.
 pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
+    // Listen for Ctrl-C and SIGTERM from the start: a signal during start-up (opening the
+    // database, the boot sweep) then stops the server as soon as it is up, through the same
+    // clean stop, instead of killing the process mid-sweep with its WAL left behind.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        stop.send_replace(true);
+    });
     // Everything is checked before the database is opened: a typo costs nothing.
     let settings = settings::resolve(flags, &flightlog_environment()?)?;
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(settings.addr.as_str())
@@ -186,11 +194,6 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
         say!("flightlog: settings from {}", path.display());
     }
     // One signal stops both listeners.
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        stop.send_replace(true);
-    });
     let wait_for_stop = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stopped.wait_for(|stop| *stop).await;
     };

@@ -462,6 +462,29 @@ fn wal_path_of(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// Whose is the file at `path`, if one is there: read through a read-only connection opened
+/// before any other, so a file that is refused keeps every byte (a read-write connection would
+/// switch its journal mode, or copy a foreign WAL into it when closing). A path that cannot be
+/// opened read-only is left to the read-write open, whose errors say what to do.
+fn check_existing_file(path: &Path, busy_timeout: Duration) -> Result<(), StoreError> {
+    if !path.is_file() {
+        return Ok(());
+    }
+    let Ok(conn) = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    ) else {
+        return Ok(());
+    };
+    conn.busy_timeout(busy_timeout.min(MAX_BUSY_TIMEOUT))
+        .map_err(backend)?;
+    conn.query_row("SELECT count(*) FROM sqlite_schema", [], |row| {
+        row.get::<_, i64>(0)
+    })
+    .map_err(|err| unusable_file(path, &err))?;
+    schema::check_identity(&conn)
+}
+
 /// Why SQLite cannot use the file at `path` it opened, in words that say what to do.
 fn unusable_file(path: &Path, err: &rusqlite::Error) -> StoreError {
     let code = match err {
@@ -556,6 +579,7 @@ impl SqliteDatabase {
         // frames with one system call instead of two per page (see `flightlog-walvfs`).
         let vfs =
             flightlog_walvfs::register().map_err(|err| StoreError::Backend(err.to_string()))?;
+        check_existing_file(&config.path, config.busy_timeout)?;
         let mut conn = Connection::open_with_flags_and_vfs(
             &config.path,
             OpenFlags::SQLITE_OPEN_READ_WRITE

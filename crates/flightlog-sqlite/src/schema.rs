@@ -243,54 +243,84 @@ pub const APPLICATION_ID: i64 = 0x464c_4c47;
 /// without the application id is recognised.
 const FLIGHTLOG_TABLES: [&str; 2] = ["activity_runs", "flightlog_meta"];
 
-/// Refuse, before anything writes to it, a file this build must not touch: a newer flightlog's
-/// ([`StoreError::SchemaTooNew`]) or another program's ([`StoreError::NotFlightlog`]). Runs on
-/// the freshly opened connection, so a refused file keeps every byte (its journal mode
-/// included, which switching to WAL would change).
+/// Refuse, before anything writes to it, a file this build must not touch: another program's
+/// ([`StoreError::NotFlightlog`]) or a newer flightlog's ([`StoreError::SchemaTooNew`]). The
+/// caller runs it on a *read-only* connection opened before any other, so a refused file keeps
+/// every byte: its journal mode (which switching to WAL would change) and a foreign WAL file
+/// beside it (which a read-write connection copies into the file when it closes).
+///
+/// Whose file it is comes first, then its version: flightlog's application id; else, for a file
+/// an earlier flightlog made before the id existed, flightlog's tables and a version; else a
+/// new file has no schema object at all and version 0. Anything else (another program's
+/// tables, views or indexes; a version with no schema) is not flightlog's.
 pub fn check_identity(conn: &Connection) -> Result<(), StoreError> {
     let found = user_version(conn)?;
+    let application_id = application_id(conn)?;
+    let ours = match application_id {
+        APPLICATION_ID => true,
+        0 => false,
+        other => {
+            return Err(StoreError::NotFlightlog(format!(
+                "its header names another program (application id {other:#x})"
+            )))
+        }
+    };
+    if !ours {
+        let objects = schema_objects(conn)?;
+        let made_by_flightlog = FLIGHTLOG_TABLES.iter().all(|table| {
+            objects
+                .iter()
+                .any(|(kind, name)| kind == "table" && name == table)
+        });
+        if objects.is_empty() && found != 0 {
+            return Err(StoreError::NotFlightlog(format!(
+                "it says schema version {found} but holds no tables"
+            )));
+        }
+        let earlier_flightlog = found >= 1 && made_by_flightlog;
+        if !objects.is_empty() && !earlier_flightlog {
+            let shown: Vec<String> = objects
+                .iter()
+                .take(3)
+                .map(|(kind, name)| format!("{kind} {name}"))
+                .collect();
+            return Err(StoreError::NotFlightlog(format!(
+                "it holds things flightlog did not make ({}{})",
+                shown.join(", "),
+                if objects.len() > shown.len() {
+                    ", …"
+                } else {
+                    ""
+                }
+            )));
+        }
+    }
     if found > SCHEMA_VERSION {
         return Err(StoreError::SchemaTooNew {
             found,
             supported: SCHEMA_VERSION,
         });
     }
-    let application_id = application_id(conn)?;
-    if application_id == APPLICATION_ID {
-        return Ok(());
-    }
-    if application_id != 0 {
-        return Err(StoreError::NotFlightlog(format!(
-            "its header names another program (application id {application_id:#x})"
-        )));
-    }
+    Ok(())
+}
+
+/// Every schema object but SQLite's own (`sqlite_…`, with the underscore taken literally), as
+/// (type, name).
+fn schema_objects(conn: &Connection) -> Result<Vec<(String, String)>, StoreError> {
     let mut statement = conn
         .prepare(
-            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%' \
-             ORDER BY name",
+            "SELECT type, name FROM sqlite_schema WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\' \
+             ORDER BY type DESC, name",
         )
         .map_err(backend)?;
-    let tables = statement
-        .query_map([], |row| row.get::<_, String>(0))
+    let objects = statement
+        .query_map([], |row| {
+            Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+        })
         .map_err(backend)?
         .collect::<Result<Vec<_>, _>>()
         .map_err(backend)?;
-    let made_by_flightlog = FLIGHTLOG_TABLES
-        .iter()
-        .all(|table| tables.iter().any(|name| name == table));
-    if tables.is_empty() || (found >= 1 && made_by_flightlog) {
-        return Ok(());
-    }
-    let shown: Vec<&str> = tables.iter().take(3).map(String::as_str).collect();
-    Err(StoreError::NotFlightlog(format!(
-        "it holds tables flightlog did not make ({}{})",
-        shown.join(", "),
-        if tables.len() > shown.len() {
-            ", …"
-        } else {
-            ""
-        }
-    )))
+    Ok(objects)
 }
 
 fn application_id(conn: &Connection) -> Result<i64, StoreError> {

@@ -175,10 +175,23 @@ async fn scalar_payloads_read_back_as_json() {
 #[test]
 fn another_programs_database_is_refused_unchanged() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, &str); 4] = [
+    let cases: [(&str, &str); 9] = [
         (
             "plain.db",
             "CREATE TABLE users (id INTEGER); INSERT INTO users VALUES (1);",
+        ),
+        ("view-only.db", "CREATE VIEW v AS SELECT 1 AS x;"),
+        // `_` in LIKE matches any character: `sqlitedata` is not SQLite's own.
+        (
+            "sqlite-prefix.db",
+            "CREATE TABLE sqlitedata (secret TEXT); INSERT INTO sqlitedata VALUES ('keep');",
+        ),
+        ("version-no-tables.db", "PRAGMA user_version = 7;"),
+        ("old-version-no-tables.db", "PRAGMA user_version = 1;"),
+        // Whose file it is comes before its version.
+        (
+            "foreign-high-version.db",
+            "CREATE TABLE places (x); PRAGMA user_version = 74;",
         ),
         (
             "versioned.db",
@@ -212,6 +225,31 @@ fn another_programs_database_is_refused_unchanged() {
         let wal = dir.path().join(format!("{name}-wal"));
         assert!(!wal.exists(), "{name} was switched to WAL");
     }
+    // Another program's WAL-mode database with a WAL not yet copied into it: both files keep
+    // their bytes (a read-write connection would have copied the WAL in when it closed).
+    let path = dir.path().join("wal-foreign.db");
+    let wal = dir.path().join("wal-foreign.db-wal");
+    {
+        let source = dir.path().join("wal-source.db");
+        let conn = rusqlite::Connection::open(&source).unwrap();
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0; \
+             CREATE TABLE t (a); INSERT INTO t VALUES ('in the wal');",
+        )
+        .unwrap();
+        std::fs::copy(&source, &path).unwrap();
+        std::fs::copy(dir.path().join("wal-source.db-wal"), &wal).unwrap();
+    }
+    let (before, wal_before) = (std::fs::read(&path).unwrap(), std::fs::read(&wal).unwrap());
+    let err = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap_err();
+    assert!(matches!(err, StoreError::NotFlightlog(_)), "{err:?}");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "the foreign file changed"
+    );
+    assert_eq!(std::fs::read(&wal).unwrap(), wal_before, "its WAL changed");
+
     // Not SQLite at all.
     let path = dir.path().join("notes.db");
     std::fs::write(&path, "not a database ".repeat(100)).unwrap();
