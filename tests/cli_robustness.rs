@@ -333,45 +333,34 @@ impl Outcome {
 
 /// `GET path` on `addr` over a fresh connection; the status and the body.
 fn http_get(addr: &str, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).expect("connect to the server");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("set a read timeout");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    http_exchange(
+        addr,
+        &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
     )
-    .expect("send the request");
-    let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .expect("read the response");
-    let response = String::from_utf8_lossy(&response).into_owned();
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default();
-    (status, body)
 }
 
 /// `POST path` with a JSON `body` on `addr` over a fresh connection; the status and the body.
 fn http_post(addr: &str, path: &str, body: &str) -> (u16, String) {
+    http_exchange(
+        addr,
+        &format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+}
+
+/// Send `request` (a whole HTTP/1.1 request asking to close) on a fresh connection to `addr`;
+/// the answer's status and body.
+fn http_exchange(addr: &str, request: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).expect("connect to the server");
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .expect("set a read timeout");
-    write!(
-        stream,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send the request");
+    stream
+        .write_all(request.as_bytes())
+        .expect("send the request");
     let mut response = Vec::new();
     stream
         .read_to_end(&mut response)

@@ -758,6 +758,14 @@ pub fn meant_variable(name: &str) -> Option<&'static str> {
         return None;
     }
     let upper = name.to_ascii_uppercase();
+    // However far from the name: a token meant for the server that it ignores means a server
+    // without authentication (`FLIGHTLOG_API_TOKEN`, `FLIGHTLOG_AUTH`, `FLIGHTLOG_SECRET`).
+    if ["TOKEN", "AUTH", "SECRET", "BEARER"]
+        .iter()
+        .any(|word| upper.contains(word))
+    {
+        return Some(TOKENS.env);
+    }
     SETTINGS
         .iter()
         .map(|setting| setting.env)

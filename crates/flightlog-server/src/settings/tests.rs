@@ -588,6 +588,9 @@ fn a_misspelled_variable_is_matched_to_the_setting_it_was_meant_to_be() {
     assert_eq!(meant_variable("FLIGHTLOG_ADR"), Some("FLIGHTLOG_ADDR"));
     assert_eq!(meant_variable("FLIGHTLOG_CONFG"), Some("FLIGHTLOG_CONFIG"));
     assert_eq!(meant_variable("FLIGHTLOG_TOKENS"), None, "a setting itself");
+    for far in ["FLIGHTLOG_API_TOKEN", "FLIGHTLOG_AUTH", "FLIGHTLOG_SECRET"] {
+        assert_eq!(meant_variable(far), Some("FLIGHTLOG_TOKENS"), "{far}");
+    }
     assert_eq!(meant_variable("FLIGHTLOG_TEST_DATABASE_URL"), None);
     assert_eq!(meant_variable("FLIGHTLOG_OTLP_CLIENTS_DIR"), None);
     assert!(is_setting_variable("FLIGHTLOG_CONFIG"));
