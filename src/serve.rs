@@ -44,6 +44,7 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
         shutdown_signal().await;
         stop.send_replace(true);
     });
+    survive_file_size_limit();
     // Everything is checked before the database is opened: a typo costs nothing.
     let settings = settings::resolve(flags, &flightlog_environment()?)?;
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(settings.addr.as_str())
@@ -223,15 +224,18 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     match db.close().await {
         Ok(true) => {}
         Ok(false) => say_err!(
-            "flightlog: warning: another process is reading {}, so its newest writes stay in \
-             the -wal file beside it (nothing is lost; copy both files for a backup)",
+            "flightlog: warning: the newest writes stay in the -wal file beside {} (another \
+             process is reading the database, or there was no room to copy them into it); \
+             nothing is lost: the next start reads them, and a backup must copy both files",
             settings.db.display()
         ),
-        Err(err) => say_err!(
-            "flightlog: warning: could not copy the write-ahead log into {} at exit ({err}); \
-             nothing is lost: the next start reads it from the -wal file",
-            settings.db.display()
-        ),
+        Err(err) => {
+            say!("flightlog: stopped");
+            return Err(anyhow::anyhow!(
+                "the database could not be closed cleanly: {err}; whatever was committed to its \
+                 -wal file is read back on the next start"
+            ));
+        }
     }
     say!("flightlog: stopped");
     Ok(())
@@ -279,6 +283,29 @@ fn host_name() -> String {
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_default()
+}
+
+/// A file-size limit (`ulimit -f`, systemd's `LimitFSIZE=`) sends SIGXFSZ to a process whose
+/// write goes past it, and that signal's default action kills the process: the server died
+/// mid-request, without a word, where a full disk gets every write answered 503 and keeps
+/// serving reads. With a handler installed the write fails with `EFBIG` instead, which the store
+/// reports as a full disk. (tokio's handler only records the signal; the task drains it.)
+fn survive_file_size_limit() {
+    #[cfg(target_os = "linux")]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        /// SIGXFSZ on Linux.
+        const SIGXFSZ: i32 = 25;
+        match signal(SignalKind::from_raw(SIGXFSZ)) {
+            Ok(mut file_size) => {
+                tokio::spawn(async move { while file_size.recv().await.is_some() {} });
+            }
+            Err(err) => say_err!(
+                "flightlog: warning: cannot handle SIGXFSZ ({err}); a file-size limit would \
+                 stop the server"
+            ),
+        }
+    }
 }
 
 async fn shutdown_signal() {

@@ -1936,3 +1936,39 @@ fn hyphen_values_and_misspelled_variables_get_the_settings_messages() {
     );
     out.assert_refused(&["FLIGHTLOG_TOKENS", "holds no token"]);
 }
+
+/// A database file deleted under the running server: the writes acknowledged since went to the
+/// unlinked file and are gone, but the stop said "nothing is lost: the next start reads it from
+/// the -wal file" and exited 0. Now the stop says what happened and exits non-zero (and copies
+/// nothing into whatever file is at the path now).
+#[test]
+fn a_database_deleted_under_the_server_is_reported_at_stop() {
+    let scratch = Scratch::new("deleted-db");
+    let db = scratch.join("doomed.db");
+    let db_arg = s(&db);
+    let args: Vec<&OsStr> = serve_args(&db_arg, &LOOPBACK)
+        .into_iter()
+        .map(OsStr::new)
+        .collect();
+    let mut server = spawn(scratch.path(), &args, &[]);
+    let (_, listening, _) = server.wait_for_exit_or_listening();
+    assert!(listening, "serve starts:\n{}", server.stderr);
+    let addr = listening_addr(&server);
+    let (status, body) = http_post(
+        &addr,
+        "/v1/engagements/e/events",
+        r#"{"type":"t","at":1,"data":{}}"#,
+    );
+    assert_eq!(status, 201, "{body}");
+    for file in db_files(&db) {
+        let _ = fs::remove_file(file);
+    }
+    let mut shm = db.as_os_str().to_owned();
+    shm.push("-shm");
+    let _ = fs::remove_file(PathBuf::from(shm));
+    let (exit, stdout, stderr) = stop_with_sigterm(server);
+    assert!(!exit.success(), "{exit:?}\n{stdout}\n{stderr}");
+    assert!(stderr.contains("was deleted or replaced"), "{stderr}");
+    assert!(!stderr.contains("nothing is lost"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

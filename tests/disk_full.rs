@@ -14,8 +14,11 @@
 //! write past the limit into an error rather than a kill. Only the soft limit is set, so the test
 //! can lift it on the running process later (`prlimit --pid PID --fsize=unlimited:`) without
 //! privileges. The limit is per file, so the database file and its WAL each fill up on their own;
-//! SQLite reports `EFBIG` as `SQLITE_IOERR_WRITE` ("disk I/O error"), where a real `ENOSPC` would
-//! be `SQLITE_FULL` ("database or disk is full").
+//! SQLite's `unix` VFS reports `EFBIG` as `SQLITE_IOERR_WRITE` ("disk I/O error") where a real
+//! `ENOSPC` is `SQLITE_FULL`; the writer's VFS (`flightlog-walvfs`) reports both as full, so
+//! the WAL's writes are answered 503 like a full disk, while the checkpointer's writes to the
+//! database file may still show as I/O errors. (The server itself also handles SIGXFSZ, so it
+//! survives a limit without the wrapper: the last case.)
 //!
 //! The cases:
 //! - the WAL hits the limit first (several clients writing as fast as they can), then the
@@ -2163,4 +2166,70 @@ fn a_restart_on_a_full_disk_with_an_open_session_span_still_serves() {
         "the boot sweep was tried, failed and said so:\n{output}"
     );
     stop_cleanly(case, server, "after a restart while full");
+}
+
+/// Under a file-size limit *without* the wrapper that ignores SIGXFSZ (a service manager's
+/// `LimitFSIZE=`, a shell's `ulimit -f`), the first write past the limit killed the server with
+/// that signal, without a word: connections dropped, nothing answered. It now handles the
+/// signal, and the write past the limit is answered like one on a full disk: 503 with
+/// `Retry-After`, the server up and reading.
+#[test]
+fn a_file_size_limit_without_the_signal_ignored_is_a_full_disk_not_a_kill() {
+    if limiter() != Limiter::Prlimit {
+        eprintln!("skipped: needs prlimit");
+        return;
+    }
+    let scratch = Scratch::new("sigxfsz");
+    let db = scratch.join("flightlog.db");
+    let limit = 1_500_000u64;
+    let mut command = Command::new("prlimit");
+    command
+        .arg(format!("--fsize={limit}:"))
+        .arg("--")
+        .arg(BIN)
+        .args(["serve", "--db"])
+        .arg(&db)
+        .args(["--addr", "127.0.0.1:0", "--grpc-addr", "off"])
+        .current_dir(&scratch.0);
+    let mut server = ServeProcess::spawn(command, START_TIMEOUT);
+    let addr = server.addr.to_string();
+    let mut http = Http::new(&addr);
+    let filler = "x".repeat(3_000);
+    let mut acknowledged = 0;
+    let refused = (0..2_000).find_map(|i| {
+        let span = json!({"spanId": format!("s{i}"), "runId": "r", "name": "t", "kind": "turn",
+                          "origin": "session", "attrs": {"filler": filler}});
+        match http.send("POST", "/v1/activity/spans", Some(&span)) {
+            Ok(reply) if reply.status == 201 => {
+                acknowledged += 1;
+                None
+            }
+            other => Some(other),
+        }
+    });
+    let Some(refused) = refused else {
+        panic!("2,000 writes of 3 KB fit under a {limit}-byte file-size limit");
+    };
+    let refused = refused.unwrap_or_else(|err| {
+        panic!(
+            "the write past the limit got no answer ({err}); the server:\n{}",
+            server.output()
+        )
+    });
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert!(
+        server.child.try_wait().expect("poll").is_none(),
+        "the server died"
+    );
+    let reply = http
+        .get("/v1/activity/spans/s0")
+        .expect("a read while full");
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    say(
+        "sigxfsz",
+        format!("{acknowledged} writes acknowledged, then 503 past the limit; still serving"),
+    );
+    drop(http);
+    let stopped = server.stop(STOP_TIMEOUT);
+    assert!(stopped.graceful, "a clean stop while full");
 }

@@ -123,6 +123,7 @@ pub struct Metrics {
     stream_clients: Family<StreamLabels, Gauge>,
     stream_events: Family<StreamLabels, Counter>,
     stream_ends: Family<StreamEndLabels, Counter>,
+    stream_resyncs: Family<StreamLabels, Counter>,
     otlp_spans: Family<OtlpSpanLabels, Counter>,
     otlp_span_events: Counter,
 }
@@ -134,6 +135,9 @@ pub(crate) struct StreamEnds {
     pub resync: Counter,
     /// The store failed while the stream read it: an `error` event ended it.
     pub error: Counter,
+    /// Every `resync` event sent (`flightlog_stream_resyncs_total`): the changes and run
+    /// streams end with one; a journal stream goes on from seq 0 after it.
+    pub resync_sent: Counter,
 }
 
 /// The `result` labels of `flightlog_otlp_spans_total`, in [`IngestTally`] order.
@@ -186,10 +190,18 @@ impl Metrics {
         );
         let stream_events = Family::<StreamLabels, Counter>::default();
         let stream_ends = Family::<StreamEndLabels, Counter>::default();
+        let stream_resyncs = Family::<StreamLabels, Counter>::default();
         for kind in StreamKind::ALL {
             let stream = kind.as_str();
             let _ = stream_events.get_or_create_owned(&StreamLabels { stream });
-            for reason in ["resync", "error"] {
+            let _ = stream_resyncs.get_or_create_owned(&StreamLabels { stream });
+            // A journal stream's resync does not end it (see `flightlog_stream_resyncs`).
+            let reasons: &[&'static str] = if kind == StreamKind::Journal {
+                &["error"]
+            } else {
+                &["resync", "error"]
+            };
+            for &reason in reasons {
                 let _ = stream_ends.get_or_create_owned(&StreamEndLabels { stream, reason });
             }
         }
@@ -201,9 +213,16 @@ impl Metrics {
         );
         registry.register(
             "flightlog_stream_ends",
-            "Streams the server ended: `resync` when a client fell behind the trimmed change \
-             log (it must take a new snapshot), `error` when the store failed under it",
+            "Streams the server ended: `resync` when a changes or run stream's client fell \
+             behind what the change log holds (it must take a new snapshot), `error` when the \
+             store failed under it",
             stream_ends.clone(),
+        );
+        registry.register(
+            "flightlog_stream_resyncs",
+            "Resync events sent, by stream kind: a changes or run stream ends with one; a \
+             journal stream sends one after a compaction or prune and goes on from seq 0",
+            stream_resyncs.clone(),
         );
         let otlp_spans = Family::<OtlpSpanLabels, Counter>::default();
         for result in OTLP_RESULTS {
@@ -230,6 +249,7 @@ impl Metrics {
             stream_clients,
             stream_events,
             stream_ends,
+            stream_resyncs,
             otlp_spans,
             otlp_span_events,
         }
@@ -273,6 +293,10 @@ impl Metrics {
         StreamEnds {
             resync: counter("resync"),
             error: counter("error"),
+            resync_sent: self
+                .stream_resyncs
+                .get_or_create(&StreamLabels { stream })
+                .clone(),
         }
     }
 

@@ -408,6 +408,9 @@ pub struct SqliteDatabase {
     /// drained, and the checkpointer after it.
     threads: Mutex<Option<(JoinHandle<()>, JoinHandle<()>)>>,
     path: PathBuf,
+    /// The file's identity when opened (device and inode), to tell at close whether the path
+    /// still names the file this process wrote (see [`SqliteDatabase::close`]).
+    file_identity: Option<(u64, u64)>,
 }
 
 impl std::fmt::Debug for SqliteDatabase {
@@ -460,6 +463,22 @@ fn wal_path_of(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push("-wal");
     PathBuf::from(name)
+}
+
+/// The (device, inode) of the file at `path`, where the platform has them.
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path)
+            .ok()
+            .map(|meta| (meta.dev(), meta.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        None
+    }
 }
 
 /// Whose is the file at `path`, if one is there: read through a read-only connection opened
@@ -715,6 +734,7 @@ impl SqliteDatabase {
             stats,
             stop_writer,
             threads: Mutex::new(Some((writer_thread, checkpointer_thread))),
+            file_identity: file_identity(&config.path),
             path: config.path,
         }))
     }
@@ -728,13 +748,26 @@ impl SqliteDatabase {
     /// the schema). Every later write fails with [`StoreError::Closed`].
     ///
     /// The checkpoint waits up to the busy timeout (at most 5 s) for other processes' readers;
-    /// `Ok(false)` when it could not copy everything (nothing is lost: the rest stays in the
-    /// WAL, which SQLite reads on the next open). Closing twice does nothing the second time.
+    /// `Ok(false)` when it could not copy everything (a reader, a full disk: nothing is lost,
+    /// the rest stays in the WAL, which SQLite reads on the next open). An error when the file
+    /// at the path is no longer the one this process opened (deleted or replaced under it):
+    /// nothing is checkpointed into another file. Closing twice does nothing the second time.
     pub async fn close(&self) -> Result<bool, StoreError> {
         let Some((writer, checkpointer)) = self.threads.lock().ok().and_then(|mut t| t.take())
         else {
             return Ok(true);
         };
+        // A file deleted or replaced under the running process: what it wrote since went to
+        // the unlinked file, and checkpointing now would write into someone else's file.
+        if self.file_identity.is_some() && file_identity(&self.path) != self.file_identity {
+            self.stop_writer.store(true, Ordering::Release);
+            let _ = self.write(|_| Ok(())).await;
+            return Err(StoreError::Backend(format!(
+                "{} was deleted or replaced while this process had it open: what it wrote \
+                 since then is not in the file at that path (left as it is)",
+                self.path.display()
+            )));
+        }
         self.stop_writer.store(true, Ordering::Release);
         // Wakes a writer waiting for work; refused (fine) when it has already stopped.
         let _ = self.write(|_| Ok(())).await;
@@ -749,13 +782,16 @@ impl SqliteDatabase {
             // The writer's nudge sender goes with it, which ends the checkpointer.
             let _ = writer.join();
             let _ = checkpointer.join();
-            let conn = open_reader(&path, busy_timeout)?;
-            conn.pragma_update(None, "query_only", false)
-                .map_err(backend)?;
-            let busy: i64 = conn
-                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| row.get(0))
-                .map_err(backend)?;
-            Ok(busy == 0)
+            // A checkpoint that cannot run (a reader of another process, a full disk) only
+            // leaves the newest writes in the WAL, where the next open finds them.
+            let checkpointed = open_reader(&path, busy_timeout).ok().and_then(|conn| {
+                conn.pragma_update(None, "query_only", false).ok()?;
+                conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
+                    row.get::<_, i64>(0)
+                })
+                .ok()
+            });
+            Ok(checkpointed == Some(0))
         };
         std::thread::Builder::new()
             .name("flightlog-close".into())
@@ -830,7 +866,8 @@ impl SqliteDatabase {
             ),
             BackendMetric::gauge(
                 "flightlog_sqlite_write_queue_capacity",
-                "The most write jobs that may wait; a full queue answers writes 503",
+                "The most write jobs that may wait; past it a write waits for room (the HTTP \
+                 write limit, smaller by default, answers 503 before the queue fills)",
                 self.queue.max_capacity() as f64,
             ),
         ];

@@ -301,6 +301,24 @@ macro_rules! forward {
     };
 }
 
+/// `SQLITE_FULL` for a write that failed for lack of room other than a full disk: past a
+/// file-size limit (`EFBIG`, with SIGXFSZ handled) or a disk quota (`EDQUOT`). The `unix` VFS
+/// reports `ENOSPC` (and a short write) as `SQLITE_FULL` but these as `SQLITE_IOERR_WRITE`, so
+/// the store answered them as internal errors (500) where a full disk gets 503 and a retry.
+/// Read right after the failed call, whose `pwrite` set `errno`.
+fn full_when_out_of_room(rc: c_int) -> c_int {
+    /// `EFBIG` and `EDQUOT` on Linux.
+    const EFBIG: i32 = 27;
+    const EDQUOT: i32 = 122;
+    if rc != ffi::SQLITE_IOERR_WRITE || !cfg!(target_os = "linux") {
+        return rc;
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(EFBIG | EDQUOT) => ffi::SQLITE_FULL,
+        _ => rc,
+    }
+}
+
 /// Write out what a WAL has gathered, in one call.
 fn write_out(file: &mut WrappedFile) -> c_int {
     if file.gathered.is_null() {
@@ -328,6 +346,7 @@ fn write_out(file: &mut WrappedFile) -> c_int {
         };
         ISSUED.fetch_add(1, Ordering::Relaxed);
         if rc != ffi::SQLITE_OK {
+            rc = full_when_out_of_room(rc);
             break;
         }
         offset += chunk.len() as i64;
@@ -424,7 +443,7 @@ unsafe extern "C" fn x_write(
     let this = unsafe { wrapped(file) };
     if this.gathered.is_null() {
         // SAFETY: forwarding SQLite's own arguments.
-        return unsafe {
+        let rc = unsafe {
             forward!(
                 this.inner,
                 xWrite,
@@ -432,6 +451,7 @@ unsafe extern "C" fn x_write(
                 (data, amount, offset)
             )
         };
+        return full_when_out_of_room(rc);
     }
     REQUESTED.fetch_add(1, Ordering::Relaxed);
     let Ok(length) = usize::try_from(amount) else {

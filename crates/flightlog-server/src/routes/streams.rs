@@ -273,6 +273,7 @@ fn feed_stream(
             Err(FeedEnd::Resync { horizon, reason }) => {
                 feed.failed = true;
                 ends.resync.inc();
+                ends.resync_sent.inc();
                 resync_event(horizon, reason)
             }
         };
@@ -641,7 +642,10 @@ async fn journal_stream(
         let sse_event = match feed.next_item().await {
             Ok(JournalItem::Event { event, generation }) => journal_event(&event, generation),
             // Not an end: the stream goes on from seq 0.
-            Ok(JournalItem::Resync { generation }) => journal_resync_event(generation),
+            Ok(JournalItem::Resync { generation }) => {
+                ends.resync_sent.inc();
+                journal_resync_event(generation)
+            }
             Err(message) => {
                 feed.failed = true;
                 ends.error.inc();

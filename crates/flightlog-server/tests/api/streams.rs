@@ -367,6 +367,12 @@ async fn a_compaction_sends_resync_and_the_stream_goes_on_from_seq_0() {
     let resync = stream.next().await;
     assert_eq!(resync.event, "resync", "{resync:?}");
     assert_eq!(resync.data["fromSeq"], 0);
+    let metrics = crate::metrics::scrape(&server).await;
+    assert_eq!(
+        metrics.get("flightlog_stream_resyncs_total{stream=\"journal\"}"),
+        Some(1.0),
+        "the journal resync is counted"
+    );
     let new_generation = resync.raw_id.clone().expect("a resync carries an id");
     assert!(new_generation.starts_with("-1@"), "{new_generation}");
     assert_ne!(
@@ -600,6 +606,15 @@ async fn a_cursor_behind_the_trimmed_change_log_is_told_to_resync() {
     };
     assert_eq!(ends("resync"), Some(1.0));
     assert_eq!(ends("error"), Some(0.0));
+    assert_eq!(
+        metrics.get("flightlog_stream_resyncs_total{stream=\"changes\"}"),
+        Some(1.0)
+    );
+    // A journal stream's resync does not end it: no such end is exported.
+    assert_eq!(
+        metrics.get("flightlog_stream_ends_total{stream=\"journal\",reason=\"resync\"}"),
+        None
+    );
     assert!(metrics
         .get("flightlog_stream_events_total{stream=\"changes\"}")
         .is_some_and(|sent| sent >= 2.0));
