@@ -63,7 +63,31 @@ pub fn grpc_app(state: &AppState) -> Router {
     // An OTLP batch is bounded by the HTTP body limit on the other listener; the same here
     // (tonic's default would be 4 MiB).
     .max_decoding_message_size(state.config().body_limit);
-    Router::new().fallback_service(service)
+    Router::new()
+        .fallback_service(service)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            write_slot,
+        ))
+}
+
+/// Every call here is a write: it takes a slot of the server's write limit, shared with the
+/// HTTP listener, as an OTLP/HTTP export does, and is refused `UNAVAILABLE` (the exporter backs
+/// off and retries) when none is free within the write wait. Without it a flood of gRPC exports
+/// bypassed the limit, each holding its decoded batch in memory while waiting for the store.
+async fn write_slot(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    match crate::overload::take_write_slot(&state, &axum::http::Method::POST, true).await {
+        Ok(slot) => {
+            let response = next.run(request).await;
+            drop(slot);
+            response
+        }
+        Err(refusal) => Status::unavailable(refusal.to_string()).into_http::<axum::body::Body>(),
+    }
 }
 
 /// Serve [`grpc_app`] on `listener` until `shutdown` completes.

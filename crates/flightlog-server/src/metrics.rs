@@ -173,7 +173,8 @@ impl Metrics {
         let writes_refused = Counter::default();
         registry.register(
             "flightlog_http_writes_refused",
-            "Write requests answered 503 because the write limit had no free slot in time",
+            "Write requests refused because the write limit had no free slot in time (HTTP \
+             503, or UNAVAILABLE for an OTLP/gRPC export, which shares the limit)",
             writes_refused.clone(),
         );
         let stream_clients = Family::<StreamLabels, Gauge>::default();

@@ -168,3 +168,38 @@ async fn scenario() {
         .assert_status(201);
     server.stop().await;
 }
+
+/// OTLP/gRPC exports bypassed the write limit: a flood of them each held its decoded batch in
+/// memory while it waited for the store. They now take a slot of the same limit, and with none
+/// free the call is refused `UNAVAILABLE` (an OTLP exporter backs off and retries).
+#[tokio::test]
+async fn grpc_exports_share_the_write_limit() {
+    use crate::otlp::{request, root_span};
+    use crate::otlp_fuzz::{grpc_channel, grpc_export};
+    use prost::Message;
+
+    let server = TestServer::start_with(Options {
+        config: ServerConfig {
+            // Every write is refused at once: the limit is all that is tested here.
+            max_inflight_writes: 0,
+            write_wait: Duration::from_millis(20),
+            ..ServerConfig::default()
+        },
+        grpc: true,
+        ..Options::default()
+    })
+    .await;
+    let channel = grpc_channel(&server).await;
+    let body = request(vec![root_span()]).encode_to_vec();
+    let exported = grpc_export(&channel, body, false).await.expect("in time");
+    let Err(status) = exported else {
+        panic!("the export was taken past the write limit");
+    };
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    let metrics = crate::metrics::scrape(&server).await;
+    assert_eq!(
+        metrics.get("flightlog_http_writes_refused_total"),
+        Some(1.0)
+    );
+    server.stop().await;
+}
