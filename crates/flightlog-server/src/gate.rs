@@ -194,7 +194,7 @@ fn streams_its_body(request: &Request) -> bool {
 }
 
 /// Why a chunked body could not be read whole.
-enum BodyRead {
+pub(crate) enum BodyRead {
     /// It went past the limit: the rest of it, still unread.
     TooLarge(Body),
     /// The connection failed while it was read.
@@ -207,7 +207,7 @@ enum BodyRead {
 /// it: it is then refused like a declared one, after draining, rather than cut off inside a
 /// route with its rest unread). The routes read whole bodies anyway; they get it as one buffer,
 /// the very one hyper read when the body came in one piece (the common case: no copy).
-async fn read_whole(request: Request, limit: usize) -> Result<Request, BodyRead> {
+pub(crate) async fn read_whole(request: Request, limit: usize) -> Result<Request, BodyRead> {
     let (parts, body) = request.into_parts();
     let mut stream = body.into_data_stream();
     let mut chunks: Vec<Bytes> = Vec::with_capacity(1);

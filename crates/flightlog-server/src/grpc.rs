@@ -75,19 +75,41 @@ pub fn grpc_app(state: &AppState) -> Router {
 /// HTTP listener, as an OTLP/HTTP export does, and is refused `UNAVAILABLE` (the exporter backs
 /// off and retries) when none is free within the write wait. Without it a flood of gRPC exports
 /// bypassed the limit, each holding its decoded batch in memory while waiting for the store.
+/// With the slot held the request is read whole under the HTTP gate's rules (10 s allowed
+/// between bytes, 60 s in all), so a stalled call gives its slot back (`DEADLINE_EXCEEDED`)
+/// instead of holding it as long as the peer answers pings.
 async fn write_slot(
     axum::extract::State(state): axum::extract::State<AppState>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    match crate::overload::take_write_slot(&state, &axum::http::Method::POST, true).await {
-        Ok(slot) => {
-            let response = next.run(request).await;
-            drop(slot);
-            response
+    let refuse = |status: Status| status.into_http::<axum::body::Body>();
+    let slot = match crate::overload::take_write_slot(&state, &axum::http::Method::POST, true).await
+    {
+        Ok(slot) => slot,
+        Err(refusal) => return refuse(Status::unavailable(refusal.to_string())),
+    };
+    // The message limit is tonic's to enforce (`OUT_OF_RANGE`); this bound only keeps a
+    // runaway body from being buffered: the message, its 5-byte frame prefix and some slack.
+    let limit = state.config().body_limit.saturating_add(64 * 1024);
+    let request = match crate::gate::read_whole(request, limit).await {
+        Ok(request) => request,
+        Err(crate::gate::BodyRead::TooLarge(_)) => {
+            return refuse(Status::out_of_range(format!(
+                "the request is larger than this server's message limit of {} bytes",
+                state.config().body_limit
+            )))
         }
-        Err(refusal) => Status::unavailable(refusal.to_string()).into_http::<axum::body::Body>(),
-    }
+        Err(crate::gate::BodyRead::Failed(error)) => {
+            return refuse(Status::cancelled(error.to_string()))
+        }
+        Err(crate::gate::BodyRead::Stalled(error)) => {
+            return refuse(Status::deadline_exceeded(error.to_string()))
+        }
+    };
+    let response = next.run(request).await;
+    drop(slot);
+    response
 }
 
 /// Serve [`grpc_app`] on `listener` until `shutdown` completes.

@@ -203,3 +203,107 @@ async fn grpc_exports_share_the_write_limit() {
     );
     server.stop().await;
 }
+
+/// With gRPC exports under the write limit, a call whose message stalls would hold its slot for
+/// as long as the peer answered pings. It is now read under the HTTP gate's rules: nothing new
+/// for 10 s ends it (`DEADLINE_EXCEEDED`, grpc-status 4) and gives the slot back.
+#[tokio::test]
+async fn a_stalled_grpc_export_gives_its_write_slot_back() {
+    use crate::otlp::{request, root_span};
+    use crate::otlp_fuzz::{grpc_channel, grpc_export};
+    use prost::Message;
+
+    let server = TestServer::start_with(Options {
+        config: ServerConfig {
+            max_inflight_writes: 1,
+            write_wait: Duration::from_millis(20),
+            ..ServerConfig::default()
+        },
+        grpc: true,
+        ..Options::default()
+    })
+    .await;
+    let grpc = server.grpc_base.clone().expect("a gRPC listener");
+    let addr = grpc.trim_start_matches("http://").to_owned();
+    // HTTP/2 by hand: the preface, empty SETTINGS, the call's HEADERS (literal fields, no
+    // Huffman), and a DATA frame with only the 5-byte gRPC prefix of a 16-byte message.
+    let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| -> Vec<u8> {
+        let mut bytes = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        bytes.extend([kind, flags]);
+        bytes.extend(stream.to_be_bytes());
+        bytes.extend(payload);
+        bytes
+    };
+    let literal = |name: &[u8], value: &[u8]| -> Vec<u8> {
+        let mut bytes = vec![0, name.len() as u8];
+        bytes.extend(name);
+        bytes.push(value.len() as u8);
+        bytes.extend(value);
+        bytes
+    };
+    let mut headers = vec![0x83, 0x86]; // :method POST, :scheme http
+    headers.extend(literal(
+        b":path",
+        b"/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+    ));
+    headers.extend(literal(b":authority", b"x"));
+    headers.extend(literal(b"content-type", b"application/grpc"));
+    headers.extend(literal(b"te", b"trailers"));
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(frame(4, 0, 0, &[]));
+    hello.extend(frame(1, 4, 1, &headers));
+    hello.extend(frame(0, 0, 1, &[0, 0, 0, 0, 16]));
+    let mut stalled = TcpStream::connect(&addr).await.expect("connect");
+    stalled.write_all(&hello).await.expect("send");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let channel = grpc_channel(&server).await;
+    let body = request(vec![root_span()]).encode_to_vec();
+    let held = grpc_export(&channel, body.clone(), false)
+        .await
+        .expect("in time");
+    assert_eq!(
+        held.map_err(|status| status.code()),
+        Err(tonic::Code::Unavailable),
+        "the stalled call holds the only slot"
+    );
+    // The stalled call's answer: a HEADERS (the trailers-only status) or RST_STREAM frame on
+    // stream 1, within 15 s, while this peer acknowledges SETTINGS and PINGs as a live one does.
+    let mut answer: Vec<u8> = Vec::new();
+    let mut buffer = [0u8; 4096];
+    let ended = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            match stalled.read(&mut buffer).await {
+                Ok(0) | Err(_) => return "closed",
+                Ok(read) => answer.extend_from_slice(&buffer[..read]),
+            }
+            while answer.len() >= 9 {
+                let length = usize::from(answer[0]) << 16
+                    | usize::from(answer[1]) << 8
+                    | usize::from(answer[2]);
+                if answer.len() < 9 + length {
+                    break;
+                }
+                let (kind, flags) = (answer[3], answer[4]);
+                let stream = u32::from_be_bytes([answer[5], answer[6], answer[7], answer[8]]);
+                let payload = answer[9..9 + length].to_vec();
+                answer.drain(..9 + length);
+                match (kind, stream) {
+                    (1 | 3, 1) => return "answered",
+                    (4, 0) if flags & 1 == 0 => {
+                        let _ = stalled.write_all(&frame(4, 1, 0, &[])).await;
+                    }
+                    (6, 0) if flags & 1 == 0 => {
+                        let _ = stalled.write_all(&frame(6, 1, 0, &payload)).await;
+                    }
+                    _ => {}
+                }
+            }
+        }
+    })
+    .await;
+    assert_eq!(ended, Ok("answered"), "the stalled call was never ended");
+    let exported = grpc_export(&channel, body, false).await.expect("in time");
+    assert!(exported.is_ok(), "the slot came back: {exported:?}");
+    server.stop().await;
+}
