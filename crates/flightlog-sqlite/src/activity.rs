@@ -492,6 +492,7 @@ impl ActivityStore for SqliteActivityStore {
             ceiling: now.saturating_sub(options.hard_ceiling_ms),
             batch: options.batch.unwrap_or(DEFAULT_PRUNE_BATCH),
             change_log_retention: self.db.change_log_retention(),
+            change_log_trim_batch: self.db.change_log_trim_batch(),
         };
         self.db.write(move |ctx| write::prune(ctx, plan)).await
     }

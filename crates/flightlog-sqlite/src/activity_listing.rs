@@ -95,12 +95,16 @@ fn roots_sql(query: &RunListQuery) -> String {
     sql
 }
 
+/// The rollups of pruned runs, through their own index by start (`INDEXED BY`: without
+/// statistics SQLite chose the prune index on `(detail_pruned, ended_at)` and sorted every pruned
+/// rollup for each page, 100 ms a page at 100,000 pruned runs).
 fn pruned_sql(query: &RunListQuery) -> String {
     let mut sql = String::from(
         "SELECT r.run_id, 0, u.name, u.origin, u.session_id, u.job_name, u.started_at, \
          u.ended_at, u.outcome, u.duration_ms, u.span_count, u.input_tokens, u.output_tokens, \
          u.cache_read_tokens, u.cache_creation_tokens, u.cost_usd, u.failure_reason, NULL, 1, 1 \
-         FROM activity_run_rollups u JOIN activity_runs r ON r.run_key = u.run_key \
+         FROM activity_run_rollups u INDEXED BY activity_run_rollups_pruned \
+         JOIN activity_runs r ON r.run_key = u.run_key \
          WHERE u.detail_pruned = 1 AND NOT EXISTS (SELECT 1 FROM activity_spans s \
            WHERE s.run_key = u.run_key AND s.parent_span_id IS NULL)",
     );
@@ -118,8 +122,12 @@ fn push_filters(sql: &mut String, query: &RunListQuery, table: &str) {
         sql.push_str(&format!(" AND {table}.origin = ?"));
     }
     if query.before.is_some() {
+        // The same rows as `started_at < ? OR (started_at = ? AND run_id < ?)`, written so that
+        // the first term bounds a range of the `started_at` index: with the disjunction alone
+        // SQLite read the index from the newest root down to the cursor, so a deep page cost
+        // time in proportion to its depth (336 – 452 ms at 340,000 runs).
         sql.push_str(&format!(
-            " AND ({table}.started_at < ? OR ({table}.started_at = ? AND r.run_id < ?))"
+            " AND {table}.started_at <= ? AND ({table}.started_at < ? OR r.run_id < ?)"
         ));
     }
     sql.push_str(&format!(

@@ -70,6 +70,9 @@ pub struct SqliteConfig {
     pub write_queue_capacity: usize,
     /// `prune` trims change rows of finished runs this many change ids behind the newest.
     pub change_log_retention: i64,
+    /// The most change rows one `prune` call trims (at least 1; default 100,000), so that the
+    /// first prune of a big database does not hold the write lock for seconds.
+    pub change_log_trim_batch: i64,
     /// WAL frames (pages) in use past which the writer rewinds the WAL itself and takes no new
     /// group until it has (256 to 2^20; default 32,768 frames, 128 MiB of 4 KiB pages). The
     /// checkpointer normally rewinds long before; this bounds the WAL's disk when it cannot.
@@ -87,6 +90,7 @@ impl SqliteConfig {
             max_group_size: 512,
             write_queue_capacity: 16_384,
             change_log_retention: crate::activity_write::CHANGE_LOG_TRIM_DISTANCE,
+            change_log_trim_batch: crate::activity_write::MAX_TRIMMED_PER_PRUNE,
             wal_hard_cap_frames: 32_768,
         }
     }
@@ -394,6 +398,7 @@ pub struct SqliteDatabase {
     codec: PayloadCodec,
     names: KeyNames,
     change_log_retention: i64,
+    change_log_trim_batch: i64,
     /// The newest committed change id: set by our writer after each commit, and by the
     /// change watcher when another process commits.
     doorbell: tokio::sync::watch::Sender<i64>,
@@ -729,6 +734,7 @@ impl SqliteDatabase {
             codec,
             names: KeyNames::default(),
             change_log_retention: config.change_log_retention.max(0),
+            change_log_trim_batch: config.change_log_trim_batch.max(1),
             doorbell,
             commits_seen,
             stats,
@@ -964,6 +970,11 @@ impl SqliteDatabase {
     /// How far behind the newest change `prune` trims the change log.
     pub(crate) fn change_log_retention(&self) -> i64 {
         self.change_log_retention
+    }
+
+    /// The most change rows one `prune` trims.
+    pub(crate) fn change_log_trim_batch(&self) -> i64 {
+        self.change_log_trim_batch
     }
 
     /// Run ids and writer names by key.

@@ -312,3 +312,57 @@ async fn close_leaves_everything_in_the_database_file() {
         .unwrap();
     assert_eq!(spans, 50);
 }
+
+/// The change-log trim of `prune` deleted every row behind the retention distance in one
+/// transaction: the first prune of a big database (7.2 million rows) held the write lock for
+/// 5.7 s. It now trims at most `change_log_trim_batch` rows a call, the oldest first, and moves
+/// the horizon only as far as it trimmed.
+#[tokio::test]
+async fn prune_trims_the_change_log_a_batch_at_a_time() {
+    use flightlog_core::activity::{EndSpanInput, PruneOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = SqliteConfig::new(dir.path().join("trim.db"));
+    config.change_log_retention = 2;
+    config.change_log_trim_batch = 3;
+    let store = store(SqliteDatabase::open(config).unwrap());
+    // Ten finished one-span runs whose detail the prune keeps (the floor and ceiling are far
+    // in the past): changes 1 to 20.
+    for i in 0..10 {
+        let mut span = root(&format!("s{i}"), &format!("r{i}"));
+        span.started_at = Some(1_000);
+        store.start_span(span).await.unwrap();
+        let end = EndSpanInput {
+            outcome: SpanOutcome::Success,
+            reason: None,
+            ended_at: Some(1_001),
+            usage: None,
+            attrs: None,
+        };
+        store.end_span(&format!("s{i}"), end).await.unwrap();
+    }
+    assert_eq!(store.latest_change_cursor().await.unwrap(), 20);
+    let keep_all = PruneOptions {
+        digest_floor_at: 0,
+        hard_ceiling_ms: i64::MAX / 2,
+        now: Some(2_000),
+        batch: None,
+    };
+    let oldest = |changes: Vec<flightlog_core::activity::ActivityChange>| {
+        changes.first().map(|change| change.change_id)
+    };
+    // Rows below 20 - 2 = 18 may go: three a call.
+    for (call, (first_left, horizon)) in [(4, 4), (7, 7), (10, 10)].into_iter().enumerate() {
+        store.prune(keep_all.clone()).await.unwrap();
+        assert_eq!(
+            oldest(store.changes_since(0, 1).await.unwrap()),
+            Some(first_left),
+            "after call {call}"
+        );
+        assert_eq!(store.change_log_horizon().await.unwrap(), horizon);
+    }
+    for _ in 0..5 {
+        store.prune(keep_all.clone()).await.unwrap();
+    }
+    assert_eq!(oldest(store.changes_since(0, 1).await.unwrap()), Some(18));
+    assert_eq!(store.change_log_horizon().await.unwrap(), 18);
+}
