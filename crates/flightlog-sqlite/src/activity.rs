@@ -363,7 +363,8 @@ impl ActivityStore for SqliteActivityStore {
             query_spans(
                 conn,
                 self.db.names(),
-                "WHERE s.outcome IS NULL AND s.parent_span_id IS NULL AND s.started_at < ?1 \
+                "INDEXED BY activity_spans_open_roots \
+                 WHERE s.outcome IS NULL AND s.parent_span_id IS NULL AND s.started_at < ?1 \
                  ORDER BY s.started_at, s.span_key",
                 [cutoff],
             )
@@ -459,7 +460,10 @@ impl ActivityStore for SqliteActivityStore {
             query_spans(
                 conn,
                 self.db.names(),
-                "WHERE s.outcome IS NULL AND s.parent_span_id IS NULL \
+                // The open roots' own partial index: without statistics SQLite read every
+                // root through `activity_spans_roots` (0.3 – 0.45 s at 340,000 roots).
+                "INDEXED BY activity_spans_open_roots \
+                 WHERE s.outcome IS NULL AND s.parent_span_id IS NULL \
                  ORDER BY s.started_at DESC, s.span_key DESC",
                 [],
             )

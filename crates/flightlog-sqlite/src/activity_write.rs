@@ -808,6 +808,7 @@ pub(crate) const PREVIOUS_LIVES_SQL: &str = "SELECT s.span_key, s.run_key, s.att
 /// Runs whose open root was started by another writer and whose root heartbeat (or start) is
 /// older than the cutoff, by root start: the stale sweep's targets.
 pub(crate) const STALE_RUNS_SQL: &str = "SELECT s.run_key FROM activity_spans s \
+     INDEXED BY activity_spans_open_roots \
      JOIN activity_writers w ON w.writer_key = s.writer_key \
      WHERE s.outcome IS NULL AND s.parent_span_id IS NULL AND w.writer != ?1 \
        AND COALESCE(s.last_heartbeat_at, s.started_at) < ?2 \
