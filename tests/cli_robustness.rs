@@ -389,6 +389,23 @@ fn listening_addr(server: &Spawned) -> String {
         .expect("the listening address")
 }
 
+/// `serve` on `db` (loopback, no gRPC), started in `scratch`; panics with its output unless it
+/// listens. The server and its address.
+fn serve_on(scratch: &Scratch, db: &Path) -> (Spawned, String) {
+    let mut args: Vec<&OsStr> = vec![OsStr::new("serve"), OsStr::new("--db"), db.as_os_str()];
+    args.extend(LOOPBACK.map(OsStr::new));
+    let mut server = spawn(scratch.path(), &args, &[]);
+    let (_, listening, _) = server.wait_for_exit_or_listening();
+    assert!(
+        listening,
+        "serve on {} does not start:\n{}",
+        db.display(),
+        server.stderr
+    );
+    let addr = listening_addr(&server);
+    (server, addr)
+}
+
 /// Send SIGTERM to a spawned `serve` and wait (bounded) for it to exit; its stdout and stderr.
 fn stop_with_sigterm(mut server: Spawned) -> (ExitStatus, String, String) {
     let pid = server.child.id().to_string();
@@ -542,12 +559,7 @@ fn checkpointed_copy(scratch: &Scratch, good: &GoodDb, name: &str) -> PathBuf {
             fs::copy(from, to).expect("copy the database");
         }
     }
-    let mut args: Vec<&OsStr> = vec![OsStr::new("serve"), OsStr::new("--db")];
-    args.push(copy.as_os_str());
-    args.extend(LOOPBACK.map(OsStr::new));
-    let mut server = spawn(scratch.path(), &args, &[]);
-    let (_, listening, _) = server.wait_for_exit_or_listening();
-    assert!(listening, "the copy serves:\n{}", server.stderr);
+    let (server, _) = serve_on(scratch, &copy);
     let (status, stdout, stderr) = stop_with_sigterm(server);
     assert!(status.success(), "{status:?}\n{stdout}\n{stderr}");
     let wal = db_files(&copy).remove(1);
@@ -1819,18 +1831,7 @@ fn serve_keeps_serving_and_stops_cleanly_when_its_stdout_is_closed() {
 fn a_clean_stop_leaves_everything_in_the_database_file_itself() {
     let scratch = Scratch::new("clean-stop");
     let db = scratch.join("stopped.db");
-    let db_arg = s(&db);
-    let mut server = spawn(
-        scratch.path(),
-        &serve_args(&db_arg, &LOOPBACK)
-            .into_iter()
-            .map(OsStr::new)
-            .collect::<Vec<_>>(),
-        &[],
-    );
-    let (_, listening, _) = server.wait_for_exit_or_listening();
-    assert!(listening, "serve starts:\n{}", server.stderr);
-    let addr = listening_addr(&server);
+    let (server, addr) = serve_on(&scratch, &db);
     for at in 0..3 {
         let (status, body) = http_post(
             &addr,
@@ -1859,18 +1860,7 @@ fn a_clean_stop_leaves_everything_in_the_database_file_itself() {
     fs::create_dir(&backup_dir).expect("create the backup folder");
     let backup = backup_dir.join("copy.db");
     fs::copy(&db, &backup).expect("copy the database file");
-    let backup_arg = s(&backup);
-    let mut server = spawn(
-        scratch.path(),
-        &serve_args(&backup_arg, &LOOPBACK)
-            .into_iter()
-            .map(OsStr::new)
-            .collect::<Vec<_>>(),
-        &[],
-    );
-    let (_, listening, _) = server.wait_for_exit_or_listening();
-    assert!(listening, "the copy serves:\n{}", server.stderr);
-    let addr = listening_addr(&server);
+    let (server, addr) = serve_on(&scratch, &backup);
     let (status, events) = http_get(&addr, "/v1/engagements/backup-check/events");
     let (span_status, span) = http_get(&addr, "/v1/activity/spans/backup-span");
     server.finish();
@@ -1945,15 +1935,7 @@ fn hyphen_values_and_misspelled_variables_get_the_settings_messages() {
 fn a_database_deleted_under_the_server_is_reported_at_stop() {
     let scratch = Scratch::new("deleted-db");
     let db = scratch.join("doomed.db");
-    let db_arg = s(&db);
-    let args: Vec<&OsStr> = serve_args(&db_arg, &LOOPBACK)
-        .into_iter()
-        .map(OsStr::new)
-        .collect();
-    let mut server = spawn(scratch.path(), &args, &[]);
-    let (_, listening, _) = server.wait_for_exit_or_listening();
-    assert!(listening, "serve starts:\n{}", server.stderr);
-    let addr = listening_addr(&server);
+    let (server, addr) = serve_on(&scratch, &db);
     let (status, body) = http_post(
         &addr,
         "/v1/engagements/e/events",

@@ -14,13 +14,20 @@ use serde::{Deserialize, Deserializer};
 /// 2^53: from here on a double does not hold every integer.
 const EXACT_FLOAT_LIMIT: f64 = 9_007_199_254_740_992.0;
 
+/// `value` as an integer when it is one a double holds exactly: whole, and below 2^53 in
+/// magnitude (JavaScript's `Number.isSafeInteger` for a whole value).
+pub fn exact_integer(value: f64) -> Option<i64> {
+    // `as` is exact here: the value is whole and below 2^53 in magnitude.
+    (value.fract() == 0.0 && value.abs() < EXACT_FLOAT_LIMIT).then_some(value as i64)
+}
+
 fn integral<E: serde::de::Error>(number: &serde_json::Number) -> Result<i64, E> {
     if let Some(integer) = number.as_i64() {
         return Ok(integer);
     }
-    match number.as_f64() {
-        Some(float) if float.fract() == 0.0 && float.abs() < EXACT_FLOAT_LIMIT => Ok(float as i64),
-        _ => Err(E::custom(format!(
+    match number.as_f64().and_then(exact_integer) {
+        Some(integer) => Ok(integer),
+        None => Err(E::custom(format!(
             "expected an integer (below 2^53 in magnitude when written with a fraction or \
              exponent), got {number}"
         ))),

@@ -502,15 +502,21 @@ fn check_existing_file(path: &Path, busy_timeout: Duration) -> Result<(), StoreE
     };
     conn.busy_timeout(busy_timeout.min(MAX_BUSY_TIMEOUT))
         .map_err(backend)?;
+    read_identity(&conn, path)
+}
+
+/// The first read of the file (its header and schema, in words that say what to do when SQLite
+/// cannot use it), then whose file it is ([`schema::check_identity`]).
+fn read_identity(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     conn.query_row("SELECT count(*) FROM sqlite_schema", [], |row| {
         row.get::<_, i64>(0)
     })
-    .map_err(|err| unusable_file(path, &err))?;
-    schema::check_identity(&conn)
+    .map_err(|err| unusable_file(path, err))?;
+    schema::check_identity(conn)
 }
 
 /// Why SQLite cannot use the file at `path` it opened, in words that say what to do.
-fn unusable_file(path: &Path, err: &rusqlite::Error) -> StoreError {
+fn unusable_file(path: &Path, err: rusqlite::Error) -> StoreError {
     let code = match err {
         rusqlite::Error::SqliteFailure(inner, _) => Some(inner.code),
         _ => None,
@@ -532,12 +538,8 @@ fn unusable_file(path: &Path, err: &rusqlite::Error) -> StoreError {
                 path.display()
             ))
         }
-        _ => backend_ref(err),
+        _ => backend(err),
     }
-}
-
-fn backend_ref(err: &rusqlite::Error) -> StoreError {
-    StoreError::Backend(err.to_string())
 }
 
 /// Why the database at `path` cannot be opened, in words that say what to do.
@@ -622,16 +624,12 @@ impl SqliteDatabase {
             )));
         }
         apply_common_pragmas(&conn, config.busy_timeout)?;
-        // The first read of the file (its header and schema), then whose file it is: both
-        // before anything writes, so a refused file keeps every byte.
-        conn.query_row("SELECT count(*) FROM sqlite_schema", [], |row| {
-            row.get::<_, i64>(0)
-        })
-        .map_err(|err| unusable_file(&config.path, &err))?;
-        schema::check_identity(&conn)?;
+        // Again on this connection, before anything writes: the read-only check above is
+        // skipped for a path it cannot open.
+        read_identity(&conn, &config.path)?;
         let mode: String = conn
             .query_row("PRAGMA journal_mode=WAL", [], |row| row.get(0))
-            .map_err(|err| unusable_file(&config.path, &err))?;
+            .map_err(|err| unusable_file(&config.path, err))?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(StoreError::Backend(format!(
                 "could not switch {} to WAL mode (got {mode})",

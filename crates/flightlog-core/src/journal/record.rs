@@ -254,15 +254,9 @@ pub fn object_get<'a>(object: &'a JsonObject, key: &str) -> Option<&'a Value> {
 /// A JSON number that is an integer of magnitude below 2^53 (`1000` or `1000.0`), else `None`.
 pub fn json_integer(value: &Value) -> Option<i64> {
     let number = value.as_number()?;
-    let integer = if let Some(integer) = number.as_i64() {
-        integer
-    } else {
-        let float = number.as_f64()?;
-        if float.fract() != 0.0 || float.abs() >= SAFE_INTEGER_LIMIT as f64 {
-            return None;
-        }
-        // Exact: integral and below 2^53.
-        float as i64
+    let integer = match number.as_i64() {
+        Some(integer) => integer,
+        None => crate::json_number::exact_integer(number.as_f64()?)?,
     };
     (integer.unsigned_abs() < SAFE_INTEGER_LIMIT.unsigned_abs()).then_some(integer)
 }

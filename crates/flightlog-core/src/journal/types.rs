@@ -388,7 +388,7 @@ pub struct EngagementSummary {
 
 /// Serialize an `f64` as `JSON.stringify` does: integral values below 2^53 as integers.
 pub fn serialize_js_number<S: Serializer>(value: &f64, serializer: S) -> Result<S::Ok, S::Error> {
-    match js_integer(*value) {
+    match crate::json_number::exact_integer(*value) {
         Some(integer) => serializer.serialize_i64(integer),
         // Non-finite values (a sum that overflowed) become `null`, as in JavaScript.
         None => serializer.serialize_f64(*value),
@@ -397,15 +397,10 @@ pub fn serialize_js_number<S: Serializer>(value: &f64, serializer: S) -> Result<
 
 /// An `f64` as the JSON value `JSON.stringify` would write.
 pub fn js_number_value(value: f64) -> Value {
-    match js_integer(value) {
+    match crate::json_number::exact_integer(value) {
         Some(integer) => Value::from(integer),
         None => Number::from_f64(value).map_or(Value::Null, Value::Number),
     }
-}
-
-fn js_integer(value: f64) -> Option<i64> {
-    // `as` is exact here: the value is integral and below 2^53 in magnitude.
-    (value.fract() == 0.0 && value.abs() < SAFE_INTEGER_LIMIT as f64).then_some(value as i64)
 }
 
 #[cfg(test)]
