@@ -232,8 +232,7 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
         Err(err) => {
             say!("flightlog: stopped");
             return Err(anyhow::anyhow!(
-                "the database could not be closed cleanly: {err}; whatever was committed to its \
-                 -wal file is read back on the next start"
+                "the database could not be closed cleanly: {err}"
             ));
         }
     }
