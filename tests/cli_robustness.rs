@@ -1898,8 +1898,9 @@ fn hyphen_values_and_misspelled_variables_get_the_settings_messages() {
     let mut args = serve_args(&db, &LOOPBACK);
     args.extend(["--token", "-Xy9_secret"]);
     let out = run(scratch.path(), &args, &[]);
+    // The secret was taken (a refusal would not listen). What the server prints after its
+    // listening line is not asserted: the harness stops it as soon as it listens.
     out.assert_listened();
-    assert!(out.stdout.contains("bearer tokens required"), "{out}");
 
     let mut args = serve_args(&db, &LOOPBACK);
     args.extend(["--token", "--manual-clock"]);
