@@ -416,7 +416,14 @@ pub struct SqliteDatabase {
     /// The file's identity when opened (device and inode), to tell at close whether the path
     /// still names the file this process wrote (see [`SqliteDatabase::close`]).
     file_identity: Option<(u64, u64)>,
+    /// Bounds the long reads running on blocking threads at once (see
+    /// [`SqliteDatabase::read_apart`]).
+    long_reads: Arc<tokio::sync::Semaphore>,
 }
+
+/// How many long reads (listings, snapshots, scans) may run at once: more than the machine's
+/// cores would only make each slower, and every one holds a reader connection.
+const LONG_READS_AT_ONCE: usize = 4;
 
 impl std::fmt::Debug for SqliteDatabase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -740,6 +747,7 @@ impl SqliteDatabase {
             threads: Mutex::new(Some((writer_thread, checkpointer_thread))),
             file_identity: file_identity(&config.path),
             path: config.path,
+            long_reads: Arc::new(tokio::sync::Semaphore::new(LONG_READS_AT_ONCE)),
         }))
     }
 
@@ -1034,25 +1042,55 @@ impl SqliteDatabase {
         result
     }
 
-    /// Run a read inside one read transaction, so every query sees the same committed state.
-    pub(crate) fn read_consistent<T>(
-        &self,
-        work: impl FnOnce(&Connection) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        self.read(|conn| {
-            execute_cached(conn, "BEGIN DEFERRED")?;
-            let result = work(conn);
-            let end = execute_cached(conn, "COMMIT");
-            let value = result?;
-            end?;
-            Ok(value)
-        })
+    /// Run a read that may take long (a listing, a run's snapshot, a scan of the change log)
+    /// on a blocking thread of the caller's tokio runtime, so it never holds up the runtime's
+    /// workers: with one worker per core, two such reads on them would stall every other
+    /// request (a 1.8 s `/healthz` behind a 7-million-change scan). At most
+    /// [`LONG_READS_AT_ONCE`] run at once; the rest wait without blocking. Outside a tokio
+    /// runtime the read runs on the calling thread. Point reads stay on the caller's thread:
+    /// a hand-off costs more than they do.
+    pub(crate) async fn read_apart<T, F>(self: &Arc<Self>, work: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(&SqliteDatabase, &Connection) -> Result<T, StoreError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return self.read(|conn| work(self, conn));
+        };
+        // The permit moves into the read, so a caller that stops waiting (a client that went
+        // away) does not free its place while the read still runs.
+        let permit = Arc::clone(&self.long_reads)
+            .acquire_owned()
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        let db = Arc::clone(self);
+        let read = runtime.spawn_blocking(move || {
+            let result = db.read(|conn| work(&db, conn));
+            drop(permit);
+            result
+        });
+        read.await.map_err(|err| {
+            StoreError::Backend(format!("a read stopped before it finished: {err}"))
+        })?
     }
 
     /// Wait until every write queued before this call has committed.
     pub async fn flush(&self) -> Result<(), StoreError> {
         self.write(|_| Ok(())).await
     }
+}
+
+/// Run `work` inside one read transaction, so every query sees the same committed state.
+pub(crate) fn in_read_transaction<T>(
+    conn: &Connection,
+    work: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    execute_cached(conn, "BEGIN DEFERRED")?;
+    let result = work(conn);
+    let end = execute_cached(conn, "COMMIT");
+    let value = result?;
+    end?;
+    Ok(value)
 }
 
 /// The database's background housekeeper, on its own connection:
@@ -1577,6 +1615,95 @@ impl GroupCommitWriter {
                 }
                 Err(err) => return Err(backend(err)),
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    fn database() -> (tempfile::TempDir, Arc<SqliteDatabase>) {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("reads.db")))
+            .expect("open the database");
+        (dir, db)
+    }
+
+    fn one_thread_runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+    }
+
+    #[test]
+    fn a_long_read_leaves_the_runtime_thread_free_for_other_work() {
+        let (_dir, db) = database();
+        one_thread_runtime().block_on(async {
+            let (release, released) = std::sync::mpsc::channel::<()>();
+            // The long read waits until a task on the runtime's only thread lets it go: run on
+            // that thread, it would wait for itself (and time out).
+            let long_read = db.read_apart(move |_, conn| {
+                released
+                    .recv_timeout(Duration::from_secs(20))
+                    .map_err(|_| StoreError::Backend("the read held up the runtime".into()))?;
+                conn.query_row("SELECT 7", [], |row| row.get::<_, i64>(0))
+                    .map_err(backend)
+            });
+            let other_work = async move {
+                tokio::task::yield_now().await;
+                release.send(()).expect("the read is waiting");
+            };
+            let (value, ()) = tokio::join!(long_read, other_work);
+            assert_eq!(value.expect("the read completes"), 7);
+        });
+    }
+
+    #[test]
+    fn at_most_the_bounded_number_of_long_reads_run_at_once() {
+        let (_dir, db) = database();
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let results = one_thread_runtime().block_on(async {
+            let mut reads = tokio::task::JoinSet::new();
+            for _ in 0..3 * LONG_READS_AT_ONCE {
+                let (db, running, most) =
+                    (Arc::clone(&db), Arc::clone(&running), Arc::clone(&most));
+                reads.spawn(async move {
+                    db.read_apart(move |_, conn| {
+                        let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_millis(20));
+                        running.fetch_sub(1, Ordering::SeqCst);
+                        conn.query_row("SELECT 1", [], |row| row.get::<_, i64>(0))
+                            .map_err(backend)
+                    })
+                    .await
+                });
+            }
+            reads.join_all().await
+        });
+        assert_eq!(results.len(), 3 * LONG_READS_AT_ONCE);
+        assert!(results.iter().all(|result| matches!(result, Ok(1))));
+        let most = most.load(Ordering::SeqCst);
+        assert!(
+            (1..=LONG_READS_AT_ONCE).contains(&most),
+            "{most} long reads ran at once"
+        );
+    }
+
+    #[test]
+    fn outside_a_runtime_a_long_read_runs_on_the_calling_thread() {
+        let (_dir, db) = database();
+        let caller = std::thread::current().id();
+        let read = db.read_apart(move |_, _| Ok(std::thread::current().id()));
+        let mut read = std::pin::pin!(read);
+        let waker = std::task::Waker::noop();
+        let mut context = std::task::Context::from_waker(waker);
+        match std::future::Future::poll(read.as_mut(), &mut context) {
+            std::task::Poll::Ready(Ok(thread)) => assert_eq!(thread, caller),
+            other => panic!("expected the read done at once on this thread, got {other:?}"),
         }
     }
 }
