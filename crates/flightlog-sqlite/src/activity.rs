@@ -72,13 +72,14 @@ impl SqliteActivityStore {
 fn query_spans(
     conn: &Connection,
     names: &KeyNames,
+    codec: &PayloadCodec,
     filter_and_order: &str,
     params: impl rusqlite::Params,
 ) -> Result<Vec<SpanRow>, StoreError> {
     let sql = format!("SELECT {SPAN_COLUMNS} FROM activity_spans s {filter_and_order}");
     conn.prepare_cached(&sql)
         .and_then(|mut stmt| {
-            stmt.query_map(params, |row| span_from_row(row, 0, names, conn))?
+            stmt.query_map(params, |row| span_from_row(row, 0, names, codec, conn))?
                 .collect()
         })
         .map_err(backend)
@@ -144,7 +145,7 @@ fn changes_after(
                 let run_id = names.run_id(conn, row.get(4)?)?;
                 let body = match event_index {
                     None => ChangeBody::Span {
-                        span: Box::new(span_from_row(row, 3, names, conn)?),
+                        span: Box::new(span_from_row(row, 3, names, codec, conn)?),
                     },
                     Some(event_index) => {
                         let payload =
@@ -185,6 +186,7 @@ fn snapshot(
     let spans = query_spans(
         conn,
         names,
+        codec,
         "WHERE s.run_key = ?1 ORDER BY s.started_at, s.span_key",
         [run_key],
     )?;
@@ -239,8 +241,10 @@ impl ActivityStore for SqliteActivityStore {
             .map_err(StoreError::InvalidInput)?;
         let now = self.now();
         let writer = self.writer.clone();
+        let attrs = write::stored_attrs(input.attrs.as_ref(), self.db.codec());
+        self.db.maybe_train_payload_dictionary(now);
         self.db
-            .write(move |ctx| write::start_span(ctx, &input, &writer, now))
+            .write(move |ctx| write::start_span(ctx, &input, attrs.as_ref(), &writer, now))
             .await
     }
 
@@ -368,6 +372,7 @@ impl ActivityStore for SqliteActivityStore {
                 query_spans(
                     conn,
                     db.names(),
+                    db.codec(),
                     "INDEXED BY activity_spans_open_roots \
                      WHERE s.outcome IS NULL AND s.parent_span_id IS NULL AND s.started_at < ?1 \
                      ORDER BY s.started_at, s.span_key",
@@ -431,7 +436,7 @@ impl ActivityStore for SqliteActivityStore {
                         stmt.query_map(params![change_cursor, limit], |row| {
                             Ok(TerminalRootChange {
                                 change_id: row.get(0)?,
-                                span: span_from_row(row, 1, db.names(), conn)?,
+                                span: span_from_row(row, 1, db.names(), db.codec(), conn)?,
                             })
                         })?
                         .collect()
@@ -477,6 +482,7 @@ impl ActivityStore for SqliteActivityStore {
             Ok(query_spans(
                 conn,
                 self.db.names(),
+                self.db.codec(),
                 concat!("WHERE s.span_key = ", span_key_of!("?1")),
                 [span_id],
             )?
@@ -491,6 +497,7 @@ impl ActivityStore for SqliteActivityStore {
                 query_spans(
                     conn,
                     db.names(),
+                    db.codec(),
                     // The open roots' own partial index: without statistics SQLite read every
                     // root through `activity_spans_roots` (0.3 – 0.45 s at 340,000 roots).
                     "INDEXED BY activity_spans_open_roots \

@@ -11,7 +11,7 @@
 //! thread, as for a single `append_event`.
 
 use flightlog_core::activity::{
-    cap_payload, ActivityWrite, ActivityWriteResult, CappedPayload, StoreError,
+    cap_payload, ActivityWrite, ActivityWriteResult, CappedPayload, StartSpanInput, StoreError,
 };
 use flightlog_core::json_depth;
 
@@ -19,14 +19,20 @@ use crate::activity_write as write;
 use crate::database::{fails_cleanly, WriteContext};
 use crate::error::backend;
 use crate::payload_codec::{CompressedPayload, PayloadCodec};
+use crate::rows::StoredAttrs;
 
 /// One write of the batch with its CPU work done.
 pub(crate) enum PreparedWrite {
     /// Refused before the job (its input cannot be stored; see [`check_input`]): it fails alone,
     /// cleanly, in its place in the order.
     Refused(String),
-    /// Everything but an event append: applied as given.
+    /// Everything but an event append or a span start: applied as given.
     Plain(ActivityWrite),
+    /// A span start with its attrs serialized and packed.
+    StartSpan {
+        input: StartSpanInput,
+        attrs: Option<StoredAttrs>,
+    },
     AppendEvent {
         span_id: String,
         event_type: String,
@@ -87,6 +93,10 @@ fn prepare_one(write: ActivityWrite, codec: &PayloadCodec, now: i64) -> Prepared
                 ts: ts.unwrap_or(now),
             }
         }
+        ActivityWrite::StartSpan(input) => {
+            let attrs = write::stored_attrs(input.attrs.as_ref(), codec);
+            PreparedWrite::StartSpan { input, attrs }
+        }
         other => PreparedWrite::Plain(other),
     }
 }
@@ -99,10 +109,13 @@ fn apply_one(
 ) -> Result<ActivityWriteResult, StoreError> {
     match prepared {
         PreparedWrite::Refused(message) => Err(StoreError::InvalidInput(message.clone())),
-        PreparedWrite::Plain(ActivityWrite::StartSpan(input)) => {
-            write::start_span(ctx, input, writer, now)
+        PreparedWrite::StartSpan { input, attrs } => {
+            write::start_span(ctx, input, attrs.as_ref(), writer, now)
                 .map(|span| ActivityWriteResult::Started(Box::new(span)))
         }
+        PreparedWrite::Plain(ActivityWrite::StartSpan(_)) => Err(StoreError::Backend(
+            "a span start reached the batch job unprepared".to_owned(),
+        )),
         PreparedWrite::Plain(ActivityWrite::EndSpan { span_id, input }) => {
             write::end_span(ctx, span_id, input, now).map(ActivityWriteResult::Ended)
         }

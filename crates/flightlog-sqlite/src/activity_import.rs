@@ -39,7 +39,7 @@ use crate::activity_write::{
 use crate::database::WriteContext;
 use crate::error::backend;
 use crate::payload_codec::{CompressedPayload, PayloadCodec};
-use crate::rows::payload_from_row;
+use crate::rows::{payload_from_row, StoredAttrs};
 
 /// Events a span already holds: their payloads' JSON text by `(ts, event_type)`.
 type HeldEvents = HashMap<(i64, String), Vec<String>>;
@@ -56,8 +56,10 @@ pub(crate) struct PreparedEvent {
 pub(crate) struct PreparedSpan {
     /// The span; its `attrs` were moved into [`Self::attrs`].
     span: ImportedSpan,
-    /// The attrs' JSON text, as stored.
+    /// The attrs' JSON text (what completing an open span merges).
     attrs: String,
+    /// The attrs as a new span's row stores them (packed when that is smaller).
+    stored_attrs: StoredAttrs,
     events: Vec<PreparedEvent>,
     /// Why the span cannot be stored as given (attrs or a payload nested too deep): it is
     /// reported rejected and nothing of it is written.
@@ -97,9 +99,13 @@ pub(crate) fn prepare(spans: Vec<ImportedSpan>, codec: &PayloadCodec) -> Vec<Pre
             // as it will read back.
             span.usage.cost_usd = span.usage.cost_usd.filter(|cost| !cost.is_nan());
             let attrs = std::mem::take(&mut span.attrs).into_text();
+            // Packing keeps a copy of the text, which only the rare completion of an open span
+            // needs: the copy is the cheaper side (one allocation against a JSON parse there).
+            let stored_attrs = StoredAttrs::pack(attrs.clone(), codec);
             PreparedSpan {
                 span,
                 attrs,
+                stored_attrs,
                 events,
                 refusal,
             }
@@ -112,7 +118,7 @@ struct ExistingSpan {
     span_key: i64,
     run_key: i64,
     terminal: bool,
-    attrs: Option<String>,
+    attrs: Option<StoredAttrs>,
 }
 
 fn existing_span(
@@ -199,7 +205,7 @@ fn insert_new_span(
                 span.origin.as_str(),
                 span.session_id,
                 span.job_name,
-                prepared.attrs,
+                prepared.stored_attrs,
                 span.started_at,
                 end.map(|end| end.ended_at),
                 end.map(|end| end.outcome.as_str()),
@@ -232,7 +238,7 @@ fn complete_open_span(
     now: i64,
 ) -> Result<(), StoreError> {
     let span = &prepared.span;
-    let attrs = merged_attrs(existing.attrs, Some(update));
+    let attrs = merged_attrs(ctx, existing.attrs, Some(update))?;
     let end = span.end.as_ref();
     ctx.statement(
             "UPDATE activity_spans SET attrs = ?1, \

@@ -16,7 +16,8 @@ use serde_json::value::RawValue;
 use crate::database::WriteContext;
 use crate::error::{backend, is_constraint};
 use crate::payload_codec::CompressedPayload;
-use crate::rows::parse_attrs;
+use crate::payload_codec::PayloadCodec;
+use crate::rows::{parse_attrs, StoredAttrs};
 
 /// How far behind the newest change id a terminal run's change rows are trimmed by `prune`
 /// (the reference's distance; `SqliteConfig::change_log_retention` can change it).
@@ -305,9 +306,20 @@ pub(crate) fn attrs_text(attrs: &JsonObject) -> String {
     serde_json::to_string(attrs).unwrap_or_else(|_| String::from("{}"))
 }
 
+/// A write's attrs as they are best stored (see [`StoredAttrs::pack`]): serialized and packed
+/// on the caller's thread, before the write is queued.
+pub(crate) fn stored_attrs(
+    attrs: Option<&JsonObject>,
+    codec: &PayloadCodec,
+) -> Option<StoredAttrs> {
+    attrs.map(|attrs| StoredAttrs::pack(attrs_text(attrs), codec))
+}
+
+/// Start a span; `attrs` are `input.attrs` as [`stored_attrs`] made them.
 pub(crate) fn start_span(
     ctx: &mut WriteContext<'_>,
     input: &StartSpanInput,
+    attrs: Option<&StoredAttrs>,
     writer: &str,
     now: i64,
 ) -> Result<SpanRow, StoreError> {
@@ -326,7 +338,6 @@ pub(crate) fn start_span(
             span_id: input.span_id.clone(),
         });
     }
-    let attrs = input.attrs.as_ref().map(attrs_text);
     let inserted = ctx
         .statement(
             "INSERT INTO activity_spans (span_id, run_key, parent_span_id, name, kind, origin, \
@@ -392,7 +403,7 @@ pub(crate) fn start_span(
 struct OpenSpan {
     span_key: i64,
     run_key: i64,
-    attrs: Option<String>,
+    attrs: Option<StoredAttrs>,
 }
 
 fn open_span(
@@ -408,7 +419,7 @@ fn open_span(
         } else {
             "SELECT outcome IS NOT NULL, NULL FROM activity_spans WHERE span_key = ?1"
         };
-        let found: Option<(bool, Option<String>)> = ctx
+        let found: Option<(bool, Option<StoredAttrs>)> = ctx
             .statement(sql)
             .and_then(|stmt| {
                 stmt.query_row([span_key], |row| Ok((row.get(0)?, row.get(1)?)))
@@ -450,18 +461,24 @@ fn open_span(
     })
 }
 
-/// `{...old, ...new}`: new keys overwrite in place, unseen keys are appended.
-pub(crate) fn merged_attrs(stored: Option<String>, update: Option<&JsonObject>) -> Option<String> {
-    match update {
-        None => stored,
-        Some(update) => {
-            let mut merged = parse_attrs(stored.as_deref());
-            for (key, value) in update {
-                merged.insert(key.clone(), value.clone());
-            }
-            Some(attrs_text(&merged))
-        }
+/// `{...old, ...new}`: new keys overwrite in place, unseen keys are appended. Without an
+/// update the stored attrs are passed on as they are (packed or not).
+pub(crate) fn merged_attrs(
+    ctx: &WriteContext<'_>,
+    stored: Option<StoredAttrs>,
+    update: Option<&JsonObject>,
+) -> Result<Option<StoredAttrs>, StoreError> {
+    let Some(update) = update else {
+        return Ok(stored);
+    };
+    let stored = stored
+        .map(|stored| stored.into_text(ctx.codec, ctx.conn))
+        .transpose()?;
+    let mut merged = parse_attrs(stored.as_deref());
+    for (key, value) in update {
+        merged.insert(key.clone(), value.clone());
     }
+    Ok(Some(StoredAttrs::pack(attrs_text(&merged), ctx.codec)))
 }
 
 fn end_span_by_key(
@@ -470,7 +487,7 @@ fn end_span_by_key(
     input: &EndSpanInput,
     now: i64,
 ) -> Result<(), StoreError> {
-    let attrs = merged_attrs(span.attrs, input.attrs.as_ref());
+    let attrs = merged_attrs(ctx, span.attrs, input.attrs.as_ref())?;
     let usage = input.usage.clone().unwrap_or_default();
     ctx.statement(
         "UPDATE activity_spans SET outcome = ?1, outcome_reason = ?2, ended_at = ?3, attrs = ?4, \
@@ -593,10 +610,10 @@ pub(crate) fn patch_span(
     };
     let usage = patch.usage.clone().unwrap_or_default();
     // Without attrs to merge, NULL keeps the stored attrs: they are neither read nor rewritten.
-    let attrs = patch
-        .attrs
-        .as_ref()
-        .and_then(|update| merged_attrs(span.attrs, Some(update)));
+    let attrs = match patch.attrs.as_ref() {
+        Some(update) => merged_attrs(ctx, span.attrs, Some(update))?,
+        None => None,
+    };
     ctx.statement(
         "UPDATE activity_spans SET attrs = COALESCE(?1, attrs), \
          wait_until = COALESCE(?2, wait_until), \
@@ -1202,7 +1219,8 @@ mod tests {
             span_id_sweep_cursor: sorted[total - 101].clone(),
             ..WriterCache::default()
         };
-        let mut ctx = WriteContext::new(&conn, &mut keys, false);
+        let codec = PayloadCodec::default();
+        let mut ctx = WriteContext::new(&conn, &mut keys, &codec, false);
         // A small database: the middle's target is its minimum, so 40,000 - 16,384 ids are due,
         // but only the 100 after the cursor are taken; the next sweep starts from the lowest.
         sweep_middle_span_ids(&mut ctx, 1).unwrap();

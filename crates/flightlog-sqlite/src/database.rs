@@ -188,6 +188,7 @@ impl WriterCache {
 pub(crate) struct WriteContext<'a> {
     pub conn: &'a Connection,
     pub keys: &'a mut WriterCache,
+    pub codec: &'a PayloadCodec,
     /// The hot statements, held for the whole group (see [`StatementSlots`]).
     pub statements: StatementSlots<'a>,
     /// Set when the group is being replayed with a savepoint around each job, after a job
@@ -197,10 +198,16 @@ pub(crate) struct WriteContext<'a> {
 }
 
 impl<'a> WriteContext<'a> {
-    pub(crate) fn new(conn: &'a Connection, keys: &'a mut WriterCache, isolated: bool) -> Self {
+    pub(crate) fn new(
+        conn: &'a Connection,
+        keys: &'a mut WriterCache,
+        codec: &'a PayloadCodec,
+        isolated: bool,
+    ) -> Self {
         Self {
             conn,
             keys,
+            codec,
             statements: StatementSlots::default(),
             isolated,
         }
@@ -395,7 +402,7 @@ impl ReaderPool {
 pub struct SqliteDatabase {
     queue: mpsc::Sender<QueuedJob>,
     readers: ReaderPool,
-    codec: PayloadCodec,
+    codec: Arc<PayloadCodec>,
     names: KeyNames,
     change_log_retention: i64,
     change_log_trim_batch: i64,
@@ -661,7 +668,7 @@ impl SqliteDatabase {
         conn.pragma_update(None, "journal_size_limit", -1)
             .map_err(backend)?;
         schema::migrate(&mut conn)?;
-        let codec = PayloadCodec::load(&conn)?;
+        let codec = Arc::new(PayloadCodec::load(&conn)?);
         // From here on the writer never sleeps inside SQLite for the lock: `begin_immediate`
         // polls it and takes turns with other processes' writers (see `LockTurns`).
         conn.busy_timeout(Duration::ZERO).map_err(backend)?;
@@ -706,6 +713,7 @@ impl SqliteDatabase {
             .map_err(|err| StoreError::Backend(format!("cannot start checkpointer: {err}")))?;
         let stop_writer = Arc::new(AtomicBool::new(false));
         let writer = GroupCommitWriter {
+            codec: Arc::clone(&codec),
             doorbell: doorbell.clone(),
             checkpoint_nudge: nudge,
             stats: stats.clone(),
@@ -1307,6 +1315,8 @@ impl Checkpointer {
 }
 
 struct GroupCommitWriter {
+    /// The database's payload codec: writes that merge into packed attrs unpack and pack them.
+    codec: Arc<PayloadCodec>,
     doorbell: tokio::sync::watch::Sender<i64>,
     /// Wakes the checkpointer; full means it already has a wake-up pending.
     checkpoint_nudge: std::sync::mpsc::SyncSender<()>,
@@ -1510,7 +1520,7 @@ impl GroupCommitWriter {
         let applying = Instant::now();
         let mut dirty = false;
         {
-            let mut ctx = WriteContext::new(&self.conn, &mut self.keys, false);
+            let mut ctx = WriteContext::new(&self.conn, &mut self.keys, &self.codec, false);
             for job in group.iter_mut() {
                 if job.apply(&mut ctx) == Applied::Dirty {
                     dirty = true;
@@ -1524,7 +1534,12 @@ impl GroupCommitWriter {
             self.begin_group()?;
             for job in group.iter_mut() {
                 self.exec("SAVEPOINT write")?;
-                let applied = job.apply(&mut WriteContext::new(&self.conn, &mut self.keys, true));
+                let applied = job.apply(&mut WriteContext::new(
+                    &self.conn,
+                    &mut self.keys,
+                    &self.codec,
+                    true,
+                ));
                 if applied == Applied::Dirty {
                     self.exec("ROLLBACK TO write")?;
                     self.keys.clear();

@@ -6,7 +6,9 @@ use flightlog_core::activity::{
 use std::collections::HashMap;
 use std::sync::RwLock;
 
-use rusqlite::types::Type;
+use flightlog_core::activity::StoreError;
+use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSqlOutput, Type, ValueRef};
+use rusqlite::ToSql;
 use rusqlite::{Connection, Row};
 
 use crate::payload_codec::PayloadCodec;
@@ -81,14 +83,80 @@ pub(crate) fn parse_attrs(text: Option<&str>) -> JsonObject {
         .unwrap_or_default()
 }
 
+/// A span's `attrs` column as stored: JSON text, or packed with the database's dictionary
+/// (see [`PayloadCodec::pack_attrs`]). A write that keeps the attrs passes them on as they are.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum StoredAttrs {
+    Text(String),
+    Packed(Vec<u8>),
+}
+
+impl StoredAttrs {
+    /// `json` as it is best stored: packed when that makes it smaller.
+    pub fn pack(json: String, codec: &PayloadCodec) -> Self {
+        match codec.pack_attrs(&json) {
+            Some(packed) => Self::Packed(packed),
+            None => Self::Text(json),
+        }
+    }
+
+    /// The attrs' JSON text.
+    pub fn into_text(self, codec: &PayloadCodec, conn: &Connection) -> Result<String, StoreError> {
+        match self {
+            Self::Text(text) => Ok(text),
+            Self::Packed(packed) => codec.unpack_attrs(conn, &packed),
+        }
+    }
+}
+
+impl FromSql for StoredAttrs {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+        match value {
+            ValueRef::Text(text) => String::from_utf8(text.to_vec())
+                .map(Self::Text)
+                .map_err(|err| FromSqlError::Other(Box::new(err))),
+            ValueRef::Blob(packed) => Ok(Self::Packed(packed.to_vec())),
+            _ => Err(FromSqlError::InvalidType),
+        }
+    }
+}
+
+impl ToSql for StoredAttrs {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match self {
+            Self::Text(text) => ValueRef::Text(text.as_bytes()),
+            Self::Packed(packed) => ValueRef::Blob(packed),
+        }))
+    }
+}
+
+/// The attrs of a span row's `attrs` column (text, packed or NULL).
+fn attrs_from_row(
+    row: &Row<'_>,
+    column: usize,
+    codec: &PayloadCodec,
+    conn: &Connection,
+) -> rusqlite::Result<JsonObject> {
+    Ok(match row.get_ref(column)? {
+        ValueRef::Blob(packed) => {
+            let text = codec.unpack_attrs(conn, packed).map_err(|err| {
+                rusqlite::Error::FromSqlConversionFailure(column, Type::Blob, Box::new(err))
+            })?;
+            parse_attrs(Some(&text))
+        }
+        ValueRef::Text(text) => parse_attrs(std::str::from_utf8(text).ok()),
+        _ => JsonObject::default(),
+    })
+}
+
 /// Decode a span from `row`, starting at column `base`.
 pub(crate) fn span_from_row(
     row: &Row<'_>,
     base: usize,
     names: &KeyNames,
+    codec: &PayloadCodec,
     conn: &Connection,
 ) -> rusqlite::Result<SpanRow> {
-    let attrs: Option<String> = row.get(base + 8)?;
     let kind: String = row.get(base + 4)?;
     let origin: String = row.get(base + 5)?;
     let outcome: Option<String> = row.get(base + 12)?;
@@ -101,7 +169,7 @@ pub(crate) fn span_from_row(
         origin: SpanOrigin::from_stored(&origin),
         session_id: row.get(base + 6)?,
         job_name: row.get(base + 7)?,
-        attrs: parse_attrs(attrs.as_deref()),
+        attrs: attrs_from_row(row, base + 8, codec, conn)?,
         started_at: row.get(base + 9)?,
         wait_until: row.get(base + 10)?,
         ended_at: row.get(base + 11)?,

@@ -229,6 +229,13 @@ CREATE TABLE activity_span_ids_middle (
     r#"
 ALTER TABLE journal_engagements ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
 "#,
+    // Version 8: a span's `attrs` may be stored packed, as a BLOB (the id of a payload
+    // dictionary, 4 bytes little endian, then a zstd frame; see `PayloadCodec::pack_attrs`)
+    // instead of JSON text. No table changes; the version keeps earlier flightlogs, which
+    // read attrs as text only, from opening a file that holds packed attrs.
+    r#"
+-- attrs: TEXT or packed BLOB
+"#,
 ];
 
 /// The schema version this build writes.
