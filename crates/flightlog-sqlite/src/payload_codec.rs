@@ -62,10 +62,15 @@ pub(crate) struct PayloadCodec {
     training: AtomicBool,
 }
 
+// Each thread keeps the context of the dictionary it used last, with that dictionary itself:
+// a context is told from another by the dictionary's allocation, not by its row id, since every
+// database's first dictionary has id 1 and a process may have several databases open (keyed by
+// id, a payload of one database was compressed with another's dictionary and never read again).
+// Holding the `Arc` keeps the allocation from being reused for another dictionary.
 thread_local! {
-    static COMPRESSOR: RefCell<Option<(i64, zstd::bulk::Compressor<'static>)>> =
+    static COMPRESSOR: RefCell<Option<(Arc<Dictionary>, zstd::bulk::Compressor<'static>)>> =
         const { RefCell::new(None) };
-    static DECOMPRESSOR: RefCell<Option<(i64, zstd::bulk::Decompressor<'static>)>> =
+    static DECOMPRESSOR: RefCell<Option<(Arc<Dictionary>, zstd::bulk::Decompressor<'static>)>> =
         const { RefCell::new(None) };
 }
 
@@ -113,11 +118,14 @@ impl PayloadCodec {
         };
         let frame = COMPRESSOR.with(|slot| {
             let mut slot = slot.borrow_mut();
-            if slot.as_ref().map(|(id, _)| *id) != Some(dictionary.id) {
+            if !slot
+                .as_ref()
+                .is_some_and(|(cached, _)| Arc::ptr_eq(cached, &dictionary))
+            {
                 *slot =
                     zstd::bulk::Compressor::with_dictionary(COMPRESSION_LEVEL, &dictionary.bytes)
                         .ok()
-                        .map(|compressor| (dictionary.id, compressor));
+                        .map(|compressor| (Arc::clone(&dictionary), compressor));
             }
             slot.as_mut()
                 .and_then(|(_, compressor)| compressor.compress(json.as_bytes()).ok())
@@ -248,9 +256,12 @@ impl PayloadCodec {
                 let dictionary = self.dictionary(conn, id)?;
                 let bytes = DECOMPRESSOR.with(|slot| {
                     let mut slot = slot.borrow_mut();
-                    if slot.as_ref().map(|(cached, _)| *cached) != Some(id) {
+                    if !slot
+                        .as_ref()
+                        .is_some_and(|(cached, _)| Arc::ptr_eq(cached, &dictionary))
+                    {
                         *slot = Some((
-                            id,
+                            Arc::clone(&dictionary),
                             zstd::bulk::Decompressor::with_dictionary(&dictionary.bytes)
                                 .map_err(|err| StoreError::Corrupt(err.to_string()))?,
                         ));

@@ -74,49 +74,123 @@ fn stored_attrs(path: &std::path::Path) -> (i64, i64) {
     .expect("read the attrs columns")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn long_attrs_are_packed_once_trained_and_read_back_exactly() {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let path = dir.path().join("packed.db");
-    let (db, store) = open(&path);
-
-    // Training: the dictionary is trained in the background from the first 256 KB of long
-    // texts (attrs and event payloads) a database sees.
-    let mut trained = false;
+/// Write spans with `make_attrs` attrs until a new span's attrs are stored packed: the
+/// dictionary is trained in the background from the first 256 KB of long texts (attrs and event
+/// payloads) a database sees.
+async fn train_until_packed(
+    store: &SqliteActivityStore,
+    path: &std::path::Path,
+    prefix: &str,
+    make_attrs: fn(usize) -> JsonObject,
+) {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut n = 0;
-    while !trained && Instant::now() < deadline {
+    while Instant::now() < deadline {
         let writes = (0..100)
             .map(|_| {
                 n += 1;
                 ActivityWrite::StartSpan(start(
-                    &format!("early-{n}"),
-                    &format!("run-{n}"),
-                    otlp_like_attrs(n),
+                    &format!("{prefix}-{n}"),
+                    &format!("{prefix}-run-{n}"),
+                    make_attrs(n),
                 ))
             })
             .collect();
         for result in store.write_batch(writes).await {
             result.expect("start a training span");
         }
-        let probe = format!("probe-{n}");
+        let probe = format!("{prefix}-probe-{n}");
         store
-            .start_span(start(&probe, "probe-run", otlp_like_attrs(n)))
+            .start_span(start(&probe, "probe-run", make_attrs(n)))
             .await
             .expect("start a probe span");
-        let conn = rusqlite::Connection::open(&path).expect("open the file");
-        trained = conn
+        let conn = rusqlite::Connection::open(path).expect("open the file");
+        let packed: bool = conn
             .query_row(
                 "SELECT typeof(attrs) = 'blob' FROM activity_spans WHERE span_id = ?1",
                 [&probe],
                 |row| row.get(0),
             )
             .expect("read the probe");
-        if !trained {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if packed {
+            return;
         }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(trained, "no dictionary after {n} spans");
+    panic!("no dictionary after {n} spans");
+}
+
+/// Attrs of another service entirely (another database's dictionary would pack them badly).
+fn http_like_attrs(n: usize) -> JsonObject {
+    let attrs = json!({
+        "k8s.pod.name": format!("pod-{n}"),
+        "http.request.method": "GET",
+        "url.full": format!("https://example.com/api/v2/items/{n}?q=zzz"),
+        "note": "lorem ipsum dolor sit amet consectetur ".repeat(6),
+    });
+    match attrs {
+        serde_json::Value::Object(map) => map,
+        _ => unreachable!("a JSON object literal"),
+    }
+}
+
+/// Two databases in one process each number their first dictionary 1. A thread that compressed
+/// for one and then for the other used to reuse the first one's context (it was keyed by the
+/// id), so the second database stored a frame it could never read.
+#[tokio::test(flavor = "current_thread")]
+async fn two_databases_in_one_process_keep_their_own_dictionaries() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (path_a, path_b) = (dir.path().join("a.db"), dir.path().join("b.db"));
+    let (db_a, a) = open(&path_a);
+    let (db_b, b) = open(&path_b);
+    train_until_packed(&a, &path_a, "a", otlp_like_attrs).await;
+    train_until_packed(&b, &path_b, "b", http_like_attrs).await;
+    // One thread: compress for A, then for B, then read back both.
+    a.start_span(start("a-late", "a-late-run", otlp_like_attrs(99_999)))
+        .await
+        .expect("start in A");
+    b.start_span(start("b-late", "b-late-run", http_like_attrs(99_999)))
+        .await
+        .expect("start in B");
+    for (store, span_id, attrs) in [
+        (&a, "a-late", otlp_like_attrs(99_999)),
+        (&b, "b-late", http_like_attrs(99_999)),
+    ] {
+        let span = store
+            .get_span(span_id)
+            .await
+            .expect("read the span")
+            .expect("the span exists");
+        assert_eq!(span.attrs, attrs, "{span_id}");
+    }
+    db_a.close().await.expect("close A");
+    db_b.close().await.expect("close B");
+    // A fresh process's view: a new handle on B alone, read on a new thread (whose zstd
+    // contexts are fresh: this thread's could decode a wrong frame the wrong way back).
+    let read_back = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let (db, again) = open(&path_b);
+            let span = again.get_span("b-late").await;
+            db.close().await.expect("close");
+            span
+        })
+    })
+    .join()
+    .expect("the reading thread");
+    let span = read_back.expect("read the span").expect("the span exists");
+    assert_eq!(span.attrs, http_like_attrs(99_999));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_attrs_are_packed_once_trained_and_read_back_exactly() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("packed.db");
+    let (db, store) = open(&path);
+
+    train_until_packed(&store, &path, "early", otlp_like_attrs).await;
 
     // Every write path that stores new attrs: a single start, a batch start, a patch and an
     // end that merge into packed attrs, a cascade close that keeps them.
