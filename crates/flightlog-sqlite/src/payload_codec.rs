@@ -75,7 +75,9 @@ thread_local! {
 }
 
 impl PayloadCodec {
-    /// Load the newest dictionary of the database, if it has one.
+    /// Load the newest dictionary of the database, if it has one. A database whose newest
+    /// dictionary was trained before attrs were packed (schema version 8 notes which) keeps
+    /// using it and collects samples for one more, trained on attrs as well.
     pub fn load(conn: &Connection) -> Result<Self, StoreError> {
         let codec = Self::default();
         let newest: Option<(i64, Vec<u8>)> = conn
@@ -87,10 +89,20 @@ impl PayloadCodec {
             )
             .optional()
             .map_err(backend)?;
+        let trained_before_attrs: i64 = conn
+            .query_row(
+                "SELECT COALESCE((SELECT value FROM flightlog_meta \
+                 WHERE name = 'dictionaries_before_attrs'), 0)",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(backend)?;
         if let Some((id, bytes)) = newest {
             codec.install(Arc::new(Dictionary { id, bytes }));
-            // One dictionary per database is enough to start with; do not train another.
-            codec.training.store(true, Ordering::Release);
+            // One dictionary per database is enough; do not train another.
+            codec
+                .training
+                .store(id > trained_before_attrs, Ordering::Release);
         }
         Ok(codec)
     }
@@ -106,16 +118,19 @@ impl PayloadCodec {
     }
 
     /// Compress a capped payload's JSON for storage; `None` means store the text as it is.
-    /// Before a dictionary exists the text is kept as a training sample instead.
+    /// Until the dictionary is trained (see [`Self::load`]) the text is also kept as a training
+    /// sample.
     pub fn encode(&self, json: &str) -> Option<CompressedPayload> {
         if json.len() < MIN_COMPRESSIBLE_BYTES {
             return None;
         }
-        let current = self.current.read().ok().and_then(|slot| slot.clone());
-        let Some(dictionary) = current else {
+        // Until a dictionary (or the one that replaces a payloads-only one) is being trained,
+        // the text is also a training sample; the common case costs one atomic load.
+        if !self.training.load(Ordering::Acquire) {
             self.collect_sample(json);
-            return None;
-        };
+        }
+        let current = self.current.read().ok().and_then(|slot| slot.clone());
+        let dictionary = current?;
         let frame = COMPRESSOR.with(|slot| {
             let mut slot = slot.borrow_mut();
             if !slot

@@ -231,10 +231,13 @@ ALTER TABLE journal_engagements ADD COLUMN generation INTEGER NOT NULL DEFAULT 0
 "#,
     // Version 8: a span's `attrs` may be stored packed, as a BLOB (the id of a payload
     // dictionary, 4 bytes little endian, then a zstd frame; see `PayloadCodec::pack_attrs`)
-    // instead of JSON text. No table changes; the version keeps earlier flightlogs, which
-    // read attrs as text only, from opening a file that holds packed attrs.
+    // instead of JSON text; the version keeps earlier flightlogs, which read attrs as text
+    // only, from opening such a file. Dictionaries trained before it saw event payloads only
+    // and pack attrs poorly (400 bytes a span against 115): the newest of them is noted, and a
+    // database whose newest dictionary is no newer trains one more, on payloads and attrs.
     r#"
--- attrs: TEXT or packed BLOB
+INSERT OR REPLACE INTO flightlog_meta (name, value)
+  SELECT 'dictionaries_before_attrs', COALESCE(MAX(dict_id), 0) FROM payload_dictionaries;
 "#,
 ];
 

@@ -323,3 +323,105 @@ async fn long_attrs_are_packed_once_trained_and_read_back_exactly() {
     other_db.close().await.expect("close the second handle");
     db.close().await.expect("close");
 }
+
+/// A database of schema version 7 whose dictionary was trained on event payloads only (as every
+/// earlier flightlog trained it) packs attrs poorly with it: on upgrade it trains one more
+/// dictionary, on attrs as well, once; a later open does not train a third.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_database_trains_a_dictionary_that_knows_attrs() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("v7.db");
+    {
+        let mut conn = rusqlite::Connection::open(&path).expect("create the file");
+        flightlog_sqlite::migrate_up_to(&mut conn, 7).expect("schema version 7");
+        let payloads: Vec<Vec<u8>> = (0..600)
+            .map(|n| {
+                json!({
+                    "tool": "bash",
+                    "input": {"command": format!("cargo test --package crate_{n} -- --nocapture")},
+                    "output": format!("test result: ok. {n} passed; 0 failed; finished in {n}.02s"),
+                })
+                .to_string()
+                .into_bytes()
+            })
+            .collect();
+        let dictionary = zstd::dict::from_samples(&payloads, 16 * 1024).expect("train");
+        conn.execute(
+            "INSERT INTO payload_dictionaries (dict_id, created_at, dictionary) VALUES (1, 0, ?1)",
+            [dictionary],
+        )
+        .expect("store the payloads-only dictionary");
+    }
+    let dictionaries = |path: &std::path::Path| -> i64 {
+        rusqlite::Connection::open(path)
+            .expect("open the file")
+            .query_row("SELECT count(*) FROM payload_dictionaries", [], |row| {
+                row.get(0)
+            })
+            .expect("count the dictionaries")
+    };
+    let packed_with = |path: &std::path::Path, span_id: &str| -> Option<u32> {
+        let packed: Option<Vec<u8>> = rusqlite::Connection::open(path)
+            .expect("open the file")
+            .query_row(
+                "SELECT CASE typeof(attrs) WHEN 'blob' THEN attrs END FROM activity_spans \
+                 WHERE span_id = ?1",
+                [span_id],
+                |row| row.get(0),
+            )
+            .expect("read the span");
+        packed.map(|packed| u32::from_le_bytes([packed[0], packed[1], packed[2], packed[3]]))
+    };
+
+    let (db, store) = open(&path);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut n = 0;
+    while dictionaries(&path) < 2 && Instant::now() < deadline {
+        let writes = (0..100)
+            .map(|_| {
+                n += 1;
+                ActivityWrite::StartSpan(start(
+                    &format!("up-{n}"),
+                    &format!("up-run-{n}"),
+                    otlp_like_attrs(n),
+                ))
+            })
+            .collect();
+        for result in store.write_batch(writes).await {
+            result.expect("start a span");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(dictionaries(&path), 2, "no new dictionary after {n} spans");
+    store
+        .start_span(start("after-training", "late-run", otlp_like_attrs(77)))
+        .await
+        .expect("start");
+    assert_eq!(packed_with(&path, "after-training"), Some(2));
+    let span = store
+        .get_span("up-1")
+        .await
+        .expect("read an early span")
+        .expect("it exists");
+    assert_eq!(span.attrs, otlp_like_attrs(1));
+    db.close().await.expect("close");
+
+    // Reopened, the database keeps its attrs-aware dictionary and trains no other.
+    let (db, store) = open(&path);
+    let writes = (0..1_000)
+        .map(|k| {
+            ActivityWrite::StartSpan(start(
+                &format!("reopened-{k}"),
+                &format!("reopened-run-{k}"),
+                otlp_like_attrs(k),
+            ))
+        })
+        .collect();
+    for result in store.write_batch(writes).await {
+        result.expect("start a span");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(dictionaries(&path), 2);
+    assert_eq!(packed_with(&path, "reopened-999"), Some(2));
+    db.close().await.expect("close");
+}
