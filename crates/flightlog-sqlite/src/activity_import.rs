@@ -238,7 +238,7 @@ fn complete_open_span(
     now: i64,
 ) -> Result<(), StoreError> {
     let span = &prepared.span;
-    let attrs = merged_attrs(ctx, existing.attrs, Some(update))?;
+    let attrs = merged_attrs(ctx, existing.attrs, Some(update));
     let end = span.end.as_ref();
     ctx.statement(
             "UPDATE activity_spans SET attrs = ?1, \

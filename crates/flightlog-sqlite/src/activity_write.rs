@@ -467,18 +467,16 @@ pub(crate) fn merged_attrs(
     ctx: &WriteContext<'_>,
     stored: Option<StoredAttrs>,
     update: Option<&JsonObject>,
-) -> Result<Option<StoredAttrs>, StoreError> {
+) -> Option<StoredAttrs> {
     let Some(update) = update else {
-        return Ok(stored);
+        return stored;
     };
-    let stored = stored
-        .map(|stored| stored.into_text(ctx.codec, ctx.conn))
-        .transpose()?;
+    let stored = stored.and_then(|stored| stored.into_text(ctx.codec, ctx.conn));
     let mut merged = parse_attrs(stored.as_deref());
     for (key, value) in update {
         merged.insert(key.clone(), value.clone());
     }
-    Ok(Some(StoredAttrs::pack(attrs_text(&merged), ctx.codec)))
+    Some(StoredAttrs::pack(attrs_text(&merged), ctx.codec))
 }
 
 fn end_span_by_key(
@@ -487,7 +485,7 @@ fn end_span_by_key(
     input: &EndSpanInput,
     now: i64,
 ) -> Result<(), StoreError> {
-    let attrs = merged_attrs(ctx, span.attrs, input.attrs.as_ref())?;
+    let attrs = merged_attrs(ctx, span.attrs, input.attrs.as_ref());
     let usage = input.usage.clone().unwrap_or_default();
     ctx.statement(
         "UPDATE activity_spans SET outcome = ?1, outcome_reason = ?2, ended_at = ?3, attrs = ?4, \
@@ -611,7 +609,7 @@ pub(crate) fn patch_span(
     let usage = patch.usage.clone().unwrap_or_default();
     // Without attrs to merge, NULL keeps the stored attrs: they are neither read nor rewritten.
     let attrs = match patch.attrs.as_ref() {
-        Some(update) => merged_attrs(ctx, span.attrs, Some(update))?,
+        Some(update) => merged_attrs(ctx, span.attrs, Some(update)),
         None => None,
     };
     ctx.statement(

@@ -6,7 +6,6 @@ use flightlog_core::activity::{
 use std::collections::HashMap;
 use std::sync::RwLock;
 
-use flightlog_core::activity::StoreError;
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSqlOutput, Type, ValueRef};
 use rusqlite::ToSql;
 use rusqlite::{Connection, Row};
@@ -100,11 +99,12 @@ impl StoredAttrs {
         }
     }
 
-    /// The attrs' JSON text.
-    pub fn into_text(self, codec: &PayloadCodec, conn: &Connection) -> Result<String, StoreError> {
+    /// The attrs' JSON text; `None` when packed attrs cannot be unpacked (they then read as
+    /// `{}`, as unreadable text does).
+    pub fn into_text(self, codec: &PayloadCodec, conn: &Connection) -> Option<String> {
         match self {
-            Self::Text(text) => Ok(text),
-            Self::Packed(packed) => codec.unpack_attrs(conn, &packed),
+            Self::Text(text) => Some(text),
+            Self::Packed(packed) => codec.unpack_attrs(conn, &packed).ok(),
         }
     }
 }
@@ -130,7 +130,9 @@ impl ToSql for StoredAttrs {
     }
 }
 
-/// The attrs of a span row's `attrs` column (text, packed or NULL).
+/// The attrs of a span row's `attrs` column (text, packed or NULL). Attrs that cannot be read
+/// back read as `{}`, packed or not (the reference's `safeParse ?? {}`): a damaged value must not
+/// make its span, its run and every change-log page through it unreadable.
 fn attrs_from_row(
     row: &Row<'_>,
     column: usize,
@@ -138,12 +140,7 @@ fn attrs_from_row(
     conn: &Connection,
 ) -> rusqlite::Result<JsonObject> {
     Ok(match row.get_ref(column)? {
-        ValueRef::Blob(packed) => {
-            let text = codec.unpack_attrs(conn, packed).map_err(|err| {
-                rusqlite::Error::FromSqlConversionFailure(column, Type::Blob, Box::new(err))
-            })?;
-            parse_attrs(Some(&text))
-        }
+        ValueRef::Blob(packed) => parse_attrs(codec.unpack_attrs(conn, packed).ok().as_deref()),
         ValueRef::Text(text) => parse_attrs(std::str::from_utf8(text).ok()),
         _ => JsonObject::default(),
     })

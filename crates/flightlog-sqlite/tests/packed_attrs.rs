@@ -282,7 +282,7 @@ async fn long_attrs_are_packed_once_trained_and_read_back_exactly() {
 
     // Read back through every read: span by id, run snapshot, the change log; and through a
     // second handle on the file, which must load the dictionary by its id.
-    let changes = store.changes_since(0, -1).await.expect("change log");
+    let changes = store.changes_since(0, 1_000_000).await.expect("change log");
     let (other_db, other) = open(&path);
     for (span_id, attrs) in &expected {
         let span = store
@@ -423,5 +423,90 @@ async fn an_upgraded_database_trains_a_dictionary_that_knows_attrs() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(dictionaries(&path), 2);
     assert_eq!(packed_with(&path, "reopened-999"), Some(2));
+    db.close().await.expect("close");
+}
+
+/// Packed attrs that cannot be unpacked (a damaged frame, a missing dictionary) read as `{}`,
+/// as unreadable text attrs always did (the reference's `safeParse ?? {}`): the span, its run's
+/// snapshot and the change log through it stay readable, and a merge starts from `{}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_packed_attrs_read_as_empty_and_block_nothing() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("damaged.db");
+    let (db, store) = open(&path);
+    train_until_packed(&store, &path, "early", otlp_like_attrs).await;
+    let damages: [(&str, &[u8]); 4] = [
+        ("truncated", &[1, 0, 0, 0, 0x28, 0xb5]),
+        ("header-only", &[1, 0]),
+        (
+            "no-such-dictionary",
+            &[99, 0, 0, 0, 0x28, 0xb5, 0x2f, 0xfd, 0, 0],
+        ),
+        ("garbage", &[1, 0, 0, 0, 7, 7, 7, 7, 7, 7, 7, 7]),
+    ];
+    for (name, _) in damages {
+        store
+            .start_span(start(name, &format!("run-{name}"), otlp_like_attrs(5)))
+            .await
+            .expect("start");
+    }
+    store
+        .start_span(start("healthy", "run-healthy", otlp_like_attrs(6)))
+        .await
+        .expect("start");
+    let cursor_before = store.latest_change_cursor().await.expect("cursor") - 5;
+    {
+        let conn = rusqlite::Connection::open(&path).expect("open the file");
+        for (name, damage) in damages {
+            conn.execute(
+                "UPDATE activity_spans SET attrs = ?1 WHERE span_id = ?2",
+                rusqlite::params![damage, name],
+            )
+            .expect("damage the attrs");
+        }
+    }
+    for (name, _) in damages {
+        let span = store
+            .get_span(name)
+            .await
+            .expect("a damaged span still reads")
+            .expect("it exists");
+        assert!(span.attrs.is_empty(), "{name}: {:?}", span.attrs);
+        let snapshot = store
+            .snapshot_run(&format!("run-{name}"))
+            .await
+            .expect("its run's snapshot reads")
+            .expect("the run exists");
+        assert!(snapshot.spans[0].attrs.is_empty());
+    }
+    let changes = store
+        .changes_since(cursor_before, 100)
+        .await
+        .expect("the change log reads through them");
+    assert_eq!(changes.len(), 5);
+    let healthy = store
+        .get_span("healthy")
+        .await
+        .expect("read")
+        .expect("it exists");
+    assert_eq!(healthy.attrs, otlp_like_attrs(6));
+    // A merge into damaged attrs starts from `{}`.
+    let update = json!({"after": "damage"});
+    assert!(store
+        .patch_span(
+            "garbage",
+            SpanPatch {
+                attrs: update.as_object().cloned(),
+                ..SpanPatch::default()
+            },
+        )
+        .await
+        .expect("patch"));
+    let patched = store
+        .get_span("garbage")
+        .await
+        .expect("read")
+        .expect("it exists");
+    assert_eq!(Some(&patched.attrs), update.as_object());
     db.close().await.expect("close");
 }
