@@ -426,7 +426,20 @@ pub struct SqliteDatabase {
     /// Bounds the long reads running on blocking threads at once (see
     /// [`SqliteDatabase::read_apart`]).
     long_reads: tokio::sync::Semaphore,
+    /// Set while the writer's WAL rewind waits for readers (see [`SqliteDatabase::read_apart`]).
+    rewinding: Arc<AtomicBool>,
+    /// The checkpointer's request that the writer rewind the WAL (see
+    /// `GroupCommitWriter::rewind_wal_if_asked`); held here so tests can make the request.
+    #[cfg_attr(not(test), allow(dead_code))]
+    rewind_wanted: Arc<AtomicBool>,
 }
+
+/// How long the writer's WAL rewind waits for running readers while the WAL is under its hard
+/// cap, and how long it then lets pass before it tries again.
+const UNDER_CAP_REWIND_WAIT: Duration = Duration::from_millis(200);
+
+/// The longest a long read waits for the writer's WAL rewind to finish before it starts anyway.
+const LONGEST_WAIT_FOR_REWIND: Duration = Duration::from_secs(6);
 
 /// How many long reads (listings, snapshots, scans) may run at once: more than the machine's
 /// cores would only make each slower, and every one holds a reader connection.
@@ -697,6 +710,7 @@ impl SqliteDatabase {
         let commits_seen = tokio::sync::watch::Sender::new(0_u64);
         let (nudge, nudges) = std::sync::mpsc::sync_channel::<()>(1);
         let rewind_wanted = Arc::new(AtomicBool::new(false));
+        let rewinding = Arc::new(AtomicBool::new(false));
         let checkpointer = Checkpointer {
             conn: checkpoint_conn,
             stats: stats.clone(),
@@ -725,9 +739,11 @@ impl SqliteDatabase {
             data_version: None,
             max_group_size: config.max_group_size.clamp(1, MAX_GROUP_SIZE),
             lock_retry_budget: config.lock_retry_budget,
-            rewind_wanted,
+            rewind_wanted: Arc::clone(&rewind_wanted),
             turns: LockTurns::new(&config.path),
             restart_busy_timeout: config.busy_timeout.min(MAX_BUSY_TIMEOUT),
+            rewinding: Arc::clone(&rewinding),
+            next_rewind_attempt: None,
             frames_at_last_nudge: 0,
             frames_after_last_commit: 0,
             wal_hard_cap_frames: config.wal_hard_cap_frames.clamp(256, 1 << 20),
@@ -756,6 +772,8 @@ impl SqliteDatabase {
             file_identity: file_identity(&config.path),
             path: config.path,
             long_reads: tokio::sync::Semaphore::new(LONG_READS_AT_ONCE),
+            rewinding,
+            rewind_wanted,
         }))
     }
 
@@ -1075,7 +1093,21 @@ impl SqliteDatabase {
             .acquire()
             .await
             .map_err(|_| StoreError::Closed)?;
-        tokio::task::block_in_place(|| self.read(|conn| work(self, conn)))
+        tokio::task::block_in_place(|| {
+            self.wait_for_rewind();
+            self.read(|conn| work(self, conn))
+        })
+    }
+
+    /// While the writer's WAL rewind waits for readers to finish, a long read does not start
+    /// (it would make the rewind, and every write behind it, wait for it too). Called on a
+    /// thread that may block; bounded by [`LONGEST_WAIT_FOR_REWIND`].
+    fn wait_for_rewind(&self) {
+        let started = Instant::now();
+        while self.rewinding.load(Ordering::Acquire) && started.elapsed() < LONGEST_WAIT_FOR_REWIND
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Wait until every write queued before this call has committed.
@@ -1329,6 +1361,11 @@ struct GroupCommitWriter {
     turns: LockTurns,
     /// How long a `RESTART` may wait for readers (the configured busy timeout).
     restart_busy_timeout: Duration,
+    /// Set while this writer's `RESTART` waits for readers: long reads do not start meanwhile
+    /// (see [`SqliteDatabase::read_apart`]), so the wait is for those already running only.
+    rewinding: Arc<AtomicBool>,
+    /// Under the cap, no rewind is tried again before this (after one that found readers).
+    next_rewind_attempt: Option<Instant>,
     /// The WAL's frame count when the checkpointer was last nudged.
     frames_at_last_nudge: i64,
     /// The WAL's frame count after the previous commit.
@@ -1405,11 +1442,28 @@ impl GroupCommitWriter {
         if !self.rewind_wanted.load(Ordering::Acquire) {
             return;
         }
+        if !over_cap
+            && self
+                .next_rewind_attempt
+                .is_some_and(|next| Instant::now() < next)
+        {
+            return;
+        }
         let started = Instant::now();
-        // A `RESTART` waits for the readers of older snapshots to finish (they are short); the
-        // connection otherwise has no busy timeout (see `begin_immediate`), and without one
-        // the rewind failed whenever any reader was mid-read, which under steady reads is always.
-        let _ = self.conn.busy_timeout(self.restart_busy_timeout);
+        // A `RESTART` waits for the readers of older snapshots to finish; the connection
+        // otherwise has no busy timeout (see `begin_immediate`), and without one the rewind
+        // failed whenever any reader was mid-read, which under steady reads is always. No long
+        // read starts while it waits, so it waits for those already running; under the cap at
+        // most `UNDER_CAP_REWIND_WAIT` (long reads back to back kept every rewind waiting its
+        // whole 5 s busy timeout, and every write with it), then the WAL grows a little longer
+        // and the rewind is tried again a moment later.
+        let wait = if over_cap {
+            self.restart_busy_timeout
+        } else {
+            self.restart_busy_timeout.min(UNDER_CAP_REWIND_WAIT)
+        };
+        self.rewinding.store(true, Ordering::Release);
+        let _ = self.conn.busy_timeout(wait);
         let rewound = loop {
             // Cached: over the cap this may run once a millisecond until the rewind is done.
             let rewound = self
@@ -1427,8 +1481,12 @@ impl GroupCommitWriter {
             std::thread::sleep(Duration::from_millis(1));
         };
         let _ = self.conn.busy_timeout(Duration::ZERO);
+        self.rewinding.store(false, Ordering::Release);
         if rewound {
             self.rewind_wanted.store(false, Ordering::Release);
+            self.next_rewind_attempt = None;
+        } else {
+            self.next_rewind_attempt = Some(Instant::now() + UNDER_CAP_REWIND_WAIT);
         }
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.stats
@@ -1645,6 +1703,7 @@ mod tests {
     fn multi_thread_runtime(workers: usize) -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers)
+            .enable_time()
             .build()
             .expect("runtime")
     }
@@ -1708,6 +1767,121 @@ mod tests {
             (2..=LONG_READS_AT_ONCE).contains(&most),
             "{most} long reads ran at once"
         );
+    }
+
+    /// Write one row to the meta table: frames in the WAL.
+    async fn write_a_row(db: &SqliteDatabase, name: &'static str) {
+        db.write(move |ctx| {
+            ctx.conn
+                .execute(
+                    "INSERT OR REPLACE INTO flightlog_meta (name, value) VALUES (?1, 'x')",
+                    [name],
+                )
+                .map_err(backend)?;
+            Ok(())
+        })
+        .await
+        .expect("the write commits");
+    }
+
+    #[test]
+    fn a_rewind_under_the_cap_does_not_hold_writes_behind_a_long_read() {
+        let (dir, db) = database();
+        let runtime = multi_thread_runtime(2);
+        // A reader of the database file alone (no WAL frames yet to read) keeps every
+        // checkpoint from copying what is written next, so the long read below is sure to read
+        // frames from the WAL, which is what makes a `RESTART` wait for it.
+        let pin = Connection::open(dir.path().join("reads.db")).expect("open a pinning reader");
+        pin.execute_batch("BEGIN; SELECT count(*) FROM flightlog_meta;")
+            .expect("the pinning reader's snapshot");
+        runtime.block_on(write_a_row(&db, "before"));
+        let read_done = Arc::new(AtomicBool::new(false));
+        let (inside, reading) = std::sync::mpsc::channel::<()>();
+        let long_read = runtime.spawn({
+            let (db, read_done) = (Arc::clone(&db), Arc::clone(&read_done));
+            async move {
+                db.read_apart(move |_, conn| {
+                    conn.execute_batch("BEGIN").map_err(backend)?;
+                    let rows = conn
+                        .query_row("SELECT count(*) FROM flightlog_meta", [], |row| {
+                            row.get::<_, i64>(0)
+                        })
+                        .map_err(backend)?;
+                    inside
+                        .send(())
+                        .map_err(|_| StoreError::Backend("the test stopped waiting".into()))?;
+                    std::thread::sleep(Duration::from_secs(2));
+                    conn.execute_batch("COMMIT").map_err(backend)?;
+                    read_done.store(true, Ordering::SeqCst);
+                    Ok(rows)
+                })
+                .await
+            }
+        });
+        reading
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the long read began");
+        pin.execute_batch("COMMIT")
+            .expect("the pinning reader ends");
+        db.rewind_wanted.store(true, Ordering::SeqCst);
+        runtime.block_on(async {
+            // The rewind is tried after the first write's group and finds the long read; the
+            // second write waits for that attempt, which gives up after a moment.
+            write_a_row(&db, "first").await;
+            write_a_row(&db, "second").await;
+        });
+        assert!(
+            !read_done.load(Ordering::SeqCst),
+            "a write waited for the long read to end: the rewind held the writer"
+        );
+        assert!(
+            db.rewind_wanted.load(Ordering::SeqCst),
+            "the rewind went through while a reader used the WAL"
+        );
+        let read = runtime.block_on(long_read).expect("the read's task");
+        assert!(read.expect("the long read") >= 1);
+        // Once the read is over, a later write's rewind goes through.
+        runtime.block_on(async {
+            for _ in 0..500 {
+                if !db.rewind_wanted.load(Ordering::SeqCst) {
+                    break;
+                }
+                write_a_row(&db, "after").await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        assert!(
+            !db.rewind_wanted.load(Ordering::SeqCst),
+            "the rewind never went through after the long read ended"
+        );
+    }
+
+    #[test]
+    fn a_long_read_does_not_start_while_a_rewind_waits_for_readers() {
+        let (_dir, db) = database();
+        let runtime = multi_thread_runtime(2);
+        let started = Arc::new(AtomicBool::new(false));
+        db.rewinding.store(true, Ordering::SeqCst);
+        let read = runtime.spawn({
+            let (db, started) = (Arc::clone(&db), Arc::clone(&started));
+            async move {
+                db.read_apart(move |_, conn| {
+                    started.store(true, Ordering::SeqCst);
+                    conn.query_row("SELECT 3", [], |row| row.get::<_, i64>(0))
+                        .map_err(backend)
+                })
+                .await
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !started.load(Ordering::SeqCst),
+            "a long read started while the rewind waited"
+        );
+        db.rewinding.store(false, Ordering::SeqCst);
+        let value = runtime.block_on(read).expect("the read's task");
+        assert_eq!(value.expect("the read"), 3);
+        assert!(started.load(Ordering::SeqCst));
     }
 
     #[test]
