@@ -1453,7 +1453,9 @@ impl GroupCommitWriter {
         // A `RESTART` waits for the readers of older snapshots to finish; the connection
         // otherwise has no busy timeout (see `begin_immediate`), and without one the rewind
         // failed whenever any reader was mid-read, which under steady reads is always. No long
-        // read starts while it waits, so it waits for those already running; under the cap at
+        // read starts while it waits (one that began while the `RESTART` still copied frames
+        // would read the WAL, and the rewind would wait for it too), so it waits for those
+        // already running; under the cap at
         // most `UNDER_CAP_REWIND_WAIT` (long reads back to back kept every rewind waiting its
         // whole 5 s busy timeout, and every write with it), then the WAL grows a little longer
         // and the rewind is tried again a moment later.
