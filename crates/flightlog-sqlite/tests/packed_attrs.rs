@@ -56,6 +56,28 @@ fn start(span_id: &str, run_id: &str, attrs: JsonObject) -> StartSpanInput {
     }
 }
 
+/// Start the spans `{prefix}-{n}` (in runs `{prefix}-run-{n}`) for every `n` of `numbers`, with
+/// `make_attrs(n)`, in one batch.
+async fn start_numbered(
+    store: &SqliteActivityStore,
+    prefix: &str,
+    numbers: impl Iterator<Item = usize>,
+    make_attrs: fn(usize) -> JsonObject,
+) {
+    let writes = numbers
+        .map(|n| {
+            ActivityWrite::StartSpan(start(
+                &format!("{prefix}-{n}"),
+                &format!("{prefix}-run-{n}"),
+                make_attrs(n),
+            ))
+        })
+        .collect();
+    for result in store.write_batch(writes).await {
+        result.expect("start a span");
+    }
+}
+
 fn open(path: &std::path::Path) -> (Arc<SqliteDatabase>, SqliteActivityStore) {
     let db = SqliteDatabase::open(SqliteConfig::new(path)).expect("open the database");
     let store = SqliteActivityStore::new(Arc::clone(&db), Arc::new(SystemClock));
@@ -86,19 +108,8 @@ async fn train_until_packed(
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut n = 0;
     while Instant::now() < deadline {
-        let writes = (0..100)
-            .map(|_| {
-                n += 1;
-                ActivityWrite::StartSpan(start(
-                    &format!("{prefix}-{n}"),
-                    &format!("{prefix}-run-{n}"),
-                    make_attrs(n),
-                ))
-            })
-            .collect();
-        for result in store.write_batch(writes).await {
-            result.expect("start a training span");
-        }
+        start_numbered(store, prefix, n + 1..n + 101, make_attrs).await;
+        n += 100;
         let probe = format!("{prefix}-probe-{n}");
         store
             .start_span(start(&probe, "probe-run", make_attrs(n)))
@@ -377,19 +388,8 @@ async fn an_upgraded_database_trains_a_dictionary_that_knows_attrs() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut n = 0;
     while dictionaries(&path) < 2 && Instant::now() < deadline {
-        let writes = (0..100)
-            .map(|_| {
-                n += 1;
-                ActivityWrite::StartSpan(start(
-                    &format!("up-{n}"),
-                    &format!("up-run-{n}"),
-                    otlp_like_attrs(n),
-                ))
-            })
-            .collect();
-        for result in store.write_batch(writes).await {
-            result.expect("start a span");
-        }
+        start_numbered(&store, "up", n + 1..n + 101, otlp_like_attrs).await;
+        n += 100;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(dictionaries(&path), 2, "no new dictionary after {n} spans");
@@ -408,18 +408,7 @@ async fn an_upgraded_database_trains_a_dictionary_that_knows_attrs() {
 
     // Reopened, the database keeps its attrs-aware dictionary and trains no other.
     let (db, store) = open(&path);
-    let writes = (0..1_000)
-        .map(|k| {
-            ActivityWrite::StartSpan(start(
-                &format!("reopened-{k}"),
-                &format!("reopened-run-{k}"),
-                otlp_like_attrs(k),
-            ))
-        })
-        .collect();
-    for result in store.write_batch(writes).await {
-        result.expect("start a span");
-    }
+    start_numbered(&store, "reopened", 0..1_000, otlp_like_attrs).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(dictionaries(&path), 2);
     assert_eq!(packed_with(&path, "reopened-999"), Some(2));
