@@ -443,7 +443,7 @@ const LONGEST_WAIT_FOR_REWIND: Duration = Duration::from_secs(6);
 
 /// How many long reads (listings, snapshots, scans) may run at once: more than the machine's
 /// cores would only make each slower, and every one holds a reader connection.
-const LONG_READS_AT_ONCE: usize = 4;
+pub(crate) const LONG_READS_AT_ONCE: usize = 4;
 
 impl std::fmt::Debug for SqliteDatabase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
