@@ -39,32 +39,42 @@ const LONG_READ_CHANGES: i64 = 1_000;
 /// caller's thread; a bigger run's snapshot runs apart (see [`SqliteDatabase::read_apart`]).
 const SMALL_RUN_SPANS: i64 = 200;
 const SMALL_RUN_EVENTS: i64 = 1_000;
+/// The most bytes of attrs and event payloads (as stored) such a run may hold.
+const SMALL_RUN_BYTES: i64 = 1 << 20;
 
 /// Whether a run is small enough for its snapshot to be a point read: at most
-/// [`SMALL_RUN_SPANS`] spans and [`SMALL_RUN_EVENTS`] events (an unknown run is small). Each
-/// count stops one past its bound, so a run of any size costs at most that many index entries.
+/// [`SMALL_RUN_SPANS`] spans, [`SMALL_RUN_EVENTS`] events and [`SMALL_RUN_BYTES`] of attrs and
+/// payloads (an unknown run is small). Each count stops one past its bound, so a run of any
+/// size costs at most that many index entries; `length()` reads a value's size from its row's
+/// header, not the value.
 fn run_is_small(conn: &Connection, run_id: &str) -> Result<bool, StoreError> {
     let Some(key) = run_key(conn, run_id)? else {
         return Ok(true);
     };
-    let count = |sql: &str, bound: i64| -> Result<i64, StoreError> {
+    let count_and_bytes = |sql: &str, bound: i64| -> Result<(i64, i64), StoreError> {
         conn.prepare_cached(sql)
-            .and_then(|mut stmt| stmt.query_row(params![key, bound + 1], |row| row.get(0)))
+            .and_then(|mut stmt| {
+                stmt.query_row(params![key, bound + 1], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })
+            })
             .map_err(backend)
     };
-    let spans = count(
-        "SELECT count(*) FROM (SELECT 1 FROM activity_spans WHERE run_key = ?1 LIMIT ?2)",
+    let (spans, span_bytes) = count_and_bytes(
+        "SELECT count(*), COALESCE(sum(bytes), 0) FROM (SELECT length(attrs) AS bytes \
+         FROM activity_spans WHERE run_key = ?1 LIMIT ?2)",
         SMALL_RUN_SPANS,
     )?;
-    if spans > SMALL_RUN_SPANS {
+    if spans > SMALL_RUN_SPANS || span_bytes > SMALL_RUN_BYTES {
         return Ok(false);
     }
-    let events = count(
-        "SELECT count(*) FROM (SELECT 1 FROM activity_spans s \
-         JOIN activity_events e ON e.span_key = s.span_key WHERE s.run_key = ?1 LIMIT ?2)",
+    let (events, event_bytes) = count_and_bytes(
+        "SELECT count(*), COALESCE(sum(bytes), 0) FROM (SELECT length(e.payload) AS bytes \
+         FROM activity_spans s JOIN activity_events e ON e.span_key = s.span_key \
+         WHERE s.run_key = ?1 LIMIT ?2)",
         SMALL_RUN_EVENTS,
     )?;
-    Ok(events <= SMALL_RUN_EVENTS)
+    Ok(events <= SMALL_RUN_EVENTS && span_bytes + event_bytes <= SMALL_RUN_BYTES)
 }
 
 /// The activity store over a [`SqliteDatabase`], acting as one writer identity.
@@ -642,8 +652,8 @@ mod tests {
     use flightlog_core::SystemClock;
     use std::time::Duration;
 
-    fn start(span_id: String, run_id: &str) -> ActivityWrite {
-        ActivityWrite::StartSpan(StartSpanInput {
+    fn start_input(span_id: String, run_id: &str) -> StartSpanInput {
+        StartSpanInput {
             span_id,
             run_id: run_id.to_owned(),
             parent_span_id: None,
@@ -654,7 +664,11 @@ mod tests {
             job_name: None,
             attrs: None,
             started_at: None,
-        })
+        }
+    }
+
+    fn start(span_id: String, run_id: &str) -> ActivityWrite {
+        ActivityWrite::StartSpan(start_input(span_id, run_id))
     }
 
     /// Fill every place for long reads with a read that waits for the returned sender.
@@ -741,7 +755,7 @@ mod tests {
     }
 
     #[test]
-    fn a_run_is_small_up_to_its_bounds_of_spans_and_events() {
+    fn a_run_is_small_up_to_its_bounds_of_spans_events_and_bytes() {
         let dir = tempfile::tempdir().expect("temporary directory");
         let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("sizes.db")))
             .expect("open the database");
@@ -786,5 +800,17 @@ mod tests {
         });
         assert!(!small("spans"), "one span more is not small");
         assert!(!small("events"), "one event more is not small");
+
+        // Two spans whose attrs (text: no dictionary is trained yet) hold 0.6 MiB each.
+        runtime.block_on(async {
+            for n in 0..2 {
+                let mut attrs = serde_json::Map::new();
+                attrs.insert("big".into(), "x".repeat(600 * 1024).into());
+                let mut input = start_input(format!("b-{n}"), "bytes");
+                input.attrs = Some(attrs);
+                store.start_span(input).await.expect("start a span");
+                assert_eq!(small("bytes"), n == 0, "after {} big spans", n + 1);
+            }
+        });
     }
 }
