@@ -671,6 +671,15 @@ mod tests {
         ActivityWrite::StartSpan(start_input(span_id, run_id))
     }
 
+    /// A store on a new database file in a temporary directory (kept while the handle lives).
+    fn open_store() -> (tempfile::TempDir, Arc<SqliteDatabase>, SqliteActivityStore) {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("activity.db")))
+            .expect("open the database");
+        let store = SqliteActivityStore::new(Arc::clone(&db), Arc::new(SystemClock));
+        (dir, db, store)
+    }
+
     /// Fill every place for long reads with a read that waits for the returned sender.
     fn hold_every_long_read_place(
         runtime: &tokio::runtime::Runtime,
@@ -701,10 +710,7 @@ mod tests {
 
     #[test]
     fn a_small_runs_snapshot_does_not_wait_for_a_long_read_place_and_a_big_ones_does() {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("snapshots.db")))
-            .expect("open the database");
-        let store = SqliteActivityStore::new(Arc::clone(&db), Arc::new(SystemClock));
+        let (_dir, db, store) = open_store();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_time()
@@ -756,10 +762,7 @@ mod tests {
 
     #[test]
     fn a_run_is_small_up_to_its_bounds_of_spans_events_and_bytes() {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("sizes.db")))
-            .expect("open the database");
-        let store = SqliteActivityStore::new(Arc::clone(&db), Arc::new(SystemClock));
+        let (_dir, db, store) = open_store();
         let small = |run: &str| db.read(|conn| run_is_small(conn, run)).expect("size a run");
         assert!(small("unknown"));
         let runtime = tokio::runtime::Builder::new_current_thread()
