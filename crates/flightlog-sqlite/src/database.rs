@@ -29,6 +29,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::{backend, is_busy};
 use crate::lock_turns::LockTurns;
 use crate::payload_codec::{Dictionary, PayloadCodec};
+use crate::rewind_gate::RewindGate;
 use crate::rows::KeyNames;
 use crate::schema;
 use crate::span_id_filter::SpanIdFilterState;
@@ -428,6 +429,9 @@ pub struct SqliteDatabase {
     long_reads: tokio::sync::Semaphore,
     /// Set while the writer's WAL rewind waits for readers (see [`SqliteDatabase::read_apart`]).
     rewinding: Arc<AtomicBool>,
+    /// The readers' side of the gate that holds long reads back while any process's writer
+    /// rewinds (see [`RewindGate`]).
+    rewind_gate: RewindGate,
     /// The checkpointer's request that the writer rewind the WAL (see
     /// `GroupCommitWriter::rewind_wal_if_asked`); held here so tests can make the request.
     #[cfg_attr(not(test), allow(dead_code))]
@@ -752,6 +756,7 @@ impl SqliteDatabase {
             rewinding: Arc::clone(&rewinding),
             next_rewind_attempt: None,
             rewind_backoff: UNDER_CAP_REWIND_WAIT,
+            rewind_gate: RewindGate::new(&config.path),
             frames_at_last_nudge: 0,
             frames_after_last_commit: 0,
             wal_hard_cap_frames: config.wal_hard_cap_frames.clamp(256, 1 << 20),
@@ -761,6 +766,7 @@ impl SqliteDatabase {
             .name("flightlog-writer".into())
             .spawn(move || writer.run(jobs))
             .map_err(|err| StoreError::Backend(format!("cannot start writer thread: {err}")))?;
+        let readers_rewind_gate = RewindGate::new(&config.path);
         Ok(Arc::new(Self {
             queue,
             readers: ReaderPool {
@@ -781,6 +787,7 @@ impl SqliteDatabase {
             path: config.path,
             long_reads: tokio::sync::Semaphore::new(LONG_READS_AT_ONCE),
             rewinding,
+            rewind_gate: readers_rewind_gate,
             rewind_wanted,
         }))
     }
@@ -1116,6 +1123,9 @@ impl SqliteDatabase {
         {
             std::thread::sleep(Duration::from_millis(1));
         }
+        // Another process's writer (or another handle's in this one) may be rewinding too.
+        self.rewind_gate
+            .wait_open(LONGEST_WAIT_FOR_REWIND.saturating_sub(started.elapsed()));
     }
 
     /// Wait until every write queued before this call has committed.
@@ -1376,6 +1386,9 @@ struct GroupCommitWriter {
     next_rewind_attempt: Option<Instant>,
     /// The pause after the next attempt that finds readers (see [`LONGEST_REWIND_BACKOFF`]).
     rewind_backoff: Duration,
+    /// The writer's side of the gate that holds other processes' long reads back while it
+    /// rewinds (see [`RewindGate`]).
+    rewind_gate: RewindGate,
     /// The WAL's frame count when the checkpointer was last nudged.
     frames_at_last_nudge: i64,
     /// The WAL's frame count after the previous commit.
@@ -1476,6 +1489,7 @@ impl GroupCommitWriter {
             self.restart_busy_timeout.min(UNDER_CAP_REWIND_WAIT)
         };
         self.rewinding.store(true, Ordering::Release);
+        let closed_gate = self.rewind_gate.close();
         let _ = self.conn.busy_timeout(wait);
         let rewound = loop {
             // Cached: over the cap this may run once a millisecond until the rewind is done.
@@ -1494,6 +1508,7 @@ impl GroupCommitWriter {
             std::thread::sleep(Duration::from_millis(1));
         };
         let _ = self.conn.busy_timeout(Duration::ZERO);
+        drop(closed_gate);
         self.rewinding.store(false, Ordering::Release);
         if rewound {
             self.rewind_wanted.store(false, Ordering::Release);

@@ -16,6 +16,7 @@ mod error;
 mod journal;
 mod lock_turns;
 mod payload_codec;
+mod rewind_gate;
 mod rows;
 mod schema;
 mod span_id_filter;
