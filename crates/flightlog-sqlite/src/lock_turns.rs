@@ -63,13 +63,30 @@ impl Drop for WaitingMark {
     }
 }
 
+/// The path of a side file next to the database at `db_path`: `<db>` + `suffix`.
+pub(crate) fn side_file_path(db_path: &Path, suffix: &str) -> PathBuf {
+    let mut name = db_path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Open a side file for locking, creating it (empty) when it does not exist; `None` when that
+/// fails (a read-only folder): what it coordinates then goes on without it.
+pub(crate) fn open_or_create_side_file(path: &Path) -> Option<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .ok()
+}
+
 impl LockTurns {
     /// The turns of a writer of the database at `db_path`.
     pub(crate) fn new(db_path: &Path) -> Self {
-        let mut name = db_path.as_os_str().to_owned();
-        name.push("-flightlog-turn");
         Self {
-            path: PathBuf::from(name),
+            path: side_file_path(db_path, "-flightlog-turn"),
             file: None,
             groups_since_look: GROUPS_PER_LOOK,
         }
@@ -79,13 +96,7 @@ impl LockTurns {
     /// cannot be created or locked, and the writer then waits unmarked, as before turns existed.
     pub(crate) fn mark_waiting(&mut self) -> Option<WaitingMark> {
         if self.file.is_none() {
-            self.file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&self.path)
-                .ok();
+            self.file = open_or_create_side_file(&self.path);
         }
         let file = self.file.as_ref()?.try_clone().ok()?;
         file.lock_shared().ok()?;

@@ -15,10 +15,12 @@
 //! file holds no data: deleting it only opens the gate. A process that dies holding the lock
 //! releases it with its descriptors.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use crate::lock_turns::{open_or_create_side_file, side_file_path};
 
 /// One side of the gate: a writer's or a database handle's readers'. The two sides of one
 /// process must be two instances (two open files: a shared lock taken through the writer's own
@@ -47,10 +49,8 @@ impl Drop for ClosedGate<'_> {
 
 impl RewindGate {
     pub(crate) fn new(database: &Path) -> Self {
-        let mut path = database.as_os_str().to_owned();
-        path.push("-flightlog-rewind");
         Self {
-            path: PathBuf::from(path),
+            path: side_file_path(database, "-flightlog-rewind"),
             file: Mutex::new(None),
         }
     }
@@ -61,13 +61,7 @@ impl RewindGate {
     pub(crate) fn close(&self) -> Option<ClosedGate<'_>> {
         let mut slot = self.file.lock().ok()?;
         if slot.is_none() {
-            *slot = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&self.path)
-                .ok();
+            *slot = open_or_create_side_file(&self.path);
         }
         slot.as_ref()?.try_lock().ok()?;
         Some(ClosedGate { file: slot })
