@@ -507,19 +507,13 @@ impl ActivityStore for SqliteActivityStore {
         // Most runs are small: theirs is a point read, and waiting for one of the long reads'
         // places behind listings made a small run's snapshot take 230 - 320 ms (p50) while
         // twenty clients listed runs. Only a run too big to tell at a glance goes apart.
+        let read = |db: &SqliteDatabase, conn: &Connection| {
+            in_read_transaction(conn, |conn| snapshot(conn, db.names(), db.codec(), run_id))
+        };
         if self.db.read(|conn| run_is_small(conn, run_id))? {
-            return self.db.read(|conn| {
-                in_read_transaction(conn, |conn| {
-                    snapshot(conn, self.db.names(), self.db.codec(), run_id)
-                })
-            });
+            return self.db.read(|conn| read(&self.db, conn));
         }
-        let run_id = run_id.to_owned();
-        self.db
-            .read_apart(move |db, conn| {
-                in_read_transaction(conn, |conn| snapshot(conn, db.names(), db.codec(), &run_id))
-            })
-            .await
+        self.db.read_apart(read).await
     }
 
     async fn run_high_water_seq(&self, run_id: &str) -> Result<i64, StoreError> {
