@@ -908,11 +908,40 @@ fn toml_kind(toml: &str) -> &'static str {
     }
 }
 
-const NUMERIC: [Numeric; 6] = [
+const NUMERIC: [Numeric; 7] = [
     Numeric {
         flag: "--body-limit",
         env: "FLIGHTLOG_BODY_LIMIT",
         key: "body_limit",
+        texts: &[
+            "-1",
+            "0",
+            "0KiB",
+            "abc",
+            "1.5",
+            "8 MB",
+            "1TiB",
+            "MiB",
+            "99999999999999999999999",
+            "17179869184GiB",
+            "",
+        ],
+        tomls: &[
+            "-1",
+            "0",
+            "1.5",
+            "true",
+            "\"abc\"",
+            "1979-05-27",
+            "\"-8MiB\"",
+        ],
+        fix: "give a size of at least 1 byte, in bytes or with KiB, MiB or GiB",
+        takes: &["string", "integer"],
+    },
+    Numeric {
+        flag: "--snapshot-budget",
+        env: "FLIGHTLOG_SNAPSHOT_BUDGET",
+        key: "snapshot_budget",
         texts: &[
             "-1",
             "0",

@@ -1,25 +1,36 @@
-//! The memory budget of large run snapshots on their way to clients.
+//! The memory budget of large run snapshots, from before they are read until they are handed
+//! to the socket.
 //!
 //! Why it exists: a run snapshot (`GET /v1/activity/runs/{runId}/snapshot`, and the first event
-//! of a run stream) is one JSON document, serialized whole before it is sent. A client that
-//! stops reading keeps it in the server's memory for as long as its connection lives: a run of
-//! 20,000 spans with 2 KB of attributes each is a 48 MB snapshot, and ten such clients held
-//! half a gigabyte (found by the stream audit). Everything else a slow client is sent is
-//! bounded (streams read the log a page at a time, only when the socket took the last one).
+//! of a run stream) is one JSON document, read whole and serialized before it is sent. Two ways
+//! it held unbounded memory:
+//! - a client that stops reading keeps the serialized snapshot in the server for as long as its
+//!   connection lives: ten such clients of a 48 MB run held half a gigabyte (the stream audit);
+//! - clients that ask for the same huge run at once each have it read and serialized: eight
+//!   clients of a run of 20,000 spans with 20 KB of attrs each (a 398 MiB snapshot) drove the
+//!   server's anonymous memory to 6.9 GB, and six of them were then refused anyway.
 //!
-//! So a snapshot over [`SMALL_SNAPSHOT_BYTES`] takes its size from a shared budget
-//! ([`ServerConfig::snapshot_budget_bytes`](crate::state::ServerConfig), 256 MiB by default)
-//! until the server has handed it to the socket; when the budget is taken by snapshots other
-//! clients are not reading, the request waits up to [`BUDGET_WAIT`], then gets `503
-//! unavailable` with `Retry-After`: what a slow client costs is bounded, and nobody else waits
-//! on it. Small snapshots (nearly all) never touch the budget.
+//! So before a snapshot is read, the store's estimate of its size
+//! ([`ActivityStore::snapshot_size_estimate`], from stored sizes, without reading the values) is
+//! taken from a shared budget ([`ServerConfig::snapshot_budget_bytes`](crate::state::ServerConfig),
+//! 256 MiB by default); once serialized, the charge is set to its real size; the bytes go back
+//! as the body is handed to the socket. When the budget is taken, the request waits up to
+//! [`BUDGET_WAIT`], then gets `503 unavailable` with `Retry-After`, before anything is read: what
+//! slow and simultaneous clients cost is bounded, and nobody else waits on them for long. A
+//! snapshot larger than the whole budget takes all of it, so it is served alone. Small snapshots
+//! (nearly all) never touch the budget.
 //!
-//! "Handed to the socket": the permit lives in the response body until the body is polled
-//! again after the snapshot's chunk. hyper polls a body for more only when its write buffer has
-//! room, that is once most of the chunk has been written (and drops the body when the
-//! connection goes away), so the permit is held while the snapshot's bytes are in this
-//! process's memory, not while they sit in the kernel's socket buffer.
+//! Serializing drains the snapshot: each span and event is dropped as soon as its JSON is
+//! written, into chunks of [`CHUNK_BYTES`] (no copy of the whole document while it grows), so a
+//! snapshot's peak is about its JSON size, not its rows plus its JSON plus a reallocation.
+//!
+//! "Handed to the socket": hyper polls a body for its next chunk only when its write buffer has
+//! room, that is once most of the last chunk has been written (and drops the body when the
+//! connection goes away); the budget of a chunk goes back when the chunk after it is polled, so
+//! it is held while the bytes are in this process's memory, not in the kernel's socket buffer.
 
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -29,6 +40,9 @@ use axum::body::{Body, Bytes};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
+use flightlog_core::activity::{ActivityStore, RunSnapshot};
+use serde::ser::{SerializeStruct, Serializer};
+use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::ApiError;
@@ -39,6 +53,8 @@ pub const SMALL_SNAPSHOT_BYTES: usize = 1 << 20;
 const UNIT_BYTES: usize = 1 << 16;
 /// How long a large snapshot waits for budget before its request is answered 503.
 pub const BUDGET_WAIT: Duration = Duration::from_millis(500);
+/// A serialized snapshot is kept in chunks of this size.
+pub const CHUNK_BYTES: usize = 1 << 20;
 
 /// The shared budget (one per server).
 #[derive(Debug, Clone)]
@@ -61,26 +77,76 @@ impl SnapshotBudget {
         }
     }
 
-    /// Room for a serialized snapshot of `len` bytes: `None` for a small one (no budget
-    /// needed), a permit for a large one, or 503 when other clients' snapshots hold the budget
-    /// for longer than [`BUDGET_WAIT`]. A snapshot larger than the whole budget takes all of it
-    /// (so it is served when nothing else is in flight).
+    /// The units `len` bytes take (all of the budget at most).
+    fn units_for(&self, len: usize) -> u32 {
+        u32::try_from(len.div_ceil(UNIT_BYTES))
+            .unwrap_or(u32::MAX)
+            .min(self.total_units)
+    }
+
+    /// `units` more, waiting at most [`BUDGET_WAIT`]; 503 when they do not come.
+    async fn acquire(&self, units: u32, len: usize) -> Result<OwnedSemaphorePermit, ApiError> {
+        let acquire = Arc::clone(&self.units).acquire_many_owned(units);
+        match tokio::time::timeout(BUDGET_WAIT, acquire).await {
+            Ok(Ok(permit)) => Ok(permit),
+            // Closed (never, the semaphore is never closed) or timed out.
+            _ => Err(ApiError::Unavailable(format!(
+                "the server is holding its budget of large snapshots for other clients; this \
+                 snapshot of about {len} bytes would exceed it: retry shortly"
+            ))),
+        }
+    }
+
+    /// Room for a snapshot of `len` bytes: `None` for a small one (no budget needed), a permit
+    /// for a large one, or 503 when other clients' snapshots hold the budget for longer than
+    /// [`BUDGET_WAIT`]. A snapshot larger than the whole budget takes all of it (so it is served
+    /// when nothing else is in flight).
     pub async fn reserve(&self, len: usize) -> Result<Option<OwnedSemaphorePermit>, ApiError> {
         if len <= SMALL_SNAPSHOT_BYTES {
             return Ok(None);
         }
-        let wanted = u32::try_from(len.div_ceil(UNIT_BYTES))
-            .unwrap_or(u32::MAX)
-            .min(self.total_units);
-        let acquire = Arc::clone(&self.units).acquire_many_owned(wanted);
-        match tokio::time::timeout(BUDGET_WAIT, acquire).await {
-            Ok(Ok(permit)) => Ok(Some(permit)),
-            // Closed (never, the semaphore is never closed) or timed out.
-            _ => Err(ApiError::Unavailable(format!(
-                "the server is holding its budget of large snapshots for clients that have not \
-                 read them yet; this {len}-byte snapshot would exceed it: retry shortly"
-            ))),
+        self.acquire(self.units_for(len), len).await.map(Some)
+    }
+
+    /// Set what `reserved` (taken for an estimate) holds to a serialized size of `len` bytes:
+    /// the surplus goes back; a shortfall is taken as [`Self::reserve`] would, 503 included.
+    pub async fn settle(
+        &self,
+        reserved: Option<OwnedSemaphorePermit>,
+        len: usize,
+    ) -> Result<Option<OwnedSemaphorePermit>, ApiError> {
+        if len <= SMALL_SNAPSHOT_BYTES {
+            return Ok(None);
         }
+        let wanted = self.units_for(len) as usize;
+        let Some(mut permit) = reserved else {
+            return self.reserve(len).await;
+        };
+        let held = permit.num_permits();
+        if held > wanted {
+            drop(permit.split(held - wanted));
+        } else if held < wanted {
+            let more = u32::try_from(wanted - held).unwrap_or(u32::MAX);
+            permit.merge(self.acquire(more, len).await?);
+        }
+        Ok(Some(permit))
+    }
+
+    /// A run's snapshot read after its estimated size was taken from the budget (see the
+    /// module doc); `None` for an unknown run.
+    pub async fn read_snapshot(
+        &self,
+        store: &dyn ActivityStore,
+        run_id: &str,
+    ) -> Result<Option<(RunSnapshot, Option<OwnedSemaphorePermit>)>, ApiError> {
+        let estimate = store.snapshot_size_estimate(run_id).await?;
+        let reserved = self
+            .reserve(usize::try_from(estimate).unwrap_or(usize::MAX))
+            .await?;
+        Ok(store
+            .snapshot_run(run_id)
+            .await?
+            .map(|snapshot| (snapshot, reserved)))
     }
 
     /// Budget units free now (for tests and metrics).
@@ -89,15 +155,132 @@ impl SnapshotBudget {
     }
 }
 
-/// A JSON response of already serialized `json`, holding `permit` (if any) until the body has
-/// been handed to the socket (see the module doc). A large one goes out chunked, so hyper keeps
-/// the body until it has written it.
-pub fn json_response(json: Bytes, permit: Option<OwnedSemaphorePermit>) -> Response {
-    let body = match permit {
-        None => Body::from(json),
-        Some(permit) => Body::new(BudgetedBody {
-            data: Some(json),
-            permit: Some(permit),
+/// A snapshot serialized into chunks, consuming it (see the module doc).
+#[derive(Debug)]
+pub struct SnapshotJson {
+    chunks: VecDeque<Bytes>,
+    len: usize,
+}
+
+impl SnapshotJson {
+    /// Serialize `snapshot`, dropping each span and event once written.
+    pub fn drain(snapshot: RunSnapshot) -> Result<Self, ApiError> {
+        let mut writer = ChunkWriter::default();
+        serde_json::to_writer(&mut writer, &Draining(RefCell::new(Some(snapshot))))
+            .map_err(|err| ApiError::Internal(err.to_string()))?;
+        Ok(writer.finish())
+    }
+
+    /// Bytes in all.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for no bytes (never for a serialized snapshot).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The whole document as one text (an SSE event's data is one string).
+    pub fn into_text(self) -> Result<String, ApiError> {
+        let mut text = Vec::with_capacity(self.len);
+        for chunk in self.chunks {
+            text.extend_from_slice(&chunk);
+        }
+        String::from_utf8(text).map_err(|err| ApiError::Internal(err.to_string()))
+    }
+}
+
+/// An `io::Write` into chunks of [`CHUNK_BYTES`].
+#[derive(Default)]
+struct ChunkWriter {
+    done: VecDeque<Bytes>,
+    current: Vec<u8>,
+    len: usize,
+}
+
+impl ChunkWriter {
+    fn finish(mut self) -> SnapshotJson {
+        if !self.current.is_empty() {
+            self.done.push_back(Bytes::from(self.current));
+        }
+        SnapshotJson {
+            chunks: self.done,
+            len: self.len,
+        }
+    }
+}
+
+impl std::io::Write for ChunkWriter {
+    fn write(&mut self, mut buf: &[u8]) -> std::io::Result<usize> {
+        let written = buf.len();
+        self.len += written;
+        while !buf.is_empty() {
+            if self.current.capacity() == 0 {
+                self.current.reserve_exact(CHUNK_BYTES);
+            }
+            let room = self.current.capacity() - self.current.len();
+            let (now, later) = buf.split_at(room.min(buf.len()));
+            self.current.extend_from_slice(now);
+            buf = later;
+            if self.current.len() == self.current.capacity() {
+                self.done
+                    .push_back(Bytes::from(std::mem::take(&mut self.current)));
+            }
+        }
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Serializes a snapshot as its derived `Serialize` does (the same fields, names and order:
+/// a test holds them equal), taking its spans and events out and dropping each once written.
+struct Draining(RefCell<Option<RunSnapshot>>);
+
+impl Serialize for Draining {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let Some(snapshot) = self.0.borrow_mut().take() else {
+            return Err(serde::ser::Error::custom("a snapshot is serialized once"));
+        };
+        let RunSnapshot {
+            run_id,
+            spans,
+            events,
+            high_water_seq,
+            change_cursor,
+        } = snapshot;
+        let mut fields = serializer.serialize_struct("RunSnapshot", 5)?;
+        fields.serialize_field("runId", &run_id)?;
+        fields.serialize_field("spans", &DrainingSeq(RefCell::new(spans)))?;
+        fields.serialize_field("events", &DrainingSeq(RefCell::new(events)))?;
+        fields.serialize_field("highWaterSeq", &high_water_seq)?;
+        fields.serialize_field("changeCursor", &change_cursor)?;
+        fields.end()
+    }
+}
+
+/// A sequence serialized by value: each item is dropped once written.
+struct DrainingSeq<T>(RefCell<Vec<T>>);
+
+impl<T: Serialize> Serialize for DrainingSeq<T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(std::mem::take(&mut *self.0.borrow_mut()))
+    }
+}
+
+/// A JSON response of a serialized snapshot, holding `permit` (if any) for the bytes not yet
+/// handed to the socket (see the module doc). A large one goes out chunked.
+pub fn json_response(json: SnapshotJson, permit: Option<OwnedSemaphorePermit>) -> Response {
+    let body = match (permit, json.chunks.len()) {
+        (None, 0) => Body::empty(),
+        (None, 1) => Body::from(json.chunks.into_iter().next().unwrap_or_default()),
+        (permit, _) => Body::new(BudgetedBody {
+            unsent: json.len,
+            chunks: json.chunks,
+            permit,
         }),
     };
     let mut response = body.into_response();
@@ -107,10 +290,26 @@ pub fn json_response(json: Bytes, permit: Option<OwnedSemaphorePermit>) -> Respo
     response
 }
 
-/// One chunk, then the end; the permit goes when the end is polled (or the body dropped).
+/// The chunks, then the end; the permit shrinks to the bytes not yet handed out each time a
+/// chunk is polled, and goes when the end is polled (or the body is dropped).
 struct BudgetedBody {
-    data: Option<Bytes>,
+    chunks: VecDeque<Bytes>,
+    unsent: usize,
     permit: Option<OwnedSemaphorePermit>,
+}
+
+impl BudgetedBody {
+    /// Give back the units of what was handed out before this poll.
+    fn release_sent(&mut self) {
+        let Some(permit) = self.permit.as_mut() else {
+            return;
+        };
+        let held = permit.num_permits();
+        let wanted = self.unsent.div_ceil(UNIT_BYTES);
+        if held > wanted {
+            drop(permit.split(held - wanted));
+        }
+    }
 }
 
 impl http_body::Body for BudgetedBody {
@@ -121,8 +320,12 @@ impl http_body::Body for BudgetedBody {
         mut self: Pin<&mut Self>,
         _cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        match self.data.take() {
-            Some(data) => Poll::Ready(Some(Ok(http_body::Frame::data(data)))),
+        self.release_sent();
+        match self.chunks.pop_front() {
+            Some(chunk) => {
+                self.unsent = self.unsent.saturating_sub(chunk.len());
+                Poll::Ready(Some(Ok(http_body::Frame::data(chunk))))
+            }
             None => {
                 self.permit = None;
                 Poll::Ready(None)
@@ -131,15 +334,130 @@ impl http_body::Body for BudgetedBody {
     }
 
     // Not the end until polled once more: hyper would otherwise drop the body (and the permit)
-    // as soon as the chunk is queued, before it is written.
+    // as soon as the last chunk is queued, before it is written.
     fn is_end_stream(&self) -> bool {
-        self.data.is_none() && self.permit.is_none()
+        self.chunks.is_empty() && self.permit.is_none()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flightlog_core::activity::{
+        SpanEventRow, SpanKind, SpanOrigin, SpanOutcome, SpanRow, SpanUsage,
+    };
+    use http_body::Body as _;
+
+    /// A run of `spans` spans with `attr_bytes` of attrs and one event each.
+    fn snapshot(spans: usize, attr_bytes: usize) -> RunSnapshot {
+        let mut attrs = serde_json::Map::new();
+        attrs.insert("text".into(), "é\"x\n".repeat(attr_bytes / 5).into());
+        RunSnapshot {
+            run_id: "run".into(),
+            spans: (0..spans)
+                .map(|n| SpanRow {
+                    span_id: format!("s{n}"),
+                    run_id: "run".into(),
+                    parent_span_id: (n > 0).then(|| "s0".to_owned()),
+                    name: "tool".into(),
+                    kind: SpanKind::Tool,
+                    origin: SpanOrigin::Session,
+                    session_id: None,
+                    job_name: Some("nightly".into()),
+                    attrs: attrs.clone(),
+                    started_at: n as i64,
+                    wait_until: None,
+                    ended_at: Some(n as i64 + 1),
+                    outcome: Some(SpanOutcome::Success),
+                    outcome_reason: None,
+                    usage: SpanUsage {
+                        input_tokens: Some(3),
+                        ..SpanUsage::default()
+                    },
+                    writer: "w".into(),
+                    last_heartbeat_at: None,
+                })
+                .collect(),
+            events: (0..spans)
+                .map(|n| SpanEventRow {
+                    span_id: format!("s{n}"),
+                    event_index: 0,
+                    ts: n as i64,
+                    event_type: "note".into(),
+                    payload: serde_json::value::RawValue::from_string(format!("{{\"n\":{n}}}"))
+                        .expect("raw JSON"),
+                    truncated: false,
+                })
+                .collect(),
+            high_water_seq: 7,
+            change_cursor: 42,
+        }
+    }
+
+    #[test]
+    fn a_drained_snapshot_is_the_derived_serialization_in_chunks() {
+        for (spans, attr_bytes) in [(0, 0), (3, 100), (400, 6_000)] {
+            let snapshot = snapshot(spans, attr_bytes);
+            let derived = serde_json::to_vec(&snapshot).expect("serialize");
+            let json = SnapshotJson::drain(snapshot).expect("drain");
+            assert_eq!(json.len(), derived.len());
+            assert_eq!(json.chunks.len(), derived.len().div_ceil(CHUNK_BYTES));
+            assert!(json.chunks.iter().all(|chunk| chunk.len() <= CHUNK_BYTES));
+            let text = json.into_text().expect("UTF-8");
+            assert_eq!(text.as_bytes(), derived.as_slice(), "{spans} spans");
+        }
+    }
+
+    #[tokio::test]
+    async fn settling_gives_back_a_surplus_and_takes_a_shortfall() {
+        let budget = SnapshotBudget::new(8 << 20);
+        let total = budget.available_units();
+        let reserved = budget.reserve(4 << 20).await.expect("room");
+        assert_eq!(budget.available_units(), total - 64);
+        let settled = budget.settle(reserved, 2 << 20).await.expect("settle");
+        assert_eq!(budget.available_units(), total - 32);
+        let grown = budget.settle(settled, 6 << 20).await.expect("grow");
+        assert_eq!(budget.available_units(), total - 96);
+        let refused = budget.reserve(3 << 20).await;
+        assert!(
+            matches!(refused, Err(ApiError::Unavailable(_))),
+            "{refused:?}"
+        );
+        // Small once serialized: nothing held.
+        assert!(matches!(budget.settle(grown, 1_000).await, Ok(None)));
+        assert_eq!(budget.available_units(), total);
+        // A small estimate that comes out large is charged then.
+        let charged = budget.settle(None, 3 << 20).await.expect("charge");
+        assert_eq!(budget.available_units(), total - 48);
+        drop(charged);
+    }
+
+    #[tokio::test]
+    async fn a_large_body_gives_its_budget_back_chunk_by_chunk() {
+        let budget = SnapshotBudget::new(64 << 20);
+        let total = budget.available_units();
+        let json = SnapshotJson::drain(snapshot(1_000, 6_000)).expect("drain");
+        let len = json.len();
+        assert!(json.chunks.len() >= 4, "{} chunks", json.chunks.len());
+        let permit = budget.settle(None, len).await.expect("charge");
+        let mut body = json_response(json, permit).into_body();
+        let mut received = 0;
+        let mut free = vec![budget.available_units()];
+        while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+        {
+            let data = frame.expect("a frame").into_data().expect("data");
+            received += data.len();
+            free.push(budget.available_units());
+        }
+        assert_eq!(received, len);
+        assert_eq!(free[0], total - len.div_ceil(UNIT_BYTES));
+        assert!(free.windows(2).all(|pair| pair[0] <= pair[1]), "{free:?}");
+        assert!(
+            free[free.len() - 2] < total,
+            "the last chunk holds budget until the end"
+        );
+        assert_eq!(budget.available_units(), total);
+    }
 
     #[tokio::test]
     async fn small_snapshots_take_nothing_and_large_ones_wait_then_get_503() {

@@ -188,6 +188,15 @@ impl PayloadCodec {
         )
     }
 
+    /// The length of the text in a zstd frame of [`Self::encode`] (or of packed attrs after
+    /// their 4-byte dictionary id), read from the frame's header without decompressing it.
+    /// `None` when the header does not say or is damaged.
+    pub fn frame_text_len(frame: &[u8]) -> Option<u64> {
+        zstd::zstd_safe::get_frame_content_size(frame)
+            .ok()
+            .flatten()
+    }
+
     fn collect_sample(&self, json: &str) {
         if let Ok(mut samples) = self.samples.lock() {
             if samples.bytes < TRAINING_SAMPLE_BYTES {

@@ -174,6 +174,12 @@ pub trait ActivityStore: Send + Sync {
     /// `None` when the run has no spans.
     async fn snapshot_run(&self, run_id: &str) -> Result<Option<RunSnapshot>, StoreError>;
 
+    /// About how many bytes the run's snapshot takes serialized as JSON, worked out from what
+    /// is stored without reading the attrs and payloads themselves (0 for an unknown run), so a
+    /// caller can set memory aside for a snapshot before reading it. An estimate: compressed
+    /// values count at a typical ratio, so a snapshot can come out larger or smaller.
+    async fn snapshot_size_estimate(&self, run_id: &str) -> Result<u64, StoreError>;
+
     /// The run's highest seq still logged (0 when none).
     async fn run_high_water_seq(&self, run_id: &str) -> Result<i64, StoreError>;
 

@@ -23,7 +23,7 @@ use utoipa_axum::routes;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiQuery, JsonBody, OptionalJsonBody, PathId, WriterStore};
 use crate::openapi::{tags, RUN_ID, SPAN_ID};
-use crate::snapshot_budget;
+use crate::snapshot_budget::{self, SnapshotJson};
 use crate::state::AppState;
 use crate::validate::{check_id, check_limit, check_optional_time, check_reference, check_time};
 use crate::wire::{ChangeCursor, Closed, Ended, HighWaterSeq, Patched};
@@ -436,21 +436,21 @@ async fn read_rollup(
         (status = 200, description = "The snapshot.", body = RunSnapshot),
         (status = 400, description = "An invalid id.", body = ErrorBody),
         (status = 404, description = "No run with this id.", body = ErrorBody),
+        (status = 503, description = "The snapshot is large and the server's memory for large snapshots is taken by other clients' for now; carries `Retry-After`.", body = ErrorBody),
     ),
 )]
 async fn snapshot_run(
     State(state): State<AppState>,
     PathId(run_id): PathId,
 ) -> Result<Response, ApiError> {
-    let snapshot = state
-        .activity()
-        .snapshot_run(&run_id)
+    let budget = state.snapshot_budget();
+    let (snapshot, reserved) = budget
+        .read_snapshot(state.activity().as_ref(), &run_id)
         .await?
         .ok_or_else(|| unknown_run(&run_id))?;
-    let json = serde_json::to_vec(&snapshot).map_err(|err| ApiError::Internal(err.to_string()))?;
-    drop(snapshot);
-    let permit = state.snapshot_budget().reserve(json.len()).await?;
-    Ok(snapshot_budget::json_response(json.into(), permit))
+    let json = SnapshotJson::drain(snapshot)?;
+    let permit = budget.settle(reserved, json.len()).await?;
+    Ok(snapshot_budget::json_response(json, permit))
 }
 
 /// A run's highest change-logged seq (`runHighWaterSeq`).

@@ -28,6 +28,7 @@ use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiQuery, PathId};
 use crate::metrics::{StreamEnds, StreamKind};
 use crate::openapi::{tags, ENGAGEMENT_ID, RUN_ID};
+use crate::snapshot_budget::SnapshotJson;
 use crate::state::AppState;
 
 /// Changes read from the database per query while a stream catches up.
@@ -364,6 +365,7 @@ async fn change_stream(
         (status = 200, description = "The event stream (`snapshot`, `change`, `resync`, `error` events).", content_type = "text/event-stream", body = String),
         (status = 400, description = "A bad id or `Last-Event-ID`.", body = ErrorBody),
         (status = 404, description = "The run has no spans (and no `Last-Event-ID` was given).", body = ErrorBody),
+        (status = 503, description = "The snapshot is large and the server's memory for large snapshots is taken by other clients' for now; carries `Retry-After`.", body = ErrorBody),
     ),
 )]
 async fn run_stream(
@@ -382,8 +384,9 @@ async fn run_stream(
             ((None, None), ChangeFeed::new(store, cursor, Some(filter)))
         }
         None => {
-            let snapshot = store
-                .snapshot_run(&run_id)
+            let budget = state.snapshot_budget();
+            let (snapshot, reserved) = budget
+                .read_snapshot(store.as_ref(), &run_id)
                 .await?
                 .ok_or_else(|| ApiError::not_found(format!("run {run_id:?} has no spans")))?;
             let filter = RunFilter {
@@ -392,12 +395,11 @@ async fn run_stream(
             };
             let cursor = snapshot.change_cursor;
             let follow_from = newest_position(store.as_ref(), Some(cursor)).await?;
-            let data = serde_json::to_string(&snapshot)
-                .map_err(|err| ApiError::Internal(err.to_string()))?;
-            drop(snapshot);
+            let json = SnapshotJson::drain(snapshot)?;
             // A large snapshot holds budget until the stream is polled for what follows it,
             // which hyper does once it has written most of it (see `snapshot_budget`).
-            let permit = state.snapshot_budget().reserve(data.len()).await?;
+            let permit = budget.settle(reserved, json.len()).await?;
+            let data = json.into_text()?;
             let event = Event::default()
                 .event("snapshot")
                 .id(cursor.to_string())

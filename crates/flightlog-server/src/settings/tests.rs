@@ -102,6 +102,14 @@ fn cases() -> Vec<Case> {
             expected: ["8388608", "3145728", "2048", "1024"],
         },
         Case {
+            setting: SNAPSHOT_BUDGET,
+            set_flag: |f| f.snapshot_budget = Some("1MiB".into()),
+            env: "65536",
+            file: "snapshot_budget = 3145728",
+            read: |s| s.server.snapshot_budget_bytes.to_string(),
+            expected: ["268435456", "3145728", "65536", "1048576"],
+        },
+        Case {
             setting: MAX_INFLIGHT_WRITES,
             set_flag: |f| f.max_inflight_writes = Some("3".into()),
             env: "2",
@@ -306,6 +314,10 @@ fn bad_values_name_the_setting_where_it_was_given_and_the_fix() {
         (
             Input::Env("FLIGHTLOG_BODY_LIMIT", "0"),
             &["FLIGHTLOG_BODY_LIMIT", "at least 1 byte"],
+        ),
+        (
+            Input::Env("FLIGHTLOG_SNAPSHOT_BUDGET", "-1"),
+            &["FLIGHTLOG_SNAPSHOT_BUDGET", "\"-1\"", "256MiB"],
         ),
         (
             flags(|f| f.durability = Some("fast".into())),
