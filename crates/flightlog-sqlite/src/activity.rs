@@ -51,14 +51,18 @@ const EVENT_JSON_BYTES: f64 = 150.0;
 const PACKED_SAMPLE: i64 = 16;
 
 /// A run's spans (or events) counted up to `?2` rows (-1: all), with the bytes of their attrs
-/// (payloads) as stored, a packed (BLOB) value's weighted by `?3`. `length()` and `typeof()`
-/// read a BLOB's size and type from its row's header, not the value (a packed 20,000-span run:
-/// 20 ms, against 720 ms to read the values).
-const SPAN_TALLY_SQL: &str = "SELECT count(*), COALESCE(sum(bytes), 0.0) FROM (SELECT \
-     length(attrs) * CASE typeof(attrs) WHEN 'blob' THEN ?3 ELSE 1.0 END AS bytes \
+/// (payloads) as stored, as text and packed (BLOB). `length()` and `typeof()` read a BLOB's
+/// size and type from its row's header, not the value (a packed 20,000-span run: 20 ms, against
+/// 720 ms to read the values).
+const SPAN_TALLY_SQL: &str = "SELECT count(*), \
+     COALESCE(sum(CASE WHEN packed THEN 0 ELSE bytes END), 0), \
+     COALESCE(sum(CASE WHEN packed THEN bytes ELSE 0 END), 0) FROM (SELECT \
+     length(attrs) AS bytes, typeof(attrs) = 'blob' AS packed \
      FROM activity_spans WHERE run_key = ?1 LIMIT ?2)";
-const EVENT_TALLY_SQL: &str = "SELECT count(*), COALESCE(sum(bytes), 0.0) FROM (SELECT \
-     length(e.payload) * CASE typeof(e.payload) WHEN 'blob' THEN ?3 ELSE 1.0 END AS bytes \
+const EVENT_TALLY_SQL: &str = "SELECT count(*), \
+     COALESCE(sum(CASE WHEN packed THEN 0 ELSE bytes END), 0), \
+     COALESCE(sum(CASE WHEN packed THEN bytes ELSE 0 END), 0) FROM (SELECT \
+     length(e.payload) AS bytes, typeof(e.payload) = 'blob' AS packed \
      FROM activity_spans s JOIN activity_events e ON e.span_key = s.span_key \
      WHERE s.run_key = ?1 LIMIT ?2)";
 /// The first [`PACKED_SAMPLE`] packed attrs (payloads) of a run, each value's bytes after its
@@ -69,21 +73,48 @@ const EVENT_SAMPLE_SQL: &str = "SELECT e.payload, 0 FROM activity_spans s \
      JOIN activity_events e ON e.span_key = s.span_key \
      WHERE s.run_key = ?1 AND e.dict_id IS NOT NULL LIMIT ?2";
 
-/// Rows counted and their bytes, from [`SPAN_TALLY_SQL`] or [`EVENT_TALLY_SQL`].
-fn tally(
-    conn: &Connection,
-    sql: &str,
-    run_key: i64,
-    limit: i64,
-    packed_weight: f64,
-) -> Result<(i64, f64), StoreError> {
-    conn.prepare_cached(sql)
-        .and_then(|mut stmt| {
-            stmt.query_row(params![run_key, limit, packed_weight], |row| {
-                Ok((row.get(0)?, row.get(1)?))
+/// A run's spans or events as [`SPAN_TALLY_SQL`] or [`EVENT_TALLY_SQL`] count them.
+struct Tally {
+    rows: i64,
+    text_bytes: i64,
+    packed_bytes: i64,
+}
+
+impl Tally {
+    fn read(conn: &Connection, sql: &str, run_key: i64, limit: i64) -> Result<Self, StoreError> {
+        conn.prepare_cached(sql)
+            .and_then(|mut stmt| {
+                stmt.query_row(params![run_key, limit], |row| {
+                    Ok(Self {
+                        rows: row.get(0)?,
+                        text_bytes: row.get(1)?,
+                        packed_bytes: row.get(2)?,
+                    })
+                })
             })
-        })
-        .map_err(backend)
+            .map_err(backend)
+    }
+
+    /// Bytes as stored.
+    fn stored_bytes(&self) -> i64 {
+        self.text_bytes + self.packed_bytes
+    }
+
+    /// About the bytes of JSON text the values hold, packed ones estimated from the frames of
+    /// `sample_sql` (see [`packed_expansion`]).
+    fn text_estimate(
+        &self,
+        conn: &Connection,
+        sample_sql: &str,
+        run_key: i64,
+    ) -> Result<f64, StoreError> {
+        let packed = if self.packed_bytes > 0 {
+            self.packed_bytes as f64 * packed_expansion(conn, sample_sql, run_key)?
+        } else {
+            0.0
+        };
+        Ok(self.text_bytes as f64 + packed)
+    }
 }
 
 /// How many bytes of JSON text a stored byte of the run's packed attrs (payloads) holds, from
@@ -125,13 +156,13 @@ fn run_is_small(conn: &Connection, run_id: &str) -> Result<bool, StoreError> {
     let Some(key) = run_key(conn, run_id)? else {
         return Ok(true);
     };
-    let most_bytes = SMALL_RUN_BYTES as f64;
-    let (spans, span_bytes) = tally(conn, SPAN_TALLY_SQL, key, SMALL_RUN_SPANS + 1, 1.0)?;
-    if spans > SMALL_RUN_SPANS || span_bytes > most_bytes {
+    let spans = Tally::read(conn, SPAN_TALLY_SQL, key, SMALL_RUN_SPANS + 1)?;
+    if spans.rows > SMALL_RUN_SPANS || spans.stored_bytes() > SMALL_RUN_BYTES {
         return Ok(false);
     }
-    let (events, event_bytes) = tally(conn, EVENT_TALLY_SQL, key, SMALL_RUN_EVENTS + 1, 1.0)?;
-    Ok(events <= SMALL_RUN_EVENTS && span_bytes + event_bytes <= most_bytes)
+    let events = Tally::read(conn, EVENT_TALLY_SQL, key, SMALL_RUN_EVENTS + 1)?;
+    Ok(events.rows <= SMALL_RUN_EVENTS
+        && spans.stored_bytes() + events.stored_bytes() <= SMALL_RUN_BYTES)
 }
 
 /// The estimate of [`ActivityStore::snapshot_size_estimate`]: the run's spans and events at
@@ -147,26 +178,18 @@ fn snapshot_size_estimate(
         return Ok(Some(0));
     };
     let limit = |bound: i64| if bounded { bound + 1 } else { -1 };
-    let expansion = packed_expansion(conn, SPAN_SAMPLE_SQL, key)?;
-    let (spans, span_bytes) = tally(conn, SPAN_TALLY_SQL, key, limit(SMALL_RUN_SPANS), expansion)?;
-    if bounded && spans > SMALL_RUN_SPANS {
+    let spans = Tally::read(conn, SPAN_TALLY_SQL, key, limit(SMALL_RUN_SPANS))?;
+    if bounded && spans.rows > SMALL_RUN_SPANS {
         return Ok(None);
     }
-    let expansion = packed_expansion(conn, EVENT_SAMPLE_SQL, key)?;
-    let (events, event_bytes) = tally(
-        conn,
-        EVENT_TALLY_SQL,
-        key,
-        limit(SMALL_RUN_EVENTS),
-        expansion,
-    )?;
-    if bounded && events > SMALL_RUN_EVENTS {
+    let events = Tally::read(conn, EVENT_TALLY_SQL, key, limit(SMALL_RUN_EVENTS))?;
+    if bounded && events.rows > SMALL_RUN_EVENTS {
         return Ok(None);
     }
-    let estimate = spans as f64 * SPAN_JSON_BYTES
-        + span_bytes
-        + events as f64 * EVENT_JSON_BYTES
-        + event_bytes;
+    let estimate = spans.rows as f64 * SPAN_JSON_BYTES
+        + spans.text_estimate(conn, SPAN_SAMPLE_SQL, key)?
+        + events.rows as f64 * EVENT_JSON_BYTES
+        + events.text_estimate(conn, EVENT_SAMPLE_SQL, key)?;
     // `as` saturates: a negative or NaN sum (never) is 0, a huge one u64::MAX.
     Ok(Some(estimate as u64))
 }
