@@ -3,8 +3,8 @@
 LONG clients (default 4) loop on long reads (10,000 runs listed, the open roots, 10,000
 changes, 10,000 terminal roots, in turn) for SECONDS while WRITERS clients (default 0) each
 time single-op writes back to back (start a span, end it) and one more client times `/healthz`,
-one span read and one small run's snapshot (6 spans, 10 events), 10 ms apart. Run it against a
-server on a big database (see big_activity_db.py):
+one span read, one small run's snapshot (6 spans, 10 events) and a listing of the 50 newest
+runs, 10 ms apart. Run it against a server on a big database (see big_activity_db.py):
 
     python3 bench/long_read_stall.py PORT [SECONDS] [LONG] [WRITERS]
 
@@ -25,7 +25,7 @@ heavy = [
     "/v1/activity/changes/terminal-roots?after=0&limit=10000",
 ]
 counts = [0] * 4
-lat = {"healthz": [], "span": [], "small run snapshot": [], "write": []}
+lat = {"healthz": [], "span": [], "small run snapshot": [], "50 newest runs": [], "write": []}
 lock = threading.Lock()
 
 
@@ -73,7 +73,8 @@ threads += [threading.Thread(target=writes, args=(w,)) for w in range(n_writers)
 [t.start() for t in threads]
 while time.time() < stop:
     for k, p in (("healthz", "/healthz"), ("span", "/v1/activity/spans/r77t2"),
-                 ("small run snapshot", "/v1/activity/runs/run77/snapshot")):
+                 ("small run snapshot", "/v1/activity/runs/run77/snapshot"),
+                 ("50 newest runs", "/v1/activity/runs?limit=50")):
         a = time.perf_counter()
         urllib.request.urlopen(base + p).read()
         lat[k].append((time.perf_counter() - a) * 1000)

@@ -741,9 +741,14 @@ impl ActivityStore for SqliteActivityStore {
     }
 
     async fn list_runs(&self, query: RunListQuery) -> Result<RunPage, StoreError> {
-        self.db
-            .read_apart(move |_, conn| activity_listing::list_runs(conn, &query))
-            .await
+        let short = activity_listing::is_short(&query);
+        let read =
+            move |_: &SqliteDatabase, conn: &Connection| activity_listing::list_runs(conn, &query);
+        if short {
+            self.db.read_apart_short(read).await
+        } else {
+            self.db.read_apart(read).await
+        }
     }
 
     async fn import_spans(&self, spans: Vec<ImportedSpan>) -> Result<ImportReport, StoreError> {
@@ -884,6 +889,59 @@ mod tests {
             .expect("the snapshot")
             .expect("the run exists");
         assert_eq!(big.spans.len(), SMALL_RUN_SPANS as usize + 1);
+    }
+
+    /// A page of the newest runs is read on places of its own; a filtered listing, whose work
+    /// its limit does not bound, waits for a long read's place.
+    #[test]
+    fn a_short_listing_does_not_wait_for_a_long_read_place_and_a_filtered_one_does() {
+        use flightlog_core::activity::{RunListQuery, SpanOutcome};
+        let (_dir, db, store) = open_store();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let roots = (0..3).map(|n| start(format!("root-{n}"), &format!("run-{n}")));
+            for result in store.write_batch(roots.collect()).await {
+                result.expect("start a span");
+            }
+        });
+        let listing = |outcome: Option<SpanOutcome>| RunListQuery {
+            state: None,
+            outcome,
+            origin: None,
+            limit: 50,
+            before: None,
+        };
+        let releases = hold_every_long_read_place(&runtime, &db);
+
+        let page = runtime
+            .block_on(async {
+                tokio::time::timeout(Duration::from_secs(20), store.list_runs(listing(None))).await
+            })
+            .expect("a page of the newest runs waited for a long read's place")
+            .expect("the page");
+        assert_eq!(page.runs.len(), 3);
+
+        let filtered = runtime.spawn({
+            let store = store.clone();
+            async move { store.list_runs(listing(Some(SpanOutcome::Error))).await }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !filtered.is_finished(),
+            "a filtered listing did not wait for a long read's place"
+        );
+        for release in releases {
+            let _ = release.send(());
+        }
+        let filtered = runtime
+            .block_on(filtered)
+            .expect("the listing's task")
+            .expect("the listing");
+        assert!(filtered.runs.is_empty());
     }
 
     #[test]

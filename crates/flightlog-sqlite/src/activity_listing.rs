@@ -19,6 +19,20 @@ use rusqlite::{params_from_iter, Connection, Row};
 
 use crate::error::backend;
 
+/// The most runs a listing may ask for to count as short (see [`is_short`]).
+const SHORT_LISTING_LIMIT: i64 = 100;
+
+/// Whether a listing's work is bounded by its limit: a page of at most [`SHORT_LISTING_LIMIT`]
+/// runs with no state, outcome or origin filter reads at most `limit + 1` rows of each index
+/// (a filter can make a page read any number of rows that do not match). The store reads such
+/// a page on the short reads' places (`SqliteDatabase::read_apart_short`).
+pub(crate) fn is_short(query: &RunListQuery) -> bool {
+    query.limit <= SHORT_LISTING_LIMIT
+        && query.state.is_none()
+        && query.outcome.is_none()
+        && query.origin.is_none()
+}
+
 /// The twenty columns both queries select, in [`entry_from_row`]'s order.
 fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<RunListEntry> {
     let origin: String = row.get(3)?;

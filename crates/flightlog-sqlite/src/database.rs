@@ -427,6 +427,8 @@ pub struct SqliteDatabase {
     /// Bounds the long reads running on blocking threads at once (see
     /// [`SqliteDatabase::read_apart`]).
     long_reads: tokio::sync::Semaphore,
+    /// Bounds the short reads apart (see [`SqliteDatabase::read_apart_short`]).
+    short_reads: tokio::sync::Semaphore,
     /// Set while the writer's WAL rewind waits for readers (see [`SqliteDatabase::read_apart`]).
     rewinding: Arc<AtomicBool>,
     /// The readers' side of the gate that holds long reads back while any process's writer
@@ -455,6 +457,10 @@ const LONGEST_WAIT_FOR_REWIND: Duration = Duration::from_secs(6);
 /// How many long reads (listings, snapshots, scans) may run at once: more than the machine's
 /// cores would only make each slower, and every one holds a reader connection.
 pub(crate) const LONG_READS_AT_ONCE: usize = 4;
+
+/// How many short reads apart (see [`SqliteDatabase::read_apart_short`]) may run at once, on
+/// places of their own.
+pub(crate) const SHORT_READS_AT_ONCE: usize = 2;
 
 impl std::fmt::Debug for SqliteDatabase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -786,6 +792,7 @@ impl SqliteDatabase {
             file_identity: file_identity(&config.path),
             path: config.path,
             long_reads: tokio::sync::Semaphore::new(LONG_READS_AT_ONCE),
+            short_reads: tokio::sync::Semaphore::new(SHORT_READS_AT_ONCE),
             rewinding,
             rewind_gate: readers_rewind_gate,
             rewind_wanted,
@@ -1097,17 +1104,33 @@ impl SqliteDatabase {
         self: &Arc<Self>,
         work: impl FnOnce(&SqliteDatabase, &Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        self.read_apart_on(&self.long_reads, work).await
+    }
+
+    /// [`Self::read_apart`] for a read whose work a small limit bounds (a page of the newest
+    /// runs: a few milliseconds, too long for a runtime worker), on
+    /// [`SHORT_READS_AT_ONCE`] places of its own: it never queues behind long reads. With
+    /// twelve clients looping on long reads, the 50 newest runs took 190 ms (p50) waiting for
+    /// a long read's place.
+    pub(crate) async fn read_apart_short<T>(
+        self: &Arc<Self>,
+        work: impl FnOnce(&SqliteDatabase, &Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.read_apart_on(&self.short_reads, work).await
+    }
+
+    async fn read_apart_on<T>(
+        self: &Arc<Self>,
+        places: &tokio::sync::Semaphore,
+        work: impl FnOnce(&SqliteDatabase, &Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|runtime| {
             runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
         });
         if !multi_thread {
             return self.read(|conn| work(self, conn));
         }
-        let _permit = self
-            .long_reads
-            .acquire()
-            .await
-            .map_err(|_| StoreError::Closed)?;
+        let _permit = places.acquire().await.map_err(|_| StoreError::Closed)?;
         tokio::task::block_in_place(|| {
             self.wait_for_rewind();
             self.read(|conn| work(self, conn))
