@@ -100,17 +100,17 @@ struct ServeArgs {
         verbatim_doc_comment
     )]
     body_limit: Option<String>,
-    /// Memory for large run snapshots (over 1 MiB) between their read and the socket, in bytes
-    /// or with KiB/MiB/GiB; a snapshot waits up to 0.5 s for room, then gets 503 with
-    /// Retry-After. One larger than this is served alone.
-    /// [env: FLIGHTLOG_SNAPSHOT_BUDGET] [file: snapshot_budget] [default: 256MiB]
+    /// Memory for large answers (over 1 MiB: run snapshots, change pages, listings) until they
+    /// are written to the socket, in bytes or with KiB/MiB/GiB; an answer waits up to 0.5 s for
+    /// room, then gets 503 with Retry-After. One larger than this is served alone.
+    /// [env: FLIGHTLOG_RESPONSE_BUDGET] [file: response_budget] [default: 256MiB]
     #[arg(
         long,
         value_name = "SIZE",
         allow_negative_numbers = true,
         verbatim_doc_comment
     )]
-    snapshot_budget: Option<String>,
+    response_budget: Option<String>,
     /// Write requests handled at once; more get 503 with Retry-After instead of queueing.
     /// [env: FLIGHTLOG_MAX_INFLIGHT_WRITES] [file: max_inflight_writes] [default: 4096]
     #[arg(
@@ -177,7 +177,7 @@ impl ServeArgs {
             grpc_addr: self.grpc_addr,
             durability: self.durability,
             body_limit: self.body_limit,
-            snapshot_budget: self.snapshot_budget,
+            response_budget: self.response_budget,
             max_inflight_writes: self.max_inflight_writes,
             journal_max_events: self.journal_max_events,
             journal_max_age_ms: self.journal_max_age_ms,

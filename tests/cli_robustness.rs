@@ -939,9 +939,9 @@ const NUMERIC: [Numeric; 7] = [
         takes: &["string", "integer"],
     },
     Numeric {
-        flag: "--snapshot-budget",
-        env: "FLIGHTLOG_SNAPSHOT_BUDGET",
-        key: "snapshot_budget",
+        flag: "--response-budget",
+        env: "FLIGHTLOG_RESPONSE_BUDGET",
+        key: "response_budget",
         texts: &[
             "-1",
             "0",

@@ -2,7 +2,7 @@
 //! binary (the only place a process's memory can be read alone).
 //!
 //! A snapshot is read and serialized whole. Each request used to read and serialize its own
-//! copy before the server's snapshot budget was consulted, so clients asking together held one
+//! copy before the server's budget of large answers was consulted, so clients asking together held one
 //! copy each: eight clients of a 398 MiB snapshot drove the server to 6.9 GB. The budget is now
 //! charged with the store's estimate before the read, and a request that finds it taken waits
 //! briefly and gets 503 without reading anything.
@@ -116,7 +116,7 @@ fn clients_asking_together_for_a_large_snapshot_do_not_each_hold_a_copy() {
         .args(["serve", "--db"])
         .arg(dir.path().join("big.db"))
         .args(["--addr", "127.0.0.1:0", "--grpc-addr", "off"])
-        .args(["--snapshot-budget", "4MiB"]);
+        .args(["--response-budget", "4MiB"]);
     let mut server = ServeProcess::spawn(command, START_TIMEOUT);
     let addr = server.addr;
     let pid = server.pid();

@@ -59,6 +59,10 @@ pub(crate) const RUN_ID: &str = "The run's client-chosen id (1 to 256 bytes).";
 /// The `{engagementId}` path parameter.
 pub(crate) const ENGAGEMENT_ID: &str = "The engagement's client-chosen id (1 to 256 bytes).";
 
+/// The 503 of an endpoint whose answer may be large (see `response_budget`).
+pub(crate) const LARGE_RESPONSE_BUSY: &str = "The answer is large and the server's memory for \
+    large answers is taken by other clients' for now; carries `Retry-After`.";
+
 /// The name of the bearer-token security scheme.
 pub const BEARER: &str = "bearerAuth";
 

@@ -118,11 +118,11 @@ pub const BODY_LIMIT: Setting = Setting {
     key: "body_limit",
     toml: TomlType::StringOrInteger,
 };
-/// The memory set aside for large run snapshots (see `snapshot_budget`).
-pub const SNAPSHOT_BUDGET: Setting = Setting {
-    flag: "--snapshot-budget",
-    env: "FLIGHTLOG_SNAPSHOT_BUDGET",
-    key: "snapshot_budget",
+/// The memory set aside for large answers (see `response_budget`).
+pub const RESPONSE_BUDGET: Setting = Setting {
+    flag: "--response-budget",
+    env: "FLIGHTLOG_RESPONSE_BUDGET",
+    key: "response_budget",
     toml: TomlType::StringOrInteger,
 };
 /// The write limit.
@@ -175,7 +175,7 @@ pub const SETTINGS: [Setting; 12] = [
     GRPC_ADDR,
     DURABILITY,
     BODY_LIMIT,
-    SNAPSHOT_BUDGET,
+    RESPONSE_BUDGET,
     MAX_INFLIGHT_WRITES,
     JOURNAL_MAX_EVENTS,
     JOURNAL_MAX_AGE_MS,
@@ -211,7 +211,7 @@ Config file (every key optional; relative paths are relative to the file's folde
     grpc_addr = \"127.0.0.1:4317\"  # OTLP/gRPC; \"off\" disables it
     durability = \"normal\"          # or \"full\"
     body_limit = \"8MiB\"            # bytes, or with KiB / MiB / GiB
-    snapshot_budget = \"256MiB\"     # memory for large run snapshots in flight
+    response_budget = \"256MiB\"     # memory for large answers (snapshots, pages) in flight
     max_inflight_writes = 4096
     instance = \"ingest-1\"           # default: this host's name and the HTTP port
     allow_unauthenticated_non_loopback = false
@@ -262,8 +262,8 @@ pub struct ServeFlags {
     pub durability: Option<String>,
     /// `--body-limit SIZE`.
     pub body_limit: Option<String>,
-    /// `--snapshot-budget SIZE`.
-    pub snapshot_budget: Option<String>,
+    /// `--response-budget SIZE`.
+    pub response_budget: Option<String>,
     /// `--max-inflight-writes N`.
     pub max_inflight_writes: Option<String>,
     /// `--journal-max-events N`.
@@ -288,7 +288,7 @@ impl fmt::Debug for ServeFlags {
             .field("grpc_addr", &self.grpc_addr)
             .field("durability", &self.durability)
             .field("body_limit", &self.body_limit)
-            .field("snapshot_budget", &self.snapshot_budget)
+            .field("response_budget", &self.response_budget)
             .field("max_inflight_writes", &self.max_inflight_writes)
             .field("journal_max_events", &self.journal_max_events)
             .field("journal_max_age_ms", &self.journal_max_age_ms)
@@ -606,10 +606,10 @@ pub fn resolve_with_file(
         "give a size of at least 1 byte, in bytes or with KiB, MiB or GiB, such as 8388608 or \
          8MiB",
     )?;
-    let snapshot_budget_bytes = layers.parse(
-        &SNAPSHOT_BUDGET,
-        flags.snapshot_budget.as_deref(),
-        ServerConfig::DEFAULT_SNAPSHOT_BUDGET_BYTES,
+    let response_budget_bytes = layers.parse(
+        &RESPONSE_BUDGET,
+        flags.response_budget.as_deref(),
+        ServerConfig::DEFAULT_RESPONSE_BUDGET_BYTES,
         parse_size,
         "give a size of at least 1 byte, in bytes or with KiB, MiB or GiB, such as 268435456 or \
          256MiB",
@@ -661,7 +661,7 @@ pub fn resolve_with_file(
             body_limit,
             auth,
             max_inflight_writes,
-            snapshot_budget_bytes,
+            response_budget_bytes,
             // What an OTLP body may inflate to is never below what it may be sent as: a plain
             // body over 64 MiB was refused as "decompressed" past a larger --body-limit.
             otlp_max_decompressed: ServerConfig::DEFAULT_OTLP_MAX_DECOMPRESSED.max(body_limit),

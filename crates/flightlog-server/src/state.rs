@@ -18,7 +18,7 @@ use tokio::sync::Semaphore;
 
 use crate::auth::AuthConfig;
 use crate::metrics::Metrics;
-use crate::snapshot_budget::SnapshotBudget;
+use crate::response_budget::ResponseBudget;
 
 /// The server's tunables. Later settings (streams, …) join here.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,9 +39,9 @@ pub struct ServerConfig {
     /// The most bytes a `Content-Encoding: gzip` OTLP body may inflate to (`413` beyond): the
     /// body limit bounds what is sent, this bounds what a gzip bomb could make of it.
     pub otlp_max_decompressed: usize,
-    /// The most bytes of large run snapshots held for clients that have not read them yet
-    /// (see [`crate::snapshot_budget`]).
-    pub snapshot_budget_bytes: usize,
+    /// The most bytes of large answers (run snapshots, change pages, listings) held for
+    /// clients that have not read them yet (see [`crate::response_budget`]).
+    pub response_budget_bytes: usize,
 }
 
 impl ServerConfig {
@@ -61,7 +61,7 @@ impl ServerConfig {
     /// OTLP protobuf typically compresses 5-10x).
     pub const DEFAULT_OTLP_MAX_DECOMPRESSED: usize = 64 * 1024 * 1024;
     /// The default budget of large snapshots in flight: 256 MiB.
-    pub const DEFAULT_SNAPSHOT_BUDGET_BYTES: usize = 256 * 1024 * 1024;
+    pub const DEFAULT_RESPONSE_BUDGET_BYTES: usize = 256 * 1024 * 1024;
 }
 
 impl Default for ServerConfig {
@@ -74,7 +74,7 @@ impl Default for ServerConfig {
             max_inflight_writes: Self::DEFAULT_MAX_INFLIGHT_WRITES,
             write_wait: Self::DEFAULT_WRITE_WAIT,
             otlp_max_decompressed: Self::DEFAULT_OTLP_MAX_DECOMPRESSED,
-            snapshot_budget_bytes: Self::DEFAULT_SNAPSHOT_BUDGET_BYTES,
+            response_budget_bytes: Self::DEFAULT_RESPONSE_BUDGET_BYTES,
         }
     }
 }
@@ -100,7 +100,7 @@ struct Shared {
     /// One permit per batch request being read, parsed and written (see `routes/batch.rs`).
     batch_lanes: Arc<Semaphore>,
     /// Large run snapshots not yet handed to their clients' sockets.
-    snapshot_budget: SnapshotBudget,
+    response_budget: ResponseBudget,
     /// Becomes `true` when the server starts shutting down (live streams end then).
     closing: Arc<tokio::sync::watch::Sender<bool>>,
     /// What `GET /metrics` reports (see [`crate::metrics`]).
@@ -131,7 +131,7 @@ impl AppState {
             writers: Arc::new(WriterHandles::new(config.writer_cache_capacity)),
             write_permits: write_permits(&config),
             batch_lanes: Arc::new(Semaphore::new(Self::BATCH_LANES)),
-            snapshot_budget: SnapshotBudget::new(config.snapshot_budget_bytes),
+            response_budget: ResponseBudget::new(config.response_budget_bytes),
             activity,
             journal,
             manual_clock: None,
@@ -180,7 +180,7 @@ impl AppState {
         let shared = Arc::make_mut(&mut self.shared);
         shared.writers = Arc::new(WriterHandles::new(config.writer_cache_capacity));
         shared.write_permits = write_permits(&config);
-        shared.snapshot_budget = SnapshotBudget::new(config.snapshot_budget_bytes);
+        shared.response_budget = ResponseBudget::new(config.response_budget_bytes);
         shared.config = Arc::new(config);
         self
     }
@@ -218,9 +218,9 @@ impl AppState {
         self.shared.manual_clock.as_ref()
     }
 
-    /// The budget of large run snapshots in flight.
-    pub fn snapshot_budget(&self) -> &SnapshotBudget {
-        &self.shared.snapshot_budget
+    /// The budget of large answers in flight.
+    pub fn response_budget(&self) -> &ResponseBudget {
+        &self.shared.response_budget
     }
 
     /// The configuration.

@@ -22,8 +22,8 @@ use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiQuery, JsonBody, OptionalJsonBody, PathId, WriterStore};
-use crate::openapi::{tags, RUN_ID, SPAN_ID};
-use crate::snapshot_budget::{self, SnapshotJson};
+use crate::openapi::{tags, LARGE_RESPONSE_BUSY, RUN_ID, SPAN_ID};
+use crate::response_budget::{self, ChunkedJson};
 use crate::state::AppState;
 use crate::validate::{check_id, check_limit, check_optional_time, check_reference, check_time};
 use crate::wire::{ChangeCursor, Closed, Ended, HighWaterSeq, Patched};
@@ -436,21 +436,21 @@ async fn read_rollup(
         (status = 200, description = "The snapshot.", body = RunSnapshot),
         (status = 400, description = "An invalid id.", body = ErrorBody),
         (status = 404, description = "No run with this id.", body = ErrorBody),
-        (status = 503, description = "The snapshot is large and the server's memory for large snapshots is taken by other clients' for now; carries `Retry-After`.", body = ErrorBody),
+        (status = 503, description = LARGE_RESPONSE_BUSY, body = ErrorBody),
     ),
 )]
 async fn snapshot_run(
     State(state): State<AppState>,
     PathId(run_id): PathId,
 ) -> Result<Response, ApiError> {
-    let budget = state.snapshot_budget();
+    let budget = state.response_budget();
     let (snapshot, reserved) = budget
         .read_snapshot(state.activity().as_ref(), &run_id)
         .await?
         .ok_or_else(|| unknown_run(&run_id))?;
-    let json = SnapshotJson::drain(snapshot)?;
+    let json = ChunkedJson::drain(snapshot)?;
     let permit = budget.settle(reserved, json.len()).await?;
-    Ok(snapshot_budget::json_response(json, permit))
+    Ok(response_budget::json_response(json, permit))
 }
 
 /// A run's highest change-logged seq (`runHighWaterSeq`).
@@ -483,15 +483,16 @@ async fn run_high_water_seq(
     responses(
         (status = 200, description = "At most `limit` changes.", body = Vec<ActivityChange>),
         (status = 400, description = "A bad query.", body = ErrorBody),
+        (status = 503, description = LARGE_RESPONSE_BUSY, body = ErrorBody),
     ),
 )]
 async fn changes_since(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<ChangesQuery>,
-) -> Result<Json<Vec<ActivityChange>>, ApiError> {
+) -> Result<Response, ApiError> {
     let limit = query.limit()?;
     let changes = state.activity().changes_since(query.after, limit).await?;
-    Ok(Json(changes))
+    state.response_budget().json(changes).await
 }
 
 /// Terminal root spans with the highest change id they appear under, after a cursor
@@ -505,18 +506,19 @@ async fn changes_since(
     responses(
         (status = 200, description = "At most `limit` entries.", body = Vec<TerminalRootChange>),
         (status = 400, description = "A bad query.", body = ErrorBody),
+        (status = 503, description = LARGE_RESPONSE_BUSY, body = ErrorBody),
     ),
 )]
 async fn terminal_root_changes_since(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<ChangesQuery>,
-) -> Result<Json<Vec<TerminalRootChange>>, ApiError> {
+) -> Result<Response, ApiError> {
     let limit = query.limit()?;
     let changes = state
         .activity()
         .terminal_root_changes_since(query.after, limit)
         .await?;
-    Ok(Json(changes))
+    state.response_budget().json(changes).await
 }
 
 /// The highest change id still in the log (`latestChangeCursor`).
@@ -540,10 +542,14 @@ async fn latest_change_cursor(
     path = "/v1/activity/open-roots",
     tag = tags::ACTIVITY,
     operation_id = "openRootSpans",
-    responses((status = 200, description = "The open roots, newest start first.", body = Vec<SpanRow>)),
+    responses(
+        (status = 200, description = "The open roots, newest start first.", body = Vec<SpanRow>),
+        (status = 503, description = LARGE_RESPONSE_BUSY, body = ErrorBody),
+    ),
 )]
-async fn open_root_spans(State(state): State<AppState>) -> Result<Json<Vec<SpanRow>>, ApiError> {
-    Ok(Json(state.activity().open_root_spans().await?))
+async fn open_root_spans(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let roots = state.activity().open_root_spans().await?;
+    state.response_budget().json(roots).await
 }
 
 /// Open roots that started more than `thresholdMs` before `now`, oldest first (`findStuck`).
@@ -556,17 +562,18 @@ async fn open_root_spans(State(state): State<AppState>) -> Result<Json<Vec<SpanR
     responses(
         (status = 200, description = "The stuck roots, oldest first.", body = Vec<SpanRow>),
         (status = 400, description = "A bad query.", body = ErrorBody),
+        (status = 503, description = LARGE_RESPONSE_BUSY, body = ErrorBody),
     ),
 )]
 async fn find_stuck(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<StuckQuery>,
-) -> Result<Json<Vec<SpanRow>>, ApiError> {
+) -> Result<Response, ApiError> {
     check_time("thresholdMs", query.threshold_ms)?;
     check_optional_time("now", query.now)?;
     let stuck = state
         .activity()
         .find_stuck(query.threshold_ms, query.now)
         .await?;
-    Ok(Json(stuck))
+    state.response_budget().json(stuck).await
 }

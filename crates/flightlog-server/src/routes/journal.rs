@@ -7,6 +7,7 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::Response;
 use axum::Json;
 use flightlog_core::journal::record::json_integer;
 use flightlog_core::journal::{
@@ -21,7 +22,7 @@ use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiQuery, JsonBody, PathId};
-use crate::openapi::{tags, ENGAGEMENT_ID};
+use crate::openapi::{tags, ENGAGEMENT_ID, LARGE_RESPONSE_BUSY};
 use crate::state::AppState;
 use crate::validate::{check_limit, check_time};
 use crate::wire::Removed;
@@ -194,19 +195,20 @@ async fn append(
     responses(
         (status = 200, description = "The events (empty for an unknown engagement).", body = Vec<EngagementEvent>),
         (status = 400, description = "A bad id or query.", body = ErrorBody),
+        (status = 503, description = LARGE_RESPONSE_BUSY, body = ErrorBody),
     ),
 )]
 async fn read_events(
     State(state): State<AppState>,
     PathId(engagement_id): PathId,
     ApiQuery(query): ApiQuery<EventsQuery>,
-) -> Result<Json<Vec<EngagementEvent>>, ApiError> {
+) -> Result<Response, ApiError> {
     let journal = state.journal();
     let events = match query.from_seq {
         Some(from_seq) => journal.read_from(&engagement_id, from_seq).await?,
         None => journal.read(&engagement_id).await?,
     };
-    Ok(Json(events))
+    state.response_budget().json(events).await
 }
 
 /// What an engagement's events add up to.
@@ -244,13 +246,14 @@ async fn summary(
     responses(
         (status = 200, description = "The entries.", body = Vec<BoardEntry>),
         (status = 400, description = "A bad id or kind.", body = ErrorBody),
+        (status = 503, description = LARGE_RESPONSE_BUSY, body = ErrorBody),
     ),
 )]
 async fn board(
     State(state): State<AppState>,
     PathId(engagement_id): PathId,
     ApiQuery(query): ApiQuery<BoardQuery>,
-) -> Result<Json<Vec<BoardEntry>>, ApiError> {
+) -> Result<Response, ApiError> {
     let kind = match query.kind.as_deref() {
         None => None,
         Some(text) => Some(BoardEntryKind::parse(text).ok_or_else(|| {
@@ -264,7 +267,9 @@ async fn board(
         kind,
     };
     let events = state.journal().read(&engagement_id).await?;
-    Ok(Json(reconstruct_board_from_events(&events, Some(&filter))))
+    let board = reconstruct_board_from_events(&events, Some(&filter));
+    drop(events);
+    state.response_budget().json(board).await
 }
 
 /// Compact an engagement's journal when its rules allow (atomic).

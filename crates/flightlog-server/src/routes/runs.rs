@@ -3,7 +3,7 @@
 //! filters. The cursor in `next` is opaque to clients: pass it back as `before`.
 
 use axum::extract::State;
-use axum::Json;
+use axum::response::Response;
 use flightlog_core::activity::{
     RunCursor, RunListQuery, RunPage, RunState, SpanOrigin, SpanOutcome,
 };
@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::ApiQuery;
-use crate::openapi::tags;
+use crate::openapi::{tags, LARGE_RESPONSE_BUSY};
 use crate::state::AppState;
 use crate::validate::check_limit;
 
@@ -88,12 +88,14 @@ impl RunsQuery {
     responses(
         (status = 200, description = "One page of runs and the cursor of the next (`null` after the last page).", body = RunPage),
         (status = 400, description = "A bad query (unknown state, outcome or origin; a bad limit or cursor).", body = ErrorBody),
+        (status = 503, description = LARGE_RESPONSE_BUSY, body = ErrorBody),
     ),
 )]
 async fn list_runs(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<RunsQuery>,
-) -> Result<Json<RunPage>, ApiError> {
+) -> Result<Response, ApiError> {
     let query = query.into_store_query()?;
-    Ok(Json(state.activity().list_runs(query).await?))
+    let page = state.activity().list_runs(query).await?;
+    state.response_budget().json(page).await
 }

@@ -27,8 +27,8 @@ use utoipa_axum::routes;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiQuery, PathId};
 use crate::metrics::{StreamEnds, StreamKind};
-use crate::openapi::{tags, ENGAGEMENT_ID, RUN_ID};
-use crate::snapshot_budget::SnapshotJson;
+use crate::openapi::{tags, ENGAGEMENT_ID, LARGE_RESPONSE_BUSY, RUN_ID};
+use crate::response_budget::ChunkedJson;
 use crate::state::AppState;
 
 /// Changes read from the database per query while a stream catches up.
@@ -365,7 +365,7 @@ async fn change_stream(
         (status = 200, description = "The event stream (`snapshot`, `change`, `resync`, `error` events).", content_type = "text/event-stream", body = String),
         (status = 400, description = "A bad id or `Last-Event-ID`.", body = ErrorBody),
         (status = 404, description = "The run has no spans (and no `Last-Event-ID` was given).", body = ErrorBody),
-        (status = 503, description = "The snapshot is large and the server's memory for large snapshots is taken by other clients' for now; carries `Retry-After`.", body = ErrorBody),
+        (status = 503, description = LARGE_RESPONSE_BUSY, body = ErrorBody),
     ),
 )]
 async fn run_stream(
@@ -384,7 +384,7 @@ async fn run_stream(
             ((None, None), ChangeFeed::new(store, cursor, Some(filter)))
         }
         None => {
-            let budget = state.snapshot_budget();
+            let budget = state.response_budget();
             let (snapshot, reserved) = budget
                 .read_snapshot(store.as_ref(), &run_id)
                 .await?
@@ -395,9 +395,9 @@ async fn run_stream(
             };
             let cursor = snapshot.change_cursor;
             let follow_from = newest_position(store.as_ref(), Some(cursor)).await?;
-            let json = SnapshotJson::drain(snapshot)?;
+            let json = ChunkedJson::drain(snapshot)?;
             // A large snapshot holds budget until the stream is polled for what follows it,
-            // which hyper does once it has written most of it (see `snapshot_budget`).
+            // which hyper does once it has written most of it (see `response_budget`).
             let permit = budget.settle(reserved, json.len()).await?;
             let data = json.into_text()?;
             let event = Event::default()

@@ -102,11 +102,11 @@ fn cases() -> Vec<Case> {
             expected: ["8388608", "3145728", "2048", "1024"],
         },
         Case {
-            setting: SNAPSHOT_BUDGET,
-            set_flag: |f| f.snapshot_budget = Some("1MiB".into()),
+            setting: RESPONSE_BUDGET,
+            set_flag: |f| f.response_budget = Some("1MiB".into()),
             env: "65536",
-            file: "snapshot_budget = 3145728",
-            read: |s| s.server.snapshot_budget_bytes.to_string(),
+            file: "response_budget = 3145728",
+            read: |s| s.server.response_budget_bytes.to_string(),
             expected: ["268435456", "3145728", "65536", "1048576"],
         },
         Case {
@@ -316,8 +316,8 @@ fn bad_values_name_the_setting_where_it_was_given_and_the_fix() {
             &["FLIGHTLOG_BODY_LIMIT", "at least 1 byte"],
         ),
         (
-            Input::Env("FLIGHTLOG_SNAPSHOT_BUDGET", "-1"),
-            &["FLIGHTLOG_SNAPSHOT_BUDGET", "\"-1\"", "256MiB"],
+            Input::Env("FLIGHTLOG_RESPONSE_BUDGET", "-1"),
+            &["FLIGHTLOG_RESPONSE_BUDGET", "\"-1\"", "256MiB"],
         ),
         (
             flags(|f| f.durability = Some("fast".into())),

@@ -774,7 +774,7 @@ async fn big_run(server: &TestServer, run: &str, spans: usize, attr_bytes: usize
 async fn large_snapshots_for_clients_that_do_not_read_are_bounded() {
     use std::io::Write as _;
     let mut options = crate::support::Options::default();
-    options.config.snapshot_budget_bytes = 8 << 20;
+    options.config.response_budget_bytes = 8 << 20;
     let server = TestServer::start_with(options).await;
     // About 12 MB of snapshot: more than the kernel buffers on both ends of a loopback
     // connection hold (4 MiB of send buffer, the receiver's unread window), so most of it stays
@@ -828,6 +828,60 @@ async fn large_snapshots_for_clients_that_do_not_read_are_bounded() {
         .await
         .assert_error(503, "unavailable");
     drop(slow_stream);
+    server.stop().await;
+}
+
+/// Every large answer holds the budget as a snapshot does: a page of 10,000 changes of spans
+/// with large attrs is as big as their run's snapshot, and a client that did not read it kept it
+/// in the server's memory. While one is held, the next large answer of any endpoint waits
+/// briefly and gets 503; small answers go on; the budget comes back when the client goes away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_change_pages_for_clients_that_do_not_read_are_bounded() {
+    use std::io::Write as _;
+    let mut options = crate::support::Options::default();
+    options.config.response_budget_bytes = 8 << 20;
+    let server = TestServer::start_with(options).await;
+    big_run(&server, "big", 2_000, 6_000).await;
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let page = "/v1/activity/changes?after=0&limit=10000";
+    let mut slow_reader = std::net::TcpStream::connect(&addr).expect("connect");
+    write!(slow_reader, "GET {page} HTTP/1.1\r\nHost: {addr}\r\n\r\n").expect("send");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    for held_up in [
+        page,
+        "/v1/activity/open-roots",
+        "/v1/activity/runs/big/snapshot",
+    ] {
+        let refused = server.get(held_up).await;
+        refused.assert_error(503, "unavailable");
+        assert!(refused.headers.contains_key("retry-after"), "{held_up}");
+    }
+    // Small answers are never held up.
+    server
+        .get("/v1/activity/changes?after=0&limit=10")
+        .await
+        .assert_status(200);
+    server
+        .get("/v1/activity/runs?limit=5")
+        .await
+        .assert_status(200);
+
+    drop(slow_reader);
+    let started = Instant::now();
+    loop {
+        let reply = server.get(page).await;
+        if reply.status.as_u16() == 200 {
+            assert_eq!(reply.body.as_array().map(Vec::len), Some(2_000));
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the budget did not come back: {:?}",
+            reply.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     server.stop().await;
 }
 

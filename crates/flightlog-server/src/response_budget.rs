@@ -1,28 +1,33 @@
-//! The memory budget of large run snapshots, from before they are read until they are handed
-//! to the socket.
+//! The memory budget of large JSON responses (run snapshots above all), from before a snapshot
+//! is read until the bytes are handed to the socket.
 //!
-//! Why it exists: a run snapshot (`GET /v1/activity/runs/{runId}/snapshot`, and the first event
-//! of a run stream) is one JSON document, read whole and serialized before it is sent. Two ways
-//! it held unbounded memory:
-//! - a client that stops reading keeps the serialized snapshot in the server for as long as its
-//!   connection lives: ten such clients of a 48 MB run held half a gigabyte (the stream audit);
+//! Why it exists: a response is one JSON document, serialized whole before it is sent. Two ways
+//! that held unbounded memory:
+//! - a client that stops reading keeps its response in the server for as long as its connection
+//!   lives: ten such clients of a 48 MB run snapshot held half a gigabyte (the stream audit), and
+//!   a page of 10,000 changes of spans with large attrs is as big;
 //! - clients that ask for the same huge run at once each have it read and serialized: eight
 //!   clients of a run of 20,000 spans with 20 KB of attrs each (a 398 MiB snapshot) drove the
 //!   server's anonymous memory to 6.9 GB, and six of them were then refused anyway.
 //!
-//! So before a snapshot is read, the store's estimate of its size
-//! ([`ActivityStore::snapshot_size_estimate`], from stored sizes, without reading the values) is
-//! taken from a shared budget ([`ServerConfig::snapshot_budget_bytes`](crate::state::ServerConfig),
-//! 256 MiB by default); once serialized, the charge is set to its real size; the bytes go back
-//! as the body is handed to the socket. When the budget is taken, the request waits up to
-//! [`BUDGET_WAIT`], then gets `503 unavailable` with `Retry-After`, before anything is read: what
-//! slow and simultaneous clients cost is bounded, and nobody else waits on them for long. A
-//! snapshot larger than the whole budget takes all of it, so it is served alone. Small snapshots
-//! (nearly all) never touch the budget.
+//! So a response over [`SMALL_RESPONSE_BYTES`] holds its size of a shared budget
+//! ([`ServerConfig::response_budget_bytes`](crate::state::ServerConfig), 256 MiB by default,
+//! `--response-budget`) until it is handed to the socket, giving it back chunk by chunk. A run
+//! snapshot (`GET /v1/activity/runs/{runId}/snapshot`, a run stream's first event) takes the
+//! store's estimate of its size ([`ActivityStore::snapshot_size_estimate`], from stored sizes,
+//! without reading the values) *before* it is read, set to its real size once serialized; the
+//! other large responses (change pages, listings, open and stuck roots, journal reads) are
+//! bounded in count by their limits and by the store's places for long reads, and are charged
+//! once serialized. When the budget is taken, the request waits up to [`BUDGET_WAIT`], then
+//! gets `503 unavailable` with `Retry-After` (a snapshot: before anything is read): what slow
+//! and simultaneous clients cost is bounded, and nobody else waits on them for long. A response
+//! larger than the whole budget takes all of it, so it is served alone. Small responses (nearly
+//! all) never touch the budget.
 //!
-//! Serializing drains the snapshot: each span and event is dropped as soon as its JSON is
-//! written, into chunks of [`CHUNK_BYTES`] (no copy of the whole document while it grows), so a
-//! snapshot's peak is about its JSON size, not its rows plus its JSON plus a reallocation.
+//! Serialization writes into chunks of [`CHUNK_BYTES`] (no copy of the whole document while it
+//! grows); a snapshot's is draining: each span and event is dropped as soon as its JSON is
+//! written, so a snapshot's peak is about its JSON size, not its rows plus its JSON plus a
+//! reallocation.
 //!
 //! "Handed to the socket": hyper polls a body for its next chunk only when its write buffer has
 //! room, that is once most of the last chunk has been written (and drops the body when the
@@ -47,23 +52,23 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::ApiError;
 
-/// Snapshots up to this size are sent without the budget.
-pub const SMALL_SNAPSHOT_BYTES: usize = 1 << 20;
+/// Responses up to this size are sent without the budget.
+pub const SMALL_RESPONSE_BYTES: usize = 1 << 20;
 /// The budget is counted in units of this many bytes.
 const UNIT_BYTES: usize = 1 << 16;
-/// How long a large snapshot waits for budget before its request is answered 503.
+/// How long a large response waits for budget before its request is answered 503.
 pub const BUDGET_WAIT: Duration = Duration::from_millis(500);
-/// A serialized snapshot is kept in chunks of this size.
+/// A serialized response is kept in chunks of this size.
 pub const CHUNK_BYTES: usize = 1 << 20;
 
 /// The shared budget (one per server).
 #[derive(Debug, Clone)]
-pub struct SnapshotBudget {
+pub struct ResponseBudget {
     units: Arc<Semaphore>,
     total_units: u32,
 }
 
-impl SnapshotBudget {
+impl ResponseBudget {
     /// A budget of `bytes` (at least one unit).
     pub fn new(bytes: usize) -> Self {
         // `Semaphore::MAX_PERMITS` is far above `u32::MAX` on 64-bit targets.
@@ -91,18 +96,18 @@ impl SnapshotBudget {
             Ok(Ok(permit)) => Ok(permit),
             // Closed (never, the semaphore is never closed) or timed out.
             _ => Err(ApiError::Unavailable(format!(
-                "the server is holding its budget of large snapshots for other clients; this \
-                 snapshot of about {len} bytes would exceed it: retry shortly"
+                "the server is holding its budget of large responses for other clients; this \
+                 response of about {len} bytes would exceed it: retry shortly"
             ))),
         }
     }
 
-    /// Room for a snapshot of `len` bytes: `None` for a small one (no budget needed), a permit
-    /// for a large one, or 503 when other clients' snapshots hold the budget for longer than
-    /// [`BUDGET_WAIT`]. A snapshot larger than the whole budget takes all of it (so it is served
+    /// Room for a response of `len` bytes: `None` for a small one (no budget needed), a permit
+    /// for a large one, or 503 when other clients' responses hold the budget for longer than
+    /// [`BUDGET_WAIT`]. A response larger than the whole budget takes all of it (so it is served
     /// when nothing else is in flight).
     pub async fn reserve(&self, len: usize) -> Result<Option<OwnedSemaphorePermit>, ApiError> {
-        if len <= SMALL_SNAPSHOT_BYTES {
+        if len <= SMALL_RESPONSE_BYTES {
             return Ok(None);
         }
         self.acquire(self.units_for(len), len).await.map(Some)
@@ -115,7 +120,7 @@ impl SnapshotBudget {
         reserved: Option<OwnedSemaphorePermit>,
         len: usize,
     ) -> Result<Option<OwnedSemaphorePermit>, ApiError> {
-        if len <= SMALL_SNAPSHOT_BYTES {
+        if len <= SMALL_RESPONSE_BYTES {
             return Ok(None);
         }
         let wanted = self.units_for(len) as usize;
@@ -149,26 +154,41 @@ impl SnapshotBudget {
             .map(|snapshot| (snapshot, reserved)))
     }
 
+    /// `value` as a JSON response, holding its size of the budget (when large) until it is
+    /// handed to the socket; 503 when the budget stays taken. `value` is dropped once
+    /// serialized.
+    pub async fn json<T: Serialize>(&self, value: T) -> Result<Response, ApiError> {
+        let json = ChunkedJson::of(&value)?;
+        drop(value);
+        let permit = self.settle(None, json.len()).await?;
+        Ok(json_response(json, permit))
+    }
+
     /// Budget units free now (for tests and metrics).
     pub fn available_units(&self) -> usize {
         self.units.available_permits()
     }
 }
 
-/// A snapshot serialized into chunks, consuming it (see the module doc).
+/// A JSON document serialized into chunks of [`CHUNK_BYTES`] (see the module doc).
 #[derive(Debug)]
-pub struct SnapshotJson {
+pub struct ChunkedJson {
     chunks: VecDeque<Bytes>,
     len: usize,
 }
 
-impl SnapshotJson {
-    /// Serialize `snapshot`, dropping each span and event once written.
-    pub fn drain(snapshot: RunSnapshot) -> Result<Self, ApiError> {
+impl ChunkedJson {
+    /// Serialize `value`.
+    pub fn of<T: Serialize>(value: &T) -> Result<Self, ApiError> {
         let mut writer = ChunkWriter::default();
-        serde_json::to_writer(&mut writer, &Draining(RefCell::new(Some(snapshot))))
+        serde_json::to_writer(&mut writer, value)
             .map_err(|err| ApiError::Internal(err.to_string()))?;
         Ok(writer.finish())
+    }
+
+    /// Serialize `snapshot`, dropping each span and event once written.
+    pub fn drain(snapshot: RunSnapshot) -> Result<Self, ApiError> {
+        Self::of(&Draining(RefCell::new(Some(snapshot))))
     }
 
     /// Bytes in all.
@@ -176,7 +196,7 @@ impl SnapshotJson {
         self.len
     }
 
-    /// True for no bytes (never for a serialized snapshot).
+    /// True for no bytes (never for a serialized document).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -200,11 +220,11 @@ struct ChunkWriter {
 }
 
 impl ChunkWriter {
-    fn finish(mut self) -> SnapshotJson {
+    fn finish(mut self) -> ChunkedJson {
         if !self.current.is_empty() {
             self.done.push_back(Bytes::from(self.current));
         }
-        SnapshotJson {
+        ChunkedJson {
             chunks: self.done,
             len: self.len,
         }
@@ -216,14 +236,13 @@ impl std::io::Write for ChunkWriter {
         let written = buf.len();
         self.len += written;
         while !buf.is_empty() {
-            if self.current.capacity() == 0 {
-                self.current.reserve_exact(CHUNK_BYTES);
-            }
-            let room = self.current.capacity() - self.current.len();
+            // The chunk grows as a `Vec` does (a small answer takes a small allocation), by
+            // doubling from a power of two, so its capacity meets `CHUNK_BYTES` exactly.
+            let room = CHUNK_BYTES - self.current.len();
             let (now, later) = buf.split_at(room.min(buf.len()));
             self.current.extend_from_slice(now);
             buf = later;
-            if self.current.len() == self.current.capacity() {
+            if self.current.len() == CHUNK_BYTES {
                 self.done
                     .push_back(Bytes::from(std::mem::take(&mut self.current)));
             }
@@ -271,9 +290,9 @@ impl<T: Serialize> Serialize for DrainingSeq<T> {
     }
 }
 
-/// A JSON response of a serialized snapshot, holding `permit` (if any) for the bytes not yet
+/// A JSON response of a serialized document, holding `permit` (if any) for the bytes not yet
 /// handed to the socket (see the module doc). A large one goes out chunked.
-pub fn json_response(json: SnapshotJson, permit: Option<OwnedSemaphorePermit>) -> Response {
+pub fn json_response(json: ChunkedJson, permit: Option<OwnedSemaphorePermit>) -> Response {
     let body = match (permit, json.chunks.len()) {
         (None, 0) => Body::empty(),
         (None, 1) => Body::from(json.chunks.into_iter().next().unwrap_or_default()),
@@ -399,7 +418,7 @@ mod tests {
         for (spans, attr_bytes) in [(0, 0), (3, 100), (400, 6_000)] {
             let snapshot = snapshot(spans, attr_bytes);
             let derived = serde_json::to_vec(&snapshot).expect("serialize");
-            let json = SnapshotJson::drain(snapshot).expect("drain");
+            let json = ChunkedJson::drain(snapshot).expect("drain");
             assert_eq!(json.len(), derived.len());
             assert_eq!(json.chunks.len(), derived.len().div_ceil(CHUNK_BYTES));
             assert!(json.chunks.iter().all(|chunk| chunk.len() <= CHUNK_BYTES));
@@ -410,7 +429,7 @@ mod tests {
 
     #[tokio::test]
     async fn settling_gives_back_a_surplus_and_takes_a_shortfall() {
-        let budget = SnapshotBudget::new(8 << 20);
+        let budget = ResponseBudget::new(8 << 20);
         let total = budget.available_units();
         let reserved = budget.reserve(4 << 20).await.expect("room");
         assert_eq!(budget.available_units(), total - 64);
@@ -434,9 +453,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_large_body_gives_its_budget_back_chunk_by_chunk() {
-        let budget = SnapshotBudget::new(64 << 20);
+        let budget = ResponseBudget::new(64 << 20);
         let total = budget.available_units();
-        let json = SnapshotJson::drain(snapshot(1_000, 6_000)).expect("drain");
+        let json = ChunkedJson::drain(snapshot(1_000, 6_000)).expect("drain");
         let len = json.len();
         assert!(json.chunks.len() >= 4, "{} chunks", json.chunks.len());
         let permit = budget.settle(None, len).await.expect("charge");
@@ -461,11 +480,11 @@ mod tests {
 
     #[tokio::test]
     async fn small_snapshots_take_nothing_and_large_ones_wait_then_get_503() {
-        let budget = SnapshotBudget::new(4 << 20);
+        let budget = ResponseBudget::new(4 << 20);
         let total = budget.available_units();
         assert_eq!(total, 64);
         assert!(matches!(
-            budget.reserve(SMALL_SNAPSHOT_BYTES).await,
+            budget.reserve(SMALL_RESPONSE_BYTES).await,
             Ok(None)
         ));
         assert_eq!(budget.available_units(), total);
