@@ -2,8 +2,8 @@
 //! binary (the only place a process's memory can be read alone).
 //!
 //! A snapshot is read and serialized whole. Each request used to read and serialize its own
-//! copy before the server's budget of large answers was consulted, so clients asking together held one
-//! copy each: eight clients of a 398 MiB snapshot drove the server to 6.9 GB. The budget is now
+//! copy before the server's budget of large answers was consulted, so clients asking together
+//! held one copy each: eight clients of a 398 MiB snapshot drove the server to 6.9 GB. The budget is now
 //! charged with the store's estimate before the read, and a request that finds it taken waits
 //! briefly and gets 503 without reading anything.
 
