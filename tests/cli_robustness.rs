@@ -908,63 +908,49 @@ fn toml_kind(toml: &str) -> &'static str {
     }
 }
 
+/// What a size setting (`--body-limit`, `--response-budget`) refuses, as text and in a file,
+/// and the fix it names.
+const SIZE_TEXTS: &[&str] = &[
+    "-1",
+    "0",
+    "0KiB",
+    "abc",
+    "1.5",
+    "8 MB",
+    "1TiB",
+    "MiB",
+    "99999999999999999999999",
+    "17179869184GiB",
+    "",
+];
+const SIZE_TOMLS: &[&str] = &[
+    "-1",
+    "0",
+    "1.5",
+    "true",
+    "\"abc\"",
+    "1979-05-27",
+    "\"-8MiB\"",
+];
+const SIZE_FIX: &str = "give a size of at least 1 byte, in bytes or with KiB, MiB or GiB";
+
 const NUMERIC: [Numeric; 7] = [
     Numeric {
         flag: "--body-limit",
         env: "FLIGHTLOG_BODY_LIMIT",
         key: "body_limit",
-        texts: &[
-            "-1",
-            "0",
-            "0KiB",
-            "abc",
-            "1.5",
-            "8 MB",
-            "1TiB",
-            "MiB",
-            "99999999999999999999999",
-            "17179869184GiB",
-            "",
-        ],
-        tomls: &[
-            "-1",
-            "0",
-            "1.5",
-            "true",
-            "\"abc\"",
-            "1979-05-27",
-            "\"-8MiB\"",
-        ],
-        fix: "give a size of at least 1 byte, in bytes or with KiB, MiB or GiB",
+        texts: SIZE_TEXTS,
+        tomls: SIZE_TOMLS,
+        fix: SIZE_FIX,
         takes: &["string", "integer"],
     },
     Numeric {
         flag: "--response-budget",
         env: "FLIGHTLOG_RESPONSE_BUDGET",
         key: "response_budget",
-        texts: &[
-            "-1",
-            "0",
-            "0KiB",
-            "abc",
-            "1.5",
-            "8 MB",
-            "1TiB",
-            "MiB",
-            "99999999999999999999999",
-            "17179869184GiB",
-            "",
-        ],
-        tomls: &[
-            "-1",
-            "0",
-            "1.5",
-            "true",
-            "\"abc\"",
-            "1979-05-27",
-            "\"-8MiB\"",
-        ],
-        fix: "give a size of at least 1 byte, in bytes or with KiB, MiB or GiB",
+        texts: SIZE_TEXTS,
+        tomls: SIZE_TOMLS,
+        fix: SIZE_FIX,
         takes: &["string", "integer"],
     },
     Numeric {

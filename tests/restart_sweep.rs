@@ -111,16 +111,7 @@ fn span(addr: SocketAddr, span_id: &str) -> Value {
 }
 
 fn stop(mut server: ServeProcess) -> String {
-    let stopped = server.stop(STOP_TIMEOUT);
-    assert!(
-        stopped.graceful && stopped.status.is_some_and(|status| status.success()),
-        "no clean stop ({:?} after {:?}):\n{}",
-        stopped.status,
-        stopped.took,
-        stopped.output
-    );
-    assert!(!stopped.output.contains("panicked"), "{}", stopped.output);
-    stopped.output
+    server.stop_cleanly(STOP_TIMEOUT)
 }
 
 #[test]

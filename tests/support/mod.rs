@@ -151,6 +151,21 @@ impl ServeProcess {
             output: self.output(),
         }
     }
+
+    /// [`Self::stop`], asserting that the server exited by itself, successfully, without a
+    /// panic; returns its output.
+    pub fn stop_cleanly(&mut self, limit: Duration) -> String {
+        let stopped = self.stop(limit);
+        assert!(
+            stopped.graceful && stopped.status.is_some_and(|status| status.success()),
+            "no clean stop ({:?} after {:?}):\n{}",
+            stopped.status,
+            stopped.took,
+            stopped.output
+        );
+        assert!(!stopped.output.contains("panicked"), "{}", stopped.output);
+        stopped.output
+    }
 }
 
 impl Drop for ServeProcess {

@@ -839,6 +839,26 @@ mod tests {
         releases
     }
 
+    /// Run `read` while every long read's place is held (by [`hold_every_long_read_place`]),
+    /// check that it is still waiting after a while, then free the places and return its result.
+    fn waits_for_a_long_read_place<T: Send + 'static>(
+        runtime: &tokio::runtime::Runtime,
+        releases: Vec<std::sync::mpsc::Sender<()>>,
+        what: &str,
+        read: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> T {
+        let task = runtime.spawn(read);
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !task.is_finished(),
+            "{what} did not wait for a long read's place"
+        );
+        for release in releases {
+            let _ = release.send(());
+        }
+        runtime.block_on(task).expect("the read's task")
+    }
+
     #[test]
     fn a_small_runs_snapshot_does_not_wait_for_a_long_read_place_and_a_big_ones_does() {
         let (_dir, db, store) = open_store();
@@ -871,23 +891,12 @@ mod tests {
             .expect("the run exists");
         assert_eq!(small.spans.len(), 3);
 
-        let big = runtime.spawn({
+        let big = waits_for_a_long_read_place(&runtime, releases, "a big run's snapshot", {
             let store = store.clone();
             async move { store.snapshot_run("big").await }
-        });
-        std::thread::sleep(Duration::from_millis(300));
-        assert!(
-            !big.is_finished(),
-            "a big run's snapshot did not wait for a long read's place"
-        );
-        for release in releases {
-            let _ = release.send(());
-        }
-        let big = runtime
-            .block_on(big)
-            .expect("the snapshot's task")
-            .expect("the snapshot")
-            .expect("the run exists");
+        })
+        .expect("the snapshot")
+        .expect("the run exists");
         assert_eq!(big.spans.len(), SMALL_RUN_SPANS as usize + 1);
     }
 
@@ -925,22 +934,11 @@ mod tests {
             .expect("the page");
         assert_eq!(page.runs.len(), 3);
 
-        let filtered = runtime.spawn({
+        let filtered = waits_for_a_long_read_place(&runtime, releases, "a filtered listing", {
             let store = store.clone();
             async move { store.list_runs(listing(Some(SpanOutcome::Error))).await }
-        });
-        std::thread::sleep(Duration::from_millis(300));
-        assert!(
-            !filtered.is_finished(),
-            "a filtered listing did not wait for a long read's place"
-        );
-        for release in releases {
-            let _ = release.send(());
-        }
-        let filtered = runtime
-            .block_on(filtered)
-            .expect("the listing's task")
-            .expect("the listing");
+        })
+        .expect("the listing");
         assert!(filtered.runs.is_empty());
     }
 

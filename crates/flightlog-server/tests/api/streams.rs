@@ -765,6 +765,45 @@ async fn big_run(server: &TestServer, run: &str, spans: usize, attr_bytes: usize
     }
 }
 
+/// A server with an 8 MiB budget of large answers and run `big`: about 12 MB of snapshot, more
+/// than the kernel buffers on both ends of a loopback connection hold (4 MiB of send buffer, the
+/// receiver's unread window), so most of a large answer stays in the server while its client
+/// does not read.
+async fn server_with_a_big_run() -> TestServer {
+    let mut options = crate::support::Options::default();
+    options.config.response_budget_bytes = 8 << 20;
+    let server = TestServer::start_with(options).await;
+    big_run(&server, "big", 2_000, 6_000).await;
+    server
+}
+
+/// A GET whose answer is never read (until the connection is dropped), given time to be served.
+async fn stalled_get(server: &TestServer, path: &str) -> std::net::TcpStream {
+    use std::io::Write as _;
+    let addr = server.base.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").expect("send");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stream
+}
+
+/// GET `path` until it is answered 200 (the budget came back), for at most 10 s.
+async fn until_served(server: &TestServer, path: &str) -> Value {
+    let started = Instant::now();
+    loop {
+        let reply = server.get(path).await;
+        if reply.status.as_u16() == 200 {
+            return reply.body;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the budget did not come back: {:?}",
+            reply.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A large snapshot sent to a client that does not read it stayed in the server's memory for
 /// as long as that client kept its connection: ten such clients of a 48 MB run held half a
 /// gigabyte. Large snapshots now take from a shared budget until they are handed to the socket;
@@ -772,22 +811,8 @@ async fn big_run(server: &TestServer, run: &str, spans: usize, attr_bytes: usize
 /// the slow client for long), and the budget comes back when the slow client goes away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_snapshots_for_clients_that_do_not_read_are_bounded() {
-    use std::io::Write as _;
-    let mut options = crate::support::Options::default();
-    options.config.response_budget_bytes = 8 << 20;
-    let server = TestServer::start_with(options).await;
-    // About 12 MB of snapshot: more than the kernel buffers on both ends of a loopback
-    // connection hold (4 MiB of send buffer, the receiver's unread window), so most of it stays
-    // in the server while its client does not read.
-    big_run(&server, "big", 2_000, 6_000).await;
-    let addr = server.base.trim_start_matches("http://").to_owned();
-    let stalled_get = |path: &str| {
-        let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").expect("send");
-        stream
-    };
-    let slow_reader = stalled_get("/v1/activity/runs/big/snapshot");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let server = server_with_a_big_run().await;
+    let slow_reader = stalled_get(&server, "/v1/activity/runs/big/snapshot").await;
     let refused = server.get("/v1/activity/runs/big/snapshot").await;
     refused.assert_error(503, "unavailable");
     assert!(refused.headers.contains_key("retry-after"));
@@ -806,23 +831,10 @@ async fn large_snapshots_for_clients_that_do_not_read_are_bounded() {
         .assert_status(200);
 
     drop(slow_reader);
-    let started = Instant::now();
-    loop {
-        let reply = server.get("/v1/activity/runs/big/snapshot").await;
-        if reply.status.as_u16() == 200 {
-            assert_eq!(reply.body["spans"].as_array().map(Vec::len), Some(2_000));
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the budget did not come back: {:?}",
-            reply.body
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let snapshot = until_served(&server, "/v1/activity/runs/big/snapshot").await;
+    assert_eq!(snapshot["spans"].as_array().map(Vec::len), Some(2_000));
     // A stream client that does not read holds the budget the same way.
-    let slow_stream = stalled_get("/v1/activity/runs/big/stream");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let slow_stream = stalled_get(&server, "/v1/activity/runs/big/stream").await;
     server
         .get("/v1/activity/runs/big/snapshot")
         .await
@@ -837,17 +849,9 @@ async fn large_snapshots_for_clients_that_do_not_read_are_bounded() {
 /// briefly and gets 503; small answers go on; the budget comes back when the client goes away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_change_pages_for_clients_that_do_not_read_are_bounded() {
-    use std::io::Write as _;
-    let mut options = crate::support::Options::default();
-    options.config.response_budget_bytes = 8 << 20;
-    let server = TestServer::start_with(options).await;
-    big_run(&server, "big", 2_000, 6_000).await;
-    let addr = server.base.trim_start_matches("http://").to_owned();
+    let server = server_with_a_big_run().await;
     let page = "/v1/activity/changes?after=0&limit=10000";
-    let mut slow_reader = std::net::TcpStream::connect(&addr).expect("connect");
-    write!(slow_reader, "GET {page} HTTP/1.1\r\nHost: {addr}\r\n\r\n").expect("send");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-
+    let slow_reader = stalled_get(&server, page).await;
     for held_up in [
         page,
         "/v1/activity/open-roots",
@@ -868,20 +872,8 @@ async fn large_change_pages_for_clients_that_do_not_read_are_bounded() {
         .assert_status(200);
 
     drop(slow_reader);
-    let started = Instant::now();
-    loop {
-        let reply = server.get(page).await;
-        if reply.status.as_u16() == 200 {
-            assert_eq!(reply.body.as_array().map(Vec::len), Some(2_000));
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the budget did not come back: {:?}",
-            reply.body
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let changes = until_served(&server, page).await;
+    assert_eq!(changes.as_array().map(Vec::len), Some(2_000));
     server.stop().await;
 }
 
