@@ -802,6 +802,15 @@ mod tests {
         ActivityWrite::StartSpan(start_input(span_id, run_id))
     }
 
+    /// A runtime like the server's (long reads run apart only on a multi-thread one).
+    fn multi_thread_runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .expect("runtime")
+    }
+
     /// A store on a new database file in a temporary directory (kept while the handle lives).
     fn open_store() -> (tempfile::TempDir, Arc<SqliteDatabase>, SqliteActivityStore) {
         let dir = tempfile::tempdir().expect("temporary directory");
@@ -862,11 +871,7 @@ mod tests {
     #[test]
     fn a_small_runs_snapshot_does_not_wait_for_a_long_read_place_and_a_big_ones_does() {
         let (_dir, db, store) = open_store();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_time()
-            .build()
-            .expect("runtime");
+        let runtime = multi_thread_runtime();
         runtime.block_on(async {
             let small = (0..3)
                 .map(|n| start(format!("small-{n}"), "small"))
@@ -906,11 +911,7 @@ mod tests {
     fn a_short_listing_does_not_wait_for_a_long_read_place_and_a_filtered_one_does() {
         use flightlog_core::activity::{RunListQuery, SpanOutcome};
         let (_dir, db, store) = open_store();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_time()
-            .build()
-            .expect("runtime");
+        let runtime = multi_thread_runtime();
         runtime.block_on(async {
             let roots = (0..3).map(|n| start(format!("root-{n}"), &format!("run-{n}")));
             for result in store.write_batch(roots.collect()).await {
@@ -1006,10 +1007,7 @@ mod tests {
     fn a_snapshot_size_estimate_is_near_the_snapshot_json() {
         let (_dir, db, store) = open_store();
         let store = &store;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .build()
-            .expect("runtime");
+        let runtime = multi_thread_runtime();
         // Varied text (not one letter repeated): compressible like real attrs, not absurdly.
         let words = [
             "grep",
