@@ -8,7 +8,8 @@
 //!   write limit; live stream clients; stream events sent, and streams the server ended (resync
 //!   or error); OTLP spans by what became of them;
 //! - read at scrape time and never stored: the activity store's change cursor, the writes in
-//!   flight (from the write limit's semaphore), the process's resident memory and start time,
+//!   flight (from the write limit's semaphore), the budget of large answers (its size, what is
+//!   held of it, the answers it refused), the process's resident memory and start time,
 //!   and the storage backend's own numbers (`ActivityStore::backend_metrics`: on SQLite the
 //!   writer thread's group commits, its queue, the WAL and the file sizes).
 //!
@@ -39,6 +40,7 @@ use utoipa_axum::routes;
 use crate::error::ApiError;
 use crate::openapi::tags;
 use crate::overload;
+use crate::response_budget::BudgetUsage;
 use crate::state::AppState;
 
 /// The `Content-Type` of the answer: the Prometheus text format, version 0.0.4.
@@ -372,6 +374,8 @@ struct ScrapeValues {
     start_time_seconds: f64,
     /// What the store's backend reports about itself (see [`BackendMetric`]).
     backend: Vec<BackendMetric>,
+    /// The budget of large answers (see `response_budget`).
+    response_budget: BudgetUsage,
 }
 
 impl ScrapeValues {
@@ -403,6 +407,26 @@ impl ScrapeValues {
                 gauge_i64(bytes),
             );
         }
+        let budget = self.response_budget;
+        registry.register(
+            "flightlog_http_response_budget_bytes",
+            "The budget of large answers (over 1 MiB) held until written to the socket \
+             (--response-budget)",
+            gauge_i64(saturating_i64(budget.total_bytes)),
+        );
+        registry.register(
+            "flightlog_http_response_budget_held_bytes",
+            "What large answers hold of that budget now",
+            gauge_i64(saturating_i64(budget.held_bytes)),
+        );
+        let refused: Counter = Counter::default();
+        refused.inc_by(budget.refused);
+        registry.register(
+            "flightlog_http_large_responses_refused",
+            "Large answers refused (HTTP 503) because the budget stayed taken by other clients' \
+             answers",
+            refused,
+        );
         let start: Gauge<f64, AtomicU64> = Gauge::default();
         start.set(self.start_time_seconds);
         registry.register(
@@ -519,6 +543,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
         resident_memory_bytes: resident_memory_bytes(),
         start_time_seconds: process_start_time(),
         backend: state.activity().backend_metrics(),
+        response_budget: state.response_budget().usage(),
     };
     match state.metrics().encode(&scrape) {
         Ok(text) => ([(CONTENT_TYPE, CONTENT_TYPE_TEXT)], text).into_response(),
@@ -545,6 +570,11 @@ mod tests {
                 BackendMetric::counter("flightlog_test_writes", "Writes", 12.0),
                 BackendMetric::gauge("flightlog_test_queue_depth", "Queued", 3.0),
             ],
+            response_budget: BudgetUsage {
+                total_bytes: 8 << 20,
+                held_bytes: 1 << 20,
+                refused: 2,
+            },
         }
     }
 
@@ -573,6 +603,9 @@ mod tests {
             "# HELP flightlog_test_queue_depth Queued.\n",
             "# TYPE flightlog_test_queue_depth gauge\n",
             "flightlog_test_queue_depth 3.0\n",
+            "flightlog_http_response_budget_bytes 8388608\n",
+            "flightlog_http_response_budget_held_bytes 1048576\n",
+            "flightlog_http_large_responses_refused_total 2\n",
         ] {
             assert!(text.contains(expected), "{expected:?} not in:\n{text}");
         }

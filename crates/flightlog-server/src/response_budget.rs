@@ -37,6 +37,7 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -66,6 +67,8 @@ pub const CHUNK_BYTES: usize = 1 << 20;
 pub struct ResponseBudget {
     units: Arc<Semaphore>,
     total_units: u32,
+    /// Answers refused for want of budget (`flightlog_http_large_responses_refused_total`).
+    refused: Arc<AtomicU64>,
 }
 
 impl ResponseBudget {
@@ -79,6 +82,7 @@ impl ResponseBudget {
         Self {
             units: Arc::new(Semaphore::new(total_units as usize)),
             total_units,
+            refused: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -95,10 +99,13 @@ impl ResponseBudget {
         match tokio::time::timeout(BUDGET_WAIT, acquire).await {
             Ok(Ok(permit)) => Ok(permit),
             // Closed (never, the semaphore is never closed) or timed out.
-            _ => Err(ApiError::Unavailable(format!(
-                "the server is holding its budget of large responses for other clients; this \
+            _ => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                Err(ApiError::Unavailable(format!(
+                    "the server is holding its budget of large responses for other clients; this \
                  response of about {len} bytes would exceed it: retry shortly"
-            ))),
+                )))
+            }
         }
     }
 
@@ -164,10 +171,30 @@ impl ResponseBudget {
         Ok(json_response(json, permit))
     }
 
-    /// Budget units free now (for tests and metrics).
+    /// Budget units free now (for tests).
     pub fn available_units(&self) -> usize {
         self.units.available_permits()
     }
+
+    /// The whole budget in bytes, what answers hold of it now, and how many answers it has
+    /// refused (for `/metrics`).
+    pub fn usage(&self) -> BudgetUsage {
+        let total = self.total_units as usize;
+        let held = total.saturating_sub(self.units.available_permits());
+        BudgetUsage {
+            total_bytes: total.saturating_mul(UNIT_BYTES),
+            held_bytes: held.saturating_mul(UNIT_BYTES),
+            refused: self.refused.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What [`ResponseBudget::usage`] reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BudgetUsage {
+    pub total_bytes: usize,
+    pub held_bytes: usize,
+    pub refused: u64,
 }
 
 /// A JSON document serialized into chunks of [`CHUNK_BYTES`] (see the module doc).

@@ -861,6 +861,13 @@ async fn large_change_pages_for_clients_that_do_not_read_are_bounded() {
         refused.assert_error(503, "unavailable");
         assert!(refused.headers.contains_key("retry-after"), "{held_up}");
     }
+    let metrics = crate::metrics::scrape(&server).await;
+    assert_eq!(
+        metrics.get("flightlog_http_large_responses_refused_total"),
+        Some(3.0)
+    );
+    let held = metrics.get("flightlog_http_response_budget_held_bytes");
+    assert!(held.is_some_and(|held| held > 0.0), "{held:?}");
     // Small answers are never held up.
     server
         .get("/v1/activity/changes?after=0&limit=10")
