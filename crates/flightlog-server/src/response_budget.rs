@@ -384,6 +384,12 @@ impl http_body::Body for BudgetedBody {
     fn is_end_stream(&self) -> bool {
         self.chunks.is_empty() && self.permit.is_none()
     }
+
+    // The exact length, so the answer carries `Content-Length` as `Json` answers do (a client
+    // can show progress, and tell a cut answer from a whole one).
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.unsent as u64)
+    }
 }
 
 #[cfg(test)]
@@ -487,6 +493,7 @@ mod tests {
         assert!(json.chunks.len() >= 4, "{} chunks", json.chunks.len());
         let permit = budget.settle(None, len).await.expect("charge");
         let mut body = json_response(json, permit).into_body();
+        assert_eq!(body.size_hint().exact(), Some(len as u64), "Content-Length");
         let mut received = 0;
         let mut free = vec![budget.available_units()];
         while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
