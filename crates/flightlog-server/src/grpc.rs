@@ -121,5 +121,13 @@ pub async fn serve_grpc<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    crate::serve_router(listener, grpc_app(&state), shutdown, crate::Protocol::Http2).await
+    let write_stall_limit = state.config().write_stall_limit;
+    crate::serve_router(
+        listener,
+        grpc_app(&state),
+        shutdown,
+        crate::Protocol::Http2,
+        write_stall_limit,
+    )
+    .await
 }

@@ -40,6 +40,7 @@ mod skip_keys;
 pub mod state;
 pub mod validate;
 pub mod wire;
+mod write_stall;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,7 +103,15 @@ where
         shutdown.await;
         closing.send_replace(true);
     };
-    serve_router(listener, app(state), shutdown, Protocol::Http1).await
+    let write_stall_limit = state.config().write_stall_limit;
+    serve_router(
+        listener,
+        app(state),
+        shutdown,
+        Protocol::Http1,
+        write_stall_limit,
+    )
+    .await
 }
 
 /// What a listener speaks. Each listener speaks one protocol only: telling them apart (as
@@ -139,11 +148,15 @@ const HTTP2_KEEP_ALIVE: Duration = Duration::from_secs(20);
 /// delayed ACK, up to 40 ms: the stream-latency benchmark's p99 was 24 ms from that alone. A
 /// connection whose option cannot be set is served anyway (a latency defect, not a reason to
 /// refuse it).
+///
+/// Each socket is wrapped in a [`write_stall::StallGuard`]: a connection whose client has read
+/// nothing for `write_stall_limit` while the server had something to send is closed.
 pub(crate) async fn serve_router<F>(
     listener: TcpListener,
     router: Router,
     shutdown: F,
     protocol: Protocol,
+    write_stall_limit: Duration,
 ) -> Result<(), ServeError>
 where
     F: Future<Output = ()> + Send + 'static,
@@ -178,7 +191,7 @@ where
             },
         ));
         let closing_seen = closing_seen.clone();
-        let io = TokioIo::new(stream);
+        let io = TokioIo::new(write_stall::StallGuard::new(stream, write_stall_limit));
         match protocol {
             Protocol::Http1 => {
                 let mut builder = hyper::server::conn::http1::Builder::new();

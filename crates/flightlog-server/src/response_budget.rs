@@ -12,15 +12,18 @@
 //!
 //! So a response over [`SMALL_RESPONSE_BYTES`] holds its size of a shared budget
 //! ([`ServerConfig::response_budget_bytes`](crate::state::ServerConfig), 256 MiB by default,
-//! `--response-budget`) until it is handed to the socket, giving it back chunk by chunk. A run
+//! `--response-budget`) until it is handed to the socket, giving it back chunk by chunk (a run
+//! stream's snapshot event is one string: it gives its share back whole once written). A run
 //! snapshot (`GET /v1/activity/runs/{runId}/snapshot`, a run stream's first event) takes the
 //! store's estimate of its size ([`ActivityStore::snapshot_size_estimate`], from stored sizes,
 //! without reading the values) *before* it is read, set to its real size once serialized; the
 //! other large responses (change pages, listings, open and stuck roots, journal reads) are
 //! bounded in count by their limits and by the store's places for long reads, and are charged
 //! once serialized. When the budget is taken, the request waits up to [`BUDGET_WAIT`], then
-//! gets `503 unavailable` with `Retry-After` (a snapshot: before anything is read): what slow
-//! and simultaneous clients cost is bounded, and nobody else waits on them for long. A response
+//! gets `503 unavailable` with `Retry-After` (a snapshot: before anything is read, unless its
+//! estimate was low): what slow and simultaneous clients cost is bounded, and nobody else waits
+//! on them for long; a client that reads nothing at all is disconnected after the write-stall
+//! limit (see `write_stall`), which gives its share back. A response
 //! larger than the whole budget takes all of it, so it is served alone. Small responses (nearly
 //! all) never touch the budget.
 //!

@@ -42,6 +42,9 @@ pub struct ServerConfig {
     /// The most bytes of large answers (run snapshots, change pages, listings) held for
     /// clients that have not read them yet (see [`crate::response_budget`]).
     pub response_budget_bytes: usize,
+    /// How long a connection may go without any of its pending output being written (its
+    /// client reads nothing) before it is closed (see `write_stall`).
+    pub write_stall_limit: Duration,
 }
 
 impl ServerConfig {
@@ -62,6 +65,9 @@ impl ServerConfig {
     pub const DEFAULT_OTLP_MAX_DECOMPRESSED: usize = 64 * 1024 * 1024;
     /// The default budget of large snapshots in flight: 256 MiB.
     pub const DEFAULT_RESPONSE_BUDGET_BYTES: usize = 256 * 1024 * 1024;
+    /// The default write-stall limit: 30 s, as long as a client may take to send a request
+    /// head (`HEADER_READ_TIMEOUT`).
+    pub const DEFAULT_WRITE_STALL_LIMIT: Duration = Duration::from_secs(30);
 }
 
 impl Default for ServerConfig {
@@ -75,6 +81,7 @@ impl Default for ServerConfig {
             write_wait: Self::DEFAULT_WRITE_WAIT,
             otlp_max_decompressed: Self::DEFAULT_OTLP_MAX_DECOMPRESSED,
             response_budget_bytes: Self::DEFAULT_RESPONSE_BUDGET_BYTES,
+            write_stall_limit: Self::DEFAULT_WRITE_STALL_LIMIT,
         }
     }
 }

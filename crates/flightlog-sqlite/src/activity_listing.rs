@@ -24,7 +24,8 @@ const SHORT_LISTING_LIMIT: i64 = 100;
 
 /// Whether a listing's work is bounded by its limit: a page of at most [`SHORT_LISTING_LIMIT`]
 /// runs with no state, outcome or origin filter reads at most `limit + 1` rows of each index
-/// (a filter can make a page read any number of rows that do not match). The store reads such
+/// (a filter can make a page read any number of rows that do not match), plus a count of the
+/// spans of each open run listed (about 6 ms for a run of 150,000 spans). The store reads such
 /// a page on the short reads' places (`SqliteDatabase::read_apart_short`).
 pub(crate) fn is_short(query: &RunListQuery) -> bool {
     query.limit <= SHORT_LISTING_LIMIT

@@ -17,6 +17,7 @@ use flightlog_sqlite::{
 use serde_json::{json, Value};
 
 use crate::support::TestServer;
+use flightlog_server::ServerConfig;
 
 /// One parsed SSE event.
 #[derive(Debug, Clone)]
@@ -765,13 +766,14 @@ async fn big_run(server: &TestServer, run: &str, spans: usize, attr_bytes: usize
     }
 }
 
-/// A server with an 8 MiB budget of large answers and run `big`: about 12 MB of snapshot, more
-/// than the kernel buffers on both ends of a loopback connection hold (4 MiB of send buffer, the
-/// receiver's unread window), so most of a large answer stays in the server while its client
-/// does not read.
-async fn server_with_a_big_run() -> TestServer {
+/// A server with an 8 MiB budget of large answers, `write_stall_limit`, and run `big`: about
+/// 12 MB of snapshot, more than the kernel buffers on both ends of a loopback connection hold
+/// (4 MiB of send buffer, the receiver's unread window), so most of a large answer stays in the
+/// server while its client does not read.
+async fn server_with_a_big_run(write_stall_limit: Duration) -> TestServer {
     let mut options = crate::support::Options::default();
     options.config.response_budget_bytes = 8 << 20;
+    options.config.write_stall_limit = write_stall_limit;
     let server = TestServer::start_with(options).await;
     big_run(&server, "big", 2_000, 6_000).await;
     server
@@ -811,7 +813,7 @@ async fn until_served(server: &TestServer, path: &str) -> Value {
 /// the slow client for long), and the budget comes back when the slow client goes away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_snapshots_for_clients_that_do_not_read_are_bounded() {
-    let server = server_with_a_big_run().await;
+    let server = server_with_a_big_run(ServerConfig::DEFAULT_WRITE_STALL_LIMIT).await;
     let slow_reader = stalled_get(&server, "/v1/activity/runs/big/snapshot").await;
     let refused = server.get("/v1/activity/runs/big/snapshot").await;
     refused.assert_error(503, "unavailable");
@@ -849,7 +851,7 @@ async fn large_snapshots_for_clients_that_do_not_read_are_bounded() {
 /// briefly and gets 503; small answers go on; the budget comes back when the client goes away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_change_pages_for_clients_that_do_not_read_are_bounded() {
-    let server = server_with_a_big_run().await;
+    let server = server_with_a_big_run(ServerConfig::DEFAULT_WRITE_STALL_LIMIT).await;
     let page = "/v1/activity/changes?after=0&limit=10000";
     let slow_reader = stalled_get(&server, page).await;
     for held_up in [
@@ -881,6 +883,37 @@ async fn large_change_pages_for_clients_that_do_not_read_are_bounded() {
     drop(slow_reader);
     let changes = until_served(&server, page).await;
     assert_eq!(changes.as_array().map(Vec::len), Some(2_000));
+    server.stop().await;
+}
+
+/// A client that asks for a large answer, reads nothing and never goes away held the answer's
+/// share of the budget for as long as it liked (hyper has no write timeout), and every other
+/// large answer was refused meanwhile. Its connection is now closed once nothing could be
+/// written to it for the write-stall limit, and the budget comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_cut_off_and_the_budget_comes_back() {
+    use std::io::Read as _;
+    let server = server_with_a_big_run(Duration::from_secs(1)).await;
+    let snapshot = "/v1/activity/runs/big/snapshot";
+    let mut stalled = stalled_get(&server, snapshot).await;
+    server.get(snapshot).await.assert_error(503, "unavailable");
+    // Served while the stalled client still holds its connection open.
+    let body = until_served(&server, snapshot).await;
+    assert_eq!(body["spans"].as_array().map(Vec::len), Some(2_000));
+    // The server closed it: reading what was sent ends (not a wait for more).
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let mut received = Vec::new();
+    let ended = stalled.read_to_end(&mut received);
+    assert!(
+        ended.is_ok()
+            || ended
+                .as_ref()
+                .is_err_and(|err| err.kind() != std::io::ErrorKind::WouldBlock),
+        "{ended:?}"
+    );
+    assert!(received.len() < 12_000_000, "only part of the answer came");
     server.stop().await;
 }
 
