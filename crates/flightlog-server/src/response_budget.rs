@@ -139,7 +139,7 @@ impl ResponseBudget {
         };
         let held = permit.num_permits();
         if held > wanted {
-            drop(permit.split(held - wanted));
+            keep_at_most(&mut permit, wanted);
         } else if held < wanted {
             let more = u32::try_from(wanted - held).unwrap_or(u32::MAX);
             permit.merge(self.acquire(more, len).await?);
@@ -339,6 +339,13 @@ pub fn json_response(json: ChunkedJson, permit: Option<OwnedSemaphorePermit>) ->
     response
 }
 
+/// Give back what `permit` holds beyond `units`.
+fn keep_at_most(permit: &mut OwnedSemaphorePermit, units: usize) {
+    if let Some(surplus) = permit.num_permits().checked_sub(units) {
+        drop(permit.split(surplus));
+    }
+}
+
 /// The chunks, then the end; the permit shrinks to the bytes not yet handed out each time a
 /// chunk is polled, and goes when the end is polled (or the body is dropped).
 struct BudgetedBody {
@@ -350,13 +357,8 @@ struct BudgetedBody {
 impl BudgetedBody {
     /// Give back the units of what was handed out before this poll.
     fn release_sent(&mut self) {
-        let Some(permit) = self.permit.as_mut() else {
-            return;
-        };
-        let held = permit.num_permits();
-        let wanted = self.unsent.div_ceil(UNIT_BYTES);
-        if held > wanted {
-            drop(permit.split(held - wanted));
+        if let Some(permit) = self.permit.as_mut() {
+            keep_at_most(permit, self.unsent.div_ceil(UNIT_BYTES));
         }
     }
 }
