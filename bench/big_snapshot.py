@@ -8,7 +8,10 @@ while it samples the server's anonymous memory (`RssAnon` of /proc/PID/status) e
 
     flightlog serve --db big.db --addr 127.0.0.1:19811 --grpc-addr off &
     python3 bench/big_snapshot.py fill 19811 [SPANS=20000] [ATTR_KB=20]
-    python3 bench/big_snapshot.py load 19811 PID [CLIENTS=8] [ROUNDS=2]
+    python3 bench/big_snapshot.py load 19811 PID [CLIENTS=8] [ROUNDS=2] [snapshot|stream]
+
+With `stream` the clients open the run's live stream (`/v1/activity/runs/big/stream`) instead,
+whose first event is the same snapshot, and each closes it once that event has arrived.
 
 It prints the answers' statuses and sizes, the peak anonymous memory and the time taken.
 """
@@ -58,6 +61,10 @@ if mode == "fill":
 pid = int(sys.argv[3])
 clients = int(sys.argv[4]) if len(sys.argv) > 4 else 8
 rounds = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+what = sys.argv[6] if len(sys.argv) > 6 else "snapshot"
+if what not in ("snapshot", "stream"):
+    raise SystemExit(f"the sixth argument is snapshot or stream, not {what!r}")
+path = f"/v1/activity/runs/big/{what}"
 peak = [0]
 running = [True]
 
@@ -83,9 +90,9 @@ lock = threading.Lock()
 
 def fetch(slow):
     for _ in range(rounds):
-        if not slow:
+        if not slow and what == "snapshot":
             try:
-                body = urllib.request.urlopen(base + "/v1/activity/runs/big/snapshot").read()
+                body = urllib.request.urlopen(base + path).read()
                 with lock:
                     statuses[200] += 1
                     sizes.append(len(body))
@@ -94,20 +101,25 @@ def fetch(slow):
                     statuses[err.code] += 1
             continue
         # A slow reader: sends the request, reads the first bytes, then waits 5 s before
-        # reading the rest, so the server holds what it has not written yet.
+        # reading the rest, so the server holds what it has not written yet. (A stream client
+        # reads until the first event's blank line: compact JSON has no line break.)
         sock = socket.create_connection(("127.0.0.1", port))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-        sock.sendall(b"GET /v1/activity/runs/big/snapshot HTTP/1.1\r\nHost: x\r\n"
-                     b"Connection: close\r\n\r\n")
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n".encode()
+                     + b"Connection: close\r\n\r\n")
         head = sock.recv(65536)
         status = int(head.split(b" ", 2)[1]) if head else 0
-        time.sleep(5)
-        total = len(head)
-        while True:
+        if slow:
+            time.sleep(5)
+        total, tail = len(head), head[-1:]
+        event_ended = what == "stream" and b"\n\n" in head
+        while not event_ended:
             chunk = sock.recv(1 << 20)
             if not chunk:
                 break
             total += len(chunk)
+            event_ended = what == "stream" and b"\n\n" in tail + chunk
+            tail = chunk[-1:]
         sock.close()
         with lock:
             statuses[status] += 1

@@ -37,6 +37,7 @@ pub mod response_budget;
 mod routes;
 pub mod settings;
 mod skip_keys;
+mod sse;
 pub mod state;
 pub mod validate;
 pub mod wire;

@@ -13,7 +13,7 @@
 //! So a response over [`SMALL_RESPONSE_BYTES`] holds its size of a shared budget
 //! ([`ServerConfig::response_budget_bytes`](crate::state::ServerConfig), 256 MiB by default,
 //! `--response-budget`) until it is handed to the socket, giving it back chunk by chunk (a run
-//! stream's snapshot event is one string: it gives its share back whole once written). A run
+//! stream's snapshot event too: its data goes out in the same chunks, see `sse`). A run
 //! snapshot (`GET /v1/activity/runs/{runId}/snapshot`, a run stream's first event) takes the
 //! store's estimate of its size ([`ActivityStore::snapshot_size_estimate`], from stored sizes,
 //! without reading the values) *before* it is read, set to its real size once serialized; the
@@ -231,13 +231,9 @@ impl ChunkedJson {
         self.len == 0
     }
 
-    /// The whole document as one text (an SSE event's data is one string).
-    pub fn into_text(self) -> Result<String, ApiError> {
-        let mut text = Vec::with_capacity(self.len);
-        for chunk in self.chunks {
-            text.extend_from_slice(&chunk);
-        }
-        String::from_utf8(text).map_err(|err| ApiError::Internal(err.to_string()))
+    /// The chunks of the document, in order.
+    pub fn into_chunks(self) -> VecDeque<Bytes> {
+        self.chunks
     }
 }
 
@@ -326,11 +322,7 @@ pub fn json_response(json: ChunkedJson, permit: Option<OwnedSemaphorePermit>) ->
     let body = match (permit, json.chunks.len()) {
         (None, 0) => Body::empty(),
         (None, 1) => Body::from(json.chunks.into_iter().next().unwrap_or_default()),
-        (permit, _) => Body::new(BudgetedBody {
-            unsent: json.len,
-            chunks: json.chunks,
-            permit,
-        }),
+        (permit, _) => Body::new(BudgetedBody(BudgetedChunks::new(json.chunks, permit))),
     };
     let mut response = body.into_response();
     response
@@ -346,22 +338,58 @@ fn keep_at_most(permit: &mut OwnedSemaphorePermit, units: usize) {
     }
 }
 
-/// The chunks, then the end; the permit shrinks to the bytes not yet handed out each time a
-/// chunk is polled, and goes when the end is polled (or the body is dropped).
-struct BudgetedBody {
+/// Chunks of an answer and the budget they hold: each time the next chunk is taken, the permit
+/// shrinks to the bytes not yet handed out before it (so a chunk's share goes back when the
+/// chunk after it is taken); the permit goes when a take finds none left, or when this is
+/// dropped. A JSON body and a run stream's snapshot event are both sent this way.
+#[derive(Debug)]
+pub struct BudgetedChunks {
     chunks: VecDeque<Bytes>,
     unsent: usize,
     permit: Option<OwnedSemaphorePermit>,
 }
 
-impl BudgetedBody {
-    /// Give back the units of what was handed out before this poll.
-    fn release_sent(&mut self) {
+impl BudgetedChunks {
+    /// `chunks`, holding `permit` (if any) until they are handed out.
+    pub fn new(chunks: VecDeque<Bytes>, permit: Option<OwnedSemaphorePermit>) -> Self {
+        Self {
+            unsent: chunks.iter().map(Bytes::len).sum(),
+            chunks,
+            permit,
+        }
+    }
+
+    /// The next chunk, after giving back the budget of those handed out before it; `None` (and
+    /// the permit given back) at the end.
+    pub fn take_next(&mut self) -> Option<Bytes> {
         if let Some(permit) = self.permit.as_mut() {
             keep_at_most(permit, self.unsent.div_ceil(UNIT_BYTES));
         }
+        match self.chunks.pop_front() {
+            Some(chunk) => {
+                self.unsent = self.unsent.saturating_sub(chunk.len());
+                Some(chunk)
+            }
+            None => {
+                self.permit = None;
+                None
+            }
+        }
+    }
+
+    /// True once every chunk was taken and the permit is gone.
+    pub fn is_done(&self) -> bool {
+        self.chunks.is_empty() && self.permit.is_none()
+    }
+
+    /// Bytes not yet taken.
+    pub fn unsent(&self) -> usize {
+        self.unsent
     }
 }
+
+/// A JSON body in budgeted chunks.
+struct BudgetedBody(BudgetedChunks);
 
 impl http_body::Body for BudgetedBody {
     type Data = Bytes;
@@ -371,29 +399,23 @@ impl http_body::Body for BudgetedBody {
         mut self: Pin<&mut Self>,
         _cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        self.release_sent();
-        match self.chunks.pop_front() {
-            Some(chunk) => {
-                self.unsent = self.unsent.saturating_sub(chunk.len());
-                Poll::Ready(Some(Ok(http_body::Frame::data(chunk))))
-            }
-            None => {
-                self.permit = None;
-                Poll::Ready(None)
-            }
-        }
+        Poll::Ready(
+            self.0
+                .take_next()
+                .map(|chunk| Ok(http_body::Frame::data(chunk))),
+        )
     }
 
     // Not the end until polled once more: hyper would otherwise drop the body (and the permit)
     // as soon as the last chunk is queued, before it is written.
     fn is_end_stream(&self) -> bool {
-        self.chunks.is_empty() && self.permit.is_none()
+        self.0.is_done()
     }
 
     // The exact length, so the answer carries `Content-Length` as `Json` answers do (a client
     // can show progress, and tell a cut answer from a whole one).
     fn size_hint(&self) -> http_body::SizeHint {
-        http_body::SizeHint::with_exact(self.unsent as u64)
+        http_body::SizeHint::with_exact(self.0.unsent() as u64)
     }
 }
 
@@ -460,8 +482,8 @@ mod tests {
             assert_eq!(json.len(), derived.len());
             assert_eq!(json.chunks.len(), derived.len().div_ceil(CHUNK_BYTES));
             assert!(json.chunks.iter().all(|chunk| chunk.len() <= CHUNK_BYTES));
-            let text = json.into_text().expect("UTF-8");
-            assert_eq!(text.as_bytes(), derived.as_slice(), "{spans} spans");
+            let text: Vec<u8> = json.into_chunks().into_iter().flatten().collect();
+            assert_eq!(text, derived, "{spans} spans");
         }
     }
 

@@ -8,14 +8,12 @@
 //! previous one, so no per-client buffer grows and no writer ever waits for a reader.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use flightlog_core::activity::{ActivityChange, ActivityStore, ChangeDoorbell};
 use flightlog_core::journal::{EngagementEvent, EngagementJournal};
 use futures_util::stream::{self, Stream};
@@ -29,6 +27,7 @@ use crate::extract::{ApiQuery, PathId};
 use crate::metrics::{StreamEnds, StreamKind};
 use crate::openapi::{tags, ENGAGEMENT_ID, LARGE_RESPONSE_BUSY, RUN_ID};
 use crate::response_budget::ChunkedJson;
+use crate::sse::SseEvent;
 use crate::state::AppState;
 
 /// Changes read from the database per query while a stream catches up.
@@ -231,7 +230,7 @@ const LOG_TRIMMED: &str = "the change log no longer holds every change after thi
 /// A `resync`'s reason when the followed run was pruned and its id used again.
 const RUN_RECREATED: &str = "the run was pruned and a new run started under its id";
 
-fn resync_event(horizon: i64, reason: &str) -> Event {
+fn resync_event(horizon: i64, reason: &str) -> SseEvent {
     let body = serde_json::json!({
         "reason": reason,
         "changeLogHorizon": horizon,
@@ -239,27 +238,20 @@ fn resync_event(horizon: i64, reason: &str) -> Event {
         "action": "take a new snapshot, then reconnect with after = the larger of its cursor and \
                    resumeAfter (or with no after, to start at the newest change)",
     });
-    Event::default().event("resync").data(body.to_string())
+    SseEvent::json("resync", None, &body)
 }
 
-fn change_event(change: &ActivityChange) -> Event {
-    let data = serde_json::to_string(change).unwrap_or_else(|_| "null".to_owned());
-    Event::default()
-        .event("change")
-        .id(change.change_id.to_string())
-        .data(data)
+fn change_event(change: &ActivityChange) -> SseEvent {
+    SseEvent::json("change", Some(&change.change_id.to_string()), change)
 }
 
-fn error_event(message: &str) -> Event {
+fn error_event(message: &str) -> SseEvent {
     let body = serde_json::json!({"error": {"code": "unavailable", "message": message}});
-    Event::default().event("error").data(body.to_string())
+    SseEvent::json("error", None, &body)
 }
 
 /// The feed's changes as events; the stream's end (a resync or an error) is counted in `ends`.
-fn feed_stream(
-    feed: ChangeFeed,
-    ends: StreamEnds,
-) -> impl Stream<Item = Result<Event, Infallible>> {
+fn feed_stream(feed: ChangeFeed, ends: StreamEnds) -> impl Stream<Item = SseEvent> {
     stream::unfold((feed, ends), |(mut feed, ends)| async move {
         if feed.failed {
             return None;
@@ -278,15 +270,15 @@ fn feed_stream(
                 resync_event(horizon, reason)
             }
         };
-        Some((Ok(event), (feed, ends)))
+        Some((event, (feed, ends)))
     })
 }
 
 /// The SSE response: keep-alive comments, the end of the stream when the server shuts down, and
 /// the live-clients gauge of `kind` for as long as the response body exists.
-fn sse<S>(state: &AppState, kind: StreamKind, stream: S) -> impl IntoResponse
+fn sse<S>(state: &AppState, kind: StreamKind, stream: S) -> Response
 where
-    S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
+    S: Stream<Item = SseEvent> + Send + 'static,
 {
     let mut closing = state.closing();
     let closed = async move {
@@ -302,7 +294,7 @@ where
         event
     });
     let stream = futures_util::StreamExt::take_until(stream, Box::pin(closed));
-    Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
+    crate::sse::response(stream, KEEP_ALIVE)
 }
 
 /// Every committed change after a cursor, in `changeId` order, live (Server-Sent Events).
@@ -381,7 +373,7 @@ async fn run_stream(
                 run_id,
                 above_seq: 0,
             };
-            ((None, None), ChangeFeed::new(store, cursor, Some(filter)))
+            (None, ChangeFeed::new(store, cursor, Some(filter)))
         }
         None => {
             let budget = state.response_budget();
@@ -399,23 +391,16 @@ async fn run_stream(
             // A large snapshot holds budget until the stream is polled for what follows it,
             // which hyper does once it has written most of it (see `response_budget`).
             let permit = budget.settle(reserved, json.len()).await?;
-            let data = json.into_text()?;
-            let event = Event::default()
-                .event("snapshot")
-                .id(cursor.to_string())
-                .data(data);
+            let event = SseEvent::chunked_json("snapshot", Some(&cursor.to_string()), json, permit);
             (
-                (Some(event), permit),
+                Some(event),
                 ChangeFeed::new(store, follow_from, Some(filter)),
             )
         }
     };
-    // The snapshot, then nothing; its permit (if any) is carried past the snapshot and dropped
-    // when the stream is polled again.
-    let head = stream::unfold(first, |(event, permit)| async move {
-        let event = event?;
-        Some((Ok(event), (None, permit)))
-    });
+    // The snapshot (holding its share of the budget until its chunks are written), then the
+    // changes after it.
+    let head = stream::iter(first);
     Ok(sse(
         &state,
         StreamKind::Run,
@@ -559,25 +544,19 @@ impl JournalFeed {
     }
 }
 
-fn journal_event(event: &EngagementEvent, generation: u64) -> Event {
-    let data = serde_json::to_string(event).unwrap_or_else(|_| "null".to_owned());
-    Event::default()
-        .event("journal")
-        .id(format!("{}@{generation}", event.seq))
-        .data(data)
+fn journal_event(event: &EngagementEvent, generation: u64) -> SseEvent {
+    let id = format!("{}@{generation}", event.seq);
+    SseEvent::json("journal", Some(&id), event)
 }
 
-fn journal_resync_event(generation: Option<u64>) -> Event {
+fn journal_resync_event(generation: Option<u64>) -> SseEvent {
     let body = serde_json::json!({
         "reason": "the engagement was compacted or pruned: drop the events you hold; the \
                    events that follow start again at seq 0",
         "fromSeq": 0,
     });
-    let event = Event::default().event("resync").data(body.to_string());
-    match generation {
-        Some(generation) => event.id(format!("-1@{generation}")),
-        None => event,
-    }
+    let id = generation.map(|generation| format!("-1@{generation}"));
+    SseEvent::json("resync", id.as_deref(), &body)
 }
 
 /// An engagement's events from `fromSeq` on, then live ones as they commit (Server-Sent Events).
@@ -654,7 +633,7 @@ async fn journal_stream(
                 error_event(&message)
             }
         };
-        Some((Ok(sse_event), (feed, ends)))
+        Some((sse_event, (feed, ends)))
     });
     Ok(sse(&state, StreamKind::Journal, events))
 }
