@@ -1,18 +1,20 @@
 //! The request extractors every handler uses, each rejecting with an [`ApiError`] so that a bad
 //! request always gets the contract's status and error body.
 //!
-//! - [`JsonBody`] / [`OptionalJsonBody`]: a JSON body (`415` for another content type, `413`
-//!   past the body limit, `400` for malformed JSON or wrong types, naming the JSON path).
-//! - [`ApiQuery`]: the query string (`400` for a bad one).
+//! - [`JsonBody`] / [`OptionalJsonBody`]: a JSON body (`415` for another content type or a
+//!   compressed body, `413` past the body limit, `400` for no body at all, malformed JSON or
+//!   wrong types, naming the JSON path).
+//! - [`ApiQuery`]: the query string (`400` for a bad one or an unknown parameter; a blank
+//!   parameter counts as not given).
 //! - [`PathId`]: the one id a path captures, checked as an id (non-empty, at most 256 bytes).
 //! - [`WriterStore`]: the activity store acting as the request's `Flightlog-Writer`.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Query, RawPathParams, Request};
-use axum::http::header::CONTENT_TYPE;
+use axum::http::header::{CONTENT_ENCODING, CONTENT_TYPE};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use flightlog_core::activity::ActivityStore;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
@@ -44,12 +46,41 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
 /// The body of a request that must declare a JSON content type, unparsed (what [`JsonBody`]
 /// parses).
 pub(crate) async fn json_body_bytes(req: Request, state: &AppState) -> Result<Bytes, ApiError> {
-    if !is_json(req.headers())? {
+    let declared = is_json(req.headers())?;
+    let has_content_type = req.headers().contains_key(CONTENT_TYPE);
+    let encoded = refuse_encoded(req.headers());
+    // The gate has read the body already (see `gate`): taking it costs nothing.
+    let bytes = read_body(req, state).await?;
+    if bytes.is_empty() && !has_content_type {
+        return Err(ApiError::invalid(
+            "this endpoint takes a JSON body (Content-Type: application/json); the request had \
+             none",
+        ));
+    }
+    if !declared {
         return Err(ApiError::UnsupportedMediaType(
             "this endpoint takes a JSON body in UTF-8: send Content-Type: application/json".into(),
         ));
     }
-    read_body(req, state).await
+    encoded?;
+    Ok(bytes)
+}
+
+/// Refuse a body declared compressed (any `Content-Encoding` but `identity`): the JSON
+/// endpoints take bodies as they are, and a compressed body read as JSON would be stored as
+/// garbage or refused with a misleading parse error. Only the OTLP route takes gzip.
+fn refuse_encoded(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get(CONTENT_ENCODING) else {
+        return Ok(());
+    };
+    let text = value.to_str().unwrap_or("(not text)").trim();
+    if text.is_empty() || text.eq_ignore_ascii_case("identity") {
+        return Ok(());
+    }
+    Err(ApiError::UnsupportedMediaType(format!(
+        "this endpoint takes an uncompressed JSON body, not one with Content-Encoding: {text} \
+         (only the OTLP route /v1/traces takes gzip)"
+    )))
 }
 
 impl<T: DeserializeOwned> FromRequest<AppState> for OptionalJsonBody<T> {
@@ -59,6 +90,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for OptionalJsonBody<T> {
         // An empty body is "no body" whatever content type a client library put on it (the
         // contract: "`{at?}` or empty"); only a body with content must be JSON.
         let declared = is_json(req.headers());
+        let encoded = refuse_encoded(req.headers());
         let bytes = read_body(req, state).await?;
         if bytes.is_empty() {
             return Ok(OptionalJsonBody(None));
@@ -66,6 +98,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for OptionalJsonBody<T> {
         if !declared? {
             return Err(unsupported_media_type());
         }
+        encoded?;
         parse_json(&bytes).map(|value| OptionalJsonBody(Some(value)))
     }
 }
@@ -171,7 +204,7 @@ pub(crate) fn require_json_object(bytes: &[u8]) -> Result<(), ApiError> {
 
 /// What the body's JSON text starts, when that is a JSON value other than an object. Text that
 /// starts like no JSON value at all is left to the parser, whose message says where it fails.
-fn non_object_json(bytes: &[u8]) -> Option<&'static str> {
+pub(crate) fn non_object_json(bytes: &[u8]) -> Option<&'static str> {
     let first = bytes
         .iter()
         .find(|byte| !matches!(byte, b' ' | b'\t' | b'\n' | b'\r'))?;
@@ -185,7 +218,10 @@ fn non_object_json(bytes: &[u8]) -> Option<&'static str> {
     }
 }
 
-/// The query string parsed as `T`; unknown parameters are ignored.
+/// The query string parsed as `T`. A blank parameter (`limit=`, or `limit` alone: what a form
+/// sends for an empty field) counts as not given, so `?outcome=&limit=` is the same as no query;
+/// unknown parameters are refused (every query type denies them: a misspelt `limt=5` would
+/// otherwise be ignored without a word).
 #[derive(Debug)]
 pub struct ApiQuery<T>(pub T);
 
@@ -193,10 +229,30 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        Query::try_from_uri(&parts.uri)
+        let query = parts.uri.query().unwrap_or_default();
+        let parsed = if query.split('&').any(is_blank_parameter) {
+            let given: Vec<&str> = query
+                .split('&')
+                .filter(|parameter| !is_blank_parameter(parameter))
+                .collect();
+            let uri: Uri = format!("/?{}", given.join("&"))
+                .parse()
+                .map_err(|_| ApiError::invalid("the query string is not a valid URI query"))?;
+            Query::try_from_uri(&uri)
+        } else {
+            Query::try_from_uri(&parts.uri)
+        };
+        parsed
             .map(|Query(value)| ApiQuery(value))
             .map_err(|rejection| ApiError::invalid(rejection.body_text()))
     }
+}
+
+/// `name=` or `name` (or nothing, between two `&`): a parameter with no value.
+fn is_blank_parameter(parameter: &str) -> bool {
+    parameter
+        .split_once('=')
+        .is_none_or(|(_, value)| value.is_empty())
 }
 
 /// The single id captured by the route (`{spanId}`, `{runId}`, `{engagementId}`), percent-decoded

@@ -490,7 +490,9 @@ pub struct PruneOptions {
     )]
     pub now: Option<i64>,
     /// Most runs pruned per call (default 50): pruning is batched so writers are not starved.
-    /// Zero prunes nothing; a negative value means no limit (the reference's SQL `LIMIT`).
+    /// Zero prunes nothing. Over HTTP an integer from 0 to 10,000; the store itself also takes
+    /// a negative value, meaning no limit (the reference's SQL `LIMIT`).
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 10_000))]
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",

@@ -91,7 +91,7 @@ struct CloseRunBody {
 
 /// Query of the two change-log pages.
 #[derive(Debug, Deserialize, IntoParams)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct ChangesQuery {
     /// The cursor to read after (0: from the start).
@@ -113,7 +113,7 @@ impl ChangesQuery {
 
 /// Query of `GET /v1/activity/stuck`.
 #[derive(Debug, Deserialize, IntoParams)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct StuckQuery {
     /// How long (ms) before `now` an open root must have started to count as stuck.

@@ -33,7 +33,9 @@ use super::activity::{
     unknown_span, AppendEventBody, HeartbeatBody,
 };
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{json_body_bytes, parse_json, require_json_object, WriterStore};
+use crate::extract::{
+    json_body_bytes, non_object_json, parse_json, require_json_object, WriterStore,
+};
 use crate::openapi::tags;
 use crate::skip_keys::SkipKeys;
 use crate::state::AppState;
@@ -250,16 +252,14 @@ struct RawBatchBody<'a> {
 /// Every op of the body, parsed and checked (or the whole body's error).
 ///
 /// The fast path reads each op's text straight into its body type ([`RawOp`]); whatever it
-/// cannot take (any error at all, or a body that is not an object of objects) is read again the
-/// original way, through a `serde_json` map ([`MapOp`]), so every answer, error messages
-/// included, is exactly what that way gives.
+/// cannot take (a body that is not `{"ops": [...]}`, or an op with any error at all) is read
+/// again the original way, through a `serde_json` map ([`MapOp`]), so every answer, error
+/// messages included, is exactly what that way gives. An op that is not a JSON object is an
+/// error of its own entry.
 fn parse_ops(bytes: &[u8], max: usize) -> Result<Vec<Result<ActivityWrite, ApiError>>, ApiError> {
     // Before the fast path too: it would read `[[op, …]]` as `{"ops": [op, …]}`.
     require_json_object(bytes)?;
-    let fast = serde_json::from_slice::<RawBatchBody<'_>>(bytes)
-        .ok()
-        .filter(|body| body.ops.iter().all(|op| op.get().starts_with('{')));
-    let Some(body) = fast else {
+    let Ok(body) = serde_json::from_slice::<RawBatchBody<'_>>(bytes) else {
         let body: BatchBody = parse_json(bytes)?;
         check_op_count(body.ops.len(), max)?;
         return Ok(body
@@ -275,6 +275,13 @@ fn parse_ops(bytes: &[u8], max: usize) -> Result<Vec<Result<ActivityWrite, ApiEr
         .into_iter()
         .enumerate()
         .map(|(index, raw)| {
+            // An op that is not an object is that op's error (as its single endpoint refuses a
+            // body that is not one), not the whole batch's.
+            if let Some(found) = non_object_json(raw.get().as_bytes()) {
+                return Err(ApiError::invalid(format!(
+                    "ops[{index}]: an op is a JSON object, got {found}"
+                )));
+            }
             RawOp::new(raw)
                 .and_then(|op| parse_op(index, op).ok())
                 .map_or_else(|| reparse_op(index, raw), Ok)

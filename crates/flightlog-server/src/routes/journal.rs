@@ -40,7 +40,7 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
 
 /// Query of `GET /v1/engagements/{engagementId}/events`.
 #[derive(Debug, Deserialize, IntoParams)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct EventsQuery {
     /// Only events with `seq >= fromSeq`.
@@ -50,6 +50,7 @@ struct EventsQuery {
 
 /// Query of `GET /v1/engagements/{engagementId}/board`.
 #[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct BoardQuery {
     /// Only the entry with this key.
@@ -63,6 +64,7 @@ struct BoardQuery {
 
 /// Query of `GET /v1/engagements`.
 #[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct ListQuery {
     /// At most this many ids (0 to 10,000; all when absent).

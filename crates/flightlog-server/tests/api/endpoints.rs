@@ -656,12 +656,41 @@ async fn batch_runs_each_op_in_order_and_reports_failures_in_place() {
     }
     assert_eq!(results[3], Value::Null);
 
+    // An op that is not an object is refused in its own entry, as its single endpoint refuses
+    // such a body; the others run.
+    let reply = server
+        .post(
+            "/v1/activity/batch",
+            &json!({"ops": [5, {"op": "heartbeat", "spanId": "s1"}, [], null, "op"]}),
+        )
+        .await;
+    let results = reply.assert_status(200)["results"].clone();
+    assert_eq!(results.as_array().map(Vec::len), Some(5), "{results}");
+    assert_eq!(results[1], Value::Null, "{results}");
+    for (index, found) in [
+        (0, "a number"),
+        (2, "an array"),
+        (3, "null"),
+        (4, "a string"),
+    ] {
+        assert_eq!(
+            results[index]["error"]["code"], "invalid_request",
+            "{results}"
+        );
+        let message = results[index]["error"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            message.starts_with(&format!("ops[{index}]:")) && message.ends_with(found),
+            "{message}"
+        );
+    }
+
     // The request itself must be {"ops": [...]} of at most max_batch_ops ops.
     for bad in [
         json!({"ops": {}}),
         json!({}),
         json!({"ops": [], "extra": 1}),
-        json!({"ops": [1]}),
         json!({"ops": vec![json!({"op": "heartbeat", "spanId": "s1"}); 9]}),
     ] {
         server
@@ -1157,4 +1186,146 @@ async fn deeply_nested_json_is_a_400_not_a_crash() {
         .get("/v1/activity/spans/deep")
         .await
         .assert_error(404, "not_found");
+}
+
+/// A JSON endpoint takes its body as it is: a body declared compressed (`Content-Encoding`
+/// other than `identity`) is a 415 that says only the OTLP route takes gzip, where it used to be
+/// stored as it came (a plain body labelled gzip) or refused with a JSON parse error (a real
+/// gzip body); an empty heartbeat needs no decoding and is still taken. A request with no body
+/// and no content type on an endpoint that needs one is a 400, not a 415.
+#[tokio::test]
+async fn compressed_bodies_are_415_and_a_missing_body_is_400() {
+    let server = TestServer::start().await;
+    server
+        .post(
+            "/v1/activity/spans",
+            &start_input("enc", "enc-run", None, 1),
+        )
+        .await
+        .assert_status(201);
+    let send = |path: &'static str, encoding: &'static str, body: &'static str| {
+        let request = server
+            .client
+            .post(format!("{}{path}", server.base))
+            .header("Content-Type", "application/json")
+            .header("Content-Encoding", encoding)
+            .body(body);
+        async move { request.send().await.expect("request") }
+    };
+    let append = "/v1/engagements/enc/events";
+    let event = r#"{"type": "note", "at": 1, "data": {}}"#;
+    for (path, encoding, body) in [
+        (append, "gzip", event),
+        ("/v1/activity/spans/enc/heartbeat", "br", r#"{"at": 5}"#),
+        ("/v1/activity/batch", "deflate", r#"{"ops": []}"#),
+    ] {
+        let response = send(path, encoding, body).await;
+        assert_eq!(response.status(), 415, "{path} with {encoding}");
+        let error: Value = response.json().await.expect("an error body");
+        assert_eq!(error["error"]["code"], "unsupported_media_type", "{error}");
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(encoding) && message.contains("/v1/traces"),
+            "{message}"
+        );
+    }
+    assert_eq!(
+        server
+            .get("/v1/engagements/enc/events")
+            .await
+            .assert_status(200),
+        &json!([]),
+        "nothing was appended"
+    );
+    let identity = send(append, "identity", event).await;
+    assert_eq!(identity.status(), 201, "identity is no encoding");
+    let empty = send("/v1/activity/spans/enc/heartbeat", "br", "").await;
+    assert_eq!(
+        empty.status(),
+        204,
+        "an empty heartbeat has nothing to decode"
+    );
+
+    let missing = server
+        .post_empty("/v1/activity/maintenance/sweep-stale")
+        .await;
+    missing.assert_error(400, "invalid_request");
+    server
+        .send_raw(Method::POST, "/v1/activity/spans", None, "")
+        .await
+        .assert_error(400, "invalid_request");
+    server.stop().await;
+}
+
+/// A blank query parameter (`limit=`, as a form sends an empty field, and as the contract
+/// writes its queries) counts as not given; an unknown one is a 400 on every endpoint that
+/// takes a query (a misspelt `limt` used to be ignored on some of them and refused on others).
+#[tokio::test]
+async fn blank_query_parameters_count_as_absent_and_unknown_ones_are_refused() {
+    let server = TestServer::start().await;
+    for n in 0..3 {
+        let id = format!("q{n}");
+        server
+            .post("/v1/activity/spans", &start_input(&id, &id, None, n))
+            .await
+            .assert_status(201);
+    }
+    server
+        .post(
+            "/v1/engagements/q/events",
+            &json!({"type": "note", "at": 1, "data": {}}),
+        )
+        .await
+        .assert_status(201);
+    for (blank, plain) in [
+        (
+            "/v1/activity/runs?outcome=&origin=&limit=&before=",
+            "/v1/activity/runs",
+        ),
+        ("/v1/activity/changes?after=&limit", "/v1/activity/changes"),
+        (
+            "/v1/activity/changes/terminal-roots?after=&limit=",
+            "/v1/activity/changes/terminal-roots",
+        ),
+        ("/v1/engagements?limit=", "/v1/engagements"),
+        (
+            "/v1/engagements/q/events?fromSeq=",
+            "/v1/engagements/q/events",
+        ),
+        (
+            "/v1/engagements/q/board?key=&kind=",
+            "/v1/engagements/q/board",
+        ),
+        (
+            "/v1/activity/stuck?thresholdMs=0&now=&",
+            "/v1/activity/stuck?thresholdMs=0",
+        ),
+    ] {
+        let with_blanks = server.get(blank).await;
+        let without = server.get(plain).await;
+        assert_eq!(
+            with_blanks.assert_status(200),
+            without.assert_status(200),
+            "{blank}"
+        );
+    }
+    server
+        .get("/v1/activity/stuck?thresholdMs=")
+        .await
+        .assert_error(400, "invalid_request");
+    for path in [
+        "/v1/activity/runs?limt=5",
+        "/v1/activity/changes?limt=5",
+        "/v1/activity/changes/terminal-roots?bogus=1",
+        "/v1/activity/stuck?thresholdMs=0&bogus=1",
+        "/v1/engagements?limt=5",
+        "/v1/engagements/q/events?from=1",
+        "/v1/engagements/q/board?kinds=note",
+    ] {
+        let reply = server.get(path).await;
+        reply.assert_error(400, "invalid_request");
+        let message = reply.body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("unknown field"), "{path}: {message}");
+    }
+    server.stop().await;
 }
