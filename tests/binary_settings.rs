@@ -1,0 +1,467 @@
+//! The settings of `flightlog serve` reach the running server: the real binary, started as a
+//! child process on 127.0.0.1 with port 0, driven over real HTTP.
+//!
+//! Why this file exists: `crates/flightlog-server/src/settings.rs` unit-tests how flags,
+//! `FLIGHTLOG_*` variables and the TOML config file resolve into `ServeSettings`, but nothing
+//! showed that the resolved values are the ones the server then runs with. These tests start
+//! the binary with each setting from each source and look only at what a client sees:
+//! - `--manual-clock`: `PUT /v1/testing/clock` moves the time a span takes when it names none;
+//!   without the flag the route is a 404 and spans take the wall clock;
+//! - journal retention (`journal.max_events`, `journal.max_age_ms`) from the environment, the
+//!   config file and the flags, and which source wins when several give it: the append past the
+//!   limit is `409 journal_full` with nothing written, and `POST /v1/engagements/prune` removes
+//!   exactly the engagements idle past the configured age (numbers chosen so that the defaults,
+//!   10,000 events and 30 days, would do neither);
+//! - `--grpc-addr`: `off` prints that gRPC is off and leaves the HTTP listener as the process's
+//!   only listening socket; `127.0.0.1:0` prints a gRPC address that is the process's second
+//!   listening socket and accepts a TCP connection.
+//!
+//! One server per case, stopped with SIGTERM and required to exit cleanly.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+use support::ServeProcess;
+
+const BIN: &str = env!("CARGO_BIN_EXE_flightlog");
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The limits every retention case configures (through a different source each time).
+const MAX_EVENTS: u64 = 2;
+const MAX_AGE_MS: i64 = 1_000;
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+// ---------------------------------------------------------------------------------------------
+
+/// `flightlog serve` on a fresh database in `dir`, at 127.0.0.1:0, with `extra` flags, and with
+/// `env` (`NAME=value` pairs) in its environment and nothing else of flightlog's.
+///
+/// `ServeProcess::spawn` removes every `FLIGHTLOG_*` variable the test process has, and would
+/// so also remove one set here under the same name; the variables are therefore given to
+/// `env(1)`, which sets them for the `flightlog` it then executes (the same process id).
+fn serve(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+    let mut command = if env.is_empty() {
+        Command::new(BIN)
+    } else {
+        let mut command = Command::new("env");
+        command.args(env.iter().map(|(name, value)| format!("{name}={value}")));
+        command.arg(BIN);
+        command
+    };
+    command
+        .current_dir(dir)
+        .args(["serve", "--db"])
+        .arg(dir.join("flightlog.db"))
+        .args(["--addr", "127.0.0.1:0", "--instance", "settings-test"])
+        .args(extra);
+    ServeProcess::spawn(command, START_TIMEOUT)
+}
+
+/// Stop `server` with SIGTERM, requiring a clean exit; its whole output.
+fn stop(mut server: ServeProcess) -> String {
+    server.stop_cleanly(STOP_TIMEOUT)
+}
+
+/// One request on its own connection (`Connection: close`): status and JSON body (`Null` when
+/// there is none).
+fn request(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let payload = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if !payload.is_empty() {
+        head.push_str("Content-Type: application/json\r\n");
+    }
+    head.push_str(&format!(
+        "Content-Length: {}\r\n\r\n{payload}",
+        payload.len()
+    ));
+    let mut stream = TcpStream::connect(addr).expect("connect to the server");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("set a read timeout");
+    stream.write_all(head.as_bytes()).expect("send the request");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("read the answer");
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {answer:?}"));
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// Start a span that names no `startedAt`; the stored row.
+fn start_span(addr: SocketAddr, span_id: &str) -> Value {
+    let (status, row) = request(
+        addr,
+        "POST",
+        "/v1/activity/spans",
+        Some(
+            json!({"spanId": span_id, "runId": format!("run-{span_id}"), "name": "turn",
+                    "kind": "turn", "origin": "session"}),
+        ),
+    );
+    assert_eq!(status, 201, "{row}");
+    row
+}
+
+/// Append one event to `engagement` at `at`: the status and body.
+fn append(addr: SocketAddr, engagement: &str, at: i64) -> (u16, Value) {
+    request(
+        addr,
+        "POST",
+        &format!("/v1/engagements/{engagement}/events"),
+        Some(json!({"type": "note", "at": at, "data": {}})),
+    )
+}
+
+/// The engagement's stored events.
+fn events(addr: SocketAddr, engagement: &str) -> Vec<Value> {
+    let (status, body) = request(
+        addr,
+        "GET",
+        &format!("/v1/engagements/{engagement}/events"),
+        None,
+    );
+    assert_eq!(status, 200, "{body}");
+    body.as_array().expect("an array of events").clone()
+}
+
+/// The first line of the server's output starting with `prefix`, waiting for it (the lines after
+/// the listening line are printed a moment later); panics with the output if it never comes.
+fn wait_for_line(server: &ServeProcess, prefix: &str) -> String {
+    let started = Instant::now();
+    loop {
+        let output = server.output();
+        if let Some(line) = output.lines().find(|line| line.starts_with(prefix)) {
+            return line.to_owned();
+        }
+        assert!(
+            started.elapsed() < START_TIMEOUT,
+            "no line starting with {prefix:?}:\n{output}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn wall_clock_ms() -> i64 {
+    let elapsed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("the clock is after 1970");
+    i64::try_from(elapsed.as_millis()).expect("epoch ms fit an i64")
+}
+
+/// The TCP ports process `pid` listens on: its socket descriptors' inodes looked up among the
+/// listening entries (state `0A`) of the TCP tables of its network namespace. Other processes'
+/// sockets, and the ports they hold, play no part.
+#[cfg(target_os = "linux")]
+fn listening_ports(pid: u32) -> BTreeSet<u16> {
+    let inodes: BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("list the server's descriptors")
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_str()?;
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let mut ports = BTreeSet::new();
+    for table in ["tcp", "tcp6"] {
+        // No IPv6 in the kernel: no tcp6 table, and nothing listening in it.
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(state), Some(inode)) =
+                (fields.get(1), fields.get(3), fields.get(9))
+            else {
+                continue;
+            };
+            if *state == "0A" && inodes.contains(*inode) {
+                let port = local.rsplit(':').next().expect("ADDRESS:PORT");
+                ports.insert(u16::from_str_radix(port, 16).expect("a hex port"));
+            }
+        }
+    }
+    ports
+}
+
+// ---------------------------------------------------------------------------------------------
+// --manual-clock
+// ---------------------------------------------------------------------------------------------
+
+/// With `--manual-clock`, `PUT /v1/testing/clock` sets the time the stores read: a span started
+/// without `startedAt` is stamped with exactly the time set, and moving the clock again moves
+/// the next span's time (the clock is read at each write, not once at start).
+#[test]
+fn the_manual_clock_sets_the_start_of_a_span_that_names_none() {
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    let server = serve(dir.path(), &["--grpc-addr", "off", "--manual-clock"], &[]);
+    assert!(
+        server.output().contains(", manual clock)"),
+        "the listening line does not mention the manual clock:\n{}",
+        server.output()
+    );
+
+    let (status, body) = request(
+        server.addr,
+        "PUT",
+        "/v1/testing/clock",
+        Some(json!({"now": 123_456})),
+    );
+    assert_eq!(status, 204, "{body}");
+    let row = start_span(server.addr, "first");
+    assert_eq!(row["startedAt"], 123_456, "{row}");
+    // Stored so, not only answered so.
+    let (status, stored) = request(server.addr, "GET", "/v1/activity/spans/first", None);
+    assert_eq!(status, 200, "{stored}");
+    assert_eq!(stored["startedAt"], 123_456, "{stored}");
+
+    let (status, body) = request(
+        server.addr,
+        "PUT",
+        "/v1/testing/clock",
+        Some(json!({"now": 200_000})),
+    );
+    assert_eq!(status, 204, "{body}");
+    let row = start_span(server.addr, "second");
+    assert_eq!(row["startedAt"], 200_000, "{row}");
+    stop(server);
+}
+
+/// Without `--manual-clock` the testing route does not exist (404 `not_found`, the contract's
+/// error body) and a span started without `startedAt` takes the wall clock.
+#[test]
+fn without_the_flag_the_clock_route_is_a_404_and_spans_take_the_wall_clock() {
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    let server = serve(dir.path(), &["--grpc-addr", "off"], &[]);
+    assert!(
+        !server.output().contains("manual clock"),
+        "{}",
+        server.output()
+    );
+
+    let (status, body) = request(
+        server.addr,
+        "PUT",
+        "/v1/testing/clock",
+        Some(json!({"now": 123_456})),
+    );
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "not_found", "{body}");
+
+    let before = wall_clock_ms();
+    let row = start_span(server.addr, "wall");
+    let after = wall_clock_ms();
+    let started_at = row["startedAt"].as_i64().expect("an integer startedAt");
+    assert!(
+        (before..=after).contains(&started_at),
+        "startedAt {started_at} is not the wall clock ({before}..={after}): {row}"
+    );
+    stop(server);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Journal retention
+// ---------------------------------------------------------------------------------------------
+
+/// The server at `addr` enforces [`MAX_EVENTS`] events per engagement and prunes engagements
+/// idle for more than [`MAX_AGE_MS`].
+fn assert_retention(addr: SocketAddr) {
+    // The limit: appends 0 and 1 are taken, the next is refused and writes nothing.
+    for seq in 0..MAX_EVENTS {
+        let (status, event) = append(addr, "full", 5_000);
+        assert_eq!(status, 201, "{event}");
+        assert_eq!(event["seq"], seq, "{event}");
+    }
+    let (status, body) = append(addr, "full", 5_000);
+    assert_eq!(status, 409, "append past the limit: {body}");
+    assert_eq!(body["error"]["code"], "journal_full", "{body}");
+    assert_eq!(events(addr, "full").len() as u64, MAX_EVENTS);
+    // The limit is per engagement.
+    let (status, event) = append(addr, "other", 5_000);
+    assert_eq!(status, 201, "{event}");
+
+    // The age: at now = 6,000 the cutoff is 5,000; an engagement whose last event is at 1,000
+    // is removed, those whose last event is at the cutoff are kept. With the default age
+    // (30 days) nothing would be.
+    let (status, event) = append(addr, "idle", 1_000);
+    assert_eq!(status, 201, "{event}");
+    let (status, body) = request(
+        addr,
+        "POST",
+        "/v1/engagements/prune",
+        Some(json!({"now": 5_000 + MAX_AGE_MS})),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"removed": 1}));
+    assert!(events(addr, "idle").is_empty());
+    let (status, ids) = request(addr, "GET", "/v1/engagements", None);
+    assert_eq!(status, 200, "{ids}");
+    let ids: BTreeSet<&str> = ids
+        .as_array()
+        .expect("an array of ids")
+        .iter()
+        .map(|id| id.as_str().expect("an id"))
+        .collect();
+    assert_eq!(ids, BTreeSet::from(["full", "other"]));
+}
+
+/// `FLIGHTLOG_JOURNAL_MAX_EVENTS` and `FLIGHTLOG_JOURNAL_MAX_AGE_MS` in the environment set the
+/// running server's journal retention.
+#[test]
+fn journal_retention_from_the_environment() {
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    let server = serve(
+        dir.path(),
+        &["--grpc-addr", "off"],
+        &[
+            ("FLIGHTLOG_JOURNAL_MAX_EVENTS", &MAX_EVENTS.to_string()),
+            ("FLIGHTLOG_JOURNAL_MAX_AGE_MS", &MAX_AGE_MS.to_string()),
+        ],
+    );
+    assert_retention(server.addr);
+    stop(server);
+}
+
+/// `[journal] max_events` and `max_age_ms` in the TOML file named by `--config` set the running
+/// server's journal retention.
+#[test]
+fn journal_retention_from_the_config_file() {
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    let config = dir.path().join("flightlog.toml");
+    std::fs::write(
+        &config,
+        format!("[journal]\nmax_events = {MAX_EVENTS}\nmax_age_ms = {MAX_AGE_MS}\n"),
+    )
+    .expect("write the config file");
+    let config = config.to_str().expect("a UTF-8 path");
+    let server = serve(dir.path(), &["--grpc-addr", "off", "--config", config], &[]);
+    // Printed a moment after the listening line.
+    assert_eq!(
+        wait_for_line(&server, "flightlog: settings from "),
+        format!("flightlog: settings from {config}")
+    );
+    assert_retention(server.addr);
+    stop(server);
+}
+
+/// `--journal-max-events` and `--journal-max-age-ms` set the running server's journal
+/// retention.
+#[test]
+fn journal_retention_from_the_flags() {
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    let server = serve(
+        dir.path(),
+        &[
+            "--grpc-addr",
+            "off",
+            "--journal-max-events",
+            &MAX_EVENTS.to_string(),
+            "--journal-max-age-ms",
+            &MAX_AGE_MS.to_string(),
+        ],
+        &[],
+    );
+    assert_retention(server.addr);
+    stop(server);
+}
+
+/// When several sources give the limit, the running server takes the flag's over the
+/// variable's over the file's, as `--help` says: with the file at 4 and the variable at 3, the
+/// fourth append is refused; with a flag of 2 as well, the third is.
+#[test]
+fn journal_limit_precedence_flag_then_environment_then_file() {
+    for (flag, allowed) in [(None, 3_u64), (Some("2"), 2)] {
+        let dir = tempfile::tempdir().expect("a scratch folder");
+        let config = dir.path().join("flightlog.toml");
+        std::fs::write(&config, "[journal]\nmax_events = 4\n").expect("write the config file");
+        let mut flags = vec![
+            "--grpc-addr",
+            "off",
+            "--config",
+            config.to_str().expect("a UTF-8 path"),
+        ];
+        if let Some(limit) = flag {
+            flags.extend(["--journal-max-events", limit]);
+        }
+        let server = serve(dir.path(), &flags, &[("FLIGHTLOG_JOURNAL_MAX_EVENTS", "3")]);
+        for seq in 0..allowed {
+            let (status, event) = append(server.addr, "e", 1);
+            assert_eq!(status, 201, "flag {flag:?}, append {seq}: {event}");
+        }
+        let (status, body) = append(server.addr, "e", 1);
+        assert_eq!(status, 409, "flag {flag:?}: {body}");
+        assert_eq!(body["error"]["code"], "journal_full", "{body}");
+        stop(server);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// --grpc-addr
+// ---------------------------------------------------------------------------------------------
+
+/// `--grpc-addr off`: the server says gRPC is off and names no gRPC address, and the HTTP
+/// listener is the only socket the process listens on.
+#[cfg(target_os = "linux")]
+#[test]
+fn grpc_off_leaves_http_as_the_only_listener() {
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    let server = serve(dir.path(), &["--grpc-addr", "off"], &[]);
+    let line = wait_for_line(&server, "flightlog: OTLP/HTTP at ");
+    assert!(line.ends_with("(OTLP/gRPC off)"), "{line}");
+    assert!(
+        !server.output().contains("OTLP/gRPC on"),
+        "{}",
+        server.output()
+    );
+    assert_eq!(
+        listening_ports(server.pid()),
+        BTreeSet::from([server.addr.port()]),
+        "the server listens on more than its HTTP port"
+    );
+    stop(server);
+}
+
+/// `--grpc-addr 127.0.0.1:0`: the server prints the gRPC address it bound, that address is the
+/// process's second listening socket (beside HTTP), and it accepts a TCP connection.
+#[cfg(target_os = "linux")]
+#[test]
+fn grpc_on_port_zero_prints_an_address_that_accepts_connections() {
+    const GRPC_LINE: &str = "flightlog: OTLP/gRPC on ";
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    let server = serve(dir.path(), &["--grpc-addr", "127.0.0.1:0"], &[]);
+    let line = wait_for_line(&server, GRPC_LINE);
+    let grpc: SocketAddr = line[GRPC_LINE.len()..]
+        .split(';')
+        .next()
+        .and_then(|addr| addr.parse().ok())
+        .unwrap_or_else(|| panic!("no gRPC address in {line:?}"));
+    assert!(grpc.ip().is_loopback(), "{line}");
+    assert_ne!(grpc.port(), 0, "{line}");
+    assert_ne!(grpc.port(), server.addr.port(), "{line}");
+    assert!(
+        !server.output().contains("OTLP/gRPC off"),
+        "{}",
+        server.output()
+    );
+    assert_eq!(
+        listening_ports(server.pid()),
+        BTreeSet::from([server.addr.port(), grpc.port()])
+    );
+    TcpStream::connect_timeout(&grpc, Duration::from_secs(10))
+        .expect("the printed gRPC address accepts a connection");
+    stop(server);
+}
