@@ -18,10 +18,11 @@
 //!
 //! One server per case, stopped with SIGTERM and required to exit cleanly.
 
+#[path = "support/http.rs"]
+mod http;
 mod support;
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
@@ -71,32 +72,9 @@ fn stop(mut server: ServeProcess) -> String {
     server.stop_cleanly(STOP_TIMEOUT)
 }
 
-/// One request on its own connection (`Connection: close`): status and JSON body (`Null` when
-/// there is none).
+/// One request on its own connection, as no particular writer: status and JSON body.
 fn request(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let payload = body.map(|b| b.to_string()).unwrap_or_default();
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    if !payload.is_empty() {
-        head.push_str("Content-Type: application/json\r\n");
-    }
-    head.push_str(&format!(
-        "Content-Length: {}\r\n\r\n{payload}",
-        payload.len()
-    ));
-    let mut stream = TcpStream::connect(addr).expect("connect to the server");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("set a read timeout");
-    stream.write_all(head.as_bytes()).expect("send the request");
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).expect("read the answer");
-    let status = answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no status line: {answer:?}"));
-    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    http::request(addr, method, path, None, body)
 }
 
 /// Start a span that names no `startedAt`; the stored row.

@@ -7,14 +7,16 @@
 //! the instance (by default this host's name and the HTTP port, which changes with port 0, so
 //! these tests name theirs).
 
+#[path = "support/http.rs"]
+mod http;
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use http::request;
 use serde_json::{json, Value};
 use support::ServeProcess;
 
@@ -53,42 +55,6 @@ fn serve(folder: &Path, db: &Path, extra: &[&str]) -> ServeProcess {
         .args(["--addr", "127.0.0.1:0", "--grpc-addr", "off"])
         .args(extra);
     ServeProcess::spawn(command, START_TIMEOUT)
-}
-
-/// One request on its own connection (`Connection: close`): status and JSON body.
-fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    writer: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let payload = body.map(|b| b.to_string()).unwrap_or_default();
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    if let Some(writer) = writer {
-        head.push_str(&format!("Flightlog-Writer: {writer}\r\n"));
-    }
-    if !payload.is_empty() {
-        head.push_str("Content-Type: application/json\r\n");
-    }
-    head.push_str(&format!(
-        "Content-Length: {}\r\n\r\n{payload}",
-        payload.len()
-    ));
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("read timeout");
-    stream.write_all(head.as_bytes()).expect("send");
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).expect("read the answer");
-    let status = answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no status line: {answer:?}"));
-    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
 /// Start a span (as `writer` when given) and return the stored row.

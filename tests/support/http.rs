@@ -1,0 +1,50 @@
+//! One JSON request to a real server over a plain TCP connection, for the process-level tests
+//! that only need a status and a JSON body (`restart_sweep.rs`, `binary_settings.rs`): no HTTP
+//! client crate, so what goes on the wire is exactly what is written here.
+//!
+//! Included with `#[path]` by the tests that use it rather than from `support/mod.rs`, so the
+//! tests that do not use it have no unused function.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// `method path` on its own connection (`Connection: close`), as `writer` (`Flightlog-Writer`)
+/// when given, with `body` as JSON when given: the status and the JSON body (`Null` when there
+/// is none).
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    writer: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let payload = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(writer) = writer {
+        head.push_str(&format!("Flightlog-Writer: {writer}\r\n"));
+    }
+    if !payload.is_empty() {
+        head.push_str("Content-Type: application/json\r\n");
+    }
+    head.push_str(&format!(
+        "Content-Length: {}\r\n\r\n{payload}",
+        payload.len()
+    ));
+    let mut stream = TcpStream::connect(addr).expect("connect to the server");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("set a read timeout");
+    stream.write_all(head.as_bytes()).expect("send the request");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("read the answer");
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {answer:?}"));
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
