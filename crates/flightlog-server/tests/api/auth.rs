@@ -216,7 +216,8 @@ const TOKENS: [(&str, &[Scope]); 4] = [
     ("token-all", &[Scope::Read, Scope::Ingest, Scope::Admin]),
 ];
 
-async fn start_with_tokens() -> TestServer {
+/// A server with [`TOKENS`] and a testing clock; with `grpc`, also its OTLP/gRPC listener.
+async fn start_with_tokens_and(grpc: bool) -> TestServer {
     let mut auth = AuthConfig::open();
     for (secret, scopes) in TOKENS {
         auth.add_token(secret, scopes.iter().copied().collect::<Scopes>())
@@ -228,9 +229,14 @@ async fn start_with_tokens() -> TestServer {
             auth,
             ..ServerConfig::default()
         },
+        grpc,
         ..Options::default()
     })
     .await
+}
+
+async fn start_with_tokens() -> TestServer {
+    start_with_tokens_and(false).await
 }
 
 /// An answer: the status, the `WWW-Authenticate` header, and the body when it is an error
@@ -363,6 +369,95 @@ async fn without_tokens_every_route_is_open() {
             answer.status
         );
     }
+    server.stop().await;
+}
+
+/// An OTLP/gRPC `TraceService/Export` of the test trace's root span with `authorization`
+/// metadata (when given): the call's status code.
+async fn grpc_export_as(
+    channel: &tonic::transport::Channel,
+    authorization: Option<&str>,
+) -> tonic::Code {
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+    let mut request = tonic::Request::new(crate::otlp::request(vec![crate::otlp::root_span()]));
+    if let Some(value) = authorization {
+        let value = value.parse().expect("ASCII metadata");
+        request.metadata_mut().insert("authorization", value);
+    }
+    let mut client = TraceServiceClient::new(channel.clone());
+    let call = client.export(request);
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(10), call)
+        .await
+        .expect("an answer within 10 s");
+    match answer {
+        Ok(_) => tonic::Code::Ok,
+        Err(status) => {
+            assert!(!status.message().is_empty(), "{status:?}");
+            status.code()
+        }
+    }
+}
+
+/// The HTTP routes' auth table does not reach the OTLP/gRPC listener, which checks tokens in a
+/// hook of its own: there too a missing, wrong or malformed token is `UNAUTHENTICATED`, a valid
+/// token without the `ingest` scope (`read`, `admin`; as Bearer or as the Basic password) is
+/// `PERMISSION_DENIED`, and none of those calls stores anything; the same export with an
+/// `ingest` token is stored, so it was the token each refusal was about.
+#[tokio::test]
+async fn grpc_export_refuses_missing_wrong_and_under_scoped_tokens_and_stores_nothing() {
+    let server = start_with_tokens_and(true).await;
+    let channel = crate::otlp_fuzz::grpc_channel(&server).await;
+    let refused = [
+        (None, tonic::Code::Unauthenticated),
+        (Some("Bearer wrong-token"), tonic::Code::Unauthenticated),
+        (Some("Bearer token-rea"), tonic::Code::Unauthenticated),
+        (Some("token-ingest"), tonic::Code::Unauthenticated),
+        (Some("Bearer token-read"), tonic::Code::PermissionDenied),
+        (Some("Bearer token-admin"), tonic::Code::PermissionDenied),
+        // `flightlog:token-read`
+        (
+            Some("Basic ZmxpZ2h0bG9nOnRva2VuLXJlYWQ="),
+            tonic::Code::PermissionDenied,
+        ),
+    ];
+    let read_back = |path: String| {
+        server
+            .client
+            .get(format!("{}{path}", server.base))
+            .bearer_auth("token-read")
+            .send()
+    };
+    let span = format!("/v1/activity/spans/{}", crate::otlp::hex(1));
+    for (authorization, code) in refused {
+        assert_eq!(
+            grpc_export_as(&channel, authorization).await,
+            code,
+            "{authorization:?}"
+        );
+        let stored = read_back(span.clone()).await.expect("request");
+        assert_eq!(stored.status().as_u16(), 404, "{authorization:?}");
+    }
+    let cursor = read_back("/v1/activity/cursor".into())
+        .await
+        .expect("request");
+    let cursor: Value = cursor.json().await.expect("a cursor");
+    assert_eq!(cursor["changeCursor"], 0, "nothing was written");
+
+    // `flightlog:token-ingest`
+    for authorization in [
+        "Bearer token-ingest",
+        "Basic ZmxpZ2h0bG9nOnRva2VuLWluZ2VzdA==",
+    ] {
+        assert_eq!(
+            grpc_export_as(&channel, Some(authorization)).await,
+            tonic::Code::Ok,
+            "{authorization}"
+        );
+    }
+    let stored = read_back(span).await.expect("request");
+    assert_eq!(stored.status().as_u16(), 200);
+    let stored: Value = stored.json().await.expect("the span");
+    assert_eq!(stored["runId"], crate::otlp::TRACE_HEX);
     server.stop().await;
 }
 

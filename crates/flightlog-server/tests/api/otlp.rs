@@ -526,3 +526,129 @@ async fn an_empty_export_is_a_success_that_stores_nothing() {
     assert_eq!(runs["runs"], json!([]));
     server.stop().await;
 }
+
+/// Issue 5's "a span started through the native API and later delivered by OTLP is completed,
+/// not duplicated", over HTTP (the store's own test of it is in flightlog-sqlite's
+/// `tests/import.rs`): a root started with `POST /v1/activity/spans` under the
+/// trace's and span's lower-case hex ids, with an event, then delivered by `POST /v1/traces`
+/// ended OK with that event again and one more. One span, ended `success` at the delivery's end;
+/// what otlp.md says a natively started span keeps (name, kind, session, start) kept, its attrs
+/// merged with the delivery's; the held event not added again, the new one added; the
+/// completion a change of the run like a native end; and a retry of the export changes nothing.
+#[tokio::test]
+async fn a_natively_started_span_delivered_by_otlp_is_completed_not_duplicated() {
+    let server = TestServer::start().await;
+    let root = hex(1);
+    server
+        .post(
+            "/v1/activity/spans",
+            &json!({
+                "spanId": root, "runId": TRACE_HEX, "name": "native name", "kind": "turn",
+                "origin": "session", "sessionId": "s1", "attrs": {"native": true},
+                "startedAt": 900,
+            }),
+        )
+        .await
+        .assert_status(201);
+    server
+        .post(
+            &format!("/v1/activity/spans/{root}/events"),
+            &json!({"eventType": "exception", "payload": {"a": 1}, "ts": 950}),
+        )
+        .await
+        .assert_status(201);
+
+    // The exporter's copy says otherwise about the name, kind, session and start.
+    let mut delivered = otlp_span(
+        1,
+        0,
+        1_000,
+        vec![
+            text("gen_ai.operation.name", "execute_tool"),
+            text("session.id", "otlp-session"),
+            text("tool.name", "search"),
+        ],
+    );
+    delivered.events = vec![
+        span::Event {
+            time_unix_nano: 950_000_000,
+            name: "exception".into(),
+            attributes: vec![int("a", 1)],
+            ..span::Event::default()
+        },
+        span::Event {
+            time_unix_nano: 960_000_000,
+            name: "second".into(),
+            attributes: vec![int("b", 2)],
+            ..span::Event::default()
+        },
+    ];
+    let answer = export(&server, vec![delivered.clone()]).await;
+    assert_eq!(answer.partial_success, None);
+
+    let snapshot_path = format!("/v1/activity/runs/{TRACE_HEX}/snapshot");
+    let (status, snapshot) = get_json(&server, &snapshot_path).await;
+    assert_eq!(status, 200, "{snapshot}");
+    let spans = snapshot["spans"].as_array().expect("spans");
+    assert_eq!(spans.len(), 1, "one span, not a second copy: {snapshot}");
+    let span = &spans[0];
+    assert_eq!(span["spanId"], root);
+    assert_eq!(span["outcome"], "success");
+    assert_eq!(span["endedAt"], 1_050, "the delivery's end");
+    assert_eq!(
+        span["name"], "native name",
+        "the native start's fields are kept"
+    );
+    assert_eq!(span["kind"], "turn");
+    assert_eq!(span["sessionId"], "s1");
+    assert_eq!(span["startedAt"], 900);
+    assert_eq!(span["parentSpanId"], Value::Null);
+    assert_eq!(span["attrs"]["native"], true, "attrs merged: {span}");
+    assert_eq!(span["attrs"]["tool.name"], "search", "attrs merged: {span}");
+    assert_eq!(span["attrs"]["resource"]["service.name"], "test-agent");
+    let (_, by_id) = get_json(&server, &format!("/v1/activity/spans/{root}")).await;
+    assert_eq!(&by_id, span, "the span read alone is the snapshot's");
+    let events: Vec<(Value, Value, Value)> = snapshot["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|event| {
+            (
+                event["eventType"].clone(),
+                event["ts"].clone(),
+                event["payload"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        events,
+        vec![
+            (json!("exception"), json!(950), json!({"a": 1})),
+            (json!("second"), json!(960), json!({"b": 2})),
+        ],
+        "the event it held is not added again"
+    );
+
+    // The completion and the new event are changes of the run, after the native two.
+    let (_, changes) = get_json(&server, "/v1/activity/changes?after=0").await;
+    let changes = changes.as_array().expect("changes");
+    let seqs: Vec<&Value> = changes.iter().map(|change| &change["seq"]).collect();
+    assert_eq!(seqs, [1, 2, 3, 4], "{changes:?}");
+    assert!(changes.iter().all(|change| change["runId"] == TRACE_HEX));
+    assert_eq!(changes[2]["span"]["outcome"], "success", "{changes:?}");
+    assert_eq!(changes[3]["event"]["eventType"], "second", "{changes:?}");
+    let (status, rollup) =
+        get_json(&server, &format!("/v1/activity/runs/{TRACE_HEX}/rollup")).await;
+    assert_eq!(status, 200, "the completed run is rolled up");
+    assert_eq!(rollup["spanCount"], 1);
+    assert_eq!(rollup["outcome"], "success");
+
+    // An exporter retry: nothing written, nothing doubled.
+    export(&server, vec![delivered]).await;
+    let (_, again) = get_json(&server, "/v1/activity/changes?after=0").await;
+    assert_eq!(again.as_array().map(Vec::len), Some(4), "{again}");
+    let (_, after_retry) = get_json(&server, &snapshot_path).await;
+    assert_eq!(after_retry["spans"], snapshot["spans"]);
+    assert_eq!(after_retry["events"], snapshot["events"]);
+    server.stop().await;
+}

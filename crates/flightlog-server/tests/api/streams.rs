@@ -5,6 +5,7 @@
 //! given out again (compaction, prune); and a second OS process writing the same database file
 //! shows up in a stream, activity and journal alike.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,10 +31,90 @@ struct SseEvent {
     data: Value,
 }
 
-/// A minimal SSE reader over a streaming reqwest response.
+/// Where an [`SseClient`] reads its response body from.
+enum Source {
+    /// A reqwest response (its body already de-chunked).
+    Reqwest(reqwest::Response),
+    /// A hand-spoken HTTP/1.1 response on a socket of our own: its chunked body undone here.
+    Raw(RawBody),
+}
+
+/// A chunked HTTP/1.1 response body read straight from a socket.
+struct RawBody {
+    socket: tokio::net::TcpStream,
+    /// Bytes read from the socket and not yet de-chunked.
+    wire: Vec<u8>,
+    /// What is left of the data of the chunk being read.
+    left_in_chunk: usize,
+    /// The CRLF after a chunk's data is still to come.
+    crlf_due: bool,
+}
+
+impl RawBody {
+    /// The next piece of body: what the buffered bytes hold, reading the socket (8 KiB at a
+    /// time) when they hold nothing.
+    async fn chunk(&mut self) -> Vec<u8> {
+        loop {
+            let body = self.dechunk();
+            if !body.is_empty() {
+                return body;
+            }
+            let mut read = [0u8; 8192];
+            let n = tokio::io::AsyncReadExt::read(&mut self.socket, &mut read)
+                .await
+                .expect("read the stream's socket");
+            assert!(n > 0, "the stream ended");
+            self.wire.extend_from_slice(&read[..n]);
+        }
+    }
+
+    /// Take the body bytes the buffered wire bytes hold.
+    fn dechunk(&mut self) -> Vec<u8> {
+        let mut body = Vec::new();
+        loop {
+            if self.left_in_chunk > 0 {
+                let take = self.left_in_chunk.min(self.wire.len());
+                body.extend(self.wire.drain(..take));
+                self.left_in_chunk -= take;
+                if self.left_in_chunk > 0 {
+                    return body;
+                }
+                self.crlf_due = true;
+            }
+            if self.crlf_due {
+                // A chunk's data ends with CRLF.
+                if self.wire.len() < 2 {
+                    return body;
+                }
+                assert_eq!(&self.wire[..2], b"\r\n", "a chunk ends with CRLF");
+                self.wire.drain(..2);
+                self.crlf_due = false;
+            }
+            // `size[;extensions]CRLF`
+            let Some(end) = find(&self.wire, b"\r\n") else {
+                return body;
+            };
+            let line = std::str::from_utf8(&self.wire[..end]).expect("a chunk-size line");
+            let size = line.split(';').next().unwrap_or_default().trim();
+            let size = usize::from_str_radix(size, 16).expect("a hex chunk size");
+            assert!(size > 0, "the stream ended (its last chunk came)");
+            self.wire.drain(..end + 2);
+            self.left_in_chunk = size;
+        }
+    }
+}
+
+/// Where `needle` first occurs in `haystack`.
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
+}
+
+/// A minimal SSE reader over a streaming response.
 struct SseClient {
-    response: reqwest::Response,
-    buffer: String,
+    source: Source,
+    buffer: Vec<u8>,
 }
 
 impl SseClient {
@@ -60,16 +141,76 @@ impl SseClient {
             "{content_type}"
         );
         Self {
-            response,
-            buffer: String::new(),
+            source: Source::Reqwest(response),
+            buffer: Vec::new(),
+        }
+    }
+
+    /// Connect on a socket whose receive buffer is asked to be `receive_buffer` bytes (the
+    /// kernel doubles it and enforces a floor), set before the connection so the window it
+    /// advertises stays that small: a client that reads slowly then soon fills what the
+    /// kernels on both ends hold, and the rest of its stream waits in the server.
+    async fn connect_with_small_buffer(
+        server: &TestServer,
+        path: &str,
+        receive_buffer: u32,
+    ) -> Self {
+        use tokio::io::AsyncWriteExt as _;
+        let addr: std::net::SocketAddr = server
+            .base
+            .trim_start_matches("http://")
+            .parse()
+            .expect("the server's address");
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket
+            .set_recv_buffer_size(receive_buffer)
+            .expect("set SO_RCVBUF");
+        let mut socket = socket.connect(addr).await.expect("connect");
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n");
+        socket
+            .write_all(request.as_bytes())
+            .await
+            .expect("send the request");
+        let mut wire = Vec::new();
+        let head_end = loop {
+            if let Some(end) = find(&wire, b"\r\n\r\n") {
+                break end;
+            }
+            let mut read = [0u8; 1024];
+            let n = tokio::time::timeout(
+                Duration::from_secs(20),
+                tokio::io::AsyncReadExt::read(&mut socket, &mut read),
+            )
+            .await
+            .expect("a response head within 20 s")
+            .expect("read the response head");
+            assert!(n > 0, "the connection closed before a response head");
+            wire.extend_from_slice(&read[..n]);
+        };
+        let head = String::from_utf8(wire.drain(..head_end + 4).collect())
+            .expect("the response head is UTF-8")
+            .to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 200"), "stream {path}: {head}");
+        assert!(head.contains("content-type: text/event-stream"), "{head}");
+        assert!(head.contains("transfer-encoding: chunked"), "{head}");
+        Self {
+            source: Source::Raw(RawBody {
+                socket,
+                wire,
+                left_in_chunk: 0,
+                crlf_due: false,
+            }),
+            buffer: Vec::new(),
         }
     }
 
     /// The next event with data (keep-alive comments are skipped).
     async fn next(&mut self) -> SseEvent {
         loop {
-            if let Some(end) = self.buffer.find("\n\n") {
-                let block: String = self.buffer.drain(..end + 2).collect();
+            if let Some(end) = find(&self.buffer, b"\n\n") {
+                let block: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                let block = std::str::from_utf8(&block).expect("UTF-8");
                 let mut event = SseEvent {
                     event: "message".into(),
                     id: None,
@@ -93,13 +234,21 @@ impl SseClient {
                 event.data = serde_json::from_str(&data).expect("event data is JSON");
                 return event;
             }
-            let chunk = tokio::time::timeout(Duration::from_secs(20), self.response.chunk())
+            let chunk = async {
+                match &mut self.source {
+                    Source::Reqwest(response) => response
+                        .chunk()
+                        .await
+                        .expect("stream chunk")
+                        .expect("stream still open")
+                        .to_vec(),
+                    Source::Raw(body) => body.chunk().await,
+                }
+            };
+            let chunk = tokio::time::timeout(Duration::from_secs(20), chunk)
                 .await
-                .expect("an event within 20 s")
-                .expect("stream chunk")
-                .expect("stream still open");
-            self.buffer
-                .push_str(std::str::from_utf8(&chunk).expect("UTF-8"));
+                .expect("an event within 20 s");
+            self.buffer.extend_from_slice(&chunk);
         }
     }
 }
@@ -134,94 +283,283 @@ async fn all_change_ids(server: &TestServer) -> Vec<i64> {
     ids
 }
 
-/// Read change events until the one with id `last`; returns the ids seen.
-async fn read_until(client: &mut SseClient, seen: &mut Vec<i64>, last: i64, slow: bool) {
-    while seen.last().copied() != Some(last) {
-        let event = client.next().await;
-        assert_eq!(event.event, "change");
-        let id = event.id.expect("change events carry an id");
-        assert_eq!(event.data["changeId"].as_i64(), Some(id));
+/// How long the writers of the load test write.
+const LOAD: Duration = Duration::from_secs(3);
+/// At most this many rounds per writer, so the load also ends by itself on a fast machine.
+const MAX_ROUNDS: usize = 2_000;
+/// The events of each round's batch.
+const BATCH_EVENTS: usize = 8;
+/// What the slow client asks for as its socket receive buffer.
+const SLOW_RECEIVE_BUFFER: u32 = 4_096;
+/// How long the slow client dawdles after each event while the load runs.
+const SLOW_PAUSE: Duration = Duration::from_millis(10);
+/// What the server's connections get as their kernel send buffer: without a bound the
+/// kernel lets it grow to megabytes (`net.ipv4.tcp_wmem`), and the whole load would wait there
+/// for the slow client rather than in the server.
+const SERVER_SEND_BUFFER: u32 = 32 * 1024;
+/// The reconnecting client drops its connection a second into the load, or once it has read
+/// this many changes if that comes first (a fast machine could otherwise be done writing before
+/// it is back), and stays away this long while the writers go on.
+const DISCONNECT_AT: Duration = Duration::from_secs(1);
+const DISCONNECT_AFTER: usize = 1_000;
+const AWAY_FOR: Duration = Duration::from_millis(300);
+/// The most changes a change stream reads from the database at once (the server's page): a
+/// stream whose client has been sent fewer than the newest change minus this has not read the
+/// rest from the database yet.
+const STREAM_PAGE: i64 = 500;
+/// The span started after the load: its start is the last change, which every client reads to.
+const LAST_SPAN: &str = "after-the-load";
+
+/// One writer of the load test: rounds of a root span's start, an event, a batch of a child
+/// span's start, [`BATCH_EVENTS`] events and end, and the root's end, until the load time is up
+/// or [`MAX_ROUNDS`] are done; returns how many changes it had acknowledged (every answer is
+/// checked).
+async fn write_rounds(server: Arc<TestServer>, writer: usize, started: Instant) -> usize {
+    let mut acknowledged = 0;
+    for round in 0..MAX_ROUNDS {
+        if started.elapsed() >= LOAD {
+            break;
+        }
+        let run = format!("w{writer}-r{round}");
+        let root = format!("{run}-root");
+        let child = format!("{run}-child");
+        server
+            .post("/v1/activity/spans", &span_body(&root, &run, None))
+            .await
+            .assert_status(201);
+        server
+            .post(
+                &format!("/v1/activity/spans/{root}/events"),
+                &json!({"eventType": "note", "payload": {"round": round}}),
+            )
+            .await
+            .assert_status(201);
+        let mut start = span_body(&child, &run, Some(&root));
+        start["op"] = json!("startSpan");
+        let mut ops = vec![start];
+        for n in 0..BATCH_EVENTS {
+            ops.push(
+                json!({"op": "appendEvent", "spanId": child, "eventType": "note", "payload": n}),
+            );
+        }
+        ops.push(json!({"op": "endSpan", "spanId": child, "outcome": "success"}));
+        let reply = server
+            .post("/v1/activity/batch", &json!({ "ops": ops }))
+            .await;
+        let results = reply.assert_status(200)["results"].clone();
+        let results = results.as_array().expect("batch results");
+        assert_eq!(results.len(), ops.len(), "{results:?}");
+        for result in results {
+            assert!(result.get("error").is_none(), "a batch op failed: {result}");
+        }
+        server
+            .post(
+                &format!("/v1/activity/spans/{root}/end"),
+                &json!({"outcome": "success"}),
+            )
+            .await
+            .assert_status(200);
+        // The root's start, event and end, and each op of the batch.
+        acknowledged += 3 + ops.len();
+    }
+    acknowledged
+}
+
+/// The next event of a change stream, which must be a `change` whose data carries its id; its
+/// id, and whether it is the last change (the start of [`LAST_SPAN`]).
+async fn next_change_id(client: &mut SseClient) -> (i64, bool) {
+    let event = client.next().await;
+    assert_eq!(event.event, "change", "{event:?}");
+    let id = event.id.expect("change events carry an id");
+    assert_eq!(event.data["changeId"].as_i64(), Some(id), "{event:?}");
+    (id, event.data["span"]["spanId"] == LAST_SPAN)
+}
+
+/// Read `client` up to and including the last change into `seen` (its count also kept in
+/// `progress`, for the test to look at meanwhile); with `dawdle`, pause that long after each
+/// event until `hurry` is set.
+async fn read_to_the_end(
+    client: &mut SseClient,
+    seen: &mut Vec<i64>,
+    progress: &AtomicUsize,
+    dawdle: Option<(Duration, &AtomicBool)>,
+) {
+    loop {
+        let (id, last) = next_change_id(client).await;
         seen.push(id);
-        if slow {
-            tokio::time::sleep(Duration::from_millis(2)).await;
+        progress.store(seen.len(), Ordering::SeqCst);
+        if last {
+            return;
+        }
+        if let Some((pause, hurry)) = dawdle {
+            if !hurry.load(Ordering::SeqCst) {
+                tokio::time::sleep(pause).await;
+            }
         }
     }
 }
 
+/// What the reconnecting client did: every id it read over both connections, and how many of
+/// them came over the first.
+struct Reconnected {
+    ids: Vec<i64>,
+    first_connection: usize,
+}
+
+/// Streams under load (issue 4): four writers write concurrently for three seconds while three
+/// clients of `/v1/activity/changes/stream` read, all connected before the first write: a
+/// normal one; a slow one, whose socket has a small receive buffer (and the server's
+/// connections a small send buffer), that pauses after each event while the load runs, so the
+/// server's feed for it falls behind: checked through the stream events counter, after the
+/// load it has not yet been sent enough to have read the rest from the database, so it is
+/// caught up from there; and one that drops its connection mid-run and reconnects with
+/// `Last-Event-ID` while changes go on being committed. At the end each client must hold
+/// exactly the committed change ids, in order, no gap and no repeat: the log as
+/// `GET /v1/activity/changes` reads it, which must itself be one change per acknowledged write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_client_gets_exactly_the_committed_changes_in_order() {
-    let server = Arc::new(TestServer::start().await);
-    let mut normal = SseClient::connect(&server, "/v1/activity/changes/stream?after=0", None).await;
-    let mut slow = SseClient::connect(&server, "/v1/activity/changes/stream?after=0", None).await;
-    let mut reconnecting =
-        SseClient::connect(&server, "/v1/activity/changes/stream?after=0", None).await;
-
-    // Four writers for up to three seconds (and at most 120 rounds each).
-    let mut writers = Vec::new();
-    for writer in 0..4 {
-        let server = server.clone();
-        writers.push(tokio::spawn(async move {
-            let started = Instant::now();
-            for round in 0..120 {
-                if started.elapsed() > Duration::from_secs(3) {
-                    break;
-                }
-                let run = format!("w{writer}-r{round}");
-                let root = format!("{run}-root");
-                server
-                    .post("/v1/activity/spans", &span_body(&root, &run, None))
-                    .await
-                    .assert_status(201);
-                server
-                    .post(
-                        &format!("/v1/activity/spans/{root}/events"),
-                        &json!({"eventType": "note", "payload": {"round": round}}),
-                    )
-                    .await
-                    .assert_status(201);
-                server
-                    .post(
-                        &format!("/v1/activity/spans/{root}/end"),
-                        &json!({"outcome": "success"}),
-                    )
-                    .await
-                    .assert_status(200);
-            }
-        }));
-    }
-
-    // Meanwhile the reconnecting client reads a while, drops its connection, and resumes.
-    let mut reconnected_ids = Vec::new();
-    while reconnected_ids.len() < 150 {
-        let event = reconnecting.next().await;
-        reconnected_ids.push(event.id.expect("id"));
-    }
-    drop(reconnecting);
-    let resume_from = *reconnected_ids.last().expect("some ids");
-    let mut reconnecting =
-        SseClient::connect(&server, "/v1/activity/changes/stream", Some(resume_from)).await;
-
-    for writer in writers {
-        writer.await.expect("writer task");
-    }
-    let expected = all_change_ids(&server).await;
-    let last = *expected.last().expect("changes were written");
-    assert!(expected.len() >= 300, "{} changes", expected.len());
-
-    let mut normal_ids = Vec::new();
-    let mut slow_ids = Vec::new();
-    tokio::join!(
-        read_until(&mut normal, &mut normal_ids, last, false),
-        read_until(&mut slow, &mut slow_ids, last, true),
-        read_until(&mut reconnecting, &mut reconnected_ids, last, false),
+async fn under_load_every_client_gets_exactly_the_committed_changes_in_order() {
+    let server = Arc::new(
+        TestServer::start_with(crate::support::Options {
+            send_buffer: Some(SERVER_SEND_BUFFER),
+            ..crate::support::Options::default()
+        })
+        .await,
     );
+    let path = "/v1/activity/changes/stream?after=0";
+    let mut normal = SseClient::connect(&server, path, None).await;
+    let mut slow = SseClient::connect_with_small_buffer(&server, path, SLOW_RECEIVE_BUFFER).await;
+    let mut reconnecting = SseClient::connect(&server, path, None).await;
+    let progress: [Arc<AtomicUsize>; 3] = Default::default();
+    let load_over = Arc::new(AtomicBool::new(false));
+    let hurry = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+
+    let normal_task = tokio::spawn({
+        let progress = progress[0].clone();
+        async move {
+            let mut seen = Vec::new();
+            read_to_the_end(&mut normal, &mut seen, &progress, None).await;
+            seen
+        }
+    });
+    let slow_task = tokio::spawn({
+        let (progress, hurry) = (progress[1].clone(), hurry.clone());
+        async move {
+            let mut seen = Vec::new();
+            let dawdle = Some((SLOW_PAUSE, &*hurry));
+            read_to_the_end(&mut slow, &mut seen, &progress, dawdle).await;
+            seen
+        }
+    });
+    let reconnecting_task = tokio::spawn({
+        let (server, progress, load_over) =
+            (server.clone(), progress[2].clone(), load_over.clone());
+        async move {
+            let mut ids = Vec::new();
+            while started.elapsed() < DISCONNECT_AT && ids.len() < DISCONNECT_AFTER {
+                let (id, last) = next_change_id(&mut reconnecting).await;
+                assert!(!last, "the load ended before the client could reconnect");
+                ids.push(id);
+                progress.store(ids.len(), Ordering::SeqCst);
+            }
+            drop(reconnecting);
+            let first_connection = ids.len();
+            let resume_from = *ids.last().expect("changes came in the first second");
+            tokio::time::sleep(AWAY_FOR).await;
+            let cursor = server.get("/v1/activity/cursor").await;
+            let newest = cursor.assert_status(200)["changeCursor"].as_i64();
+            assert!(
+                newest.is_some_and(|newest| newest > resume_from),
+                "changes were committed while the client was away: {newest:?} after {resume_from}"
+            );
+            let path = "/v1/activity/changes/stream";
+            let mut reconnected = SseClient::connect(&server, path, Some(resume_from)).await;
+            assert!(
+                !load_over.load(Ordering::SeqCst),
+                "the client reconnected while the writers were still writing"
+            );
+            read_to_the_end(&mut reconnected, &mut ids, &progress, None).await;
+            Reconnected {
+                ids,
+                first_connection,
+            }
+        }
+    });
+
+    let writers: Vec<_> = (0..4)
+        .map(|writer| tokio::spawn(write_rounds(server.clone(), writer, started)))
+        .collect();
+    let mut acknowledged = 0;
+    for writer in writers {
+        acknowledged += writer.await.expect("writer task");
+    }
+    load_over.store(true, Ordering::SeqCst);
+    let load_time = started.elapsed();
+    let read_during_load: Vec<usize> = progress
+        .iter()
+        .map(|seen| seen.load(Ordering::SeqCst))
+        .collect();
+    for (name, read) in ["normal", "slow", "reconnecting"]
+        .iter()
+        .zip(&read_during_load)
+    {
+        assert!(
+            *read > 0,
+            "the {name} client read nothing while the writers wrote"
+        );
+    }
+    server
+        .post("/v1/activity/spans", &span_body(LAST_SPAN, LAST_SPAN, None))
+        .await
+        .assert_status(201);
+    acknowledged += 1;
+
+    let normal_ids = normal_task.await.expect("normal client task");
+    let reconnected = reconnecting_task.await.expect("reconnecting client task");
+    let last = *normal_ids.last().expect("changes");
+    // Every change stream event the server has sent so far went to these clients. The normal
+    // one and the second connection were sent exactly what they read (there is nothing after
+    // the last change), the first connection at least what it read: the rest is the most the
+    // slow client has been sent.
+    let metrics = crate::metrics::scrape(&server).await;
+    let sent = metrics
+        .get("flightlog_stream_events_total{stream=\"changes\"}")
+        .expect("the stream events counter") as usize;
+    let slow_sent_at_most = sent
+        .checked_sub(normal_ids.len() + reconnected.ids.len())
+        .expect("the counter counts at least what the clients read");
+    let slow_read = progress[1].load(Ordering::SeqCst);
+    hurry.store(true, Ordering::SeqCst);
+    let slow_ids = slow_task.await.expect("slow client task");
+
+    let expected = all_change_ids(&server).await;
+    eprintln!(
+        "{} changes in {load_time:?} of load; read during it (normal, slow, reconnecting): \
+         {read_during_load:?}; after it, the slow client had read {slow_read} and been sent at \
+         most {slow_sent_at_most}; the reconnecting one read {} before it dropped its \
+         connection; {:?} in all",
+        expected.len(),
+        reconnected.first_connection,
+        started.elapsed()
+    );
+    assert_eq!(
+        expected,
+        (1..=acknowledged as i64).collect::<Vec<_>>(),
+        "the log holds one change per acknowledged write, ids from 1 without a gap"
+    );
+    assert_eq!(last, acknowledged as i64);
     assert_eq!(normal_ids, expected, "normal client");
     assert_eq!(slow_ids, expected, "slow client");
-    assert_eq!(reconnected_ids, expected, "reconnected client");
-    drop((normal, slow, reconnecting));
-    if let Ok(server) = Arc::try_unwrap(server) {
-        server.stop().await;
-    }
+    assert_eq!(reconnected.ids, expected, "reconnected client");
+    assert!(
+        (slow_sent_at_most as i64) + STREAM_PAGE < last,
+        "the slow client lags: after the load it had been sent up to {slow_sent_at_most} of \
+         {last} changes, so its stream had not read the rest from the database yet"
+    );
+    let Ok(server) = Arc::try_unwrap(server) else {
+        panic!("the test's tasks are done with the server");
+    };
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

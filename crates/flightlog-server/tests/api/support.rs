@@ -33,6 +33,11 @@ pub struct Options {
     pub change_log_retention: Option<i64>,
     /// Also serve the OTLP/gRPC listener (its address is [`TestServer::grpc_base`]).
     pub grpc: bool,
+    /// The kernel send buffer (`SO_SNDBUF`, which the kernel doubles) of the HTTP listener's
+    /// connections, set on the listening socket, whose connections inherit it; unset, the
+    /// kernel's own, which grows to `net.ipv4.tcp_wmem`'s maximum (4 MiB by default). A small
+    /// one keeps what a slow client has not read in the server rather than in the kernel.
+    pub send_buffer: Option<u32>,
 }
 
 /// One answer: status, headers and the body as JSON (`Null` when empty).
@@ -128,9 +133,7 @@ impl TestServer {
         if let Some(clock) = &manual {
             state = state.with_manual_clock(Arc::clone(clock));
         }
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind 127.0.0.1:0");
+        let listener = listen_on_loopback(options.send_buffer);
         let addr = listener.local_addr().expect("local addr");
         let (grpc_base, grpc_shutdown, grpc_task) = if options.grpc {
             let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -251,6 +254,19 @@ impl Drop for TestServer {
             let _ = shutdown.send(());
         }
     }
+}
+
+/// A listener on `127.0.0.1:0`, with `send_buffer` as its `SO_SNDBUF` when given.
+fn listen_on_loopback(send_buffer: Option<u32>) -> tokio::net::TcpListener {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket.set_reuseaddr(true).expect("SO_REUSEADDR");
+    if let Some(bytes) = send_buffer {
+        socket.set_send_buffer_size(bytes).expect("SO_SNDBUF");
+    }
+    socket
+        .bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("bind 127.0.0.1:0");
+    socket.listen(1024).expect("listen on 127.0.0.1:0")
 }
 
 async fn read_reply(response: reqwest::Response) -> Reply {
