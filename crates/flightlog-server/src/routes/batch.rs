@@ -512,10 +512,24 @@ mod tests {
         }
         let all = format!(r#"{{"ops": [{}]}}"#, ops.join(",\n "));
         assert_eq!(parse_ops(all.as_bytes(), 100), through_maps(&all, 100));
+        // An op that is not an object is its own entry's error; the others are parsed.
+        let mixed = parse_ops(
+            br#"{"ops": [1, {"op": "heartbeat", "spanId": "a"}, "x"]}"#,
+            3,
+        )
+        .expect("a well-formed batch");
+        assert_eq!(mixed.len(), 3);
+        assert!(
+            matches!(&mixed[0], Err(ApiError::InvalidRequest(m)) if m == "ops[0]: an op is a JSON object, got a number"),
+            "{mixed:?}"
+        );
+        assert!(mixed[1].is_ok(), "{mixed:?}");
+        assert!(
+            matches!(&mixed[2], Err(ApiError::InvalidRequest(m)) if m == "ops[2]: an op is a JSON object, got a string"),
+            "{mixed:?}"
+        );
         // Whole-body errors.
         for body in [
-            r#"{"ops": [1]}"#,
-            r#"{"ops": [{"op": "heartbeat", "spanId": "a"}, "x"]}"#,
             r#"{"ops": {}}"#,
             r#"{"ops": [], "more": 1}"#,
             r#"{"ops": [{"op": "heartbeat", "spanId": "a"}, {"op": "heartbeat", "spanId": "b"}]}"#,
