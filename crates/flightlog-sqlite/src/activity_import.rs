@@ -14,7 +14,10 @@
 //!   same payload first, so a span announced and then delivered whole never doubles its events,
 //!   distinct events sharing a millisecond and a type are all kept, and an event written
 //!   natively with its own payload shape is not doubled by the exporter's copy;
-//! - terminal span: a repeated delivery; nothing is written, not even its events.
+//! - terminal span: its fields are written once and stay. A span this importer wrote is a
+//!   repeated delivery: nothing is written, not even its events. A span ended natively before
+//!   the exporter's copy came gets the events only the copy carries (matched as above), as a
+//!   native append to an ended span would.
 //!
 //! Every write is change-logged exactly like a native one, so streams and cursors see imports.
 //! Afterwards every touched run whose root is terminal is rolled up again: spans of a trace may
@@ -118,25 +121,29 @@ struct ExistingSpan {
     span_key: i64,
     run_key: i64,
     terminal: bool,
+    /// Written by this importer (the span's origin is the delivery's), not natively.
+    same_origin: bool,
     attrs: Option<StoredAttrs>,
 }
 
 fn existing_span(
     ctx: &mut WriteContext<'_>,
     span_id: &str,
+    origin: &str,
 ) -> Result<Option<ExistingSpan>, StoreError> {
     ctx.statement(concat!(
-        "SELECT span_key, run_key, outcome IS NOT NULL, attrs FROM activity_spans \
+        "SELECT span_key, run_key, outcome IS NOT NULL, origin = ?2, attrs FROM activity_spans \
                  WHERE span_key = ",
         span_key_of!("?1")
     ))
     .and_then(|stmt| {
-        stmt.query_row([span_id], |row| {
+        stmt.query_row([span_id, origin], |row| {
             Ok(ExistingSpan {
                 span_key: row.get(0)?,
                 run_key: row.get(1)?,
                 terminal: row.get(2)?,
-                attrs: row.get(3)?,
+                same_origin: row.get(3)?,
+                attrs: row.get(4)?,
             })
         })
         .optional()
@@ -454,7 +461,7 @@ pub(crate) fn import_spans(
                 run_spans.push(rollup_span(span));
             }
         } else {
-            let Some(existing) = existing_span(ctx, &span.span_id)? else {
+            let Some(existing) = existing_span(ctx, &span.span_id, span.origin.as_str())? else {
                 return Err(StoreError::Corrupt(format!(
                     "span {:?} neither inserted nor found",
                     span.span_id
@@ -477,6 +484,16 @@ pub(crate) fn import_spans(
             }
             if existing.terminal {
                 report.unchanged += 1;
+                // Ended natively before the exporter's copy came: the span's fields are
+                // written once and stay, but the events only the copy carries are added, as a
+                // native append to an ended span would add them. A span this importer wrote is
+                // a repeated delivery: nothing at all (the common case reads no events).
+                if !existing.same_origin && !prepared.events.is_empty() {
+                    let span_key = existing.span_key;
+                    let add = events_to_add(&prepared.events, held_events(ctx, span_key, codec)?);
+                    report.events_added +=
+                        insert_events(ctx, span_key, run_key, &prepared.events, Some(&add))?;
+                }
                 continue;
             }
             // The delivery's attrs are text by now (see `prepare`); completing an open span is

@@ -224,6 +224,102 @@ async fn a_natively_started_span_is_completed_not_duplicated() {
     assert!(matches!(&changes[2].body, ChangeBody::Span { span } if span.outcome.is_some()));
 }
 
+/// A span started and ended through the native API before its OTLP copy arrives (an agent
+/// that reports natively and exports OpenTelemetry, whose exporter batches): the end, outcome,
+/// name and attrs are written once and stay, but the events only the copy carries are added (a
+/// native append to an ended span adds them too) and the ones it holds are not doubled; a retry
+/// of the copy then adds nothing, and a retried OTLP span that ended over OTLP writes nothing.
+#[tokio::test]
+async fn a_natively_ended_span_gets_only_the_events_its_otlp_copy_adds() {
+    let fx = fixture();
+    fx.store
+        .start_span(StartSpanInput {
+            span_id: "root".into(),
+            run_id: "trace1".into(),
+            parent_span_id: None,
+            name: "native name".into(),
+            kind: SpanKind::Turn,
+            origin: SpanOrigin::Session,
+            session_id: None,
+            job_name: None,
+            attrs: Some(JsonObject::from_iter([("native".to_owned(), json!(true))])),
+            started_at: Some(900),
+        })
+        .await
+        .unwrap();
+    fx.store
+        .append_event("root", "exception", Some(&json!({"a": 1})), Some(950))
+        .await
+        .unwrap();
+    let ended = fx
+        .store
+        .end_span(
+            "root",
+            EndSpanInput {
+                outcome: SpanOutcome::Error,
+                reason: Some("native end".into()),
+                ended_at: Some(990),
+                usage: None,
+                attrs: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(ended);
+    let cursor = fx.store.latest_change_cursor().await.unwrap();
+
+    let mut delivered = span("root", None, SpanKind::Other, 1_000);
+    delivered.events = vec![event(950, "exception"), event(960, "second")];
+    let report = fx
+        .store
+        .import_spans(vec![delivered.clone()])
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.created, report.completed, report.unchanged),
+        (0, 0, 1)
+    );
+    assert_eq!(report.events_added, 1, "only the event the span lacked");
+    let root = fx.store.get_span("root").await.unwrap().unwrap();
+    assert_eq!(root.name, "native name");
+    assert_eq!(root.outcome, Some(SpanOutcome::Error), "write-once");
+    assert_eq!(root.outcome_reason.as_deref(), Some("native end"));
+    assert_eq!(root.ended_at, Some(990));
+    assert_eq!(root.attrs.get("service.name"), None, "attrs stay as ended");
+    let snapshot = fx.store.snapshot_run("trace1").await.unwrap().unwrap();
+    let events: Vec<(i64, &str)> = snapshot
+        .events
+        .iter()
+        .map(|event| (event.ts, event.event_type.as_str()))
+        .collect();
+    assert_eq!(events, [(950, "exception"), (960, "second")]);
+    // The added event is change-logged like a native append.
+    let changes = fx.store.changes_since(cursor, 100).await.unwrap();
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert!(matches!(&changes[0].body, ChangeBody::Event { .. }));
+
+    let retry = fx.store.import_spans(vec![delivered]).await.unwrap();
+    assert_eq!((retry.unchanged, retry.events_added), (1, 0));
+    assert_eq!(
+        fx.store
+            .snapshot_run("trace1")
+            .await
+            .unwrap()
+            .unwrap()
+            .events
+            .len(),
+        2
+    );
+
+    // A span ended over OTLP and delivered again with another event: a retry, nothing added.
+    let mut otlp = span("otlp-span", Some("root"), SpanKind::Tool, 1_000);
+    otlp.events = vec![event(970, "one")];
+    fx.store.import_spans(vec![otlp.clone()]).await.unwrap();
+    otlp.events.push(event(980, "two"));
+    let again = fx.store.import_spans(vec![otlp]).await.unwrap();
+    assert_eq!((again.unchanged, again.events_added), (1, 0));
+}
+
 #[tokio::test]
 async fn a_pending_span_is_live_until_its_final_delivery() {
     let fx = fixture();

@@ -169,7 +169,9 @@ pub struct ImportReport {
     pub created: u64,
     /// Spans that existed open and were updated (completed, or refreshed while still pending).
     pub completed: u64,
-    /// Spans already terminal: a repeated delivery, nothing written.
+    /// Spans already terminal, whose fields are written once: a repeated delivery writes
+    /// nothing at all; a span ended natively before the exporter's copy came gets the events
+    /// only that copy carries (counted in `events_added`).
     pub unchanged: u64,
     /// Events written.
     pub events_added: u64,
