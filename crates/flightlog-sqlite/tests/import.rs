@@ -171,9 +171,10 @@ async fn children_before_their_parent_and_a_late_span_after_the_rollup() {
     assert_eq!(rollup.cost_usd, Some(0.75));
 }
 
-#[tokio::test]
-async fn a_natively_started_span_is_completed_not_duplicated() {
-    let fx = fixture();
+/// The root `root` of run `trace1` started through the native API (name "native name", kind
+/// turn, attrs `{native: true}`, at 900), with an `exception` event at 950: what the OTLP
+/// copy of the same span then meets.
+async fn native_root_with_an_event(fx: &Fixture, session_id: Option<&str>) {
     fx.store
         .start_span(StartSpanInput {
             span_id: "root".into(),
@@ -182,7 +183,7 @@ async fn a_natively_started_span_is_completed_not_duplicated() {
             name: "native name".into(),
             kind: SpanKind::Turn,
             origin: SpanOrigin::Session,
-            session_id: Some("s1".into()),
+            session_id: session_id.map(str::to_owned),
             job_name: None,
             attrs: Some(JsonObject::from_iter([("native".to_owned(), json!(true))])),
             started_at: Some(900),
@@ -193,6 +194,12 @@ async fn a_natively_started_span_is_completed_not_duplicated() {
         .append_event("root", "exception", Some(&json!({"a": 1})), Some(950))
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn a_natively_started_span_is_completed_not_duplicated() {
+    let fx = fixture();
+    native_root_with_an_event(&fx, Some("s1")).await;
 
     let mut delivered = span("root", None, SpanKind::Other, 1_000);
     delivered.events = vec![event(950, "exception"), event(960, "second")];
@@ -232,25 +239,7 @@ async fn a_natively_started_span_is_completed_not_duplicated() {
 #[tokio::test]
 async fn a_natively_ended_span_gets_only_the_events_its_otlp_copy_adds() {
     let fx = fixture();
-    fx.store
-        .start_span(StartSpanInput {
-            span_id: "root".into(),
-            run_id: "trace1".into(),
-            parent_span_id: None,
-            name: "native name".into(),
-            kind: SpanKind::Turn,
-            origin: SpanOrigin::Session,
-            session_id: None,
-            job_name: None,
-            attrs: Some(JsonObject::from_iter([("native".to_owned(), json!(true))])),
-            started_at: Some(900),
-        })
-        .await
-        .unwrap();
-    fx.store
-        .append_event("root", "exception", Some(&json!({"a": 1})), Some(950))
-        .await
-        .unwrap();
+    native_root_with_an_event(&fx, None).await;
     let ended = fx
         .store
         .end_span(
