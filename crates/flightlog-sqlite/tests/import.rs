@@ -189,11 +189,11 @@ async fn native_root_with_an_event(fx: &Fixture, session_id: Option<&str>) {
             started_at: Some(900),
         })
         .await
-        .unwrap();
+        .expect("the native start");
     fx.store
         .append_event("root", "exception", Some(&json!({"a": 1})), Some(950))
         .await
-        .unwrap();
+        .expect("the native event");
 }
 
 #[tokio::test]
