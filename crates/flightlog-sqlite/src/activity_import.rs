@@ -395,6 +395,8 @@ enum RunSpans {
 fn rollup_span(span: &ImportedSpan) -> RollupSpan {
     let end = span.end.as_ref();
     RollupSpan {
+        span_id: span.span_id.clone(),
+        parent_span_id: span.parent_span_id.clone(),
         is_root: span.parent_span_id.is_none(),
         kind: span.kind.clone(),
         origin: span.origin.clone(),

@@ -931,8 +931,8 @@ pub(crate) fn rollup_run_key(ctx: &mut WriteContext<'_>, run_key: i64) -> Result
         .statement(
             "SELECT parent_span_id IS NULL, origin, name, session_id, job_name, started_at, \
              ended_at, outcome, outcome_reason, input_tokens, output_tokens, cache_read_tokens, \
-             cache_creation_tokens, cost_usd, kind FROM activity_spans WHERE run_key = ?1 \
-             ORDER BY started_at, span_key",
+             cache_creation_tokens, cost_usd, kind, span_id, parent_span_id FROM activity_spans \
+             WHERE run_key = ?1 ORDER BY started_at, span_key",
         )
         .and_then(|stmt| {
             stmt.query_map([run_key], |row| {
@@ -940,6 +940,8 @@ pub(crate) fn rollup_run_key(ctx: &mut WriteContext<'_>, run_key: i64) -> Result
                 let outcome: Option<String> = row.get(7)?;
                 let kind: String = row.get(14)?;
                 Ok(RollupSpan {
+                    span_id: row.get(15)?,
+                    parent_span_id: row.get(16)?,
                     is_root: row.get(0)?,
                     kind: SpanKind::from_stored(&kind),
                     origin: SpanOrigin::from_stored(&origin),

@@ -935,6 +935,52 @@ impl Model {
         })
     }
 
+    /// Add the delivered events that `span`'s stored copy does not hold yet: each held event
+    /// accounts for one delivered event of its time and type, the one with the same payload
+    /// first. The number added.
+    fn add_events_not_held(&mut self, span: &ImportedSpan) -> u64 {
+        let mut held: BTreeMap<(i64, String), Vec<String>> = BTreeMap::new();
+        for event in self.events.iter().filter(|e| e.span_id == span.span_id) {
+            held.entry((event.ts, event.event_type.clone()))
+                .or_default()
+                .push(event.payload.get().to_owned());
+        }
+        let mut add = vec![true; span.events.len()];
+        for (at, event) in span.events.iter().enumerate() {
+            let payload = capped(Some(&event.payload)).0;
+            if let Some(list) = held.get_mut(&(event.ts, event.event_type.clone())) {
+                if let Some(found) = list.iter().position(|held| *held == payload) {
+                    list.remove(found);
+                    add[at] = false;
+                }
+            }
+        }
+        for (at, event) in span.events.iter().enumerate() {
+            if add[at] {
+                if let Some(list) = held.get_mut(&(event.ts, event.event_type.clone())) {
+                    if list.pop().is_some() {
+                        add[at] = false;
+                    }
+                }
+            }
+        }
+        let mut added = 0;
+        for (at, event) in span.events.iter().enumerate() {
+            if !add[at] {
+                continue;
+            }
+            self.add_event(
+                &span.run_id,
+                &span.span_id,
+                &event.event_type,
+                Some(&event.payload),
+                event.ts,
+            );
+            added += 1;
+        }
+        added
+    }
+
     fn rollup_run(&mut self, run_id: &str) {
         let spans: Vec<RollupSpan> = self
             .run_spans(run_id)
@@ -1159,6 +1205,10 @@ impl Model {
             }
             if self.spans[index].outcome.is_some() {
                 report.unchanged += 1;
+                // Ended natively: the events only the delivery carries are added.
+                if self.spans[index].origin != span.origin {
+                    report.events_added += self.add_events_not_held(span);
+                }
                 continue;
             }
             let stored = &mut self.spans[index];
@@ -1184,47 +1234,7 @@ impl Model {
             }
             coalesce(&mut stored.usage, Some(&span.usage));
             self.log(&span.run_id, &span.span_id, None);
-            // Only events the span does not already hold are added: each held event accounts
-            // for one delivered event of its time and type, the one with the same payload
-            // first.
-            let mut held: BTreeMap<(i64, String), Vec<String>> = BTreeMap::new();
-            for event in self.events.iter().filter(|e| e.span_id == span.span_id) {
-                held.entry((event.ts, event.event_type.clone()))
-                    .or_default()
-                    .push(event.payload.get().to_owned());
-            }
-            let mut add = vec![true; span.events.len()];
-            for (at, event) in span.events.iter().enumerate() {
-                let payload = capped(Some(&event.payload)).0;
-                if let Some(list) = held.get_mut(&(event.ts, event.event_type.clone())) {
-                    if let Some(found) = list.iter().position(|held| *held == payload) {
-                        list.remove(found);
-                        add[at] = false;
-                    }
-                }
-            }
-            for (at, event) in span.events.iter().enumerate() {
-                if add[at] {
-                    if let Some(list) = held.get_mut(&(event.ts, event.event_type.clone())) {
-                        if list.pop().is_some() {
-                            add[at] = false;
-                        }
-                    }
-                }
-            }
-            for (at, event) in span.events.iter().enumerate() {
-                if !add[at] {
-                    continue;
-                }
-                self.add_event(
-                    &span.run_id,
-                    &span.span_id,
-                    &event.event_type,
-                    Some(&event.payload),
-                    event.ts,
-                );
-                report.events_added += 1;
-            }
+            report.events_added += self.add_events_not_held(span);
             report.completed += 1;
         }
         for run_id in touched {

@@ -6,15 +6,22 @@
 //!
 //! One extension beyond the reference: when the root carries no usage at all (typical of
 //! OpenTelemetry traces, where only the model-call spans report tokens), the run's usage is the
-//! sum over its `model` spans. Model spans are leaves of accounting (a model call never contains
-//! another), so the sum counts each token once; and a root that does report usage still wins, so
-//! nothing is ever counted twice. The reference has no `model` kind, so its behaviour is unchanged.
+//! sum over its outermost `model` spans: a model span inside another model span is not counted.
+//! That happens when two instrumentations see one call (pydantic-ai's `chat` span around the
+//! OpenAI SDK instrumentation's, a LangChain LLM span around the provider instrumentor's), and
+//! both report its tokens: summing both counted the call twice. A root that does report usage
+//! still wins, so nothing is ever counted twice. The reference has no `model` kind, so its
+//! behaviour is unchanged.
+
+use std::collections::HashMap;
 
 use super::types::{SpanKind, SpanOrigin, SpanOutcome, SpanRow, SpanUsage};
 
 /// What the rollup rule needs to know about one span (a backend can read just these columns).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RollupSpan {
+    pub span_id: String,
+    pub parent_span_id: Option<String>,
     pub is_root: bool,
     pub kind: SpanKind,
     pub origin: SpanOrigin,
@@ -31,6 +38,8 @@ pub struct RollupSpan {
 impl From<&SpanRow> for RollupSpan {
     fn from(span: &SpanRow) -> Self {
         Self {
+            span_id: span.span_id.clone(),
+            parent_span_id: span.parent_span_id.clone(),
             is_root: span.is_root(),
             kind: span.kind.clone(),
             origin: span.origin.clone(),
@@ -119,15 +128,25 @@ fn carries_usage(usage: &SpanUsage) -> bool {
         || usage.cost_usd.is_some()
 }
 
-/// The field-wise sum over `model` spans; a field stays absent when no model span has it.
+/// The field-wise sum over the outermost `model` spans (see the module doc); a field stays
+/// absent when no model span has it.
 fn sum_model_usage(spans: &[RollupSpan]) -> SpanUsage {
     fn add_count(total: &mut Option<i64>, part: Option<i64>) {
         if let Some(part) = part {
             *total = Some(total.unwrap_or(0).saturating_add(part));
         }
     }
+    let models = spans.iter().filter(|span| span.kind == SpanKind::Model);
+    let nested = if models.clone().nth(1).is_some() {
+        nested_in_a_model(spans)
+    } else {
+        Vec::new()
+    };
     let mut total = SpanUsage::default();
-    for span in spans.iter().filter(|span| span.kind == SpanKind::Model) {
+    for (index, span) in spans.iter().enumerate() {
+        if span.kind != SpanKind::Model || nested.get(index).copied().unwrap_or(false) {
+            continue;
+        }
         add_count(&mut total.input_tokens, span.usage.input_tokens);
         add_count(&mut total.output_tokens, span.usage.output_tokens);
         add_count(&mut total.cache_read_tokens, span.usage.cache_read_tokens);
@@ -140,6 +159,31 @@ fn sum_model_usage(spans: &[RollupSpan]) -> SpanUsage {
         }
     }
     total
+}
+
+/// For each span, whether one of its ancestors (within `spans`) is a `model` span. A parent
+/// chain is followed at most `spans.len()` steps, so a cycle (ids are the writers') ends.
+fn nested_in_a_model(spans: &[RollupSpan]) -> Vec<bool> {
+    let by_id: HashMap<&str, &RollupSpan> = spans
+        .iter()
+        .map(|span| (span.span_id.as_str(), span))
+        .collect();
+    spans
+        .iter()
+        .map(|span| {
+            let mut parent = span.parent_span_id.as_deref();
+            for _ in 0..spans.len() {
+                let Some(ancestor) = parent.and_then(|id| by_id.get(id)) else {
+                    return false;
+                };
+                if ancestor.kind == SpanKind::Model {
+                    return true;
+                }
+                parent = ancestor.parent_span_id.as_deref();
+            }
+            false
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -189,7 +233,7 @@ mod tests {
         model_a.kind = SpanKind::Model;
         model_a.usage.input_tokens = Some(100);
         model_a.usage.cost_usd = Some(0.25);
-        let mut model_b = span("b", Some("a"), 3);
+        let mut model_b = span("b", Some("t"), 3);
         model_b.kind = SpanKind::Model;
         model_b.usage.input_tokens = Some(20);
         model_b.usage.output_tokens = Some(7);
@@ -205,6 +249,39 @@ mod tests {
         // No model spans: usage stays absent, never an invented zero.
         let bare = compute_rollup(&[root]);
         assert_eq!(bare.and_then(|f| f.input_tokens), None);
+    }
+
+    /// Two instrumentations of one call (a framework's `chat` span around the provider SDK's,
+    /// both reporting the tokens): only the outer one counts, also when a span sits between
+    /// them, while model spans side by side (or under a tool) all count.
+    #[test]
+    fn a_model_span_inside_another_model_span_is_not_counted_again() {
+        let root = span("root", None, 1);
+        let model = |id: &str, parent: &str, started_at: i64, tokens: i64| {
+            let mut model = span(id, Some(parent), started_at);
+            model.kind = SpanKind::Model;
+            model.usage.input_tokens = Some(tokens);
+            model.usage.cost_usd = Some(tokens as f64);
+            model
+        };
+        let outer = model("outer", "root", 2, 1_000);
+        let inner = model("inner", "outer", 3, 1_000);
+        let http = span("http", Some("inner"), 4);
+        let innermost = model("innermost", "http", 5, 1_000);
+        let tool = span("tool", Some("root"), 6);
+        let beside = model("beside", "root", 7, 300);
+        let under_tool = model("under-tool", "tool", 8, 20);
+        let fields = compute_rollup(&[
+            root, outer, inner, http, innermost, tool, beside, under_tool,
+        ]);
+        let fields = fields.as_ref();
+        assert_eq!(fields.and_then(|f| f.input_tokens), Some(1_320));
+        assert_eq!(fields.and_then(|f| f.cost_usd), Some(1_320.0));
+        // A parent cycle (ids are the writers') ends instead of looping.
+        let a = model("a", "b", 1, 5);
+        let b = model("b", "a", 2, 7);
+        let cyclic = compute_rollup(&[span("r", None, 0), a, b]);
+        assert_eq!(cyclic.and_then(|f| f.input_tokens), None);
     }
 
     #[test]
