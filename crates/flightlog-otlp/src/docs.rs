@@ -1,18 +1,31 @@
-//! Keeps `docs/otlp.md` in sync with the code: every attribute name the mapping reads, every
-//! attrs key it writes, the price table's version and the attribute cap must appear there.
+//! Keeps `docs/otlp.md` in sync with the code: every attribute name the mapping reads (and
+//! every key it reads inside Langfuse's JSON details), every attribute value a kind rule
+//! recognises, every attrs key it writes, the price table's version and the attribute cap must
+//! appear there.
 
 #[cfg(test)]
 mod tests {
     use crate::attributes::MAX_ATTRIBUTE_VALUE_BYTES;
     use crate::facts::{
-        CACHE_CREATION_TOKEN_KEYS, CACHE_READ_TOKEN_KEYS, COST_KEYS, INPUT_TOKEN_KEYS,
-        LOGFIRE_PENDING_PARENT, LOGFIRE_SPAN_TYPE, MODEL_CALL_HINTS, MODEL_KEYS,
-        OPENINFERENCE_KIND, OPERATION_NAME, OUTPUT_TOKEN_KEYS, SESSION_KEYS, TRACELOOP_KIND,
+        CACHE_CREATION_TOKEN_KEYS, CACHE_READ_TOKEN_KEYS, COST_KEYS, ERROR_TYPE, EXCEPTION_EVENT,
+        EXCEPTION_MESSAGE, INPUT_TOKEN_KEYS, LANGFUSE_COST_DETAILS, LANGFUSE_OBSERVATION_TYPE,
+        LANGFUSE_USAGE_DETAILS, LOGFIRE_PENDING_PARENT, LOGFIRE_SPAN_TYPE, MODEL_CALL_HINTS,
+        MODEL_KEYS, OPENINFERENCE_KIND, OPERATION_NAME, OUTPUT_TOKEN_KEYS, SESSION_KEYS, TOOL_NAME,
+        TRACELOOP_KIND, VERCEL_OPERATION_ID,
+    };
+    use crate::kind::{
+        GEN_AI_OPERATIONS, LANGFUSE_OBSERVATION_TYPES, OPENINFERENCE_KINDS, TRACELOOP_KINDS,
+        VERCEL_OPERATIONS,
     };
     use crate::mapping::{
         COST_SOURCE_KEY, LINKS_KEY, OTEL_SPAN_KIND_KEY, PRICE_TABLE_KEY, RESOURCE_KEY, SCOPE_KEY,
     };
     use crate::prices::PriceTable;
+    use crate::usage::{
+        COST_DETAILS_TOTAL, LANGFUSE_CACHE_CREATION_KEYS, LANGFUSE_CACHE_READ_KEYS, LANGFUSE_INPUT,
+        LANGFUSE_OUTPUT, MAX_DETAILS_BYTES, OPENAI_CACHED_TOKENS, OPENAI_COMPLETION_TOKENS,
+        OPENAI_PROMPT_DETAILS, OPENAI_PROMPT_TOKENS,
+    };
 
     const DOC: &str = include_str!("../docs/otlp.md");
 
@@ -44,8 +57,53 @@ mod tests {
             TRACELOOP_KIND,
             LOGFIRE_SPAN_TYPE,
             LOGFIRE_PENDING_PARENT,
+            LANGFUSE_OBSERVATION_TYPE,
+            LANGFUSE_USAGE_DETAILS,
+            LANGFUSE_COST_DETAILS,
+            VERCEL_OPERATION_ID,
+            TOOL_NAME,
+            ERROR_TYPE,
+            EXCEPTION_EVENT,
+            EXCEPTION_MESSAGE,
         ] {
             assert_documented(name);
+        }
+    }
+
+    #[test]
+    fn every_key_read_inside_langfuse_details_is_documented() {
+        let singles = [
+            OPENAI_PROMPT_TOKENS,
+            OPENAI_COMPLETION_TOKENS,
+            OPENAI_PROMPT_DETAILS,
+            OPENAI_CACHED_TOKENS,
+            LANGFUSE_INPUT,
+            LANGFUSE_OUTPUT,
+            COST_DETAILS_TOTAL,
+        ];
+        let tables = [LANGFUSE_CACHE_READ_KEYS, LANGFUSE_CACHE_CREATION_KEYS];
+        for name in singles
+            .into_iter()
+            .chain(tables.into_iter().flatten().copied())
+        {
+            assert_documented(name);
+        }
+        assert_eq!(MAX_DETAILS_BYTES, 4_096);
+        assert!(DOC.contains("longer than 4,096 bytes"));
+    }
+
+    #[test]
+    fn every_recognised_kind_value_is_documented() {
+        for table in [
+            GEN_AI_OPERATIONS,
+            OPENINFERENCE_KINDS,
+            TRACELOOP_KINDS,
+            LANGFUSE_OBSERVATION_TYPES,
+            VERCEL_OPERATIONS,
+        ] {
+            for (value, _) in table {
+                assert_documented(value);
+            }
         }
     }
 

@@ -4,6 +4,11 @@
 //! check that `docs/otlp.md` names every one, and a kind or usage rule reads a field instead of
 //! searching the attribute list again. Within each usage table the first name is preferred: a
 //! span carrying both the current GenAI name and an older alias uses the current one.
+//!
+//! Every span attribute name read lives in one of a few namespaces (`gen_ai.`, `llm.`, `ai.`,
+//! …; see [`may_be_read`]): the scan skips any other attribute after looking at its first byte
+//! (and, for a few first letters, a short prefix), so the many attributes no rule reads (HTTP,
+//! database, the application's own) cost next to nothing, and nothing is allocated.
 
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 
@@ -13,6 +18,22 @@ pub(crate) const OPERATION_NAME: &str = "gen_ai.operation.name";
 pub(crate) const OPENINFERENCE_KIND: &str = "openinference.span.kind";
 /// OpenLLMetry's (Traceloop's) span kind (`workflow`, `task`, `agent`, `tool`).
 pub(crate) const TRACELOOP_KIND: &str = "traceloop.span.kind";
+/// Langfuse SDK v3's observation type (`generation`, `agent`, `tool`, `span`, …).
+pub(crate) const LANGFUSE_OBSERVATION_TYPE: &str = "langfuse.observation.type";
+/// Langfuse's token counts, a JSON object in a string (see `usage::usage_from_details`).
+pub(crate) const LANGFUSE_USAGE_DETAILS: &str = "langfuse.observation.usage_details";
+/// Langfuse's costs in USD, a JSON object in a string (see `usage::cost_from_details`).
+pub(crate) const LANGFUSE_COST_DETAILS: &str = "langfuse.observation.cost_details";
+/// The Vercel AI SDK's operation (`ai.generateText`, `ai.toolCall`, …).
+pub(crate) const VERCEL_OPERATION_ID: &str = "ai.operationId";
+/// The GenAI name of the tool a span executes.
+pub(crate) const TOOL_NAME: &str = "gen_ai.tool.name";
+/// The OpenTelemetry class of an error (`timeout`, `java.net.UnknownHostException`, `500`, …).
+pub(crate) const ERROR_TYPE: &str = "error.type";
+/// The name of the span event an exception is recorded as.
+pub(crate) const EXCEPTION_EVENT: &str = "exception";
+/// The exception event's attribute holding the exception's message.
+pub(crate) const EXCEPTION_MESSAGE: &str = "exception.message";
 /// Attributes whose mere presence marks a model call when no kind attribute decided.
 pub(crate) const MODEL_CALL_HINTS: &[&str] = &[
     "gen_ai.request.model",
@@ -21,12 +42,18 @@ pub(crate) const MODEL_CALL_HINTS: &[&str] = &[
     "llm.request.type",
 ];
 /// Session ids, preferred first.
-pub(crate) const SESSION_KEYS: &[&str] = &["session.id", "gen_ai.conversation.id"];
+pub(crate) const SESSION_KEYS: &[&str] = &[
+    "session.id",
+    "gen_ai.conversation.id",
+    "traceloop.association.properties.session_id",
+];
 /// Model names, preferred first: the model that answered, then the one asked for.
 pub(crate) const MODEL_KEYS: &[&str] = &[
     "gen_ai.response.model",
     "gen_ai.request.model",
     "llm.model_name",
+    "langfuse.observation.model.name",
+    "ai.model.id",
 ];
 /// Logfire marks its pending (in-progress) span announcements with `pending_span` here.
 pub(crate) const LOGFIRE_SPAN_TYPE: &str = "logfire.span_type";
@@ -39,6 +66,8 @@ pub(crate) const INPUT_TOKEN_KEYS: &[&str] = &[
     "gen_ai.usage.prompt_tokens",
     "llm.token_count.prompt",
     "llm.usage.prompt_tokens",
+    "ai.usage.promptTokens",
+    "ai.usage.inputTokens",
 ];
 /// Output (completion) tokens, preferred first.
 pub(crate) const OUTPUT_TOKEN_KEYS: &[&str] = &[
@@ -46,18 +75,26 @@ pub(crate) const OUTPUT_TOKEN_KEYS: &[&str] = &[
     "gen_ai.usage.completion_tokens",
     "llm.token_count.completion",
     "llm.usage.completion_tokens",
+    "ai.usage.completionTokens",
+    "ai.usage.outputTokens",
 ];
 /// Input tokens read from the provider's prompt cache, preferred first.
 pub(crate) const CACHE_READ_TOKEN_KEYS: &[&str] = &[
     "gen_ai.usage.cache_read.input_tokens",
     "gen_ai.usage.cache_read_input_tokens",
+    "gen_ai.usage.details.cache_read_input_tokens",
+    "gen_ai.usage.details.cache_read_tokens",
     "llm.token_count.prompt_details.cache_read",
     "llm.usage.cache_read_input_tokens",
+    "ai.usage.cachedInputTokens",
 ];
 /// Input tokens written to the provider's prompt cache, preferred first.
 pub(crate) const CACHE_CREATION_TOKEN_KEYS: &[&str] = &[
     "gen_ai.usage.cache_creation.input_tokens",
     "gen_ai.usage.cache_creation_input_tokens",
+    "gen_ai.usage.cache_write_input_tokens",
+    "gen_ai.usage.details.cache_creation_input_tokens",
+    "gen_ai.usage.details.cache_write_tokens",
     "llm.token_count.prompt_details.cache_write",
     "llm.usage.cache_creation_input_tokens",
 ];
@@ -65,7 +102,7 @@ pub(crate) const CACHE_CREATION_TOKEN_KEYS: &[&str] = &[
 pub(crate) const COST_KEYS: &[&str] = &["gen_ai.usage.cost", "llm.cost.total", "operation.cost"];
 
 /// Most names any one table has (the candidate slots of [`Facts`]).
-const MAX_ALIASES: usize = 4;
+const MAX_ALIASES: usize = 7;
 
 /// Candidates for one field, by preference.
 pub(crate) type Candidates<'a> = [Option<&'a AnyValue>; MAX_ALIASES];
@@ -76,17 +113,24 @@ pub(crate) struct Facts<'a> {
     pub(crate) operation_name: Option<&'a str>,
     pub(crate) openinference_kind: Option<&'a str>,
     pub(crate) traceloop_kind: Option<&'a str>,
+    pub(crate) langfuse_observation_type: Option<&'a str>,
+    pub(crate) vercel_operation_id: Option<&'a str>,
+    /// [`TOOL_NAME`] is present.
+    pub(crate) tool_name: bool,
     /// Any of [`MODEL_CALL_HINTS`] is present.
     pub(crate) model_call_hint: bool,
     pub(crate) session: Candidates<'a>,
     pub(crate) model: Candidates<'a>,
     pub(crate) logfire_span_type: Option<&'a str>,
     pub(crate) logfire_pending_parent: Option<&'a AnyValue>,
+    pub(crate) error_type: Option<&'a str>,
     pub(crate) input_tokens: Candidates<'a>,
     pub(crate) output_tokens: Candidates<'a>,
     pub(crate) cache_read_tokens: Candidates<'a>,
     pub(crate) cache_creation_tokens: Candidates<'a>,
     pub(crate) cost: Candidates<'a>,
+    pub(crate) langfuse_usage_details: Option<&'a str>,
+    pub(crate) langfuse_cost_details: Option<&'a str>,
 }
 
 impl<'a> Facts<'a> {
@@ -95,25 +139,29 @@ impl<'a> Facts<'a> {
         let mut facts = Facts::default();
         for attribute in attributes {
             let key = attribute.key.as_str();
+            // Only namespaced keys are read at all: skip the rest cheaply.
+            if !may_be_read(key) {
+                continue;
+            }
             let value = attribute.value.as_ref();
             match key {
                 OPERATION_NAME => facts.operation_name = value.and_then(as_str),
                 OPENINFERENCE_KIND => facts.openinference_kind = value.and_then(as_str),
                 TRACELOOP_KIND => facts.traceloop_kind = value.and_then(as_str),
+                LANGFUSE_OBSERVATION_TYPE => {
+                    facts.langfuse_observation_type = value.and_then(as_str);
+                }
+                LANGFUSE_USAGE_DETAILS => facts.langfuse_usage_details = value.and_then(as_str),
+                LANGFUSE_COST_DETAILS => facts.langfuse_cost_details = value.and_then(as_str),
+                VERCEL_OPERATION_ID => facts.vercel_operation_id = value.and_then(as_str),
+                TOOL_NAME => facts.tool_name = true,
+                ERROR_TYPE => facts.error_type = value.and_then(as_str),
                 LOGFIRE_SPAN_TYPE => facts.logfire_span_type = value.and_then(as_str),
                 LOGFIRE_PENDING_PARENT => facts.logfire_pending_parent = value,
                 _ => {}
             }
             if MODEL_CALL_HINTS.contains(&key) {
                 facts.model_call_hint = true;
-            }
-            // Only namespaced keys can be in the tables below: skip the rest cheaply.
-            if !(key.starts_with("gen_ai.")
-                || key.starts_with("llm.")
-                || key.starts_with("session.")
-                || key.starts_with("operation."))
-            {
-                continue;
             }
             let tables: [(&[&str], &mut Candidates<'a>); 7] = [
                 (SESSION_KEYS, &mut facts.session),
@@ -137,6 +185,24 @@ impl<'a> Facts<'a> {
     }
 }
 
+/// Whether `key` is in one of the namespaces the mapping reads (`gen_ai.`, `llm.`,
+/// `langfuse.`, `logfire.`, `session.`, `operation.`, `openinference.`, `ai.`, `traceloop.`,
+/// `error.`). The first byte picks the one to three prefixes worth comparing, so most keys of
+/// no such namespace cost a single byte comparison.
+fn may_be_read(key: &str) -> bool {
+    let prefixes: &[&str] = match key.as_bytes().first() {
+        Some(b'g') => &["gen_ai."],
+        Some(b'l') => &["llm.", "langfuse.", "logfire."],
+        Some(b's') => &["session."],
+        Some(b'o') => &["operation.", "openinference."],
+        Some(b'a') => &["ai."],
+        Some(b't') => &["traceloop."],
+        Some(b'e') => &["error."],
+        _ => return false,
+    };
+    prefixes.iter().any(|prefix| key.starts_with(prefix))
+}
+
 /// The string inside an attribute value, if it is one.
 pub(crate) fn as_str(value: &AnyValue) -> Option<&str> {
     match value.value.as_ref()? {
@@ -157,6 +223,20 @@ pub(crate) fn first_of<'a, T>(
 mod tests {
     use super::*;
     use crate::test_support::{int, kv, string};
+
+    /// The prefixes of every attribute name the scan reads; `may_be_read` admits exactly these.
+    const READ_NAMESPACES: &[&str] = &[
+        "gen_ai.",
+        "llm.",
+        "langfuse.",
+        "logfire.",
+        "session.",
+        "operation.",
+        "openinference.",
+        "ai.",
+        "traceloop.",
+        "error.",
+    ];
 
     #[test]
     fn every_table_fits_the_candidate_slots() {
@@ -188,5 +268,124 @@ mod tests {
         assert_eq!(first_of(&facts.input_tokens, read_int), Some(5));
         assert_eq!(facts.operation_name, Some("chat"));
         assert!(!facts.model_call_hint);
+    }
+
+    /// Every name the scan reads, singular or in a table.
+    fn scanned_names() -> Vec<&'static str> {
+        let singular = [
+            OPERATION_NAME,
+            OPENINFERENCE_KIND,
+            TRACELOOP_KIND,
+            LANGFUSE_OBSERVATION_TYPE,
+            LANGFUSE_USAGE_DETAILS,
+            LANGFUSE_COST_DETAILS,
+            VERCEL_OPERATION_ID,
+            TOOL_NAME,
+            ERROR_TYPE,
+            LOGFIRE_SPAN_TYPE,
+            LOGFIRE_PENDING_PARENT,
+        ];
+        let tables = [
+            MODEL_CALL_HINTS,
+            SESSION_KEYS,
+            MODEL_KEYS,
+            INPUT_TOKEN_KEYS,
+            OUTPUT_TOKEN_KEYS,
+            CACHE_READ_TOKEN_KEYS,
+            CACHE_CREATION_TOKEN_KEYS,
+            COST_KEYS,
+        ];
+        singular
+            .into_iter()
+            .chain(tables.into_iter().flatten().copied())
+            .collect()
+    }
+
+    #[test]
+    fn the_namespace_filter_admits_every_read_name_and_nothing_else() {
+        for name in scanned_names() {
+            assert!(may_be_read(name), "{name} is filtered out");
+            assert!(
+                READ_NAMESPACES
+                    .iter()
+                    .any(|namespace| name.starts_with(namespace)),
+                "{name} is in no namespace"
+            );
+        }
+        for namespace in READ_NAMESPACES {
+            assert!(may_be_read(&format!("{namespace}x")), "{namespace}");
+        }
+        for other in [
+            "",
+            "a",
+            "ai",
+            "aix.usage.promptTokens",
+            "gen_aix.usage.input_tokens",
+            "http.method",
+            "service.name",
+            "exception.message",
+            "Gen_ai.operation.name",
+        ] {
+            assert!(!may_be_read(other), "{other:?} is admitted");
+        }
+    }
+
+    #[test]
+    fn every_table_name_fills_its_own_slot() {
+        type Table = (
+            &'static [&'static str],
+            for<'a, 'f> fn(&'f Facts<'a>) -> &'f Candidates<'a>,
+        );
+        let tables: [Table; 7] = [
+            (SESSION_KEYS, |facts| &facts.session),
+            (MODEL_KEYS, |facts| &facts.model),
+            (INPUT_TOKEN_KEYS, |facts| &facts.input_tokens),
+            (OUTPUT_TOKEN_KEYS, |facts| &facts.output_tokens),
+            (CACHE_READ_TOKEN_KEYS, |facts| &facts.cache_read_tokens),
+            (CACHE_CREATION_TOKEN_KEYS, |facts| {
+                &facts.cache_creation_tokens
+            }),
+            (COST_KEYS, |facts| &facts.cost),
+        ];
+        for (names, slots) in tables {
+            for (position, name) in names.iter().enumerate() {
+                let attributes = vec![kv(name, string("value"))];
+                let facts = Facts::scan(&attributes);
+                let filled: Vec<usize> = slots(&facts)
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, slot)| slot.is_some())
+                    .map(|(slot, _)| slot)
+                    .collect();
+                assert_eq!(filled, vec![position], "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn singular_names_are_read() {
+        let attributes = vec![
+            kv(LANGFUSE_OBSERVATION_TYPE, string("generation")),
+            kv(LANGFUSE_USAGE_DETAILS, string("{\"input\":1}")),
+            kv(LANGFUSE_COST_DETAILS, string("{\"total\":0.5}")),
+            kv(VERCEL_OPERATION_ID, string("ai.toolCall")),
+            kv(TOOL_NAME, int(3)),
+            kv(ERROR_TYPE, string("timeout")),
+            kv(OPENINFERENCE_KIND, string("LLM")),
+            kv(TRACELOOP_KIND, string("task")),
+        ];
+        let facts = Facts::scan(&attributes);
+        assert_eq!(facts.langfuse_observation_type, Some("generation"));
+        assert_eq!(facts.langfuse_usage_details, Some("{\"input\":1}"));
+        assert_eq!(facts.langfuse_cost_details, Some("{\"total\":0.5}"));
+        assert_eq!(facts.vercel_operation_id, Some("ai.toolCall"));
+        // Presence is what counts for the tool name, whatever its type.
+        assert!(facts.tool_name);
+        assert_eq!(facts.error_type, Some("timeout"));
+        assert_eq!(facts.openinference_kind, Some("LLM"));
+        assert_eq!(facts.traceloop_kind, Some("task"));
+        let empty = Facts::scan(&[]);
+        assert!(!empty.tool_name);
+        assert_eq!(empty.langfuse_usage_details, None);
     }
 }

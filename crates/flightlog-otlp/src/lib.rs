@@ -7,8 +7,9 @@
 //! - [`decode_request`]: an OTLP/HTTP body (protobuf or OTLP/JSON, maybe gzip) into a request,
 //!   with the OTLP/JSON traps closed (hex ids, lowerCamelCase keys, bounded inflation).
 //! - [`map_request`]: the pure mapping (documented as a table in `docs/otlp.md`): trace → run,
-//!   span → span, kinds from the GenAI / OpenInference / OpenLLMetry conventions, usage and cost,
-//!   Logfire's pending spans; a span that cannot be mapped is rejected alone, with a reason.
+//!   span → span, kinds from the GenAI / OpenInference / OpenLLMetry / Langfuse / Vercel AI SDK
+//!   conventions, usage and cost, Logfire's pending spans; a span that cannot be mapped is
+//!   rejected alone, with a reason.
 //! - [`export_response`], [`encode_response`], [`encode_status`]: the answer an exporter expects.
 //! - [`ingest`]: map + `ActivityStore::import_spans` + response, shared by the HTTP handler and
 //!   the gRPC service; [`trace_service`]: the tonic `TraceService` around it.

@@ -22,7 +22,7 @@ use crate::attributes::{
     MAX_ATTRIBUTE_VALUE_BYTES,
 };
 use crate::attrs_text::{attrs_object_text, Extra};
-use crate::facts::{first_of, Facts};
+use crate::facts::{as_str, first_of, Facts, EXCEPTION_EVENT, EXCEPTION_MESSAGE};
 use crate::ids::{self, to_hex};
 use crate::kind::span_kind;
 use crate::prices::PriceTable;
@@ -222,7 +222,8 @@ fn map_span(
 
     let kind = span_kind(&facts, parent_span_id.is_none());
     let started_at = nanos_to_ms(span.start_time_unix_nano);
-    let end = (!pending && span.end_time_unix_nano != 0).then(|| span_end(span, max_bytes));
+    let end = (!pending && span.end_time_unix_nano != 0)
+        .then(|| span_end(span, facts.error_type, max_bytes));
     let (usage, cost_source) = span_usage(&facts, &options.price_table);
     let session_id = first_of(&facts.session, |value| session_text(value, max_bytes));
 
@@ -358,16 +359,21 @@ fn pending_parent(value: &AnyValue) -> Result<Option<String>, String> {
     }
 }
 
-/// The terminal part of an ended span: ERROR is `error` (the status message is the reason),
-/// OK and UNSET are `success`.
-fn span_end(span: &Span, max_bytes: usize) -> ImportedEnd {
+/// The terminal part of an ended span: ERROR is `error`, OK and UNSET are `success`. The
+/// reason of an error is the status message; when that is empty, the span's `error.type`
+/// (`error_type`), else the message of its first `exception` event that has one; else none.
+fn span_end(span: &Span, error_type: Option<&str>, max_bytes: usize) -> ImportedEnd {
     let status = span.status.as_ref();
     let is_error = status.is_some_and(|status| status.code == status::StatusCode::Error as i32);
     let (outcome, reason) = if is_error {
-        let message = status
-            .map(|status| status.message.trim())
-            .unwrap_or_default();
-        let reason = (!message.is_empty()).then(|| capped_string(message, max_bytes));
+        let message = status.map(|status| status.message.as_str());
+        let reason = [message, error_type]
+            .into_iter()
+            .flatten()
+            .map(str::trim)
+            .find(|text| !text.is_empty())
+            .or_else(|| exception_message(&span.events))
+            .map(|text| capped_string(text, max_bytes));
         (SpanOutcome::Error, reason)
     } else {
         (SpanOutcome::Success, None)
@@ -377,6 +383,25 @@ fn span_end(span: &Span, max_bytes: usize) -> ImportedEnd {
         outcome,
         reason,
     }
+}
+
+/// The trimmed, non-empty `exception.message` of the first `exception` event that has one (a
+/// repeated attribute: the last wins, as in the event's payload).
+fn exception_message(events: &[span::Event]) -> Option<&str> {
+    events
+        .iter()
+        .filter(|event| event.name == EXCEPTION_EVENT)
+        .find_map(|event| {
+            event
+                .attributes
+                .iter()
+                .rev()
+                .find(|attribute| attribute.key == EXCEPTION_MESSAGE)
+                .and_then(|attribute| attribute.value.as_ref())
+                .and_then(as_str)
+                .map(str::trim)
+                .filter(|text| !text.is_empty())
+        })
 }
 
 /// A session id from a string (or an integer, spelled in decimal); empty is none.
@@ -585,7 +610,7 @@ mod tests {
                     }],
                     "otel.span_kind": "client",
                     "flightlog.cost_source": "price_table",
-                    "flightlog.price_table": "2025-11-01",
+                    "flightlog.price_table": "2026-12-02",
                 })
                 .as_object()
                 .cloned()
@@ -653,6 +678,125 @@ mod tests {
                 }),
             ]
         );
+    }
+
+    fn error_span(id: u8, message: &str, attributes: Vec<KeyValue>) -> Span {
+        let mut failed = span(id, Some(1), "step", attributes);
+        failed.status = Some(Status {
+            message: message.into(),
+            code: status::StatusCode::Error as i32,
+        });
+        failed
+    }
+
+    fn event(name: &str, attributes: Vec<KeyValue>) -> span::Event {
+        span::Event {
+            time_unix_nano: 1_200_000_000,
+            name: name.into(),
+            attributes,
+            dropped_attributes_count: 0,
+        }
+    }
+
+    fn reason_of(span: Span) -> (SpanOutcome, Option<String>) {
+        let end = only_span(vec![span]).end.unwrap();
+        (end.outcome, end.reason)
+    }
+
+    #[test]
+    fn an_error_without_a_message_takes_its_reason_from_error_type() {
+        let typed = error_span(2, "", vec![kv("error.type", string(" TimeoutError "))]);
+        assert_eq!(
+            reason_of(typed),
+            (SpanOutcome::Error, Some("TimeoutError".into()))
+        );
+        // The status message still comes first.
+        let both = error_span(
+            2,
+            "deadline exceeded after 30 s",
+            vec![kv("error.type", string("TimeoutError"))],
+        );
+        assert_eq!(
+            reason_of(both),
+            (
+                SpanOutcome::Error,
+                Some("deadline exceeded after 30 s".into())
+            )
+        );
+        // error.type beats an exception event.
+        let mut typed_and_raised = error_span(2, " ", vec![kv("error.type", string("500"))]);
+        typed_and_raised.events = vec![event(
+            "exception",
+            vec![kv("exception.message", string("boom"))],
+        )];
+        assert_eq!(
+            reason_of(typed_and_raised),
+            (SpanOutcome::Error, Some("500".into()))
+        );
+    }
+
+    #[test]
+    fn an_error_without_a_message_or_type_takes_the_first_exception_message() {
+        let mut raised = error_span(2, "", vec![kv("error.type", string(""))]);
+        raised.events = vec![
+            event(
+                "log",
+                vec![kv("exception.message", string("not an exception"))],
+            ),
+            event(
+                "exception",
+                vec![kv("exception.type", string("ValueError"))],
+            ),
+            event(
+                "exception",
+                vec![
+                    kv("exception.message", string("stale")),
+                    kv("exception.message", string(" connection reset ")),
+                ],
+            ),
+            event("exception", vec![kv("exception.message", string("later"))]),
+        ];
+        let mapped = only_span(vec![raised]);
+        assert_eq!(
+            mapped.end.map(|end| (end.outcome, end.reason)),
+            Some((SpanOutcome::Error, Some("connection reset".into())))
+        );
+        // The events are kept as events all the same.
+        assert_eq!(mapped.events.len(), 4);
+        // Nothing to say: no reason, as before.
+        let mut silent = error_span(2, "", vec![]);
+        silent.events = vec![event("exception", vec![kv("exception.message", int(3))])];
+        assert_eq!(reason_of(silent), (SpanOutcome::Error, None));
+        // The reason is capped like the status message.
+        let options = MappingOptions {
+            max_attribute_value_bytes: 4,
+            ..MappingOptions::default()
+        };
+        let long = error_span(2, "", vec![kv("error.type", string("TimeoutError"))]);
+        let batch = map_request(request(vec![long]), &options);
+        assert_eq!(
+            batch.spans[0]
+                .end
+                .as_ref()
+                .and_then(|end| end.reason.clone()),
+            Some(format!("Time{TRUNCATION_MARKER}"))
+        );
+    }
+
+    #[test]
+    fn ok_and_unset_stay_success_whatever_the_error_attributes_say() {
+        for code in [status::StatusCode::Ok, status::StatusCode::Unset] {
+            let mut fine = span(2, Some(1), "step", vec![kv("error.type", string("500"))]);
+            fine.status = Some(Status {
+                message: String::new(),
+                code: code as i32,
+            });
+            fine.events = vec![event(
+                "exception",
+                vec![kv("exception.message", string("handled"))],
+            )];
+            assert_eq!(reason_of(fine), (SpanOutcome::Success, None), "{code:?}");
+        }
     }
 
     #[test]
@@ -932,6 +1076,158 @@ mod tests {
             vec![kv("session.id", string(""))],
         )]);
         assert_eq!(none.session_id, None);
+    }
+
+    #[test]
+    fn session_falls_back_to_the_traceloop_association_property() {
+        let traceloop = only_span(vec![span(
+            1,
+            None,
+            "root",
+            vec![kv(
+                "traceloop.association.properties.session_id",
+                string("tl-9"),
+            )],
+        )]);
+        assert_eq!(traceloop.session_id.as_deref(), Some("tl-9"));
+        let last = only_span(vec![span(
+            1,
+            None,
+            "root",
+            vec![
+                kv(
+                    "traceloop.association.properties.session_id",
+                    string("tl-9"),
+                ),
+                kv("gen_ai.conversation.id", string("conv-7")),
+            ],
+        )]);
+        assert_eq!(last.session_id.as_deref(), Some("conv-7"));
+        // An empty one is no session.
+        let empty = only_span(vec![span(
+            1,
+            None,
+            "root",
+            vec![kv(
+                "traceloop.association.properties.session_id",
+                string(" "),
+            )],
+        )]);
+        assert_eq!(empty.session_id, None);
+    }
+
+    #[test]
+    fn a_langfuse_trace_maps_kinds_usage_and_cost() {
+        let agent = span(
+            1,
+            None,
+            "support-agent",
+            vec![kv("langfuse.observation.type", string("agent"))],
+        );
+        let generation = span(
+            2,
+            Some(1),
+            "llm-call",
+            vec![
+                kv("langfuse.observation.type", string("generation")),
+                kv("langfuse.observation.model.name", string("claude-sonnet-4")),
+                kv(
+                    "langfuse.observation.usage_details",
+                    string(r#"{"input":200,"output":50,"cache_read_input_tokens":1500}"#),
+                ),
+                kv(
+                    "langfuse.observation.cost_details",
+                    string(r#"{"input":0.002,"output":0.001,"total":0.003}"#),
+                ),
+                kv("session.id", string("chat-42")),
+            ],
+        );
+        let tool = span(
+            3,
+            Some(2),
+            "lookup",
+            vec![kv("langfuse.observation.type", string("tool"))],
+        );
+        let batch = map(vec![agent, generation, tool]);
+        let kinds: Vec<SpanKind> = batch.spans.iter().map(|span| span.kind.clone()).collect();
+        assert_eq!(kinds, [SpanKind::Turn, SpanKind::Model, SpanKind::Tool]);
+        let generation = &batch.spans[1];
+        assert_eq!(
+            generation.usage,
+            SpanUsage {
+                input_tokens: Some(1_700),
+                output_tokens: Some(50),
+                cache_read_tokens: Some(1_500),
+                cache_creation_tokens: None,
+                cost_usd: Some(0.003),
+                model: Some("claude-sonnet-4".into()),
+            }
+        );
+        assert_eq!(generation.session_id.as_deref(), Some("chat-42"));
+        assert_eq!(
+            object(&generation.attrs)[COST_SOURCE_KEY],
+            json!("reported")
+        );
+    }
+
+    #[test]
+    fn a_vercel_ai_sdk_trace_maps_to_a_turn_with_model_and_tool_spans() {
+        let generate_text = span(
+            1,
+            None,
+            "ai.generateText",
+            vec![
+                kv("ai.operationId", string("ai.generateText")),
+                kv("ai.model.id", string("gpt-4o")),
+                kv("ai.usage.promptTokens", int(1_000)),
+                kv("ai.usage.completionTokens", int(100)),
+            ],
+        );
+        let do_generate = span(
+            2,
+            Some(1),
+            "ai.generateText.doGenerate",
+            vec![
+                kv("ai.operationId", string("ai.generateText.doGenerate")),
+                kv("gen_ai.system", string("openai.chat")),
+                kv("gen_ai.request.model", string("gpt-4o")),
+                kv("gen_ai.usage.input_tokens", int(1_000)),
+                kv("ai.usage.cachedInputTokens", int(600)),
+            ],
+        );
+        let tool_call = span(
+            3,
+            Some(1),
+            "ai.toolCall",
+            vec![
+                kv("ai.operationId", string("ai.toolCall")),
+                kv("ai.toolCall.name", string("weather")),
+            ],
+        );
+        let nested = span(
+            4,
+            Some(3),
+            "ai.streamText",
+            vec![kv("ai.operationId", string("ai.streamText"))],
+        );
+        let batch = map(vec![generate_text, do_generate, tool_call, nested]);
+        let kinds: Vec<SpanKind> = batch.spans.iter().map(|span| span.kind.clone()).collect();
+        assert_eq!(
+            kinds,
+            [
+                SpanKind::Turn,
+                SpanKind::Model,
+                SpanKind::Tool,
+                SpanKind::Other
+            ]
+        );
+        let root = &batch.spans[0].usage;
+        assert_eq!(
+            (root.input_tokens, root.output_tokens, root.model.as_deref()),
+            (Some(1_000), Some(100), Some("gpt-4o"))
+        );
+        assert!(root.cost_usd.is_some());
+        assert_eq!(batch.spans[1].usage.cache_read_tokens, Some(600));
     }
 
     #[test]

@@ -111,7 +111,15 @@ impl PriceTable {
     /// The price of `model`: exact name, else the longest known prefix (see the module doc).
     pub fn lookup(&self, model: &str) -> Option<&ModelPrice> {
         let lowered = model.trim().to_ascii_lowercase();
-        let name = lowered.rsplit('/').next().unwrap_or(&lowered);
+        let name = without_cloud_prefixes(lowered.rsplit('/').next().unwrap_or(&lowered));
+        let dashed;
+        let name = match claude_with_dashes(name) {
+            Some(renamed) => {
+                dashed = renamed;
+                dashed.as_str()
+            }
+            None => name,
+        };
         if let Some(price) = self.models.get(name) {
             return Some(price);
         }
@@ -124,6 +132,57 @@ impl PriceTable {
             .max_by_key(|(known, _)| known.len())
             .map(|(_, price)| price)
     }
+}
+
+/// A Bedrock model id without its cross-region inference prefix (`us.`, `eu.`, `apac.`,
+/// `global.`, `us-gov.`) and its vendor prefix (`anthropic.`, `amazon.`, `meta.`, …):
+/// `us.anthropic.claude-sonnet-4-20250514-v1:0` is `claude-sonnet-4-20250514-v1:0`. A name with
+/// no vendor prefix is left whole (`gpt-4.1` has a dot of its own).
+fn without_cloud_prefixes(name: &str) -> &str {
+    const REGIONS: [&str; 5] = ["us.", "eu.", "apac.", "global.", "us-gov."];
+    const VENDORS: [&str; 8] = [
+        "anthropic.",
+        "amazon.",
+        "meta.",
+        "cohere.",
+        "mistral.",
+        "ai21.",
+        "openai.",
+        "deepseek.",
+    ];
+    let after_region = REGIONS
+        .iter()
+        .find_map(|region| name.strip_prefix(region))
+        .unwrap_or(name);
+    VENDORS
+        .iter()
+        .find_map(|vendor| after_region.strip_prefix(vendor))
+        .unwrap_or(name)
+}
+
+/// A Claude name with its version dotted as routers write it (`claude-3.5-sonnet`,
+/// `claude-sonnet-4.5`, OpenRouter's and Vercel's AI Gateway's ids) in Anthropic's own dashed
+/// form (`claude-3-5-sonnet`, `claude-sonnet-4-5`); `None` for any other name. Only Claude's:
+/// other families have dots in their real names (`gpt-4.1`, `gemini-2.5-pro`).
+fn claude_with_dashes(name: &str) -> Option<String> {
+    if !name.starts_with("claude") {
+        return None;
+    }
+    let bytes = name.as_bytes();
+    let dotted_version = |at: usize| {
+        bytes[at] == b'.'
+            && at > 0
+            && bytes[at - 1].is_ascii_digit()
+            && bytes.get(at + 1).is_some_and(u8::is_ascii_digit)
+    };
+    if !(0..bytes.len()).any(dotted_version) {
+        return None;
+    }
+    Some(
+        name.char_indices()
+            .map(|(at, c)| if dotted_version(at) { '-' } else { c })
+            .collect(),
+    )
 }
 
 /// Whether `rest` (what follows a known model name) only names a version of that model: a
@@ -181,8 +240,8 @@ mod tests {
     #[test]
     fn the_bundled_table_parses_and_has_a_version() {
         let table = PriceTable::from_json(BUNDLED_PRICES).unwrap();
-        assert_eq!(table.version(), "2025-11-01");
-        assert_eq!(PriceTable::bundled().version(), "2025-11-01");
+        assert_eq!(table.version(), "2026-12-02");
+        assert_eq!(PriceTable::bundled().version(), "2026-12-02");
         assert!(table.models.len() >= 30, "{}", table.models.len());
         for family in ["gpt-4o", "gpt-4o-mini", "gpt-4.1", "o3", "o4-mini"] {
             assert!(table.models.contains_key(family), "{family}");
@@ -225,6 +284,52 @@ mod tests {
         assert_eq!(input_price("claude-sonnet-4-5-latest"), Some(3.0));
         assert_eq!(input_price("gpt-4o:v2"), Some(2.5));
         assert_eq!(input_price("gpt-4o-"), None);
+    }
+
+    #[test]
+    fn bedrock_ids_and_dotted_claude_versions_find_their_model() {
+        let table = PriceTable::bundled();
+        let input_price = |model: &str| table.lookup(model).map(|price| price.input);
+        assert_eq!(
+            input_price("anthropic.claude-3-5-sonnet-20241022-v2:0"),
+            Some(3.0)
+        );
+        assert_eq!(
+            input_price("us.anthropic.claude-sonnet-4-20250514-v1:0"),
+            Some(3.0)
+        );
+        assert_eq!(
+            input_price("bedrock/eu.anthropic.claude-3-haiku-20240307-v1:0"),
+            Some(0.25)
+        );
+        assert_eq!(input_price("anthropic/claude-3.5-sonnet"), Some(3.0));
+        assert_eq!(input_price("anthropic/claude-sonnet-4.5"), Some(3.0));
+        assert_eq!(input_price("claude-3.7-sonnet-20250219"), Some(3.0));
+        assert_eq!(input_price("claude-opus-4.1"), Some(15.0));
+        assert_eq!(input_price("claude-3.5-haiku"), Some(0.8));
+        // Only a vendor prefix is dropped, and only Claude's dots become dashes.
+        assert_eq!(input_price("us.gpt-4o"), None);
+        assert_eq!(input_price("gpt-4.1"), Some(2.0));
+        assert_eq!(input_price("anthropic.llama-3"), None);
+    }
+
+    #[test]
+    fn older_models_still_in_use_are_priced() {
+        let table = PriceTable::bundled();
+        let prices = |model: &str| table.lookup(model).map(|price| (price.input, price.output));
+        assert_eq!(prices("gpt-4-turbo-2024-04-09"), Some((10.0, 30.0)));
+        assert_eq!(prices("gpt-4-0613"), Some((30.0, 60.0)));
+        assert_eq!(prices("gpt-3.5-turbo-0125"), Some((0.5, 1.5)));
+        assert_eq!(prices("gpt-4o-2024-05-13"), Some((5.0, 15.0)));
+        assert_eq!(prices("gpt-4o-2024-08-06"), Some((2.5, 10.0)));
+        assert_eq!(prices("chatgpt-4o-latest"), Some((5.0, 15.0)));
+        assert_eq!(prices("text-embedding-ada-002"), Some((0.1, 0.0)));
+        assert_eq!(prices("models/gemini-1.5-pro-002"), Some((1.25, 5.0)));
+        assert_eq!(prices("gemini-1.5-flash-8b"), Some((0.0375, 0.15)));
+        assert_eq!(prices("claude-3-sonnet-20240229"), Some((3.0, 15.0)));
+        // Neither gpt-4 nor gpt-4-turbo prices a model that only starts with their name.
+        assert_eq!(prices("gpt-4-32k"), None);
+        assert_eq!(prices("gpt-4o"), Some((2.5, 10.0)));
     }
 
     #[test]

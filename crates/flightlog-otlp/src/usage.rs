@@ -5,9 +5,15 @@
 //! attribute carries stays absent: nothing invents a zero. The cost is the reported one when
 //! present; otherwise it is computed from the price table when the model has a price and at
 //! least one count is known, and the span records which table version priced it.
+//!
+//! Langfuse (SDK v3) puts its counts and costs in JSON objects held in string attributes
+//! (`langfuse.observation.usage_details`, `…cost_details`) rather than one attribute per count;
+//! they are read only when no attribute of the tables in `facts` carried a count (or a cost),
+//! and read tolerantly: text that is no JSON object, or a value that is no number, is ignored.
 
 use flightlog_core::activity::SpanUsage;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue};
+use serde_json::{Map, Value};
 
 use crate::facts::{as_str, first_of, Facts};
 use crate::prices::{cost_usd, PriceTable, TokenCounts};
@@ -56,6 +62,111 @@ pub(crate) fn cost_value(value: &AnyValue) -> Option<f64> {
     (cost.is_finite() && cost >= 0.0).then_some(cost)
 }
 
+/// Langfuse details longer than this are ignored unread: a real one is a few dozen bytes, and
+/// parsing a span's huge attribute would be a cost on the ingest path for nothing.
+pub(crate) const MAX_DETAILS_BYTES: usize = 4_096;
+
+/// `usage_details` in OpenAI's raw shape: the prompt count includes the cached tokens.
+pub(crate) const OPENAI_PROMPT_TOKENS: &str = "prompt_tokens";
+/// OpenAI's output count.
+pub(crate) const OPENAI_COMPLETION_TOKENS: &str = "completion_tokens";
+/// OpenAI's breakdown of the prompt count, an object holding [`OPENAI_CACHED_TOKENS`].
+pub(crate) const OPENAI_PROMPT_DETAILS: &str = "prompt_tokens_details";
+/// The cached part of OpenAI's prompt count (inside [`OPENAI_PROMPT_DETAILS`]).
+pub(crate) const OPENAI_CACHED_TOKENS: &str = "cached_tokens";
+/// `usage_details` in Langfuse's own shape: the *uncached* input tokens.
+pub(crate) const LANGFUSE_INPUT: &str = "input";
+/// Langfuse's output tokens.
+pub(crate) const LANGFUSE_OUTPUT: &str = "output";
+/// Langfuse's cache-read counts (Anthropic's name, LangChain's through Langfuse, OpenAI's
+/// through Langfuse), preferred first; each excluded from [`LANGFUSE_INPUT`].
+pub(crate) const LANGFUSE_CACHE_READ_KEYS: &[&str] = &[
+    "cache_read_input_tokens",
+    "input_cache_read",
+    "input_cached_tokens",
+];
+/// Langfuse's cache-creation counts, preferred first; each excluded from [`LANGFUSE_INPUT`].
+pub(crate) const LANGFUSE_CACHE_CREATION_KEYS: &[&str] = &[
+    "cache_creation_input_tokens",
+    "cache_write_input_tokens",
+    "input_cache_creation",
+];
+/// `cost_details`: the total cost in USD.
+pub(crate) const COST_DETAILS_TOTAL: &str = "total";
+
+/// The JSON object in `text`, when it is one (and not over [`MAX_DETAILS_BYTES`]).
+fn details_object(text: &str) -> Option<Map<String, Value>> {
+    if text.len() > MAX_DETAILS_BYTES {
+        return None;
+    }
+    serde_json::from_str(text).ok()
+}
+
+/// A token count from a JSON number (a double is rounded); anything else is none.
+fn json_count(value: &Value) -> Option<i64> {
+    match value.as_i64() {
+        Some(count) => (count >= 0).then_some(count),
+        None => value.as_f64().and_then(count_from_double),
+    }
+}
+
+/// A cost from a JSON number, finite and not negative; anything else is none.
+fn json_cost(value: &Value) -> Option<f64> {
+    value
+        .as_f64()
+        .filter(|cost| cost.is_finite() && *cost >= 0.0)
+}
+
+/// The counts in a Langfuse `usage_details` text, in flightlog's convention (input includes
+/// the cached tokens). OpenAI's raw shape (it has `prompt_tokens` or `completion_tokens`) is
+/// read as OpenAI means it; any other object in Langfuse's shape, whose `input` excludes the
+/// cache keys: input = `input` + cache read + cache creation (those present).
+pub(crate) fn usage_from_details(text: &str) -> TokenCounts {
+    let Some(details) = details_object(text) else {
+        return TokenCounts::default();
+    };
+    let count = |name: &str| details.get(name).and_then(json_count);
+    if details.contains_key(OPENAI_PROMPT_TOKENS) || details.contains_key(OPENAI_COMPLETION_TOKENS)
+    {
+        return TokenCounts {
+            input: count(OPENAI_PROMPT_TOKENS),
+            output: count(OPENAI_COMPLETION_TOKENS),
+            cache_read: details
+                .get(OPENAI_PROMPT_DETAILS)
+                .and_then(|breakdown| breakdown.get(OPENAI_CACHED_TOKENS))
+                .and_then(json_count),
+            cache_creation: None,
+        };
+    }
+    let first = |names: &[&str]| names.iter().find_map(|name| count(name));
+    let cache_read = first(LANGFUSE_CACHE_READ_KEYS);
+    let cache_creation = first(LANGFUSE_CACHE_CREATION_KEYS);
+    let input = [count(LANGFUSE_INPUT), cache_read, cache_creation]
+        .into_iter()
+        .flatten()
+        .reduce(i64::saturating_add);
+    TokenCounts {
+        input,
+        output: count(LANGFUSE_OUTPUT),
+        cache_read,
+        cache_creation,
+    }
+}
+
+/// The cost in a Langfuse `cost_details` text: its `total`, else the sum of its numeric values
+/// (rounded to a nano-dollar); none when it holds no usable number.
+pub(crate) fn cost_from_details(text: &str) -> Option<f64> {
+    let details = details_object(text)?;
+    if let Some(total) = details.get(COST_DETAILS_TOTAL).and_then(json_cost) {
+        return Some(total);
+    }
+    let sum = details
+        .values()
+        .filter_map(json_cost)
+        .reduce(|sum, cost| sum + cost)?;
+    Some((sum * 1e9).round() / 1e9)
+}
+
 fn non_empty_str(value: &AnyValue) -> Option<&str> {
     as_str(value).map(str::trim).filter(|text| !text.is_empty())
 }
@@ -65,14 +176,20 @@ pub(crate) fn span_usage(
     facts: &Facts<'_>,
     prices: &PriceTable,
 ) -> (SpanUsage, Option<CostSource>) {
-    let tokens = TokenCounts {
+    let mut tokens = TokenCounts {
         input: first_of(&facts.input_tokens, token_count),
         output: first_of(&facts.output_tokens, token_count),
         cache_read: first_of(&facts.cache_read_tokens, token_count),
         cache_creation: first_of(&facts.cache_creation_tokens, token_count),
     };
+    if tokens == TokenCounts::default() {
+        if let Some(details) = facts.langfuse_usage_details {
+            tokens = usage_from_details(details);
+        }
+    }
     let model = first_of(&facts.model, non_empty_str);
-    let reported = first_of(&facts.cost, cost_value);
+    let reported = first_of(&facts.cost, cost_value)
+        .or_else(|| facts.langfuse_cost_details.and_then(cost_from_details));
     let any_count = tokens.input.is_some()
         || tokens.output.is_some()
         || tokens.cache_read.is_some()
@@ -200,11 +317,305 @@ mod tests {
         ]);
         // 1M input × $2.50 + 100k output × $10.
         assert_eq!(usage.cost_usd, Some(3.5));
-        assert_eq!(source, Some(CostSource::PriceTable("2025-11-01".into())));
+        assert_eq!(source, Some(CostSource::PriceTable("2026-12-02".into())));
         let (usage, source) = usage_of(vec![
             kv("llm.model_name", string("unknown-model")),
             kv("llm.token_count.prompt", int(10)),
         ]);
         assert_eq!((usage.cost_usd, source), (None, None));
+    }
+
+    fn counts(
+        input: Option<i64>,
+        output: Option<i64>,
+        cache_read: Option<i64>,
+        cache_creation: Option<i64>,
+    ) -> TokenCounts {
+        TokenCounts {
+            input,
+            output,
+            cache_read,
+            cache_creation,
+        }
+    }
+
+    #[test]
+    fn langfuse_usage_details_count_the_cache_into_input() {
+        // Langfuse's own shape: `input` is the uncached part.
+        assert_eq!(
+            usage_from_details(r#"{"input":200,"output":50,"cache_read_input_tokens":1500}"#),
+            counts(Some(1_700), Some(50), Some(1_500), None)
+        );
+        assert_eq!(
+            usage_from_details(
+                r#"{"input":200,"output":50,"total":2750,"cache_read_input_tokens":1500,
+                    "cache_creation_input_tokens":1000}"#
+            ),
+            counts(Some(2_700), Some(50), Some(1_500), Some(1_000))
+        );
+        // Other spellings of the cache keys (Mastra's, Langfuse's OpenAI mapping).
+        assert_eq!(
+            usage_from_details(
+                r#"{"input":10,"input_cached_tokens":30,"cache_write_input_tokens":5}"#
+            ),
+            counts(Some(45), None, Some(30), Some(5))
+        );
+        // No `input`: the cached tokens are all the input known.
+        assert_eq!(
+            usage_from_details(r#"{"output":7,"cache_read_input_tokens":100}"#),
+            counts(Some(100), Some(7), Some(100), None)
+        );
+        assert_eq!(
+            usage_from_details(r#"{"output":7}"#),
+            counts(None, Some(7), None, None)
+        );
+    }
+
+    #[test]
+    fn langfuse_usage_details_from_langchain_keys() {
+        // Langfuse's LangChain handler moves input_token_details out of `input` as input_*.
+        assert_eq!(
+            usage_from_details(
+                r#"{"input":120,"output":40,"total":1460,"input_cache_read":1000,
+                    "input_cache_creation":300}"#
+            ),
+            counts(Some(1_420), Some(40), Some(1_000), Some(300))
+        );
+    }
+
+    #[test]
+    fn langfuse_usage_details_in_openai_shape_keep_the_prompt_count() {
+        // OpenAI's prompt count already includes the cached tokens.
+        assert_eq!(
+            usage_from_details(
+                r#"{"prompt_tokens":1000,"completion_tokens":100,"total_tokens":1100,
+                    "prompt_tokens_details":{"cached_tokens":400},
+                    "completion_tokens_details":{"reasoning_tokens":20}}"#
+            ),
+            counts(Some(1_000), Some(100), Some(400), None)
+        );
+        assert_eq!(
+            usage_from_details(r#"{"completion_tokens":9,"input":500}"#),
+            counts(None, Some(9), None, None)
+        );
+    }
+
+    #[test]
+    fn bad_usage_details_are_ignored() {
+        for text in [
+            "",
+            "not json",
+            "{\"input\":",
+            "[1, 2]",
+            "42",
+            "null",
+            r#"{"input":"200","output":null,"cache_read_input_tokens":-5}"#,
+            r#"{"prompt_tokens":{"n":1},"prompt_tokens_details":[400]}"#,
+            r#"{"input":1e300}"#,
+        ] {
+            assert_eq!(usage_from_details(text), TokenCounts::default(), "{text}");
+        }
+        // Doubles are rounded, as in attributes.
+        assert_eq!(
+            usage_from_details(r#"{"input":2.4,"output":3.6}"#),
+            counts(Some(2), Some(4), None, None)
+        );
+        // Too long to be a real one: not even parsed.
+        let padded = format!(r#"{{"input":5,"pad":"{}"}}"#, "x".repeat(MAX_DETAILS_BYTES));
+        assert_eq!(usage_from_details(&padded), TokenCounts::default());
+    }
+
+    #[test]
+    fn usage_details_are_read_only_without_usage_attributes() {
+        let details = r#"{"input":200,"output":50,"cache_read_input_tokens":1500}"#;
+        let (usage, _) = usage_of(vec![
+            kv("langfuse.observation.type", string("generation")),
+            kv("langfuse.observation.usage_details", string(details)),
+        ]);
+        assert_eq!(
+            (
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens,
+                usage.cache_creation_tokens
+            ),
+            (Some(1_700), Some(50), Some(1_500), None)
+        );
+        // Any count from an attribute wins over all of the details (no mixing).
+        let (usage, _) = usage_of(vec![
+            kv("langfuse.observation.usage_details", string(details)),
+            kv("gen_ai.usage.output_tokens", int(60)),
+        ]);
+        assert_eq!(
+            (
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens
+            ),
+            (None, Some(60), None)
+        );
+        // Details that are no string are ignored.
+        let (usage, _) = usage_of(vec![kv("langfuse.observation.usage_details", int(5))]);
+        assert_eq!(usage, SpanUsage::default());
+    }
+
+    #[test]
+    fn a_langfuse_generation_is_priced_from_its_model_and_details() {
+        let (usage, source) = usage_of(vec![
+            kv("langfuse.observation.model.name", string("gpt-4o")),
+            kv(
+                "langfuse.observation.usage_details",
+                string(r#"{"input":600,"output":100,"input_cached_tokens":400}"#),
+            ),
+        ]);
+        let table = PriceTable::bundled();
+        let price = table.lookup("gpt-4o").copied();
+        let expected = price.map(|price| {
+            cost_usd(
+                TokenCounts {
+                    input: Some(1_000),
+                    output: Some(100),
+                    cache_read: Some(400),
+                    cache_creation: None,
+                },
+                &price,
+            )
+        });
+        assert!(expected.is_some(), "gpt-4o is in the price table");
+        assert_eq!(usage.model.as_deref(), Some("gpt-4o"));
+        assert_eq!(usage.input_tokens, Some(1_000));
+        assert_eq!(usage.cost_usd, expected);
+        assert_eq!(
+            source,
+            Some(CostSource::PriceTable(table.version().to_owned()))
+        );
+    }
+
+    #[test]
+    fn langfuse_cost_details_give_the_total_or_the_sum() {
+        assert_eq!(
+            cost_from_details(r#"{"input":0.002,"output":0.001,"total":0.003}"#),
+            Some(0.003)
+        );
+        // No total: the sum of the numeric values, rounded to a nano-dollar.
+        assert_eq!(
+            cost_from_details(r#"{"input":0.1,"output":0.2,"note":"x","cache":null}"#),
+            Some(0.3)
+        );
+        // A total that is no number is no total.
+        assert_eq!(
+            cost_from_details(r#"{"input":0.5,"total":"lots"}"#),
+            Some(0.5)
+        );
+        assert_eq!(cost_from_details(r#"{"total":-1,"input":-2}"#), None);
+        assert_eq!(cost_from_details(r#"{"note":"free"}"#), None);
+        assert_eq!(cost_from_details("{}"), None);
+        assert_eq!(cost_from_details("0.5"), None);
+        assert_eq!(cost_from_details("{oops"), None);
+    }
+
+    #[test]
+    fn cost_details_are_a_reported_cost_unless_an_attribute_reports_one() {
+        let details = r#"{"input":0.002,"output":0.001,"total":0.003}"#;
+        let (usage, source) = usage_of(vec![
+            kv("langfuse.observation.model.name", string("gpt-4o")),
+            kv(
+                "langfuse.observation.usage_details",
+                string(r#"{"input":10}"#),
+            ),
+            kv("langfuse.observation.cost_details", string(details)),
+        ]);
+        assert_eq!(usage.cost_usd, Some(0.003));
+        assert_eq!(source, Some(CostSource::Reported));
+        let (usage, source) = usage_of(vec![
+            kv("langfuse.observation.cost_details", string(details)),
+            kv("operation.cost", double(0.25)),
+        ]);
+        assert_eq!(
+            (usage.cost_usd, source),
+            (Some(0.25), Some(CostSource::Reported))
+        );
+        // Unusable details: the table prices the span as if they were absent.
+        let (_, source) = usage_of(vec![
+            kv("gen_ai.request.model", string("gpt-4o")),
+            kv("gen_ai.usage.input_tokens", int(10)),
+            kv("langfuse.observation.cost_details", string("{}")),
+        ]);
+        assert!(
+            matches!(source, Some(CostSource::PriceTable(_))),
+            "{source:?}"
+        );
+    }
+
+    #[test]
+    fn a_vercel_ai_sdk_call_reads_its_ai_usage_and_model() {
+        let (usage, source) = usage_of(vec![
+            kv("ai.operationId", string("ai.generateText")),
+            kv("ai.model.id", string("gpt-4o-mini")),
+            kv("ai.usage.promptTokens", int(300)),
+            kv("ai.usage.completionTokens", int(20)),
+        ]);
+        assert_eq!(usage.model.as_deref(), Some("gpt-4o-mini"));
+        assert_eq!(
+            (usage.input_tokens, usage.output_tokens),
+            (Some(300), Some(20))
+        );
+        assert!(
+            matches!(source, Some(CostSource::PriceTable(_))),
+            "{source:?}"
+        );
+        // AI SDK 5 names, with the cached part of the input.
+        let (usage, _) = usage_of(vec![
+            kv("ai.usage.inputTokens", int(500)),
+            kv("ai.usage.outputTokens", int(30)),
+            kv("ai.usage.cachedInputTokens", int(200)),
+        ]);
+        assert_eq!(
+            (
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens
+            ),
+            (Some(500), Some(30), Some(200))
+        );
+        // The GenAI names a doGenerate span also carries are preferred.
+        let (usage, _) = usage_of(vec![
+            kv("ai.usage.promptTokens", int(1)),
+            kv("gen_ai.usage.input_tokens", int(2)),
+            kv("ai.model.id", string("requested")),
+            kv("gen_ai.response.model", string("answered")),
+        ]);
+        assert_eq!(usage.input_tokens, Some(2));
+        assert_eq!(usage.model.as_deref(), Some("answered"));
+    }
+
+    #[test]
+    fn new_cache_aliases_are_read_with_the_current_name_preferred() {
+        for name in [
+            "gen_ai.usage.details.cache_read_tokens",
+            "gen_ai.usage.details.cache_read_input_tokens",
+            "ai.usage.cachedInputTokens",
+        ] {
+            let (usage, _) = usage_of(vec![kv(name, int(9))]);
+            assert_eq!(usage.cache_read_tokens, Some(9), "{name}");
+        }
+        for name in [
+            "gen_ai.usage.details.cache_write_tokens",
+            "gen_ai.usage.details.cache_creation_input_tokens",
+            "gen_ai.usage.cache_write_input_tokens",
+        ] {
+            let (usage, _) = usage_of(vec![kv(name, int(9))]);
+            assert_eq!(usage.cache_creation_tokens, Some(9), "{name}");
+        }
+        let (usage, _) = usage_of(vec![
+            kv("gen_ai.usage.details.cache_read_tokens", int(1)),
+            kv("gen_ai.usage.cache_read.input_tokens", int(2)),
+            kv("gen_ai.usage.cache_write_input_tokens", int(3)),
+            kv("gen_ai.usage.cache_creation.input_tokens", int(4)),
+        ]);
+        assert_eq!(
+            (usage.cache_read_tokens, usage.cache_creation_tokens),
+            (Some(2), Some(4))
+        );
     }
 }
