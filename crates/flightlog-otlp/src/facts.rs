@@ -238,17 +238,20 @@ mod tests {
         "error.",
     ];
 
+    /// The tables of names read into candidate slots, preferred name first.
+    const ALIAS_TABLES: [&[&str]; 7] = [
+        SESSION_KEYS,
+        MODEL_KEYS,
+        INPUT_TOKEN_KEYS,
+        OUTPUT_TOKEN_KEYS,
+        CACHE_READ_TOKEN_KEYS,
+        CACHE_CREATION_TOKEN_KEYS,
+        COST_KEYS,
+    ];
+
     #[test]
     fn every_table_fits_the_candidate_slots() {
-        for table in [
-            SESSION_KEYS,
-            MODEL_KEYS,
-            INPUT_TOKEN_KEYS,
-            OUTPUT_TOKEN_KEYS,
-            CACHE_READ_TOKEN_KEYS,
-            CACHE_CREATION_TOKEN_KEYS,
-            COST_KEYS,
-        ] {
+        for table in ALIAS_TABLES {
             assert!(table.len() <= MAX_ALIASES, "{table:?}");
         }
     }
@@ -285,19 +288,10 @@ mod tests {
             LOGFIRE_SPAN_TYPE,
             LOGFIRE_PENDING_PARENT,
         ];
-        let tables = [
-            MODEL_CALL_HINTS,
-            SESSION_KEYS,
-            MODEL_KEYS,
-            INPUT_TOKEN_KEYS,
-            OUTPUT_TOKEN_KEYS,
-            CACHE_READ_TOKEN_KEYS,
-            CACHE_CREATION_TOKEN_KEYS,
-            COST_KEYS,
-        ];
         singular
             .into_iter()
-            .chain(tables.into_iter().flatten().copied())
+            .chain(MODEL_CALL_HINTS.iter().copied())
+            .chain(ALIAS_TABLES.into_iter().flatten().copied())
             .collect()
     }
 

@@ -172,6 +172,24 @@ fn non_empty_str(value: &AnyValue) -> Option<&str> {
 }
 
 /// The usage of a span with these attributes, and where its cost came from.
+/// Input tokens *include* cached ones in flightlog (the GenAI and OpenInference convention),
+/// but some producers report Anthropic's raw count, which excludes them (Logfire's Anthropic
+/// integration, the Claude Agent SDK, Strands: input 3 next to a cache read of 7,166). When the
+/// cached counts exceed the input count, the input cannot include them: they are added to it,
+/// so the run's input and the computed cost are right. (A count that excludes the cache but is
+/// still the larger cannot be told apart, and is read as including it.)
+fn count_cache_into_input(tokens: &mut TokenCounts) {
+    let cached = tokens
+        .cache_read
+        .unwrap_or(0)
+        .saturating_add(tokens.cache_creation.unwrap_or(0));
+    if let Some(input) = tokens.input {
+        if cached > input {
+            tokens.input = Some(input.saturating_add(cached));
+        }
+    }
+}
+
 pub(crate) fn span_usage(
     facts: &Facts<'_>,
     prices: &PriceTable,
@@ -187,6 +205,7 @@ pub(crate) fn span_usage(
             tokens = usage_from_details(details);
         }
     }
+    count_cache_into_input(&mut tokens);
     let model = first_of(&facts.model, non_empty_str);
     let reported = first_of(&facts.cost, cost_value)
         .or_else(|| facts.langfuse_cost_details.and_then(cost_from_details));
@@ -228,6 +247,28 @@ mod tests {
 
     fn usage_of(attributes: Vec<KeyValue>) -> (SpanUsage, Option<CostSource>) {
         span_usage(&Facts::scan(&attributes), &PriceTable::bundled())
+    }
+
+    /// Anthropic's raw counts (input without the cache, as Logfire's Anthropic integration
+    /// reports them): the cached tokens are added to the input, and the cost charges the
+    /// uncached 3 at the input price; a count that already includes the cache is kept.
+    #[test]
+    fn an_input_count_smaller_than_its_cache_counts_is_taken_to_exclude_them() {
+        let (usage, _) = usage_of(vec![
+            kv("gen_ai.request.model", string("claude-sonnet-4-20250514")),
+            kv("gen_ai.usage.input_tokens", int(3)),
+            kv("gen_ai.usage.output_tokens", int(100)),
+            kv("gen_ai.usage.cache_read.input_tokens", int(7_166)),
+            kv("gen_ai.usage.cache_creation.input_tokens", int(1_000)),
+        ]);
+        assert_eq!(usage.input_tokens, Some(8_169));
+        // 3 × $3 + 7,166 × $0.30 + 1,000 × $3.75 + 100 × $15, per million.
+        assert_eq!(usage.cost_usd, Some(0.0074088));
+        let (included, _) = usage_of(vec![
+            kv("gen_ai.usage.input_tokens", int(1_000)),
+            kv("gen_ai.usage.cache_read.input_tokens", int(400)),
+        ]);
+        assert_eq!(included.input_tokens, Some(1_000));
     }
 
     /// A usage field's names and how to read it back.
