@@ -219,6 +219,42 @@ pub(crate) fn first_of<'a, T>(
     candidates.iter().flatten().find_map(|value| read(value))
 }
 
+/// The tables of names read into candidate slots, preferred name first.
+#[cfg(test)]
+pub(crate) const ALIAS_TABLES: [&[&str]; 7] = [
+    SESSION_KEYS,
+    MODEL_KEYS,
+    INPUT_TOKEN_KEYS,
+    OUTPUT_TOKEN_KEYS,
+    CACHE_READ_TOKEN_KEYS,
+    CACHE_CREATION_TOKEN_KEYS,
+    COST_KEYS,
+];
+
+/// Every attribute name the scan reads, singular or in a table (for the tests that hold the
+/// namespace filter and the docs to it).
+#[cfg(test)]
+pub(crate) fn scanned_names() -> Vec<&'static str> {
+    let singular = [
+        OPERATION_NAME,
+        OPENINFERENCE_KIND,
+        TRACELOOP_KIND,
+        LANGFUSE_OBSERVATION_TYPE,
+        LANGFUSE_USAGE_DETAILS,
+        LANGFUSE_COST_DETAILS,
+        VERCEL_OPERATION_ID,
+        TOOL_NAME,
+        ERROR_TYPE,
+        LOGFIRE_SPAN_TYPE,
+        LOGFIRE_PENDING_PARENT,
+    ];
+    singular
+        .into_iter()
+        .chain(MODEL_CALL_HINTS.iter().copied())
+        .chain(ALIAS_TABLES.into_iter().flatten().copied())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,17 +272,6 @@ mod tests {
         "ai.",
         "traceloop.",
         "error.",
-    ];
-
-    /// The tables of names read into candidate slots, preferred name first.
-    const ALIAS_TABLES: [&[&str]; 7] = [
-        SESSION_KEYS,
-        MODEL_KEYS,
-        INPUT_TOKEN_KEYS,
-        OUTPUT_TOKEN_KEYS,
-        CACHE_READ_TOKEN_KEYS,
-        CACHE_CREATION_TOKEN_KEYS,
-        COST_KEYS,
     ];
 
     #[test]
@@ -271,28 +296,6 @@ mod tests {
         assert_eq!(first_of(&facts.input_tokens, read_int), Some(5));
         assert_eq!(facts.operation_name, Some("chat"));
         assert!(!facts.model_call_hint);
-    }
-
-    /// Every name the scan reads, singular or in a table.
-    fn scanned_names() -> Vec<&'static str> {
-        let singular = [
-            OPERATION_NAME,
-            OPENINFERENCE_KIND,
-            TRACELOOP_KIND,
-            LANGFUSE_OBSERVATION_TYPE,
-            LANGFUSE_USAGE_DETAILS,
-            LANGFUSE_COST_DETAILS,
-            VERCEL_OPERATION_ID,
-            TOOL_NAME,
-            ERROR_TYPE,
-            LOGFIRE_SPAN_TYPE,
-            LOGFIRE_PENDING_PARENT,
-        ];
-        singular
-            .into_iter()
-            .chain(MODEL_CALL_HINTS.iter().copied())
-            .chain(ALIAS_TABLES.into_iter().flatten().copied())
-            .collect()
     }
 
     #[test]

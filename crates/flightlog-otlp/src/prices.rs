@@ -230,7 +230,13 @@ pub(crate) fn cost_usd(tokens: TokenCounts, price: &ModelPrice) -> f64 {
         + cache_read as f64 * price.cache_read.unwrap_or(price.input)
         + cache_creation as f64 * price.cache_write.unwrap_or(price.input)
         + output as f64 * price.output;
-    (per_million / 1_000_000.0 * 1e9).round() / 1e9
+    to_nano_dollar(per_million / 1_000_000.0)
+}
+
+/// `usd` rounded to a nano-dollar: how every cost this crate computes is stored (no
+/// `0.30000000000000004` from a sum).
+pub(crate) fn to_nano_dollar(usd: f64) -> f64 {
+    (usd * 1e9).round() / 1e9
 }
 
 #[cfg(test)]

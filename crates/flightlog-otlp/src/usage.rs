@@ -16,7 +16,7 @@ use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue};
 use serde_json::{Map, Value};
 
 use crate::facts::{as_str, first_of, Facts};
-use crate::prices::{cost_usd, PriceTable, TokenCounts};
+use crate::prices::{cost_usd, to_nano_dollar, PriceTable, TokenCounts};
 
 /// Where a span's cost came from; recorded in its attrs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,7 +164,7 @@ pub(crate) fn cost_from_details(text: &str) -> Option<f64> {
         .values()
         .filter_map(json_cost)
         .reduce(|sum, cost| sum + cost)?;
-    Some((sum * 1e9).round() / 1e9)
+    Some(to_nano_dollar(sum))
 }
 
 fn non_empty_str(value: &AnyValue) -> Option<&str> {
