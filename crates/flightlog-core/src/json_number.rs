@@ -8,6 +8,10 @@
 //! longer holds every integer), is still refused: these fields are integers. Integers written
 //! as such keep their full `i64` range here; the range checks of times and counts are the
 //! callers'.
+//!
+//! The other direction lives here too: a double written as JavaScript's `JSON.stringify`
+//! writes it ([`write_js_double`]), for the numbers flightlog computes where the reference's
+//! JavaScript computed them (event payloads as the cap measures them, journal summaries).
 
 use serde::{Deserialize, Deserializer};
 
@@ -48,6 +52,60 @@ pub fn optional_integral_i64<'de, D: Deserializer<'de>>(
         None => Ok(None),
         Some(number) => integral(&number).map(Some),
     }
+}
+
+/// A finite double as JavaScript's `Number.prototype.toString` writes it (ECMAScript
+/// Number::toString): the shortest digits that read back as the same double (Rust's `{:e}`
+/// gives exactly those), placed by the decimal exponent `n` (value = 0.d₁d₂…d_k × 10ⁿ): an
+/// integer when k ≤ n ≤ 21, a decimal point inside the digits when 0 < n ≤ 21, `0.000…` when
+/// −6 < n ≤ 0, else `d.ddde±x`. Zero (negative too) is `0`. JSON holds no NaN or infinity.
+pub fn write_js_double(out: &mut Vec<u8>, value: f64) {
+    if value == 0.0 || !value.is_finite() {
+        out.push(b'0');
+        return;
+    }
+    if value < 0.0 {
+        out.push(b'-');
+    }
+    let scientific = format!("{:e}", value.abs());
+    let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    let digits: Vec<u8> = mantissa.bytes().filter(u8::is_ascii_digit).collect();
+    let k = digits.len() as i32;
+    let n = exponent + 1;
+    let zeros = |out: &mut Vec<u8>, count: i32| {
+        out.extend(std::iter::repeat_n(b'0', count.max(0) as usize));
+    };
+    if k <= n && n <= 21 {
+        out.extend_from_slice(&digits);
+        zeros(out, n - k);
+    } else if 0 < n && n <= 21 {
+        let (whole, fraction) = digits.split_at(n as usize);
+        out.extend_from_slice(whole);
+        out.push(b'.');
+        out.extend_from_slice(fraction);
+    } else if -6 < n && n <= 0 {
+        out.extend_from_slice(b"0.");
+        zeros(out, -n);
+        out.extend_from_slice(&digits);
+    } else {
+        out.push(digits[0]);
+        if k > 1 {
+            out.push(b'.');
+            out.extend_from_slice(&digits[1..]);
+        }
+        out.push(b'e');
+        out.push(if n - 1 > 0 { b'+' } else { b'-' });
+        out.extend_from_slice((n - 1).abs().to_string().as_bytes());
+    }
+}
+
+/// [`write_js_double`]'s text as a string (the summaries' numbers).
+pub fn js_double_text(value: f64) -> String {
+    let mut out = Vec::with_capacity(24);
+    write_js_double(&mut out, value);
+    // Only ASCII digits, signs, `.` and `e` were written.
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]

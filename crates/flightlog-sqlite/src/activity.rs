@@ -369,10 +369,13 @@ fn snapshot(
     if spans.is_empty() {
         return Ok(None);
     }
+    // Events tied on (ts, eventIndex) come in their spans' order, the reference's: its query
+    // has no further key, and SQLite meets it by scanning the run's spans by start time and
+    // sorting stably, so ties follow the spans' `started_at` (then their insertion).
     let sql = format!(
         "SELECT {EVENT_COLUMNS} FROM activity_events e \
          JOIN activity_spans s ON s.span_key = e.span_key \
-         WHERE s.run_key = ?1 ORDER BY e.ts, e.event_index, e.span_key"
+         WHERE s.run_key = ?1 ORDER BY e.ts, e.event_index, s.started_at, e.span_key"
     );
     let events = conn
         .prepare_cached(&sql)

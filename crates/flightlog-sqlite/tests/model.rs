@@ -637,12 +637,19 @@ impl Model {
         if spans.is_empty() {
             return Value::Null;
         }
-        let mut events: Vec<&ModelEvent> = self
+        // Ties on (ts, eventIndex) follow the spans' order (start time, then insertion).
+        let mut events: Vec<(usize, &ModelEvent)> = self
             .events
             .iter()
-            .filter(|event| spans.iter().any(|span| span.span_id == event.span_id))
+            .filter_map(|event| {
+                let span_position = spans
+                    .iter()
+                    .position(|span| span.span_id == event.span_id)?;
+                Some((span_position, event))
+            })
             .collect();
-        events.sort_by_key(|event| (event.ts, event.event_index));
+        events.sort_by_key(|(span_position, event)| (event.ts, event.event_index, *span_position));
+        let events: Vec<&ModelEvent> = events.into_iter().map(|(_, event)| event).collect();
         json!({
             "runId": run_id,
             "spans": spans.iter().map(|span| span.to_json()).collect::<Vec<_>>(),

@@ -55,7 +55,7 @@ pub fn cap_payload(payload: Option<&Value>) -> CappedPayload {
 
 /// `value`'s compact JSON text as JavaScript's `JSON.stringify` writes it:
 /// - a number written with a fraction or an exponent (a double) in JavaScript's shortest form
-///   (`1.0` → `1`, `1e-6` → `0.000001`, `-0` → `0`, `1e21` → `1e+21`; see [`write_js_double`]);
+///   (`1.0` → `1`, `1e-6` → `0.000001`, `-0` → `0`, `1e21` → `1e+21`; see [`crate::json_number::write_js_double`]);
 ///   integers keep every digit, also past 2^53 (a documented difference: JavaScript rounds);
 /// - object keys that are array indexes (`"0"` to `"4294967294"`, no leading zero) first, in
 ///   ascending order, then the others in the order given, as a JavaScript object orders them;
@@ -151,53 +151,7 @@ fn write_js_number(out: &mut Vec<u8>, number: &Number) {
     } else if let Some(integer) = number.as_u64() {
         out.extend_from_slice(integer.to_string().as_bytes());
     } else {
-        write_js_double(out, number.as_f64().unwrap_or(0.0));
-    }
-}
-
-/// A finite double as JavaScript's `Number.prototype.toString` writes it (ECMAScript
-/// Number::toString): the shortest digits that read back as the same double (Rust's `{:e}`
-/// gives exactly those), placed by the decimal exponent `n` (value = 0.d₁d₂…d_k × 10ⁿ): an
-/// integer when k ≤ n ≤ 21, a decimal point inside the digits when 0 < n ≤ 21, `0.000…` when
-/// −6 < n ≤ 0, else `d.ddde±x`. Zero (negative too) is `0`. JSON holds no NaN or infinity.
-fn write_js_double(out: &mut Vec<u8>, value: f64) {
-    if value == 0.0 || !value.is_finite() {
-        out.push(b'0');
-        return;
-    }
-    if value < 0.0 {
-        out.push(b'-');
-    }
-    let scientific = format!("{:e}", value.abs());
-    let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
-    let exponent: i32 = exponent.parse().unwrap_or(0);
-    let digits: Vec<u8> = mantissa.bytes().filter(u8::is_ascii_digit).collect();
-    let k = digits.len() as i32;
-    let n = exponent + 1;
-    let zeros = |out: &mut Vec<u8>, count: i32| {
-        out.extend(std::iter::repeat_n(b'0', count.max(0) as usize));
-    };
-    if k <= n && n <= 21 {
-        out.extend_from_slice(&digits);
-        zeros(out, n - k);
-    } else if 0 < n && n <= 21 {
-        let (whole, fraction) = digits.split_at(n as usize);
-        out.extend_from_slice(whole);
-        out.push(b'.');
-        out.extend_from_slice(fraction);
-    } else if -6 < n && n <= 0 {
-        out.extend_from_slice(b"0.");
-        zeros(out, -n);
-        out.extend_from_slice(&digits);
-    } else {
-        out.push(digits[0]);
-        if k > 1 {
-            out.push(b'.');
-            out.extend_from_slice(&digits[1..]);
-        }
-        out.push(b'e');
-        out.push(if n - 1 > 0 { b'+' } else { b'-' });
-        out.extend_from_slice((n - 1).abs().to_string().as_bytes());
+        crate::json_number::write_js_double(out, number.as_f64().unwrap_or(0.0));
     }
 }
 

@@ -386,21 +386,46 @@ pub struct EngagementSummary {
     pub hops: Vec<EngagementHopSummary>,
 }
 
-/// Serialize an `f64` as `JSON.stringify` does: integral values below 2^53 as integers.
+/// Serialize an `f64` as `JSON.stringify` writes it: integral values below 2^53 as integers,
+/// others in JavaScript's own text (`0.000001`, not serde's `1e-6`; `10000000000000000`, not
+/// `1e16`), which a JSON serializer takes verbatim; a non-finite value (a sum that overflowed)
+/// as `null`, as in JavaScript.
 pub fn serialize_js_number<S: Serializer>(value: &f64, serializer: S) -> Result<S::Ok, S::Error> {
-    match crate::json_number::exact_integer(*value) {
-        Some(integer) => serializer.serialize_i64(integer),
-        // Non-finite values (a sum that overflowed) become `null`, as in JavaScript.
-        None => serializer.serialize_f64(*value),
+    if let Some(integer) = crate::json_number::exact_integer(*value) {
+        return serializer.serialize_i64(integer);
     }
+    if !value.is_finite() {
+        return serializer.serialize_none();
+    }
+    let text = crate::json_number::js_double_text(*value);
+    serde_json::value::RawValue::from_string(text)
+        .map_err(serde::ser::Error::custom)?
+        .serialize(serializer)
 }
 
-/// An `f64` as the JSON value `JSON.stringify` would write.
+/// An `f64` as the JSON value closest to what `JSON.stringify` would write. A `Value` number
+/// is an `i64`, a `u64` or a double that serde writes in its own shortest form, so an integral
+/// value whose JavaScript text is a whole number within 64 bits (up to about 1.8e19) is that
+/// integer, written as JavaScript writes it (`100000000000000000` for 1e17, the shortest digits
+/// padded with zeros for 2^60); a fraction is the same double in serde's text (`1e-6` where
+/// JavaScript writes `0.000001`), which any JSON reader takes as the same number.
 pub fn js_number_value(value: f64) -> Value {
-    match crate::json_number::exact_integer(value) {
-        Some(integer) => Value::from(integer),
-        None => Number::from_f64(value).map_or(Value::Null, Value::Number),
+    if let Some(integer) = crate::json_number::exact_integer(value) {
+        return Value::from(integer);
     }
+    if !value.is_finite() {
+        return Value::Null;
+    }
+    if value.fract() == 0.0 {
+        let text = crate::json_number::js_double_text(value);
+        if let Ok(integer) = text.parse::<i64>() {
+            return Value::from(integer);
+        }
+        if let Ok(integer) = text.parse::<u64>() {
+            return Value::from(integer);
+        }
+    }
+    Number::from_f64(value).map_or(Value::Null, Value::Number)
 }
 
 #[cfg(test)]
@@ -424,6 +449,51 @@ mod tests {
             serde_json::to_string(&amounts).ok().as_deref(),
             Some(r#"{"modelCalls":1,"tokens":0.25,"wallMs":0,"sideEffects":3}"#)
         );
+    }
+
+    /// The texts are what node 20 prints for `JSON.stringify({n})`.
+    #[test]
+    fn summary_numbers_are_written_in_javascripts_text() {
+        let cases: [(f64, &str); 9] = [
+            (0.000001, "0.000001"),
+            (0.0000015, "0.0000015"),
+            (1.5e-7, "1.5e-7"),
+            (1e16, "10000000000000000"),
+            (1e17, "100000000000000000"),
+            (1_152_921_504_606_846_976.0, "1152921504606847000"),
+            (1e20, "100000000000000000000"),
+            (1e21, "1e+21"),
+            (-2.5e-7, "-2.5e-7"),
+        ];
+        for (value, javascript) in cases {
+            let amounts = BudgetAmounts {
+                tokens: value,
+                ..BudgetAmounts::default()
+            };
+            let expected =
+                format!(r#"{{"modelCalls":0,"tokens":{javascript},"wallMs":0,"sideEffects":0}}"#);
+            assert_eq!(
+                serde_json::to_string(&amounts).ok(),
+                Some(expected),
+                "{value:e}"
+            );
+        }
+        let overflowed = BudgetAmounts {
+            wall_ms: f64::INFINITY,
+            ..BudgetAmounts::default()
+        };
+        assert_eq!(
+            serde_json::to_value(overflowed).ok(),
+            Some(json!({"modelCalls": 0, "tokens": 0, "wallMs": null, "sideEffects": 0}))
+        );
+        // A `Value` holds integral ones as JavaScript writes them, as far as 64 bits reach.
+        assert_eq!(js_number_value(1e17).to_string(), "100000000000000000");
+        assert_eq!(
+            js_number_value(1_152_921_504_606_846_976.0).to_string(),
+            "1152921504606847000"
+        );
+        assert_eq!(js_number_value(-1e18).to_string(), "-1000000000000000000");
+        assert_eq!(js_number_value(1e-6).as_f64(), Some(1e-6));
     }
 
     #[test]
