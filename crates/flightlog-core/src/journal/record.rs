@@ -14,6 +14,9 @@ use super::types::{EngagementEvent, JsonObject, SAFE_INTEGER_LIMIT};
 pub trait JournalRecord {
     /// The record's `at` when it is an integer; `None` when absent or not an integer.
     fn record_at(&self) -> Option<i64>;
+    /// Whether the record has an `at` at all (JavaScript's `record.at !== undefined`), whatever
+    /// its value: a loose record's `at` may be `null`, a string or a fraction.
+    fn has_at(&self) -> bool;
     /// The record's type by the reference's rule (`""` when it has none).
     fn record_type(&self) -> &str;
     /// The record's merged payload.
@@ -183,6 +186,11 @@ impl JournalRecord for Value {
             .and_then(json_integer)
     }
 
+    fn has_at(&self) -> bool {
+        self.as_object()
+            .is_some_and(|record| object_get(record, "at").is_some())
+    }
+
     fn record_type(&self) -> &str {
         let Some(record) = self.as_object() else {
             return "";
@@ -215,6 +223,10 @@ impl JournalRecord for EngagementEvent {
         Some(self.at)
     }
 
+    fn has_at(&self) -> bool {
+        true
+    }
+
     fn record_type(&self) -> &str {
         &self.event_type
     }
@@ -227,6 +239,10 @@ impl JournalRecord for EngagementEvent {
 impl<T: JournalRecord + ?Sized> JournalRecord for &T {
     fn record_at(&self) -> Option<i64> {
         (**self).record_at()
+    }
+
+    fn has_at(&self) -> bool {
+        (**self).has_at()
     }
 
     fn record_type(&self) -> &str {

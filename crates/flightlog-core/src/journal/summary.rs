@@ -259,8 +259,10 @@ fn named_mail_ids<'a>(fields: &Fields<'a>) -> impl Iterator<Item = &'a str> {
 /// rules. Never fails: anything unusable in a record is ignored.
 ///
 /// Records without an integer `at` count as `at: 0` wherever a time is reported (the reference
-/// would report `undefined`), except that an `engagement_closed` without one leaves the
-/// engagement not ended, exactly as in the reference.
+/// would report the value as it is, or leave it out when there is none). Whether an
+/// `engagement_closed` ended the engagement follows the reference exactly: it did when the
+/// record has an `at` at all (`null`, a string and a fraction included, though `endedAt` is then
+/// left out), and not when it has none.
 pub fn summarize_engagement_events<R: JournalRecord>(
     engagement_id: &str,
     records: &[R],
@@ -270,6 +272,8 @@ pub fn summarize_engagement_events<R: JournalRecord>(
     let mut venue: Option<(&str, &str)> = None;
     let mut started_at = records.first().and_then(R::record_at).unwrap_or(0);
     let mut ended_at: Option<i64> = None;
+    // The reference's `endedAt !== undefined`, which a loose record's non-integer `at` also sets.
+    let mut ended = false;
     let mut closed_status: Option<EngagementStatus> = None;
     let mut reason: Option<&str> = None;
     let mut tool_call_count = 0_u64;
@@ -467,6 +471,7 @@ pub fn summarize_engagement_events<R: JournalRecord>(
             Kind::Closed => {
                 // The reference assigns `record.at` even when it is undefined.
                 ended_at = at;
+                ended = record.has_at();
                 if let Some(status) = as_str(fields.status).and_then(EngagementStatus::parse_closed)
                 {
                     closed_status = Some(status);
@@ -497,7 +502,7 @@ pub fn summarize_engagement_events<R: JournalRecord>(
 
     let status = closed_status.unwrap_or(if !escalations.is_empty() {
         EngagementStatus::Escalated
-    } else if ended_at.is_some() {
+    } else if ended {
         EngagementStatus::Completed
     } else {
         EngagementStatus::Open
@@ -585,6 +590,30 @@ mod tests {
             {"type": "engagement_closed", "data": {}},
         ]));
         assert_eq!(value.get("endedAt"), None);
+        assert_eq!(value["status"], json!("open"));
+    }
+
+    /// The reference ends the engagement on `record.at !== undefined`; checked on node 20 for
+    /// each value below (its `endedAt` is then the value as given, which an `i64` cannot hold).
+    #[test]
+    fn a_close_whose_at_is_not_an_integer_still_ends_the_engagement() {
+        for at in [
+            json!(null),
+            json!("7"),
+            json!(1.5),
+            json!(9_007_199_254_740_993_u64),
+        ] {
+            let value = summary(json!([
+                {"at": 1, "type": "engagement_opened", "data": {}},
+                {"at": at.clone(), "type": "engagement_closed", "data": {}},
+            ]));
+            assert_eq!(value["status"], json!("completed"), "at: {at}");
+            assert_eq!(value.get("endedAt"), None, "at: {at}");
+        }
+        let value = summary(json!([
+            {"at": 1, "type": "engagement_opened", "data": {}},
+            {"type": "engagement_closed", "data": {}},
+        ]));
         assert_eq!(value["status"], json!("open"));
     }
 
