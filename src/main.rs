@@ -22,6 +22,7 @@ macro_rules! say_err {
 }
 
 mod demo;
+mod instance_lock;
 mod serve;
 
 use std::path::PathBuf;

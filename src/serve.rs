@@ -9,7 +9,8 @@
 //! touched by that sweep and end by their writer or by `sweep-stale`.
 //!
 //! Boot order matters. Everything that can refuse the start (settings, addresses, binding the
-//! listeners) comes before the database is opened, so a refused start changes nothing stored.
+//! listeners, another live server of the same instance on the file: `instance_lock`) comes
+//! before the database is opened, so a refused start changes nothing stored.
 //! The sweep then runs before the first request is served (connections wait in the listener's
 //! backlog meanwhile).
 
@@ -113,6 +114,24 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
         _ => None,
     };
 
+    let instance = match &settings.instance {
+        Some(instance) => instance.clone(),
+        None => settings::default_instance(&host_name(), local.port()),
+    };
+    // Held until the server exits: a second live server of this instance on this file would
+    // otherwise close this one's live spans at its boot (see `instance_lock`).
+    let _instance_lock = match crate::instance_lock::lock_instance(&settings.db, &instance) {
+        Ok(lock) => lock,
+        Err(crate::instance_lock::InstanceLockError::Held { lock_file }) => anyhow::bail!(
+            "instance {instance} is already served by another live flightlog on {} (it holds \
+             {}): its boot would close that server's open spans as interrupted. Give this \
+             server another name with --instance (FLIGHTLOG_INSTANCE, `instance` in the config \
+             file), or stop the other one first",
+            settings.db.display(),
+            lock_file.display()
+        ),
+    };
+
     let mut sqlite = SqliteConfig::new(&settings.db);
     sqlite.durability = match settings.durability {
         Durability::Normal => flightlog_sqlite::Durability::Normal,
@@ -131,10 +150,6 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     };
     // The identity names the instance, then comes from the wall clock even under
     // --manual-clock, so two boots of the same pid (a container's pid 1) never share one.
-    let instance = match &settings.instance {
-        Some(instance) => instance.clone(),
-        None => settings::default_instance(&host_name(), local.port()),
-    };
     let life_prefix = settings::instance_life_prefix(&instance);
     let writer = format!("{life_prefix}{}", default_writer_id(&SystemClock));
     let activity: Arc<dyn ActivityStore> = Arc::new(SqliteActivityStore::with_identity(

@@ -210,3 +210,73 @@ fn the_default_instance_is_the_host_and_the_port() {
     assert_eq!(row["writer"], writer, "{row}");
     stop(server);
 }
+
+#[test]
+fn a_second_live_server_of_one_instance_is_refused_and_closes_nothing() {
+    let scratch = Scratch::new("twin");
+    let db = scratch.0.join("flightlog.db");
+    let mut first = serve(&scratch.0, &db, &["--instance", "shared"]);
+    start(
+        first.addr,
+        None,
+        json!({"spanId": "live", "runId": "run-live", "name": "turn", "kind": "turn",
+               "origin": "session"}),
+    );
+
+    // The twin: refused before it opens the database, with the fix in the message.
+    let mut twin = Command::new(BIN)
+        .current_dir(&scratch.0)
+        .args(["serve", "--db"])
+        .arg(&db)
+        .args([
+            "--addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "off",
+            "--instance",
+            "shared",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the twin");
+    let status = support::wait_at_most(&mut twin, START_TIMEOUT);
+    if status.is_none() {
+        let _ = twin.kill();
+    }
+    let output = twin.wait_with_output().expect("the twin's output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        status.is_some_and(|status| status.code() == Some(1)),
+        "{status:?}: {stderr}"
+    );
+    assert!(
+        stderr.contains("instance shared is already served by another live flightlog")
+            && stderr.contains("--instance"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // The first server's live span is untouched, and it can still end it.
+    assert_eq!(span(first.addr, "live")["outcome"], Value::Null);
+
+    // A crash releases the lock: the next life starts and closes what the first left open.
+    let killed = Command::new("kill")
+        .args(["-KILL", &first.pid().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(killed.success());
+    let _ = first.stop(STOP_TIMEOUT);
+    let next = serve(&scratch.0, &db, &["--instance", "shared"]);
+    assert_eq!(span(next.addr, "live")["outcome"], "interrupted");
+    let lock_files = || {
+        std::fs::read_dir(&scratch.0)
+            .expect("list the folder")
+            .filter_map(|entry| entry.ok())
+            .filter(|entry| entry.file_name().to_string_lossy().ends_with(".lock"))
+            .count()
+    };
+    assert_eq!(lock_files(), 1);
+    stop(next);
+    // A clean exit removes its lock file.
+    assert_eq!(lock_files(), 0);
+}

@@ -1,0 +1,154 @@
+//! One live server per instance name on a database file.
+//!
+//! Why it exists: at boot a server closes, as interrupted ("server restarted"), the spans its
+//! instance's earlier lives left open. That is right only when no other live process is that
+//! instance: a second server started with the same `--instance` (a fixed name in a config file
+//! shared by two replicas) closed the first one's live spans, and their real outcomes, written
+//! later, were refused by the write-once rule.
+//!
+//! How: each server holds an exclusive `flock` on a small file next to the database, named
+//! after the instance, for as long as it runs. The kernel drops the lock when the process ends
+//! in any way (a crash or SIGKILL included), so a later life of the instance always gets it, and
+//! a second live one is refused before it opens the database. The file is removed at a clean
+//! exit; a file left by a crash is simply locked again by the next life. Because a file may be
+//! removed while another process opens it, the lock counts only when the locked file is still
+//! the one at the path.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// Why the lock was not taken.
+#[derive(Debug)]
+pub enum InstanceLockError {
+    /// Another live process holds the instance's lock on this database.
+    Held { lock_file: PathBuf },
+}
+
+/// The held lock; dropping it removes the file and releases the lock.
+#[derive(Debug)]
+pub struct InstanceLock {
+    file: Option<File>,
+    path: PathBuf,
+}
+
+impl Drop for InstanceLock {
+    fn drop(&mut self) {
+        // Remove the path while still holding the lock, so no one can lock the old file between.
+        if self.file.is_some() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+        self.file = None;
+    }
+}
+
+/// The lock file of `instance` on `database`: `<database>-serve-<readable part>-<hash>.lock`.
+/// The readable part keeps the name's letters, digits, `.`, `_` and `-` (at most 40); the hash
+/// of the whole name keeps two names that differ only elsewhere apart.
+pub fn lock_file_path(database: &Path, instance: &str) -> PathBuf {
+    let readable: String = instance
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(40)
+        .collect();
+    // FNV-1a: stable across builds, so every flightlog version names the same file.
+    let hash = instance.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    });
+    let mut name = database.file_name().unwrap_or_default().to_os_string();
+    name.push(format!("-serve-{readable}-{hash:08x}.lock"));
+    database.with_file_name(name)
+}
+
+/// Take the instance's lock. `Ok(None)` when the lock file cannot be made at all (the folder is
+/// missing or read-only): opening the database then fails with the real reason, or, on a
+/// database that is somehow writable, the server runs without this guard.
+pub fn lock_instance(
+    database: &Path,
+    instance: &str,
+) -> Result<Option<InstanceLock>, InstanceLockError> {
+    let path = lock_file_path(database, instance);
+    // A few tries: another life may remove the file between our open and our lock.
+    for _ in 0..3 {
+        let Ok(file) = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+        else {
+            return Ok(None);
+        };
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                return Err(InstanceLockError::Held { lock_file: path });
+            }
+            Err(TryLockError::Error(_)) => return Ok(None),
+        }
+        let still_there = match (file.metadata(), std::fs::metadata(&path)) {
+            (Ok(locked), Ok(at_path)) => {
+                locked.dev() == at_path.dev() && locked.ino() == at_path.ino()
+            }
+            _ => false,
+        };
+        if still_there {
+            return Ok(Some(InstanceLock {
+                file: Some(file),
+                path,
+            }));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_lock_of_one_instance_is_refused_until_the_first_is_dropped() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let database = dir.path().join("flightlog.db");
+        let first = lock_instance(&database, "shared").expect("free");
+        assert!(first.is_some());
+        let refused = lock_instance(&database, "shared");
+        assert!(
+            matches!(refused, Err(InstanceLockError::Held { .. })),
+            "{refused:?}"
+        );
+        // Another instance on the same file, or the same instance on another file, is free.
+        assert!(matches!(lock_instance(&database, "other"), Ok(Some(_))));
+        let elsewhere = dir.path().join("other.db");
+        assert!(matches!(lock_instance(&elsewhere, "shared"), Ok(Some(_))));
+        drop(first);
+        assert!(!lock_file_path(&database, "shared").exists());
+        assert!(matches!(lock_instance(&database, "shared"), Ok(Some(_))));
+    }
+
+    #[test]
+    fn names_that_differ_only_in_unreadable_characters_get_different_files() {
+        let database = Path::new("/data/flightlog.db");
+        let a = lock_file_path(database, "host a:4318");
+        let b = lock_file_path(database, "host/a:4318");
+        assert_ne!(a, b);
+        let name = a.file_name().and_then(|name| name.to_str()).unwrap_or("");
+        assert!(
+            name.starts_with("flightlog.db-serve-host_a_4318-"),
+            "{name}"
+        );
+        assert!(name.ends_with(".lock"), "{name}");
+    }
+
+    #[test]
+    fn a_missing_folder_is_not_a_refusal() {
+        let database = Path::new("/nonexistent-flightlog-folder/flightlog.db");
+        assert!(matches!(lock_instance(database, "x"), Ok(None)));
+    }
+}
