@@ -139,6 +139,17 @@ struct ServeArgs {
         verbatim_doc_comment
     )]
     journal_max_age_ms: Option<String>,
+    /// How long a write waits, in ms, while another process holds the database's write lock
+    /// (a long transaction in a `sqlite3` shell, say) before it is answered 503 with
+    /// Retry-After, nothing written.
+    /// [env: FLIGHTLOG_WRITE_LOCK_WAIT_MS] [file: write_lock_wait_ms] [default: 10000]
+    #[arg(
+        long,
+        value_name = "MS",
+        allow_negative_numbers = true,
+        verbatim_doc_comment
+    )]
+    write_lock_wait_ms: Option<String>,
     /// This server's name among the servers sharing the database: at start it closes the
     /// spans its earlier lives under the same name left open (as interrupted, "server
     /// restarted"), and no one else's. Give a fixed one where the default changes from start
@@ -182,6 +193,7 @@ impl ServeArgs {
             max_inflight_writes: self.max_inflight_writes,
             journal_max_events: self.journal_max_events,
             journal_max_age_ms: self.journal_max_age_ms,
+            write_lock_wait_ms: self.write_lock_wait_ms,
             instance: self.instance,
             tokens: self.tokens,
             allow_unauthenticated_non_loopback: self.allow_unauthenticated_non_loopback,

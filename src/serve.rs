@@ -133,6 +133,7 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     };
 
     let mut sqlite = SqliteConfig::new(&settings.db);
+    sqlite.lock_retry_budget = settings.write_lock_wait;
     sqlite.durability = match settings.durability {
         Durability::Normal => flightlog_sqlite::Durability::Normal,
         Durability::Full => flightlog_sqlite::Durability::Full,

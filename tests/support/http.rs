@@ -21,6 +21,19 @@ pub fn request(
     writer: Option<&str>,
     body: Option<Value>,
 ) -> (u16, Value) {
+    let (status, _head, body) = request_with_head(addr, method, path, writer, body);
+    (status, body)
+}
+
+/// [`request`], also returning the answer's status line and headers as text.
+#[allow(dead_code)]
+pub fn request_with_head(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    writer: Option<&str>,
+    body: Option<Value>,
+) -> (u16, String, Value) {
     let payload = body.map(|b| b.to_string()).unwrap_or_default();
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     if let Some(writer) = writer {
@@ -45,6 +58,10 @@ pub fn request(
         .nth(1)
         .and_then(|code| code.parse().ok())
         .unwrap_or_else(|| panic!("no status line: {answer:?}"));
-    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    (
+        status,
+        head.to_owned(),
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
 }

@@ -30,6 +30,8 @@ pub fn error_kind(err: &JournalError) -> &'static str {
         JournalError::WrongExpectedSeq { .. } => "WrongExpectedSeq",
         JournalError::Closed
         | JournalError::Corrupt(_)
+        | JournalError::Overloaded
+        | JournalError::Busy(_)
         | JournalError::Backend(_)
         | JournalError::StorageFull(_) => "backend",
     }

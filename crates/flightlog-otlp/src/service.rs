@@ -99,14 +99,16 @@ impl FlightlogTraceService {
     }
 }
 
-/// A store failure as a gRPC status: a full queue, a closing store or a full disk is
+/// A store failure as a gRPC status: a full queue, a closing store, a write lock another
+/// process holds too long or a full disk is
 /// `unavailable` (the exporter retries later, with backoff, as OTLP prescribes for that code);
 /// input the store cannot keep is `invalid_argument`; anything else is `internal`.
 fn store_status(error: StoreError) -> Status {
     match error {
-        StoreError::Overloaded | StoreError::Closed | StoreError::StorageFull(_) => {
-            Status::unavailable(error.to_string())
-        }
+        StoreError::Overloaded
+        | StoreError::Closed
+        | StoreError::Busy(_)
+        | StoreError::StorageFull(_) => Status::unavailable(error.to_string()),
         StoreError::InvalidInput(_) => Status::invalid_argument(error.to_string()),
         other => Status::internal(other.to_string()),
     }
@@ -157,6 +159,10 @@ mod tests {
         assert_eq!(store_status(StoreError::Closed).code(), Code::Unavailable);
         assert_eq!(
             store_status(StoreError::StorageFull("no space".into())).code(),
+            Code::Unavailable
+        );
+        assert_eq!(
+            store_status(StoreError::Busy("locked".into())).code(),
             Code::Unavailable
         );
         assert_eq!(

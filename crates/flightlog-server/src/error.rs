@@ -185,9 +185,10 @@ impl From<StoreError> for ApiError {
         match err {
             StoreError::DuplicateSpan { .. } => Self::Conflict(message),
             StoreError::InvalidInput(_) => Self::InvalidRequest(message),
-            StoreError::Overloaded | StoreError::Closed | StoreError::StorageFull(_) => {
-                Self::Unavailable(message)
-            }
+            StoreError::Overloaded
+            | StoreError::Closed
+            | StoreError::Busy(_)
+            | StoreError::StorageFull(_) => Self::Unavailable(message),
             StoreError::SchemaTooNew { .. }
             | StoreError::NotFlightlog(_)
             | StoreError::Corrupt(_)
@@ -205,7 +206,10 @@ impl From<JournalError> for ApiError {
             }
             JournalError::JournalFull { .. } => Self::JournalFull(message),
             JournalError::WrongExpectedSeq { .. } => Self::Conflict(message),
-            JournalError::Closed | JournalError::StorageFull(_) => Self::Unavailable(message),
+            JournalError::Closed
+            | JournalError::Overloaded
+            | JournalError::Busy(_)
+            | JournalError::StorageFull(_) => Self::Unavailable(message),
             JournalError::Corrupt(_) | JournalError::Backend(_) => Self::Internal(message),
         }
     }
@@ -232,6 +236,7 @@ mod tests {
             ),
             (StoreError::Overloaded, (503, "unavailable")),
             (StoreError::Closed, (503, "unavailable")),
+            (StoreError::Busy("x".into()), (503, "unavailable")),
             (StoreError::StorageFull("x".into()), (503, "unavailable")),
             (
                 StoreError::SchemaTooNew {
@@ -272,6 +277,8 @@ mod tests {
             ),
             (JournalError::Closed, (503, "unavailable")),
             (JournalError::StorageFull("x".into()), (503, "unavailable")),
+            (JournalError::Overloaded, (503, "unavailable")),
+            (JournalError::Busy("x".into()), (503, "unavailable")),
             (JournalError::Corrupt("x".into()), (500, "internal")),
             (JournalError::Backend("x".into()), (500, "internal")),
         ];

@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use flightlog_core::journal::{RetentionConfig, SAFE_INTEGER_LIMIT};
 use toml::{Table, Value};
@@ -146,6 +147,13 @@ pub const JOURNAL_MAX_AGE_MS: Setting = Setting {
     key: "journal.max_age_ms",
     toml: TomlType::Integer,
 };
+/// How long a write waits for a database write lock another process holds.
+pub const WRITE_LOCK_WAIT_MS: Setting = Setting {
+    flag: "--write-lock-wait-ms",
+    env: "FLIGHTLOG_WRITE_LOCK_WAIT_MS",
+    key: "write_lock_wait_ms",
+    toml: TomlType::Integer,
+};
 /// The server instance's name (see [`parse_instance`]).
 pub const INSTANCE: Setting = Setting {
     flag: "--instance",
@@ -169,7 +177,7 @@ pub const ALLOW_UNAUTHENTICATED_NON_LOOPBACK: Setting = Setting {
 };
 
 /// Every setting the config file may hold.
-pub const SETTINGS: [Setting; 12] = [
+pub const SETTINGS: [Setting; 13] = [
     DB,
     ADDR,
     GRPC_ADDR,
@@ -179,6 +187,7 @@ pub const SETTINGS: [Setting; 12] = [
     MAX_INFLIGHT_WRITES,
     JOURNAL_MAX_EVENTS,
     JOURNAL_MAX_AGE_MS,
+    WRITE_LOCK_WAIT_MS,
     INSTANCE,
     TOKENS,
     ALLOW_UNAUTHENTICATED_NON_LOOPBACK,
@@ -195,6 +204,10 @@ pub const DEFAULT_DB: &str = "flightlog.db";
 pub const DEFAULT_ADDR: &str = "127.0.0.1:4318";
 /// The OTLP/gRPC address when nothing names one: loopback, the standard OTLP/gRPC port.
 pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:4317";
+/// How long a write waits for another process's write lock when nothing says (ms).
+pub const DEFAULT_WRITE_LOCK_WAIT_MS: u64 = 10_000;
+/// The longest `--write-lock-wait-ms` accepted: ten minutes.
+pub const MAX_WRITE_LOCK_WAIT_MS: u64 = 600_000;
 /// The largest `--max-inflight-writes` accepted.
 pub const MAX_INFLIGHT_WRITES_LIMIT: usize = 1_000_000;
 
@@ -213,6 +226,7 @@ Config file (every key optional; relative paths are relative to the file's folde
     body_limit = \"8MiB\"            # bytes, or with KiB / MiB / GiB
     response_budget = \"256MiB\"     # memory for large answers (snapshots, pages) in flight
     max_inflight_writes = 4096
+    write_lock_wait_ms = 10000     # then 503: another process holds the database's write lock
     instance = \"ingest-1\"           # default: this host's name and the HTTP port
     allow_unauthenticated_non_loopback = false
 
@@ -270,6 +284,8 @@ pub struct ServeFlags {
     pub journal_max_events: Option<String>,
     /// `--journal-max-age-ms MS`.
     pub journal_max_age_ms: Option<String>,
+    /// `--write-lock-wait-ms MS`.
+    pub write_lock_wait_ms: Option<String>,
     /// `--instance NAME`.
     pub instance: Option<String>,
     /// Every `--token SECRET`, each with all scopes.
@@ -292,6 +308,7 @@ impl fmt::Debug for ServeFlags {
             .field("max_inflight_writes", &self.max_inflight_writes)
             .field("journal_max_events", &self.journal_max_events)
             .field("journal_max_age_ms", &self.journal_max_age_ms)
+            .field("write_lock_wait_ms", &self.write_lock_wait_ms)
             .field("instance", &self.instance)
             .field("tokens", &format_args!("<{} redacted>", self.tokens.len()))
             .field(
@@ -323,6 +340,9 @@ pub struct ServeSettings {
     pub grpc_addr: Option<String>,
     /// The SQLite durability level.
     pub durability: Durability,
+    /// How long a write waits for a write lock another process holds on the database before
+    /// it is answered `503` (nothing written).
+    pub write_lock_wait: Duration,
     /// The HTTP server's configuration (body limit, tokens, write limit).
     pub server: ServerConfig,
     /// The engagement journal's retention.
@@ -635,6 +655,13 @@ pub fn resolve_with_file(
         |text| parse_in_range(text, 1, SAFE_INTEGER_LIMIT as u64 - 1).map(|n| n as i64),
         "give an age in milliseconds, at least 1 (default 2592000000, 30 days)",
     )?;
+    let write_lock_wait_ms = layers.parse(
+        &WRITE_LOCK_WAIT_MS,
+        flags.write_lock_wait_ms.as_deref(),
+        DEFAULT_WRITE_LOCK_WAIT_MS,
+        |text| parse_in_range(text, 0, MAX_WRITE_LOCK_WAIT_MS),
+        "give a wait in milliseconds from 0 to 600000 (default 10000)",
+    )?;
     let instance = layers.parse(
         &INSTANCE,
         flags.instance.as_deref(),
@@ -657,6 +684,7 @@ pub fn resolve_with_file(
         addr,
         grpc_addr,
         durability,
+        write_lock_wait: Duration::from_millis(write_lock_wait_ms),
         server: ServerConfig {
             body_limit,
             auth,

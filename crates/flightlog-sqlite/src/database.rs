@@ -62,7 +62,9 @@ pub struct SqliteConfig {
     /// How long one connection waits for another's lock before SQLite reports busy (at most
     /// `i32::MAX` ms, SQLite's limit).
     pub busy_timeout: Duration,
-    /// How long a write keeps retrying a busy lock before failing.
+    /// How long a write keeps retrying a lock another process holds before it fails with
+    /// [`StoreError::Busy`] (10 s by default: a writer waits on a stream of other writers'
+    /// short transactions for milliseconds, so only a long foreign transaction gets this far).
     pub lock_retry_budget: Duration,
     /// Most writes committed in one transaction (1 to 65,536).
     pub max_group_size: usize,
@@ -87,7 +89,7 @@ impl SqliteConfig {
             path: path.into(),
             durability: Durability::Normal,
             busy_timeout: Duration::from_secs(5),
-            lock_retry_budget: Duration::from_secs(60),
+            lock_retry_budget: Duration::from_secs(10),
             max_group_size: 512,
             write_queue_capacity: 16_384,
             change_log_retention: crate::activity_write::CHANGE_LOG_TRIM_DISTANCE,
@@ -1559,17 +1561,33 @@ impl GroupCommitWriter {
     /// The connection's busy timeout is zero: this loop is the wait. While it waits, the writer
     /// is marked waiting (see [`LockTurns`]), so a writer of another process that holds the lock
     /// pauses after its next commit, and the next poll here takes the lock.
+    ///
+    /// Past the budget the group fails with [`StoreError::Busy`] (nothing was written, so the
+    /// callers can be told to retry), and a store that is closing stops waiting at once with
+    /// [`StoreError::Closed`]: another process holding the lock (a `sqlite3` shell in a long
+    /// transaction) must neither keep writers waiting for long nor hold up a shutdown.
     fn begin_immediate(&mut self) -> Result<(), StoreError> {
         let started = Instant::now();
         let mut mark = None;
         loop {
             match execute_cached_raw(&self.conn, "BEGIN IMMEDIATE") {
                 Ok(()) => return Ok(()),
-                Err(err) if is_busy(&err) && started.elapsed() < self.lock_retry_budget => {
+                Err(err) if is_busy(&err) => {
+                    if self.stop.load(Ordering::Acquire) {
+                        return Err(StoreError::Closed);
+                    }
+                    let waited = started.elapsed();
+                    if waited >= self.lock_retry_budget {
+                        return Err(StoreError::Busy(format!(
+                            "another process has held the database's write lock for {:.1} s \
+                             (the most a write waits for it)",
+                            waited.as_secs_f64()
+                        )));
+                    }
                     if mark.is_none() {
                         mark = Some(self.turns.mark_waiting());
                     }
-                    std::thread::sleep(crate::lock_turns::poll_interval(started.elapsed()));
+                    std::thread::sleep(crate::lock_turns::poll_interval(waited));
                 }
                 Err(err) => return Err(backend(err)),
             }

@@ -54,7 +54,11 @@ pub enum StoreError {
     /// A stored row could not be decoded (corruption or a foreign writer).
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
-    /// The backend failed (I/O, locking beyond the retry budget, …).
+    /// Another process held the database's write lock for longer than the store waits for it
+    /// (the message says how long); nothing was written. A retry succeeds once it lets go.
+    #[error("{0}; nothing was written, retry later")]
+    Busy(String),
+    /// The backend failed (I/O, …).
     #[error("database error: {0}")]
     Backend(String),
     /// The input cannot be stored as given (the message names the offending value and the

@@ -71,7 +71,14 @@ pub enum JournalError {
     /// A stored event could not be decoded (corruption or a foreign writer).
     #[error("stored journal data is corrupt: {0}")]
     Corrupt(String),
-    /// The backend failed (I/O, locking beyond the retry budget, …).
+    /// The store's write queue is full: the caller should retry later. Nothing was written.
+    #[error("the journal's write queue is full; retry later")]
+    Overloaded,
+    /// Another process held the database's write lock for longer than the journal waits for
+    /// it; nothing was written. A retry succeeds once it lets go.
+    #[error("{0}; nothing was written, retry later")]
+    Busy(String),
+    /// The backend failed (I/O, …).
     #[error("journal backend error: {0}")]
     Backend(String),
     /// The disk holding the journal is full; nothing was written. A retry succeeds once space

@@ -134,6 +134,14 @@ fn cases() -> Vec<Case> {
             expected: ["2592000000", "21", "22", "23"],
         },
         Case {
+            setting: WRITE_LOCK_WAIT_MS,
+            set_flag: |f| f.write_lock_wait_ms = Some("0".into()),
+            env: "2500",
+            file: "write_lock_wait_ms = 600000",
+            read: |s| s.write_lock_wait.as_millis().to_string(),
+            expected: ["10000", "600000", "2500", "0"],
+        },
+        Case {
             setting: INSTANCE,
             set_flag: |f| f.instance = Some("flag-1".into()),
             env: "env.2",
@@ -216,6 +224,7 @@ fn defaults_are_the_documented_ones() {
             addr: "127.0.0.1:4318".into(),
             grpc_addr: Some("127.0.0.1:4317".into()),
             durability: Durability::Normal,
+            write_lock_wait: std::time::Duration::from_secs(10),
             server: ServerConfig::default(),
             retention: RetentionConfig::default(),
             instance: None,
@@ -337,6 +346,14 @@ fn bad_values_name_the_setting_where_it_was_given_and_the_fix() {
                 "`max_inflight_writes` in /etc/flightlog/flightlog.toml",
                 "1 to 1000000",
             ],
+        ),
+        (
+            Input::Env("FLIGHTLOG_WRITE_LOCK_WAIT_MS", "600001"),
+            &["FLIGHTLOG_WRITE_LOCK_WAIT_MS", "from 0 to 600000"],
+        ),
+        (
+            flags(|f| f.write_lock_wait_ms = Some("-1".into())),
+            &["--write-lock-wait-ms", "\"-1\"", "milliseconds"],
         ),
         (
             Input::Env("FLIGHTLOG_INSTANCE", "a/b"),

@@ -1,0 +1,209 @@
+//! `flightlog serve` while another process holds the database's write lock (here Python's
+//! `sqlite3` module inside `BEGIN EXCLUSIVE`, as a `sqlite3` shell left in a transaction
+//! would): writes wait at most `--write-lock-wait-ms`, then get `503 unavailable` with
+//! `Retry-After` and nothing written; reads go on; once the lock is free the same write
+//! succeeds; and a shutdown during the wait ends within a bounded time.
+
+#[path = "support/http.rs"]
+mod http;
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use http::{request, request_with_head};
+use serde_json::{json, Value};
+use support::ServeProcess;
+
+const BIN: &str = env!("CARGO_BIN_EXE_flightlog");
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A scratch folder removed at the end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "flightlog-foreign-lock-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("create the scratch folder");
+        Self(path)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Another process in `BEGIN EXCLUSIVE` on the database until [`LockHolder::release`] (or
+/// until it is dropped, which kills it).
+struct LockHolder {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl LockHolder {
+    fn hold(db: &Path) -> Self {
+        let script = "import sqlite3, sys\n\
+                      c = sqlite3.connect(sys.argv[1], isolation_level=None)\n\
+                      c.execute('BEGIN EXCLUSIVE')\n\
+                      print('locked', flush=True)\n\
+                      sys.stdin.read()\n\
+                      c.execute('COMMIT')\n";
+        let mut child = Command::new("python3")
+            .args(["-c", script])
+            .arg(db)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs (the OTLP tests need it too)");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the holder's line");
+        assert_eq!(line.trim(), "locked");
+        let stdin = child.stdin.take();
+        Self { child, stdin }
+    }
+
+    fn release(mut self) {
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = stdin.flush();
+        }
+        let status = support::wait_at_most(&mut self.child, Duration::from_secs(30));
+        assert!(
+            status.is_some_and(|status| status.success()),
+            "the holder did not commit: {status:?}"
+        );
+    }
+}
+
+impl Drop for LockHolder {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn serve(folder: &Path, db: &Path, wait_ms: &str) -> ServeProcess {
+    let mut command = Command::new(BIN);
+    command
+        .current_dir(folder)
+        .args(["serve", "--db"])
+        .arg(db)
+        .args(["--addr", "127.0.0.1:0", "--grpc-addr", "off"])
+        .args(["--write-lock-wait-ms", wait_ms]);
+    ServeProcess::spawn(command, START_TIMEOUT)
+}
+
+fn span(span_id: &str) -> Value {
+    json!({"spanId": span_id, "runId": format!("run-{span_id}"), "name": "turn",
+           "kind": "turn", "origin": "session"})
+}
+
+#[test]
+fn writes_get_503_while_another_process_holds_the_lock_and_succeed_after() {
+    let scratch = Scratch::new("503");
+    let db = scratch.0.join("flightlog.db");
+    let mut server = serve(&scratch.0, &db, "300");
+    let (status, row) = request(
+        server.addr,
+        "POST",
+        "/v1/activity/spans",
+        None,
+        Some(span("before")),
+    );
+    assert_eq!(status, 201, "{row}");
+
+    let holder = LockHolder::hold(&db);
+    let (status, head, body) = request_with_head(
+        server.addr,
+        "POST",
+        "/v1/activity/spans",
+        None,
+        Some(span("during")),
+    );
+    assert_eq!(status, 503, "{head}\n{body}");
+    assert!(
+        head.to_ascii_lowercase().contains("\r\nretry-after:"),
+        "{head}"
+    );
+    assert_eq!(body["error"]["code"], "unavailable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("write lock"), "{message}");
+    // Journal appends meet the same limit; reads are not held up at all.
+    let (status, body) = request(
+        server.addr,
+        "POST",
+        "/v1/engagements/e-1/events",
+        None,
+        Some(json!({"type": "engagement_opened", "at": 1, "data": {}})),
+    );
+    assert_eq!(status, 503, "{body}");
+    let (status, row) = request(server.addr, "GET", "/v1/activity/spans/before", None, None);
+    assert_eq!(status, 200, "{row}");
+    holder.release();
+
+    let (status, _) = request(server.addr, "GET", "/v1/activity/spans/during", None, None);
+    assert_eq!(status, 404, "the refused write left nothing");
+    let (status, row) = request(
+        server.addr,
+        "POST",
+        "/v1/activity/spans",
+        None,
+        Some(span("during")),
+    );
+    assert_eq!(status, 201, "{row}");
+    let output = server.stop_cleanly(Duration::from_secs(30));
+    assert!(!output.contains("panicked"), "{output}");
+}
+
+#[test]
+fn a_shutdown_while_a_write_waits_for_the_lock_ends_in_bounded_time() {
+    let scratch = Scratch::new("shutdown");
+    let db = scratch.0.join("flightlog.db");
+    let mut server = serve(&scratch.0, &db, "2000");
+    let (status, row) = request(
+        server.addr,
+        "POST",
+        "/v1/activity/spans",
+        None,
+        Some(span("before")),
+    );
+    assert_eq!(status, 201, "{row}");
+
+    let holder = LockHolder::hold(&db);
+    let addr = server.addr;
+    let waiting = std::thread::spawn(move || {
+        request(
+            addr,
+            "POST",
+            "/v1/activity/spans",
+            None,
+            Some(span("stuck")),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let asked = Instant::now();
+    // The write's wait (2 s) and the final checkpoint's (5 s at most) bound the stop.
+    let stopped = server.stop(Duration::from_secs(20));
+    assert!(
+        stopped.graceful && stopped.status.is_some_and(|status| status.success()),
+        "no clean stop within 20 s ({:?} after {:?}):\n{}",
+        stopped.status,
+        asked.elapsed(),
+        stopped.output
+    );
+    let (status, body) = waiting.join().expect("the waiting request");
+    assert_eq!(status, 503, "{body}");
+    holder.release();
+}
