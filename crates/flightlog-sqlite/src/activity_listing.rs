@@ -97,9 +97,8 @@ fn roots_sql(query: &RunListQuery) -> String {
          FROM activity_spans s JOIN activity_runs r ON r.run_key = s.run_key \
          LEFT JOIN activity_run_rollups u ON u.run_key = s.run_key \
          WHERE s.parent_span_id IS NULL \
-         AND NOT EXISTS (SELECT 1 FROM activity_spans n WHERE n.run_key = s.run_key \
-           AND n.parent_span_id IS NULL AND n.started_at >= s.started_at \
-           AND (n.started_at > s.started_at OR n.span_key > s.span_key))"
+         AND s.span_key = (SELECT n.span_key FROM activity_spans n WHERE n.run_key = s.run_key \
+           AND n.parent_span_id IS NULL ORDER BY n.started_at DESC, n.span_key DESC LIMIT 1)"
     );
     match query.state {
         Some(RunState::Open) => sql.push_str(" AND s.outcome IS NULL"),
