@@ -934,7 +934,7 @@ const SIZE_TOMLS: &[&str] = &[
 ];
 const SIZE_FIX: &str = "give a size of at least 1 byte, in bytes or with KiB, MiB or GiB";
 
-const NUMERIC: [Numeric; 7] = [
+const NUMERIC: [Numeric; 8] = [
     Numeric {
         flag: "--body-limit",
         env: "FLIGHTLOG_BODY_LIMIT",
@@ -981,6 +981,15 @@ const NUMERIC: [Numeric; 7] = [
         takes: &["integer"],
     },
     Numeric {
+        flag: "--write-lock-wait-ms",
+        env: "FLIGHTLOG_WRITE_LOCK_WAIT_MS",
+        key: "write_lock_wait_ms",
+        texts: &["-1", "600001", "10s", "1.5", "99999999999999999999999", ""],
+        tomls: &["-1", "600001", "2.5", "true", "\"10s\""],
+        fix: "give a wait in milliseconds from 0 to 600000",
+        takes: &["integer"],
+    },
+    Numeric {
         flag: "--journal-max-events",
         env: "FLIGHTLOG_JOURNAL_MAX_EVENTS",
         key: "journal.max_events",
@@ -994,7 +1003,7 @@ const NUMERIC: [Numeric; 7] = [
             "",
         ],
         tomls: &["-1", "0", "9007199254740992", "1.5", "false", "\"ten\""],
-        fix: "give a whole number of events per engagement, at least 1",
+        fix: "give a whole number of events per engagement from 1 to 9007199254740991",
         takes: &["integer"],
     },
     Numeric {
@@ -1018,7 +1027,7 @@ const NUMERIC: [Numeric; 7] = [
             "true",
             "\"30 days\"",
         ],
-        fix: "give an age in milliseconds, at least 1",
+        fix: "give an age in milliseconds from 1 to 9007199254740991",
         takes: &["integer"],
     },
     Numeric {

@@ -321,9 +321,16 @@ pub fn presented_token(value: &str) -> Result<String, String> {
 
 /// The token of the request's `Authorization` header, if it has one (see [`presented_token`]).
 fn bearer_token(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(value) = headers.get(header::AUTHORIZATION) else {
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let Some(value) = values.next() else {
         return Ok(None);
     };
+    // Two credentials: honouring either would make the answer depend on the headers' order.
+    if values.next().is_some() {
+        return Err(ApiError::Unauthorized(
+            "the Authorization header is given more than once; send one token".into(),
+        ));
+    }
     let text = value.to_str().map_err(|_| {
         ApiError::Unauthorized("the Authorization header must be visible ASCII text".into())
     })?;

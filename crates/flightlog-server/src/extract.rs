@@ -280,8 +280,35 @@ impl<S: Send + Sync> FromRequestParts<S> for PathId {
 /// itself inside that namespace would have its spans closed by someone else's restart.
 pub const SERVER_WRITER_PREFIX: &str = "serve:";
 
-/// The checks of a `Flightlog-Writer` value: 1 to 256 bytes, not a server's identity.
+/// The request's `Flightlog-Writer` identity: `None` without the header; refused when it is
+/// given twice (which one would the write act as?) or its value fails [`check_writer`].
+pub(crate) fn writer_header(headers: &axum::http::HeaderMap) -> Result<Option<&str>, ApiError> {
+    let mut values = headers.get_all(WRITER_HEADER).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(ApiError::invalid(
+            "the Flightlog-Writer header is given more than once; send one identity",
+        ));
+    }
+    let writer = value
+        .to_str()
+        .map_err(|_| ApiError::invalid("the Flightlog-Writer header must be visible ASCII text"))?;
+    check_writer(writer)?;
+    Ok(Some(writer))
+}
+
+/// The checks of a `Flightlog-Writer` value: 1 to 256 bytes of visible ASCII (no space or tab:
+/// an identity is one token, shown and compared as it is), not a server's identity.
 pub(crate) fn check_writer(writer: &str) -> Result<(), ApiError> {
+    if let Some(position) = writer.bytes().position(|byte| !byte.is_ascii_graphic()) {
+        return Err(ApiError::invalid(format!(
+            "the Flightlog-Writer header must be visible ASCII text without spaces, got a \
+             {:?} at byte {position}",
+            writer[position..].chars().next().unwrap_or(' ')
+        )));
+    }
     if writer.is_empty() || writer.len() > MAX_ID_BYTES {
         return Err(ApiError::invalid(format!(
             "the Flightlog-Writer header must be 1 to {MAX_ID_BYTES} bytes, got {}",
@@ -306,14 +333,10 @@ impl FromRequestParts<AppState> for WriterStore {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let Some(value) = parts.headers.get(WRITER_HEADER) else {
-            return Ok(WriterStore(Arc::clone(state.activity())));
-        };
-        let writer = value.to_str().map_err(|_| {
-            ApiError::invalid("the Flightlog-Writer header must be visible ASCII text")
-        })?;
-        check_writer(writer)?;
-        Ok(WriterStore(state.activity_as(writer)))
+        Ok(WriterStore(match writer_header(&parts.headers)? {
+            Some(writer) => state.activity_as(writer),
+            None => Arc::clone(state.activity()),
+        }))
     }
 }
 

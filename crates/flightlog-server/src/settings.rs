@@ -646,14 +646,15 @@ pub fn resolve_with_file(
         flags.journal_max_events.as_deref(),
         RetentionConfig::DEFAULT_MAX_EVENTS_PER_ENGAGEMENT,
         |text| parse_in_range(text, 1, SAFE_INTEGER_LIMIT as u64 - 1),
-        "give a whole number of events per engagement, at least 1 (default 10000)",
+        "give a whole number of events per engagement from 1 to 9007199254740991 (default \
+         10000)",
     )?;
     let max_age_ms = layers.parse(
         &JOURNAL_MAX_AGE_MS,
         flags.journal_max_age_ms.as_deref(),
         RetentionConfig::DEFAULT_MAX_AGE_MS,
         |text| parse_in_range(text, 1, SAFE_INTEGER_LIMIT as u64 - 1).map(|n| n as i64),
-        "give an age in milliseconds, at least 1 (default 2592000000, 30 days)",
+        "give an age in milliseconds from 1 to 9007199254740991 (default 2592000000, 30 days)",
     )?;
     let write_lock_wait_ms = layers.parse(
         &WRITE_LOCK_WAIT_MS,

@@ -26,7 +26,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody, RETRY_AFTER_SECONDS};
-use crate::extract::{check_writer, WriterStore, WRITER_HEADER};
+use crate::extract::{writer_header, WriterStore};
 use crate::openapi::tags;
 use crate::state::AppState;
 
@@ -134,16 +134,9 @@ fn decode_failure(headers: &HeaderMap, error: &OtlpError) -> Response {
     ),
 )]
 async fn export_traces(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    let writer = match header_text(&headers, WRITER_HEADER) {
-        None if headers.contains_key(WRITER_HEADER) => {
-            let error = ApiError::invalid("the Flightlog-Writer header must be visible ASCII text");
-            return failure(&headers, error, GrpcCode::InvalidArgument);
-        }
-        None => OTLP_WRITER,
-        Some(writer) => match check_writer(writer) {
-            Ok(()) => writer,
-            Err(error) => return failure(&headers, error, GrpcCode::InvalidArgument),
-        },
+    let writer = match writer_header(&headers) {
+        Ok(writer) => writer.unwrap_or(OTLP_WRITER),
+        Err(error) => return failure(&headers, error, GrpcCode::InvalidArgument),
     };
     let max_decompressed = state.config().otlp_max_decompressed;
     let (request, encoding) = match decode_request(

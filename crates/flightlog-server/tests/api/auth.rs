@@ -353,6 +353,36 @@ async fn an_unknown_path_needs_a_token_before_it_is_a_404() {
 }
 
 #[tokio::test]
+async fn two_authorization_headers_are_refused_whatever_their_order() {
+    let server = start_with_tokens().await;
+    for pair in [
+        ["Bearer token-all", "Bearer wrong"],
+        ["Bearer wrong", "Bearer token-all"],
+        ["Bearer token-all", "Bearer token-all"],
+    ] {
+        let reply = server
+            .send_with_headers(
+                Method::GET,
+                "/v1/activity/cursor",
+                None,
+                &[("Authorization", pair[0]), ("Authorization", pair[1])],
+            )
+            .await;
+        reply.assert_error(401, "unauthorized");
+    }
+    server
+        .send_with_headers(
+            Method::GET,
+            "/v1/activity/cursor",
+            None,
+            &[("Authorization", "Bearer token-all")],
+        )
+        .await
+        .assert_status(200);
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn without_tokens_every_route_is_open() {
     let server = TestServer::start_with(Options {
         manual_clock: true,

@@ -190,8 +190,9 @@ async fn start_span_stamps_the_writer_and_rejects_bad_input() {
         .await
         .assert_status(201);
 
-    // A bad writer header is a bad request, and writes nothing.
-    for writer in ["", &"w".repeat(257)] {
+    // A bad writer header is a bad request, and writes nothing: empty, too long, or with a
+    // space or tab inside (an identity is one visible token).
+    for writer in ["", &"w".repeat(257), "agent 7", "agent\t7"] {
         server
             .send(
                 Method::POST,
@@ -202,6 +203,29 @@ async fn start_span_stamps_the_writer_and_rejects_bad_input() {
             .await
             .assert_error(400, "invalid_request");
     }
+    // Two identities in one request: which one would it act as? Refused, on OTLP/HTTP too.
+    let twice = [
+        ("Flightlog-Writer", "agent-1"),
+        ("Flightlog-Writer", "agent-2"),
+    ];
+    server
+        .send_with_headers(
+            Method::POST,
+            spans,
+            Some(&start_input("s6", "r6", None, 1)),
+            &twice,
+        )
+        .await
+        .assert_error(400, "invalid_request");
+    server
+        .send_with_headers(
+            Method::POST,
+            "/v1/traces",
+            Some(&json!({"resourceSpans": []})),
+            &twice,
+        )
+        .await
+        .assert_error(400, "invalid_request");
     server
         .get("/v1/activity/spans/s6")
         .await

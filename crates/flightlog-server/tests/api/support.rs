@@ -189,6 +189,25 @@ impl TestServer {
         read_reply(response).await
     }
 
+    /// Send a request with `headers` added as given (a name may repeat: each is a header line
+    /// of its own); `body` is sent as JSON when given.
+    pub async fn send_with_headers(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        read_reply(request.send().await.expect("request")).await
+    }
+
     pub async fn get(&self, path: &str) -> Reply {
         self.send(Method::GET, path, None, None).await
     }
