@@ -174,6 +174,10 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
                  {instance} as interrupted"
             )
         }
+        // A damaged file fails every later request too: refuse to serve it, and say so.
+        Err(err @ flightlog_core::activity::StoreError::Corrupt(_)) => {
+            anyhow::bail!("cannot serve the database {}: {err}", settings.db.display())
+        }
         Err(err) => say_err!(
             "flightlog: warning: could not close the spans a previous run left open ({err}); \
              serving anyway, they stay open until the next start closes them"

@@ -1554,6 +1554,33 @@ fn a_database_from_a_newer_flightlog_is_refused_naming_both_versions_and_left_un
     good.assert_still_serves(&scratch);
 }
 
+/// Pages overwritten in the middle of the file (its first page, the header and schema, intact):
+/// SQLite opens it, but reads of the damaged pages fail. `serve` refuses to start on it, naming
+/// the damage and the way to recover, instead of answering every request 500.
+#[test]
+fn a_database_damaged_in_the_middle_is_refused_with_how_to_recover() {
+    let scratch = Scratch::new("damaged");
+    let good = GoodDb::create(&scratch);
+    let damaged = checkpointed_copy(&scratch, &good, "damaged.db");
+    {
+        let mut bytes = fs::read(&damaged).expect("read the copy");
+        let page_size = usize::from(u16::from_be_bytes([bytes[16], bytes[17]]));
+        assert!(
+            bytes.len() > 3 * page_size,
+            "a copy of {} bytes",
+            bytes.len()
+        );
+        for (offset, byte) in bytes.iter_mut().enumerate().skip(page_size) {
+            *byte = (offset.wrapping_mul(2_654_435_761) >> 13) as u8;
+        }
+        fs::write(&damaged, &bytes).expect("write the damage");
+    }
+    let damaged_arg = s(&damaged);
+    let out = run(scratch.path(), &serve_args(&damaged_arg, &LOOPBACK), &[]);
+    out.assert_refused(&[&damaged_arg, "damaged", ".recover"]);
+    good.assert_still_serves(&scratch);
+}
+
 #[test]
 fn a_read_only_folder_is_refused_and_its_database_left_alone() {
     let scratch = Scratch::new("read-only-folder");

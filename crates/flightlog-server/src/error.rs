@@ -155,6 +155,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status(), Json(self.body())).into_response();
         match self {
+            Self::Internal(message) => report_internal_error(&message),
             Self::Unavailable(_) => {
                 response
                     .headers_mut()
@@ -190,6 +191,7 @@ impl From<StoreError> for ApiError {
             | StoreError::Busy(_)
             | StoreError::StorageFull(_) => Self::Unavailable(message),
             StoreError::SchemaTooNew { .. }
+            | StoreError::SchemaUnknown(_)
             | StoreError::NotFlightlog(_)
             | StoreError::Corrupt(_)
             | StoreError::Backend(_) => Self::Internal(message),
@@ -215,9 +217,86 @@ impl From<JournalError> for ApiError {
     }
 }
 
+/// Says on stderr that a request was answered `500` and why, at most once a second (with the
+/// count of those not shown since): a 500 means the server could not do what the contract
+/// promises (a damaged file, an I/O error), which the operator must hear about even when every
+/// client just retries, but a failing disk must not turn into a flood of identical lines.
+fn report_internal_error(message: &str) {
+    static LIMITER: std::sync::Mutex<ReportLimiter> = std::sync::Mutex::new(ReportLimiter {
+        last: None,
+        withheld: 0,
+    });
+    let admitted = match LIMITER.lock() {
+        Ok(mut limiter) => limiter.admit(std::time::Instant::now()),
+        Err(_) => None,
+    };
+    if let Some(withheld) = admitted {
+        use std::io::Write;
+        // Written, not `eprintln!`: a closed stderr must not panic the request.
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "{}",
+            internal_error_line(message, withheld)
+        );
+    }
+}
+
+fn internal_error_line(message: &str, withheld: u64) -> String {
+    let mut line = format!("flightlog: error: a request was answered 500: {message}");
+    if withheld > 0 {
+        line.push_str(&format!(
+            " ({withheld} more 500s since the last line like this)"
+        ));
+    }
+    line
+}
+
+/// One report a second; the rest are counted.
+struct ReportLimiter {
+    last: Option<std::time::Instant>,
+    withheld: u64,
+}
+
+impl ReportLimiter {
+    const INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+    /// `Some(withheld since the last report)` when a report may go out at `now`.
+    fn admit(&mut self, now: std::time::Instant) -> Option<u64> {
+        if self
+            .last
+            .is_some_and(|last| now.saturating_duration_since(last) < Self::INTERVAL)
+        {
+            self.withheld += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.withheld))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn internal_errors_are_reported_once_a_second_with_a_count_of_the_rest() {
+        let start = std::time::Instant::now();
+        let mut limiter = ReportLimiter {
+            last: None,
+            withheld: 0,
+        };
+        let at = |ms: u64| start + std::time::Duration::from_millis(ms);
+        assert_eq!(limiter.admit(at(0)), Some(0));
+        assert_eq!(limiter.admit(at(10)), None);
+        assert_eq!(limiter.admit(at(999)), None);
+        assert_eq!(limiter.admit(at(1_000)), Some(2));
+        assert_eq!(limiter.admit(at(5_000)), Some(0));
+        assert_eq!(
+            internal_error_line("database error: disk I/O error", 2),
+            "flightlog: error: a request was answered 500: database error: disk I/O error \
+             (2 more 500s since the last line like this)"
+        );
+    }
     use flightlog_core::journal::AppendValidationError;
 
     fn status_and_code(err: impl Into<ApiError>) -> (u16, &'static str) {

@@ -558,7 +558,7 @@ fn read_identity(conn: &Connection, path: &Path) -> Result<(), StoreError> {
         row.get::<_, i64>(0)
     })
     .map_err(|err| unusable_file(path, err))?;
-    schema::check_identity(conn)
+    schema::check_identity(conn, path)
 }
 
 /// Why SQLite cannot use the file at `path` it opened, in words that say what to do.
@@ -574,7 +574,8 @@ fn unusable_file(path: &Path, err: rusqlite::Error) -> StoreError {
         )),
         Some(rusqlite::ErrorCode::DatabaseCorrupt) => StoreError::Corrupt(format!(
             "{path} is damaged ({err}): restore it from a backup, or recover what it holds with \
-             `sqlite3 {path} .recover | sqlite3 recovered.db` and start on recovered.db",
+             `sqlite3 {path} .recover | sqlite3 recovered.db` and start on recovered.db (where \
+             `.recover` fails, as in SQLite 3.40, `.dump` in its place saves what it can read)",
             path = path.display()
         )),
         Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::CannotOpen) => {

@@ -7,7 +7,24 @@ pub(crate) fn backend(err: rusqlite::Error) -> StoreError {
     if is_disk_full(&err) {
         return StoreError::StorageFull(err.to_string());
     }
+    if is_corrupt(&err) {
+        return StoreError::Corrupt(format!(
+            "the database file is damaged ({err}): stop flightlog, then restore the file from a \
+             backup, or recover what it holds with `sqlite3 FILE .recover | sqlite3 \
+             recovered.db` and start on recovered.db"
+        ));
+    }
     StoreError::Backend(err.to_string())
+}
+
+/// True when SQLite found the file's structure broken (`SQLITE_CORRUPT`): a page overwritten
+/// or cut off. Nothing a retry can mend.
+fn is_corrupt(err: &rusqlite::Error) -> bool {
+    matches!(
+        err,
+        rusqlite::Error::SqliteFailure(inner, _)
+            if inner.code == rusqlite::ErrorCode::DatabaseCorrupt
+    )
 }
 
 /// True when SQLite could not write for lack of space (`SQLITE_FULL`).

@@ -17,6 +17,8 @@
 //! AUTOINCREMENT's never-reuse guarantee without its per-insert bookkeeping. Run and writer rows are never deleted, which makes their keys safe to cache.
 
 use flightlog_core::activity::StoreError;
+use std::path::Path;
+
 use rusqlite::{Connection, TransactionBehavior};
 
 use crate::error::backend;
@@ -263,9 +265,23 @@ const FLIGHTLOG_TABLES: [&str; 2] = ["activity_runs", "flightlog_meta"];
 /// an earlier flightlog made before the id existed, flightlog's tables and a version; else a
 /// new file has no schema object at all and version 0. Anything else (another program's
 /// tables, views or indexes; a version with no schema) is not flightlog's.
-pub fn check_identity(conn: &Connection) -> Result<(), StoreError> {
+pub fn check_identity(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let found = user_version(conn)?;
     let application_id = application_id(conn)?;
+    // Flightlog's tables under a header that names no version: a `.dump` copy (which keeps the
+    // tables but not the header) or a header reset by hand. Migrating from version 0 would
+    // create tables that already exist; guessing a version could corrupt the file.
+    if found <= 0 && matches!(application_id, 0 | APPLICATION_ID) {
+        let objects = schema_objects(conn)?;
+        let has_flightlog_tables = FLIGHTLOG_TABLES.iter().all(|table| {
+            objects
+                .iter()
+                .any(|(kind, name)| kind == "table" && name == table)
+        });
+        if has_flightlog_tables {
+            return Err(StoreError::SchemaUnknown(header_lost_message(conn, path)?));
+        }
+    }
     let ours = match application_id {
         APPLICATION_ID => true,
         0 => false,
@@ -312,6 +328,51 @@ pub fn check_identity(conn: &Connection) -> Result<(), StoreError> {
         });
     }
     Ok(())
+}
+
+/// What to do about a file with flightlog's tables and no schema version in its header: when
+/// its schema is exactly this build's (every table's and index's SQL text, as a fresh file
+/// migrated to [`SCHEMA_VERSION`] has it), the command that writes the header back; otherwise
+/// how to get a faithful copy instead.
+fn header_lost_message(conn: &Connection, path: &Path) -> Result<String, StoreError> {
+    let schema_text =
+        |conn: &Connection| -> Result<Vec<(String, String, Option<String>)>, StoreError> {
+            let mut statement = conn
+                .prepare(
+                    "SELECT type, name, sql FROM sqlite_schema \
+                 WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY type, name",
+                )
+                .map_err(backend)?;
+            let rows = statement
+                .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+                .map_err(backend)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(backend)?;
+            Ok(rows)
+        };
+    let mut fresh = Connection::open_in_memory().map_err(backend)?;
+    migrate(&mut fresh)?;
+    let path = path.display();
+    let opening = format!(
+        "{path} holds flightlog's tables, but its header does not say which schema version \
+         they are (a copy made with `sqlite3 .dump` does not carry the header, and neither does \
+         one whose header was changed by hand), so flightlog will not write to it"
+    );
+    if schema_text(conn)? == schema_text(&fresh)? {
+        Ok(format!(
+            "{opening}. Its tables are exactly those of this flightlog (schema version \
+             {SCHEMA_VERSION}): write the header back with `sqlite3 {path} \"PRAGMA \
+             application_id = {APPLICATION_ID}; PRAGMA user_version = {SCHEMA_VERSION}\"`, then \
+             start again"
+        ))
+    } else {
+        Ok(format!(
+            "{opening}. Its tables are not those of this flightlog's schema version \
+             {SCHEMA_VERSION}, so the version cannot be told: start on a byte-for-byte copy of \
+             the original file instead (a copy of a stopped server's file, or one made with \
+             `sqlite3 FILE \".backup copy.db\"`, keeps the header)"
+        ))
+    }
 }
 
 /// Every schema object but SQLite's own (`sqlite_…`, with the underscore taken literally), as

@@ -286,6 +286,85 @@ async fn flightlog_databases_carry_the_application_id() {
     assert_eq!(id(&path), flightlog_sqlite::APPLICATION_ID);
 }
 
+/// A copy made with `sqlite3 .dump` (tables and rows, no header) or a header reset by hand:
+/// refused unchanged, with the exact command that writes the header back when the tables are
+/// this build's, and after that command the file opens with everything in it.
+#[tokio::test]
+async fn flightlog_tables_without_a_schema_version_are_refused_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dumped.db");
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap();
+    store(Arc::clone(&db))
+        .start_span(root("s1", "r1"))
+        .await
+        .unwrap();
+    assert!(db.close().await.unwrap());
+    drop(db);
+    let set_header = |application_id: i64, version: i64| {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.pragma_update(None, "application_id", application_id)
+            .unwrap();
+        conn.pragma_update(None, "user_version", version).unwrap();
+    };
+    for (application_id, version) in [(0, 0), (flightlog_sqlite::APPLICATION_ID, 0), (0, -1)] {
+        set_header(application_id, version);
+        let before = std::fs::read(&path).unwrap();
+        let refused = SqliteDatabase::open(SqliteConfig::new(&path)).map(|_| ());
+        let message = match refused {
+            Err(err @ StoreError::SchemaUnknown(_)) => err.to_string(),
+            other => panic!("({application_id}, {version}): {other:?}"),
+        };
+        let fix = format!(
+            "PRAGMA application_id = {}; PRAGMA user_version = {SCHEMA_VERSION}",
+            flightlog_sqlite::APPLICATION_ID
+        );
+        assert!(
+            message.contains("sqlite3 .dump") && message.contains(&fix),
+            "{message}"
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            before,
+            "the file was changed"
+        );
+    }
+    // The command the message gives.
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(&format!(
+            "PRAGMA application_id = {}; PRAGMA user_version = {SCHEMA_VERSION}",
+            flightlog_sqlite::APPLICATION_ID
+        ))
+        .unwrap();
+    }
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap();
+    let span = store(db).get_span("s1").await.unwrap();
+    assert_eq!(span.map(|s| s.run_id), Some("r1".to_owned()));
+
+    // Tables that are not exactly this build's: no version is guessed.
+    let other = dir.path().join("altered.db");
+    let db = SqliteDatabase::open(SqliteConfig::new(&other)).unwrap();
+    assert!(db.close().await.unwrap());
+    drop(db);
+    {
+        let conn = rusqlite::Connection::open(&other).unwrap();
+        conn.execute_batch(
+            "DROP INDEX activity_spans_roots_by_run; PRAGMA application_id = 0; \
+             PRAGMA user_version = 0",
+        )
+        .unwrap();
+    }
+    let message = SqliteDatabase::open(SqliteConfig::new(&other))
+        .map(|_| ())
+        .err()
+        .map(|err| err.to_string())
+        .unwrap_or_default();
+    assert!(
+        message.contains("byte-for-byte copy") && !message.contains("PRAGMA user_version"),
+        "{message}"
+    );
+}
+
 /// After `close`, the database file alone holds every write (the WAL is copied into it), and
 /// later writes fail as closed rather than hang.
 #[tokio::test]

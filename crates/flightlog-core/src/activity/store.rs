@@ -51,6 +51,12 @@ pub enum StoreError {
          database where no file exists)"
     )]
     NotFlightlog(String),
+    /// The file holds flightlog's tables but its header does not say which schema version they
+    /// are (a copy made with `sqlite3 .dump`, which does not carry the header, or a header
+    /// changed by hand); flightlog refuses it without writing to it, and the message says how
+    /// to set the header back.
+    #[error("{0}")]
+    SchemaUnknown(String),
     /// A stored row could not be decoded (corruption or a foreign writer).
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
