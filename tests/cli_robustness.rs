@@ -1266,6 +1266,18 @@ fn config_files_that_are_missing_unreadable_not_toml_or_unknown_are_refused() {
     let duplicate = scratch.join("duplicate.toml");
     fs::write(&duplicate, "body_limit = 1\nbody_limit = 2\n").expect("write");
     let duplicate = s(&duplicate);
+    // A FIFO blocked the start until something wrote to it; a device such as /dev/zero was
+    // read until memory ran out; a huge file likewise.
+    let fifo = scratch.join("fifo.toml");
+    let made = Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success());
+    let fifo = s(&fifo);
+    let huge = scratch.join("huge.toml");
+    fs::write(&huge, "# a comment\n".repeat(200_000)).expect("write");
+    let huge = s(&huge);
 
     let read_fail =
         |path: &str, by: &str| format!("cannot read the config file {path} (named by {by})");
@@ -1276,6 +1288,15 @@ fn config_files_that_are_missing_unreadable_not_toml_or_unknown_are_refused() {
         ),
         (&folder, vec![read_fail(&folder, "X"), "directory".into()]),
         (&binary, vec![read_fail(&binary, "X"), "UTF-8".into()]),
+        (
+            &fifo,
+            vec![read_fail(&fifo, "X"), "not a regular file".into()],
+        ),
+        (
+            "/dev/zero",
+            vec![read_fail("/dev/zero", "X"), "not a regular file".into()],
+        ),
+        (&huge, vec![read_fail(&huge, "X"), "larger than".into()]),
         (
             &text,
             vec![

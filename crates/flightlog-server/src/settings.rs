@@ -208,6 +208,8 @@ pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:4317";
 pub const DEFAULT_WRITE_LOCK_WAIT_MS: u64 = 10_000;
 /// The longest `--write-lock-wait-ms` accepted: ten minutes.
 pub const MAX_WRITE_LOCK_WAIT_MS: u64 = 600_000;
+/// The largest config file read (1 MiB): a real one is a few hundred bytes.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 1024 * 1024;
 /// The largest `--max-inflight-writes` accepted.
 pub const MAX_INFLIGHT_WRITES_LIMIT: usize = 1_000_000;
 
@@ -454,11 +456,35 @@ pub struct ConfigFile {
 impl ConfigFile {
     /// Read and parse the file at `path`; `named_by` is the flag or variable that named it.
     pub fn read(path: &Path, named_by: &'static str) -> Result<Self, SettingsError> {
-        let text = std::fs::read_to_string(path).map_err(|error| SettingsError::ReadConfig {
+        let refuse = |error: std::io::Error| SettingsError::ReadConfig {
             path: path.to_owned(),
             named_by,
             error,
-        })?;
+        };
+        // A FIFO would block the start until something writes to it, and a device such as
+        // /dev/zero never ends: only a regular file (or a link to one) is read, and only so far.
+        let metadata = std::fs::metadata(path).map_err(refuse)?;
+        if !metadata.is_file() {
+            return Err(refuse(std::io::Error::other(if metadata.is_dir() {
+                "it is a directory; give the path of a TOML file"
+            } else {
+                "it is not a regular file (a FIFO, a device or a socket); give the path of a \
+                 TOML file"
+            })));
+        }
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|file| {
+                use std::io::Read;
+                file.take(MAX_CONFIG_FILE_BYTES + 1).read_to_string(&mut text)
+            })
+            .map_err(refuse)?;
+        if text.len() as u64 > MAX_CONFIG_FILE_BYTES {
+            return Err(refuse(std::io::Error::other(format!(
+                "it is larger than {MAX_CONFIG_FILE_BYTES} bytes, which no flightlog config \
+                 file needs; is it the right file?"
+            ))));
+        }
         Self::parse(path, &text)
     }
 
