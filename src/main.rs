@@ -92,7 +92,7 @@ struct ServeArgs {
     durability: Option<String>,
     /// Largest request body, in bytes or with KiB/MiB/GiB; larger ones get 413 (a gzip OTLP
     /// body may inflate to 64 MiB, or to this limit when larger); also the largest OTLP/gRPC
-    /// message (OUT_OF_RANGE past it).
+    /// message (OUT_OF_RANGE past it). At most 1GiB.
     /// [env: FLIGHTLOG_BODY_LIMIT] [file: body_limit] [default: 8MiB]
     #[arg(
         long,

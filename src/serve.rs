@@ -116,7 +116,17 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
 
     let instance = match &settings.instance {
         Some(instance) => instance.clone(),
-        None => settings::default_instance(&host_name(), local.port()),
+        None => {
+            if settings.addr.ends_with(":0") {
+                say_err!(
+                    "flightlog: warning: the port is chosen at each start (port 0), and with it \
+                     the default instance name (host and port), so a later start will not \
+                     close the spans this one leaves open if it crashes; give a fixed name \
+                     with --instance (FLIGHTLOG_INSTANCE, `instance` in the config file)"
+                );
+            }
+            settings::default_instance(&host_name(), local.port())
+        }
     };
     // Held until the server exits: a second live server of this instance on this file would
     // otherwise close this one's live spans at its boot (see `instance_lock`).

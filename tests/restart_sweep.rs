@@ -93,6 +93,7 @@ fn a_restart_closes_only_what_its_own_earlier_life_left_open() {
         json!({"spanId": "own-session", "runId": "run-own", "name": "turn", "kind": "turn",
                "origin": "session"}),
     );
+    assert!(!alpha.output().contains("(port 0)"), "{}", alpha.output());
     let alpha_writer = own["writer"].as_str().expect("a writer").to_owned();
     assert!(
         alpha_writer.starts_with("serve:alpha/pid:"),
@@ -194,6 +195,11 @@ fn the_default_instance_is_the_host_and_the_port() {
     let db = scratch.0.join("flightlog.db");
     let server = serve(&scratch.0, &db, &[]);
     let output = server.output();
+    // Port 0 changes the default name at each start: the server says what that costs.
+    assert!(
+        output.contains("(port 0)") && output.contains("--instance"),
+        "{output}"
+    );
     let port = server.addr.port();
     let writer = output
         .split("writer ")

@@ -208,6 +208,9 @@ pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:4317";
 pub const DEFAULT_WRITE_LOCK_WAIT_MS: u64 = 10_000;
 /// The longest `--write-lock-wait-ms` accepted: ten minutes.
 pub const MAX_WRITE_LOCK_WAIT_MS: u64 = 600_000;
+/// The largest `--body-limit` accepted (1 GiB): a request's body is held in memory whole, so
+/// a larger limit would let one request take more memory than a server should risk.
+pub const MAX_BODY_LIMIT: usize = 1 << 30;
 /// The largest config file read (1 MiB): a real one is a few hundred bytes.
 pub const MAX_CONFIG_FILE_BYTES: u64 = 1024 * 1024;
 /// The largest `--max-inflight-writes` accepted.
@@ -476,7 +479,8 @@ impl ConfigFile {
         std::fs::File::open(path)
             .and_then(|file| {
                 use std::io::Read;
-                file.take(MAX_CONFIG_FILE_BYTES + 1).read_to_string(&mut text)
+                file.take(MAX_CONFIG_FILE_BYTES + 1)
+                    .read_to_string(&mut text)
             })
             .map_err(refuse)?;
         if text.len() as u64 > MAX_CONFIG_FILE_BYTES {
@@ -648,9 +652,9 @@ pub fn resolve_with_file(
         &BODY_LIMIT,
         flags.body_limit.as_deref(),
         ServerConfig::DEFAULT_BODY_LIMIT,
-        parse_size,
-        "give a size of at least 1 byte, in bytes or with KiB, MiB or GiB, such as 8388608 or \
-         8MiB",
+        |text| parse_size(text).filter(|size| *size <= MAX_BODY_LIMIT),
+        "give a size of at least 1 byte and at most 1GiB, in bytes or with KiB, MiB or GiB, \
+         such as 8388608 or 8MiB",
     )?;
     let response_budget_bytes = layers.parse(
         &RESPONSE_BUDGET,
