@@ -90,12 +90,12 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     // boot sweep is done.
     let listener = tokio::net::TcpListener::bind(addrs.as_slice())
         .await
-        .with_context(|| {
-            format!(
-                "cannot listen on {} ({ADDR_SOURCES}): choose a free port, or port 0 for any \
-                 free one",
+        .map_err(|err| {
+            let fix = bind_fix(&err);
+            anyhow::Error::new(err).context(format!(
+                "cannot listen on {} ({ADDR_SOURCES}): {fix}",
                 settings.addr
-            )
+            ))
         })?;
     let local = listener
         .local_addr()
@@ -104,11 +104,12 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
         (Some(grpc_addrs), Some(grpc_addr)) => Some(
             tokio::net::TcpListener::bind(grpc_addrs.as_slice())
                 .await
-                .with_context(|| {
-                    format!(
+                .map_err(|err| {
+                    let fix = bind_fix(&err);
+                    anyhow::Error::new(err).context(format!(
                         "cannot listen on {grpc_addr} for OTLP/gRPC ({GRPC_ADDR_SOURCES}): \
-                         choose a free port, or `off` to serve no gRPC listener"
-                    )
+                         {fix}, or `off` to serve no gRPC listener"
+                    ))
                 })?,
         ),
         _ => None,
@@ -306,6 +307,17 @@ fn flightlog_environment() -> anyhow::Result<BTreeMap<String, String>> {
 /// Completes on Ctrl-C (SIGINT) or, on Unix, SIGTERM (what a container runtime or service
 /// manager sends). A handler that cannot be installed never completes: the server then runs until
 /// killed, which is what it would do without one.
+/// What to do when a listener cannot be bound: a port below 1024 needs privileges (the error
+/// is "permission denied", though the port may well be free); otherwise the port is taken.
+fn bind_fix(err: &std::io::Error) -> &'static str {
+    if err.kind() == std::io::ErrorKind::PermissionDenied {
+        "ports below 1024 need privileges (root, or the CAP_NET_BIND_SERVICE capability); choose \
+         a port of 1024 or above"
+    } else {
+        "choose a free port, or port 0 for any free one"
+    }
+}
+
 /// This machine's host name, for the default instance name (empty when it cannot be read).
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -364,4 +376,17 @@ async fn shutdown_signal() {
         () = terminate => {}
     }
     say!("flightlog: shutting down (finishing requests in flight)");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_privileged_port_is_not_called_taken() {
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert!(bind_fix(&denied).contains("below 1024"));
+        let taken = std::io::Error::from(std::io::ErrorKind::AddrInUse);
+        assert!(bind_fix(&taken).contains("free port"));
+    }
 }

@@ -589,6 +589,63 @@ fn unusable_file(path: &Path, err: rusqlite::Error) -> StoreError {
     }
 }
 
+/// Refuse, before SQLite sees it, a path that cannot name a database file, in words that say
+/// what is wrong with it (SQLite says only "unable to open database file" or "disk I/O
+/// error" for each): a file name longer than a file system takes, a dangling symbolic link, a
+/// FIFO, device or socket (which SQLite would open and fail on, or hang), and a folder in the
+/// path that is a file.
+fn check_path_shape(path: &Path) -> Result<(), StoreError> {
+    const NAME_MAX: usize = 255;
+    let shown = path.display();
+    if let Some(name) = path.file_name() {
+        // SQLite also makes `<name>-wal` and `<name>-shm` beside it.
+        if name.len() + "-wal".len() > NAME_MAX {
+            return Err(StoreError::Backend(format!(
+                "the file name of {shown} is {} bytes long; with the `-wal` SQLite adds for its \
+                 companion file it must stay within {NAME_MAX} bytes: give a shorter name",
+                name.len()
+            )));
+        }
+    }
+    if let Ok(link) = std::fs::symlink_metadata(path) {
+        let target = std::fs::metadata(path);
+        if link.file_type().is_symlink() && target.is_err() {
+            let points_to = std::fs::read_link(path)
+                .map(|target| target.display().to_string())
+                .unwrap_or_default();
+            return Err(StoreError::Backend(format!(
+                "{shown} is a symbolic link to {points_to}, which does not exist: remove the \
+                 link, or give the path of the database file itself"
+            )));
+        }
+        if let Ok(target) = target {
+            if !target.is_file() && !target.is_dir() {
+                return Err(StoreError::Backend(format!(
+                    "{shown} is not a regular file (a FIFO, a device or a socket): give the path \
+                     of a database file, or of one to create"
+                )));
+            }
+        }
+    }
+    for folder in path.ancestors().skip(1) {
+        if folder.as_os_str().is_empty() {
+            break;
+        }
+        match std::fs::metadata(folder) {
+            Ok(metadata) if metadata.is_dir() => break,
+            Ok(_) => {
+                return Err(StoreError::Backend(format!(
+                    "{} is a file, not a folder, so {shown} cannot be created in it: give a \
+                     path in a folder",
+                    folder.display()
+                )))
+            }
+            Err(_) => continue,
+        }
+    }
+    Ok(())
+}
+
 /// Why the database at `path` cannot be opened, in words that say what to do.
 fn cannot_open(path: &Path, err: &rusqlite::Error) -> StoreError {
     if path.is_dir() {
@@ -652,6 +709,7 @@ impl SqliteDatabase {
         // frames with one system call instead of two per page (see `flightlog-walvfs`).
         let vfs =
             flightlog_walvfs::register().map_err(|err| StoreError::Backend(err.to_string()))?;
+        check_path_shape(&config.path)?;
         check_existing_file(&config.path, config.busy_timeout)?;
         let mut conn = Connection::open_with_flags_and_vfs(
             &config.path,

@@ -84,6 +84,34 @@ fn paths_that_cannot_be_a_database_say_why() {
     let message = refusal(&dir.path().join("no/such/folder/a.db"));
     assert!(message.contains("does not exist"), "{message}");
     assert!(message.contains("no/such/folder"), "{message}");
+    // A name too long for the file system once SQLite adds `-wal`.
+    let message = refusal(&dir.path().join(format!("{}.db", "n".repeat(250))));
+    assert!(message.contains("shorter name"), "{message}");
+    // A symbolic link to nothing.
+    let dangling = dir.path().join("dangling.db");
+    std::os::unix::fs::symlink(dir.path().join("gone.db"), &dangling).unwrap();
+    let message = refusal(&dangling);
+    assert!(
+        message.contains("symbolic link") && message.contains("gone.db"),
+        "{message}"
+    );
+    // A FIFO (SQLite answered "disk I/O error").
+    let fifo = dir.path().join("fifo.db");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let message = refusal(&fifo);
+    assert!(message.contains("not a regular file"), "{message}");
+    // A file where a folder should be.
+    let file = dir.path().join("plain.txt");
+    std::fs::write(&file, "text").unwrap();
+    let message = refusal(&file.join("a.db"));
+    assert!(message.contains("is a file, not a folder"), "{message}");
+    for leftover in ["dangling.db-wal", "fifo.db-wal", "gone.db"] {
+        assert!(!dir.path().join(leftover).exists(), "{leftover} was made");
+    }
     // A file the process may not write (meaningless for root, which writes anyway).
     let path = dir.path().join("read-only.db");
     drop(SqliteDatabase::open(SqliteConfig::new(&path)).unwrap());
