@@ -536,19 +536,45 @@ fn file_identity(path: &Path) -> Option<(u64, u64)> {
 /// before any other, so a file that is refused keeps every byte (a read-write connection would
 /// switch its journal mode, or copy a foreign WAL into it when closing). A path that cannot be
 /// opened read-only is left to the read-write open, whose errors say what to do.
+///
+/// When no `-wal` and no `-shm` file is beside it, no process has it open in WAL mode and the
+/// file alone holds everything: it is read as *immutable* (no locks, no files made), so a
+/// refused file does not get a `-wal` and a `-shm` left beside it either (a read-only
+/// connection made them, and could not remove them when it closed).
 fn check_existing_file(path: &Path, busy_timeout: Duration) -> Result<(), StoreError> {
     if !path.is_file() {
         return Ok(());
     }
-    let Ok(conn) = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    ) else {
+    let mut shm = path.as_os_str().to_owned();
+    shm.push("-shm");
+    let alone = !wal_path_of(path).exists() && !Path::new(&shm).exists();
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let opened = match immutable_uri(path) {
+        Some(uri) if alone => Connection::open_with_flags(uri, flags | OpenFlags::SQLITE_OPEN_URI),
+        _ => Connection::open_with_flags(path, flags),
+    };
+    let Ok(conn) = opened else {
         return Ok(());
     };
     conn.busy_timeout(busy_timeout.min(MAX_BUSY_TIMEOUT))
         .map_err(backend)?;
     read_identity(&conn, path)
+}
+
+/// `file:<path>?immutable=1`, the path percent-encoded as a URI path; `None` for a path that
+/// is not UTF-8 (it is then read the ordinary way).
+fn immutable_uri(path: &Path) -> Option<String> {
+    let text = path.to_str()?;
+    let mut uri = String::from("file:");
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"/-_.~".contains(&byte) {
+            uri.push(char::from(byte));
+        } else {
+            uri.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    uri.push_str("?immutable=1");
+    Some(uri)
 }
 
 /// The first read of the file (its header and schema, in words that say what to do when SQLite

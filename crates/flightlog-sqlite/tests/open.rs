@@ -52,11 +52,16 @@ async fn reopening_keeps_data_and_does_not_migrate_twice() {
 async fn a_newer_schema_is_refused_naming_both_versions() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("newer.db");
-    drop(SqliteDatabase::open(SqliteConfig::new(&path)).unwrap());
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap();
+    assert!(db.close().await.unwrap());
+    drop(db);
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.pragma_update(None, "user_version", SCHEMA_VERSION + 7)
         .unwrap();
     drop(conn);
+    let companions =
+        || ["newer.db-wal", "newer.db-shm"].map(|companion| dir.path().join(companion).exists());
+    let companions_before = companions();
     let err = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap_err();
     assert!(
         matches!(err, StoreError::SchemaTooNew { found, supported }
@@ -69,6 +74,13 @@ async fn a_newer_schema_is_refused_naming_both_versions() {
         "{message}"
     );
     assert!(message.contains(&SCHEMA_VERSION.to_string()), "{message}");
+    // Nothing is left beside the refused file (a read-only check made a -wal and a -shm).
+    assert_eq!(companions(), companions_before);
+    assert_eq!(
+        companions_before,
+        [false, false],
+        "the setup left companions"
+    );
 }
 
 #[test]
