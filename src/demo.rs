@@ -284,7 +284,8 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
         .await?;
 
     say!(
-        "Recorded {runs} finished runs and 1 running run into {}\n",
+        "Recorded {runs} finished run{} and 1 running run into {}\n",
+        if runs == 1 { "" } else { "s" },
         db_path.display()
     );
     say!(

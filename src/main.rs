@@ -56,7 +56,12 @@ enum Command {
         #[arg(long, value_name = "PATH", verbatim_doc_comment)]
         db: Option<PathBuf>,
         /// How many finished agent runs to simulate (0 to 100000).
-        #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+        #[arg(
+            long,
+            default_value_t = 12,
+            allow_negative_numbers = true,
+            value_parser = clap::value_parser!(u32).range(0..=100_000)
+        )]
         runs: u32,
     },
     /// Serve the HTTP API (activity, journal, OTLP) and OTLP/gRPC on a database file until Ctrl-C.
@@ -212,8 +217,13 @@ fn demo_db(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
         );
         return Ok(path);
     }
-    match std::env::var_os(flightlog_server::settings::DB.env) {
-        Some(path) if !path.is_empty() => Ok(PathBuf::from(path)),
+    // As `serve` reads it: a path that is not UTF-8 is refused, not used.
+    let env = flightlog_server::settings::DB.env;
+    match std::env::var(env) {
+        Ok(path) if !path.is_empty() => Ok(PathBuf::from(path)),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            anyhow::bail!("{env} is not valid UTF-8: give a path in UTF-8 (or --db PATH)")
+        }
         _ => Ok(PathBuf::from(flightlog_server::settings::DEFAULT_DB)),
     }
 }

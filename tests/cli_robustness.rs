@@ -778,7 +778,7 @@ fn bad_addresses_are_refused_with_the_valid_form() {
         &ADDR,
         "[127.0.0.1:0]",
         "[\"127.0.0.1:0\"]",
-        &["{origin} = ", "is not valid: give"],
+        &["{origin} ", "is not valid: give"],
     );
     good.assert_still_serves(&scratch);
 }
@@ -1099,19 +1099,25 @@ fn bad_numbers_sizes_and_switches_are_refused_from_flag_variable_and_file() {
         let file_origin = format!("`{}` in {config_arg} = ", setting.key);
         for toml in setting.tomls {
             fs::write(&config, format!("{} = {toml}\n", setting.key)).expect("write config");
-            let fix = if setting.takes.contains(&toml_kind(toml)) {
-                fix.clone()
+            let (origin, fix) = if setting.takes.contains(&toml_kind(toml)) {
+                (file_origin.clone(), fix.clone())
             } else {
-                format!("= \"<{}>\" is not valid: give a TOML", toml_kind(toml))
+                (
+                    format!("`{}` in {config_arg} is ", setting.key),
+                    format!(
+                        "(a TOML {}), which is not valid: give a TOML",
+                        toml_kind(toml)
+                    ),
+                )
             };
             let mut args = base.clone();
             args.extend(["--config", &config_arg]);
             let out = run(scratch.path(), &args, &[]);
-            out.assert_refused(&[&file_origin, &fix]);
+            out.assert_refused(&[&origin, &fix]);
             good.assert_unchanged(&out);
             // The same file named by FLIGHTLOG_CONFIG.
             let out = run(scratch.path(), &base, &[("FLIGHTLOG_CONFIG", &config_arg)]);
-            out.assert_refused(&[&file_origin, &fix]);
+            out.assert_refused(&[&origin, &fix]);
             good.assert_unchanged(&out);
             cases += 2;
         }
@@ -1121,7 +1127,10 @@ fn bad_numbers_sizes_and_switches_are_refused_from_flag_variable_and_file() {
             let mut args = base.clone();
             args.extend(["--config", &config_arg]);
             let out = run(scratch.path(), &args, &[]);
-            out.assert_refused(&[&file_origin, "is not valid: give a TOML"]);
+            out.assert_refused(&[
+                &format!("`{}` in {config_arg} is ", setting.key),
+                "which is not valid: give a",
+            ]);
             good.assert_unchanged(&out);
             cases += 1;
         }
@@ -1650,7 +1659,10 @@ fn demo_refuses_bad_run_counts_and_keeps_the_database() {
     let good = GoodDb::create(&scratch);
     let db = good.arg();
     for (runs, needle) in [
-        ("-1", "unexpected argument '-1'"),
+        (
+            "-1",
+            "invalid value '-1' for '--runs <RUNS>': -1 is not in 0..=100000",
+        ),
         ("abc", "invalid value 'abc' for '--runs <RUNS>'"),
         ("1.5", "invalid value '1.5' for '--runs <RUNS>'"),
         ("", "invalid value '' for '--runs <RUNS>'"),
@@ -1679,9 +1691,25 @@ fn demo_refuses_bad_run_counts_and_keeps_the_database() {
         &[("FLIGHTLOG_DB", "no-such-folder/x.db")],
     );
     out.assert_refused(&["no-such-folder/x.db"]);
-    // Adding runs to the good database keeps the old ones.
+    // A path that is not UTF-8 is refused, as `serve` refuses it.
+    let out = run_os(
+        scratch.path(),
+        &[OsStr::new("demo"), OsStr::new("--runs"), OsStr::new("1")],
+        &[(
+            "FLIGHTLOG_DB",
+            std::os::unix::ffi::OsStrExt::from_bytes(b"bad-\xff.db"),
+        )],
+    );
+    out.assert_refused(&["FLIGHTLOG_DB is not valid UTF-8"]);
+    assert!(!scratch.join("bad-\u{fffd}.db").exists());
+    // Adding runs to the good database keeps the old ones (one run: no plural).
     let out = run(scratch.path(), &["demo", "--db", &db, "--runs", "1"], &[]);
     out.assert_success();
+    assert!(
+        out.stdout
+            .contains("Recorded 1 finished run and 1 running run"),
+        "{out}"
+    );
     good.assert_still_serves(&scratch);
 }
 
@@ -1736,7 +1764,8 @@ fn a_config_db_of_the_wrong_toml_type_is_refused() {
         }
         let out = run(scratch.path(), &args, &[]);
         out.assert_refused(&[
-            &format!("`{key}` in {config_arg} = \"<{found}>\""),
+            &format!("`{key}` in {config_arg} is "),
+            &format!("(a TOML {found}), which is not valid"),
             "give a TOML string",
         ]);
         assert!(!scratch.join("true").exists() && !scratch.join("5").exists());

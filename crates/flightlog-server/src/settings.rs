@@ -375,6 +375,18 @@ pub enum SettingsError {
         /// What a valid value looks like.
         fix: String,
     },
+    /// A config file value of the wrong TOML type (`addr = 5`).
+    #[error("{origin} is {value} (a TOML {found}), which is not valid: {fix}")]
+    WrongType {
+        /// The file key and the file.
+        origin: String,
+        /// The value as TOML writes it.
+        value: String,
+        /// Its TOML type (`integer`, `array`, …).
+        found: String,
+        /// What a valid value looks like.
+        fix: String,
+    },
     /// A token that cannot be used (its text is never repeated).
     #[error("{origin}: {problem}")]
     Token {
@@ -759,19 +771,19 @@ impl<'a> Layers<'a> {
         let Some((value, origin)) = self.file.and_then(|file| file.get(setting)) else {
             return Ok(None);
         };
+        let wrong_type = |fix: String| SettingsError::WrongType {
+            origin: origin.to_string(),
+            value: toml_text(value),
+            found: value.type_str().to_owned(),
+            fix,
+        };
         if !setting.toml.accepts(value) {
-            return Err(invalid(
-                &origin,
-                &format!("<{}>", value.type_str()),
-                &format!("give {}", setting.toml.describe()),
-            ));
+            return Err(wrong_type(format!("give {}", setting.toml.describe())));
         }
         match scalar_text(value) {
             Some(text) => Ok(Some((text, origin))),
-            None => Err(invalid(
-                &origin,
-                &format!("<{}>", value.type_str()),
-                "give a single value, not a table or an array",
+            None => Err(wrong_type(
+                "give a single value, not a table or an array".to_owned(),
             )),
         }
     }
@@ -861,6 +873,19 @@ fn env_value<'e>(env: &'e BTreeMap<String, String>, name: &str) -> Option<&'e st
     env.get(name)
         .map(String::as_str)
         .filter(|text| !text.trim().is_empty())
+}
+
+/// A TOML value as a config file writes it (a table or an array shortened).
+fn toml_text(value: &Value) -> String {
+    match value {
+        Value::String(text) => format!("{text:?}"),
+        Value::Integer(number) => number.to_string(),
+        Value::Float(number) => number.to_string(),
+        Value::Boolean(switch) => switch.to_string(),
+        Value::Datetime(datetime) => datetime.to_string(),
+        Value::Array(_) => "[…]".to_owned(),
+        Value::Table(_) => "{…}".to_owned(),
+    }
 }
 
 fn invalid(origin: &Origin<'_>, value: &str, fix: &str) -> SettingsError {

@@ -387,7 +387,7 @@ fn bad_values_name_the_setting_where_it_was_given_and_the_fix() {
         ),
         (
             Input::File("[journal]\nmax_events = \"lots\""),
-            &["`journal.max_events` in", "<string>", "TOML integer"],
+            &["`journal.max_events` in", "(a TOML string)", "TOML integer"],
         ),
         (
             Input::File("[journal]\nmax_events = 0"),
@@ -395,20 +395,24 @@ fn bad_values_name_the_setting_where_it_was_given_and_the_fix() {
         ),
         (
             Input::File("body_limit = [1]"),
-            &["`body_limit` in", "<array>", "TOML string"],
+            &["`body_limit` in", "(a TOML array)", "TOML string"],
         ),
         // The file is typed: a value of another type is not read as its text.
         (
             Input::File("db = true"),
-            &["`db` in", "<boolean>", "TOML string"],
+            &["`db` in", "(a TOML boolean)", "TOML string"],
         ),
         (
             Input::File("max_inflight_writes = 4096.0"),
-            &["`max_inflight_writes` in", "<float>", "TOML integer"],
+            &["`max_inflight_writes` in", "(a TOML float)", "TOML integer"],
         ),
         (
             Input::File("max_inflight_writes = \"4096\""),
-            &["`max_inflight_writes` in", "<string>", "TOML integer"],
+            &[
+                "`max_inflight_writes` in",
+                "(a TOML string)",
+                "TOML integer",
+            ],
         ),
         (
             Input::File("allow_unauthenticated_non_loopback = 1"),
