@@ -214,6 +214,14 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
             "flightlog: bearer tokens required ({} configured); GET /healthz is open",
             auth.token_count()
         );
+        let short = auth.short_token_count();
+        if short > 0 {
+            say_err!(
+                "flightlog: warning: {short} token(s) shorter than {} characters, which can be \
+                 guessed; use long random secrets (such as `openssl rand -hex 32` makes)",
+                flightlog_server::auth::SHORT_TOKEN_BYTES
+            );
+        }
     } else if is_loopback(&local) {
         say!("flightlog: no tokens configured: any local process may read and write");
     } else {

@@ -443,3 +443,23 @@ fn grpc_on_port_zero_prints_an_address_that_accepts_connections() {
         .expect("the printed gRPC address accepts a connection");
     stop(server);
 }
+
+/// A short token works but is called guessable at start; a long one is not mentioned.
+#[test]
+fn a_short_token_is_warned_about_and_a_long_one_is_not() {
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    let server = serve(dir.path(), &["--token", "x"], &[]);
+    let output = stop(server);
+    assert!(
+        output.contains("warning: 1 token(s) shorter than 16 characters"),
+        "{output}"
+    );
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    let server = serve(
+        dir.path(),
+        &["--token", "0123456789abcdef0123456789abcdef"],
+        &[],
+    );
+    let output = stop(server);
+    assert!(!output.contains("shorter than"), "{output}");
+}

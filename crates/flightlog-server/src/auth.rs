@@ -154,7 +154,13 @@ pub enum TokenError {
 struct Token {
     digest: [u8; 32],
     scopes: Scopes,
+    /// Shorter than [`SHORT_TOKEN_BYTES`]: guessable, worth a warning at start.
+    short: bool,
 }
+
+/// Tokens shorter than this are accepted, but `serve` warns about them: 16 random characters
+/// are the least that resists guessing over the network.
+pub const SHORT_TOKEN_BYTES: usize = 16;
 
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -192,7 +198,11 @@ impl AuthConfig {
         if self.tokens.iter().any(|token| token.digest == digest) {
             return Err(TokenError::Duplicate);
         }
-        self.tokens.push(Token { digest, scopes });
+        self.tokens.push(Token {
+            digest,
+            scopes,
+            short: secret.len() < SHORT_TOKEN_BYTES,
+        });
         Ok(())
     }
 
@@ -210,6 +220,11 @@ impl AuthConfig {
     /// How many distinct tokens are configured.
     pub fn token_count(&self) -> usize {
         self.tokens.len()
+    }
+
+    /// How many of them are shorter than [`SHORT_TOKEN_BYTES`].
+    pub fn short_token_count(&self) -> usize {
+        self.tokens.iter().filter(|token| token.short).count()
     }
 
     /// The scopes of `presented`, or `None` when it is no configured token.
