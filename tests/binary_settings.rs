@@ -20,6 +20,7 @@
 
 #[path = "support/http.rs"]
 mod http;
+#[allow(dead_code)] // Each test file uses its own part of the shared helpers.
 mod support;
 
 use std::collections::BTreeSet;

@@ -9,37 +9,16 @@ mod http;
 mod support;
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use http::{request, request_with_head};
 use serde_json::{json, Value};
-use support::ServeProcess;
+use support::{Scratch, ServeProcess};
 
 const BIN: &str = env!("CARGO_BIN_EXE_flightlog");
 const START_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// A scratch folder removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "flightlog-foreign-lock-{name}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).expect("create the scratch folder");
-        Self(path)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Another process in `BEGIN EXCLUSIVE` on the database until [`LockHolder::release`] (or
 /// until it is dropped, which kills it).
@@ -112,7 +91,7 @@ fn span(span_id: &str) -> Value {
 
 #[test]
 fn writes_get_503_while_another_process_holds_the_lock_and_succeed_after() {
-    let scratch = Scratch::new("503");
+    let scratch = Scratch::new("foreign-lock", "503");
     let db = scratch.0.join("flightlog.db");
     let mut server = serve(&scratch.0, &db, "300");
     let (status, row) = request(
@@ -169,7 +148,7 @@ fn writes_get_503_while_another_process_holds_the_lock_and_succeed_after() {
 
 #[test]
 fn a_shutdown_while_a_write_waits_for_the_lock_ends_in_bounded_time() {
-    let scratch = Scratch::new("shutdown");
+    let scratch = Scratch::new("foreign-lock", "shutdown");
     let db = scratch.0.join("flightlog.db");
     let mut server = serve(&scratch.0, &db, "2000");
     let (status, row) = request(

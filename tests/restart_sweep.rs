@@ -12,38 +12,17 @@ mod http;
 mod support;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use http::request;
 use serde_json::{json, Value};
-use support::ServeProcess;
+use support::{Scratch, ServeProcess};
 
 const BIN: &str = env!("CARGO_BIN_EXE_flightlog");
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A scratch folder removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "flightlog-restart-sweep-{name}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).expect("create the scratch folder");
-        Self(path)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// `flightlog serve` on `db` at 127.0.0.1:0, with `extra` flags.
 fn serve(folder: &Path, db: &Path, extra: &[&str]) -> ServeProcess {
@@ -82,7 +61,7 @@ fn stop(mut server: ServeProcess) -> String {
 
 #[test]
 fn a_restart_closes_only_what_its_own_earlier_life_left_open() {
-    let scratch = Scratch::new("own");
+    let scratch = Scratch::new("restart-sweep", "own");
     let db = scratch.0.join("flightlog.db");
 
     // The first life of instance `alpha`: spans without a writer header are its own.
@@ -191,7 +170,7 @@ fn a_restart_closes_only_what_its_own_earlier_life_left_open() {
 
 #[test]
 fn the_default_instance_is_the_host_and_the_port() {
-    let scratch = Scratch::new("default");
+    let scratch = Scratch::new("restart-sweep", "default");
     let db = scratch.0.join("flightlog.db");
     let server = serve(&scratch.0, &db, &[]);
     let output = server.output();
@@ -219,7 +198,7 @@ fn the_default_instance_is_the_host_and_the_port() {
 
 #[test]
 fn a_second_live_server_of_one_instance_is_refused_and_closes_nothing() {
-    let scratch = Scratch::new("twin");
+    let scratch = Scratch::new("restart-sweep", "twin");
     let db = scratch.0.join("flightlog.db");
     let mut first = serve(&scratch.0, &db, &["--instance", "shared"]);
     start(

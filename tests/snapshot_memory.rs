@@ -8,6 +8,7 @@
 //! briefly and gets 503 without reading anything. A run stream's first event is the same
 //! snapshot, sent in the chunks it was serialized into.
 
+#[allow(dead_code)] // Each test file uses its own part of the shared helpers.
 mod support;
 
 use std::io::{Read, Write};

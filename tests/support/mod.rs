@@ -193,3 +193,23 @@ pub fn wait_at_most(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A scratch folder under the system's temporary one, named after the test file and the case
+/// (and this process, so parallel runs do not meet), removed when dropped.
+pub struct Scratch(pub std::path::PathBuf);
+
+impl Scratch {
+    pub fn new(file: &str, case: &str) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("flightlog-{file}-{case}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("create the scratch folder");
+        Self(path)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
