@@ -54,9 +54,10 @@ fn authorizer(auth: AuthConfig) -> Arc<Authorize> {
 /// The gRPC trace service over `state`'s activity store, as a router.
 pub fn grpc_app(state: &AppState) -> Router {
     let counted = state.clone();
+    let authorize = authorizer(state.config().auth.clone());
     let service = trace_service(
         state.activity_as(OTLP_WRITER),
-        authorizer(state.config().auth.clone()),
+        Arc::clone(&authorize),
         state.otlp_mapping().clone(),
         Arc::new(move |tally: &IngestTally| counted.metrics().observe_ingest(tally)),
     )
@@ -66,9 +67,19 @@ pub fn grpc_app(state: &AppState) -> Router {
     Router::new()
         .fallback_service(service)
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            GrpcGate {
+                state: state.clone(),
+                authorize,
+            },
             write_slot,
         ))
+}
+
+/// What [`write_slot`] needs: the server's state (its write limit) and the token check.
+#[derive(Clone)]
+struct GrpcGate {
+    state: AppState,
+    authorize: Arc<Authorize>,
 }
 
 /// Every call here is a write: it takes a slot of the server's write limit, shared with the
@@ -78,12 +89,21 @@ pub fn grpc_app(state: &AppState) -> Router {
 /// With the slot held the request is read whole under the HTTP gate's rules (10 s allowed
 /// between bytes, 60 s in all), so a stalled call gives its slot back (`DEADLINE_EXCEEDED`)
 /// instead of holding it as long as the peer answers pings.
+///
+/// The token is checked first, from the call's headers (its metadata), as the HTTP gate checks
+/// it before anything else: a peer without a valid token must not hold a write slot (shared
+/// with the HTTP listener) for as long as its body takes to arrive.
 async fn write_slot(
-    axum::extract::State(state): axum::extract::State<AppState>,
+    axum::extract::State(gate): axum::extract::State<GrpcGate>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let refuse = |status: Status| status.into_http::<axum::body::Body>();
+    let state = gate.state;
+    let metadata = MetadataMap::from_headers(request.headers().clone());
+    if let Err(status) = (gate.authorize)(&metadata) {
+        return refuse(status);
+    }
     let slot = match crate::overload::take_write_slot(&state, &axum::http::Method::POST, true).await
     {
         Ok(slot) => slot,

@@ -204,6 +204,45 @@ async fn grpc_exports_share_the_write_limit() {
     server.stop().await;
 }
 
+/// The token comes before the write limit on gRPC too (as the HTTP gate checks it first): a
+/// call without a valid token is `UNAUTHENTICATED` without taking (or waiting for) a write
+/// slot, which it could otherwise hold, shared with the HTTP listener, while its body arrived.
+#[tokio::test]
+async fn a_grpc_call_without_a_valid_token_takes_no_write_slot() {
+    use crate::otlp::{request, root_span};
+    use crate::otlp_fuzz::{grpc_channel, grpc_export};
+    use flightlog_server::auth::{AuthConfig, Scope, Scopes};
+    use prost::Message;
+
+    let auth = AuthConfig::open()
+        .with_token(
+            "an-ingest-token-long-enough",
+            Scopes::NONE.with(Scope::Ingest),
+        )
+        .expect("a valid token");
+    let server = TestServer::start_with(Options {
+        config: ServerConfig {
+            auth,
+            // Any call that reached the limit would be refused at once.
+            max_inflight_writes: 0,
+            write_wait: Duration::from_millis(20),
+            ..ServerConfig::default()
+        },
+        grpc: true,
+        ..Options::default()
+    })
+    .await;
+    let channel = grpc_channel(&server).await;
+    let body = request(vec![root_span()]).encode_to_vec();
+    let exported = grpc_export(&channel, body, false).await.expect("in time");
+    let Err(status) = exported else {
+        panic!("an export without a token was taken");
+    };
+    // Not UNAVAILABLE: the limit (every call refused) was never consulted.
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    server.stop().await;
+}
+
 /// With gRPC exports under the write limit, a call whose message stalls would hold its slot for
 /// as long as the peer answered pings. It is now read under the HTTP gate's rules: nothing new
 /// for 10 s ends it (`DEADLINE_EXCEEDED`, grpc-status 4) and gives the slot back.
