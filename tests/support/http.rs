@@ -1,5 +1,6 @@
 //! One JSON request to a real server over a plain TCP connection, for the process-level tests
-//! that only need a status and a JSON body (`restart_sweep.rs`, `binary_settings.rs`): no HTTP
+//! that only need a status and a JSON body (`restart_sweep.rs`, `binary_settings.rs`,
+//! `foreign_lock.rs`): no HTTP
 //! client crate, so what goes on the wire is exactly what is written here.
 //!
 //! Included with `#[path]` by the tests that use it rather than from `support/mod.rs`, so the

@@ -17,11 +17,17 @@
 //! - [`wire`]: the small answer bodies the contract spells out inline (`{"ended": bool}`, …);
 //! - [`openapi`]: `GET /openapi.json`, the OpenAPI 3.1 document generated from the handlers'
 //!   `#[utoipa::path]` annotations and the wire types' `ToSchema` (the core's `openapi` feature),
-//!   plus what the middleware adds to every route (security scopes, 401/403/413/415/503);
+//!   plus what the middleware adds to every route (security scopes, 400/401/403/408/413/415/
+//!   500/503);
 //! - [`metrics`]: `GET /metrics` (Prometheus text format) and the middleware counting requests;
-//! - `routes`: one module per area (activity, batch, maintenance, journal, streams, testing,
-//!   health); each route is registered from its `#[utoipa::path]` annotation, so every served
-//!   route is in the OpenAPI document.
+//! - `gate`: the one middleware every request passes (auth, the write limit, body reading with
+//!   its size and time limits); [`response_budget`]: the memory budget of large answers; `sse`:
+//!   Server-Sent Event encoding; `write_stall`: closing connections whose client stopped
+//!   reading; [`grpc`]: the OTLP/gRPC listener; `skip_keys`: a batch op read as its endpoint's
+//!   body with `op` and `spanId` skipped;
+//! - `routes`: one module per area (activity, runs, batch, maintenance, journal, streams, OTLP,
+//!   testing, health); each route is registered from its `#[utoipa::path]` annotation, so every
+//!   served route is in the OpenAPI document.
 //!
 //! This is the only crate with wire types; the stores know nothing about HTTP.
 

@@ -1,9 +1,11 @@
 //! The activity store's writes, run by the writer thread inside the group transaction.
 //!
 //! Each function is one store call with the reference's semantics: it either completes or
-//! returns an error (and the caller's savepoint rolls it back). Per-run `seq` is the run's
-//! highest logged seq plus one, read with one seek on `(run_key, seq)`; `change_id` is the
-//! change log's AUTOINCREMENT rowid, so ids never repeat even after the newest rows are pruned.
+//! returns an error (failing cleanly, before it wrote, or dirty, when the writer rolls the group
+//! back and replays it with a savepoint around each job). Per-run `seq` is the run's highest
+//! logged seq plus one, read with one seek on `(run_key, seq)`; `change_id` is one past the
+//! highest id ever used (`flightlog_meta.change_id_floor` keeps it across prunes), so ids never
+//! repeat even after the newest rows are pruned.
 
 use flightlog_core::activity::{
     compute_rollup, CappedPayload, EndSpanInput, JsonObject, PruneResult, RollupSpan, SpanEventRow,

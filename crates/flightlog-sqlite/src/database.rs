@@ -3,13 +3,16 @@
 //! Every write of every store on this file goes through one writer thread per process. The
 //! thread takes the first queued job, drains whatever else is already queued (up to a batch
 //! limit), and commits them all in one `BEGIN IMMEDIATE` transaction: one WAL commit for many
-//! writes. Each job runs inside its own savepoint, so a failing write rolls back alone and never
-//! takes its neighbours down. Replies are sent only after `COMMIT` returned, so an acknowledged
+//! writes. The jobs run back to back; one that fails after it wrote rolls the attempt back, and
+//! the group is replayed with a savepoint around each job, so a failing write fails alone and
+//! never takes its neighbours down. Replies are sent only after `COMMIT` returned, so an acknowledged
 //! write is on disk (to the durability level configured) and anything a caller learns from a
 //! reply is already visible to readers: persist, then emit.
 //!
 //! `BEGIN IMMEDIATE` takes the write lock up front, so a second process writing the same file
-//! makes us wait (`busy_timeout`, then our own retry loop) instead of failing mid-transaction.
+//! makes us wait instead of failing mid-transaction: the writer polls the lock itself (its
+//! connection has no busy timeout), taking turns with other processes' writers, for at most
+//! `lock_retry_budget`, then fails the group as busy with nothing written.
 //!
 //! Reads run on separate connections from a small pool, on the caller's thread; in WAL mode they
 //! see the last committed state and never block the writer or each other.

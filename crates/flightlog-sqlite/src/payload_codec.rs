@@ -1,4 +1,5 @@
-//! Event payload compression: zstd with a dictionary trained on this database's own payloads.
+//! Event payload and span attrs compression: zstd with a dictionary trained on this database's
+//! own payloads and attrs.
 //!
 //! Event payloads are the bulk of an activity database (a tool call's input and output, a few
 //! hundred bytes of JSON each), and they are highly repetitive across events: the same keys, the
@@ -8,7 +9,9 @@
 //! Storage: a payload is kept as plain JSON `TEXT` (with `dict_id` NULL) until a dictionary
 //! exists, and whenever compression would not make it smaller; otherwise as a zstd frame `BLOB`
 //! with the id of the dictionary row (`payload_dictionaries`) it needs. Dictionary rows are never
-//! changed or deleted, so any process can cache them by id forever.
+//! changed or deleted, so any process can cache them by id forever. Span attrs (most of an
+//! OTLP span's bytes) are packed the same way since schema v8: the `attrs` column holds either
+//! the JSON text or a `BLOB` of the dictionary id and the frame ([`PayloadCodec::pack_attrs`]).
 //!
 //! Compression runs on the caller's thread (not the writer's), decompression on the reader's,
 //! each with a thread-local zstd context per dictionary.

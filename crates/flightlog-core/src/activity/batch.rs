@@ -3,8 +3,9 @@
 //! Each write is atomic on its own and the writes apply in order (a later write may depend on an
 //! earlier one: start a span, then end it). [`ActivityStore::write_batch`] has a sequential
 //! default that any backend gets for free; a backend with a writer queue can do better (the
-//! SQLite store runs the whole batch as one job of its writer thread, a savepoint per write, so
-//! a batch costs one queue round trip instead of one per write).
+//! SQLite store runs the whole batch as one job of its writer thread, each write failing alone
+//! (with a savepoint around each when one fails after it wrote), so a batch costs one queue
+//! round trip instead of one per write).
 
 use serde_json::Value;
 

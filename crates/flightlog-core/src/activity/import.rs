@@ -4,7 +4,8 @@
 //! exporter instead delivers each span once it has ended, in any order, in any batch, and retries
 //! deliveries it is unsure of. [`ImportedSpan`] is that shape: the span as it is *now*. The store's
 //! `import_spans` makes one delivery idempotent: a span it already holds as terminal is left
-//! alone (its events too); a span it holds open (started natively, or announced as pending) is
+//! alone, but for the events only the delivered copy carries (a natively ended span gets them
+//! once); a span it holds open (started natively, or announced as pending) is
 //! completed, not duplicated; an unknown span is created whole.
 
 use serde::{Deserialize, Serialize};

@@ -134,8 +134,9 @@ pub trait ActivityStore: Send + Sync {
         reason: &str,
     ) -> Result<i64, StoreError>;
 
-    /// Boot sweep: close every run with an open `session`-origin span as interrupted
-    /// ("server restarted"); returns spans closed.
+    /// The reference's boot sweep (`POST /v1/activity/sweep-orphans`; `flightlog serve` runs
+    /// [`Self::sweep_previous_lives`] at boot instead): close every run with an open
+    /// `session`-origin span as interrupted ("server restarted"); returns spans closed.
     async fn sweep_own_orphans(&self) -> Result<i64, StoreError>;
 
     /// Boot sweep of a server that names its lives: close every open span whose writer starts

@@ -1,5 +1,6 @@
-//! The activity maintenance endpoints (the `admin` scope, see `crate::auth`): the boot orphan
-//! sweep, the stale-writer sweep and pruning.
+//! The activity maintenance endpoints (the `admin` scope, see `crate::auth`): the reference's
+//! orphan sweep (on demand; the server's own boot runs `sweep_previous_lives`), the
+//! stale-writer sweep and pruning.
 //!
 //! They act as the request's writer like any write, which matters for `sweep-stale`: a writer
 //! never sweeps its own runs, so a caller naming itself in `Flightlog-Writer` spares them.

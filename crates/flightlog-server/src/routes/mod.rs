@@ -4,8 +4,8 @@
 //! their `#[utoipa::path]` annotations (utoipa-axum's `routes!`): the annotation's method and
 //! path are what the router serves, so a route cannot exist without its OpenAPI description.
 //! [`router`] merges them, hands the collected document to [`crate::openapi::finish`], and adds
-//! what applies to all: the 404 and 405 answers in the contract's error body. A new area (OTLP,
-//! the web UI) is one more module and one more `merge` line; a new endpoint is one more
+//! what applies to all: the 404 and 405 answers in the contract's error body. A new area (the
+//! web UI, say) is one more module and one more `merge` line; a new endpoint is one more
 //! annotated handler and one more `.routes(routes!(handler))` line in its module.
 
 pub(crate) mod activity;
