@@ -30,7 +30,10 @@
 //!   on the running process: writing must resume without a restart, and refused writes sent
 //!   again must be taken;
 //! - the disk is full before a new database is created: a clear refusal, and a file that opens
-//!   once there is room.
+//!   once there is room;
+//! - a crash, then a start with no room to grow the WAL's index (`-shm`): a refusal that says
+//!   the disk is full (not "disk I/O error"), and every acknowledged write served once there is
+//!   room.
 //!
 //! After the restart every acknowledged write (single-op spans, events and ends, batch ops,
 //! journal appends, OTLP/JSON spans, a heartbeat) must be present and equal to its
@@ -51,6 +54,7 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -2060,24 +2064,10 @@ fn the_database_fills_during_a_checkpoint_and_writes_resume_once_there_is_room()
 /// The disk is already full when `serve` creates its database: it must refuse to start with a
 /// message naming the database (no panic, no listening), and the file it left must open once
 /// there is room.
-#[test]
-fn a_new_database_on_a_full_disk_is_refused_and_opens_once_there_is_room() {
-    let case = "full at start";
-    let scratch = Scratch::new("full-at-start");
-    assert_the_limit_fails_writes(&scratch);
-    let db = scratch.join("flightlog.db");
-    let db_arg = db.to_str().expect("scratch paths are UTF-8");
-    let args = [
-        "serve",
-        "--db",
-        db_arg,
-        "--addr",
-        "127.0.0.1:0",
-        "--grpc-addr",
-        "off",
-    ];
-    // Below what a fresh database needs (~112 KiB of file and as much WAL).
-    let mut child = limited_command(64 * KIB, BIN, &args)
+/// Run `flightlog` with `args` under the file-size `limit`, in `scratch`, expecting it to exit
+/// by itself within [`START_TIMEOUT`]: its exit status and everything it printed.
+fn refused_start(scratch: &Scratch, limit: u64, args: &[&str]) -> (ExitStatus, String) {
+    let mut child = limited_command(limit, BIN, args)
         .current_dir(&scratch.0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -2101,6 +2091,27 @@ fn a_new_database_on_a_full_disk_is_refused_and_opens_once_there_is_room() {
         let _ = pipe.read_to_string(&mut output);
     }
     let status = status.unwrap_or_else(|| panic!("serve neither refused nor exited:\n{output}"));
+    (status, output)
+}
+
+#[test]
+fn a_new_database_on_a_full_disk_is_refused_and_opens_once_there_is_room() {
+    let case = "full at start";
+    let scratch = Scratch::new("full-at-start");
+    assert_the_limit_fails_writes(&scratch);
+    let db = scratch.join("flightlog.db");
+    let db_arg = db.to_str().expect("scratch paths are UTF-8");
+    let args = [
+        "serve",
+        "--db",
+        db_arg,
+        "--addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "off",
+    ];
+    // Below what a fresh database needs (~112 KiB of file and as much WAL).
+    let (status, output) = refused_start(&scratch, 64 * KIB, &args);
     say(
         case,
         format_args!("limit 64 KiB: {status}: {}", output.trim()),
@@ -2122,6 +2133,75 @@ fn a_new_database_on_a_full_disk_is_refused_and_opens_once_there_is_room() {
     writer.ledger.assert_no_failures("once there is room");
     assert_eq!(writer.ledger.refused(), 0, "{:?}", writer.ledger.refusals);
     drop(writer);
+    stop_cleanly(case, server, "once there is room");
+}
+
+/// After a crash, the first connection to open the database cuts the `-shm` file (the WAL's
+/// index) to 3 bytes and grows it again, 32 KiB at a time; the WAL's index also grows as the WAL
+/// passes each 4,096 pages. With no room for that growth SQLite answers "disk I/O error"
+/// (`SQLITE_IOERR_SHMSIZE`), and the start was refused with that alone, which reads as a broken
+/// disk. The refusal now says the disk is full and what to do, the files are left as they were,
+/// and a start once there is room serves every write acknowledged before the crash.
+#[test]
+fn a_restart_after_a_crash_with_no_room_for_the_wal_index_says_the_disk_is_full() {
+    let case = "no room for -shm";
+    let scratch = Scratch::new("shm-growth");
+    assert_the_limit_fails_writes(&scratch);
+    let db = scratch.join("flightlog.db");
+    let db_arg = db.to_str().expect("scratch paths are UTF-8");
+    let mut server = Server::start(&scratch.0, &db, None);
+    let mut writer = Writer::new(&server.addr, "crashed", 11, 500);
+    for _ in 0..5 {
+        writer.step();
+    }
+    writer.ledger.assert_no_failures("before the crash");
+    assert_eq!(writer.ledger.refused(), 0, "{:?}", writer.ledger.refusals);
+    let ledger = std::mem::take(&mut writer.ledger);
+    drop(writer);
+    server.process.child.kill().expect("SIGKILL the server");
+    let _ = server.process.child.wait();
+    let crashed = sizes(&db);
+    say(case, format_args!("after SIGKILL: {crashed}"));
+    assert!(
+        file_len(&db, "-wal") > 0 && file_len(&db, "-shm") >= 32 * KIB,
+        "the crash left a WAL and its index: {crashed}"
+    );
+
+    // Room for reads, none for the first 32 KiB region of the index.
+    let args = [
+        "serve",
+        "--db",
+        db_arg,
+        "--addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "off",
+    ];
+    let (status, output) = refused_start(&scratch, 16 * KIB, &args);
+    say(
+        case,
+        format_args!("limit 16 KiB: {status}: {}", output.trim()),
+    );
+    assert!(!output.contains(LISTENING), "it listened:\n{output}");
+    assert!(!output.contains("panicked"), "a panic:\n{output}");
+    assert_eq!(status.code(), Some(1), "{output}");
+    assert!(
+        output.contains(db_arg)
+            && output.contains("the disk is full")
+            && output.contains("-shm")
+            && output.contains("free space"),
+        "the refusal names the database, says the disk is full and what to do:\n{output}"
+    );
+    assert_eq!(
+        file_len(&db, "-wal"),
+        crashed.wal,
+        "the refused start left the WAL as it was"
+    );
+
+    let server = Server::start(&scratch.0, &db, None);
+    let (verified, _) = verify_after_restart(&server.addr, &ledger);
+    print_verified(case, &verified);
+    assert_new_writes_succeed(&server.addr);
     stop_cleanly(case, server, "once there is room");
 }
 

@@ -7,6 +7,12 @@ pub(crate) fn backend(err: rusqlite::Error) -> StoreError {
     if is_disk_full(&err) {
         return StoreError::StorageFull(err.to_string());
     }
+    if is_shm_growth_failure(&err) {
+        return StoreError::StorageFull(format!(
+            "no room to grow the shared-memory index (the -shm file beside the database; \
+             {err})"
+        ));
+    }
     if is_corrupt(&err) {
         return StoreError::Corrupt(format!(
             "the database file is damaged ({err}): stop flightlog, then restore the file from a \
@@ -32,6 +38,21 @@ fn is_disk_full(err: &rusqlite::Error) -> bool {
     matches!(
         err,
         rusqlite::Error::SqliteFailure(inner, _) if inner.code == rusqlite::ErrorCode::DiskFull
+    )
+}
+
+/// True when SQLite could not grow the `-shm` file that indexes the WAL
+/// (`SQLITE_IOERR_SHMSIZE`). SQLite writes one byte at the end of each new 32 KiB region to
+/// make the file's blocks real, so this fails only for lack of room: a full disk (`ENOSPC`), a
+/// quota or a file-size limit. It happens when the WAL grows past another 4,096 pages while the
+/// disk is full, and at the first open after a crash, which cuts the file to 3 bytes and grows it
+/// again; the unix VFS reports it as a "disk I/O error", which read as a broken disk (a 500, or a
+/// refused start) where a full disk gets a 503 and a message saying to free space.
+fn is_shm_growth_failure(err: &rusqlite::Error) -> bool {
+    matches!(
+        err,
+        rusqlite::Error::SqliteFailure(inner, _)
+            if inner.extended_code == rusqlite::ffi::SQLITE_IOERR_SHMSIZE
     )
 }
 
@@ -74,5 +95,24 @@ mod tests {
             .execute("INSERT INTO missing VALUES (1)", [])
             .unwrap_err();
         assert!(matches!(backend(other), StoreError::Backend(_)));
+    }
+
+    #[test]
+    fn a_shared_memory_index_that_cannot_grow_is_storage_full_and_other_io_errors_are_not() {
+        let failure = |code| {
+            rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), Some("x".into()))
+        };
+        let err = backend(failure(rusqlite::ffi::SQLITE_IOERR_SHMSIZE));
+        assert!(matches!(err, StoreError::StorageFull(_)), "{err:?}");
+        assert!(err.to_string().contains("-shm"), "{err}");
+        assert!(err.to_string().contains("free space"), "{err}");
+        for other in [
+            rusqlite::ffi::SQLITE_IOERR_READ,
+            rusqlite::ffi::SQLITE_IOERR_FSYNC,
+            rusqlite::ffi::SQLITE_IOERR_SHMMAP,
+        ] {
+            let err = backend(failure(other));
+            assert!(matches!(err, StoreError::Backend(_)), "{other}: {err:?}");
+        }
     }
 }
