@@ -39,6 +39,7 @@ pub mod grpc;
 pub mod metrics;
 pub mod openapi;
 pub mod overload;
+mod parse_error_body;
 pub mod response_budget;
 mod routes;
 pub mod settings;
@@ -156,6 +157,9 @@ const HTTP2_KEEP_ALIVE: Duration = Duration::from_secs(20);
 /// connection whose option cannot be set is served anyway (a latency defect, not a reason to
 /// refuse it).
 ///
+/// An HTTP/1 socket is also wrapped in a [`parse_error_body::ParseErrorBody`]: the answers hyper
+/// writes by itself to a request it cannot parse (400, 414, 431) get the contract's error body.
+///
 /// Each socket is wrapped in a [`write_stall::StallGuard`]: a connection whose client has read
 /// nothing for `write_stall_limit` while the server had something to send is closed.
 pub(crate) async fn serve_router<F>(
@@ -198,17 +202,21 @@ where
             },
         ));
         let closing_seen = closing_seen.clone();
-        let io = TokioIo::new(write_stall::StallGuard::new(stream, write_stall_limit));
+        let guarded = write_stall::StallGuard::new(stream, write_stall_limit);
         match protocol {
             Protocol::Http1 => {
+                let io = TokioIo::new(parse_error_body::ParseErrorBody::new(guarded));
                 let mut builder = hyper::server::conn::http1::Builder::new();
                 builder
                     .timer(TokioTimer::new())
-                    .header_read_timeout(HEADER_READ_TIMEOUT);
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
+                    .max_headers(parse_error_body::MAX_HEADER_FIELDS)
+                    .max_buf_size(parse_error_body::MAX_HEAD_BYTES);
                 let connection = builder.serve_connection(io, service);
                 connections.spawn(drive(connection, closing_seen, None));
             }
             Protocol::Http2 => {
+                let io = TokioIo::new(guarded);
                 let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
                 builder
                     .timer(TokioTimer::new())

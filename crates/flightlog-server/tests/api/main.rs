@@ -20,5 +20,6 @@ mod otlp;
 mod otlp_clients;
 mod otlp_fuzz;
 mod overload;
+mod parse_errors;
 mod streams;
 mod support;

@@ -1,0 +1,161 @@
+//! Requests hyper cannot parse get the contract's error body, over a real socket.
+//!
+//! hyper answers these itself, before any route runs (see the server's `parse_error_body`
+//! module); before, the answers were a bare `400`, `414` or `431` with an empty body. Each case
+//! sends raw bytes on a fresh connection, reads until the server closes it, and checks the
+//! status, the JSON body and that exactly the answer's bytes came; then the server still serves.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::support::TestServer;
+
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Send `raw` on a new connection and read everything until the server closes it.
+async fn exchange(server: &TestServer, raw: &[u8]) -> String {
+    let addr = server.base.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    // The server may answer and close before it has read all of a very long head; what it
+    // sent before the close is what counts.
+    let _ = stream.write_all(raw).await;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(ANSWER_TIMEOUT, async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(count) => answer.extend_from_slice(&chunk[..count]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the server neither answered nor closed");
+    String::from_utf8(answer).expect("a UTF-8 answer")
+}
+
+/// The answers of one exchange: (status, lower-cased head, body) each, in order.
+fn answers(mut text: &str) -> Vec<(u16, String, String)> {
+    let mut all = Vec::new();
+    while !text.is_empty() {
+        let (head, rest) = text.split_once("\r\n\r\n").expect("a complete head");
+        let head = head.to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length: "))
+            .expect("a content-length")
+            .parse()
+            .expect("a number");
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|status| status.parse().ok())
+            .expect("a status");
+        assert!(rest.len() >= length, "a whole body: {text}");
+        let (body, after) = rest.split_at(length);
+        all.push((status, head, body.to_owned()));
+        text = after;
+    }
+    all
+}
+
+fn assert_contract_error(answer: &(u16, String, String), status: u16, words: &str) {
+    let (got, head, body) = answer;
+    assert_eq!(*got, status, "{head}\n{body}");
+    assert!(
+        head.contains("\r\ncontent-type: application/json"),
+        "{head}"
+    );
+    assert!(head.contains("\r\nconnection: close"), "{head}");
+    let body: Value = serde_json::from_str(body).expect("a JSON body");
+    assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+    let message = body["error"]["message"].as_str().expect("a message");
+    assert!(message.contains(words), "{message}");
+}
+
+#[tokio::test]
+async fn unparsable_requests_get_the_status_and_the_contract_body() {
+    let server = TestServer::start().await;
+    let many_fields: String = (0..150).map(|i| format!("X-Field-{i}: y\r\n")).collect();
+    let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        (
+            "a target over 65,534 bytes",
+            format!(
+                "GET /v1/activity/runs?{} HTTP/1.1\r\nHost: x\r\n\r\n",
+                "a".repeat(70_000)
+            )
+            .into_bytes(),
+            414,
+            "longer than 65534 bytes",
+        ),
+        (
+            "150 header fields",
+            format!("GET /healthz HTTP/1.1\r\nHost: x\r\n{many_fields}\r\n").into_bytes(),
+            431,
+            "at most 100 header fields",
+        ),
+        (
+            "a 500 KB header",
+            format!(
+                "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+                "a".repeat(500_000)
+            )
+            .into_bytes(),
+            431,
+            "417792 bytes",
+        ),
+        (
+            "not HTTP at all",
+            b"GARBAGE\r\n\r\n".to_vec(),
+            400,
+            "not valid HTTP/1.1",
+        ),
+        (
+            "a header name with a space",
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header: y\r\n\r\n".to_vec(),
+            400,
+            "not valid HTTP/1.1",
+        ),
+        (
+            "a Content-Length that is not a number",
+            b"POST /v1/activity/spans HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n".to_vec(),
+            400,
+            "Content-Length",
+        ),
+    ];
+    for (what, raw, status, words) in cases {
+        let text = exchange(&server, &raw).await;
+        let answers = answers(&text);
+        assert_eq!(
+            answers.len(),
+            1,
+            "{what}: one answer, then the close: {text}"
+        );
+        assert_contract_error(&answers[0], status, words);
+    }
+    let reply = server.get("/healthz").await;
+    reply.assert_status(200);
+    server.stop().await;
+}
+
+/// hyper answers a parse error of a later request on a keep-alive connection too: the answers of
+/// the earlier requests are untouched, and the bad one gets the body.
+#[tokio::test]
+async fn a_bad_request_after_good_ones_on_one_connection() {
+    let server = TestServer::start().await;
+    let raw = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n\
+                GET /v1/activity/runs/no-such-run HTTP/1.1\r\nHost: x\r\n\r\n\
+                GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header: y\r\n\r\n";
+    let text = exchange(&server, raw).await;
+    let answers = answers(&text);
+    assert_eq!(answers.len(), 3, "{text}");
+    assert_eq!(answers[0].0, 200, "{text}");
+    assert_eq!(answers[1].0, 404, "{text}");
+    let not_found: Value = serde_json::from_str(&answers[1].2).expect("a JSON body");
+    assert_eq!(not_found["error"]["code"], "not_found");
+    assert_contract_error(&answers[2], 400, "not valid HTTP/1.1");
+    server.stop().await;
+}
