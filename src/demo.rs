@@ -6,6 +6,8 @@
 //! the "running now" and stuck views have something to show. Everything goes through the public
 //! store trait, exactly as an embedding agent framework would use it.
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -219,7 +221,14 @@ async fn simulate_run(
     Ok(run_id)
 }
 
-fn print_tree(spans: &[SpanRow], parent: Option<&str>, depth: usize) {
+/// `writeln!` into the report, which is a `String`: writing to it cannot fail.
+macro_rules! report_line {
+    ($report:expr, $($arg:tt)*) => {{
+        let _ = writeln!($report, $($arg)*);
+    }};
+}
+
+fn print_tree(report: &mut String, spans: &[SpanRow], parent: Option<&str>, depth: usize) {
     for span in spans
         .iter()
         .filter(|s| s.parent_span_id.as_deref() == parent)
@@ -233,13 +242,14 @@ fn print_tree(spans: &[SpanRow], parent: Option<&str>, depth: usize) {
             (Some(i), Some(o)) => format!("  [{i} in / {o} out tokens]"),
             _ => String::new(),
         };
-        say!(
+        report_line!(
+            report,
             "{}{} ({}) {state}{tokens}",
             "  ".repeat(depth + 1),
             span.name,
             span.kind
         );
-        print_tree(spans, Some(&span.span_id), depth + 1);
+        print_tree(report, spans, Some(&span.span_id), depth + 1);
     }
 }
 
@@ -283,12 +293,15 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
         ))
         .await?;
 
-    say!(
+    let mut report = String::new();
+    report_line!(
+        report,
         "Recorded {runs} finished run{} and 1 running run into {}\n",
         if runs == 1 { "" } else { "s" },
         db_path.display()
     );
-    say!(
+    report_line!(
+        report,
         "{:<34} {:<8} {:>6} {:>9} {:>9} {:>9}  failure",
         "run",
         "outcome",
@@ -299,7 +312,8 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
     );
     for run_id in &run_ids {
         if let Some(rollup) = store.read_rollup(run_id).await? {
-            say!(
+            report_line!(
+                report,
                 "{:<34} {:<8} {:>6} {:>9} {:>9} {:>9.4}  {}",
                 rollup.run_id,
                 rollup
@@ -316,26 +330,49 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
     }
     if let Some(last) = run_ids.last() {
         if let Some(snapshot) = store.snapshot_run(last).await? {
-            say!(
+            report_line!(
+                report,
                 "\nSpan tree of {last} (seq high-water {}):",
                 snapshot.high_water_seq
             );
-            print_tree(&snapshot.spans, None, 0);
+            print_tree(&mut report, &snapshot.spans, None, 0);
         }
     }
-    say!("\nRunning now:");
+    report_line!(report, "\nRunning now:");
     for span in store.open_root_spans().await? {
-        say!(
+        report_line!(
+            report,
             "  {} (run {}, started {} s ago)",
             span.name,
             span.run_id,
             (now - span.started_at) / 1000
         );
     }
-    say!(
+    report_line!(
+        report,
         "\nChange log cursor: {}",
         store.latest_change_cursor().await?
     );
+    // The report goes out in one write at the end, and a failed write is an error: `demo
+    // >/dev/full` reported success with its whole output lost. A reader that went away early
+    // (`demo | head`) only wanted less of it.
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(report.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => {
+            return Err(err).with_context(|| {
+                format!(
+                    "the runs are recorded in {}, but the report could not be written to \
+                     standard output",
+                    db_path.display()
+                )
+            });
+        }
+        _ => {}
+    }
+    drop(stdout);
     // Leave everything in the database file itself (a server reading it keeps its own view).
     db.close()
         .await

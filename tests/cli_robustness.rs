@@ -2072,3 +2072,72 @@ fn a_database_deleted_under_the_server_is_reported_at_stop() {
     assert!(!stderr.contains("nothing is lost"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// `demo` whose standard output cannot be written (`>/dev/full`) exited 0 with its whole report
+/// lost. It now exits 1 and says the runs are recorded but the report could not be written; a
+/// reader that stops early (`demo | head -1`) is not an error.
+#[cfg(target_os = "linux")]
+#[test]
+fn demo_says_so_when_its_report_cannot_be_written() {
+    let scratch = Scratch::new("demo-full");
+    let db = scratch.join("demo.db");
+    let full = fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("open /dev/full");
+    let mut child = Command::new(BIN)
+        .args(["demo", "--db", &s(&db), "--runs", "2"])
+        .current_dir(scratch.path())
+        .stdin(Stdio::null())
+        .stdout(full)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start flightlog demo");
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    let status = child.wait().expect("wait for demo");
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the runs are recorded in") && stderr.contains("No space left"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // The runs are there: a second demo's report lists the first one's running run too.
+    let out = run(
+        scratch.path(),
+        &["demo", "--db", &s(&db), "--runs", "1"],
+        &[],
+    );
+    out.assert_success();
+    assert_eq!(out.stdout.matches("(still running)").count(), 2, "{out}");
+
+    // A report larger than a pipe holds, to a reader that hangs up after one line.
+    let mut child = Command::new(BIN)
+        .args(["demo", "--db", &s(&db), "--runs", "1000"])
+        .current_dir(scratch.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start flightlog demo");
+    let mut first_line = String::new();
+    if let Some(pipe) = child.stdout.take() {
+        let _ = BufReader::new(pipe).read_line(&mut first_line);
+    }
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    let status = child.wait().expect("wait for demo");
+    assert!(
+        first_line.starts_with("Recorded 1000 finished runs"),
+        "{first_line}"
+    );
+    assert!(
+        status.success(),
+        "a reader that hung up early: {status:?} {stderr}"
+    );
+}
