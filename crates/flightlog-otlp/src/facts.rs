@@ -100,6 +100,9 @@ pub(crate) const CACHE_CREATION_TOKEN_KEYS: &[&str] = &[
 ];
 /// A cost in USD reported by the instrumentation, preferred first.
 pub(crate) const COST_KEYS: &[&str] = &["gen_ai.usage.cost", "llm.cost.total", "operation.cost"];
+/// Parts of a cost in USD (OpenInference's prompt and completion costs), summed when no
+/// [`COST_KEYS`] total is reported.
+pub(crate) const COST_PART_KEYS: &[&str] = &["llm.cost.prompt", "llm.cost.completion"];
 
 /// Most names any one table has (the candidate slots of [`Facts`]).
 const MAX_ALIASES: usize = 7;
@@ -129,6 +132,7 @@ pub(crate) struct Facts<'a> {
     pub(crate) cache_read_tokens: Candidates<'a>,
     pub(crate) cache_creation_tokens: Candidates<'a>,
     pub(crate) cost: Candidates<'a>,
+    pub(crate) cost_parts: Candidates<'a>,
     pub(crate) langfuse_usage_details: Option<&'a str>,
     pub(crate) langfuse_cost_details: Option<&'a str>,
 }
@@ -163,7 +167,7 @@ impl<'a> Facts<'a> {
             if MODEL_CALL_HINTS.contains(&key) {
                 facts.model_call_hint = true;
             }
-            let tables: [(&[&str], &mut Candidates<'a>); 7] = [
+            let tables: [(&[&str], &mut Candidates<'a>); 8] = [
                 (SESSION_KEYS, &mut facts.session),
                 (MODEL_KEYS, &mut facts.model),
                 (INPUT_TOKEN_KEYS, &mut facts.input_tokens),
@@ -171,6 +175,7 @@ impl<'a> Facts<'a> {
                 (CACHE_READ_TOKEN_KEYS, &mut facts.cache_read_tokens),
                 (CACHE_CREATION_TOKEN_KEYS, &mut facts.cache_creation_tokens),
                 (COST_KEYS, &mut facts.cost),
+                (COST_PART_KEYS, &mut facts.cost_parts),
             ];
             for (names, slots) in tables {
                 if let Some(position) = names.iter().position(|name| *name == key) {

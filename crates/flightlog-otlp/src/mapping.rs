@@ -22,7 +22,9 @@ use crate::attributes::{
     MAX_ATTRIBUTE_VALUE_BYTES,
 };
 use crate::attrs_text::{attrs_object_text, Extra};
-use crate::facts::{as_str, first_of, Facts, EXCEPTION_EVENT, EXCEPTION_MESSAGE};
+use crate::facts::{
+    as_str, first_of, Facts, EXCEPTION_EVENT, EXCEPTION_MESSAGE, LOGFIRE_PENDING_PARENT,
+};
 use crate::ids::{self, to_hex};
 use crate::kind::span_kind;
 use crate::prices::PriceTable;
@@ -40,6 +42,12 @@ pub(crate) const OTEL_SPAN_KIND_KEY: &str = "otel.span_kind";
 pub(crate) const COST_SOURCE_KEY: &str = "flightlog.cost_source";
 /// attrs key: the version of the price table that computed the span's cost.
 pub(crate) const PRICE_TABLE_KEY: &str = "flightlog.price_table";
+/// attrs key: the id of a span's remote parent (see `remote_parent`), which is not its
+/// `parentSpanId`.
+pub(crate) const REMOTE_PARENT_KEY: &str = "flightlog.remote_parent_span_id";
+/// `Span.flags` bits: the flags say whether the parent is remote, and it is.
+const FLAGS_PARENT_REMOTENESS_KNOWN: u32 = 0x100;
+const FLAGS_PARENT_IS_REMOTE: u32 = 0x200;
 /// Logfire appends this to a pending span's name.
 const PENDING_NAME_SUFFIX: &str = " (pending)";
 /// A rejected span's id is reported with at most this many bytes (a huge bogus id stays short).
@@ -219,6 +227,14 @@ fn map_span(
         };
         (own_id, own_parent, name)
     };
+    if parent_span_id.as_deref() == Some(span_id.as_str()) {
+        return Err("the span names itself as its parent (parentSpanId = spanId)".to_owned());
+    }
+    let (parent_span_id, remote_parent) = if !pending && is_parent_remote(span.flags) {
+        (None, parent_span_id)
+    } else {
+        (parent_span_id, None)
+    };
 
     let kind = span_kind(&facts, parent_span_id.is_none());
     let started_at = nanos_to_ms(span.start_time_unix_nano);
@@ -227,7 +243,19 @@ fn map_span(
     let (usage, cost_source) = span_usage(&facts, &options.price_table);
     let session_id = first_of(&facts.session, |value| session_text(value, max_bytes));
 
-    let attrs = span_attrs(span, context, cost_source, max_bytes);
+    if pending {
+        // Said by `parentSpanId` already; the real span does not carry it, and when it completes
+        // this one its attrs merge over these, so the key stayed on the finished span.
+        span.attributes
+            .retain(|attribute| attribute.key != LOGFIRE_PENDING_PARENT);
+    }
+    let attrs = span_attrs(
+        span,
+        context,
+        cost_source,
+        remote_parent.as_deref(),
+        max_bytes,
+    );
     let events = if pending {
         Vec::new()
     } else {
@@ -270,14 +298,26 @@ fn map_span(
 }
 
 /// The keys the mapping adds to a span's own attributes, in the order it adds them.
-const ADDED_KEYS: [&str; 6] = [
+const ADDED_KEYS: [&str; 7] = [
     RESOURCE_KEY,
     SCOPE_KEY,
     LINKS_KEY,
     OTEL_SPAN_KIND_KEY,
     COST_SOURCE_KEY,
     PRICE_TABLE_KEY,
+    REMOTE_PARENT_KEY,
 ];
+
+/// Whether the span's parent lives in another process: the SDK continued a trace from an
+/// incoming `traceparent` (`Span.flags`, set by current SDKs). Such a span is a root of its run,
+/// with the parent's id kept in attrs under [`REMOTE_PARENT_KEY`]: the parent is the caller's,
+/// which exports elsewhere or nowhere, so a span waiting for it left the run with no root (no
+/// rollup, not listed, not live) for good. When the caller does export here too, its span and
+/// this one are two roots of the run, and the key links them.
+fn is_parent_remote(flags: u32) -> bool {
+    let both = FLAGS_PARENT_REMOTENESS_KNOWN | FLAGS_PARENT_IS_REMOTE;
+    flags & both == both
+}
 
 /// A span's attrs: its own attributes, then the resource, scope, links, OTLP span kind and
 /// cost source. Written straight as JSON text (see `attrs_text`), or, when a key repeats or
@@ -286,6 +326,7 @@ fn span_attrs(
     span: &mut Span,
     context: &SpanContext<'_>,
     cost_source: Option<CostSource>,
+    remote_parent: Option<&str>,
     max_bytes: usize,
 ) -> ImportedAttrs {
     let links = (!span.links.is_empty()).then(|| links_to_json(&span.links, max_bytes));
@@ -313,6 +354,9 @@ fn span_attrs(
     }
     if let Some(version) = price_table {
         extras.push((PRICE_TABLE_KEY, Extra::Str(version)));
+    }
+    if let Some(parent) = remote_parent {
+        extras.push((REMOTE_PARENT_KEY, Extra::Str(parent)));
     }
     if let Some(text) = attrs_object_text(
         &span.attributes,
@@ -345,6 +389,9 @@ fn span_attrs(
     }
     if let Some(version) = price_table {
         attrs.insert(PRICE_TABLE_KEY.to_owned(), Value::from(version));
+    }
+    if let Some(parent) = remote_parent {
+        attrs.insert(REMOTE_PARENT_KEY.to_owned(), Value::from(parent));
     }
     ImportedAttrs::Object(attrs)
 }
@@ -379,7 +426,9 @@ fn span_end(span: &Span, error_type: Option<&str>, max_bytes: usize) -> Imported
         (SpanOutcome::Success, None)
     };
     ImportedEnd {
-        ended_at: nanos_to_ms(span.end_time_unix_nano),
+        // An end before the start (a buggy exporter's clock) is taken as the start: a negative
+        // duration would skew every total it enters.
+        ended_at: nanos_to_ms(span.end_time_unix_nano.max(span.start_time_unix_nano)),
         outcome,
         reason,
     }
@@ -610,7 +659,7 @@ mod tests {
                     }],
                     "otel.span_kind": "client",
                     "flightlog.cost_source": "price_table",
-                    "flightlog.price_table": "2026-12-02",
+                    "flightlog.price_table": "2026-12-03",
                 })
                 .as_object()
                 .cloned()
@@ -898,6 +947,61 @@ mod tests {
         assert_eq!(only_span(vec![root]).parent_span_id, None);
     }
 
+    /// An agent continuing an incoming `traceparent`: the SDK flags the parent as remote.
+    #[test]
+    fn a_span_whose_parent_is_remote_is_a_root_that_keeps_the_parents_id() {
+        let mut entry = span(
+            2,
+            Some(0x0f),
+            "invoke_agent support",
+            vec![kv("gen_ai.operation.name", string("invoke_agent"))],
+        );
+        entry.flags = 0x301; // remoteness known, remote, and the sampled bit of the trace flags
+        let mapped = only_span(vec![entry.clone()]);
+        assert_eq!(mapped.parent_span_id, None);
+        assert_eq!(mapped.kind, SpanKind::Turn);
+        assert_eq!(
+            object(&mapped.attrs)[REMOTE_PARENT_KEY],
+            json!(sid_hex(0x0f))
+        );
+
+        // A local parent (remoteness known, not remote), or flags from an SDK that does not
+        // say: the parent stays.
+        for flags in [0x100, 0x200, 0] {
+            entry.flags = flags;
+            let mapped = only_span(vec![entry.clone()]);
+            assert_eq!(mapped.parent_span_id, Some(sid_hex(0x0f)), "{flags:#x}");
+            assert_eq!(mapped.kind, SpanKind::Subagent, "{flags:#x}");
+            assert!(!object(&mapped.attrs).contains_key(REMOTE_PARENT_KEY));
+        }
+    }
+
+    #[test]
+    fn a_span_that_names_itself_as_its_parent_is_rejected() {
+        let batch = map(vec![
+            span(3, Some(3), "loop", vec![]),
+            span(4, None, "fine", vec![]),
+        ]);
+        assert_eq!(batch.spans.len(), 1);
+        assert_eq!(batch.rejected.len(), 1);
+        assert_eq!(batch.rejected[0].span_id, Some(sid_hex(3)));
+        assert!(
+            batch.rejected[0]
+                .reason
+                .contains("names itself as its parent"),
+            "{}",
+            batch.rejected[0].reason
+        );
+    }
+
+    #[test]
+    fn an_end_before_the_start_is_taken_as_the_start() {
+        let mut backwards = span(5, None, "backwards", vec![]);
+        backwards.end_time_unix_nano = backwards.start_time_unix_nano - 10_000_000;
+        let mapped = only_span(vec![backwards]);
+        assert_eq!(mapped.end.map(|end| end.ended_at), Some(mapped.started_at));
+    }
+
     #[test]
     fn a_huge_reported_id_is_shortened() {
         let mut huge = span(1, None, "huge", vec![]);
@@ -945,6 +1049,11 @@ mod tests {
         assert_eq!(
             object(&below.attrs)["logfire.span_type"],
             json!("pending_span")
+        );
+        assert!(
+            !object(&below.attrs).contains_key("logfire.pending_parent_id"),
+            "{:?}",
+            below.attrs
         );
 
         for root_parent in [Some("0000000000000000"), None] {

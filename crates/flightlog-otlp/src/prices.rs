@@ -187,11 +187,17 @@ fn claude_with_dashes(name: &str) -> Option<String> {
 
 /// Whether `rest` (what follows a known model name) only names a version of that model: a
 /// separator (`-`, `@`, `:`), then parts separated by `-`, `.`, `@`, `:`, each digits,
-/// `v` and digits, or `latest`.
+/// `v` and digits, or `latest`; but not a first part of one or two digits, which names a newer
+/// minor version (`claude-opus-4-6` is not `claude-opus-4`, and was priced at its $15/$75 where
+/// its own price is unknown to the table), not a snapshot (`-20250514`, `-0613`, `-001`).
 fn is_version_suffix(rest: &str) -> bool {
     let Some(parts) = rest.strip_prefix(['-', '@', ':']) else {
         return false;
     };
+    let first = parts.split(['-', '.', '@', ':']).next().unwrap_or_default();
+    if (1..=2).contains(&first.len()) && first.bytes().all(|b| b.is_ascii_digit()) {
+        return false;
+    }
     parts.split(['-', '.', '@', ':']).all(|part| {
         let digits = part.strip_prefix('v').unwrap_or(part);
         part == "latest" || (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
@@ -246,8 +252,8 @@ mod tests {
     #[test]
     fn the_bundled_table_parses_and_has_a_version() {
         let table = PriceTable::from_json(BUNDLED_PRICES).unwrap();
-        assert_eq!(table.version(), "2026-12-02");
-        assert_eq!(PriceTable::bundled().version(), "2026-12-02");
+        assert_eq!(table.version(), "2026-12-03");
+        assert_eq!(PriceTable::bundled().version(), "2026-12-03");
         assert!(table.models.len() >= 30, "{}", table.models.len());
         for family in ["gpt-4o", "gpt-4o-mini", "gpt-4.1", "o3", "o4-mini"] {
             assert!(table.models.contains_key(family), "{family}");
@@ -290,6 +296,11 @@ mod tests {
         assert_eq!(input_price("claude-sonnet-4-5-latest"), Some(3.0));
         assert_eq!(input_price("gpt-4o:v2"), Some(2.5));
         assert_eq!(input_price("gpt-4o-"), None);
+        // A newer minor version is another model, whose price the table does not know.
+        assert_eq!(input_price("claude-opus-4-6"), None);
+        assert_eq!(input_price("claude-opus-4-6-20260201"), None);
+        assert_eq!(input_price("claude-sonnet-4.7"), None);
+        assert_eq!(input_price("gpt-4-0613"), input_price("gpt-4"));
     }
 
     #[test]

@@ -208,7 +208,15 @@ pub(crate) fn span_usage(
     count_cache_into_input(&mut tokens);
     let model = first_of(&facts.model, non_empty_str);
     let reported = first_of(&facts.cost, cost_value)
-        .or_else(|| facts.langfuse_cost_details.and_then(cost_from_details));
+        .or_else(|| facts.langfuse_cost_details.and_then(cost_from_details))
+        .or_else(|| {
+            facts
+                .cost_parts
+                .iter()
+                .flatten()
+                .filter_map(|value| cost_value(value))
+                .reduce(|sum, part| sum + part)
+        });
     let any_count = tokens.input.is_some()
         || tokens.output.is_some()
         || tokens.cache_read.is_some()
@@ -347,6 +355,20 @@ mod tests {
         }
         let (usage, _) = usage_of(vec![kv("llm.cost.total", string("0.25"))]);
         assert_eq!(usage.cost_usd, Some(0.25));
+        // OpenInference's parts, without a total: their sum is the reported cost.
+        let (usage, source) = usage_of(vec![
+            kv("llm.model_name", string("gpt-4o")),
+            kv("llm.token_count.prompt", int(1_000)),
+            kv("llm.cost.prompt", double(0.25)),
+            kv("llm.cost.completion", string("0.5")),
+        ]);
+        assert_eq!(usage.cost_usd, Some(0.75));
+        assert_eq!(source, Some(CostSource::Reported));
+        let (usage, _) = usage_of(vec![
+            kv("llm.cost.completion", double(0.5)),
+            kv("llm.cost.total", double(2.0)),
+        ]);
+        assert_eq!(usage.cost_usd, Some(2.0), "a total wins over its parts");
     }
 
     #[test]
@@ -358,7 +380,7 @@ mod tests {
         ]);
         // 1M input × $2.50 + 100k output × $10.
         assert_eq!(usage.cost_usd, Some(3.5));
-        assert_eq!(source, Some(CostSource::PriceTable("2026-12-02".into())));
+        assert_eq!(source, Some(CostSource::PriceTable("2026-12-03".into())));
         let (usage, source) = usage_of(vec![
             kv("llm.model_name", string("unknown-model")),
             kv("llm.token_count.prompt", int(10)),

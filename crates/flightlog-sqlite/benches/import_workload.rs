@@ -85,7 +85,7 @@ fn span(trace: u64, position: u64) -> ImportedSpan {
                           "gen_ai.request.model": "gpt-4o-mini", "gen_ai.response.model": "gpt-4o-mini",
                           "gen_ai.usage.input_tokens": 1200 + position, "gen_ai.usage.output_tokens": 80,
                           "gen_ai.response.finish_reasons": ["stop"],
-                          "flightlog.cost_source": "price_table", "flightlog.price_table": "2026-12-02"}),
+                          "flightlog.cost_source": "price_table", "flightlog.price_table": "2026-12-03"}),
             ),
             SpanUsage {
                 input_tokens: Some(1200 + position as i64),

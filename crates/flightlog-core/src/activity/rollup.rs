@@ -4,14 +4,16 @@
 //! subagent consumption, so summing the tree would double-count every fan-out. The failure reason
 //! is the first error/timeout reason in start order, else `interrupted` for an interrupted root.
 //!
-//! One extension beyond the reference: when the root carries no usage at all (typical of
-//! OpenTelemetry traces, where only the model-call spans report tokens), the run's usage is the
-//! sum over its outermost `model` spans: a model span inside another model span is not counted.
-//! That happens when two instrumentations see one call (pydantic-ai's `chat` span around the
-//! OpenAI SDK instrumentation's, a LangChain LLM span around the provider instrumentor's), and
-//! both report its tokens: summing both counted the call twice. A root that does report usage
-//! still wins, so nothing is ever counted twice. The reference has no `model` kind, so its
-//! behaviour is unchanged.
+//! One extension beyond the reference: each usage field the root does not carry (typical of
+//! OpenTelemetry traces, where only the model-call spans report tokens; or a root that reports
+//! its tokens but no cost) is the sum of that field over the run's `model` spans, leaving out a
+//! model span below another model span that reports usage. That happens when two
+//! instrumentations see one call (pydantic-ai's `chat` span around the OpenAI SDK
+//! instrumentation's, a LangChain LLM span around the provider instrumentor's), and both report
+//! its tokens: summing both counted the call twice. An outer model span that reports nothing
+//! (a framework's span around a streamed call) does not hide the inner one's counts, which would
+//! count the call zero times. A field the root carries wins, so no field is ever counted twice.
+//! The reference has no `model` kind, so its behaviour is unchanged.
 
 use std::collections::HashMap;
 
@@ -93,10 +95,21 @@ pub fn compute_rollup(spans_by_start: &[RollupSpan]) -> Option<RollupFields> {
         .or_else(|| {
             (root.outcome == Some(SpanOutcome::Interrupted)).then(|| "interrupted".to_owned())
         });
-    let usage = if carries_usage(&root.usage) {
+    let usage = if carries_all_usage(&root.usage) {
         root.usage.clone()
     } else {
-        sum_model_usage(spans_by_start)
+        let models = sum_model_usage(spans_by_start);
+        SpanUsage {
+            input_tokens: root.usage.input_tokens.or(models.input_tokens),
+            output_tokens: root.usage.output_tokens.or(models.output_tokens),
+            cache_read_tokens: root.usage.cache_read_tokens.or(models.cache_read_tokens),
+            cache_creation_tokens: root
+                .usage
+                .cache_creation_tokens
+                .or(models.cache_creation_tokens),
+            cost_usd: root.usage.cost_usd.or(models.cost_usd),
+            ..root.usage.clone()
+        }
     };
     Some(RollupFields {
         origin: root.origin.clone(),
@@ -128,8 +141,17 @@ fn carries_usage(usage: &SpanUsage) -> bool {
         || usage.cost_usd.is_some()
 }
 
-/// The field-wise sum over the outermost `model` spans (see the module doc); a field stays
-/// absent when no model span has it.
+/// True when every token count and the cost are present: nothing to take from model spans.
+fn carries_all_usage(usage: &SpanUsage) -> bool {
+    usage.input_tokens.is_some()
+        && usage.output_tokens.is_some()
+        && usage.cache_read_tokens.is_some()
+        && usage.cache_creation_tokens.is_some()
+        && usage.cost_usd.is_some()
+}
+
+/// The field-wise sum over the `model` spans not below a model span that reports usage (see
+/// the module doc); a field stays absent when no counted model span has it.
 fn sum_model_usage(spans: &[RollupSpan]) -> SpanUsage {
     fn add_count(total: &mut Option<i64>, part: Option<i64>) {
         if let Some(part) = part {
@@ -138,7 +160,7 @@ fn sum_model_usage(spans: &[RollupSpan]) -> SpanUsage {
     }
     let models = spans.iter().filter(|span| span.kind == SpanKind::Model);
     let nested = if models.clone().nth(1).is_some() {
-        nested_in_a_model(spans)
+        nested_in_a_reporting_model(spans)
     } else {
         Vec::new()
     };
@@ -161,9 +183,10 @@ fn sum_model_usage(spans: &[RollupSpan]) -> SpanUsage {
     total
 }
 
-/// For each span, whether one of its ancestors (within `spans`) is a `model` span. A parent
-/// chain is followed at most `spans.len()` steps, so a cycle (ids are the writers') ends.
-fn nested_in_a_model(spans: &[RollupSpan]) -> Vec<bool> {
+/// For each span, whether one of its ancestors (within `spans`) is a `model` span that reports
+/// usage. A parent chain is followed at most `spans.len()` steps, so a cycle (ids are the
+/// writers') ends.
+fn nested_in_a_reporting_model(spans: &[RollupSpan]) -> Vec<bool> {
     let by_id: HashMap<&str, &RollupSpan> = spans
         .iter()
         .map(|span| (span.span_id.as_str(), span))
@@ -176,7 +199,7 @@ fn nested_in_a_model(spans: &[RollupSpan]) -> Vec<bool> {
                 let Some(ancestor) = parent.and_then(|id| by_id.get(id)) else {
                     return false;
                 };
-                if ancestor.kind == SpanKind::Model {
+                if ancestor.kind == SpanKind::Model && carries_usage(&ancestor.usage) {
                     return true;
                 }
                 parent = ancestor.parent_span_id.as_deref();
@@ -285,16 +308,58 @@ mod tests {
     }
 
     #[test]
-    fn a_root_with_usage_wins_over_its_model_spans() {
+    fn a_field_the_root_carries_wins_and_the_others_come_from_its_model_spans() {
         let mut root = span("root", None, 1);
         root.usage.cost_usd = Some(2.0);
         let mut model = span("m", Some("root"), 2);
         model.kind = SpanKind::Model;
         model.usage.input_tokens = Some(100);
         model.usage.cost_usd = Some(1.0);
-        let fields = compute_rollup(&[root, model]);
+        let fields = compute_rollup(&[root.clone(), model.clone()]);
         assert_eq!(fields.as_ref().and_then(|f| f.cost_usd), Some(2.0));
-        assert_eq!(fields.and_then(|f| f.input_tokens), None);
+        assert_eq!(fields.and_then(|f| f.input_tokens), Some(100));
+
+        // A root that reports its tokens but no cost (pydantic-ai's agent span, a Logfire root
+        // with usage set on it): the tokens are the root's, the cost the model spans'.
+        root.usage = SpanUsage {
+            input_tokens: Some(30),
+            output_tokens: Some(3),
+            ..SpanUsage::default()
+        };
+        let fields = compute_rollup(&[root.clone(), model.clone()]);
+        assert_eq!(fields.as_ref().and_then(|f| f.input_tokens), Some(30));
+        assert_eq!(fields.as_ref().and_then(|f| f.output_tokens), Some(3));
+        assert_eq!(fields.and_then(|f| f.cost_usd), Some(1.0));
+
+        // A root that carries every field takes nothing from below.
+        root.usage = SpanUsage {
+            input_tokens: Some(30),
+            output_tokens: Some(3),
+            cache_read_tokens: Some(0),
+            cache_creation_tokens: Some(0),
+            cost_usd: Some(0.5),
+            ..SpanUsage::default()
+        };
+        let fields = compute_rollup(&[root.clone(), model]);
+        assert_eq!(fields.as_ref().and_then(|f| f.input_tokens), Some(30));
+        assert_eq!(fields.and_then(|f| f.cost_usd), Some(0.5));
+    }
+
+    /// A framework's model span that reports nothing (LangChain's around a streamed call)
+    /// around the provider instrumentor's span that has the counts: the call counts once, not
+    /// zero times.
+    #[test]
+    fn a_model_span_inside_a_model_span_that_reports_nothing_is_counted() {
+        let root = span("root", None, 1);
+        let mut outer = span("outer", Some("root"), 2);
+        outer.kind = SpanKind::Model;
+        let mut inner = span("inner", Some("outer"), 3);
+        inner.kind = SpanKind::Model;
+        inner.usage.input_tokens = Some(500);
+        inner.usage.output_tokens = Some(50);
+        let fields = compute_rollup(&[root, outer, inner]);
+        assert_eq!(fields.as_ref().and_then(|f| f.input_tokens), Some(500));
+        assert_eq!(fields.and_then(|f| f.output_tokens), Some(50));
     }
 
     #[test]

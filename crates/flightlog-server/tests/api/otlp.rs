@@ -192,6 +192,50 @@ async fn a_trace_becomes_a_run_and_retries_out_of_order_and_stragglers_are_right
     assert_eq!(model["usage"]["model"], "gpt-4o-mini");
 }
 
+/// An agent behind an HTTP server continues the caller's `traceparent`: its entry span's parent
+/// is remote (the SDK says so in `flags`) and never arrives here. The run must still have a
+/// root, a rollup and a place in the run list; and the model call inside a framework's model
+/// span that reports nothing must be counted once.
+#[tokio::test]
+async fn a_trace_continued_from_a_remote_caller_is_a_run_with_its_usage() {
+    let server = TestServer::start().await;
+    let mut entry = otlp_span(
+        1,
+        0x0f,
+        1_000,
+        vec![text("gen_ai.operation.name", "invoke_agent")],
+    );
+    entry.flags = 0x301;
+    let framework = otlp_span(
+        2,
+        1,
+        1_010,
+        vec![
+            text("openinference.span.kind", "LLM"),
+            text("llm.model_name", "gpt-4o"),
+        ],
+    );
+    let provider = model_span(3, 2, 1_020, 500);
+    let answer = export(&server, vec![entry, framework, provider]).await;
+    assert_eq!(answer.partial_success, None);
+
+    let (_, root) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
+    assert_eq!(root["parentSpanId"], Value::Null);
+    assert_eq!(root["kind"], "turn");
+    assert_eq!(root["attrs"]["flightlog.remote_parent_span_id"], hex(0x0f));
+    let (status, rollup) =
+        get_json(&server, &format!("/v1/activity/runs/{TRACE_HEX}/rollup")).await;
+    assert_eq!(status, 200, "{rollup}");
+    assert_eq!(rollup["inputTokens"], 500, "{rollup}");
+    assert_eq!(rollup["outputTokens"], 10, "{rollup}");
+    assert!(rollup["costUsd"].as_f64().is_some_and(|cost| cost > 0.0));
+    let (_, runs) = get_json(&server, "/v1/activity/runs?limit=10").await;
+    let listed = runs["runs"]
+        .as_array()
+        .is_some_and(|runs| runs.iter().any(|run| run["runId"] == TRACE_HEX));
+    assert!(listed, "{runs}");
+}
+
 #[tokio::test]
 async fn otlp_json_is_answered_in_json_and_bad_spans_are_reported_not_fatal() {
     let server = TestServer::start().await;
