@@ -94,7 +94,9 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
 #[derive(Debug, Clone)]
 struct RunFilter {
     run_id: String,
-    above_seq: i64,
+    /// The highest seq of the run the client holds; `None` for a stream resumed with
+    /// `Last-Event-ID`, which carries a change id, not a seq (see `take_page`).
+    above_seq: Option<i64>,
 }
 
 /// A cursor over the change log that waits on the doorbell when it has caught up.
@@ -127,6 +129,12 @@ impl ChangeFeed {
     /// followed run at or below the highest seq already passed means the run was pruned and its
     /// id used again (seqs start over at 1): following on would mix two runs, or silently skip
     /// the new one's first changes.
+    ///
+    /// A stream resumed with `Last-Event-ID` does not know the seq its client holds, only that
+    /// the client was sent a snapshot of the run at or before that change id: the run's seq 1
+    /// was then at or below it. So a seq 1 after it means the seqs started over (the run was
+    /// pruned and started again, or its rows were trimmed and a late write came), which a client
+    /// holding the old `highWaterSeq` would silently discard.
     fn take_page(&mut self, page: Vec<ActivityChange>) {
         for change in page {
             let Some(filter) = &mut self.filter else {
@@ -136,11 +144,11 @@ impl ChangeFeed {
             if change.run_id != filter.run_id {
                 continue;
             }
-            if change.seq <= filter.above_seq {
+            if change.seq <= filter.above_seq.unwrap_or(1) {
                 self.run_recreated = true;
                 return;
             }
-            filter.above_seq = change.seq;
+            filter.above_seq = Some(change.seq);
             self.pending.push_back(change);
         }
     }
@@ -198,21 +206,39 @@ impl ChangeFeed {
     }
 }
 
-/// Where a client that is up to date now (it asked for no starting point, or has just been sent
-/// a snapshot read at `cursor`) starts following: the newest change id, or just below the
-/// change-log horizon when a prune deleted the newest changes. The reference's cursor is the
-/// highest id *still in the log*, which goes down when a prune deletes the newest rows, while
-/// the horizon (which counts them) does not: starting at the cursor would be "behind the
-/// horizon", and such a client was told to resync on every attempt until something new was
-/// written. Every id between the two was deleted, and every later change gets a higher id, so
-/// starting at the higher of the two misses nothing.
-async fn newest_position(store: &dyn ActivityStore, cursor: Option<i64>) -> Result<i64, ApiError> {
-    let cursor = match cursor {
-        Some(cursor) => cursor,
-        None => store.latest_change_cursor().await?,
-    };
+/// Where a client that is up to date now (it asked for no starting point) starts following: the
+/// newest change id, or just below the change-log horizon when a prune deleted the newest
+/// changes. The reference's cursor is the highest id *still in the log*, which goes down when a
+/// prune deletes the newest rows, while the horizon (which counts them) does not: starting at
+/// the cursor would be "behind the horizon", and such a client was told to resync on every
+/// attempt until something new was written. The two are read one after the other, so a change
+/// committed between the reads may fall below the start: for a client that asked for "from now
+/// on" that is connecting a moment later. A run stream's client, which must continue its
+/// snapshot exactly, starts at `follow_from_snapshot` instead.
+async fn newest_position(store: &dyn ActivityStore) -> Result<i64, ApiError> {
+    let cursor = store.latest_change_cursor().await?;
     let horizon = store.change_log_horizon().await?;
     Ok(cursor.max(horizon.saturating_sub(1)))
+}
+
+/// Where a run stream follows from after a snapshot read at `cursor`, with the change-log
+/// horizon read just before and just after the snapshot.
+///
+/// The horizon may be above the cursor (a prune deleted the newest changes), and following from
+/// the cursor would then be "behind the horizon" (a resync on every attempt). When the horizon
+/// did not move during the read, every id between the cursor and it was deleted before the
+/// snapshot and every later change gets a higher id, so the stream starts at the higher of the
+/// two. When it moved, a prune or trim committed during the read, and the ids below the new
+/// horizon may include changes of this run committed after the snapshot: starting above them
+/// (as this did with one horizon read after the snapshot) skipped them without a word. The
+/// stream then starts at the cursor, and the feed's horizon check ends it with a `resync` if
+/// anything after the cursor is gone.
+fn follow_from_snapshot(cursor: i64, horizon_before: i64, horizon_after: i64) -> i64 {
+    if horizon_before == horizon_after {
+        cursor.max(horizon_after.saturating_sub(1))
+    } else {
+        cursor
+    }
 }
 
 /// Why a change feed stopped.
@@ -327,7 +353,7 @@ async fn change_stream(
     let start = match (last_event_id(&headers)?, query.after) {
         (Some(id), _) => id,
         (None, Some(after)) => after,
-        (None, None) => newest_position(store.as_ref(), None).await?,
+        (None, None) => newest_position(store.as_ref()).await?,
     };
     Ok(sse(
         &state,
@@ -371,27 +397,34 @@ async fn run_stream(
         Some(cursor) => {
             let filter = RunFilter {
                 run_id,
-                above_seq: 0,
+                above_seq: None,
             };
             (None, ChangeFeed::new(store, cursor, Some(filter)))
         }
         None => {
             let budget = state.response_budget();
+            // The horizon before and after the snapshot: see `follow_from_snapshot`.
+            let horizon_before = store.change_log_horizon().await?;
             let (snapshot, reserved) = budget
                 .read_snapshot(store.as_ref(), &run_id)
                 .await?
                 .ok_or_else(|| ApiError::not_found(format!("run {run_id:?} has no spans")))?;
+            let horizon_after = store.change_log_horizon().await?;
             let filter = RunFilter {
                 run_id,
-                above_seq: snapshot.high_water_seq,
+                above_seq: Some(snapshot.high_water_seq),
             };
-            let cursor = snapshot.change_cursor;
-            let follow_from = newest_position(store.as_ref(), Some(cursor)).await?;
+            let follow_from =
+                follow_from_snapshot(snapshot.change_cursor, horizon_before, horizon_after);
             let json = ChunkedJson::drain(snapshot)?;
             // A large snapshot holds budget until the stream is polled for what follows it,
             // which hyper does once it has written most of it (see `response_budget`).
             let permit = budget.settle(reserved, json.len()).await?;
-            let event = SseEvent::chunked_json("snapshot", Some(&cursor.to_string()), json, permit);
+            // Its id is where the stream follows from, so a client that reconnects right after
+            // it resumes there; the cursor itself may be below the horizon (a prune deleted the
+            // newest changes), and resuming from it was a resync on every attempt.
+            let event =
+                SseEvent::chunked_json("snapshot", Some(&follow_from.to_string()), json, permit);
             (
                 Some(event),
                 ChangeFeed::new(store, follow_from, Some(filter)),
@@ -636,4 +669,23 @@ async fn journal_stream(
         Some((sse_event, (feed, ends)))
     });
     Ok(sse(&state, StreamKind::Journal, events))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_stream_follows_from_the_horizon_only_when_it_held_still_during_the_snapshot() {
+        // Nothing pruned: the cursor.
+        assert_eq!(follow_from_snapshot(10, 0, 0), 10);
+        // The newest changes were pruned before the snapshot (cursor 10, ids 11 and 12 gone):
+        // just below the horizon, so reconnecting there is not a resync.
+        assert_eq!(follow_from_snapshot(10, 13, 13), 12);
+        // A prune committed during the snapshot read: ids below the new horizon may include
+        // this run's changes after the snapshot, so the stream starts at the cursor (and the
+        // feed's horizon check says resync if anything after it is gone).
+        assert_eq!(follow_from_snapshot(10, 0, 20), 10);
+        assert_eq!(follow_from_snapshot(10, 13, 20), 10);
+    }
 }

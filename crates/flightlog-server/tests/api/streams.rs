@@ -1062,6 +1062,59 @@ async fn a_run_stream_resyncs_when_its_run_is_pruned_and_started_again() {
     server.stop().await;
 }
 
+/// The same, for a client that reconnects with `Last-Event-ID` after its run was pruned and
+/// started again: a resumed stream does not know the seq its client holds, and it sent the new
+/// run's changes from seq 1 with no resync, which a client holding the old `highWaterSeq`
+/// discarded, still showing the deleted spans. A seq 1 after the client's id can only be a new
+/// start (the client's snapshot held the run, so its seq 1 was at or below that id).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_run_stream_resyncs_when_its_run_was_pruned_and_started_again() {
+    let server = TestServer::start().await;
+    finished_run(&server, "first", "reused").await;
+    let mut stream = SseClient::connect(&server, "/v1/activity/runs/reused/stream", None).await;
+    let snapshot = stream.next().await;
+    assert_eq!(snapshot.event, "snapshot");
+    let last_seen = snapshot.id;
+    drop(stream);
+    let result = prune_every_ended_run(&server).await;
+    assert_eq!(result["runsPruned"], 1, "{result}");
+    server
+        .post("/v1/activity/spans", &span_body("second", "reused", None))
+        .await
+        .assert_status(201);
+    let mut resumed =
+        SseClient::connect(&server, "/v1/activity/runs/reused/stream", last_seen).await;
+    let event = resumed.next().await;
+    assert_eq!(event.event, "resync", "{event:?}");
+
+    // A run that goes on is resumed as before: the changes after the id, from seq 2 up.
+    server
+        .post(
+            "/v1/activity/spans",
+            &span_body("child", "reused", Some("second")),
+        )
+        .await
+        .assert_status(201);
+    let mut fresh = SseClient::connect(&server, "/v1/activity/runs/reused/stream", None).await;
+    let snapshot = fresh.next().await;
+    assert_eq!(snapshot.data["highWaterSeq"], 2);
+    drop(fresh);
+    server
+        .post(
+            "/v1/activity/spans/child/end",
+            &json!({"outcome": "success"}),
+        )
+        .await
+        .assert_status(200);
+    let mut resumed =
+        SseClient::connect(&server, "/v1/activity/runs/reused/stream", snapshot.id).await;
+    let event = resumed.next().await;
+    assert_eq!(event.event, "change", "{event:?}");
+    assert_eq!(event.data["seq"], 3, "{event:?}");
+    drop((resumed,));
+    server.stop().await;
+}
+
 /// A negative `after` or `fromSeq` was refused only when no `Last-Event-ID` came with it
 /// (the header wins), while a bad header was refused whatever the query: both are checked now.
 #[tokio::test]
@@ -1280,7 +1333,14 @@ async fn up_to_date_clients_are_not_told_to_resync_after_a_prune_of_the_newest_c
 
     let mut newest = SseClient::connect(&server, "/v1/activity/changes/stream", None).await;
     let mut run = SseClient::connect(&server, "/v1/activity/runs/open/stream", None).await;
-    assert_eq!(run.next().await.event, "snapshot");
+    let snapshot = run.next().await;
+    assert_eq!(snapshot.event, "snapshot");
+    assert_eq!(snapshot.data["changeCursor"], 1);
+    // Its id is where the stream follows from (the cursor was behind the horizon, and a client
+    // reconnecting with it right after the snapshot was told to resync, and again, in a loop).
+    assert_eq!(snapshot.id, Some(3), "{snapshot:?}");
+    let mut reconnected =
+        SseClient::connect(&server, "/v1/activity/runs/open/stream", snapshot.id).await;
     // Told where to resume, a client that started from the reference's cursor goes on.
     let mut behind = SseClient::connect(&server, "/v1/activity/changes/stream?after=1", None).await;
     let resync = behind.next().await;
@@ -1305,12 +1365,13 @@ async fn up_to_date_clients_are_not_told_to_resync_after_a_prune_of_the_newest_c
         ("newest", &mut newest),
         ("run", &mut run),
         ("resumed", &mut resumed),
+        ("run reconnected", &mut reconnected),
     ] {
         let event = client.next().await;
         assert_eq!(event.event, "change", "{name}: {event:?}");
         assert_eq!(event.id, Some(4), "{name}: {event:?}");
         assert_eq!(event.data["span"]["spanId"], "open-child", "{name}");
     }
-    drop((newest, run, behind, resumed));
+    drop((newest, run, behind, resumed, reconnected));
     server.stop().await;
 }
