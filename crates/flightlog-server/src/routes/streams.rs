@@ -34,8 +34,10 @@ use crate::state::AppState;
 const PAGE: i64 = 500;
 /// A stream re-reads even without a doorbell this often (a safety net, not the mechanism).
 const RECHECK: Duration = Duration::from_secs(5);
-/// The contract's keep-alive: a comment line at least every 15 s.
-const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// The keep-alive: a comment line after this long without an event. The contract asks for one
+/// at least every 15 s; at exactly 15 s a late timer (a loaded machine) broke that, and a client
+/// or proxy with a 15 s idle timeout raced it.
+const KEEP_ALIVE: Duration = Duration::from_secs(10);
 
 /// The journal stream's `Last-Event-ID`, as the OpenAPI document describes it.
 const JOURNAL_LAST_EVENT_ID: &str = "The `id:` of the last event received (sent by a \
@@ -81,6 +83,11 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
     let Some(value) = headers.get("last-event-id") else {
         return Ok(None);
     };
+    // An empty header (a proxy's, or a client's with nothing seen yet) is no header, as a
+    // blank query parameter is no parameter.
+    if value.as_bytes().trim_ascii().is_empty() {
+        return Ok(None);
+    }
     value
         .to_str()
         .ok()
@@ -221,6 +228,22 @@ async fn newest_position(store: &dyn ActivityStore) -> Result<i64, ApiError> {
     Ok(cursor.max(horizon.saturating_sub(1)))
 }
 
+/// Refuse a starting point beyond every change id this database has given out: a client holding
+/// an id of another database (or of this one before it was restored from a backup) would
+/// otherwise wait in silence while the ids up to its cursor were given out, and never see them.
+async fn check_not_beyond_newest(store: &dyn ActivityStore, start: i64) -> Result<(), ApiError> {
+    let newest = newest_position(store).await?;
+    if start > newest {
+        return Err(ApiError::invalid(format!(
+            "the stream cannot start after change {start}: the newest change id of this \
+             database is {newest}, so the id comes from another database (or from this one \
+             before it was restored from a backup); take a new snapshot and connect without \
+             after or Last-Event-ID"
+        )));
+    }
+    Ok(())
+}
+
 /// Where a run stream follows from after a snapshot read at `cursor`, with the change-log
 /// horizon read just before and just after the snapshot.
 ///
@@ -326,7 +349,7 @@ where
 /// Every committed change after a cursor, in `changeId` order, live (Server-Sent Events).
 ///
 /// `event: change` with an `ActivityChange` as `data:` and its `changeId` as `id:`; a
-/// `: keep-alive` comment at least every 15 s; `event: resync` (and the end of the stream) when
+/// `: keep-alive` comment every 10 s without an event; `event: resync` (and the end of the stream) when
 /// the cursor is behind the part of the change log that `prune` trimmed; `event: error` when the
 /// store fails. Without `after` or `Last-Event-ID` it starts at the newest change.
 #[utoipa::path(
@@ -355,6 +378,7 @@ async fn change_stream(
         (None, Some(after)) => after,
         (None, None) => newest_position(store.as_ref()).await?,
     };
+    check_not_beyond_newest(store.as_ref(), start).await?;
     Ok(sse(
         &state,
         StreamKind::Changes,
@@ -395,6 +419,7 @@ async fn run_stream(
     let resume = last_event_id(&headers)?;
     let (first, feed) = match resume {
         Some(cursor) => {
+            check_not_beyond_newest(store.as_ref(), cursor).await?;
             let filter = RunFilter {
                 run_id,
                 above_seq: None,
@@ -459,6 +484,10 @@ fn journal_last_event_id(headers: &HeaderMap) -> Result<Option<JournalStart>, Ap
     let Some(value) = headers.get("last-event-id") else {
         return Ok(None);
     };
+    // Empty: no header (see `last_event_id`).
+    if value.as_bytes().trim_ascii().is_empty() {
+        return Ok(None);
+    }
     let parsed = value.to_str().ok().map(str::trim).and_then(|text| {
         let (seq, generation) = match text.split_once('@') {
             Some((seq, generation)) => (seq, Some(generation.parse::<u64>().ok()?)),

@@ -1138,6 +1138,49 @@ async fn a_bad_starting_point_is_refused_whichever_would_win() {
     server.stop().await;
 }
 
+/// A starting point beyond every change id the database has given out (an id of another
+/// database, or of this one before a restore) waited in silence and would skip the ids up to it
+/// once given out: it is refused now, saying why. An empty `Last-Event-ID` is no header.
+#[tokio::test]
+async fn a_starting_point_beyond_the_newest_change_is_refused_and_an_empty_id_is_none() {
+    let server = TestServer::start().await;
+    finished_run(&server, "s", "run").await; // changes 1 and 2
+    for (path, header) in [
+        ("/v1/activity/changes/stream?after=3", None),
+        ("/v1/activity/changes/stream", Some("9223372036854775807")),
+        ("/v1/activity/runs/run/stream", Some("3")),
+    ] {
+        let mut request = server.client.get(format!("{}{path}", server.base));
+        if let Some(header) = header {
+            request = request.header("Last-Event-ID", header);
+        }
+        let response = request.send().await.expect("request");
+        assert_eq!(response.status().as_u16(), 400, "{path} with {header:?}");
+        let body: Value = response.json().await.expect("a JSON body");
+        assert_eq!(body["error"]["code"], "invalid_request");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("newest change id of this database is 2"),
+            "{message}"
+        );
+    }
+    // At the newest change: accepted, and what comes next arrives.
+    let mut at_head =
+        SseClient::connect_after(&server, "/v1/activity/changes/stream?after=2", None).await;
+    let mut empty_id =
+        SseClient::connect_after(&server, "/v1/activity/runs/run/stream", Some(String::new()))
+            .await;
+    assert_eq!(empty_id.next().await.event, "snapshot");
+    server
+        .post("/v1/activity/spans", &span_body("t", "run", Some("s")))
+        .await
+        .assert_status(201);
+    assert_eq!(at_head.next().await.id, Some(3));
+    assert_eq!(empty_id.next().await.id, Some(3));
+    drop((at_head, empty_id));
+    server.stop().await;
+}
+
 /// Write a run of `spans` spans with `attr_bytes` of attributes each, in batches.
 async fn big_run(server: &TestServer, run: &str, spans: usize, attr_bytes: usize) {
     let filler = "x".repeat(attr_bytes);
