@@ -2064,6 +2064,26 @@ fn the_database_fills_during_a_checkpoint_and_writes_resume_once_there_is_room()
 /// The disk is already full when `serve` creates its database: it must refuse to start with a
 /// message naming the database (no panic, no listening), and the file it left must open once
 /// there is room.
+/// `serve` on `db` at a port of its choosing, without the gRPC listener.
+fn serve_args(db: &str) -> [&str; 7] {
+    [
+        "serve",
+        "--db",
+        db,
+        "--addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "off",
+    ]
+}
+
+/// A start that exited 1 before listening, without a panic.
+fn assert_refused_start(status: ExitStatus, output: &str) {
+    assert!(!output.contains(LISTENING), "it listened:\n{output}");
+    assert!(!output.contains("panicked"), "a panic:\n{output}");
+    assert_eq!(status.code(), Some(1), "{output}");
+}
+
 /// Run `flightlog` with `args` under the file-size `limit`, in `scratch`, expecting it to exit
 /// by itself within [`START_TIMEOUT`]: its exit status and everything it printed.
 fn refused_start(scratch: &Scratch, limit: u64, args: &[&str]) -> (ExitStatus, String) {
@@ -2101,24 +2121,14 @@ fn a_new_database_on_a_full_disk_is_refused_and_opens_once_there_is_room() {
     assert_the_limit_fails_writes(&scratch);
     let db = scratch.join("flightlog.db");
     let db_arg = db.to_str().expect("scratch paths are UTF-8");
-    let args = [
-        "serve",
-        "--db",
-        db_arg,
-        "--addr",
-        "127.0.0.1:0",
-        "--grpc-addr",
-        "off",
-    ];
+    let args = serve_args(db_arg);
     // Below what a fresh database needs (~112 KiB of file and as much WAL).
     let (status, output) = refused_start(&scratch, 64 * KIB, &args);
     say(
         case,
         format_args!("limit 64 KiB: {status}: {}", output.trim()),
     );
-    assert!(!output.contains(LISTENING), "it listened:\n{output}");
-    assert!(!output.contains("panicked"), "a panic:\n{output}");
-    assert_eq!(status.code(), Some(1), "{output}");
+    assert_refused_start(status, &output);
     assert!(
         output.contains("cannot open the database") && output.contains(db_arg),
         "the message names the database:\n{output}"
@@ -2168,23 +2178,13 @@ fn a_restart_after_a_crash_with_no_room_for_the_wal_index_says_the_disk_is_full(
     );
 
     // Room for reads, none for the first 32 KiB region of the index.
-    let args = [
-        "serve",
-        "--db",
-        db_arg,
-        "--addr",
-        "127.0.0.1:0",
-        "--grpc-addr",
-        "off",
-    ];
+    let args = serve_args(db_arg);
     let (status, output) = refused_start(&scratch, 16 * KIB, &args);
     say(
         case,
         format_args!("limit 16 KiB: {status}: {}", output.trim()),
     );
-    assert!(!output.contains(LISTENING), "it listened:\n{output}");
-    assert!(!output.contains("panicked"), "a panic:\n{output}");
-    assert_eq!(status.code(), Some(1), "{output}");
+    assert_refused_start(status, &output);
     assert!(
         output.contains(db_arg)
             && output.contains("the disk is full")

@@ -135,6 +135,16 @@ impl<T: AsyncWrite + Unpin> ParseErrorBody<T> {
         Poll::Ready(Ok(()))
     }
 
+    /// `None` once the rewritten answer (if any) is all written; else what a write must answer
+    /// now (pending, or the error that stopped it).
+    fn blocked_by_rewritten<R>(&mut self, cx: &mut Context<'_>) -> Option<Poll<io::Result<R>>> {
+        match self.poll_write_rewritten(cx) {
+            Poll::Ready(Ok(())) => None,
+            Poll::Ready(Err(err)) => Some(Poll::Ready(Err(err))),
+            Poll::Pending => Some(Poll::Pending),
+        }
+    }
+
     /// Take `bytes` as hyper's answer if they are one: ready with their length (they count as
     /// written; the rewritten answer goes out now and on the next flush).
     fn poll_take_answer(
@@ -168,10 +178,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ParseErrorBody<T> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        match this.poll_write_rewritten(cx) {
-            Poll::Ready(Ok(())) => {}
-            Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
-            Poll::Pending => return Poll::Pending,
+        if let Some(blocked) = this.blocked_by_rewritten(cx) {
+            return blocked;
         }
         if let Some(taken) = this.poll_take_answer(cx, buf) {
             return taken;
@@ -185,10 +193,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ParseErrorBody<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        match this.poll_write_rewritten(cx) {
-            Poll::Ready(Ok(())) => {}
-            Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
-            Poll::Pending => return Poll::Pending,
+        if let Some(blocked) = this.blocked_by_rewritten(cx) {
+            return blocked;
         }
         // hyper writes its answer as one buffer (a head and no body).
         let mut filled = bufs.iter().filter(|buf| !buf.is_empty());

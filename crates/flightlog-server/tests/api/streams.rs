@@ -1027,23 +1027,32 @@ async fn a_cursor_behind_a_pruned_runs_changes_is_told_to_resync() {
     server.stop().await;
 }
 
+/// Run "reused" (two changes), its stream read up to the snapshot (whose id comes back), then the
+/// run pruned and a new one started under its id.
+async fn stream_a_run_then_prune_and_start_it_again(
+    server: &TestServer,
+) -> (SseClient, Option<i64>) {
+    finished_run(server, "first", "reused").await;
+    let mut stream = SseClient::connect(server, "/v1/activity/runs/reused/stream", None).await;
+    let snapshot = stream.next().await;
+    assert_eq!(snapshot.event, "snapshot");
+    assert_eq!(snapshot.data["highWaterSeq"], 2);
+    let result = prune_every_ended_run(server).await;
+    assert_eq!(result["runsPruned"], 1, "{result}");
+    server
+        .post("/v1/activity/spans", &span_body("second", "reused", None))
+        .await
+        .assert_status(201);
+    (stream, snapshot.id)
+}
+
 /// A run stream filtered on `seq` above the snapshot's high water: when the run was pruned and
 /// a new run started under its id (seqs start again at 1), the new run's first changes were
 /// silently skipped. Now the stream says `resync`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_stream_resyncs_when_its_run_is_pruned_and_started_again() {
     let server = TestServer::start().await;
-    finished_run(&server, "first", "reused").await;
-    let mut stream = SseClient::connect(&server, "/v1/activity/runs/reused/stream", None).await;
-    let snapshot = stream.next().await;
-    assert_eq!(snapshot.event, "snapshot");
-    assert_eq!(snapshot.data["highWaterSeq"], 2);
-    let result = prune_every_ended_run(&server).await;
-    assert_eq!(result["runsPruned"], 1, "{result}");
-    server
-        .post("/v1/activity/spans", &span_body("second", "reused", None))
-        .await
-        .assert_status(201);
+    let (mut stream, _) = stream_a_run_then_prune_and_start_it_again(&server).await;
     let event = stream.next().await;
     assert_eq!(event.event, "resync", "{event:?}");
     assert!(
@@ -1070,18 +1079,8 @@ async fn a_run_stream_resyncs_when_its_run_is_pruned_and_started_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_run_stream_resyncs_when_its_run_was_pruned_and_started_again() {
     let server = TestServer::start().await;
-    finished_run(&server, "first", "reused").await;
-    let mut stream = SseClient::connect(&server, "/v1/activity/runs/reused/stream", None).await;
-    let snapshot = stream.next().await;
-    assert_eq!(snapshot.event, "snapshot");
-    let last_seen = snapshot.id;
+    let (stream, last_seen) = stream_a_run_then_prune_and_start_it_again(&server).await;
     drop(stream);
-    let result = prune_every_ended_run(&server).await;
-    assert_eq!(result["runsPruned"], 1, "{result}");
-    server
-        .post("/v1/activity/spans", &span_body("second", "reused", None))
-        .await
-        .assert_status(201);
     let mut resumed =
         SseClient::connect(&server, "/v1/activity/runs/reused/stream", last_seen).await;
     let event = resumed.next().await;
