@@ -205,8 +205,8 @@ CREATE INDEX activity_spans_roots ON activity_spans (started_at) WHERE parent_sp
 INSERT INTO activity_span_ids (span_id, span_key) SELECT span_id, span_key FROM activity_spans;
 "#,
     // Version 5: each run's roots by start. A run may have several roots (an OTLP trace often
-    // does), and the run list shows it once, from its newest root: this index makes "is there a
-    // newer root of the same run?" one seek per listed row.
+    // does), and the run list shows it once, from one root (its newest when this was written, its
+    // first since): this index makes "is this the run's first root?" one seek per listed row.
     r#"
 CREATE INDEX activity_spans_roots_by_run ON activity_spans (run_key, started_at)
   WHERE parent_span_id IS NULL;

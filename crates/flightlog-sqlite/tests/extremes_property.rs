@@ -1251,21 +1251,31 @@ impl Model {
 
     /// Every listed run matching the query's filters (not its cursor or limit), newest first.
     fn listed_runs(&self, query: &RunListQuery) -> Vec<RunListEntry> {
-        let mut newest: BTreeMap<&str, usize> = BTreeMap::new();
+        // Each run by its first root (start, then key), the root its rollup is made from; open
+        // while any root is.
+        let mut first: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut open_runs: BTreeSet<&str> = BTreeSet::new();
         for (index, span) in self.spans.iter().enumerate() {
             if span.parent_span_id.is_some() {
                 continue;
             }
-            let entry = newest.entry(span.run_id.as_str()).or_insert(index);
-            if (span.started_at, index) > (self.spans[*entry].started_at, *entry) {
+            if span.outcome.is_none() {
+                open_runs.insert(span.run_id.as_str());
+            }
+            let entry = first.entry(span.run_id.as_str()).or_insert(index);
+            if (span.started_at, index) < (self.spans[*entry].started_at, *entry) {
                 *entry = index;
             }
         }
         let mut entries = Vec::new();
-        for (run_id, &index) in &newest {
+        for (run_id, &index) in &first {
             let root = &self.spans[index];
-            let rollup = self.rollups.get(*run_id).filter(|_| root.outcome.is_some());
-            let state = if root.outcome.is_none() {
+            // A rollup made while the root was open holds no end: the live figures stand.
+            let rollup = self
+                .rollups
+                .get(*run_id)
+                .filter(|row| root.outcome.is_some() && row.ended_at.is_some());
+            let state = if open_runs.contains(run_id) {
                 RunState::Open
             } else {
                 RunState::Ended
@@ -1318,7 +1328,7 @@ impl Model {
             .collect();
         if query.state != Some(RunState::Open) {
             for row in self.rollups.values() {
-                if !row.detail_pruned || newest.contains_key(row.run_id.as_str()) {
+                if !row.detail_pruned || first.contains_key(row.run_id.as_str()) {
                     continue;
                 }
                 entries.push(RunListEntry {
@@ -3070,12 +3080,12 @@ async fn parent_loops_and_parents_in_other_runs() -> Result<(), TestCaseError> {
     prop_assert_eq!(rollup.failure_reason.as_deref(), Some("loop"));
     prop_assert_eq!(h.sweep_orphans(2).await?, 3);
     prop_assert!(h.terminal_roots(i64::MIN, -1).await?.is_empty());
-    // A root arrives late; the run is listed once, from it.
+    // Roots arrive late; the run is listed once, from the first by start.
     let _ = h.start(0, start_input("g", "r1", None, Some(0))).await?;
     let _ = h.start(0, start_input("h", "r1", None, Some(-5))).await?;
     let page = h.list_runs(everything(i64::MAX)).await?;
     prop_assert_eq!(page.runs.len(), 1);
-    prop_assert_eq!(page.runs[0].name.as_str(), "name of g");
+    prop_assert_eq!(page.runs[0].name.as_str(), "name of h");
     let _ = h
         .end(0, "g", end_input(SpanOutcome::Success, Some(9)))
         .await?;
