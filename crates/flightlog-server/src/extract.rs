@@ -244,8 +244,28 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
         };
         parsed
             .map(|Query(value)| ApiQuery(value))
-            .map_err(|rejection| ApiError::invalid(rejection.body_text()))
+            .map_err(|rejection| ApiError::invalid(query_error_text(&rejection.body_text())))
     }
+}
+
+/// axum's query rejection in the words of the rest of the API: "Failed to deserialize query
+/// string: after: invalid digit found in string" becomes "bad query parameter after: invalid
+/// digit found in string"; a missing or unknown one says so.
+fn query_error_text(text: &str) -> String {
+    let detail = text
+        .strip_prefix("Failed to deserialize query string: ")
+        .unwrap_or(text);
+    if let Some(field) = detail
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.strip_suffix('`'))
+    {
+        return format!("the query parameter {field} is required");
+    }
+    // serde_urlencoded names the parameter first: "limt: unknown field `limt`, expected …".
+    if let Some((_, rest)) = detail.split_once("unknown field ") {
+        return format!("unknown query parameter {rest}");
+    }
+    format!("bad query parameter {detail}")
 }
 
 /// `name=` or `name` (or nothing, between two `&`): a parameter with no value.
@@ -371,6 +391,26 @@ impl utoipa::IntoParams for WriterStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn query_errors_read_like_the_rest_of_the_api() {
+        assert_eq!(
+            query_error_text(
+                "Failed to deserialize query string: after: invalid digit found in string"
+            ),
+            "bad query parameter after: invalid digit found in string"
+        );
+        assert_eq!(
+            query_error_text("Failed to deserialize query string: missing field `thresholdMs`"),
+            "the query parameter thresholdMs is required"
+        );
+        assert_eq!(
+            query_error_text(
+                "Failed to deserialize query string: limt: unknown field `limt`, expected `limit`"
+            ),
+            "unknown query parameter `limt`, expected `limit`"
+        );
+    }
     use axum::http::HeaderValue;
 
     fn content_type(value: &'static str) -> HeaderMap {
