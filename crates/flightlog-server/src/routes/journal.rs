@@ -122,6 +122,16 @@ struct EngagementAppendBody {
 }
 
 /// Turn the wire body into an [`AppendInput`] for `engagement_id`.
+/// `expectedSeq` written another way (`expectedseq`, `expected_seq`, `Expected-Seq`).
+fn is_expected_seq_misspelt(key: &str) -> bool {
+    let folded: String = key
+        .chars()
+        .filter(|c| !matches!(c, '_' | '-'))
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    folded == "expectedseq" && key != "expectedSeq"
+}
+
 fn append_input(engagement_id: &str, body: Value) -> Result<AppendInput, ApiError> {
     let Value::Object(mut body) = body else {
         return Err(ApiError::invalid(
@@ -154,6 +164,17 @@ fn append_input(engagement_id: &str, body: Value) -> Result<AppendInput, ApiErro
                  leave it out"
             )))
         }
+    }
+    // Other members are dropped, as the reference's append drops them (a conformance fixture
+    // pins it: `"seq": 99, "extra": "dropped"`), unlike every other write body's
+    // (ARCHITECTURE, "Deliberate differences"). One exception: a misspelt `expectedSeq` would
+    // drop the concurrency check it carries with a 201, so a member that is `expectedSeq` but
+    // for case, `_` or `-` is refused.
+    if let Some(misspelt) = body.keys().find(|key| is_expected_seq_misspelt(key)) {
+        return Err(ApiError::invalid(format!(
+            "unknown field `{misspelt}` in the append body: the guard is spelt `expectedSeq`; \
+             nothing was appended"
+        )));
     }
     body.insert("engagementId".into(), Value::String(engagement_id.into()));
     let input = AppendInput::from_json(Value::Object(body)).map_err(JournalError::Invalid)?;

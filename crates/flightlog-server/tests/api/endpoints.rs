@@ -815,6 +815,10 @@ async fn journal_appends_reads_views_compaction_listing_and_pruning() {
         json!({"type": "t", "at": 1.5, "data": {}}),
         json!({"type": "t", "at": 1, "data": {}, "expectedSeq": -1}),
         json!({"type": "t", "at": 1, "data": {}, "engagementId": "e2"}),
+        // A misspelt guard was dropped with a 201 (seq 1 is taken: it would have been a
+        // conflict). Other unknown members are dropped, as the reference drops them.
+        json!({"type": "t", "at": 1, "data": {}, "expectedseq": 1}),
+        json!({"type": "t", "at": 1, "data": {}, "expected_seq": 1}),
         json!("text"),
     ] {
         server
