@@ -372,7 +372,9 @@ impl utoipa::IntoParams for WriterStore {
         let schema = ObjectBuilder::new()
             .schema_type(Type::String)
             .min_length(Some(1))
-            .max_length(Some(MAX_ID_BYTES));
+            .max_length(Some(MAX_ID_BYTES))
+            // Visible ASCII (`!` to `~`), no space or tab.
+            .pattern(Some("^[!-~]+$"));
         vec![ParameterBuilder::new()
             .name("Flightlog-Writer")
             .parameter_in(ParameterIn::Header)

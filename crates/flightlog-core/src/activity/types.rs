@@ -163,28 +163,34 @@ pub struct SpanUsage {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::json_number::optional_integral_i64"
     )]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub input_tokens: Option<i64>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::json_number::optional_integral_i64"
     )]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub output_tokens: Option<i64>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::json_number::optional_integral_i64"
     )]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub cache_read_tokens: Option<i64>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::json_number::optional_integral_i64"
     )]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub cache_creation_tokens: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub cost_usd: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub model: Option<String>,
 }
 
@@ -355,7 +361,11 @@ pub struct RunRollupRow {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StartSpanInput {
+    /// Client-chosen, 1 to 256 bytes.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 256))]
     pub span_id: String,
+    /// Client-chosen, 1 to 256 bytes.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 256))]
     pub run_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_span_id: Option<String>,
@@ -375,6 +385,7 @@ pub struct StartSpanInput {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::json_number::optional_integral_i64"
     )]
+    #[cfg_attr(feature = "openapi", schema(minimum = -9_007_199_254_740_991_i64, maximum = 9_007_199_254_740_991_i64))]
     pub started_at: Option<i64>,
 }
 
@@ -392,6 +403,7 @@ pub struct EndSpanInput {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::json_number::optional_integral_i64"
     )]
+    #[cfg_attr(feature = "openapi", schema(minimum = -9_007_199_254_740_991_i64, maximum = 9_007_199_254_740_991_i64))]
     pub ended_at: Option<i64>,
     #[serde(
         default,
@@ -426,6 +438,7 @@ pub struct SpanPatch {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::json_number::optional_integral_i64"
     )]
+    #[cfg_attr(feature = "openapi", schema(minimum = -9_007_199_254_740_991_i64, maximum = 9_007_199_254_740_991_i64))]
     pub wait_until: Option<i64>,
 }
 

@@ -189,6 +189,7 @@ pub struct BoardEntry {
     pub version: f64,
     /// The last valid todo status written, absent when none was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub status: Option<BoardTodoStatus>,
 }
 
@@ -200,6 +201,7 @@ pub struct GuardBlockReason {
     pub code: String,
     /// Free-text detail, absent when the record had none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub detail: Option<String>,
 }
 
@@ -211,6 +213,7 @@ pub struct GuardBlock {
     pub from: String,
     /// The addressee, absent when the record has no string `to`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub to: Option<String>,
     /// Why it was blocked.
     pub reason: GuardBlockReason,
@@ -336,6 +339,7 @@ pub struct EngagementHopSummary {
     pub to: String,
     /// The mail this one answers, absent when none (or empty) was given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub causation_id: Option<String>,
     /// Where the hop stands.
     pub status: HopStatus,
@@ -351,20 +355,23 @@ pub struct EngagementSummary {
     /// Who opened it: the `initiator`/`principal` object verbatim, or
     /// `{kind: "human", id, trust: "group_member"}` for a principal string.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object, nullable = false))]
     pub initiator: Option<JsonObject>,
     /// Where it was opened, absent when no opened record named a valid venue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub venue: Option<VenueRef>,
     /// `at` of the last `engagement_opened`, else of the first record, else 0.
     pub started_at: i64,
     /// `at` of the last `engagement_closed`, absent while open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub ended_at: Option<i64>,
     /// Where it stands.
     pub status: EngagementStatus,
     /// The close reason, else the last escalation's reason; absent when neither exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub reason: Option<String>,
     /// Agent actors in first-appearance order (humans and systems excluded).
     pub actors: Vec<String>,

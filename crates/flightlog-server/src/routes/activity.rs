@@ -64,6 +64,7 @@ pub(crate) struct AppendEventBody {
         default,
         deserialize_with = "flightlog_core::json_number::optional_integral_i64"
     )]
+    #[schema(minimum = -9_007_199_254_740_991_i64, maximum = 9_007_199_254_740_991_i64)]
     pub(crate) ts: Option<i64>,
 }
 
@@ -76,6 +77,7 @@ pub(crate) struct HeartbeatBody {
         default,
         deserialize_with = "flightlog_core::json_number::optional_integral_i64"
     )]
+    #[schema(minimum = -9_007_199_254_740_991_i64, maximum = 9_007_199_254_740_991_i64)]
     pub(crate) at: Option<i64>,
 }
 

@@ -107,14 +107,17 @@ fn integral_ms<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i64,
 struct EngagementAppendBody {
     /// What happened (`engagement_opened`, `mail_sent`, …); a non-empty string.
     #[serde(rename = "type")]
+    #[schema(min_length = 1)]
     event_type: String,
-    /// When it happened, epoch milliseconds as the writer states it.
+    /// When it happened, epoch milliseconds as the writer states it (an integer below 2^53 in
+    /// magnitude).
+    #[schema(minimum = -9_007_199_254_740_991_i64, maximum = 9_007_199_254_740_991_i64)]
     at: i64,
     /// The payload, stored verbatim.
     #[schema(value_type = Object)]
     data: Value,
     /// When given, the append succeeds only if this is the seq it gets (else 409 `conflict`).
-    #[schema(nullable = false, minimum = 0)]
+    #[schema(nullable = false, minimum = 0, maximum = 9_007_199_254_740_991_i64)]
     expected_seq: Option<i64>,
     /// May be given only if equal to the path's id.
     #[schema(nullable = false)]

@@ -201,6 +201,35 @@ async fn record_schemas_keep_the_wire_spelling() {
         json!(["spanId", "runId", "name", "kind", "origin"])
     );
     assert!(schemas["SpanUsage"].get("required").is_none());
+    // A field the reference leaves `undefined` is absent, never `null`: optional, not nullable.
+    for (schema, field) in [
+        ("SpanUsage", "inputTokens"),
+        ("SpanUsage", "costUsd"),
+        ("BoardEntry", "status"),
+        ("EngagementSummary", "endedAt"),
+        ("EngagementSummary", "initiator"),
+        ("EngagementSummary", "venue"),
+        ("GuardBlock", "to"),
+        ("EngagementHopSummary", "causationId"),
+    ] {
+        let property = &schemas[schema]["properties"][field];
+        assert!(property.is_object(), "{schema}.{field}");
+        assert!(
+            !property.to_string().contains("\"null\""),
+            "{schema}.{field} is declared nullable: {property}"
+        );
+    }
+    // The bounds the server enforces: ids of 1 to 256 bytes, times below 2^53 in magnitude.
+    assert_eq!(start["properties"]["spanId"]["minLength"], 1);
+    assert_eq!(start["properties"]["runId"]["maxLength"], 256);
+    assert_eq!(
+        start["properties"]["startedAt"]["maximum"],
+        json!(9_007_199_254_740_991_i64)
+    );
+    assert_eq!(
+        schemas["EngagementAppendBody"]["properties"]["type"]["minLength"],
+        1
+    );
 
     // A raw payload is any JSON value; an event's data is an object; `type` keeps its name.
     let payload = &schemas["SpanEventRow"]["properties"]["payload"];
