@@ -197,12 +197,34 @@ fn finish_operation(path: &str, method: &Method, operation: &mut Operation) {
     if !is_read_method(method) || path.starts_with("/v1/") {
         add_response(operation, SharedResponse::Unavailable);
     }
+    retry_after_on_every_503(operation);
     if path.starts_with("/v1/") {
         add_response(operation, SharedResponse::Internal);
     }
     if path == TRACES_PATH {
         errors_also_in_protobuf(operation);
     }
+}
+
+/// A handler's own 503 (a large answer waiting for the response budget) carries `Retry-After`
+/// as the shared one does: the header every 503 of the server sends.
+fn retry_after_on_every_503(operation: &mut Operation) {
+    if let Some(RefOr::T(response)) = operation.responses.responses.get_mut("503") {
+        response
+            .headers
+            .entry("Retry-After".to_owned())
+            .or_insert_with(retry_after_header);
+    }
+}
+
+/// The `Retry-After` header of a 503: whole seconds.
+fn retry_after_header() -> utoipa::openapi::header::Header {
+    let seconds =
+        utoipa::openapi::ObjectBuilder::new().schema_type(utoipa::openapi::schema::Type::Integer);
+    HeaderBuilder::new()
+        .schema(seconds)
+        .description(Some("Seconds to wait before retrying."))
+        .build()
 }
 
 /// The path ids (`spanId`, `runId`, `engagementId`) are 1 to 256 bytes.
@@ -397,15 +419,7 @@ impl SharedResponse {
             .content("application/json", Content::new(Some(error_body)));
         match self {
             Self::Unavailable => {
-                let seconds = utoipa::openapi::ObjectBuilder::new()
-                    .schema_type(utoipa::openapi::schema::Type::Integer);
-                response = response.header(
-                    "Retry-After",
-                    HeaderBuilder::new()
-                        .schema(seconds)
-                        .description(Some("Seconds to wait before retrying."))
-                        .build(),
-                );
+                response = response.header("Retry-After", retry_after_header());
             }
             Self::Unauthorized => {
                 let text = utoipa::openapi::ObjectBuilder::new()

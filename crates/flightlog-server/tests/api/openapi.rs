@@ -219,6 +219,22 @@ async fn record_schemas_keep_the_wire_spelling() {
             "{schema}.{field} is declared nullable: {property}"
         );
     }
+    // Every 503 carries `Retry-After`, the shared one and a handler's own.
+    let mut without = Vec::new();
+    for (path, item) in document["paths"].as_object().cloned().unwrap_or_default() {
+        for (method, operation) in item.as_object().cloned().unwrap_or_default() {
+            let unavailable = &operation["responses"]["503"];
+            if unavailable.is_null() || unavailable.get("$ref").is_some() {
+                continue;
+            }
+            if unavailable["headers"]["Retry-After"].is_null() {
+                without.push(format!("{method} {path}"));
+            }
+        }
+    }
+    assert!(without.is_empty(), "503 without Retry-After: {without:?}");
+    let shared = &document["components"]["responses"]["Unavailable"];
+    assert!(shared["headers"]["Retry-After"].is_object(), "{shared}");
     // The bounds the server enforces: ids of 1 to 256 bytes, times below 2^53 in magnitude.
     assert_eq!(start["properties"]["spanId"]["minLength"], 1);
     assert_eq!(start["properties"]["runId"]["maxLength"], 256);
