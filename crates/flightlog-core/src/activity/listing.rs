@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::types::{SpanOrigin, SpanOutcome};
 
-/// Whether a run's root is still open.
+/// Whether any of the run's roots is still open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
@@ -56,7 +56,8 @@ impl RunCursor {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunListQuery {
     pub state: Option<RunState>,
-    /// Only ended runs with this outcome.
+    /// Only runs whose first root ended with this outcome (such a run is still open while a
+    /// later root is).
     pub outcome: Option<SpanOutcome>,
     pub origin: Option<SpanOrigin>,
     /// Most runs returned.

@@ -124,7 +124,6 @@ struct EngagementAppendBody {
     engagement_id: Option<String>,
 }
 
-/// Turn the wire body into an [`AppendInput`] for `engagement_id`.
 /// `expectedSeq` written another way (`expectedseq`, `expected_seq`, `Expected-Seq`).
 fn is_expected_seq_misspelt(key: &str) -> bool {
     let folded: String = key
@@ -135,6 +134,7 @@ fn is_expected_seq_misspelt(key: &str) -> bool {
     folded == "expectedseq" && key != "expectedSeq"
 }
 
+/// Turn the wire body into an [`AppendInput`] for `engagement_id`.
 fn append_input(engagement_id: &str, body: Value) -> Result<AppendInput, ApiError> {
     let Value::Object(mut body) = body else {
         return Err(ApiError::invalid(

@@ -35,7 +35,8 @@ pub(crate) struct RunsQuery {
     #[serde(default)]
     #[param(value_type = Option<RunState>)]
     state: Option<String>,
-    /// Only ended runs with this outcome.
+    /// Only runs whose first root ended with this outcome (such a run is still open while a
+    /// later root is).
     #[serde(default)]
     outcome: Option<SpanOutcome>,
     /// Only runs of this origin.
