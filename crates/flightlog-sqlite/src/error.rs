@@ -42,8 +42,8 @@ fn is_disk_full(err: &rusqlite::Error) -> bool {
 }
 
 /// True when SQLite could not grow the `-shm` file that indexes the WAL
-/// (`SQLITE_IOERR_SHMSIZE`). SQLite writes one byte into each page of a new 32 KiB
-/// region to make the file's blocks real, so this fails only for lack of room: a full disk (`ENOSPC`), a
+/// (`SQLITE_IOERR_SHMSIZE`). SQLite writes one byte into each page of a new 32 KiB region to
+/// make the file's blocks real, so this fails only for lack of room: a full disk (`ENOSPC`), a
 /// quota or a file-size limit. It happens when the WAL grows past another 4,096 pages while the
 /// disk is full, and at the first open after a crash, which cuts the file to 3 bytes and grows it
 /// again; the unix VFS reports it as a "disk I/O error", which read as a broken disk (a 500, or a
