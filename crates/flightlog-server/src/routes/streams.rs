@@ -80,14 +80,9 @@ struct FromSeqQuery {
 
 /// `Last-Event-ID` (a reconnecting EventSource) wins over the query's starting point.
 fn last_event_id(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
-    let Some(value) = headers.get("last-event-id") else {
+    let Some(value) = last_event_id_header(headers) else {
         return Ok(None);
     };
-    // An empty header (a proxy's, or a client's with nothing seen yet) is no header, as a
-    // blank query parameter is no parameter.
-    if value.as_bytes().trim_ascii().is_empty() {
-        return Ok(None);
-    }
     value
         .to_str()
         .ok()
@@ -95,6 +90,14 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
         .filter(|id| *id >= 0)
         .map(Some)
         .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a non-negative integer"))
+}
+
+/// The `Last-Event-ID` header, unless absent or blank: an empty one (a proxy's, or a client's
+/// with nothing seen yet) is no header, as a blank query parameter is no parameter.
+fn last_event_id_header(headers: &HeaderMap) -> Option<&axum::http::HeaderValue> {
+    headers
+        .get("last-event-id")
+        .filter(|value| !value.as_bytes().trim_ascii().is_empty())
 }
 
 /// Only the changes of one run above its snapshot's high-water seq.
@@ -349,9 +352,9 @@ where
 /// Every committed change after a cursor, in `changeId` order, live (Server-Sent Events).
 ///
 /// `event: change` with an `ActivityChange` as `data:` and its `changeId` as `id:`; a
-/// `: keep-alive` comment every 10 s without an event; `event: resync` (and the end of the stream) when
-/// the cursor is behind the part of the change log that `prune` trimmed; `event: error` when the
-/// store fails. Without `after` or `Last-Event-ID` it starts at the newest change.
+/// `: keep-alive` comment every 10 s without an event; `event: resync` (and the end of the
+/// stream) when the cursor is behind the part of the change log that `prune` trimmed; `event:
+/// error` when the store fails. Without `after` or `Last-Event-ID` it starts at the newest change.
 #[utoipa::path(
     get,
     path = "/v1/activity/changes/stream",
@@ -373,12 +376,13 @@ async fn change_stream(
     if query.after.is_some_and(|after| after < 0) {
         return Err(ApiError::invalid("after must be a non-negative integer"));
     }
-    let start = match (last_event_id(&headers)?, query.after) {
-        (Some(id), _) => id,
-        (None, Some(after)) => after,
-        (None, None) => newest_position(store.as_ref()).await?,
+    let start = match last_event_id(&headers)?.or(query.after) {
+        Some(start) => {
+            check_not_beyond_newest(store.as_ref(), start).await?;
+            start
+        }
+        None => newest_position(store.as_ref()).await?,
     };
-    check_not_beyond_newest(store.as_ref(), start).await?;
     Ok(sse(
         &state,
         StreamKind::Changes,
@@ -481,13 +485,9 @@ struct JournalStart {
 /// Parse a journal stream's `Last-Event-ID`: `<seq>` (0 or more) or `<seq>@<generation>` (seq
 /// -1 or more: `-1@G` is the id of a `resync`, "nothing of generation G seen yet").
 fn journal_last_event_id(headers: &HeaderMap) -> Result<Option<JournalStart>, ApiError> {
-    let Some(value) = headers.get("last-event-id") else {
+    let Some(value) = last_event_id_header(headers) else {
         return Ok(None);
     };
-    // Empty: no header (see `last_event_id`).
-    if value.as_bytes().trim_ascii().is_empty() {
-        return Ok(None);
-    }
     let parsed = value.to_str().ok().map(str::trim).and_then(|text| {
         let (seq, generation) = match text.split_once('@') {
             Some((seq, generation)) => (seq, Some(generation.parse::<u64>().ok()?)),
