@@ -4,10 +4,10 @@
 //! of, so each span is an upsert with three cases, decided under the write lock:
 //! - unknown span id: one `INSERT … SELECT … WHERE` the id is in neither span-id index creates
 //!   it whole (the common case costs no separate existence check), then its events;
-//! - open span (started natively, or announced earlier as pending): completed in place — parent
-//!   and start are kept, attrs merged, usage fields filled, the end written if the delivery has
-//!   one. A span the same importer announced (same origin) takes the delivery's name, kind,
-//!   session and job, since the final copy describes it best (an announcement may lack the
+//! - open span (started natively, or announced earlier as pending): completed in place — start
+//!   kept, attrs merged, usage fields filled, the end written if the delivery has
+//!   one. A span the same importer announced (same origin) takes the delivery's parent, name,
+//!   kind, session and job, since the final copy describes it best (an announcement may lack the
 //!   attributes its kind comes from); a span started natively keeps the identity its writer
 //!   gave it. Only events it does not already hold are added (see [`events_to_add`]): each
 //!   held event accounts for one delivered event of the same `ts` and type, the one with the
@@ -247,8 +247,15 @@ fn complete_open_span(
     let span = &prepared.span;
     let attrs = merged_attrs(ctx, existing.attrs, Some(update));
     let end = span.end.as_ref();
+    // ?18: the delivery's parent. A span this importer announced takes it, as it takes the
+    // name: an announcement cannot say that its parent is remote (Logfire's pending span
+    // names the real span's parent by id alone), while the OTLP mapping makes the delivery of
+    // a span continued from a remote caller a root. A span that becomes a root while open
+    // gets a root's heartbeat (as a root delivered whole would). A span started natively keeps
+    // the parent its writer gave it.
     ctx.statement(
             "UPDATE activity_spans SET attrs = ?1, \
+             parent_span_id = CASE WHEN origin = ?13 THEN ?18 ELSE parent_span_id END, \
              name = CASE WHEN origin = ?13 THEN ?14 ELSE name END, \
              kind = CASE WHEN origin = ?13 THEN ?15 ELSE kind END, \
              session_id = CASE WHEN origin = ?13 THEN COALESCE(?16, session_id) \
@@ -260,8 +267,11 @@ fn complete_open_span(
              cache_read_tokens = COALESCE(?7, cache_read_tokens), \
              cache_creation_tokens = COALESCE(?8, cache_creation_tokens), \
              cost_usd = COALESCE(?9, cost_usd), model = COALESCE(?10, model), \
-             last_heartbeat_at = CASE WHEN ?3 IS NULL AND parent_span_id IS NULL \
-               THEN MAX(COALESCE(last_heartbeat_at, 0), ?11) ELSE last_heartbeat_at END \
+             last_heartbeat_at = CASE \
+               WHEN NOT (CASE WHEN origin = ?13 THEN ?18 IS NULL ELSE parent_span_id IS NULL END) \
+                 THEN last_heartbeat_at \
+               WHEN ?3 IS NULL THEN MAX(COALESCE(last_heartbeat_at, 0), ?11) \
+               ELSE COALESCE(last_heartbeat_at, started_at) END \
              WHERE span_key = ?12",
         )
         .and_then(|stmt| {
@@ -283,6 +293,7 @@ fn complete_open_span(
                 span.kind.as_str(),
                 span.session_id,
                 span.job_name,
+                span.parent_span_id,
             ])
         })
         .map_err(backend)?;

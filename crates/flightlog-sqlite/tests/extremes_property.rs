@@ -1215,6 +1215,7 @@ impl Model {
             // A span the same importer announced takes the final copy's identity; a span of
             // another origin (started natively) keeps its own.
             if stored.origin == span.origin {
+                stored.parent_span_id = span.parent_span_id.clone();
                 stored.name = span.name.clone();
                 stored.kind = span.kind.clone();
                 if span.session_id.is_some() {
@@ -1229,8 +1230,14 @@ impl Model {
                 stored.ended_at = Some(end.ended_at);
                 stored.outcome = Some(end.outcome.clone());
                 stored.outcome_reason = end.reason.clone();
-            } else if stored.parent_span_id.is_none() {
-                stored.last_heartbeat_at = Some(stored.last_heartbeat_at.unwrap_or(0).max(now));
+            }
+            // A root (maybe just made one by the delivery's parent) has a heartbeat: refreshed
+            // while open, as a root delivered whole has one when ended.
+            if stored.parent_span_id.is_none() {
+                stored.last_heartbeat_at = Some(match end {
+                    None => stored.last_heartbeat_at.unwrap_or(0).max(now),
+                    Some(_) => stored.last_heartbeat_at.unwrap_or(stored.started_at),
+                });
             }
             coalesce(&mut stored.usage, Some(&span.usage));
             self.log(&span.run_id, &span.span_id, None);

@@ -416,6 +416,79 @@ async fn a_pending_span_is_live_until_the_real_one_arrives() {
     );
 }
 
+/// Logfire announces a span continued from a remote caller with the caller's span id as the
+/// real parent (a pending span cannot say the parent is remote); the completed copy, flagged
+/// remote, makes it a root, so the run gets its rollup and its place in the list.
+#[tokio::test]
+async fn an_announced_span_of_a_remote_caller_becomes_a_root_when_it_completes() {
+    let server = TestServer::start().await;
+    let mut pending = otlp_span(
+        7,
+        1,
+        1_000,
+        vec![
+            text("gen_ai.operation.name", "invoke_agent"),
+            text("logfire.span_type", "pending_span"),
+            text("logfire.pending_parent_id", &hex(0x0f)),
+        ],
+    );
+    pending.name = "agent run (pending)".into();
+    pending.end_time_unix_nano = pending.start_time_unix_nano;
+    let child = otlp_span(
+        2,
+        1,
+        1_010,
+        vec![
+            text("gen_ai.operation.name", "chat"),
+            text("gen_ai.request.model", "gpt-4o-mini"),
+            int("gen_ai.usage.input_tokens", 300),
+            int("gen_ai.usage.output_tokens", 10),
+        ],
+    );
+    export(&server, vec![pending, child]).await;
+    let (_, announced) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
+    assert_eq!(announced["parentSpanId"], hex(0x0f));
+    assert_eq!(announced["outcome"], Value::Null);
+
+    let mut completed = otlp_span(
+        1,
+        0x0f,
+        1_000,
+        vec![text("gen_ai.operation.name", "invoke_agent")],
+    );
+    completed.flags = 0x301;
+    let answer = export(&server, vec![completed]).await;
+    assert_eq!(answer.partial_success, None);
+    let (_, root) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
+    assert_eq!(root["parentSpanId"], Value::Null, "{root}");
+    assert_eq!(root["kind"], "turn", "{root}");
+    assert_eq!(root["outcome"], "success");
+    assert_eq!(root["attrs"]["flightlog.remote_parent_span_id"], hex(0x0f));
+    let (status, rollup) =
+        get_json(&server, &format!("/v1/activity/runs/{TRACE_HEX}/rollup")).await;
+    assert_eq!(status, 200, "{rollup}");
+    assert_eq!(rollup["inputTokens"], 300, "{rollup}");
+    let (_, runs) = get_json(&server, "/v1/activity/runs?state=ended&limit=10").await;
+    assert_eq!(runs["runs"][0]["runId"], TRACE_HEX, "{runs}");
+
+    // A span started natively keeps the parent its writer gave it, whatever the copy says.
+    server
+        .post(
+            "/v1/activity/spans",
+            &json!({"spanId": hex(0x20), "runId": TRACE_HEX, "parentSpanId": hex(1),
+                    "name": "native", "kind": "tool", "origin": "session",
+                    "startedAt": 1_020}),
+        )
+        .await
+        .assert_status(201);
+    let mut copy = otlp_span(0x20, 0x0e, 1_020, Vec::new());
+    copy.flags = 0x301;
+    export(&server, vec![copy]).await;
+    let (_, native) = get_json(&server, &format!("/v1/activity/spans/{}", hex(0x20))).await;
+    assert_eq!(native["parentSpanId"], hex(1), "{native}");
+    assert_eq!(native["outcome"], "success", "{native}");
+}
+
 /// The gRPC listener (HTTP/2) drops a connection that sends no request within the header-read
 /// timeout: HTTP/2 has no such timeout in hyper, and a client that never sent its preface held
 /// the connection (and a file descriptor) forever.
