@@ -318,11 +318,17 @@ fn flightlog_environment() -> anyhow::Result<BTreeMap<String, String>> {
 /// What to do when a listener cannot be bound: a port below 1024 needs privileges (the error
 /// is "permission denied", though the port may well be free); otherwise the port is taken.
 fn bind_fix(err: &std::io::Error) -> &'static str {
-    if err.kind() == std::io::ErrorKind::PermissionDenied {
-        "ports below 1024 need privileges (root, or the CAP_NET_BIND_SERVICE capability); choose \
-         a port of 1024 or above"
-    } else {
-        "choose a free port, or port 0 for any free one"
+    match err.kind() {
+        std::io::ErrorKind::PermissionDenied => {
+            "ports below 1024 need privileges (root, or the CAP_NET_BIND_SERVICE capability); \
+             choose a port of 1024 or above"
+        }
+        // EADDRNOTAVAIL: the port may well be free; the host part is not this machine's.
+        std::io::ErrorKind::AddrNotAvailable => {
+            "the address is not one of this machine's: use 127.0.0.1 (this machine only), \
+             0.0.0.0 or [::] (every interface), or an address `ip addr` lists"
+        }
+        _ => "choose a free port, or port 0 for any free one",
     }
 }
 
@@ -396,5 +402,7 @@ mod tests {
         assert!(bind_fix(&denied).contains("below 1024"));
         let taken = std::io::Error::from(std::io::ErrorKind::AddrInUse);
         assert!(bind_fix(&taken).contains("free port"));
+        let foreign = std::io::Error::from(std::io::ErrorKind::AddrNotAvailable);
+        assert!(bind_fix(&foreign).contains("not one of this machine's"));
     }
 }

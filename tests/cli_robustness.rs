@@ -876,6 +876,38 @@ fn a_port_already_in_use_is_refused_and_the_database_keeps_its_runs() {
     good.assert_still_serves(&scratch);
 }
 
+/// An address this machine does not have (192.0.2.1 is reserved for documentation, so no
+/// interface holds it): the port is not what to change, and the message says so. Nothing
+/// listens: the bind fails.
+#[test]
+fn an_address_this_machine_does_not_have_is_refused_with_the_right_fix() {
+    let scratch = Scratch::new("foreign-addr");
+    let mut good = GoodDb::create(&scratch);
+    good.remember_bytes();
+    let db = good.arg();
+    let out = run(
+        scratch.path(),
+        &serve_args(
+            &db,
+            &[
+                "--addr",
+                "192.0.2.1:4318",
+                "--grpc-addr",
+                "off",
+                "--allow-unauthenticated-non-loopback",
+            ],
+        ),
+        &[],
+    );
+    out.assert_refused(&[
+        "cannot listen on",
+        "192.0.2.1:4318",
+        "not one of this machine's",
+        "127.0.0.1",
+    ]);
+    good.assert_unchanged(&out);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Numbers, sizes, durations, switches: flag, variable and config file
 // ---------------------------------------------------------------------------------------------

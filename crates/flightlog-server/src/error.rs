@@ -6,7 +6,7 @@
 //! a body, a bad query string) into one of these variants, so no response of this server ever
 //! carries axum's plain-text rejection bodies.
 
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flightlog_core::activity::StoreError;
@@ -151,30 +151,36 @@ pub struct ErrorDetail {
     pub message: String,
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut response = (self.status(), Json(self.body())).into_response();
+impl ApiError {
+    /// The headers this error's status calls for, whatever the body's encoding (the OTLP
+    /// routes answer some in protobuf).
+    pub(crate) fn insert_headers(&self, headers: &mut HeaderMap) {
         match self {
-            Self::Internal(message) => report_internal_error(&message),
             Self::Unavailable(_) => {
-                response
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
             }
             // The rest of the body is unread: the connection cannot carry another request.
             Self::RequestTimeout(_) => {
-                response
-                    .headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
             // RFC 6750: a 401 names the scheme the client should use.
             Self::Unauthorized(_) => {
-                response.headers_mut().insert(
+                headers.insert(
                     header::WWW_AUTHENTICATE,
                     HeaderValue::from_static("Bearer realm=\"flightlog\""),
                 );
             }
             _ => {}
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status(), Json(self.body())).into_response();
+        self.insert_headers(response.headers_mut());
+        if let Self::Internal(message) = self {
+            report_internal_error(&message);
         }
         response
     }

@@ -16,8 +16,8 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::header::{CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::header::{CONTENT_ENCODING, CONTENT_TYPE};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use flightlog_otlp::{
     decode_request, encode_response, encode_status, ingest, GrpcCode, OtlpEncoding, OtlpError,
@@ -25,7 +25,7 @@ use flightlog_otlp::{
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::error::{ApiError, ErrorBody, RETRY_AFTER_SECONDS};
+use crate::error::{ApiError, ErrorBody};
 use crate::extract::{writer_header, WriterStore};
 use crate::openapi::tags;
 use crate::state::AppState;
@@ -89,11 +89,7 @@ fn protobuf_failure(error: &ApiError, code: GrpcCode) -> Response {
     let status = error.status();
     let (content_type, body) = encode_status(code, &error.to_string(), OtlpEncoding::Protobuf);
     let mut response = (status, [(CONTENT_TYPE, content_type)], body).into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        response
-            .headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
-    }
+    error.insert_headers(response.headers_mut());
     response
 }
 

@@ -491,6 +491,39 @@ async fn grpc_export_refuses_missing_wrong_and_under_scoped_tokens_and_stores_no
     server.stop().await;
 }
 
+/// An OTLP exporter sending protobuf gets its refusals in protobuf (a `Status`), and a 401
+/// there names the scheme like every other 401: that route is where exporters authenticate.
+#[tokio::test]
+async fn a_protobuf_export_refused_for_its_token_says_how_to_authenticate() {
+    let server = start_with_tokens().await;
+    for authorization in [None, Some("Bearer wrong-token")] {
+        let mut request = server
+            .client
+            .post(format!("{}/v1/traces", server.base))
+            .header("Content-Type", "application/x-protobuf")
+            .body(Vec::new());
+        if let Some(value) = authorization {
+            request = request.header("Authorization", value);
+        }
+        let response = request.send().await.expect("request");
+        assert_eq!(response.status().as_u16(), 401, "{authorization:?}");
+        let headers = response.headers();
+        assert_eq!(
+            headers
+                .get("www-authenticate")
+                .and_then(|v| v.to_str().ok()),
+            Some("Bearer realm=\"flightlog\""),
+            "{authorization:?}"
+        );
+        assert_eq!(
+            headers.get("content-type").and_then(|v| v.to_str().ok()),
+            Some("application/x-protobuf"),
+            "{authorization:?}"
+        );
+    }
+    server.stop().await;
+}
+
 /// The `(METHOD, template)` pairs the server registers: the operations of its OpenAPI document
 /// (routes are registered from their `#[utoipa::path]` annotations, so the document is the
 /// router's own list), plus any plain `.route(…)` call in the source.
