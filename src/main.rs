@@ -162,7 +162,8 @@ struct ServeArgs {
     /// [env: FLIGHTLOG_INSTANCE] [file: instance] [default: HOSTNAME:HTTP-PORT]
     #[arg(long, value_name = "NAME", verbatim_doc_comment)]
     instance: Option<String>,
-    /// Require `Authorization: Bearer SECRET`; repeatable; each grants every scope.
+    /// Require `Authorization: Bearer SECRET` (or SECRET as the HTTP Basic password);
+    /// repeatable; each grants every scope.
     /// Scoped tokens: FLIGHTLOG_TOKENS or [[tokens]] in the config file (see below).
     // A secret may start with '-' (one random base64url secret in 64 does), so the value is
     // taken as given; the settings refuse one that starts with "--", which is a flag forgotten

@@ -286,9 +286,10 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
 fn flightlog_environment() -> anyhow::Result<BTreeMap<String, String>> {
     let mut env = BTreeMap::new();
     for (name, value) in std::env::vars_os() {
+        // `FLIGHTLOG*` and `FLIGHT_LOG*`: a misspelt prefix deserves the warning as much.
         let Some(name) = name.to_str().filter(|n| {
-            n.get(..10)
-                .is_some_and(|p| p.eq_ignore_ascii_case("FLIGHTLOG_"))
+            let upper = n.to_ascii_uppercase();
+            upper.starts_with("FLIGHTLOG") || upper.starts_with("FLIGHT_LOG")
         }) else {
             continue;
         };

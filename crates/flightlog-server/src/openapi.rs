@@ -78,7 +78,11 @@ pub const BEARER: &str = "bearerAuth";
             `null`. Every error answer is `{\"error\": {\"code\", \"message\"}}`.\n\n\
             When the server has tokens configured, every request but `GET /healthz` needs \
             `Authorization: Bearer <token>` with the scope each operation's security \
-            requirement names (`read`, `ingest` or `admin`); without tokens the server is open.",
+            requirement names (`read`, `ingest` or `admin`); HTTP Basic auth with the token as \
+            the password (any user name) is taken as the same token, for clients such as OTLP \
+            exporters that make Basic easier to set. Without tokens the server is open.\n\n\
+            Query parameters: an unknown one is a 400; a blank one (`limit=`, as a form sends \
+            an empty field and as the contract writes its queries) counts as not given.",
     ),
     tags(
         (name = tags::ACTIVITY, description = "Spans, runs and the change log: one operation per reference `ActivityStore` call."),
@@ -129,7 +133,8 @@ pub(crate) fn finish(document: &mut OpenApi) {
                 .description(Some(
                     "A token configured on the server (`--token`, `FLIGHTLOG_TOKENS`, the config \
                      file), with the scopes `read` (all GETs and streams), `ingest` (all writes \
-                     and OTLP) and `admin` (maintenance, prune, compact).",
+                     and OTLP) and `admin` (maintenance, prune, compact). Also accepted as \
+                     the password of HTTP Basic auth.",
                 ))
                 .build(),
         ),

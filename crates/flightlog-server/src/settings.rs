@@ -248,7 +248,8 @@ Config file (every key optional; relative paths are relative to the file's folde
     scopes = [\"admin\"]
 
 Tokens and scopes: with any token configured, every request but GET /healthz needs
-`Authorization: Bearer <token>` (401 without a valid one, 403 without the scope).
+`Authorization: Bearer <token>` (401 without a valid one, 403 without the scope); HTTP Basic
+auth with the token as the password (any user name) works too, as some OTLP exporters prefer.
   read    all GETs and live streams
   ingest  all writes: spans, events, batch, journal appends, OTLP
   admin   maintenance: sweep-orphans, sweep-stale, prune, journal compact and prune,
@@ -756,20 +757,22 @@ struct Layers<'a> {
 }
 
 impl<'a> Layers<'a> {
-    /// The highest-precedence text for `setting` (`flag` is the flag's value) and its origin.
-    fn pick(
+    /// Every source's text for `setting` (`flag` is the flag's value) with its origin, in
+    /// precedence order: the first one is the value used.
+    fn sources(
         &self,
         setting: &Setting,
         flag: Option<impl Into<String>>,
-    ) -> Result<Option<(String, Origin<'a>)>, SettingsError> {
+    ) -> Result<Vec<(String, Origin<'a>)>, SettingsError> {
+        let mut sources = Vec::with_capacity(3);
         if let Some(text) = flag {
-            return Ok(Some((text.into(), Origin::Flag(setting.flag))));
+            sources.push((text.into(), Origin::Flag(setting.flag)));
         }
         if let Some(text) = env_value(self.env, setting.env) {
-            return Ok(Some((text.to_owned(), Origin::Env(setting.env))));
+            sources.push((text.to_owned(), Origin::Env(setting.env)));
         }
         let Some((value, origin)) = self.file.and_then(|file| file.get(setting)) else {
-            return Ok(None);
+            return Ok(sources);
         };
         let wrong_type = |fix: String| SettingsError::WrongType {
             origin: origin.to_string(),
@@ -781,14 +784,28 @@ impl<'a> Layers<'a> {
             return Err(wrong_type(format!("give {}", setting.toml.describe())));
         }
         match scalar_text(value) {
-            Some(text) => Ok(Some((text, origin))),
-            None => Err(wrong_type(
-                "give a single value, not a table or an array".to_owned(),
-            )),
+            Some(text) => sources.push((text, origin)),
+            None => {
+                return Err(wrong_type(
+                    "give a single value, not a table or an array".to_owned(),
+                ))
+            }
         }
+        Ok(sources)
     }
 
-    /// The setting parsed by `parse`, or `default` when no source has it.
+    /// The highest-precedence text for `setting` and its origin.
+    fn pick(
+        &self,
+        setting: &Setting,
+        flag: Option<impl Into<String>>,
+    ) -> Result<Option<(String, Origin<'a>)>, SettingsError> {
+        Ok(self.sources(setting, flag)?.into_iter().next())
+    }
+
+    /// The setting parsed by `parse`, or `default` when no source has it. A value a
+    /// higher-precedence source overrides is checked too: it would otherwise surface only the
+    /// day the override goes (a deploy dropping a variable), as a server that no longer starts.
     fn parse<T>(
         &self,
         setting: &Setting,
@@ -797,14 +814,23 @@ impl<'a> Layers<'a> {
         parse: impl Fn(&str) -> Option<T>,
         fix: &str,
     ) -> Result<T, SettingsError> {
-        match self.pick(setting, flag)? {
-            None => Ok(default),
-            Some((text, origin)) => parse(text.trim()).ok_or_else(|| invalid(&origin, &text, fix)),
+        let mut chosen = None;
+        for (text, origin) in self.sources(setting, flag)? {
+            let value = parse(text.trim()).ok_or_else(|| invalid(&origin, &text, fix))?;
+            chosen.get_or_insert(value);
         }
+        Ok(chosen.unwrap_or(default))
     }
 
-    /// The token list of the highest-precedence source that has one.
+    /// The token list of the highest-precedence source that has one. The lists the chosen one
+    /// overrides are checked all the same (see [`Self::parse`]).
     fn tokens(&self) -> Result<AuthConfig, SettingsError> {
+        if let Some(text) = env_value(self.env, TOKENS.env) {
+            parse_env_tokens(text, &mut AuthConfig::open())?;
+        }
+        if let Some((value, origin)) = self.file.and_then(|file| file.get(&TOKENS)) {
+            parse_file_tokens(value, &origin, &mut AuthConfig::open())?;
+        }
         let mut auth = AuthConfig::open();
         if !self.flags.tokens.is_empty() {
             for (index, secret) in self.flags.tokens.iter().enumerate() {
@@ -850,11 +876,39 @@ pub fn meant_variable(name: &str) -> Option<&'static str> {
         return None;
     }
     let upper = name.to_ascii_uppercase();
+    // The prefix misspelt (`FLIGHT_LOG_TOKENS`, `FLIGHTLOGTOKENS`) is read as the right one.
+    let upper = match upper
+        .strip_prefix("FLIGHT_LOG_")
+        .or_else(|| {
+            upper
+                .strip_prefix("FLIGHTLOG")
+                .filter(|rest| !rest.starts_with('_'))
+        })
+        .or_else(|| upper.strip_prefix("FLIGHT_LOG"))
+    {
+        Some(rest) if !rest.is_empty() => format!("FLIGHTLOG_{rest}"),
+        _ => upper,
+    };
+    if is_setting_variable(&upper) {
+        return SETTINGS
+            .iter()
+            .map(|setting| setting.env)
+            .chain([CONFIG_ENV])
+            .find(|known| *known == upper);
+    }
     // However far from the name: a token meant for the server that it ignores means a server
-    // without authentication (`FLIGHTLOG_API_TOKEN`, `FLIGHTLOG_AUTH`, `FLIGHTLOG_SECRET`).
-    if ["TOKEN", "AUTH", "SECRET", "BEARER"]
-        .iter()
-        .any(|word| upper.contains(word))
+    // without authentication (`FLIGHTLOG_API_TOKEN`, `FLIGHTLOG_AUTH`, `FLIGHTLOG_API_KEY`).
+    if [
+        "TOKEN",
+        "AUTH",
+        "SECRET",
+        "BEARER",
+        "KEY",
+        "PASSWORD",
+        "CREDENTIAL",
+    ]
+    .iter()
+    .any(|word| upper.contains(word))
     {
         return Some(TOKENS.env);
     }
@@ -1102,6 +1156,14 @@ fn parse_file_tokens(
             .ok_or_else(|| problem("names a scope other than read, ingest, admin"))?;
         auth.add_token(secret, scopes)
             .map_err(|err| token_error(origin(), &err))?;
+    }
+    // As an empty FLIGHTLOG_TOKENS is refused: an empty list switches authentication off, which
+    // is better said by having no `tokens` key at all.
+    if entries.is_empty() {
+        return Err(SettingsError::Token {
+            origin: origin.to_string(),
+            problem: format!("holds no token: {shape}, or remove the key"),
+        });
     }
     Ok(())
 }

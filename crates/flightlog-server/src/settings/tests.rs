@@ -260,6 +260,69 @@ fn a_token_variable_with_no_entry_is_refused_rather_than_switching_auth_off() {
 }
 
 #[test]
+fn an_empty_token_list_in_the_file_is_refused_rather_than_switching_auth_off() {
+    let file = file("tokens = []");
+    let err = resolve_with_file(&ServeFlags::default(), &BTreeMap::new(), Some(&file))
+        .expect_err("a token list with no token");
+    let message = err.to_string();
+    assert!(message.contains("`tokens` in"), "{message}");
+    assert!(message.contains("holds no token"), "{message}");
+    assert!(message.contains("remove the key"), "{message}");
+}
+
+/// A bad value in a lower-precedence source is refused even while a higher one overrides it:
+/// it would otherwise stop the server the day the override goes.
+#[test]
+fn an_overridden_value_is_checked_all_the_same() {
+    let flags = ServeFlags {
+        body_limit: Some("1MiB".into()),
+        durability: Some("full".into()),
+        tokens: vec!["flag-token-secret".into()],
+        ..ServeFlags::default()
+    };
+    /// The config file's text, the environment, and the source the refusal must name.
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case<'_>; 5] = [
+        ("body_limit = \"bogus\"", &[], "`body_limit` in"),
+        (
+            "",
+            &[("FLIGHTLOG_BODY_LIMIT", "8 parsecs")],
+            "FLIGHTLOG_BODY_LIMIT",
+        ),
+        (
+            "durability = \"fsync\"",
+            &[("FLIGHTLOG_DURABILITY", "normal")],
+            "`durability` in",
+        ),
+        (
+            "[[tokens]]\ntoken = \"\"\nscopes = [\"nope\"]",
+            &[],
+            "`tokens` in",
+        ),
+        (
+            "",
+            &[("FLIGHTLOG_TOKENS", "secret-without-scopes")],
+            "FLIGHTLOG_TOKENS",
+        ),
+    ];
+    for (text, variables, named) in cases {
+        let err = resolve_with_file(&flags, &env(variables), Some(&file(text)))
+            .expect_err("an overridden bad value");
+        let message = err.to_string();
+        assert!(message.contains(named), "{text} {variables:?}: {message}");
+    }
+    // Valid overridden values stay overridden.
+    let settings = resolve_with_file(
+        &flags,
+        &env(&[("FLIGHTLOG_BODY_LIMIT", "2MiB")]),
+        Some(&file("body_limit = \"4MiB\"\ndurability = \"normal\"")),
+    )
+    .expect("valid values");
+    assert_eq!(settings.server.body_limit, 1 << 20);
+    assert_eq!(settings.durability, Durability::Full);
+}
+
+#[test]
 fn the_config_flag_wins_over_the_config_variable_and_a_missing_file_is_an_error() {
     let dir = tempfile::tempdir().expect("temp dir");
     let from_flag = dir.path().join("flag.toml");
@@ -624,6 +687,17 @@ fn a_misspelled_variable_is_matched_to_the_setting_it_was_meant_to_be() {
     for far in ["FLIGHTLOG_API_TOKEN", "FLIGHTLOG_AUTH", "FLIGHTLOG_SECRET"] {
         assert_eq!(meant_variable(far), Some("FLIGHTLOG_TOKENS"), "{far}");
     }
+    for far in ["FLIGHTLOG_API_KEY", "FLIGHTLOG_PASSWORD"] {
+        assert_eq!(meant_variable(far), Some("FLIGHTLOG_TOKENS"), "{far}");
+    }
+    // The prefix misspelt.
+    assert_eq!(
+        meant_variable("FLIGHT_LOG_TOKENS"),
+        Some("FLIGHTLOG_TOKENS")
+    );
+    assert_eq!(meant_variable("FLIGHTLOGTOKENS"), Some("FLIGHTLOG_TOKENS"));
+    assert_eq!(meant_variable("FlightLog_Db"), Some("FLIGHTLOG_DB"));
+    assert_eq!(meant_variable("FLIGHT_LOGADDR"), Some("FLIGHTLOG_ADDR"));
     assert_eq!(meant_variable("FLIGHTLOG_TEST_DATABASE_URL"), None);
     assert_eq!(meant_variable("FLIGHTLOG_OTLP_CLIENTS_DIR"), None);
     assert!(is_setting_variable("FLIGHTLOG_CONFIG"));
