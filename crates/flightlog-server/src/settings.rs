@@ -397,7 +397,11 @@ pub enum SettingsError {
         problem: String,
     },
     /// The config file cannot be read.
-    #[error("cannot read the config file {} (named by {named_by}): {error}", .path.display())]
+    #[error(
+        "cannot read the config file {} (named by {named_by}): {error}{hint}",
+        .path.display(),
+        hint = read_config_hint(error)
+    )]
     ReadConfig {
         /// The file.
         path: PathBuf,
@@ -442,6 +446,20 @@ pub enum SettingsError {
         /// The first non-loopback address it would have listened on.
         addr: SocketAddr,
     },
+}
+
+/// What to do about a config file that cannot be read, for the errors that have a usual fix.
+fn read_config_hint(error: &std::io::Error) -> &'static str {
+    match error.kind() {
+        std::io::ErrorKind::NotFound => {
+            "; check the path (a relative one starts from the current folder), or leave the \
+             setting out to run without a config file"
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            "; make the file readable by the user the server runs as"
+        }
+        _ => "",
+    }
 }
 
 /// Where a value came from, as the user wrote it.

@@ -349,6 +349,7 @@ fn the_config_flag_wins_over_the_config_variable_and_a_missing_file_is_an_error(
         message.contains("/nonexistent/flightlog.toml") && message.contains("FLIGHTLOG_CONFIG"),
         "{message}"
     );
+    assert!(message.contains("check the path"), "{message}");
 }
 
 /// How a bad-value case feeds its value in.
