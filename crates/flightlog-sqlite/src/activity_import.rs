@@ -3,7 +3,9 @@
 //! An OTLP exporter delivers finished spans in any order and batch and retries what it is unsure
 //! of, so each span is an upsert with three cases, decided under the write lock:
 //! - unknown span id: one `INSERT … SELECT … WHERE` the id is in neither span-id index creates
-//!   it whole (the common case costs no separate existence check), then its events;
+//!   it whole (the common case costs no separate existence check), then its events. An open
+//!   one whose parent is not stored is a root until its completed copy comes (see
+//!   [`stored_parent`]);
 //! - open span (started natively, or announced earlier as pending): completed in place — start
 //!   kept, attrs merged, usage fields filled, the end written if the delivery has
 //!   one. A span the same importer announced (same origin) takes the delivery's parent, name,
@@ -151,10 +153,39 @@ fn existing_span(
     .map_err(backend)
 }
 
-/// Insert the span if its id is free; `Some(span_key)` when it was inserted.
+/// Whether a span with this id is stored (in any run).
+fn span_is_stored(ctx: &mut WriteContext<'_>, span_id: &str) -> Result<bool, StoreError> {
+    if !ctx.keys.span_id_filter.may_be_taken(span_id) {
+        return Ok(false);
+    }
+    ctx.statement(concat!("SELECT ", span_key_of!("?1"), " IS NOT NULL"))
+        .and_then(|stmt| stmt.query_row([span_id], |row| row.get(0)))
+        .map_err(backend)
+}
+
+/// The parent a new span is stored under. An open span (announced before it ended) whose parent
+/// is not stored is a root until its completed copy says where it belongs: an announcement
+/// cannot say that its parent is remote (Logfire's pending span names the real span's parent by
+/// id alone), and a span continued from a remote caller waiting under a parent that never comes
+/// would leave its run without a root, so neither listed nor live, for as long as it runs.
+/// Parents announce before their children (they start first), so a local parent is stored by
+/// then; the completed copy sets the parent either way (see [`complete_open_span`]).
+fn stored_parent<'s>(
+    ctx: &mut WriteContext<'_>,
+    span: &'s ImportedSpan,
+) -> Result<Option<&'s str>, StoreError> {
+    match (&span.parent_span_id, &span.end) {
+        (Some(parent), None) if !span_is_stored(ctx, parent)? => Ok(None),
+        (parent, _) => Ok(parent.as_deref()),
+    }
+}
+
+/// Insert the span if its id is free, under `parent` (see [`stored_parent`]); `Some(span_key)`
+/// when it was inserted.
 fn insert_new_span(
     ctx: &mut WriteContext<'_>,
     prepared: &PreparedSpan,
+    parent: Option<&str>,
     run_key: i64,
     writer_key: i64,
     now: i64,
@@ -162,7 +193,7 @@ fn insert_new_span(
     let span = &prepared.span;
     // Roots get a heartbeat like a native start; an open (pending) root counts as alive from
     // the moment it is announced, so a long-running trace delivered late is not swept at once.
-    let last_heartbeat_at = match (&span.parent_span_id, &span.end) {
+    let last_heartbeat_at = match (parent, &span.end) {
         (Some(_), _) => None,
         (None, Some(_)) => Some(span.started_at),
         (None, None) => Some(span.started_at.max(now)),
@@ -206,7 +237,7 @@ fn insert_new_span(
             stmt.execute(params![
                 span.span_id,
                 run_key,
-                span.parent_span_id,
+                parent,
                 span.name,
                 span.kind.as_str(),
                 span.origin.as_str(),
@@ -236,10 +267,13 @@ fn insert_new_span(
     Ok(Some(span_key))
 }
 
-/// Complete (or refresh) an open span from a later delivery.
+/// Complete (or refresh) an open span from a later delivery, whose parent is `parent` (see
+/// [`stored_parent`]: an announcement delivered again whose parent is still unknown leaves the
+/// span a root).
 fn complete_open_span(
     ctx: &mut WriteContext<'_>,
     prepared: &PreparedSpan,
+    parent: Option<&str>,
     update: &JsonObject,
     existing: ExistingSpan,
     now: i64,
@@ -293,7 +327,7 @@ fn complete_open_span(
                 span.kind.as_str(),
                 span.session_id,
                 span.job_name,
-                span.parent_span_id,
+                parent,
             ])
         })
         .map_err(backend)?;
@@ -403,12 +437,13 @@ enum RunSpans {
     Stored,
 }
 
-fn rollup_span(span: &ImportedSpan) -> RollupSpan {
+/// The rollup's view of a span just stored under `parent`.
+fn rollup_span(span: &ImportedSpan, parent: Option<&str>) -> RollupSpan {
     let end = span.end.as_ref();
     RollupSpan {
         span_id: span.span_id.clone(),
-        parent_span_id: span.parent_span_id.clone(),
-        is_root: span.parent_span_id.is_none(),
+        parent_span_id: parent.map(str::to_owned),
+        is_root: parent.is_none(),
         kind: span.kind.clone(),
         origin: span.origin.clone(),
         name: span.name.clone(),
@@ -463,7 +498,8 @@ pub(crate) fn import_spans(
         // (New spans are not added to the writer's span-key cache: an importer delivers a span
         // whole, so no later call of this batch looks it up; the insert cost a clone and a hash
         // per span.)
-        if let Some(span_key) = insert_new_span(ctx, prepared, run_key, writer_key, now)? {
+        let parent = stored_parent(ctx, span)?;
+        if let Some(span_key) = insert_new_span(ctx, prepared, parent, run_key, writer_key, now)? {
             log_change(ctx, run_key, span_key, None)?;
             if !prepared.events.is_empty() {
                 note_new_span(ctx, span_key);
@@ -471,7 +507,7 @@ pub(crate) fn import_spans(
             report.events_added += insert_events(ctx, span_key, run_key, &prepared.events, None)?;
             report.created += 1;
             if let Some((_, RunSpans::New(run_spans))) = touched.get_mut(at) {
-                run_spans.push(rollup_span(span));
+                run_spans.push(rollup_span(span, parent));
             }
         } else {
             let Some(existing) = existing_span(ctx, &span.span_id, span.origin.as_str())? else {
@@ -522,7 +558,7 @@ pub(crate) fn import_spans(
                 }
             };
             let span_key = existing.span_key;
-            complete_open_span(ctx, prepared, &update, existing, now)?;
+            complete_open_span(ctx, prepared, parent, &update, existing, now)?;
             let add = events_to_add(&prepared.events, held_events(ctx, span_key, codec)?);
             report.events_added +=
                 insert_events(ctx, span_key, run_key, &prepared.events, Some(&add))?;

@@ -1154,11 +1154,16 @@ impl Model {
                 touched.push(span.run_id.clone());
             }
             let end = span.end.as_ref();
+            // An open span whose parent is not stored is a root until its completed copy comes.
+            let parent = match (&span.parent_span_id, end) {
+                (Some(parent), None) if self.pos(parent).is_none() => None,
+                (parent, _) => parent.clone(),
+            };
             let Some(index) = self.pos(&span.span_id) else {
                 self.spans.push(SpanRow {
                     span_id: span.span_id.clone(),
                     run_id: span.run_id.clone(),
-                    parent_span_id: span.parent_span_id.clone(),
+                    parent_span_id: parent.clone(),
                     name: span.name.clone(),
                     kind: span.kind.clone(),
                     origin: span.origin.clone(),
@@ -1176,7 +1181,7 @@ impl Model {
                     },
                     writer: writer.to_owned(),
                     // An open root counts as alive from the moment it is announced.
-                    last_heartbeat_at: match (&span.parent_span_id, end) {
+                    last_heartbeat_at: match (&parent, end) {
                         (Some(_), _) => None,
                         (None, Some(_)) => Some(span.started_at),
                         (None, None) => Some(span.started_at.max(now)),
@@ -1215,7 +1220,7 @@ impl Model {
             // A span the same importer announced takes the final copy's identity; a span of
             // another origin (started natively) keeps its own.
             if stored.origin == span.origin {
-                stored.parent_span_id = span.parent_span_id.clone();
+                stored.parent_span_id = parent;
                 stored.name = span.name.clone();
                 stored.kind = span.kind.clone();
                 if span.session_id.is_some() {

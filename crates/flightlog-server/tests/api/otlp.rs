@@ -417,8 +417,10 @@ async fn a_pending_span_is_live_until_the_real_one_arrives() {
 }
 
 /// Logfire announces a span continued from a remote caller with the caller's span id as the
-/// real parent (a pending span cannot say the parent is remote); the completed copy, flagged
-/// remote, makes it a root, so the run gets its rollup and its place in the list.
+/// real parent (a pending span cannot say the parent is remote). That parent is not stored, so
+/// the announced span is a root while it runs (the run is listed and live); the completed copy,
+/// flagged remote, keeps it one, so the run gets its rollup. An announcement whose parent is
+/// stored stays below it.
 #[tokio::test]
 async fn an_announced_span_of_a_remote_caller_becomes_a_root_when_it_completes() {
     let server = TestServer::start().await;
@@ -447,8 +449,27 @@ async fn an_announced_span_of_a_remote_caller_becomes_a_root_when_it_completes()
     );
     export(&server, vec![pending, child]).await;
     let (_, announced) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
-    assert_eq!(announced["parentSpanId"], hex(0x0f));
+    assert_eq!(announced["parentSpanId"], Value::Null, "{announced}");
     assert_eq!(announced["outcome"], Value::Null);
+    assert!(announced["lastHeartbeatAt"].is_i64(), "{announced}");
+    let (_, open) = get_json(&server, "/v1/activity/runs?state=open").await;
+    assert_eq!(open["runs"][0]["runId"], TRACE_HEX, "{open}");
+
+    // A span announced below it stays there: its parent is stored.
+    let mut below = otlp_span(
+        8,
+        3,
+        1_030,
+        vec![
+            text("logfire.span_type", "pending_span"),
+            text("logfire.pending_parent_id", &hex(1)),
+        ],
+    );
+    below.end_time_unix_nano = below.start_time_unix_nano;
+    export(&server, vec![below]).await;
+    let (_, tool) = get_json(&server, &format!("/v1/activity/spans/{}", hex(3))).await;
+    assert_eq!(tool["parentSpanId"], hex(1), "{tool}");
+    assert_eq!(tool["outcome"], Value::Null, "{tool}");
 
     let mut completed = otlp_span(
         1,
