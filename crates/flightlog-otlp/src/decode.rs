@@ -2,15 +2,18 @@
 //! inflation, and protobuf or OTLP/JSON decoding with the traps of the JSON form closed.
 //!
 //! OTLP/JSON is not the protobuf canonical JSON mapping, and opentelemetry-proto's serde
-//! support (0.33.1) is lenient where a silent misreading would hurt:
-//! - snake_case keys (`trace_id`, `resource_spans`) are ignored as unknown fields, so a span
-//!   would lose its ids, times or parent without an error. A body using any OTLP field name in
-//!   snake_case is refused, naming the key; and a non-empty body that decodes to no span at all
-//!   is refused too (whatever the encoding), since nothing was understood.
+//! support (0.33.1) is stricter or more lenient than the OpenTelemetry Collector, whose
+//! receiver is what exporters are written against:
+//! - snake_case keys (`trace_id`, `resource_spans`, the protobuf field names) would be ignored
+//!   as unknown fields, so a span would lose its ids, times or parent without an error. The
+//!   Collector reads them as the lowerCamelCase keys, and so does this decoder (an object
+//!   holding both spellings of one field is refused as ambiguous).
+//! - enums (span kind, status code) may be numbers, as OTLP/JSON writes them, or the enum's
+//!   value names (`SPAN_KIND_SERVER`, `STATUS_CODE_ERROR`), as the protobuf JSON mapping and
+//!   the Collector accept them; another string is refused, naming its path.
 //! - ids must be hex (not base64, the canonical protobuf JSON form): a non-hex id refuses the
 //!   body with its JSON path instead of the library's bare hex error.
 //! - 64-bit integers may arrive as strings or numbers: the library accepts both (tested here).
-//! - enums (span kind, status code) must be numbers, as OTLP/JSON requires.
 //!
 //! Id *lengths* are checked per span by the mapping, which rejects just that span.
 
@@ -190,7 +193,9 @@ fn inflate_bounded(
 fn decode_json(body: &[u8]) -> Result<ExportTraceServiceRequest, OtlpError> {
     let mut value: Value = serde_json::from_slice(body)
         .map_err(|error| OtlpError::malformed(format!("invalid JSON: {error}")))?;
-    check_json(&value, &mut Vec::new())?;
+    if check_json(&value, &mut Vec::new())? == Spelling::NeedsCanonicalForm {
+        canonicalize(&mut value);
+    }
     // (serde would read a struct from an array too: `[]` is no request.)
     let Value::Object(request) = &value else {
         return Err(OtlpError::malformed(
@@ -211,8 +216,8 @@ fn decode_json(body: &[u8]) -> Result<ExportTraceServiceRequest, OtlpError> {
     })
 }
 
-/// OTLP field names that contain an underscore: their snake_case spelling is a sure sign of a
-/// body in the wrong JSON form (OTLP/JSON uses lowerCamelCase only).
+/// OTLP field names that contain an underscore, in their protobuf (snake_case) spelling, which
+/// the Collector reads as the lowerCamelCase key OTLP/JSON writes.
 const SNAKE_CASE_FIELDS: &[&str] = &[
     "resource_spans",
     "scope_spans",
@@ -274,20 +279,64 @@ fn path_text(path: &[Step<'_>], last: &str) -> String {
     text
 }
 
-/// Refuse snake_case OTLP keys and non-hex ids anywhere in the body. The recursion is bounded
-/// by serde_json's own nesting limit (128), which the body has already passed.
-fn check_json<'a>(value: &'a Value, path: &mut Vec<Step<'a>>) -> Result<(), OtlpError> {
+/// The span kinds by their protobuf value names (`Span.kind`).
+const SPAN_KIND_NAMES: [(&str, i64); 6] = [
+    ("SPAN_KIND_UNSPECIFIED", 0),
+    ("SPAN_KIND_INTERNAL", 1),
+    ("SPAN_KIND_SERVER", 2),
+    ("SPAN_KIND_CLIENT", 3),
+    ("SPAN_KIND_PRODUCER", 4),
+    ("SPAN_KIND_CONSUMER", 5),
+];
+/// The status codes by their protobuf value names (`Status.code`).
+const STATUS_CODE_NAMES: [(&str, i64); 3] = [
+    ("STATUS_CODE_UNSET", 0),
+    ("STATUS_CODE_OK", 1),
+    ("STATUS_CODE_ERROR", 2),
+];
+
+/// The enum whose value names the key `key` takes: `kind` is only a span's and `code` only a
+/// status's in a trace export (attribute keys are values of `key` fields, never JSON keys).
+fn enum_names(key: &str) -> Option<&'static [(&'static str, i64)]> {
+    match key {
+        "kind" => Some(&SPAN_KIND_NAMES),
+        "code" => Some(&STATUS_CODE_NAMES),
+        _ => None,
+    }
+}
+
+/// Whether a body is already in the form opentelemetry-proto reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Spelling {
+    Canonical,
+    /// snake_case keys or enum value names: [`canonicalize`] it.
+    NeedsCanonicalForm,
+}
+
+/// Check the body for what cannot be read however it is spelt: a field spelt both ways in
+/// one object, an enum string that names no value, a non-hex id. Says whether the body needs
+/// [`canonicalize`]. The recursion is bounded by serde_json's own nesting limit (128), which
+/// the body has already passed.
+fn check_json<'a>(value: &'a Value, path: &mut Vec<Step<'a>>) -> Result<Spelling, OtlpError> {
+    let mut spelling = Spelling::Canonical;
     match value {
         Value::Object(object) => {
             for (key, child) in object {
-                if SNAKE_CASE_FIELDS.contains(&key.as_str()) {
-                    return Err(OtlpError::malformed(format!(
-                        "{}: snake_case key; OTLP/JSON keys are lowerCamelCase ({})",
-                        path_text(path, key),
-                        lower_camel_case(key)
-                    )));
-                }
-                if ID_FIELDS.contains(&key.as_str()) {
+                let camel;
+                let field = if SNAKE_CASE_FIELDS.contains(&key.as_str()) {
+                    camel = lower_camel_case(key);
+                    if object.contains_key(&camel) {
+                        return Err(OtlpError::malformed(format!(
+                            "{}: the field is given twice, as {key} and as {camel}; give it once",
+                            path_text(path, key),
+                        )));
+                    }
+                    spelling = Spelling::NeedsCanonicalForm;
+                    camel.as_str()
+                } else {
+                    key.as_str()
+                };
+                if ID_FIELDS.contains(&field) {
                     if let Value::String(id) = child {
                         if !is_hex(id) {
                             return Err(OtlpError::malformed(format!(
@@ -297,21 +346,65 @@ fn check_json<'a>(value: &'a Value, path: &mut Vec<Step<'a>>) -> Result<(), Otlp
                         }
                     }
                 }
+                if let (Some(names), Value::String(name)) = (enum_names(field), child) {
+                    if !names.iter().any(|(known, _)| known == name) {
+                        let known: Vec<&str> = names.iter().map(|(known, _)| *known).collect();
+                        return Err(OtlpError::malformed(format!(
+                            "{}: {name:?} is not a value of the enum; give its number or one of \
+                             {}",
+                            path_text(path, key),
+                            known.join(", ")
+                        )));
+                    }
+                    spelling = Spelling::NeedsCanonicalForm;
+                }
                 path.push(Step::Key(key));
-                check_json(child, path)?;
+                if check_json(child, path)? == Spelling::NeedsCanonicalForm {
+                    spelling = Spelling::NeedsCanonicalForm;
+                }
                 path.pop();
             }
-            Ok(())
         }
         Value::Array(items) => {
             for (index, item) in items.iter().enumerate() {
                 path.push(Step::Index(index));
-                check_json(item, path)?;
+                if check_json(item, path)? == Spelling::NeedsCanonicalForm {
+                    spelling = Spelling::NeedsCanonicalForm;
+                }
                 path.pop();
             }
-            Ok(())
         }
-        _ => Ok(()),
+        _ => {}
+    }
+    Ok(spelling)
+}
+
+/// Rewrite snake_case keys as lowerCamelCase and enum value names as their numbers, as the
+/// Collector reads them ([`check_json`] has refused what this cannot rewrite). Bounded like it.
+fn canonicalize(value: &mut Value) {
+    match value {
+        Value::Object(object) => {
+            let snake: Vec<String> = object
+                .keys()
+                .filter(|key| SNAKE_CASE_FIELDS.contains(&key.as_str()))
+                .cloned()
+                .collect();
+            for key in snake {
+                if let Some(child) = object.remove(&key) {
+                    object.insert(lower_camel_case(&key), child);
+                }
+            }
+            for (key, child) in object.iter_mut() {
+                if let (Some(names), Value::String(name)) = (enum_names(key), &*child) {
+                    if let Some((_, number)) = names.iter().find(|(known, _)| known == name) {
+                        *child = Value::from(*number);
+                    }
+                }
+                canonicalize(child);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(canonicalize),
+        _ => {}
     }
 }
 
@@ -521,20 +614,57 @@ mod tests {
         );
     }
 
+    /// As the Collector reads them: the protobuf field names (snake_case) for the
+    /// lowerCamelCase keys, enum value names for their numbers.
     #[test]
-    fn snake_case_only_json_is_malformed() {
-        let text = r#"{"resource_spans":[{"scope_spans":[{"spans":[{"trace_id":"5b8efff798038103d269b633813fc60c"}]}]}]}"#;
+    fn snake_case_keys_and_enum_names_read_as_the_collector_reads_them() {
+        let canonical = decode_json_text(&json_body("1", "2", "3")).expect("the canonical body");
+        let mut text = json_body("1", "2", "3");
+        for (camel, snake) in [
+            ("\"resourceSpans\"", "\"resource_spans\""),
+            ("\"scopeSpans\"", "\"scope_spans\""),
+            ("\"traceId\"", "\"trace_id\""),
+            ("\"spanId\"", "\"span_id\""),
+            ("\"parentSpanId\"", "\"parent_span_id\""),
+            ("\"startTimeUnixNano\"", "\"start_time_unix_nano\""),
+            ("\"endTimeUnixNano\"", "\"end_time_unix_nano\""),
+            ("\"stringValue\"", "\"string_value\""),
+            ("\"intValue\"", "\"int_value\""),
+            ("\"kind\":3", "\"kind\":\"SPAN_KIND_CLIENT\""),
+            ("\"code\":2", "\"code\":\"STATUS_CODE_ERROR\""),
+        ] {
+            assert!(text.contains(camel), "{camel}");
+            text = text.replace(camel, snake);
+        }
         assert_eq!(
-            malformed_message(decode_json_text(text)),
-            "resource_spans: snake_case key; OTLP/JSON keys are lowerCamelCase (resourceSpans)"
+            decode_json_text(&text).expect("the Collector's spellings"),
+            canonical
         );
-        // Deeper too: a single snake_case field of a span names its path.
-        let text = json_body("1", "2", "3").replace("\"parentSpanId\"", "\"parent_span_id\"");
+
+        // A field spelt both ways in one object is ambiguous.
+        let both = json_body("1", "2", "3").replace(
+            "\"parentSpanId\"",
+            "\"parent_span_id\":\"0000000000000001\",\"parentSpanId\"",
+        );
         assert_eq!(
-            malformed_message(decode_json_text(&text)),
-            "resourceSpans[0].scopeSpans[0].spans[0].parent_span_id: snake_case key; OTLP/JSON \
-             keys are lowerCamelCase (parentSpanId)"
+            malformed_message(decode_json_text(&both)),
+            "resourceSpans[0].scopeSpans[0].spans[0].parent_span_id: the field is given twice, \
+             as parent_span_id and as parentSpanId; give it once"
         );
+        // An enum string that names no value, or a number in a string, is refused.
+        for (bad, path) in [
+            ("\"kind\":\"SERVER\"", "spans[0].kind"),
+            ("\"kind\":\"3\"", "spans[0].kind"),
+        ] {
+            let text = json_body("1", "2", "3").replace("\"kind\":3", bad);
+            let message = malformed_message(decode_json_text(&text));
+            assert!(message.contains(path), "{message}");
+            assert!(message.contains("SPAN_KIND_SERVER"), "{message}");
+        }
+        let text = json_body("1", "2", "3").replace("\"code\":2", "\"code\":\"ERROR\"");
+        let message = malformed_message(decode_json_text(&text));
+        assert!(message.contains("status.code"), "{message}");
+        assert!(message.contains("STATUS_CODE_ERROR"), "{message}");
     }
 
     #[test]
@@ -651,7 +781,7 @@ mod tests {
 
     #[test]
     fn json_type_errors_name_their_path() {
-        let text = json_body("1", "2", "3").replace("\"kind\":3", "\"kind\":\"SPAN_KIND_CLIENT\"");
+        let text = json_body("1", "2", "3").replace("\"kind\":3", "\"kind\":true");
         let message = malformed_message(decode_json_text(&text));
         assert!(
             message.starts_with("resourceSpans[0].scopeSpans[0].spans[0].kind: invalid type"),

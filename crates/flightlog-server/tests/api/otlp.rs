@@ -264,6 +264,38 @@ async fn otlp_json_is_answered_in_json_and_bad_spans_are_reported_not_fatal() {
     assert_eq!(span["outcomeReason"], "tool exploded");
 }
 
+/// What the OpenTelemetry Collector accepts, flightlog accepts: OTLP/JSON with the protobuf
+/// field names (snake_case) and enum value names instead of numbers.
+#[tokio::test]
+async fn otlp_json_in_the_collectors_other_spellings_is_read_the_same() {
+    let server = TestServer::start().await;
+    let body = json!({"resource_spans": [{"scope_spans": [{"spans": [
+        {"trace_id": TRACE_HEX, "span_id": hex(1), "name": "handler",
+         "kind": "SPAN_KIND_SERVER",
+         "start_time_unix_nano": "1000000000", "end_time_unix_nano": 1_100_000_000u64,
+         "attributes": [{"key": "gen_ai.operation.name",
+                         "value": {"string_value": "invoke_agent"}}],
+         "status": {"code": "STATUS_CODE_ERROR", "message": "boom"}}
+    ]}]}]});
+    let response = post_raw(
+        &server,
+        "application/json",
+        None,
+        body.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let answer: Value = response.json().await.expect("JSON");
+    assert_eq!(answer.get("partialSuccess"), None, "{answer}");
+    let (_, span) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
+    assert_eq!(span["runId"], TRACE_HEX, "{span}");
+    assert_eq!(span["kind"], "turn", "{span}");
+    assert_eq!(span["outcome"], "error", "{span}");
+    assert_eq!(span["outcomeReason"], "boom", "{span}");
+    assert_eq!(span["startedAt"], 1_000, "{span}");
+    assert_eq!(span["attrs"]["otel.span_kind"], "server", "{span}");
+}
+
 #[tokio::test]
 async fn hostile_bodies_get_their_status_and_the_server_keeps_serving() {
     let server = TestServer::start().await;
