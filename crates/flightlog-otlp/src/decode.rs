@@ -19,7 +19,7 @@
 
 use std::io::Read;
 
-use flate2::read::MultiGzDecoder;
+use flate2::read::{DeflateDecoder, MultiGzDecoder, ZlibDecoder};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
 use serde_json::Value;
@@ -77,10 +77,11 @@ pub fn decode_request(
         .ok_or_else(|| OtlpError::UnsupportedContentType {
             content_type: content_type.unwrap_or_default().to_owned(),
         })?;
-    let gzip = match content_encoding.map(|value| value.trim().to_ascii_lowercase()) {
-        None => false,
-        Some(value) if value.is_empty() || value == "identity" => false,
-        Some(value) if value == "gzip" || value == "x-gzip" => true,
+    let compression = match content_encoding.map(|value| value.trim().to_ascii_lowercase()) {
+        None => None,
+        Some(value) if value.is_empty() || value == "identity" => None,
+        Some(value) if value == "gzip" || value == "x-gzip" => Some(Compression::Gzip),
+        Some(value) if value == "deflate" => Some(Compression::Deflate),
         Some(_) => {
             return Err(OtlpError::UnsupportedContentEncoding {
                 content_encoding: content_encoding.unwrap_or_default().to_owned(),
@@ -88,16 +89,23 @@ pub fn decode_request(
         }
     };
     let inflated;
-    let body = if gzip {
-        inflated = gunzip_bounded(body, max_decompressed)?;
-        inflated.as_bytes()
-    } else {
-        if body.len() > max_decompressed {
-            return Err(OtlpError::TooLarge {
-                limit: max_decompressed,
-            });
+    let body = match compression {
+        Some(Compression::Gzip) => {
+            inflated = gunzip_bounded(body, max_decompressed)?;
+            inflated.as_bytes()
         }
-        body
+        Some(Compression::Deflate) => {
+            inflated = deflate_bounded(body, max_decompressed)?;
+            inflated.as_bytes()
+        }
+        None => {
+            if body.len() > max_decompressed {
+                return Err(OtlpError::TooLarge {
+                    limit: max_decompressed,
+                });
+            }
+            body
+        }
     };
     let request = match encoding {
         OtlpEncoding::Protobuf => ExportTraceServiceRequest::decode(body)
@@ -107,10 +115,33 @@ pub fn decode_request(
     Ok((request, encoding))
 }
 
+/// The `Content-Encoding`s a body may come in (besides none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Compression {
+    /// `gzip` (and `x-gzip`): what every OTLP SDK offers.
+    Gzip,
+    /// `deflate`: the OpenTelemetry Python exporter's other choice
+    /// (`OTEL_EXPORTER_OTLP_COMPRESSION=deflate`), which the Collector reads too.
+    Deflate,
+}
+
 /// Inflate a gzip body (concatenated members too), reading at most `limit + 1` bytes of output:
 /// the extra byte tells "exactly at the limit" from "over it" without inflating the rest.
 fn gunzip_bounded(body: &[u8], limit: usize) -> Result<Inflated, OtlpError> {
-    inflate_bounded(body, limit, body.len())
+    inflate_bounded(MultiGzDecoder::new(body), limit, body.len(), "gzip")
+}
+
+/// Inflate a `deflate` body within the same bound. HTTP's `deflate` is the zlib format (RFC
+/// 1950), which is what exporters send; some clients send a raw deflate stream (RFC 1951)
+/// under that name, so a body without a zlib header is read as one.
+fn deflate_bounded(body: &[u8], limit: usize) -> Result<Inflated, OtlpError> {
+    let zlib_header = matches!(body, [method, flags, ..]
+        if method & 0x0f == 8 && (u16::from(*method) << 8 | u16::from(*flags)) % 31 == 0);
+    if zlib_header {
+        inflate_bounded(ZlibDecoder::new(body), limit, body.len(), "deflate")
+    } else {
+        inflate_bounded(DeflateDecoder::new(body), limit, body.len(), "deflate")
+    }
 }
 
 /// Inflated bodies up to this size stay in the allocator's memory, which it reuses.
@@ -145,15 +176,17 @@ impl PartialEq<Vec<u8>> for Inflated {
     }
 }
 
+/// Read `decoder`'s output (a `format` body) up to `limit + 1` bytes (see [`gunzip_bounded`]).
 fn inflate_bounded(
-    compressed: impl Read,
+    decoder: impl Read,
     limit: usize,
     size_hint: usize,
+    format: &str,
 ) -> Result<Inflated, OtlpError> {
     let invalid =
-        |error: std::io::Error| OtlpError::malformed(format!("invalid gzip body: {error}"));
+        |error: std::io::Error| OtlpError::malformed(format!("invalid {format} body: {error}"));
     let cap = u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1);
-    let mut decoder = MultiGzDecoder::new(compressed).take(cap);
+    let mut decoder = decoder.take(cap);
     let heap_part = limit.min(HEAP_INFLATE_BYTES);
     let mut inflated = Vec::with_capacity(size_hint.saturating_mul(4).min(heap_part));
     (&mut decoder)
@@ -863,7 +896,7 @@ mod tests {
         };
         let limit = 1 << 20;
         assert!(matches!(
-            inflate_bounded(reader, limit, bomb.len()),
+            inflate_bounded(MultiGzDecoder::new(reader), limit, bomb.len(), "gzip"),
             Err(OtlpError::TooLarge { limit: 1_048_576 })
         ));
         // Two members (2 MiB inflated) at most were read, out of 1,024: memory stays at the
@@ -885,6 +918,50 @@ mod tests {
         assert!(matches!(
             gunzip_bounded(&body, 9_999),
             Err(OtlpError::TooLarge { limit: 9_999 })
+        ));
+    }
+
+    /// `Content-Encoding: deflate`, as the Python exporter sends it (zlib) and as some clients
+    /// mean it (raw deflate), inflated within the same bound; a deflate bomb is stopped too.
+    #[test]
+    fn deflate_bodies_are_inflated_within_the_bound() {
+        use flate2::write::{DeflateEncoder, ZlibEncoder};
+        let original = request(vec![span(1, None, "root", vec![])]);
+        let plain = original.encode_to_vec();
+        let mut zlib = ZlibEncoder::new(Vec::new(), Compression::default());
+        zlib.write_all(&plain).unwrap();
+        let zlib = zlib.finish().unwrap();
+        let mut raw = DeflateEncoder::new(Vec::new(), Compression::default());
+        raw.write_all(&plain).unwrap();
+        let raw = raw.finish().unwrap();
+        for (body, what) in [(&zlib, "zlib"), (&raw, "raw deflate")] {
+            for encoding in ["deflate", "Deflate"] {
+                let (decoded, _) =
+                    decode_request(Some("application/x-protobuf"), Some(encoding), body, LIMIT)
+                        .unwrap_or_else(|err| panic!("{what}: {err}"));
+                assert_eq!(decoded, original, "{what}");
+            }
+        }
+        let mut bomb = ZlibEncoder::new(Vec::new(), Compression::best());
+        bomb.write_all(&vec![0u8; 8 << 20]).unwrap();
+        let bomb = bomb.finish().unwrap();
+        assert!(matches!(
+            decode_request(
+                Some("application/x-protobuf"),
+                Some("deflate"),
+                &bomb,
+                1 << 20
+            ),
+            Err(OtlpError::TooLarge { limit: 1_048_576 })
+        ));
+        assert!(matches!(
+            decode_request(
+                Some("application/x-protobuf"),
+                Some("deflate"),
+                b"\x78\x9c!!",
+                LIMIT
+            ),
+            Err(OtlpError::Malformed { .. })
         ));
     }
 

@@ -79,7 +79,10 @@ def make_exporter(args):
         from opentelemetry.exporter.otlp.proto.http import Compression
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        compression = Compression.Gzip if args.compression == "gzip" else Compression.NoCompression
+        compression = {
+            "gzip": Compression.Gzip,
+            "deflate": Compression.Deflate,
+        }.get(args.compression, Compression.NoCompression)
         return OTLPSpanExporter(
             endpoint=args.endpoint,
             headers=headers,
@@ -194,7 +197,8 @@ def main():
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--token", help="sent as `authorization: Bearer <token>`")
     parser.add_argument("--basic-token", help="sent as the password of `authorization: Basic`")
-    parser.add_argument("--compression", choices=["none", "gzip"], default="none")
+    # deflate: OTLP/HTTP only (gRPC has gzip).
+    parser.add_argument("--compression", choices=["none", "gzip", "deflate"], default="none")
     parser.add_argument("--service-name", default="flightlog-python-client")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per export call")
     args = parser.parse_args()

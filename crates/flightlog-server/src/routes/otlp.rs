@@ -113,7 +113,8 @@ fn decode_failure(headers: &HeaderMap, error: &OtlpError) -> Response {
     operation_id = "exportTraces",
     params(WriterStore),
     request_body(
-        description = "An OTLP `ExportTraceServiceRequest`, optionally `Content-Encoding: gzip`.",
+        description = "An OTLP `ExportTraceServiceRequest`, optionally `Content-Encoding: gzip` or \
+            `deflate`.",
         content(
             (Vec<u8> = "application/x-protobuf"),
             (Object = "application/json"),
@@ -125,7 +126,7 @@ fn decode_failure(headers: &HeaderMap, error: &OtlpError) -> Response {
             content((Vec<u8> = "application/x-protobuf"), (Object = "application/json"))),
         (status = 400, description = "Malformed protobuf or OTLP/JSON (a protobuf request gets a \
             protobuf `google.rpc.Status` body).", body = ErrorBody),
-        (status = 413, description = "The body, or what its gzip inflates to, is too large.", body = ErrorBody),
+        (status = 413, description = "The body, or what it inflates to, is too large.", body = ErrorBody),
         (status = 415, description = "Neither protobuf nor JSON, or an unknown `Content-Encoding`.", body = ErrorBody),
     ),
 )]

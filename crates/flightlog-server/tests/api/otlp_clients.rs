@@ -196,6 +196,8 @@ fn read_all(file: &mut File) -> std::io::Result<String> {
 enum Client {
     /// Python SDK, `opentelemetry-exporter-otlp-proto-http` (http/protobuf), gzip.
     PythonHttp,
+    /// The same exporter with its other compression, `deflate`.
+    PythonHttpDeflate,
     /// Python SDK, `opentelemetry-exporter-otlp-proto-grpc`, gzip.
     PythonGrpc,
     /// JavaScript SDK, `@opentelemetry/exporter-trace-otlp-http` (OTLP/JSON).
@@ -206,6 +208,7 @@ impl Client {
     fn name(self) -> &'static str {
         match self {
             Client::PythonHttp => "python-http",
+            Client::PythonHttpDeflate => "python-http-deflate",
             Client::PythonGrpc => "python-grpc",
             Client::JsHttpJson => "js-http-json",
         }
@@ -214,7 +217,7 @@ impl Client {
     /// The `gen_ai.conversation.id` the client puts on its root span.
     fn conversation(self) -> &'static str {
         match self {
-            Client::PythonHttp | Client::PythonGrpc => "conv-python-1",
+            Client::PythonHttp | Client::PythonHttpDeflate | Client::PythonGrpc => "conv-python-1",
             Client::JsHttpJson => "conv-js-1",
         }
     }
@@ -222,7 +225,9 @@ impl Client {
     /// Where this client exports to on `server`.
     fn endpoint(self, server: &TestServer) -> String {
         match self {
-            Client::PythonHttp | Client::JsHttpJson => format!("{}/v1/traces", server.base),
+            Client::PythonHttp | Client::PythonHttpDeflate | Client::JsHttpJson => {
+                format!("{}/v1/traces", server.base)
+            }
             Client::PythonGrpc => server
                 .grpc_base
                 .clone()
@@ -260,7 +265,7 @@ struct Sent {
 fn run_client(client: Client, endpoint: &str, credentials: &Credentials, service: &str) -> Sent {
     let clients = clients();
     let mut command = match client {
-        Client::PythonHttp | Client::PythonGrpc => {
+        Client::PythonHttp | Client::PythonHttpDeflate | Client::PythonGrpc => {
             let mut command = Command::new(&clients.python);
             command
                 .arg(&clients.python_script)
@@ -270,7 +275,12 @@ fn run_client(client: Client, endpoint: &str, credentials: &Credentials, service
                 } else {
                     "http"
                 })
-                .args(["--compression", "gzip"])
+                .arg("--compression")
+                .arg(if client == Client::PythonHttpDeflate {
+                    "deflate"
+                } else {
+                    "gzip"
+                })
                 .env("PYTHONDONTWRITEBYTECODE", "1");
             command
         }
@@ -822,8 +832,8 @@ async fn with_auth_on_exporters_need_a_valid_token_as_bearer_or_basic() {
     assert_refused(&server, TOKEN, &no_token, "401").await;
     assert_refused(&server, TOKEN, &wrong_token, "UNAUTHENTICATED").await;
 
-    // Admitted: Bearer over OTLP/HTTP and gRPC, Basic (the token as password) over OTLP/HTTP,
-    // and Bearer from the JavaScript exporter.
+    // Admitted: Bearer over OTLP/HTTP and gRPC, Basic (the token as password) over OTLP/HTTP with
+    // deflate compression, and Bearer from the JavaScript exporter.
     let token = Some(TOKEN);
     tokio::join!(
         send_and_check(
@@ -843,9 +853,9 @@ async fn with_auth_on_exporters_need_a_valid_token_as_bearer_or_basic() {
         send_and_check(
             &server,
             token,
-            Client::PythonHttp,
+            Client::PythonHttpDeflate,
             Credentials::Basic(TOKEN.to_owned()),
-            "flightlog-test-basic-http",
+            "flightlog-test-basic-http-deflate",
         ),
         send_and_check(
             &server,
