@@ -31,6 +31,8 @@ pub struct IngestTally {
     pub created: u64,
     /// Spans that were stored open (started natively, or announced pending) and were completed.
     pub completed: u64,
+    /// Spans that were stored open and stay open (an announcement delivered again).
+    pub refreshed: u64,
     /// Spans already stored terminal: a repeated delivery, nothing written.
     pub unchanged: u64,
     /// Spans refused, by the mapping or by the store (`partialSuccess.rejectedSpans`).
@@ -59,6 +61,7 @@ pub async fn ingest(
         tally = IngestTally {
             created: report.created,
             completed: report.completed,
+            refreshed: report.refreshed,
             unchanged: report.unchanged,
             rejected: 0,
             events_added: report.events_added,

@@ -143,7 +143,7 @@ pub(crate) struct StreamEnds {
 }
 
 /// The `result` labels of `flightlog_otlp_spans_total`, in [`IngestTally`] order.
-const OTLP_RESULTS: [&str; 4] = ["created", "completed", "unchanged", "rejected"];
+const OTLP_RESULTS: [&str; 5] = ["created", "completed", "refreshed", "unchanged", "rejected"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -234,7 +234,9 @@ impl Metrics {
         registry.register(
             "flightlog_otlp_spans",
             "Spans received over OTLP (HTTP and gRPC), by what became of them: `created` (new), \
-             `completed` (stored open before), `unchanged` (a repeated delivery), `rejected` \
+             `completed` (stored open before, now ended), `refreshed` (stored open before and \
+             still open: an announcement delivered again), `unchanged` (a repeated delivery of \
+             an ended span), `rejected` \
              (refused, and reported in partialSuccess)",
             otlp_spans.clone(),
         );
@@ -263,6 +265,7 @@ impl Metrics {
         let counts = [
             tally.created,
             tally.completed,
+            tally.refreshed,
             tally.unchanged,
             tally.rejected,
         ];

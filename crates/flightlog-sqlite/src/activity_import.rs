@@ -562,7 +562,11 @@ pub(crate) fn import_spans(
             let add = events_to_add(&prepared.events, held_events(ctx, span_key, codec)?);
             report.events_added +=
                 insert_events(ctx, span_key, run_key, &prepared.events, Some(&add))?;
-            report.completed += 1;
+            if span.end.is_some() {
+                report.completed += 1;
+            } else {
+                report.refreshed += 1;
+            }
         }
     }
     for (run_key, run_spans) in touched {

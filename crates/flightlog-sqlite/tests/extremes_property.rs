@@ -1247,7 +1247,11 @@ impl Model {
             coalesce(&mut stored.usage, Some(&span.usage));
             self.log(&span.run_id, &span.span_id, None);
             report.events_added += self.add_events_not_held(span);
-            report.completed += 1;
+            if end.is_some() {
+                report.completed += 1;
+            } else {
+                report.refreshed += 1;
+            }
         }
         for run_id in touched {
             let root_terminal = self.spans.iter().any(|span| {

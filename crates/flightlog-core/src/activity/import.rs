@@ -168,8 +168,12 @@ pub struct ImportRejection {
 pub struct ImportReport {
     /// Spans that did not exist and were written whole.
     pub created: u64,
-    /// Spans that existed open and were updated (completed, or refreshed while still pending).
+    /// Spans that existed open and were completed (the delivery carried their end).
     pub completed: u64,
+    /// Spans that existed open and stay open: an announcement delivered again (an exporter's
+    /// retry) or a later, still unfinished copy; attrs merged, usage filled, heartbeat renewed.
+    #[serde(default)]
+    pub refreshed: u64,
     /// Spans already terminal, whose fields are written once: a repeated delivery writes
     /// nothing at all; a span ended natively before the exporter's copy came gets the events
     /// only that copy carries (counted in `events_added`).

@@ -408,7 +408,7 @@ async fn otlp_spans_are_counted_by_what_became_of_them_over_http_and_grpc() {
     .await;
     let spans_series = |result: &str| format!("flightlog_otlp_spans_total{{result=\"{result}\"}}");
     let idle = scrape(&server).await;
-    for result in ["created", "completed", "unchanged", "rejected"] {
+    for result in ["created", "completed", "refreshed", "unchanged", "rejected"] {
         assert_eq!(idle.get(&spans_series(result)), Some(0.0), "{result}");
     }
     assert_eq!(idle.get("flightlog_otlp_span_events_total"), Some(0.0));
@@ -451,6 +451,18 @@ async fn otlp_spans_are_counted_by_what_became_of_them_over_http_and_grpc() {
     assert_eq!(counted.get(&spans_series("unchanged")), Some(2.0));
     assert_eq!(counted.get(&spans_series("rejected")), Some(1.0));
     assert_eq!(counted.get(&spans_series("completed")), Some(0.0));
+    assert_eq!(counted.get(&spans_series("refreshed")), Some(0.0));
     assert_eq!(counted.get("flightlog_otlp_span_events_total"), Some(1.0));
+
+    // An open span (no end), delivered twice, then ended: created, refreshed, completed.
+    let mut open = model_span(5, 1, 1_040, 7);
+    open.end_time_unix_nano = 0;
+    export(&server, vec![open.clone()]).await;
+    export(&server, vec![open]).await;
+    export(&server, vec![model_span(5, 1, 1_040, 7)]).await;
+    let counted = scrape(&server).await;
+    assert_eq!(counted.get(&spans_series("created")), Some(5.0));
+    assert_eq!(counted.get(&spans_series("refreshed")), Some(1.0));
+    assert_eq!(counted.get(&spans_series("completed")), Some(1.0));
     server.stop().await;
 }
