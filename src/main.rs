@@ -95,9 +95,9 @@ struct ServeArgs {
     /// [env: FLIGHTLOG_DURABILITY] [file: durability] [default: normal]
     #[arg(long, value_name = "normal|full", verbatim_doc_comment)]
     durability: Option<String>,
-    /// Largest request body, in bytes or with KiB/MiB/GiB; larger ones get 413 (a gzip OTLP
+    /// Largest request body, in bytes or with KiB/MiB/GiB; larger ones get 413 (a compressed OTLP
     /// body may inflate to 64 MiB, or to this limit when larger); also the largest OTLP/gRPC
-    /// message (OUT_OF_RANGE past it). At most 1GiB.
+    /// message (RESOURCE_EXHAUSTED past it). At most 1GiB.
     /// [env: FLIGHTLOG_BODY_LIMIT] [file: body_limit] [default: 8MiB]
     #[arg(
         long,

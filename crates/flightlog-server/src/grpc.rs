@@ -10,6 +10,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use flightlog_otlp::{trace_service, Authorize, IngestTally};
@@ -93,32 +94,64 @@ struct GrpcGate {
 /// The token is checked first, from the call's headers (its metadata), as the HTTP gate checks
 /// it before anything else: a peer without a valid token must not hold a write slot (shared
 /// with the HTTP listener) for as long as its body takes to arrive.
+///
+/// The caller's deadline (`grpc-timeout`) bounds the wait for the slot, the body and the
+/// export: past it the call ends `DEADLINE_EXCEEDED` and gives its slot back (an import already
+/// handed to the writer still commits; the exporter's retry of it is idempotent).
 async fn write_slot(
     axum::extract::State(gate): axum::extract::State<GrpcGate>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let refuse = |status: Status| status.into_http::<axum::body::Body>();
-    let state = gate.state;
     let metadata = MetadataMap::from_headers(request.headers().clone());
     if let Err(status) = (gate.authorize)(&metadata) {
         return refuse(status);
     }
+    let deadline = request
+        .headers()
+        .get("grpc-timeout")
+        .and_then(|value| value.to_str().ok())
+        .and_then(grpc_timeout);
+    let body_limit = gate.state.config().body_limit;
+    let call = export_in_slot(gate.state, request, next);
+    let response = match deadline {
+        None => call.await,
+        Some(timeout) => match tokio::time::timeout(timeout, call).await {
+            Ok(response) => response,
+            Err(_) => {
+                return refuse(Status::deadline_exceeded(format!(
+                    "the call's deadline (grpc-timeout, {timeout:?}) passed before the export \
+                     was done"
+                )))
+            }
+        },
+    };
+    too_large_is_resource_exhausted(response, body_limit)
+}
+
+/// A gRPC error answer (trailers-only: the status in the headers).
+fn refuse(status: Status) -> axum::response::Response {
+    status.into_http::<axum::body::Body>()
+}
+
+/// The export under a slot of the write limit (see [`write_slot`]).
+async fn export_in_slot(
+    state: AppState,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
     let slot = match crate::overload::take_write_slot(&state, &axum::http::Method::POST, true).await
     {
         Ok(slot) => slot,
         Err(refusal) => return refuse(Status::unavailable(refusal.to_string())),
     };
-    // The message limit is tonic's to enforce (`OUT_OF_RANGE`); this bound only keeps a
-    // runaway body from being buffered: the message, its 5-byte frame prefix and some slack.
+    // The message limit is tonic's to enforce; this bound only keeps a runaway body from being
+    // buffered: the message, its 5-byte frame prefix and some slack.
     let limit = state.config().body_limit.saturating_add(64 * 1024);
     let request = match crate::gate::read_whole(request, limit).await {
         Ok(request) => request,
         Err(crate::gate::BodyRead::TooLarge(_)) => {
-            return refuse(Status::out_of_range(format!(
-                "the request is larger than this server's message limit of {} bytes",
-                state.config().body_limit
-            )))
+            return refuse(message_too_large(state.config().body_limit))
         }
         Err(crate::gate::BodyRead::Failed(error)) => {
             return refuse(Status::cancelled(error.to_string()))
@@ -130,6 +163,55 @@ async fn write_slot(
     let response = next.run(request).await;
     drop(slot);
     response
+}
+
+/// The refusal of a message over the limit: `RESOURCE_EXHAUSTED`, which OTLP exporters do not
+/// retry (without `RetryInfo`), as the HTTP listener's 413 is not retried: the same batch can
+/// never fit. (`OUT_OF_RANGE`, tonic's code for it, is one OTLP says to retry.)
+fn message_too_large(body_limit: usize) -> Status {
+    Status::resource_exhausted(format!(
+        "the message is larger than this server's limit of {body_limit} bytes (--body-limit): \
+         send smaller batches"
+    ))
+}
+
+/// tonic refuses a message over `max_decoding_message_size` with `OUT_OF_RANGE`, in the
+/// headers of a trailers-only answer; nothing else here answers that code, so it becomes
+/// [`message_too_large`]. (A compressed message inflating past the limit is tonic's
+/// `RESOURCE_EXHAUSTED` already.)
+fn too_large_is_resource_exhausted(
+    response: axum::response::Response,
+    body_limit: usize,
+) -> axum::response::Response {
+    let out_of_range = response
+        .headers()
+        .get("grpc-status")
+        .is_some_and(|status| status.as_bytes() == b"11");
+    if out_of_range {
+        refuse(message_too_large(body_limit))
+    } else {
+        response
+    }
+}
+
+/// A `grpc-timeout` header's duration: at most 8 digits and a unit (`H`, `M`, `S`, `m`, `u`,
+/// `n`); anything else is no deadline, as tonic's own server reads it.
+fn grpc_timeout(text: &str) -> Option<Duration> {
+    let unit_at = text.len().checked_sub(1)?;
+    let (digits, unit) = text.split_at(unit_at);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.saturating_mul(3_600)),
+        "M" => Duration::from_secs(amount.saturating_mul(60)),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
 }
 
 /// Serve [`grpc_app`] on `listener` until `shutdown` completes.
@@ -150,4 +232,25 @@ where
         write_stall_limit,
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_read_as_the_protocol_writes_them() {
+        assert_eq!(grpc_timeout("1S"), Some(Duration::from_secs(1)));
+        assert_eq!(grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(grpc_timeout("2H"), Some(Duration::from_secs(7_200)));
+        assert_eq!(grpc_timeout("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(
+            grpc_timeout("99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+        assert_eq!(grpc_timeout("7u"), Some(Duration::from_micros(7)));
+        for bad in ["", "S", "1", "123456789S", "1s", "-1S", "1.5S", "1 S"] {
+            assert_eq!(grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
 }

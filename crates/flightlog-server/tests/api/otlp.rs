@@ -580,6 +580,58 @@ async fn a_grpc_connection_that_sends_nothing_is_closed() {
     server.stop().await;
 }
 
+/// A gRPC message over the limit is `RESOURCE_EXHAUSTED` however it comes (just over the
+/// limit, far over it, or compressed and inflating past it), as the HTTP listener answers 413:
+/// OTLP exporters do not retry it, since the same batch can never fit (tonic's own code for
+/// the first case, `OUT_OF_RANGE`, is one they retry).
+#[tokio::test]
+async fn an_oversized_grpc_message_is_resource_exhausted_however_it_comes() {
+    use crate::otlp_fuzz::{grpc_channel, grpc_export};
+    const LIMIT: usize = 64 * 1024;
+    let server = TestServer::start_with(crate::support::Options {
+        grpc: true,
+        config: flightlog_server::ServerConfig {
+            body_limit: LIMIT,
+            ..flightlog_server::ServerConfig::default()
+        },
+        ..crate::support::Options::default()
+    })
+    .await;
+    let channel = grpc_channel(&server).await;
+    let message = |size: usize| {
+        request(vec![otlp_span(
+            1,
+            0,
+            1_000,
+            vec![text("big", &"a".repeat(size))],
+        )])
+        .encode_to_vec()
+    };
+    for (size, gzip) in [
+        (LIMIT + 1_000, false),
+        (4 * LIMIT, false),
+        (4 * LIMIT, true),
+    ] {
+        let answer = grpc_export(&channel, message(size), gzip)
+            .await
+            .expect("in time");
+        let status = answer.expect_err("over the limit");
+        assert_eq!(
+            status.code(),
+            tonic::Code::ResourceExhausted,
+            "{size} bytes, gzip {gzip}: {status:?}"
+        );
+    }
+    let (status, _) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
+    assert_eq!(status, 404, "nothing stored");
+    // A message within the limit still goes through.
+    let answer = grpc_export(&channel, message(1_000), true)
+        .await
+        .expect("in time");
+    assert!(answer.is_ok(), "{answer:?}");
+    server.stop().await;
+}
+
 /// An answer to a protobuf export must be protobuf: the `Status` of an error, with `code`.
 async fn assert_protobuf_status(response: reqwest::Response, http: u16, code: i32) {
     assert_eq!(response.status(), http);

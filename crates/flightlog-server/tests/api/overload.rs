@@ -262,17 +262,41 @@ async fn a_stalled_grpc_export_gives_its_write_slot_back() {
         ..Options::default()
     })
     .await;
+    let mut stalled = stalled_grpc_call(&server, &[]).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let channel = grpc_channel(&server).await;
+    let body = request(vec![root_span()]).encode_to_vec();
+    let held = grpc_export(&channel, body.clone(), false)
+        .await
+        .expect("in time");
+    assert_eq!(
+        held.map_err(|status| status.code()),
+        Err(tonic::Code::Unavailable),
+        "the stalled call holds the only slot"
+    );
+    let ended = grpc_call_answer(&mut stalled, Duration::from_secs(15)).await;
+    assert_eq!(ended, Ok("answered"), "the stalled call was never ended");
+    let exported = grpc_export(&channel, body, false).await.expect("in time");
+    assert!(exported.is_ok(), "the slot came back: {exported:?}");
+    server.stop().await;
+}
+
+/// One HTTP/2 frame.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut bytes = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    bytes.extend([kind, flags]);
+    bytes.extend(stream.to_be_bytes());
+    bytes.extend(payload);
+    bytes
+}
+
+/// A gRPC export call by hand on `server`'s gRPC listener, stalled after its message's prefix:
+/// the preface, empty SETTINGS, the call's HEADERS (literal fields, no Huffman, plus `extra`),
+/// and a DATA frame with only the 5-byte gRPC prefix of a 16-byte message.
+async fn stalled_grpc_call(server: &TestServer, extra: &[(&[u8], &[u8])]) -> TcpStream {
     let grpc = server.grpc_base.clone().expect("a gRPC listener");
     let addr = grpc.trim_start_matches("http://").to_owned();
-    // HTTP/2 by hand: the preface, empty SETTINGS, the call's HEADERS (literal fields, no
-    // Huffman), and a DATA frame with only the 5-byte gRPC prefix of a 16-byte message.
-    let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| -> Vec<u8> {
-        let mut bytes = (payload.len() as u32).to_be_bytes()[1..].to_vec();
-        bytes.extend([kind, flags]);
-        bytes.extend(stream.to_be_bytes());
-        bytes.extend(payload);
-        bytes
-    };
     let literal = |name: &[u8], value: &[u8]| -> Vec<u8> {
         let mut bytes = vec![0, name.len() as u8];
         bytes.extend(name);
@@ -288,29 +312,28 @@ async fn a_stalled_grpc_export_gives_its_write_slot_back() {
     headers.extend(literal(b":authority", b"x"));
     headers.extend(literal(b"content-type", b"application/grpc"));
     headers.extend(literal(b"te", b"trailers"));
+    for (name, value) in extra {
+        headers.extend(literal(name, value));
+    }
     let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    hello.extend(frame(4, 0, 0, &[]));
-    hello.extend(frame(1, 4, 1, &headers));
-    hello.extend(frame(0, 0, 1, &[0, 0, 0, 0, 16]));
+    hello.extend(h2_frame(4, 0, 0, &[]));
+    hello.extend(h2_frame(1, 4, 1, &headers));
+    hello.extend(h2_frame(0, 0, 1, &[0, 0, 0, 0, 16]));
     let mut stalled = TcpStream::connect(&addr).await.expect("connect");
     stalled.write_all(&hello).await.expect("send");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    stalled
+}
 
-    let channel = grpc_channel(&server).await;
-    let body = request(vec![root_span()]).encode_to_vec();
-    let held = grpc_export(&channel, body.clone(), false)
-        .await
-        .expect("in time");
-    assert_eq!(
-        held.map_err(|status| status.code()),
-        Err(tonic::Code::Unavailable),
-        "the stalled call holds the only slot"
-    );
-    // The stalled call's answer: a HEADERS (the trailers-only status) or RST_STREAM frame on
-    // stream 1, within 15 s, while this peer acknowledges SETTINGS and PINGs as a live one does.
+/// Wait up to `limit` for the answer to [`stalled_grpc_call`]'s call: a HEADERS (the
+/// trailers-only status) or RST_STREAM frame on stream 1, while this peer acknowledges SETTINGS
+/// and PINGs as a live one does. `Ok("answered")`, `Ok("closed")`, or `Err` past the limit.
+async fn grpc_call_answer(
+    stalled: &mut TcpStream,
+    limit: Duration,
+) -> Result<&'static str, tokio::time::error::Elapsed> {
     let mut answer: Vec<u8> = Vec::new();
     let mut buffer = [0u8; 4096];
-    let ended = tokio::time::timeout(Duration::from_secs(15), async {
+    tokio::time::timeout(limit, async {
         loop {
             match stalled.read(&mut buffer).await {
                 Ok(0) | Err(_) => return "closed",
@@ -330,19 +353,36 @@ async fn a_stalled_grpc_export_gives_its_write_slot_back() {
                 match (kind, stream) {
                     (1 | 3, 1) => return "answered",
                     (4, 0) if flags & 1 == 0 => {
-                        let _ = stalled.write_all(&frame(4, 1, 0, &[])).await;
+                        let _ = stalled.write_all(&h2_frame(4, 1, 0, &[])).await;
                     }
                     (6, 0) if flags & 1 == 0 => {
-                        let _ = stalled.write_all(&frame(6, 1, 0, &payload)).await;
+                        let _ = stalled.write_all(&h2_frame(6, 1, 0, &payload)).await;
                     }
                     _ => {}
                 }
             }
         }
     })
+    .await
+}
+
+/// A call's own deadline (`grpc-timeout`) ends it, rather than the 10 s a stalled message is
+/// otherwise allowed: the exporter gave up at its deadline, and the slot it holds is wasted
+/// past it.
+#[tokio::test]
+async fn a_grpc_export_ends_at_its_own_deadline() {
+    let server = TestServer::start_with(Options {
+        grpc: true,
+        ..Options::default()
+    })
     .await;
-    assert_eq!(ended, Ok("answered"), "the stalled call was never ended");
-    let exported = grpc_export(&channel, body, false).await.expect("in time");
-    assert!(exported.is_ok(), "the slot came back: {exported:?}");
+    let mut stalled = stalled_grpc_call(&server, &[(b"grpc-timeout", b"500m")]).await;
+    // Under the 10 s a body may go without a byte (the gate's limit), with room for a slow CI.
+    let ended = grpc_call_answer(&mut stalled, Duration::from_secs(8)).await;
+    assert_eq!(
+        ended,
+        Ok("answered"),
+        "the call was not ended before the server's own stall limit"
+    );
     server.stop().await;
 }
