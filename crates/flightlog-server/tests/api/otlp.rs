@@ -580,6 +580,32 @@ async fn a_grpc_connection_that_sends_nothing_is_closed() {
     server.stop().await;
 }
 
+/// An SDK pointed at the server with `OTEL_EXPORTER_OTLP_ENDPOINT` also exports its logs and
+/// metrics: the 404 says how to stop that, in the SDK's own terms.
+#[tokio::test]
+async fn other_otlp_signals_are_told_how_to_stop() {
+    let server = TestServer::start().await;
+    for (path, setting) in [
+        ("/v1/logs", "OTEL_LOGS_EXPORTER=none"),
+        ("/v1/metrics", "OTEL_METRICS_EXPORTER=none"),
+    ] {
+        let response = server
+            .client
+            .post(format!("{}{path}", server.base))
+            .header("content-type", "application/x-protobuf")
+            .body(Vec::new())
+            .send()
+            .await
+            .expect("the server answers");
+        assert_eq!(response.status(), 404, "{path}");
+        let body: Value = response.json().await.expect("the error body");
+        assert_eq!(body["error"]["code"], "not_found", "{path}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("traces only"), "{message}");
+        assert!(message.contains(setting), "{message}");
+    }
+}
+
 /// A gRPC message over the limit is `RESOURCE_EXHAUSTED` however it comes (just over the
 /// limit, far over it, or compressed and inflating past it), as the HTTP listener answers 413:
 /// OTLP exporters do not retry it, since the same batch can never fit (tonic's own code for
