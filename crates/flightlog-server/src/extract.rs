@@ -265,6 +265,17 @@ fn query_error_text(text: &str) -> String {
     if let Some((_, rest)) = detail.split_once("unknown field ") {
         return format!("unknown query parameter {rest}");
     }
+    // The integer parameters' parse errors say what was wrong with the digits, not what to
+    // give instead.
+    let integer_error = ["invalid digit", "number too large", "number too small"]
+        .iter()
+        .any(|error| {
+            detail.ends_with(&format!("{error} found in string"))
+                || detail.ends_with(&format!("{error} to fit in target type"))
+        });
+    if integer_error {
+        return format!("bad query parameter {detail}: give a whole number");
+    }
     format!("bad query parameter {detail}")
 }
 
@@ -400,7 +411,15 @@ mod tests {
             query_error_text(
                 "Failed to deserialize query string: after: invalid digit found in string"
             ),
-            "bad query parameter after: invalid digit found in string"
+            "bad query parameter after: invalid digit found in string: give a whole number"
+        );
+        assert_eq!(
+            query_error_text(
+                "Failed to deserialize query string: limit: number too large to fit in target \
+                 type"
+            ),
+            "bad query parameter limit: number too large to fit in target type: give a whole \
+             number"
         );
         assert_eq!(
             query_error_text("Failed to deserialize query string: missing field `thresholdMs`"),

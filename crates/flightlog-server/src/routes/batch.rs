@@ -201,10 +201,11 @@ async fn batch(
     let mut outcomes = store.write_batch(writes).await.into_iter();
     let results = slots
         .into_iter()
-        .map(|slot| match slot {
+        .enumerate()
+        .map(|(index, slot)| match slot {
             Err(err) => BatchResult::Error(err.error_body()),
             Ok(span_id) => match outcomes.next() {
-                Some(outcome) => batch_result(&span_id, outcome),
+                Some(outcome) => batch_result(index, &span_id, outcome),
                 None => BatchResult::Error(
                     ApiError::Internal("the store answered fewer results than ops".into())
                         .error_body(),
@@ -226,8 +227,13 @@ fn span_id_of(write: &ActivityWrite) -> String {
     }
 }
 
-/// One op's store outcome as its single endpoint's answer body.
-fn batch_result(span_id: &str, outcome: Result<ActivityWriteResult, StoreError>) -> BatchResult {
+/// One op's store outcome as its single endpoint's answer body (a refusal of its input named
+/// by its position, as the refusals of its parse are).
+fn batch_result(
+    index: usize,
+    span_id: &str,
+    outcome: Result<ActivityWriteResult, StoreError>,
+) -> BatchResult {
     match outcome {
         Ok(ActivityWriteResult::Started(span)) => BatchResult::Span(span),
         Ok(ActivityWriteResult::Ended(ended)) => BatchResult::Ended(Ended { ended }),
@@ -237,7 +243,7 @@ fn batch_result(span_id: &str, outcome: Result<ActivityWriteResult, StoreError>)
             BatchResult::Error(unknown_span(span_id).error_body())
         }
         Ok(ActivityWriteResult::Heartbeat) => BatchResult::Heartbeat,
-        Err(err) => BatchResult::Error(ApiError::from(err).error_body()),
+        Err(err) => BatchResult::Error(in_op(index, ApiError::from(err)).error_body()),
     }
 }
 
@@ -266,7 +272,7 @@ fn parse_ops(bytes: &[u8], max: usize) -> Result<Vec<Result<ActivityWrite, ApiEr
             .ops
             .into_iter()
             .enumerate()
-            .map(|(index, op)| parse_op(index, MapOp(op)))
+            .map(|(index, op)| parse_op(index, MapOp(op)).map_err(|error| in_op(index, error)))
             .collect());
     };
     check_op_count(body.ops.len(), max)?;
@@ -285,6 +291,7 @@ fn parse_ops(bytes: &[u8], max: usize) -> Result<Vec<Result<ActivityWrite, ApiEr
             RawOp::new(raw)
                 .and_then(|op| parse_op(index, op).ok())
                 .map_or_else(|| reparse_op(index, raw), Ok)
+                .map_err(|error| in_op(index, error))
         })
         .collect())
 }
@@ -300,9 +307,27 @@ fn check_op_count(ops: usize, max: usize) -> Result<(), ApiError> {
 
 /// An op the fast path could not take, read the original way for its exact answer.
 fn reparse_op(index: usize, raw: &RawValue) -> Result<ActivityWrite, ApiError> {
-    let op: OpMembers = serde_json::from_str(raw.get())
+    let mut deserializer = serde_json::Deserializer::from_str(raw.get());
+    let op: OpMembers = serde_path_to_error::deserialize(&mut deserializer)
         .map_err(|err| ApiError::invalid(format!("ops[{index}]: {err}")))?;
-    parse_op(index, MapOp(op))
+    let write = parse_op(index, MapOp(op))?;
+    // The map keeps the last of a member repeated inside a typed member (`usage` holding
+    // `costUsd` twice), which the single endpoint's typed body refuses; the fast path refused
+    // it too, so the op's text is read as that body once more, for the refusal and its path.
+    if let Some(typed) = RawOp::with_paths(raw) {
+        parse_op(index, typed)?;
+    }
+    Ok(write)
+}
+
+/// A refused op's error in the form every batch error takes: the op's position first.
+fn in_op(index: usize, error: ApiError) -> ApiError {
+    match error {
+        ApiError::InvalidRequest(message) if !message.starts_with("ops[") => {
+            ApiError::InvalidRequest(format!("ops[{index}]: {message}"))
+        }
+        other => other,
+    }
 }
 
 /// Where an op's parts come from.
@@ -367,12 +392,26 @@ struct OpHeader {
 struct RawOp<'a> {
     raw: &'a RawValue,
     header: OpHeader,
+    /// Errors name the path of the offending value (the slower parse, for refusals only).
+    with_paths: bool,
 }
 
 impl<'a> RawOp<'a> {
     fn new(raw: &'a RawValue) -> Option<Self> {
         let header = serde_json::from_str(raw.get()).ok()?;
-        Some(Self { raw, header })
+        Some(Self {
+            raw,
+            header,
+            with_paths: false,
+        })
+    }
+
+    /// The op read for its refusal (see [`reparse_op`]).
+    fn with_paths(raw: &'a RawValue) -> Option<Self> {
+        Self::new(raw).map(|op| Self {
+            with_paths: true,
+            ..op
+        })
     }
 }
 
@@ -391,11 +430,15 @@ impl OpSource for RawOp<'_> {
         Ok(span_id)
     }
 
-    fn fields<T: DeserializeOwned>(self, _index: usize, with_span_id: bool) -> Result<T, ApiError> {
+    fn fields<T: DeserializeOwned>(self, index: usize, with_span_id: bool) -> Result<T, ApiError> {
         const OP: &[&str] = &["op"];
         const OP_AND_SPAN_ID: &[&str] = &["op", "spanId"];
         let skip = if with_span_id { OP } else { OP_AND_SPAN_ID };
         let mut deserializer = serde_json::Deserializer::from_str(self.raw.get());
+        if self.with_paths {
+            return serde_path_to_error::deserialize(SkipKeys::new(&mut deserializer, skip))
+                .map_err(|err| ApiError::invalid(format!("ops[{index}]: {err}")));
+        }
         let body = T::deserialize(SkipKeys::new(&mut deserializer, skip))
             .and_then(|body| deserializer.end().map(|()| body))
             .map_err(|err| ApiError::invalid(err.to_string()))?;
@@ -468,7 +511,7 @@ mod tests {
             .ops
             .into_iter()
             .enumerate()
-            .map(|(index, op)| parse_op(index, MapOp(op)))
+            .map(|(index, op)| parse_op(index, MapOp(op)).map_err(|error| in_op(index, error)))
             .collect())
     }
 
@@ -527,6 +570,36 @@ mod tests {
         assert!(
             matches!(&mixed[2], Err(ApiError::InvalidRequest(m)) if m == "ops[2]: an op is a JSON object, got a string"),
             "{mixed:?}"
+        );
+        // A member repeated inside a typed member is refused as the single endpoint refuses
+        // it (a map would keep the last one), naming its path; one inside free-form attrs is
+        // not (the single endpoint keeps the last, as JSON parsers do).
+        for (op, path) in [
+            (
+                r#"{"op": "endSpan", "spanId": "s1", "outcome": "success", "usage": {"costUsd": 1, "costUsd": 99}}"#,
+                "ops[0]: usage: duplicate field `costUsd`",
+            ),
+            (
+                r#"{"op": "patchSpan", "spanId": "s1", "usage": {"inputTokens": 1, "inputTokens": 2}}"#,
+                "ops[0]: usage: duplicate field `inputTokens`",
+            ),
+        ] {
+            let body = format!(r#"{{"ops": [{op}]}}"#);
+            let parsed = parse_ops(body.as_bytes(), 1).expect("a well-formed batch");
+            assert!(
+                matches!(&parsed[0], Err(ApiError::InvalidRequest(m)) if m.starts_with(path)),
+                "{parsed:?}"
+            );
+        }
+        let attrs = r#"{"ops": [{"op": "patchSpan", "spanId": "s1", "attrs": {"k": 1, "k": 2}}]}"#;
+        let parsed = parse_ops(attrs.as_bytes(), 1).expect("a well-formed batch");
+        assert!(parsed[0].is_ok(), "{parsed:?}");
+        // A refusal of a check after the parse is named by its position too.
+        let late = r#"{"ops": [{"op": "appendEvent", "spanId": "s1", "eventType": "x", "ts": 9007199254740993}]}"#;
+        let parsed = parse_ops(late.as_bytes(), 1).expect("a well-formed batch");
+        assert!(
+            matches!(&parsed[0], Err(ApiError::InvalidRequest(m)) if m.starts_with("ops[0]: ")),
+            "{parsed:?}"
         );
         // Whole-body errors.
         for body in [
