@@ -2213,7 +2213,7 @@ impl<'a> Fuzz<'a> {
                         end_time_unix_nano: span.start_time_unix_nano,
                         attributes: vec![
                             text("logfire.span_type", "pending_span"),
-                            text("logfire.pending_parent_id", &pending_parent),
+                            text("logfire.pending_parent_id", pending_parent),
                         ],
                         ..Span::default()
                     };
