@@ -21,33 +21,59 @@ pub(crate) const SPAN_COLUMNS: &str = "s.span_id, s.run_key, s.parent_span_id, s
      s.cache_creation_tokens, s.cost_usd, s.model, s.writer_key, s.last_heartbeat_at";
 
 /// Run ids and writer names by surrogate key. Those rows are never changed or deleted, so once
-/// read they are cached for the life of the process, sparing every span read two joins.
+/// read they are cached, sparing every span read two joins.
+///
+/// Each cache is emptied when it reaches [`KeyNames::MAX_ENTRIES`] names or
+/// [`KeyNames::MAX_BYTES`] of them (a miss costs one primary-key lookup). The bound used to be a
+/// million entries whatever their length: reading the changes of 160,000 runs with 200-byte ids
+/// once took the server from 56 to 102 MB, and a long-running server reading ever new runs
+/// would have grown to about 290 MB before the first clear (a soak audit's finding).
 #[derive(Debug, Default)]
 pub(crate) struct KeyNames {
-    runs: RwLock<HashMap<i64, String>>,
-    writers: RwLock<HashMap<i64, String>>,
+    runs: RwLock<NameCache>,
+    writers: RwLock<NameCache>,
+}
+
+/// One [`KeyNames`] cache: names by key, and the bytes they hold.
+#[derive(Debug, Default)]
+struct NameCache {
+    names: HashMap<i64, String>,
+    bytes: usize,
 }
 
 impl KeyNames {
-    const MAX_ENTRIES: usize = 1_000_000;
+    /// The most names a cache holds (the writer's caches stop at the same count).
+    const MAX_ENTRIES: usize = 65_536;
+    /// The most bytes of names (plus a map entry's overhead each) a cache holds.
+    const MAX_BYTES: usize = 8 << 20;
+    /// What a map entry costs beside its name's bytes: key, `String` header, hash slot.
+    const ENTRY_OVERHEAD: usize = 48;
 
     fn lookup(
-        cache: &RwLock<HashMap<i64, String>>,
+        cache: &RwLock<NameCache>,
         conn: &Connection,
         sql: &str,
         key: i64,
     ) -> rusqlite::Result<String> {
-        if let Some(name) = cache.read().ok().and_then(|names| names.get(&key).cloned()) {
+        if let Some(name) = cache
+            .read()
+            .ok()
+            .and_then(|cache| cache.names.get(&key).cloned())
+        {
             return Ok(name);
         }
         let name: String = conn
             .prepare_cached(sql)?
             .query_row([key], |row| row.get(0))?;
-        if let Ok(mut names) = cache.write() {
-            if names.len() >= Self::MAX_ENTRIES {
-                names.clear();
+        if let Ok(mut cache) = cache.write() {
+            let cost = name.len() + Self::ENTRY_OVERHEAD;
+            if cache.names.len() >= Self::MAX_ENTRIES || cache.bytes + cost > Self::MAX_BYTES {
+                cache.names = HashMap::new();
+                cache.bytes = 0;
             }
-            names.insert(key, name.clone());
+            if cache.names.insert(key, name.clone()).is_none() {
+                cache.bytes += cost;
+            }
         }
         Ok(name)
     }
@@ -255,4 +281,61 @@ pub(crate) fn rollup_from_row(row: &Row<'_>) -> rusqlite::Result<RunRollupRow> {
         failure_reason: row.get(15)?,
         detail_pruned: row.get::<_, i64>(16)? != 0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The run-id cache stays within its bounds in bytes and in names, and still answers every
+    /// lookup right after it is emptied.
+    #[test]
+    fn the_name_caches_stay_within_their_bounds() {
+        let conn = Connection::open_in_memory().expect("an in-memory database");
+        conn.execute_batch("CREATE TABLE activity_runs (run_key INTEGER PRIMARY KEY, run_id TEXT)")
+            .expect("the table");
+        let long = "r".repeat(64 * 1024);
+        for key in 0..300_i64 {
+            conn.execute(
+                "INSERT INTO activity_runs VALUES (?1, ?2)",
+                rusqlite::params![key, format!("{key}-{long}")],
+            )
+            .expect("a run");
+        }
+        let names = KeyNames::default();
+        for round in 0..2 {
+            for key in 0..300_i64 {
+                let name = names.run_id(&conn, key).expect("the run id");
+                assert!(name.starts_with(&format!("{key}-")), "round {round}");
+                let cache = names.runs.read().expect("the cache");
+                assert!(cache.bytes <= KeyNames::MAX_BYTES, "{} bytes", cache.bytes);
+                assert!(cache.names.len() <= KeyNames::MAX_ENTRIES);
+                let held: usize = cache
+                    .names
+                    .values()
+                    .map(|name| name.len() + KeyNames::ENTRY_OVERHEAD)
+                    .sum();
+                assert_eq!(held, cache.bytes, "the count of bytes is exact");
+            }
+        }
+        // Short names: bounded by their number.
+        conn.execute_batch("DELETE FROM activity_runs")
+            .expect("emptied");
+        for key in 0..(KeyNames::MAX_ENTRIES as i64 + 10) {
+            conn.execute(
+                "INSERT INTO activity_runs VALUES (?1, ?2)",
+                rusqlite::params![key, format!("run-{key}")],
+            )
+            .expect("a run");
+        }
+        let names = KeyNames::default();
+        for key in 0..(KeyNames::MAX_ENTRIES as i64 + 10) {
+            assert_eq!(
+                names.run_id(&conn, key).expect("the run id"),
+                format!("run-{key}")
+            );
+        }
+        let cache = names.runs.read().expect("the cache");
+        assert!(cache.names.len() <= KeyNames::MAX_ENTRIES);
+    }
 }
