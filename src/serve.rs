@@ -313,11 +313,9 @@ fn flightlog_environment() -> anyhow::Result<BTreeMap<String, String>> {
     Ok(env)
 }
 
-/// Completes on Ctrl-C (SIGINT) or, on Unix, SIGTERM (what a container runtime or service
-/// manager sends). A handler that cannot be installed never completes: the server then runs until
-/// killed, which is what it would do without one.
 /// What to do when a listener cannot be bound: a port below 1024 needs privileges (the error
-/// is "permission denied", though the port may well be free); otherwise the port is taken.
+/// is "permission denied", though the port may well be free); an address that is not this
+/// machine's cannot be bound whatever the port; otherwise the port is taken.
 fn bind_fix(err: &std::io::Error) -> &'static str {
     match err.kind() {
         std::io::ErrorKind::PermissionDenied => {
@@ -364,6 +362,9 @@ fn survive_file_size_limit() {
     }
 }
 
+/// Completes on Ctrl-C (SIGINT) or, on Unix, SIGTERM (what a container runtime or service
+/// manager sends). A handler that cannot be installed never completes: the server then runs until
+/// killed, which is what it would do without one.
 async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(err) = tokio::signal::ctrl_c().await {

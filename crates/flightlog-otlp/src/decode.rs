@@ -64,7 +64,8 @@ impl OtlpEncoding {
 /// Decode an OTLP/HTTP trace export body.
 ///
 /// `max_decompressed` bounds the body after inflation (and an uncompressed body too): a larger
-/// one is refused with [`OtlpError::TooLarge`], and a gzip stream is never inflated past it.
+/// one is refused with [`OtlpError::TooLarge`], and a gzip or deflate stream is never inflated
+/// past it.
 /// Both headers are checked before the body is touched.
 pub fn decode_request(
     content_type: Option<&str>,

@@ -16,7 +16,7 @@ pub enum OtlpError {
          application/protobuf and application/json"
     )]
     UnsupportedContentType { content_type: String },
-    /// The `Content-Encoding` is neither absent, `identity` nor `gzip` (HTTP 415).
+    /// The `Content-Encoding` is none of absent, `identity`, `gzip` and `deflate` (HTTP 415).
     #[error("unsupported content encoding {content_encoding:?}: use gzip, deflate or identity")]
     UnsupportedContentEncoding { content_encoding: String },
     /// The body is not a valid request in its declared encoding (HTTP 400); `message` says where.

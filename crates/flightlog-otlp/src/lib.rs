@@ -4,8 +4,9 @@
 //! `ExportTraceServiceRequest`s over OTLP/HTTP or OTLP/gRPC. This crate turns one into the spans
 //! the activity store imports, and nothing else: it knows no HTTP framework and no database.
 //!
-//! - [`decode_request`]: an OTLP/HTTP body (protobuf or OTLP/JSON, maybe gzip) into a request,
-//!   with the OTLP/JSON traps closed (hex ids, lowerCamelCase keys, bounded inflation).
+//! - [`decode_request`]: an OTLP/HTTP body (protobuf or OTLP/JSON, maybe gzip or deflate) into a
+//!   request, with the OTLP/JSON traps closed (hex ids; snake_case keys and enum names read as
+//!   the Collector reads them, not dropped; bounded inflation).
 //! - [`map_request`]: the pure mapping (documented as a table in `docs/otlp.md`): trace → run,
 //!   span → span, kinds from the GenAI / OpenInference / OpenLLMetry / Langfuse / Vercel AI SDK
 //!   conventions, usage and cost, Logfire's pending spans; a span that cannot be mapped is

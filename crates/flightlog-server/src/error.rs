@@ -227,7 +227,7 @@ impl From<JournalError> for ApiError {
 /// count of those not shown since): a 500 means the server could not do what the contract
 /// promises (a damaged file, an I/O error), which the operator must hear about even when every
 /// client just retries, but a failing disk must not turn into a flood of identical lines.
-fn report_internal_error(message: &str) {
+pub(crate) fn report_internal_error(message: &str) {
     static LIMITER: std::sync::Mutex<ReportLimiter> = std::sync::Mutex::new(ReportLimiter {
         last: None,
         withheld: 0,

@@ -68,7 +68,8 @@ pub(crate) async fn json_body_bytes(req: Request, state: &AppState) -> Result<By
 
 /// Refuse a body declared compressed (any `Content-Encoding` but `identity`): the JSON
 /// endpoints take bodies as they are, and a compressed body read as JSON would be stored as
-/// garbage or refused with a misleading parse error. Only the OTLP route takes gzip.
+/// garbage or refused with a misleading parse error. Only the OTLP route takes compressed
+/// bodies.
 fn refuse_encoded(headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(value) = headers.get(CONTENT_ENCODING) else {
         return Ok(());
@@ -79,7 +80,7 @@ fn refuse_encoded(headers: &HeaderMap) -> Result<(), ApiError> {
     }
     Err(ApiError::UnsupportedMediaType(format!(
         "this endpoint takes an uncompressed JSON body, not one with Content-Encoding: {text} \
-         (only the OTLP route /v1/traces takes gzip)"
+         (only the OTLP route /v1/traces takes gzip or deflate)"
     )))
 }
 

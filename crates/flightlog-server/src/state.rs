@@ -36,8 +36,8 @@ pub struct ServerConfig {
     pub max_inflight_writes: usize,
     /// How long a write waits for a free slot before it is answered `503 unavailable`.
     pub write_wait: Duration,
-    /// The most bytes a `Content-Encoding: gzip` OTLP body may inflate to (`413` beyond): the
-    /// body limit bounds what is sent, this bounds what a gzip bomb could make of it.
+    /// The most bytes a compressed (`gzip`, `deflate`) OTLP body may inflate to (`413` beyond):
+    /// the body limit bounds what is sent, this bounds what a compression bomb could make of it.
     pub otlp_max_decompressed: usize,
     /// The most bytes of large answers (run snapshots, change pages, listings) held for
     /// clients that have not read them yet (see [`crate::response_budget`]).
@@ -60,7 +60,7 @@ impl ServerConfig {
     /// The default wait for a write slot: long enough to ride out one group commit (a few ms),
     /// short enough that a client of an overloaded server hears `503` at once.
     pub const DEFAULT_WRITE_WAIT: Duration = Duration::from_millis(100);
-    /// The default inflated-size limit of gzip OTLP bodies: 64 MiB (8x the default body limit;
+    /// The default inflated-size limit of compressed OTLP bodies: 64 MiB (8x the default body limit;
     /// OTLP protobuf typically compresses 5-10x).
     pub const DEFAULT_OTLP_MAX_DECOMPRESSED: usize = 64 * 1024 * 1024;
     /// The default budget of large snapshots in flight: 256 MiB.

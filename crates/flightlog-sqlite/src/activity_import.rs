@@ -2,10 +2,11 @@
 //!
 //! An OTLP exporter delivers finished spans in any order and batch and retries what it is unsure
 //! of, so each span is an upsert with three cases, decided under the write lock:
-//! - unknown span id: one `INSERT … SELECT … WHERE` the id is in neither span-id index creates
-//!   it whole (the common case costs no separate existence check), then its events. An open
-//!   one whose parent is not stored is a root until its completed copy comes (see
-//!   [`stored_parent`]);
+//! - unknown span id: one `INSERT` creates it whole (the span-id filter proves most ids free;
+//!   for the others the insert is an `INSERT … SELECT … WHERE` the id is in no span-id index,
+//!   so no separate existence check), then its events. An open one that names a parent not
+//!   stored is a root until its completed copy comes (see [`stored_parent`]; one lookup of
+//!   the parent, for open spans only);
 //! - open span (started natively, or announced earlier as pending): completed in place — start
 //!   kept, attrs merged, usage fields filled, the end written if the delivery has
 //!   one. A span the same importer announced (same origin) takes the delivery's parent, name,
@@ -28,18 +29,19 @@
 //! Capping, compression and attrs serialization happen on the caller's thread ([`prepare`]);
 //! the writer thread only runs statements.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use flightlog_core::activity::{
     cap_payload, CappedPayload, ImportRejection, ImportReport, ImportedAttrs, ImportedSpan,
-    JsonObject, RollupSpan, SpanUsage, StoreError,
+    JsonObject, RollupSpan, SpanKind, SpanUsage, StoreError,
 };
 use flightlog_core::json_depth;
 use rusqlite::{params, OptionalExtension};
 
 use crate::activity_write::{
     insert_event, log_change, merged_attrs, note_new_span, register_span_id, rollup_run_key,
-    run_key_or_new, span_key_of, store_rollup, writer_key_of,
+    run_key_or_new, span_id_taken, span_key_of, store_rollup, writer_key_of, RollupIdentity,
 };
 use crate::database::WriteContext;
 use crate::error::backend;
@@ -153,16 +155,6 @@ fn existing_span(
     .map_err(backend)
 }
 
-/// Whether a span with this id is stored (in any run).
-fn span_is_stored(ctx: &mut WriteContext<'_>, span_id: &str) -> Result<bool, StoreError> {
-    if !ctx.keys.span_id_filter.may_be_taken(span_id) {
-        return Ok(false);
-    }
-    ctx.statement(concat!("SELECT ", span_key_of!("?1"), " IS NOT NULL"))
-        .and_then(|stmt| stmt.query_row([span_id], |row| row.get(0)))
-        .map_err(backend)
-}
-
 /// The parent a new span is stored under. An open span (announced before it ended) whose parent
 /// is not stored is a root until its completed copy says where it belongs: an announcement
 /// cannot say that its parent is remote (Logfire's pending span names the real span's parent by
@@ -175,8 +167,18 @@ fn stored_parent<'s>(
     span: &'s ImportedSpan,
 ) -> Result<Option<&'s str>, StoreError> {
     match (&span.parent_span_id, &span.end) {
-        (Some(parent), None) if !span_is_stored(ctx, parent)? => Ok(None),
+        (Some(parent), None) if !span_id_taken(ctx, parent)? => Ok(None),
         (parent, _) => Ok(parent.as_deref()),
+    }
+}
+
+/// The kind a span is stored with under `parent`. The OTLP mapping names an agent span `turn`
+/// at the root and `subagent` below one (docs/otlp.md), judging by the parent it was given; a
+/// span [`stored_parent`] makes a root is named as a root.
+fn kind_under<'k>(parent: Option<&str>, kind: &'k SpanKind) -> Cow<'k, SpanKind> {
+    match (parent, kind) {
+        (None, SpanKind::Subagent) => Cow::Owned(SpanKind::Turn),
+        _ => Cow::Borrowed(kind),
     }
 }
 
@@ -239,7 +241,7 @@ fn insert_new_span(
                 run_key,
                 parent,
                 span.name,
-                span.kind.as_str(),
+                kind_under(parent, &span.kind).as_str(),
                 span.origin.as_str(),
                 span.session_id,
                 span.job_name,
@@ -303,7 +305,7 @@ fn complete_open_span(
              cost_usd = COALESCE(?9, cost_usd), model = COALESCE(?10, model), \
              last_heartbeat_at = CASE \
                WHEN NOT (CASE WHEN origin = ?13 THEN ?18 IS NULL ELSE parent_span_id IS NULL END) \
-                 THEN last_heartbeat_at \
+                 THEN CASE WHEN origin = ?13 THEN NULL ELSE last_heartbeat_at END \
                WHEN ?3 IS NULL THEN MAX(COALESCE(last_heartbeat_at, 0), ?11) \
                ELSE COALESCE(last_heartbeat_at, started_at) END \
              WHERE span_key = ?12",
@@ -324,7 +326,7 @@ fn complete_open_span(
                 existing.span_key,
                 span.origin.as_str(),
                 span.name,
-                span.kind.as_str(),
+                kind_under(parent, &span.kind).as_str(),
                 span.session_id,
                 span.job_name,
                 parent,
@@ -444,7 +446,7 @@ fn rollup_span(span: &ImportedSpan, parent: Option<&str>) -> RollupSpan {
         span_id: span.span_id.clone(),
         parent_span_id: parent.map(str::to_owned),
         is_root: parent.is_none(),
-        kind: span.kind.clone(),
+        kind: kind_under(parent, &span.kind).into_owned(),
         origin: span.origin.clone(),
         name: span.name.clone(),
         session_id: span.session_id.clone(),
@@ -578,13 +580,13 @@ pub(crate) fn import_spans(
                 {
                     // The stored order: by start, then insertion (a stable sort keeps it).
                     run_spans.sort_by_key(|span| span.started_at);
-                    store_rollup(ctx, run_key, &run_spans)?;
+                    store_rollup(ctx, run_key, &run_spans, RollupIdentity::Refresh)?;
                     report.runs_rolled_up += 1;
                 }
             }
             RunSpans::Stored => {
                 if root_is_terminal(ctx, run_key)? {
-                    rollup_run_key(ctx, run_key)?;
+                    rollup_run_key(ctx, run_key, RollupIdentity::Refresh)?;
                     report.runs_rolled_up += 1;
                 }
             }

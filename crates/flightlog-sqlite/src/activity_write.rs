@@ -790,7 +790,7 @@ fn close_run(
         closed += 1;
     }
     if closed > 0 {
-        rollup_run_key(ctx, run_key)?;
+        rollup_run_key(ctx, run_key, RollupIdentity::KeepFirst)?;
     }
     Ok(closed)
 }
@@ -895,7 +895,7 @@ pub(crate) fn sweep_previous_lives(
         closed += 1;
     }
     for run_key in runs {
-        rollup_run_key(ctx, run_key)?;
+        rollup_run_key(ctx, run_key, RollupIdentity::KeepFirst)?;
     }
     Ok(closed)
 }
@@ -922,12 +922,29 @@ pub(crate) fn sweep_stale(
 
 pub(crate) fn rollup_run(ctx: &mut WriteContext<'_>, run_id: &str) -> Result<(), StoreError> {
     match existing_run_key(ctx.conn, run_id)? {
-        Some(run_key) => rollup_run_key(ctx, run_key),
+        Some(run_key) => rollup_run_key(ctx, run_key, RollupIdentity::KeepFirst),
         None => Ok(()),
     }
 }
 
-pub(crate) fn rollup_run_key(ctx: &mut WriteContext<'_>, run_key: i64) -> Result<(), StoreError> {
+/// What a rollup that already exists keeps of its identity (name, origin, session, job, start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RollupIdentity {
+    /// The reference's upsert: the identity of the first rollup stays; only the totals, the end
+    /// and the outcome are updated. Every native path (the rollup call, sweeps, run close).
+    KeepFirst,
+    /// Taken from the run's first root as it is now. An importer's spans arrive in any order:
+    /// a root that started earlier (a caller exporting here too) may come after the run was
+    /// rolled up from another, and the rollup must be the one the last span makes (issue 5),
+    /// matching the run list, which shows the first root.
+    Refresh,
+}
+
+pub(crate) fn rollup_run_key(
+    ctx: &mut WriteContext<'_>,
+    run_key: i64,
+    identity: RollupIdentity,
+) -> Result<(), StoreError> {
     // Only the columns the rollup rule reads: this runs on every run's terminal write.
     let spans: Vec<RollupSpan> = ctx
         .statement(
@@ -967,7 +984,7 @@ pub(crate) fn rollup_run_key(ctx: &mut WriteContext<'_>, run_key: i64) -> Result
             .collect()
         })
         .map_err(backend)?;
-    store_rollup(ctx, run_key, &spans)
+    store_rollup(ctx, run_key, &spans, identity)
 }
 
 /// Compute the rollup of a run from its spans (in `started_at`, then insertion order) and
@@ -976,43 +993,61 @@ pub(crate) fn store_rollup(
     ctx: &mut WriteContext<'_>,
     run_key: i64,
     spans: &[RollupSpan],
+    identity: RollupIdentity,
 ) -> Result<(), StoreError> {
     let Some(fields) = compute_rollup(spans) else {
         return Ok(());
     };
-    ctx.statement(
-        "INSERT INTO activity_run_rollups (run_key, origin, name, session_id, job_name, \
-         started_at, ended_at, outcome, duration_ms, span_count, input_tokens, output_tokens, \
-         cache_read_tokens, cache_creation_tokens, cost_usd, failure_reason, detail_pruned) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, 0) \
-         ON CONFLICT(run_key) DO UPDATE SET ended_at = excluded.ended_at, \
-         outcome = excluded.outcome, duration_ms = excluded.duration_ms, \
-         span_count = excluded.span_count, input_tokens = excluded.input_tokens, \
-         output_tokens = excluded.output_tokens, cache_read_tokens = excluded.cache_read_tokens, \
-         cache_creation_tokens = excluded.cache_creation_tokens, cost_usd = excluded.cost_usd, \
-         failure_reason = excluded.failure_reason",
-    )
-    .and_then(|stmt| {
-        stmt.execute(params![
-            run_key,
-            fields.origin.as_str(),
-            fields.name,
-            fields.session_id,
-            fields.job_name,
-            fields.started_at,
-            fields.ended_at,
-            fields.outcome.as_ref().map(SpanOutcome::as_str),
-            fields.duration_ms,
-            fields.span_count,
-            fields.input_tokens,
-            fields.output_tokens,
-            fields.cache_read_tokens,
-            fields.cache_creation_tokens,
-            fields.cost_usd,
-            fields.failure_reason,
-        ])
-    })
-    .map_err(backend)?;
+    macro_rules! upsert_rollup_sql {
+        ($identity:expr) => {
+            concat!(
+                "INSERT INTO activity_run_rollups (run_key, origin, name, session_id, job_name, \
+                 started_at, ended_at, outcome, duration_ms, span_count, input_tokens, \
+                 output_tokens, cache_read_tokens, cache_creation_tokens, cost_usd, \
+                 failure_reason, detail_pruned) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, 0) \
+                 ON CONFLICT(run_key) DO UPDATE SET ",
+                $identity,
+                "ended_at = excluded.ended_at, \
+                 outcome = excluded.outcome, duration_ms = excluded.duration_ms, \
+                 span_count = excluded.span_count, input_tokens = excluded.input_tokens, \
+                 output_tokens = excluded.output_tokens, \
+                 cache_read_tokens = excluded.cache_read_tokens, \
+                 cache_creation_tokens = excluded.cache_creation_tokens, \
+                 cost_usd = excluded.cost_usd, failure_reason = excluded.failure_reason"
+            )
+        };
+    }
+    let sql = match identity {
+        RollupIdentity::KeepFirst => upsert_rollup_sql!(""),
+        RollupIdentity::Refresh => upsert_rollup_sql!(
+            "origin = excluded.origin, name = excluded.name, \
+             session_id = excluded.session_id, job_name = excluded.job_name, \
+             started_at = excluded.started_at, "
+        ),
+    };
+    ctx.statement(sql)
+        .and_then(|stmt| {
+            stmt.execute(params![
+                run_key,
+                fields.origin.as_str(),
+                fields.name,
+                fields.session_id,
+                fields.job_name,
+                fields.started_at,
+                fields.ended_at,
+                fields.outcome.as_ref().map(SpanOutcome::as_str),
+                fields.duration_ms,
+                fields.span_count,
+                fields.input_tokens,
+                fields.output_tokens,
+                fields.cache_read_tokens,
+                fields.cache_creation_tokens,
+                fields.cost_usd,
+                fields.failure_reason,
+            ])
+        })
+        .map_err(backend)?;
     Ok(())
 }
 

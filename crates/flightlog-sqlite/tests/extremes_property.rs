@@ -982,6 +982,13 @@ impl Model {
     }
 
     fn rollup_run(&mut self, run_id: &str) {
+        self.rollup_run_as(run_id, false);
+    }
+
+    /// The rollup, its identity refreshed from the first root when `refresh_identity` (an
+    /// import's rollup: spans arrive in any order) or kept from the first rollup (the
+    /// reference's upsert, every native path).
+    fn rollup_run_as(&mut self, run_id: &str, refresh_identity: bool) {
         let spans: Vec<RollupSpan> = self
             .run_spans(run_id)
             .into_iter()
@@ -994,6 +1001,13 @@ impl Model {
         match self.rollups.get_mut(run_id) {
             // ON CONFLICT: the identity columns and `detail_pruned` keep their first values.
             Some(row) => {
+                if refresh_identity {
+                    row.origin = fields.origin;
+                    row.name = fields.name;
+                    row.session_id = fields.session_id;
+                    row.job_name = fields.job_name;
+                    row.started_at = fields.started_at;
+                }
                 row.ended_at = fields.ended_at;
                 row.outcome = fields.outcome;
                 row.duration_ms = fields.duration_ms;
@@ -1159,13 +1173,18 @@ impl Model {
                 (Some(parent), None) if self.pos(parent).is_none() => None,
                 (parent, _) => parent.clone(),
             };
+            // An agent span is a turn at the root, a subagent below one.
+            let kind = match (&parent, &span.kind) {
+                (None, SpanKind::Subagent) => SpanKind::Turn,
+                (_, kind) => kind.clone(),
+            };
             let Some(index) = self.pos(&span.span_id) else {
                 self.spans.push(SpanRow {
                     span_id: span.span_id.clone(),
                     run_id: span.run_id.clone(),
                     parent_span_id: parent.clone(),
                     name: span.name.clone(),
-                    kind: span.kind.clone(),
+                    kind,
                     origin: span.origin.clone(),
                     session_id: span.session_id.clone(),
                     job_name: span.job_name.clone(),
@@ -1220,9 +1239,13 @@ impl Model {
             // A span the same importer announced takes the final copy's identity; a span of
             // another origin (started natively) keeps its own.
             if stored.origin == span.origin {
+                if parent.is_some() {
+                    // Moved (or kept) under a parent: a child has no heartbeat of its own.
+                    stored.last_heartbeat_at = None;
+                }
                 stored.parent_span_id = parent;
                 stored.name = span.name.clone();
-                stored.kind = span.kind.clone();
+                stored.kind = kind;
                 if span.session_id.is_some() {
                     stored.session_id = span.session_id.clone();
                 }
@@ -1258,7 +1281,7 @@ impl Model {
                 span.run_id == run_id && span.parent_span_id.is_none() && span.outcome.is_some()
             });
             if root_terminal {
-                self.rollup_run(&run_id);
+                self.rollup_run_as(&run_id, true);
                 report.runs_rolled_up += 1;
             }
         }

@@ -599,3 +599,50 @@ async fn completing_a_span_keeps_distinct_events_of_one_millisecond() {
     let retry = fx.store.import_spans(vec![delivered]).await.unwrap();
     assert_eq!((retry.unchanged, retry.events_added), (1, 0));
 }
+
+/// A run with two roots whose later-starting one arrives (and is rolled up) first, as a
+/// service continuing a caller's trace exports before its caller does: once the earlier root
+/// arrives, the rollup is the run's first root's, as the run list shows it (a native rollup
+/// keeps its first identity, the reference's upsert; an import's spans arrive in any order).
+#[tokio::test]
+async fn a_root_that_arrives_late_but_started_first_names_the_rollup() {
+    use flightlog_core::activity::RunListQuery;
+    let fx = fixture();
+    let callee = span("callee", None, SpanKind::Turn, 2_000);
+    fx.store.import_spans(vec![callee]).await.unwrap();
+    let first = fx.store.read_rollup("trace1").await.unwrap().unwrap();
+    assert_eq!(
+        (first.name.as_str(), first.started_at),
+        ("callee-name", 2_000)
+    );
+
+    let mut caller = span("caller", None, SpanKind::Turn, 1_000);
+    caller.end = Some(ImportedEnd {
+        ended_at: 3_000,
+        outcome: SpanOutcome::Success,
+        reason: None,
+    });
+    fx.store.import_spans(vec![caller]).await.unwrap();
+    let rollup = fx.store.read_rollup("trace1").await.unwrap().unwrap();
+    assert_eq!(rollup.name, "caller-name");
+    assert_eq!(rollup.started_at, 1_000);
+    assert_eq!(rollup.ended_at, Some(3_000));
+    assert_eq!(rollup.duration_ms, Some(2_000), "start + duration = end");
+    let page = fx
+        .store
+        .list_runs(RunListQuery {
+            state: None,
+            outcome: None,
+            origin: None,
+            limit: 10,
+            before: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.runs.len(), 1);
+    assert_eq!(
+        page.runs[0].name, rollup.name,
+        "the list and the rollup agree"
+    );
+    assert_eq!(page.runs[0].started_at, rollup.started_at);
+}

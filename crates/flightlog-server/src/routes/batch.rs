@@ -7,8 +7,8 @@
 //! [`AppState::BATCH_LANES`] batches are read and parsed at once; the others wait for a lane with
 //! their bodies unread, so memory follows the lanes, not the number of clients. A failing op
 //! (malformed, an unknown span, a duplicate id) fails alone: its entry in `results` is the
-//! `{"error": …}` object the single endpoint would have answered, and the ops after it still
-//! run. Only a body that is not `{"ops": [...]}` at all, or one with too many ops, fails the
+//! `{"error": …}` object the single endpoint would have answered (same status code; a refused
+//! op's message starts with its position, `ops[3]: …`), and the ops after it still run. Only a body that is not `{"ops": [...]}` at all, or one with too many ops, fails the
 //! whole request.
 //!
 //! Order is kept: op N+1 may depend on op N (start a span, then end it), and `write_batch`
@@ -203,13 +203,13 @@ async fn batch(
         .into_iter()
         .enumerate()
         .map(|(index, slot)| match slot {
-            Err(err) => BatchResult::Error(err.error_body()),
+            Err(err) => BatchResult::Error(op_error(index, err)),
             Ok(span_id) => match outcomes.next() {
                 Some(outcome) => batch_result(index, &span_id, outcome),
-                None => BatchResult::Error(
-                    ApiError::Internal("the store answered fewer results than ops".into())
-                        .error_body(),
-                ),
+                None => BatchResult::Error(op_error(
+                    index,
+                    ApiError::Internal("the store answered fewer results than ops".into()),
+                )),
             },
         })
         .collect();
@@ -227,8 +227,8 @@ fn span_id_of(write: &ActivityWrite) -> String {
     }
 }
 
-/// One op's store outcome as its single endpoint's answer body (a refusal of its input named
-/// by its position, as the refusals of its parse are).
+/// One op's store outcome as its single endpoint's answer body (an error named by the op's
+/// position, see [`op_error`]).
 fn batch_result(
     index: usize,
     span_id: &str,
@@ -240,10 +240,10 @@ fn batch_result(
         Ok(ActivityWriteResult::Patched(patched)) => BatchResult::Patched(Patched { patched }),
         Ok(ActivityWriteResult::Appended(Some(event))) => BatchResult::Event(Box::new(event)),
         Ok(ActivityWriteResult::Appended(None)) => {
-            BatchResult::Error(unknown_span(span_id).error_body())
+            BatchResult::Error(op_error(index, unknown_span(span_id)))
         }
         Ok(ActivityWriteResult::Heartbeat) => BatchResult::Heartbeat,
-        Err(err) => BatchResult::Error(in_op(index, ApiError::from(err)).error_body()),
+        Err(err) => BatchResult::Error(op_error(index, ApiError::from(err))),
     }
 }
 
@@ -318,6 +318,16 @@ fn reparse_op(index: usize, raw: &RawValue) -> Result<ActivityWrite, ApiError> {
         parse_op(index, typed)?;
     }
     Ok(write)
+}
+
+/// A failed op's entry: the single endpoint's error body, its message led by the op's position
+/// (`ops[3]: no span with id "s9"`), whatever the error.
+fn op_error(index: usize, error: ApiError) -> ErrorBody {
+    let mut body = error.error_body();
+    if !body.error.message.starts_with("ops[") {
+        body.error.message = format!("ops[{index}]: {}", body.error.message);
+    }
+    body
 }
 
 /// A refused op's error in the form every batch error takes: the op's position first.

@@ -58,15 +58,21 @@ pub(crate) fn too_large_answer(limit: usize) -> Response {
 /// error encoding: a `google.rpc.Status` with the matching gRPC code and the contract's HTTP
 /// status (and `Retry-After` on a 503).
 pub(crate) fn refusal_answer(error: &ApiError) -> Response {
-    let code = match error.status() {
+    protobuf_failure(error, grpc_code_of(error))
+}
+
+/// The gRPC code of an error answered in protobuf, from its HTTP status (the OTLP
+/// specification's table: a 400 is `INVALID_ARGUMENT`, not retried; a 503 `UNAVAILABLE`,
+/// retried).
+fn grpc_code_of(error: &ApiError) -> GrpcCode {
+    match error.status() {
         StatusCode::UNAUTHORIZED => GrpcCode::Unauthenticated,
         StatusCode::FORBIDDEN => GrpcCode::PermissionDenied,
         StatusCode::SERVICE_UNAVAILABLE => GrpcCode::Unavailable,
         StatusCode::PAYLOAD_TOO_LARGE => GrpcCode::ResourceExhausted,
         status if status.is_server_error() => GrpcCode::Internal,
         _ => GrpcCode::InvalidArgument,
-    };
-    protobuf_failure(error, code)
+    }
 }
 
 /// Whether the request declared a protobuf body (its errors are then answered in protobuf).
@@ -84,12 +90,16 @@ fn failure(headers: &HeaderMap, error: ApiError, code: GrpcCode) -> Response {
     protobuf_failure(&error, code)
 }
 
-/// `error` as a protobuf `google.rpc.Status` with the contract's HTTP status.
+/// `error` as a protobuf `google.rpc.Status` with the contract's HTTP status (and, as every
+/// answer of an internal error, a line in the server's log).
 fn protobuf_failure(error: &ApiError, code: GrpcCode) -> Response {
     let status = error.status();
     let (content_type, body) = encode_status(code, &error.to_string(), OtlpEncoding::Protobuf);
     let mut response = (status, [(CONTENT_TYPE, content_type)], body).into_response();
     error.insert_headers(response.headers_mut());
+    if let ApiError::Internal(message) = error {
+        crate::error::report_internal_error(message);
+    }
     response
 }
 
@@ -154,11 +164,7 @@ async fn export_traces(State(state): State<AppState>, headers: HeaderMap, body: 
         }
         Err(error) => {
             let api_error = ApiError::from(error);
-            let code = if api_error.status() == StatusCode::SERVICE_UNAVAILABLE {
-                GrpcCode::Unavailable
-            } else {
-                GrpcCode::Internal
-            };
+            let code = grpc_code_of(&api_error);
             failure(&headers, api_error, code)
         }
     }

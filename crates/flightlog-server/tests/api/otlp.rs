@@ -482,6 +482,10 @@ async fn an_announced_span_of_a_remote_caller_becomes_a_root_when_it_completes()
     export(&server, vec![pending, child]).await;
     let (_, announced) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
     assert_eq!(announced["parentSpanId"], Value::Null, "{announced}");
+    assert_eq!(
+        announced["kind"], "turn",
+        "an agent span at the root: {announced}"
+    );
     assert_eq!(announced["outcome"], Value::Null);
     assert!(announced["lastHeartbeatAt"].is_i64(), "{announced}");
     let (_, open) = get_json(&server, "/v1/activity/runs?state=open").await;
