@@ -421,6 +421,28 @@ fn insert_events(
     Ok(added)
 }
 
+/// A delivery of a run's spans is its exporter's heartbeat: the run's open roots this importer
+/// stored count as alive as of `now`. OTLP has no other way to say a long span is still
+/// running, and `sweep_stale` judges a run by its root's heartbeat: a Logfire run whose root was
+/// announced once and whose children kept arriving was closed as "writer went silent" while it
+/// ran, and its real end then bounced off the write-once outcome. A run whose exporter died
+/// stops being delivered, so it still goes stale. Not change-logged, as a native heartbeat is
+/// not. (A run new in this delivery has nothing older to renew: its roots were stored now.)
+fn renew_open_roots(
+    ctx: &mut WriteContext<'_>,
+    run_key: i64,
+    origin: &str,
+    now: i64,
+) -> Result<(), StoreError> {
+    ctx.statement(
+        "UPDATE activity_spans SET last_heartbeat_at = MAX(COALESCE(last_heartbeat_at, 0), ?2) \
+         WHERE run_key = ?1 AND outcome IS NULL AND parent_span_id IS NULL AND origin = ?3",
+    )
+    .and_then(|stmt| stmt.execute(params![run_key, now, origin]))
+    .map_err(backend)?;
+    Ok(())
+}
+
 fn root_is_terminal(ctx: &mut WriteContext<'_>, run_key: i64) -> Result<bool, StoreError> {
     ctx.statement(
         "SELECT EXISTS (SELECT 1 FROM activity_spans WHERE run_key = ?1 \
@@ -472,8 +494,9 @@ pub(crate) fn import_spans(
     codec: &PayloadCodec,
 ) -> Result<ImportReport, StoreError> {
     let mut report = ImportReport::default();
-    // Touched runs in first-touch order, with how each one's rollup is computed.
-    let mut touched: Vec<(i64, RunSpans)> = Vec::new();
+    // Touched runs in first-touch order, with how each one's rollup is computed and the origin
+    // of the spans delivered for it.
+    let mut touched: Vec<(i64, RunSpans, &str)> = Vec::new();
     let mut touched_at: HashMap<i64, usize> = HashMap::new();
     let writer_key = writer_key_of(ctx, writer)?;
     for prepared in spans {
@@ -494,6 +517,7 @@ pub(crate) fn import_spans(
                 } else {
                     RunSpans::Stored
                 },
+                span.origin.as_str(),
             ));
             touched.len() - 1
         });
@@ -508,7 +532,7 @@ pub(crate) fn import_spans(
             }
             report.events_added += insert_events(ctx, span_key, run_key, &prepared.events, None)?;
             report.created += 1;
-            if let Some((_, RunSpans::New(run_spans))) = touched.get_mut(at) {
+            if let Some((_, RunSpans::New(run_spans), _)) = touched.get_mut(at) {
                 run_spans.push(rollup_span(span, parent));
             }
         } else {
@@ -530,7 +554,7 @@ pub(crate) fn import_spans(
             }
             // A span of this run already stored (a repeat within the delivery): the run's
             // rows are no longer just the inserted ones.
-            if let Some((_, run_spans)) = touched.get_mut(at) {
+            if let Some((_, run_spans, _)) = touched.get_mut(at) {
                 *run_spans = RunSpans::Stored;
             }
             if existing.terminal {
@@ -571,7 +595,7 @@ pub(crate) fn import_spans(
             }
         }
     }
-    for (run_key, run_spans) in touched {
+    for (run_key, run_spans, origin) in touched {
         match run_spans {
             RunSpans::New(mut run_spans) => {
                 if run_spans
@@ -585,6 +609,7 @@ pub(crate) fn import_spans(
                 }
             }
             RunSpans::Stored => {
+                renew_open_roots(ctx, run_key, origin, now)?;
                 if root_is_terminal(ctx, run_key)? {
                     rollup_run_key(ctx, run_key, RollupIdentity::Refresh)?;
                     report.runs_rolled_up += 1;

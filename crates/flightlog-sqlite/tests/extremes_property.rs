@@ -1142,7 +1142,8 @@ impl Model {
 
     fn import(&mut self, spans: &[ImportedSpan], writer: &str, now: i64) -> ImportReport {
         let mut report = ImportReport::default();
-        let mut touched: Vec<String> = Vec::new();
+        // Each touched run with the origin of the first span delivered for it.
+        let mut touched: Vec<(String, SpanOrigin)> = Vec::new();
         for span in spans {
             let (attrs, checked) = match &span.attrs {
                 ImportedAttrs::Object(attrs) => (attrs.clone(), true),
@@ -1164,8 +1165,8 @@ impl Model {
                 continue;
             }
             self.intern(&span.run_id);
-            if !touched.contains(&span.run_id) {
-                touched.push(span.run_id.clone());
+            if !touched.iter().any(|(run_id, _)| *run_id == span.run_id) {
+                touched.push((span.run_id.clone(), span.origin.clone()));
             }
             let end = span.end.as_ref();
             // An open span whose parent is not stored is a root until its completed copy comes.
@@ -1276,7 +1277,18 @@ impl Model {
                 report.refreshed += 1;
             }
         }
-        for run_id in touched {
+        for (run_id, origin) in touched {
+            // A delivery is its exporter's heartbeat: the run's open roots of its origin are
+            // alive as of now.
+            for span in &mut self.spans {
+                if span.run_id == run_id
+                    && span.outcome.is_none()
+                    && span.parent_span_id.is_none()
+                    && span.origin == origin
+                {
+                    span.last_heartbeat_at = Some(span.last_heartbeat_at.unwrap_or(0).max(now));
+                }
+            }
             let root_terminal = self.spans.iter().any(|span| {
                 span.run_id == run_id && span.parent_span_id.is_none() && span.outcome.is_some()
             });

@@ -584,6 +584,63 @@ async fn a_grpc_connection_that_sends_nothing_is_closed() {
     server.stop().await;
 }
 
+/// A run whose exporter keeps delivering its spans is alive: each delivery renews the heartbeat
+/// of the run's open root (announced once, as Logfire does), so `sweep-stale` spares it while
+/// its children arrive, and closes it once they stop.
+#[tokio::test]
+async fn deliveries_of_a_runs_spans_keep_its_announced_root_alive() {
+    use axum::http::Method;
+    let server = TestServer::start_with(crate::support::Options {
+        manual_clock: true,
+        ..crate::support::Options::default()
+    })
+    .await;
+    let set_clock = |now: i64| {
+        let server = &server;
+        async move {
+            server
+                .send(
+                    Method::PUT,
+                    "/v1/testing/clock",
+                    Some(&json!({"now": now})),
+                    None,
+                )
+                .await
+                .assert_status(204);
+        }
+    };
+    set_clock(10_000).await;
+    let mut pending = otlp_span(
+        7,
+        1,
+        1_000,
+        vec![
+            text("gen_ai.operation.name", "invoke_agent"),
+            text("logfire.span_type", "pending_span"),
+            text("logfire.pending_parent_id", "0000000000000000"),
+        ],
+    );
+    pending.end_time_unix_nano = pending.start_time_unix_nano;
+    export(&server, vec![pending]).await;
+    // A child delivered 90 s later: the exporter is alive.
+    set_clock(100_000).await;
+    export(&server, vec![model_span(2, 1, 1_010, 100)]).await;
+    let sweep = json!({"staleAfterMs": 50_000, "now": 100_000});
+    let swept = server
+        .post("/v1/activity/maintenance/sweep-stale", &sweep)
+        .await;
+    assert_eq!(swept.assert_status(200), &json!({"closed": 0}));
+    let (_, root) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
+    assert_eq!(root["lastHeartbeatAt"], 100_000, "{root}");
+    // Nothing more arrives: stale 50 s after the last delivery.
+    let sweep = json!({"staleAfterMs": 50_000, "now": 150_001});
+    let swept = server
+        .post("/v1/activity/maintenance/sweep-stale", &sweep)
+        .await;
+    assert_eq!(swept.assert_status(200), &json!({"closed": 1}));
+    server.stop().await;
+}
+
 /// An SDK pointed at the server with `OTEL_EXPORTER_OTLP_ENDPOINT` also exports its logs and
 /// metrics: the 404 says how to stop that, in the SDK's own terms.
 #[tokio::test]
