@@ -2068,6 +2068,18 @@ fn hyphen_values_and_misspelled_variables_get_the_settings_messages() {
         "{out}"
     );
     assert!(!out.stderr.contains("supersecret"), "{out}");
+    // The prefix misspelt: read too, and matched as if it were right.
+    let out = run(
+        scratch.path(),
+        &serve_args(&db, &LOOPBACK),
+        &[("FLIGHT_LOG_TOKENS", "supersecret")],
+    );
+    out.assert_listened();
+    assert!(
+        out.stderr.contains("FLIGHT_LOG_TOKENS is not a setting")
+            && out.stderr.contains("did you mean FLIGHTLOG_TOKENS?"),
+        "{out}"
+    );
 
     let out = run(
         scratch.path(),

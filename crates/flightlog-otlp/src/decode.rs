@@ -19,7 +19,8 @@
 
 use std::io::Read;
 
-use flate2::read::{DeflateDecoder, MultiGzDecoder, ZlibDecoder};
+use flate2::bufread::{DeflateDecoder, ZlibDecoder};
+use flate2::read::MultiGzDecoder;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
 use serde_json::Value;
@@ -134,15 +135,26 @@ fn gunzip_bounded(body: &[u8], limit: usize) -> Result<Inflated, OtlpError> {
 
 /// Inflate a `deflate` body within the same bound. HTTP's `deflate` is the zlib format (RFC
 /// 1950), which is what exporters send; some clients send a raw deflate stream (RFC 1951)
-/// under that name, so a body without a zlib header is read as one.
+/// under that name, so a body without a zlib header is read as one. Bytes after the end of the
+/// compressed stream refuse the body, as they do a gzip body's.
 fn deflate_bounded(body: &[u8], limit: usize) -> Result<Inflated, OtlpError> {
     let zlib_header = matches!(body, [method, flags, ..]
         if method & 0x0f == 8 && (u16::from(*method) << 8 | u16::from(*flags)) % 31 == 0);
-    if zlib_header {
-        inflate_bounded(ZlibDecoder::new(body), limit, body.len(), "deflate")
+    let (inflated, rest) = if zlib_header {
+        let mut decoder = ZlibDecoder::new(body);
+        let inflated = inflate_bounded(&mut decoder, limit, body.len(), "deflate")?;
+        (inflated, decoder.get_ref().len())
     } else {
-        inflate_bounded(DeflateDecoder::new(body), limit, body.len(), "deflate")
+        let mut decoder = DeflateDecoder::new(body);
+        let inflated = inflate_bounded(&mut decoder, limit, body.len(), "deflate")?;
+        (inflated, decoder.get_ref().len())
+    };
+    if rest > 0 {
+        return Err(OtlpError::malformed(format!(
+            "invalid deflate body: {rest} bytes after the end of the compressed stream"
+        )));
     }
+    Ok(inflated)
 }
 
 /// Inflated bodies up to this size stay in the allocator's memory, which it reuses.
@@ -964,6 +976,20 @@ mod tests {
             ),
             Err(OtlpError::Malformed { .. })
         ));
+        // Bytes after the compressed stream: refused, as after a gzip body.
+        for body in [&zlib, &raw] {
+            let mut trailing = body.clone();
+            trailing.extend_from_slice(b"junk");
+            assert!(matches!(
+                decode_request(
+                    Some("application/x-protobuf"),
+                    Some("deflate"),
+                    &trailing,
+                    LIMIT
+                ),
+                Err(OtlpError::Malformed { .. })
+            ));
+        }
     }
 
     /// Past [`HEAP_INFLATE_BYTES`] the body goes on in a mapping; the bound and the bytes are

@@ -268,14 +268,11 @@ fn query_error_text(text: &str) -> String {
     }
     // The integer parameters' parse errors say what was wrong with the digits, not what to
     // give instead.
-    let integer_error = ["invalid digit", "number too large", "number too small"]
-        .iter()
-        .any(|error| {
-            detail.ends_with(&format!("{error} found in string"))
-                || detail.ends_with(&format!("{error} to fit in target type"))
-        });
-    if integer_error {
+    if detail.ends_with("invalid digit found in string") {
         return format!("bad query parameter {detail}: give a whole number");
+    }
+    if detail.ends_with("to fit in target type") {
+        return format!("bad query parameter {detail}: give a whole number in range");
     }
     format!("bad query parameter {detail}")
 }
@@ -420,7 +417,7 @@ mod tests {
                  type"
             ),
             "bad query parameter limit: number too large to fit in target type: give a whole \
-             number"
+             number in range"
         );
         assert_eq!(
             query_error_text("Failed to deserialize query string: missing field `thresholdMs`"),

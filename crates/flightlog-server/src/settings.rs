@@ -220,7 +220,11 @@ pub const MAX_INFLIGHT_WRITES_LIMIT: usize = 1_000_000;
 pub const CONFIG_HELP: &str = "\
 Settings come from flags, FLIGHTLOG_* environment variables and an optional TOML config file
 (--config PATH or FLIGHTLOG_CONFIG). Each setting takes the first of: flag, environment
-variable, config file, default. An empty environment variable counts as unset.
+variable, config file, default. An empty environment variable counts as unset. A value that
+another source overrides must be valid all the same (a bad one in the file is refused even
+while a flag overrides it), so it cannot stop the server later, when the override goes. A value that
+another source overrides must be valid all the same (a bad one in the file is refused even
+while a flag overrides it), so it cannot stop the server later, when the override goes.
 
 Config file (every key optional; relative paths are relative to the file's folder):
 
@@ -623,6 +627,26 @@ pub fn resolve_with_file(
 ) -> Result<ServeSettings, SettingsError> {
     let layers = Layers { flags, env, file };
 
+    // The variable's and the file's paths are checked even when the flag overrides them.
+    for (text, origin) in layers.sources(&DB, None::<String>)? {
+        if text.trim().is_empty() {
+            return Err(invalid(
+                &origin,
+                &text,
+                "give the path of the database file",
+            ));
+        }
+    }
+    // The variable's and the file's paths are checked even when the flag overrides them.
+    for (text, origin) in layers.sources(&DB, None::<String>)? {
+        if text.trim().is_empty() {
+            return Err(invalid(
+                &origin,
+                &text,
+                "give the path of the database file",
+            ));
+        }
+    }
     let db = match &flags.db {
         // Taken as given, so a path that is not UTF-8 still works.
         Some(path) if path.as_os_str().is_empty() => {

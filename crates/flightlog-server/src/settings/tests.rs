@@ -311,6 +311,14 @@ fn an_overridden_value_is_checked_all_the_same() {
         let message = err.to_string();
         assert!(message.contains(named), "{text} {variables:?}: {message}");
     }
+    // The database path too, under --db.
+    let with_db = ServeFlags {
+        db: Some("flag.db".into()),
+        ..ServeFlags::default()
+    };
+    let err = resolve_with_file(&with_db, &BTreeMap::new(), Some(&file("db = 5")))
+        .expect_err("a database path that is no string");
+    assert!(err.to_string().contains("`db` in"), "{err}");
     // Valid overridden values stay overridden.
     let settings = resolve_with_file(
         &flags,
@@ -699,6 +707,15 @@ fn a_misspelled_variable_is_matched_to_the_setting_it_was_meant_to_be() {
     assert_eq!(meant_variable("FLIGHTLOGTOKENS"), Some("FLIGHTLOG_TOKENS"));
     assert_eq!(meant_variable("FlightLog_Db"), Some("FLIGHTLOG_DB"));
     assert_eq!(meant_variable("FLIGHT_LOGADDR"), Some("FLIGHTLOG_ADDR"));
+    // Three edits and more from every name until the prefix is read as the right one.
+    assert_eq!(
+        meant_variable("FLIGHT_LOG_BODYLIMT"),
+        Some("FLIGHTLOG_BODY_LIMIT")
+    );
+    assert_eq!(
+        meant_variable("FLIGHTLOGJOURNAL_MAX_EVNTS"),
+        Some("FLIGHTLOG_JOURNAL_MAX_EVENTS")
+    );
     assert_eq!(meant_variable("FLIGHTLOG_TEST_DATABASE_URL"), None);
     assert_eq!(meant_variable("FLIGHTLOG_OTLP_CLIENTS_DIR"), None);
     assert!(is_setting_variable("FLIGHTLOG_CONFIG"));
