@@ -637,16 +637,6 @@ pub fn resolve_with_file(
             ));
         }
     }
-    // The variable's and the file's paths are checked even when the flag overrides them.
-    for (text, origin) in layers.sources(&DB, None::<String>)? {
-        if text.trim().is_empty() {
-            return Err(invalid(
-                &origin,
-                &text,
-                "give the path of the database file",
-            ));
-        }
-    }
     let db = match &flags.db {
         // Taken as given, so a path that is not UTF-8 still works.
         Some(path) if path.as_os_str().is_empty() => {

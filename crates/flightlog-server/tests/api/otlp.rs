@@ -414,21 +414,28 @@ async fn hostile_bodies_get_their_status_and_the_server_keeps_serving() {
     assert_eq!(status, 200);
 }
 
+/// A Logfire pending span `own` announcing span `real` (running) whose own parent is
+/// `real_parent` (16 hex digits; all zero: a root), with `attributes` besides Logfire's two.
+fn pending_span(
+    own: u8,
+    real: u8,
+    start_ms: u64,
+    real_parent: &str,
+    mut attributes: Vec<KeyValue>,
+) -> Span {
+    attributes.push(text("logfire.span_type", "pending_span"));
+    attributes.push(text("logfire.pending_parent_id", real_parent));
+    let mut pending = otlp_span(own, real, start_ms, attributes);
+    pending.end_time_unix_nano = pending.start_time_unix_nano;
+    pending
+}
+
 #[tokio::test]
 async fn a_pending_span_is_live_until_the_real_one_arrives() {
     let server = TestServer::start().await;
     // Logfire's convention: a zero-length span announcing its parent (the real span) as running.
-    let mut pending = otlp_span(
-        7,
-        1,
-        1_000,
-        vec![
-            text("logfire.span_type", "pending_span"),
-            text("logfire.pending_parent_id", "0000000000000000"),
-        ],
-    );
+    let mut pending = pending_span(7, 1, 1_000, "0000000000000000", Vec::new());
     pending.name = "agent run".into();
-    pending.end_time_unix_nano = pending.start_time_unix_nano;
     export(&server, vec![pending]).await;
     let (_, open) = get_json(&server, "/v1/activity/runs?state=open").await;
     assert_eq!(open["runs"][0]["runId"], TRACE_HEX);
@@ -456,18 +463,14 @@ async fn a_pending_span_is_live_until_the_real_one_arrives() {
 #[tokio::test]
 async fn an_announced_span_of_a_remote_caller_becomes_a_root_when_it_completes() {
     let server = TestServer::start().await;
-    let mut pending = otlp_span(
+    let mut pending = pending_span(
         7,
         1,
         1_000,
-        vec![
-            text("gen_ai.operation.name", "invoke_agent"),
-            text("logfire.span_type", "pending_span"),
-            text("logfire.pending_parent_id", &hex(0x0f)),
-        ],
+        &hex(0x0f),
+        vec![text("gen_ai.operation.name", "invoke_agent")],
     );
     pending.name = "agent run (pending)".into();
-    pending.end_time_unix_nano = pending.start_time_unix_nano;
     let child = otlp_span(
         2,
         1,
@@ -492,17 +495,11 @@ async fn an_announced_span_of_a_remote_caller_becomes_a_root_when_it_completes()
     assert_eq!(open["runs"][0]["runId"], TRACE_HEX, "{open}");
 
     // A span announced below it stays there: its parent is stored.
-    let mut below = otlp_span(
-        8,
-        3,
-        1_030,
-        vec![
-            text("logfire.span_type", "pending_span"),
-            text("logfire.pending_parent_id", &hex(1)),
-        ],
-    );
-    below.end_time_unix_nano = below.start_time_unix_nano;
-    export(&server, vec![below]).await;
+    export(
+        &server,
+        vec![pending_span(8, 3, 1_030, &hex(1), Vec::new())],
+    )
+    .await;
     let (_, tool) = get_json(&server, &format!("/v1/activity/spans/{}", hex(3))).await;
     assert_eq!(tool["parentSpanId"], hex(1), "{tool}");
     assert_eq!(tool["outcome"], Value::Null, "{tool}");
@@ -610,17 +607,13 @@ async fn deliveries_of_a_runs_spans_keep_its_announced_root_alive() {
         }
     };
     set_clock(10_000).await;
-    let mut pending = otlp_span(
+    let pending = pending_span(
         7,
         1,
         1_000,
-        vec![
-            text("gen_ai.operation.name", "invoke_agent"),
-            text("logfire.span_type", "pending_span"),
-            text("logfire.pending_parent_id", "0000000000000000"),
-        ],
+        "0000000000000000",
+        vec![text("gen_ai.operation.name", "invoke_agent")],
     );
-    pending.end_time_unix_nano = pending.start_time_unix_nano;
     export(&server, vec![pending]).await;
     // A child delivered 90 s later: the exporter is alive.
     set_clock(100_000).await;
