@@ -59,6 +59,9 @@ pub(crate) const MODEL_KEYS: &[&str] = &[
 pub(crate) const LOGFIRE_SPAN_TYPE: &str = "logfire.span_type";
 /// Logfire's hex parent id of the real span a pending span announces.
 pub(crate) const LOGFIRE_PENDING_PARENT: &str = "logfire.pending_parent_id";
+/// Logfire's formatted message (`step 3`), where the OTLP span name is its template
+/// (`step {i}`).
+pub(crate) const LOGFIRE_MESSAGE: &str = "logfire.msg";
 
 /// Input (prompt) tokens, preferred first.
 pub(crate) const INPUT_TOKEN_KEYS: &[&str] = &[
@@ -126,6 +129,7 @@ pub(crate) struct Facts<'a> {
     pub(crate) model: Candidates<'a>,
     pub(crate) logfire_span_type: Option<&'a str>,
     pub(crate) logfire_pending_parent: Option<&'a AnyValue>,
+    pub(crate) logfire_message: Option<&'a str>,
     pub(crate) error_type: Option<&'a str>,
     pub(crate) input_tokens: Candidates<'a>,
     pub(crate) output_tokens: Candidates<'a>,
@@ -162,6 +166,7 @@ impl<'a> Facts<'a> {
                 ERROR_TYPE => facts.error_type = value.and_then(as_str),
                 LOGFIRE_SPAN_TYPE => facts.logfire_span_type = value.and_then(as_str),
                 LOGFIRE_PENDING_PARENT => facts.logfire_pending_parent = value,
+                LOGFIRE_MESSAGE => facts.logfire_message = value.and_then(as_str),
                 _ => {}
             }
             if MODEL_CALL_HINTS.contains(&key) {

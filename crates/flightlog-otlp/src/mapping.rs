@@ -213,11 +213,16 @@ fn map_span(
             None => None,
             Some(value) => pending_parent(value)?,
         };
-        let name = span
-            .name
-            .strip_suffix(PENDING_NAME_SUFFIX)
-            .unwrap_or(&span.name);
+        let name = match logfire_message(&facts) {
+            Some(message) => message,
+            None => span
+                .name
+                .strip_suffix(PENDING_NAME_SUFFIX)
+                .unwrap_or(&span.name),
+        };
         (real_id, real_parent, capped_string(name, max_bytes))
+    } else if let Some(message) = logfire_message(&facts) {
+        (own_id, own_parent, capped_string(message, max_bytes))
     } else {
         // Capped like an attribute value: a name is as much the sender's text as they are.
         let name = if span.name.len() <= max_bytes {
@@ -394,6 +399,14 @@ fn span_attrs(
         attrs.insert(REMOTE_PARENT_KEY.to_owned(), Value::from(parent));
     }
     ImportedAttrs::Object(attrs)
+}
+
+/// Logfire's formatted message, the name its user reads (`step 3`), where the OTLP span name is
+/// the message's template (`step {i}`, the same for every step); none when blank.
+fn logfire_message<'f>(facts: &Facts<'f>) -> Option<&'f str> {
+    facts
+        .logfire_message
+        .filter(|message| !message.trim().is_empty())
 }
 
 /// The real parent named by `logfire.pending_parent_id` (hex text; all zero: a root).
@@ -1029,6 +1042,29 @@ mod tests {
             dropped_attributes_count: 0,
         }];
         pending
+    }
+
+    /// Logfire names a span by its message template and puts the message in `logfire.msg`:
+    /// the message is the name, the announcement's too; a blank one is not.
+    #[test]
+    fn a_logfire_span_is_named_by_its_formatted_message() {
+        let mut step = span(
+            2,
+            Some(1),
+            "step {i}",
+            vec![
+                kv("logfire.msg_template", string("step {i}")),
+                kv("logfire.msg", string("step 3")),
+            ],
+        );
+        assert_eq!(only_span(vec![step.clone()]).name, "step 3");
+        step.attributes[1] = kv("logfire.msg", string("  "));
+        assert_eq!(only_span(vec![step]).name, "step {i}");
+        let mut announced = pending_span(0x20, 0x10, None, "agent {name} (pending)");
+        announced
+            .attributes
+            .push(kv("logfire.msg", string("agent scout")));
+        assert_eq!(only_span(vec![announced]).name, "agent scout");
     }
 
     #[test]
