@@ -5,8 +5,8 @@
 //! - unknown span id: one `INSERT` creates it whole (the span-id filter proves most ids free;
 //!   for the others the insert is an `INSERT … SELECT … WHERE` the id is in no span-id index,
 //!   so no separate existence check), then its events. An open one that names a parent not
-//!   stored is a root until its completed copy comes (see [`stored_parent`]; one lookup of
-//!   the parent, for open spans only);
+//!   stored, or ended, is a root until its completed copy comes (see [`stored_parent`]; one
+//!   lookup of the parent, for open spans only);
 //! - open span (started natively, or announced earlier as pending): completed in place — start
 //!   kept, attrs merged, usage fields filled, the end written if the delivery has
 //!   one. A span the same importer announced (same origin) takes the delivery's parent, name,
@@ -41,7 +41,7 @@ use rusqlite::{params, OptionalExtension};
 
 use crate::activity_write::{
     insert_event, log_change, merged_attrs, note_new_span, register_span_id, rollup_run_key,
-    run_key_or_new, span_id_taken, span_key_of, store_rollup, writer_key_of, RollupIdentity,
+    run_key_or_new, span_key_of, store_rollup, writer_key_of, RollupIdentity,
 };
 use crate::database::WriteContext;
 use crate::error::backend;
@@ -156,20 +156,37 @@ fn existing_span(
 }
 
 /// The parent a new span is stored under. An open span (announced before it ended) whose parent
-/// is not stored is a root until its completed copy says where it belongs: an announcement
-/// cannot say that its parent is remote (Logfire's pending span names the real span's parent by
-/// id alone), and a span continued from a remote caller waiting under a parent that never comes
-/// would leave its run without a root, so neither listed nor live, for as long as it runs.
-/// Parents announce before their children (they start first), so a local parent is stored by
+/// is not stored, or has ended, is a root until its completed copy says where it belongs: an
+/// announcement cannot say that its parent is remote (Logfire's pending span names the real
+/// span's parent by id alone), and a span continued from a remote caller waiting under a parent
+/// that never comes would leave its run without a root, so neither listed nor live, for as long
+/// as it runs; under a caller's span that has ended (a fire-and-forget call, the caller
+/// exporting here too) the run would show as ended while the work goes on. Parents announce
+/// before their children (they start first), so a local parent is stored, and running, by
 /// then; the completed copy sets the parent either way (see [`complete_open_span`]).
 fn stored_parent<'s>(
     ctx: &mut WriteContext<'_>,
     span: &'s ImportedSpan,
 ) -> Result<Option<&'s str>, StoreError> {
     match (&span.parent_span_id, &span.end) {
-        (Some(parent), None) if !span_id_taken(ctx, parent)? => Ok(None),
+        (Some(parent), None) if !parent_is_running(ctx, parent)? => Ok(None),
         (parent, _) => Ok(parent.as_deref()),
     }
+}
+
+/// Whether a span with this id is stored and has not ended (the span-id filter answers most
+/// "not stored" without a query).
+fn parent_is_running(ctx: &mut WriteContext<'_>, span_id: &str) -> Result<bool, StoreError> {
+    if !ctx.keys.span_id_filter.may_be_taken(span_id) {
+        return Ok(false);
+    }
+    ctx.statement(concat!(
+        "SELECT outcome IS NULL FROM activity_spans WHERE span_key = ",
+        span_key_of!("?1")
+    ))
+    .and_then(|stmt| stmt.query_row([span_id], |row| row.get(0)).optional())
+    .map(|running| running.unwrap_or(false))
+    .map_err(backend)
 }
 
 /// The kind a span is stored with under `parent`. The OTLP mapping names an agent span `turn`

@@ -1169,9 +1169,16 @@ impl Model {
                 touched.push((span.run_id.clone(), span.origin.clone()));
             }
             let end = span.end.as_ref();
-            // An open span whose parent is not stored is a root until its completed copy comes.
+            // An open span whose parent is not stored, or has ended, is a root until its
+            // completed copy comes.
             let parent = match (&span.parent_span_id, end) {
-                (Some(parent), None) if self.pos(parent).is_none() => None,
+                (Some(parent), None)
+                    if self
+                        .pos(parent)
+                        .is_none_or(|at| self.spans[at].outcome.is_some()) =>
+                {
+                    None
+                }
                 (parent, _) => parent.clone(),
             };
             // An agent span is a turn at the root, a subagent below one.

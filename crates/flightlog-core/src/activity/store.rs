@@ -256,8 +256,8 @@ pub trait ActivityStore: Send + Sync {
     async fn list_runs(&self, query: RunListQuery) -> Result<RunPage, StoreError>;
 
     /// Store spans delivered whole by an importer (OTLP), idempotently, in one atomic write:
-    /// an unknown span is created with its events (an open one whose parent is not stored is
-    /// a root until a later delivery names its parent); an open one is completed (its new
+    /// an unknown span is created with its events (an open one whose parent is not stored, or
+    /// has ended, is a root until a later delivery names its parent); an open one is completed (its new
     /// events added; one the same importer stored takes the delivery's parent, name and kind);
     /// a terminal one is left alone. Every write is change-logged like a native one.
     /// Afterwards each touched run whose root is terminal is rolled up again, so a late span

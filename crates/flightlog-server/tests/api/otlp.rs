@@ -581,6 +581,56 @@ async fn a_grpc_connection_that_sends_nothing_is_closed() {
     server.stop().await;
 }
 
+/// A span announced under a parent that has already ended (a caller exporting here too that
+/// did not wait for the callee, or a fire-and-forget task) is a root while it runs, so the run
+/// shows as running; its completed copy puts it where it belongs: a root when flagged as
+/// continuing a remote caller, under its parent otherwise.
+#[tokio::test]
+async fn a_span_announced_under_an_ended_parent_keeps_its_run_running() {
+    let server = TestServer::start().await;
+    // The caller's span, already ended (1,000 – 1,050).
+    export(&server, vec![root_span()]).await;
+    let (_, runs) = get_json(&server, "/v1/activity/runs?state=open").await;
+    assert_eq!(runs["runs"], json!([]), "{runs}");
+
+    // Two announcements under it: a remote callee and a local task, both still running.
+    export(
+        &server,
+        vec![
+            pending_span(0x20, 2, 1_040, &hex(1), Vec::new()),
+            pending_span(0x21, 3, 1_045, &hex(1), Vec::new()),
+        ],
+    )
+    .await;
+    for n in [2, 3] {
+        let (_, span) = get_json(&server, &format!("/v1/activity/spans/{}", hex(n))).await;
+        assert_eq!(span["parentSpanId"], Value::Null, "{span}");
+        assert_eq!(span["outcome"], Value::Null, "{span}");
+    }
+    let (_, runs) = get_json(&server, "/v1/activity/runs?state=open").await;
+    assert_eq!(
+        runs["runs"][0]["runId"], TRACE_HEX,
+        "the run is running: {runs}"
+    );
+
+    // The completed copies: the remote callee stays a root, the local task goes under its
+    // parent; then nothing runs.
+    let mut callee = otlp_span(2, 1, 1_040, Vec::new());
+    callee.flags = 0x301;
+    export(&server, vec![callee, otlp_span(3, 1, 1_045, Vec::new())]).await;
+    let (_, callee) = get_json(&server, &format!("/v1/activity/spans/{}", hex(2))).await;
+    assert_eq!(callee["parentSpanId"], Value::Null, "{callee}");
+    let (_, task) = get_json(&server, &format!("/v1/activity/spans/{}", hex(3))).await;
+    assert_eq!(task["parentSpanId"], hex(1), "{task}");
+    let (_, runs) = get_json(&server, "/v1/activity/runs?state=open").await;
+    assert_eq!(runs["runs"], json!([]), "{runs}");
+    let (_, runs) = get_json(&server, "/v1/activity/runs").await;
+    assert_eq!(
+        runs["runs"][0]["name"], "span-1",
+        "the first root names the run: {runs}"
+    );
+}
+
 /// A run whose exporter keeps delivering its spans is alive: each delivery renews the heartbeat
 /// of the run's open root (announced once, as Logfire does), so `sweep-stale` spares it while
 /// its children arrive, and closes it once they stop.
