@@ -627,7 +627,8 @@ pub fn resolve_with_file(
 ) -> Result<ServeSettings, SettingsError> {
     let layers = Layers { flags, env, file };
 
-    // The variable's and the file's paths are checked even when the flag overrides them.
+    // The variable's and the file's paths are checked here, even when the flag overrides them;
+    // the one taken below is therefore not blank.
     for (text, origin) in layers.sources(&DB, None::<String>)? {
         if text.trim().is_empty() {
             return Err(invalid(
@@ -649,13 +650,6 @@ pub fn resolve_with_file(
         Some(path) => path.clone(),
         None => match layers.pick(&DB, None::<String>)? {
             None => PathBuf::from(DEFAULT_DB),
-            Some((text, origin)) if text.trim().is_empty() => {
-                return Err(invalid(
-                    &origin,
-                    &text,
-                    "give the path of the database file",
-                ))
-            }
             // A relative path in the file is relative to the file, not to wherever the server
             // happens to be started.
             Some((text, Origin::File { path, .. })) => match path.parent() {

@@ -120,6 +120,19 @@ async fn post_raw(
     builder.send().await.expect("the server answers")
 }
 
+/// Post OTLP/JSON, which must be answered 200; the JSON response.
+async fn export_json(server: &TestServer, body: &Value) -> Value {
+    let response = post_raw(
+        server,
+        "application/json",
+        None,
+        body.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    response.json().await.expect("JSON")
+}
+
 /// Post protobuf; the decoded response.
 pub(crate) async fn export(server: &TestServer, spans: Vec<Span>) -> ExportTraceServiceResponse {
     let response = post_raw(
@@ -246,15 +259,7 @@ async fn otlp_json_is_answered_in_json_and_bad_spans_are_reported_not_fatal() {
         {"traceId": TRACE_HEX, "spanId": "00", "name": "bad id",
          "startTimeUnixNano": "1000000000", "endTimeUnixNano": "1100000000"}
     ]}]}]});
-    let response = post_raw(
-        &server,
-        "application/json",
-        None,
-        body.to_string().into_bytes(),
-    )
-    .await;
-    assert_eq!(response.status(), 200);
-    let answer: Value = response.json().await.expect("JSON");
+    let answer = export_json(&server, &body).await;
     assert_eq!(answer["partialSuccess"]["rejectedSpans"], 1);
     assert!(answer["partialSuccess"]["errorMessage"]
         .as_str()
@@ -277,15 +282,7 @@ async fn otlp_json_in_the_collectors_other_spellings_is_read_the_same() {
                          "value": {"string_value": "invoke_agent"}}],
          "status": {"code": "STATUS_CODE_ERROR", "message": "boom"}}
     ]}]}]});
-    let response = post_raw(
-        &server,
-        "application/json",
-        None,
-        body.to_string().into_bytes(),
-    )
-    .await;
-    assert_eq!(response.status(), 200);
-    let answer: Value = response.json().await.expect("JSON");
+    let answer = export_json(&server, &body).await;
     assert_eq!(answer.get("partialSuccess"), None, "{answer}");
     let (_, span) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
     assert_eq!(span["runId"], TRACE_HEX, "{span}");
