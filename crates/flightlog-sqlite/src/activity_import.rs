@@ -47,6 +47,7 @@ use crate::database::WriteContext;
 use crate::error::backend;
 use crate::payload_codec::{CompressedPayload, PayloadCodec};
 use crate::rows::{payload_from_row, StoredAttrs};
+use crate::run_roots;
 
 /// Events a span already holds: their payloads' JSON text by `(ts, event_type)`.
 type HeldEvents = HashMap<(i64, String), Vec<String>>;
@@ -615,6 +616,14 @@ pub(crate) fn import_spans(
     for (run_key, run_spans, origin) in touched {
         match run_spans {
             RunSpans::New(mut run_spans) => {
+                // A new run holds just these spans: without a root among them it waits for one.
+                match run_spans.iter().map(|span| span.started_at).min() {
+                    Some(_) if run_spans.iter().any(|span| span.is_root) => {
+                        run_roots::note_root_stored(ctx, run_key, true)?;
+                    }
+                    Some(earliest) => run_roots::note_child_stored(ctx, run_key, earliest, true)?,
+                    None => {}
+                }
                 if run_spans
                     .iter()
                     .any(|span| span.is_root && span.outcome.is_some())
@@ -626,6 +635,9 @@ pub(crate) fn import_spans(
                 }
             }
             RunSpans::Stored => {
+                // Spans may have come under a parent or become roots (a completed copy moves
+                // an announced span): the run's place among those awaiting a root is re-read.
+                run_roots::settle(ctx, run_key)?;
                 renew_open_roots(ctx, run_key, origin, now)?;
                 if root_is_terminal(ctx, run_key)? {
                     rollup_run_key(ctx, run_key, RollupIdentity::Refresh)?;

@@ -1,4 +1,4 @@
-//! `list_runs`: the newest-first page of runs, from two index-ordered queries merged in Rust.
+//! `list_runs`: the newest-first page of runs, from three index-ordered queries merged in Rust.
 //!
 //! Runs that still have detail are listed from their root span (the partial index
 //! `activity_spans_roots` orders them by start; a run with several roots, as OTLP traces and
@@ -10,18 +10,22 @@
 //! move when `prune` deletes its detail (the newest root named it before: a successful run could
 //! show the first root's failure reason, filters missed it, and paging across a prune could list
 //! it twice). It is open while any root is. Runs whose detail `prune` deleted
-//! exist only as a rollup row (`activity_run_rollups_pruned` orders those). Each query reads at
-//! most `limit + 1` rows in index order, so a page costs the same however deep it is; the two are
+//! exist only as a rollup row (`activity_run_rollups_pruned` orders those). Runs with spans but
+//! no root (see `run_roots`) are listed open from `activity_runs_awaiting_root`, named by their
+//! earliest span, with the sum of their `model` spans' usage. Each query reads at most
+//! `limit + 1` rows in index order, so a page costs the same however deep it is; the three are
 //! merged by `(started_at, run_id)` descending and the extra row tells whether a next page exists.
 //! The SQL text is built from which filters are present (a handful of variants, each cached), so
 //! every filter is a plain indexable predicate rather than a `?1 IS NULL OR …` that defeats the index.
 
 use flightlog_core::activity::{
-    RunCursor, RunListEntry, RunListQuery, RunPage, RunState, SpanOrigin, SpanOutcome, StoreError,
+    rootless_usage, RollupSpan, RunCursor, RunListEntry, RunListQuery, RunPage, RunState,
+    SpanOrigin, SpanOutcome, StoreError,
 };
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params_from_iter, Connection, Row};
 
+use crate::activity_write::{rollup_span_from_row, ROLLUP_SPANS_SQL};
 use crate::error::backend;
 
 /// The most runs a listing may ask for to count as short (see [`is_short`]).
@@ -78,6 +82,7 @@ fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<RunListEntry> {
         last_heartbeat_at: row.get(17)?,
         rolled_up,
         detail_pruned: row.get(19)?,
+        awaiting_root: false,
     })
 }
 
@@ -129,7 +134,8 @@ fn roots_sql(query: &RunListQuery) -> String {
     sql
 }
 
-/// The rollups of pruned runs, through their own index by start (`INDEXED BY`: without
+/// The rollups of pruned runs that hold no spans again (a run written to after its prune is
+/// listed from its new detail, a root or its earliest span), through their own index by start (`INDEXED BY`: without
 /// statistics SQLite chose the prune index on `(detail_pruned, ended_at)` and sorted every pruned
 /// rollup for each page, 100 ms a page at 100,000 pruned runs).
 fn pruned_sql(query: &RunListQuery) -> String {
@@ -140,10 +146,98 @@ fn pruned_sql(query: &RunListQuery) -> String {
          FROM activity_run_rollups u INDEXED BY activity_run_rollups_pruned \
          JOIN activity_runs r ON r.run_key = u.run_key \
          WHERE u.detail_pruned = 1 AND NOT EXISTS (SELECT 1 FROM activity_spans s \
-           WHERE s.run_key = u.run_key AND s.parent_span_id IS NULL)",
+           WHERE s.run_key = u.run_key AND s.parent_span_id IS NULL) \
+         AND NOT EXISTS (SELECT 1 FROM activity_runs_awaiting_root w \
+           WHERE w.run_key = u.run_key)",
     );
     push_filters(&mut sql, query, "u");
     sql
+}
+
+/// The runs waiting for their root (see `run_roots`), by their earliest span's start: the run
+/// id and key of each, whose entry [`awaiting_entry`] builds. Such a run is open and has no
+/// outcome, so the caller leaves this query out for `state=ended` and any `outcome` filter; its
+/// origin is its earliest span's.
+fn awaiting_sql(query: &RunListQuery) -> String {
+    let mut sql = String::from(
+        "SELECT r.run_id, w.run_key FROM activity_runs_awaiting_root w \
+         INDEXED BY activity_runs_awaiting_root_by_start \
+         JOIN activity_runs r ON r.run_key = w.run_key WHERE 1",
+    );
+    if query.origin.is_some() {
+        sql.push_str(
+            " AND (SELECT n.origin FROM activity_spans n WHERE n.run_key = w.run_key \
+             ORDER BY n.started_at, n.span_key LIMIT 1) = ?",
+        );
+    }
+    if query.before.is_some() {
+        sql.push_str(" AND w.started_at <= ? AND (w.started_at < ? OR r.run_id < ?)");
+    }
+    sql.push_str(" ORDER BY w.started_at DESC, r.run_id DESC LIMIT ?");
+    sql
+}
+
+/// The entry of a run waiting for its root, from its spans (read as the rollup rule reads
+/// them): named, started and placed by its earliest span, open with no end, its usage the sum
+/// over its `model` spans. `None` when it holds no span (not kept so by the writer; a reader
+/// only sees committed states).
+fn awaiting_entry(
+    conn: &Connection,
+    run_id: String,
+    run_key: i64,
+) -> Result<Option<RunListEntry>, StoreError> {
+    let spans: Vec<RollupSpan> = conn
+        .prepare_cached(ROLLUP_SPANS_SQL)
+        .and_then(|mut stmt| stmt.query_map([run_key], rollup_span_from_row)?.collect())
+        .map_err(backend)?;
+    let Some(earliest) = spans.first() else {
+        return Ok(None);
+    };
+    let usage = rootless_usage(&spans);
+    Ok(Some(RunListEntry {
+        run_id,
+        state: RunState::Open,
+        name: earliest.name.clone(),
+        origin: earliest.origin.clone(),
+        session_id: earliest.session_id.clone(),
+        job_name: earliest.job_name.clone(),
+        started_at: earliest.started_at,
+        ended_at: None,
+        outcome: None,
+        duration_ms: None,
+        span_count: i64::try_from(spans.len()).unwrap_or(i64::MAX),
+        input_tokens: usage.input_tokens,
+        output_tokens: usage.output_tokens,
+        cache_read_tokens: usage.cache_read_tokens,
+        cache_creation_tokens: usage.cache_creation_tokens,
+        cost_usd: usage.cost_usd,
+        failure_reason: None,
+        last_heartbeat_at: None,
+        rolled_up: false,
+        detail_pruned: false,
+        awaiting_root: true,
+    }))
+}
+
+fn awaiting_runs(
+    conn: &Connection,
+    query: &RunListQuery,
+    limit: i64,
+) -> Result<Vec<RunListEntry>, StoreError> {
+    let keys: Vec<(String, i64)> = conn
+        .prepare_cached(&awaiting_sql(query))
+        .and_then(|mut stmt| {
+            stmt.query_map(params_from_iter(parameters(query, limit)), |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })?
+            .collect()
+        })
+        .map_err(backend)?;
+    let mut entries = Vec::with_capacity(keys.len());
+    for (run_id, run_key) in keys {
+        entries.extend(awaiting_entry(conn, run_id, run_key)?);
+    }
+    Ok(entries)
 }
 
 /// The outcome, origin and cursor predicates and the order, on table alias `table`; the
@@ -213,12 +307,15 @@ pub(crate) fn list_runs(conn: &Connection, query: &RunListQuery) -> Result<RunPa
     let mut runs = run_query(conn, &roots_sql(query), query, fetch)?;
     if query.state != Some(RunState::Open) {
         runs.extend(run_query(conn, &pruned_sql(query), query, fetch)?);
-        runs.sort_by(|a, b| {
-            b.started_at
-                .cmp(&a.started_at)
-                .then_with(|| b.run_id.cmp(&a.run_id))
-        });
     }
+    if query.state != Some(RunState::Ended) && query.outcome.is_none() {
+        runs.extend(awaiting_runs(conn, query, fetch)?);
+    }
+    runs.sort_by(|a, b| {
+        b.started_at
+            .cmp(&a.started_at)
+            .then_with(|| b.run_id.cmp(&a.run_id))
+    });
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let next = if runs.len() > limit {
         runs.truncate(limit);

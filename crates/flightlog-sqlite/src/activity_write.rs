@@ -20,6 +20,7 @@ use crate::error::{backend, is_constraint};
 use crate::payload_codec::CompressedPayload;
 use crate::payload_codec::PayloadCodec;
 use crate::rows::{parse_attrs, StoredAttrs};
+use crate::run_roots;
 
 /// How far behind the newest change id a terminal run's change rows are trimmed by `prune`
 /// (the reference's distance; `SqliteConfig::change_log_retention` can change it).
@@ -205,12 +206,8 @@ fn interned_key(
     Ok((key, inserted == 1))
 }
 
-pub(crate) fn run_key_of(ctx: &mut WriteContext<'_>, run_id: &str) -> Result<i64, StoreError> {
-    run_key_or_new(ctx, run_id).map(|(key, _)| key)
-}
-
-/// [`run_key_of`], and whether the run is new: created by this call, so every span it will
-/// hold is one the caller inserts from here on.
+/// The run's key, made if the run is new, and whether it is: created by this call, so every
+/// span it will hold is one the caller inserts from here on.
 pub(crate) fn run_key_or_new(
     ctx: &mut WriteContext<'_>,
     run_id: &str,
@@ -325,7 +322,7 @@ pub(crate) fn start_span(
     writer: &str,
     now: i64,
 ) -> Result<SpanRow, StoreError> {
-    let run_key = run_key_of(ctx, &input.run_id)?;
+    let (run_key, new_run) = run_key_or_new(ctx, &input.run_id)?;
     let writer_key = writer_key_of(ctx, writer)?;
     let started_at = input.started_at.unwrap_or(now);
     // The reference tests the parent for truthiness: an empty-string parent gets a heartbeat.
@@ -379,6 +376,10 @@ pub(crate) fn start_span(
         .spans
         .insert(input.span_id.clone(), (span_key, run_key));
     note_new_span(ctx, span_key);
+    match input.parent_span_id {
+        None => run_roots::note_root_stored(ctx, run_key, new_run)?,
+        Some(_) => run_roots::note_child_stored(ctx, run_key, started_at, new_run)?,
+    }
     log_change(ctx, run_key, span_key, None)?;
     Ok(SpanRow {
         span_id: input.span_id.clone(),
@@ -945,46 +946,47 @@ pub(crate) fn rollup_run_key(
     run_key: i64,
     identity: RollupIdentity,
 ) -> Result<(), StoreError> {
-    // Only the columns the rollup rule reads: this runs on every run's terminal write.
     let spans: Vec<RollupSpan> = ctx
-        .statement(
-            "SELECT parent_span_id IS NULL, origin, name, session_id, job_name, started_at, \
-             ended_at, outcome, outcome_reason, input_tokens, output_tokens, cache_read_tokens, \
-             cache_creation_tokens, cost_usd, kind, span_id, parent_span_id FROM activity_spans \
-             WHERE run_key = ?1 ORDER BY started_at, span_key",
-        )
-        .and_then(|stmt| {
-            stmt.query_map([run_key], |row| {
-                let origin: String = row.get(1)?;
-                let outcome: Option<String> = row.get(7)?;
-                let kind: String = row.get(14)?;
-                Ok(RollupSpan {
-                    span_id: row.get(15)?,
-                    parent_span_id: row.get(16)?,
-                    is_root: row.get(0)?,
-                    kind: SpanKind::from_stored(&kind),
-                    origin: SpanOrigin::from_stored(&origin),
-                    name: row.get(2)?,
-                    session_id: row.get(3)?,
-                    job_name: row.get(4)?,
-                    started_at: row.get(5)?,
-                    ended_at: row.get(6)?,
-                    outcome: outcome.as_deref().map(SpanOutcome::from_stored),
-                    outcome_reason: row.get(8)?,
-                    usage: SpanUsage {
-                        input_tokens: row.get(9)?,
-                        output_tokens: row.get(10)?,
-                        cache_read_tokens: row.get(11)?,
-                        cache_creation_tokens: row.get(12)?,
-                        cost_usd: row.get(13)?,
-                        model: None,
-                    },
-                })
-            })?
-            .collect()
-        })
+        .statement(ROLLUP_SPANS_SQL)
+        .and_then(|stmt| stmt.query_map([run_key], rollup_span_from_row)?.collect())
         .map_err(backend)?;
     store_rollup(ctx, run_key, &spans, identity)
+}
+
+/// A run's spans as the rollup rule reads them, in its order (start, then insertion): only the
+/// columns it needs, since this runs on every run's terminal write. Read by
+/// [`rollup_span_from_row`].
+pub(crate) const ROLLUP_SPANS_SQL: &str = "SELECT parent_span_id IS NULL, origin, name, \
+     session_id, job_name, started_at, ended_at, outcome, outcome_reason, input_tokens, \
+     output_tokens, cache_read_tokens, cache_creation_tokens, cost_usd, kind, span_id, \
+     parent_span_id FROM activity_spans WHERE run_key = ?1 ORDER BY started_at, span_key";
+
+pub(crate) fn rollup_span_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RollupSpan> {
+    let origin: String = row.get(1)?;
+    let outcome: Option<String> = row.get(7)?;
+    let kind: String = row.get(14)?;
+    Ok(RollupSpan {
+        span_id: row.get(15)?,
+        parent_span_id: row.get(16)?,
+        is_root: row.get(0)?,
+        kind: SpanKind::from_stored(&kind),
+        origin: SpanOrigin::from_stored(&origin),
+        name: row.get(2)?,
+        session_id: row.get(3)?,
+        job_name: row.get(4)?,
+        started_at: row.get(5)?,
+        ended_at: row.get(6)?,
+        outcome: outcome.as_deref().map(SpanOutcome::from_stored),
+        outcome_reason: row.get(8)?,
+        usage: SpanUsage {
+            input_tokens: row.get(9)?,
+            output_tokens: row.get(10)?,
+            cache_read_tokens: row.get(11)?,
+            cache_creation_tokens: row.get(12)?,
+            cost_usd: row.get(13)?,
+            model: None,
+        },
+    })
 }
 
 /// Compute the rollup of a run from its spans (in `started_at`, then insertion order) and
@@ -1067,6 +1069,45 @@ pub(crate) struct PrunePlan {
 /// The most change-log rows one `prune` call trims by default (see there).
 pub(crate) const MAX_TRIMMED_PER_PRUNE: i64 = 100_000;
 
+/// Delete a run's detail (events, span ids, spans, change rows; its row of runs awaiting a root
+/// too): `(spans deleted, the newest change id it deleted or 0)`.
+fn delete_run_detail(ctx: &mut WriteContext<'_>, run_key: i64) -> Result<(i64, i64), StoreError> {
+    let conn = ctx.conn;
+    let newest: i64 = conn
+        .prepare_cached(
+            "SELECT COALESCE(MAX(change_id), 0) FROM activity_changes WHERE run_key = ?1",
+        )
+        .and_then(|mut stmt| stmt.query_row([run_key], |row| row.get(0)))
+        .map_err(backend)?;
+    conn.prepare_cached(
+        "DELETE FROM activity_events WHERE span_key IN \
+         (SELECT span_key FROM activity_spans WHERE run_key = ?1)",
+    )
+    .and_then(|mut stmt| stmt.execute([run_key]))
+    .map_err(backend)?;
+    for sql in [
+        "DELETE FROM activity_span_ids_recent WHERE span_id IN \
+         (SELECT span_id FROM activity_spans WHERE run_key = ?1)",
+        "DELETE FROM activity_span_ids_middle WHERE span_id IN \
+         (SELECT span_id FROM activity_spans WHERE run_key = ?1)",
+        "DELETE FROM activity_span_ids WHERE span_id IN \
+         (SELECT span_id FROM activity_spans WHERE run_key = ?1)",
+    ] {
+        conn.prepare_cached(sql)
+            .and_then(|mut stmt| stmt.execute([run_key]))
+            .map_err(backend)?;
+    }
+    let deleted = conn
+        .prepare_cached("DELETE FROM activity_spans WHERE run_key = ?1")
+        .and_then(|mut stmt| stmt.execute([run_key]))
+        .map_err(backend)?;
+    conn.prepare_cached("DELETE FROM activity_changes WHERE run_key = ?1")
+        .and_then(|mut stmt| stmt.execute([run_key]))
+        .map_err(backend)?;
+    run_roots::forget(ctx, run_key)?;
+    Ok((i64::try_from(deleted).unwrap_or(i64::MAX), newest))
+}
+
 pub(crate) fn prune(
     ctx: &mut WriteContext<'_>,
     plan: PrunePlan,
@@ -1090,7 +1131,37 @@ pub(crate) fn prune(
             .collect()
         })
         .map_err(backend)?;
-    if !candidates.is_empty() {
+    // Runs that never had a root stored (see `run_roots`) have no rollup to be a candidate by.
+    // An imported trace whose root never comes (its caller exports elsewhere) would keep its
+    // detail forever, so the hard ceiling deletes such a run whole once its newest span is older
+    // than it and none is open. Only runs of OTLP spans alone: the reference keeps a rootless
+    // run of its own origins (`session`, `cron`) forever, and its prune counts must stay. (No
+    // digest is kept: without a root nothing names or ends the run.)
+    let remaining = if plan.batch < 0 {
+        -1
+    } else {
+        plan.batch
+            .saturating_sub(i64::try_from(candidates.len()).unwrap_or(i64::MAX))
+    };
+    let rootless: Vec<i64> = if remaining == 0 {
+        Vec::new()
+    } else {
+        conn.prepare_cached(
+            "SELECT w.run_key FROM activity_runs_awaiting_root w \
+             WHERE w.started_at < ?1 \
+               AND NOT EXISTS (SELECT 1 FROM activity_spans s WHERE s.run_key = w.run_key \
+                               AND (s.outcome IS NULL OR s.origin <> 'otlp')) \
+               AND (SELECT MAX(MAX(s.started_at, COALESCE(s.ended_at, s.started_at))) \
+                    FROM activity_spans s WHERE s.run_key = w.run_key) < ?1 \
+             ORDER BY w.started_at, w.run_key LIMIT ?2",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map(params![plan.ceiling, remaining], |row| row.get(0))?
+                .collect()
+        })
+        .map_err(backend)?
+    };
+    if !candidates.is_empty() || !rootless.is_empty() {
         // Deleting the newest change rows must not let their ids be handed out again.
         conn.prepare_cached(
             "INSERT INTO flightlog_meta (name, value) \
@@ -1107,13 +1178,6 @@ pub(crate) fn prune(
     let mut newest_pruned_change = 0i64;
     for (run_key, ended_at) in &candidates {
         let run_key = *run_key;
-        let newest: i64 = conn
-            .prepare_cached(
-                "SELECT COALESCE(MAX(change_id), 0) FROM activity_changes WHERE run_key = ?1",
-            )
-            .and_then(|mut stmt| stmt.query_row([run_key], |row| row.get(0)))
-            .map_err(backend)?;
-        newest_pruned_change = newest_pruned_change.max(newest);
         // Pruned by the hard ceiling alone: the digest never covered this run, so the rollup
         // says so instead of silently losing its detail.
         let gap = *ended_at >= plan.floor;
@@ -1124,33 +1188,21 @@ pub(crate) fn prune(
         )
         .and_then(|mut stmt| stmt.execute(params![run_key, gap]))
         .map_err(backend)?;
-        conn.prepare_cached(
-            "DELETE FROM activity_events WHERE span_key IN \
-             (SELECT span_key FROM activity_spans WHERE run_key = ?1)",
-        )
-        .and_then(|mut stmt| stmt.execute([run_key]))
-        .map_err(backend)?;
-        for sql in [
-            "DELETE FROM activity_span_ids_recent WHERE span_id IN \
-             (SELECT span_id FROM activity_spans WHERE run_key = ?1)",
-            "DELETE FROM activity_span_ids_middle WHERE span_id IN \
-             (SELECT span_id FROM activity_spans WHERE run_key = ?1)",
-            "DELETE FROM activity_span_ids WHERE span_id IN \
-             (SELECT span_id FROM activity_spans WHERE run_key = ?1)",
-        ] {
-            conn.prepare_cached(sql)
-                .and_then(|mut stmt| stmt.execute([run_key]))
-                .map_err(backend)?;
-        }
-        let deleted = conn
-            .prepare_cached("DELETE FROM activity_spans WHERE run_key = ?1")
-            .and_then(|mut stmt| stmt.execute([run_key]))
-            .map_err(backend)?;
-        spans_deleted += i64::try_from(deleted).unwrap_or(i64::MAX);
-        conn.prepare_cached("DELETE FROM activity_changes WHERE run_key = ?1")
-            .and_then(|mut stmt| stmt.execute([run_key]))
-            .map_err(backend)?;
+        let (deleted, newest) = delete_run_detail(ctx, run_key)?;
+        spans_deleted += deleted;
+        newest_pruned_change = newest_pruned_change.max(newest);
     }
+    // (A rootless run someone rolled up may be a candidate of both kinds: its detail is gone.)
+    let rootless: Vec<i64> = rootless
+        .into_iter()
+        .filter(|run_key| !candidates.iter().any(|(key, _)| key == run_key))
+        .collect();
+    for run_key in &rootless {
+        let (deleted, newest) = delete_run_detail(ctx, *run_key)?;
+        spans_deleted += deleted;
+        newest_pruned_change = newest_pruned_change.max(newest);
+    }
+    let conn = ctx.conn;
     // The change log only serves live cursors; rows this far behind the newest are unreachable
     // by any live poller. Runs with open spans keep theirs.
     let horizon: i64 = conn
@@ -1205,7 +1257,7 @@ pub(crate) fn prune(
     // Spans, events and change rows are gone: cached keys and counters may now be wrong.
     ctx.keys.clear_volatile();
     Ok(PruneResult {
-        runs_pruned: i64::try_from(candidates.len()).unwrap_or(i64::MAX),
+        runs_pruned: i64::try_from(candidates.len() + rootless.len()).unwrap_or(i64::MAX),
         spans_deleted,
     })
 }

@@ -130,6 +130,8 @@ pub(crate) struct WriterCache {
     pub run_seq: FastMap<i64, i64>,
     /// span key -> next event index
     pub next_event_index: FastMap<i64, i64>,
+    /// run key -> whether the run has a root, or since when it waits for one (see `run_roots`)
+    pub run_roots: FastMap<i64, crate::run_roots::RootState>,
     /// The change id the next change row gets.
     pub next_change_id: Option<i64>,
     /// Whether the current group logged a change (set by `activity_write::log_change`, reset
@@ -169,6 +171,7 @@ impl WriterCache {
         self.spans.clear();
         self.run_seq.clear();
         self.next_event_index.clear();
+        self.run_roots.clear();
         self.next_change_id = None;
         self.engagements.clear();
         self.recent_span_ids = None;
@@ -183,6 +186,7 @@ impl WriterCache {
         if self.spans.len() > Self::MAX_ENTRIES
             || self.run_seq.len() > Self::MAX_ENTRIES
             || self.next_event_index.len() > Self::MAX_ENTRIES
+            || self.run_roots.len() > Self::MAX_ENTRIES
             || self.engagements.len() > Self::MAX_ENTRIES
         {
             self.clear_volatile();

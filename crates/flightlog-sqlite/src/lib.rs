@@ -18,6 +18,7 @@ mod lock_turns;
 mod payload_codec;
 mod rewind_gate;
 mod rows;
+mod run_roots;
 mod schema;
 mod span_id_filter;
 

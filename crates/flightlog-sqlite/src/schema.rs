@@ -241,6 +241,19 @@ ALTER TABLE journal_engagements ADD COLUMN generation INTEGER NOT NULL DEFAULT 0
 INSERT OR REPLACE INTO flightlog_meta (name, value)
   SELECT 'dictionaries_before_attrs', COALESCE(MAX(dict_id), 0) FROM payload_dictionaries;
 "#,
+    // Version 9: the runs that have spans but no root, by their earliest span's start, so the
+    // run list shows them (see `run_roots`): an OpenTelemetry trace's root ends, and so is
+    // exported, last. Filled from the spans an earlier flightlog stored.
+    r#"
+CREATE TABLE activity_runs_awaiting_root (
+  run_key    INTEGER PRIMARY KEY,
+  started_at INTEGER NOT NULL
+);
+CREATE INDEX activity_runs_awaiting_root_by_start ON activity_runs_awaiting_root (started_at);
+INSERT INTO activity_runs_awaiting_root (run_key, started_at)
+  SELECT run_key, MIN(started_at) FROM activity_spans GROUP BY run_key
+  HAVING SUM(parent_span_id IS NULL) = 0;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -45,12 +45,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use flightlog_core::activity::{
-    compute_rollup, ActivityChange, ActivityStore, ActivityWrite, ActivityWriteResult, ChangeBody,
-    ChangeDoorbell, EncodedAttrs, EndSpanInput, ImportRejection, ImportReport, ImportedAttrs,
-    ImportedEnd, ImportedEvent, ImportedSpan, JsonObject, PruneOptions, PruneResult, RollupSpan,
-    RunCursor, RunListEntry, RunListQuery, RunPage, RunRollupRow, RunSnapshot, RunState,
-    SpanEventRow, SpanKind, SpanOrigin, SpanOutcome, SpanPatch, SpanRow, SpanUsage, StartSpanInput,
-    StoreError, TerminalRootChange,
+    compute_rollup, rootless_usage, ActivityChange, ActivityStore, ActivityWrite,
+    ActivityWriteResult, ChangeBody, ChangeDoorbell, EncodedAttrs, EndSpanInput, ImportRejection,
+    ImportReport, ImportedAttrs, ImportedEnd, ImportedEvent, ImportedSpan, JsonObject,
+    PruneOptions, PruneResult, RollupSpan, RunCursor, RunListEntry, RunListQuery, RunPage,
+    RunRollupRow, RunSnapshot, RunState, SpanEventRow, SpanKind, SpanOrigin, SpanOutcome,
+    SpanPatch, SpanRow, SpanUsage, StartSpanInput, StoreError, TerminalRootChange,
 };
 use flightlog_core::journal::{
     AppendInput, EngagementEvent, EngagementJournal, EngagementSummary, InMemoryEngagementJournal,
@@ -1071,7 +1071,66 @@ impl Model {
         if batch >= 0 {
             truncate_to(&mut candidates, batch);
         }
+        // Runs of OTLP spans with no root: deleted whole by the hard ceiling once none is open
+        // and the newest is older than it, in the room the batch leaves.
+        let mut rootless: Vec<(i64, usize, String)> = Vec::new();
+        let mut run_ids: BTreeSet<&str> = BTreeSet::new();
+        for span in &self.spans {
+            run_ids.insert(span.run_id.as_str());
+        }
+        for run_id in run_ids {
+            let spans: Vec<&SpanRow> = self
+                .spans
+                .iter()
+                .filter(|span| span.run_id == run_id)
+                .collect();
+            if spans.iter().any(|span| span.parent_span_id.is_none())
+                || spans.iter().any(|span| span.outcome.is_none())
+                || spans.iter().any(|span| span.origin != SpanOrigin::Otlp)
+                || candidates.iter().any(|(_, _, id)| id == run_id)
+            {
+                continue;
+            }
+            let earliest = spans.iter().map(|span| span.started_at).min();
+            let newest = spans
+                .iter()
+                .map(|span| {
+                    span.started_at
+                        .max(span.ended_at.unwrap_or(span.started_at))
+                })
+                .max();
+            if let (Some(earliest), Some(newest)) = (earliest, newest) {
+                if newest < ceiling {
+                    rootless.push((earliest, self.run_key(run_id), run_id.to_owned()));
+                }
+            }
+        }
+        rootless.sort();
+        if batch >= 0 {
+            truncate_to(&mut rootless, batch.saturating_sub(candidates.len() as i64));
+        }
         let mut spans_deleted = 0;
+        for (_, _, run_id) in &rootless {
+            let doomed: BTreeSet<String> = self
+                .spans
+                .iter()
+                .filter(|span| &span.run_id == run_id)
+                .map(|span| span.span_id.clone())
+                .collect();
+            spans_deleted += doomed.len() as i64;
+            if let Some(newest) = self
+                .changes
+                .iter()
+                .filter(|change| &change.run_id == run_id)
+                .map(|change| change.change_id)
+                .max()
+            {
+                self.horizon = self.horizon.max(newest + 1);
+            }
+            self.events.retain(|event| !doomed.contains(&event.span_id));
+            self.spans.retain(|span| &span.run_id != run_id);
+            self.changes.retain(|change| &change.run_id != run_id);
+        }
         for (ended, _, run_id) in &candidates {
             if let Some(row) = self.rollups.get_mut(run_id) {
                 row.detail_pruned = true;
@@ -1101,7 +1160,7 @@ impl Model {
             self.changes.retain(|change| &change.run_id != run_id);
         }
         PruneResult {
-            runs_pruned: candidates.len() as i64,
+            runs_pruned: (candidates.len() + rootless.len()) as i64,
             spans_deleted,
         }
     }
@@ -1377,6 +1436,50 @@ impl Model {
                 last_heartbeat_at: root.last_heartbeat_at,
                 rolled_up: rollup.is_some(),
                 detail_pruned: false,
+                awaiting_root: false,
+            });
+        }
+        // Runs with spans but no root: open, from their earliest span (start, then key), with
+        // their model spans' usage.
+        let mut rootless: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (index, span) in self.spans.iter().enumerate() {
+            if !first.contains_key(span.run_id.as_str()) {
+                rootless
+                    .entry(span.run_id.as_str())
+                    .or_default()
+                    .push(index);
+            }
+        }
+        for (run_id, mut indexes) in rootless {
+            indexes.sort_by_key(|&index| (self.spans[index].started_at, index));
+            let spans: Vec<RollupSpan> = indexes
+                .iter()
+                .map(|&index| RollupSpan::from(&self.spans[index]))
+                .collect();
+            let earliest = &self.spans[indexes[0]];
+            let usage = rootless_usage(&spans);
+            entries.push(RunListEntry {
+                run_id: run_id.to_owned(),
+                state: RunState::Open,
+                name: earliest.name.clone(),
+                origin: earliest.origin.clone(),
+                session_id: earliest.session_id.clone(),
+                job_name: earliest.job_name.clone(),
+                started_at: earliest.started_at,
+                ended_at: None,
+                outcome: None,
+                duration_ms: None,
+                span_count: spans.len() as i64,
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+                cache_read_tokens: usage.cache_read_tokens,
+                cache_creation_tokens: usage.cache_creation_tokens,
+                cost_usd: usage.cost_usd,
+                failure_reason: None,
+                last_heartbeat_at: None,
+                rolled_up: false,
+                detail_pruned: false,
+                awaiting_root: true,
             });
         }
         // Entries filtered on the root's columns; pruned runs (no root left) on the rollup's.
@@ -1386,7 +1489,7 @@ impl Model {
             .collect();
         if query.state != Some(RunState::Open) {
             for row in self.rollups.values() {
-                if !row.detail_pruned || first.contains_key(row.run_id.as_str()) {
+                if !row.detail_pruned || self.spans.iter().any(|span| span.run_id == row.run_id) {
                     continue;
                 }
                 entries.push(RunListEntry {
@@ -1410,6 +1513,7 @@ impl Model {
                     last_heartbeat_at: None,
                     rolled_up: true,
                     detail_pruned: true,
+                    awaiting_root: false,
                 });
             }
         }
@@ -1889,7 +1993,7 @@ impl Harness {
                 None => {
                     let ids: BTreeSet<&str> = seen.iter().map(|run| run.run_id.as_str()).collect();
                     if ids.len() != seen.len() {
-                        return Err(fail("a run was listed twice"));
+                        return Err(fail(format!("a run was listed twice: {seen:?}")));
                     }
                     return same(&format!("all pages of {query:?}"), &seen, &everything);
                 }
@@ -3124,7 +3228,15 @@ async fn parent_loops_and_parents_in_other_runs() -> Result<(), TestCaseError> {
             .start(0, start_input(span, run, Some(parent), Some(at)))
             .await?;
     }
-    prop_assert!(h.list_runs(everything(i64::MAX)).await?.runs.is_empty());
+    // Listed as waiting for their root, each from its earliest span.
+    let listed = h.list_runs(everything(i64::MAX)).await?;
+    let listed: Vec<(&str, &str, bool)> = listed
+        .runs
+        .iter()
+        .map(|run| (run.run_id.as_str(), run.name.as_str(), run.awaiting_root))
+        .collect();
+    prop_assert_eq!(listed.len(), 3);
+    prop_assert!(listed.iter().all(|(_, _, awaiting)| *awaiting));
     prop_assert!(h.open_roots().await?.is_empty());
     prop_assert!(h.find_stuck(i64::MIN, Some(i64::MAX)).await?.is_empty());
     prop_assert_eq!(h.sweep_stale(1, i64::MIN, Some(i64::MAX)).await?, 0);
@@ -3138,12 +3250,16 @@ async fn parent_loops_and_parents_in_other_runs() -> Result<(), TestCaseError> {
     prop_assert_eq!(rollup.failure_reason.as_deref(), Some("loop"));
     prop_assert_eq!(h.sweep_orphans(2).await?, 3);
     prop_assert!(h.terminal_roots(i64::MIN, -1).await?.is_empty());
-    // Roots arrive late; the run is listed once, from the first by start.
+    // Roots arrive late; the run is listed once, from the first by start (the two others still
+    // wait for theirs).
     let _ = h.start(0, start_input("g", "r1", None, Some(0))).await?;
     let _ = h.start(0, start_input("h", "r1", None, Some(-5))).await?;
     let page = h.list_runs(everything(i64::MAX)).await?;
-    prop_assert_eq!(page.runs.len(), 1);
-    prop_assert_eq!(page.runs[0].name.as_str(), "name of h");
+    prop_assert_eq!(page.runs.len(), 3);
+    let r1: Vec<&RunListEntry> = page.runs.iter().filter(|run| run.run_id == "r1").collect();
+    prop_assert_eq!(r1.len(), 1);
+    prop_assert_eq!(r1[0].name.as_str(), "name of h");
+    prop_assert!(!r1[0].awaiting_root);
     let _ = h
         .end(0, "g", end_input(SpanOutcome::Success, Some(9)))
         .await?;

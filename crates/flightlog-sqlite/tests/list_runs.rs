@@ -363,3 +363,264 @@ async fn a_run_rolled_up_while_open_is_listed_live_once_it_ends() {
     assert_eq!(run.failure_reason.as_deref(), Some("why"));
     assert!(!run.rolled_up);
 }
+
+fn model_call(span_id: &str, run_id: &str, parent: &str, at: i64) -> StartSpanInput {
+    StartSpanInput {
+        name: format!("chat {span_id}"),
+        kind: SpanKind::Model,
+        ..start(span_id, run_id, Some(parent), at)
+    }
+}
+
+fn used(input_tokens: i64, cost_usd: f64, at: i64) -> EndSpanInput {
+    EndSpanInput {
+        outcome: SpanOutcome::Success,
+        reason: None,
+        ended_at: Some(at),
+        usage: Some(SpanUsage {
+            input_tokens: Some(input_tokens),
+            cost_usd: Some(cost_usd),
+            ..SpanUsage::default()
+        }),
+        attrs: None,
+    }
+}
+
+/// An OpenTelemetry SDK exports a span when it ends, so a trace's root, which ends last, comes
+/// after all its other spans: such a run is listed open while it waits for its root (it was not
+/// listed at all, so a running agent was invisible), named by its earliest span, with its model
+/// spans' usage; once the root comes it is listed from the root.
+#[tokio::test]
+async fn a_run_whose_root_has_not_arrived_is_listed_open_until_it_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("awaiting.db");
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap();
+    let clock = Arc::new(ManualClock::new(10_000));
+    let store = SqliteActivityStore::with_identity(db.clone(), clock.clone(), "w");
+
+    store
+        .start_span(model_call("m1", "run-x", "x", 120))
+        .await
+        .unwrap();
+    store.end_span("m1", used(100, 0.5, 130)).await.unwrap();
+    store
+        .start_span(model_call("m2", "run-x", "x", 140))
+        .await
+        .unwrap();
+    store.end_span("m2", used(20, 0.25, 150)).await.unwrap();
+    // A tool call under the first model call: not summed.
+    store
+        .start_span(start("t1", "run-x", Some("m1"), 125))
+        .await
+        .unwrap();
+    // An ordinary run that started later.
+    store
+        .start_span(start("r", "run-r", None, 500))
+        .await
+        .unwrap();
+
+    let page = store.list_runs(query(None, 10)).await.unwrap();
+    let listed: Vec<&str> = page.runs.iter().map(|run| run.run_id.as_str()).collect();
+    assert_eq!(listed, ["run-r", "run-x"]);
+    let waiting = &page.runs[1];
+    assert!(waiting.awaiting_root);
+    assert!(!page.runs[0].awaiting_root);
+    assert_eq!(waiting.state, RunState::Open);
+    assert_eq!(waiting.name, "chat m1");
+    assert_eq!(waiting.started_at, 120);
+    assert_eq!(
+        (
+            waiting.ended_at,
+            waiting.outcome.clone(),
+            waiting.duration_ms
+        ),
+        (None, None, None)
+    );
+    assert_eq!(waiting.span_count, 3);
+    assert_eq!(waiting.input_tokens, Some(120));
+    assert_eq!(waiting.cost_usd, Some(0.75));
+    assert!(!waiting.rolled_up && !waiting.detail_pruned);
+
+    // Filters: it is open, has no outcome, and its origin is its earliest span's.
+    assert_eq!(
+        ids(&store, query(Some(RunState::Open), 10)).await,
+        ["run-r", "run-x"]
+    );
+    assert_eq!(
+        ids(&store, query(Some(RunState::Ended), 10)).await,
+        Vec::<String>::new()
+    );
+    let by_outcome = RunListQuery {
+        outcome: Some(SpanOutcome::Success),
+        ..query(None, 10)
+    };
+    assert_eq!(ids(&store, by_outcome).await, Vec::<String>::new());
+    let by_origin = |origin| RunListQuery {
+        origin: Some(origin),
+        ..query(None, 10)
+    };
+    assert_eq!(
+        ids(&store, by_origin(SpanOrigin::Session)).await,
+        ["run-r", "run-x"]
+    );
+    assert_eq!(
+        ids(&store, by_origin(SpanOrigin::Cron)).await,
+        Vec::<String>::new()
+    );
+    // Paging through both kinds: one run a page, neither skipped nor repeated.
+    let first = store.list_runs(query(None, 1)).await.unwrap();
+    assert_eq!(first.runs[0].run_id, "run-r");
+    let second = store
+        .list_runs(RunListQuery {
+            before: RunCursor::decode(first.next.as_deref().expect("a next page")),
+            ..query(None, 1)
+        })
+        .await
+        .unwrap();
+    assert_eq!(second.runs[0].run_id, "run-x");
+    assert_eq!(second.next, None);
+
+    // A span that started earlier moves the run's place; the table survives a reopen.
+    store
+        .start_span(model_call("m0", "run-x", "x", 110))
+        .await
+        .unwrap();
+    db.close().await.unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap();
+    let store = SqliteActivityStore::with_identity(db.clone(), clock.clone(), "w");
+    let page = store.list_runs(query(None, 10)).await.unwrap();
+    assert_eq!(page.runs[1].run_id, "run-x");
+    assert_eq!(page.runs[1].started_at, 110);
+    assert_eq!(page.runs[1].name, "chat m0");
+    assert!(page.runs[1].awaiting_root);
+
+    // The root arrives (it started first and ends last): listed from it, as any run.
+    store
+        .start_span(start("x", "run-x", None, 100))
+        .await
+        .unwrap();
+    let page = store.list_runs(query(None, 10)).await.unwrap();
+    let run_x = page
+        .runs
+        .iter()
+        .find(|run| run.run_id == "run-x")
+        .expect("run-x listed");
+    assert!(!run_x.awaiting_root);
+    assert_eq!((run_x.name.as_str(), run_x.started_at), ("run-x work", 100));
+    assert_eq!(page.runs.len(), 2, "listed once: {:?}", page.runs);
+    let waiting_rows: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row(
+            "SELECT count(*) FROM activity_runs_awaiting_root",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(waiting_rows, 0);
+    db.close().await.unwrap();
+}
+
+/// A trace whose root never comes (its caller exports elsewhere) has no rollup, the only thing
+/// `prune` picked runs by, so its detail was kept forever: the hard ceiling now deletes such a
+/// run of OTLP spans whole once none of its spans is open and the newest is older than the
+/// ceiling. A rootless run of the reference's own origins keeps the reference's prune (kept).
+#[tokio::test]
+async fn prune_deletes_a_trace_whose_root_never_came_behind_the_hard_ceiling() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("rootless.db"))).unwrap();
+    let clock = Arc::new(ManualClock::new(10_000));
+    let store = SqliteActivityStore::with_identity(db.clone(), clock.clone(), "w");
+    let traced = |span_id: &str, run_id: &str, at: i64| StartSpanInput {
+        origin: SpanOrigin::Otlp,
+        ..model_call(span_id, run_id, "gone", at)
+    };
+    // Old and ended: pruned.
+    store
+        .start_span(traced("o1", "run-old", 100))
+        .await
+        .unwrap();
+    store.end_span("o1", used(1, 0.1, 200)).await.unwrap();
+    // Old but one span still open: kept, as any run with an open span.
+    store
+        .start_span(traced("p1", "run-open", 100))
+        .await
+        .unwrap();
+    // Started before the ceiling but its newest span ended after it: kept.
+    store
+        .start_span(traced("n1", "run-new", 100))
+        .await
+        .unwrap();
+    store.end_span("n1", used(1, 0.1, 5_000)).await.unwrap();
+    // Old and ended, but written natively as a session: the reference keeps it.
+    store
+        .start_span(model_call("s1", "run-session", "gone", 100))
+        .await
+        .unwrap();
+    store.end_span("s1", used(1, 0.1, 200)).await.unwrap();
+    let prune = |batch| PruneOptions {
+        digest_floor_at: 0,
+        hard_ceiling_ms: 9_000,
+        now: Some(10_000),
+        batch,
+    };
+    assert_eq!(store.prune(prune(Some(0))).await.unwrap().runs_pruned, 0);
+    let pruned = store.prune(prune(None)).await.unwrap();
+    assert_eq!((pruned.runs_pruned, pruned.spans_deleted), (1, 1));
+    assert!(store.get_span("o1").await.unwrap().is_none());
+    assert_eq!(
+        ids(&store, query(None, 10)).await,
+        ["run-session", "run-open", "run-new"]
+    );
+    // The deleted span's id is free again, as after any prune.
+    store
+        .start_span(traced("o1", "run-old", 300))
+        .await
+        .unwrap();
+    db.close().await.unwrap();
+}
+
+/// A database an earlier flightlog wrote (schema version 8) learns which of its runs wait for a
+/// root when it is opened: they are listed at once.
+#[tokio::test]
+async fn an_upgraded_database_lists_its_runs_that_wait_for_a_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v8.db");
+    {
+        let mut conn = rusqlite::Connection::open(&path).unwrap();
+        flightlog_sqlite::migrate_up_to(&mut conn, 8).unwrap();
+        conn.execute_batch(
+            "INSERT INTO activity_writers (writer_key, writer) VALUES (1, 'w');
+             INSERT INTO activity_runs (run_key, run_id) VALUES (1, 'rooted'), (2, 'waiting');
+             INSERT INTO activity_spans (span_id, run_key, parent_span_id, name, kind, origin,
+               started_at, writer_key) VALUES
+               ('r', 1, NULL, 'root', 'turn', 'session', 50, 1),
+               ('r1', 1, 'r', 'child', 'tool', 'session', 60, 1),
+               ('w2', 2, 'elsewhere', 'second', 'model', 'otlp', 90, 1),
+               ('w1', 2, 'elsewhere', 'first', 'model', 'otlp', 70, 1);",
+        )
+        .unwrap();
+    }
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap();
+    let store = SqliteActivityStore::with_identity(db.clone(), Arc::new(ManualClock::new(0)), "w");
+    let page = store.list_runs(query(None, 10)).await.unwrap();
+    let listed: Vec<(&str, &str, i64, bool)> = page
+        .runs
+        .iter()
+        .map(|run| {
+            (
+                run.run_id.as_str(),
+                run.name.as_str(),
+                run.started_at,
+                run.awaiting_root,
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("waiting", "first", 70, true),
+            ("rooted", "root", 50, false)
+        ]
+    );
+    db.close().await.unwrap();
+}

@@ -2,14 +2,18 @@
 //!
 //! A run is listed from its root span while the root exists (open or ended, with its rollup's
 //! totals when it has been rolled up), and from its rollup row alone once `prune` removed its
-//! detail. Pages are keyed by `(started_at, run_id)`, both descending, so a cursor stays valid
+//! detail. A run with spans but no root stored yet (every span names a parent that is not
+//! stored: an OpenTelemetry trace whose root has not ended, since SDKs export a span when it
+//! ends, or whose root lives in a caller exporting elsewhere) is listed too, open and marked
+//! [`RunListEntry::awaiting_root`], from its earliest span. Pages are keyed by `(started_at, run_id)`, both descending, so a cursor stays valid
 //! while new runs start (they sort before it) and never skips or repeats a run.
 
 use serde::{Deserialize, Serialize};
 
 use super::types::{SpanOrigin, SpanOutcome};
 
-/// Whether any of the run's roots is still open.
+/// Whether any of the run's roots is still open (a run whose root has not arrived is open: its
+/// end is not recorded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
@@ -105,6 +109,12 @@ pub struct RunListEntry {
     /// Totals come from the run's rollup row (else from the root span as it is now).
     pub rolled_up: bool,
     pub detail_pruned: bool,
+    /// The run has spans but no root: every span names a parent that is not stored (an
+    /// OpenTelemetry SDK exports a span when it ends, so a trace's root usually arrives last,
+    /// or never when the caller that started the trace exports elsewhere). Such a run is listed
+    /// `open`, named and started by its earliest span, with no end or outcome, and its usage is
+    /// the sum over its `model` spans; once a root arrives it is listed from the root.
+    pub awaiting_root: bool,
 }
 
 /// One page of runs and the cursor of the next (`None`: this was the last page).

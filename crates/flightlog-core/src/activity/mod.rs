@@ -19,7 +19,7 @@ pub use import::{
 };
 pub use listing::{RunCursor, RunListEntry, RunListQuery, RunPage, RunState};
 pub use payload::{cap_payload, CappedPayload, MAX_EVENT_PAYLOAD_BYTES, TRUNCATION_MARKER};
-pub use rollup::{compute_rollup, RollupFields, RollupSpan};
+pub use rollup::{compute_rollup, rootless_usage, RollupFields, RollupSpan};
 pub use store::{
     ActivityStore, ChangeDoorbell, StoreError, DEFAULT_CHANGES_LIMIT, DEFAULT_PRUNE_BATCH,
 };

@@ -132,6 +132,14 @@ pub fn compute_rollup(spans_by_start: &[RollupSpan]) -> Option<RollupFields> {
     })
 }
 
+/// The usage of a run that has no root stored yet (every span names a parent not stored: an
+/// OpenTelemetry trace whose root span has not ended, so not been exported, or lives in a caller
+/// that exports elsewhere): the sum over its `model` spans, as [`compute_rollup`] takes for the
+/// fields a root does not carry. The spans must be in `started_at` order.
+pub fn rootless_usage(spans_by_start: &[RollupSpan]) -> SpanUsage {
+    sum_model_usage(spans_by_start)
+}
+
 /// True when any token count or the cost is present.
 fn carries_usage(usage: &SpanUsage) -> bool {
     usage.input_tokens.is_some()

@@ -209,6 +209,54 @@ async fn a_trace_becomes_a_run_and_retries_out_of_order_and_stragglers_are_right
 /// is remote (the SDK says so in `flags`) and never arrives here. The run must still have a
 /// root, a rollup and a place in the run list; and the model call inside a framework's model
 /// span that reports nothing must be counted once.
+/// An SDK exports a span when it ends, so an agent's model and tool calls arrive while its root
+/// runs: the run is listed open, waiting for its root, with the usage so far (it was not listed
+/// at all until the root ended); the root's arrival makes it an ordinary ended run.
+#[tokio::test]
+async fn a_trace_whose_root_is_still_running_is_listed_open_with_its_usage_so_far() {
+    let server = TestServer::start().await;
+    let mut tool = otlp_span(
+        4,
+        1,
+        1_030,
+        vec![text("gen_ai.operation.name", "execute_tool")],
+    );
+    tool.name = "search".into();
+    export(
+        &server,
+        vec![
+            model_span(2, 1, 1_010, 300),
+            tool,
+            model_span(3, 1, 1_020, 50),
+        ],
+    )
+    .await;
+    let (status, open) = get_json(&server, "/v1/activity/runs?state=open").await;
+    assert_eq!(status, 200);
+    let run = &open["runs"][0];
+    assert_eq!(run["runId"], TRACE_HEX, "{open}");
+    assert_eq!(run["awaitingRoot"], true, "{run}");
+    assert_eq!(run["state"], "open", "{run}");
+    assert_eq!(run["name"], "span-2", "named by its earliest span: {run}");
+    assert_eq!(run["startedAt"], 1_010, "{run}");
+    assert_eq!(run["spanCount"], 3, "{run}");
+    assert_eq!(run["inputTokens"], 350, "{run}");
+    assert_eq!(run["outcome"], Value::Null, "{run}");
+    let (_, ended) = get_json(&server, "/v1/activity/runs?state=ended").await;
+    assert_eq!(ended["runs"], json!([]), "{ended}");
+
+    export(&server, vec![root_span()]).await;
+    let (_, all) = get_json(&server, "/v1/activity/runs").await;
+    assert_eq!(all["runs"].as_array().map(Vec::len), Some(1), "{all}");
+    let run = &all["runs"][0];
+    assert_eq!(run["awaitingRoot"], false, "{run}");
+    assert_eq!(run["state"], "ended", "{run}");
+    assert_eq!(run["name"], "span-1", "{run}");
+    assert_eq!(run["startedAt"], 1_000, "{run}");
+    assert_eq!(run["inputTokens"], 350, "{run}");
+    assert_eq!(run["rolledUp"], true, "{run}");
+}
+
 #[tokio::test]
 async fn a_trace_continued_from_a_remote_caller_is_a_run_with_its_usage() {
     let server = TestServer::start().await;
