@@ -81,8 +81,10 @@ pub const BEARER: &str = "bearerAuth";
             requirement names (`read`, `ingest` or `admin`); HTTP Basic auth with the token as \
             the password (any user name) is taken as the same token, for clients such as OTLP \
             exporters that make Basic easier to set. Without tokens the server is open.\n\n\
-            Query parameters: an unknown one is a 400; a blank one (`limit=`, as a form sends \
-            an empty field and as the contract writes its queries) counts as not given.",
+            Query parameters: on an operation that takes any, an unknown one is a 400 (a \
+            misspelt `limt=5` is not ignored); an operation that takes none ignores the query \
+            string (a cache-busting `?_=…`); a blank one (`limit=`, as a form sends an empty \
+            field and as the contract writes its queries) counts as not given.",
     ),
     tags(
         (name = tags::ACTIVITY, description = "Spans, runs and the change log: one operation per reference `ActivityStore` call."),
@@ -208,6 +210,57 @@ fn finish_operation(path: &str, method: &Method, operation: &mut Operation) {
     }
     if path == TRACES_PATH {
         errors_also_in_protobuf(operation);
+        protobuf_bodies_are_bytes(operation);
+    }
+}
+
+/// A protobuf message as an OpenAPI 3.1 schema: its bytes (`contentMediaType`), not the array of
+/// integers utoipa makes of the `Vec<u8>` the path annotation names.
+fn protobuf_message(description: &str) -> RefOr<Schema> {
+    RefOr::T(Schema::Object(
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .content_media_type("application/x-protobuf")
+            .description(Some(description))
+            .build(),
+    ))
+}
+
+/// `POST /v1/traces`: the protobuf request and success bodies are messages (bytes); the JSON
+/// request is an OTLP/JSON `ExportTraceServiceRequest`, which must have `resourceSpans`.
+fn protobuf_bodies_are_bytes(operation: &mut Operation) {
+    if let Some(body) = operation.request_body.as_mut() {
+        if let Some(content) = body.content.get_mut("application/x-protobuf") {
+            content.schema = Some(protobuf_message(
+                "An `opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest`.",
+            ));
+        }
+        if let Some(content) = body.content.get_mut("application/json") {
+            content.schema = Some(RefOr::T(Schema::Object(
+                utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::Type::Object)
+                    .property(
+                        "resourceSpans",
+                        utoipa::openapi::ArrayBuilder::new().items(
+                            utoipa::openapi::ObjectBuilder::new()
+                                .schema_type(utoipa::openapi::schema::Type::Object),
+                        ),
+                    )
+                    .required("resourceSpans")
+                    .description(Some(
+                        "An `ExportTraceServiceRequest` in OTLP/JSON (see docs/otlp.md for the \
+                         field spellings read).",
+                    ))
+                    .build(),
+            )));
+        }
+    }
+    if let Some(RefOr::T(ok)) = operation.responses.responses.get_mut("200") {
+        if let Some(content) = ok.content.get_mut("application/x-protobuf") {
+            content.schema = Some(protobuf_message(
+                "An `opentelemetry.proto.collector.trace.v1.ExportTraceServiceResponse`.",
+            ));
+        }
     }
 }
 
@@ -249,16 +302,10 @@ fn ids_are_bounded(operation: &mut Operation) {
 /// (what OTLP exporters read), a JSON request's with the contract's error body: every error
 /// response of the operation gets the protobuf form beside the JSON one.
 fn errors_also_in_protobuf(operation: &mut Operation) {
-    let status_schema: RefOr<Schema> = RefOr::T(Schema::Object(
-        utoipa::openapi::ObjectBuilder::new()
-            .schema_type(utoipa::openapi::schema::Type::String)
-            .content_media_type("application/x-protobuf")
-            .description(Some(
-                "A protobuf `google.rpc.Status` (code and message), as the OTLP/HTTP \
-                 specification asks for a protobuf request's errors.",
-            ))
-            .build(),
-    ));
+    let status_schema = protobuf_message(
+        "A protobuf `google.rpc.Status` (code and message), as the OTLP/HTTP specification asks \
+         for a protobuf request's errors.",
+    );
     for (status, response) in operation.responses.responses.iter_mut() {
         if !(status.starts_with('4') || status.starts_with('5')) {
             continue;

@@ -222,8 +222,6 @@ Settings come from flags, FLIGHTLOG_* environment variables and an optional TOML
 (--config PATH or FLIGHTLOG_CONFIG). Each setting takes the first of: flag, environment
 variable, config file, default. An empty environment variable counts as unset. A value that
 another source overrides must be valid all the same (a bad one in the file is refused even
-while a flag overrides it), so it cannot stop the server later, when the override goes. A value that
-another source overrides must be valid all the same (a bad one in the file is refused even
 while a flag overrides it), so it cannot stop the server later, when the override goes.
 
 Config file (every key optional; relative paths are relative to the file's folder):

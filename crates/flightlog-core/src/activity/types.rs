@@ -489,11 +489,13 @@ where
 pub struct PruneOptions {
     /// Runs that ended before this absolute epoch-ms time are covered by a digest and prunable.
     #[serde(deserialize_with = "crate::json_number::integral_i64")]
+    #[cfg_attr(feature = "openapi", schema(minimum = -9_007_199_254_740_991_i64, maximum = 9_007_199_254_740_991_i64))]
     pub digest_floor_at: i64,
     /// Runs that ended more than this long before `now` are pruned regardless of the digest
     /// floor, and marked with the `digest coverage gap` failure reason when the floor had not
     /// covered them.
     #[serde(deserialize_with = "crate::json_number::integral_i64")]
+    #[cfg_attr(feature = "openapi", schema(minimum = -9_007_199_254_740_991_i64, maximum = 9_007_199_254_740_991_i64))]
     pub hard_ceiling_ms: i64,
     /// Defaults to the store's clock.
     #[serde(
@@ -501,6 +503,7 @@ pub struct PruneOptions {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::json_number::optional_integral_i64"
     )]
+    #[cfg_attr(feature = "openapi", schema(minimum = -9_007_199_254_740_991_i64, maximum = 9_007_199_254_740_991_i64))]
     pub now: Option<i64>,
     /// Most runs pruned per call (default 50): pruning is batched so writers are not starved.
     /// Zero prunes nothing. Over HTTP an integer from 0 to 10,000; the store itself also takes

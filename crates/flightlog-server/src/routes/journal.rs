@@ -81,6 +81,7 @@ struct EngagementPruneBody {
     /// deleted (epoch ms). Any JSON number with an integral value, as an append's `at`
     /// (`1000`, `1e3`, `1000.0`).
     #[serde(deserialize_with = "integral_ms")]
+    #[schema(minimum = -9_007_199_254_740_991_i64, maximum = 9_007_199_254_740_991_i64)]
     now: i64,
 }
 
@@ -134,13 +135,47 @@ fn is_expected_seq_misspelt(key: &str) -> bool {
     folded == "expectedseq" && key != "expectedSeq"
 }
 
+/// An append body's top-level members, each at most once. A JSON object read as a `Value` keeps
+/// the last of two members with one name; for `expectedSeq` that silently dropped the guard
+/// (`"expectedSeq": 99, "expectedSeq": 0` appended at seq 0), and every other write body refuses
+/// a repeated member (serde's `duplicate field`). Members inside `data` are the writer's and
+/// stay as JSON reads them (the last wins, as in the reference's `JSON.parse`).
+struct AppendMembers(serde_json::Map<String, Value>);
+
+impl<'de> Deserialize<'de> for AppendMembers {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = AppendMembers;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object {type, at, data, expectedSeq?}")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut access: A,
+            ) -> Result<AppendMembers, A::Error> {
+                let mut members = serde_json::Map::new();
+                while let Some(key) = access.next_key::<String>()? {
+                    if members.contains_key(&key) {
+                        return Err(serde::de::Error::custom(format_args!(
+                            "duplicate field `{key}`"
+                        )));
+                    }
+                    let value: Value = access.next_value()?;
+                    members.insert(key, value);
+                }
+                Ok(AppendMembers(members))
+            }
+        }
+        deserializer.deserialize_map(Members)
+    }
+}
+
 /// Turn the wire body into an [`AppendInput`] for `engagement_id`.
-fn append_input(engagement_id: &str, body: Value) -> Result<AppendInput, ApiError> {
-    let Value::Object(mut body) = body else {
-        return Err(ApiError::invalid(
-            "an append body must be a JSON object {type, at, data, expectedSeq?}",
-        ));
-    };
+fn append_input(
+    engagement_id: &str,
+    AppendMembers(mut body): AppendMembers,
+) -> Result<AppendInput, ApiError> {
     let expected_seq = match body.remove("expectedSeq") {
         None | Some(Value::Null) => None,
         // Any JSON number that is a whole number (`3`, `3.0`), as JavaScript reads it.
@@ -204,7 +239,7 @@ fn append_input(engagement_id: &str, body: Value) -> Result<AppendInput, ApiErro
 async fn append(
     State(state): State<AppState>,
     PathId(engagement_id): PathId,
-    JsonBody(body): JsonBody<Value>,
+    JsonBody(body): JsonBody<AppendMembers>,
 ) -> Result<(StatusCode, Json<EngagementEvent>), ApiError> {
     let input = append_input(&engagement_id, body)?;
     let event = state.journal().append(input).await?;
@@ -368,9 +403,40 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// The body as the route reads it (`JsonBody`), then [`append_input`].
+    fn append_from(engagement_id: &str, body: Value) -> Result<AppendInput, ApiError> {
+        append_text(engagement_id, &body.to_string())
+    }
+
+    fn append_text(engagement_id: &str, text: &str) -> Result<AppendInput, ApiError> {
+        crate::extract::parse_json::<AppendMembers>(text.as_bytes())
+            .and_then(|members| append_input(engagement_id, members))
+    }
+
+    /// A repeated member was read as its last copy: a repeated `expectedSeq` appended without
+    /// the guard its first copy set.
+    #[test]
+    fn a_member_given_twice_is_refused() {
+        let err = append_text(
+            "e",
+            r#"{"type": "t", "at": 1, "data": {}, "expectedSeq": 99, "expectedSeq": 0}"#,
+        )
+        .err()
+        .map(|err| err.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|err| err.contains("duplicate field `expectedSeq`")),
+            "{err:?}"
+        );
+        assert!(append_text("e", r#"{"type": "t", "type": "u", "at": 1, "data": {}}"#).is_err());
+        // Inside `data` the writer's object is read as JSON reads it.
+        let input = append_text("e", r#"{"type": "t", "at": 1, "data": {"k": 1, "k": 2}}"#);
+        assert!(input.is_ok(), "{:?}", input.err());
+    }
+
     #[test]
     fn the_path_supplies_the_engagement_and_expected_seq_is_checked() {
-        let input = append_input(
+        let input = append_from(
             "e",
             json!({"type": "t", "at": 1, "data": {}, "expectedSeq": 3}),
         );
@@ -380,43 +446,43 @@ mod tests {
                 .map(|i| (i.engagement_id(), i.expected_seq())),
             Ok(("e", Some(3)))
         );
-        assert!(append_input(
+        assert!(append_from(
             "e",
             json!({"type": "t", "at": 1, "data": {}, "expectedSeq": -1})
         )
         .is_err());
-        assert!(append_input(
+        assert!(append_from(
             "e",
             json!({"type": "t", "at": 1, "data": {}, "expectedSeq": "1"})
         )
         .is_err());
-        assert!(append_input(
+        assert!(append_from(
             "e",
             json!({"type": "t", "at": 1, "data": {}, "expectedSeq": 1.5})
         )
         .is_err());
         // A whole number written with a fraction is that integer, as JavaScript reads it.
         assert_eq!(
-            append_input(
+            append_from(
                 "e",
                 json!({"type": "t", "at": 1, "data": {}, "expectedSeq": 3.0})
             )
             .map(|i| i.expected_seq()),
             Ok(Some(3))
         );
-        assert!(append_input(
+        assert!(append_from(
             "e",
             json!({"type": "t", "at": 1, "data": {}, "engagementId": "f"})
         )
         .is_err());
-        assert!(append_input(
+        assert!(append_from(
             "e",
             json!({"type": "t", "at": 1, "data": {}, "engagementId": "e"})
         )
         .is_ok());
-        assert!(append_input("e", json!([1])).is_err());
+        assert!(append_from("e", json!([1])).is_err());
         assert_eq!(
-            append_input("e", json!({"type": "t", "at": 1, "data": null}))
+            append_from("e", json!({"type": "t", "at": 1, "data": null}))
                 .err()
                 .map(|e| e.code()),
             Some("invalid_request")

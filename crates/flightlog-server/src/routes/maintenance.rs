@@ -33,12 +33,14 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
 struct SweepStaleBody {
     /// A run whose open root's heartbeat (or start) is older than this many ms is closed.
     #[serde(deserialize_with = "flightlog_core::json_number::integral_i64")]
+    #[schema(minimum = -9_007_199_254_740_991_i64, maximum = 9_007_199_254_740_991_i64)]
     stale_after_ms: i64,
     /// The time to judge at (epoch ms); defaults to the server's clock.
     #[serde(
         default,
         deserialize_with = "flightlog_core::json_number::optional_integral_i64"
     )]
+    #[schema(minimum = -9_007_199_254_740_991_i64, maximum = 9_007_199_254_740_991_i64)]
     now: Option<i64>,
 }
 

@@ -47,7 +47,13 @@ const JOURNAL_LAST_EVENT_ID: &str = "The `id:` of the last event received (sent 
 
 /// The `Last-Event-ID` header of a reconnecting client, as the OpenAPI document describes it.
 const LAST_EVENT_ID: &str = "The `id:` of the last event received (sent by a reconnecting \
-     EventSource): the stream resumes right after it. Takes precedence over the query.";
+     EventSource), a change id: the stream resumes right after it. Takes precedence over the \
+     query. Blank: as if absent.";
+
+/// The run stream's `Last-Event-ID`, as the OpenAPI document describes it.
+const RUN_LAST_EVENT_ID: &str = "The `id:` of the last event received (sent by a reconnecting \
+     EventSource), a change id: the stream skips the snapshot and resumes right after it. Blank: \
+     as if absent.";
 
 /// The routes of this module, each registered from its `#[utoipa::path]` annotation.
 pub(crate) fn router() -> OpenApiRouter<AppState> {
@@ -360,7 +366,10 @@ where
     path = "/v1/activity/changes/stream",
     tag = tags::STREAMS,
     operation_id = "changeStream",
-    params(AfterQuery, ("Last-Event-ID" = Option<i64>, Header, description = LAST_EVENT_ID)),
+    params(
+        AfterQuery,
+        ("Last-Event-ID" = Option<String>, Header, description = LAST_EVENT_ID, nullable = false, pattern = r"^\s*[0-9]+\s*$"),
+    ),
     responses(
         (status = 200, description = "The event stream (`change`, `resync`, `error` events).", content_type = "text/event-stream", body = String),
         (status = 400, description = "A bad `after` or `Last-Event-ID`.", body = ErrorBody),
@@ -405,7 +414,7 @@ async fn change_stream(
     operation_id = "runStream",
     params(
         ("runId" = String, Path, description = RUN_ID),
-        ("Last-Event-ID" = Option<i64>, Header, description = LAST_EVENT_ID),
+        ("Last-Event-ID" = Option<String>, Header, description = RUN_LAST_EVENT_ID, nullable = false, pattern = r"^\s*[0-9]+\s*$"),
     ),
     responses(
         (status = 200, description = "The event stream (`snapshot`, `change`, `resync`, `error` events).", content_type = "text/event-stream", body = String),
@@ -637,7 +646,7 @@ fn journal_resync_event(generation: Option<u64>) -> SseEvent {
     params(
         ("engagementId" = String, Path, description = ENGAGEMENT_ID),
         FromSeqQuery,
-        ("Last-Event-ID" = Option<String>, Header, description = JOURNAL_LAST_EVENT_ID),
+        ("Last-Event-ID" = Option<String>, Header, description = JOURNAL_LAST_EVENT_ID, nullable = false, pattern = r"^\s*([0-9]+|-?[0-9]+@[0-9]+)\s*$"),
     ),
     responses(
         (status = 200, description = "The event stream (`journal`, `resync`, `error` events).", content_type = "text/event-stream", body = String),

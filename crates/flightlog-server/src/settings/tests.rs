@@ -737,3 +737,14 @@ fn a_body_limit_above_the_otlp_inflate_limit_raises_it() {
         ServerConfig::DEFAULT_OTLP_MAX_DECOMPRESSED
     );
 }
+
+/// `serve --help` once printed one of its paragraphs twice (an edit applied twice): no sentence
+/// of the help may repeat.
+#[test]
+fn the_config_help_says_each_thing_once() {
+    let text = CONFIG_HELP.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut seen = std::collections::BTreeSet::new();
+    for sentence in text.split(". ").filter(|sentence| sentence.len() > 30) {
+        assert!(seen.insert(sentence), "said twice: {sentence:?}");
+    }
+}

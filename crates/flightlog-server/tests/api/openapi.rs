@@ -367,3 +367,71 @@ async fn operations_describe_their_parameters_bodies_and_errors() {
     assert_eq!(bearer["scheme"], json!("bearer"));
     server.stop().await;
 }
+
+/// What a schema-driven client (schemathesis, a generated SDK) reads off the document matches
+/// what the server takes: `Last-Event-ID` is text of a given shape (a header is never `null`),
+/// protobuf bodies are bytes (not an array of integers), and time fields carry the ±2^53 bound
+/// the server enforces.
+#[tokio::test]
+async fn headers_protobuf_bodies_and_times_are_described_as_the_server_takes_them() {
+    let server = TestServer::start().await;
+    let document = server.get("/openapi.json").await.assert_status(200).clone();
+    let parameter = |path: &str, name: &str| -> Value {
+        document["paths"][path]["get"]["parameters"]
+            .as_array()
+            .and_then(|all| all.iter().find(|p| p["name"] == json!(name)))
+            .cloned()
+            .unwrap_or_default()
+    };
+    for path in [
+        "/v1/activity/changes/stream",
+        "/v1/activity/runs/{runId}/stream",
+        "/v1/engagements/{engagementId}/stream",
+    ] {
+        let header = parameter(path, "Last-Event-ID");
+        assert_eq!(
+            header["schema"]["type"],
+            json!("string"),
+            "{path}: {header}"
+        );
+        assert!(header["schema"]["pattern"].is_string(), "{path}: {header}");
+        assert_eq!(header["required"], json!(false), "{path}");
+    }
+    let traces = &document["paths"]["/v1/traces"]["post"];
+    for schema in [
+        &traces["requestBody"]["content"]["application/x-protobuf"]["schema"],
+        &traces["responses"]["200"]["content"]["application/x-protobuf"]["schema"],
+    ] {
+        assert_eq!(schema["type"], json!("string"), "{schema}");
+        assert_eq!(
+            schema["contentMediaType"],
+            json!("application/x-protobuf"),
+            "{schema}"
+        );
+    }
+    assert_eq!(
+        traces["requestBody"]["content"]["application/json"]["schema"]["required"],
+        json!(["resourceSpans"])
+    );
+    let bounded = |schema: &Value, field: &str| {
+        let field = &schema["properties"][field];
+        assert_eq!(
+            field["maximum"],
+            json!(9_007_199_254_740_991_i64),
+            "{field}"
+        );
+        assert_eq!(
+            field["minimum"],
+            json!(-9_007_199_254_740_991_i64),
+            "{field}"
+        );
+    };
+    let schemas = &document["components"]["schemas"];
+    for field in ["digestFloorAt", "hardCeilingMs", "now"] {
+        bounded(&schemas["PruneOptions"], field);
+    }
+    for field in ["staleAfterMs", "now"] {
+        bounded(&schemas["SweepStaleBody"], field);
+    }
+    bounded(&schemas["EngagementPruneBody"], "now");
+}
