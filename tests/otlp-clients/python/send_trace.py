@@ -18,6 +18,8 @@
 #   python send_trace.py --protocol http --endpoint http://127.0.0.1:4318/v1/traces
 #   python send_trace.py --protocol grpc --endpoint http://127.0.0.1:4317 [--token T]
 #   python send_trace.py --protocol http --endpoint ... --basic-token T   (Basic, token as password)
+#   python send_trace.py ... --root-still-running   (the root is never ended, so never exported:
+#       an agent still running, or one whose process died, as flightlog sees it)
 
 import argparse
 import base64
@@ -107,10 +109,11 @@ def hex_ids(span):
     return trace.format_trace_id(context.trace_id), trace.format_span_id(context.span_id)
 
 
-def send(tracer):
-    """Record the agent-shaped trace; returns the ids to print."""
+def send(tracer, end_root=True):
+    """Record the agent-shaped trace; returns the ids to print. Without `end_root` the root span
+    is left running (an SDK exports a span only when it ends)."""
     ids = {}
-    with tracer.start_as_current_span(
+    root = tracer.start_span(
         "invoke_agent travel-agent",
         kind=SpanKind.INTERNAL,
         attributes={
@@ -120,7 +123,8 @@ def send(tracer):
             "gen_ai.provider.name": "openai",
             "gen_ai.conversation.id": "conv-python-1",
         },
-    ) as agent:
+    )
+    with trace.use_span(root, end_on_exit=end_root) as agent:
         trace_id, ids["agent"] = hex_ids(agent)
 
         with tracer.start_as_current_span(
@@ -201,6 +205,11 @@ def main():
     parser.add_argument("--compression", choices=["none", "gzip", "deflate"], default="none")
     parser.add_argument("--service-name", default="flightlog-python-client")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per export call")
+    parser.add_argument(
+        "--root-still-running",
+        action="store_true",
+        help="never end the root span, so only its children are exported",
+    )
     args = parser.parse_args()
 
     exporter = RecordingExporter(make_exporter(args))
@@ -208,7 +217,7 @@ def main():
     provider.add_span_processor(BatchSpanProcessor(exporter))
     tracer = provider.get_tracer("flightlog-otlp-client-test", "0.1.0")
 
-    trace_id, ids = send(tracer)
+    trace_id, ids = send(tracer, end_root=not args.root_still_running)
     flushed = provider.force_flush(int(args.timeout * 1000) + 5000)
     provider.shutdown()
 

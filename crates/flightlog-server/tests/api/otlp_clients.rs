@@ -198,6 +198,9 @@ enum Client {
     PythonHttp,
     /// The same exporter with its other compression, `deflate`.
     PythonHttpDeflate,
+    /// The HTTP exporter, gzip, with the root span never ended (so never exported): an agent
+    /// still running, as flightlog sees it.
+    PythonHttpRootRunning,
     /// Python SDK, `opentelemetry-exporter-otlp-proto-grpc`, gzip.
     PythonGrpc,
     /// JavaScript SDK, `@opentelemetry/exporter-trace-otlp-http` (OTLP/JSON).
@@ -209,6 +212,7 @@ impl Client {
         match self {
             Client::PythonHttp => "python-http",
             Client::PythonHttpDeflate => "python-http-deflate",
+            Client::PythonHttpRootRunning => "python-http-root-running",
             Client::PythonGrpc => "python-grpc",
             Client::JsHttpJson => "js-http-json",
         }
@@ -217,7 +221,10 @@ impl Client {
     /// The `gen_ai.conversation.id` the client puts on its root span.
     fn conversation(self) -> &'static str {
         match self {
-            Client::PythonHttp | Client::PythonHttpDeflate | Client::PythonGrpc => "conv-python-1",
+            Client::PythonHttp
+            | Client::PythonHttpDeflate
+            | Client::PythonHttpRootRunning
+            | Client::PythonGrpc => "conv-python-1",
             Client::JsHttpJson => "conv-js-1",
         }
     }
@@ -225,9 +232,10 @@ impl Client {
     /// Where this client exports to on `server`.
     fn endpoint(self, server: &TestServer) -> String {
         match self {
-            Client::PythonHttp | Client::PythonHttpDeflate | Client::JsHttpJson => {
-                format!("{}/v1/traces", server.base)
-            }
+            Client::PythonHttp
+            | Client::PythonHttpDeflate
+            | Client::PythonHttpRootRunning
+            | Client::JsHttpJson => format!("{}/v1/traces", server.base),
             Client::PythonGrpc => server
                 .grpc_base
                 .clone()
@@ -265,7 +273,10 @@ struct Sent {
 fn run_client(client: Client, endpoint: &str, credentials: &Credentials, service: &str) -> Sent {
     let clients = clients();
     let mut command = match client {
-        Client::PythonHttp | Client::PythonHttpDeflate | Client::PythonGrpc => {
+        Client::PythonHttp
+        | Client::PythonHttpDeflate
+        | Client::PythonHttpRootRunning
+        | Client::PythonGrpc => {
             let mut command = Command::new(&clients.python);
             command
                 .arg(&clients.python_script)
@@ -282,6 +293,9 @@ fn run_client(client: Client, endpoint: &str, credentials: &Credentials, service
                     "gzip"
                 })
                 .env("PYTHONDONTWRITEBYTECODE", "1");
+            if client == Client::PythonHttpRootRunning {
+                command.arg("--root-still-running");
+            }
             command
         }
         Client::JsHttpJson => {
@@ -766,6 +780,65 @@ async fn python_sdk_over_http_protobuf_is_read_back() {
         "flightlog-test-python-http",
     )
     .await;
+    server.stop().await;
+}
+
+/// The SDK exports a span when it ends: while an agent runs, its model and tool calls arrive and
+/// its root does not. The run is listed open, waiting for its root, with the usage and cost of
+/// its model calls so far (it was not listed at all before its root ended).
+#[tokio::test]
+async fn a_python_agent_still_running_is_listed_open_with_its_usage_so_far() {
+    let server = start_open().await;
+    let sent = send(
+        &server,
+        Client::PythonHttpRootRunning,
+        Credentials::None,
+        "flightlog-test-python-running",
+    )
+    .await;
+    assert_exported(&sent);
+    let deadline = Instant::now() + READ_BACK_WITHIN;
+    let run = loop {
+        let (status, page) = get(&server, None, "/v1/activity/runs?state=open").await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        let found = page["runs"]
+            .as_array()
+            .and_then(|runs| {
+                runs.iter()
+                    .find(|run| run["runId"] == sent.trace_id.as_str())
+            })
+            .cloned();
+        match found {
+            Some(run) if run["spanCount"] == 4 => break run,
+            _ => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the run is not listed open: {page}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert_eq!(run["awaitingRoot"], true, "{run}");
+    assert_eq!(run["state"], "open", "{run}");
+    assert_eq!(
+        run["name"],
+        format!("chat {MODEL}"),
+        "its earliest span: {run}"
+    );
+    assert_eq!(run["inputTokens"], 2_700, "{run}");
+    assert_eq!(run["outputTokens"], 200, "{run}");
+    assert_cost(
+        &run["costUsd"],
+        expected_cost((2_700, 200)),
+        "the running run",
+    );
+    let (status, agent) = get(&server, None, &format!("/v1/activity/spans/{}", sent.agent)).await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "the root was never exported: {agent}"
+    );
     server.stop().await;
 }
 
