@@ -2089,12 +2089,14 @@ fn hyphen_values_and_misspelled_variables_get_the_settings_messages() {
     out.assert_refused(&["FLIGHTLOG_TOKENS", "holds no token"]);
 }
 
-/// A database file deleted under the running server: the writes acknowledged since went to the
-/// unlinked file and are gone, but the stop said "nothing is lost: the next start reads it from
-/// the -wal file" and exited 0. Now the stop says what happened and exits non-zero (and copies
-/// nothing into whatever file is at the path now).
+/// A database file deleted under the running server: the writes it went on acknowledging went
+/// to the unlinked file and were gone at the next start (a reliability audit lost every write
+/// acknowledged after an `rm`), `/healthz` said ok, and only the stop noticed. Now the writes
+/// are refused (503, the reason, nothing acknowledged), `/healthz` answers 503 so a supervisor
+/// restarts the server, and the stop says what happened and exits non-zero (copying nothing into
+/// whatever file is at the path now).
 #[test]
-fn a_database_deleted_under_the_server_is_reported_at_stop() {
+fn a_database_deleted_under_the_server_refuses_writes_and_is_reported() {
     let scratch = Scratch::new("deleted-db");
     let db = scratch.join("doomed.db");
     let (server, addr) = serve_on(&scratch, &db);
@@ -2110,11 +2112,88 @@ fn a_database_deleted_under_the_server_is_reported_at_stop() {
     let mut shm = db.as_os_str().to_owned();
     shm.push("-shm");
     let _ = fs::remove_file(PathBuf::from(shm));
+    let (status, body) = http_post(
+        &addr,
+        "/v1/engagements/e/events",
+        r#"{"type":"t","at":2,"data":{}}"#,
+    );
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("was deleted or replaced") && body.contains("restart the server"),
+        "{body}"
+    );
+    let (status, body) = http_post(
+        &addr,
+        "/v1/activity/spans",
+        r#"{"spanId":"s","runId":"r","name":"n","kind":"turn","origin":"session"}"#,
+    );
+    assert_eq!(status, 503, "{body}");
+    let (status, body) = http_get(&addr, "/healthz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("was deleted or replaced"), "{body}");
     let (exit, stdout, stderr) = stop_with_sigterm(server);
     assert!(!exit.success(), "{exit:?}\n{stdout}\n{stderr}");
     assert!(stderr.contains("was deleted or replaced"), "{stderr}");
     assert!(!stderr.contains("nothing is lost"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// A backup moved over the database file of a running server: the server's WAL beside it was
+/// left there at the stop, and the next start replayed it into the backup ("database disk image
+/// is malformed", the run list answering 500, while `/healthz` said ok). Now the server refuses
+/// writes once the file is replaced, and its stop moves its own `-wal`/`-shm` aside: the next
+/// start opens the backup intact, with what the backup holds.
+#[test]
+fn a_backup_moved_over_the_database_of_a_running_server_opens_intact() {
+    let scratch = Scratch::new("replaced-db");
+    let db = scratch.join("live.db");
+    let backup = scratch.join("backup.db");
+    // The backup: a cleanly stopped server's file with one event.
+    let (server, addr) = serve_on(&scratch, &backup);
+    let (status, body) = http_post(
+        &addr,
+        "/v1/engagements/kept/events",
+        r#"{"type":"t","at":1,"data":{}}"#,
+    );
+    assert_eq!(status, 201, "{body}");
+    let (exit, _, stderr) = stop_with_sigterm(server);
+    assert!(exit.success(), "{stderr}");
+
+    let (server, addr) = serve_on(&scratch, &db);
+    for n in 0..200 {
+        let (status, body) = http_post(
+            &addr,
+            &format!("/v1/engagements/live-{n}/events"),
+            r#"{"type":"t","at":1,"data":{"text":"written before the backup came back"}}"#,
+        );
+        assert_eq!(status, 201, "{body}");
+    }
+    fs::rename(&backup, &db).expect("move the backup over the live file");
+    let (status, body) = http_post(
+        &addr,
+        "/v1/engagements/after/events",
+        r#"{"type":"t","at":1,"data":{}}"#,
+    );
+    assert_eq!(status, 503, "{body}");
+    let (exit, _, stderr) = stop_with_sigterm(server);
+    assert!(!exit.success(), "{stderr}");
+    assert!(stderr.contains("moved aside"), "{stderr}");
+
+    let (server, addr) = serve_on(&scratch, &db);
+    let (status, body) = http_get(&addr, "/v1/engagements?limit=100");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"kept\""), "{body}");
+    assert!(!body.contains("live-"), "{body}");
+    let (status, body) = http_get(&addr, "/v1/activity/runs");
+    assert_eq!(status, 200, "{body}");
+    let (exit, _, stderr) = stop_with_sigterm(server);
+    assert!(exit.success(), "{stderr}");
+    let check = rusqlite::Connection::open(&db)
+        .and_then(|conn| {
+            conn.query_row("PRAGMA integrity_check", [], |row| row.get::<_, String>(0))
+        })
+        .expect("integrity check");
+    assert_eq!(check, "ok");
 }
 
 /// `demo` whose standard output cannot be written (`>/dev/full`) exited 0 with its whole report

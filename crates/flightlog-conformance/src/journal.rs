@@ -33,7 +33,8 @@ pub fn error_kind(err: &JournalError) -> &'static str {
         | JournalError::Overloaded
         | JournalError::Busy(_)
         | JournalError::Backend(_)
-        | JournalError::StorageFull(_) => "backend",
+        | JournalError::StorageFull(_)
+        | JournalError::FileLost(_) => "backend",
     }
 }
 

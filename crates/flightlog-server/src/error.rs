@@ -195,7 +195,8 @@ impl From<StoreError> for ApiError {
             StoreError::Overloaded
             | StoreError::Closed
             | StoreError::Busy(_)
-            | StoreError::StorageFull(_) => Self::Unavailable(message),
+            | StoreError::StorageFull(_)
+            | StoreError::FileLost(_) => Self::Unavailable(message),
             StoreError::SchemaTooNew { .. }
             | StoreError::SchemaUnknown(_)
             | StoreError::NotFlightlog(_)
@@ -217,7 +218,8 @@ impl From<JournalError> for ApiError {
             JournalError::Closed
             | JournalError::Overloaded
             | JournalError::Busy(_)
-            | JournalError::StorageFull(_) => Self::Unavailable(message),
+            | JournalError::StorageFull(_)
+            | JournalError::FileLost(_) => Self::Unavailable(message),
             JournalError::Corrupt(_) | JournalError::Backend(_) => Self::Internal(message),
         }
     }
@@ -323,6 +325,7 @@ mod tests {
             (StoreError::Closed, (503, "unavailable")),
             (StoreError::Busy("x".into()), (503, "unavailable")),
             (StoreError::StorageFull("x".into()), (503, "unavailable")),
+            (StoreError::FileLost("x".into()), (503, "unavailable")),
             (
                 StoreError::SchemaTooNew {
                     found: 9,
@@ -362,6 +365,7 @@ mod tests {
             ),
             (JournalError::Closed, (503, "unavailable")),
             (JournalError::StorageFull("x".into()), (503, "unavailable")),
+            (JournalError::FileLost("x".into()), (503, "unavailable")),
             (JournalError::Overloaded, (503, "unavailable")),
             (JournalError::Busy("x".into()), (503, "unavailable")),
             (JournalError::Corrupt("x".into()), (500, "internal")),

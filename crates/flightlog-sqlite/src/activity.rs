@@ -438,6 +438,10 @@ impl ActivityStore for SqliteActivityStore {
         self.db.backend_metrics()
     }
 
+    fn health(&self) -> Result<(), StoreError> {
+        self.db.check_file()
+    }
+
     async fn start_span(&self, input: StartSpanInput) -> Result<SpanRow, StoreError> {
         json_depth::check_object("attrs", input.attrs.as_ref())
             .map_err(StoreError::InvalidInput)?;

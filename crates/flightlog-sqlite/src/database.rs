@@ -433,6 +433,11 @@ pub struct SqliteDatabase {
     /// The file's identity when opened (device and inode), to tell at close whether the path
     /// still names the file this process wrote (see [`SqliteDatabase::close`]).
     file_identity: Option<(u64, u64)>,
+    /// The identities of the `-wal` and `-shm` files beside it when opened: at a close that finds
+    /// the database file replaced, these files at the path are still this process's, and
+    /// SQLite would replay that WAL into the replacement at the next open (see
+    /// [`SqliteDatabase::close`]).
+    companion_identities: [Option<(u64, u64)>; 2],
     /// Bounds the long reads running on blocking threads at once (see
     /// [`SqliteDatabase::read_apart`]).
     long_reads: tokio::sync::Semaphore,
@@ -518,8 +523,16 @@ fn apply_common_pragmas(conn: &Connection, busy_timeout: Duration) -> Result<(),
 
 /// The WAL file SQLite keeps beside `path` (`<path>-wal`).
 fn wal_path_of(path: &Path) -> PathBuf {
+    companion_path(path, "-wal")
+}
+
+/// The files SQLite keeps beside a database in WAL mode.
+const COMPANION_SUFFIXES: [&str; 2] = ["-wal", "-shm"];
+
+/// `<path><suffix>`.
+fn companion_path(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
-    name.push("-wal");
+    name.push(suffix);
     PathBuf::from(name)
 }
 
@@ -861,6 +874,7 @@ impl SqliteDatabase {
             frames_after_last_commit: 0,
             wal_hard_cap_frames: config.wal_hard_cap_frames.clamp(256, 1 << 20),
             stop: Arc::clone(&stop_writer),
+            file: WatchedFile::new(&config.path),
         };
         let writer_thread = std::thread::Builder::new()
             .name("flightlog-writer".into())
@@ -884,6 +898,8 @@ impl SqliteDatabase {
             stop_writer,
             threads: Mutex::new(Some((writer_thread, checkpointer_thread))),
             file_identity: file_identity(&config.path),
+            companion_identities: COMPANION_SUFFIXES
+                .map(|suffix| file_identity(&companion_path(&config.path, suffix))),
             path: config.path,
             long_reads: tokio::sync::Semaphore::new(LONG_READS_AT_ONCE),
             short_reads: tokio::sync::Semaphore::new(SHORT_READS_AT_ONCE),
@@ -911,14 +927,18 @@ impl SqliteDatabase {
         else {
             return Ok(true);
         };
-        // A file deleted or replaced under the running process: what it wrote since went to
-        // the unlinked file, and checkpointing now would write into someone else's file.
+        // A file deleted or replaced under the running process: checkpointing now would write
+        // into someone else's file. Its `-wal` and `-shm` at the path are still this process's:
+        // left there, SQLite replays that WAL into whatever file is at the path at the next
+        // open (a backup moved over the file: "database disk image is malformed", found by a
+        // reliability audit), so they are moved aside, kept for inspection.
         if self.file_identity.is_some() && file_identity(&self.path) != self.file_identity {
             self.stop_writer.store(true, Ordering::Release);
             let _ = self.write(|_| Ok(())).await;
+            let moved = self.move_companions_aside();
             return Err(StoreError::Backend(format!(
-                "{} was deleted or replaced while this process had it open: what it wrote \
-                 since then is not in the file at that path (left as it is)",
+                "{} was deleted or replaced while this process had it open: nothing was \
+                 written to the file now at that path{moved}",
                 self.path.display()
             )));
         }
@@ -954,6 +974,46 @@ impl SqliteDatabase {
             })
             .map_err(|err| StoreError::Backend(format!("cannot start closing: {err}")))?;
         answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Rename this process's `-wal` and `-shm` (told by their identities at open) to
+    /// `<name>.replaced-<unix seconds>`; what to add to the close message.
+    fn move_companions_aside(&self) -> String {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs());
+        let mut moved = Vec::new();
+        for (suffix, identity) in COMPANION_SUFFIXES.iter().zip(self.companion_identities) {
+            let path = companion_path(&self.path, suffix);
+            if identity.is_none() || file_identity(&path) != identity {
+                continue;
+            }
+            let aside = companion_path(&self.path, &format!("{suffix}.replaced-{stamp}"));
+            if std::fs::rename(&path, &aside).is_ok() {
+                moved.push(aside.display().to_string());
+            }
+        }
+        if moved.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; its own WAL files were moved aside so the next open does not replay them \
+                 into that file: {}",
+                moved.join(", ")
+            )
+        }
+    }
+
+    /// `Err(StoreError::FileLost)` when the path no longer names the database file this process
+    /// opened (deleted, or replaced by another file): nothing written from then on could be read
+    /// at the path, and the writer refuses every write. One `stat`: cheap enough for a health
+    /// check.
+    pub fn check_file(&self) -> Result<(), StoreError> {
+        WatchedFile {
+            path: self.path.clone(),
+            identity: self.file_identity,
+        }
+        .check()
     }
 
     /// What the writer thread has done so far.
@@ -1514,6 +1574,42 @@ struct GroupCommitWriter {
     wal_hard_cap_frames: i64,
     /// Set by [`SqliteDatabase::close`]: stop after the current group.
     stop: Arc<AtomicBool>,
+    /// The database file as opened, checked before every commit (see [`WatchedFile`]).
+    file: WatchedFile,
+}
+
+/// The database file's path and its identity (device and inode) when this process opened it.
+///
+/// A file deleted or replaced (a backup moved over it) under a running process is not noticed
+/// by SQLite: the process's connections keep the old inode open, every write commits into it and
+/// is acknowledged, and all of it is gone at the next start (a reliability audit lost every
+/// write acknowledged after an `rm`). The writer checks the path before each commit (one `stat`
+/// a group) and from then on refuses every write with [`StoreError::FileLost`]; `/healthz` asks
+/// too.
+#[derive(Debug, Clone)]
+pub(crate) struct WatchedFile {
+    path: PathBuf,
+    identity: Option<(u64, u64)>,
+}
+
+impl WatchedFile {
+    fn new(path: &Path) -> Self {
+        Self {
+            path: path.to_owned(),
+            identity: file_identity(path),
+        }
+    }
+
+    /// `Err(FileLost)` when the path no longer names the file this process opened.
+    pub(crate) fn check(&self) -> Result<(), StoreError> {
+        if self.identity.is_none() || file_identity(&self.path) == self.identity {
+            return Ok(());
+        }
+        Err(StoreError::FileLost(format!(
+            "the database file {} was deleted or replaced while this process had it open",
+            self.path.display()
+        )))
+    }
 }
 
 thread_local! {
@@ -1764,6 +1860,10 @@ impl GroupCommitWriter {
                 self.exec("RELEASE write")?;
             }
         }
+        // The file at the path must still be the one written: a commit into a deleted or
+        // replaced one would be acknowledged and lost (see `WatchedFile`). Rolled back instead,
+        // so the group fails clean; every later group fails the same way.
+        self.file.check()?;
         let committing = Instant::now();
         let committed = self.commit();
         if committed.is_ok() {

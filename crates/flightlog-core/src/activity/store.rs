@@ -75,6 +75,11 @@ pub enum StoreError {
     /// space is freed (what was stored before is intact).
     #[error("the disk is full: {0}; free space on it, then retry")]
     StorageFull(String),
+    /// The database file was deleted or replaced while this process had it open (the message
+    /// names it): what the process would write now could never be read at that path, so
+    /// nothing was written. Restarting the server opens the file now at the path.
+    #[error("{0}; nothing was written: restart the server")]
+    FileLost(String),
 }
 
 /// The newest committed change id known to a store: a doorbell for live readers.
@@ -102,6 +107,12 @@ pub trait ActivityStore: Send + Sync {
     /// [`BackendMetric`]): cheap to call, read at every scrape. None by default.
     fn backend_metrics(&self) -> Vec<BackendMetric> {
         Vec::new()
+    }
+
+    /// Whether the store can still keep what it is given (cheap: `/healthz` calls it on every
+    /// probe). `Err` names why not, e.g. [`StoreError::FileLost`]. `Ok` by default.
+    fn health(&self) -> Result<(), StoreError> {
+        Ok(())
     }
 
     /// Write a span at its start. Fails with [`StoreError::DuplicateSpan`] for a known id.

@@ -85,6 +85,10 @@ pub enum JournalError {
     /// is freed.
     #[error("the disk is full: {0}; free space on it, then retry")]
     StorageFull(String),
+    /// The database file was deleted or replaced while this process had it open; nothing was
+    /// written (see `StoreError::FileLost`).
+    #[error("{0}; nothing was written: restart the server")]
+    FileLost(String),
 }
 
 /// Per-engagement append-only event logs with summaries, compaction and retention.
