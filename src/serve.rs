@@ -46,6 +46,7 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
         stop.send_replace(true);
     });
     survive_file_size_limit();
+    raise_open_file_limit();
     // Everything is checked before the database is opened: a typo costs nothing.
     let settings = settings::resolve(flags, &flightlog_environment()?)?;
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(settings.addr.as_str())
@@ -359,6 +360,25 @@ fn survive_file_size_limit() {
                  stop the server"
             ),
         }
+    }
+}
+
+/// Every connection (an idle keep-alive one, a live stream) holds a file descriptor, and the
+/// soft limit most shells and service managers start a process with is 1,024: about a thousand
+/// idle connections then kept every new client out until the 30 s head timeout closed them (a
+/// reliability audit), while the hard limit allowed far more. The soft limit is raised to the
+/// hard one, as Go's runtime does for every program; a hard limit still low is worth a warning.
+fn raise_open_file_limit() {
+    /// Below this many descriptors the server says how to allow more.
+    const COMFORTABLE: u64 = 16_384;
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) if limit < COMFORTABLE => say_err!(
+            "flightlog: warning: this process may open at most {limit} files, which bounds its \
+             connections and live streams to fewer than that; raise the limit (`ulimit -n`, \
+             systemd's LimitNOFILE=) for more"
+        ),
+        Ok(_) => {}
+        Err(err) => say_err!("flightlog: warning: cannot raise the open-file limit: {err}"),
     }
 }
 

@@ -175,14 +175,22 @@ where
     let mut shutdown = std::pin::pin!(shutdown);
     let (closing, closing_seen) = tokio::sync::watch::channel(false);
     let mut connections = tokio::task::JoinSet::new();
+    let mut last_accept_warning: Option<std::time::Instant> = None;
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => stream,
                 Err(err) => {
                     // A connection that failed before it was accepted is only that one; anything
-                    // else (out of file descriptors) is waited out, not spun on.
+                    // else (out of file descriptors) is waited out, not spun on, and said (at
+                    // most every 10 s): new clients wait meanwhile, and the operator must know why.
                     if !is_connection_error(&err) {
+                        if last_accept_warning
+                            .is_none_or(|last| last.elapsed() >= Duration::from_secs(10))
+                        {
+                            last_accept_warning = Some(std::time::Instant::now());
+                            warn_cannot_accept(&err);
+                        }
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                     continue;
@@ -271,6 +279,22 @@ async fn drive<C: GracefulConnection>(
 }
 
 /// An accept error that concerns only the connection being accepted.
+/// Say why the listener cannot take new connections (written, not `eprintln!`: a closed stderr
+/// must not panic the server).
+fn warn_cannot_accept(err: &std::io::Error) {
+    use std::io::Write;
+    let fix = if err.raw_os_error() == Some(24) || err.raw_os_error() == Some(23) {
+        ": every file descriptor this process may open is in use (connections, streams); raise \
+         the limit (`ulimit -n`, systemd's LimitNOFILE=) or close idle clients"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "flightlog: warning: cannot accept new connections ({err}){fix}; retrying every second"
+    );
+}
+
 fn is_connection_error(err: &std::io::Error) -> bool {
     matches!(
         err.kind(),

@@ -19,19 +19,19 @@
 //! every filter is a plain indexable predicate rather than a `?1 IS NULL OR …` that defeats the index.
 
 use flightlog_core::activity::{
-    rootless_usage, RollupSpan, RunCursor, RunListEntry, RunListQuery, RunPage, RunState,
-    SpanOrigin, SpanOutcome, StoreError,
+    rootless_usage, RollupSpan, RunCursor, RunListEntry, RunListQuery, RunPage, RunState, SpanKind,
+    SpanOrigin, SpanOutcome, SpanUsage, StoreError,
 };
 use rusqlite::types::Value as SqlValue;
-use rusqlite::{params_from_iter, Connection, Row};
+use rusqlite::{params_from_iter, Connection, OptionalExtension, Row};
 
-use crate::activity_write::{rollup_span_from_row, ROLLUP_SPANS_SQL};
 use crate::error::backend;
 
 /// The most runs a listing may ask for to count as short (see [`is_short`]).
 const SHORT_LISTING_LIMIT: i64 = 100;
 
-/// Whether a listing's work is bounded by its limit: a page of at most [`SHORT_LISTING_LIMIT`]
+/// Whether a listing's work is bounded by its limit (a run waiting for its root that the page
+/// keeps reads its spans' ids, parents, kinds and usage: ~10 ms for 50,000 spans, release build): a page of at most [`SHORT_LISTING_LIMIT`]
 /// runs with no state, outcome or origin filter reads at most `limit + 1` rows of each index
 /// (a filter can make a page read any number of rows that do not match), plus a count of the
 /// spans of each open run listed (about 6 ms for a run of 150,000 spans). The store reads such
@@ -154,16 +154,31 @@ fn pruned_sql(query: &RunListQuery) -> String {
     sql
 }
 
-/// The runs waiting for their root (see `run_roots`), by their earliest span's start: the run
-/// id and key of each, whose entry [`awaiting_entry`] builds. Such a run is open and has no
-/// outcome, so the caller leaves this query out for `state=ended` and any `outcome` filter; its
-/// origin is its earliest span's.
+/// Whether a run waiting for its root has ended: it was rolled up with an end (a native writer
+/// closed it: `cascade_close`, a sweep, a rollup after its spans ended) and none of its spans is
+/// open. Otherwise it is open: its root, which would say it ended, has not come.
+const AWAITING_ENDED: &str = "(u.ended_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM \
+     activity_spans o WHERE o.run_key = w.run_key AND o.outcome IS NULL))";
+
+/// The runs waiting for their root (see `run_roots`), by their earliest span's start: id, key,
+/// start and whether it ended ([`AWAITING_ENDED`]); [`awaiting_entry`] builds the entries of
+/// those a page keeps. Its origin is its earliest span's; its outcome its rollup's, once ended.
 fn awaiting_sql(query: &RunListQuery) -> String {
-    let mut sql = String::from(
-        "SELECT r.run_id, w.run_key FROM activity_runs_awaiting_root w \
+    let mut sql = format!(
+        "SELECT r.run_id, w.run_key, w.started_at, {AWAITING_ENDED} \
+         FROM activity_runs_awaiting_root w \
          INDEXED BY activity_runs_awaiting_root_by_start \
-         JOIN activity_runs r ON r.run_key = w.run_key WHERE 1",
+         JOIN activity_runs r ON r.run_key = w.run_key \
+         LEFT JOIN activity_run_rollups u ON u.run_key = w.run_key WHERE 1"
     );
+    match query.state {
+        Some(RunState::Open) => sql.push_str(&format!(" AND NOT {AWAITING_ENDED}")),
+        Some(RunState::Ended) => sql.push_str(&format!(" AND {AWAITING_ENDED}")),
+        None => {}
+    }
+    if query.outcome.is_some() {
+        sql.push_str(&format!(" AND {AWAITING_ENDED} AND u.outcome = ?"));
+    }
     if query.origin.is_some() {
         sql.push_str(
             " AND (SELECT n.origin FROM activity_spans n WHERE n.run_key = w.run_key \
@@ -177,67 +192,179 @@ fn awaiting_sql(query: &RunListQuery) -> String {
     sql
 }
 
-/// The entry of a run waiting for its root, from its spans (read as the rollup rule reads
-/// them): named, started and placed by its earliest span, open with no end, its usage the sum
-/// over its `model` spans. `None` when it holds no span (not kept so by the writer; a reader
-/// only sees committed states).
-fn awaiting_entry(
-    conn: &Connection,
+/// A run waiting for its root, as the page's merge sees it before its entry is built.
+struct AwaitingRun {
     run_id: String,
     run_key: i64,
-) -> Result<Option<RunListEntry>, StoreError> {
-    let spans: Vec<RollupSpan> = conn
-        .prepare_cached(ROLLUP_SPANS_SQL)
-        .and_then(|mut stmt| stmt.query_map([run_key], rollup_span_from_row)?.collect())
-        .map_err(backend)?;
-    let Some(earliest) = spans.first() else {
-        return Ok(None);
-    };
-    let usage = rootless_usage(&spans);
-    Ok(Some(RunListEntry {
-        run_id,
-        state: RunState::Open,
-        name: earliest.name.clone(),
-        origin: earliest.origin.clone(),
-        session_id: earliest.session_id.clone(),
-        job_name: earliest.job_name.clone(),
-        started_at: earliest.started_at,
-        ended_at: None,
-        outcome: None,
-        duration_ms: None,
-        span_count: i64::try_from(spans.len()).unwrap_or(i64::MAX),
-        input_tokens: usage.input_tokens,
-        output_tokens: usage.output_tokens,
-        cache_read_tokens: usage.cache_read_tokens,
-        cache_creation_tokens: usage.cache_creation_tokens,
-        cost_usd: usage.cost_usd,
-        failure_reason: None,
-        last_heartbeat_at: None,
-        rolled_up: false,
-        detail_pruned: false,
-        awaiting_root: true,
-    }))
+    started_at: i64,
+    ended: bool,
 }
 
 fn awaiting_runs(
     conn: &Connection,
     query: &RunListQuery,
     limit: i64,
-) -> Result<Vec<RunListEntry>, StoreError> {
-    let keys: Vec<(String, i64)> = conn
-        .prepare_cached(&awaiting_sql(query))
+) -> Result<Vec<AwaitingRun>, StoreError> {
+    conn.prepare_cached(&awaiting_sql(query))
         .and_then(|mut stmt| {
             stmt.query_map(params_from_iter(parameters(query, limit)), |row| {
-                Ok((row.get(0)?, row.get(1)?))
+                Ok(AwaitingRun {
+                    run_id: row.get(0)?,
+                    run_key: row.get(1)?,
+                    started_at: row.get(2)?,
+                    ended: row.get(3)?,
+                })
+            })?
+            .collect()
+        })
+        .map_err(backend)
+}
+
+/// The entry of a run waiting for its root: named and placed by its earliest span; open with
+/// its `model` spans' usage so far, or, once ended ([`AWAITING_ENDED`]), with its rollup's end,
+/// outcome and totals. Only the columns each part needs are read.
+fn awaiting_entry(conn: &Connection, run: AwaitingRun) -> Result<RunListEntry, StoreError> {
+    let corrupt = |run_id: &str| {
+        StoreError::Corrupt(format!(
+            "run {run_id:?} is listed as waiting for its root but holds no span"
+        ))
+    };
+    let earliest = conn
+        .prepare_cached(
+            "SELECT name, origin, session_id, job_name FROM activity_spans \
+             WHERE run_key = ?1 ORDER BY started_at, span_key LIMIT 1",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row([run.run_key], |row| {
+                let origin: String = row.get(1)?;
+                Ok((
+                    row.get::<_, String>(0)?,
+                    SpanOrigin::from_stored(&origin),
+                    row.get::<_, Option<String>>(2)?,
+                    row.get::<_, Option<String>>(3)?,
+                ))
+            })
+            .optional()
+        })
+        .map_err(backend)?
+        .ok_or_else(|| corrupt(&run.run_id))?;
+    let (name, origin, session_id, job_name) = earliest;
+    let mut entry = RunListEntry {
+        run_id: run.run_id,
+        state: RunState::Open,
+        name,
+        origin,
+        session_id,
+        job_name,
+        started_at: run.started_at,
+        ended_at: None,
+        outcome: None,
+        duration_ms: None,
+        span_count: 0,
+        input_tokens: None,
+        output_tokens: None,
+        cache_read_tokens: None,
+        cache_creation_tokens: None,
+        cost_usd: None,
+        failure_reason: None,
+        last_heartbeat_at: None,
+        rolled_up: false,
+        detail_pruned: false,
+        awaiting_root: true,
+    };
+    if run.ended {
+        conn.prepare_cached(
+            "SELECT ended_at, outcome, duration_ms, span_count, input_tokens, output_tokens, \
+             cache_read_tokens, cache_creation_tokens, cost_usd, failure_reason \
+             FROM activity_run_rollups WHERE run_key = ?1",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row([run.run_key], |row| {
+                let outcome: Option<String> = row.get(1)?;
+                entry.ended_at = row.get(0)?;
+                entry.outcome = outcome.as_deref().map(SpanOutcome::from_stored);
+                entry.duration_ms = row.get(2)?;
+                entry.span_count = row.get(3)?;
+                entry.input_tokens = row.get(4)?;
+                entry.output_tokens = row.get(5)?;
+                entry.cache_read_tokens = row.get(6)?;
+                entry.cache_creation_tokens = row.get(7)?;
+                entry.cost_usd = row.get(8)?;
+                entry.failure_reason = row.get(9)?;
+                Ok(())
+            })
+        })
+        .map_err(backend)?;
+        entry.state = RunState::Ended;
+        entry.rolled_up = true;
+        return Ok(entry);
+    }
+    // The usage rule needs each span's place in the tree (a model span below another one that
+    // reports usage is not counted twice), so every span's id, parent, kind and usage.
+    let spans: Vec<RollupSpan> = conn
+        .prepare_cached(
+            "SELECT span_id, parent_span_id, kind, input_tokens, output_tokens, \
+             cache_read_tokens, cache_creation_tokens, cost_usd FROM activity_spans \
+             WHERE run_key = ?1 ORDER BY started_at, span_key",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map([run.run_key], |row| {
+                let kind: String = row.get(2)?;
+                Ok(RollupSpan {
+                    span_id: row.get(0)?,
+                    parent_span_id: row.get(1)?,
+                    is_root: false,
+                    kind: SpanKind::from_stored(&kind),
+                    origin: SpanOrigin::Otlp,
+                    name: String::new(),
+                    session_id: None,
+                    job_name: None,
+                    started_at: 0,
+                    ended_at: None,
+                    outcome: None,
+                    outcome_reason: None,
+                    usage: SpanUsage {
+                        input_tokens: row.get(3)?,
+                        output_tokens: row.get(4)?,
+                        cache_read_tokens: row.get(5)?,
+                        cache_creation_tokens: row.get(6)?,
+                        cost_usd: row.get(7)?,
+                        model: None,
+                    },
+                })
             })?
             .collect()
         })
         .map_err(backend)?;
-    let mut entries = Vec::with_capacity(keys.len());
-    for (run_id, run_key) in keys {
-        entries.extend(awaiting_entry(conn, run_id, run_key)?);
+    if spans.is_empty() {
+        return Err(corrupt(&entry.run_id));
     }
-    Ok(entries)
+    let usage = rootless_usage(&spans);
+    entry.span_count = i64::try_from(spans.len()).unwrap_or(i64::MAX);
+    entry.input_tokens = usage.input_tokens;
+    entry.output_tokens = usage.output_tokens;
+    entry.cache_read_tokens = usage.cache_read_tokens;
+    entry.cache_creation_tokens = usage.cache_creation_tokens;
+    entry.cost_usd = usage.cost_usd;
+    Ok(entry)
+}
+
+/// One run of a page being merged: an entry already read, or a run waiting for its root whose
+/// entry is built only if the page keeps it. (At most `2 × limit + 2` of them live for a
+/// moment: boxing the entries would only add an allocation each.)
+#[allow(clippy::large_enum_variant)]
+enum Listed {
+    Entry(RunListEntry),
+    Awaiting(AwaitingRun),
+}
+
+impl Listed {
+    fn order_key(&self) -> (i64, &str) {
+        match self {
+            Listed::Entry(entry) => (entry.started_at, &entry.run_id),
+            Listed::Awaiting(run) => (run.started_at, &run.run_id),
+        }
+    }
 }
 
 /// The outcome, origin and cursor predicates and the order, on table alias `table`; the
@@ -304,21 +431,34 @@ pub(crate) fn list_runs(conn: &Connection, query: &RunListQuery) -> Result<RunPa
         });
     }
     let fetch = limit.saturating_add(1);
-    let mut runs = run_query(conn, &roots_sql(query), query, fetch)?;
+    let mut runs: Vec<Listed> = run_query(conn, &roots_sql(query), query, fetch)?
+        .into_iter()
+        .map(Listed::Entry)
+        .collect();
     if query.state != Some(RunState::Open) {
-        runs.extend(run_query(conn, &pruned_sql(query), query, fetch)?);
+        runs.extend(
+            run_query(conn, &pruned_sql(query), query, fetch)?
+                .into_iter()
+                .map(Listed::Entry),
+        );
     }
-    if query.state != Some(RunState::Ended) && query.outcome.is_none() {
-        runs.extend(awaiting_runs(conn, query, fetch)?);
-    }
-    runs.sort_by(|a, b| {
-        b.started_at
-            .cmp(&a.started_at)
-            .then_with(|| b.run_id.cmp(&a.run_id))
-    });
+    runs.extend(
+        awaiting_runs(conn, query, fetch)?
+            .into_iter()
+            .map(Listed::Awaiting),
+    );
+    runs.sort_by(|a, b| b.order_key().cmp(&a.order_key()));
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    let next = if runs.len() > limit {
-        runs.truncate(limit);
+    let more = runs.len() > limit;
+    runs.truncate(limit);
+    let runs = runs
+        .into_iter()
+        .map(|listed| match listed {
+            Listed::Entry(entry) => Ok(entry),
+            Listed::Awaiting(run) => awaiting_entry(conn, run),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let next = if more {
         runs.last().map(|last| {
             RunCursor {
                 started_at: last.started_at,

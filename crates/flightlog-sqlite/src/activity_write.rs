@@ -8,8 +8,9 @@
 //! repeat even after the newest rows are pruned.
 
 use flightlog_core::activity::{
-    compute_rollup, CappedPayload, EndSpanInput, JsonObject, PruneResult, RollupSpan, SpanEventRow,
-    SpanKind, SpanOrigin, SpanOutcome, SpanPatch, SpanRow, SpanUsage, StartSpanInput, StoreError,
+    compute_rollup, rootless_usage, CappedPayload, EndSpanInput, JsonObject, PruneResult,
+    RollupSpan, SpanEventRow, SpanKind, SpanOrigin, SpanOutcome, SpanPatch, SpanRow, SpanUsage,
+    StartSpanInput, StoreError,
 };
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -1108,6 +1109,56 @@ fn delete_run_detail(ctx: &mut WriteContext<'_>, run_key: i64) -> Result<(i64, i
     Ok((i64::try_from(deleted).unwrap_or(i64::MAX), newest))
 }
 
+/// What a rootless run pruned by the hard ceiling leaves: a rollup row, already marked
+/// `detail_pruned`, so the run stays listed (ended) with its usage and cost: named and started
+/// by its earliest span, ended at its newest span's end, no outcome (no root said how it went),
+/// its `model` spans' usage, and the failure reason `root never arrived`. A run pruned before
+/// (it has such a row, and a span came after) keeps the row it has.
+fn store_rootless_digest(ctx: &mut WriteContext<'_>, run_key: i64) -> Result<(), StoreError> {
+    let spans: Vec<RollupSpan> = ctx
+        .conn
+        .prepare_cached(ROLLUP_SPANS_SQL)
+        .and_then(|mut stmt| stmt.query_map([run_key], rollup_span_from_row)?.collect())
+        .map_err(backend)?;
+    let Some(earliest) = spans.first() else {
+        return Ok(());
+    };
+    let ended_at = spans
+        .iter()
+        .map(|span| span.ended_at.unwrap_or(span.started_at))
+        .max();
+    let usage = rootless_usage(&spans);
+    ctx.conn
+        .prepare_cached(
+            "INSERT INTO activity_run_rollups (run_key, origin, name, session_id, job_name, \
+             started_at, ended_at, outcome, duration_ms, span_count, input_tokens, \
+             output_tokens, cache_read_tokens, cache_creation_tokens, cost_usd, \
+             failure_reason, detail_pruned) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL, ?8, ?9, ?10, ?11, ?12, ?13, ?14, \
+             'root never arrived', 1) ON CONFLICT(run_key) DO NOTHING",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                run_key,
+                earliest.origin.as_str(),
+                earliest.name,
+                earliest.session_id,
+                earliest.job_name,
+                earliest.started_at,
+                ended_at,
+                ended_at.map(|ended| ended.saturating_sub(earliest.started_at)),
+                i64::try_from(spans.len()).unwrap_or(i64::MAX),
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens,
+                usage.cache_creation_tokens,
+                usage.cost_usd,
+            ])
+        })
+        .map_err(backend)?;
+    Ok(())
+}
+
 pub(crate) fn prune(
     ctx: &mut WriteContext<'_>,
     plan: PrunePlan,
@@ -1132,11 +1183,13 @@ pub(crate) fn prune(
         })
         .map_err(backend)?;
     // Runs that never had a root stored (see `run_roots`) have no rollup to be a candidate by.
-    // An imported trace whose root never comes (its caller exports elsewhere) would keep its
-    // detail forever, so the hard ceiling deletes such a run whole once its newest span is older
-    // than it and none is open. Only runs of OTLP spans alone: the reference keeps a rootless
-    // run of its own origins (`session`, `cron`) forever, and its prune counts must stay. (No
-    // digest is kept: without a root nothing names or ends the run.)
+    // A trace whose root never comes (its caller exports elsewhere, with an SDK that does not
+    // flag remote parents) would keep its detail forever, so the hard ceiling prunes such a run
+    // once its newest span is older than it and none is open, leaving a digest (see
+    // `store_rootless_digest`). Only runs whose spans are all of origin `otlp`: the reference
+    // (origins `session` and `cron`) never prunes a run it has no rollup for, and its prune
+    // counts must stay; a run with a rollup not yet pruned is the reference's kind of candidate
+    // (above, or never).
     let remaining = if plan.batch < 0 {
         -1
     } else {
@@ -1149,6 +1202,8 @@ pub(crate) fn prune(
         conn.prepare_cached(
             "SELECT w.run_key FROM activity_runs_awaiting_root w \
              WHERE w.started_at < ?1 \
+               AND NOT EXISTS (SELECT 1 FROM activity_run_rollups o \
+                               WHERE o.run_key = w.run_key AND o.detail_pruned = 0) \
                AND NOT EXISTS (SELECT 1 FROM activity_spans s WHERE s.run_key = w.run_key \
                                AND (s.outcome IS NULL OR s.origin <> 'otlp')) \
                AND (SELECT MAX(MAX(s.started_at, COALESCE(s.ended_at, s.started_at))) \
@@ -1192,12 +1247,8 @@ pub(crate) fn prune(
         spans_deleted += deleted;
         newest_pruned_change = newest_pruned_change.max(newest);
     }
-    // (A rootless run someone rolled up may be a candidate of both kinds: its detail is gone.)
-    let rootless: Vec<i64> = rootless
-        .into_iter()
-        .filter(|run_key| !candidates.iter().any(|(key, _)| key == run_key))
-        .collect();
     for run_key in &rootless {
+        store_rootless_digest(ctx, *run_key)?;
         let (deleted, newest) = delete_run_detail(ctx, *run_key)?;
         spans_deleted += deleted;
         newest_pruned_change = newest_pruned_change.max(newest);

@@ -1071,8 +1071,9 @@ impl Model {
         if batch >= 0 {
             truncate_to(&mut candidates, batch);
         }
-        // Runs of OTLP spans with no root: deleted whole by the hard ceiling once none is open
-        // and the newest is older than it, in the room the batch leaves.
+        // Runs of OTLP spans with no root and no rollup not yet pruned: their detail deleted by
+        // the hard ceiling once none is open and the newest is older than it, in the room the
+        // batch leaves, with a digest rollup (kept if the run has a pruned one).
         let mut rootless: Vec<(i64, usize, String)> = Vec::new();
         let mut run_ids: BTreeSet<&str> = BTreeSet::new();
         for span in &self.spans {
@@ -1087,7 +1088,10 @@ impl Model {
             if spans.iter().any(|span| span.parent_span_id.is_none())
                 || spans.iter().any(|span| span.outcome.is_none())
                 || spans.iter().any(|span| span.origin != SpanOrigin::Otlp)
-                || candidates.iter().any(|(_, _, id)| id == run_id)
+                || self
+                    .rollups
+                    .get(run_id)
+                    .is_some_and(|row| !row.detail_pruned)
             {
                 continue;
             }
@@ -1111,6 +1115,45 @@ impl Model {
         }
         let mut spans_deleted = 0;
         for (_, _, run_id) in &rootless {
+            if !self.rollups.contains_key(run_id) {
+                let mut spans: Vec<(usize, &SpanRow)> = self
+                    .spans
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, span)| &span.run_id == run_id)
+                    .collect();
+                spans.sort_by_key(|(index, span)| (span.started_at, *index));
+                let rollup_spans: Vec<RollupSpan> = spans
+                    .iter()
+                    .map(|(_, span)| RollupSpan::from(*span))
+                    .collect();
+                let earliest = spans[0].1;
+                let ended_at = spans
+                    .iter()
+                    .map(|(_, span)| span.ended_at.unwrap_or(span.started_at))
+                    .max();
+                let usage = rootless_usage(&rollup_spans);
+                let digest = RunRollupRow {
+                    run_id: run_id.clone(),
+                    origin: earliest.origin.clone(),
+                    name: earliest.name.clone(),
+                    session_id: earliest.session_id.clone(),
+                    job_name: earliest.job_name.clone(),
+                    started_at: earliest.started_at,
+                    ended_at,
+                    outcome: None,
+                    duration_ms: ended_at.map(|ended| ended.saturating_sub(earliest.started_at)),
+                    span_count: spans.len() as i64,
+                    input_tokens: usage.input_tokens,
+                    output_tokens: usage.output_tokens,
+                    cache_read_tokens: usage.cache_read_tokens,
+                    cache_creation_tokens: usage.cache_creation_tokens,
+                    cost_usd: usage.cost_usd,
+                    failure_reason: Some("root never arrived".to_owned()),
+                    detail_pruned: true,
+                };
+                self.rollups.insert(run_id.clone(), digest);
+            }
             let doomed: BTreeSet<String> = self
                 .spans
                 .iter()
@@ -1439,7 +1482,8 @@ impl Model {
                 awaiting_root: false,
             });
         }
-        // Runs with spans but no root: open, from their earliest span (start, then key), with
+        // Runs with spans but no root, from their earliest span (start, then key): ended with
+        // their rollup's figures once rolled up with an end and no span is open, else open with
         // their model spans' usage.
         let mut rootless: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
         for (index, span) in self.spans.iter().enumerate() {
@@ -1457,8 +1501,13 @@ impl Model {
                 .map(|&index| RollupSpan::from(&self.spans[index]))
                 .collect();
             let earliest = &self.spans[indexes[0]];
+            let ended = self
+                .rollups
+                .get(run_id)
+                .filter(|row| row.ended_at.is_some())
+                .filter(|_| spans.iter().all(|span| span.outcome.is_some()));
             let usage = rootless_usage(&spans);
-            entries.push(RunListEntry {
+            let mut entry = RunListEntry {
                 run_id: run_id.to_owned(),
                 state: RunState::Open,
                 name: earliest.name.clone(),
@@ -1480,7 +1529,22 @@ impl Model {
                 rolled_up: false,
                 detail_pruned: false,
                 awaiting_root: true,
-            });
+            };
+            if let Some(row) = ended {
+                entry.state = RunState::Ended;
+                entry.ended_at = row.ended_at;
+                entry.outcome = row.outcome.clone();
+                entry.duration_ms = row.duration_ms;
+                entry.span_count = row.span_count;
+                entry.input_tokens = row.input_tokens;
+                entry.output_tokens = row.output_tokens;
+                entry.cache_read_tokens = row.cache_read_tokens;
+                entry.cache_creation_tokens = row.cache_creation_tokens;
+                entry.cost_usd = row.cost_usd;
+                entry.failure_reason = row.failure_reason.clone();
+                entry.rolled_up = true;
+            }
+            entries.push(entry);
         }
         // Entries filtered on the root's columns; pruned runs (no root left) on the rollup's.
         let mut entries: Vec<RunListEntry> = entries

@@ -521,9 +521,10 @@ async fn a_run_whose_root_has_not_arrived_is_listed_open_until_it_does() {
 }
 
 /// A trace whose root never comes (its caller exports elsewhere) has no rollup, the only thing
-/// `prune` picked runs by, so its detail was kept forever: the hard ceiling now deletes such a
-/// run of OTLP spans whole once none of its spans is open and the newest is older than the
-/// ceiling. A rootless run of the reference's own origins keeps the reference's prune (kept).
+/// `prune` picked runs by, so its detail was kept forever: the hard ceiling now prunes such a
+/// run of OTLP spans once none of its spans is open and the newest is older than the ceiling,
+/// leaving a digest rollup (its usage kept, `root never arrived`). A rootless run of the
+/// reference's own origins keeps the reference's prune (kept).
 #[tokio::test]
 async fn prune_deletes_a_trace_whose_root_never_came_behind_the_hard_ceiling() {
     let dir = tempfile::tempdir().unwrap();
@@ -567,15 +568,34 @@ async fn prune_deletes_a_trace_whose_root_never_came_behind_the_hard_ceiling() {
     let pruned = store.prune(prune(None)).await.unwrap();
     assert_eq!((pruned.runs_pruned, pruned.spans_deleted), (1, 1));
     assert!(store.get_span("o1").await.unwrap().is_none());
-    assert_eq!(
-        ids(&store, query(None, 10)).await,
-        ["run-session", "run-open", "run-new"]
-    );
-    // The deleted span's id is free again, as after any prune.
+    let page = store.list_runs(query(None, 10)).await.unwrap();
+    let listed: Vec<&str> = page.runs.iter().map(|run| run.run_id.as_str()).collect();
+    assert_eq!(listed, ["run-session", "run-open", "run-old", "run-new"]);
+    let digest = &page.runs[2];
+    assert_eq!(digest.state, RunState::Ended);
+    assert!(digest.detail_pruned && digest.rolled_up && !digest.awaiting_root);
+    assert_eq!(digest.failure_reason.as_deref(), Some("root never arrived"));
+    assert_eq!(digest.outcome, None);
+    assert_eq!((digest.started_at, digest.ended_at), (100, Some(200)));
+    assert_eq!((digest.input_tokens, digest.cost_usd), (Some(1), Some(0.1)));
+    let rollup = store
+        .read_rollup("run-old")
+        .await
+        .unwrap()
+        .expect("a digest");
+    assert!(rollup.detail_pruned);
+    // The deleted span's id is free again, as after any prune; the run's new detail lists it.
     store
         .start_span(traced("o1", "run-old", 300))
         .await
         .unwrap();
+    let page = store.list_runs(query(None, 10)).await.unwrap();
+    let run_old = page
+        .runs
+        .iter()
+        .find(|run| run.run_id == "run-old")
+        .unwrap();
+    assert!(run_old.awaiting_root && run_old.state == RunState::Open);
     db.close().await.unwrap();
 }
 
@@ -622,5 +642,52 @@ async fn an_upgraded_database_lists_its_runs_that_wait_for_a_root() {
             ("rooted", "root", 50, false)
         ]
     );
+    db.close().await.unwrap();
+}
+
+/// A run with no root that a native writer closed (cascade close rolls it up) has ended: it is
+/// listed ended with its rollup's outcome and totals, and found by the `ended` and outcome
+/// filters (it was listed open forever, with no outcome).
+#[tokio::test]
+async fn a_rootless_run_closed_and_rolled_up_is_listed_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("closed.db"))).unwrap();
+    let store = SqliteActivityStore::with_identity(db.clone(), Arc::new(ManualClock::new(0)), "w");
+    store
+        .start_span(model_call("m", "run-c", "", 10))
+        .await
+        .unwrap();
+    store.end_span("m", used(5, 0.5, 20)).await.unwrap();
+    store
+        .start_span(start("t", "run-c", Some("m"), 12))
+        .await
+        .unwrap();
+    store
+        .cascade_close("run-c", SpanOutcome::Timeout, "slow")
+        .await
+        .unwrap();
+    let page = store.list_runs(query(None, 10)).await.unwrap();
+    let run = &page.runs[0];
+    assert_eq!(run.state, RunState::Ended, "{run:?}");
+    assert!(run.awaiting_root && run.rolled_up, "{run:?}");
+    assert_eq!(run.outcome, Some(SpanOutcome::Success), "{run:?}");
+    assert_eq!(run.input_tokens, Some(5), "{run:?}");
+    assert_eq!(run.failure_reason.as_deref(), Some("slow"), "{run:?}");
+    assert_eq!(
+        ids(&store, query(Some(RunState::Ended), 10)).await,
+        ["run-c"]
+    );
+    assert!(ids(&store, query(Some(RunState::Open), 10))
+        .await
+        .is_empty());
+    let by_outcome = |outcome| RunListQuery {
+        outcome: Some(outcome),
+        ..query(None, 10)
+    };
+    assert_eq!(
+        ids(&store, by_outcome(SpanOutcome::Success)).await,
+        ["run-c"]
+    );
+    assert!(ids(&store, by_outcome(SpanOutcome::Error)).await.is_empty());
     db.close().await.unwrap();
 }

@@ -4,9 +4,12 @@
 //! totals when it has been rolled up), and from its rollup row alone once `prune` removed its
 //! detail. A run with spans but no root stored yet (every span names a parent that is not
 //! stored: an OpenTelemetry trace whose root has not ended, since SDKs export a span when it
-//! ends, or whose root lives in a caller exporting elsewhere) is listed too, open and marked
+//! ends, or whose root lives in a caller exporting elsewhere) is listed too, marked
 //! [`RunListEntry::awaiting_root`], from its earliest span. Pages are keyed by `(started_at, run_id)`, both descending, so a cursor stays valid
-//! while new runs start (they sort before it) and never skips or repeats a run.
+//! while new runs start (they sort before it) and never skips or repeats a run that keeps its
+//! place. A run's place is its first root's start, or its earliest span's while it waits for a
+//! root: an imported root that started earlier moves it back (OpenTelemetry's roots arrive
+//! last), so a client paging while traces come in should drop a run id it has already seen.
 
 use serde::{Deserialize, Serialize};
 
@@ -111,9 +114,11 @@ pub struct RunListEntry {
     pub detail_pruned: bool,
     /// The run has spans but no root: every span names a parent that is not stored (an
     /// OpenTelemetry SDK exports a span when it ends, so a trace's root usually arrives last,
-    /// or never when the caller that started the trace exports elsewhere). Such a run is listed
-    /// `open`, named and started by its earliest span, with no end or outcome, and its usage is
-    /// the sum over its `model` spans; once a root arrives it is listed from the root.
+    /// or never when the caller that started the trace exports elsewhere). Such a run is named
+    /// and started by its earliest span and listed `open`, with no end or outcome, its usage
+    /// the sum over its `model` spans; or `ended` with its rollup's figures once a writer closed
+    /// and rolled it up (cascade close, a sweep) and none of its spans is open. Once a root
+    /// arrives it is listed from the root.
     pub awaiting_root: bool,
 }
 

@@ -493,7 +493,8 @@ pub struct PruneOptions {
     pub digest_floor_at: i64,
     /// Runs that ended more than this long before `now` are pruned regardless of the digest
     /// floor, and marked with the `digest coverage gap` failure reason when the floor had not
-    /// covered them.
+    /// covered them. Also a run of OTLP spans alone whose root never arrived, once none of its
+    /// spans is open and its newest is this old (its digest says `root never arrived`).
     #[serde(deserialize_with = "crate::json_number::integral_i64")]
     #[cfg_attr(feature = "openapi", schema(minimum = -9_007_199_254_740_991_i64, maximum = 9_007_199_254_740_991_i64))]
     pub hard_ceiling_ms: i64,

@@ -82,6 +82,9 @@ async fn sweep_stale(
 }
 
 /// Delete the detail of finished runs behind the digest floor or the hard ceiling (`prune`).
+/// Beyond the reference: a run of OTLP spans alone whose root never arrived (no rollup) is pruned
+/// by the hard ceiling once none of its spans is open and its newest is older than it, leaving a
+/// digest rollup (no outcome, failure reason `root never arrived`); `runsPruned` counts it.
 #[utoipa::path(
     post,
     path = "/v1/activity/maintenance/prune",

@@ -79,7 +79,10 @@ impl RunsQuery {
     }
 }
 
-/// Runs newest first: open roots, ended runs with their rollups, and pruned runs.
+/// Runs newest first: open roots, ended runs with their rollups, pruned runs, and runs whose root
+/// has not arrived (`awaitingRoot`: an OpenTelemetry trace's root is exported last). A run's
+/// place can move when a root that started earlier arrives: a client paging while traces come
+/// in should drop a `runId` it has already seen.
 #[utoipa::path(
     get,
     path = "/v1/activity/runs",

@@ -368,7 +368,7 @@ where
     operation_id = "changeStream",
     params(
         AfterQuery,
-        ("Last-Event-ID" = Option<String>, Header, description = LAST_EVENT_ID, nullable = false, pattern = r"^\s*[0-9]+\s*$"),
+        ("Last-Event-ID" = Option<String>, Header, description = LAST_EVENT_ID, nullable = false, pattern = r"^\s*[0-9]{0,18}\s*$"),
     ),
     responses(
         (status = 200, description = "The event stream (`change`, `resync`, `error` events).", content_type = "text/event-stream", body = String),
@@ -414,7 +414,7 @@ async fn change_stream(
     operation_id = "runStream",
     params(
         ("runId" = String, Path, description = RUN_ID),
-        ("Last-Event-ID" = Option<String>, Header, description = RUN_LAST_EVENT_ID, nullable = false, pattern = r"^\s*[0-9]+\s*$"),
+        ("Last-Event-ID" = Option<String>, Header, description = RUN_LAST_EVENT_ID, nullable = false, pattern = r"^\s*[0-9]{0,18}\s*$"),
     ),
     responses(
         (status = 200, description = "The event stream (`snapshot`, `change`, `resync`, `error` events).", content_type = "text/event-stream", body = String),
@@ -646,7 +646,7 @@ fn journal_resync_event(generation: Option<u64>) -> SseEvent {
     params(
         ("engagementId" = String, Path, description = ENGAGEMENT_ID),
         FromSeqQuery,
-        ("Last-Event-ID" = Option<String>, Header, description = JOURNAL_LAST_EVENT_ID, nullable = false, pattern = r"^\s*([0-9]+|-?[0-9]+@[0-9]+)\s*$"),
+        ("Last-Event-ID" = Option<String>, Header, description = JOURNAL_LAST_EVENT_ID, nullable = false, pattern = r"^\s*([0-9]{0,18}|(-1|[0-9]{1,18})@[0-9]{1,19})\s*$"),
     ),
     responses(
         (status = 200, description = "The event stream (`journal`, `resync`, `error` events).", content_type = "text/event-stream", body = String),
