@@ -105,7 +105,19 @@ struct Spawned {
 }
 
 fn spawn(dir: &Path, args: &[&OsStr], env: &[(&str, &OsStr)]) -> Spawned {
-    let mut command = Command::new(BIN);
+    spawn_under(&[], dir, args, env)
+}
+
+/// [`spawn`], the binary run by the command `wrapper` (`["prlimit", "--nofile=256:4096"]`).
+fn spawn_under(wrapper: &[&str], dir: &Path, args: &[&OsStr], env: &[(&str, &OsStr)]) -> Spawned {
+    let mut command = match wrapper.split_first() {
+        None => Command::new(BIN),
+        Some((program, wrapper_args)) => {
+            let mut command = Command::new(program);
+            command.args(wrapper_args).arg(BIN);
+            command
+        }
+    };
     command
         .args(args)
         .current_dir(dir)
@@ -2262,5 +2274,42 @@ fn demo_says_so_when_its_report_cannot_be_written() {
     assert!(
         status.success(),
         "a reader that hung up early: {status:?} {stderr}"
+    );
+}
+
+/// Every connection holds a file descriptor, and a soft limit of 1,024 (most shells' and service
+/// managers' default) let about a thousand idle clients lock every new one out (a reliability
+/// audit). `serve` raises its soft limit to the hard one, and says when even that is low.
+#[cfg(target_os = "linux")]
+#[test]
+fn serve_raises_its_open_file_limit_to_the_hard_one() {
+    if Command::new("prlimit").arg("--version").output().is_err() {
+        panic!("this test needs util-linux's prlimit");
+    }
+    let scratch = Scratch::new("nofile");
+    let db = scratch.join("limits.db");
+    let mut args: Vec<&OsStr> = vec![OsStr::new("serve"), OsStr::new("--db"), db.as_os_str()];
+    args.extend(LOOPBACK.map(OsStr::new));
+    let mut server = spawn_under(
+        &["prlimit", "--nofile=256:4096"],
+        scratch.path(),
+        &args,
+        &[],
+    );
+    let (_, listening, _) = server.wait_for_exit_or_listening();
+    assert!(listening, "{}", server.stderr);
+    let limits = fs::read_to_string(format!("/proc/{}/limits", server.child.id()))
+        .expect("the server's limits");
+    let open_files = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .expect("a Max open files line");
+    let numbers: Vec<&str> = open_files.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(numbers, ["4096", "4096"], "{open_files}");
+    let (exit, _, stderr) = stop_with_sigterm(server);
+    assert!(exit.success(), "{stderr}");
+    assert!(
+        stderr.contains("may open at most 4096 files"),
+        "a hard limit under 16,384 is worth a warning: {stderr}"
     );
 }
