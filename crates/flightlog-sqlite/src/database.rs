@@ -433,11 +433,9 @@ pub struct SqliteDatabase {
     /// The file's identity when opened (device and inode), to tell at close whether the path
     /// still names the file this process wrote (see [`SqliteDatabase::close`]).
     file_identity: Option<(u64, u64)>,
-    /// The identities of the `-wal` and `-shm` files beside it when opened: at a close that finds
-    /// the database file replaced, these files at the path are still this process's, and
-    /// SQLite would replay that WAL into the replacement at the next open (see
-    /// [`SqliteDatabase::close`]).
-    companion_identities: [Option<(u64, u64)>; 2],
+    /// The database file as opened and its `-wal`/`-shm` (see [`OpenedFiles`]), shared with the
+    /// checkpointer, which looks every period.
+    opened_files: Arc<OpenedFiles>,
     /// Bounds the long reads running on blocking threads at once (see
     /// [`SqliteDatabase::read_apart`]).
     long_reads: tokio::sync::Semaphore,
@@ -835,7 +833,9 @@ impl SqliteDatabase {
         let (nudge, nudges) = std::sync::mpsc::sync_channel::<()>(1);
         let rewind_wanted = Arc::new(AtomicBool::new(false));
         let rewinding = Arc::new(AtomicBool::new(false));
+        let opened_files = Arc::new(OpenedFiles::new(&config.path));
         let checkpointer = Checkpointer {
+            opened_files: Arc::clone(&opened_files),
             conn: checkpoint_conn,
             stats: stats.clone(),
             doorbell: doorbell.clone(),
@@ -898,8 +898,7 @@ impl SqliteDatabase {
             stop_writer,
             threads: Mutex::new(Some((writer_thread, checkpointer_thread))),
             file_identity: file_identity(&config.path),
-            companion_identities: COMPANION_SUFFIXES
-                .map(|suffix| file_identity(&companion_path(&config.path, suffix))),
+            opened_files: Arc::clone(&opened_files),
             path: config.path,
             long_reads: tokio::sync::Semaphore::new(LONG_READS_AT_ONCE),
             short_reads: tokio::sync::Semaphore::new(SHORT_READS_AT_ONCE),
@@ -935,7 +934,15 @@ impl SqliteDatabase {
         if self.file_identity.is_some() && file_identity(&self.path) != self.file_identity {
             self.stop_writer.store(true, Ordering::Release);
             let _ = self.write(|_| Ok(())).await;
-            let moved = self.move_companions_aside();
+            let moved = self.opened_files.secure_if_lost().join(", ");
+            let moved = if moved.is_empty() {
+                moved
+            } else {
+                format!(
+                    "; its own WAL files were moved aside so the next open does not replay them \
+                     into that file: {moved}"
+                )
+            };
             return Err(StoreError::Backend(format!(
                 "{} was deleted or replaced while this process had it open: nothing was \
                  written to the file now at that path{moved}",
@@ -976,44 +983,12 @@ impl SqliteDatabase {
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
-    /// Rename this process's `-wal` and `-shm` (told by their identities at open) to
-    /// `<name>.replaced-<unix seconds>`; what to add to the close message.
-    fn move_companions_aside(&self) -> String {
-        let stamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| since.as_secs());
-        let mut moved = Vec::new();
-        for (suffix, identity) in COMPANION_SUFFIXES.iter().zip(self.companion_identities) {
-            let path = companion_path(&self.path, suffix);
-            if identity.is_none() || file_identity(&path) != identity {
-                continue;
-            }
-            let aside = companion_path(&self.path, &format!("{suffix}.replaced-{stamp}"));
-            if std::fs::rename(&path, &aside).is_ok() {
-                moved.push(aside.display().to_string());
-            }
-        }
-        if moved.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "; its own WAL files were moved aside so the next open does not replay them \
-                 into that file: {}",
-                moved.join(", ")
-            )
-        }
-    }
-
     /// `Err(StoreError::FileLost)` when the path no longer names the database file this process
     /// opened (deleted, or replaced by another file): nothing written from then on could be read
     /// at the path, and the writer refuses every write. One `stat`: cheap enough for a health
     /// check.
     pub fn check_file(&self) -> Result<(), StoreError> {
-        WatchedFile {
-            path: self.path.clone(),
-            identity: self.file_identity,
-        }
-        .check()
+        self.opened_files.database.check()
     }
 
     /// What the writer thread has done so far.
@@ -1331,8 +1306,12 @@ pub(crate) fn in_read_transaction<T>(
 ///   doorbell with the newest change id, and the commit doorbell, so live readers see foreign
 ///   writes (and the journal's rewrites) within a period.
 ///
+/// - looks whether the database file is still the one opened (see [`OpenedFiles`]).
+///
 /// It ends when the writer is gone.
 struct Checkpointer {
+    /// The database file as opened and its `-wal`/`-shm`, looked at every period.
+    opened_files: Arc<OpenedFiles>,
     conn: Connection,
     stats: Arc<WriterStats>,
     doorbell: tokio::sync::watch::Sender<i64>,
@@ -1510,6 +1489,9 @@ impl Checkpointer {
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => true,
             };
+            // One `stat` a period: a file replaced under the process gets its WAL out of the
+            // replacement's way at once, not only at a clean stop (a crash would leave it).
+            self.opened_files.secure_if_lost();
             idle_looks = if self.watch_commits() {
                 0
             } else {
@@ -1609,6 +1591,55 @@ impl WatchedFile {
             "the database file {} was deleted or replaced while this process had it open",
             self.path.display()
         )))
+    }
+}
+
+/// The database file as this process opened it, and the identities of its `-wal` and `-shm`
+/// then. When the path comes to name another file (a backup moved over it), those two files at
+/// the path are still this process's, and SQLite would replay that WAL into the new file at its
+/// next open: "database disk image is malformed" (a reliability audit). Once the database file
+/// is lost they are moved aside (`<name>.replaced-<unix seconds>`, kept for inspection), by the
+/// checkpointer within a period and at the latest by `close`.
+pub(crate) struct OpenedFiles {
+    database: WatchedFile,
+    companions: [Option<(u64, u64)>; 2],
+    /// What was moved aside, for `close` to say.
+    moved: Mutex<Vec<String>>,
+}
+
+impl OpenedFiles {
+    fn new(path: &Path) -> Self {
+        Self {
+            database: WatchedFile::new(path),
+            companions: COMPANION_SUFFIXES
+                .map(|suffix| file_identity(&companion_path(path, suffix))),
+            moved: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// When the database file is lost, move this process's `-wal`/`-shm` aside (those still at
+    /// the path and still its own); every file moved so far.
+    fn secure_if_lost(&self) -> Vec<String> {
+        let Ok(mut moved) = self.moved.lock() else {
+            return Vec::new();
+        };
+        if self.database.check().is_err() {
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| since.as_secs());
+            for (suffix, identity) in COMPANION_SUFFIXES.iter().zip(self.companions) {
+                let path = companion_path(&self.database.path, suffix);
+                if identity.is_none() || file_identity(&path) != identity {
+                    continue;
+                }
+                let aside =
+                    companion_path(&self.database.path, &format!("{suffix}.replaced-{stamp}"));
+                if std::fs::rename(&path, &aside).is_ok() {
+                    moved.push(aside.display().to_string());
+                }
+            }
+        }
+        moved.clone()
     }
 }
 
