@@ -766,11 +766,25 @@ impl SqliteDatabase {
         // SQLite opens a file it may not write read-only, without a word; every write would
         // then fail (an HTTP 500 for each).
         if conn.is_readonly(rusqlite::MAIN_DB).map_err(backend)? {
-            return Err(StoreError::Backend(format!(
-                "{} is read-only: flightlog writes to its database; make it writable (chmod u+w) \
-                 or choose another file",
-                config.path.display()
-            )));
+            // A file system mounted read-only is not fixed by a chmod: say which it is.
+            let read_only_mount = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&config.path)
+                .is_err_and(|err| err.kind() == std::io::ErrorKind::ReadOnlyFilesystem);
+            return Err(StoreError::Backend(if read_only_mount {
+                format!(
+                    "{} is on a file system mounted read-only: flightlog writes to its \
+                     database; choose a file on a writable file system (--db), or remount it \
+                     read-write",
+                    config.path.display()
+                )
+            } else {
+                format!(
+                    "{} is read-only: flightlog writes to its database; make it writable \
+                     (chmod u+w) or choose another file",
+                    config.path.display()
+                )
+            }));
         }
         apply_common_pragmas(&conn, config.busy_timeout)?;
         // Again on this connection, before anything writes: the read-only check above is
