@@ -456,7 +456,10 @@ impl SharedResponse {
             }
             Self::Unavailable => {
                 "`unavailable`: the server is at its limit of writes in flight, the store is \
-                 overloaded, or the server is shutting down; retry after `Retry-After` seconds."
+                 overloaded, another process holds the database's write lock too long, the disk \
+                 is full, the database file was deleted or replaced under the server (until it \
+                 is restarted), or the server is shutting down; nothing was written. Retry \
+                 after `Retry-After` seconds; the message says which."
             }
             Self::Internal => {
                 "`internal`: the database failed or holds data this version cannot read."
