@@ -2158,29 +2158,7 @@ fn a_database_deleted_under_the_server_refuses_writes_and_is_reported() {
 #[test]
 fn a_backup_moved_over_the_database_of_a_running_server_opens_intact() {
     let scratch = Scratch::new("replaced-db");
-    let db = scratch.join("live.db");
-    let backup = scratch.join("backup.db");
-    // The backup: a cleanly stopped server's file with one event.
-    let (server, addr) = serve_on(&scratch, &backup);
-    let (status, body) = http_post(
-        &addr,
-        "/v1/engagements/kept/events",
-        r#"{"type":"t","at":1,"data":{}}"#,
-    );
-    assert_eq!(status, 201, "{body}");
-    let (exit, _, stderr) = stop_with_sigterm(server);
-    assert!(exit.success(), "{stderr}");
-
-    let (server, addr) = serve_on(&scratch, &db);
-    for n in 0..200 {
-        let (status, body) = http_post(
-            &addr,
-            &format!("/v1/engagements/live-{n}/events"),
-            r#"{"type":"t","at":1,"data":{"text":"written before the backup came back"}}"#,
-        );
-        assert_eq!(status, 201, "{body}");
-    }
-    fs::rename(&backup, &db).expect("move the backup over the live file");
+    let (db, server, addr) = live_server_with_a_backup_beside(&scratch);
     let (status, body) = http_post(
         &addr,
         "/v1/engagements/after/events",
@@ -2190,8 +2168,41 @@ fn a_backup_moved_over_the_database_of_a_running_server_opens_intact() {
     let (exit, _, stderr) = stop_with_sigterm(server);
     assert!(!exit.success(), "{stderr}");
     assert!(stderr.contains("moved aside"), "{stderr}");
+    assert_the_backup_opens_intact(&scratch, &db);
+}
 
-    let (server, addr) = serve_on(&scratch, &db);
+/// A server on `live.db` that wrote 200 engagements, and a cleanly stopped server's
+/// `backup.db` (one engagement, `kept`) moved over its file: (`live.db`, the server, its
+/// address).
+fn live_server_with_a_backup_beside(scratch: &Scratch) -> (PathBuf, Spawned, String) {
+    let db = scratch.join("live.db");
+    let backup = scratch.join("backup.db");
+    let (server, addr) = serve_on(scratch, &backup);
+    let (status, body) = http_post(
+        &addr,
+        "/v1/engagements/kept/events",
+        r#"{"type":"t","at":1,"data":{}}"#,
+    );
+    assert_eq!(status, 201, "{body}");
+    let (exit, _, stderr) = stop_with_sigterm(server);
+    assert!(exit.success(), "{stderr}");
+    let (server, addr) = serve_on(scratch, &db);
+    for n in 0..200 {
+        let (status, body) = http_post(
+            &addr,
+            &format!("/v1/engagements/live-{n}/events"),
+            r#"{"type":"t","at":1,"data":{"text":"written before the backup came back"}}"#,
+        );
+        assert_eq!(status, 201, "{body}");
+    }
+    fs::rename(&backup, &db).expect("move the backup over the live file");
+    (db, server, addr)
+}
+
+/// A server started on `db` finds the backup's engagement (and none of the replaced file's),
+/// lists runs, stops cleanly, and leaves a file that passes SQLite's integrity check.
+fn assert_the_backup_opens_intact(scratch: &Scratch, db: &Path) {
+    let (server, addr) = serve_on(scratch, db);
     let (status, body) = http_get(&addr, "/v1/engagements?limit=100");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"kept\""), "{body}");
@@ -2200,7 +2211,7 @@ fn a_backup_moved_over_the_database_of_a_running_server_opens_intact() {
     assert_eq!(status, 200, "{body}");
     let (exit, _, stderr) = stop_with_sigterm(server);
     assert!(exit.success(), "{stderr}");
-    let check = rusqlite::Connection::open(&db)
+    let check = rusqlite::Connection::open(db)
         .and_then(|conn| {
             conn.query_row("PRAGMA integrity_check", [], |row| row.get::<_, String>(0))
         })
@@ -2321,28 +2332,7 @@ fn serve_raises_its_open_file_limit_to_the_hard_one() {
 #[test]
 fn a_backup_moved_over_the_database_survives_the_server_being_killed() {
     let scratch = Scratch::new("replaced-killed");
-    let db = scratch.join("live.db");
-    let backup = scratch.join("backup.db");
-    let (server, addr) = serve_on(&scratch, &backup);
-    let (status, body) = http_post(
-        &addr,
-        "/v1/engagements/kept/events",
-        r#"{"type":"t","at":1,"data":{}}"#,
-    );
-    assert_eq!(status, 201, "{body}");
-    let (exit, _, stderr) = stop_with_sigterm(server);
-    assert!(exit.success(), "{stderr}");
-
-    let (mut server, addr) = serve_on(&scratch, &db);
-    for n in 0..200 {
-        let (status, body) = http_post(
-            &addr,
-            &format!("/v1/engagements/live-{n}/events"),
-            r#"{"type":"t","at":1,"data":{"text":"written before the backup came back"}}"#,
-        );
-        assert_eq!(status, 201, "{body}");
-    }
-    fs::rename(&backup, &db).expect("move the backup over the live file");
+    let (db, mut server, _) = live_server_with_a_backup_beside(&scratch);
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut wal = db.as_os_str().to_owned();
     wal.push("-wal");
@@ -2355,19 +2345,5 @@ fn a_backup_moved_over_the_database_survives_the_server_being_killed() {
     }
     server.child.kill().expect("kill the server");
     let _ = server.child.wait();
-
-    let (server, addr) = serve_on(&scratch, &db);
-    let (status, body) = http_get(&addr, "/v1/engagements?limit=100");
-    assert_eq!(status, 200, "{body}");
-    assert!(body.contains("\"kept\""), "{body}");
-    let (status, body) = http_get(&addr, "/v1/activity/runs");
-    assert_eq!(status, 200, "{body}");
-    let (exit, _, stderr) = stop_with_sigterm(server);
-    assert!(exit.success(), "{stderr}");
-    let check = rusqlite::Connection::open(&db)
-        .and_then(|conn| {
-            conn.query_row("PRAGMA integrity_check", [], |row| row.get::<_, String>(0))
-        })
-        .expect("integrity check");
-    assert_eq!(check, "ok");
+    assert_the_backup_opens_intact(&scratch, &db);
 }

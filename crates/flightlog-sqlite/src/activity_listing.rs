@@ -20,11 +20,12 @@
 
 use flightlog_core::activity::{
     rootless_usage, RollupSpan, RunCursor, RunListEntry, RunListQuery, RunPage, RunState, SpanKind,
-    SpanOrigin, SpanOutcome, SpanUsage, StoreError,
+    SpanOrigin, SpanOutcome, StoreError,
 };
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params_from_iter, Connection, OptionalExtension, Row};
 
+use crate::activity_write::usage_at;
 use crate::error::backend;
 
 /// The most runs a listing may ask for to count as short (see [`is_short`]).
@@ -323,14 +324,7 @@ fn awaiting_entry(conn: &Connection, run: AwaitingRun) -> Result<RunListEntry, S
                     ended_at: None,
                     outcome: None,
                     outcome_reason: None,
-                    usage: SpanUsage {
-                        input_tokens: row.get(3)?,
-                        output_tokens: row.get(4)?,
-                        cache_read_tokens: row.get(5)?,
-                        cache_creation_tokens: row.get(6)?,
-                        cost_usd: row.get(7)?,
-                        model: None,
-                    },
+                    usage: usage_at(row, 3)?,
                 })
             })?
             .collect()

@@ -979,14 +979,20 @@ pub(crate) fn rollup_span_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<
         ended_at: row.get(6)?,
         outcome: outcome.as_deref().map(SpanOutcome::from_stored),
         outcome_reason: row.get(8)?,
-        usage: SpanUsage {
-            input_tokens: row.get(9)?,
-            output_tokens: row.get(10)?,
-            cache_read_tokens: row.get(11)?,
-            cache_creation_tokens: row.get(12)?,
-            cost_usd: row.get(13)?,
-            model: None,
-        },
+        usage: usage_at(row, 9)?,
+    })
+}
+
+/// The usage counts and cost in the five columns from `first` on (input, output, cache read,
+/// cache creation tokens, cost), without the model (the rollup rule reads none).
+pub(crate) fn usage_at(row: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<SpanUsage> {
+    Ok(SpanUsage {
+        input_tokens: row.get(first)?,
+        output_tokens: row.get(first + 1)?,
+        cache_read_tokens: row.get(first + 2)?,
+        cache_creation_tokens: row.get(first + 3)?,
+        cost_usd: row.get(first + 4)?,
+        model: None,
     })
 }
 

@@ -1046,6 +1046,30 @@ impl Model {
         }
     }
 
+    /// Delete a run's spans, events and change rows (moving the change-log horizon past its
+    /// newest change); how many spans went.
+    fn delete_run_detail(&mut self, run_id: &str) -> i64 {
+        let doomed: BTreeSet<String> = self
+            .spans
+            .iter()
+            .filter(|span| span.run_id == run_id)
+            .map(|span| span.span_id.clone())
+            .collect();
+        if let Some(newest) = self
+            .changes
+            .iter()
+            .filter(|change| change.run_id == run_id)
+            .map(|change| change.change_id)
+            .max()
+        {
+            self.horizon = self.horizon.max(newest + 1);
+        }
+        self.events.retain(|event| !doomed.contains(&event.span_id));
+        self.spans.retain(|span| span.run_id != run_id);
+        self.changes.retain(|change| change.run_id != run_id);
+        doomed.len() as i64
+    }
+
     fn prune(&mut self, options: &PruneOptions, clock: i64) -> PruneResult {
         let now = options.now.unwrap_or(clock);
         let floor = options.digest_floor_at.max(0);
@@ -1154,25 +1178,7 @@ impl Model {
                 };
                 self.rollups.insert(run_id.clone(), digest);
             }
-            let doomed: BTreeSet<String> = self
-                .spans
-                .iter()
-                .filter(|span| &span.run_id == run_id)
-                .map(|span| span.span_id.clone())
-                .collect();
-            spans_deleted += doomed.len() as i64;
-            if let Some(newest) = self
-                .changes
-                .iter()
-                .filter(|change| &change.run_id == run_id)
-                .map(|change| change.change_id)
-                .max()
-            {
-                self.horizon = self.horizon.max(newest + 1);
-            }
-            self.events.retain(|event| !doomed.contains(&event.span_id));
-            self.spans.retain(|span| &span.run_id != run_id);
-            self.changes.retain(|change| &change.run_id != run_id);
+            spans_deleted += self.delete_run_detail(run_id);
         }
         for (ended, _, run_id) in &candidates {
             if let Some(row) = self.rollups.get_mut(run_id) {
@@ -1182,25 +1188,7 @@ impl Model {
                         .get_or_insert_with(|| "digest coverage gap".to_owned());
                 }
             }
-            let doomed: BTreeSet<String> = self
-                .spans
-                .iter()
-                .filter(|span| &span.run_id == run_id)
-                .map(|span| span.span_id.clone())
-                .collect();
-            spans_deleted += doomed.len() as i64;
-            if let Some(newest) = self
-                .changes
-                .iter()
-                .filter(|change| &change.run_id == run_id)
-                .map(|change| change.change_id)
-                .max()
-            {
-                self.horizon = self.horizon.max(newest + 1);
-            }
-            self.events.retain(|event| !doomed.contains(&event.span_id));
-            self.spans.retain(|span| &span.run_id != run_id);
-            self.changes.retain(|change| &change.run_id != run_id);
+            spans_deleted += self.delete_run_detail(run_id);
         }
         PruneResult {
             runs_pruned: (candidates.len() + rootless.len()) as i64,
