@@ -91,8 +91,12 @@ pub(crate) const CACHE_READ_TOKEN_KEYS: &[&str] = &[
     "llm.usage.cache_read_input_tokens",
     "ai.usage.cachedInputTokens",
 ];
-/// Input tokens written to the provider's prompt cache, preferred first.
+/// Input tokens written to the provider's prompt cache, preferred first. The GenAI convention
+/// renamed `cache_creation` to `cache_write` (semantic-conventions-genai#440), and
+/// opentelemetry-util-genai 1.3 (behind the `opentelemetry-instrumentation-genai-*` packages)
+/// writes the new name.
 pub(crate) const CACHE_CREATION_TOKEN_KEYS: &[&str] = &[
+    "gen_ai.usage.cache_write.input_tokens",
     "gen_ai.usage.cache_creation.input_tokens",
     "gen_ai.usage.cache_creation_input_tokens",
     "gen_ai.usage.cache_write_input_tokens",

@@ -257,6 +257,22 @@ mod tests {
         span_usage(&Facts::scan(&attributes), &PriceTable::bundled())
     }
 
+    /// opentelemetry-util-genai 1.3 writes cache writes as `gen_ai.usage.cache_write.input_tokens`
+    /// (the convention's rename of `cache_creation`): they were charged as plain input.
+    #[test]
+    fn cache_writes_under_the_conventions_current_name_are_read() {
+        let (usage, _) = usage_of(vec![
+            kv("gen_ai.request.model", string("claude-sonnet-4-5-20250929")),
+            kv("gen_ai.usage.input_tokens", int(2_000)),
+            kv("gen_ai.usage.output_tokens", int(100)),
+            kv("gen_ai.usage.cache_read.input_tokens", int(1_500)),
+            kv("gen_ai.usage.cache_write.input_tokens", int(400)),
+        ]);
+        assert_eq!(usage.cache_creation_tokens, Some(400));
+        // 100 × $3 + 1,500 × $0.30 + 400 × $3.75 + 100 × $15, per million.
+        assert_eq!(usage.cost_usd, Some(0.00375));
+    }
+
     /// Anthropic's raw counts (input without the cache, as Logfire's Anthropic integration
     /// reports them): the cached tokens are added to the input, and the cost charges the
     /// uncached 3 at the input price; a count that already includes the cache is kept.
