@@ -112,7 +112,26 @@ pub(crate) const COST_KEYS: &[&str] = &["gen_ai.usage.cost", "llm.cost.total", "
 pub(crate) const COST_PART_KEYS: &[&str] = &["llm.cost.prompt", "llm.cost.completion"];
 
 /// Most names any one table has (the candidate slots of [`Facts`]).
-const MAX_ALIASES: usize = 7;
+const MAX_ALIASES: usize = 8;
+
+// A name past the slots would be read never, without a word: every table must fit.
+const _: () = {
+    let tables = [
+        SESSION_KEYS,
+        MODEL_KEYS,
+        INPUT_TOKEN_KEYS,
+        OUTPUT_TOKEN_KEYS,
+        CACHE_READ_TOKEN_KEYS,
+        CACHE_CREATION_TOKEN_KEYS,
+        COST_KEYS,
+        COST_PART_KEYS,
+    ];
+    let mut index = 0;
+    while index < tables.len() {
+        assert!(tables[index].len() <= MAX_ALIASES, "a name table has more names than slots");
+        index += 1;
+    }
+};
 
 /// Candidates for one field, by preference.
 pub(crate) type Candidates<'a> = [Option<&'a AnyValue>; MAX_ALIASES];
