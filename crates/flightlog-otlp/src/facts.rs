@@ -128,7 +128,10 @@ const _: () = {
     ];
     let mut index = 0;
     while index < tables.len() {
-        assert!(tables[index].len() <= MAX_ALIASES, "a name table has more names than slots");
+        assert!(
+            tables[index].len() <= MAX_ALIASES,
+            "a name table has more names than slots"
+        );
         index += 1;
     }
 };

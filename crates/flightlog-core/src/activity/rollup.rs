@@ -12,7 +12,11 @@
 //! instrumentation's, a LangChain LLM span around the provider instrumentor's), and both report
 //! its tokens: summing both counted the call twice. An outer model span that reports nothing
 //! (a framework's span around a streamed call) does not hide the inner one's counts, which would
-//! count the call zero times. A field the root carries wins, so no field is ever counted twice.
+//! count the call zero times; and when the inner ones report more of the usage fields than the
+//! outer one (the OpenAI Agents SDK's `generation` span with prompt and completion tokens around
+//! the OpenAI instrumentation's span that also has the cached tokens), the inner ones are
+//! counted instead of it: the outer one's cost, priced without the cache, was 9% high. A field
+//! the root carries wins, so no field is ever counted twice.
 //! The reference has no `model` kind, so its behaviour is unchanged.
 
 use std::collections::HashMap;
@@ -158,23 +162,77 @@ fn carries_all_usage(usage: &SpanUsage) -> bool {
         && usage.cost_usd.is_some()
 }
 
-/// The field-wise sum over the `model` spans not below a model span that reports usage (see
-/// the module doc); a field stays absent when no counted model span has it.
+/// Whether a span is a `model` span that reports usage.
+fn reports_model_usage(span: &RollupSpan) -> bool {
+    span.kind == SpanKind::Model && carries_usage(&span.usage)
+}
+
+/// How many of the usage fields (four counts and the cost) a span reports.
+fn usage_fields(usage: &SpanUsage) -> usize {
+    [
+        usage.input_tokens.is_some(),
+        usage.output_tokens.is_some(),
+        usage.cache_read_tokens.is_some(),
+        usage.cache_creation_tokens.is_some(),
+        usage.cost_usd.is_some(),
+    ]
+    .into_iter()
+    .filter(|present| *present)
+    .count()
+}
+
+/// Which `model` spans a run's usage is summed over (see the module doc): each reporting model
+/// span with no reporting model span above it, unless the nearest reporting model spans below
+/// it report more of the usage fields than it does, in which case those are taken the same way
+/// instead of it (model spans that report nothing count nothing either way).
+fn counted_model_spans(spans: &[RollupSpan]) -> Vec<bool> {
+    let mut counted = vec![false; spans.len()];
+    let reporting: Vec<usize> = (0..spans.len())
+        .filter(|&index| reports_model_usage(&spans[index]))
+        .collect();
+    if reporting.len() < 2 {
+        for index in reporting {
+            counted[index] = true;
+        }
+        return counted;
+    }
+    let nearest = nearest_reporting_model_above(spans);
+    let mut below: HashMap<usize, Vec<usize>> = HashMap::new();
+    let mut to_visit = Vec::new();
+    for &index in &reporting {
+        match nearest[index] {
+            Some(above) => below.entry(above).or_default().push(index),
+            None => to_visit.push(index),
+        }
+    }
+    while let Some(index) = to_visit.pop() {
+        let own = usage_fields(&spans[index].usage);
+        match below.get(&index) {
+            Some(inner)
+                if inner
+                    .iter()
+                    .any(|&inner| usage_fields(&spans[inner].usage) > own) =>
+            {
+                to_visit.extend(inner);
+            }
+            _ => counted[index] = true,
+        }
+    }
+    counted
+}
+
+/// The field-wise sum over the `model` spans [`counted_model_spans`] picks (see the module doc);
+/// a field stays absent when no counted model span has it.
 fn sum_model_usage(spans: &[RollupSpan]) -> SpanUsage {
     fn add_count(total: &mut Option<i64>, part: Option<i64>) {
         if let Some(part) = part {
             *total = Some(total.unwrap_or(0).saturating_add(part));
         }
     }
-    let models = spans.iter().filter(|span| span.kind == SpanKind::Model);
-    let nested = if models.clone().nth(1).is_some() {
-        nested_in_a_reporting_model(spans)
-    } else {
-        Vec::new()
-    };
+    let counted = counted_model_spans(spans);
     let mut total = SpanUsage::default();
     for (index, span) in spans.iter().enumerate() {
-        if span.kind != SpanKind::Model || nested.get(index).copied().unwrap_or(false) {
+        if !counted[index] {
             continue;
         }
         add_count(&mut total.input_tokens, span.usage.input_tokens);
@@ -191,25 +249,23 @@ fn sum_model_usage(spans: &[RollupSpan]) -> SpanUsage {
     total
 }
 
-/// For each span, whether one of its ancestors (within `spans`) is a `model` span that reports
-/// usage. Each parent chain is walked once: the answer is the same for every span on a chain up
-/// to where it is known, so it is stored for all of them (a chain walked again from every span
+/// For each span, its nearest ancestor (within `spans`) that is a `model` span reporting usage.
+/// Each parent chain is walked once: the answer is the same for every span on a chain up to
+/// where it is known, so it is stored for all of them (a chain walked again from every span
 /// cost spans x depth: seconds for a run of 8,000 nested spans). A chain that comes back to a
-/// span on it (ids are the writers', so cycles happen) ends there.
-fn nested_in_a_reporting_model(spans: &[RollupSpan]) -> Vec<bool> {
+/// span on it (ids are the writers', so cycles happen) ends there, with no answer.
+fn nearest_reporting_model_above(spans: &[RollupSpan]) -> Vec<Option<usize>> {
     #[derive(Clone, Copy)]
     enum Known {
         Not,
         OnThisWalk,
-        Is(bool),
+        Is(Option<usize>),
     }
     let by_id: HashMap<&str, usize> = spans
         .iter()
         .enumerate()
         .map(|(index, span)| (span.span_id.as_str(), index))
         .collect();
-    let reports =
-        |index: usize| spans[index].kind == SpanKind::Model && carries_usage(&spans[index].usage);
     let mut known = vec![Known::Not; spans.len()];
     let mut walk = Vec::new();
     for start in 0..spans.len() {
@@ -226,14 +282,14 @@ fn nested_in_a_reporting_model(spans: &[RollupSpan]) -> Vec<bool> {
                 .as_deref()
                 .and_then(|id| by_id.get(id).copied())
             else {
-                break false;
+                break None;
             };
-            if reports(parent) {
-                break true;
+            if reports_model_usage(&spans[parent]) {
+                break Some(parent);
             }
             match known[parent] {
                 Known::Is(answer) => break answer,
-                Known::OnThisWalk => break false,
+                Known::OnThisWalk => break None,
                 Known::Not => at = parent,
             }
         };
@@ -243,7 +299,10 @@ fn nested_in_a_reporting_model(spans: &[RollupSpan]) -> Vec<bool> {
     }
     known
         .into_iter()
-        .map(|known| matches!(known, Known::Is(true)))
+        .map(|known| match known {
+            Known::Is(answer) => answer,
+            Known::Not | Known::OnThisWalk => None,
+        })
         .collect()
 }
 
@@ -345,6 +404,43 @@ mod tests {
         assert_eq!(cyclic.and_then(|f| f.input_tokens), None);
     }
 
+    /// The OpenAI Agents SDK's `generation` span (prompt and completion tokens, a cost priced
+    /// from them) around the OpenAI instrumentation's span of the same call, which also has the
+    /// cached tokens (and the cheaper cost they make): the inner spans know more, so they are
+    /// counted instead of the outer one (the run's cost was 9% high); an outer span that knows
+    /// as much as the inner ones is still counted alone.
+    #[test]
+    fn inner_model_spans_that_report_more_fields_are_counted_instead_of_their_wrapper() {
+        let model = |id: &str, parent: &str, input: i64, cached: Option<i64>, cost: f64| {
+            let mut model = span(id, Some(parent), 1);
+            model.kind = SpanKind::Model;
+            model.usage.input_tokens = Some(input);
+            model.usage.output_tokens = Some(30);
+            model.usage.cache_read_tokens = cached;
+            model.usage.cost_usd = Some(cost);
+            model
+        };
+        let fields = compute_rollup(&[
+            span("root", None, 0),
+            model("generation-1", "root", 120, None, 3.6e-5),
+            model("chat-1", "generation-1", 120, Some(40), 3.3e-5),
+            model("generation-2", "root", 200, None, 6.0e-5),
+            model("chat-2", "generation-2", 200, Some(64), 5.5e-5),
+        ]);
+        let fields = fields.as_ref();
+        assert_eq!(fields.and_then(|f| f.input_tokens), Some(320));
+        assert_eq!(fields.and_then(|f| f.cache_read_tokens), Some(104));
+        let cost = fields.and_then(|f| f.cost_usd).unwrap_or_default();
+        assert!((cost - 8.8e-5).abs() < 1e-12, "{cost}");
+        // The outer one knows as much: it alone counts.
+        let fields = compute_rollup(&[
+            span("root", None, 0),
+            model("outer", "root", 120, Some(40), 3.3e-5),
+            model("inner", "outer", 120, Some(40), 3.3e-5),
+        ]);
+        assert_eq!(fields.and_then(|f| f.input_tokens), Some(120));
+    }
+
     #[test]
     fn a_field_the_root_carries_wins_and_the_others_come_from_its_model_spans() {
         let mut root = span("root", None, 1);
@@ -426,7 +522,7 @@ mod tests {
         assert_eq!(compute_rollup(&[]), None);
     }
 
-    /// The chain walk of `nested_in_a_reporting_model`, each span walked on its own as it was
+    /// The chain walk of `nearest_reporting_model_above`, each span walked on its own as it was
     /// before the walks were shared: the reference for the property below.
     fn nested_walking_each_chain(spans: &[RollupSpan]) -> Vec<bool> {
         let by_id: HashMap<&str, &RollupSpan> = spans
@@ -476,10 +572,11 @@ mod tests {
                     span
                 })
                 .collect();
-            proptest::prop_assert_eq!(
-                nested_in_a_reporting_model(&spans),
-                nested_walking_each_chain(&spans)
-            );
+            let shared: Vec<bool> = nearest_reporting_model_above(&spans)
+                .iter()
+                .map(Option::is_some)
+                .collect();
+            proptest::prop_assert_eq!(shared, nested_walking_each_chain(&spans));
         }
     }
 }
