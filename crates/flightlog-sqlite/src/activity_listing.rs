@@ -33,8 +33,8 @@ const SHORT_LISTING_LIMIT: i64 = 100;
 
 /// Whether a listing's work is bounded by its limit (an open run waiting for its root that the
 /// page keeps reads its spans' ids, parents, kinds and usage: `GET /v1/activity/runs` took 31 –
-/// 76 ms with one such run of 50,000 spans, release build, `bench/`-style script in
-/// BENCHMARKS.md): a page of at most [`SHORT_LISTING_LIMIT`]
+/// 76 ms with one such run of 50,000 spans, release build, `bench/waiting_run_listing.py`):
+/// a page of at most [`SHORT_LISTING_LIMIT`]
 /// runs with no state, outcome or origin filter reads at most `limit + 1` rows of each index
 /// (a filter can make a page read any number of rows that do not match), plus a count of the
 /// spans of each open run listed (about 6 ms for a run of 150,000 spans). The store reads such
