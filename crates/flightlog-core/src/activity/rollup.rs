@@ -15,8 +15,9 @@
 //! count the call zero times; and when the inner ones report more of the usage fields than the
 //! outer one (the OpenAI Agents SDK's `generation` span with prompt and completion tokens around
 //! the OpenAI instrumentation's span that also has the cached tokens), the inner ones are
-//! counted instead of it: the outer one's cost, priced without the cache, was 9% high. A field
-//! the root carries wins, so no field is ever counted twice.
+//! counted instead of it (the outer one's cost, priced without the cache, was 9% high), and it
+//! adds only the fields none of them reports (a framework's cost around a provider span's
+//! tokens). A field the root carries wins, so no field is ever counted twice.
 //! The reference has no `model` kind, so its behaviour is unchanged.
 
 use std::collections::HashMap;
@@ -181,18 +182,20 @@ fn usage_fields(usage: &SpanUsage) -> usize {
     .count()
 }
 
-/// Which `model` spans a run's usage is summed over (see the module doc): each reporting model
-/// span with no reporting model span above it, unless the nearest reporting model spans below
-/// it report more of the usage fields than it does, in which case those are taken the same way
-/// instead of it (model spans that report nothing count nothing either way).
-fn counted_model_spans(spans: &[RollupSpan]) -> Vec<bool> {
-    let mut counted = vec![false; spans.len()];
+/// Which `model` spans a run's usage is summed over, and how much of each (see the module doc):
+/// each reporting model span with no reporting model span above it, whole; unless the nearest
+/// reporting model spans below it report more of the usage fields than it does: then those are
+/// taken the same way instead of it, and it adds only the fields that no reporting model span
+/// below it reports (a framework's span with the call's cost around the provider
+/// instrumentation's with its tokens: both kept). Model spans that report nothing count nothing.
+fn counted_model_usage(spans: &[RollupSpan]) -> Vec<Option<SpanUsage>> {
+    let mut counted: Vec<Option<SpanUsage>> = vec![None; spans.len()];
     let reporting: Vec<usize> = (0..spans.len())
         .filter(|&index| reports_model_usage(&spans[index]))
         .collect();
     if reporting.len() < 2 {
         for index in reporting {
-            counted[index] = true;
+            counted[index] = Some(spans[index].usage.clone());
         }
         return counted;
     }
@@ -206,43 +209,89 @@ fn counted_model_spans(spans: &[RollupSpan]) -> Vec<bool> {
         }
     }
     while let Some(index) = to_visit.pop() {
-        let own = usage_fields(&spans[index].usage);
+        let usage = &spans[index].usage;
+        let own = usage_fields(usage);
         match below.get(&index) {
             Some(inner)
                 if inner
                     .iter()
                     .any(|&inner| usage_fields(&spans[inner].usage) > own) =>
             {
+                let inside = fields_reported_below(spans, &below, inner);
+                counted[index] = Some(SpanUsage {
+                    input_tokens: usage.input_tokens.filter(|_| inside.input_tokens.is_none()),
+                    output_tokens: usage
+                        .output_tokens
+                        .filter(|_| inside.output_tokens.is_none()),
+                    cache_read_tokens: usage
+                        .cache_read_tokens
+                        .filter(|_| inside.cache_read_tokens.is_none()),
+                    cache_creation_tokens: usage
+                        .cache_creation_tokens
+                        .filter(|_| inside.cache_creation_tokens.is_none()),
+                    cost_usd: usage.cost_usd.filter(|_| inside.cost_usd.is_none()),
+                    model: None,
+                });
                 to_visit.extend(inner);
             }
-            _ => counted[index] = true,
+            _ => counted[index] = Some(usage.clone()),
         }
     }
     counted
 }
 
-/// The field-wise sum over the `model` spans [`counted_model_spans`] picks (see the module doc);
-/// a field stays absent when no counted model span has it.
+/// Which usage fields any of `inner` or the reporting model spans below them report (each
+/// present field of the result is `Some(0)`; the values mean nothing).
+fn fields_reported_below(
+    spans: &[RollupSpan],
+    below: &HashMap<usize, Vec<usize>>,
+    inner: &[usize],
+) -> SpanUsage {
+    let mut seen = SpanUsage::default();
+    let mut pending: Vec<usize> = inner.to_vec();
+    let mut visited = vec![false; spans.len()];
+    while let Some(index) = pending.pop() {
+        if std::mem::replace(&mut visited[index], true) {
+            continue;
+        }
+        let usage = &spans[index].usage;
+        let mark = |seen: &mut Option<i64>, field: Option<i64>| {
+            if field.is_some() {
+                *seen = Some(0);
+            }
+        };
+        mark(&mut seen.input_tokens, usage.input_tokens);
+        mark(&mut seen.output_tokens, usage.output_tokens);
+        mark(&mut seen.cache_read_tokens, usage.cache_read_tokens);
+        mark(&mut seen.cache_creation_tokens, usage.cache_creation_tokens);
+        if usage.cost_usd.is_some() {
+            seen.cost_usd = Some(0.0);
+        }
+        if let Some(deeper) = below.get(&index) {
+            pending.extend(deeper);
+        }
+    }
+    seen
+}
+
+/// The field-wise sum of what [`counted_model_usage`] counts (see the module doc); a field stays
+/// absent when nothing counted has it.
 fn sum_model_usage(spans: &[RollupSpan]) -> SpanUsage {
     fn add_count(total: &mut Option<i64>, part: Option<i64>) {
         if let Some(part) = part {
             *total = Some(total.unwrap_or(0).saturating_add(part));
         }
     }
-    let counted = counted_model_spans(spans);
     let mut total = SpanUsage::default();
-    for (index, span) in spans.iter().enumerate() {
-        if !counted[index] {
-            continue;
-        }
-        add_count(&mut total.input_tokens, span.usage.input_tokens);
-        add_count(&mut total.output_tokens, span.usage.output_tokens);
-        add_count(&mut total.cache_read_tokens, span.usage.cache_read_tokens);
+    for usage in counted_model_usage(spans).into_iter().flatten() {
+        add_count(&mut total.input_tokens, usage.input_tokens);
+        add_count(&mut total.output_tokens, usage.output_tokens);
+        add_count(&mut total.cache_read_tokens, usage.cache_read_tokens);
         add_count(
             &mut total.cache_creation_tokens,
-            span.usage.cache_creation_tokens,
+            usage.cache_creation_tokens,
         );
-        if let Some(cost) = span.usage.cost_usd {
+        if let Some(cost) = usage.cost_usd {
             total.cost_usd = Some(total.cost_usd.unwrap_or(0.0) + cost);
         }
     }
@@ -439,6 +488,21 @@ mod tests {
             model("inner", "outer", 120, Some(40), 3.3e-5),
         ]);
         assert_eq!(fields.and_then(|f| f.input_tokens), Some(120));
+        // A framework's span with the call's cost only around the provider instrumentation's
+        // with its tokens and no cost (a model the price table lacks): the tokens come from
+        // inside, the cost from the wrapper, neither lost.
+        let mut wrapper = span("framework", Some("root"), 1);
+        wrapper.kind = SpanKind::Model;
+        wrapper.usage.cost_usd = Some(0.25);
+        let mut provider = span("provider", Some("framework"), 2);
+        provider.kind = SpanKind::Model;
+        provider.usage.input_tokens = Some(700);
+        provider.usage.output_tokens = Some(70);
+        let fields = compute_rollup(&[span("root", None, 0), wrapper, provider]);
+        let fields = fields.as_ref();
+        assert_eq!(fields.and_then(|f| f.input_tokens), Some(700));
+        assert_eq!(fields.and_then(|f| f.output_tokens), Some(70));
+        assert_eq!(fields.and_then(|f| f.cost_usd), Some(0.25));
     }
 
     #[test]
