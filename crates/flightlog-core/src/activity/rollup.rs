@@ -15,9 +15,10 @@
 //! count the call zero times; and when the inner ones report more of the usage fields than the
 //! outer one (the OpenAI Agents SDK's `generation` span with prompt and completion tokens around
 //! the OpenAI instrumentation's span that also has the cached tokens), the inner ones are
-//! counted instead of it (the outer one's cost, priced without the cache, was 9% high), and it
-//! adds only the fields none of them reports (a framework's cost around a provider span's
-//! tokens). A field the root carries wins, so no field is ever counted twice.
+//! counted instead of it (the outer one's cost, priced without the cache, was 9% high), provided
+//! each of them reports every field the outer one does (else the outer one counts alone: a field
+//! is never taken twice, nor lost). A field the root carries wins, so no field is ever counted
+//! twice.
 //! The reference has no `model` kind, so its behaviour is unchanged.
 
 use std::collections::HashMap;
@@ -168,8 +169,8 @@ fn reports_model_usage(span: &RollupSpan) -> bool {
     span.kind == SpanKind::Model && carries_usage(&span.usage)
 }
 
-/// How many of the usage fields (four counts and the cost) a span reports.
-fn usage_fields(usage: &SpanUsage) -> usize {
+/// Which of the usage fields (four counts and the cost) a span reports, one bit each.
+fn usage_field_set(usage: &SpanUsage) -> u8 {
     [
         usage.input_tokens.is_some(),
         usage.output_tokens.is_some(),
@@ -178,16 +179,19 @@ fn usage_fields(usage: &SpanUsage) -> usize {
         usage.cost_usd.is_some(),
     ]
     .into_iter()
-    .filter(|present| *present)
-    .count()
+    .enumerate()
+    .fold(
+        0,
+        |set, (bit, present)| if present { set | (1 << bit) } else { set },
+    )
 }
 
-/// Which `model` spans a run's usage is summed over, and how much of each (see the module doc):
-/// each reporting model span with no reporting model span above it, whole; unless the nearest
-/// reporting model spans below it report more of the usage fields than it does: then those are
-/// taken the same way instead of it, and it adds only the fields that no reporting model span
-/// below it reports (a framework's span with the call's cost around the provider
-/// instrumentation's with its tokens: both kept). Model spans that report nothing count nothing.
+/// Which `model` spans a run's usage is summed over (see the module doc): each reporting model
+/// span with no reporting model span above it; unless every one of the nearest reporting model
+/// spans below it reports each usage field it reports, and one of them more: then those are taken
+/// the same way instead of it (they cover everything it says, and know more). Model spans that
+/// report nothing count nothing. Whole spans are counted, so a field is never taken from a
+/// wrapper and its inner span both, nor from neither.
 fn counted_model_usage(spans: &[RollupSpan]) -> Vec<Option<SpanUsage>> {
     let mut counted: Vec<Option<SpanUsage>> = vec![None; spans.len()];
     let reporting: Vec<usize> = (0..spans.len())
@@ -209,69 +213,22 @@ fn counted_model_usage(spans: &[RollupSpan]) -> Vec<Option<SpanUsage>> {
         }
     }
     while let Some(index) = to_visit.pop() {
-        let usage = &spans[index].usage;
-        let own = usage_fields(usage);
+        let own = usage_field_set(&spans[index].usage);
         match below.get(&index) {
             Some(inner)
-                if inner
+                if inner.iter().all(|&inner| {
+                    let theirs = usage_field_set(&spans[inner].usage);
+                    theirs & own == own
+                }) && inner
                     .iter()
-                    .any(|&inner| usage_fields(&spans[inner].usage) > own) =>
+                    .any(|&inner| usage_field_set(&spans[inner].usage) != own) =>
             {
-                let inside = fields_reported_below(spans, &below, inner);
-                counted[index] = Some(SpanUsage {
-                    input_tokens: usage.input_tokens.filter(|_| inside.input_tokens.is_none()),
-                    output_tokens: usage
-                        .output_tokens
-                        .filter(|_| inside.output_tokens.is_none()),
-                    cache_read_tokens: usage
-                        .cache_read_tokens
-                        .filter(|_| inside.cache_read_tokens.is_none()),
-                    cache_creation_tokens: usage
-                        .cache_creation_tokens
-                        .filter(|_| inside.cache_creation_tokens.is_none()),
-                    cost_usd: usage.cost_usd.filter(|_| inside.cost_usd.is_none()),
-                    model: None,
-                });
                 to_visit.extend(inner);
             }
-            _ => counted[index] = Some(usage.clone()),
+            _ => counted[index] = Some(spans[index].usage.clone()),
         }
     }
     counted
-}
-
-/// Which usage fields any of `inner` or the reporting model spans below them report (each
-/// present field of the result is `Some(0)`; the values mean nothing).
-fn fields_reported_below(
-    spans: &[RollupSpan],
-    below: &HashMap<usize, Vec<usize>>,
-    inner: &[usize],
-) -> SpanUsage {
-    let mut seen = SpanUsage::default();
-    let mut pending: Vec<usize> = inner.to_vec();
-    let mut visited = vec![false; spans.len()];
-    while let Some(index) = pending.pop() {
-        if std::mem::replace(&mut visited[index], true) {
-            continue;
-        }
-        let usage = &spans[index].usage;
-        let mark = |seen: &mut Option<i64>, field: Option<i64>| {
-            if field.is_some() {
-                *seen = Some(0);
-            }
-        };
-        mark(&mut seen.input_tokens, usage.input_tokens);
-        mark(&mut seen.output_tokens, usage.output_tokens);
-        mark(&mut seen.cache_read_tokens, usage.cache_read_tokens);
-        mark(&mut seen.cache_creation_tokens, usage.cache_creation_tokens);
-        if usage.cost_usd.is_some() {
-            seen.cost_usd = Some(0.0);
-        }
-        if let Some(deeper) = below.get(&index) {
-            pending.extend(deeper);
-        }
-    }
-    seen
 }
 
 /// The field-wise sum of what [`counted_model_usage`] counts (see the module doc); a field stays
@@ -488,21 +445,20 @@ mod tests {
             model("inner", "outer", 120, Some(40), 3.3e-5),
         ]);
         assert_eq!(fields.and_then(|f| f.input_tokens), Some(120));
-        // A framework's span with the call's cost only around the provider instrumentation's
-        // with its tokens and no cost (a model the price table lacks): the tokens come from
-        // inside, the cost from the wrapper, neither lost.
-        let mut wrapper = span("framework", Some("root"), 1);
-        wrapper.kind = SpanKind::Model;
-        wrapper.usage.cost_usd = Some(0.25);
-        let mut provider = span("provider", Some("framework"), 2);
-        provider.kind = SpanKind::Model;
-        provider.usage.input_tokens = Some(700);
-        provider.usage.output_tokens = Some(70);
-        let fields = compute_rollup(&[span("root", None, 0), wrapper, provider]);
+        // An inner span that does not report everything the wrapper does (a second call to a
+        // model the price table lacks: no cost) leaves the wrapper counted whole: replacing it
+        // would cost that call at nothing.
+        let mut partial = model("chat-b", "generation-1", 80, None, 0.0);
+        partial.usage.cost_usd = None;
+        let fields = compute_rollup(&[
+            span("root", None, 0),
+            model("generation-1", "root", 200, None, 9.0e-5),
+            model("chat-a", "generation-1", 120, Some(40), 3.3e-5),
+            partial,
+        ]);
         let fields = fields.as_ref();
-        assert_eq!(fields.and_then(|f| f.input_tokens), Some(700));
-        assert_eq!(fields.and_then(|f| f.output_tokens), Some(70));
-        assert_eq!(fields.and_then(|f| f.cost_usd), Some(0.25));
+        assert_eq!(fields.and_then(|f| f.input_tokens), Some(200));
+        assert_eq!(fields.and_then(|f| f.cost_usd), Some(9.0e-5));
     }
 
     #[test]
