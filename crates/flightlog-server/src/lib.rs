@@ -278,7 +278,6 @@ async fn drive<C: GracefulConnection>(
     let _ = connection.await;
 }
 
-/// An accept error that concerns only the connection being accepted.
 /// Say why the listener cannot take new connections (written, not `eprintln!`: a closed stderr
 /// must not panic the server).
 fn warn_cannot_accept(err: &std::io::Error) {
@@ -295,6 +294,7 @@ fn warn_cannot_accept(err: &std::io::Error) {
     );
 }
 
+/// An accept error that concerns only the connection being accepted.
 fn is_connection_error(err: &std::io::Error) -> bool {
     matches!(
         err.kind(),

@@ -856,7 +856,11 @@ impl SqliteDatabase {
             commits_seen: commits_seen.clone(),
             data_version: None,
             rewind_wanted: Arc::clone(&rewind_wanted),
-            wal_path: wal_path_of(&config.path),
+            // Beside the file itself: the path may be a symbolic link, and SQLite keeps its
+            // `-wal` next to the file it resolves to.
+            wal_path: wal_path_of(
+                &std::fs::canonicalize(&config.path).unwrap_or_else(|_| config.path.clone()),
+            ),
             busy_timeout: config.busy_timeout,
         };
         let checkpointer_thread = std::thread::Builder::new()
@@ -948,7 +952,7 @@ impl SqliteDatabase {
         if self.file_identity.is_some() && file_identity(&self.path) != self.file_identity {
             self.stop_writer.store(true, Ordering::Release);
             let _ = self.write(|_| Ok(())).await;
-            let moved = self.opened_files.secure_if_lost().join(", ");
+            let moved = self.opened_files.secure_if_lost(true).join(", ");
             let moved = if moved.is_empty() {
                 moved
             } else {
@@ -1505,7 +1509,7 @@ impl Checkpointer {
             };
             // One `stat` a period: a file replaced under the process gets its WAL out of the
             // replacement's way at once, not only at a clean stop (a crash would leave it).
-            self.opened_files.secure_if_lost();
+            self.opened_files.secure_if_lost(false);
             idle_looks = if self.watch_commits() {
                 0
             } else {
@@ -1588,6 +1592,20 @@ pub(crate) struct WatchedFile {
     identity: Option<(u64, u64)>,
 }
 
+/// What a look at the database file's path finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Look {
+    /// The file this process opened (or no identity to compare: not a Unix platform).
+    Same,
+    /// Another file (a backup moved over it, the file re-created).
+    Replaced,
+    /// No file at the path.
+    Missing,
+    /// The look failed otherwise (a network file system's stale handle, an I/O error): nothing
+    /// is concluded from it.
+    Unknown,
+}
+
 impl WatchedFile {
     fn new(path: &Path) -> Self {
         Self {
@@ -1596,15 +1614,28 @@ impl WatchedFile {
         }
     }
 
-    /// `Err(FileLost)` when the path no longer names the file this process opened.
-    pub(crate) fn check(&self) -> Result<(), StoreError> {
-        if self.identity.is_none() || file_identity(&self.path) == self.identity {
-            return Ok(());
+    fn look(&self) -> Look {
+        if self.identity.is_none() {
+            return Look::Same;
         }
-        Err(StoreError::FileLost(format!(
-            "the database file {} was deleted or replaced while this process had it open",
-            self.path.display()
-        )))
+        match std::fs::metadata(&self.path) {
+            Ok(_) if file_identity(&self.path) == self.identity => Look::Same,
+            Ok(_) => Look::Replaced,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Look::Missing,
+            Err(_) => Look::Unknown,
+        }
+    }
+
+    /// `Err(FileLost)` when the path names another file than the one this process opened, or
+    /// none.
+    pub(crate) fn check(&self) -> Result<(), StoreError> {
+        match self.look() {
+            Look::Same | Look::Unknown => Ok(()),
+            Look::Replaced | Look::Missing => Err(StoreError::FileLost(format!(
+                "the database file {} was deleted or replaced while this process had it open",
+                self.path.display()
+            ))),
+        }
     }
 }
 
@@ -1612,10 +1643,18 @@ impl WatchedFile {
 /// then. When the path comes to name another file (a backup moved over it), those two files at
 /// the path are still this process's, and SQLite would replay that WAL into the new file at its
 /// next open: "database disk image is malformed" (a reliability audit). Once the database file
-/// is lost they are moved aside (`<name>.replaced-<unix seconds>`, kept for inspection), by the
-/// checkpointer within a period and at the latest by `close`.
+/// is lost they are moved aside (`<name>.replaced-<unix nanoseconds>`, kept for inspection), by
+/// the checkpointer within a period (two, for a file gone from the path: a tool that renames the
+/// file away and back must not lose this process its WAL) and at the latest by `close`. A look
+/// that fails otherwise moves nothing. The `-wal` and `-shm` are looked for where SQLite keeps
+/// them: beside the file the path resolves to (the path may be a symbolic link).
 pub(crate) struct OpenedFiles {
     database: WatchedFile,
+    /// The path with every symbolic link resolved, at open: SQLite keeps `-wal` and `-shm`
+    /// beside the file itself.
+    resolved: PathBuf,
+    /// Looks in a row that found no file at the path.
+    missing_looks: std::sync::atomic::AtomicU32,
     companions: [Option<(u64, u64)>; 2],
     /// What was moved aside, for `close` to say.
     moved: Mutex<Vec<String>>,
@@ -1623,32 +1662,47 @@ pub(crate) struct OpenedFiles {
 
 impl OpenedFiles {
     fn new(path: &Path) -> Self {
+        let resolved = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
         Self {
             database: WatchedFile::new(path),
             companions: COMPANION_SUFFIXES
-                .map(|suffix| file_identity(&companion_path(path, suffix))),
+                .map(|suffix| file_identity(&companion_path(&resolved, suffix))),
+            resolved,
+            missing_looks: std::sync::atomic::AtomicU32::new(0),
             moved: Mutex::new(Vec::new()),
         }
     }
 
-    /// When the database file is lost, move this process's `-wal`/`-shm` aside (those still at
-    /// the path and still its own); every file moved so far.
-    fn secure_if_lost(&self) -> Vec<String> {
+    /// When the database file is lost (replaced at once; missing at two looks in a row), move
+    /// this process's `-wal`/`-shm` aside (those still where they were and still its own);
+    /// every file moved so far. `close` asks with `final_look`: the process is ending, so a
+    /// missing file is not waited for.
+    fn secure_if_lost(&self, final_look: bool) -> Vec<String> {
         let Ok(mut moved) = self.moved.lock() else {
             return Vec::new();
         };
-        if self.database.check().is_err() {
+        let lost = match self.database.look() {
+            Look::Replaced => true,
+            Look::Missing => {
+                let looks = self.missing_looks.fetch_add(1, Ordering::Relaxed) + 1;
+                final_look || looks >= 2
+            }
+            Look::Same | Look::Unknown => {
+                self.missing_looks.store(0, Ordering::Relaxed);
+                false
+            }
+        };
+        if lost {
             let stamp = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |since| since.as_secs());
+                .map_or(0, |since| since.as_nanos());
             for (suffix, identity) in COMPANION_SUFFIXES.iter().zip(self.companions) {
-                let path = companion_path(&self.database.path, suffix);
+                let path = companion_path(&self.resolved, suffix);
                 if identity.is_none() || file_identity(&path) != identity {
                     continue;
                 }
-                let aside =
-                    companion_path(&self.database.path, &format!("{suffix}.replaced-{stamp}"));
-                if std::fs::rename(&path, &aside).is_ok() {
+                let aside = companion_path(&self.resolved, &format!("{suffix}.replaced-{stamp}"));
+                if !aside.exists() && std::fs::rename(&path, &aside).is_ok() {
                     moved.push(aside.display().to_string());
                 }
             }
