@@ -294,12 +294,42 @@ fn warn_cannot_accept(err: &std::io::Error) {
     );
 }
 
-/// An accept error that concerns only the connection being accepted.
+/// An accept error that concerns only the connection being accepted: the next accept is tried at
+/// once. Linux's accept(2) also passes a pending network error of the new connection up as its
+/// own (ENETDOWN, EPROTO, ENOPROTOOPT, EHOSTDOWN, ENONET, EHOSTUNREACH, EOPNOTSUPP, ENETUNREACH,
+/// and EPERM from a firewall rule), to be retried like EAGAIN; each of those used to stop every
+/// accept for a second.
 fn is_connection_error(err: &std::io::Error) -> bool {
+    /// Linux's numbers of the errors listed above.
+    const PER_CONNECTION: [i32; 9] = [100, 71, 92, 112, 64, 113, 95, 101, 1];
     matches!(
         err.kind(),
         std::io::ErrorKind::ConnectionRefused
             | std::io::ErrorKind::ConnectionAborted
             | std::io::ErrorKind::ConnectionReset
-    )
+    ) || (cfg!(target_os = "linux")
+        && err
+            .raw_os_error()
+            .is_some_and(|code| PER_CONNECTION.contains(&code)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_connection_error;
+
+    /// A connection's own failure is retried at once; running out of descriptors is waited out.
+    #[test]
+    fn per_connection_accept_errors_are_told_from_resource_exhaustion() {
+        let error = std::io::Error::from_raw_os_error;
+        assert!(is_connection_error(&std::io::Error::from(
+            std::io::ErrorKind::ConnectionAborted
+        )));
+        #[cfg(target_os = "linux")]
+        {
+            assert!(is_connection_error(&error(71)), "EPROTO");
+            assert!(is_connection_error(&error(113)), "EHOSTUNREACH");
+        }
+        assert!(!is_connection_error(&error(24)), "EMFILE");
+        assert!(!is_connection_error(&error(23)), "ENFILE");
+    }
 }
