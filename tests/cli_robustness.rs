@@ -2332,11 +2332,17 @@ fn serve_raises_its_open_file_limit_to_the_hard_one() {
 #[test]
 fn a_backup_moved_over_the_database_survives_the_server_being_killed() {
     let scratch = Scratch::new("replaced-killed");
-    let (db, mut server, _) = live_server_with_a_backup_beside(&scratch);
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let (db, server, _) = live_server_with_a_backup_beside(&scratch);
     let mut wal = db.as_os_str().to_owned();
     wal.push("-wal");
-    while PathBuf::from(&wal).exists() {
+    kill_once_moved_aside(server, Path::new(&wal));
+    assert_the_backup_opens_intact(&scratch, &db);
+}
+
+/// Wait (at most 10 s) until the server has moved its `wal` aside, then kill it.
+fn kill_once_moved_aside(mut server: Spawned, wal: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while wal.exists() {
         assert!(
             Instant::now() < deadline,
             "the server's WAL is still beside the backup"
@@ -2345,7 +2351,6 @@ fn a_backup_moved_over_the_database_survives_the_server_being_killed() {
     }
     server.child.kill().expect("kill the server");
     let _ = server.child.wait();
-    assert_the_backup_opens_intact(&scratch, &db);
 }
 
 /// `--db` a symbolic link: SQLite keeps the `-wal` beside the file the link resolves to, and the
@@ -2374,7 +2379,7 @@ fn a_backup_moved_over_a_symlinked_database_survives_the_server_being_killed() {
     let (exit, _, stderr) = stop_with_sigterm(server);
     assert!(exit.success(), "{stderr}");
 
-    let (mut server, addr) = serve_on(&scratch, &link);
+    let (server, addr) = serve_on(&scratch, &link);
     for n in 0..100 {
         let (status, body) = http_post(
             &addr,
@@ -2386,15 +2391,6 @@ fn a_backup_moved_over_a_symlinked_database_survives_the_server_being_killed() {
     let wal = real_dir.join("live.db-wal");
     assert!(wal.exists(), "SQLite's WAL is beside the real file");
     fs::rename(&backup, &real).expect("move the backup over the real file");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while wal.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the server's WAL is still beside the backup"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    server.child.kill().expect("kill the server");
-    let _ = server.child.wait();
+    kill_once_moved_aside(server, &wal);
     assert_the_backup_opens_intact(&scratch, &link);
 }

@@ -116,20 +116,10 @@ const MAX_ALIASES: usize = 8;
 
 // A name past the slots would be read never, without a word: every table must fit.
 const _: () = {
-    let tables = [
-        SESSION_KEYS,
-        MODEL_KEYS,
-        INPUT_TOKEN_KEYS,
-        OUTPUT_TOKEN_KEYS,
-        CACHE_READ_TOKEN_KEYS,
-        CACHE_CREATION_TOKEN_KEYS,
-        COST_KEYS,
-        COST_PART_KEYS,
-    ];
     let mut index = 0;
-    while index < tables.len() {
+    while index < ALIAS_TABLES.len() {
         assert!(
-            tables[index].len() <= MAX_ALIASES,
+            ALIAS_TABLES[index].len() <= MAX_ALIASES,
             "a name table has more names than slots"
         );
         index += 1;
@@ -256,8 +246,7 @@ pub(crate) fn first_of<'a, T>(
 }
 
 /// The tables of names read into candidate slots, preferred name first.
-#[cfg(test)]
-pub(crate) const ALIAS_TABLES: [&[&str]; 7] = [
+pub(crate) const ALIAS_TABLES: [&[&str]; 8] = [
     SESSION_KEYS,
     MODEL_KEYS,
     INPUT_TOKEN_KEYS,
@@ -265,6 +254,7 @@ pub(crate) const ALIAS_TABLES: [&[&str]; 7] = [
     CACHE_READ_TOKEN_KEYS,
     CACHE_CREATION_TOKEN_KEYS,
     COST_KEYS,
+    COST_PART_KEYS,
 ];
 
 /// Every attribute name the scan reads, singular or in a table (for the tests that hold the
