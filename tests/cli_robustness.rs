@@ -2068,30 +2068,21 @@ fn hyphen_values_and_misspelled_variables_get_the_settings_messages() {
     let out = run(scratch.path(), &args, &[]);
     out.assert_refused(&["--token (the 1st)", "looks like a flag"]);
 
-    let out = run(
-        scratch.path(),
-        &serve_args(&db, &LOOPBACK),
-        &[("FLIGHTLOG_TOKEN", "supersecret")],
-    );
-    out.assert_listened();
-    assert!(
-        out.stderr.contains("FLIGHTLOG_TOKEN is not a setting")
-            && out.stderr.contains("did you mean FLIGHTLOG_TOKENS?"),
-        "{out}"
-    );
-    assert!(!out.stderr.contains("supersecret"), "{out}");
-    // The prefix misspelt: read too, and matched as if it were right.
-    let out = run(
-        scratch.path(),
-        &serve_args(&db, &LOOPBACK),
-        &[("FLIGHT_LOG_TOKENS", "supersecret")],
-    );
-    out.assert_listened();
-    assert!(
-        out.stderr.contains("FLIGHT_LOG_TOKENS is not a setting")
-            && out.stderr.contains("did you mean FLIGHTLOG_TOKENS?"),
-        "{out}"
-    );
+    // The name misspelt, then the prefix (read too, and matched as if it were right).
+    for misspelt in ["FLIGHTLOG_TOKEN", "FLIGHT_LOG_TOKENS"] {
+        let out = run(
+            scratch.path(),
+            &serve_args(&db, &LOOPBACK),
+            &[(misspelt, "supersecret")],
+        );
+        out.assert_listened();
+        assert!(
+            out.stderr.contains(&format!("{misspelt} is not a setting"))
+                && out.stderr.contains("did you mean FLIGHTLOG_TOKENS?"),
+            "{out}"
+        );
+        assert!(!out.stderr.contains("supersecret"), "{out}");
+    }
 
     let out = run(
         scratch.path(),

@@ -100,6 +100,9 @@ pub(crate) fn settle(ctx: &mut WriteContext<'_>, run_key: i64) -> Result<(), Sto
         .and_then(|stmt| stmt.query_row([run_key], |row| row.get(0)).optional())
         .map_err(backend)?;
     match earliest {
+        // Already so (every delivery of a long trace's children settles its run again): no write.
+        Some(since) if ctx.keys.run_roots.get(&run_key) == Some(&RootState::Awaiting { since }) => {
+        }
         Some(since) => {
             ctx.statement(
                 "INSERT INTO activity_runs_awaiting_root (run_key, started_at) VALUES (?1, ?2) \
