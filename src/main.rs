@@ -135,7 +135,8 @@ struct ServeArgs {
         verbatim_doc_comment
     )]
     journal_max_events: Option<String>,
-    /// Idle time after which POST /v1/engagements/prune removes an engagement, in ms.
+    /// Idle time after which an engagement is removed, in ms (by the scheduled maintenance and
+    /// by POST /v1/engagements/prune).
     /// [env: FLIGHTLOG_JOURNAL_MAX_AGE_MS] [file: journal.max_age_ms] [default: 2592000000 = 30 days]
     #[arg(
         long,
@@ -162,6 +163,48 @@ struct ServeArgs {
     /// [env: FLIGHTLOG_INSTANCE] [file: instance] [default: HOSTNAME:HTTP-PORT]
     #[arg(long, value_name = "NAME", verbatim_doc_comment)]
     instance: Option<String>,
+    /// Time between the passes of the scheduled maintenance (the four settings below, and the
+    /// removal of engagements idle past --journal-max-age-ms), in ms, or `off` for none.
+    /// [env: FLIGHTLOG_MAINTENANCE_EVERY_MS] [file: maintenance.every_ms] [default: 60000; off under --manual-clock]
+    #[arg(
+        long,
+        value_name = "MS|off",
+        allow_negative_numbers = true,
+        verbatim_doc_comment
+    )]
+    maintenance_every_ms: Option<String>,
+    /// Close a run as interrupted ("writer went silent") when its open root has had no
+    /// heartbeat (or start) for this long, in ms, or `off`. Writers of long runs heartbeat
+    /// their root (POST /v1/activity/spans/{spanId}/heartbeat); OTLP runs are renewed by every
+    /// delivery of their spans. Judged only once the server has been up this long.
+    /// [env: FLIGHTLOG_STALE_AFTER_MS] [file: maintenance.stale_after_ms] [default: 1800000 = 30 minutes]
+    #[arg(
+        long,
+        value_name = "MS|off",
+        allow_negative_numbers = true,
+        verbatim_doc_comment
+    )]
+    stale_after_ms: Option<String>,
+    /// Count a run as stuck when its root has been open this long, in ms, or `off`: named
+    /// once in the output, counted in the flightlog_runs_stuck gauge of /metrics.
+    /// [env: FLIGHTLOG_STUCK_AFTER_MS] [file: maintenance.stuck_after_ms] [default: 3600000 = 1 hour]
+    #[arg(
+        long,
+        value_name = "MS|off",
+        allow_negative_numbers = true,
+        verbatim_doc_comment
+    )]
+    stuck_after_ms: Option<String>,
+    /// Delete the spans, events and change rows of runs that ended this long ago, in ms,
+    /// keeping their rollups (usage, cost, outcome), or `off` to keep all detail.
+    /// [env: FLIGHTLOG_PRUNE_AFTER_MS] [file: maintenance.prune_after_ms] [default: 2592000000 = 30 days]
+    #[arg(
+        long,
+        value_name = "MS|off",
+        allow_negative_numbers = true,
+        verbatim_doc_comment
+    )]
+    prune_after_ms: Option<String>,
     /// Require `Authorization: Bearer SECRET` (or SECRET as the HTTP Basic password);
     /// repeatable; each grants every scope.
     /// Scoped tokens: FLIGHTLOG_TOKENS or [[tokens]] in the config file (see below).
@@ -201,6 +244,10 @@ impl ServeArgs {
             journal_max_age_ms: self.journal_max_age_ms,
             write_lock_wait_ms: self.write_lock_wait_ms,
             instance: self.instance,
+            maintenance_every_ms: self.maintenance_every_ms,
+            stale_after_ms: self.stale_after_ms,
+            stuck_after_ms: self.stuck_after_ms,
+            prune_after_ms: self.prune_after_ms,
             tokens: self.tokens,
             allow_unauthenticated_non_loopback: self.allow_unauthenticated_non_loopback,
         };

@@ -22,6 +22,7 @@ use anyhow::Context;
 use flightlog_core::activity::ActivityStore;
 use flightlog_core::journal::EngagementJournal;
 use flightlog_core::{default_writer_id, Clock, ManualClock, SystemClock};
+use flightlog_server::maintenance::{maintenance_writer, Maintenance};
 use flightlog_server::settings::{self, is_loopback, Durability, ServeFlags};
 use flightlog_server::AppState;
 use flightlog_sqlite::{
@@ -167,7 +168,7 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     let writer = format!("{life_prefix}{}", default_writer_id(&SystemClock));
     let activity: Arc<dyn ActivityStore> = Arc::new(SqliteActivityStore::with_identity(
         Arc::clone(&db),
-        clock,
+        Arc::clone(&clock),
         &writer,
     ));
     let journal: Arc<dyn EngagementJournal> = Arc::new(SqliteEngagementJournal::new(
@@ -255,9 +256,43 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
             None
         }
     };
+    let maintenance = match settings.maintenance.plan(manual_clock.is_some()) {
+        Some(plan) => {
+            say!(
+                "flightlog: {}",
+                plan.describe(settings.retention.max_age_ms)
+            );
+            let maintenance = Maintenance::new(
+                &state,
+                &maintenance_writer(&instance),
+                Arc::clone(&clock),
+                plan,
+            );
+            Some(tokio::spawn(
+                maintenance.run(wait_for_stop(stopped.clone())),
+            ))
+        }
+        None => {
+            say!(
+                "flightlog: no scheduled maintenance{}",
+                if manual_clock.is_some() {
+                    " (the manual clock's default; --maintenance-every-ms starts it)"
+                } else {
+                    " (--maintenance-every-ms off)"
+                }
+            );
+            None
+        }
+    };
     flightlog_server::serve(listener, state, wait_for_stop(stopped)).await?;
     if let Some(grpc) = grpc {
         grpc.await.context("the gRPC listener's task failed")??;
+    }
+    // A pass under way ends at its current store call; the database closes after it.
+    if let Some(maintenance) = maintenance {
+        maintenance
+            .await
+            .context("the scheduled maintenance's task failed")?;
     }
     // Leave the database file complete on its own (the WAL copied into it), so that copying
     // the stopped server's file is a backup of everything it acknowledged.

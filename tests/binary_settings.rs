@@ -16,6 +16,11 @@
 //!   only listening socket; `127.0.0.1:0` prints a gRPC address that is the process's second
 //!   listening socket and accepts a TCP connection.
 //!
+//! - the scheduled maintenance: on by default with the wall clock (the start-up output says what
+//!   it will do), off by default under `--manual-clock`, and with `--maintenance-every-ms` there
+//!   a pass closes a run whose root went silent once the clock has moved past the window, and
+//!   says so.
+//!
 //! One server per case, stopped with SIGTERM and required to exit cleanly.
 
 #[path = "support/http.rs"]
@@ -217,6 +222,72 @@ fn the_manual_clock_sets_the_start_of_a_span_that_names_none() {
     assert_eq!(status, 204, "{body}");
     let row = start_span(server.addr, "second");
     assert_eq!(row["startedAt"], 200_000, "{row}");
+    let line = wait_for_line(&server, "flightlog: no scheduled maintenance");
+    assert!(line.contains("the manual clock's default"), "{line}");
+    stop(server);
+}
+
+/// With `--maintenance-every-ms` a manual-clock server runs the scheduled passes: a run whose
+/// root has had no heartbeat for `--stale-after-ms` (judged once the server has been up that
+/// long, on its clock) is closed as interrupted within a few passes of the clock moving, the
+/// output says so, and a step switched off through the environment is left out of the plan.
+#[test]
+fn scheduled_maintenance_closes_a_silent_run_once_the_clock_passes_the_window() {
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    let server = serve(
+        dir.path(),
+        &[
+            "--grpc-addr",
+            "off",
+            "--manual-clock",
+            "--maintenance-every-ms",
+            "50",
+            "--stale-after-ms",
+            "1000",
+        ],
+        &[("FLIGHTLOG_PRUNE_AFTER_MS", "off")],
+    );
+    let plan = wait_for_line(&server, "flightlog: maintenance every 50 ms: ");
+    assert_eq!(
+        plan,
+        "flightlog: maintenance every 50 ms: close runs whose writer is silent for 1 s; report \
+         runs open over 1 h as stuck; remove engagements idle for 30 days"
+    );
+    start_span(server.addr, "silent");
+    // Passes run meanwhile; nothing is stale while the clock stands still.
+    std::thread::sleep(Duration::from_millis(200));
+    let (_, row) = request(server.addr, "GET", "/v1/activity/spans/silent", None);
+    assert!(row["outcome"].is_null(), "{row}");
+
+    let (status, body) = request(
+        server.addr,
+        "PUT",
+        "/v1/testing/clock",
+        Some(json!({"now": 1_001})),
+    );
+    assert_eq!(status, 204, "{body}");
+    let started = Instant::now();
+    let row = loop {
+        let (status, row) = request(server.addr, "GET", "/v1/activity/spans/silent", None);
+        assert_eq!(status, 200, "{row}");
+        if !row["outcome"].is_null() {
+            break row;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "not closed by a pass: {row}\n{}",
+            server.output()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(row["outcome"], "interrupted", "{row}");
+    assert_eq!(row["outcomeReason"], "writer went silent", "{row}");
+    assert_eq!(row["endedAt"], 1_001, "{row}");
+    wait_for_line(
+        &server,
+        "flightlog: maintenance: closed 1 span(s) of runs whose writer went silent (no \
+         heartbeat for 1 s) as interrupted",
+    );
     stop(server);
 }
 
@@ -240,6 +311,14 @@ fn without_the_flag_the_clock_route_is_a_404_and_spans_take_the_wall_clock() {
     );
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["error"]["code"], "not_found", "{body}");
+
+    let line = wait_for_line(&server, "flightlog: maintenance every ");
+    assert_eq!(
+        line,
+        "flightlog: maintenance every 1 min: close runs whose writer is silent for 30 min; \
+         report runs open over 1 h as stuck; prune the span detail of runs ended over 30 days \
+         ago (rollups kept); remove engagements idle for 30 days"
+    );
 
     let before = wall_clock_ms();
     let row = start_span(server.addr, "wall");

@@ -25,6 +25,8 @@
 //!   Server-Sent Event encoding; `write_stall`: closing connections whose client stopped
 //!   reading; [`grpc`]: the OTLP/gRPC listener; `skip_keys`: a batch op read as its endpoint's
 //!   body with `op` and `spanId` skipped;
+//! - [`maintenance`]: what `flightlog serve` does on a schedule (stale sweep, stuck-run
+//!   watchdog, retention of span detail and idle engagements);
 //! - `routes`: one module per area (activity, runs, batch, maintenance, journal, streams, OTLP,
 //!   testing, health); each route is registered from its `#[utoipa::path]` annotation, so every
 //!   served route is in the OpenAPI document.
@@ -36,6 +38,7 @@ pub mod error;
 pub mod extract;
 mod gate;
 pub mod grpc;
+pub mod maintenance;
 pub mod metrics;
 pub mod openapi;
 pub mod overload;

@@ -6,7 +6,8 @@
 //!   global recorder, so two servers in one process, as in the tests, never mix their numbers):
 //!   requests by route template, method and status; request durations; writes refused by the
 //!   write limit; live stream clients; stream events sent, and streams the server ended (resync
-//!   or error); OTLP spans by what became of them;
+//!   or error); OTLP spans by what became of them; the scheduled maintenance's steps (see
+//!   `crate::maintenance`) and the stuck runs its last pass found;
 //! - read at scrape time and never stored: the activity store's change cursor, the writes in
 //!   flight (from the write limit's semaphore), the budget of large answers (its size, what is
 //!   held of it, the answers it refused), the process's resident memory and start time,
@@ -38,6 +39,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::ApiError;
+use crate::maintenance::Step;
 use crate::openapi::tags;
 use crate::overload;
 use crate::response_budget::BudgetUsage;
@@ -89,6 +91,41 @@ struct OtlpSpanLabels {
     result: &'static str,
 }
 
+/// Labels of `flightlog_maintenance_passes_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MaintenanceLabels {
+    step: &'static str,
+    result: &'static str,
+}
+
+/// The counters of the scheduled maintenance (see `crate::maintenance`); clones share them.
+#[derive(Debug, Clone)]
+pub(crate) struct MaintenanceMetrics {
+    passes: Family<MaintenanceLabels, Counter>,
+    /// Spans the stale sweep closed.
+    pub stale_spans_closed: Counter,
+    /// Runs whose detail the retention pruned.
+    pub runs_pruned: Counter,
+    /// Spans deleted with them.
+    pub spans_pruned: Counter,
+    /// Engagements the journal's retention removed.
+    pub engagements_removed: Counter,
+    /// Open roots running longer than the stuck threshold at the last pass.
+    pub runs_stuck: Gauge,
+}
+
+impl MaintenanceMetrics {
+    /// Count one run of `step`, successful or not.
+    pub(crate) fn pass(&self, step: Step, succeeded: bool) {
+        self.passes
+            .get_or_create(&MaintenanceLabels {
+                step: step.as_str(),
+                result: if succeeded { "ok" } else { "error" },
+            })
+            .inc();
+    }
+}
+
 /// Which live stream a client follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamKind {
@@ -128,6 +165,7 @@ pub struct Metrics {
     stream_resyncs: Family<StreamLabels, Counter>,
     otlp_spans: Family<OtlpSpanLabels, Counter>,
     otlp_span_events: Counter,
+    maintenance: MaintenanceMetrics,
 }
 
 /// The ways a stream ends on the server's side, each counted in `flightlog_stream_ends_total`.
@@ -246,6 +284,7 @@ impl Metrics {
             "Span events written from OTLP spans",
             otlp_span_events.clone(),
         );
+        let maintenance = MaintenanceMetrics::register(&mut registry);
         Self {
             registry,
             requests,
@@ -257,7 +296,13 @@ impl Metrics {
             stream_resyncs,
             otlp_spans,
             otlp_span_events,
+            maintenance,
         }
+    }
+
+    /// The scheduled maintenance's counters (handles: clones share the counts).
+    pub(crate) fn maintenance(&self) -> MaintenanceMetrics {
+        self.maintenance.clone()
     }
 
     /// Count what one OTLP export did with its spans (HTTP or gRPC).
@@ -352,6 +397,67 @@ impl Metrics {
         prometheus_text::encode(&mut text, &self.registry)?;
         prometheus_text::encode(&mut text, &scrape.registry())?;
         Ok(text)
+    }
+}
+
+impl MaintenanceMetrics {
+    /// Fresh counters, registered in `registry` (every step and result at 0 from the start).
+    fn register(registry: &mut Registry) -> Self {
+        let passes = Family::<MaintenanceLabels, Counter>::default();
+        for step in Step::ALL {
+            for result in ["ok", "error"] {
+                let _ = passes.get_or_create_owned(&MaintenanceLabels {
+                    step: step.as_str(),
+                    result,
+                });
+            }
+        }
+        registry.register(
+            "flightlog_maintenance_passes",
+            "Steps of the scheduled maintenance run (--maintenance-every-ms), by step \
+             (stale_sweep, stuck, prune, journal_prune) and result (ok, error)",
+            passes.clone(),
+        );
+        let stale_spans_closed = Counter::default();
+        registry.register(
+            "flightlog_maintenance_stale_spans_closed",
+            "Spans the scheduled stale sweep closed as interrupted (writer went silent)",
+            stale_spans_closed.clone(),
+        );
+        let runs_pruned = Counter::default();
+        registry.register(
+            "flightlog_maintenance_runs_pruned",
+            "Ended runs whose detail (spans, events, changes) the scheduled prune deleted; \
+             their rollups are kept",
+            runs_pruned.clone(),
+        );
+        let spans_pruned = Counter::default();
+        registry.register(
+            "flightlog_maintenance_spans_pruned",
+            "Spans deleted by the scheduled prune",
+            spans_pruned.clone(),
+        );
+        let engagements_removed = Counter::default();
+        registry.register(
+            "flightlog_maintenance_engagements_removed",
+            "Idle engagements the scheduled journal prune removed (journal.max_age_ms)",
+            engagements_removed.clone(),
+        );
+        let runs_stuck = Gauge::default();
+        registry.register(
+            "flightlog_runs_stuck",
+            "Open runs whose root has run longer than --stuck-after-ms, at the last maintenance \
+             pass (0 while the watchdog is off)",
+            runs_stuck.clone(),
+        );
+        Self {
+            passes,
+            stale_spans_closed,
+            runs_pruned,
+            spans_pruned,
+            engagements_removed,
+            runs_stuck,
+        }
     }
 }
 

@@ -30,6 +30,7 @@ use flightlog_core::journal::{RetentionConfig, SAFE_INTEGER_LIMIT};
 use toml::{Table, Value};
 
 use crate::auth::{AuthConfig, Scope, Scopes, TokenError};
+use crate::maintenance::MaintenancePlan;
 use crate::state::ServerConfig;
 
 /// One setting's three names: its flag, its environment variable and its config-file key.
@@ -176,8 +177,37 @@ pub const ALLOW_UNAUTHENTICATED_NON_LOOPBACK: Setting = Setting {
     toml: TomlType::Boolean,
 };
 
+/// Time between scheduled maintenance passes, or `off`.
+pub const MAINTENANCE_EVERY_MS: Setting = Setting {
+    flag: "--maintenance-every-ms",
+    env: "FLIGHTLOG_MAINTENANCE_EVERY_MS",
+    key: "maintenance.every_ms",
+    toml: TomlType::StringOrInteger,
+};
+/// The stale sweep's window, or `off`.
+pub const STALE_AFTER_MS: Setting = Setting {
+    flag: "--stale-after-ms",
+    env: "FLIGHTLOG_STALE_AFTER_MS",
+    key: "maintenance.stale_after_ms",
+    toml: TomlType::StringOrInteger,
+};
+/// The stuck-run watchdog's threshold, or `off`.
+pub const STUCK_AFTER_MS: Setting = Setting {
+    flag: "--stuck-after-ms",
+    env: "FLIGHTLOG_STUCK_AFTER_MS",
+    key: "maintenance.stuck_after_ms",
+    toml: TomlType::StringOrInteger,
+};
+/// How long the detail of an ended run is kept, or `off`.
+pub const PRUNE_AFTER_MS: Setting = Setting {
+    flag: "--prune-after-ms",
+    env: "FLIGHTLOG_PRUNE_AFTER_MS",
+    key: "maintenance.prune_after_ms",
+    toml: TomlType::StringOrInteger,
+};
+
 /// Every setting the config file may hold.
-pub const SETTINGS: [Setting; 13] = [
+pub const SETTINGS: [Setting; 17] = [
     DB,
     ADDR,
     GRPC_ADDR,
@@ -191,6 +221,10 @@ pub const SETTINGS: [Setting; 13] = [
     INSTANCE,
     TOKENS,
     ALLOW_UNAUTHENTICATED_NON_LOOPBACK,
+    MAINTENANCE_EVERY_MS,
+    STALE_AFTER_MS,
+    STUCK_AFTER_MS,
+    PRUNE_AFTER_MS,
 ];
 
 /// The flag naming the config file.
@@ -213,6 +247,10 @@ pub const MAX_WRITE_LOCK_WAIT_MS: u64 = 600_000;
 pub const MAX_BODY_LIMIT: usize = 1 << 30;
 /// The largest config file read (1 MiB): a real one is a few hundred bytes.
 pub const MAX_CONFIG_FILE_BYTES: u64 = 1024 * 1024;
+/// The shortest `--maintenance-every-ms` accepted.
+pub const MIN_MAINTENANCE_EVERY_MS: u64 = 10;
+/// The longest `--maintenance-every-ms` accepted: a day.
+pub const MAX_MAINTENANCE_EVERY_MS: u64 = 86_400_000;
 /// The largest `--max-inflight-writes` accepted.
 pub const MAX_INFLIGHT_WRITES_LIMIT: usize = 1_000_000;
 
@@ -239,7 +277,14 @@ Config file (every key optional; relative paths are relative to the file's folde
 
     [journal]
     max_events = 10000             # events per engagement
-    max_age_ms = 2592000000        # 30 days
+    max_age_ms = 2592000000        # 30 days; idle engagements are removed after it
+
+    [maintenance]                  # what the server does on its own; each also takes \"off\"
+    every_ms = 60000               # a pass a minute (\"off\": none; none by default under
+                                   # --manual-clock, whose time moves only when told)
+    stale_after_ms = 1800000       # close runs whose root had no heartbeat for 30 min
+    stuck_after_ms = 3600000       # report runs open for over an hour (flightlog_runs_stuck)
+    prune_after_ms = 2592000000    # delete span detail of runs ended 30 days ago (rollups kept)
 
     [[tokens]]
     token = \"a-long-random-secret\"
@@ -296,6 +341,14 @@ pub struct ServeFlags {
     pub write_lock_wait_ms: Option<String>,
     /// `--instance NAME`.
     pub instance: Option<String>,
+    /// `--maintenance-every-ms MS|off`.
+    pub maintenance_every_ms: Option<String>,
+    /// `--stale-after-ms MS|off`.
+    pub stale_after_ms: Option<String>,
+    /// `--stuck-after-ms MS|off`.
+    pub stuck_after_ms: Option<String>,
+    /// `--prune-after-ms MS|off`.
+    pub prune_after_ms: Option<String>,
     /// Every `--token SECRET`, each with all scopes.
     pub tokens: Vec<String>,
     /// `--allow-unauthenticated-non-loopback` (a flag can only switch it on).
@@ -318,6 +371,10 @@ impl fmt::Debug for ServeFlags {
             .field("journal_max_age_ms", &self.journal_max_age_ms)
             .field("write_lock_wait_ms", &self.write_lock_wait_ms)
             .field("instance", &self.instance)
+            .field("maintenance_every_ms", &self.maintenance_every_ms)
+            .field("stale_after_ms", &self.stale_after_ms)
+            .field("stuck_after_ms", &self.stuck_after_ms)
+            .field("prune_after_ms", &self.prune_after_ms)
             .field("tokens", &format_args!("<{} redacted>", self.tokens.len()))
             .field(
                 "allow_unauthenticated_non_loopback",
@@ -360,8 +417,56 @@ pub struct ServeSettings {
     pub instance: Option<String>,
     /// Serve without tokens on a non-loopback address anyway.
     pub allow_unauthenticated_non_loopback: bool,
+    /// The scheduled maintenance.
+    pub maintenance: MaintenanceSettings,
     /// The config file read, if any.
     pub config_file: Option<PathBuf>,
+}
+
+/// The scheduled maintenance as configured (see [`crate::maintenance`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaintenanceSettings {
+    /// Time between passes: `None` when no source sets it (a minute, or no passes under
+    /// `--manual-clock`), `Some(None)` for `off`.
+    pub every: Option<Option<Duration>>,
+    /// The stale sweep's window in ms (`None`: off).
+    pub stale_after_ms: Option<i64>,
+    /// The stuck-run watchdog's threshold in ms (`None`: off).
+    pub stuck_after_ms: Option<i64>,
+    /// How long an ended run's detail is kept, in ms (`None`: forever).
+    pub prune_after_ms: Option<i64>,
+}
+
+impl Default for MaintenanceSettings {
+    fn default() -> Self {
+        let plan = MaintenancePlan::DEFAULT;
+        Self {
+            every: None,
+            stale_after_ms: plan.stale_after_ms,
+            stuck_after_ms: plan.stuck_after_ms,
+            prune_after_ms: plan.prune_after_ms,
+        }
+    }
+}
+
+impl MaintenanceSettings {
+    /// The passes to run, `None` for none. A server on a manual clock runs none unless
+    /// `every_ms` is set: its time moves only when a test says, and a pass nobody asked for
+    /// would change what such a test expects.
+    pub fn plan(&self, manual_clock: bool) -> Option<MaintenancePlan> {
+        let every = match self.every {
+            Some(every) => every?,
+            None if manual_clock => return None,
+            None => MaintenancePlan::DEFAULT.every,
+        };
+        Some(MaintenancePlan {
+            every,
+            stale_after_ms: self.stale_after_ms,
+            stuck_after_ms: self.stuck_after_ms,
+            prune_after_ms: self.prune_after_ms,
+            journal_prune: true,
+        })
+    }
 }
 
 /// Why the settings cannot be used. Each message names the setting and the way to fix it, and
@@ -745,6 +850,59 @@ pub fn resolve_with_file(
         parse_bool,
         "give true or false",
     )?;
+    let every = layers.parse(
+        &MAINTENANCE_EVERY_MS,
+        flags.maintenance_every_ms.as_deref(),
+        None,
+        |text| {
+            parse_off_or(text, |text| {
+                parse_in_range(text, MIN_MAINTENANCE_EVERY_MS, MAX_MAINTENANCE_EVERY_MS)
+                    .map(Duration::from_millis)
+            })
+            .map(Some)
+        },
+        "give a time between passes in milliseconds from 10 to 86400000, or `off` for no \
+         scheduled maintenance (default 60000, a minute; off under --manual-clock)",
+    )?;
+    let defaults = MaintenanceSettings::default();
+    let window = |setting: &Setting, flag: &Option<String>, default: Option<i64>, fix| {
+        layers.parse(
+            setting,
+            flag.as_deref(),
+            default,
+            |text| {
+                parse_off_or(text, |text| {
+                    parse_in_range(text, 1, SAFE_INTEGER_LIMIT as u64 - 1).map(|n| n as i64)
+                })
+            },
+            fix,
+        )
+    };
+    let maintenance = MaintenanceSettings {
+        every,
+        stale_after_ms: window(
+            &STALE_AFTER_MS,
+            &flags.stale_after_ms,
+            defaults.stale_after_ms,
+            "give a time in milliseconds from 1 to 9007199254740991 after which a run whose \
+             root had no heartbeat is closed, or `off` (default 1800000, 30 minutes)",
+        )?,
+        stuck_after_ms: window(
+            &STUCK_AFTER_MS,
+            &flags.stuck_after_ms,
+            defaults.stuck_after_ms,
+            "give a time in milliseconds from 1 to 9007199254740991 after which an open run \
+             counts as stuck, or `off` (default 3600000, an hour)",
+        )?,
+        prune_after_ms: window(
+            &PRUNE_AFTER_MS,
+            &flags.prune_after_ms,
+            defaults.prune_after_ms,
+            "give a time in milliseconds from 1 to 9007199254740991 after which the span \
+             detail of an ended run is deleted, or `off` to keep it (default 2592000000, 30 \
+             days)",
+        )?,
+    };
     let auth = layers.tokens()?;
 
     Ok(ServeSettings {
@@ -769,6 +927,7 @@ pub fn resolve_with_file(
         },
         instance,
         allow_unauthenticated_non_loopback,
+        maintenance,
         config_file: file.map(|file| file.path.clone()),
     })
 }
@@ -1087,6 +1246,14 @@ fn parse_in_range(text: &str, min: u64, max: u64) -> Option<u64> {
         return None;
     }
     text.parse::<u64>().ok().filter(|n| (min..=max).contains(n))
+}
+
+/// `off` as `Some(None)`, anything else through `parse` (`None` when it does not parse).
+fn parse_off_or<T>(text: &str, parse: impl Fn(&str) -> Option<T>) -> Option<Option<T>> {
+    if text.eq_ignore_ascii_case("off") {
+        return Some(None);
+    }
+    parse(text).map(Some)
 }
 
 fn parse_bool(text: &str) -> Option<bool> {

@@ -538,9 +538,13 @@ impl EngagementJournal for SqliteEngagementJournal {
         let cutoff = now.saturating_sub(self.retention.max_age_ms);
         self.db
             .write(move |ctx| {
-                // Pruned engagements lose their counter rows (and may come back anew).
-                ctx.keys.engagements.clear();
-                prune_in_transaction(ctx.conn, cutoff)
+                let removed = prune_in_transaction(ctx.conn, cutoff)?;
+                // Pruned engagements lose their counter rows (and may come back anew). A prune
+                // that removed nothing (the scheduled one, most minutes) keeps the cache.
+                if removed > 0 {
+                    ctx.keys.engagements.clear();
+                }
+                Ok(removed)
             })
             .await
             .map_err(journal_error)

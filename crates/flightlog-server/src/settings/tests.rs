@@ -163,6 +163,38 @@ fn cases() -> Vec<Case> {
             expected: ["false", "true", "false", "true"],
         },
         Case {
+            setting: MAINTENANCE_EVERY_MS,
+            set_flag: |f| f.maintenance_every_ms = Some("20".into()),
+            env: "off",
+            file: "[maintenance]\nevery_ms = 1000",
+            read: |s| format!("{:?}", s.maintenance.every),
+            expected: ["None", "Some(Some(1s))", "Some(None)", "Some(Some(20ms))"],
+        },
+        Case {
+            setting: STALE_AFTER_MS,
+            set_flag: |f| f.stale_after_ms = Some("OFF".into()),
+            env: "5000",
+            file: "maintenance.stale_after_ms = 4000",
+            read: |s| format!("{:?}", s.maintenance.stale_after_ms),
+            expected: ["Some(1800000)", "Some(4000)", "Some(5000)", "None"],
+        },
+        Case {
+            setting: STUCK_AFTER_MS,
+            set_flag: |f| f.stuck_after_ms = Some("7".into()),
+            env: "off",
+            file: "[maintenance]\nstuck_after_ms = \"off\"",
+            read: |s| format!("{:?}", s.maintenance.stuck_after_ms),
+            expected: ["Some(3600000)", "None", "None", "Some(7)"],
+        },
+        Case {
+            setting: PRUNE_AFTER_MS,
+            set_flag: |f| f.prune_after_ms = Some("off".into()),
+            env: "86400000",
+            file: "maintenance.prune_after_ms = 1",
+            read: |s| format!("{:?}", s.maintenance.prune_after_ms),
+            expected: ["Some(2592000000)", "Some(1)", "Some(86400000)", "None"],
+        },
+        Case {
             setting: TOKENS,
             set_flag: |f| f.tokens = vec!["flag-token".into()],
             env: "env-token:read,ingest",
@@ -229,6 +261,12 @@ fn defaults_are_the_documented_ones() {
             retention: RetentionConfig::default(),
             instance: None,
             allow_unauthenticated_non_loopback: false,
+            maintenance: MaintenanceSettings {
+                every: None,
+                stale_after_ms: Some(1_800_000),
+                stuck_after_ms: Some(3_600_000),
+                prune_after_ms: Some(2_592_000_000),
+            },
             config_file: None,
         }
     );
@@ -747,4 +785,71 @@ fn the_config_help_says_each_thing_once() {
     for sentence in text.split(". ").filter(|sentence| sentence.len() > 30) {
         assert!(seen.insert(sentence), "said twice: {sentence:?}");
     }
+}
+
+/// The scheduled maintenance runs every minute by default, never by default on a manual clock
+/// (whose time moves only when a test says), and on either whenever `every_ms` is set; `off`
+/// runs none.
+#[test]
+fn maintenance_runs_by_default_except_on_a_manual_clock_unless_asked() {
+    let resolve_env = |pairs: &[(&str, &str)]| {
+        resolve_with_file(&ServeFlags::default(), &env(pairs), None).expect("valid settings")
+    };
+    let defaults = resolve_env(&[]).maintenance;
+    assert_eq!(defaults.plan(false), Some(MaintenancePlan::DEFAULT));
+    assert_eq!(defaults.plan(true), None);
+
+    let asked = resolve_env(&[("FLIGHTLOG_MAINTENANCE_EVERY_MS", "50")]).maintenance;
+    let plan = asked
+        .plan(true)
+        .expect("a plan on the manual clock when asked");
+    assert_eq!(plan.every, Duration::from_millis(50));
+    assert_eq!(plan.stale_after_ms, MaintenancePlan::DEFAULT.stale_after_ms);
+
+    let off = resolve_env(&[("FLIGHTLOG_MAINTENANCE_EVERY_MS", "off")]).maintenance;
+    assert_eq!(off.plan(false), None);
+    assert_eq!(off.plan(true), None);
+
+    let no_stale = resolve_env(&[("FLIGHTLOG_STALE_AFTER_MS", "off")]).maintenance;
+    let plan = no_stale.plan(false).expect("the other steps still run");
+    assert_eq!(plan.stale_after_ms, None);
+    assert!(plan.journal_prune);
+}
+
+/// Out-of-range and malformed maintenance values are refused, naming the setting and the fix.
+#[test]
+fn bad_maintenance_values_are_refused_with_the_fix() {
+    for (name, value, fix) in [
+        ("FLIGHTLOG_MAINTENANCE_EVERY_MS", "5", "from 10 to 86400000"),
+        (
+            "FLIGHTLOG_MAINTENANCE_EVERY_MS",
+            "86400001",
+            "from 10 to 86400000",
+        ),
+        ("FLIGHTLOG_MAINTENANCE_EVERY_MS", "1m", "or `off`"),
+        (
+            "FLIGHTLOG_STALE_AFTER_MS",
+            "0",
+            "from 1 to 9007199254740991",
+        ),
+        ("FLIGHTLOG_STALE_AFTER_MS", "-1", "or `off`"),
+        ("FLIGHTLOG_STUCK_AFTER_MS", "never", "or `off`"),
+        ("FLIGHTLOG_PRUNE_AFTER_MS", "9007199254740992", "to keep it"),
+    ] {
+        let err = resolve_with_file(&ServeFlags::default(), &env(&[(name, value)]), None)
+            .expect_err(value);
+        let message = err.to_string();
+        assert!(
+            message.starts_with(&format!("{name} = {value:?} is not valid")),
+            "{message}"
+        );
+        assert!(message.contains(fix), "{message}");
+    }
+    let file = file("[maintenance]\nstale_after_ms = true");
+    let err = resolve_with_file(&ServeFlags::default(), &BTreeMap::new(), Some(&file))
+        .expect_err("a boolean");
+    assert!(
+        err.to_string().contains("maintenance.stale_after_ms"),
+        "{err}"
+    );
 }

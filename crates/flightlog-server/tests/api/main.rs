@@ -6,7 +6,8 @@
 //! Prometheus metrics (`metrics`), and real OpenTelemetry SDK clients (Python http/protobuf and
 //! gRPC, JavaScript OTLP/JSON) exporting to it (`otlp_clients`), and a seeded fuzz of every
 //! endpoint with malformed input that must get contract errors and lose nothing (`fuzz`), and a
-//! seeded fuzz of OTLP trace ingest over protobuf, OTLP/JSON and gRPC (`otlp_fuzz`). One
+//! seeded fuzz of OTLP trace ingest over protobuf, OTLP/JSON and gRPC (`otlp_fuzz`), and the
+//! scheduled maintenance's passes over a real database (`maintenance`). One
 //! test binary, so the suite links once.
 
 mod auth;
@@ -14,6 +15,7 @@ mod conformance;
 mod endpoints;
 mod fuzz;
 mod keep_alive;
+mod maintenance;
 mod metrics;
 mod openapi;
 mod otlp;

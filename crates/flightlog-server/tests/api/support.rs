@@ -80,6 +80,8 @@ pub struct TestServer {
     pub grpc_base: Option<String>,
     pub client: reqwest::Client,
     pub clock: Option<Arc<ManualClock>>,
+    /// The server's state (for what runs beside the routes, such as the scheduled maintenance).
+    pub state: AppState,
     /// The server's database file.
     pub db_path: std::path::PathBuf,
     shutdown: Option<oneshot::Sender<()>>,
@@ -153,7 +155,7 @@ impl TestServer {
             (None, None, None)
         };
         let (shutdown, signal) = oneshot::channel::<()>();
-        let task = tokio::spawn(serve(listener, state, async move {
+        let task = tokio::spawn(serve(listener, state.clone(), async move {
             let _ = signal.await;
         }));
         Self {
@@ -161,6 +163,7 @@ impl TestServer {
             grpc_base,
             client: reqwest::Client::new(),
             clock: manual,
+            state,
             db_path,
             shutdown: Some(shutdown),
             task: Some(task),

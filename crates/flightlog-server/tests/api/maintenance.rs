@@ -1,0 +1,383 @@
+//! The scheduled maintenance (`flightlog_server::maintenance`) over a real server's database,
+//! on a manual clock: each test writes through HTTP, moves the clock, runs one pass and reads
+//! the result back through HTTP and `/metrics`. The schedule itself (the binary's flags, a pass
+//! every interval, the output lines) is tested on the real binary in `tests/binary_settings.rs`.
+
+use std::sync::Arc;
+
+use flightlog_core::journal::RetentionConfig;
+use flightlog_core::Clock;
+use flightlog_server::maintenance::{
+    maintenance_writer, Maintenance, MaintenancePlan, PassReport, Step,
+};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::metrics::scrape;
+use crate::support::{Options, TestServer};
+
+/// A plan with every step off (each test switches on the one it is about).
+const NOTHING: MaintenancePlan = MaintenancePlan {
+    every: std::time::Duration::from_secs(60),
+    stale_after_ms: None,
+    stuck_after_ms: None,
+    prune_after_ms: None,
+    journal_prune: false,
+};
+
+async fn manual_server(retention: RetentionConfig) -> TestServer {
+    TestServer::start_with(Options {
+        manual_clock: true,
+        retention,
+        ..Options::default()
+    })
+    .await
+}
+
+fn set_clock(server: &TestServer, now: i64) {
+    server.clock.as_ref().expect("a manual clock").set(now);
+}
+
+/// The maintenance of `server` with `plan`, made at the clock's current time (its start).
+fn maintenance(server: &TestServer, plan: MaintenancePlan) -> Maintenance {
+    let clock: Arc<dyn Clock> = server.clock.clone().expect("a manual clock");
+    Maintenance::new(&server.state, &maintenance_writer("test"), clock, plan)
+}
+
+/// Start a span as `writer` (`None`: the server's own identity) at the clock's time.
+async fn start(
+    server: &TestServer,
+    span: &str,
+    run: &str,
+    parent: Option<&str>,
+    writer: Option<&str>,
+) {
+    let mut body = json!({"spanId": span, "runId": run, "name": format!("{span} work"),
+                          "kind": if parent.is_some() { "tool" } else { "turn" },
+                          "origin": "session"});
+    if let Some(parent) = parent {
+        body["parentSpanId"] = json!(parent);
+    }
+    server
+        .send(Method::POST, "/v1/activity/spans", Some(&body), writer)
+        .await
+        .assert_status(201);
+}
+
+async fn end(server: &TestServer, span: &str, body: Value) {
+    let reply = server
+        .post(&format!("/v1/activity/spans/{span}/end"), &body)
+        .await;
+    assert_eq!(reply.assert_status(200)["ended"], true);
+}
+
+async fn span(server: &TestServer, span: &str) -> Value {
+    server
+        .get(&format!("/v1/activity/spans/{span}"))
+        .await
+        .assert_status(200)
+        .clone()
+}
+
+async fn pass(maintenance: &mut Maintenance) -> PassReport {
+    let report = maintenance.pass().await;
+    assert!(report.errors.is_empty(), "{report:?}");
+    report
+}
+
+/// A run whose root has had no heartbeat for the window is closed, children first, whoever
+/// wrote it (a client naming itself, or a request naming no writer, whose spans carry the
+/// server's own identity); a run whose writer heartbeats survives; and nothing is judged
+/// before the server has been up for the window, since no client could heartbeat while it
+/// was down.
+#[tokio::test]
+async fn the_stale_sweep_closes_silent_runs_of_every_writer_once_the_server_has_been_up_a_window() {
+    let server = manual_server(RetentionConfig::default()).await;
+    // Written during an earlier life of the server, say.
+    set_clock(&server, 1_000);
+    start(&server, "a-root", "run-a", None, Some("agent-a")).await;
+    start(&server, "a-tool", "run-a", Some("a-root"), Some("agent-a")).await;
+    start(&server, "b-root", "run-b", None, None).await;
+    start(&server, "c-root", "run-c", None, Some("agent-c")).await;
+
+    // The server (re)starts at 100,000: every root is far past the window already.
+    set_clock(&server, 100_000);
+    let mut maintenance = maintenance(
+        &server,
+        MaintenancePlan {
+            stale_after_ms: Some(10_000),
+            ..NOTHING
+        },
+    );
+    set_clock(&server, 105_000);
+    assert_eq!(pass(&mut maintenance).await.stale_spans_closed, 0);
+    assert!(span(&server, "a-root").await["outcome"].is_null());
+
+    // agent-c heartbeats its root; the window since the start has passed.
+    set_clock(&server, 109_000);
+    server
+        .post("/v1/activity/spans/c-root/heartbeat", &json!({}))
+        .await
+        .assert_status(204);
+    set_clock(&server, 110_000);
+    let report = pass(&mut maintenance).await;
+    assert_eq!(report.stale_spans_closed, 3, "{report:?}");
+    for closed in ["a-root", "a-tool", "b-root"] {
+        let row = span(&server, closed).await;
+        assert_eq!(row["outcome"], "interrupted", "{row}");
+        assert_eq!(row["outcomeReason"], "writer went silent", "{row}");
+    }
+    assert!(span(&server, "c-root").await["outcome"].is_null());
+    let rollup = server
+        .get("/v1/activity/runs/run-a/rollup")
+        .await
+        .assert_status(200)
+        .clone();
+    assert_eq!(rollup["outcome"], "interrupted", "{rollup}");
+
+    // Silent since its heartbeat: closed a window later.
+    set_clock(&server, 119_001);
+    assert_eq!(pass(&mut maintenance).await.stale_spans_closed, 1);
+    assert_eq!(span(&server, "c-root").await["outcome"], "interrupted");
+
+    let metrics = scrape(&server).await;
+    assert_eq!(
+        metrics.get("flightlog_maintenance_stale_spans_closed_total"),
+        Some(4.0)
+    );
+    assert_eq!(
+        metrics.get(r#"flightlog_maintenance_passes_total{step="stale_sweep",result="ok"}"#),
+        Some(2.0),
+        "the pass inside the first window does not count as a sweep"
+    );
+    server.stop().await;
+}
+
+/// Open roots running longer than the threshold are counted in the gauge at every pass and
+/// named once; a run that ends leaves the count, and nothing else is changed.
+#[tokio::test]
+async fn the_watchdog_counts_stuck_runs_and_names_each_once() {
+    let server = manual_server(RetentionConfig::default()).await;
+    let mut maintenance = maintenance(
+        &server,
+        MaintenancePlan {
+            stuck_after_ms: Some(60_000),
+            ..NOTHING
+        },
+    );
+    start(&server, "long-root", "run-long", None, Some("agent")).await;
+    set_clock(&server, 30_000);
+    start(&server, "later-root", "run-later", None, Some("agent")).await;
+
+    set_clock(&server, 59_000);
+    let report = pass(&mut maintenance).await;
+    assert_eq!(report.stuck_runs, Some(0));
+
+    set_clock(&server, 61_000);
+    let report = pass(&mut maintenance).await;
+    assert_eq!(report.stuck_runs, Some(1));
+    assert_eq!(report.newly_stuck, vec!["run-long".to_owned()]);
+    assert_eq!(scrape(&server).await.get("flightlog_runs_stuck"), Some(1.0));
+
+    set_clock(&server, 95_000);
+    let report = pass(&mut maintenance).await;
+    assert_eq!(report.stuck_runs, Some(2));
+    assert_eq!(
+        report.newly_stuck,
+        vec!["run-later".to_owned()],
+        "named once each"
+    );
+
+    end(&server, "long-root", json!({"outcome": "success"})).await;
+    let report = pass(&mut maintenance).await;
+    assert_eq!(report.stuck_runs, Some(1));
+    assert!(report.newly_stuck.is_empty());
+    assert_eq!(scrape(&server).await.get("flightlog_runs_stuck"), Some(1.0));
+    // The watchdog reports; it closes nothing.
+    assert!(span(&server, "later-root").await["outcome"].is_null());
+    server.stop().await;
+}
+
+/// The detail of runs that ended longer ago than the retention is deleted, in as many batches
+/// as it takes, their rollups kept (usage and cost included) and marked `detailPruned`, with no
+/// coverage-gap reason: the retention is the operator's choice, not a missed digest. Runs that
+/// ended later, and open runs, keep everything.
+#[tokio::test]
+async fn the_retention_prunes_the_detail_of_old_runs_in_batches_and_keeps_their_rollups() {
+    let server = manual_server(RetentionConfig::default()).await;
+    let mut maintenance = maintenance(
+        &server,
+        MaintenancePlan {
+            prune_after_ms: Some(1_000_000),
+            ..NOTHING
+        },
+    );
+    // 120 old runs: more than two batches.
+    let old_runs = 120;
+    let mut ops = Vec::new();
+    for n in 0..old_runs {
+        ops.push(
+            json!({"op": "startSpan", "spanId": format!("old-{n}"), "runId": format!("old-run-{n}"),
+                        "name": "turn", "kind": "turn", "origin": "session", "startedAt": 1_000}),
+        );
+        ops.push(
+            json!({"op": "endSpan", "spanId": format!("old-{n}"), "outcome": "success",
+                        "endedAt": 2_000,
+                        "usage": {"inputTokens": 100, "outputTokens": 10, "costUsd": 0.5}}),
+        );
+    }
+    let results = server
+        .post("/v1/activity/batch", &json!({"ops": ops}))
+        .await
+        .assert_status(200)["results"]
+        .clone();
+    assert!(
+        results
+            .as_array()
+            .expect("results")
+            .iter()
+            .all(|result| result.get("error").is_none()),
+        "{results}"
+    );
+    for n in 0..old_runs {
+        server
+            .post_empty(&format!("/v1/activity/runs/old-run-{n}/rollup"))
+            .await
+            .assert_status(204);
+    }
+    set_clock(&server, 500_000);
+    start(&server, "recent-root", "recent-run", None, None).await;
+    end(&server, "recent-root", json!({"outcome": "success"})).await;
+    start(&server, "open-root", "open-run", None, None).await;
+
+    set_clock(&server, 1_002_001);
+    let report = pass(&mut maintenance).await;
+    assert_eq!(report.runs_pruned, old_runs, "{report:?}");
+    assert_eq!(report.spans_pruned, old_runs, "{report:?}");
+    for n in [0, 59, 119] {
+        server
+            .get(&format!("/v1/activity/runs/old-run-{n}/snapshot"))
+            .await
+            .assert_error(404, "not_found");
+        let rollup = server
+            .get(&format!("/v1/activity/runs/old-run-{n}/rollup"))
+            .await
+            .assert_status(200)
+            .clone();
+        assert_eq!(rollup["detailPruned"], true, "{rollup}");
+        assert_eq!(rollup["inputTokens"], 100, "{rollup}");
+        assert_eq!(rollup["costUsd"], 0.5, "{rollup}");
+        assert!(rollup["failureReason"].is_null(), "{rollup}");
+    }
+    for kept in ["recent-run", "open-run"] {
+        let snapshot = server
+            .get(&format!("/v1/activity/runs/{kept}/snapshot"))
+            .await
+            .assert_status(200)
+            .clone();
+        assert_eq!(
+            snapshot["spans"].as_array().map(Vec::len),
+            Some(1),
+            "{snapshot}"
+        );
+    }
+    // Nothing left to prune: the next pass does nothing.
+    assert_eq!(pass(&mut maintenance).await.runs_pruned, 0);
+    let metrics = scrape(&server).await;
+    assert_eq!(
+        metrics.get("flightlog_maintenance_runs_pruned_total"),
+        Some(old_runs as f64)
+    );
+    assert_eq!(
+        metrics.get("flightlog_maintenance_spans_pruned_total"),
+        Some(old_runs as f64)
+    );
+    server.stop().await;
+}
+
+/// Engagements idle past the journal's retention are removed, the others kept.
+#[tokio::test]
+async fn the_journal_retention_removes_idle_engagements() {
+    let server = manual_server(RetentionConfig {
+        max_age_ms: 1_000,
+        ..RetentionConfig::default()
+    })
+    .await;
+    let mut maintenance = maintenance(
+        &server,
+        MaintenancePlan {
+            journal_prune: true,
+            ..NOTHING
+        },
+    );
+    for (engagement, at) in [("idle", 100), ("busy", 1_900)] {
+        server
+            .post(
+                &format!("/v1/engagements/{engagement}/events"),
+                &json!({"type": "note", "at": at, "data": {}}),
+            )
+            .await
+            .assert_status(201);
+    }
+    set_clock(&server, 2_000);
+    let report = pass(&mut maintenance).await;
+    assert_eq!(report.engagements_removed, 1, "{report:?}");
+    let listed = server
+        .get("/v1/engagements")
+        .await
+        .assert_status(200)
+        .clone();
+    assert_eq!(listed, json!(["busy"]));
+    assert_eq!(
+        scrape(&server)
+            .await
+            .get("flightlog_maintenance_engagements_removed_total"),
+        Some(1.0)
+    );
+    server.stop().await;
+}
+
+/// A step that fails (here: the database file deleted under the server, so every write is
+/// refused and new read connections cannot open it) is counted as an error and does not keep
+/// the steps after it from running; the next pass tries again; the server goes on answering.
+#[tokio::test]
+async fn a_failing_step_is_counted_and_the_other_steps_still_run() {
+    let server = manual_server(RetentionConfig::default()).await;
+    let mut maintenance = maintenance(
+        &server,
+        MaintenancePlan {
+            stuck_after_ms: Some(1_000),
+            prune_after_ms: Some(1_000),
+            journal_prune: true,
+            ..NOTHING
+        },
+    );
+    start(&server, "root", "run", None, Some("agent")).await;
+    std::fs::remove_file(&server.db_path).expect("delete the database file");
+    set_clock(&server, 5_000);
+    for _ in 0..2 {
+        let report = maintenance.pass().await;
+        let failed: Vec<Step> = report.errors.iter().map(|(step, _)| *step).collect();
+        assert_eq!(
+            failed,
+            vec![Step::Stuck, Step::Prune, Step::JournalPrune],
+            "{report:?}"
+        );
+        assert!(
+            report.errors[1].1.contains("deleted or replaced"),
+            "{report:?}"
+        );
+    }
+    let metrics = scrape(&server).await;
+    for step in ["stuck", "prune", "journal_prune"] {
+        assert_eq!(
+            metrics.get(&format!(
+                r#"flightlog_maintenance_passes_total{{step="{step}",result="error"}}"#
+            )),
+            Some(2.0),
+            "{step}"
+        );
+    }
+    server.get("/healthz").await.assert_status(503);
+    server.stop().await;
+}
