@@ -74,6 +74,29 @@ pub fn decode_request(
     body: &[u8],
     max_decompressed: usize,
 ) -> Result<(ExportTraceServiceRequest, OtlpEncoding), OtlpError> {
+    read_body(
+        content_type,
+        content_encoding,
+        body,
+        max_decompressed,
+        |body, encoding| match encoding {
+            OtlpEncoding::Protobuf => ExportTraceServiceRequest::decode(body)
+                .map_err(|error| OtlpError::malformed(format!("invalid protobuf: {error}"))),
+            OtlpEncoding::Json => decode_json(body),
+        },
+    )
+}
+
+/// The steps every OTLP/HTTP body takes (traces, metrics, logs): its encoding from
+/// `Content-Type`, its `Content-Encoding` inflated within `max_decompressed`, then `decode`
+/// on the plain bytes.
+pub(crate) fn read_body<T>(
+    content_type: Option<&str>,
+    content_encoding: Option<&str>,
+    body: &[u8],
+    max_decompressed: usize,
+    decode: impl FnOnce(&[u8], OtlpEncoding) -> Result<T, OtlpError>,
+) -> Result<(T, OtlpEncoding), OtlpError> {
     let encoding = content_type
         .and_then(OtlpEncoding::from_content_type)
         .ok_or_else(|| OtlpError::UnsupportedContentType {
@@ -109,12 +132,7 @@ pub fn decode_request(
             body
         }
     };
-    let request = match encoding {
-        OtlpEncoding::Protobuf => ExportTraceServiceRequest::decode(body)
-            .map_err(|error| OtlpError::malformed(format!("invalid protobuf: {error}")))?,
-        OtlpEncoding::Json => decode_json(body)?,
-    };
-    Ok((request, encoding))
+    Ok((decode(body, encoding)?, encoding))
 }
 
 /// The `Content-Encoding`s a body may come in (besides none).

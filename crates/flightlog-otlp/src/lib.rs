@@ -14,6 +14,9 @@
 //! - [`export_response`], [`encode_response`], [`encode_status`]: the answer an exporter expects.
 //! - [`ingest`]: map + `ActivityStore::import_spans` + response, shared by the HTTP handler and
 //!   the gRPC service; [`trace_service`]: the tonic `TraceService` around it.
+//! - [`count_export`], [`signal_response`], [`signal_services`]: OTLP metrics and logs, which
+//!   exporters send to the same endpoint by default: read, counted and answered (with
+//!   `partialSuccess` saying they were not kept), never stored.
 //!
 //! [`ImportedSpan`]: flightlog_core::activity::ImportedSpan
 
@@ -29,6 +32,7 @@ mod mapping;
 mod prices;
 mod response;
 mod service;
+mod signals;
 mod usage;
 
 #[cfg(test)]
@@ -43,6 +47,10 @@ pub use response::{encode_response, encode_status, export_response, GrpcCode};
 pub use service::{
     ingest, trace_service, Authorize, FlightlogTraceService, IngestTally, ObserveIngest,
     TraceServiceServer,
+};
+pub use signals::{
+    count_data_points, count_export, count_log_records, signal_response, signal_services,
+    FlightlogSignalService, ObserveDropped, Signal,
 };
 
 /// The OTLP trace request and response messages this crate speaks, re-exported so callers need

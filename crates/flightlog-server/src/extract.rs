@@ -80,7 +80,7 @@ fn refuse_encoded(headers: &HeaderMap) -> Result<(), ApiError> {
     }
     Err(ApiError::UnsupportedMediaType(format!(
         "this endpoint takes an uncompressed JSON body, not one with Content-Encoding: {text} \
-         (only the OTLP route /v1/traces takes gzip or deflate)"
+         (only the OTLP routes /v1/traces, /v1/metrics and /v1/logs take gzip or deflate)"
     )))
 }
 

@@ -28,7 +28,7 @@ use futures_util::StreamExt;
 
 use crate::error::ApiError;
 use crate::metrics::{method_label, UNMATCHED_ROUTE};
-use crate::routes::otlp::{is_protobuf, refusal_answer, too_large_answer, TRACES_PATH};
+use crate::routes::otlp::{is_otlp_path, is_protobuf, refusal_answer, too_large_answer};
 use crate::state::AppState;
 use crate::{auth, extract, overload};
 
@@ -53,10 +53,10 @@ pub(crate) async fn gate(State(state): State<AppState>, request: Request, next: 
     // A cheap clone (the template is shared); routing already happened, so it is present for
     // every routed request.
     let route = request.extensions().get::<MatchedPath>().cloned();
-    // A body-limit refusal answers in the OTLP error encoding on the protobuf trace route.
+    // A body-limit refusal answers in the OTLP error encoding on the protobuf OTLP routes.
     let otlp_protobuf = route
         .as_ref()
-        .is_some_and(|route| route.as_str() == TRACES_PATH)
+        .is_some_and(|route| is_otlp_path(route.as_str()))
         && is_protobuf(request.headers());
     let response = admit_and_run(&state, route.as_ref(), otlp_protobuf, request, next).await;
     let response =

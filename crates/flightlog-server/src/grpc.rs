@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use flightlog_otlp::{trace_service, Authorize, IngestTally};
+use flightlog_otlp::{signal_services, trace_service, Authorize, IngestTally, Signal};
 use tokio::net::TcpListener;
 use tonic::metadata::MetadataMap;
 use tonic::Status;
@@ -65,7 +65,21 @@ pub fn grpc_app(state: &AppState) -> Router {
     // An OTLP batch is bounded by the HTTP body limit on the other listener; the same here
     // (tonic's default would be 4 MiB).
     .max_decoding_message_size(state.config().body_limit);
+    let counted = state.clone();
+    let (metrics, logs) = signal_services(
+        Arc::clone(&authorize),
+        Arc::new(move |signal: Signal, items: u64| {
+            counted.metrics().observe_dropped(signal, items)
+        }),
+    );
+    let body_limit = state.config().body_limit;
+    let metrics = metrics.max_decoding_message_size(body_limit);
+    let logs = logs.max_decoding_message_size(body_limit);
+    // Each service under its own path prefix (`/<package>.<Service>/<Method>`); anything else
+    // reaches the trace service, which answers UNIMPLEMENTED for a method it does not have.
     Router::new()
+        .route_service(&grpc_route(&metrics), metrics)
+        .route_service(&grpc_route(&logs), logs)
         .fallback_service(service)
         .layer(axum::middleware::from_fn_with_state(
             GrpcGate {
@@ -232,6 +246,11 @@ where
         write_stall_limit,
     )
     .await
+}
+
+/// The route of every method of the gRPC service `service`: `/<its full name>/{*method}`.
+fn grpc_route<S: tonic::server::NamedService>(_service: &S) -> String {
+    format!("/{}/{{*method}}", S::NAME)
 }
 
 #[cfg(test)]

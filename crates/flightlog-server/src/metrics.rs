@@ -27,7 +27,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use flightlog_core::{BackendMetric, MetricKind};
-use flightlog_otlp::IngestTally;
+use flightlog_otlp::{IngestTally, Signal};
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -89,6 +89,12 @@ struct StreamEndLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OtlpSpanLabels {
     result: &'static str,
+}
+
+/// Labels of `flightlog_otlp_not_stored_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OtlpSignalLabels {
+    signal: &'static str,
 }
 
 /// Labels of `flightlog_maintenance_passes_total`.
@@ -165,6 +171,7 @@ pub struct Metrics {
     stream_resyncs: Family<StreamLabels, Counter>,
     otlp_spans: Family<OtlpSpanLabels, Counter>,
     otlp_span_events: Counter,
+    otlp_dropped: Family<OtlpSignalLabels, Counter>,
     maintenance: MaintenanceMetrics,
 }
 
@@ -284,6 +291,18 @@ impl Metrics {
             "Span events written from OTLP spans",
             otlp_span_events.clone(),
         );
+        let otlp_dropped = Family::<OtlpSignalLabels, Counter>::default();
+        for signal in Signal::ALL {
+            let _ = otlp_dropped.get_or_create_owned(&OtlpSignalLabels {
+                signal: signal.as_str(),
+            });
+        }
+        registry.register(
+            "flightlog_otlp_not_stored",
+            "OTLP metric data points and log records received (HTTP and gRPC), read and \
+             answered but not stored (flightlog keeps traces), by signal",
+            otlp_dropped.clone(),
+        );
         let maintenance = MaintenanceMetrics::register(&mut registry);
         Self {
             registry,
@@ -296,8 +315,18 @@ impl Metrics {
             stream_resyncs,
             otlp_spans,
             otlp_span_events,
+            otlp_dropped,
             maintenance,
         }
+    }
+
+    /// Count the items of an OTLP export of a signal that is not stored.
+    pub(crate) fn observe_dropped(&self, signal: Signal, items: u64) {
+        self.otlp_dropped
+            .get_or_create(&OtlpSignalLabels {
+                signal: signal.as_str(),
+            })
+            .inc_by(items);
     }
 
     /// The scheduled maintenance's counters (handles: clones share the counts).

@@ -30,7 +30,7 @@ use utoipa_axum::routes;
 
 use crate::auth::{is_read_method, required_access, Access};
 use crate::error::{ApiError, ErrorBody};
-use crate::routes::otlp::TRACES_PATH;
+use crate::routes::otlp::{is_otlp_path, LOGS_PATH, METRICS_PATH, TRACES_PATH};
 use crate::state::AppState;
 use crate::validate::MAX_ID_BYTES;
 
@@ -208,9 +208,9 @@ fn finish_operation(path: &str, method: &Method, operation: &mut Operation) {
     if path.starts_with("/v1/") {
         add_response(operation, SharedResponse::Internal);
     }
-    if path == TRACES_PATH {
+    if is_otlp_path(path) {
         errors_also_in_protobuf(operation);
-        protobuf_bodies_are_bytes(operation);
+        protobuf_bodies_are_bytes(operation, path);
     }
 }
 
@@ -226,40 +226,46 @@ fn protobuf_message(description: &str) -> RefOr<Schema> {
     ))
 }
 
-/// `POST /v1/traces`: the protobuf request and success bodies are messages (bytes); the JSON
-/// request is an OTLP/JSON `ExportTraceServiceRequest`, which must have `resourceSpans`.
-fn protobuf_bodies_are_bytes(operation: &mut Operation) {
+/// The OTLP export routes: the protobuf request and success bodies are messages (bytes); the
+/// JSON request is an OTLP/JSON export request (`resourceSpans` for traces, which must be there;
+/// `resourceMetrics` or `resourceLogs`, which may be left out of an empty export).
+fn protobuf_bodies_are_bytes(operation: &mut Operation, path: &str) {
+    let (package, message, resources) = match path {
+        METRICS_PATH => ("metrics", "Metrics", "resourceMetrics"),
+        LOGS_PATH => ("logs", "Logs", "resourceLogs"),
+        _ => ("trace", "Trace", "resourceSpans"),
+    };
     if let Some(body) = operation.request_body.as_mut() {
         if let Some(content) = body.content.get_mut("application/x-protobuf") {
-            content.schema = Some(protobuf_message(
-                "An `opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest`.",
-            ));
+            content.schema = Some(protobuf_message(&format!(
+                "An `opentelemetry.proto.collector.{package}.v1.Export{message}ServiceRequest`."
+            )));
         }
         if let Some(content) = body.content.get_mut("application/json") {
-            content.schema = Some(RefOr::T(Schema::Object(
-                utoipa::openapi::ObjectBuilder::new()
-                    .schema_type(utoipa::openapi::schema::Type::Object)
-                    .property(
-                        "resourceSpans",
-                        utoipa::openapi::ArrayBuilder::new().items(
-                            utoipa::openapi::ObjectBuilder::new()
-                                .schema_type(utoipa::openapi::schema::Type::Object),
-                        ),
-                    )
-                    .required("resourceSpans")
-                    .description(Some(
-                        "An `ExportTraceServiceRequest` in OTLP/JSON (see docs/otlp.md for the \
-                         field spellings read).",
-                    ))
-                    .build(),
-            )));
+            let mut schema = utoipa::openapi::ObjectBuilder::new()
+                .schema_type(utoipa::openapi::schema::Type::Object)
+                .property(
+                    resources,
+                    utoipa::openapi::ArrayBuilder::new().items(
+                        utoipa::openapi::ObjectBuilder::new()
+                            .schema_type(utoipa::openapi::schema::Type::Object),
+                    ),
+                )
+                .description(Some(format!(
+                    "An `Export{message}ServiceRequest` in OTLP/JSON (see docs/otlp.md for the \
+                     field spellings read)."
+                )));
+            if path == TRACES_PATH {
+                schema = schema.required(resources);
+            }
+            content.schema = Some(RefOr::T(Schema::Object(schema.build())));
         }
     }
     if let Some(RefOr::T(ok)) = operation.responses.responses.get_mut("200") {
         if let Some(content) = ok.content.get_mut("application/x-protobuf") {
-            content.schema = Some(protobuf_message(
-                "An `opentelemetry.proto.collector.trace.v1.ExportTraceServiceResponse`.",
-            ));
+            content.schema = Some(protobuf_message(&format!(
+                "An `opentelemetry.proto.collector.{package}.v1.Export{message}ServiceResponse`."
+            )));
         }
     }
 }

@@ -55,21 +55,7 @@ pub(crate) fn router(state: &AppState) -> (Router<AppState>, OpenApi) {
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
-    let path = uri.path();
-    // An SDK pointed at this server with OTEL_EXPORTER_OTLP_ENDPOINT sends every signal it has
-    // an exporter for; its error log shows this message, so it says what to change.
-    let signal = match path {
-        "/v1/logs" => Some(("logs", "OTEL_LOGS_EXPORTER")),
-        "/v1/metrics" => Some(("metrics", "OTEL_METRICS_EXPORTER")),
-        _ => None,
-    };
-    match signal {
-        Some((signal, setting)) if method == Method::POST => ApiError::not_found(format!(
-            "flightlog ingests OTLP traces only (POST /v1/traces), not {signal}: turn the \
-             SDK's {signal} exporter off ({setting}=none) or send {signal} to another collector"
-        )),
-        _ => ApiError::not_found(format!("no route for {method} {path}")),
-    }
+    ApiError::not_found(format!("no route for {method} {}", uri.path()))
 }
 
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {

@@ -1,4 +1,6 @@
-//! `POST /v1/traces`: OTLP/HTTP trace ingest on the main listener.
+//! `POST /v1/traces`: OTLP/HTTP trace ingest on the main listener; and `POST /v1/metrics` and
+//! `POST /v1/logs`, which exporters send to the same endpoint by default: read, counted and
+//! answered with `partialSuccess` saying they were not kept (see `flightlog_otlp::Signal`).
 //!
 //! Decoding and the span mapping live in `flightlog-otlp` (no HTTP there); this handler only
 //! reads the headers, calls [`flightlog_otlp::decode_request`] and [`flightlog_otlp::ingest`],
@@ -20,7 +22,8 @@ use axum::http::header::{CONTENT_ENCODING, CONTENT_TYPE};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use flightlog_otlp::{
-    decode_request, encode_response, encode_status, ingest, GrpcCode, OtlpEncoding, OtlpError,
+    count_export, decode_request, encode_response, encode_status, ingest, signal_response,
+    GrpcCode, OtlpEncoding, OtlpError, Signal,
 };
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -35,7 +38,10 @@ pub const OTLP_WRITER: &str = "otlp";
 
 /// The routes of this module, each registered from its `#[utoipa::path]` annotation.
 pub(crate) fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(export_traces))
+    OpenApiRouter::new()
+        .routes(routes!(export_traces))
+        .routes(routes!(export_metrics))
+        .routes(routes!(export_logs))
 }
 
 fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -44,6 +50,16 @@ fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 /// The route of OTLP/HTTP trace export.
 pub(crate) const TRACES_PATH: &str = "/v1/traces";
+/// The route of OTLP/HTTP metrics export (read and counted, not stored).
+pub(crate) const METRICS_PATH: &str = "/v1/metrics";
+/// The route of OTLP/HTTP logs export (read and counted, not stored).
+pub(crate) const LOGS_PATH: &str = "/v1/logs";
+
+/// Whether `path` is an OTLP/HTTP export route, whose protobuf requests get their errors in the
+/// OTLP encoding.
+pub(crate) fn is_otlp_path(path: &str) -> bool {
+    path == TRACES_PATH || path == METRICS_PATH || path == LOGS_PATH
+}
 
 /// The body-limit refusal of a protobuf request to [`TRACES_PATH`], in the OTLP error encoding
 /// (answered by the gate, before the route runs).
@@ -167,5 +183,86 @@ async fn export_traces(State(state): State<AppState>, headers: HeaderMap, body: 
             let code = grpc_code_of(&api_error);
             failure(&headers, api_error, code)
         }
+    }
+}
+
+/// OTLP/HTTP metrics export: read and counted, not stored (flightlog keeps traces; a run's
+/// usage and cost come from its spans). `partialSuccess` says how many data points were not
+/// kept and why, so an exporter neither fails nor retries.
+#[utoipa::path(
+    post,
+    path = "/v1/metrics",
+    tag = tags::INGEST,
+    operation_id = "exportMetrics",
+    request_body(
+        description = "An OTLP `ExportMetricsServiceRequest`, optionally `Content-Encoding: gzip` \
+            or `deflate`.",
+        content(
+            (Vec<u8> = "application/x-protobuf"),
+            (Object = "application/json"),
+        ),
+    ),
+    responses(
+        (status = 200, description = "An `ExportMetricsServiceResponse` in the request's \
+            encoding; `partialSuccess.rejectedDataPoints` counts the data points not kept.",
+            content((Vec<u8> = "application/x-protobuf"), (Object = "application/json"))),
+        (status = 400, description = "Malformed protobuf or OTLP/JSON (a protobuf request gets a \
+            protobuf `google.rpc.Status` body).", body = ErrorBody),
+        (status = 413, description = "The body, or what it inflates to, is too large.", body = ErrorBody),
+        (status = 415, description = "Neither protobuf nor JSON, or an unknown `Content-Encoding`.", body = ErrorBody),
+    ),
+)]
+async fn export_metrics(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    export_signal(&state, &headers, &body, Signal::Metrics)
+}
+
+/// OTLP/HTTP logs export: read and counted, not stored (span events are kept with their
+/// spans). `partialSuccess` says how many log records were not kept and why.
+#[utoipa::path(
+    post,
+    path = "/v1/logs",
+    tag = tags::INGEST,
+    operation_id = "exportLogs",
+    request_body(
+        description = "An OTLP `ExportLogsServiceRequest`, optionally `Content-Encoding: gzip` or \
+            `deflate`.",
+        content(
+            (Vec<u8> = "application/x-protobuf"),
+            (Object = "application/json"),
+        ),
+    ),
+    responses(
+        (status = 200, description = "An `ExportLogsServiceResponse` in the request's encoding; \
+            `partialSuccess.rejectedLogRecords` counts the log records not kept.",
+            content((Vec<u8> = "application/x-protobuf"), (Object = "application/json"))),
+        (status = 400, description = "Malformed protobuf or OTLP/JSON (a protobuf request gets a \
+            protobuf `google.rpc.Status` body).", body = ErrorBody),
+        (status = 413, description = "The body, or what it inflates to, is too large.", body = ErrorBody),
+        (status = 415, description = "Neither protobuf nor JSON, or an unknown `Content-Encoding`.", body = ErrorBody),
+    ),
+)]
+async fn export_logs(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    export_signal(&state, &headers, &body, Signal::Logs)
+}
+
+/// Read and count an export of `signal`, and answer it.
+fn export_signal(state: &AppState, headers: &HeaderMap, body: &[u8], signal: Signal) -> Response {
+    match count_export(
+        signal,
+        header_text(headers, CONTENT_TYPE.as_str()),
+        header_text(headers, CONTENT_ENCODING.as_str()),
+        body,
+        state.config().otlp_max_decompressed,
+    ) {
+        Ok((dropped, encoding)) => {
+            state.metrics().observe_dropped(signal, dropped);
+            let (content_type, body) = signal_response(signal, dropped, encoding);
+            (StatusCode::OK, [(CONTENT_TYPE, content_type)], body).into_response()
+        }
+        Err(error) => decode_failure(headers, &error),
     }
 }

@@ -117,6 +117,8 @@ fn routes() -> Vec<Route> {
         route(Method::GET, "/v1/activity/open-roots", None, S(Read)),
         route(Method::GET, "/v1/activity/runs", None, S(Read)),
         route(Method::POST, "/v1/traces", Some(json!({})), S(Ingest)),
+        route(Method::POST, "/v1/metrics", Some(json!({})), S(Ingest)),
+        route(Method::POST, "/v1/logs", Some(json!({})), S(Ingest)),
         route(
             Method::GET,
             "/v1/activity/stuck?thresholdMs=1",

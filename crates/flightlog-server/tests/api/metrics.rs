@@ -28,7 +28,7 @@ impl Exposition {
 
 /// Parse the text format, failing on any line that is not a `# HELP`/`# TYPE` comment or a
 /// `name{labels} value` sample, and on a sample whose family had no `# TYPE` before it.
-fn parse(text: &str) -> Exposition {
+pub(crate) fn parse(text: &str) -> Exposition {
     let mut exposition = Exposition::default();
     let mut helped = BTreeSet::new();
     for line in text.lines().filter(|line| !line.is_empty()) {

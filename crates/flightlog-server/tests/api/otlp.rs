@@ -729,30 +729,256 @@ async fn deliveries_of_a_runs_spans_keep_its_announced_root_alive() {
     server.stop().await;
 }
 
-/// An SDK pointed at the server with `OTEL_EXPORTER_OTLP_ENDPOINT` also exports its logs and
-/// metrics: the 404 says how to stop that, in the SDK's own terms.
+/// An SDK pointed at the server with `OTEL_EXPORTER_OTLP_ENDPOINT` (or OpenLLMetry, by
+/// default) also exports its metrics and logs: they are read and answered 200 (a 404 made the
+/// exporter log an error at every export), `partialSuccess` counts what was not kept and says
+/// how to stop sending it, nothing is stored, and `/metrics` counts them. A body that is not an
+/// export of that signal is still a 400, in protobuf for a protobuf request.
 #[tokio::test]
-async fn other_otlp_signals_are_told_how_to_stop() {
+async fn metrics_and_logs_are_read_and_answered_not_stored() {
+    use opentelemetry_proto::tonic::collector::logs::v1::{
+        ExportLogsServiceRequest, ExportLogsServiceResponse,
+    };
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
+    use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
+
     let server = TestServer::start().await;
-    for (path, setting) in [
-        ("/v1/logs", "OTEL_LOGS_EXPORTER=none"),
-        ("/v1/metrics", "OTEL_METRICS_EXPORTER=none"),
-    ] {
-        let response = server
+    let post = |path: &'static str, content_type: &'static str, body: Vec<u8>| {
+        server
             .client
             .post(format!("{}{path}", server.base))
-            .header("content-type", "application/x-protobuf")
-            .body(Vec::new())
+            .header("content-type", content_type)
+            .body(body)
             .send()
-            .await
-            .expect("the server answers");
-        assert_eq!(response.status(), 404, "{path}");
-        let body: Value = response.json().await.expect("the error body");
-        assert_eq!(body["error"]["code"], "not_found", "{path}");
-        let message = body["error"]["message"].as_str().unwrap_or_default();
-        assert!(message.contains("traces only"), "{message}");
-        assert!(message.contains(setting), "{message}");
-    }
+    };
+    let cursor_before = get_json(&server, "/v1/activity/cursor").await.1;
+
+    // Logs over protobuf, with a trace context (as a GenAI instrumentation's events carry).
+    let logs = ExportLogsServiceRequest {
+        resource_logs: vec![ResourceLogs {
+            scope_logs: vec![ScopeLogs {
+                log_records: vec![
+                    LogRecord {
+                        trace_id: vec![7; 16],
+                        span_id: vec![8; 8],
+                        event_name: "gen_ai.choice".into(),
+                        ..LogRecord::default()
+                    };
+                    3
+                ],
+                ..ScopeLogs::default()
+            }],
+            ..ResourceLogs::default()
+        }],
+    };
+    let response = post("/v1/logs", "application/x-protobuf", logs.encode_to_vec())
+        .await
+        .expect("the server answers");
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["content-type"].to_str().ok(),
+        Some("application/x-protobuf")
+    );
+    let answer = ExportLogsServiceResponse::decode(response.bytes().await.expect("body"))
+        .expect("an ExportLogsServiceResponse");
+    let partial = answer.partial_success.expect("partialSuccess");
+    assert_eq!(partial.rejected_log_records, 3);
+    assert!(
+        partial.error_message.contains("OTEL_LOGS_EXPORTER=none"),
+        "{}",
+        partial.error_message
+    );
+
+    // Metrics over OTLP/JSON, gzip-compressed as exporters send them.
+    let metrics = json!({"resourceMetrics": [{"scopeMetrics": [{"metrics": [
+        {"name": "gen_ai.client.token.usage", "histogram": {"dataPoints": [{}, {}]}},
+        {"name": "llm.openai.chat_completions.exceptions", "sum": {"dataPoints": [{"asInt": "1"}]}}
+    ]}]}]});
+    let mut gzipped = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gzipped, metrics.to_string().as_bytes()).expect("gzip");
+    let response = server
+        .client
+        .post(format!("{}/v1/metrics", server.base))
+        .header("content-type", "application/json")
+        .header("content-encoding", "gzip")
+        .body(gzipped.finish().expect("gzip"))
+        .send()
+        .await
+        .expect("the server answers");
+    assert_eq!(response.status(), 200);
+    let answer: Value = response.json().await.expect("JSON");
+    assert_eq!(
+        answer["partialSuccess"]["rejectedDataPoints"], 3,
+        "{answer}"
+    );
+    assert!(answer["partialSuccess"]["errorMessage"]
+        .as_str()
+        .is_some_and(|m| m.contains("stores traces, not metrics")));
+    // An empty export is a plain success.
+    let response = post("/v1/metrics", "application/x-protobuf", Vec::new())
+        .await
+        .expect("the server answers");
+    assert_eq!(response.status(), 200);
+    let answer = ExportMetricsServiceResponse::decode(response.bytes().await.expect("body"))
+        .expect("an ExportMetricsServiceResponse");
+    assert_eq!(answer.partial_success, None);
+
+    // Not an export: 400, in the request's error encoding.
+    let response = post("/v1/metrics", "application/x-protobuf", vec![0xff; 5])
+        .await
+        .expect("the server answers");
+    assert_protobuf_status(response, 400, 3).await;
+    let response = post(
+        "/v1/logs",
+        "application/json",
+        b"{\"resourceLogs\": 5}".to_vec(),
+    )
+    .await
+    .expect("the server answers");
+    assert_eq!(response.status(), 400);
+    let body: Value = response.json().await.expect("the error body");
+    assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+    let response = post("/v1/logs", "text/plain", b"{}".to_vec())
+        .await
+        .expect("the server answers");
+    assert_eq!(response.status(), 415);
+
+    // Nothing stored; counted.
+    assert_eq!(
+        get_json(&server, "/v1/activity/cursor").await.1,
+        cursor_before
+    );
+    let exposition = crate::metrics::scrape(&server).await;
+    assert_eq!(
+        exposition.get(r#"flightlog_otlp_not_stored_total{signal="logs"}"#),
+        Some(3.0)
+    );
+    assert_eq!(
+        exposition.get(r#"flightlog_otlp_not_stored_total{signal="metrics"}"#),
+        Some(3.0)
+    );
+    server.stop().await;
+}
+
+/// The gRPC listener serves the metrics and logs services too, with the same answers, behind
+/// the same tokens; a method no service has is UNIMPLEMENTED.
+#[tokio::test]
+async fn grpc_metrics_and_logs_are_answered_not_stored() {
+    use opentelemetry_proto::tonic::collector::logs::v1::{
+        ExportLogsServiceRequest, ExportLogsServiceResponse,
+    };
+    use opentelemetry_proto::tonic::collector::metrics::v1::{
+        ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+    };
+    use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
+    use opentelemetry_proto::tonic::metrics::v1::{
+        metric::Data, Gauge, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics,
+    };
+
+    const TOKEN: &str = "ingest-token-0123456789";
+    let server = TestServer::start_with(crate::support::Options {
+        grpc: true,
+        config: flightlog_server::ServerConfig {
+            auth: {
+                let mut auth = flightlog_server::AuthConfig::open();
+                auth.add_token(TOKEN, flightlog_server::Scopes::ALL)
+                    .expect("a token");
+                auth
+            },
+            ..flightlog_server::ServerConfig::default()
+        },
+        ..crate::support::Options::default()
+    })
+    .await;
+    let channel = crate::otlp_fuzz::grpc_channel(&server).await;
+    use crate::otlp_fuzz::grpc_unary;
+    let grpc = || tonic::client::Grpc::new(channel.clone());
+    let with_token = |message: Vec<u8>| {
+        let mut request = tonic::Request::new(message);
+        request.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {TOKEN}").parse().expect("metadata"),
+        );
+        request
+    };
+    const METRICS: &str = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export";
+    const LOGS: &str = "/opentelemetry.proto.collector.logs.v1.LogsService/Export";
+    let metrics = ExportMetricsServiceRequest {
+        resource_metrics: vec![ResourceMetrics {
+            scope_metrics: vec![ScopeMetrics {
+                metrics: vec![Metric {
+                    name: "gen_ai.client.token.usage".into(),
+                    data: Some(Data::Gauge(Gauge {
+                        data_points: vec![NumberDataPoint::default(); 4],
+                    })),
+                    ..Metric::default()
+                }],
+                ..ScopeMetrics::default()
+            }],
+            ..ResourceMetrics::default()
+        }],
+    };
+    let refused = grpc_unary(
+        grpc(),
+        METRICS,
+        tonic::Request::new(metrics.encode_to_vec()),
+    )
+    .await
+    .expect_err("no token");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    let answer = grpc_unary(grpc(), METRICS, with_token(metrics.encode_to_vec()))
+        .await
+        .expect("exported");
+    let answer = ExportMetricsServiceResponse::decode(answer.as_slice()).expect("a response");
+    let partial = answer.partial_success.expect("partialSuccess");
+    assert_eq!(partial.rejected_data_points, 4);
+
+    let logs = ExportLogsServiceRequest {
+        resource_logs: vec![ResourceLogs {
+            scope_logs: vec![ScopeLogs {
+                log_records: vec![LogRecord::default(); 2],
+                ..ScopeLogs::default()
+            }],
+            ..ResourceLogs::default()
+        }],
+    };
+    let answer = grpc_unary(grpc(), LOGS, with_token(logs.encode_to_vec()))
+        .await
+        .expect("exported");
+    let answer = ExportLogsServiceResponse::decode(answer.as_slice()).expect("a response");
+    assert_eq!(
+        answer.partial_success.map(|p| p.rejected_log_records),
+        Some(2)
+    );
+    // A method no service has.
+    let unknown = grpc_unary(
+        grpc(),
+        "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export",
+        with_token(Vec::new()),
+    )
+    .await
+    .expect_err("no such service");
+    assert_eq!(unknown.code(), tonic::Code::Unimplemented);
+    let text = server
+        .client
+        .get(format!("{}/metrics", server.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    let exposition = crate::metrics::parse(&text);
+    assert_eq!(
+        exposition.get(r#"flightlog_otlp_not_stored_total{signal="metrics"}"#),
+        Some(4.0)
+    );
+    assert_eq!(
+        exposition.get(r#"flightlog_otlp_not_stored_total{signal="logs"}"#),
+        Some(2.0)
+    );
+    server.stop().await;
 }
 
 /// A gRPC message over the limit is `RESOURCE_EXHAUSTED` however it comes (just over the

@@ -731,19 +731,25 @@ pub(crate) async fn grpc_export(
     if gzip {
         grpc = grpc.send_compressed(CompressionEncoding::Gzip);
     }
-    let call = async move {
-        grpc.ready()
-            .await
-            .map_err(|error| tonic::Status::unknown(format!("channel not ready: {error}")))?;
-        grpc.unary(
-            tonic::Request::new(body),
-            PathAndQuery::from_static(EXPORT_PATH),
-            RawCodec,
-        )
+    tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        grpc_unary(grpc, EXPORT_PATH, tonic::Request::new(body)),
+    )
+    .await
+}
+
+/// One unary call of `path` with an already encoded message; the answer's bytes.
+pub(crate) async fn grpc_unary(
+    mut grpc: tonic::client::Grpc<Channel>,
+    path: &'static str,
+    request: tonic::Request<Vec<u8>>,
+) -> Result<Vec<u8>, tonic::Status> {
+    grpc.ready()
+        .await
+        .map_err(|error| tonic::Status::unknown(format!("channel not ready: {error}")))?;
+    grpc.unary(request, PathAndQuery::from_static(path), RawCodec)
         .await
         .map(tonic::Response::into_inner)
-    };
-    tokio::time::timeout(REQUEST_TIMEOUT, call).await
 }
 
 // ---------------------------------------------------------------------------------------------
