@@ -135,12 +135,14 @@ struct ServeArgs {
         verbatim_doc_comment
     )]
     journal_max_events: Option<String>,
-    /// Idle time after which an engagement is removed, in ms (by the scheduled maintenance and
-    /// by POST /v1/engagements/prune).
+    /// Idle time after which an engagement is removed, in ms, or `off` to keep idle engagements:
+    /// the scheduled maintenance removes those nothing was appended to for this long (by the
+    /// server's clock); POST /v1/engagements/prune those whose last appended event's `at` is
+    /// this old (the reference's rule).
     /// [env: FLIGHTLOG_JOURNAL_MAX_AGE_MS] [file: journal.max_age_ms] [default: 2592000000 = 30 days]
     #[arg(
         long,
-        value_name = "MS",
+        value_name = "MS|off",
         allow_negative_numbers = true,
         verbatim_doc_comment
     )]
@@ -163,7 +165,7 @@ struct ServeArgs {
     /// [env: FLIGHTLOG_INSTANCE] [file: instance] [default: HOSTNAME:HTTP-PORT]
     #[arg(long, value_name = "NAME", verbatim_doc_comment)]
     instance: Option<String>,
-    /// Time between the passes of the scheduled maintenance (the four settings below, and the
+    /// Time between the passes of the scheduled maintenance (the three settings below, and the
     /// removal of engagements idle past --journal-max-age-ms), in ms, or `off` for none.
     /// [env: FLIGHTLOG_MAINTENANCE_EVERY_MS] [file: maintenance.every_ms] [default: 60000; off under --manual-clock]
     #[arg(
@@ -177,7 +179,7 @@ struct ServeArgs {
     /// heartbeat (or start) for this long, in ms, or `off`. Writers of long runs heartbeat
     /// their root (POST /v1/activity/spans/{spanId}/heartbeat); OTLP runs are renewed by every
     /// delivery of their spans. Judged only once the server has been up this long.
-    /// [env: FLIGHTLOG_STALE_AFTER_MS] [file: maintenance.stale_after_ms] [default: 1800000 = 30 minutes]
+    /// [env: FLIGHTLOG_STALE_AFTER_MS] [file: maintenance.stale_after_ms] [default: 7200000 = 2 hours]
     #[arg(
         long,
         value_name = "MS|off",

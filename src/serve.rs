@@ -171,10 +171,10 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
         Arc::clone(&clock),
         &writer,
     ));
-    let journal: Arc<dyn EngagementJournal> = Arc::new(SqliteEngagementJournal::new(
-        Arc::clone(&db),
-        settings.retention,
-    ));
+    let journal: Arc<dyn EngagementJournal> = Arc::new(
+        SqliteEngagementJournal::new(Arc::clone(&db), settings.retention)
+            .with_clock(Arc::clone(&clock)),
+    );
 
     // A sweep that cannot write (a full disk) must not keep the recorder from serving what it
     // holds: it starts anyway, and the spans stay open until a later boot's sweep, or
@@ -290,9 +290,10 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     }
     // A pass under way ends at its current store call; the database closes after it.
     if let Some(maintenance) = maintenance {
-        maintenance
-            .await
-            .context("the scheduled maintenance's task failed")?;
+        // A failed task must not keep the database from closing cleanly.
+        if let Err(err) = maintenance.await {
+            say_err!("flightlog: warning: the scheduled maintenance's task failed: {err}");
+        }
     }
     // Leave the database file complete on its own (the WAL copied into it), so that copying
     // the stopped server's file is a backup of everything it acknowledged.

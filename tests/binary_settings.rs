@@ -315,7 +315,7 @@ fn without_the_flag_the_clock_route_is_a_404_and_spans_take_the_wall_clock() {
     let line = wait_for_line(&server, "flightlog: maintenance every ");
     assert_eq!(
         line,
-        "flightlog: maintenance every 1 min: close runs whose writer is silent for 30 min; \
+        "flightlog: maintenance every 1 min: close runs whose writer is silent for 2 h; \
          report runs open over 1 h as stuck; prune the span detail of runs ended over 30 days \
          ago (rollups kept); remove engagements idle for 30 days"
     );

@@ -6,7 +6,7 @@
 //! stale sweep exists so that such runs end), old span detail and idle engagements grew the
 //! file without bound (retention exists so that they do not). Each pass does, in this order:
 //!
-//! 1. **Stale sweep** (`--stale-after-ms`, default 30 minutes): the reference's `sweepStale`,
+//! 1. **Stale sweep** (`--stale-after-ms`, default 2 hours): the reference's `sweepStale`,
 //!    acting as the maintenance identity `serve:<instance>/maintenance`, which nothing writes
 //!    under (clients cannot take a `serve:` name), so every open run is judged by its root's
 //!    heartbeat, the runs of requests that named no writer included: the server being alive
@@ -19,12 +19,19 @@
 //!    is named once in the server's output.
 //! 3. **Activity prune** (`--prune-after-ms`, default 30 days): the detail (spans, events,
 //!    change rows) of runs that ended longer ago than that is deleted, their rollups kept, in
-//!    batches of [`PRUNE_BATCH`] runs a transaction so writers are never held up for long, for
-//!    at most [`PRUNE_TIME_BUDGET`] a pass (a large backlog is worked off over several passes).
+//!    transactions sized so that each takes about [`PRUNE_CALL_TARGET`] (writers wait behind
+//!    one at most): a run's detail may be ten spans or a million, so the number of runs a
+//!    transaction takes starts at 1 and doubles while calls stay quick, up to [`PRUNE_BATCH`],
+//!    and halves when one was slow; for at most [`PRUNE_TIME_BUDGET`] a pass (a large backlog
+//!    is worked off over several passes). One run is never split, so a single huge run still
+//!    takes one transaction of its own.
 //!    The floor and the ceiling are the same time, so a run pruned by this retention is not
 //!    marked as a digest coverage gap: there is no digest job, the retention is the choice.
-//! 4. **Journal prune** (`journal.max_age_ms`, default 30 days): engagements idle longer than
-//!    the journal's retention are removed (the reference's `prune(now)`).
+//! 4. **Journal prune** (`journal.max_age_ms`, default 30 days, `off` for none): engagements
+//!    nothing was appended to for longer than the journal's retention are removed
+//!    (`prune_idle`: judged by when the appends arrived, on the store's clock, not by the `at`
+//!    clients give their events as the reference's `prune(now)` does: a client backdating an
+//!    event, or giving `at` in seconds, must not get a live engagement deleted unasked).
 //!
 //! Every time comes from the stores' clock, so under `--manual-clock` a test drives it through
 //! `PUT /v1/testing/clock`. A step that fails (a full disk, the file lost) is counted in
@@ -46,8 +53,12 @@ use flightlog_core::Clock;
 use crate::metrics::MaintenanceMetrics;
 use crate::state::AppState;
 
-/// Runs pruned in one transaction (the reference's default batch).
+/// The most runs pruned in one transaction (the reference's default batch).
 pub const PRUNE_BATCH: i64 = 50;
+
+/// How long one prune transaction should take: the batch grows while calls take under half of
+/// it and shrinks when one takes longer.
+pub const PRUNE_CALL_TARGET: Duration = Duration::from_millis(50);
 
 /// How long one pass keeps pruning batches before leaving the rest to the next pass.
 pub const PRUNE_TIME_BUDGET: Duration = Duration::from_secs(2);
@@ -78,7 +89,7 @@ impl MaintenancePlan {
     /// Every step on, with the defaults of `flightlog serve`.
     pub const DEFAULT: MaintenancePlan = MaintenancePlan {
         every: Duration::from_secs(60),
-        stale_after_ms: Some(30 * 60 * 1000),
+        stale_after_ms: Some(2 * 60 * 60 * 1000),
         stuck_after_ms: Some(60 * 60 * 1000),
         prune_after_ms: Some(30 * 24 * 60 * 60 * 1000),
         journal_prune: true,
@@ -185,8 +196,12 @@ pub struct Maintenance {
     metrics: MaintenanceMetrics,
     /// The clock's time when this maintenance was made (the server's start).
     started_at_ms: i64,
+    /// Runs the next prune transaction takes (see [`PRUNE_CALL_TARGET`]).
+    prune_batch: i64,
     /// Stuck runs already named in the output.
     reported_stuck: HashSet<String>,
+    /// Stuck runs past [`STUCK_MEMORY`] at the last pass (counted in the output, not named).
+    unremembered_stuck: usize,
     /// The steps whose failure was said and has not cleared since.
     failing: HashSet<Step>,
 }
@@ -202,8 +217,10 @@ impl std::fmt::Debug for Maintenance {
 }
 
 /// The maintenance identity of `instance`'s servers: `serve:<instance>/maintenance`. No client
-/// can write under it (the `serve:` names are refused in `Flightlog-Writer`), and it is not an
-/// identity of a server's life (`serve:<instance>/pid:…`), so a boot sweep never takes it for one.
+/// can write under it (the `serve:` names are refused in `Flightlog-Writer`), and the passes
+/// write no span under it either (they close and prune spans, which keeps their writers), so
+/// the boot sweep, which closes open spans whose writer starts with `serve:<instance>/`,
+/// never finds one of it.
 pub fn maintenance_writer(instance: &str) -> String {
     format!("serve:{instance}/maintenance")
 }
@@ -225,7 +242,9 @@ impl Maintenance {
             clock,
             metrics: state.metrics().maintenance(),
             started_at_ms,
+            prune_batch: 1,
             reported_stuck: HashSet::new(),
+            unremembered_stuck: 0,
             failing: HashSet::new(),
         }
     }
@@ -233,10 +252,10 @@ impl Maintenance {
     /// Run a pass every `plan.every` (the first one interval after the start) until `stop`
     /// completes; a pass under way finishes its current store call first.
     pub async fn run(mut self, stop: impl Future<Output = ()>) {
-        let mut ticks = tokio::time::interval_at(
-            tokio::time::Instant::now() + self.plan.every,
-            self.plan.every,
-        );
+        // tokio's interval refuses a zero period; the settings never give one, a library
+        // caller might.
+        let every = self.plan.every.max(Duration::from_millis(1));
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(stop);
         loop {
@@ -265,7 +284,7 @@ impl Maintenance {
         }
         if self.plan.journal_prune {
             let now = self.clock.now_ms();
-            match self.journal.prune(now).await {
+            match self.journal.prune_idle(now).await {
                 Ok(removed) => {
                     report.engagements_removed = removed;
                     self.metrics.engagements_removed.inc_by(removed);
@@ -302,41 +321,49 @@ impl Maintenance {
             Err(err) => return self.failed(Step::Stuck, err.to_string(), report),
         };
         self.succeeded(Step::Stuck);
+        // Counted by run: a run may have several roots.
+        let now_stuck: HashSet<&str> = stuck.iter().map(|span| span.run_id.as_str()).collect();
         self.metrics
             .runs_stuck
-            .set(i64::try_from(stuck.len()).unwrap_or(i64::MAX));
-        report.stuck_runs = Some(stuck.len());
+            .set(i64::try_from(now_stuck.len()).unwrap_or(i64::MAX));
+        report.stuck_runs = Some(now_stuck.len());
         // Forget the runs that are no longer stuck (ended, or swept), so a run id used again
         // is reported again.
-        let now_stuck: HashSet<&str> = stuck.iter().map(|span| span.run_id.as_str()).collect();
         self.reported_stuck
             .retain(|run_id| now_stuck.contains(run_id.as_str()));
-        let mut newly = 0usize;
+        let mut seen = HashSet::new();
         let mut named = Vec::new();
+        let mut more = 0usize;
+        let mut unremembered = 0usize;
         for span in &stuck {
-            if self.reported_stuck.contains(&span.run_id) {
+            if !seen.insert(span.run_id.as_str()) || self.reported_stuck.contains(&span.run_id) {
                 continue;
             }
-            newly += 1;
-            if self.reported_stuck.len() < STUCK_MEMORY {
-                self.reported_stuck.insert(span.run_id.clone());
-            } else {
-                // Not remembered: counted again next pass, so not named either.
+            if self.reported_stuck.len() >= STUCK_MEMORY {
+                unremembered += 1;
                 continue;
             }
+            self.reported_stuck.insert(span.run_id.clone());
             if named.len() < STUCK_NAMED_PER_PASS {
                 named.push(describe_stuck(span, now));
                 report.newly_stuck.push(span.run_id.clone());
+            } else {
+                more += 1;
             }
+        }
+        // Runs past the memory are counted, not named; said again only when their number
+        // changes, not at every pass.
+        if unremembered != self.unremembered_stuck {
+            more += unremembered;
+            self.unremembered_stuck = unremembered;
         }
         for line in &named {
             say(&format!("flightlog: stuck: {line}"));
         }
-        if newly > named.len() {
+        if more > 0 {
             say(&format!(
-                "flightlog: stuck: {} more run(s) open for over {} (GET \
+                "flightlog: stuck: {more} more run(s) open for over {} (GET \
                  /v1/activity/stuck?thresholdMs={stuck_after_ms} lists them all)",
-                newly - named.len(),
                 human_duration(stuck_after_ms)
             ));
         }
@@ -346,13 +373,24 @@ impl Maintenance {
         let began = Instant::now();
         loop {
             let now = self.clock.now_ms();
+            let batch = self.prune_batch;
             let options = PruneOptions {
                 digest_floor_at: now.saturating_sub(prune_after_ms),
                 hard_ceiling_ms: prune_after_ms,
                 now: Some(now),
-                batch: Some(PRUNE_BATCH),
+                batch: Some(batch),
             };
-            match self.sweeper.prune(options).await {
+            let call = Instant::now();
+            let result = self.sweeper.prune(options).await;
+            let took = call.elapsed();
+            if took > PRUNE_CALL_TARGET {
+                self.prune_batch = (batch / 2).max(1);
+            } else if took < PRUNE_CALL_TARGET / 2
+                && matches!(&result, Ok(r) if r.runs_pruned == batch)
+            {
+                self.prune_batch = (batch * 2).min(PRUNE_BATCH);
+            }
+            match result {
                 Ok(result) => {
                     report.runs_pruned += result.runs_pruned;
                     report.spans_pruned += result.spans_deleted;
@@ -362,7 +400,7 @@ impl Maintenance {
                     self.metrics
                         .spans_pruned
                         .inc_by(u64::try_from(result.spans_deleted).unwrap_or(0));
-                    if result.runs_pruned < PRUNE_BATCH || began.elapsed() >= PRUNE_TIME_BUDGET {
+                    if result.runs_pruned < batch || began.elapsed() >= PRUNE_TIME_BUDGET {
                         self.succeeded(Step::Prune);
                         return;
                     }
@@ -423,16 +461,25 @@ impl Maintenance {
     }
 }
 
-/// `run <id> (<name>) has been open for <age>`.
+/// `run "<id>" ("<name>") has been open for <age> (writer "<writer>")`. The id, name and writer
+/// come from clients: quoted with their control characters escaped, so none can forge an
+/// output line or drive a terminal, and the name cut to [`STUCK_NAME_CHARS`] characters.
 fn describe_stuck(root: &SpanRow, now: i64) -> String {
+    let mut name: String = root.name.chars().take(STUCK_NAME_CHARS).collect();
+    if name.len() < root.name.len() {
+        name.push('…');
+    }
     format!(
-        "run {} ({}) has been open for {} (writer {})",
+        "run {:?} ({:?}) has been open for {} (writer {:?})",
         root.run_id,
-        root.name,
+        name,
         human_duration(now.saturating_sub(root.started_at)),
         root.writer
     )
 }
+
+/// The longest span name a stuck line shows.
+const STUCK_NAME_CHARS: usize = 120;
 
 /// A duration in ms the way people say it: `30 min`, `1 h 5 min`, `30 days`, `1.5 s`.
 pub fn human_duration(ms: i64) -> String {
@@ -448,27 +495,24 @@ pub fn human_duration(ms: i64) -> String {
         return if ms % SECOND == 0 {
             format!("{} s", ms / SECOND)
         } else {
-            format!("{:.1} s", ms as f64 / SECOND as f64)
+            // Tenths, cut rather than rounded: 59,999 ms is `59.9 s`, never `60.0 s`.
+            format!("{}.{} s", ms / SECOND, ms % SECOND / 100)
         };
     }
-    let days = ms / DAY;
-    let hours = ms % DAY / HOUR;
-    let minutes = ms % HOUR / MINUTE;
-    let seconds = ms % MINUTE / SECOND;
-    let mut parts = Vec::new();
-    if days > 0 {
-        parts.push(format!("{days} day{}", if days == 1 { "" } else { "s" }));
-    }
-    if hours > 0 {
-        parts.push(format!("{hours} h"));
-    }
-    if minutes > 0 && days == 0 {
-        parts.push(format!("{minutes} min"));
-    }
-    if seconds > 0 && days == 0 && hours == 0 {
-        parts.push(format!("{seconds} s"));
-    }
-    parts.join(" ")
+    // The two largest units that are not zero: `1 day 30 min`, `1 h 5 min`, `2 min 30 s`.
+    let units = [
+        (ms / DAY, if ms / DAY == 1 { "day" } else { "days" }),
+        (ms % DAY / HOUR, "h"),
+        (ms % HOUR / MINUTE, "min"),
+        (ms % MINUTE / SECOND, "s"),
+    ];
+    units
+        .iter()
+        .filter(|(count, _)| *count > 0)
+        .take(2)
+        .map(|(count, unit)| format!("{count} {unit}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A line on standard output (written, not `println!`: a closed stdout must not panic).
@@ -496,6 +540,13 @@ mod tests {
         assert_eq!(human_duration(24 * 60 * 60 * 1000), "1 day");
         assert_eq!(human_duration(30 * 24 * 60 * 60 * 1000), "30 days");
         assert_eq!(human_duration(-5), "0 ms");
+        assert_eq!(human_duration(59_999), "59.9 s");
+        assert_eq!(
+            human_duration(24 * 60 * 60 * 1000 + 30 * 60 * 1000),
+            "1 day 30 min"
+        );
+        assert_eq!(human_duration(60 * 60 * 1000 + 30 * 1000), "1 h 30 s");
+        assert_eq!(human_duration(2 * 60 * 60 * 1000), "2 h");
     }
 
     #[test]
@@ -503,7 +554,7 @@ mod tests {
         let line = MaintenancePlan::DEFAULT.describe(30 * 24 * 60 * 60 * 1000);
         assert_eq!(
             line,
-            "maintenance every 1 min: close runs whose writer is silent for 30 min; report \
+            "maintenance every 1 min: close runs whose writer is silent for 2 h; report \
              runs open over 1 h as stuck; prune the span detail of runs ended over 30 days ago \
              (rollups kept); remove engagements idle for 30 days"
         );

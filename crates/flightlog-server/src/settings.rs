@@ -146,7 +146,7 @@ pub const JOURNAL_MAX_AGE_MS: Setting = Setting {
     flag: "--journal-max-age-ms",
     env: "FLIGHTLOG_JOURNAL_MAX_AGE_MS",
     key: "journal.max_age_ms",
-    toml: TomlType::Integer,
+    toml: TomlType::StringOrInteger,
 };
 /// How long a write waits for a database write lock another process holds.
 pub const WRITE_LOCK_WAIT_MS: Setting = Setting {
@@ -277,12 +277,12 @@ Config file (every key optional; relative paths are relative to the file's folde
 
     [journal]
     max_events = 10000             # events per engagement
-    max_age_ms = 2592000000        # 30 days; idle engagements are removed after it
+    max_age_ms = 2592000000        # 30 days; idle engagements are removed after it (\"off\")
 
     [maintenance]                  # what the server does on its own; each also takes \"off\"
     every_ms = 60000               # a pass a minute (\"off\": none; none by default under
                                    # --manual-clock, whose time moves only when told)
-    stale_after_ms = 1800000       # close runs whose root had no heartbeat for 30 min
+    stale_after_ms = 7200000       # close runs whose root had no heartbeat for 2 hours
     stuck_after_ms = 3600000       # report runs open for over an hour (flightlog_runs_stuck)
     prune_after_ms = 2592000000    # delete span detail of runs ended 30 days ago (rollups kept)
 
@@ -435,6 +435,9 @@ pub struct MaintenanceSettings {
     pub stuck_after_ms: Option<i64>,
     /// How long an ended run's detail is kept, in ms (`None`: forever).
     pub prune_after_ms: Option<i64>,
+    /// Whether the passes remove engagements idle past the journal's retention (`false` when
+    /// `journal.max_age_ms` is `off`).
+    pub journal_prune: bool,
 }
 
 impl Default for MaintenanceSettings {
@@ -445,6 +448,7 @@ impl Default for MaintenanceSettings {
             stale_after_ms: plan.stale_after_ms,
             stuck_after_ms: plan.stuck_after_ms,
             prune_after_ms: plan.prune_after_ms,
+            journal_prune: plan.journal_prune,
         }
     }
 }
@@ -464,7 +468,7 @@ impl MaintenanceSettings {
             stale_after_ms: self.stale_after_ms,
             stuck_after_ms: self.stuck_after_ms,
             prune_after_ms: self.prune_after_ms,
-            journal_prune: true,
+            journal_prune: self.journal_prune,
         })
     }
 }
@@ -821,13 +825,20 @@ pub fn resolve_with_file(
         "give a whole number of events per engagement from 1 to 9007199254740991 (default \
          10000)",
     )?;
-    let max_age_ms = layers.parse(
+    let journal_max_age_ms = layers.parse(
         &JOURNAL_MAX_AGE_MS,
         flags.journal_max_age_ms.as_deref(),
-        RetentionConfig::DEFAULT_MAX_AGE_MS,
-        |text| parse_in_range(text, 1, SAFE_INTEGER_LIMIT as u64 - 1).map(|n| n as i64),
-        "give an age in milliseconds from 1 to 9007199254740991 (default 2592000000, 30 days)",
+        Some(RetentionConfig::DEFAULT_MAX_AGE_MS),
+        |text| {
+            parse_off_or(text, |text| {
+                parse_in_range(text, 1, SAFE_INTEGER_LIMIT as u64 - 1).map(|n| n as i64)
+            })
+        },
+        "give an age in milliseconds from 1 to 9007199254740991, or `off` to keep idle \
+         engagements (default 2592000000, 30 days)",
     )?;
+    // `off`: no age is old enough (the cutoff, now minus this, is below every `at`).
+    let max_age_ms = journal_max_age_ms.unwrap_or(i64::MAX);
     let write_lock_wait_ms = layers.parse(
         &WRITE_LOCK_WAIT_MS,
         flags.write_lock_wait_ms.as_deref(),
@@ -885,7 +896,7 @@ pub fn resolve_with_file(
             &flags.stale_after_ms,
             defaults.stale_after_ms,
             "give a time in milliseconds from 1 to 9007199254740991 after which a run whose \
-             root had no heartbeat is closed, or `off` (default 1800000, 30 minutes)",
+             root had no heartbeat is closed, or `off` (default 7200000, 2 hours)",
         )?,
         stuck_after_ms: window(
             &STUCK_AFTER_MS,
@@ -902,6 +913,7 @@ pub fn resolve_with_file(
              detail of an ended run is deleted, or `off` to keep it (default 2592000000, 30 \
              days)",
         )?,
+        journal_prune: journal_max_age_ms.is_some(),
     };
     let auth = layers.tokens()?;
 

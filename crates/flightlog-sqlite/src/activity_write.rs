@@ -1311,8 +1311,11 @@ pub(crate) fn prune(
         .and_then(|mut stmt| stmt.execute([new_horizon]))
         .map_err(backend)?;
     }
-    // Spans, events and change rows are gone: cached keys and counters may now be wrong.
-    ctx.keys.clear_volatile();
+    // Spans, events and change rows are gone: cached keys and counters may now be wrong. A
+    // prune that deleted nothing (the scheduled one, most passes) keeps the caches warm.
+    if !candidates.is_empty() || !rootless.is_empty() || newest_trimmed.is_some() {
+        ctx.keys.clear_volatile();
+    }
     Ok(PruneResult {
         runs_pruned: i64::try_from(candidates.len() + rootless.len()).unwrap_or(i64::MAX),
         spans_deleted,

@@ -32,6 +32,7 @@ use flightlog_core::journal::{
     JournalError, JournalSubscription, JournalTail, JsonObject, RetentionConfig,
     DEFAULT_SUBSCRIBER_BUFFER, MAX_SUBSCRIBER_BUFFER,
 };
+use flightlog_core::{Clock, SystemClock};
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::broadcast;
 
@@ -47,6 +48,9 @@ pub struct SqliteEngagementJournal {
     db: Arc<SqliteDatabase>,
     retention: RetentionConfig,
     committed: broadcast::Sender<EngagementEvent>,
+    /// Stamps each append's arrival (`appended_at`), which [`EngagementJournal::prune_idle`]
+    /// judges idleness by.
+    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for SqliteEngagementJournal {
@@ -76,7 +80,34 @@ impl SqliteEngagementJournal {
             db,
             retention,
             committed,
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// The same journal stamping arrivals with `clock` (the wall clock by default; a server
+    /// on a testing clock gives its own).
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Delete the engagements older than the retention's age before `now`, their age judged
+    /// by `age_by`.
+    async fn prune_by(&self, age_by: AgeBy, now: i64) -> Result<u64, JournalError> {
+        let cutoff = now.saturating_sub(self.retention.max_age_ms);
+        self.db
+            .write(move |ctx| {
+                let removed = prune_in_transaction(ctx.conn, age_by, cutoff)?;
+                // Pruned engagements lose their counter rows (and may come back anew). A prune
+                // that removed nothing keeps the cache.
+                if removed > 0 {
+                    ctx.keys.engagements.clear();
+                }
+                Ok(removed)
+            })
+            .await
+            .map_err(journal_error)
     }
 
     /// The database this journal lives in.
@@ -151,6 +182,7 @@ fn append_in_transaction(
     data_json: &str,
     expected_seq: Option<i64>,
     max_events: u64,
+    appended_at: i64,
 ) -> Result<Result<EngagementEvent, JournalError>, StoreError> {
     let conn = ctx.conn;
     let counter = match ctx.keys.engagements.get(&*template.engagement_id) {
@@ -175,24 +207,28 @@ fn append_in_transaction(
     let engagement_key = match counter {
         Some((engagement_key, _)) => {
             ctx.statement(
-                "UPDATE journal_engagements SET next_seq = ?2, last_at = ?3 \
+                "UPDATE journal_engagements SET next_seq = ?2, last_at = ?3, appended_at = ?4 \
                  WHERE engagement_key = ?1",
             )
-            .and_then(|stmt| stmt.execute(params![engagement_key, seq + 1, template.at]))
+            .and_then(|stmt| {
+                stmt.execute(params![engagement_key, seq + 1, template.at, appended_at])
+            })
             .map_err(backend)?;
             engagement_key
         }
         None => {
             // The new row's key is one more than the largest present: the creation order.
             conn.prepare_cached(
-                "INSERT INTO journal_engagements (engagement_id, next_seq, last_at, generation) \
-                 VALUES (?1, 1, ?2, ?3)",
+                "INSERT INTO journal_engagements \
+                 (engagement_id, next_seq, last_at, generation, appended_at) \
+                 VALUES (?1, 1, ?2, ?3, ?4)",
             )
             .and_then(|mut stmt| {
                 stmt.execute(params![
                     &*template.engagement_id,
                     template.at,
-                    new_generation(seq)
+                    new_generation(seq),
+                    appended_at
                 ])
             })
             .map_err(backend)?;
@@ -444,15 +480,32 @@ fn compact_in_transaction(
 }
 
 /// Delete every engagement whose last appended event has `at < cutoff`; how many were deleted.
-fn prune_in_transaction(conn: &Connection, cutoff: i64) -> Result<u64, StoreError> {
-    conn.prepare_cached(
-        "DELETE FROM journal_events WHERE engagement_key IN \
-         (SELECT engagement_key FROM journal_engagements WHERE last_at < ?1)",
-    )
-    .and_then(|mut stmt| stmt.execute([cutoff]))
-    .map_err(backend)?;
+/// What an engagement's age is judged by: the `at` of its last appended event (the
+/// reference's `prune`), or when something was last appended to it (`prune_idle`).
+#[derive(Debug, Clone, Copy)]
+enum AgeBy {
+    LastAt,
+    AppendedAt,
+}
+
+fn prune_in_transaction(conn: &Connection, age_by: AgeBy, cutoff: i64) -> Result<u64, StoreError> {
+    let (events, engagements) = match age_by {
+        AgeBy::LastAt => (
+            "DELETE FROM journal_events WHERE engagement_key IN \
+             (SELECT engagement_key FROM journal_engagements WHERE last_at < ?1)",
+            "DELETE FROM journal_engagements WHERE last_at < ?1",
+        ),
+        AgeBy::AppendedAt => (
+            "DELETE FROM journal_events WHERE engagement_key IN \
+             (SELECT engagement_key FROM journal_engagements WHERE appended_at < ?1)",
+            "DELETE FROM journal_engagements WHERE appended_at < ?1",
+        ),
+    };
+    conn.prepare_cached(events)
+        .and_then(|mut stmt| stmt.execute([cutoff]))
+        .map_err(backend)?;
     let removed = conn
-        .prepare_cached("DELETE FROM journal_engagements WHERE last_at < ?1")
+        .prepare_cached(engagements)
         .and_then(|mut stmt| stmt.execute([cutoff]))
         .map_err(backend)?;
     Ok(removed as u64)
@@ -471,8 +524,16 @@ impl EngagementJournal for SqliteEngagementJournal {
         let data_json = serde_json::to_string(&*template.data)
             .map_err(|err| JournalError::Backend(format!("cannot encode event data: {err}")))?;
         let max_events = self.retention.max_events_per_engagement;
+        let appended_at = self.clock.now_ms();
         let work = move |ctx: &mut WriteContext<'_>| {
-            append_in_transaction(ctx, &template, &data_json, expected_seq, max_events)
+            append_in_transaction(
+                ctx,
+                &template,
+                &data_json,
+                expected_seq,
+                max_events,
+                appended_at,
+            )
         };
         self.db
             .write_then(work, Some(self.publisher()))
@@ -535,19 +596,11 @@ impl EngagementJournal for SqliteEngagementJournal {
     }
 
     async fn prune(&self, now: i64) -> Result<u64, JournalError> {
-        let cutoff = now.saturating_sub(self.retention.max_age_ms);
-        self.db
-            .write(move |ctx| {
-                let removed = prune_in_transaction(ctx.conn, cutoff)?;
-                // Pruned engagements lose their counter rows (and may come back anew). A prune
-                // that removed nothing (the scheduled one, most minutes) keeps the cache.
-                if removed > 0 {
-                    ctx.keys.engagements.clear();
-                }
-                Ok(removed)
-            })
-            .await
-            .map_err(journal_error)
+        self.prune_by(AgeBy::LastAt, now).await
+    }
+
+    async fn prune_idle(&self, now: i64) -> Result<u64, JournalError> {
+        self.prune_by(AgeBy::AppendedAt, now).await
     }
 
     fn subscribe(&self) -> JournalSubscription {

@@ -254,6 +254,16 @@ INSERT INTO activity_runs_awaiting_root (run_key, started_at)
   SELECT run_key, MIN(started_at) FROM activity_spans GROUP BY run_key
   HAVING SUM(parent_span_id IS NULL) = 0;
 "#,
+    // Version 10: when something was last appended to each engagement, by the appending
+    // process's clock (`SqliteEngagementJournal::prune_idle`: the scheduled retention judges
+    // idleness by it, not by the `at` clients give their events). The engagements of an
+    // earlier flightlog count as appended to at the upgrade, so none is removed before a full
+    // retention period has passed.
+    r#"
+ALTER TABLE journal_engagements ADD COLUMN appended_at INTEGER;
+UPDATE journal_engagements SET appended_at = CAST(unixepoch('subsec') * 1000 AS INTEGER);
+CREATE INDEX journal_engagements_by_arrival ON journal_engagements (appended_at);
+"#,
 ];
 
 /// The schema version this build writes.

@@ -1096,3 +1096,65 @@ fn a_total_that_is_not_finite_leaves_the_engagement_uncompacted() {
     }
     let _ = std::fs::remove_dir_all(&folder);
 }
+
+/// `prune_idle` judges an engagement by when appends to it arrived (the journal's clock), not
+/// by its events' `at`; and the engagements of a file an earlier flightlog wrote (schema 9, no
+/// arrival times) count as appended to at the upgrade, so none is removed before a whole
+/// retention period has passed since.
+#[test]
+fn prune_idle_judges_by_arrival_and_spares_an_upgraded_files_engagements() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("v9.db");
+    {
+        let mut conn = rusqlite::Connection::open(&path).expect("open");
+        flightlog_sqlite::migrate_up_to(&mut conn, 9).expect("schema version 9");
+        conn.execute_batch(
+            "INSERT INTO journal_engagements (engagement_key, engagement_id, next_seq, last_at)
+               VALUES (1, 'old', 1, 5);
+             INSERT INTO journal_events (engagement_key, seq, event_type, at, data)
+               VALUES (1, 0, 'note', 5, '{}');",
+        )
+        .expect("an engagement of schema 9");
+    }
+    let upgraded_at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as i64;
+    let clock = Arc::new(flightlog_core::ManualClock::new(upgraded_at));
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).expect("open and upgrade");
+    let retention = RetentionConfig {
+        max_age_ms: 60_000,
+        ..RetentionConfig::default()
+    };
+    let journal = SqliteEngagementJournal::new(db.clone(), retention).with_clock(clock.clone());
+    runtime().block_on(async {
+        // Appended now, dated at the epoch: live.
+        journal
+            .append(input("backdated", 0, "note", json!({})))
+            .await
+            .expect("append");
+        assert_eq!(journal.prune_idle(upgraded_at + 30_000).await.ok(), Some(0));
+        // The reference's prune would have removed both (their last `at` is ancient).
+        clock.set(upgraded_at + 50_000);
+        journal
+            .append(input("backdated", 1, "note", json!({})))
+            .await
+            .expect("append");
+        // A retention period after the upgrade: the old one goes, the one appended to since
+        // stays.
+        assert_eq!(
+            journal.prune_idle(upgraded_at + 100_000).await.ok(),
+            Some(1)
+        );
+        assert_eq!(
+            journal.list_engagements(None).await.ok(),
+            Some(vec!["backdated".to_owned()])
+        );
+        assert_eq!(
+            journal.prune_idle(upgraded_at + 110_001).await.ok(),
+            Some(1)
+        );
+        assert_eq!(journal.list_engagements(None).await.ok(), Some(vec![]));
+    });
+    runtime().block_on(db.close()).expect("close");
+}

@@ -155,6 +155,16 @@ pub trait EngagementJournal: Send + Sync {
     /// many were deleted.
     async fn prune(&self, now: i64) -> Result<u64, JournalError>;
 
+    /// Delete every engagement nothing was appended to in the `max_age_ms` before `now`, by the
+    /// time of the appends themselves where the backend records it (SQLite: its clock at each
+    /// append), not by the `at` clients give their events, which a client may backdate or give
+    /// in seconds; returns how many were deleted. What a scheduled retention calls, since it
+    /// deletes without anyone asking. A backend that records no arrival time judges by the
+    /// events' `at`, as [`EngagementJournal::prune`] does (the default).
+    async fn prune_idle(&self, now: i64) -> Result<u64, JournalError> {
+        self.prune(now).await
+    }
+
     /// A receiver of every event committed from now on (see [`JournalSubscription`]).
     fn subscribe(&self) -> JournalSubscription;
 

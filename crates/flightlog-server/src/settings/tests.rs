@@ -176,7 +176,7 @@ fn cases() -> Vec<Case> {
             env: "5000",
             file: "maintenance.stale_after_ms = 4000",
             read: |s| format!("{:?}", s.maintenance.stale_after_ms),
-            expected: ["Some(1800000)", "Some(4000)", "Some(5000)", "None"],
+            expected: ["Some(7200000)", "Some(4000)", "Some(5000)", "None"],
         },
         Case {
             setting: STUCK_AFTER_MS,
@@ -263,9 +263,10 @@ fn defaults_are_the_documented_ones() {
             allow_unauthenticated_non_loopback: false,
             maintenance: MaintenanceSettings {
                 every: None,
-                stale_after_ms: Some(1_800_000),
+                stale_after_ms: Some(7_200_000),
                 stuck_after_ms: Some(3_600_000),
                 prune_after_ms: Some(2_592_000_000),
+                journal_prune: true,
             },
             config_file: None,
         }
@@ -814,6 +815,20 @@ fn maintenance_runs_by_default_except_on_a_manual_clock_unless_asked() {
     let plan = no_stale.plan(false).expect("the other steps still run");
     assert_eq!(plan.stale_after_ms, None);
     assert!(plan.journal_prune);
+
+    // The journal's retention off: no scheduled journal prune, and the endpoint's prune
+    // removes nothing either (no age is old enough).
+    let keep = resolve_env(&[("FLIGHTLOG_JOURNAL_MAX_AGE_MS", "off")]);
+    let plan = keep
+        .maintenance
+        .plan(false)
+        .expect("the other steps still run");
+    assert!(!plan.journal_prune);
+    assert_eq!(plan.prune_after_ms, MaintenancePlan::DEFAULT.prune_after_ms);
+    assert_eq!(keep.retention.max_age_ms, i64::MAX);
+    // Even at the latest time a clock can say, the cutoff is before the earliest `at`.
+    let latest = 9_007_199_254_740_991_i64;
+    assert!(latest.saturating_sub(keep.retention.max_age_ms) < -latest);
 }
 
 /// Out-of-range and malformed maintenance values are refused, naming the setting and the fix.

@@ -295,9 +295,13 @@ async fn the_retention_prunes_the_detail_of_old_runs_in_batches_and_keeps_their_
     server.stop().await;
 }
 
-/// Engagements idle past the journal's retention are removed, the others kept.
+/// Engagements nothing was appended to for the journal's retention are removed, the others
+/// kept, judged by when the appends arrived (the store's clock), not by the `at` clients give
+/// their events: an engagement whose events are backdated (or given in seconds) is live while
+/// appends keep coming, and one whose events claim to be in the future is still idle when
+/// nothing comes.
 #[tokio::test]
-async fn the_journal_retention_removes_idle_engagements() {
+async fn the_journal_retention_removes_engagements_nothing_was_appended_to() {
     let server = manual_server(RetentionConfig {
         max_age_ms: 1_000,
         ..RetentionConfig::default()
@@ -310,15 +314,24 @@ async fn the_journal_retention_removes_idle_engagements() {
             ..NOTHING
         },
     );
-    for (engagement, at) in [("idle", 100), ("busy", 1_900)] {
-        server
-            .post(
-                &format!("/v1/engagements/{engagement}/events"),
-                &json!({"type": "note", "at": at, "data": {}}),
-            )
-            .await
-            .assert_status(201);
-    }
+    let append = |engagement: &'static str, at: i64| {
+        let server = &server;
+        async move {
+            server
+                .post(
+                    &format!("/v1/engagements/{engagement}/events"),
+                    &json!({"type": "note", "at": at, "data": {}}),
+                )
+                .await
+                .assert_status(201);
+        }
+    };
+    // Appended at clock 0, its event dated far ahead.
+    append("idle", 5_000_000).await;
+    set_clock(&server, 1_500);
+    // Appended at 1,500, its events backdated to the epoch and in seconds.
+    append("busy", 1_700_000).await;
+    append("busy", 0).await;
     set_clock(&server, 2_000);
     let report = pass(&mut maintenance).await;
     assert_eq!(report.engagements_removed, 1, "{report:?}");
@@ -334,6 +347,14 @@ async fn the_journal_retention_removes_idle_engagements() {
             .get("flightlog_maintenance_engagements_removed_total"),
         Some(1.0)
     );
+    // The reference's prune, on demand, still judges by the last appended event's `at` (0):
+    // it removes the live one.
+    let pruned = server
+        .post("/v1/engagements/prune", &json!({"now": 2_000}))
+        .await
+        .assert_status(200)
+        .clone();
+    assert_eq!(pruned, json!({"removed": 1}));
     server.stop().await;
 }
 

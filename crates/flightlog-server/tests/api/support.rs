@@ -126,11 +126,11 @@ impl TestServer {
         };
         let activity: Arc<dyn ActivityStore> = Arc::new(SqliteActivityStore::with_identity(
             Arc::clone(&db),
-            clock,
+            Arc::clone(&clock),
             SERVER_WRITER,
         ));
         let journal: Arc<dyn EngagementJournal> =
-            Arc::new(SqliteEngagementJournal::new(db, options.retention));
+            Arc::new(SqliteEngagementJournal::new(db, options.retention).with_clock(clock));
         let mut state = AppState::new(activity, journal).with_config(options.config);
         if let Some(clock) = &manual {
             state = state.with_manual_clock(Arc::clone(clock));
