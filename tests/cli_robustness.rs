@@ -978,7 +978,7 @@ const SIZE_TOMLS: &[&str] = &[
 ];
 const SIZE_FIX: &str = "give a size of at least 1 byte, in bytes or with KiB, MiB or GiB";
 
-const NUMERIC: [Numeric; 8] = [
+const NUMERIC: [Numeric; 12] = [
     Numeric {
         flag: "--body-limit",
         env: "FLIGHTLOG_BODY_LIMIT",
@@ -1082,7 +1082,46 @@ const NUMERIC: [Numeric; 8] = [
             "\"30 days\"",
         ],
         fix: "give an age in milliseconds from 1 to 9007199254740991",
-        takes: &["integer"],
+        takes: &["string", "integer"],
+    },
+    Numeric {
+        flag: "--maintenance-every-ms",
+        env: "FLIGHTLOG_MAINTENANCE_EVERY_MS",
+        key: "maintenance.every_ms",
+        texts: &["-1", "0", "9", "86400001", "1m", "never", ""],
+        tomls: &["5", "86400001", "1.5", "true", "\"hourly\""],
+        fix: "give a time between passes in milliseconds from 10 to 86400000, or `off`",
+        takes: &["string", "integer"],
+    },
+    Numeric {
+        flag: "--stale-after-ms",
+        env: "FLIGHTLOG_STALE_AFTER_MS",
+        key: "maintenance.stale_after_ms",
+        texts: &["-1", "0", "9007199254740992", "2h", ""],
+        tomls: &["0", "-5", "2.5", "false", "\"2 hours\""],
+        fix: "give a time in milliseconds from 1 to 9007199254740991 after which a run whose \
+              root had no heartbeat is closed, or `off`",
+        takes: &["string", "integer"],
+    },
+    Numeric {
+        flag: "--stuck-after-ms",
+        env: "FLIGHTLOG_STUCK_AFTER_MS",
+        key: "maintenance.stuck_after_ms",
+        texts: &["-1", "0", "1h", ""],
+        tomls: &["0", "1.5", "[1]"],
+        fix: "give a time in milliseconds from 1 to 9007199254740991 after which an open run \
+              counts as stuck, or `off`",
+        takes: &["string", "integer"],
+    },
+    Numeric {
+        flag: "--prune-after-ms",
+        env: "FLIGHTLOG_PRUNE_AFTER_MS",
+        key: "maintenance.prune_after_ms",
+        texts: &["-1", "0", "30d", "never", ""],
+        tomls: &["0", "2.5", "true", "\"a month\""],
+        fix: "give a time in milliseconds from 1 to 9007199254740991 after which the span \
+              detail of an ended run is deleted, or `off` to keep it",
+        takes: &["string", "integer"],
     },
     Numeric {
         flag: "--durability",
