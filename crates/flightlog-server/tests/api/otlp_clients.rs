@@ -5,6 +5,8 @@
 //! events). The test then reads the run back through the API and checks kinds, tree, outcomes,
 //! usage, cost (from the bundled price table) and events; and, with auth on, that an exporter
 //! without a valid token is refused and stores nothing, while Bearer and Basic tokens work.
+//! The Python SDK's metric and log exporters too (`send_signals.py`): their exports succeed
+//! without a warning, though flightlog keeps traces only.
 //!
 //! The clients are installed by `tests/otlp-clients/install.sh` (a Python venv and
 //! `node_modules`, pinned), which `.ci/run` runs before `cargo test`. This file runs it too, once
@@ -938,5 +940,68 @@ async fn with_auth_on_exporters_need_a_valid_token_as_bearer_or_basic() {
             "flightlog-test-bearer-js",
         ),
     );
+    server.stop().await;
+}
+
+/// The Python SDK's stock metric and log exporters (OTLP/HTTP with gzip, and gRPC), pointed at
+/// the server as an agent left at the SDK's defaults would be: every export succeeds and the
+/// SDK logs no warning (a 404 made it log a failed export each time), and the server counts
+/// what it read without storing it.
+#[tokio::test]
+async fn python_sdk_metrics_and_logs_exports_succeed_without_a_warning() {
+    let server = start_open().await;
+    let clients = clients();
+    for (protocol, endpoint) in [
+        ("http", server.base.clone()),
+        ("grpc", server.grpc_base.clone().expect("the gRPC listener")),
+    ] {
+        let mut command = Command::new(&clients.python);
+        command
+            .arg(clients_source().join("python/send_signals.py"))
+            .arg("--protocol")
+            .arg(protocol)
+            .arg("--endpoint")
+            .arg(&endpoint)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env("NO_PROXY", "127.0.0.1,localhost")
+            .env("no_proxy", "127.0.0.1,localhost");
+        for (key, _) in std::env::vars_os() {
+            let key_text = key.to_string_lossy();
+            if key_text.starts_with("OTEL_") || key_text.to_ascii_lowercase().ends_with("_proxy") {
+                command.env_remove(&key);
+            }
+        }
+        let ran = tokio::task::spawn_blocking(move || {
+            run_with_timeout(command, CLIENT_TIMEOUT, "send_signals.py")
+        })
+        .await
+        .expect("the client thread")
+        .expect("run send_signals.py");
+        let report: Value = ran
+            .stdout
+            .lines()
+            .rev()
+            .find(|line| !line.trim().is_empty())
+            .and_then(|line| serde_json::from_str(line).ok())
+            .unwrap_or(Value::Null);
+        assert!(
+            ran.succeeded() && report["ok"] == true,
+            "{protocol}: {} {report}\n--- stderr\n{}",
+            ran.describe_status(),
+            ran.stderr
+        );
+    }
+    let metrics = crate::metrics::scrape(&server).await;
+    for signal in ["metrics", "logs"] {
+        let counted = metrics
+            .get(&format!(
+                r#"flightlog_otlp_not_stored_total{{signal="{signal}"}}"#
+            ))
+            .unwrap_or(0.0);
+        assert!(counted >= 2.0, "{signal}: {counted}");
+    }
+    let (status, body) = get(&server, None, "/v1/activity/cursor").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["changeCursor"], 0, "nothing stored");
     server.stop().await;
 }
