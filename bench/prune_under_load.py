@@ -81,6 +81,8 @@ def fill(conn):
                         "payload": {"text": "x" * 200}, "ts": 1_100 + s})
             ops.append({"op": "endSpan", "spanId": f"{run}-{s}", "outcome": "success",
                         "endedAt": 1_500 + s})
+            if len(ops) >= ops_per_request:
+                flush()
         ops.append({"op": "endSpan", "spanId": root, "outcome": "success", "endedAt": 2_000,
                     "usage": {"inputTokens": 1000, "outputTokens": 100, "costUsd": 0.01}})
         if len(ops) >= ops_per_request:
