@@ -156,6 +156,27 @@ fn count_json(signal: Signal, body: &[u8]) -> Result<u64, OtlpError> {
             ["logRecords", "log_records"],
         ),
     };
+    // A non-empty body without the signal's list is another signal's export, or a key in
+    // another casing: refused as `/v1/traces` refuses one without `resourceSpans`, rather than
+    // answered as an empty export.
+    if !root.is_empty() && member(root, resources, "$")?.is_none() {
+        let keys: Vec<&str> = root.keys().map(String::as_str).take(5).collect();
+        let (message, lists) = match signal {
+            Signal::Metrics => (
+                "ExportMetricsServiceRequest",
+                "resourceMetrics, scopeMetrics, metrics",
+            ),
+            Signal::Logs => (
+                "ExportLogsServiceRequest",
+                "resourceLogs, scopeLogs, logRecords",
+            ),
+        };
+        return Err(OtlpError::malformed(format!(
+            "not an {message}: no `{}` among its keys {keys:?} (OTLP/JSON keys are \
+             lowerCamelCase: {lists})",
+            resources[0]
+        )));
+    }
     let mut count = 0u64;
     for (r, resource) in array_member(root, resources, "$")?.iter().enumerate() {
         let path = format!("$.{}[{r}]", resources[0]);
@@ -411,8 +432,7 @@ mod tests {
             {"name": "a", "gauge": {"dataPoints": [{}, {}]}},
             {"name": "b", "histogram": {"data_points": [{}, {}, {}]}},
             {"name": "c", "exponential_histogram": {"dataPoints": [{}]}},
-            {"name": "d"}]}]}],
-            "resource_metrics_unknown_member_is_ignored": 1}"#;
+            {"name": "d", "unknownMember": 1}]}]}]}"#;
         let counted = count_export(
             Signal::Metrics,
             Some("application/json"),
@@ -471,6 +491,12 @@ mod tests {
                 "has both `resourceLogs` and `resource_logs`",
             ),
             (Signal::Logs, b"{not json", "invalid JSON"),
+            (
+                Signal::Metrics,
+                b"{\"resourceSpans\": []}",
+                "not an ExportMetricsServiceRequest: no `resourceMetrics` among its keys",
+            ),
+            (Signal::Logs, b"{\"ResourceLogs\": []}", "no `resourceLogs` among its keys"),
         ] {
             let error = count_export(signal, Some("application/json"), None, body, 1 << 20)
                 .expect_err("refused");

@@ -1,4 +1,7 @@
-//! The OTLP/gRPC listener: `opentelemetry.proto.collector.trace.v1.TraceService/Export`.
+//! The OTLP/gRPC listener: `opentelemetry.proto.collector.trace.v1.TraceService/Export`, and
+//! the metrics and logs services (`MetricsService/Export`, `LogsService/Export`), which read and
+//! answer exports without storing them (see `flightlog_otlp::Signal`), each routed by its path
+//! prefix; every call passes the same token check and write limit.
 //!
 //! The service itself (mapping, import, `partialSuccess`) is `flightlog-otlp`'s, shared with the
 //! OTLP/HTTP route; this module gives it the server's auth (the `ingest` scope, a token as
@@ -52,7 +55,8 @@ fn authorizer(auth: AuthConfig) -> Arc<Authorize> {
     })
 }
 
-/// The gRPC trace service over `state`'s activity store, as a router.
+/// The gRPC services over `state`'s stores (traces; metrics and logs, answered not stored), as
+/// a router.
 pub fn grpc_app(state: &AppState) -> Router {
     let counted = state.clone();
     let authorize = authorizer(state.config().auth.clone());

@@ -19,12 +19,11 @@
 //!    is named once in the server's output.
 //! 3. **Activity prune** (`--prune-after-ms`, default 30 days): the detail (spans, events,
 //!    change rows) of runs that ended longer ago than that is deleted, their rollups kept, in
-//!    transactions sized so that each takes about [`PRUNE_CALL_TARGET`] (writers wait behind
-//!    one at most): a run's detail may be ten spans or a million, so the number of runs a
-//!    transaction takes starts at 1 and doubles while calls stay quick, up to [`PRUNE_BATCH`],
-//!    and halves when one was slow; for at most [`PRUNE_TIME_BUDGET`] a pass (a large backlog
-//!    is worked off over several passes). One run is never split, so a single huge run still
-//!    takes one transaction of its own.
+//!    transactions of at most [`PRUNE_BATCH`] runs and [`PRUNE_SPAN_BUDGET`] spans (as the
+//!    rollups count them), so writers wait behind a few tens of milliseconds at most: 50 runs
+//!    may be 500 spans or 50 million. For at most [`PRUNE_TIME_BUDGET`] a pass (a large backlog
+//!    is worked off over several passes). A run is never split, so a single run bigger than
+//!    the budget takes one transaction of its own.
 //!    The floor and the ceiling are the same time, so a run pruned by this retention is not
 //!    marked as a digest coverage gap: there is no digest job, the retention is the choice.
 //! 4. **Journal prune** (`journal.max_age_ms`, default 30 days, `off` for none): engagements
@@ -56,9 +55,9 @@ use crate::state::AppState;
 /// The most runs pruned in one transaction (the reference's default batch).
 pub const PRUNE_BATCH: i64 = 50;
 
-/// How long one prune transaction should take: the batch grows while calls take under half of
-/// it and shrinks when one takes longer.
-pub const PRUNE_CALL_TARGET: Duration = Duration::from_millis(50);
+/// The most spans one prune transaction deletes (the first run is always taken, however big):
+/// about 30 ms of deleting on this project's 2-core machine (150,000 spans/s, BENCHMARKS.md).
+pub const PRUNE_SPAN_BUDGET: i64 = 5_000;
 
 /// How long one pass keeps pruning batches before leaving the rest to the next pass.
 pub const PRUNE_TIME_BUDGET: Duration = Duration::from_secs(2);
@@ -196,8 +195,6 @@ pub struct Maintenance {
     metrics: MaintenanceMetrics,
     /// The clock's time when this maintenance was made (the server's start).
     started_at_ms: i64,
-    /// Runs the next prune transaction takes (see [`PRUNE_CALL_TARGET`]).
-    prune_batch: i64,
     /// Stuck runs already named in the output.
     reported_stuck: HashSet<String>,
     /// Stuck runs past [`STUCK_MEMORY`] at the last pass (counted in the output, not named).
@@ -242,7 +239,6 @@ impl Maintenance {
             clock,
             metrics: state.metrics().maintenance(),
             started_at_ms,
-            prune_batch: 1,
             reported_stuck: HashSet::new(),
             unremembered_stuck: 0,
             failing: HashSet::new(),
@@ -373,24 +369,14 @@ impl Maintenance {
         let began = Instant::now();
         loop {
             let now = self.clock.now_ms();
-            let batch = self.prune_batch;
             let options = PruneOptions {
                 digest_floor_at: now.saturating_sub(prune_after_ms),
                 hard_ceiling_ms: prune_after_ms,
                 now: Some(now),
-                batch: Some(batch),
+                batch: Some(PRUNE_BATCH),
+                max_spans: Some(PRUNE_SPAN_BUDGET),
             };
-            let call = Instant::now();
-            let result = self.sweeper.prune(options).await;
-            let took = call.elapsed();
-            if took > PRUNE_CALL_TARGET {
-                self.prune_batch = (batch / 2).max(1);
-            } else if took < PRUNE_CALL_TARGET / 2
-                && matches!(&result, Ok(r) if r.runs_pruned == batch)
-            {
-                self.prune_batch = (batch * 2).min(PRUNE_BATCH);
-            }
-            match result {
+            match self.sweeper.prune(options).await {
                 Ok(result) => {
                     report.runs_pruned += result.runs_pruned;
                     report.spans_pruned += result.spans_deleted;
@@ -400,7 +386,8 @@ impl Maintenance {
                     self.metrics
                         .spans_pruned
                         .inc_by(u64::try_from(result.spans_deleted).unwrap_or(0));
-                    if result.runs_pruned < batch || began.elapsed() >= PRUNE_TIME_BUDGET {
+                    // Nothing left (the last call took nothing), or this pass's time is up.
+                    if result.runs_pruned == 0 || began.elapsed() >= PRUNE_TIME_BUDGET {
                         self.succeeded(Step::Prune);
                         return;
                     }

@@ -387,6 +387,7 @@ async fn main() {
         loop {
             let pruned = store
                 .prune(PruneOptions {
+                    max_spans: None,
                     digest_floor_at: i64::MAX,
                     hard_ceiling_ms: 0,
                     now: None,

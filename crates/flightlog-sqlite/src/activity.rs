@@ -782,6 +782,7 @@ impl ActivityStore for SqliteActivityStore {
             batch: options.batch.unwrap_or(DEFAULT_PRUNE_BATCH),
             change_log_retention: self.db.change_log_retention(),
             change_log_trim_batch: self.db.change_log_trim_batch(),
+            max_spans: options.max_spans,
         };
         self.db.write(move |ctx| write::prune(ctx, plan)).await
     }

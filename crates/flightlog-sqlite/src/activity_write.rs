@@ -1071,6 +1071,29 @@ pub(crate) struct PrunePlan {
     pub change_log_retention: i64,
     /// The most change rows one call trims, the oldest first.
     pub change_log_trim_batch: i64,
+    /// The most spans one call deletes (see `PruneOptions::max_spans`); `None`: no bound.
+    pub max_spans: Option<i64>,
+}
+
+/// The first runs of `runs` (each with its span count) that fit in `max_spans` together with
+/// the `taken` spans already chosen, and always one run when none is chosen yet (`taken` 0);
+/// with whether every run fitted and the spans chosen in all.
+fn within_span_budget<T>(
+    runs: Vec<(T, i64)>,
+    max_spans: Option<i64>,
+    taken: i64,
+) -> (Vec<T>, bool, i64) {
+    let mut total = taken;
+    let mut kept = Vec::with_capacity(runs.len());
+    for (run, spans) in runs {
+        let with = total.saturating_add(spans.max(0));
+        if max_spans.is_some_and(|max| with > max) && (total > 0 || !kept.is_empty()) {
+            return (kept, false, total);
+        }
+        total = with;
+        kept.push(run);
+    }
+    (kept, true, total)
 }
 
 /// The most change-log rows one `prune` call trims by default (see there).
@@ -1172,9 +1195,9 @@ pub(crate) fn prune(
     let conn = ctx.conn;
     // Candidates come from the rollups (a finished run's terminal write made it prunable),
     // guarded against any run that still has an open span.
-    let candidates: Vec<(i64, i64)> = conn
+    let candidates: Vec<((i64, i64), i64)> = conn
         .prepare_cached(
-            "SELECT o.run_key, o.ended_at FROM activity_run_rollups o \
+            "SELECT o.run_key, o.ended_at, o.span_count FROM activity_run_rollups o \
              WHERE o.detail_pruned = 0 AND o.ended_at IS NOT NULL \
                AND (o.ended_at < ?1 OR o.ended_at < ?2) \
                AND NOT EXISTS (SELECT 1 FROM activity_spans s \
@@ -1183,11 +1206,13 @@ pub(crate) fn prune(
         )
         .and_then(|mut stmt| {
             stmt.query_map(params![plan.floor, plan.ceiling, plan.batch], |row| {
-                Ok((row.get(0)?, row.get(1)?))
+                Ok(((row.get(0)?, row.get(1)?), row.get(2)?))
             })?
             .collect()
         })
         .map_err(backend)?;
+    let (candidates, all_fitted, candidate_spans) =
+        within_span_budget(candidates, plan.max_spans, 0);
     // Runs that never had a root stored (see `run_roots`) have no rollup to be a candidate by.
     // A trace whose root never comes (its caller exports elsewhere, with an SDK that does not
     // flag remote parents) would keep its detail forever, so the hard ceiling prunes such a run
@@ -1202,11 +1227,14 @@ pub(crate) fn prune(
         plan.batch
             .saturating_sub(i64::try_from(candidates.len()).unwrap_or(i64::MAX))
     };
-    let rootless: Vec<i64> = if remaining == 0 {
+    let rootless: Vec<i64> = if remaining == 0 || !all_fitted {
         Vec::new()
     } else {
-        conn.prepare_cached(
-            "SELECT w.run_key FROM activity_runs_awaiting_root w \
+        let rootless: Vec<(i64, i64)> = conn
+            .prepare_cached(
+                "SELECT w.run_key, \
+               (SELECT COUNT(*) FROM activity_spans s WHERE s.run_key = w.run_key) \
+             FROM activity_runs_awaiting_root w \
              WHERE w.started_at < ?1 \
                AND NOT EXISTS (SELECT 1 FROM activity_run_rollups o \
                                WHERE o.run_key = w.run_key AND o.detail_pruned = 0) \
@@ -1215,12 +1243,15 @@ pub(crate) fn prune(
                AND (SELECT MAX(MAX(s.started_at, COALESCE(s.ended_at, s.started_at))) \
                     FROM activity_spans s WHERE s.run_key = w.run_key) < ?1 \
              ORDER BY w.started_at, w.run_key LIMIT ?2",
-        )
-        .and_then(|mut stmt| {
-            stmt.query_map(params![plan.ceiling, remaining], |row| row.get(0))?
+            )
+            .and_then(|mut stmt| {
+                stmt.query_map(params![plan.ceiling, remaining], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })?
                 .collect()
-        })
-        .map_err(backend)?
+            })
+            .map_err(backend)?;
+        within_span_budget(rootless, plan.max_spans, candidate_spans).0
     };
     if !candidates.is_empty() || !rootless.is_empty() {
         // Deleting the newest change rows must not let their ids be handed out again.
@@ -1326,6 +1357,33 @@ pub(crate) fn prune(
 mod tests {
     use super::*;
     use crate::database::{WriteContext, WriterCache};
+
+    #[test]
+    fn a_span_budget_takes_runs_while_they_fit_and_always_one() {
+        let runs = || vec![("a", 400), ("b", 500), ("c", 200), ("d", 1)];
+        assert_eq!(
+            within_span_budget(runs(), None, 0),
+            (vec!["a", "b", "c", "d"], true, 1_101)
+        );
+        assert_eq!(
+            within_span_budget(runs(), Some(1_000), 0),
+            (vec!["a", "b"], false, 900)
+        );
+        // The first run is taken however big; nothing after it that does not fit.
+        assert_eq!(
+            within_span_budget(vec![("huge", 50_000), ("small", 1)], Some(1_000), 0),
+            (vec!["huge"], false, 50_000)
+        );
+        // Spans already taken count; then even the first may not fit.
+        assert_eq!(
+            within_span_budget(runs(), Some(1_000), 700),
+            (vec![], false, 700)
+        );
+        assert_eq!(
+            within_span_budget(Vec::<(&str, i64)>::new(), Some(1), 0),
+            (vec![], true, 0)
+        );
+    }
 
     fn id(n: usize) -> String {
         format!("{:016x}", (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))

@@ -481,7 +481,9 @@ fn compact_in_transaction(
 
 /// Delete every engagement whose last appended event has `at < cutoff`; how many were deleted.
 /// What an engagement's age is judged by: the `at` of its last appended event (the
-/// reference's `prune`), or when something was last appended to it (`prune_idle`).
+/// reference's `prune`), or when something was last appended to it (`prune_idle`; a row with
+/// no arrival time, inserted by a flightlog older than schema 10 still running on the file
+/// during an upgrade, falls back to its `last_at`).
 #[derive(Debug, Clone, Copy)]
 enum AgeBy {
     LastAt,
@@ -497,8 +499,10 @@ fn prune_in_transaction(conn: &Connection, age_by: AgeBy, cutoff: i64) -> Result
         ),
         AgeBy::AppendedAt => (
             "DELETE FROM journal_events WHERE engagement_key IN \
-             (SELECT engagement_key FROM journal_engagements WHERE appended_at < ?1)",
-            "DELETE FROM journal_engagements WHERE appended_at < ?1",
+             (SELECT engagement_key FROM journal_engagements \
+              WHERE appended_at < ?1 OR (appended_at IS NULL AND last_at < ?1))",
+            "DELETE FROM journal_engagements \
+             WHERE appended_at < ?1 OR (appended_at IS NULL AND last_at < ?1)",
         ),
     };
     conn.prepare_cached(events)

@@ -88,6 +88,7 @@ async fn a_group_that_ends_with_a_prune_still_rings_its_changes() {
         tasks.push(tokio::spawn(async move {
             pruning
                 .prune(flightlog_core::activity::PruneOptions {
+                    max_spans: None,
                     digest_floor_at: 0,
                     hard_ceiling_ms: i64::MAX,
                     now: None,

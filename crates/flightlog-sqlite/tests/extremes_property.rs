@@ -3003,6 +3003,7 @@ async fn perform(h: &mut Harness, op: &Op) -> Result<(), TestCaseError> {
             batch,
         } => {
             h.prune(PruneOptions {
+                max_spans: None,
                 digest_floor_at: TIMES[*floor],
                 hard_ceiling_ms: TIMES[*ceiling],
                 now: time(now),
@@ -3245,6 +3246,7 @@ async fn wildcard_and_odd_byte_ids_stay_distinct() -> Result<(), TestCaseError> 
     prop_assert_eq!(h.open_roots().await?.len(), ids.len() - 5);
     let pruned = h
         .prune(PruneOptions {
+            max_spans: None,
             digest_floor_at: i64::MAX,
             hard_ceiling_ms: 0,
             now: None,
@@ -3343,6 +3345,7 @@ async fn parent_loops_and_parents_in_other_runs() -> Result<(), TestCaseError> {
     prop_assert_eq!(report.rejected.len(), 1);
     let pruned = h
         .prune(PruneOptions {
+            max_spans: None,
             digest_floor_at: i64::MAX,
             hard_ceiling_ms: i64::MAX,
             now: Some(i64::MIN),
@@ -3596,6 +3599,7 @@ async fn prune_option_extremes() -> Result<(), TestCaseError> {
                 let batch = PRUNE_BATCHES[n % PRUNE_BATCHES.len()];
                 let result = h
                     .prune(PruneOptions {
+                        max_spans: None,
                         digest_floor_at: floor,
                         hard_ceiling_ms: ceiling,
                         now,
@@ -3610,6 +3614,7 @@ async fn prune_option_extremes() -> Result<(), TestCaseError> {
         }
     }
     let everything_prunable = PruneOptions {
+        max_spans: None,
         digest_floor_at: i64::MAX,
         hard_ceiling_ms: i64::MIN,
         now: Some(i64::MAX),

@@ -76,6 +76,7 @@ async fn lists_open_ended_and_pruned_runs_newest_first_with_filters() {
     store.rollup_run("run-a").await.unwrap();
     let pruned = store
         .prune(PruneOptions {
+            max_spans: None,
             digest_floor_at: 1_000,
             hard_ceiling_ms: 1_000_000,
             now: Some(10_000),
@@ -324,6 +325,7 @@ async fn a_run_with_two_roots_is_listed_from_the_root_its_rollup_and_prune_use()
 
     let pruned = store
         .prune(PruneOptions {
+            max_spans: None,
             digest_floor_at: 7_000,
             hard_ceiling_ms: 100_000,
             now: Some(9_000),
@@ -559,6 +561,7 @@ async fn prune_deletes_a_trace_whose_root_never_came_behind_the_hard_ceiling() {
         .unwrap();
     store.end_span("s1", used(1, 0.1, 200)).await.unwrap();
     let prune = |batch| PruneOptions {
+        max_spans: None,
         digest_floor_at: 0,
         hard_ceiling_ms: 9_000,
         now: Some(10_000),
@@ -690,4 +693,63 @@ async fn a_rootless_run_closed_and_rolled_up_is_listed_ended() {
     );
     assert!(ids(&store, by_outcome(SpanOutcome::Error)).await.is_empty());
     db.close().await.unwrap();
+}
+
+/// `max_spans` bounds what one prune deletes by the runs' span counts (the first run always
+/// goes, however big), so a scheduled prune's transaction stays short whatever the runs' sizes;
+/// without it, the run count alone bounds it, as the reference's `batch`.
+#[tokio::test]
+async fn a_span_budget_bounds_what_one_prune_deletes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("runs.db"))).unwrap();
+    let store = SqliteActivityStore::with_identity(db, Arc::new(ManualClock::new(10_000)), "w");
+    // Runs of 3, 3, 6 and 1 spans, ended in that order.
+    for (run, spans, ended) in [
+        ("r1", 3, 200),
+        ("r2", 3, 300),
+        ("r3", 6, 400),
+        ("r4", 1, 500),
+    ] {
+        store
+            .start_span(start(&format!("{run}-0"), run, None, 100))
+            .await
+            .unwrap();
+        for n in 1..spans {
+            let id = format!("{run}-{n}");
+            store
+                .start_span(start(&id, run, Some(&format!("{run}-0")), 110))
+                .await
+                .unwrap();
+            store
+                .end_span(&id, end(SpanOutcome::Success, 150))
+                .await
+                .unwrap();
+        }
+        store
+            .end_span(&format!("{run}-0"), end(SpanOutcome::Success, ended))
+            .await
+            .unwrap();
+        store.rollup_run(run).await.unwrap();
+    }
+    let prune = |max_spans| PruneOptions {
+        digest_floor_at: 1_000,
+        hard_ceiling_ms: 1_000_000,
+        now: Some(10_000),
+        batch: Some(50),
+        max_spans,
+    };
+    let mut calls = Vec::new();
+    loop {
+        let pruned = store.prune(prune(Some(5))).await.unwrap();
+        if pruned.runs_pruned == 0 {
+            break;
+        }
+        calls.push((pruned.runs_pruned, pruned.spans_deleted));
+    }
+    // 3 fits, 3 + 3 does not; 3; 6 alone (the first always goes); 1.
+    assert_eq!(calls, [(1, 3), (1, 3), (1, 6), (1, 1)]);
+    assert!(store.get_span("r4-0").await.unwrap().is_none());
+    for run in ["r1", "r2", "r3", "r4"] {
+        assert!(store.read_rollup(run).await.unwrap().unwrap().detail_pruned);
+    }
 }

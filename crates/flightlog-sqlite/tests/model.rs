@@ -1799,6 +1799,7 @@ impl Harness {
             },
             Op::Prune(prune) => {
                 let mut options = PruneOptions {
+                    max_spans: None,
                     digest_floor_at: match prune.floor {
                         Floor::Zero => 0,
                         Floor::Negative => -1_000,

@@ -461,6 +461,7 @@ async fn prune_trims_the_change_log_a_batch_at_a_time() {
     }
     assert_eq!(store.latest_change_cursor().await.unwrap(), 20);
     let keep_all = PruneOptions {
+        max_spans: None,
         digest_floor_at: 0,
         hard_ceiling_ms: i64::MAX / 2,
         now: Some(2_000),

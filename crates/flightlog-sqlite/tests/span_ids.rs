@@ -75,6 +75,7 @@ async fn prune_every_run(store: &SqliteActivityStore, total: u64) -> i64 {
     }
     store
         .prune(PruneOptions {
+            max_spans: None,
             digest_floor_at: i64::MAX,
             hard_ceiling_ms: i64::MAX,
             batch: Some(-1),

@@ -516,6 +516,12 @@ pub struct PruneOptions {
         deserialize_with = "crate::json_number::optional_integral_i64"
     )]
     pub batch: Option<i64>,
+    /// Beyond the reference, and not on the wire: the most spans one call deletes, as the
+    /// runs' rollups count them (the first run is always taken, however big). A scheduled
+    /// prune bounds its transactions with it: 50 runs may be 500 spans or 50 million. `None`:
+    /// no bound.
+    #[serde(skip)]
+    pub max_spans: Option<i64>,
 }
 
 /// What one `prune` call removed.
