@@ -12,7 +12,9 @@
 //!    heartbeat, the runs of requests that named no writer included: the server being alive
 //!    says nothing about the clients that wrote under its name. Not before the server has been
 //!    up for the staleness window: while it was down no client could heartbeat, and a run whose
-//!    writer is alive must get a full window to show it.
+//!    writer is alive must get a full window to show it. In steps of [`STALE_SWEEP_STEP`] roots a
+//!    transaction (`sweep_stale_step`), for at most [`PRUNE_TIME_BUDGET`] a pass, so a backlog
+//!    never holds writers up for long.
 //! 2. **Stuck-run watchdog** (`--stuck-after-ms`, default 1 hour): open roots running longer
 //!    than that (`find_stuck`), alive (the stale sweep spares them) but not finishing. Their
 //!    count is the `flightlog_runs_stuck` gauge (for an alert), and each run that becomes stuck
@@ -59,7 +61,11 @@ pub const PRUNE_BATCH: i64 = 50;
 /// about 30 ms of deleting on this project's 2-core machine (150,000 spans/s, BENCHMARKS.md).
 pub const PRUNE_SPAN_BUDGET: i64 = 5_000;
 
-/// How long one pass keeps pruning batches before leaving the rest to the next pass.
+/// Stale roots whose runs one sweep transaction closes (a run of ten spans closes in about
+/// 20 us here, so a step stays within a few milliseconds for runs of common sizes).
+pub const STALE_SWEEP_STEP: i64 = 200;
+
+/// How long one pass keeps sweeping or pruning steps before leaving the rest to the next pass.
 pub const PRUNE_TIME_BUDGET: Duration = Duration::from_secs(2);
 
 /// Runs the watchdog remembers as already reported; past it, newly stuck runs are counted in
@@ -298,15 +304,27 @@ impl Maintenance {
         if now.saturating_sub(self.started_at_ms) < stale_after_ms {
             return;
         }
-        match self.sweeper.sweep_stale(stale_after_ms, Some(now)).await {
-            Ok(closed) => {
-                report.stale_spans_closed = closed;
-                self.metrics
-                    .stale_spans_closed
-                    .inc_by(u64::try_from(closed).unwrap_or(0));
-                self.succeeded(Step::StaleSweep);
+        // In steps of a few runs a transaction, so a backlog (the first pass after an upgrade, a
+        // fleet of writers gone at once) never holds writers up for long; the rest waits for
+        // the next pass once this one's time is up.
+        let began = Instant::now();
+        loop {
+            match self
+                .sweeper
+                .sweep_stale_step(stale_after_ms, Some(now), STALE_SWEEP_STEP)
+                .await
+            {
+                Ok((closed, more)) => {
+                    report.stale_spans_closed += closed;
+                    self.metrics
+                        .stale_spans_closed
+                        .inc_by(u64::try_from(closed).unwrap_or(0));
+                    if !more || began.elapsed() >= PRUNE_TIME_BUDGET {
+                        return self.succeeded(Step::StaleSweep);
+                    }
+                }
+                Err(err) => return self.failed(Step::StaleSweep, err.to_string(), report),
             }
-            Err(err) => self.failed(Step::StaleSweep, err.to_string(), report),
         }
     }
 

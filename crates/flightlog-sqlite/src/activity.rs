@@ -565,6 +565,28 @@ impl ActivityStore for SqliteActivityStore {
             .await
     }
 
+    async fn sweep_stale_step(
+        &self,
+        stale_after_ms: i64,
+        now: Option<i64>,
+        max_roots: i64,
+    ) -> Result<(i64, bool), StoreError> {
+        let clock_now = self.now();
+        let cutoff = now.unwrap_or(clock_now).saturating_sub(stale_after_ms);
+        let writer = self.writer.clone();
+        let found = self
+            .db
+            .read(|conn| any_row(conn, STALE_RUNS_SQL, params![writer.as_ref(), cutoff]))?;
+        if !found {
+            return Ok((0, false));
+        }
+        self.db
+            .write(move |ctx| {
+                write::sweep_stale_step(ctx, &writer, cutoff, clock_now, max_roots.max(1))
+            })
+            .await
+    }
+
     async fn find_stuck(
         &self,
         threshold_ms: i64,

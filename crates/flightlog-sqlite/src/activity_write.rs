@@ -922,6 +922,34 @@ pub(crate) fn sweep_stale(
     Ok(closed)
 }
 
+/// [`sweep_stale`] for the runs of the first `max_roots` stale roots (oldest first), and
+/// whether stale roots remain after them: `(spans closed, more)`.
+pub(crate) fn sweep_stale_step(
+    ctx: &mut WriteContext<'_>,
+    writer: &str,
+    cutoff: i64,
+    now: i64,
+    max_roots: i64,
+) -> Result<(i64, bool), StoreError> {
+    let mut closed = 0;
+    // One more than asked for, to tell whether any remain; re-read inside the transaction so a
+    // root that heartbeated since the caller's look survives.
+    let sql = format!("{STALE_RUNS_SQL} LIMIT ?3");
+    let mut run_keys = run_keys(ctx.conn, &sql, params![writer, cutoff, max_roots + 1])?;
+    let more = run_keys.len() as i64 > max_roots;
+    run_keys.truncate(usize::try_from(max_roots).unwrap_or(usize::MAX));
+    for run_key in run_keys {
+        closed += close_run(
+            ctx,
+            run_key,
+            &SpanOutcome::Interrupted,
+            "writer went silent",
+            now,
+        )?;
+    }
+    Ok((closed, more))
+}
+
 pub(crate) fn rollup_run(ctx: &mut WriteContext<'_>, run_id: &str) -> Result<(), StoreError> {
     match existing_run_key(ctx.conn, run_id)? {
         Some(run_key) => rollup_run_key(ctx, run_key, RollupIdentity::KeepFirst),

@@ -753,3 +753,69 @@ async fn a_span_budget_bounds_what_one_prune_deletes() {
         assert!(store.read_rollup(run).await.unwrap().unwrap().detail_pruned);
     }
 }
+
+/// `sweep_stale_step` closes the runs of at most `max_roots` stale roots a call, oldest first,
+/// and says whether more remain; what it closes is what `sweep_stale` would (its own writer's
+/// runs and live roots spared).
+#[tokio::test]
+async fn a_stale_sweep_in_steps_closes_the_oldest_first_and_says_when_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("runs.db"))).unwrap();
+    let clock = Arc::new(ManualClock::new(10_000));
+    let sweeper = SqliteActivityStore::with_identity(db.clone(), clock.clone(), "sweeper");
+    let agent = SqliteActivityStore::with_identity(db, clock.clone(), "agent");
+    for (n, at) in [(1, 100), (2, 200), (3, 300), (4, 9_500)] {
+        let run = format!("run-{n}");
+        agent
+            .start_span(start(&format!("root-{n}"), &run, None, at))
+            .await
+            .unwrap();
+        agent
+            .start_span(start(
+                &format!("child-{n}"),
+                &run,
+                Some(&format!("root-{n}")),
+                at,
+            ))
+            .await
+            .unwrap();
+    }
+    // The sweeper's own run is never its to close.
+    sweeper
+        .start_span(start("own", "run-own", None, 100))
+        .await
+        .unwrap();
+    let step = || sweeper.sweep_stale_step(1_000, Some(10_000), 2);
+    assert_eq!(step().await.unwrap(), (4, true));
+    assert!(agent
+        .get_span("root-2")
+        .await
+        .unwrap()
+        .unwrap()
+        .outcome
+        .is_some());
+    assert!(agent
+        .get_span("root-3")
+        .await
+        .unwrap()
+        .unwrap()
+        .outcome
+        .is_none());
+    assert_eq!(step().await.unwrap(), (2, false));
+    assert_eq!(step().await.unwrap(), (0, false));
+    // run-4 (heartbeat age 500 ms) and the sweeper's own survive.
+    assert!(agent
+        .get_span("root-4")
+        .await
+        .unwrap()
+        .unwrap()
+        .outcome
+        .is_none());
+    assert!(sweeper
+        .get_span("own")
+        .await
+        .unwrap()
+        .unwrap()
+        .outcome
+        .is_none());
+}

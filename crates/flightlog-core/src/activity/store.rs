@@ -161,6 +161,20 @@ pub trait ActivityStore: Send + Sync {
     /// never runs whose root this writer started ("writer went silent"); returns spans closed.
     async fn sweep_stale(&self, stale_after_ms: i64, now: Option<i64>) -> Result<i64, StoreError>;
 
+    /// [`ActivityStore::sweep_stale`] in steps, for a caller that must not hold writers up for
+    /// long (a scheduled sweep meeting a backlog): closes the stale runs of at most `max_roots`
+    /// open roots in one transaction and says whether stale runs remain, as `(spans closed,
+    /// more)`. The default sweeps everything at once.
+    async fn sweep_stale_step(
+        &self,
+        stale_after_ms: i64,
+        now: Option<i64>,
+        max_roots: i64,
+    ) -> Result<(i64, bool), StoreError> {
+        let _ = max_roots;
+        Ok((self.sweep_stale(stale_after_ms, now).await?, false))
+    }
+
     /// Open roots that started more than `threshold_ms` before `now`, oldest first.
     async fn find_stuck(
         &self,

@@ -153,6 +153,57 @@ async fn the_stale_sweep_closes_silent_runs_of_every_writer_once_the_server_has_
     server.stop().await;
 }
 
+/// A backlog of silent runs (more than one step's worth) is closed in one pass, step after
+/// step, every child with its root.
+#[tokio::test]
+async fn the_stale_sweep_works_off_a_backlog_in_steps() {
+    let server = manual_server(RetentionConfig::default()).await;
+    let runs = 450;
+    let mut ops = Vec::new();
+    for n in 0..runs {
+        ops.push(
+            json!({"op": "startSpan", "spanId": format!("root-{n}"), "runId": format!("run-{n}"),
+                        "name": "turn", "kind": "turn", "origin": "session"}),
+        );
+        ops.push(
+            json!({"op": "startSpan", "spanId": format!("tool-{n}"), "runId": format!("run-{n}"),
+                        "parentSpanId": format!("root-{n}"), "name": "tool", "kind": "tool",
+                        "origin": "session"}),
+        );
+    }
+    let results = server
+        .send(
+            Method::POST,
+            "/v1/activity/batch",
+            Some(&json!({"ops": ops})),
+            Some("agent"),
+        )
+        .await
+        .assert_status(200)["results"]
+        .clone();
+    assert!(results
+        .as_array()
+        .is_some_and(|results| results.iter().all(|r| r.get("error").is_none())));
+    let mut maintenance = maintenance(
+        &server,
+        MaintenancePlan {
+            stale_after_ms: Some(1_000),
+            ..NOTHING
+        },
+    );
+    set_clock(&server, 5_000);
+    let report = pass(&mut maintenance).await;
+    assert_eq!(report.stale_spans_closed, 2 * runs, "{report:?}");
+    let open = server
+        .get("/v1/activity/open-roots")
+        .await
+        .assert_status(200)
+        .clone();
+    assert_eq!(open, json!([]));
+    assert_eq!(span(&server, "tool-449").await["outcome"], "interrupted");
+    server.stop().await;
+}
+
 /// Open roots running longer than the threshold are counted in the gauge at every pass and
 /// named once; a run that ends leaves the count, and nothing else is changed.
 #[tokio::test]
