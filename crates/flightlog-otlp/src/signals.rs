@@ -159,8 +159,13 @@ fn count_json(signal: Signal, body: &[u8]) -> Result<u64, OtlpError> {
     // A non-empty body without the signal's list is another signal's export, or a key in
     // another casing: refused as `/v1/traces` refuses one without `resourceSpans`, rather than
     // answered as an empty export.
-    if !root.is_empty() && member(root, resources, "$")?.is_none() {
-        let keys: Vec<&str> = root.keys().map(String::as_str).take(5).collect();
+    if !root.is_empty() && !resources.iter().any(|key| root.contains_key(*key)) {
+        // The client's keys, each cut short: they are echoed in the answer.
+        let keys: Vec<String> = root
+            .keys()
+            .take(5)
+            .map(|key| key.chars().take(64).collect())
+            .collect();
         let (message, lists) = match signal {
             Signal::Metrics => (
                 "ExportMetricsServiceRequest",
@@ -465,9 +470,15 @@ mod tests {
         let json = br#"{"resource_logs": [{"scopeLogs": [{"logRecords": [{}, {"body": {"stringValue": "x"}}]}]}]}"#;
         let counted = count_export(Signal::Logs, Some("application/json"), None, json, 1 << 20);
         assert_eq!(counted.ok(), Some((2, OtlpEncoding::Json)));
-        // An empty export is valid.
-        let counted = count_export(Signal::Logs, Some("application/json"), None, b"{}", 1 << 20);
-        assert_eq!(counted.ok(), Some((0, OtlpEncoding::Json)));
+        // An empty export is valid, and a null list is an empty one (proto3 JSON's default).
+        for body in [
+            &b"{}"[..],
+            b"{\"resourceLogs\": null}",
+            b"{\"resource_logs\": []}",
+        ] {
+            let counted = count_export(Signal::Logs, Some("application/json"), None, body, 1 << 20);
+            assert_eq!(counted.ok(), Some((0, OtlpEncoding::Json)));
+        }
     }
 
     #[test]

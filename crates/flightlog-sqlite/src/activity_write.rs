@@ -935,7 +935,11 @@ pub(crate) fn sweep_stale_step(
     // One more than asked for, to tell whether any remain; re-read inside the transaction so a
     // root that heartbeated since the caller's look survives.
     let sql = format!("{STALE_RUNS_SQL} LIMIT ?3");
-    let mut run_keys = run_keys(ctx.conn, &sql, params![writer, cutoff, max_roots + 1])?;
+    let mut run_keys = run_keys(
+        ctx.conn,
+        &sql,
+        params![writer, cutoff, max_roots.saturating_add(1)],
+    )?;
     let more = run_keys.len() as i64 > max_roots;
     run_keys.truncate(usize::try_from(max_roots).unwrap_or(usize::MAX));
     for run_key in run_keys {
@@ -1104,18 +1108,19 @@ pub(crate) struct PrunePlan {
 }
 
 /// The first runs of `runs` (each with its span count) that fit in `max_spans` together with
-/// the `taken` spans already chosen, and always one run when none is chosen yet (`taken` 0);
-/// with whether every run fitted and the spans chosen in all.
+/// the `taken` spans of the runs already chosen (`any_chosen`), and always one run when none is
+/// chosen yet; with whether every run fitted and the spans chosen in all.
 fn within_span_budget<T>(
     runs: Vec<(T, i64)>,
     max_spans: Option<i64>,
     taken: i64,
+    any_chosen: bool,
 ) -> (Vec<T>, bool, i64) {
     let mut total = taken;
     let mut kept = Vec::with_capacity(runs.len());
     for (run, spans) in runs {
         let with = total.saturating_add(spans.max(0));
-        if max_spans.is_some_and(|max| with > max) && (total > 0 || !kept.is_empty()) {
+        if max_spans.is_some_and(|max| with > max) && (any_chosen || !kept.is_empty()) {
             return (kept, false, total);
         }
         total = with;
@@ -1240,7 +1245,7 @@ pub(crate) fn prune(
         })
         .map_err(backend)?;
     let (candidates, all_fitted, candidate_spans) =
-        within_span_budget(candidates, plan.max_spans, 0);
+        within_span_budget(candidates, plan.max_spans, 0, false);
     // Runs that never had a root stored (see `run_roots`) have no rollup to be a candidate by.
     // A trace whose root never comes (its caller exports elsewhere, with an SDK that does not
     // flag remote parents) would keep its detail forever, so the hard ceiling prunes such a run
@@ -1279,7 +1284,13 @@ pub(crate) fn prune(
                 .collect()
             })
             .map_err(backend)?;
-        within_span_budget(rootless, plan.max_spans, candidate_spans).0
+        within_span_budget(
+            rootless,
+            plan.max_spans,
+            candidate_spans,
+            !candidates.is_empty(),
+        )
+        .0
     };
     if !candidates.is_empty() || !rootless.is_empty() {
         // Deleting the newest change rows must not let their ids be handed out again.
@@ -1390,25 +1401,30 @@ mod tests {
     fn a_span_budget_takes_runs_while_they_fit_and_always_one() {
         let runs = || vec![("a", 400), ("b", 500), ("c", 200), ("d", 1)];
         assert_eq!(
-            within_span_budget(runs(), None, 0),
+            within_span_budget(runs(), None, 0, false),
             (vec!["a", "b", "c", "d"], true, 1_101)
         );
         assert_eq!(
-            within_span_budget(runs(), Some(1_000), 0),
+            within_span_budget(runs(), Some(1_000), 0, false),
             (vec!["a", "b"], false, 900)
         );
         // The first run is taken however big; nothing after it that does not fit.
         assert_eq!(
-            within_span_budget(vec![("huge", 50_000), ("small", 1)], Some(1_000), 0),
+            within_span_budget(vec![("huge", 50_000), ("small", 1)], Some(1_000), 0, false),
             (vec!["huge"], false, 50_000)
         );
-        // Spans already taken count; then even the first may not fit.
+        // Spans already taken count; then even the first may not fit, also when the runs
+        // chosen before had no spans.
         assert_eq!(
-            within_span_budget(runs(), Some(1_000), 700),
+            within_span_budget(runs(), Some(1_000), 700, true),
             (vec![], false, 700)
         );
         assert_eq!(
-            within_span_budget(Vec::<(&str, i64)>::new(), Some(1), 0),
+            within_span_budget(vec![("big", 5_000)], Some(1_000), 0, true),
+            (vec![], false, 0)
+        );
+        assert_eq!(
+            within_span_budget(Vec::<(&str, i64)>::new(), Some(1), 0, false),
             (vec![], true, 0)
         );
     }

@@ -98,7 +98,7 @@ impl SqliteEngagementJournal {
         let cutoff = now.saturating_sub(self.retention.max_age_ms);
         self.db
             .write(move |ctx| {
-                let removed = prune_in_transaction(ctx.conn, age_by, cutoff)?;
+                let removed = prune_in_transaction(ctx.conn, age_by, cutoff, now)?;
                 // Pruned engagements lose their counter rows (and may come back anew). A prune
                 // that removed nothing keeps the cache.
                 if removed > 0 {
@@ -483,14 +483,26 @@ fn compact_in_transaction(
 /// What an engagement's age is judged by: the `at` of its last appended event (the
 /// reference's `prune`), or when something was last appended to it (`prune_idle`; a row with
 /// no arrival time, inserted by a flightlog older than schema 10 still running on the file
-/// during an upgrade, falls back to its `last_at`).
+/// during an upgrade, counts as appended to now, as the upgrade counts every row).
 #[derive(Debug, Clone, Copy)]
 enum AgeBy {
     LastAt,
     AppendedAt,
 }
 
-fn prune_in_transaction(conn: &Connection, age_by: AgeBy, cutoff: i64) -> Result<u64, StoreError> {
+fn prune_in_transaction(
+    conn: &Connection,
+    age_by: AgeBy,
+    cutoff: i64,
+    now: i64,
+) -> Result<u64, StoreError> {
+    if let AgeBy::AppendedAt = age_by {
+        conn.prepare_cached(
+            "UPDATE journal_engagements SET appended_at = ?1 WHERE appended_at IS NULL",
+        )
+        .and_then(|mut stmt| stmt.execute([now]))
+        .map_err(backend)?;
+    }
     let (events, engagements) = match age_by {
         AgeBy::LastAt => (
             "DELETE FROM journal_events WHERE engagement_key IN \
@@ -499,10 +511,8 @@ fn prune_in_transaction(conn: &Connection, age_by: AgeBy, cutoff: i64) -> Result
         ),
         AgeBy::AppendedAt => (
             "DELETE FROM journal_events WHERE engagement_key IN \
-             (SELECT engagement_key FROM journal_engagements \
-              WHERE appended_at < ?1 OR (appended_at IS NULL AND last_at < ?1))",
-            "DELETE FROM journal_engagements \
-             WHERE appended_at < ?1 OR (appended_at IS NULL AND last_at < ?1)",
+             (SELECT engagement_key FROM journal_engagements WHERE appended_at < ?1)",
+            "DELETE FROM journal_engagements WHERE appended_at < ?1",
         ),
     };
     conn.prepare_cached(events)

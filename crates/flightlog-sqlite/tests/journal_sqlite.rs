@@ -1127,6 +1127,21 @@ fn prune_idle_judges_by_arrival_and_spares_an_upgraded_files_engagements() {
         ..RetentionConfig::default()
     };
     let journal = SqliteEngagementJournal::new(db.clone(), retention).with_clock(clock.clone());
+    // An older flightlog still running on the file during the upgrade inserts a row without an
+    // arrival time, its event backdated: it counts as arriving at the next prune, not as old.
+    {
+        let conn = rusqlite::Connection::open(&path).expect("a second connection");
+        conn.busy_timeout(Duration::from_secs(10))
+            .expect("busy timeout");
+        conn.execute_batch(
+            "INSERT INTO journal_engagements (engagement_id, next_seq, last_at) \
+               VALUES ('older-writer', 1, 5);
+             INSERT INTO journal_events (engagement_key, seq, event_type, at, data)
+               SELECT engagement_key, 0, 'note', 5, '{}' FROM journal_engagements
+               WHERE engagement_id = 'older-writer';",
+        )
+        .expect("a row as an older flightlog writes it");
+    }
     runtime().block_on(async {
         // Appended now, dated at the epoch: live.
         journal
@@ -1140,8 +1155,12 @@ fn prune_idle_judges_by_arrival_and_spares_an_upgraded_files_engagements() {
             .append(input("backdated", 1, "note", json!({})))
             .await
             .expect("append");
-        // A retention period after the upgrade: the old one goes, the one appended to since
-        // stays.
+        // A retention period after the upgrade: the old one goes; the one appended to since
+        // and the older writer's (stamped by the prune at +30 s) stay.
+        assert_eq!(journal.prune_idle(upgraded_at + 80_000).await.ok(), Some(1));
+        let mut left = journal.list_engagements(None).await.unwrap_or_default();
+        left.sort();
+        assert_eq!(left, ["backdated", "older-writer"]);
         assert_eq!(
             journal.prune_idle(upgraded_at + 100_000).await.ok(),
             Some(1)
