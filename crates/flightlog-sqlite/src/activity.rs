@@ -550,19 +550,9 @@ impl ActivityStore for SqliteActivityStore {
     }
 
     async fn sweep_stale(&self, stale_after_ms: i64, now: Option<i64>) -> Result<i64, StoreError> {
-        // Ended spans are stamped with the clock even when `now` is given (reference behaviour).
-        let clock_now = self.now();
-        let cutoff = now.unwrap_or(clock_now).saturating_sub(stale_after_ms);
-        let writer = self.writer.clone();
-        let found = self
-            .db
-            .read(|conn| any_row(conn, STALE_RUNS_SQL, params![writer.as_ref(), cutoff]))?;
-        if !found {
-            return Ok(0);
-        }
-        self.db
-            .write(move |ctx| write::sweep_stale(ctx, &writer, cutoff, clock_now))
-            .await
+        // One step without a limit: every stale run in one transaction, as the reference.
+        let (closed, _) = self.sweep_stale_step(stale_after_ms, now, i64::MAX).await?;
+        Ok(closed)
     }
 
     async fn sweep_stale_step(
@@ -571,6 +561,7 @@ impl ActivityStore for SqliteActivityStore {
         now: Option<i64>,
         max_roots: i64,
     ) -> Result<(i64, bool), StoreError> {
+        // Ended spans are stamped with the clock even when `now` is given (reference behaviour).
         let clock_now = self.now();
         let cutoff = now.unwrap_or(clock_now).saturating_sub(stale_after_ms);
         let writer = self.writer.clone();

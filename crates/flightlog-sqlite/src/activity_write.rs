@@ -902,28 +902,9 @@ pub(crate) fn sweep_previous_lives(
     Ok(closed)
 }
 
-pub(crate) fn sweep_stale(
-    ctx: &mut WriteContext<'_>,
-    writer: &str,
-    cutoff: i64,
-    now: i64,
-) -> Result<i64, StoreError> {
-    let mut closed = 0;
-    // Re-read inside the transaction so a root that heartbeated since the caller's look survives.
-    for run_key in run_keys(ctx.conn, STALE_RUNS_SQL, params![writer, cutoff])? {
-        closed += close_run(
-            ctx,
-            run_key,
-            &SpanOutcome::Interrupted,
-            "writer went silent",
-            now,
-        )?;
-    }
-    Ok(closed)
-}
-
-/// [`sweep_stale`] for the runs of the first `max_roots` stale roots (oldest first), and
-/// whether stale roots remain after them: `(spans closed, more)`.
+/// `sweepStale`: close, as interrupted ("writer went silent"), the runs of the first
+/// `max_roots` open roots (oldest first) that another writer started and whose heartbeat (or
+/// start) is before `cutoff`, and say whether such roots remain: `(spans closed, more)`.
 pub(crate) fn sweep_stale_step(
     ctx: &mut WriteContext<'_>,
     writer: &str,
