@@ -2206,6 +2206,15 @@ fn a_backup_moved_over_the_database_of_a_running_server_opens_intact() {
 /// address).
 fn live_server_with_a_backup_beside(scratch: &Scratch) -> (PathBuf, Spawned, String) {
     let db = scratch.join("live.db");
+    let backup = backup_with_one_engagement(scratch);
+    let (server, addr) = serve_on(scratch, &db);
+    write_live_engagements(&addr, 200);
+    fs::rename(&backup, &db).expect("move the backup over the live file");
+    (db, server, addr)
+}
+
+/// A cleanly stopped server's `backup.db` in `scratch`, holding one engagement, `kept`.
+fn backup_with_one_engagement(scratch: &Scratch) -> PathBuf {
     let backup = scratch.join("backup.db");
     let (server, addr) = serve_on(scratch, &backup);
     let (status, body) = http_post(
@@ -2216,17 +2225,19 @@ fn live_server_with_a_backup_beside(scratch: &Scratch) -> (PathBuf, Spawned, Str
     assert_eq!(status, 201, "{body}");
     let (exit, _, stderr) = stop_with_sigterm(server);
     assert!(exit.success(), "{stderr}");
-    let (server, addr) = serve_on(scratch, &db);
-    for n in 0..200 {
+    backup
+}
+
+/// Engagements `live-0` … `live-<count - 1>`, one event each, through the server at `addr`.
+fn write_live_engagements(addr: &str, count: usize) {
+    for n in 0..count {
         let (status, body) = http_post(
-            &addr,
+            addr,
             &format!("/v1/engagements/live-{n}/events"),
             r#"{"type":"t","at":1,"data":{"text":"written before the backup came back"}}"#,
         );
         assert_eq!(status, 201, "{body}");
     }
-    fs::rename(&backup, &db).expect("move the backup over the live file");
-    (db, server, addr)
 }
 
 /// A server started on `db` finds the backup's engagement (and none of the replaced file's),
@@ -2398,26 +2409,10 @@ fn a_backup_moved_over_a_symlinked_database_survives_the_server_being_killed() {
     let (exit, _, stderr) = stop_with_sigterm(server);
     assert!(exit.success(), "{stderr}");
     std::os::unix::fs::symlink(&real, &link).expect("a symbolic link to the database");
-    let backup = scratch.join("backup.db");
-    let (server, addr) = serve_on(&scratch, &backup);
-    let (status, body) = http_post(
-        &addr,
-        "/v1/engagements/kept/events",
-        r#"{"type":"t","at":1,"data":{}}"#,
-    );
-    assert_eq!(status, 201, "{body}");
-    let (exit, _, stderr) = stop_with_sigterm(server);
-    assert!(exit.success(), "{stderr}");
+    let backup = backup_with_one_engagement(&scratch);
 
     let (server, addr) = serve_on(&scratch, &link);
-    for n in 0..100 {
-        let (status, body) = http_post(
-            &addr,
-            &format!("/v1/engagements/live-{n}/events"),
-            r#"{"type":"t","at":1,"data":{}}"#,
-        );
-        assert_eq!(status, 201, "{body}");
-    }
+    write_live_engagements(&addr, 100);
     let wal = real_dir.join("live.db-wal");
     assert!(wal.exists(), "SQLite's WAL is beside the real file");
     fs::rename(&backup, &real).expect("move the backup over the real file");

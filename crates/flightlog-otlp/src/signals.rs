@@ -275,17 +275,15 @@ pub fn signal_response(
     dropped: u64,
     encoding: OtlpEncoding,
 ) -> (&'static str, Vec<u8>) {
-    let message = (dropped > 0).then(|| signal.dropped_message(dropped));
-    let dropped = i64::try_from(dropped).unwrap_or(i64::MAX);
     let body = match encoding {
         OtlpEncoding::Protobuf => match signal {
-            Signal::Metrics => metrics_response(dropped, message).encode_to_vec(),
-            Signal::Logs => logs_response(dropped, message).encode_to_vec(),
+            Signal::Metrics => metrics_response(dropped).encode_to_vec(),
+            Signal::Logs => logs_response(dropped).encode_to_vec(),
         },
         OtlpEncoding::Json => {
-            let value = match message {
+            let value = match partial(signal, dropped) {
                 None => json!({}),
-                Some(message) => {
+                Some((dropped, message)) => {
                     let count_key = match signal {
                         Signal::Metrics => "rejectedDataPoints",
                         Signal::Logs => "rejectedLogRecords",
@@ -299,21 +297,36 @@ pub fn signal_response(
     (encoding.content_type(), body)
 }
 
-fn metrics_response(dropped: i64, message: Option<String>) -> ExportMetricsServiceResponse {
+/// What `partialSuccess` says about `dropped` items of `signal` (none when there were none):
+/// their count, as the message's `int64`, and why they were not kept.
+fn partial(signal: Signal, dropped: u64) -> Option<(i64, String)> {
+    (dropped > 0).then(|| {
+        (
+            i64::try_from(dropped).unwrap_or(i64::MAX),
+            signal.dropped_message(dropped),
+        )
+    })
+}
+
+fn metrics_response(dropped: u64) -> ExportMetricsServiceResponse {
     ExportMetricsServiceResponse {
-        partial_success: message.map(|error_message| ExportMetricsPartialSuccess {
-            rejected_data_points: dropped,
-            error_message,
-        }),
+        partial_success: partial(Signal::Metrics, dropped).map(
+            |(rejected_data_points, error_message)| ExportMetricsPartialSuccess {
+                rejected_data_points,
+                error_message,
+            },
+        ),
     }
 }
 
-fn logs_response(dropped: i64, message: Option<String>) -> ExportLogsServiceResponse {
+fn logs_response(dropped: u64) -> ExportLogsServiceResponse {
     ExportLogsServiceResponse {
-        partial_success: message.map(|error_message| ExportLogsPartialSuccess {
-            rejected_log_records: dropped,
-            error_message,
-        }),
+        partial_success: partial(Signal::Logs, dropped).map(
+            |(rejected_log_records, error_message)| ExportLogsPartialSuccess {
+                rejected_log_records,
+                error_message,
+            },
+        ),
     }
 }
 
@@ -343,11 +356,7 @@ impl MetricsService for FlightlogSignalService {
         (self.authorize)(request.metadata())?;
         let dropped = count_data_points(request.get_ref());
         (self.observe)(Signal::Metrics, dropped);
-        let message = (dropped > 0).then(|| Signal::Metrics.dropped_message(dropped));
-        Ok(Response::new(metrics_response(
-            i64::try_from(dropped).unwrap_or(i64::MAX),
-            message,
-        )))
+        Ok(Response::new(metrics_response(dropped)))
     }
 }
 
@@ -360,11 +369,7 @@ impl LogsService for FlightlogSignalService {
         (self.authorize)(request.metadata())?;
         let dropped = count_log_records(request.get_ref());
         (self.observe)(Signal::Logs, dropped);
-        let message = (dropped > 0).then(|| Signal::Logs.dropped_message(dropped));
-        Ok(Response::new(logs_response(
-            i64::try_from(dropped).unwrap_or(i64::MAX),
-            message,
-        )))
+        Ok(Response::new(logs_response(dropped)))
     }
 }
 
