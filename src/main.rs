@@ -178,8 +178,9 @@ struct ServeArgs {
     /// Close a run as interrupted ("writer went silent") when its open root has had no
     /// heartbeat (or start) for this long, in ms, or `off`. Writers of long runs heartbeat
     /// their root (POST /v1/activity/spans/{spanId}/heartbeat; writing child spans does not
-    /// count); OTLP runs are renewed by every delivery of their spans. Judged only once the
-    /// server has been up this long.
+    /// count); OTLP runs are renewed by every delivery of their spans. Spans left open in a
+    /// run whose root ended (or never came) are closed once the run showed no life this long.
+    /// Judged only once the server has been up this long.
     /// [env: FLIGHTLOG_STALE_AFTER_MS] [file: maintenance.stale_after_ms] [default: 7200000 = 2 hours]
     #[arg(
         long,

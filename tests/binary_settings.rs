@@ -286,7 +286,7 @@ fn scheduled_maintenance_closes_a_silent_run_once_the_clock_passes_the_window() 
     wait_for_line(
         &server,
         "flightlog: maintenance: closed 1 span(s) of runs whose writer went silent (no \
-         heartbeat for 1 s) as interrupted",
+         sign of life for 1 s) as interrupted",
     );
     stop(server);
 }

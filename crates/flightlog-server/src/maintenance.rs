@@ -14,7 +14,11 @@
 //!    up for the staleness window: while it was down no client could heartbeat, and a run whose
 //!    writer is alive must get a full window to show it. In steps of [`STALE_SWEEP_STEP`] roots a
 //!    transaction (`sweep_stale_step`), for at most [`PRUNE_TIME_BUDGET`] a pass, so a backlog
-//!    never holds writers up for long.
+//!    never holds writers up for long. Then, with the same window and budget, the spans left
+//!    open in runs that have no open root (`sweep_leftovers_step`: the root ended without
+//!    them, or never arrived), which the reference never closes and which would keep their
+//!    runs "running" and unprunable for ever; a run goes when its last sign of life (any
+//!    span's start or end, an open span's heartbeat) is older than the window.
 //! 2. **Stuck-run watchdog** (`--stuck-after-ms`, default 1 hour): open roots running longer
 //!    than that (`find_stuck`), alive (the stale sweep spares them) but not finishing. Their
 //!    count is the `flightlog_runs_stuck` gauge (for an alert), and each run that becomes stuck
@@ -80,7 +84,8 @@ const STUCK_NAMED_PER_PASS: usize = 5;
 pub struct MaintenancePlan {
     /// Time between passes.
     pub every: Duration,
-    /// Close runs whose open root had no heartbeat for this long (ms).
+    /// Close runs whose open root had no heartbeat for this long (ms), and the spans left open
+    /// in runs without an open root that showed no life for this long.
     pub stale_after_ms: Option<i64>,
     /// Count (and name once) open roots running longer than this (ms).
     pub stuck_after_ms: Option<i64>,
@@ -141,7 +146,7 @@ impl MaintenancePlan {
 /// What one pass did (for the tests, and the output lines).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PassReport {
-    /// Spans the stale sweep closed.
+    /// Spans the stale sweep closed (leftovers of ended runs included).
     pub stale_spans_closed: i64,
     /// Open roots running longer than the stuck threshold now (`None`: the step is off).
     pub stuck_runs: Option<usize>,
@@ -307,21 +312,30 @@ impl Maintenance {
         // In steps of a few runs a transaction, so a backlog (the first pass after an upgrade, a
         // fleet of writers gone at once) never holds writers up for long; the rest waits for
         // the next pass once this one's time is up.
+        // Stale roots first, then the spans left open in runs without an open root, which the
+        // reference's sweep never judges (one budget for both).
         let began = Instant::now();
+        let mut leftovers = false;
         loop {
-            match self
-                .sweeper
-                .sweep_stale_step(stale_after_ms, Some(now), STALE_SWEEP_STEP)
-                .await
-            {
+            let step = if leftovers {
+                self.sweeper
+                    .sweep_leftovers_step(stale_after_ms, Some(now), STALE_SWEEP_STEP)
+                    .await
+            } else {
+                self.sweeper
+                    .sweep_stale_step(stale_after_ms, Some(now), STALE_SWEEP_STEP)
+                    .await
+            };
+            match step {
                 Ok((closed, more)) => {
                     report.stale_spans_closed += closed;
                     self.metrics
                         .stale_spans_closed
                         .inc_by(u64::try_from(closed).unwrap_or(0));
-                    if !more || began.elapsed() >= PRUNE_TIME_BUDGET {
+                    if began.elapsed() >= PRUNE_TIME_BUDGET || (!more && leftovers) {
                         return self.succeeded(Step::StaleSweep);
                     }
+                    leftovers |= !more;
                 }
                 Err(err) => return self.failed(Step::StaleSweep, err.to_string(), report),
             }
@@ -444,7 +458,7 @@ impl Maintenance {
             if let Some(ms) = self.plan.stale_after_ms {
                 say(&format!(
                     "flightlog: maintenance: closed {} span(s) of runs whose writer went silent \
-                     (no heartbeat for {}) as interrupted",
+                     (no sign of life for {}) as interrupted",
                     report.stale_spans_closed,
                     human_duration(ms)
                 ));

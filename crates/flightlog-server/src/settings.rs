@@ -282,7 +282,8 @@ Config file (every key optional; relative paths are relative to the file's folde
     [maintenance]                  # what the server does on its own; each also takes \"off\"
     every_ms = 60000               # a pass a minute (\"off\": none; none by default under
                                    # --manual-clock, whose time moves only when told)
-    stale_after_ms = 7200000       # close runs whose root had no heartbeat for 2 hours
+    stale_after_ms = 7200000       # close runs whose root (or, root ended, whose open
+                                   # spans) showed no life for 2 hours
     stuck_after_ms = 3600000       # report runs open for over an hour (flightlog_runs_stuck)
     prune_after_ms = 2592000000    # delete span detail of runs ended 30 days ago (rollups kept)
 

@@ -22,7 +22,8 @@ use crate::activity_batch;
 use crate::activity_import;
 use crate::activity_listing;
 use crate::activity_write::{
-    self as write, span_key_of, PrunePlan, ORPHAN_RUNS_SQL, PREVIOUS_LIVES_SQL, STALE_RUNS_SQL,
+    self as write, span_key_of, PrunePlan, LEFTOVER_RUNS_SQL, ORPHAN_RUNS_SQL, PREVIOUS_LIVES_SQL,
+    STALE_RUNS_SQL,
 };
 use crate::database::{in_read_transaction, SqliteDatabase};
 use crate::error::backend;
@@ -244,6 +245,52 @@ impl SqliteActivityStore {
     fn now(&self) -> i64 {
         self.clock.now_ms()
     }
+
+    /// One step of a sweep of silent runs (stale roots, or leftovers of ended runs): a read to
+    /// see whether any run qualifies, then the step's transaction, which reads them again.
+    async fn sweep_silent_step(
+        &self,
+        which: SilentRuns,
+        stale_after_ms: i64,
+        now: Option<i64>,
+        max_runs: i64,
+    ) -> Result<(i64, bool), StoreError> {
+        // Ended spans are stamped with the clock even when `now` is given (reference behaviour).
+        let clock_now = self.now();
+        let cutoff = now.unwrap_or(clock_now).saturating_sub(stale_after_ms);
+        let writer = self.writer.clone();
+        let candidates = match which {
+            SilentRuns::StaleRoots => STALE_RUNS_SQL,
+            SilentRuns::Leftovers => LEFTOVER_RUNS_SQL,
+        };
+        let found = self
+            .db
+            .read(|conn| any_row(conn, candidates, params![writer.as_ref(), cutoff]))?;
+        if !found {
+            return Ok((0, false));
+        }
+        self.db
+            .write(move |ctx| {
+                write::close_silent_runs(
+                    ctx,
+                    candidates,
+                    &writer,
+                    cutoff,
+                    clock_now,
+                    max_runs.max(1),
+                )
+            })
+            .await
+    }
+}
+
+/// Which silent runs a sweep step closes.
+#[derive(Debug, Clone, Copy)]
+enum SilentRuns {
+    /// Runs whose open root's heartbeat is old (the reference's `sweepStale`).
+    StaleRoots,
+    /// Runs with no open root whose open spans were left behind.
+    Leftovers,
 }
 
 fn query_spans(
@@ -561,20 +608,17 @@ impl ActivityStore for SqliteActivityStore {
         now: Option<i64>,
         max_roots: i64,
     ) -> Result<(i64, bool), StoreError> {
-        // Ended spans are stamped with the clock even when `now` is given (reference behaviour).
-        let clock_now = self.now();
-        let cutoff = now.unwrap_or(clock_now).saturating_sub(stale_after_ms);
-        let writer = self.writer.clone();
-        let found = self
-            .db
-            .read(|conn| any_row(conn, STALE_RUNS_SQL, params![writer.as_ref(), cutoff]))?;
-        if !found {
-            return Ok((0, false));
-        }
-        self.db
-            .write(move |ctx| {
-                write::sweep_stale_step(ctx, &writer, cutoff, clock_now, max_roots.max(1))
-            })
+        self.sweep_silent_step(SilentRuns::StaleRoots, stale_after_ms, now, max_roots)
+            .await
+    }
+
+    async fn sweep_leftovers_step(
+        &self,
+        stale_after_ms: i64,
+        now: Option<i64>,
+        max_runs: i64,
+    ) -> Result<(i64, bool), StoreError> {
+        self.sweep_silent_step(SilentRuns::Leftovers, stale_after_ms, now, max_runs)
             .await
     }
 

@@ -211,12 +211,14 @@ fn insert_new_span(
     now: i64,
 ) -> Result<Option<i64>, StoreError> {
     let span = &prepared.span;
-    // Roots get a heartbeat like a native start; an open (pending) root counts as alive from
-    // the moment it is announced, so a long-running trace delivered late is not swept at once.
+    // Roots get a heartbeat like a native start; an open (pending) span counts as alive from
+    // the moment it is announced (by the server's clock), so a long-running trace delivered
+    // late, or from a client whose clock is behind, is not swept at once: the root by the
+    // stale sweep, a span of a run whose root is elsewhere by the leftover sweep.
     let last_heartbeat_at = match (parent, &span.end) {
-        (Some(_), _) => None,
+        (Some(_), Some(_)) => None,
         (None, Some(_)) => Some(span.started_at),
-        (None, None) => Some(span.started_at.max(now)),
+        (_, None) => Some(span.started_at.max(now)),
     };
     let end = span.end.as_ref();
     // The id check: the writer's filter proves most new ids free; for the others the check is
@@ -306,7 +308,7 @@ fn complete_open_span(
     // names the real span's parent by id alone), while the OTLP mapping makes the delivery of
     // a span continued from a remote caller a root. A span that becomes a root while open
     // gets a root's heartbeat (as a root delivered whole would). A span started natively keeps
-    // the parent its writer gave it.
+    // the parent its writer gave it. A delivery that leaves a span open renews its heartbeat.
     ctx.statement(
             "UPDATE activity_spans SET attrs = ?1, \
              parent_span_id = CASE WHEN origin = ?13 THEN ?18 ELSE parent_span_id END, \
@@ -322,9 +324,9 @@ fn complete_open_span(
              cache_creation_tokens = COALESCE(?8, cache_creation_tokens), \
              cost_usd = COALESCE(?9, cost_usd), model = COALESCE(?10, model), \
              last_heartbeat_at = CASE \
+               WHEN ?3 IS NULL THEN MAX(COALESCE(last_heartbeat_at, 0), ?11) \
                WHEN NOT (CASE WHEN origin = ?13 THEN ?18 IS NULL ELSE parent_span_id IS NULL END) \
                  THEN CASE WHEN origin = ?13 THEN NULL ELSE last_heartbeat_at END \
-               WHEN ?3 IS NULL THEN MAX(COALESCE(last_heartbeat_at, 0), ?11) \
                ELSE COALESCE(last_heartbeat_at, started_at) END \
              WHERE span_key = ?12",
         )
@@ -439,22 +441,25 @@ fn insert_events(
     Ok(added)
 }
 
-/// A delivery of a run's spans is its exporter's heartbeat: the run's open roots this importer
+/// A delivery of a run's spans is its exporter's heartbeat: the run's open spans this importer
 /// stored count as alive as of `now`. OTLP has no other way to say a long span is still
 /// running, and `sweep_stale` judges a run by its root's heartbeat: a Logfire run whose root was
 /// announced once and whose children kept arriving was closed as "writer went silent" while it
-/// ran, and its real end then bounced off the write-once outcome. A run whose exporter died
-/// stops being delivered, so it still goes stale. Not change-logged, as a native heartbeat is
-/// not. (A run new in this delivery has nothing older to renew: its roots were stored now.)
-fn renew_open_roots(
+/// ran, and its real end then bounced off the write-once outcome. The open children are renewed
+/// too, for the leftover sweep, which judges a run without an open root (its root is another
+/// service's, say) by its open spans' heartbeats. A run whose exporter died stops being
+/// delivered, so it still goes stale. Not change-logged, as a native heartbeat is not. (A run
+/// new in this delivery has nothing older to renew: its spans were stored now.)
+fn renew_open_spans(
     ctx: &mut WriteContext<'_>,
     run_key: i64,
     origin: &str,
     now: i64,
 ) -> Result<(), StoreError> {
     ctx.statement(
-        "UPDATE activity_spans SET last_heartbeat_at = MAX(COALESCE(last_heartbeat_at, 0), ?2) \
-         WHERE run_key = ?1 AND outcome IS NULL AND parent_span_id IS NULL AND origin = ?3",
+        "UPDATE activity_spans INDEXED BY activity_spans_open_by_run \
+         SET last_heartbeat_at = MAX(COALESCE(last_heartbeat_at, 0), ?2) \
+         WHERE run_key = ?1 AND outcome IS NULL AND origin = ?3",
     )
     .and_then(|stmt| stmt.execute(params![run_key, now, origin]))
     .map_err(backend)?;
@@ -638,7 +643,7 @@ pub(crate) fn import_spans(
                 // Spans may have come under a parent or become roots (a completed copy moves
                 // an announced span): the run's place among those awaiting a root is re-read.
                 run_roots::settle(ctx, run_key)?;
-                renew_open_roots(ctx, run_key, origin, now)?;
+                renew_open_spans(ctx, run_key, origin, now)?;
                 if root_is_terminal(ctx, run_key)? {
                     rollup_run_key(ctx, run_key, RollupIdentity::Refresh)?;
                     report.runs_rolled_up += 1;

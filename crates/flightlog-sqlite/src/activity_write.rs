@@ -825,13 +825,32 @@ pub(crate) const PREVIOUS_LIVES_SQL: &str = "SELECT s.span_key, s.run_key, s.att
      ORDER BY s.run_key, s.started_at DESC, s.span_key DESC";
 
 /// Runs whose open root was started by another writer and whose root heartbeat (or start) is
-/// older than the cutoff, by root start: the stale sweep's targets.
+/// older than the cutoff, by root start: the stale sweep's targets (the reference's
+/// `sweepStale`).
 pub(crate) const STALE_RUNS_SQL: &str = "SELECT s.run_key FROM activity_spans s \
      INDEXED BY activity_spans_open_roots \
      JOIN activity_writers w ON w.writer_key = s.writer_key \
      WHERE s.outcome IS NULL AND s.parent_span_id IS NULL AND w.writer != ?1 \
        AND COALESCE(s.last_heartbeat_at, s.started_at) < ?2 \
      ORDER BY s.started_at, s.span_key";
+
+/// Runs with open spans but no open root, none of them written by `?1`, whose last sign of
+/// life is before the cutoff `?2`: the latest heartbeat (or start) of an open span, and the
+/// latest start or end of any span (a root that ended an hour ago, a sibling that started a
+/// minute ago, say the run's writer was there then). By their first open span's start: the
+/// leftover sweep's targets (`sweep_leftovers_step`). It groups the index of open spans, never
+/// the whole span table, and reads the spans of the runs that pass the first test only.
+/// Not in the reference, which leaves such spans open for ever (and their runs unprunable).
+pub(crate) const LEFTOVER_RUNS_SQL: &str = "SELECT o.run_key FROM ( \
+       SELECT s.run_key, MIN(s.started_at) AS first_open FROM activity_spans s \
+       INDEXED BY activity_spans_open_by_run \
+       JOIN activity_writers w ON w.writer_key = s.writer_key \
+       WHERE s.outcome IS NULL GROUP BY s.run_key \
+       HAVING SUM(s.parent_span_id IS NULL) = 0 AND SUM(w.writer = ?1) = 0 \
+         AND MAX(COALESCE(s.last_heartbeat_at, s.started_at)) < ?2) o \
+     WHERE NOT EXISTS (SELECT 1 FROM activity_spans l WHERE l.run_key = o.run_key \
+       AND (l.started_at >= ?2 OR l.ended_at >= ?2)) \
+     ORDER BY o.first_open, o.run_key";
 
 fn run_keys(
     conn: &Connection,
@@ -902,27 +921,28 @@ pub(crate) fn sweep_previous_lives(
     Ok(closed)
 }
 
-/// `sweepStale`: close, as interrupted ("writer went silent"), the runs of the first
-/// `max_roots` open roots (oldest first) that another writer started and whose heartbeat (or
-/// start) is before `cutoff`, and say whether such roots remain: `(spans closed, more)`.
-pub(crate) fn sweep_stale_step(
+/// Close, as interrupted ("writer went silent"), the first `max_runs` runs that `candidates`
+/// (a query of run keys taking the sweeping writer and the cutoff) lists, and say whether it
+/// lists more: `(spans closed, more)`. The candidates are read inside the transaction, so a
+/// run whose writer showed life since the caller's look is spared.
+pub(crate) fn close_silent_runs(
     ctx: &mut WriteContext<'_>,
+    candidates: &str,
     writer: &str,
     cutoff: i64,
     now: i64,
-    max_roots: i64,
+    max_runs: i64,
 ) -> Result<(i64, bool), StoreError> {
     let mut closed = 0;
-    // One more than asked for, to tell whether any remain; re-read inside the transaction so a
-    // root that heartbeated since the caller's look survives.
-    let sql = format!("{STALE_RUNS_SQL} LIMIT ?3");
+    // One more than asked for, to tell whether any remain.
+    let sql = format!("{candidates} LIMIT ?3");
     let mut run_keys = run_keys(
         ctx.conn,
         &sql,
-        params![writer, cutoff, max_roots.saturating_add(1)],
+        params![writer, cutoff, max_runs.saturating_add(1)],
     )?;
-    let more = run_keys.len() as i64 > max_roots;
-    run_keys.truncate(usize::try_from(max_roots).unwrap_or(usize::MAX));
+    let more = run_keys.len() as i64 > max_runs;
+    run_keys.truncate(usize::try_from(max_runs).unwrap_or(usize::MAX));
     for run_key in run_keys {
         closed += close_run(
             ctx,

@@ -1297,11 +1297,11 @@ impl Model {
                         ..span.usage.clone()
                     },
                     writer: writer.to_owned(),
-                    // An open root counts as alive from the moment it is announced.
+                    // An open span counts as alive from the moment it is announced.
                     last_heartbeat_at: match (&parent, end) {
-                        (Some(_), _) => None,
+                        (Some(_), Some(_)) => None,
                         (None, Some(_)) => Some(span.started_at),
-                        (None, None) => Some(span.started_at.max(now)),
+                        (_, None) => Some(span.started_at.max(now)),
                     },
                 });
                 self.log(&span.run_id, &span.span_id, None);
@@ -1337,8 +1337,8 @@ impl Model {
             // A span the same importer announced takes the final copy's identity; a span of
             // another origin (started natively) keeps its own.
             if stored.origin == span.origin {
-                if parent.is_some() {
-                    // Moved (or kept) under a parent: a child has no heartbeat of its own.
+                if parent.is_some() && end.is_some() {
+                    // Ended under a parent: a child has no heartbeat of its own.
                     stored.last_heartbeat_at = None;
                 }
                 stored.parent_span_id = parent;
@@ -1357,13 +1357,13 @@ impl Model {
                 stored.outcome = Some(end.outcome.clone());
                 stored.outcome_reason = end.reason.clone();
             }
-            // A root (maybe just made one by the delivery's parent) has a heartbeat: refreshed
-            // while open, as a root delivered whole has one when ended.
-            if stored.parent_span_id.is_none() {
-                stored.last_heartbeat_at = Some(match end {
-                    None => stored.last_heartbeat_at.unwrap_or(0).max(now),
-                    Some(_) => stored.last_heartbeat_at.unwrap_or(stored.started_at),
-                });
+            // A delivery leaving a span open renews its heartbeat; a root (maybe just made one
+            // by the delivery's parent) ending has one, as a root delivered whole has.
+            if end.is_none() {
+                stored.last_heartbeat_at = Some(stored.last_heartbeat_at.unwrap_or(0).max(now));
+            } else if stored.parent_span_id.is_none() {
+                stored.last_heartbeat_at =
+                    Some(stored.last_heartbeat_at.unwrap_or(stored.started_at));
             }
             coalesce(&mut stored.usage, Some(&span.usage));
             self.log(&span.run_id, &span.span_id, None);
@@ -1375,14 +1375,10 @@ impl Model {
             }
         }
         for (run_id, origin) in touched {
-            // A delivery is its exporter's heartbeat: the run's open roots of its origin are
+            // A delivery is its exporter's heartbeat: the run's open spans of its origin are
             // alive as of now.
             for span in &mut self.spans {
-                if span.run_id == run_id
-                    && span.outcome.is_none()
-                    && span.parent_span_id.is_none()
-                    && span.origin == origin
-                {
+                if span.run_id == run_id && span.outcome.is_none() && span.origin == origin {
                     span.last_heartbeat_at = Some(span.last_heartbeat_at.unwrap_or(0).max(now));
                 }
             }

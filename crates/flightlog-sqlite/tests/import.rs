@@ -646,3 +646,58 @@ async fn a_root_that_arrives_late_but_started_first_names_the_rollup() {
     );
     assert_eq!(page.runs[0].started_at, rollup.started_at);
 }
+
+/// A pending span whose run has no open root here (its root's completed copy arrived, its own
+/// end has not yet) counts as alive from its announcement by the server's clock, and each
+/// delivery of the run renews it: the leftover sweep spares it while its exporter delivers,
+/// even from a client whose clock is hours behind, and closes it once the deliveries stop for
+/// the window (its exporter died before sending its end).
+#[tokio::test]
+async fn a_pending_span_under_an_ended_root_lives_while_its_trace_is_delivered() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("import.db"))).unwrap();
+    let t0 = 10_000_000;
+    let clock = Arc::new(ManualClock::new(t0));
+    let store = SqliteActivityStore::with_identity(db.clone(), clock.clone(), "otlp");
+    let sweeper = SqliteActivityStore::with_identity(db, clock.clone(), "sweeper");
+    // The client's clock is three hours behind the server's.
+    let behind = t0 - 3 * 3_600_000;
+    let root = span("root", None, SpanKind::Turn, behind);
+    let mut pending_root = root.clone();
+    pending_root.end = None;
+    let mut pending = span("tool", Some("root"), SpanKind::Tool, behind + 10);
+    pending.end = None;
+    store
+        .import_spans(vec![pending_root, pending])
+        .await
+        .unwrap();
+    let window = 3_600_000;
+    let sweep = || sweeper.sweep_leftovers_step(window, None, 10);
+
+    // Nearly a window later the root's completed copy arrives (ended by the late clock), the
+    // tool still running.
+    clock.set(t0 + window - 1);
+    store.import_spans(vec![root]).await.unwrap();
+    assert!(store
+        .get_span("root")
+        .await
+        .unwrap()
+        .unwrap()
+        .outcome
+        .is_some());
+    clock.set(t0 + window + 1);
+    assert_eq!(
+        sweep().await.unwrap(),
+        (0, false),
+        "renewed by the delivery"
+    );
+    let tool = store.get_span("tool").await.unwrap().unwrap();
+    assert_eq!(tool.parent_span_id.as_deref(), Some("root"));
+    assert!(tool.outcome.is_none());
+
+    // Then the exporter goes quiet for a whole window: the span is closed.
+    clock.set(t0 + 2 * window);
+    assert_eq!(sweep().await.unwrap(), (1, false));
+    let tool = store.get_span("tool").await.unwrap().unwrap();
+    assert_eq!(tool.outcome, Some(SpanOutcome::Interrupted));
+}

@@ -819,3 +819,129 @@ async fn a_stale_sweep_in_steps_closes_the_oldest_first_and_says_when_done() {
         .outcome
         .is_none());
 }
+
+/// `sweep_leftovers_step` closes the spans left open in runs without an open root (the root
+/// ended without them, or never came) once the run's last sign of life is older than the
+/// window, oldest first, in steps; a recent end, a recent sibling, a heartbeat of the open
+/// span, an open root (the stale sweep's to judge) and the sweeper's own span each spare a run.
+/// A run it closes can then be pruned, which its open span kept from ever happening.
+#[tokio::test]
+async fn the_leftover_sweep_closes_spans_left_open_after_their_run_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("runs.db"))).unwrap();
+    let clock = Arc::new(ManualClock::new(10_000));
+    let sweeper = SqliteActivityStore::with_identity(db.clone(), clock.clone(), "sweeper");
+    let agent = SqliteActivityStore::with_identity(db, clock.clone(), "agent");
+    // (run, root end (None: open), open child's start, writer of the open child)
+    let runs: [(&str, Option<i64>, i64, &SqliteActivityStore); 5] = [
+        ("ended", Some(200), 150, &agent),
+        ("ended-recently", Some(9_500), 150, &agent),
+        ("heartbeating", Some(200), 150, &agent),
+        ("open-root", None, 150, &agent),
+        ("sweepers-own", Some(200), 150, &sweeper),
+    ];
+    for (run, root_end, child_start, child_writer) in runs {
+        let root = format!("{run}/root");
+        agent
+            .start_span(start(&root, run, None, 100))
+            .await
+            .unwrap();
+        child_writer
+            .start_span(start(&format!("{run}/left"), run, Some(&root), child_start))
+            .await
+            .unwrap();
+        if let Some(at) = root_end {
+            assert!(agent
+                .end_span(&root, end(SpanOutcome::Success, at))
+                .await
+                .unwrap());
+            agent.rollup_run(run).await.unwrap();
+        }
+    }
+    agent
+        .heartbeat("heartbeating/left", Some(9_600))
+        .await
+        .unwrap();
+    // A sibling that started and ended a moment ago says the writer is still at work.
+    agent
+        .start_span(start("ended/busy", "busy", None, 100))
+        .await
+        .unwrap();
+    agent
+        .end_span("ended/busy", end(SpanOutcome::Success, 200))
+        .await
+        .unwrap();
+    agent
+        .start_span(start("busy/left", "busy", Some("ended/busy"), 120))
+        .await
+        .unwrap();
+    agent
+        .start_span(start("busy/sibling", "busy", Some("ended/busy"), 9_800))
+        .await
+        .unwrap();
+    agent
+        .end_span("busy/sibling", end(SpanOutcome::Success, 9_900))
+        .await
+        .unwrap();
+    // A run whose root never came (an OTLP trace continued from another service, say).
+    agent
+        .start_span(start("rootless/left", "rootless", Some("elsewhere"), 50))
+        .await
+        .unwrap();
+
+    let prune_all = || PruneOptions {
+        max_spans: None,
+        digest_floor_at: 10_000,
+        hard_ceiling_ms: 0,
+        now: Some(10_000),
+        batch: None,
+    };
+    assert_eq!(agent.prune(prune_all()).await.unwrap().runs_pruned, 0);
+
+    let step = || sweeper.sweep_leftovers_step(1_000, Some(10_000), 1);
+    assert_eq!(step().await.unwrap(), (1, true), "the rootless run first");
+    assert!(agent
+        .get_span("ended/left")
+        .await
+        .unwrap()
+        .unwrap()
+        .outcome
+        .is_none());
+    assert_eq!(step().await.unwrap(), (1, false));
+    assert_eq!(step().await.unwrap(), (0, false));
+    for closed in ["rootless/left", "ended/left"] {
+        let span = agent.get_span(closed).await.unwrap().unwrap();
+        assert_eq!(span.outcome, Some(SpanOutcome::Interrupted), "{closed}");
+        assert_eq!(span.outcome_reason.as_deref(), Some("writer went silent"));
+    }
+    for spared in [
+        "ended-recently/left",
+        "heartbeating/left",
+        "open-root/left",
+        "sweepers-own/left",
+        "busy/left",
+    ] {
+        let span = agent.get_span(spared).await.unwrap().unwrap();
+        assert!(span.outcome.is_none(), "{spared} was closed");
+    }
+    // The run keeps the outcome its root gave it; its detail can now go.
+    let rollup = agent.read_rollup("ended").await.unwrap().unwrap();
+    assert_eq!(rollup.outcome, Some(SpanOutcome::Success));
+    let pruned = agent.prune(prune_all()).await.unwrap();
+    assert!(pruned.runs_pruned >= 1, "{pruned:?}");
+    assert!(agent.get_span("ended/left").await.unwrap().is_none());
+
+    // Once the window has passed for the others too, only the open root's run (the stale
+    // sweep's) and the sweeper's own remain open.
+    assert_eq!(
+        sweeper
+            .sweep_leftovers_step(1_000, Some(20_000), 10)
+            .await
+            .unwrap(),
+        (3, false)
+    );
+    for still_open in ["open-root/left", "sweepers-own/left"] {
+        let span = agent.get_span(still_open).await.unwrap().unwrap();
+        assert!(span.outcome.is_none(), "{still_open} was closed");
+    }
+}

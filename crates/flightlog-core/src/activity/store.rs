@@ -175,6 +175,22 @@ pub trait ActivityStore: Send + Sync {
         Ok((self.sweep_stale(stale_after_ms, now).await?, false))
     }
 
+    /// Close the spans left open in runs that have no open root (their roots ended, or none
+    /// arrived yet), which [`ActivityStore::sweep_stale`] never judges: a tool span the agent
+    /// forgot to end, a pending OpenTelemetry span whose end never came. Such spans would read
+    /// as running forever and keep the run from ever being pruned. A run is closed, as
+    /// interrupted ("writer went silent"), when its last sign of life (a start, an end, or a
+    /// heartbeat of an open span) is older than `stale_after_ms` before `now`, and never when
+    /// this store's writer has an open span in it; at most `max_runs` runs (those whose open
+    /// spans started first) in one transaction, returning `(spans closed, more)`. Not in the
+    /// reference: the maintenance of `flightlog serve` calls it after the stale sweep.
+    async fn sweep_leftovers_step(
+        &self,
+        stale_after_ms: i64,
+        now: Option<i64>,
+        max_runs: i64,
+    ) -> Result<(i64, bool), StoreError>;
+
     /// Open roots that started more than `threshold_ms` before `now`, oldest first.
     async fn find_stuck(
         &self,

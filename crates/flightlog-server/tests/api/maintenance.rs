@@ -206,6 +206,65 @@ async fn the_stale_sweep_works_off_a_backlog_in_steps() {
 
 /// Open roots running longer than the threshold are counted in the gauge at every pass and
 /// named once; a run that ends leaves the count, and nothing else is changed.
+/// A tool span its agent forgot to end, under a root that ended, was open for ever: the
+/// reference's sweep judges open roots only, and a run with an open span is never pruned. The
+/// pass closes it once the run has shown no life for the window (the root's end counts), and
+/// the run's detail can then go by the retention; the run's outcome stays its root's.
+#[tokio::test]
+async fn a_span_left_open_after_its_run_ended_is_closed_and_the_run_pruned() {
+    let server = manual_server(RetentionConfig::default()).await;
+    set_clock(&server, 1_000);
+    let mut maintenance = maintenance(
+        &server,
+        MaintenancePlan {
+            stale_after_ms: Some(10_000),
+            prune_after_ms: Some(50_000),
+            ..NOTHING
+        },
+    );
+    start(&server, "root", "run", None, Some("agent")).await;
+    start(&server, "forgotten", "run", Some("root"), Some("agent")).await;
+    set_clock(&server, 5_000);
+    end(&server, "root", json!({"outcome": "success"})).await;
+    server
+        .post_empty("/v1/activity/runs/run/rollup")
+        .await
+        .assert_status(204);
+
+    // A window after the start, but not after the root's end: spared.
+    set_clock(&server, 12_000);
+    assert_eq!(pass(&mut maintenance).await.stale_spans_closed, 0);
+    assert!(span(&server, "forgotten").await["outcome"].is_null());
+
+    set_clock(&server, 15_001);
+    let report = pass(&mut maintenance).await;
+    assert_eq!(report.stale_spans_closed, 1, "{report:?}");
+    let forgotten = span(&server, "forgotten").await;
+    assert_eq!(forgotten["outcome"], "interrupted", "{forgotten}");
+    assert_eq!(
+        forgotten["outcomeReason"], "writer went silent",
+        "{forgotten}"
+    );
+    let rollup = server
+        .get("/v1/activity/runs/run/rollup")
+        .await
+        .assert_status(200)
+        .clone();
+    assert_eq!(rollup["outcome"], "success", "{rollup}");
+
+    set_clock(&server, 60_000);
+    let report = pass(&mut maintenance).await;
+    assert_eq!(
+        (report.runs_pruned, report.spans_pruned),
+        (1, 2),
+        "{report:?}"
+    );
+    server
+        .get("/v1/activity/spans/forgotten")
+        .await
+        .assert_status(404);
+}
+
 #[tokio::test]
 async fn the_watchdog_counts_stuck_runs_and_names_each_once() {
     let server = manual_server(RetentionConfig::default()).await;
