@@ -133,7 +133,10 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     };
     // Held until the server exits: a second live server of this instance on this file would
     // otherwise close this one's live spans at its boot (see `instance_lock`).
-    let _instance_lock = match crate::instance_lock::lock_instance(&settings.db, &instance) {
+    // Beside the file itself, as SQLite's own files are: a server reaching the file through a
+    // symbolic link takes the same lock as one given its real path.
+    let real_db = flightlog_sqlite::real_database_path(&settings.db);
+    let _instance_lock = match crate::instance_lock::lock_instance(&real_db, &instance) {
         Ok(lock) => lock,
         Err(crate::instance_lock::InstanceLockError::Held { lock_file }) => anyhow::bail!(
             "instance {instance} is already served by another live flightlog on {} (it holds \

@@ -208,39 +208,49 @@ fn a_second_live_server_of_one_instance_is_refused_and_closes_nothing() {
                "origin": "session"}),
     );
 
-    // The twin: refused before it opens the database, with the fix in the message.
-    let mut twin = Command::new(BIN)
-        .current_dir(&scratch.0)
-        .args(["serve", "--db"])
-        .arg(&db)
-        .args([
-            "--addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "off",
-            "--instance",
-            "shared",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn the twin");
-    let status = support::wait_at_most(&mut twin, START_TIMEOUT);
-    if status.is_none() {
-        let _ = twin.kill();
+    // The twin: refused before it opens the database, with the fix in the message; also when
+    // it reaches the file through a symbolic link in another folder (its lock was once made
+    // beside the link, so it started and its boot sweep closed the first server's live span).
+    let linked = scratch.0.join("linked");
+    std::fs::create_dir(&linked).expect("make a folder");
+    let link = linked.join("same.db");
+    std::os::unix::fs::symlink(&db, &link).expect("make a symbolic link");
+    for twin_db in [&db, &link] {
+        let mut twin = Command::new(BIN)
+            .current_dir(&scratch.0)
+            .args(["serve", "--db"])
+            .arg(twin_db)
+            .args([
+                "--addr",
+                "127.0.0.1:0",
+                "--grpc-addr",
+                "off",
+                "--instance",
+                "shared",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn the twin");
+        let status = support::wait_at_most(&mut twin, START_TIMEOUT);
+        if status.is_none() {
+            let _ = twin.kill();
+        }
+        let output = twin.wait_with_output().expect("the twin's output");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            status.is_some_and(|status| status.code() == Some(1)),
+            "{}: {status:?}: {stderr}",
+            twin_db.display()
+        );
+        assert!(
+            stderr.contains("instance shared is already served by another live flightlog")
+                && stderr.contains("--instance"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert_eq!(span(first.addr, "live")["outcome"], Value::Null);
     }
-    let output = twin.wait_with_output().expect("the twin's output");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        status.is_some_and(|status| status.code() == Some(1)),
-        "{status:?}: {stderr}"
-    );
-    assert!(
-        stderr.contains("instance shared is already served by another live flightlog")
-            && stderr.contains("--instance"),
-        "{stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "{stderr}");
     // The first server's live span is untouched, and it can still end it.
     assert_eq!(span(first.addr, "live")["outcome"], Value::Null);
 

@@ -52,7 +52,10 @@ fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<RunListEntry> {
     let outcome: Option<String> = row.get(8)?;
     let open: bool = row.get(1)?;
     let started_at: i64 = row.get(6)?;
-    let ended_at: Option<i64> = row.get(7)?;
+    // An open run has not ended, whatever its first root did: a session's first turn may have
+    // ended (and been rolled up) while a later one runs. Its end, outcome, duration and failure
+    // are those of the rollup made once it ends; its totals stay the latest known.
+    let ended_at: Option<i64> = if open { None } else { row.get(7)? };
     let rolled_up: bool = row.get(18)?;
     Ok(RunListEntry {
         run_id: row.get(0)?,
@@ -67,10 +70,15 @@ fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<RunListEntry> {
         job_name: row.get(5)?,
         started_at,
         ended_at,
-        outcome: outcome.as_deref().map(SpanOutcome::from_stored),
+        outcome: outcome
+            .as_deref()
+            .filter(|_| !open)
+            .map(SpanOutcome::from_stored),
         // A live root's duration is computed here, saturating as the rollup's does (SQLite
         // turns an overflowing subtraction into a real number).
-        duration_ms: if rolled_up {
+        duration_ms: if open {
+            None
+        } else if rolled_up {
             row.get(9)?
         } else {
             ended_at.map(|ended: i64| ended.saturating_sub(started_at))
@@ -81,7 +89,7 @@ fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<RunListEntry> {
         cache_read_tokens: row.get(13)?,
         cache_creation_tokens: row.get(14)?,
         cost_usd: row.get(15)?,
-        failure_reason: row.get(16)?,
+        failure_reason: if open { None } else { row.get(16)? },
         last_heartbeat_at: row.get(17)?,
         rolled_up,
         detail_pruned: row.get(19)?,
@@ -112,7 +120,8 @@ fn roots_sql(query: &RunListQuery) -> String {
         "SELECT r.run_id, {OPEN}, s.name, s.origin, s.session_id, s.job_name, \
          s.started_at, s.ended_at, s.outcome, \
          CASE WHEN {LIVE} THEN NULL ELSE u.duration_ms END, \
-         CASE WHEN {LIVE} THEN (SELECT COUNT(*) FROM activity_spans c WHERE c.run_key = s.run_key) \
+         CASE WHEN {LIVE} OR {OPEN} \
+           THEN (SELECT COUNT(*) FROM activity_spans c WHERE c.run_key = s.run_key) \
            ELSE u.span_count END, \
          CASE WHEN {LIVE} THEN s.input_tokens ELSE u.input_tokens END, \
          CASE WHEN {LIVE} THEN s.output_tokens ELSE u.output_tokens END, \
@@ -132,6 +141,10 @@ fn roots_sql(query: &RunListQuery) -> String {
         Some(RunState::Open) => sql.push_str(&format!(" AND s.run_key IN {OPEN_RUNS}")),
         Some(RunState::Ended) => sql.push_str(&format!(" AND s.run_key NOT IN {OPEN_RUNS}")),
         None => {}
+    }
+    if query.outcome.is_some() && query.state != Some(RunState::Ended) {
+        // An open run has no outcome yet (see `entry_from_row`), whatever its first root's.
+        sql.push_str(&format!(" AND s.run_key NOT IN {OPEN_RUNS}"));
     }
     push_filters(&mut sql, query, "s");
     sql

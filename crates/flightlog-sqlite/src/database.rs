@@ -638,6 +638,32 @@ fn unusable_file(path: &Path, err: rusqlite::Error) -> StoreError {
 /// error" for each): a file name longer than a file system takes, a dangling symbolic link, a
 /// FIFO, device or socket (which SQLite would open and fail on, or hang), and a folder in the
 /// path that is a file.
+/// The path of the database file itself, absolute and without symbolic links (the file's
+/// folder when the file does not exist yet; the path as given when neither resolves). SQLite
+/// resolves links when it names the `-wal` and `-shm` files, and flightlog's side files
+/// (`-flightlog-turn`, `-flightlog-rewind`, a server's instance lock) must be beside the same
+/// file: named after a link, two processes reaching one file by two paths shared its data but
+/// neither the turn-taking at the write lock nor the lock that keeps two live servers from
+/// being one instance (the second one's boot sweep closed the first one's live spans). Absolute
+/// also keeps a later change of the working folder from moving them.
+pub fn real_database_path(path: &Path) -> PathBuf {
+    if let Ok(real) = std::fs::canonicalize(path) {
+        return real;
+    }
+    let (Some(name), Some(folder)) = (path.file_name(), path.parent()) else {
+        return path.to_path_buf();
+    };
+    let folder = if folder.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        folder
+    };
+    match std::fs::canonicalize(folder) {
+        Ok(real_folder) => real_folder.join(name),
+        Err(_) => path.to_path_buf(),
+    }
+}
+
 fn check_path_shape(path: &Path) -> Result<(), StoreError> {
     const NAME_MAX: usize = 255;
     let shown = path.display();
@@ -754,6 +780,10 @@ impl SqliteDatabase {
         let vfs =
             flightlog_walvfs::register().map_err(|err| StoreError::Backend(err.to_string()))?;
         check_path_shape(&config.path)?;
+        let config = SqliteConfig {
+            path: real_database_path(&config.path),
+            ..config
+        };
         check_existing_file(&config.path, config.busy_timeout)?;
         let mut conn = Connection::open_with_flags_and_vfs(
             &config.path,

@@ -23,7 +23,9 @@ mod schema;
 mod span_id_filter;
 
 pub use activity::SqliteActivityStore;
-pub use database::{configure_connection, Durability, SqliteConfig, SqliteDatabase, WriterStats};
+pub use database::{
+    configure_connection, real_database_path, Durability, SqliteConfig, SqliteDatabase, WriterStats,
+};
 pub use journal::SqliteEngagementJournal;
 #[doc(hidden)]
 pub use schema::migrate_up_to;

@@ -278,15 +278,33 @@ async fn a_run_with_two_roots_is_listed_from_the_root_its_rollup_and_prune_use()
         .await
         .unwrap();
 
-    // The first root ended, the second is still running: open.
+    // The first root ended, the second is still running: open, and with no end, outcome,
+    // duration or failure yet, even once the first root's end was rolled up (a session whose
+    // first turn failed and whose second runs); an outcome filter does not find it.
+    store.rollup_run("m").await.unwrap();
     let page = store.list_runs(query(None, 10)).await.unwrap();
     assert_eq!(page.runs.len(), 1);
-    assert_eq!(page.runs[0].name, "first");
-    assert_eq!(page.runs[0].state, RunState::Open);
+    let open = &page.runs[0];
+    assert_eq!(open.name, "first");
+    assert_eq!(open.state, RunState::Open);
+    assert_eq!(
+        (
+            open.ended_at,
+            &open.outcome,
+            open.duration_ms,
+            &open.failure_reason
+        ),
+        (None, &None, None, &None),
+        "{open:?}"
+    );
+    assert_eq!(open.span_count, 2, "{open:?}");
     assert_eq!(ids(&store, query(Some(RunState::Open), 10)).await, ["m"]);
     assert!(ids(&store, query(Some(RunState::Ended), 10))
         .await
         .is_empty());
+    let mut failed = query(None, 10);
+    failed.outcome = Some(SpanOutcome::Error);
+    assert!(ids(&store, failed).await.is_empty());
 
     store
         .end_span("m2", end(SpanOutcome::Success, 6_000))
