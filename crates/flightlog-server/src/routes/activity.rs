@@ -215,8 +215,16 @@ pub(crate) fn unknown_span(span_id: &str) -> ApiError {
     ApiError::not_found(format!("no span with id {span_id:?}"))
 }
 
-fn unknown_run(run_id: &str) -> ApiError {
-    ApiError::not_found(format!("no run with id {run_id:?}"))
+/// The 404 of a run with no spans to show: a run whose detail was pruned is still listed (its
+/// rollup is kept), so saying it does not exist sent its users looking for a typo.
+pub(crate) async fn run_without_spans(store: &dyn ActivityStore, run_id: &str) -> ApiError {
+    match store.read_rollup(run_id).await {
+        Ok(Some(rollup)) if rollup.detail_pruned => ApiError::not_found(format!(
+            "the detail (spans, events) of run {run_id:?} was pruned by the retention; its \
+             rollup is kept: GET /v1/activity/runs/{{runId}}/rollup"
+        )),
+        _ => ApiError::not_found(format!("no run with id {run_id:?}")),
+    }
 }
 
 // ---- handlers ----
@@ -446,10 +454,12 @@ async fn snapshot_run(
     PathId(run_id): PathId,
 ) -> Result<Response, ApiError> {
     let budget = state.response_budget();
-    let (snapshot, reserved) = budget
+    let Some((snapshot, reserved)) = budget
         .read_snapshot(state.activity().as_ref(), &run_id)
         .await?
-        .ok_or_else(|| unknown_run(&run_id))?;
+    else {
+        return Err(run_without_spans(state.activity().as_ref(), &run_id).await);
+    };
     let json = ChunkedJson::drain(snapshot)?;
     let permit = budget.settle(reserved, json.len()).await?;
     Ok(response_budget::json_response(json, permit))

@@ -419,7 +419,7 @@ async fn change_stream(
     responses(
         (status = 200, description = "The event stream (`snapshot`, `change`, `resync`, `error` events).", content_type = "text/event-stream", body = String),
         (status = 400, description = "A bad id or `Last-Event-ID`.", body = ErrorBody),
-        (status = 404, description = "The run has no spans (and no `Last-Event-ID` was given).", body = ErrorBody),
+        (status = 404, description = "The run has no spans (unknown, or its detail pruned), and no `Last-Event-ID` was given.", body = ErrorBody),
         (status = 503, description = LARGE_RESPONSE_BUSY, body = ErrorBody),
     ),
 )]
@@ -443,10 +443,10 @@ async fn run_stream(
             let budget = state.response_budget();
             // The horizon before and after the snapshot: see `follow_from_snapshot`.
             let horizon_before = store.change_log_horizon().await?;
-            let (snapshot, reserved) = budget
-                .read_snapshot(store.as_ref(), &run_id)
-                .await?
-                .ok_or_else(|| ApiError::not_found(format!("run {run_id:?} has no spans")))?;
+            let Some((snapshot, reserved)) = budget.read_snapshot(store.as_ref(), &run_id).await?
+            else {
+                return Err(super::activity::run_without_spans(store.as_ref(), &run_id).await);
+            };
             let horizon_after = store.change_log_horizon().await?;
             let filter = RunFilter {
                 run_id,

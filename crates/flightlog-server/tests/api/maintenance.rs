@@ -263,6 +263,20 @@ async fn a_span_left_open_after_its_run_ended_is_closed_and_the_run_pruned() {
         .get("/v1/activity/spans/forgotten")
         .await
         .assert_status(404);
+    // Its snapshot and stream say why there is nothing to show, not that the run is unknown.
+    for path in ["/v1/activity/runs/run/snapshot", "/v1/activity/runs/run/stream"] {
+        let message = server.get(path).await.assert_status(404)["error"]["message"].clone();
+        assert!(
+            message.as_str().is_some_and(|m| m.contains("was pruned")
+                && m.contains("/v1/activity/runs/{runId}/rollup")),
+            "{path}: {message}"
+        );
+    }
+    let unknown = server.get("/v1/activity/runs/nope/snapshot").await;
+    assert_eq!(
+        unknown.assert_status(404)["error"]["message"],
+        "no run with id \"nope\""
+    );
 }
 
 #[tokio::test]
