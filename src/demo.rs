@@ -253,6 +253,18 @@ fn print_tree(report: &mut String, spans: &[SpanRow], parent: Option<&str>, dept
     }
 }
 
+/// The most runs the report's table lists (the newest).
+const DEMO_TABLE_ROWS: usize = 50;
+
+/// How far back the simulated runs reach at most (a week).
+const DEMO_SPAN_MS: i64 = 7 * 24 * 60 * 60 * 1000;
+
+/// Time between the starts of two simulated runs: a minute, or less so that `runs` of them fit
+/// in [`DEMO_SPAN_MS`].
+fn run_spacing_ms(runs: usize) -> i64 {
+    (DEMO_SPAN_MS / i64::try_from(runs.max(1)).unwrap_or(i64::MAX)).clamp(1, 60_000)
+}
+
 pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
     let db = SqliteDatabase::open(SqliteConfig::new(db_path))
         .with_context(|| format!("cannot open database {}", db_path.display()))?;
@@ -264,8 +276,11 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
         next: 0,
     };
     let mut run_ids = Vec::new();
+    // A minute apart, or closer for many runs: all of them within the last week, so a server's
+    // 30-day retention does not prune the oldest the moment it serves the file.
+    let spacing = run_spacing_ms(runs);
     for index in 0..runs {
-        let started = now - 60_000 * (runs - index) as i64;
+        let started = now - spacing * (runs - index) as i64;
         run_ids.push(simulate_run(&store, &mut ids, index, started).await?);
     }
     // One run still going: an agent waiting on a slow tool right now.
@@ -310,7 +325,16 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
         "out tok",
         "cost $"
     );
-    for run_id in &run_ids {
+    // The newest runs only: a table of a hundred thousand lines shows nothing.
+    let shown = run_ids.len().min(DEMO_TABLE_ROWS);
+    if shown < run_ids.len() {
+        report_line!(
+            report,
+            "({} earlier runs not shown; GET /v1/activity/runs on `flightlog serve` lists them)",
+            run_ids.len() - shown
+        );
+    }
+    for run_id in &run_ids[run_ids.len() - shown..] {
         if let Some(rollup) = store.read_rollup(run_id).await? {
             report_line!(
                 report,
@@ -378,4 +402,21 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot close database {}", db_path.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_are_a_minute_apart_and_never_older_than_a_week() {
+        assert_eq!(run_spacing_ms(0), 60_000);
+        assert_eq!(run_spacing_ms(12), 60_000);
+        for runs in [10_080, 10_081, 50_000, 100_000] {
+            let reach = run_spacing_ms(runs) * runs as i64;
+            assert!(reach <= DEMO_SPAN_MS, "{runs}: {reach}");
+            assert!(run_spacing_ms(runs) < 60_000 || runs <= 10_080, "{runs}");
+        }
+        assert_eq!(run_spacing_ms(100_000), 6_048);
+    }
 }

@@ -2176,6 +2176,18 @@ fn a_database_deleted_under_the_server_refuses_writes_and_is_reported() {
     let (exit, stdout, stderr) = stop_with_sigterm(server);
     assert!(!exit.success(), "{exit:?}\n{stdout}\n{stderr}");
     assert!(stderr.contains("was deleted or replaced"), "{stderr}");
+    // Said when first noticed (once, however many requests met it), not only at the stop.
+    let noticed: Vec<usize> = stderr
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| line.contains("noticed now: every write and /healthz answer 503"))
+        .map(|(index, _)| index)
+        .collect();
+    let stopped = stderr.lines().position(|line| line.contains("stopped"));
+    assert!(
+        noticed.len() == 1 && stopped.is_none_or(|stopped| noticed[0] < stopped),
+        "{stderr}"
+    );
     assert!(!stderr.contains("nothing is lost"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }

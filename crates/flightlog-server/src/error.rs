@@ -195,8 +195,11 @@ impl From<StoreError> for ApiError {
             StoreError::Overloaded
             | StoreError::Closed
             | StoreError::Busy(_)
-            | StoreError::StorageFull(_)
-            | StoreError::FileLost(_) => Self::Unavailable(message),
+            | StoreError::StorageFull(_) => Self::Unavailable(message),
+            StoreError::FileLost(_) => {
+                report_file_lost(&message);
+                Self::Unavailable(message)
+            }
             StoreError::SchemaTooNew { .. }
             | StoreError::SchemaUnknown(_)
             | StoreError::NotFlightlog(_)
@@ -218,10 +221,28 @@ impl From<JournalError> for ApiError {
             JournalError::Closed
             | JournalError::Overloaded
             | JournalError::Busy(_)
-            | JournalError::StorageFull(_)
-            | JournalError::FileLost(_) => Self::Unavailable(message),
+            | JournalError::StorageFull(_) => Self::Unavailable(message),
+            JournalError::FileLost(_) => {
+                report_file_lost(&message);
+                Self::Unavailable(message)
+            }
             JournalError::Corrupt(_) | JournalError::Backend(_) => Self::Internal(message),
         }
+    }
+}
+
+/// Says on stderr, once per process, that the database file was lost (deleted or replaced
+/// under the server): from then on every write and `/healthz` answer 503 until a restart, and
+/// the operator heard of it only when the server stopped.
+fn report_file_lost(message: &str) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "flightlog: error: {message} (noticed now: every write and /healthz answer 503 \
+             until the restart)"
+        );
     }
 }
 

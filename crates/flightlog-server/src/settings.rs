@@ -292,7 +292,7 @@ Config file (every key optional; relative paths are relative to the file's folde
     scopes = [\"read\", \"ingest\"]
 
     [[tokens]]
-    token = \"another-secret\"
+    token = \"another-long-random-secret\"
     scopes = [\"admin\"]
 
 Tokens and scopes: with any token configured, every request but GET /healthz needs

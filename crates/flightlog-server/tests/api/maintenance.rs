@@ -264,11 +264,15 @@ async fn a_span_left_open_after_its_run_ended_is_closed_and_the_run_pruned() {
         .await
         .assert_status(404);
     // Its snapshot and stream say why there is nothing to show, not that the run is unknown.
-    for path in ["/v1/activity/runs/run/snapshot", "/v1/activity/runs/run/stream"] {
+    for path in [
+        "/v1/activity/runs/run/snapshot",
+        "/v1/activity/runs/run/stream",
+    ] {
         let message = server.get(path).await.assert_status(404)["error"]["message"].clone();
         assert!(
-            message.as_str().is_some_and(|m| m.contains("was pruned")
-                && m.contains("/v1/activity/runs/{runId}/rollup")),
+            message.as_str().is_some_and(
+                |m| m.contains("was pruned") && m.contains("/v1/activity/runs/{runId}/rollup")
+            ),
             "{path}: {message}"
         );
     }
