@@ -7,7 +7,7 @@
 //! behaves exactly as the single endpoint does.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use flightlog_core::activity::{
@@ -493,7 +493,11 @@ async fn run_high_water_seq(
     operation_id = "changesSince",
     params(ChangesQuery),
     responses(
-        (status = 200, description = "At most `limit` changes.", body = Vec<ActivityChange>),
+        (status = 200, description = "At most `limit` changes.", body = Vec<ActivityChange>,
+            headers(
+                ("Flightlog-Change-Log-Horizon" = i64, description = "Change ids below this may be missing from the log (trimmed, or pruned with their runs)."),
+                ("Flightlog-Resync" = String, description = "`true` when `after` is below the horizon minus one: changes after it may be missing; take a new snapshot, then continue from the larger of your cursor and the horizon minus one."),
+            )),
         (status = 400, description = "A bad query.", body = ErrorBody),
         (status = 503, description = LARGE_RESPONSE_BUSY, body = ErrorBody),
     ),
@@ -504,8 +508,32 @@ async fn changes_since(
 ) -> Result<Response, ApiError> {
     let limit = query.limit()?;
     let changes = state.activity().changes_since(query.after, limit).await?;
-    state.response_budget().json(changes).await
+    let horizon = state.activity().change_log_horizon().await?;
+    let response = state.response_budget().json(changes).await?;
+    Ok(with_change_log_horizon(response, query.after, horizon))
 }
+
+/// The header that tells a client polling the change log (rather than streaming it, whose
+/// stream says `resync`) whether the page can be trusted to miss nothing:
+/// `Flightlog-Change-Log-Horizon` always (change ids below it may be missing: trimmed, or
+/// pruned with their runs, the value of `POST /v1/activity/maintenance/prune`'s trim), and
+/// `Flightlog-Resync: true` when the cursor asked from is below it, so changes after it may be
+/// missing and the client should take a new snapshot (then continue from the larger of its
+/// cursor and the horizon minus one). Read after the page, so a trim that raced the read is
+/// not missed (at worst a resync is asked for without need).
+fn with_change_log_horizon(mut response: Response, after: i64, horizon: i64) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(CHANGE_LOG_HORIZON, HeaderValue::from(horizon));
+    if after < horizon.saturating_sub(1) {
+        headers.insert(RESYNC, HeaderValue::from_static("true"));
+    }
+    response
+}
+
+/// See [`with_change_log_horizon`].
+pub(crate) const CHANGE_LOG_HORIZON: &str = "flightlog-change-log-horizon";
+/// See [`with_change_log_horizon`].
+pub(crate) const RESYNC: &str = "flightlog-resync";
 
 /// Terminal root spans with the highest change id they appear under, after a cursor
 /// (`terminalRootChangesSince`).
@@ -516,7 +544,11 @@ async fn changes_since(
     operation_id = "terminalRootChangesSince",
     params(ChangesQuery),
     responses(
-        (status = 200, description = "At most `limit` entries.", body = Vec<TerminalRootChange>),
+        (status = 200, description = "At most `limit` entries.", body = Vec<TerminalRootChange>,
+            headers(
+                ("Flightlog-Change-Log-Horizon" = i64, description = "Change ids below this may be missing from the log (trimmed, or pruned with their runs)."),
+                ("Flightlog-Resync" = String, description = "`true` when `after` is below the horizon minus one: changes after it may be missing; take a new snapshot, then continue from the larger of your cursor and the horizon minus one."),
+            )),
         (status = 400, description = "A bad query.", body = ErrorBody),
         (status = 503, description = LARGE_RESPONSE_BUSY, body = ErrorBody),
     ),
@@ -530,7 +562,9 @@ async fn terminal_root_changes_since(
         .activity()
         .terminal_root_changes_since(query.after, limit)
         .await?;
-    state.response_budget().json(changes).await
+    let horizon = state.activity().change_log_horizon().await?;
+    let response = state.response_budget().json(changes).await?;
+    Ok(with_change_log_horizon(response, query.after, horizon))
 }
 
 /// The highest change id still in the log (`latestChangeCursor`).

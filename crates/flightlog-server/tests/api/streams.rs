@@ -931,6 +931,28 @@ async fn a_cursor_behind_the_trimmed_change_log_is_told_to_resync() {
     assert_eq!(event.event, "resync");
     assert_eq!(event.data["changeLogHorizon"], 15);
 
+    // A client polling the log instead is told by a header (the body stays the contract's
+    // array): behind the horizon, resync; at it, the page misses nothing.
+    for (path, resync) in [
+        ("/v1/activity/changes?after=0", true),
+        ("/v1/activity/changes?after=13", true),
+        ("/v1/activity/changes?after=14", false),
+        ("/v1/activity/changes/terminal-roots?after=0", true),
+        ("/v1/activity/changes/terminal-roots?after=20", false),
+    ] {
+        let reply = server.get(path).await;
+        reply.assert_status(200);
+        assert_eq!(
+            reply.headers["flightlog-change-log-horizon"], "15",
+            "{path}"
+        );
+        assert_eq!(
+            reply.headers.get("flightlog-resync").is_some(),
+            resync,
+            "{path}"
+        );
+    }
+
     let mut current =
         SseClient::connect(&server, "/v1/activity/changes/stream?after=14", None).await;
     let next = current.next().await;
