@@ -7,7 +7,11 @@ change log, `PRAGMA data_version`). For each write: the time from B's answer (th
 the event's arrival on A's stream. Writes are paced (one every PACE_MS, with jitter) so that
 each one finds A's stream idle, which is the case the 250 ms is about.
 
-    python3 bench/cross_process_latency.py [WRITES=200] [PACE_MS=40] [SERVER=target/release/flightlog]
+    python3 bench/cross_process_latency.py [WRITES=200] [PACE_MS=40] [SERVER=target/release/flightlog] [LOAD_BATCH=0]
+
+With LOAD_BATCH > 0, two more threads keep posting batches of that many span starts to server B
+(one batch every 10 ms each) while the timed writes go on, so the reading server's stream and
+checkpoints work under load; the write rate is printed.
 
 It runs both streams in turn: the global change stream (`/v1/activity/changes/stream`, span
 starts written to B) and an engagement's stream (`/v1/engagements/{id}/stream`, appends
@@ -18,6 +22,7 @@ import json, os, random, socket, subprocess, sys, tempfile, threading, time, url
 writes = int(sys.argv[1]) if len(sys.argv) > 1 else 200
 pace_ms = float(sys.argv[2]) if len(sys.argv) > 2 else 40.0
 server = sys.argv[3] if len(sys.argv) > 3 else "target/release/flightlog"
+load_batch = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 
 
 def free_port():
@@ -83,17 +88,41 @@ def percentile(values, p):
     return ordered[min(len(ordered) - 1, int(len(ordered) * p))] if ordered else float("nan")
 
 
+def load(port, stop, counted, worker):
+    """Batches of `load_batch` span starts to `port` until `stop`."""
+    n = 0
+    while not stop.is_set():
+        n += 1
+        post(port, "/v1/activity/batch", {"ops": [
+            {"op": "startSpan", "spanId": f"load-{worker}-{n}-{j}", "runId": f"load-{worker}-{n % 20}",
+             "name": "tool", "kind": "tool", "origin": "session"} for j in range(load_batch)]})
+        counted[worker] += load_batch
+        time.sleep(0.01)
+
+
 def measure(name, port_a, port_b, path, key, write):
     arrived, ready, stop = {}, threading.Event(), threading.Event()
     reader = threading.Thread(target=read_stream, args=(port_a, path, key, arrived, ready, stop))
     reader.start()
     ready.wait()
     time.sleep(0.5)
+    load_stop, counted = threading.Event(), [0, 0]
+    loaders = [threading.Thread(target=load, args=(port_b, load_stop, counted, worker))
+               for worker in range(2 if load_batch > 0 else 0)]
+    for loader in loaders:
+        loader.start()
+    began = time.perf_counter()
     committed = {}
     for n in range(writes):
         time.sleep(pace_ms / 1000 * random.uniform(0.5, 1.5))
         ident = write(port_b, n)
         committed[ident] = time.perf_counter()
+    load_stop.set()
+    for loader in loaders:
+        loader.join()
+    if loaders:
+        print(f"{name}: load {sum(counted) / (time.perf_counter() - began):,.0f} span starts/s "
+              f"to the other server meanwhile")
     deadline = time.time() + 5
     while len(arrived) < len(committed) and time.time() < deadline:
         time.sleep(0.05)

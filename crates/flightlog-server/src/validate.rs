@@ -1,10 +1,12 @@
 //! The range checks the contract puts on values serde alone accepts: ids (non-empty, at most 256
 //! bytes), times and durations (integers below 2^53 in magnitude, as the journal already
-//! requires), and page sizes (`limit`, prune `batch`: 0 to 10,000).
+//! requires), usage (token counts from 0 to 2^53 - 1, a cost that is finite and not negative),
+//! and page sizes (`limit`, prune `batch`: 0 to 10,000).
 //!
 //! They run at the HTTP edge so the stores keep the reference's wider semantics for in-process
 //! callers (the reference accepts a negative `limit`, for example) while the wire stays strict.
 
+use flightlog_core::activity::SpanUsage;
 use flightlog_core::journal::SAFE_INTEGER_LIMIT;
 
 use crate::error::ApiError;
@@ -57,6 +59,37 @@ pub fn check_time(field: &str, value: i64) -> Result<(), ApiError> {
 /// [`check_time`] for an optional value.
 pub fn check_optional_time(field: &str, value: Option<i64>) -> Result<(), ApiError> {
     value.map_or(Ok(()), |value| check_time(field, value))
+}
+
+/// Usage a client reports: token counts from 0 to 2^53 (a negative count made a run's totals
+/// negative; beyond 2^53 a JavaScript reader rounds them), a cost that is a non-negative finite
+/// number. `field` names the object (`usage`), for the message.
+pub fn check_usage(field: &str, usage: Option<&SpanUsage>) -> Result<(), ApiError> {
+    let Some(usage) = usage else {
+        return Ok(());
+    };
+    for (name, count) in [
+        ("inputTokens", usage.input_tokens),
+        ("outputTokens", usage.output_tokens),
+        ("cacheReadTokens", usage.cache_read_tokens),
+        ("cacheCreationTokens", usage.cache_creation_tokens),
+    ] {
+        if let Some(count) = count {
+            if !(0..SAFE_INTEGER_LIMIT).contains(&count) {
+                return Err(ApiError::invalid(format!(
+                    "{field}.{name} must be an integer from 0 to 2^53 - 1, got {count}"
+                )));
+            }
+        }
+    }
+    if let Some(cost) = usage.cost_usd {
+        if !cost.is_finite() || cost < 0.0 {
+            return Err(ApiError::invalid(format!(
+                "{field}.costUsd must be a non-negative number, got {cost}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A page size or batch: 0 to [`MAX_LIMIT`].

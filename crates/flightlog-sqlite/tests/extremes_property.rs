@@ -1435,6 +1435,9 @@ impl Model {
                 .filter(|span| span.run_id == *run_id)
                 .count() as i64;
             let usage = &root.usage;
+            // An open run has not ended, whatever its first root did: no end, outcome,
+            // duration or failure, and the live span count.
+            let open = state == RunState::Open;
             entries.push(RunListEntry {
                 run_id: (*run_id).to_owned(),
                 state,
@@ -1443,15 +1446,19 @@ impl Model {
                 session_id: root.session_id.clone(),
                 job_name: root.job_name.clone(),
                 started_at: root.started_at,
-                ended_at: root.ended_at,
-                outcome: root.outcome.clone(),
+                ended_at: root.ended_at.filter(|_| !open),
+                outcome: root.outcome.clone().filter(|_| !open),
                 duration_ms: match rollup {
+                    _ if open => None,
                     Some(row) => row.duration_ms,
                     None => root
                         .ended_at
                         .map(|ended| ended.saturating_sub(root.started_at)),
                 },
-                span_count: rollup.map_or(span_count, |row| row.span_count),
+                span_count: match rollup {
+                    Some(row) if !open => row.span_count,
+                    _ => span_count,
+                },
                 input_tokens: rollup.map_or(usage.input_tokens, |row| row.input_tokens),
                 output_tokens: rollup.map_or(usage.output_tokens, |row| row.output_tokens),
                 cache_read_tokens: rollup
@@ -1459,7 +1466,11 @@ impl Model {
                 cache_creation_tokens: rollup
                     .map_or(usage.cache_creation_tokens, |row| row.cache_creation_tokens),
                 cost_usd: rollup.map_or(usage.cost_usd, |row| row.cost_usd),
-                failure_reason: rollup.map_or(live_failure, |row| row.failure_reason.clone()),
+                failure_reason: if open {
+                    None
+                } else {
+                    rollup.map_or(live_failure, |row| row.failure_reason.clone())
+                },
                 last_heartbeat_at: root.last_heartbeat_at,
                 rolled_up: rollup.is_some(),
                 detail_pruned: false,

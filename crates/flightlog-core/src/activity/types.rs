@@ -163,31 +163,43 @@ pub struct SpanUsage {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::json_number::optional_integral_i64"
     )]
-    #[cfg_attr(feature = "openapi", schema(nullable = false))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(nullable = false, minimum = 0, maximum = 9_007_199_254_740_991_i64)
+    )]
     pub input_tokens: Option<i64>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::json_number::optional_integral_i64"
     )]
-    #[cfg_attr(feature = "openapi", schema(nullable = false))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(nullable = false, minimum = 0, maximum = 9_007_199_254_740_991_i64)
+    )]
     pub output_tokens: Option<i64>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::json_number::optional_integral_i64"
     )]
-    #[cfg_attr(feature = "openapi", schema(nullable = false))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(nullable = false, minimum = 0, maximum = 9_007_199_254_740_991_i64)
+    )]
     pub cache_read_tokens: Option<i64>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::json_number::optional_integral_i64"
     )]
-    #[cfg_attr(feature = "openapi", schema(nullable = false))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(nullable = false, minimum = 0, maximum = 9_007_199_254_740_991_i64)
+    )]
     pub cache_creation_tokens: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(nullable = false))]
+    #[cfg_attr(feature = "openapi", schema(nullable = false, minimum = 0))]
     pub cost_usd: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(nullable = false))]

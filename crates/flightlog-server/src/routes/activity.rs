@@ -25,7 +25,9 @@ use crate::extract::{ApiQuery, JsonBody, OptionalJsonBody, PathId, WriterStore};
 use crate::openapi::{tags, LARGE_RESPONSE_BUSY, RUN_ID, SPAN_ID};
 use crate::response_budget::{self, ChunkedJson};
 use crate::state::AppState;
-use crate::validate::{check_id, check_limit, check_optional_time, check_reference, check_time};
+use crate::validate::{
+    check_id, check_limit, check_optional_time, check_reference, check_time, check_usage,
+};
 use crate::wire::{ChangeCursor, Closed, Ended, HighWaterSeq, Patched};
 
 /// The routes of this module, each registered from its `#[utoipa::path]` annotation.
@@ -139,12 +141,14 @@ pub(crate) fn check_start_span(input: &StartSpanInput) -> Result<(), ApiError> {
 
 /// The checks of `endSpan` beyond its body's types.
 pub(crate) fn check_end_span(input: &EndSpanInput) -> Result<(), ApiError> {
-    check_optional_time("endedAt", input.ended_at)
+    check_optional_time("endedAt", input.ended_at)?;
+    check_usage("usage", input.usage.as_ref())
 }
 
 /// The checks of `patchSpan` beyond its body's types.
 pub(crate) fn check_patch_span(patch: &SpanPatch) -> Result<(), ApiError> {
-    check_optional_time("waitUntil", patch.wait_until)
+    check_optional_time("waitUntil", patch.wait_until)?;
+    check_usage("usage", patch.usage.as_ref())
 }
 
 /// The checks of `appendEvent` beyond its body's types.

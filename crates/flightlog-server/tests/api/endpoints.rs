@@ -260,6 +260,52 @@ async fn span_writes_end_patch_events_heartbeat_and_get() {
         )
         .await
         .assert_error(400, "invalid_request");
+    // Usage out of range (a negative count made the run's totals negative), on a patch, an
+    // end and a batch op alike; nothing is written.
+    for usage in [
+        json!({"inputTokens": -1}),
+        json!({"cacheReadTokens": 9_007_199_254_740_992_i64}),
+        json!({"costUsd": -3}),
+    ] {
+        let reply = server
+            .send(
+                Method::PATCH,
+                "/v1/activity/spans/root",
+                Some(&json!({ "usage": usage })),
+                None,
+            )
+            .await;
+        reply.assert_error(400, "invalid_request");
+        let message = &reply.body["error"]["message"];
+        assert!(
+            message.as_str().is_some_and(|m| m.contains("usage.")),
+            "{message}"
+        );
+        server
+            .post(
+                "/v1/activity/spans/root/end",
+                &json!({"outcome": "success", "usage": usage}),
+            )
+            .await
+            .assert_error(400, "invalid_request");
+        let results = server
+            .post(
+                "/v1/activity/batch",
+                &json!({"ops": [{"op": "endSpan", "spanId": "root", "outcome": "success",
+                                 "usage": usage}]}),
+            )
+            .await
+            .assert_status(200)["results"]
+            .clone();
+        assert_eq!(results[0]["error"]["code"], "invalid_request", "{results}");
+    }
+    let root = server
+        .get("/v1/activity/spans/root")
+        .await
+        .assert_status(200)
+        .clone();
+    assert!(root["outcome"].is_null(), "{root}");
+    assert_eq!(root["usage"]["inputTokens"], 5, "{root}");
 
     // events
     let reply = server
