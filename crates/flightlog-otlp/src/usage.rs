@@ -1,7 +1,7 @@
 //! A span's token usage, model and cost, from whichever naming its instrumentation used.
 //!
 //! Counts may arrive as an int, a double or a numeric string (instrumentations disagree): each
-//! is accepted when it is a finite, non-negative whole number (a double is rounded). A count no
+//! is accepted when it is a whole number from 0 to 2^53 - 1 (a double is rounded). A count no
 //! attribute carries stays absent: nothing invents a zero. The cost is the reported one when
 //! present; otherwise it is computed from the price table when the model has a price and at
 //! least one count is known, and the span records which table version priced it.
@@ -27,18 +27,24 @@ pub(crate) enum CostSource {
     PriceTable(String),
 }
 
-/// Counts above this are refused as implausible (and would lose precision as a double).
+/// Counts at or above this are refused as implausible (and would lose precision as a double):
+/// 2^53, the bound the HTTP API puts on the counts native clients report.
 const MAX_TOKENS: f64 = 9_007_199_254_740_992.0;
+
+/// An integer count, if it is in range (0 to 2^53 - 1).
+fn count_in_range(count: i64) -> Option<i64> {
+    (0..1_i64 << 53).contains(&count).then_some(count)
+}
 
 /// A token count from an int, a double or a numeric string.
 pub(crate) fn token_count(value: &AnyValue) -> Option<i64> {
     match value.value.as_ref()? {
-        any_value::Value::IntValue(count) => (*count >= 0).then_some(*count),
+        any_value::Value::IntValue(count) => count_in_range(*count),
         any_value::Value::DoubleValue(count) => count_from_double(*count),
         any_value::Value::StringValue(text) => {
             let text = text.trim();
             match text.parse::<i64>() {
-                Ok(count) => (count >= 0).then_some(count),
+                Ok(count) => count_in_range(count),
                 Err(_) => text.parse::<f64>().ok().and_then(count_from_double),
             }
         }
@@ -105,7 +111,7 @@ fn details_object(text: &str) -> Option<Map<String, Value>> {
 /// A token count from a JSON number (a double is rounded); anything else is none.
 fn json_count(value: &Value) -> Option<i64> {
     match value.as_i64() {
-        Some(count) => (count >= 0).then_some(count),
+        Some(count) => count_in_range(count),
         None => value.as_f64().and_then(count_from_double),
     }
 }
@@ -329,6 +335,15 @@ mod tests {
         assert_eq!(token_count(&int(-1)), None);
         assert_eq!(token_count(&double(f64::NAN)), None);
         assert_eq!(token_count(&string("many")), None);
+        // The HTTP API's bound: below 2^53, however the count is written.
+        assert_eq!(token_count(&int((1 << 53) - 1)), Some((1 << 53) - 1));
+        assert_eq!(token_count(&int(1 << 53)), None);
+        assert_eq!(token_count(&int(i64::MAX)), None);
+        assert_eq!(token_count(&string("9007199254740992")), None);
+        assert_eq!(
+            json_count(&serde_json::json!(9_007_199_254_740_992_i64)),
+            None
+        );
     }
 
     #[test]

@@ -13,8 +13,9 @@
 //!    says nothing about the clients that wrote under its name. Not before the server has been
 //!    up for the staleness window: while it was down no client could heartbeat, and a run whose
 //!    writer is alive must get a full window to show it. In steps of [`STALE_SWEEP_STEP`] roots a
-//!    transaction (`sweep_stale_step`), for at most [`PRUNE_TIME_BUDGET`] a pass, so a backlog
-//!    never holds writers up for long. Then, with the same window and budget, the spans left
+//!    transaction (`sweep_stale_step`), for at most half of [`PRUNE_TIME_BUDGET`] a pass, so a backlog
+//!    never holds writers up for long. Then, with the same window and the other half of the
+//!    budget (so a backlog of one never starves the other), the spans left
 //!    open in runs that have no open root (`sweep_leftovers_step`: the root ended without
 //!    them, or never arrived), which the reference never closes and which would keep their
 //!    runs "running" and unprunable for ever; a run goes when its last sign of life (any
@@ -313,33 +314,36 @@ impl Maintenance {
         // fleet of writers gone at once) never holds writers up for long; the rest waits for
         // the next pass once this one's time is up.
         // Stale roots first, then the spans left open in runs without an open root, which the
-        // reference's sweep never judges (one budget for both).
-        let began = Instant::now();
-        let mut leftovers = false;
-        loop {
-            let step = if leftovers {
-                self.sweeper
-                    .sweep_leftovers_step(stale_after_ms, Some(now), STALE_SWEEP_STEP)
-                    .await
-            } else {
-                self.sweeper
-                    .sweep_stale_step(stale_after_ms, Some(now), STALE_SWEEP_STEP)
-                    .await
-            };
-            match step {
-                Ok((closed, more)) => {
-                    report.stale_spans_closed += closed;
-                    self.metrics
-                        .stale_spans_closed
-                        .inc_by(u64::try_from(closed).unwrap_or(0));
-                    if began.elapsed() >= PRUNE_TIME_BUDGET || (!more && leftovers) {
-                        return self.succeeded(Step::StaleSweep);
+        // reference's sweep never judges; each with half the pass's budget, so a backlog of
+        // one never starves the other.
+        let half = PRUNE_TIME_BUDGET / 2;
+        for leftovers in [false, true] {
+            let began = Instant::now();
+            loop {
+                let step = if leftovers {
+                    self.sweeper
+                        .sweep_leftovers_step(stale_after_ms, Some(now), STALE_SWEEP_STEP)
+                        .await
+                } else {
+                    self.sweeper
+                        .sweep_stale_step(stale_after_ms, Some(now), STALE_SWEEP_STEP)
+                        .await
+                };
+                match step {
+                    Ok((closed, more)) => {
+                        report.stale_spans_closed += closed;
+                        self.metrics
+                            .stale_spans_closed
+                            .inc_by(u64::try_from(closed).unwrap_or(0));
+                        if !more || began.elapsed() >= half {
+                            break;
+                        }
                     }
-                    leftovers |= !more;
+                    Err(err) => return self.failed(Step::StaleSweep, err.to_string(), report),
                 }
-                Err(err) => return self.failed(Step::StaleSweep, err.to_string(), report),
             }
         }
+        self.succeeded(Step::StaleSweep);
     }
 
     async fn watch_stuck(&mut self, stuck_after_ms: i64, report: &mut PassReport) {

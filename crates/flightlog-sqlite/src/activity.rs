@@ -263,9 +263,12 @@ impl SqliteActivityStore {
             SilentRuns::StaleRoots => STALE_RUNS_SQL,
             SilentRuns::Leftovers => LEFTOVER_RUNS_SQL,
         };
+        // Off the runtime's workers: the leftover candidates are found by grouping the open
+        // spans, which may be many.
         let found = self
             .db
-            .read(|conn| any_row(conn, candidates, params![writer.as_ref(), cutoff]))?;
+            .read_apart(|_, conn| any_row(conn, candidates, params![writer.as_ref(), cutoff]))
+            .await?;
         if !found {
             return Ok((0, false));
         }

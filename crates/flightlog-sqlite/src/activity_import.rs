@@ -445,11 +445,14 @@ fn insert_events(
 /// stored count as alive as of `now`. OTLP has no other way to say a long span is still
 /// running, and `sweep_stale` judges a run by its root's heartbeat: a Logfire run whose root was
 /// announced once and whose children kept arriving was closed as "writer went silent" while it
-/// ran, and its real end then bounced off the write-once outcome. The open children are renewed
-/// too, for the leftover sweep, which judges a run without an open root (its root is another
-/// service's, say) by its open spans' heartbeats. A run whose exporter died stops being
-/// delivered, so it still goes stale. Not change-logged, as a native heartbeat is not. (A run
-/// new in this delivery has nothing older to renew: its spans were stored now.)
+/// ran, and its real end then bounced off the write-once outcome. When the run has no open root
+/// (its root's completed copy came first), its open children are renewed instead, for the
+/// leftover sweep, which judges such a run by its open spans' heartbeats (while a root is open
+/// nothing reads a child's, and renewing each would be a row write per pending span per
+/// delivery). A run whose exporter died stops being delivered, so it still goes stale; a
+/// pending span orphaned by one dead process in a trace that others keep exporting lives as
+/// long as those deliveries go on. Not change-logged, as a native heartbeat is not. (A run new
+/// in this delivery has nothing older to renew: its spans were stored now.)
 fn renew_open_spans(
     ctx: &mut WriteContext<'_>,
     run_key: i64,
@@ -459,7 +462,10 @@ fn renew_open_spans(
     ctx.statement(
         "UPDATE activity_spans INDEXED BY activity_spans_open_by_run \
          SET last_heartbeat_at = MAX(COALESCE(last_heartbeat_at, 0), ?2) \
-         WHERE run_key = ?1 AND outcome IS NULL AND origin = ?3",
+         WHERE run_key = ?1 AND outcome IS NULL AND origin = ?3 \
+           AND (parent_span_id IS NULL OR NOT EXISTS (SELECT 1 FROM activity_spans r \
+             INDEXED BY activity_spans_open_by_run \
+             WHERE r.run_key = ?1 AND r.outcome IS NULL AND r.parent_span_id IS NULL))",
     )
     .and_then(|stmt| stmt.execute(params![run_key, now, origin]))
     .map_err(backend)?;

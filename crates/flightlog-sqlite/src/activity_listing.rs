@@ -97,16 +97,39 @@ fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<RunListEntry> {
     })
 }
 
-/// A root's figures are live while it is open or not rolled up; the rollup's once it is. A
-/// rollup made while the root was still open (the reference allows one at any time) holds no
-/// end: the root's live figures stand until the next rollup, instead of an ended run with the
-/// rollup's null duration and failure reason.
-const LIVE: &str = "(u.run_key IS NULL OR s.outcome IS NULL OR u.ended_at IS NULL)";
-
 /// A run is open while any of its roots is: its first root, which names it, or a later one
-/// (another turn of a session, the root of a trace continued from another process).
-const OPEN: &str = "(s.outcome IS NULL OR EXISTS (SELECT 1 FROM activity_spans o \
-     WHERE o.run_key = s.run_key AND o.parent_span_id IS NULL AND o.outcome IS NULL))";
+/// (another turn of a session, the root of a trace continued from another process). The later
+/// ones are looked for among the run's open spans (usually none or a few), not among all its
+/// roots (a session of a thousand turns has a thousand).
+const OPEN: &str = open_sql!();
+
+/// The text of [`OPEN`], for the constants built from it.
+macro_rules! open_sql {
+    () => {
+        "(s.outcome IS NULL OR EXISTS (SELECT 1 FROM activity_spans o \
+         INDEXED BY activity_spans_open_by_run \
+         WHERE o.run_key = s.run_key AND o.outcome IS NULL AND o.parent_span_id IS NULL))"
+    };
+}
+use open_sql;
+
+/// A root's figures are live while the run is open or not rolled up; the rollup's once it is.
+/// A rollup made while the root was still open (the reference allows one at any time) holds no
+/// end: the root's live figures stand until the next rollup, instead of an ended run with the
+/// rollup's null duration and failure reason. A rollup of a run that is open again (its first
+/// turn ended and was rolled up, the next one runs) says nothing of it now: live too, so the
+/// entry is not `rolledUp`.
+const LIVE: &str = concat!(
+    "(u.run_key IS NULL OR u.ended_at IS NULL OR ",
+    open_sql!(),
+    ")"
+);
+
+/// The newest heartbeat of the run's open roots, for a run whose first root ended while a later
+/// one runs (the first root's heartbeat stopped with it).
+const OPEN_ROOTS_HEARTBEAT: &str = "(SELECT MAX(COALESCE(o.last_heartbeat_at, o.started_at)) \
+     FROM activity_spans o INDEXED BY activity_spans_open_by_run \
+     WHERE o.run_key = s.run_key AND o.outcome IS NULL AND o.parent_span_id IS NULL)";
 
 /// The runs with an open root, from the partial index of open roots, for the state filters: a
 /// list SQLite builds once per query. (Testing [`OPEN`] on each root in start order instead
@@ -120,8 +143,7 @@ fn roots_sql(query: &RunListQuery) -> String {
         "SELECT r.run_id, {OPEN}, s.name, s.origin, s.session_id, s.job_name, \
          s.started_at, s.ended_at, s.outcome, \
          CASE WHEN {LIVE} THEN NULL ELSE u.duration_ms END, \
-         CASE WHEN {LIVE} OR {OPEN} \
-           THEN (SELECT COUNT(*) FROM activity_spans c WHERE c.run_key = s.run_key) \
+         CASE WHEN {LIVE} THEN (SELECT COUNT(*) FROM activity_spans c WHERE c.run_key = s.run_key) \
            ELSE u.span_count END, \
          CASE WHEN {LIVE} THEN s.input_tokens ELSE u.input_tokens END, \
          CASE WHEN {LIVE} THEN s.output_tokens ELSE u.output_tokens END, \
@@ -130,7 +152,8 @@ fn roots_sql(query: &RunListQuery) -> String {
          CASE WHEN {LIVE} THEN s.cost_usd ELSE u.cost_usd END, \
          CASE WHEN {LIVE} THEN (CASE WHEN s.outcome IN ('error', 'timeout') THEN s.outcome_reason \
            WHEN s.outcome = 'interrupted' THEN 'interrupted' END) ELSE u.failure_reason END, \
-         s.last_heartbeat_at, NOT {LIVE}, 0 \
+         CASE WHEN s.outcome IS NULL THEN s.last_heartbeat_at \
+           ELSE COALESCE({OPEN_ROOTS_HEARTBEAT}, s.last_heartbeat_at) END, NOT {LIVE}, 0 \
          FROM activity_spans s JOIN activity_runs r ON r.run_key = s.run_key \
          LEFT JOIN activity_run_rollups u ON u.run_key = s.run_key \
          WHERE s.parent_span_id IS NULL \

@@ -837,20 +837,25 @@ pub(crate) const STALE_RUNS_SQL: &str = "SELECT s.run_key FROM activity_spans s 
 /// Runs with open spans but no open root, none of them written by `?1`, whose last sign of
 /// life is before the cutoff `?2`: the latest heartbeat (or start) of an open span, and the
 /// latest start or end of any span (a root that ended an hour ago, a sibling that started a
-/// minute ago, say the run's writer was there then). By their first open span's start: the
-/// leftover sweep's targets (`sweep_leftovers_step`). It groups the index of open spans, never
-/// the whole span table, and reads the spans of the runs that pass the first test only.
-/// Not in the reference, which leaves such spans open for ever (and their runs unprunable).
-pub(crate) const LEFTOVER_RUNS_SQL: &str = "SELECT o.run_key FROM ( \
-       SELECT s.run_key, MIN(s.started_at) AS first_open FROM activity_spans s \
-       INDEXED BY activity_spans_open_by_run \
-       JOIN activity_writers w ON w.writer_key = s.writer_key \
-       WHERE s.outcome IS NULL GROUP BY s.run_key \
-       HAVING SUM(s.parent_span_id IS NULL) = 0 AND SUM(w.writer = ?1) = 0 \
-         AND MAX(COALESCE(s.last_heartbeat_at, s.started_at)) < ?2) o \
-     WHERE NOT EXISTS (SELECT 1 FROM activity_spans l WHERE l.run_key = o.run_key \
-       AND (l.started_at >= ?2 OR l.ended_at >= ?2)) \
-     ORDER BY o.first_open, o.run_key";
+/// minute ago, say the run's writer was there then). The leftover sweep's targets
+/// (`sweep_leftovers_step`), in run key order: the groups come off the index of open spans in
+/// that order, so a `LIMIT` stops the scan (ordered by anything else, every candidate was
+/// judged and sorted before the first came out: 0.3 s at 20,000 of them, inside the writer's
+/// transaction, found by a review). Only the runs whose open spans are all quiet have their
+/// spans read: their starts by a seek on `activity_spans_by_run`, their ends by a scan of the
+/// run. Not in the reference, which leaves such spans open for ever (and their runs
+/// unprunable).
+pub(crate) const LEFTOVER_RUNS_SQL: &str = "SELECT s.run_key FROM activity_spans s \
+     INDEXED BY activity_spans_open_by_run \
+     JOIN activity_writers w ON w.writer_key = s.writer_key \
+     WHERE s.outcome IS NULL GROUP BY s.run_key \
+     HAVING SUM(s.parent_span_id IS NULL) = 0 AND SUM(w.writer = ?1) = 0 \
+       AND MAX(COALESCE(s.last_heartbeat_at, s.started_at)) < ?2 \
+       AND NOT EXISTS (SELECT 1 FROM activity_spans l INDEXED BY activity_spans_by_run \
+         WHERE l.run_key = s.run_key AND l.started_at >= ?2) \
+       AND NOT EXISTS (SELECT 1 FROM activity_spans l INDEXED BY activity_spans_by_run \
+         WHERE l.run_key = s.run_key AND l.ended_at >= ?2) \
+     ORDER BY s.run_key";
 
 fn run_keys(
     conn: &Connection,

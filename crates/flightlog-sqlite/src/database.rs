@@ -419,7 +419,7 @@ pub struct SqliteDatabase {
     /// The newest committed change id: set by our writer after each commit, and by the
     /// change watcher when another process commits.
     doorbell: tokio::sync::watch::Sender<i64>,
-    /// Counts the commits the housekeeper saw on the file (any connection's, this process's
+    /// Counts the commits the commit watcher saw on the file (any connection's, this process's
     /// writer included): the journal's doorbell for what its subscription cannot carry.
     commits_seen: tokio::sync::watch::Sender<u64>,
     stats: Arc<WriterStats>,
@@ -633,11 +633,6 @@ fn unusable_file(path: &Path, err: rusqlite::Error) -> StoreError {
     }
 }
 
-/// Refuse, before SQLite sees it, a path that cannot name a database file, in words that say
-/// what is wrong with it (SQLite says only "unable to open database file" or "disk I/O
-/// error" for each): a file name longer than a file system takes, a dangling symbolic link, a
-/// FIFO, device or socket (which SQLite would open and fail on, or hang), and a folder in the
-/// path that is a file.
 /// The path of the database file itself, absolute and without symbolic links (the file's
 /// folder when the file does not exist yet; the path as given when neither resolves). SQLite
 /// resolves links when it names the `-wal` and `-shm` files, and flightlog's side files
@@ -664,6 +659,11 @@ pub fn real_database_path(path: &Path) -> PathBuf {
     }
 }
 
+/// Refuse, before SQLite sees it, a path that cannot name a database file, in words that say
+/// what is wrong with it (SQLite says only "unable to open database file" or "disk I/O
+/// error" for each): a file name longer than a file system takes, a dangling symbolic link, a
+/// FIFO, device or socket (which SQLite would open and fail on, or hang), and a folder in the
+/// path that is a file.
 fn check_path_shape(path: &Path) -> Result<(), StoreError> {
     const NAME_MAX: usize = 255;
     let shown = path.display();
@@ -780,10 +780,15 @@ impl SqliteDatabase {
         let vfs =
             flightlog_walvfs::register().map_err(|err| StoreError::Backend(err.to_string()))?;
         check_path_shape(&config.path)?;
+        // Absolute, so a later change of the working folder moves nothing; links kept, so the
+        // file at the path as given is the one watched (a link pointed elsewhere, or a file
+        // moved over the link, is a lost file). The side files that coordinate processes go
+        // beside the file itself (see `real_database_path`).
         let config = SqliteConfig {
-            path: real_database_path(&config.path),
+            path: std::path::absolute(&config.path).unwrap_or(config.path),
             ..config
         };
+        let real_path = real_database_path(&config.path);
         check_existing_file(&config.path, config.busy_timeout)?;
         let mut conn = Connection::open_with_flags_and_vfs(
             &config.path,
@@ -921,12 +926,12 @@ impl SqliteDatabase {
             max_group_size: config.max_group_size.clamp(1, MAX_GROUP_SIZE),
             lock_retry_budget: config.lock_retry_budget,
             rewind_wanted: Arc::clone(&rewind_wanted),
-            turns: LockTurns::new(&config.path),
+            turns: LockTurns::new(&real_path),
             restart_busy_timeout: config.busy_timeout.min(MAX_BUSY_TIMEOUT),
             rewinding: Arc::clone(&rewinding),
             next_rewind_attempt: None,
             rewind_backoff: UNDER_CAP_REWIND_WAIT,
-            rewind_gate: RewindGate::new(&config.path),
+            rewind_gate: RewindGate::new(&real_path),
             frames_at_last_nudge: 0,
             frames_after_last_commit: 0,
             wal_hard_cap_frames: config.wal_hard_cap_frames.clamp(256, 1 << 20),
@@ -938,7 +943,7 @@ impl SqliteDatabase {
             .name("flightlog-writer".into())
             .spawn(move || writer.run(jobs))
             .map_err(|err| StoreError::Backend(format!("cannot start writer thread: {err}")))?;
-        let readers_rewind_gate = RewindGate::new(&config.path);
+        let readers_rewind_gate = RewindGate::new(&real_path);
         Ok(Arc::new(Self {
             queue,
             readers: ReaderPool {
@@ -968,7 +973,7 @@ impl SqliteDatabase {
 
     /// Stop writing and leave the database file complete on its own: the writer finishes the
     /// group it is committing (writes still queued behind it fail with [`StoreError::Closed`],
-    /// unacknowledged), the writer and checkpointer threads are joined, and a `TRUNCATE`
+    /// unacknowledged), the writer, checkpointer and commit watcher threads are joined, and a `TRUNCATE`
     /// checkpoint copies the whole WAL into the database file and empties it. After a clean
     /// stop, then, a copy of the database file alone holds everything acknowledged (without
     /// it the newest writes lived only in the `-wal` file, and the file alone could lack even
@@ -1206,7 +1211,7 @@ impl SqliteDatabase {
         self.doorbell.subscribe()
     }
 
-    /// A receiver that moves whenever the housekeeper sees that the file changed (a commit by
+    /// A receiver that moves whenever the commit watcher sees that the file changed (a commit by
     /// any connection, another process's included), within its period.
     pub fn commit_doorbell(&self) -> tokio::sync::watch::Receiver<u64> {
         self.commits_seen.subscribe()

@@ -18,7 +18,7 @@
 //! - Each engagement's counter row holds its numbering's generation, a random value drawn when
 //!   the row is created and again at each compaction (see `EngagementJournal::read_tail`): a
 //!   live reader compares it to tell a renumbered or re-created engagement from a longer one.
-//!   The commit doorbell is the database's housekeeper noticing that the file changed, so it
+//!   The commit doorbell is the database's commit watcher noticing that the file changed, so it
 //!   also carries other processes' appends and every compaction and prune.
 
 use foldhash::{HashSet, HashSetExt};

@@ -1375,10 +1375,17 @@ impl Model {
             }
         }
         for (run_id, origin) in touched {
-            // A delivery is its exporter's heartbeat: the run's open spans of its origin are
-            // alive as of now.
+            // A delivery is its exporter's heartbeat: the run's open roots of its origin are
+            // alive as of now, or its open spans when no root is open.
+            let root_open = self.spans.iter().any(|span| {
+                span.run_id == run_id && span.parent_span_id.is_none() && span.outcome.is_none()
+            });
             for span in &mut self.spans {
-                if span.run_id == run_id && span.outcome.is_none() && span.origin == origin {
+                if span.run_id == run_id
+                    && span.outcome.is_none()
+                    && span.origin == origin
+                    && (span.parent_span_id.is_none() || !root_open)
+                {
                     span.last_heartbeat_at = Some(span.last_heartbeat_at.unwrap_or(0).max(now));
                 }
             }
@@ -1415,14 +1422,28 @@ impl Model {
         for (run_id, &index) in &first {
             let root = &self.spans[index];
             // A rollup made while the root was open holds no end: the live figures stand.
-            let rollup = self
-                .rollups
-                .get(*run_id)
-                .filter(|row| root.outcome.is_some() && row.ended_at.is_some());
             let state = if open_runs.contains(run_id) {
                 RunState::Open
             } else {
                 RunState::Ended
+            };
+            // An open run is listed live, whatever rollup its first root's end made.
+            let rollup = self.rollups.get(*run_id).filter(|row| {
+                root.outcome.is_some() && row.ended_at.is_some() && state == RunState::Ended
+            });
+            // A first root that ended while a later one runs: the running roots' heartbeat.
+            let heartbeat = if root.outcome.is_some() && state == RunState::Open {
+                self.spans
+                    .iter()
+                    .filter(|span| {
+                        span.run_id == *run_id
+                            && span.parent_span_id.is_none()
+                            && span.outcome.is_none()
+                    })
+                    .map(|span| span.last_heartbeat_at.unwrap_or(span.started_at))
+                    .max()
+            } else {
+                root.last_heartbeat_at
             };
             let live_failure = match root.outcome {
                 Some(SpanOutcome::Error | SpanOutcome::Timeout) => root.outcome_reason.clone(),
@@ -1455,10 +1476,7 @@ impl Model {
                         .ended_at
                         .map(|ended| ended.saturating_sub(root.started_at)),
                 },
-                span_count: match rollup {
-                    Some(row) if !open => row.span_count,
-                    _ => span_count,
-                },
+                span_count: rollup.map_or(span_count, |row| row.span_count),
                 input_tokens: rollup.map_or(usage.input_tokens, |row| row.input_tokens),
                 output_tokens: rollup.map_or(usage.output_tokens, |row| row.output_tokens),
                 cache_read_tokens: rollup
@@ -1471,7 +1489,7 @@ impl Model {
                 } else {
                     rollup.map_or(live_failure, |row| row.failure_reason.clone())
                 },
-                last_heartbeat_at: root.last_heartbeat_at,
+                last_heartbeat_at: heartbeat,
                 rolled_up: rollup.is_some(),
                 detail_pruned: false,
                 awaiting_root: false,

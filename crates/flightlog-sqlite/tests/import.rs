@@ -701,3 +701,65 @@ async fn a_pending_span_under_an_ended_root_lives_while_its_trace_is_delivered()
     let tool = store.get_span("tool").await.unwrap().unwrap();
     assert_eq!(tool.outcome, Some(SpanOutcome::Interrupted));
 }
+
+/// The heartbeat an open span gets at its announcement is the server's clock, whatever the
+/// client's: a pending child whose run loses its open root without another delivery (the root
+/// ended through the native API with the client's late clock) is not judged silent at once.
+#[tokio::test]
+async fn a_pending_span_is_alive_from_its_announcement_by_the_servers_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("import.db"))).unwrap();
+    let t0 = 10_000_000;
+    let clock = Arc::new(ManualClock::new(t0));
+    let store = SqliteActivityStore::with_identity(db.clone(), clock.clone(), "otlp");
+    let sweeper = SqliteActivityStore::with_identity(db, clock.clone(), "sweeper");
+    let behind = t0 - 3 * 3_600_000;
+    let mut pending_root = span("root", None, SpanKind::Turn, behind);
+    pending_root.end = None;
+    let mut pending = span("tool", Some("root"), SpanKind::Tool, behind + 10);
+    pending.end = None;
+    store
+        .import_spans(vec![pending_root, pending])
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .get_span("tool")
+            .await
+            .unwrap()
+            .unwrap()
+            .last_heartbeat_at,
+        Some(t0)
+    );
+    assert!(store
+        .end_span(
+            "root",
+            EndSpanInput {
+                outcome: SpanOutcome::Success,
+                reason: None,
+                ended_at: Some(behind + 1_000),
+                usage: None,
+                attrs: None,
+            },
+        )
+        .await
+        .unwrap());
+    clock.set(t0 + 60_000);
+    let window = 3_600_000;
+    assert_eq!(
+        sweeper
+            .sweep_leftovers_step(window, None, 10)
+            .await
+            .unwrap(),
+        (0, false)
+    );
+    clock.set(t0 + window + 1);
+    assert_eq!(
+        sweeper
+            .sweep_leftovers_step(window, None, 10)
+            .await
+            .unwrap(),
+        (1, false),
+        "silent for a window since its announcement"
+    );
+}

@@ -298,12 +298,17 @@ async fn a_run_with_two_roots_is_listed_from_the_root_its_rollup_and_prune_use()
         "{open:?}"
     );
     assert_eq!(open.span_count, 2, "{open:?}");
+    // The first turn's rollup says nothing of the run now; the running turn's heartbeat does.
+    assert!(!open.rolled_up, "{open:?}");
+    assert_eq!(open.last_heartbeat_at, Some(4_000), "{open:?}");
     assert_eq!(ids(&store, query(Some(RunState::Open), 10)).await, ["m"]);
     assert!(ids(&store, query(Some(RunState::Ended), 10))
         .await
         .is_empty());
     let mut failed = query(None, 10);
     failed.outcome = Some(SpanOutcome::Error);
+    assert!(ids(&store, failed.clone()).await.is_empty());
+    failed.state = Some(RunState::Open);
     assert!(ids(&store, failed).await.is_empty());
 
     store
@@ -840,7 +845,7 @@ async fn a_stale_sweep_in_steps_closes_the_oldest_first_and_says_when_done() {
 
 /// `sweep_leftovers_step` closes the spans left open in runs without an open root (the root
 /// ended without them, or never came) once the run's last sign of life is older than the
-/// window, oldest first, in steps; a recent end, a recent sibling, a heartbeat of the open
+/// window, in steps; a recent end, a recent sibling, a heartbeat of the open
 /// span, an open root (the stale sweep's to judge) and the sweeper's own span each spare a run.
 /// A run it closes can then be pruned, which its open span kept from ever happening.
 #[tokio::test]
@@ -917,14 +922,20 @@ async fn the_leftover_sweep_closes_spans_left_open_after_their_run_ended() {
     assert_eq!(agent.prune(prune_all()).await.unwrap().runs_pruned, 0);
 
     let step = || sweeper.sweep_leftovers_step(1_000, Some(10_000), 1);
-    assert_eq!(step().await.unwrap(), (1, true), "the rootless run first");
-    assert!(agent
-        .get_span("ended/left")
-        .await
-        .unwrap()
-        .unwrap()
-        .outcome
-        .is_none());
+    assert_eq!(step().await.unwrap(), (1, true), "one run a step");
+    let open = |span: &'static str| {
+        let agent = &agent;
+        async move {
+            agent
+                .get_span(span)
+                .await
+                .unwrap()
+                .unwrap()
+                .outcome
+                .is_none()
+        }
+    };
+    assert_ne!(open("ended/left").await, open("rootless/left").await);
     assert_eq!(step().await.unwrap(), (1, false));
     assert_eq!(step().await.unwrap(), (0, false));
     for closed in ["rootless/left", "ended/left"] {

@@ -486,3 +486,26 @@ async fn prune_trims_the_change_log_a_batch_at_a_time() {
     assert_eq!(oldest(store.changes_since(0, 1).await.unwrap()), Some(18));
     assert_eq!(store.change_log_horizon().await.unwrap(), 18);
 }
+
+/// A database opened through a symbolic link is watched at the path as given: pointing the link
+/// at another file (or moving a file over the link) is a lost file, as replacing a plain file
+/// is, even though the file the link first named is still there.
+#[tokio::test]
+async fn a_database_opened_through_a_link_is_lost_when_the_link_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real.db");
+    let other = dir.path().join("other.db");
+    std::fs::write(&other, b"").unwrap();
+    let link = dir.path().join("link.db");
+    std::fs::write(&real, b"").unwrap();
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(&link)).unwrap();
+    let store = store(db.clone());
+    store.start_span(root("s", "r")).await.unwrap();
+    assert!(db.check_file().is_ok());
+    assert!(dir.path().join("real.db-wal").exists());
+
+    std::fs::remove_file(&link).unwrap();
+    std::os::unix::fs::symlink(&other, &link).unwrap();
+    assert!(matches!(db.check_file(), Err(StoreError::FileLost(_))));
+}

@@ -181,9 +181,11 @@ pub trait ActivityStore: Send + Sync {
     /// as running forever and keep the run from ever being pruned. A run is closed, as
     /// interrupted ("writer went silent"), when its last sign of life (a start, an end, or a
     /// heartbeat of an open span) is older than `stale_after_ms` before `now`, and never when
-    /// this store's writer has an open span in it; at most `max_runs` runs (those whose open
-    /// spans started first) in one transaction, returning `(spans closed, more)`. Not in the
-    /// reference: the maintenance of `flightlog serve` calls it after the stale sweep.
+    /// this store's writer has an open span in it; at most `max_runs` runs in one transaction
+    /// (in the backend's cheapest order), returning `(spans closed, more)`. Not in the
+    /// reference: the maintenance of `flightlog serve` calls it after the stale sweep. Events
+    /// and patches are not signs of life, as for roots: a writer whose spans may stay open and
+    /// quiet that long heartbeats them.
     async fn sweep_leftovers_step(
         &self,
         stale_after_ms: i64,

@@ -204,8 +204,6 @@ async fn the_stale_sweep_works_off_a_backlog_in_steps() {
     server.stop().await;
 }
 
-/// Open roots running longer than the threshold are counted in the gauge at every pass and
-/// named once; a run that ends leaves the count, and nothing else is changed.
 /// A tool span its agent forgot to end, under a root that ended, was open for ever: the
 /// reference's sweep judges open roots only, and a run with an open span is never pruned. The
 /// pass closes it once the run has shown no life for the window (the root's end counts), and
@@ -283,6 +281,8 @@ async fn a_span_left_open_after_its_run_ended_is_closed_and_the_run_pruned() {
     );
 }
 
+/// Open roots running longer than the threshold are counted in the gauge at every pass and
+/// named once; a run that ends leaves the count, and nothing else is changed.
 #[tokio::test]
 async fn the_watchdog_counts_stuck_runs_and_names_each_once() {
     let server = manual_server(RetentionConfig::default()).await;
