@@ -647,23 +647,27 @@ async fn a_root_that_arrives_late_but_started_first_names_the_rollup() {
     assert_eq!(page.runs[0].started_at, rollup.started_at);
 }
 
-/// A pending span whose run has no open root here (its root's completed copy arrived, its own
-/// end has not yet) counts as alive from its announcement by the server's clock, and each
-/// delivery of the run renews it: the leftover sweep spares it while its exporter delivers,
-/// even from a client whose clock is hours behind, and closes it once the deliveries stop for
-/// the window (its exporter died before sending its end).
-#[tokio::test]
-async fn a_pending_span_under_an_ended_root_lives_while_its_trace_is_delivered() {
+/// A store importing as `otlp` and a sweeper on one file, on a manual clock at `t0`, and a
+/// client whose clock is three hours behind it (`behind` is its time then); the client has
+/// announced a pending root `root` and, under it, a pending `tool`.
+struct LateClient {
+    _dir: tempfile::TempDir,
+    clock: Arc<ManualClock>,
+    store: SqliteActivityStore,
+    sweeper: SqliteActivityStore,
+    t0: i64,
+    behind: i64,
+}
+
+async fn late_client_with_pending_tool() -> LateClient {
     let dir = tempfile::tempdir().unwrap();
     let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("import.db"))).unwrap();
     let t0 = 10_000_000;
     let clock = Arc::new(ManualClock::new(t0));
     let store = SqliteActivityStore::with_identity(db.clone(), clock.clone(), "otlp");
     let sweeper = SqliteActivityStore::with_identity(db, clock.clone(), "sweeper");
-    // The client's clock is three hours behind the server's.
     let behind = t0 - 3 * 3_600_000;
-    let root = span("root", None, SpanKind::Turn, behind);
-    let mut pending_root = root.clone();
+    let mut pending_root = span("root", None, SpanKind::Turn, behind);
     pending_root.end = None;
     let mut pending = span("tool", Some("root"), SpanKind::Tool, behind + 10);
     pending.end = None;
@@ -671,6 +675,32 @@ async fn a_pending_span_under_an_ended_root_lives_while_its_trace_is_delivered()
         .import_spans(vec![pending_root, pending])
         .await
         .unwrap();
+    LateClient {
+        _dir: dir,
+        clock,
+        store,
+        sweeper,
+        t0,
+        behind,
+    }
+}
+
+/// A pending span whose run has no open root here (its root's completed copy arrived, its own
+/// end has not yet) counts as alive from its announcement by the server's clock, and each
+/// delivery of the run renews it: the leftover sweep spares it while its exporter delivers,
+/// even from a client whose clock is hours behind, and closes it once the deliveries stop for
+/// the window (its exporter died before sending its end).
+#[tokio::test]
+async fn a_pending_span_under_an_ended_root_lives_while_its_trace_is_delivered() {
+    let LateClient {
+        _dir,
+        clock,
+        store,
+        sweeper,
+        t0,
+        behind,
+    } = late_client_with_pending_tool().await;
+    let root = span("root", None, SpanKind::Turn, behind);
     let window = 3_600_000;
     let sweep = || sweeper.sweep_leftovers_step(window, None, 10);
 
@@ -707,21 +737,14 @@ async fn a_pending_span_under_an_ended_root_lives_while_its_trace_is_delivered()
 /// ended through the native API with the client's late clock) is not judged silent at once.
 #[tokio::test]
 async fn a_pending_span_is_alive_from_its_announcement_by_the_servers_clock() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("import.db"))).unwrap();
-    let t0 = 10_000_000;
-    let clock = Arc::new(ManualClock::new(t0));
-    let store = SqliteActivityStore::with_identity(db.clone(), clock.clone(), "otlp");
-    let sweeper = SqliteActivityStore::with_identity(db, clock.clone(), "sweeper");
-    let behind = t0 - 3 * 3_600_000;
-    let mut pending_root = span("root", None, SpanKind::Turn, behind);
-    pending_root.end = None;
-    let mut pending = span("tool", Some("root"), SpanKind::Tool, behind + 10);
-    pending.end = None;
-    store
-        .import_spans(vec![pending_root, pending])
-        .await
-        .unwrap();
+    let LateClient {
+        _dir,
+        clock,
+        store,
+        sweeper,
+        t0,
+        behind,
+    } = late_client_with_pending_tool().await;
     assert_eq!(
         store
             .get_span("tool")

@@ -79,6 +79,14 @@ async fn span(server: &TestServer, span: &str) -> Value {
         .clone()
 }
 
+async fn rollup(server: &TestServer, run: &str) -> Value {
+    server
+        .get(&format!("/v1/activity/runs/{run}/rollup"))
+        .await
+        .assert_status(200)
+        .clone()
+}
+
 async fn pass(maintenance: &mut Maintenance) -> PassReport {
     let report = maintenance.pass().await;
     assert!(report.errors.is_empty(), "{report:?}");
@@ -128,11 +136,7 @@ async fn the_stale_sweep_closes_silent_runs_of_every_writer_once_the_server_has_
         assert_eq!(row["outcomeReason"], "writer went silent", "{row}");
     }
     assert!(span(&server, "c-root").await["outcome"].is_null());
-    let rollup = server
-        .get("/v1/activity/runs/run-a/rollup")
-        .await
-        .assert_status(200)
-        .clone();
+    let rollup = rollup(&server, "run-a").await;
     assert_eq!(rollup["outcome"], "interrupted", "{rollup}");
 
     // Silent since its heartbeat: closed a window later.
@@ -243,11 +247,7 @@ async fn a_span_left_open_after_its_run_ended_is_closed_and_the_run_pruned() {
         forgotten["outcomeReason"], "writer went silent",
         "{forgotten}"
     );
-    let rollup = server
-        .get("/v1/activity/runs/run/rollup")
-        .await
-        .assert_status(200)
-        .clone();
+    let rollup = rollup(&server, "run").await;
     assert_eq!(rollup["outcome"], "success", "{rollup}");
 
     set_clock(&server, 60_000);
