@@ -660,8 +660,9 @@ struct LateClient {
 }
 
 async fn late_client_with_pending_tool() -> LateClient {
-    let dir = tempfile::tempdir().unwrap();
-    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("import.db"))).unwrap();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("import.db")))
+        .expect("the database opens");
     let t0 = 10_000_000;
     let clock = Arc::new(ManualClock::new(t0));
     let store = SqliteActivityStore::with_identity(db.clone(), clock.clone(), "otlp");
@@ -674,7 +675,7 @@ async fn late_client_with_pending_tool() -> LateClient {
     store
         .import_spans(vec![pending_root, pending])
         .await
-        .unwrap();
+        .expect("the announcements are stored");
     LateClient {
         _dir: dir,
         clock,
