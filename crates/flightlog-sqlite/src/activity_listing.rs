@@ -118,9 +118,12 @@ use open_sql;
 /// end: the root's live figures stand until the next rollup, instead of an ended run with the
 /// rollup's null duration and failure reason. A rollup of a run that is open again (its first
 /// turn ended and was rolled up, the next one runs) says nothing of it now: live too, so the
-/// entry is not `rolledUp`.
+/// entry is not `rolledUp`. So is a rollup whose end is not the listed root's: it was made from
+/// another root (a root that started earlier arrived after the rollup), and showing its
+/// duration, counts and failure beside this root's name, end and outcome mixed two roots' facts
+/// (an audit's finding); the next rollup is made from this root.
 const LIVE: &str = concat!(
-    "(u.run_key IS NULL OR u.ended_at IS NULL OR ",
+    "(u.run_key IS NULL OR u.ended_at IS NULL OR u.ended_at IS NOT s.ended_at OR ",
     open_sql!(),
     ")"
 );

@@ -1427,9 +1427,13 @@ impl Model {
             } else {
                 RunState::Ended
             };
-            // An open run is listed live, whatever rollup its first root's end made.
+            // An open run is listed live, whatever rollup its first root's end made; so is one
+            // whose rollup was made from another root (its end is not this root's).
             let rollup = self.rollups.get(*run_id).filter(|row| {
-                root.outcome.is_some() && row.ended_at.is_some() && state == RunState::Ended
+                root.outcome.is_some()
+                    && row.ended_at.is_some()
+                    && row.ended_at == root.ended_at
+                    && state == RunState::Ended
             });
             // A first root that ended while a later one runs: the running roots' heartbeat.
             let heartbeat = if root.outcome.is_some() && state == RunState::Open {

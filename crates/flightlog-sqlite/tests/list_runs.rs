@@ -974,3 +974,59 @@ async fn the_leftover_sweep_closes_spans_left_open_after_their_run_ended() {
         assert!(span.outcome.is_none(), "{still_open} was closed");
     }
 }
+
+/// A root that started before the run's first one arrives after the run was rolled up: the
+/// run is listed by it now, and the rollup, made from the other root, is not mixed in (its
+/// duration, count and failure beside this root's name, end and outcome) until the next rollup.
+#[tokio::test]
+async fn a_rollup_made_from_another_root_is_not_mixed_into_the_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("late.db"))).unwrap();
+    let store = SqliteActivityStore::with_identity(db, Arc::new(ManualClock::new(0)), "w");
+    let mut turn = start("turn", "b", None, 1_000);
+    turn.name = "turn".into();
+    store.start_span(turn).await.unwrap();
+    store
+        .end_span("turn", end(SpanOutcome::Error, 2_000))
+        .await
+        .unwrap();
+    store.rollup_run("b").await.unwrap();
+    let mut earlier = start("earlier", "b", None, 500);
+    earlier.name = "earlier".into();
+    store.start_span(earlier).await.unwrap();
+    store
+        .end_span("earlier", end(SpanOutcome::Success, 2_500))
+        .await
+        .unwrap();
+
+    let entry = store.list_runs(query(None, 10)).await.unwrap().runs[0].clone();
+    assert_eq!(
+        (
+            entry.name.as_str(),
+            entry.started_at,
+            entry.ended_at,
+            entry.outcome.clone(),
+            entry.duration_ms,
+            entry.span_count,
+            entry.rolled_up
+        ),
+        (
+            "earlier",
+            500,
+            Some(2_500),
+            Some(SpanOutcome::Success),
+            Some(2_000),
+            2,
+            false
+        ),
+        "{entry:?}"
+    );
+    // The next rollup is made from the listed root: its figures again.
+    store.rollup_run("b").await.unwrap();
+    let entry = store.list_runs(query(None, 10)).await.unwrap().runs[0].clone();
+    assert!(entry.rolled_up, "{entry:?}");
+    assert_eq!(
+        (entry.ended_at, entry.duration_ms, entry.span_count),
+        (Some(2_500), Some(2_000), 2)
+    );
+}
