@@ -994,8 +994,14 @@ impl SqliteDatabase {
         // into someone else's file. Its `-wal` and `-shm` at the path are still this process's:
         // left there, SQLite replays that WAL into whatever file is at the path at the next
         // open (a backup moved over the file: "database disk image is malformed", found by a
-        // reliability audit), so they are moved aside, kept for inspection.
-        if self.file_identity.is_some() && file_identity(&self.path) != self.file_identity {
+        // reliability audit), so they are moved aside, kept for inspection. When only a link
+        // on the way moved (the path given now names another file, the file opened is intact
+        // at its real path), the file is closed as usual there, and the error says where
+        // everything went.
+        let path_moved =
+            self.file_identity.is_some() && file_identity(&self.path) != self.file_identity;
+        let real_intact = self.opened_files.real.look() == Look::Same;
+        if path_moved && !real_intact {
             self.stop_writer.store(true, Ordering::Release);
             let _ = self.write(|_| Ok(())).await;
             let moved = self.opened_files.secure_if_lost(true).join(", ");
@@ -1016,7 +1022,7 @@ impl SqliteDatabase {
         self.stop_writer.store(true, Ordering::Release);
         // Wakes a writer waiting for work; refused (fine) when it has already stopped.
         let _ = self.write(|_| Ok(())).await;
-        let path = self.path.clone();
+        let path = self.opened_files.resolved.clone();
         let busy_timeout = self.readers.busy_timeout.min(Duration::from_secs(5));
         if let Ok(mut idle) = self.readers.idle.lock() {
             idle.clear();
@@ -1047,7 +1053,17 @@ impl SqliteDatabase {
                 let _ = reply.send(closing());
             })
             .map_err(|err| StoreError::Backend(format!("cannot start closing: {err}")))?;
-        answer.await.map_err(|_| StoreError::Closed)?
+        let closed = answer.await.map_err(|_| StoreError::Closed)?;
+        if path_moved {
+            return Err(StoreError::Backend(format!(
+                "{} no longer names the database file this process opened (a symbolic link on \
+                 the way was pointed elsewhere): nothing was written to the file it names now; \
+                 everything this process wrote is in {}, closed as usual",
+                self.path.display(),
+                self.opened_files.resolved.display()
+            )));
+        }
+        closed
     }
 
     /// `Err(StoreError::FileLost)` when the path no longer names the database file this process
@@ -1733,6 +1749,9 @@ impl WatchedFile {
 /// them: beside the file the path resolves to (the path may be a symbolic link).
 pub(crate) struct OpenedFiles {
     database: WatchedFile,
+    /// The same file at its real path (links resolved at open): whether the file itself, with
+    /// which its `-wal` and `-shm` go, is still there.
+    real: WatchedFile,
     /// The path with every symbolic link resolved, at open: SQLite keeps `-wal` and `-shm`
     /// beside the file itself.
     resolved: PathBuf,
@@ -1748,6 +1767,7 @@ impl OpenedFiles {
         let resolved = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
         Self {
             database: WatchedFile::new(path),
+            real: WatchedFile::new(&resolved),
             companions: COMPANION_SUFFIXES
                 .map(|suffix| file_identity(&companion_path(&resolved, suffix))),
             resolved,
@@ -1756,15 +1776,18 @@ impl OpenedFiles {
         }
     }
 
-    /// When the database file is lost (replaced at once; missing at two looks in a row), move
-    /// this process's `-wal`/`-shm` aside (those still where they were and still its own);
-    /// every file moved so far. `close` asks with `final_look`: the process is ending, so a
-    /// missing file is not waited for.
+    /// When the database file itself is lost (replaced at once; missing at two looks in a
+    /// row), move this process's `-wal`/`-shm` aside (those still where they were and still its
+    /// own); every file moved so far. `close` asks with `final_look`: the process is ending, so
+    /// a missing file is not waited for. Judged at the file's real path: when only a symbolic
+    /// link was pointed elsewhere, the file and its WAL are still together (and the WAL may
+    /// hold acknowledged writes a reader kept from being checkpointed: moving it aside lost
+    /// them, found by an audit).
     fn secure_if_lost(&self, final_look: bool) -> Vec<String> {
         let Ok(mut moved) = self.moved.lock() else {
             return Vec::new();
         };
-        let lost = match self.database.look() {
+        let lost = match self.real.look() {
             Look::Replaced => true,
             Look::Missing => {
                 let looks = self.missing_looks.fetch_add(1, Ordering::Relaxed) + 1;

@@ -489,7 +489,9 @@ async fn prune_trims_the_change_log_a_batch_at_a_time() {
 
 /// A database opened through a symbolic link is watched at the path as given: pointing the link
 /// at another file (or moving a file over the link) is a lost file, as replacing a plain file
-/// is, even though the file the link first named is still there.
+/// is, even though the file the link first named is still there. That file keeps its WAL
+/// (with the acknowledged writes a reader kept in it; they were once moved aside with it) and
+/// is closed as usual, the close saying where everything went.
 #[tokio::test]
 async fn a_database_opened_through_a_link_is_lost_when_the_link_moves() {
     let dir = tempfile::tempdir().unwrap();
@@ -505,7 +507,49 @@ async fn a_database_opened_through_a_link_is_lost_when_the_link_moves() {
     assert!(db.check_file().is_ok());
     assert!(dir.path().join("real.db-wal").exists());
 
+    // A reader of another connection holds the WAL, so the writes stay in it (not yet copied
+    // into the file), as with another process reading.
+    let reader = rusqlite::Connection::open(&real).unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    let _: i64 = reader
+        .query_row("SELECT COUNT(*) FROM activity_spans", [], |row| row.get(0))
+        .unwrap();
+    for n in 0..20 {
+        store
+            .start_span(root(&format!("held-{n}"), "r"))
+            .await
+            .unwrap();
+    }
+
     std::fs::remove_file(&link).unwrap();
     std::os::unix::fs::symlink(&other, &link).unwrap();
     assert!(matches!(db.check_file(), Err(StoreError::FileLost(_))));
+    // The file itself is still there, so its WAL stays with it (moving it aside lost the
+    // acknowledged writes it held): the checkpointer's looks, then the close.
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert!(dir.path().join("real.db-wal").exists());
+    reader.execute_batch("COMMIT").unwrap();
+    drop(reader);
+    let closed = db.close().await;
+    let message = format!("{closed:?}");
+    assert!(
+        message.contains("no longer names") && message.contains("real.db"),
+        "{message}"
+    );
+    let leftovers: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains("replaced"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    drop(store);
+    let reopened = self::store(SqliteDatabase::open(SqliteConfig::new(&real)).unwrap());
+    for n in 0..20 {
+        assert!(reopened
+            .get_span(&format!("held-{n}"))
+            .await
+            .unwrap()
+            .is_some());
+    }
 }
