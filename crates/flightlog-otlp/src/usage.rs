@@ -11,7 +11,7 @@
 //! they are read only when no attribute of the tables in `facts` carried a count (or a cost),
 //! and read tolerantly: text that is no JSON object, or a value that is no number, is ignored.
 
-use flightlog_core::activity::SpanUsage;
+use flightlog_core::activity::{SpanUsage, MAX_COST_USD, MAX_TOKEN_COUNT};
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue};
 use serde_json::{Map, Value};
 
@@ -33,7 +33,13 @@ const MAX_TOKENS: f64 = 9_007_199_254_740_992.0;
 
 /// An integer count, if it is in range (0 to 2^53 - 1).
 fn count_in_range(count: i64) -> Option<i64> {
-    (0..1_i64 << 53).contains(&count).then_some(count)
+    (0..MAX_TOKEN_COUNT).contains(&count).then_some(count)
+}
+
+/// A cost, if it is in range (0 to below 10^15 USD; not NaN): a sum of reported parts may not
+/// be, though each part is.
+fn cost_in_range(cost: f64) -> Option<f64> {
+    (0.0..MAX_COST_USD).contains(&cost).then_some(cost)
 }
 
 /// A token count from an int, a double or a numeric string.
@@ -65,7 +71,7 @@ pub(crate) fn cost_value(value: &AnyValue) -> Option<f64> {
         any_value::Value::StringValue(text) => text.trim().parse::<f64>().ok()?,
         _ => return None,
     };
-    (cost.is_finite() && cost >= 0.0).then_some(cost)
+    cost_in_range(cost)
 }
 
 /// Langfuse details longer than this are ignored unread: a real one is a few dozen bytes, and
@@ -118,9 +124,7 @@ fn json_count(value: &Value) -> Option<i64> {
 
 /// A cost from a JSON number, finite and not negative; anything else is none.
 fn json_cost(value: &Value) -> Option<f64> {
-    value
-        .as_f64()
-        .filter(|cost| cost.is_finite() && *cost >= 0.0)
+    value.as_f64().and_then(cost_in_range)
 }
 
 /// The counts in a Langfuse `usage_details` text, in flightlog's convention (input includes
@@ -212,6 +216,15 @@ pub(crate) fn span_usage(
         }
     }
     count_cache_into_input(&mut tokens);
+    // Each count read is in range; a sum (the cache counted into the input) may not be.
+    for count in [
+        &mut tokens.input,
+        &mut tokens.output,
+        &mut tokens.cache_read,
+        &mut tokens.cache_creation,
+    ] {
+        *count = count.and_then(count_in_range);
+    }
     let model = first_of(&facts.model, non_empty_str);
     let reported = first_of(&facts.cost, cost_value)
         .or_else(|| facts.langfuse_cost_details.and_then(cost_from_details))
@@ -222,7 +235,8 @@ pub(crate) fn span_usage(
                 .flatten()
                 .filter_map(|value| cost_value(value))
                 .reduce(|sum, part| sum + part)
-        });
+        })
+        .and_then(cost_in_range);
     let any_count = tokens.input.is_some()
         || tokens.output.is_some()
         || tokens.cache_read.is_some()
@@ -344,6 +358,34 @@ mod tests {
             json_count(&serde_json::json!(9_007_199_254_740_992_i64)),
             None
         );
+    }
+
+    /// Sums the mapping makes (the cache counted into the input, Langfuse's parts, a cost's
+    /// parts) are bounded as the counts and costs they add up: an audit had an input of
+    /// 2^54 - 2 tokens, and a cost of 1e308 + 1e308 stored as infinite and served as `null`.
+    #[test]
+    fn sums_of_counts_and_costs_stay_in_range() {
+        let near = (1_i64 << 53) - 1;
+        let (usage, _) = usage_of(vec![
+            kv("gen_ai.usage.input_tokens", int(1)),
+            kv("gen_ai.usage.cache_read.input_tokens", int(near)),
+            kv("gen_ai.usage.cache_creation.input_tokens", int(near)),
+        ]);
+        assert_eq!(usage.input_tokens, None, "{usage:?}");
+        assert_eq!(usage.cache_read_tokens, Some(near));
+        let (usage, source) = usage_of(vec![
+            kv("llm.cost.prompt", double(9e14)),
+            kv("llm.cost.completion", double(9e14)),
+        ]);
+        assert_eq!((usage.cost_usd, source), (None, None), "{usage:?}");
+        let (usage, _) = usage_of(vec![kv("llm.cost.total", double(1e308))]);
+        assert_eq!(usage.cost_usd, None);
+        let details = r#"{"input":9e14,"output":9e14}"#;
+        let (usage, _) = usage_of(vec![kv(
+            "langfuse.observation.cost_details",
+            string(details),
+        )]);
+        assert_eq!(usage.cost_usd, None, "{usage:?}");
     }
 
     #[test]

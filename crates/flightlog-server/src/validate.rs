@@ -6,7 +6,7 @@
 //! They run at the HTTP edge so the stores keep the reference's wider semantics for in-process
 //! callers (the reference accepts a negative `limit`, for example) while the wire stays strict.
 
-use flightlog_core::activity::SpanUsage;
+use flightlog_core::activity::{SpanUsage, MAX_COST_USD, MAX_TOKEN_COUNT};
 use flightlog_core::journal::SAFE_INTEGER_LIMIT;
 
 use crate::error::ApiError;
@@ -63,7 +63,8 @@ pub fn check_optional_time(field: &str, value: Option<i64>) -> Result<(), ApiErr
 
 /// Usage a client reports: token counts from 0 to 2^53 (a negative count made a run's totals
 /// negative; beyond 2^53 a JavaScript reader rounds them), a cost that is a non-negative finite
-/// number. `field` names the object (`usage`), for the message.
+/// number below 10^15 (so a run's sum stays finite). `field` names the object (`usage`), for
+/// the message.
 pub fn check_usage(field: &str, usage: Option<&SpanUsage>) -> Result<(), ApiError> {
     let Some(usage) = usage else {
         return Ok(());
@@ -75,7 +76,7 @@ pub fn check_usage(field: &str, usage: Option<&SpanUsage>) -> Result<(), ApiErro
         ("cacheCreationTokens", usage.cache_creation_tokens),
     ] {
         if let Some(count) = count {
-            if !(0..SAFE_INTEGER_LIMIT).contains(&count) {
+            if !(0..MAX_TOKEN_COUNT).contains(&count) {
                 return Err(ApiError::invalid(format!(
                     "{field}.{name} must be an integer from 0 to 2^53 - 1, got {count}"
                 )));
@@ -83,9 +84,9 @@ pub fn check_usage(field: &str, usage: Option<&SpanUsage>) -> Result<(), ApiErro
         }
     }
     if let Some(cost) = usage.cost_usd {
-        if !cost.is_finite() || cost < 0.0 {
+        if !(0.0..MAX_COST_USD).contains(&cost) {
             return Err(ApiError::invalid(format!(
-                "{field}.costUsd must be a non-negative number, got {cost}"
+                "{field}.costUsd must be a number from 0 to below 10^15, got {cost}"
             )));
         }
     }

@@ -218,7 +218,9 @@ fn insert_new_span(
     let last_heartbeat_at = match (parent, &span.end) {
         (Some(_), Some(_)) => None,
         (None, Some(_)) => Some(span.started_at),
-        (_, None) => Some(span.started_at.max(now)),
+        // Not the later of the two: a client whose clock is ahead kept its run "alive" until
+        // its own clock's start time (an hour of skew, an hour open after the exporter died).
+        (_, None) => Some(now),
     };
     let end = span.end.as_ref();
     // The id check: the writer's filter proves most new ids free; for the others the check is

@@ -1301,7 +1301,7 @@ impl Model {
                     last_heartbeat_at: match (&parent, end) {
                         (Some(_), Some(_)) => None,
                         (None, Some(_)) => Some(span.started_at),
-                        (_, None) => Some(span.started_at.max(now)),
+                        (_, None) => Some(now),
                     },
                 });
                 self.log(&span.run_id, &span.span_id, None);

@@ -787,3 +787,16 @@ async fn a_pending_span_is_alive_from_its_announcement_by_the_servers_clock() {
         "silent for a window since its announcement"
     );
 }
+
+/// A pending span from a client whose clock is ahead is alive from its announcement by the
+/// server's clock, not until the client's start time: an hour of skew kept a dead exporter's
+/// run open an hour longer.
+#[tokio::test]
+async fn a_pending_span_from_a_clock_ahead_is_judged_by_the_servers_clock() {
+    let fx = fixture();
+    let mut ahead = span("root", None, SpanKind::Turn, 5_000 + 3_600_000);
+    ahead.end = None;
+    fx.store.import_spans(vec![ahead]).await.unwrap();
+    let open = fx.store.open_root_spans().await.unwrap();
+    assert_eq!(open[0].last_heartbeat_at, Some(5_000));
+}

@@ -153,6 +153,15 @@ open_enum!(
     }
 );
 
+/// The bound of a cost a span may report, in USD (exclusive): far above any real call, and low
+/// enough that a run's sum of them stays a finite number (a sum of two costs near `f64::MAX`
+/// was infinite, which JSON cannot carry: it read as `null`).
+pub const MAX_COST_USD: f64 = 1e15;
+
+/// The bound of a token count a span may report (exclusive): 2^53, above which a JavaScript
+/// reader rounds it.
+pub const MAX_TOKEN_COUNT: i64 = 1 << 53;
+
 /// Token usage as spans carry it (OpenTelemetry GenAI semantics). Absent fields are omitted.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

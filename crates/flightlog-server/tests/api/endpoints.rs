@@ -266,6 +266,7 @@ async fn span_writes_end_patch_events_heartbeat_and_get() {
         json!({"inputTokens": -1}),
         json!({"cacheReadTokens": 9_007_199_254_740_992_i64}),
         json!({"costUsd": -3}),
+        json!({"costUsd": 1e15}),
     ] {
         let reply = server
             .send(
