@@ -219,13 +219,21 @@ pub(crate) fn unknown_span(span_id: &str) -> ApiError {
     ApiError::not_found(format!("no span with id {span_id:?}"))
 }
 
+/// The bytes a run id keeps in a path segment unencoded: RFC 3986's unreserved ones.
+const PATH_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 /// The 404 of a run with no spans to show: a run whose detail was pruned is still listed (its
 /// rollup is kept), so saying it does not exist sent its users looking for a typo.
 pub(crate) async fn run_without_spans(store: &dyn ActivityStore, run_id: &str) -> ApiError {
     match store.read_rollup(run_id).await {
         Ok(Some(rollup)) if rollup.detail_pruned => ApiError::not_found(format!(
             "the detail (spans, events) of run {run_id:?} was pruned by the retention; its \
-             rollup is kept: GET /v1/activity/runs/{{runId}}/rollup"
+             rollup is kept: GET /v1/activity/runs/{}/rollup",
+            percent_encoding::utf8_percent_encode(run_id, PATH_SEGMENT)
         )),
         _ => ApiError::not_found(format!("no run with id {run_id:?}")),
     }

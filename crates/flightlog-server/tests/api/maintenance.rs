@@ -269,7 +269,7 @@ async fn a_span_left_open_after_its_run_ended_is_closed_and_the_run_pruned() {
         let message = server.get(path).await.assert_status(404)["error"]["message"].clone();
         assert!(
             message.as_str().is_some_and(
-                |m| m.contains("was pruned") && m.contains("/v1/activity/runs/{runId}/rollup")
+                |m| m.contains("was pruned") && m.contains("GET /v1/activity/runs/run/rollup")
             ),
             "{path}: {message}"
         );
