@@ -23,7 +23,7 @@ use crate::activity_import;
 use crate::activity_listing;
 use crate::activity_write::{
     self as write, span_key_of, PrunePlan, LEFTOVER_RUNS_SQL, ORPHAN_RUNS_SQL, PREVIOUS_LIVES_SQL,
-    STALE_RUNS_SQL,
+    SILENT_STALE_RUNS_SQL, STALE_RUNS_SQL,
 };
 use crate::database::{in_read_transaction, SqliteDatabase};
 use crate::error::backend;
@@ -261,6 +261,7 @@ impl SqliteActivityStore {
         let writer = self.writer.clone();
         let candidates = match which {
             SilentRuns::StaleRoots => STALE_RUNS_SQL,
+            SilentRuns::SilentStaleRoots => SILENT_STALE_RUNS_SQL,
             SilentRuns::Leftovers => LEFTOVER_RUNS_SQL,
         };
         // Off the runtime's workers: the leftover candidates are found by grouping the open
@@ -292,6 +293,8 @@ impl SqliteActivityStore {
 enum SilentRuns {
     /// Runs whose open root's heartbeat is old (the reference's `sweepStale`).
     StaleRoots,
+    /// Those of them with no open root alive (the scheduled sweep).
+    SilentStaleRoots,
     /// Runs with no open root whose open spans were left behind.
     Leftovers,
 }
@@ -601,7 +604,9 @@ impl ActivityStore for SqliteActivityStore {
 
     async fn sweep_stale(&self, stale_after_ms: i64, now: Option<i64>) -> Result<i64, StoreError> {
         // One step without a limit: every stale run in one transaction, as the reference.
-        let (closed, _) = self.sweep_stale_step(stale_after_ms, now, i64::MAX).await?;
+        let (closed, _) = self
+            .sweep_silent_step(SilentRuns::StaleRoots, stale_after_ms, now, i64::MAX)
+            .await?;
         Ok(closed)
     }
 
@@ -611,7 +616,7 @@ impl ActivityStore for SqliteActivityStore {
         now: Option<i64>,
         max_roots: i64,
     ) -> Result<(i64, bool), StoreError> {
-        self.sweep_silent_step(SilentRuns::StaleRoots, stale_after_ms, now, max_roots)
+        self.sweep_silent_step(SilentRuns::SilentStaleRoots, stale_after_ms, now, max_roots)
             .await
     }
 

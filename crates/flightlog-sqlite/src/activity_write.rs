@@ -857,6 +857,21 @@ pub(crate) const LEFTOVER_RUNS_SQL: &str = "SELECT s.run_key FROM activity_spans
          WHERE l.run_key = s.run_key AND l.ended_at >= ?2) \
      ORDER BY s.run_key";
 
+/// [`STALE_RUNS_SQL`] without the runs that also have an open root alive within the window:
+/// the scheduled sweep's targets (`sweep_stale_step`). The reference closes the whole run when
+/// any of its roots is stale, so in a session of several turns one turn left open closed the
+/// turn running now, heartbeats and all (an audit's finding); such a run waits until every
+/// open root is silent.
+pub(crate) const SILENT_STALE_RUNS_SQL: &str = "SELECT s.run_key FROM activity_spans s \
+     INDEXED BY activity_spans_open_roots \
+     JOIN activity_writers w ON w.writer_key = s.writer_key \
+     WHERE s.outcome IS NULL AND s.parent_span_id IS NULL AND w.writer != ?1 \
+       AND COALESCE(s.last_heartbeat_at, s.started_at) < ?2 \
+       AND NOT EXISTS (SELECT 1 FROM activity_spans f INDEXED BY activity_spans_open_by_run \
+         WHERE f.run_key = s.run_key AND f.outcome IS NULL AND f.parent_span_id IS NULL \
+           AND COALESCE(f.last_heartbeat_at, f.started_at) >= ?2) \
+     ORDER BY s.started_at, s.span_key";
+
 fn run_keys(
     conn: &Connection,
     sql: &str,

@@ -1030,3 +1030,66 @@ async fn a_rollup_made_from_another_root_is_not_mixed_into_the_entry() {
         (Some(2_500), Some(2_000), 2)
     );
 }
+
+/// A session whose first turn was left open while its second one runs: the reference's
+/// `sweep_stale` closes the whole run for the silent turn, the live one with it; the scheduled
+/// sweep's steps spare the run until every open root is silent.
+#[tokio::test]
+async fn the_scheduled_stale_sweep_spares_a_run_with_a_live_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("turns.db"))).unwrap();
+    let clock = Arc::new(ManualClock::new(10_000));
+    let sweeper = SqliteActivityStore::with_identity(db.clone(), clock.clone(), "sweeper");
+    let agent = SqliteActivityStore::with_identity(db, clock.clone(), "agent");
+    for (run, live_at) in [("kept", 9_800), ("reference", 9_800)] {
+        agent
+            .start_span(start(&format!("{run}-turn-1"), run, None, 100))
+            .await
+            .unwrap();
+        agent
+            .start_span(start(&format!("{run}-turn-2"), run, None, live_at))
+            .await
+            .unwrap();
+    }
+    let open = |span: &'static str| {
+        let agent = &agent;
+        async move {
+            agent
+                .get_span(span)
+                .await
+                .unwrap()
+                .unwrap()
+                .outcome
+                .is_none()
+        }
+    };
+    assert_eq!(
+        sweeper
+            .sweep_stale_step(1_000, Some(10_000), 10)
+            .await
+            .unwrap(),
+        (0, false)
+    );
+    assert!(open("kept-turn-1").await && open("kept-turn-2").await);
+    // The reference's sweep closes both runs, live turns and all.
+    assert_eq!(sweeper.sweep_stale(1_000, Some(10_000)).await.unwrap(), 4);
+    assert!(!open("kept-turn-2").await);
+
+    // Once every open root is silent, the step closes the run.
+    agent
+        .start_span(start("late-1", "late", None, 100))
+        .await
+        .unwrap();
+    agent
+        .start_span(start("late-2", "late", None, 9_800))
+        .await
+        .unwrap();
+    assert_eq!(
+        sweeper
+            .sweep_stale_step(1_000, Some(20_000), 10)
+            .await
+            .unwrap()
+            .0,
+        2
+    );
+}
