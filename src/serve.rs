@@ -238,6 +238,7 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
     if let Some(path) = &settings.config_file {
         say!("flightlog: settings from {}", path.display());
     }
+    warn_of_hard_links(&real_db);
     // One signal stops both listeners.
     let wait_for_stop = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stopped.wait_for(|stop| *stop).await;
@@ -465,5 +466,25 @@ mod tests {
         assert!(bind_fix(&taken).contains("free port"));
         let foreign = std::io::Error::from(std::io::ErrorKind::AddrNotAvailable);
         assert!(bind_fix(&foreign).contains("not one of this machine's"));
+    }
+}
+
+/// Say so when the database file has other hard links: SQLite names its `-wal` and `-shm` after
+/// the name a process opened, so a process that opens the file by another name writes a WAL of
+/// its own, and one process's writes are lost to the other (an audit lost 20 acknowledged
+/// writes that way; the instance lock, named after the file, does not see it either). Not
+/// refused: a backup tool may link the file on purpose, and one name in use is safe.
+fn warn_of_hard_links(db: &std::path::Path) {
+    use std::os::unix::fs::MetadataExt as _;
+    if let Ok(metadata) = std::fs::metadata(db) {
+        let links = metadata.nlink();
+        if links > 1 {
+            say_err!(
+                "flightlog: warning: {} has {links} hard links: every process (this server, \
+                 others on the file, sqlite3) must open it by this one name, since SQLite keeps a \
+                 -wal file per name and writes through another name are lost to this one",
+                db.display()
+            );
+        }
     }
 }

@@ -543,3 +543,21 @@ fn a_short_token_is_warned_about_and_a_long_one_is_not() {
     let output = stop(server);
     assert!(!output.contains("shorter than"), "{output}");
 }
+
+/// A database file with another hard link: a process opening it by the other name would keep a
+/// WAL of its own and its writes would be lost to this one, so the start says so (it still
+/// serves: one name in use is safe).
+#[test]
+fn a_database_with_another_hard_link_is_warned_about() {
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    let db = dir.path().join("flightlog.db");
+    std::fs::write(&db, b"").expect("make the file");
+    std::fs::hard_link(&db, dir.path().join("same-file.db")).expect("link it");
+    let server = serve(dir.path(), &["--grpc-addr", "off"], &[]);
+    let line = wait_for_line(&server, "flightlog: warning:");
+    assert!(
+        line.contains("has 2 hard links") && line.contains("by this one name"),
+        "{line}"
+    );
+    stop(server);
+}
