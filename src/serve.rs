@@ -454,21 +454,6 @@ async fn shutdown_signal() {
     say!("flightlog: shutting down (finishing requests in flight)");
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_privileged_port_is_not_called_taken() {
-        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
-        assert!(bind_fix(&denied).contains("below 1024"));
-        let taken = std::io::Error::from(std::io::ErrorKind::AddrInUse);
-        assert!(bind_fix(&taken).contains("free port"));
-        let foreign = std::io::Error::from(std::io::ErrorKind::AddrNotAvailable);
-        assert!(bind_fix(&foreign).contains("not one of this machine's"));
-    }
-}
-
 /// Say so when the database file has other hard links: SQLite names its `-wal` and `-shm` after
 /// the name a process opened, so a process that opens the file by another name writes a WAL of
 /// its own, and one process's writes are lost to the other (an audit lost 20 acknowledged
@@ -486,5 +471,20 @@ fn warn_of_hard_links(db: &std::path::Path) {
                 db.display()
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_privileged_port_is_not_called_taken() {
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert!(bind_fix(&denied).contains("below 1024"));
+        let taken = std::io::Error::from(std::io::ErrorKind::AddrInUse);
+        assert!(bind_fix(&taken).contains("free port"));
+        let foreign = std::io::Error::from(std::io::ErrorKind::AddrNotAvailable);
+        assert!(bind_fix(&foreign).contains("not one of this machine's"));
     }
 }
