@@ -1023,6 +1023,7 @@ impl SqliteDatabase {
         // Wakes a writer waiting for work; refused (fine) when it has already stopped.
         let _ = self.write(|_| Ok(())).await;
         let path = self.opened_files.resolved.clone();
+        let opened_files = Arc::clone(&self.opened_files);
         let busy_timeout = self.readers.busy_timeout.min(Duration::from_secs(5));
         if let Ok(mut idle) = self.readers.idle.lock() {
             idle.clear();
@@ -1036,6 +1037,16 @@ impl SqliteDatabase {
             let _ = writer.join();
             let _ = checkpointer.join();
             let _ = watcher.join();
+            // The joins may take seconds: a file replaced at its real path meanwhile must not
+            // get this process's WAL checkpointed into it.
+            if opened_files.real.look() != Look::Same {
+                let moved = opened_files.secure_if_lost(true).join(", ");
+                return Err(StoreError::Backend(format!(
+                    "{} was replaced while this process was closing it: nothing was written to \
+                     the file now at that path; its own WAL files were moved aside: {moved}",
+                    path.display()
+                )));
+            }
             // A checkpoint that cannot run (a reader of another process, a full disk) only
             // leaves the newest writes in the WAL, where the next open finds them.
             let checkpointed = open_reader(&path, busy_timeout).ok().and_then(|conn| {
@@ -1053,17 +1064,27 @@ impl SqliteDatabase {
                 let _ = reply.send(closing());
             })
             .map_err(|err| StoreError::Backend(format!("cannot start closing: {err}")))?;
-        let closed = answer.await.map_err(|_| StoreError::Closed)?;
+        let closed = answer.await.map_err(|_| StoreError::Closed)??;
         if path_moved {
+            let real = self.opened_files.resolved.display();
+            let where_it_is = if closed {
+                format!("everything this process wrote is in {real}, closed as usual")
+            } else {
+                // As a stop that cannot checkpoint says: the newest writes are in the WAL.
+                format!(
+                    "everything this process wrote is in {real} and, the newest writes, in \
+                     {real}-wal (another process was reading, or the disk is full): copy both \
+                     files for a backup"
+                )
+            };
             return Err(StoreError::Backend(format!(
                 "{} no longer names the database file this process opened (a symbolic link on \
                  the way was pointed elsewhere): nothing was written to the file it names now; \
-                 everything this process wrote is in {}, closed as usual",
-                self.path.display(),
-                self.opened_files.resolved.display()
+                 {where_it_is}",
+                self.path.display()
             )));
         }
-        closed
+        Ok(closed)
     }
 
     /// `Err(StoreError::FileLost)` when the path no longer names the database file this process

@@ -528,14 +528,18 @@ async fn a_database_opened_through_a_link_is_lost_when_the_link_moves() {
     // acknowledged writes it held): the checkpointer's looks, then the close.
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;
     assert!(dir.path().join("real.db-wal").exists());
-    reader.execute_batch("COMMIT").unwrap();
-    drop(reader);
+    // Closed while the reader still holds the WAL: the close says the newest writes are in it
+    // (a backup must copy both files), as any stop that cannot checkpoint does.
     let closed = db.close().await;
     let message = format!("{closed:?}");
     assert!(
-        message.contains("no longer names") && message.contains("real.db"),
+        message.contains("no longer names")
+            && message.contains("real.db-wal")
+            && message.contains("copy both"),
         "{message}"
     );
+    reader.execute_batch("COMMIT").unwrap();
+    drop(reader);
     let leftovers: Vec<String> = std::fs::read_dir(dir.path())
         .unwrap()
         .filter_map(|entry| entry.ok())

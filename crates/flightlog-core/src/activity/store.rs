@@ -164,10 +164,11 @@ pub trait ActivityStore: Send + Sync {
     /// [`ActivityStore::sweep_stale`] in steps, for a caller that must not hold writers up for
     /// long (a scheduled sweep meeting a backlog): closes the stale runs of at most `max_roots`
     /// open roots in one transaction and says whether stale runs remain, as `(spans closed,
-    /// more)`. Unlike the reference's sweep, it spares a run that also has an open root alive
-    /// within the window (a session's turn left open beside the turn running now: the
-    /// reference closes both); such a run goes once every open root is silent. The default
-    /// sweeps everything at once, as `sweep_stale`.
+    /// more)`. A backend should, unlike the reference's sweep, spare a run that also has an
+    /// open root alive within the window (a session's turn left open beside the turn running
+    /// now: the reference closes both), so that such a run goes once every open root is silent;
+    /// the SQLite store does. The default is `sweep_stale`, everything at once by the
+    /// reference's rule.
     async fn sweep_stale_step(
         &self,
         stale_after_ms: i64,
