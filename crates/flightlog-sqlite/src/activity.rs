@@ -246,11 +246,12 @@ impl SqliteActivityStore {
         self.clock.now_ms()
     }
 
-    /// One step of a sweep of silent runs (stale roots, or leftovers of ended runs): a read to
-    /// see whether any run qualifies, then the step's transaction, which reads them again.
+    /// One step of a sweep of silent runs (`candidates`: a query of run keys taking the
+    /// sweeping writer and the cutoff, such as `STALE_RUNS_SQL` or `LEFTOVER_RUNS_SQL`): a read
+    /// to see whether any run qualifies, then the step's transaction, which reads them again.
     async fn sweep_silent_step(
         &self,
-        which: SilentRuns,
+        candidates: &'static str,
         stale_after_ms: i64,
         now: Option<i64>,
         max_runs: i64,
@@ -259,11 +260,6 @@ impl SqliteActivityStore {
         let clock_now = self.now();
         let cutoff = now.unwrap_or(clock_now).saturating_sub(stale_after_ms);
         let writer = self.writer.clone();
-        let candidates = match which {
-            SilentRuns::StaleRoots => STALE_RUNS_SQL,
-            SilentRuns::SilentStaleRoots => SILENT_STALE_RUNS_SQL,
-            SilentRuns::Leftovers => LEFTOVER_RUNS_SQL,
-        };
         // Off the runtime's workers: the leftover candidates are found by grouping the open
         // spans, which may be many.
         let found = self
@@ -286,17 +282,6 @@ impl SqliteActivityStore {
             })
             .await
     }
-}
-
-/// Which silent runs a sweep step closes.
-#[derive(Debug, Clone, Copy)]
-enum SilentRuns {
-    /// Runs whose open root's heartbeat is old (the reference's `sweepStale`).
-    StaleRoots,
-    /// Those of them with no open root alive (the scheduled sweep).
-    SilentStaleRoots,
-    /// Runs with no open root whose open spans were left behind.
-    Leftovers,
 }
 
 fn query_spans(
@@ -605,7 +590,7 @@ impl ActivityStore for SqliteActivityStore {
     async fn sweep_stale(&self, stale_after_ms: i64, now: Option<i64>) -> Result<i64, StoreError> {
         // One step without a limit: every stale run in one transaction, as the reference.
         let (closed, _) = self
-            .sweep_silent_step(SilentRuns::StaleRoots, stale_after_ms, now, i64::MAX)
+            .sweep_silent_step(STALE_RUNS_SQL, stale_after_ms, now, i64::MAX)
             .await?;
         Ok(closed)
     }
@@ -616,7 +601,7 @@ impl ActivityStore for SqliteActivityStore {
         now: Option<i64>,
         max_roots: i64,
     ) -> Result<(i64, bool), StoreError> {
-        self.sweep_silent_step(SilentRuns::SilentStaleRoots, stale_after_ms, now, max_roots)
+        self.sweep_silent_step(SILENT_STALE_RUNS_SQL, stale_after_ms, now, max_roots)
             .await
     }
 
@@ -626,7 +611,7 @@ impl ActivityStore for SqliteActivityStore {
         now: Option<i64>,
         max_runs: i64,
     ) -> Result<(i64, bool), StoreError> {
-        self.sweep_silent_step(SilentRuns::Leftovers, stale_after_ms, now, max_runs)
+        self.sweep_silent_step(LEFTOVER_RUNS_SQL, stale_after_ms, now, max_runs)
             .await
     }
 

@@ -75,10 +75,9 @@ fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<RunListEntry> {
             .filter(|_| !open)
             .map(SpanOutcome::from_stored),
         // A live root's duration is computed here, saturating as the rollup's does (SQLite
-        // turns an overflowing subtraction into a real number).
-        duration_ms: if open {
-            None
-        } else if rolled_up {
+        // turns an overflowing subtraction into a real number); an open run is never
+        // `rolled_up` (see `LIVE`) and has no end here, so no duration.
+        duration_ms: if rolled_up {
             row.get(9)?
         } else {
             ended_at.map(|ended: i64| ended.saturating_sub(started_at))
