@@ -557,3 +557,48 @@ async fn a_database_opened_through_a_link_is_lost_when_the_link_moves() {
             .is_some());
     }
 }
+
+/// A file moved over the database of a running process, and another process writing to that
+/// new file: when the first process closes, SQLite's close of its last connection would
+/// checkpoint and then delete the `-wal` and `-shm` *by name*, which by then are the other
+/// process's (its committed writes still in that WAL). SQLite's pager checks that the file has
+/// not moved (`SQLITE_FCNTL_HAS_MOVED`) before it checkpoints on close; this guards that the
+/// whole close (ours and SQLite's) leaves the new file's WAL alone.
+#[tokio::test]
+async fn closing_a_replaced_database_leaves_the_new_files_wal_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("live.db");
+    let backup = dir.path().join("backup.db");
+    {
+        let conn = rusqlite::Connection::open(&backup).unwrap();
+        conn.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE kept(n INTEGER);")
+            .unwrap();
+    }
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap();
+    let store = store(db.clone());
+    store.start_span(root("s", "r")).await.unwrap();
+    std::fs::rename(&backup, &path).unwrap();
+    // The checkpointer's look moves this process's WAL aside (so nothing replays it into the
+    // new file).
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert!(!dir.path().join("live.db-wal").exists());
+    // Another process (here: another connection to the new file, which SQLite treats as a
+    // different file) commits into its WAL and keeps it there.
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other
+        .execute_batch("PRAGMA wal_autocheckpoint=0; INSERT INTO kept VALUES (7);")
+        .unwrap();
+    assert!(dir.path().join("live.db-wal").exists());
+    let closed = db.close().await;
+    assert!(closed.is_err(), "{closed:?}");
+    drop(store);
+    drop(db);
+    assert!(dir.path().join("live.db-wal").exists());
+    assert!(dir.path().join("live.db-shm").exists());
+    let later = rusqlite::Connection::open(&path).unwrap();
+    let kept: i64 = later
+        .query_row("SELECT COUNT(*) FROM kept", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(kept, 1);
+    drop(other);
+}
