@@ -43,8 +43,9 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct EventsQuery {
-    /// Only events with `seq >= fromSeq`.
+    /// Only events with `seq >= fromSeq` (0 or more).
     #[serde(default)]
+    #[param(minimum = 0)]
     from_seq: Option<i64>,
 }
 
@@ -264,6 +265,11 @@ async fn read_events(
     PathId(engagement_id): PathId,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
+    // As the engagement's stream: a seq is never negative, so a negative start is a mistake
+    // to name, not a synonym of 0.
+    if query.from_seq.is_some_and(|from| from < 0) {
+        return Err(ApiError::invalid("fromSeq must be a non-negative integer"));
+    }
     let journal = state.journal();
     let events = match query.from_seq {
         Some(from_seq) => journal.read_from(&engagement_id, from_seq).await?,

@@ -903,6 +903,11 @@ async fn journal_appends_reads_views_compaction_listing_and_pruning() {
         .get("/v1/engagements/e1/events?fromSeq=x")
         .await
         .assert_error(400, "invalid_request");
+    // As on the engagement's stream: a negative start is refused, not read as 0.
+    server
+        .get("/v1/engagements/e1/events?fromSeq=-1")
+        .await
+        .assert_error(400, "invalid_request");
     let unknown = server.get("/v1/engagements/nobody/events").await;
     assert_eq!(unknown.assert_status(200), &json!([]));
 
