@@ -44,7 +44,8 @@ impl Drop for InstanceLock {
 
 /// The lock file of `instance` on `database`: `<database>-serve-<readable part>-<hash>.lock`.
 /// The readable part keeps the name's letters, digits, `.`, `_` and `-` (at most 40); the hash
-/// of the whole name keeps two names that differ only elsewhere apart.
+/// of the whole name keeps two names that differ only elsewhere apart. A database name too long
+/// for that is shortened (`flightlog_sqlite::side_file_path`).
 pub fn lock_file_path(database: &Path, instance: &str) -> PathBuf {
     let readable: String = instance
         .chars()
@@ -61,9 +62,9 @@ pub fn lock_file_path(database: &Path, instance: &str) -> PathBuf {
     let hash = instance.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
         (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
     });
-    let mut name = database.file_name().unwrap_or_default().to_os_string();
-    name.push(format!("-serve-{readable}-{hash:08x}.lock"));
-    database.with_file_name(name)
+    // Shortened when the database's own name leaves no room (it was once not made at all, and
+    // the server ran unguarded).
+    flightlog_sqlite::side_file_path(database, &format!("-serve-{readable}-{hash:08x}.lock"))
 }
 
 /// Take the instance's lock. `Ok(None)` when the lock file cannot be made at all (the folder is
@@ -144,6 +145,24 @@ mod tests {
             "{name}"
         );
         assert!(name.ends_with(".lock"), "{name}");
+    }
+
+    /// A database name that left no room for the lock file's suffix: the lock was not made,
+    /// and a second server of the same instance started unguarded (an audit's finding).
+    #[test]
+    fn a_long_database_name_still_gets_its_lock() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let database = dir.path().join("x".repeat(230));
+        let instance = "replica-shared-instance-name";
+        let first = lock_instance(&database, instance).expect("free");
+        assert!(first.is_some());
+        let refused = lock_instance(&database, instance);
+        assert!(
+            matches!(refused, Err(InstanceLockError::Held { .. })),
+            "{refused:?}"
+        );
+        drop(first);
+        assert!(matches!(lock_instance(&database, instance), Ok(Some(_))));
     }
 
     #[test]

@@ -35,6 +35,7 @@ use crate::payload_codec::{Dictionary, PayloadCodec};
 use crate::rewind_gate::RewindGate;
 use crate::rows::KeyNames;
 use crate::schema;
+use crate::side_files::{side_file_path, NAME_MAX};
 use crate::span_id_filter::SpanIdFilterState;
 
 /// How hard a commit is pushed to disk.
@@ -665,14 +666,15 @@ pub fn real_database_path(path: &Path) -> PathBuf {
 /// FIFO, device or socket (which SQLite would open and fail on, or hang), and a folder in the
 /// path that is a file.
 fn check_path_shape(path: &Path) -> Result<(), StoreError> {
-    const NAME_MAX: usize = 255;
     let shown = path.display();
     if let Some(name) = path.file_name() {
-        // SQLite also makes `<name>-wal` and `<name>-shm` beside it.
-        if name.len() + "-wal".len() > NAME_MAX {
+        // SQLite also makes `<name>-journal` (creating the file, before it switches to WAL),
+        // `<name>-wal` and `<name>-shm` beside it; flightlog's own side files shorten their
+        // names as needed (see `side_files`).
+        if name.len() + "-journal".len() > NAME_MAX {
             return Err(StoreError::Backend(format!(
-                "the file name of {shown} is {} bytes long; with the `-wal` SQLite adds for its \
-                 companion file it must stay within {NAME_MAX} bytes: give a shorter name",
+                "the file name of {shown} is {} bytes long; with the `-journal` SQLite adds for \
+                 its companion files it must stay within {NAME_MAX} bytes: give a shorter name",
                 name.len()
             )));
         }
@@ -1828,7 +1830,7 @@ impl OpenedFiles {
                 if identity.is_none() || file_identity(&path) != identity {
                     continue;
                 }
-                let aside = companion_path(&self.resolved, &format!("{suffix}.replaced-{stamp}"));
+                let aside = side_file_path(&self.resolved, &format!("{suffix}.replaced-{stamp}"));
                 if !aside.exists() && std::fs::rename(&path, &aside).is_ok() {
                     moved.push(aside.display().to_string());
                 }

@@ -20,6 +20,7 @@ mod rewind_gate;
 mod rows;
 mod run_roots;
 mod schema;
+mod side_files;
 mod span_id_filter;
 
 pub use activity::SqliteActivityStore;
@@ -30,3 +31,4 @@ pub use journal::SqliteEngagementJournal;
 #[doc(hidden)]
 pub use schema::migrate_up_to;
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
+pub use side_files::side_file_path;

@@ -20,6 +20,8 @@ use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::side_files::side_file_path;
+
 /// How long a writer pauses after a commit when another process's writer is waiting: longer
 /// than the waiter's poll interval, so its next try falls inside the pause.
 const YIELD: Duration = Duration::from_millis(1);
@@ -61,13 +63,6 @@ impl Drop for WaitingMark {
         // An error leaves the mark until the file is closed; other writers only pause more.
         let _ = self.file.unlock();
     }
-}
-
-/// The path of a side file next to the database at `db_path`: `<db>` + `suffix`.
-pub(crate) fn side_file_path(db_path: &Path, suffix: &str) -> PathBuf {
-    let mut name = db_path.as_os_str().to_owned();
-    name.push(suffix);
-    PathBuf::from(name)
 }
 
 /// Open a side file for locking, creating it (empty) when it does not exist; `None` when that

@@ -20,7 +20,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::lock_turns::{open_or_create_side_file, side_file_path};
+use crate::lock_turns::open_or_create_side_file;
+use crate::side_files::side_file_path;
 
 /// One side of the gate: a writer's or a database handle's readers'. The two sides of one
 /// process must be two instances (two open files: a shared lock taken through the writer's own

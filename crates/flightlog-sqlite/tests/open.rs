@@ -83,6 +83,20 @@ async fn a_newer_schema_is_refused_naming_both_versions() {
     );
 }
 
+/// The longest name that leaves SQLite room for its companions opens, and is written to: its
+/// own side files (`-flightlog-turn`, `-flightlog-rewind`) shorten their names to fit.
+#[tokio::test]
+async fn the_longest_database_name_opens_and_takes_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(format!("{}.db", "l".repeat(244)));
+    assert_eq!(path.file_name().map(|name| name.len()), Some(247));
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap();
+    store(db.clone()).start_span(root("s", "r")).await.unwrap();
+    assert!(db.close().await.unwrap());
+    let side = flightlog_sqlite::side_file_path(&path, "-flightlog-rewind");
+    assert!(side.file_name().is_some_and(|name| name.len() <= 255));
+}
+
 #[test]
 fn paths_that_cannot_be_a_database_say_why() {
     let dir = tempfile::tempdir().unwrap();
@@ -99,6 +113,12 @@ fn paths_that_cannot_be_a_database_say_why() {
     // A name too long for the file system once SQLite adds `-wal`.
     let message = refusal(&dir.path().join(format!("{}.db", "n".repeat(250))));
     assert!(message.contains("shorter name"), "{message}");
+    // … or `-journal`, which it makes while it creates the file (248 bytes: it said the folder
+    // must be writable, and left an empty file).
+    let too_long = dir.path().join(format!("{}.db", "j".repeat(245)));
+    let message = refusal(&too_long);
+    assert!(message.contains("shorter name"), "{message}");
+    assert!(!too_long.exists());
     // A symbolic link to nothing.
     let dangling = dir.path().join("dangling.db");
     std::os::unix::fs::symlink(dir.path().join("gone.db"), &dangling).unwrap();
