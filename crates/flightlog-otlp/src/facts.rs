@@ -52,6 +52,8 @@ pub(crate) const MODEL_KEYS: &[&str] = &[
     "gen_ai.response.model",
     "gen_ai.request.model",
     "llm.model_name",
+    // OpenInference's embedding spans name their model here, not in `llm.model_name`.
+    "embedding.model_name",
     "langfuse.observation.model.name",
     "ai.model.id",
 ];
@@ -89,6 +91,7 @@ pub(crate) const CACHE_READ_TOKEN_KEYS: &[&str] = &[
     "gen_ai.usage.details.cache_read_tokens",
     "llm.token_count.prompt_details.cache_read",
     "llm.usage.cache_read_input_tokens",
+    "ai.usage.inputTokenDetails.cacheReadTokens",
     "ai.usage.cachedInputTokens",
 ];
 /// Input tokens written to the provider's prompt cache, preferred first. The GenAI convention
@@ -104,6 +107,8 @@ pub(crate) const CACHE_CREATION_TOKEN_KEYS: &[&str] = &[
     "gen_ai.usage.details.cache_write_tokens",
     "llm.token_count.prompt_details.cache_write",
     "llm.usage.cache_creation_input_tokens",
+    // Vercel AI SDK 6 (its `ai.usage.inputTokens` includes these, as the others' counts do).
+    "ai.usage.inputTokenDetails.cacheWriteTokens",
 ];
 /// A cost in USD reported by the instrumentation, preferred first.
 pub(crate) const COST_KEYS: &[&str] = &["gen_ai.usage.cost", "llm.cost.total", "operation.cost"];
@@ -112,7 +117,7 @@ pub(crate) const COST_KEYS: &[&str] = &["gen_ai.usage.cost", "llm.cost.total", "
 pub(crate) const COST_PART_KEYS: &[&str] = &["llm.cost.prompt", "llm.cost.completion"];
 
 /// Most names any one table has (the candidate slots of [`Facts`]).
-const MAX_ALIASES: usize = 8;
+const MAX_ALIASES: usize = 9;
 
 // A name past the slots would be read never, without a word: every table must fit.
 const _: () = {
@@ -213,7 +218,7 @@ impl<'a> Facts<'a> {
 
 /// Whether `key` is in one of the namespaces the mapping reads (`gen_ai.`, `llm.`,
 /// `langfuse.`, `logfire.`, `session.`, `operation.`, `openinference.`, `ai.`, `traceloop.`,
-/// `error.`). The first byte picks the one to three prefixes worth comparing, so most keys of
+/// `error.`, `embedding.`). The first byte picks the one to three prefixes worth comparing, so most keys of
 /// no such namespace cost a single byte comparison.
 fn may_be_read(key: &str) -> bool {
     let prefixes: &[&str] = match key.as_bytes().first() {
@@ -223,7 +228,7 @@ fn may_be_read(key: &str) -> bool {
         Some(b'o') => &["operation.", "openinference."],
         Some(b'a') => &["ai."],
         Some(b't') => &["traceloop."],
-        Some(b'e') => &["error."],
+        Some(b'e') => &["error.", "embedding."],
         _ => return false,
     };
     prefixes.iter().any(|prefix| key.starts_with(prefix))
@@ -298,6 +303,7 @@ mod tests {
         "ai.",
         "traceloop.",
         "error.",
+        "embedding.",
     ];
 
     #[test]

@@ -9,8 +9,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use flightlog_core::activity::{
-    EncodedAttrs, ImportedAttrs, ImportedEnd, ImportedEvent, ImportedSpan, JsonObject, SpanOrigin,
-    SpanOutcome,
+    EncodedAttrs, ImportedAttrs, ImportedEnd, ImportedEvent, ImportedSpan, JsonObject, SpanKind,
+    SpanOrigin, SpanOutcome,
 };
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope};
@@ -245,7 +245,13 @@ fn map_span(
     let started_at = nanos_to_ms(span.start_time_unix_nano);
     let end = (!pending && span.end_time_unix_nano != 0)
         .then(|| span_end(span, facts.error_type, max_bytes));
-    let (usage, cost_source) = span_usage(&facts, &options.price_table);
+    // An agent's span (a turn, a subagent) that reports its tokens reports the totals of its
+    // model calls, which may be several models, with cache discounts: priced as one call of its
+    // model they were wrong (an audit: $0.00795 for calls that cost $0.00545, and 24 times the
+    // cost when the calls ran on a cheaper model), and that price hid the model calls' sum in
+    // the run's rollup. Its calls are priced; its own cost is a reported one or none.
+    let priceable = !matches!(kind, SpanKind::Turn | SpanKind::Subagent);
+    let (usage, cost_source) = span_usage(&facts, &options.price_table, priceable);
     let session_id = first_of(&facts.session, |value| session_text(value, max_bytes));
 
     if pending {
@@ -1371,8 +1377,11 @@ mod tests {
             (root.input_tokens, root.output_tokens, root.model.as_deref()),
             (Some(1_000), Some(100), Some("gpt-4o"))
         );
-        assert!(root.cost_usd.is_some());
+        // The turn's totals are not priced (its calls may be several models, with cache
+        // discounts); its model call is, and the run's rollup sums the calls.
+        assert_eq!(root.cost_usd, None);
         assert_eq!(batch.spans[1].usage.cache_read_tokens, Some(600));
+        assert!(batch.spans[1].usage.cost_usd.is_some());
     }
 
     #[test]
@@ -1392,6 +1401,49 @@ mod tests {
         assert_eq!(agent.usage.cost_usd, Some(0.01));
         assert_eq!(object(&agent.attrs)[COST_SOURCE_KEY], json!("reported"));
         assert!(!object(&agent.attrs).contains_key(PRICE_TABLE_KEY));
+    }
+
+    /// An agent's span that reports its calls' token totals and a model: priced as one call of
+    /// that model, the totals cost $0.00795 where the calls (on a cheaper model, with cache
+    /// discounts) cost far less, and the rollup took that price over the calls' sum (an audit,
+    /// with opentelemetry-util-genai's `invoke_agent`). An agent's span is not priced; a model
+    /// call is, and a reported cost is kept on either.
+    #[test]
+    fn an_agents_token_totals_are_not_priced_from_the_table() {
+        let totals = vec![
+            kv("gen_ai.operation.name", string("invoke_agent")),
+            kv("gen_ai.request.model", string("gpt-4o")),
+            kv("gen_ai.usage.input_tokens", int(2_700)),
+            kv("gen_ai.usage.output_tokens", int(120)),
+        ];
+        let batch = map(vec![
+            span(1, None, "agent", totals.clone()),
+            span(2, Some(1), "subagent", totals),
+            span(
+                3,
+                Some(2),
+                "chat",
+                vec![
+                    kv("gen_ai.operation.name", string("chat")),
+                    kv("gen_ai.request.model", string("gpt-4o-mini")),
+                    kv("gen_ai.usage.input_tokens", int(1_200)),
+                    kv("gen_ai.usage.output_tokens", int(60)),
+                ],
+            ),
+        ]);
+        let kinds: Vec<SpanKind> = batch.spans.iter().map(|span| span.kind.clone()).collect();
+        assert_eq!(kinds, [SpanKind::Turn, SpanKind::Subagent, SpanKind::Model]);
+        for agent in &batch.spans[..2] {
+            assert_eq!(agent.usage.input_tokens, Some(2_700));
+            assert_eq!(agent.usage.model.as_deref(), Some("gpt-4o"));
+            assert_eq!(agent.usage.cost_usd, None);
+            assert!(!object(&agent.attrs).contains_key(COST_SOURCE_KEY));
+        }
+        assert!(batch.spans[2].usage.cost_usd.is_some());
+        assert_eq!(
+            object(&batch.spans[2].attrs)[COST_SOURCE_KEY],
+            json!("price_table")
+        );
     }
 
     #[test]

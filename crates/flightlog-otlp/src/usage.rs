@@ -203,6 +203,7 @@ fn count_cache_into_input(tokens: &mut TokenCounts) {
 pub(crate) fn span_usage(
     facts: &Facts<'_>,
     prices: &PriceTable,
+    priceable: bool,
 ) -> (SpanUsage, Option<CostSource>) {
     let mut tokens = TokenCounts {
         input: first_of(&facts.input_tokens, token_count),
@@ -244,7 +245,7 @@ pub(crate) fn span_usage(
     let (cost, source) = match reported {
         Some(cost) => (Some(cost), Some(CostSource::Reported)),
         None => match model.and_then(|model| prices.lookup(model)) {
-            Some(price) if any_count => (
+            Some(price) if any_count && priceable => (
                 Some(cost_usd(tokens, price)),
                 Some(CostSource::PriceTable(prices.version().to_owned())),
             ),
@@ -274,7 +275,7 @@ mod tests {
     use crate::test_support::{double, int, kv, string};
 
     fn usage_of(attributes: Vec<KeyValue>) -> (SpanUsage, Option<CostSource>) {
-        span_usage(&Facts::scan(&attributes), &PriceTable::bundled())
+        span_usage(&Facts::scan(&attributes), &PriceTable::bundled(), true)
     }
 
     /// opentelemetry-util-genai 1.3 writes cache writes as `gen_ai.usage.cache_write.input_tokens`
@@ -459,6 +460,38 @@ mod tests {
             kv("llm.token_count.prompt", int(10)),
         ]);
         assert_eq!((usage.cost_usd, source), (None, None));
+    }
+
+    /// Two names an audit found unread: OpenInference's embedding spans name their model in
+    /// `embedding.model_name` (they had no model and no cost), and the Vercel AI SDK 6 reports
+    /// its cache counts under `ai.usage.inputTokenDetails.*` (its cache writes were charged at
+    /// the plain input price).
+    #[test]
+    fn embedding_models_and_ai_sdk_6_cache_counts_are_read() {
+        let (usage, source) = usage_of(vec![
+            kv("embedding.model_name", string("text-embedding-3-small")),
+            kv("llm.token_count.prompt", int(12)),
+        ]);
+        assert_eq!(usage.model.as_deref(), Some("text-embedding-3-small"));
+        assert!(usage.cost_usd.is_some_and(|cost| cost > 0.0), "{usage:?}");
+        assert!(matches!(source, Some(CostSource::PriceTable(_))));
+        let (usage, _) = usage_of(vec![
+            kv("ai.model.id", string("claude-sonnet-4-5")),
+            kv("ai.usage.inputTokens", int(7_530)),
+            kv("ai.usage.inputTokenDetails.noCacheTokens", int(30)),
+            kv("ai.usage.inputTokenDetails.cacheReadTokens", int(7_000)),
+            kv("ai.usage.inputTokenDetails.cacheWriteTokens", int(500)),
+            kv("ai.usage.outputTokens", int(120)),
+        ]);
+        assert_eq!(
+            (
+                usage.input_tokens,
+                usage.cache_read_tokens,
+                usage.cache_creation_tokens,
+                usage.output_tokens
+            ),
+            (Some(7_530), Some(7_000), Some(500), Some(120))
+        );
     }
 
     fn counts(
