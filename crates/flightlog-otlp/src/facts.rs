@@ -57,6 +57,8 @@ pub(crate) const MODEL_KEYS: &[&str] = &[
     "langfuse.observation.model.name",
     "ai.model.id",
 ];
+/// The provider's id of a model call, preferred first: two spans with one id record one call.
+pub(crate) const CALL_ID_KEYS: &[&str] = &["gen_ai.response.id", "ai.response.id"];
 /// Logfire marks its pending (in-progress) span announcements with `pending_span` here.
 pub(crate) const LOGFIRE_SPAN_TYPE: &str = "logfire.span_type";
 /// Logfire's hex parent id of the real span a pending span announces.
@@ -148,6 +150,7 @@ pub(crate) struct Facts<'a> {
     pub(crate) model_call_hint: bool,
     pub(crate) session: Candidates<'a>,
     pub(crate) model: Candidates<'a>,
+    pub(crate) call_id: Candidates<'a>,
     pub(crate) logfire_span_type: Option<&'a str>,
     pub(crate) logfire_pending_parent: Option<&'a AnyValue>,
     pub(crate) logfire_message: Option<&'a str>,
@@ -193,9 +196,10 @@ impl<'a> Facts<'a> {
             if MODEL_CALL_HINTS.contains(&key) {
                 facts.model_call_hint = true;
             }
-            let tables: [(&[&str], &mut Candidates<'a>); 8] = [
+            let tables: [(&[&str], &mut Candidates<'a>); 9] = [
                 (SESSION_KEYS, &mut facts.session),
                 (MODEL_KEYS, &mut facts.model),
+                (CALL_ID_KEYS, &mut facts.call_id),
                 (INPUT_TOKEN_KEYS, &mut facts.input_tokens),
                 (OUTPUT_TOKEN_KEYS, &mut facts.output_tokens),
                 (CACHE_READ_TOKEN_KEYS, &mut facts.cache_read_tokens),
@@ -251,9 +255,10 @@ pub(crate) fn first_of<'a, T>(
 }
 
 /// The tables of names read into candidate slots, preferred name first.
-pub(crate) const ALIAS_TABLES: [&[&str]; 8] = [
+pub(crate) const ALIAS_TABLES: [&[&str]; 9] = [
     SESSION_KEYS,
     MODEL_KEYS,
+    CALL_ID_KEYS,
     INPUT_TOKEN_KEYS,
     OUTPUT_TOKEN_KEYS,
     CACHE_READ_TOKEN_KEYS,

@@ -53,6 +53,18 @@ const PENDING_NAME_SUFFIX: &str = " (pending)";
 /// A rejected span's id is reported with at most this many bytes (a huge bogus id stays short).
 const MAX_REPORTED_ID_BYTES: usize = 32;
 
+/// The longest call id kept: providers' ids are 20 to 60 bytes; a longer value is not one.
+const MAX_CALL_ID_BYTES: usize = 256;
+
+/// A call id (see [`crate::facts::CALL_ID_KEYS`]): a non-blank string of at most
+/// [`MAX_CALL_ID_BYTES`].
+fn call_id_text(value: &AnyValue) -> Option<String> {
+    as_str(value)
+        .map(str::trim)
+        .filter(|text| !text.is_empty() && text.len() <= MAX_CALL_ID_BYTES)
+        .map(str::to_owned)
+}
+
 /// How spans are mapped.
 #[derive(Debug, Clone)]
 pub struct MappingOptions {
@@ -253,6 +265,12 @@ fn map_span(
     let priceable = !matches!(kind, SpanKind::Turn | SpanKind::Subagent);
     let (usage, cost_source) = span_usage(&facts, &options.price_table, priceable);
     let session_id = first_of(&facts.session, |value| session_text(value, max_bytes));
+    // Only the rollup reads it, and only on model spans.
+    let call_id = if kind == SpanKind::Model {
+        first_of(&facts.call_id, call_id_text)
+    } else {
+        None
+    };
 
     if pending {
         // Said by `parentSpanId` already; the real span does not carry it, and when it completes
@@ -302,6 +320,7 @@ fn map_span(
             started_at,
             end,
             usage,
+            call_id,
             events,
         },
         pending,
@@ -698,6 +717,7 @@ mod tests {
                     model: Some("gpt-4o".into()),
                     ..SpanUsage::default()
                 },
+                call_id: None,
                 events: vec![ImportedEvent {
                     ts: 1_700,
                     event_type: "gen_ai.choice".into(),
@@ -1444,6 +1464,38 @@ mod tests {
             object(&batch.spans[2].attrs)[COST_SOURCE_KEY],
             json!("price_table")
         );
+    }
+
+    /// A model span's call id comes from `gen_ai.response.id` (else the Vercel AI SDK's
+    /// `ai.response.id`); a blank or implausibly long one is none, and only model spans keep it.
+    #[test]
+    fn a_model_spans_call_id_is_its_response_id() {
+        let model = |id: u8, attributes: Vec<KeyValue>| {
+            let mut attributes = attributes;
+            attributes.push(kv("gen_ai.operation.name", string("chat")));
+            span(id, Some(1), "chat", attributes)
+        };
+        let batch = map(vec![
+            span(
+                1,
+                None,
+                "agent",
+                vec![
+                    kv("gen_ai.operation.name", string("invoke_agent")),
+                    kv("gen_ai.response.id", string("not-a-call")),
+                ],
+            ),
+            model(2, vec![kv("gen_ai.response.id", string(" msg_01 "))]),
+            model(3, vec![kv("ai.response.id", string("resp-7"))]),
+            model(4, vec![kv("gen_ai.response.id", string("  "))]),
+            model(5, vec![kv("gen_ai.response.id", string(&"x".repeat(300)))]),
+        ]);
+        let call_ids: Vec<Option<&str>> = batch
+            .spans
+            .iter()
+            .map(|span| span.call_id.as_deref())
+            .collect();
+        assert_eq!(call_ids, [None, Some("msg_01"), Some("resp-7"), None, None]);
     }
 
     #[test]

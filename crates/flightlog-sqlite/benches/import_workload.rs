@@ -148,6 +148,7 @@ fn span(trace: u64, position: u64) -> ImportedSpan {
             reason: None,
         }),
         usage,
+        call_id: None,
         events,
     }
 }

@@ -234,7 +234,8 @@ fn insert_new_span(
                 "INSERT INTO activity_spans (span_id, run_key, parent_span_id, name, kind, \
                  origin, session_id, job_name, attrs, started_at, ended_at, outcome, \
                  outcome_reason, input_tokens, output_tokens, cache_read_tokens, \
-                 cache_creation_tokens, cost_usd, model, writer_key, last_heartbeat_at) ",
+                 cache_creation_tokens, cost_usd, model, writer_key, last_heartbeat_at, \
+                 call_id) ",
                 $values
             )
         };
@@ -245,12 +246,12 @@ fn insert_new_span(
     let sql = if proved_free {
         insert_span_sql!(
             "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-             ?18, ?19, ?20, ?21)"
+             ?18, ?19, ?20, ?21, ?22)"
         )
     } else {
         insert_span_sql!(concat!(
             "SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-             ?18, ?19, ?20, ?21 WHERE ",
+             ?18, ?19, ?20, ?21, ?22 WHERE ",
             span_key_of!("?1"),
             " IS NULL"
         ))
@@ -280,6 +281,7 @@ fn insert_new_span(
                 span.usage.model,
                 writer_key,
                 last_heartbeat_at,
+                span.call_id,
             ])
         })
         .map_err(backend)?;
@@ -325,6 +327,7 @@ fn complete_open_span(
              cache_read_tokens = COALESCE(?7, cache_read_tokens), \
              cache_creation_tokens = COALESCE(?8, cache_creation_tokens), \
              cost_usd = COALESCE(?9, cost_usd), model = COALESCE(?10, model), \
+             call_id = COALESCE(?19, call_id), \
              last_heartbeat_at = CASE \
                WHEN ?3 IS NULL THEN MAX(COALESCE(last_heartbeat_at, 0), ?11) \
                WHEN NOT (CASE WHEN origin = ?13 THEN ?18 IS NULL ELSE parent_span_id IS NULL END) \
@@ -352,6 +355,7 @@ fn complete_open_span(
                 span.session_id,
                 span.job_name,
                 parent,
+                span.call_id,
             ])
         })
         .map_err(backend)?;
@@ -513,6 +517,7 @@ fn rollup_span(span: &ImportedSpan, parent: Option<&str>) -> RollupSpan {
             model: None,
             ..span.usage.clone()
         },
+        call_id: span.call_id.clone(),
     }
 }
 

@@ -345,7 +345,7 @@ fn awaiting_entry(conn: &Connection, run: AwaitingRun) -> Result<RunListEntry, S
     let spans: Vec<RollupSpan> = conn
         .prepare_cached(
             "SELECT span_id, parent_span_id, kind, input_tokens, output_tokens, \
-             cache_read_tokens, cache_creation_tokens, cost_usd FROM activity_spans \
+             cache_read_tokens, cache_creation_tokens, cost_usd, call_id FROM activity_spans \
              WHERE run_key = ?1 ORDER BY started_at, span_key",
         )
         .and_then(|mut stmt| {
@@ -365,6 +365,7 @@ fn awaiting_entry(conn: &Connection, run: AwaitingRun) -> Result<RunListEntry, S
                     outcome: None,
                     outcome_reason: None,
                     usage: usage_at(row, 3)?,
+                    call_id: row.get(8)?,
                 })
             })?
             .collect()

@@ -1013,7 +1013,8 @@ pub(crate) fn rollup_run_key(
 pub(crate) const ROLLUP_SPANS_SQL: &str = "SELECT parent_span_id IS NULL, origin, name, \
      session_id, job_name, started_at, ended_at, outcome, outcome_reason, input_tokens, \
      output_tokens, cache_read_tokens, cache_creation_tokens, cost_usd, kind, span_id, \
-     parent_span_id FROM activity_spans WHERE run_key = ?1 ORDER BY started_at, span_key";
+     parent_span_id, call_id FROM activity_spans WHERE run_key = ?1 \
+     ORDER BY started_at, span_key";
 
 pub(crate) fn rollup_span_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RollupSpan> {
     let origin: String = row.get(1)?;
@@ -1033,6 +1034,7 @@ pub(crate) fn rollup_span_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<
         outcome: outcome.as_deref().map(SpanOutcome::from_stored),
         outcome_reason: row.get(8)?,
         usage: usage_at(row, 9)?,
+        call_id: row.get(17)?,
     })
 }
 

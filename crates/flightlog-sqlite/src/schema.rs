@@ -264,6 +264,13 @@ ALTER TABLE journal_engagements ADD COLUMN appended_at INTEGER;
 UPDATE journal_engagements SET appended_at = CAST(unixepoch('subsec') * 1000 AS INTEGER);
 CREATE INDEX journal_engagements_by_arrival ON journal_engagements (appended_at);
 "#,
+    // Version 11: the provider's id of the model call an imported span records
+    // (`gen_ai.response.id`), so the run's rollup counts a call recorded by two instrumentations
+    // side by side once. Absent on every earlier span (a column added with no default: no row
+    // is rewritten).
+    r#"
+ALTER TABLE activity_spans ADD COLUMN call_id TEXT;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -2440,6 +2440,7 @@ fn imported(
         started_at: 1,
         end,
         usage: SpanUsage::default(),
+        call_id: None,
         events: vec![ImportedEvent {
             ts: 2,
             event_type: "imported".to_owned(),
@@ -2613,6 +2614,7 @@ impl ImportOp {
                 reason: reason.map(id),
             }),
             usage: p.usages[self.usage].clone().unwrap_or_default(),
+            call_id: None,
             events: self
                 .events
                 .iter()

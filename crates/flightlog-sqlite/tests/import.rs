@@ -46,6 +46,7 @@ fn span(span_id: &str, parent: Option<&str>, kind: SpanKind, started_at: i64) ->
             reason: None,
         }),
         usage: SpanUsage::default(),
+        call_id: None,
         events: Vec::new(),
     }
 }
@@ -169,6 +170,39 @@ async fn children_before_their_parent_and_a_late_span_after_the_rollup() {
     assert_eq!(rollup.input_tokens, Some(150));
     assert_eq!(rollup.output_tokens, Some(15));
     assert_eq!(rollup.cost_usd, Some(0.75));
+}
+
+/// One provider call recorded by two instrumentations side by side (the Anthropic SDK's own
+/// span and Traceloop's, both under the agent with the call's usage and response id): the run
+/// counted it twice. One call id counts once, in one delivery or across two (the second copy
+/// arriving after the rollup, read back from the rows), and the run list says the same.
+#[tokio::test]
+async fn one_call_recorded_by_two_sibling_spans_counts_once() {
+    let fx = fixture();
+    let with_call = |span_id: &str, input: i64, call: &str| {
+        let mut model = model_span(span_id, "root", 1_100, input, 0.25);
+        model.call_id = Some(call.to_owned());
+        model
+    };
+    fx.store
+        .import_spans(vec![
+            span("root", None, SpanKind::Turn, 1_000),
+            with_call("sdk", 100, "msg_1"),
+            with_call("other-call", 40, "msg_2"),
+        ])
+        .await
+        .unwrap();
+    fx.store
+        .import_spans(vec![with_call("traceloop", 100, "msg_1")])
+        .await
+        .unwrap();
+    let rollup = fx.store.read_rollup("trace1").await.unwrap().unwrap();
+    assert_eq!(rollup.span_count, 4);
+    assert_eq!(rollup.input_tokens, Some(140));
+    assert_eq!(rollup.cost_usd, Some(0.5));
+    fx.store.rollup_run("trace1").await.unwrap();
+    let from_rows = fx.store.read_rollup("trace1").await.unwrap().unwrap();
+    assert_eq!(from_rows.input_tokens, Some(140));
 }
 
 /// The root `root` of run `trace1` started through the native API (name "native name", kind

@@ -17,8 +17,9 @@
 //! the OpenAI instrumentation's span that also has the cached tokens), the inner ones are
 //! counted instead of it (the outer one's cost, priced without the cache, was 9% high), provided
 //! each of them reports every field the outer one does (else the outer one counts alone: a field
-//! is never taken twice, nor lost). A field the root carries wins, so no field is ever counted
-//! twice.
+//! is never taken twice, nor lost). Model spans side by side that name one provider call (the
+//! same response id: two instrumentations, neither nested in the other) count once. A field the
+//! root carries wins, so no field is ever counted twice.
 //! The reference has no `model` kind, so its behaviour is unchanged.
 
 use std::collections::HashMap;
@@ -41,6 +42,9 @@ pub struct RollupSpan {
     pub outcome: Option<SpanOutcome>,
     pub outcome_reason: Option<String>,
     pub usage: SpanUsage,
+    /// The provider's id of the model call the span records (`gen_ai.response.id` over OTLP),
+    /// when known: two model spans with one call id are one call (see [`counted_model_usage`]).
+    pub call_id: Option<String>,
 }
 
 impl From<&SpanRow> for RollupSpan {
@@ -59,6 +63,7 @@ impl From<&SpanRow> for RollupSpan {
             outcome: span.outcome.clone(),
             outcome_reason: span.outcome_reason.clone(),
             usage: span.usage.clone(),
+            call_id: None,
         }
     }
 }
@@ -228,7 +233,42 @@ fn counted_model_usage(spans: &[RollupSpan]) -> Vec<Option<SpanUsage>> {
             _ => counted[index] = Some(spans[index].usage.clone()),
         }
     }
+    count_each_call_once(spans, &mut counted);
     counted
+}
+
+/// Of the counted model spans that name one provider call (the same [`RollupSpan::call_id`]),
+/// keep one: two instrumentations that see one call side by side rather than nested (the
+/// Anthropic SDK's own `anthropic.messages.create` span beside Traceloop's `anthropic.chat`,
+/// which does not make itself current) each report its usage, and the run counted it twice
+/// (an audit). The one kept reports the most usage fields; on a tie, the first to start.
+fn count_each_call_once(spans: &[RollupSpan], counted: &mut [Option<SpanUsage>]) {
+    let mut kept: HashMap<&str, usize> = HashMap::new();
+    for index in 0..spans.len() {
+        let Some(call_id) = spans[index].call_id.as_deref().filter(|id| !id.is_empty()) else {
+            continue;
+        };
+        let Some(usage) = &counted[index] else {
+            continue;
+        };
+        let fields = usage_field_set(usage).count_ones();
+        match kept.get(call_id) {
+            None => {
+                kept.insert(call_id, index);
+            }
+            Some(&first) => {
+                let first_fields = counted[first]
+                    .as_ref()
+                    .map_or(0, |usage| usage_field_set(usage).count_ones());
+                if fields > first_fields {
+                    counted[first] = None;
+                    kept.insert(call_id, index);
+                } else {
+                    counted[index] = None;
+                }
+            }
+        }
+    }
 }
 
 /// The field-wise sum of what [`counted_model_usage`] counts (see the module doc); a field stays
@@ -337,6 +377,34 @@ mod tests {
             writer: "w".into(),
             last_heartbeat_at: None,
         })
+    }
+
+    /// Two instrumentations beside each other record one call (the Anthropic SDK's own span and
+    /// Traceloop's, siblings under the agent, both with the call's usage and response id): it
+    /// counted twice. One call id counts once, the span reporting more fields kept; spans of
+    /// other calls, or with no id, still add up.
+    #[test]
+    fn model_spans_that_name_one_call_count_once() {
+        let root = span("root", None, 1);
+        let model = |id: &str, call: Option<&str>, input: i64, cost: Option<f64>| {
+            let mut model = span(id, Some("root"), 2);
+            model.kind = SpanKind::Model;
+            model.usage.input_tokens = Some(input);
+            model.usage.cost_usd = cost;
+            model.call_id = call.map(str::to_owned);
+            model
+        };
+        let spans = [
+            root,
+            model("sdk", Some("msg_1"), 100, None),
+            model("traceloop", Some("msg_1"), 100, Some(0.5)),
+            model("second", Some("msg_2"), 10, Some(0.25)),
+            model("anonymous", None, 1, None),
+            model("blank", Some(""), 1, None),
+        ];
+        let fields = compute_rollup(&spans).expect("a rollup");
+        assert_eq!(fields.input_tokens, Some(112));
+        assert_eq!(fields.cost_usd, Some(0.75));
     }
 
     #[test]

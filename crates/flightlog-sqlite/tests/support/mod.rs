@@ -225,6 +225,7 @@ pub fn ended_otlp_span(
             reason: None,
         }),
         usage: SpanUsage::default(),
+        call_id: None,
         events: Vec::new(),
     }
 }
