@@ -524,7 +524,8 @@ impl ScrapeValues {
         if let Some(cursor) = self.change_cursor {
             registry.register(
                 "flightlog_activity_change_cursor",
-                "The activity store's highest change id still in the log (latestChangeCursor)",
+                "The activity store's highest change id given out: the highest still in the log \
+                 (latestChangeCursor), or below the log's horizon when a prune took the newest",
                 gauge_i64(cursor),
             );
         }
@@ -672,8 +673,18 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
 )]
 async fn metrics(State(state): State<AppState>) -> Response {
     // A store that cannot be read leaves the cursor out instead of failing the scrape: the other
-    // metrics matter most exactly when something is wrong.
-    let change_cursor = state.activity().latest_change_cursor().await.ok();
+    // metrics matter most exactly when something is wrong. The gauge never goes back: a prune
+    // that deletes the newest changes with their runs takes the highest id left in the log
+    // down (to 0 when none is left, an audit's soak), while every id below the horizon was
+    // given out; so it is the larger of the two.
+    let change_cursor = match (
+        state.activity().latest_change_cursor().await,
+        state.activity().change_log_horizon().await,
+    ) {
+        (Ok(cursor), Ok(horizon)) => Some(cursor.max(horizon.saturating_sub(1))),
+        (Ok(cursor), Err(_)) => Some(cursor),
+        (Err(_), _) => None,
+    };
     let scrape = ScrapeValues {
         change_cursor,
         writes_in_flight: saturating_i64(overload::writes_in_flight(&state)),

@@ -8,7 +8,7 @@
 
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flightlog_core::activity::{
     ActivityChange, ActivityStore, EndSpanInput, RunRollupRow, RunSnapshot, SpanEventRow,
@@ -579,19 +579,29 @@ async fn terminal_root_changes_since(
     Ok(with_change_log_horizon(response, query.after, horizon))
 }
 
-/// The highest change id still in the log (`latestChangeCursor`).
+/// The highest change id still in the log (`latestChangeCursor`, as the reference: a prune that
+/// deletes the newest changes with their runs takes it down, to 0 when none is left). The
+/// `Flightlog-Change-Log-Horizon` header says where the log starts: a client that follows the
+/// log from here continues after the larger of the cursor and the horizon minus one, every id
+/// below which was given out.
 #[utoipa::path(
     get,
     path = "/v1/activity/cursor",
     tag = tags::ACTIVITY,
     operation_id = "latestChangeCursor",
-    responses((status = 200, description = "The cursor.", body = ChangeCursor)),
+    responses((status = 200, description = "The cursor.", body = ChangeCursor,
+        headers(
+            ("Flightlog-Change-Log-Horizon" = i64, description = "Change ids below this may be missing from the log (trimmed, or pruned with their runs)."),
+        ))),
 )]
-async fn latest_change_cursor(
-    State(state): State<AppState>,
-) -> Result<Json<ChangeCursor>, ApiError> {
+async fn latest_change_cursor(State(state): State<AppState>) -> Result<Response, ApiError> {
     let change_cursor = state.activity().latest_change_cursor().await?;
-    Ok(Json(ChangeCursor { change_cursor }))
+    let horizon = state.activity().change_log_horizon().await?;
+    let mut response = Json(ChangeCursor { change_cursor }).into_response();
+    response
+        .headers_mut()
+        .insert(CHANGE_LOG_HORIZON, HeaderValue::from(horizon));
+    Ok(response)
 }
 
 /// Every open root span (`openRootSpans`).

@@ -466,3 +466,53 @@ async fn otlp_spans_are_counted_by_what_became_of_them_over_http_and_grpc() {
     assert_eq!(counted.get(&spans_series("completed")), Some(1.0));
     server.stop().await;
 }
+
+/// A prune that deletes the newest changes with their runs took the cursor gauge down to 0 (an
+/// audit's soak: a gauge that drops sets off alerts), though every id up to the horizon was
+/// given out. The gauge says the highest id given out; `GET /v1/activity/cursor` keeps the
+/// reference's highest id still in the log.
+#[tokio::test]
+async fn the_cursor_gauge_does_not_go_back_when_a_prune_takes_the_newest_changes() {
+    let server = TestServer::start().await;
+    let start = json!({"spanId": "s", "runId": "r", "name": "turn", "kind": "turn",
+        "origin": "session", "startedAt": 1_000});
+    server
+        .post("/v1/activity/spans", &start)
+        .await
+        .assert_status(201);
+    server
+        .post(
+            "/v1/activity/spans/s/end",
+            &json!({"outcome": "success", "endedAt": 1_001}),
+        )
+        .await
+        .assert_status(200);
+    server
+        .post_empty("/v1/activity/runs/r/rollup")
+        .await
+        .assert_status(204);
+    let cursor = server.get("/v1/activity/cursor").await;
+    let given_out = cursor.assert_status(200)["changeCursor"]
+        .as_f64()
+        .expect("a cursor");
+    assert!(given_out >= 2.0);
+    let prune =
+        json!({"digestFloorAt": 1_i64 << 50, "hardCeilingMs": 1_i64 << 50, "now": 1_i64 << 50});
+    let pruned = server.post("/v1/activity/maintenance/prune", &prune).await;
+    assert_eq!(pruned.assert_status(200)["runsPruned"], 1);
+    let cursor = server.get("/v1/activity/cursor").await;
+    assert_eq!(cursor.assert_status(200)["changeCursor"], 0);
+    // … and says where the log starts: every id below the horizon was given out.
+    let horizon = cursor
+        .headers
+        .get("flightlog-change-log-horizon")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<f64>().ok());
+    assert_eq!(horizon, Some(given_out + 1.0));
+    let exposition = scrape(&server).await;
+    assert_eq!(
+        exposition.get("flightlog_activity_change_cursor"),
+        Some(given_out)
+    );
+    server.stop().await;
+}
