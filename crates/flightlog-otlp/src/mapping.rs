@@ -9,8 +9,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use flightlog_core::activity::{
-    EncodedAttrs, ImportedAttrs, ImportedEnd, ImportedEvent, ImportedSpan, JsonObject, SpanKind,
-    SpanOrigin, SpanOutcome,
+    EncodedAttrs, ImportedAttrs, ImportedEnd, ImportedEvent, ImportedSpan, JsonObject,
+    RemoteParent, SpanKind, SpanOrigin, SpanOutcome,
 };
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope};
@@ -254,6 +254,9 @@ fn map_span(
     };
 
     let kind = span_kind(&facts, parent_span_id.is_none());
+    // The store keeps a remote parent that is stored in the same run (see `docs/otlp.md`); the
+    // span is then not a root, and its kind is a child's.
+    let remote_parent_kind = remote_parent.as_ref().map(|_| span_kind(&facts, false));
     let started_at = nanos_to_ms(span.start_time_unix_nano);
     let end = (!pending && span.end_time_unix_nano != 0)
         .then(|| span_end(span, facts.error_type, max_bytes));
@@ -285,6 +288,12 @@ fn map_span(
         remote_parent.as_deref(),
         max_bytes,
     );
+    let remote_parent = remote_parent
+        .zip(remote_parent_kind)
+        .map(|(span_id, kind_under_it)| RemoteParent {
+            span_id,
+            kind_under_it,
+        });
     let events = if pending {
         Vec::new()
     } else {
@@ -321,6 +330,7 @@ fn map_span(
             end,
             usage,
             call_id,
+            remote_parent,
             events,
         },
         pending,
@@ -718,6 +728,7 @@ mod tests {
                     ..SpanUsage::default()
                 },
                 call_id: None,
+                remote_parent: None,
                 events: vec![ImportedEvent {
                     ts: 1_700,
                     event_type: "gen_ai.choice".into(),
@@ -1003,6 +1014,14 @@ mod tests {
             object(&mapped.attrs)[REMOTE_PARENT_KEY],
             json!(sid_hex(0x0f))
         );
+        // What the store needs to keep that parent when it is stored in the same run.
+        assert_eq!(
+            mapped.remote_parent,
+            Some(RemoteParent {
+                span_id: sid_hex(0x0f),
+                kind_under_it: SpanKind::Subagent,
+            })
+        );
 
         // A local parent (remoteness known, not remote), or flags from an SDK that does not
         // say: the parent stays.
@@ -1012,6 +1031,7 @@ mod tests {
             assert_eq!(mapped.parent_span_id, Some(sid_hex(0x0f)), "{flags:#x}");
             assert_eq!(mapped.kind, SpanKind::Subagent, "{flags:#x}");
             assert!(!object(&mapped.attrs).contains_key(REMOTE_PARENT_KEY));
+            assert_eq!(mapped.remote_parent, None);
         }
     }
 

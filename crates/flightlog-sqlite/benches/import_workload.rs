@@ -149,6 +149,7 @@ fn span(trace: u64, position: u64) -> ImportedSpan {
         }),
         usage,
         call_id: None,
+        remote_parent: None,
         events,
     }
 }

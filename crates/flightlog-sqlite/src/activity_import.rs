@@ -165,14 +165,57 @@ fn existing_span(
 /// exporting here too) the run would show as ended while the work goes on. Parents announce
 /// before their children (they start first), so a local parent is stored, and running, by
 /// then; the completed copy sets the parent either way (see [`complete_open_span`]).
+///
+/// A span continued from a remote caller (a root, its caller's id in `remote_parent`) is stored
+/// under that caller when the caller's span is already stored in the same run: the caller
+/// exports here too, so the run is one tree, not two roots. Logfire marks the parent of a span
+/// it starts after re-attaching a context as remote, though it is the same process's span (a
+/// streamed call's usage record under its agent): an audit found such calls outside their
+/// agent. A caller's span that is not stored (yet) leaves the span a root.
 fn stored_parent<'s>(
     ctx: &mut WriteContext<'_>,
     span: &'s ImportedSpan,
+    run_key: i64,
 ) -> Result<Option<&'s str>, StoreError> {
-    match (&span.parent_span_id, &span.end) {
-        (Some(parent), None) if !parent_is_running(ctx, parent)? => Ok(None),
-        (parent, _) => Ok(parent.as_deref()),
+    match (&span.parent_span_id, &span.end, &span.remote_parent) {
+        (Some(parent), None, _) if !parent_is_running(ctx, parent)? => Ok(None),
+        (None, _, Some(remote)) if is_stored_in_run(ctx, &remote.span_id, run_key)? => {
+            Ok(Some(remote.span_id.as_str()))
+        }
+        (parent, _, _) => Ok(parent.as_deref()),
     }
+}
+
+/// The kind `span` is stored with under `parent`: its own, or a child's when it was stored
+/// under its remote parent.
+fn kind_of<'s>(span: &'s ImportedSpan, parent: Option<&str>) -> Cow<'s, SpanKind> {
+    match &span.remote_parent {
+        Some(remote) if span.parent_span_id.is_none() && parent.is_some() => {
+            Cow::Borrowed(&remote.kind_under_it)
+        }
+        _ => kind_under(parent, &span.kind),
+    }
+}
+
+/// Whether a span with this id is stored in the run `run_key`.
+fn is_stored_in_run(
+    ctx: &mut WriteContext<'_>,
+    span_id: &str,
+    run_key: i64,
+) -> Result<bool, StoreError> {
+    if !ctx.keys.span_id_filter.may_be_taken(span_id) {
+        return Ok(false);
+    }
+    ctx.statement(concat!(
+        "SELECT run_key FROM activity_spans WHERE span_key = ",
+        span_key_of!("?1")
+    ))
+    .and_then(|stmt| {
+        stmt.query_row([span_id], |row| row.get::<_, i64>(0))
+            .optional()
+    })
+    .map(|stored| stored == Some(run_key))
+    .map_err(backend)
 }
 
 /// Whether a span with this id is stored and has not ended (the span-id filter answers most
@@ -264,7 +307,7 @@ fn insert_new_span(
                 run_key,
                 parent,
                 span.name,
-                kind_under(parent, &span.kind).as_str(),
+                kind_of(span, parent).as_str(),
                 span.origin.as_str(),
                 span.session_id,
                 span.job_name,
@@ -351,7 +394,7 @@ fn complete_open_span(
                 existing.span_key,
                 span.origin.as_str(),
                 span.name,
-                kind_under(parent, &span.kind).as_str(),
+                kind_of(span, parent).as_str(),
                 span.session_id,
                 span.job_name,
                 parent,
@@ -503,7 +546,7 @@ fn rollup_span(span: &ImportedSpan, parent: Option<&str>) -> RollupSpan {
         span_id: span.span_id.clone(),
         parent_span_id: parent.map(str::to_owned),
         is_root: parent.is_none(),
-        kind: kind_under(parent, &span.kind).into_owned(),
+        kind: kind_of(span, parent).into_owned(),
         origin: span.origin.clone(),
         name: span.name.clone(),
         session_id: span.session_id.clone(),
@@ -560,7 +603,7 @@ pub(crate) fn import_spans(
         // (New spans are not added to the writer's span-key cache: an importer delivers a span
         // whole, so no later call of this batch looks it up; the insert cost a clone and a hash
         // per span.)
-        let parent = stored_parent(ctx, span)?;
+        let parent = stored_parent(ctx, span, run_key)?;
         if let Some(span_key) = insert_new_span(ctx, prepared, parent, run_key, writer_key, now)? {
             log_change(ctx, run_key, span_key, None)?;
             if !prepared.events.is_empty() {

@@ -2441,6 +2441,7 @@ fn imported(
         end,
         usage: SpanUsage::default(),
         call_id: None,
+        remote_parent: None,
         events: vec![ImportedEvent {
             ts: 2,
             event_type: "imported".to_owned(),
@@ -2615,6 +2616,7 @@ impl ImportOp {
             }),
             usage: p.usages[self.usage].clone().unwrap_or_default(),
             call_id: None,
+            remote_parent: None,
             events: self
                 .events
                 .iter()

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use flightlog_core::activity::{
     ActivityStore, ChangeBody, EncodedAttrs, EndSpanInput, ImportedAttrs, ImportedEnd,
-    ImportedEvent, ImportedSpan, JsonObject, SpanKind, SpanOrigin, SpanOutcome, SpanUsage,
-    StartSpanInput,
+    ImportedEvent, ImportedSpan, JsonObject, RemoteParent, SpanKind, SpanOrigin, SpanOutcome,
+    SpanUsage, StartSpanInput,
 };
 use flightlog_core::ManualClock;
 use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
@@ -47,6 +47,7 @@ fn span(span_id: &str, parent: Option<&str>, kind: SpanKind, started_at: i64) ->
         }),
         usage: SpanUsage::default(),
         call_id: None,
+        remote_parent: None,
         events: Vec::new(),
     }
 }
@@ -203,6 +204,44 @@ async fn one_call_recorded_by_two_sibling_spans_counts_once() {
     fx.store.rollup_run("trace1").await.unwrap();
     let from_rows = fx.store.read_rollup("trace1").await.unwrap().unwrap();
     assert_eq!(from_rows.input_tokens, Some(140));
+}
+
+/// A span continued from a remote caller is a root, unless the caller's span is stored in the
+/// same run: then it is stored under it, with a child's kind (Logfire marks a streamed call's
+/// usage record's parent, its own agent, as remote; the audit found the call outside its
+/// agent). A caller not stored, or stored in another run, leaves it a root.
+#[tokio::test]
+async fn a_remote_parent_stored_in_the_same_run_is_kept() {
+    let fx = fixture();
+    let remote = |span_id: &str, run_id: &str, caller: &str| {
+        let mut span = span(span_id, None, SpanKind::Turn, 1_100);
+        span.run_id = run_id.to_owned();
+        span.remote_parent = Some(RemoteParent {
+            span_id: caller.to_owned(),
+            kind_under_it: SpanKind::Subagent,
+        });
+        span
+    };
+    fx.store
+        .import_spans(vec![span("agent", None, SpanKind::Turn, 1_000)])
+        .await
+        .unwrap();
+    fx.store
+        .import_spans(vec![
+            remote("under-agent", "trace1", "agent"),
+            remote("caller-elsewhere", "trace1", "not-stored"),
+            remote("other-run", "trace2", "agent"),
+        ])
+        .await
+        .unwrap();
+    let under = fx.store.get_span("under-agent").await.unwrap().unwrap();
+    assert_eq!(under.parent_span_id.as_deref(), Some("agent"));
+    assert_eq!(under.kind, SpanKind::Subagent);
+    for root in ["caller-elsewhere", "other-run"] {
+        let span = fx.store.get_span(root).await.unwrap().unwrap();
+        assert_eq!(span.parent_span_id, None, "{root}");
+        assert_eq!(span.kind, SpanKind::Turn, "{root}");
+    }
 }
 
 /// The root `root` of run `trace1` started through the native API (name "native name", kind

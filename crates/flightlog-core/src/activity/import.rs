@@ -41,6 +41,11 @@ pub struct ImportedSpan {
     pub run_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_span_id: Option<String>,
+    /// The parent a span continued from a remote caller names (it is then a root here,
+    /// `parent_span_id` `None`): when that span is stored in the same run, the store keeps it
+    /// as the parent (see `docs/otlp.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_parent: Option<RemoteParent>,
     pub name: String,
     pub kind: SpanKind,
     pub origin: SpanOrigin,
@@ -61,6 +66,16 @@ pub struct ImportedSpan {
     pub call_id: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<ImportedEvent>,
+}
+
+/// The remote parent of an imported span (see [`ImportedSpan::remote_parent`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteParent {
+    pub span_id: String,
+    /// The span's kind when it is stored under that parent (an agent's span is a `turn` at the
+    /// root, a `subagent` below another span).
+    pub kind_under_it: SpanKind,
 }
 
 /// An imported span's attrs: a map, or the text of one already encoded by the importer.

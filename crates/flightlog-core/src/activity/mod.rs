@@ -15,7 +15,7 @@ pub mod types;
 pub use batch::{ActivityWrite, ActivityWriteResult};
 pub use import::{
     EncodedAttrs, ImportRejection, ImportReport, ImportedAttrs, ImportedEnd, ImportedEvent,
-    ImportedSpan,
+    ImportedSpan, RemoteParent,
 };
 pub use listing::{RunCursor, RunListEntry, RunListQuery, RunPage, RunState};
 pub use payload::{cap_payload, CappedPayload, MAX_EVENT_PAYLOAD_BYTES, TRUNCATION_MARKER};

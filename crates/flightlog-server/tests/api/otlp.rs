@@ -257,6 +257,35 @@ async fn a_trace_whose_root_is_still_running_is_listed_open_with_its_usage_so_fa
     assert_eq!(run["rolledUp"], true, "{run}");
 }
 
+/// Logfire's shape: the agent announced as a pending span, then a streamed call's usage record
+/// whose parent, the agent, Logfire flags as remote (it re-attached the context). It was a
+/// second root of the run, outside its agent; the agent is stored in the run, so it is the
+/// record's parent, and the run's usage counts the call once.
+#[tokio::test]
+async fn a_remote_flagged_parent_already_in_the_run_stays_the_parent() {
+    let server = TestServer::start().await;
+    let agent_attrs = vec![text("gen_ai.operation.name", "invoke_agent")];
+    export(
+        &server,
+        vec![pending_span(9, 1, 1_000, "", agent_attrs.clone())],
+    )
+    .await;
+    let mut record = model_span(2, 1, 1_010, 700);
+    record.flags = 0x301;
+    let answer = export(&server, vec![record]).await;
+    assert_eq!(answer.partial_success, None);
+    let (_, call) = get_json(&server, &format!("/v1/activity/spans/{}", hex(2))).await;
+    assert_eq!(call["parentSpanId"], hex(1), "{call}");
+    assert_eq!(call["kind"], "model", "{call}");
+    assert_eq!(call["attrs"]["flightlog.remote_parent_span_id"], hex(1));
+    export(&server, vec![otlp_span(1, 0, 1_000, agent_attrs)]).await;
+    let (status, rollup) =
+        get_json(&server, &format!("/v1/activity/runs/{TRACE_HEX}/rollup")).await;
+    assert_eq!(status, 200, "{rollup}");
+    assert_eq!(rollup["inputTokens"], 700, "{rollup}");
+    assert_eq!(rollup["spanCount"], 2, "{rollup}");
+}
+
 #[tokio::test]
 async fn a_trace_continued_from_a_remote_caller_is_a_run_with_its_usage() {
     let server = TestServer::start().await;
@@ -628,8 +657,8 @@ async fn a_grpc_connection_that_sends_nothing_is_closed() {
 
 /// A span announced under a parent that has already ended (a caller exporting here too that
 /// did not wait for the callee, or a fire-and-forget task) is a root while it runs, so the run
-/// shows as running; its completed copy puts it where it belongs: a root when flagged as
-/// continuing a remote caller, under its parent otherwise.
+/// shows as running; its completed copy puts it where it belongs: under its parent, which is
+/// stored in the run, whether or not the copy flags it as a remote caller's.
 #[tokio::test]
 async fn a_span_announced_under_an_ended_parent_keeps_its_run_running() {
     let server = TestServer::start().await;
@@ -658,13 +687,13 @@ async fn a_span_announced_under_an_ended_parent_keeps_its_run_running() {
         "the run is running: {runs}"
     );
 
-    // The completed copies: the remote callee stays a root, the local task goes under its
-    // parent; then nothing runs.
+    // The completed copies: the remote callee and the local task go under their parent, the
+    // caller's span stored in the run; then nothing runs.
     let mut callee = otlp_span(2, 1, 1_040, Vec::new());
     callee.flags = 0x301;
     export(&server, vec![callee, otlp_span(3, 1, 1_045, Vec::new())]).await;
     let (_, callee) = get_json(&server, &format!("/v1/activity/spans/{}", hex(2))).await;
-    assert_eq!(callee["parentSpanId"], Value::Null, "{callee}");
+    assert_eq!(callee["parentSpanId"], hex(1), "{callee}");
     let (_, task) = get_json(&server, &format!("/v1/activity/spans/{}", hex(3))).await;
     assert_eq!(task["parentSpanId"], hex(1), "{task}");
     let (_, runs) = get_json(&server, "/v1/activity/runs?state=open").await;

@@ -226,6 +226,7 @@ pub fn ended_otlp_span(
         }),
         usage: SpanUsage::default(),
         call_id: None,
+        remote_parent: None,
         events: Vec::new(),
     }
 }
