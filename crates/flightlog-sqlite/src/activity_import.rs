@@ -179,7 +179,7 @@ fn stored_parent<'s>(
 ) -> Result<Option<&'s str>, StoreError> {
     match (&span.parent_span_id, &span.end, &span.remote_parent) {
         (Some(parent), None, _) if !parent_is_running(ctx, parent)? => Ok(None),
-        (None, _, Some(remote)) if is_stored_in_run(ctx, &remote.span_id, run_key)? => {
+        (None, _, Some(remote)) if may_adopt(ctx, &remote.span_id, &span.span_id, run_key)? => {
             Ok(Some(remote.span_id.as_str()))
         }
         (parent, _, _) => Ok(parent.as_deref()),
@@ -197,25 +197,47 @@ fn kind_of<'s>(span: &'s ImportedSpan, parent: Option<&str>) -> Cow<'s, SpanKind
     }
 }
 
-/// Whether a span with this id is stored in the run `run_key`.
-fn is_stored_in_run(
+/// How far up from a remote parent [`may_adopt`] looks for the span itself.
+const MAX_ADOPTION_WALK: usize = 64;
+
+/// Whether the span `own_id` may be stored under its remote parent `parent_id`: the parent is
+/// stored in the run `run_key`, and is not below the span itself (a child delivered earlier, or
+/// a pending span's descendant, named as its remote parent: the run would have no root). The
+/// walk up stops at a root, at a span of another run or not stored, or after
+/// [`MAX_ADOPTION_WALK`] steps (then the span is left a root).
+fn may_adopt(
     ctx: &mut WriteContext<'_>,
-    span_id: &str,
+    parent_id: &str,
+    own_id: &str,
     run_key: i64,
 ) -> Result<bool, StoreError> {
-    if !ctx.keys.span_id_filter.may_be_taken(span_id) {
-        return Ok(false);
+    let mut at = parent_id.to_owned();
+    for step in 0..MAX_ADOPTION_WALK {
+        if at == own_id {
+            return Ok(false);
+        }
+        if !ctx.keys.span_id_filter.may_be_taken(&at) {
+            // The parent itself must be stored; an ancestor that is not ends the walk.
+            return Ok(step > 0);
+        }
+        let stored: Option<(i64, Option<String>)> = ctx
+            .statement(concat!(
+                "SELECT run_key, parent_span_id FROM activity_spans WHERE span_key = ",
+                span_key_of!("?1")
+            ))
+            .and_then(|stmt| {
+                stmt.query_row([&at], |row| Ok((row.get(0)?, row.get(1)?)))
+                    .optional()
+            })
+            .map_err(backend)?;
+        match stored {
+            Some((stored_run, _)) if stored_run != run_key => return Ok(step > 0),
+            Some((_, Some(above))) => at = above,
+            Some((_, None)) => return Ok(true),
+            None => return Ok(step > 0),
+        }
     }
-    ctx.statement(concat!(
-        "SELECT run_key FROM activity_spans WHERE span_key = ",
-        span_key_of!("?1")
-    ))
-    .and_then(|stmt| {
-        stmt.query_row([span_id], |row| row.get::<_, i64>(0))
-            .optional()
-    })
-    .map(|stored| stored == Some(run_key))
-    .map_err(backend)
+    Ok(false)
 }
 
 /// Whether a span with this id is stored and has not ended (the span-id filter answers most

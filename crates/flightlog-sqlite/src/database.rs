@@ -668,12 +668,14 @@ pub fn real_database_path(path: &Path) -> PathBuf {
 fn check_path_shape(path: &Path) -> Result<(), StoreError> {
     let shown = path.display();
     if let Some(name) = path.file_name() {
-        // SQLite also makes `<name>-journal` (creating the file, before it switches to WAL),
-        // `<name>-wal` and `<name>-shm` beside it; flightlog's own side files shorten their
-        // names as needed (see `side_files`).
-        if name.len() + "-journal".len() > NAME_MAX {
+        // SQLite also makes `<name>-wal` and `<name>-shm` beside it, and `<name>-journal`
+        // while it creates the file (before it switches to WAL; a file in WAL mode never needs
+        // one, so an existing database keeps the longer limit it was made under). flightlog's
+        // own side files shorten their names as needed (see `side_files`).
+        let suffix = if path.exists() { "-wal" } else { "-journal" };
+        if name.len() + suffix.len() > NAME_MAX {
             return Err(StoreError::Backend(format!(
-                "the file name of {shown} is {} bytes long; with the `-journal` SQLite adds for \
+                "the file name of {shown} is {} bytes long; with the `{suffix}` SQLite adds for \
                  its companion files it must stay within {NAME_MAX} bytes: give a shorter name",
                 name.len()
             )));

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use flightlog_core::activity::{
     ActivityStore, ChangeBody, EncodedAttrs, EndSpanInput, ImportedAttrs, ImportedEnd,
-    ImportedEvent, ImportedSpan, JsonObject, RemoteParent, SpanKind, SpanOrigin, SpanOutcome,
-    SpanUsage, StartSpanInput,
+    ImportedEvent, ImportedSpan, JsonObject, RemoteParent, RunListQuery, SpanKind, SpanOrigin,
+    SpanOutcome, SpanUsage, StartSpanInput,
 };
 use flightlog_core::ManualClock;
 use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
@@ -201,9 +201,43 @@ async fn one_call_recorded_by_two_sibling_spans_counts_once() {
     assert_eq!(rollup.span_count, 4);
     assert_eq!(rollup.input_tokens, Some(140));
     assert_eq!(rollup.cost_usd, Some(0.5));
-    fx.store.rollup_run("trace1").await.unwrap();
-    let from_rows = fx.store.read_rollup("trace1").await.unwrap().unwrap();
-    assert_eq!(from_rows.input_tokens, Some(140));
+
+    // Both copies in the delivery that creates the run (rolled up from the delivered spans).
+    let mut in_one = vec![span("root2", None, SpanKind::Turn, 1_000)];
+    in_one.extend([with_call("a", 100, "msg_9"), with_call("b", 100, "msg_9")]);
+    for model in &mut in_one[1..] {
+        model.parent_span_id = Some("root2".into());
+    }
+    for span in &mut in_one {
+        span.run_id = "trace2".into();
+    }
+    fx.store.import_spans(in_one).await.unwrap();
+    let rollup = fx.store.read_rollup("trace2").await.unwrap().unwrap();
+    assert_eq!(rollup.input_tokens, Some(100));
+
+    // A run still awaiting its root is listed with the same sums.
+    let mut rootless = vec![with_call("c", 70, "msg_5"), with_call("d", 70, "msg_5")];
+    for span in &mut rootless {
+        span.run_id = "trace3".into();
+    }
+    fx.store.import_spans(rootless).await.unwrap();
+    let page = fx
+        .store
+        .list_runs(RunListQuery {
+            state: None,
+            outcome: None,
+            origin: None,
+            limit: 10,
+            before: None,
+        })
+        .await
+        .unwrap();
+    let listed = page
+        .runs
+        .iter()
+        .find(|run| run.run_id == "trace3")
+        .expect("the rootless run is listed");
+    assert_eq!(listed.input_tokens, Some(70));
 }
 
 /// A span continued from a remote caller is a root, unless the caller's span is stored in the
@@ -242,6 +276,27 @@ async fn a_remote_parent_stored_in_the_same_run_is_kept() {
         assert_eq!(span.parent_span_id, None, "{root}");
         assert_eq!(span.kind, SpanKind::Turn, "{root}");
     }
+
+    // A span whose remote parent is its own child (delivered before it) stays a root: under
+    // it, the two would hang from each other and the run would have no root.
+    let mut kid = span("kid", Some("looped"), SpanKind::Tool, 1_200);
+    kid.run_id = "trace4".into();
+    fx.store.import_spans(vec![kid]).await.unwrap();
+    fx.store
+        .import_spans(vec![remote("looped", "trace4", "kid")])
+        .await
+        .unwrap();
+    let looped = fx.store.get_span("looped").await.unwrap().unwrap();
+    assert_eq!(looped.parent_span_id, None);
+    // … and one under a parent adopted in the same delivery that creates the run.
+    let mut first = span("first", None, SpanKind::Turn, 1_000);
+    first.run_id = "trace5".into();
+    fx.store
+        .import_spans(vec![first, remote("second", "trace5", "first")])
+        .await
+        .unwrap();
+    let second = fx.store.get_span("second").await.unwrap().unwrap();
+    assert_eq!(second.parent_span_id.as_deref(), Some("first"));
 }
 
 /// The root `root` of run `trace1` started through the native API (name "native name", kind

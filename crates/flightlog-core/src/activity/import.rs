@@ -60,8 +60,9 @@ pub struct ImportedSpan {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end: Option<ImportedEnd>,
     pub usage: SpanUsage,
-    /// The provider's id of the model call (`gen_ai.response.id`), when the span names one: the
-    /// rollup counts one call once, however many spans record it.
+    /// The provider's id of the model call (over OTLP `gen_ai.response.id`, else
+    /// `ai.response.id`), when a model span names one: the rollup counts one call once, however
+    /// many spans record it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_id: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

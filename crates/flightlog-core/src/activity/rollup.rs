@@ -238,36 +238,48 @@ fn counted_model_usage(spans: &[RollupSpan]) -> Vec<Option<SpanUsage>> {
 }
 
 /// Of the counted model spans that name one provider call (the same [`RollupSpan::call_id`]),
-/// keep one: two instrumentations that see one call side by side rather than nested (the
+/// count one: two instrumentations that see one call side by side rather than nested (the
 /// Anthropic SDK's own `anthropic.messages.create` span beside Traceloop's `anthropic.chat`,
 /// which does not make itself current) each report its usage, and the run counted it twice
-/// (an audit). The one kept reports the most usage fields; on a tie, the first to start.
+/// (an audit). The one counted reports the most usage fields (on a tie, the first to start),
+/// and takes each field it lacks from the others (one reports the cost, another the cache
+/// counts: the call has both, once).
 fn count_each_call_once(spans: &[RollupSpan], counted: &mut [Option<SpanUsage>]) {
     let mut kept: HashMap<&str, usize> = HashMap::new();
     for index in 0..spans.len() {
         let Some(call_id) = spans[index].call_id.as_deref().filter(|id| !id.is_empty()) else {
             continue;
         };
-        let Some(usage) = &counted[index] else {
+        let Some(usage) = counted[index].take() else {
             continue;
         };
-        let fields = usage_field_set(usage).count_ones();
-        match kept.get(call_id) {
-            None => {
+        let Some(&first) = kept.get(call_id) else {
+            kept.insert(call_id, index);
+            counted[index] = Some(usage);
+            continue;
+        };
+        let held = counted[first].take().unwrap_or_default();
+        let (winner, filler) =
+            if usage_field_set(&usage).count_ones() > usage_field_set(&held).count_ones() {
                 kept.insert(call_id, index);
-            }
-            Some(&first) => {
-                let first_fields = counted[first]
-                    .as_ref()
-                    .map_or(0, |usage| usage_field_set(usage).count_ones());
-                if fields > first_fields {
-                    counted[first] = None;
-                    kept.insert(call_id, index);
-                } else {
-                    counted[index] = None;
-                }
-            }
-        }
+                (usage, held)
+            } else {
+                (held, usage)
+            };
+        let at = kept.get(call_id).copied().unwrap_or(first);
+        counted[at] = Some(fill_missing_fields(winner, &filler));
+    }
+}
+
+/// `usage` with each count and cost it lacks taken from `other`.
+fn fill_missing_fields(usage: SpanUsage, other: &SpanUsage) -> SpanUsage {
+    SpanUsage {
+        input_tokens: usage.input_tokens.or(other.input_tokens),
+        output_tokens: usage.output_tokens.or(other.output_tokens),
+        cache_read_tokens: usage.cache_read_tokens.or(other.cache_read_tokens),
+        cache_creation_tokens: usage.cache_creation_tokens.or(other.cache_creation_tokens),
+        cost_usd: usage.cost_usd.or(other.cost_usd),
+        model: usage.model.or_else(|| other.model.clone()),
     }
 }
 
@@ -394,6 +406,9 @@ mod tests {
             model.call_id = call.map(str::to_owned);
             model
         };
+        let mut cached = model("cached", Some("msg_3"), 1_000, None);
+        cached.usage.cache_read_tokens = Some(600);
+        cached.usage.output_tokens = Some(20);
         let spans = [
             root,
             model("sdk", Some("msg_1"), 100, None),
@@ -401,10 +416,15 @@ mod tests {
             model("second", Some("msg_2"), 10, Some(0.25)),
             model("anonymous", None, 1, None),
             model("blank", Some(""), 1, None),
+            // One call, its cost on one copy and its cache counts on the other: both count.
+            model("priced", Some("msg_3"), 1_000, Some(0.125)),
+            cached,
         ];
         let fields = compute_rollup(&spans).expect("a rollup");
-        assert_eq!(fields.input_tokens, Some(112));
-        assert_eq!(fields.cost_usd, Some(0.75));
+        assert_eq!(fields.input_tokens, Some(1_112));
+        assert_eq!(fields.cost_usd, Some(0.875));
+        assert_eq!(fields.cache_read_tokens, Some(600));
+        assert_eq!(fields.output_tokens, Some(20));
     }
 
     #[test]
