@@ -30,7 +30,7 @@ use utoipa_axum::routes;
 
 use crate::auth::{is_read_method, required_access, Access};
 use crate::error::{ApiError, ErrorBody};
-use crate::routes::otlp::{is_otlp_path, LOGS_PATH, METRICS_PATH, TRACES_PATH};
+use crate::routes::otlp::{is_otlp_path, LOGS_PATH, METRICS_PATH};
 use crate::state::AppState;
 use crate::validate::MAX_ID_BYTES;
 
@@ -227,8 +227,9 @@ fn protobuf_message(description: &str) -> RefOr<Schema> {
 }
 
 /// The OTLP export routes: the protobuf request and success bodies are messages (bytes); the
-/// JSON request is an OTLP/JSON export request (`resourceSpans` for traces, which must be there;
-/// `resourceMetrics` or `resourceLogs`, which may be left out of an empty export).
+/// JSON request is an OTLP/JSON export request (`resourceSpans`, `resourceMetrics` or
+/// `resourceLogs`, each of which may be left out of an empty export, as OTLP allows: `{}` is
+/// answered 200).
 fn protobuf_bodies_are_bytes(operation: &mut Operation, path: &str) {
     let (package, message, resources) = match path {
         METRICS_PATH => ("metrics", "Metrics", "resourceMetrics"),
@@ -242,7 +243,7 @@ fn protobuf_bodies_are_bytes(operation: &mut Operation, path: &str) {
             )));
         }
         if let Some(content) = body.content.get_mut("application/json") {
-            let mut schema = utoipa::openapi::ObjectBuilder::new()
+            let schema = utoipa::openapi::ObjectBuilder::new()
                 .schema_type(utoipa::openapi::schema::Type::Object)
                 .property(
                     resources,
@@ -255,9 +256,6 @@ fn protobuf_bodies_are_bytes(operation: &mut Operation, path: &str) {
                     "An `Export{message}ServiceRequest` in OTLP/JSON (see docs/otlp.md for the \
                      field spellings read)."
                 )));
-            if path == TRACES_PATH {
-                schema = schema.required(resources);
-            }
             content.schema = Some(RefOr::T(Schema::Object(schema.build())));
         }
     }

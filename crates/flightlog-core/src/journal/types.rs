@@ -261,22 +261,27 @@ pub struct Projection {
     pub at: i64,
 }
 
-/// Budget amounts, one per `BUDGET_KEYS` entry. JavaScript numbers: fractions are allowed.
+/// Budget amounts, one per `BUDGET_KEYS` entry. JavaScript numbers: fractions are allowed, and
+/// a sum beyond a double's range is written `null`, as JavaScript writes Infinity.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BudgetAmounts {
     /// Model invocations.
     #[serde(serialize_with = "serialize_js_number")]
+    #[cfg_attr(feature = "openapi", schema(nullable = true))]
     pub model_calls: f64,
     /// Tokens.
     #[serde(serialize_with = "serialize_js_number")]
+    #[cfg_attr(feature = "openapi", schema(nullable = true))]
     pub tokens: f64,
     /// Wall-clock milliseconds.
     #[serde(serialize_with = "serialize_js_number")]
+    #[cfg_attr(feature = "openapi", schema(nullable = true))]
     pub wall_ms: f64,
     /// Side effects (writes, sends, …).
     #[serde(serialize_with = "serialize_js_number")]
+    #[cfg_attr(feature = "openapi", schema(nullable = true))]
     pub side_effects: f64,
 }
 

@@ -25,8 +25,9 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ClockBody {
-    /// The new time, epoch milliseconds.
+    /// The new time, epoch milliseconds (below 2^53 either way, as every time of the API).
     #[serde(deserialize_with = "flightlog_core::json_number::integral_i64")]
+    #[schema(minimum = -9_007_199_254_740_991_i64, maximum = 9_007_199_254_740_991_i64)]
     now: i64,
 }
 
