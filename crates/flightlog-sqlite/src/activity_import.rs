@@ -186,14 +186,17 @@ fn stored_parent<'s>(
     }
 }
 
-/// The kind `span` is stored with under `parent`: its own, or a child's when it was stored
-/// under its remote parent.
+/// The kind `span` is stored with under `parent`. The OTLP mapping names an agent span `turn`
+/// at the root and `subagent` below one (docs/otlp.md), judging by the parent it was given; a
+/// span [`stored_parent`] makes a root is named as a root, and one it stores under its remote
+/// parent gets the kind the mapping gave it for there.
 fn kind_of<'s>(span: &'s ImportedSpan, parent: Option<&str>) -> Cow<'s, SpanKind> {
-    match &span.remote_parent {
-        Some(remote) if span.parent_span_id.is_none() && parent.is_some() => {
+    match (&span.remote_parent, parent, &span.kind) {
+        (Some(remote), Some(_), _) if span.parent_span_id.is_none() => {
             Cow::Borrowed(&remote.kind_under_it)
         }
-        _ => kind_under(parent, &span.kind),
+        (_, None, SpanKind::Subagent) => Cow::Owned(SpanKind::Turn),
+        _ => Cow::Borrowed(&span.kind),
     }
 }
 
@@ -253,16 +256,6 @@ fn parent_is_running(ctx: &mut WriteContext<'_>, span_id: &str) -> Result<bool, 
     .and_then(|stmt| stmt.query_row([span_id], |row| row.get(0)).optional())
     .map(|running| running.unwrap_or(false))
     .map_err(backend)
-}
-
-/// The kind a span is stored with under `parent`. The OTLP mapping names an agent span `turn`
-/// at the root and `subagent` below one (docs/otlp.md), judging by the parent it was given; a
-/// span [`stored_parent`] makes a root is named as a root.
-fn kind_under<'k>(parent: Option<&str>, kind: &'k SpanKind) -> Cow<'k, SpanKind> {
-    match (parent, kind) {
-        (None, SpanKind::Subagent) => Cow::Owned(SpanKind::Turn),
-        _ => Cow::Borrowed(kind),
-    }
 }
 
 /// Insert the span if its id is free, under `parent` (see [`stored_parent`]); `Some(span_key)`

@@ -109,18 +109,8 @@ pub fn compute_rollup(spans_by_start: &[RollupSpan]) -> Option<RollupFields> {
     let usage = if carries_all_usage(&root.usage) {
         root.usage.clone()
     } else {
-        let models = sum_model_usage(spans_by_start);
-        SpanUsage {
-            input_tokens: root.usage.input_tokens.or(models.input_tokens),
-            output_tokens: root.usage.output_tokens.or(models.output_tokens),
-            cache_read_tokens: root.usage.cache_read_tokens.or(models.cache_read_tokens),
-            cache_creation_tokens: root
-                .usage
-                .cache_creation_tokens
-                .or(models.cache_creation_tokens),
-            cost_usd: root.usage.cost_usd.or(models.cost_usd),
-            ..root.usage.clone()
-        }
+        // The models' sum carries no model name, so the root's stays.
+        fill_missing_fields(root.usage.clone(), &sum_model_usage(spans_by_start))
     };
     Some(RollupFields {
         origin: root.origin.clone(),
@@ -259,14 +249,13 @@ fn count_each_call_once(spans: &[RollupSpan], counted: &mut [Option<SpanUsage>])
             continue;
         };
         let held = counted[first].take().unwrap_or_default();
-        let (winner, filler) =
+        let (at, winner, filler) =
             if usage_field_set(&usage).count_ones() > usage_field_set(&held).count_ones() {
                 kept.insert(call_id, index);
-                (usage, held)
+                (index, usage, held)
             } else {
-                (held, usage)
+                (first, held, usage)
             };
-        let at = kept.get(call_id).copied().unwrap_or(first);
         counted[at] = Some(fill_missing_fields(winner, &filler));
     }
 }
