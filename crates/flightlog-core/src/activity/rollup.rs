@@ -18,11 +18,12 @@
 //! counted instead of it (the outer one's cost, priced without the cache, was 9% high), provided
 //! each of them reports every field the outer one does (else the outer one counts alone: a field
 //! is never taken twice, nor lost). Model spans side by side that name one provider call (the
-//! same response id: two instrumentations, neither nested in the other) count once. A field the
+//! same response id: two instrumentations, neither nested in the other) count once, and a span
+//! counted in place of inner ones stands for their calls. A field the
 //! root carries wins, so no field is ever counted twice.
 //! The reference has no `model` kind, so its behaviour is unchanged.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::types::{SpanKind, SpanOrigin, SpanOutcome, SpanRow, SpanUsage};
 
@@ -223,8 +224,63 @@ fn counted_model_usage(spans: &[RollupSpan]) -> Vec<Option<SpanUsage>> {
             _ => counted[index] = Some(spans[index].usage.clone()),
         }
     }
-    count_each_call_once(spans, &mut counted);
+    let calls = calls_stood_for(spans, &counted, &nearest);
+    count_each_call_once(&calls, &mut counted);
     counted
+}
+
+/// The provider call each counted span stands for, when one is known: its own call id, else the
+/// calls named by the reporting model spans it is counted in place of (below it, not counted).
+/// A framework's span with no id around an instrumentation's span with id X stands for X, so a
+/// third copy of X beside them (another instrumentation that does not nest) counts once too.
+fn calls_stood_for<'a>(
+    spans: &'a [RollupSpan],
+    counted: &[Option<SpanUsage>],
+    nearest: &[Option<usize>],
+) -> Vec<CallsStoodFor<'a>> {
+    let call_id = |index: usize| spans[index].call_id.as_deref().filter(|id| !id.is_empty());
+    let mut calls: Vec<CallsStoodFor<'a>> = (0..spans.len())
+        .map(|index| match (counted[index].is_some(), call_id(index)) {
+            (true, Some(id)) => CallsStoodFor::Own(id),
+            _ => CallsStoodFor::Unknown,
+        })
+        .collect();
+    for index in 0..spans.len() {
+        let Some(id) = call_id(index).filter(|_| counted[index].is_none()) else {
+            continue;
+        };
+        // Up the nearest reporting model spans to the counted one; ids are the writers', so a
+        // chain may come back on itself: it is walked at most once around.
+        let mut above = nearest[index];
+        for _ in 0..spans.len() {
+            let Some(at) = above else { break };
+            if counted[at].is_some() {
+                match &mut calls[at] {
+                    CallsStoodFor::Own(_) => {}
+                    unknown @ CallsStoodFor::Unknown => *unknown = CallsStoodFor::Inner(vec![id]),
+                    CallsStoodFor::Inner(ids) => {
+                        if !ids.contains(&id) {
+                            ids.push(id);
+                        }
+                    }
+                }
+                break;
+            }
+            above = nearest[at];
+        }
+    }
+    calls
+}
+
+/// What [`calls_stood_for`] knows of one span.
+#[derive(Debug, Clone, PartialEq)]
+enum CallsStoodFor<'a> {
+    /// Not counted, or no call id at or below it.
+    Unknown,
+    /// Counted, and the call id is its own.
+    Own(&'a str),
+    /// Counted in place of model spans below it that name these calls.
+    Inner(Vec<&'a str>),
 }
 
 /// Of the counted model spans that name one provider call (the same [`RollupSpan::call_id`]),
@@ -233,13 +289,31 @@ fn counted_model_usage(spans: &[RollupSpan]) -> Vec<Option<SpanUsage>> {
 /// which does not make itself current) each report its usage, and the run counted it twice
 /// (an audit). The one counted reports the most usage fields (on a tie, the first to start),
 /// and takes each field it lacks from the others (one reports the cost, another the cache
-/// counts: the call has both, once).
-fn count_each_call_once(spans: &[RollupSpan], counted: &mut [Option<SpanUsage>]) {
+/// counts: the call has both, once). A span counted in place of inner spans of several calls
+/// holds their sum, so a copy of one of those calls elsewhere is left out and lends it nothing.
+fn count_each_call_once(calls: &[CallsStoodFor<'_>], counted: &mut [Option<SpanUsage>]) {
+    let within_several: HashSet<&str> = calls
+        .iter()
+        .filter_map(|calls| match calls {
+            CallsStoodFor::Inner(ids) if ids.len() > 1 => Some(ids.iter().copied()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
     let mut kept: HashMap<&str, usize> = HashMap::new();
-    for index in 0..spans.len() {
-        let Some(call_id) = spans[index].call_id.as_deref().filter(|id| !id.is_empty()) else {
-            continue;
+    for index in 0..calls.len() {
+        let call_id = match &calls[index] {
+            CallsStoodFor::Own(id) => *id,
+            CallsStoodFor::Inner(ids) => match ids.as_slice() {
+                [id] => *id,
+                _ => continue,
+            },
+            CallsStoodFor::Unknown => continue,
         };
+        if within_several.contains(&call_id) {
+            counted[index] = None;
+            continue;
+        }
         let Some(usage) = counted[index].take() else {
             continue;
         };
@@ -414,6 +488,49 @@ mod tests {
         assert_eq!(fields.cost_usd, Some(0.875));
         assert_eq!(fields.cache_read_tokens, Some(600));
         assert_eq!(fields.output_tokens, Some(20));
+    }
+
+    /// A framework's model span with no call id around an instrumentation's span of call X (the
+    /// same fields, so the wrapper counts), and a third instrumentation's span of X beside them:
+    /// the wrapper stands for X, so X counts once. A wrapper around two calls holds both, so a
+    /// copy of either elsewhere counts nothing more.
+    #[test]
+    fn a_wrapper_counted_for_an_inner_call_stands_for_that_call() {
+        let model = |id: &str, parent: &str, call: Option<&str>, input: i64| {
+            let mut model = span(id, Some(parent), 2);
+            model.kind = SpanKind::Model;
+            model.usage.input_tokens = Some(input);
+            model.call_id = call.map(str::to_owned);
+            model
+        };
+        let spans = [
+            span("root", None, 1),
+            model("framework", "root", None, 100),
+            model("openai", "framework", Some("chatcmpl-1"), 100),
+            model("traceloop", "root", Some("chatcmpl-1"), 100),
+            model("other-call", "root", Some("chatcmpl-2"), 7),
+        ];
+        let fields = compute_rollup(&spans).expect("a rollup");
+        assert_eq!(fields.input_tokens, Some(107));
+
+        let spans = [
+            span("root", None, 1),
+            model("batch", "root", None, 30),
+            model("first", "batch", Some("a"), 10),
+            model("second", "batch", Some("b"), 20),
+            model("copy-of-b", "root", Some("b"), 20),
+            model("unrelated", "root", Some("c"), 1),
+        ];
+        let fields = compute_rollup(&spans).expect("a rollup");
+        assert_eq!(fields.input_tokens, Some(31));
+
+        // Parents that point at each other (ids are the writers'): the walks up end.
+        let spans = [
+            span("root", None, 1),
+            model("x", "y", Some("p"), 1),
+            model("y", "x", Some("q"), 2),
+        ];
+        assert!(compute_rollup(&spans).is_some());
     }
 
     #[test]
