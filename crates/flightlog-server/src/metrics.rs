@@ -668,7 +668,7 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
     tag = tags::OPERATIONS,
     operation_id = "metrics",
     responses(
-        (status = 200, description = "The exposition.", content_type = "text/plain; version=0.0.4", body = String),
+        (status = 200, description = "The exposition.", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String),
     ),
 )]
 async fn metrics(State(state): State<AppState>) -> Response {

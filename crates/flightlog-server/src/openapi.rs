@@ -226,7 +226,8 @@ fn protobuf_message(description: &str) -> RefOr<Schema> {
     ))
 }
 
-/// The OTLP export routes: the protobuf request and success bodies are messages (bytes); the
+/// The OTLP export routes: the protobuf request (`application/x-protobuf`, or
+/// `application/protobuf`) and success bodies are messages (bytes); the
 /// JSON request is an OTLP/JSON export request (`resourceSpans`, `resourceMetrics` or
 /// `resourceLogs`, each of which may be left out of an empty export, as OTLP allows: `{}` is
 /// answered 200).
@@ -241,6 +242,11 @@ fn protobuf_bodies_are_bytes(operation: &mut Operation, path: &str) {
             content.schema = Some(protobuf_message(&format!(
                 "An `opentelemetry.proto.collector.{package}.v1.Export{message}ServiceRequest`."
             )));
+        }
+        // `application/protobuf` (the IANA name some exporters send) is read the same way.
+        if let Some(content) = body.content.get("application/x-protobuf").cloned() {
+            body.content
+                .insert("application/protobuf".to_owned(), content);
         }
         if let Some(content) = body.content.get_mut("application/json") {
             let schema = utoipa::openapi::ObjectBuilder::new()

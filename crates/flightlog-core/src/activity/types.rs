@@ -215,6 +215,27 @@ pub struct SpanUsage {
     pub model: Option<String>,
 }
 
+/// Token usage as writes may send it: the fields of `SpanUsage`, each of which may also be
+/// `null`, read as absent. (Served spans never carry `null` there: an absent field is omitted.)
+#[cfg(feature = "openapi")]
+#[derive(utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[allow(dead_code)] // never built: it only describes what writes accept
+pub struct SpanUsageInput {
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_991_i64)]
+    input_tokens: Option<i64>,
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_991_i64)]
+    output_tokens: Option<i64>,
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_991_i64)]
+    cache_read_tokens: Option<i64>,
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_991_i64)]
+    cache_creation_tokens: Option<i64>,
+    /// USD, below 10^15.
+    #[schema(minimum = 0)]
+    cost_usd: Option<f64>,
+    model: Option<String>,
+}
+
 /// One span as stored: the unit of agent work.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -431,6 +452,7 @@ pub struct EndSpanInput {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "object_or_null"
     )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<SpanUsageInput>))]
     pub usage: Option<SpanUsage>,
     /// Merged shallowly over the stored attrs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -453,6 +475,7 @@ pub struct SpanPatch {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "object_or_null"
     )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<SpanUsageInput>))]
     pub usage: Option<SpanUsage>,
     #[serde(
         default,

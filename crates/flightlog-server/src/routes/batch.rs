@@ -47,6 +47,23 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(batch))
 }
 
+/// Say in `document` how many ops a batch may hold on this server
+/// (`ServerConfig::max_batch_ops`, 1,000 by default): the `maxItems` of [`BatchBody`]'s `ops`.
+pub(crate) fn document_op_limit(document: &mut utoipa::openapi::OpenApi, max_ops: usize) {
+    use utoipa::openapi::schema::Schema;
+    use utoipa::openapi::RefOr;
+    let Some(RefOr::T(Schema::Object(body))) = document
+        .components
+        .as_mut()
+        .and_then(|components| components.schemas.get_mut("BatchBody"))
+    else {
+        return;
+    };
+    if let Some(RefOr::T(Schema::Array(ops))) = body.properties.get_mut("ops") {
+        ops.max_items = Some(max_ops);
+    }
+}
+
 /// The batch body.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -118,8 +118,9 @@ struct EngagementAppendBody {
     /// The payload, stored verbatim.
     #[schema(value_type = Object)]
     data: Value,
-    /// When given, the append succeeds only if this is the seq it gets (else 409 `conflict`).
-    #[schema(nullable = false, minimum = 0, maximum = 9_007_199_254_740_991_i64)]
+    /// When given, the append succeeds only if this is the seq it gets (else 409 `conflict`);
+    /// `null` is the same as leaving it out.
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_991_i64)]
     expected_seq: Option<i64>,
     /// May be given only if equal to the path's id.
     #[schema(nullable = false)]

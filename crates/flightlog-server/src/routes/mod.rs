@@ -46,6 +46,7 @@ pub(crate) fn router(state: &AppState) -> (Router<AppState>, OpenApi) {
     }
     let (router, mut document) = router.split_for_parts();
     openapi::finish(&mut document);
+    batch::document_op_limit(&mut document, state.config().max_batch_ops);
     // `method_not_allowed_fallback` applies to the routes registered so far, so it comes last;
     // axum still adds the `Allow` header to its answer.
     let router = router

@@ -666,6 +666,12 @@ async fn batch_runs_each_op_in_order_and_reports_failures_in_place() {
         ..Options::default()
     })
     .await;
+    // The document says this server's limit.
+    let document = server.get("/openapi.json").await.assert_status(200).clone();
+    assert_eq!(
+        document["components"]["schemas"]["BatchBody"]["properties"]["ops"]["maxItems"],
+        json!(8)
+    );
     let mut start = start_input("s1", "r1", None, 1000);
     start["op"] = json!("startSpan");
     let mut duplicate = start.clone();

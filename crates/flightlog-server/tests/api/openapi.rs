@@ -219,6 +219,76 @@ async fn record_schemas_keep_the_wire_spelling() {
             "{schema}.{field} is declared nullable: {property}"
         );
     }
+    // What writes take is described apart: a writer may send `null` for a usage field or for
+    // `expectedSeq`, read as absent (the server takes it, so the document must not refuse it).
+    for schema in ["EndSpanInput", "SpanPatch"] {
+        let usage = schemas[schema]["properties"]["usage"].to_string();
+        assert!(
+            usage.contains("#/components/schemas/SpanUsageInput"),
+            "{schema}: {usage}"
+        );
+    }
+    let usage_input = &schemas["SpanUsageInput"];
+    assert_eq!(usage_input["additionalProperties"], json!(false));
+    for field in [
+        "inputTokens",
+        "outputTokens",
+        "cacheReadTokens",
+        "cacheCreationTokens",
+        "costUsd",
+        "model",
+    ] {
+        let property = &usage_input["properties"][field];
+        assert!(
+            property["type"]
+                .as_array()
+                .is_some_and(|types| types.contains(&json!("null"))),
+            "SpanUsageInput.{field}: {property}"
+        );
+    }
+    let append = &schemas["EngagementAppendBody"]["properties"]["expectedSeq"];
+    assert!(
+        append["type"]
+            .as_array()
+            .is_some_and(|types| types.contains(&json!("null"))),
+        "{append}"
+    );
+    let span = json!({"spanId": "null-usage", "runId": "null-usage", "name": "n", "kind": "model", "origin": "session"});
+    server
+        .post("/v1/activity/spans", &span)
+        .await
+        .assert_status(201);
+    let nulls = json!({"inputTokens": null, "outputTokens": 3, "cacheReadTokens": null,
+        "cacheCreationTokens": null, "costUsd": null, "model": null});
+    server
+        .send(
+            Method::PATCH,
+            "/v1/activity/spans/null-usage",
+            Some(&json!({"usage": nulls})),
+            None,
+        )
+        .await
+        .assert_status(200);
+    server
+        .post(
+            "/v1/activity/spans/null-usage/end",
+            &json!({"outcome": "success", "usage": nulls}),
+        )
+        .await
+        .assert_status(200);
+    let stored = server
+        .get("/v1/activity/spans/null-usage")
+        .await
+        .assert_status(200)
+        .clone();
+    assert_eq!(stored["usage"], json!({"outputTokens": 3}), "{stored}");
+    server
+        .post(
+            "/v1/engagements/null-seq/events",
+            &json!({"type": "t", "at": 1, "data": {}, "expectedSeq": null}),
+        )
+        .await
+        .assert_status(201);
     // Every 503 carries `Retry-After`, the shared one and a handler's own.
     let mut without = Vec::new();
     for (path, item) in document["paths"].as_object().cloned().unwrap_or_default() {
@@ -400,6 +470,7 @@ async fn headers_protobuf_bodies_and_times_are_described_as_the_server_takes_the
     let traces = &document["paths"]["/v1/traces"]["post"];
     for schema in [
         &traces["requestBody"]["content"]["application/x-protobuf"]["schema"],
+        &traces["requestBody"]["content"]["application/protobuf"]["schema"],
         &traces["responses"]["200"]["content"]["application/x-protobuf"]["schema"],
     ] {
         assert_eq!(schema["type"], json!("string"), "{schema}");
@@ -418,6 +489,21 @@ async fn headers_protobuf_bodies_and_times_are_described_as_the_server_takes_the
             .is_some_and(|types| types.contains(&json!("null"))),
         "{tokens}"
     );
+    // `/metrics` is documented with the content type it is served with.
+    let metrics = server
+        .client
+        .get(format!("{}/metrics", server.base))
+        .send()
+        .await
+        .expect("scrape");
+    let served = metrics
+        .headers()
+        .get("content-type")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let documented = &document["paths"]["/metrics"]["get"]["responses"]["200"]["content"];
+    assert!(documented.get(&served).is_some(), "{served}: {documented}");
     // An empty export (`{}`) is answered 200, as OTLP allows: nothing is required.
     let traces_json = &traces["requestBody"]["content"]["application/json"]["schema"];
     assert_eq!(traces_json["required"], Value::Null, "{traces_json}");
