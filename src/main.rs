@@ -147,9 +147,10 @@ struct ServeArgs {
         verbatim_doc_comment
     )]
     journal_max_age_ms: Option<String>,
-    /// How long a write waits, in ms, while another process holds the database's write lock
-    /// (a long transaction in a `sqlite3` shell, say) before it is answered 503 with
-    /// Retry-After, nothing written.
+    /// How long the writer waits, in ms, for the database's write lock while another process
+    /// holds it (a long transaction in a `sqlite3` shell, say) before the writes waiting are
+    /// answered 503 with Retry-After, nothing written. Writes queued behind one that waits
+    /// wait their turn first, so a request may take up to about twice this.
     /// [env: FLIGHTLOG_WRITE_LOCK_WAIT_MS] [file: write_lock_wait_ms] [default: 10000]
     #[arg(
         long,
@@ -229,13 +230,14 @@ struct ServeArgs {
     allow_unauthenticated_non_loopback: bool,
     /// Testing: the stores read a clock that starts at 0 and moves only through
     /// PUT /v1/testing/clock (a route that exists only with this flag and needs admin).
+    /// [env: FLIGHTLOG_MANUAL_CLOCK] [file: manual_clock]
     #[arg(long, verbatim_doc_comment)]
     manual_clock: bool,
 }
 
 impl ServeArgs {
-    fn into_flags(self) -> (ServeFlags, bool) {
-        let flags = ServeFlags {
+    fn into_flags(self) -> ServeFlags {
+        ServeFlags {
             config: self.config,
             db: self.db,
             addr: self.addr,
@@ -254,8 +256,8 @@ impl ServeArgs {
             prune_after_ms: self.prune_after_ms,
             tokens: self.tokens,
             allow_unauthenticated_non_loopback: self.allow_unauthenticated_non_loopback,
-        };
-        (flags, self.manual_clock)
+            manual_clock: self.manual_clock,
+        }
     }
 }
 
@@ -298,10 +300,7 @@ fn main() -> ExitCode {
                 Ok(db) => demo::run(&db, runs as usize).await,
                 Err(err) => Err(err),
             },
-            Command::Serve(args) => {
-                let (flags, manual_clock) = args.into_flags();
-                serve::run(&flags, manual_clock).await
-            }
+            Command::Serve(args) => serve::run(&args.into_flags()).await,
         }
     });
     match result {

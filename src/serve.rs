@@ -37,7 +37,7 @@ const GRPC_ADDR_SOURCES: &str =
 
 /// Run the server until Ctrl-C, then shut down gracefully. `flags` are the command line's
 /// settings; the rest come from `FLIGHTLOG_*` variables and the config file.
-pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
+pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
     // Listen for Ctrl-C and SIGTERM from the start: a signal during start-up (opening the
     // database, the boot sweep) then stops the server as soon as it is up, through the same
     // clean stop, instead of killing the process mid-sweep with its WAL left behind.
@@ -160,7 +160,7 @@ pub async fn run(flags: &ServeFlags, manual_clock: bool) -> anyhow::Result<()> {
             settings.db.display()
         )
     })?;
-    let manual_clock = manual_clock.then(|| Arc::new(ManualClock::new(0)));
+    let manual_clock = settings.manual_clock.then(|| Arc::new(ManualClock::new(0)));
     let clock: Arc<dyn Clock> = match &manual_clock {
         Some(clock) => clock.clone(),
         None => Arc::new(SystemClock),

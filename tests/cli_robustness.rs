@@ -762,6 +762,7 @@ fn bad_addresses_are_refused_with_the_valid_form() {
         ("127.0.0.1 :0", "\"127.0.0.1 :0\""),
         ("", "\"\""),
         ("4318", "\"4318\""),
+        ("::1:4318", "\"::1:4318\""),
         ("true", "\"true\""),
     ] {
         refuse_everywhere(&scratch, &good, &ADDR, text, toml, &["{origin} = ", fix]);
@@ -769,7 +770,6 @@ fn bad_addresses_are_refused_with_the_valid_form() {
     let grpc_fix = "is not valid: give HOST:PORT, such as 127.0.0.1:4317, or `off`";
     for (text, toml) in [
         ("bad", "\"bad\""),
-        ("OFF", "\"OFF\""),
         ("no", "\"no\""),
         ("127.0.0.1:99999", "\"127.0.0.1:99999\""),
         ("", "\"\""),
@@ -1449,7 +1449,7 @@ fn config_files_that_are_missing_unreadable_not_toml_or_unknown_are_refused() {
             "journal.retention",
         ),
         ("token = \"abc\"", "token"),
-        ("manual_clock = true", "manual_clock"),
+        ("manualclock = true", "manualclock"),
     ] {
         fs::write(&config, format!("{toml}\n")).expect("write config");
         let mut args = base.clone();

@@ -176,6 +176,13 @@ pub const ALLOW_UNAUTHENTICATED_NON_LOOPBACK: Setting = Setting {
     key: "allow_unauthenticated_non_loopback",
     toml: TomlType::Boolean,
 };
+/// The testing clock: starts at 0 and moves only through `PUT /v1/testing/clock`.
+pub const MANUAL_CLOCK: Setting = Setting {
+    flag: "--manual-clock",
+    env: "FLIGHTLOG_MANUAL_CLOCK",
+    key: "manual_clock",
+    toml: TomlType::Boolean,
+};
 
 /// Time between scheduled maintenance passes, or `off`.
 pub const MAINTENANCE_EVERY_MS: Setting = Setting {
@@ -207,7 +214,7 @@ pub const PRUNE_AFTER_MS: Setting = Setting {
 };
 
 /// Every setting the config file may hold.
-pub const SETTINGS: [Setting; 17] = [
+pub const SETTINGS: [Setting; 18] = [
     DB,
     ADDR,
     GRPC_ADDR,
@@ -221,6 +228,7 @@ pub const SETTINGS: [Setting; 17] = [
     INSTANCE,
     TOKENS,
     ALLOW_UNAUTHENTICATED_NON_LOOPBACK,
+    MANUAL_CLOCK,
     MAINTENANCE_EVERY_MS,
     STALE_AFTER_MS,
     STUCK_AFTER_MS,
@@ -274,6 +282,7 @@ Config file (every key optional; relative paths are relative to the file's folde
     write_lock_wait_ms = 10000     # then 503: another process holds the database's write lock
     instance = \"ingest-1\"           # default: this host's name and the HTTP port
     allow_unauthenticated_non_loopback = false
+    manual_clock = false           # testing: time starts at 0, moves by PUT /v1/testing/clock
 
     [journal]
     max_events = 10000             # events per engagement
@@ -312,7 +321,10 @@ local users can see in the process list.
 
 Without any token the server refuses to listen on a non-loopback address (such as 0.0.0.0)
 unless --allow-unauthenticated-non-loopback says so on purpose (e.g. behind an authenticating
-proxy).";
+proxy).
+
+Exit status: 0 after a clean stop (Ctrl-C or SIGTERM); 1 when a setting is refused or the
+server cannot start, or fails while running; 2 for a command line it cannot read.";
 
 /// What `flightlog serve` got on its command line, still as text: parsing happens in
 /// [`resolve`], so a bad flag value gets the same message as a bad variable or file entry.
@@ -354,6 +366,8 @@ pub struct ServeFlags {
     pub tokens: Vec<String>,
     /// `--allow-unauthenticated-non-loopback` (a flag can only switch it on).
     pub allow_unauthenticated_non_loopback: bool,
+    /// `--manual-clock` (a flag can only switch it on).
+    pub manual_clock: bool,
 }
 
 impl fmt::Debug for ServeFlags {
@@ -381,6 +395,7 @@ impl fmt::Debug for ServeFlags {
                 "allow_unauthenticated_non_loopback",
                 &self.allow_unauthenticated_non_loopback,
             )
+            .field("manual_clock", &self.manual_clock)
             .finish()
     }
 }
@@ -418,6 +433,9 @@ pub struct ServeSettings {
     pub instance: Option<String>,
     /// Serve without tokens on a non-loopback address anyway.
     pub allow_unauthenticated_non_loopback: bool,
+    /// The stores read a testing clock that starts at 0 and moves only through
+    /// `PUT /v1/testing/clock` (a route served only then).
+    pub manual_clock: bool,
     /// The scheduled maintenance.
     pub maintenance: MaintenanceSettings,
     /// The config file read, if any.
@@ -532,7 +550,7 @@ pub enum SettingsError {
     },
     /// The config file has a key this version does not know (a typo, most likely).
     #[error(
-        "the config file {} has an unknown key `{key}`; the keys are: {known} \
+        "the config file {} has an unknown key `{key}`{hint}; the keys are: {known} \
          (see `flightlog serve --help`)",
         .path.display()
     )]
@@ -541,6 +559,8 @@ pub enum SettingsError {
         path: PathBuf,
         /// The key, dotted when nested.
         key: String,
+        /// What was most likely meant (empty when nothing is close).
+        hint: String,
         /// The keys it may hold.
         known: String,
     },
@@ -692,15 +712,49 @@ fn collect_keys(
             Value::Table(inner) if is_section => collect_keys(path, &dotted, inner, values)?,
             _ => {
                 let known: Vec<&str> = SETTINGS.iter().map(|s| s.key).collect();
+                let hint = if is_section {
+                    format!(
+                        " (`{dotted}` is a section: write `[{dotted}]` on a line of its own, \
+                         then its keys below it)"
+                    )
+                } else {
+                    meant_key(&dotted)
+                        .map(|meant| format!(" (did you mean `{meant}`?)"))
+                        .unwrap_or_default()
+                };
                 return Err(SettingsError::UnknownKey {
                     path: path.to_owned(),
                     key: dotted,
+                    hint,
                     known: known.join(", "),
                 });
             }
         }
     }
     Ok(())
+}
+
+/// The config-file key closest to an unknown `key` (`bodylimit`, `Body-Limit`, `max_event`),
+/// if one is close: compared without case and without `_` or `-`.
+fn meant_key(key: &str) -> Option<&'static str> {
+    let plain = |text: &str| -> String {
+        text.chars()
+            .filter(|c| !matches!(c, '_' | '-'))
+            .map(|c| c.to_ascii_lowercase())
+            .collect()
+    };
+    let wanted = plain(key);
+    SETTINGS
+        .iter()
+        .map(|setting| {
+            (
+                strsim::levenshtein(&wanted, &plain(setting.key)),
+                setting.key,
+            )
+        })
+        .filter(|(distance, _)| *distance <= 2)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, known)| known)
 }
 
 /// The config file `flags` or `env` name, if any, with the name of what named it.
@@ -745,6 +799,9 @@ pub fn resolve_with_file(
                 "give the path of the database file",
             ));
         }
+        if names_a_folder(Path::new(&text)) {
+            return Err(invalid(&origin, &text, &folder_not_file(&text)));
+        }
     }
     let db = match &flags.db {
         // Taken as given, so a path that is not UTF-8 still works.
@@ -754,6 +811,14 @@ pub fn resolve_with_file(
                 "",
                 "give the path of the database file",
             ))
+        }
+        Some(path) if names_a_folder(path) => {
+            let text = path.to_string_lossy();
+            return Err(invalid(
+                &Origin::Flag(DB.flag),
+                &text,
+                &folder_not_file(&text),
+            ));
         }
         Some(path) => path.clone(),
         None => match layers.pick(&DB, None::<String>)? {
@@ -780,7 +845,7 @@ pub fn resolve_with_file(
         flags.grpc_addr.as_deref(),
         Some(DEFAULT_GRPC_ADDR.to_owned()),
         |text| {
-            if text == "off" {
+            if text.trim().eq_ignore_ascii_case("off") {
                 Some(None)
             } else {
                 parse_addr(text).map(Some)
@@ -858,6 +923,13 @@ pub fn resolve_with_file(
     let allow_unauthenticated_non_loopback = layers.parse(
         &ALLOW_UNAUTHENTICATED_NON_LOOPBACK,
         flags.allow_unauthenticated_non_loopback.then_some("true"),
+        false,
+        parse_bool,
+        "give true or false",
+    )?;
+    let manual_clock = layers.parse(
+        &MANUAL_CLOCK,
+        flags.manual_clock.then_some("true"),
         false,
         parse_bool,
         "give true or false",
@@ -940,6 +1012,7 @@ pub fn resolve_with_file(
         },
         instance,
         allow_unauthenticated_non_loopback,
+        manual_clock,
         maintenance,
         config_file: file.map(|file| file.path.clone()),
     })
@@ -1108,6 +1181,9 @@ pub fn meant_variable(name: &str) -> Option<&'static str> {
     {
         return Some(TOKENS.env);
     }
+    if let Some(meant) = meant_by_another_word(&upper) {
+        return Some(meant);
+    }
     SETTINGS
         .iter()
         .map(|setting| setting.env)
@@ -1116,6 +1192,35 @@ pub fn meant_variable(name: &str) -> Option<&'static str> {
         .filter(|(distance, _)| *distance <= 2)
         .min_by_key(|(distance, _)| *distance)
         .map(|(_, known)| known)
+}
+
+/// The setting a `FLIGHTLOG_*` name means in other words, as other servers name theirs
+/// (`FLIGHTLOG_PORT`, `FLIGHTLOG_DATABASE`, `FLIGHTLOG_GRPC`): ignored without a word, the server
+/// started on its defaults. The test suites' own variables (`FLIGHTLOG_TEST_*`) are not settings
+/// and are left alone.
+fn meant_by_another_word(upper: &str) -> Option<&'static str> {
+    let rest = upper.strip_prefix("FLIGHTLOG_")?;
+    let words: Vec<&str> = rest.split('_').filter(|word| !word.is_empty()).collect();
+    let has = |candidates: &[&str]| words.iter().any(|word| candidates.contains(word));
+    if words.first() == Some(&"TEST") {
+        return None;
+    }
+    if has(&["GRPC"]) {
+        return Some(GRPC_ADDR.env);
+    }
+    if has(&["CONFIG", "CONF", "TOML", "SETTINGS"]) {
+        return Some(CONFIG_ENV);
+    }
+    if has(&["CLOCK"]) {
+        return Some(MANUAL_CLOCK.env);
+    }
+    if has(&["DATABASE", "SQLITE", "DBPATH", "DBFILE"]) || rest == "DB_PATH" || rest == "DB_FILE" {
+        return Some(DB.env);
+    }
+    if has(&["PORT", "HOST", "LISTEN", "BIND", "ADDRESS", "HTTP"]) {
+        return Some(ADDR.env);
+    }
+    None
 }
 
 /// `name`'s value in `env`, unless unset or blank.
@@ -1176,10 +1281,31 @@ fn scalar_text(value: &Value) -> Option<String> {
     }
 }
 
-/// `HOST:PORT` with a numeric port and a non-empty host (resolved only at start).
+/// Whether a database path ends with a path separator (`./data/`): it names a folder, and
+/// SQLite would create a file called `data` (or refuse, when the folder exists).
+fn names_a_folder(path: &Path) -> bool {
+    let bytes = path.as_os_str().as_encoded_bytes();
+    bytes.ends_with(b"/") || (cfg!(windows) && bytes.ends_with(b"\\"))
+}
+
+/// The fix for a database path that names a folder.
+fn folder_not_file(text: &str) -> String {
+    let folder = text.trim_end_matches(['/', '\\']);
+    format!(
+        "it ends with a path separator, so it names a folder: give the path of a database file, \
+         such as {folder}/flightlog.db"
+    )
+}
+
+/// `HOST:PORT` with a numeric port and a non-empty host (resolved only at start). An IPv6
+/// address is written in brackets (`[::1]:4318`): `::1:4318` is itself an IPv6 address, so
+/// reading its last group as the port would be a guess.
 fn parse_addr(text: &str) -> Option<String> {
     let (host, port) = text.rsplit_once(':')?;
     if host.is_empty() || host.contains(char::is_whitespace) {
+        return None;
+    }
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
         return None;
     }
     port.parse::<u16>().ok()?;

@@ -819,8 +819,9 @@ impl SqliteDatabase {
                 )
             } else {
                 format!(
-                    "{} is read-only: flightlog writes to its database; make it writable \
-                     (chmod u+w) or choose another file",
+                    "{} is read-only: flightlog writes to its database; make it writable by \
+                     the user the server runs as (chmod u+w if that user owns it, else chown \
+                     it to that user), or choose another file",
                     config.path.display()
                 )
             }));

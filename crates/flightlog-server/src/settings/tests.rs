@@ -163,6 +163,14 @@ fn cases() -> Vec<Case> {
             expected: ["false", "true", "false", "true"],
         },
         Case {
+            setting: MANUAL_CLOCK,
+            set_flag: |f| f.manual_clock = true,
+            env: "false",
+            file: "manual_clock = true",
+            read: |s| s.manual_clock.to_string(),
+            expected: ["false", "true", "false", "true"],
+        },
+        Case {
             setting: MAINTENANCE_EVERY_MS,
             set_flag: |f| f.maintenance_every_ms = Some("20".into()),
             env: "off",
@@ -261,6 +269,7 @@ fn defaults_are_the_documented_ones() {
             retention: RetentionConfig::default(),
             instance: None,
             allow_unauthenticated_non_loopback: false,
+            manual_clock: false,
             maintenance: MaintenanceSettings {
                 every: None,
                 stale_after_ms: Some(7_200_000),
@@ -732,6 +741,32 @@ fn a_misspelled_variable_is_matched_to_the_setting_it_was_meant_to_be() {
     assert_eq!(meant_variable("FLIGHTLOG_ADR"), Some("FLIGHTLOG_ADDR"));
     assert_eq!(meant_variable("FLIGHTLOG_CONFG"), Some("FLIGHTLOG_CONFIG"));
     assert_eq!(meant_variable("FLIGHTLOG_TOKENS"), None, "a setting itself");
+    // Other servers' words for a setting (an audit found them ignored without a word).
+    for (other, meant) in [
+        ("FLIGHTLOG_PORT", "FLIGHTLOG_ADDR"),
+        ("FLIGHTLOG_HOST", "FLIGHTLOG_ADDR"),
+        ("FLIGHTLOG_HTTP_LISTEN", "FLIGHTLOG_ADDR"),
+        ("FLIGHTLOG_DATABASE", "FLIGHTLOG_DB"),
+        ("FLIGHTLOG_DB_PATH", "FLIGHTLOG_DB"),
+        ("FLIGHTLOG_SQLITE_FILE", "FLIGHTLOG_DB"),
+        ("FLIGHTLOG_GRPC", "FLIGHTLOG_GRPC_ADDR"),
+        ("FLIGHTLOG_GRPC_PORT", "FLIGHTLOG_GRPC_ADDR"),
+        ("FLIGHTLOG_CONFIG_FILE", "FLIGHTLOG_CONFIG"),
+        ("FLIGHTLOG_CLOCK", "FLIGHTLOG_MANUAL_CLOCK"),
+    ] {
+        assert_eq!(meant_variable(other), Some(meant), "{other}");
+    }
+    // The test suites' own variables are not settings misspelt.
+    for own in [
+        "FLIGHTLOG_TEST_DATABASE_URL",
+        "FLIGHTLOG_BENCH_DB",
+        "FLIGHTLOG_CONFORMANCE_DIR",
+        "FLIGHTLOG_OTLP_CLIENTS_DIR",
+        "FLIGHTLOG_STREAM_CHILD_DB",
+        "FLIGHTLOG_FUZZ_SEED",
+    ] {
+        assert_eq!(meant_variable(own), None, "{own}");
+    }
     for far in ["FLIGHTLOG_API_TOKEN", "FLIGHTLOG_AUTH", "FLIGHTLOG_SECRET"] {
         assert_eq!(meant_variable(far), Some("FLIGHTLOG_TOKENS"), "{far}");
     }
@@ -867,4 +902,84 @@ fn bad_maintenance_values_are_refused_with_the_fix() {
         err.to_string().contains("maintenance.stale_after_ms"),
         "{err}"
     );
+}
+
+/// Found by an audit: `--db ./data/` made a file called `data`; `--grpc-addr OFF` was refused
+/// while every other `off` takes any case; `::1:4731` was read as `[::1]:4731`, though it is an
+/// IPv6 address of its own.
+#[test]
+fn a_folder_path_an_upper_case_off_and_an_unbracketed_ipv6_address() {
+    for (flags, env) in [
+        (
+            ServeFlags {
+                db: Some(PathBuf::from("./data/")),
+                ..ServeFlags::default()
+            },
+            env(&[]),
+        ),
+        (ServeFlags::default(), env(&[("FLIGHTLOG_DB", "data/")])),
+    ] {
+        let err = resolve(&flags, &env)
+            .expect_err("a folder is refused")
+            .to_string();
+        assert!(err.contains("data/flightlog.db"), "{err}");
+        assert!(err.contains("names a folder"), "{err}");
+    }
+    for off in ["OFF", "Off", " off "] {
+        let flags = ServeFlags {
+            grpc_addr: Some(off.into()),
+            ..ServeFlags::default()
+        };
+        let resolved = resolve(&flags, &env(&[])).expect("off in any case");
+        assert_eq!(resolved.grpc_addr, None, "{off}");
+    }
+    let flags = ServeFlags {
+        addr: Some("::1:4731".into()),
+        ..ServeFlags::default()
+    };
+    let err = resolve(&flags, &env(&[]))
+        .expect_err("ambiguous")
+        .to_string();
+    assert!(err.contains("[::1]:4318"), "{err}");
+    for fine in ["[::1]:4731", "127.0.0.1:4731", "localhost:0"] {
+        let flags = ServeFlags {
+            addr: Some(fine.into()),
+            ..ServeFlags::default()
+        };
+        assert_eq!(resolve(&flags, &env(&[])).expect("fine").addr, fine);
+    }
+}
+
+/// An unknown config key names what was most likely meant (an audit: `journal = 5` was only
+/// "an unknown key", though `journal` is a section; `bodylimit` listed every key).
+#[test]
+fn an_unknown_config_key_says_what_was_meant() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("flightlog.toml");
+    for (text, hint) in [
+        ("journal = 5", "`journal` is a section: write `[journal]`"),
+        ("bodylimit = \"8MiB\"", "did you mean `body_limit`?"),
+        ("Body-Limit = \"8MiB\"", "did you mean `body_limit`?"),
+        (
+            "[journal]\nmax_event = 5",
+            "did you mean `journal.max_events`?",
+        ),
+        (
+            "[maintenance]\nstale_after = 5",
+            "did you mean `maintenance.stale_after_ms`?",
+        ),
+    ] {
+        std::fs::write(&path, text).expect("write config");
+        let env = env(&[("FLIGHTLOG_CONFIG", path.to_str().expect("utf-8 path"))]);
+        let err = resolve(&ServeFlags::default(), &env)
+            .expect_err("an unknown key is refused")
+            .to_string();
+        assert!(err.contains(hint), "{text}: {err}");
+    }
+    std::fs::write(&path, "colour = 5").expect("write config");
+    let env = env(&[("FLIGHTLOG_CONFIG", path.to_str().expect("utf-8 path"))]);
+    let err = resolve(&ServeFlags::default(), &env)
+        .expect_err("refused")
+        .to_string();
+    assert!(!err.contains("did you mean"), "{err}");
 }
