@@ -23,7 +23,7 @@
 //! root carries wins, so no field is ever counted twice.
 //! The reference has no `model` kind, so its behaviour is unchanged.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use super::types::{SpanKind, SpanOrigin, SpanOutcome, SpanRow, SpanUsage};
 
@@ -245,31 +245,72 @@ fn calls_stood_for<'a>(
             _ => CallsStoodFor::Unknown,
         })
         .collect();
+    let counted_above = counted_above(counted, nearest);
     for index in 0..spans.len() {
         let Some(id) = call_id(index).filter(|_| counted[index].is_none()) else {
             continue;
         };
-        // Up the nearest reporting model spans to the counted one; ids are the writers', so a
-        // chain may come back on itself: it is walked at most once around.
-        let mut above = nearest[index];
-        for _ in 0..spans.len() {
-            let Some(at) = above else { break };
-            if counted[at].is_some() {
-                match &mut calls[at] {
-                    CallsStoodFor::Own(_) => {}
-                    unknown @ CallsStoodFor::Unknown => *unknown = CallsStoodFor::Inner(vec![id]),
-                    CallsStoodFor::Inner(ids) => {
-                        if !ids.contains(&id) {
-                            ids.push(id);
-                        }
-                    }
-                }
-                break;
+        let Some(at) = counted_above[index] else {
+            continue;
+        };
+        match &mut calls[at] {
+            CallsStoodFor::Own(_) => {}
+            unknown @ CallsStoodFor::Unknown => {
+                *unknown = CallsStoodFor::Inner(BTreeSet::from([id]));
             }
-            above = nearest[at];
+            CallsStoodFor::Inner(ids) => {
+                ids.insert(id);
+            }
         }
     }
     calls
+}
+
+/// For each span, the first counted span up its chain of nearest reporting model spans (the
+/// one it is counted under), if any. Each chain is walked once, as in
+/// [`nearest_reporting_model_above`]: every span on a walk below the first counted one has
+/// the same answer. Ids are the writers', so a chain may come back on itself: it ends there.
+fn counted_above(counted: &[Option<SpanUsage>], nearest: &[Option<usize>]) -> Vec<Option<usize>> {
+    #[derive(Clone, Copy)]
+    enum Known {
+        Not,
+        OnThisWalk,
+        Is(Option<usize>),
+    }
+    let mut known = vec![Known::Not; counted.len()];
+    let mut walk = Vec::new();
+    for start in 0..counted.len() {
+        if matches!(known[start], Known::Is(_)) {
+            continue;
+        }
+        walk.clear();
+        let mut at = start;
+        let answer = loop {
+            known[at] = Known::OnThisWalk;
+            walk.push(at);
+            let Some(up) = nearest[at] else {
+                break None;
+            };
+            if counted[up].is_some() {
+                break Some(up);
+            }
+            match known[up] {
+                Known::Is(answer) => break answer,
+                Known::OnThisWalk => break None,
+                Known::Not => at = up,
+            }
+        };
+        for &index in &walk {
+            known[index] = Known::Is(answer);
+        }
+    }
+    known
+        .into_iter()
+        .map(|known| match known {
+            Known::Is(answer) => answer,
+            Known::Not | Known::OnThisWalk => None,
+        })
+        .collect()
 }
 
 /// What [`calls_stood_for`] knows of one span.
@@ -280,7 +321,7 @@ enum CallsStoodFor<'a> {
     /// Counted, and the call id is its own.
     Own(&'a str),
     /// Counted in place of model spans below it that name these calls.
-    Inner(Vec<&'a str>),
+    Inner(BTreeSet<&'a str>),
 }
 
 /// Of the counted model spans that name one provider call (the same [`RollupSpan::call_id`]),
@@ -304,10 +345,11 @@ fn count_each_call_once(calls: &[CallsStoodFor<'_>], counted: &mut [Option<SpanU
     for index in 0..calls.len() {
         let call_id = match &calls[index] {
             CallsStoodFor::Own(id) => *id,
-            CallsStoodFor::Inner(ids) => match ids.as_slice() {
-                [id] => *id,
-                _ => continue,
+            CallsStoodFor::Inner(ids) if ids.len() == 1 => match ids.first() {
+                Some(id) => *id,
+                None => continue,
             },
+            CallsStoodFor::Inner(_) => continue,
             CallsStoodFor::Unknown => continue,
         };
         if within_several.contains(&call_id) {
@@ -791,6 +833,40 @@ mod tests {
                 .map(Option::is_some)
                 .collect();
             proptest::prop_assert_eq!(shared, nested_walking_each_chain(&spans));
+        }
+
+        /// The shared walks of `counted_above` answer what a walk from each span alone answers,
+        /// on any links between spans (cycles and self-links included) and any counted set.
+        #[test]
+        fn counted_above_answers_as_single_walks(
+            shape in proptest::collection::vec(
+                (proptest::option::of(0usize..40), proptest::bool::ANY),
+                0..40,
+            )
+        ) {
+            let n = shape.len();
+            let nearest: Vec<Option<usize>> = shape
+                .iter()
+                .map(|(up, _)| up.filter(|&up| up < n))
+                .collect();
+            let counted: Vec<Option<SpanUsage>> = shape
+                .iter()
+                .map(|(_, counted)| counted.then(SpanUsage::default))
+                .collect();
+            let single: Vec<Option<usize>> = (0..n)
+                .map(|start| {
+                    let mut at = start;
+                    for _ in 0..=n {
+                        let up = nearest[at]?;
+                        if counted[up].is_some() {
+                            return Some(up);
+                        }
+                        at = up;
+                    }
+                    None
+                })
+                .collect();
+            proptest::prop_assert_eq!(counted_above(&counted, &nearest), single);
         }
     }
 }
