@@ -229,7 +229,7 @@ struct ServeArgs {
     #[arg(long, verbatim_doc_comment)]
     allow_unauthenticated_non_loopback: bool,
     /// Testing: the stores read a clock that starts at 0 and moves only through
-    /// PUT /v1/testing/clock (a route that exists only with this flag and needs admin).
+    /// PUT /v1/testing/clock (a route that exists only with this setting and needs admin).
     /// [env: FLIGHTLOG_MANUAL_CLOCK] [file: manual_clock]
     #[arg(long, verbatim_doc_comment)]
     manual_clock: bool,

@@ -767,7 +767,7 @@ fn bad_addresses_are_refused_with_the_valid_form() {
     ] {
         refuse_everywhere(&scratch, &good, &ADDR, text, toml, &["{origin} = ", fix]);
     }
-    let grpc_fix = "is not valid: give HOST:PORT, such as 127.0.0.1:4317, or `off`";
+    let grpc_fix = "is not valid: give HOST:PORT, such as 127.0.0.1:4317 or [::1]:4317, or `off`";
     for (text, toml) in [
         ("bad", "\"bad\""),
         ("no", "\"no\""),

@@ -93,7 +93,7 @@ pub const BEARER: &str = "bearerAuth";
         (name = tags::MAINTENANCE, description = "Sweeps, pruning and compaction; the `admin` scope."),
         (name = tags::INGEST, description = "OpenTelemetry trace ingest: OTLP/HTTP protobuf or JSON, each trace a run."),
         (name = tags::OPERATIONS, description = "Health, Prometheus metrics and this document."),
-        (name = tags::TESTING, description = "The testing clock; present only on a server started with `--manual-clock`."),
+        (name = tags::TESTING, description = "The testing clock; present only on a server started with the manual clock (`--manual-clock`, `FLIGHTLOG_MANUAL_CLOCK` or `manual_clock`)."),
     ),
 )]
 struct ApiDoc;

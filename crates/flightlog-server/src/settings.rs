@@ -717,6 +717,8 @@ fn collect_keys(
                         " (`{dotted}` is a section: write `[{dotted}]` on a line of its own, \
                          then its keys below it)"
                     )
+                } else if let (Value::Table(_), Some(section)) = (&value, meant_section(&dotted)) {
+                    format!(" (did you mean `[{section}]`?)")
                 } else {
                     meant_key(&dotted)
                         .map(|meant| format!(" (did you mean `{meant}`?)"))
@@ -734,27 +736,52 @@ fn collect_keys(
     Ok(())
 }
 
-/// The config-file key closest to an unknown `key` (`bodylimit`, `Body-Limit`, `max_event`),
-/// if one is close: compared without case and without `_` or `-`.
-fn meant_key(key: &str) -> Option<&'static str> {
-    let plain = |text: &str| -> String {
-        text.chars()
-            .filter(|c| !matches!(c, '_' | '-'))
-            .map(|c| c.to_ascii_lowercase())
-            .collect()
-    };
-    let wanted = plain(key);
+/// The section (`journal`, `maintenance`) closest to an unknown table's name (`jornal`).
+fn meant_section(name: &str) -> Option<&'static str> {
     SETTINGS
         .iter()
-        .map(|setting| {
+        .filter_map(|setting| setting.key.split_once('.').map(|(section, _)| section))
+        .map(|section| {
             (
-                strsim::levenshtein(&wanted, &plain(setting.key)),
-                setting.key,
+                strsim::levenshtein(&name.to_ascii_lowercase(), section),
+                section,
             )
         })
         .filter(|(distance, _)| *distance <= 2)
         .min_by_key(|(distance, _)| *distance)
-        .map(|(_, known)| known)
+        .map(|(_, section)| section)
+}
+
+/// The config-file key closest to an unknown `key` (`bodylimit`, `Body-Limit`,
+/// `journal.max_event`), if one is close: compared without case and without `_` or `-`, first
+/// whole, then by the part after the last `.` (`max_events` outside its `[journal]`). Keys of
+/// fewer than 3 letters get no guess.
+fn meant_key(key: &str) -> Option<&'static str> {
+    fn plain(text: &str) -> String {
+        text.chars()
+            .filter(|c| !matches!(c, '_' | '-'))
+            .map(|c| c.to_ascii_lowercase())
+            .collect()
+    }
+    fn last_part(key: &str) -> &str {
+        key.rsplit('.').next().unwrap_or(key)
+    }
+    fn closest(wanted: &str, known: impl Fn(&Setting) -> String) -> Option<&'static str> {
+        SETTINGS
+            .iter()
+            .map(|setting| (strsim::levenshtein(wanted, &known(setting)), setting.key))
+            .filter(|(distance, _)| *distance <= 2)
+            .min_by_key(|(distance, _)| *distance)
+            .map(|(_, key)| key)
+    }
+    if plain(last_part(key)).len() < 3 {
+        return None;
+    }
+    closest(&plain(key), |setting| plain(setting.key)).or_else(|| {
+        closest(&plain(last_part(key)), |setting| {
+            plain(last_part(setting.key))
+        })
+    })
 }
 
 /// The config file `flags` or `env` name, if any, with the name of what named it.
@@ -844,14 +871,9 @@ pub fn resolve_with_file(
         &GRPC_ADDR,
         flags.grpc_addr.as_deref(),
         Some(DEFAULT_GRPC_ADDR.to_owned()),
-        |text| {
-            if text.trim().eq_ignore_ascii_case("off") {
-                Some(None)
-            } else {
-                parse_addr(text).map(Some)
-            }
-        },
-        "give HOST:PORT, such as 127.0.0.1:4317, or `off` to serve no OTLP/gRPC listener",
+        |text| parse_off_or(text, parse_addr),
+        "give HOST:PORT, such as 127.0.0.1:4317 or [::1]:4317, or `off` to serve no OTLP/gRPC \
+         listener",
     )?;
     let durability = layers.parse(
         &DURABILITY,
@@ -1208,7 +1230,7 @@ fn meant_by_another_word(upper: &str) -> Option<&'static str> {
     if has(&["GRPC"]) {
         return Some(GRPC_ADDR.env);
     }
-    if has(&["CONFIG", "CONF", "TOML", "SETTINGS"]) {
+    if has(&["CONFIG", "CONF", "TOML"]) {
         return Some(CONFIG_ENV);
     }
     if has(&["CLOCK"]) {
@@ -1217,7 +1239,7 @@ fn meant_by_another_word(upper: &str) -> Option<&'static str> {
     if has(&["DATABASE", "SQLITE", "DBPATH", "DBFILE"]) || rest == "DB_PATH" || rest == "DB_FILE" {
         return Some(DB.env);
     }
-    if has(&["PORT", "HOST", "LISTEN", "BIND", "ADDRESS", "HTTP"]) {
+    if has(&["PORT", "HOST", "LISTEN", "BIND", "ADDRESS"]) {
         return Some(ADDR.env);
     }
     None
@@ -1281,11 +1303,17 @@ fn scalar_text(value: &Value) -> Option<String> {
     }
 }
 
-/// Whether a database path ends with a path separator (`./data/`): it names a folder, and
-/// SQLite would create a file called `data` (or refuse, when the folder exists).
+/// Whether a database path ends with a path separator (`./data/`) or with `.` or `..`: it
+/// names a folder, and SQLite would create a file called `data` (or refuse, when the folder
+/// exists). An existing folder named without a separator is refused when the database opens.
 fn names_a_folder(path: &Path) -> bool {
     let bytes = path.as_os_str().as_encoded_bytes();
-    bytes.ends_with(b"/") || (cfg!(windows) && bytes.ends_with(b"\\"))
+    bytes.ends_with(b"/")
+        || (cfg!(windows) && bytes.ends_with(b"\\"))
+        || matches!(
+            path.components().next_back(),
+            Some(std::path::Component::CurDir | std::path::Component::ParentDir)
+        )
 }
 
 /// The fix for a database path that names a folder.

@@ -19,9 +19,9 @@
 //! each of them reports every field the outer one does (else the outer one counts alone: a field
 //! is never taken twice, nor lost). Model spans side by side that name one provider call (the
 //! same response id: two instrumentations, neither nested in the other) count once, and a span
-//! counted in place of inner ones stands for their calls. A field the
-//! root carries wins, so no field is ever counted twice.
-//! The reference has no `model` kind, so its behaviour is unchanged.
+//! counted in place of inner ones stands for their calls. A field the root carries wins, so no
+//! field is ever counted twice. The reference has no `model` kind, so its behaviour is
+//! unchanged.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -233,6 +233,7 @@ fn counted_model_usage(spans: &[RollupSpan]) -> Vec<Option<SpanUsage>> {
 /// calls named by the reporting model spans it is counted in place of (below it, not counted).
 /// A framework's span with no id around an instrumentation's span with id X stands for X, so a
 /// third copy of X beside them (another instrumentation that does not nest) counts once too.
+/// One that is also counted in place of a span without an id may hold a call besides X.
 fn calls_stood_for<'a>(
     spans: &'a [RollupSpan],
     counted: &[Option<SpanUsage>],
@@ -247,19 +248,24 @@ fn calls_stood_for<'a>(
         .collect();
     let counted_above = counted_above(counted, nearest);
     for index in 0..spans.len() {
-        let Some(id) = call_id(index).filter(|_| counted[index].is_none()) else {
+        if counted[index].is_some() || !reports_model_usage(&spans[index]) {
             continue;
-        };
+        }
         let Some(at) = counted_above[index] else {
             continue;
         };
-        match &mut calls[at] {
-            CallsStoodFor::Own(_) => {}
-            unknown @ CallsStoodFor::Unknown => {
-                *unknown = CallsStoodFor::Inner(BTreeSet::from([id]));
-            }
-            CallsStoodFor::Inner(ids) => {
-                ids.insert(id);
+        if let unknown @ CallsStoodFor::Unknown = &mut calls[at] {
+            *unknown = CallsStoodFor::Inner {
+                ids: BTreeSet::new(),
+                with_unnamed: false,
+            };
+        }
+        if let CallsStoodFor::Inner { ids, with_unnamed } = &mut calls[at] {
+            match call_id(index) {
+                Some(id) => {
+                    ids.insert(id);
+                }
+                None => *with_unnamed = true,
             }
         }
     }
@@ -320,8 +326,38 @@ enum CallsStoodFor<'a> {
     Unknown,
     /// Counted, and the call id is its own.
     Own(&'a str),
-    /// Counted in place of model spans below it that name these calls.
-    Inner(BTreeSet<&'a str>),
+    /// Counted in place of model spans below it that name these calls, and (`with_unnamed`)
+    /// of at least one that names none.
+    Inner {
+        ids: BTreeSet<&'a str>,
+        with_unnamed: bool,
+    },
+}
+
+impl CallsStoodFor<'_> {
+    /// The one call a counted span stands for, when it stands for exactly one known call.
+    fn single(&self) -> Option<&str> {
+        match self {
+            CallsStoodFor::Own(id) => Some(id),
+            CallsStoodFor::Inner {
+                ids,
+                with_unnamed: false,
+            } if ids.len() == 1 => ids.first().copied(),
+            CallsStoodFor::Inner { .. } | CallsStoodFor::Unknown => None,
+        }
+    }
+
+    /// The calls of a span counted in place of several (or of one and an unnamed one): its
+    /// usage is their sum, so another copy of one of them is already in it.
+    fn several(&self) -> impl Iterator<Item = &str> {
+        let ids = match self {
+            CallsStoodFor::Inner { ids, with_unnamed } if ids.len() > 1 || *with_unnamed => {
+                Some(ids.iter().copied())
+            }
+            _ => None,
+        };
+        ids.into_iter().flatten()
+    }
 }
 
 /// Of the counted model spans that name one provider call (the same [`RollupSpan::call_id`]),
@@ -331,26 +367,16 @@ enum CallsStoodFor<'a> {
 /// (an audit). The one counted reports the most usage fields (on a tie, the first to start),
 /// and takes each field it lacks from the others (one reports the cost, another the cache
 /// counts: the call has both, once). A span counted in place of inner spans of several calls
-/// holds their sum, so a copy of one of those calls elsewhere is left out and lends it nothing.
+/// (or of one named and one unnamed) holds their sum, so a copy of one of those calls elsewhere
+/// is left out and lends it nothing (a field only that copy reported is lost: never counted
+/// twice is the rule that wins). Two such spans whose calls overlap both count (the overlap
+/// twice): neither sum can be split.
 fn count_each_call_once(calls: &[CallsStoodFor<'_>], counted: &mut [Option<SpanUsage>]) {
-    let within_several: HashSet<&str> = calls
-        .iter()
-        .filter_map(|calls| match calls {
-            CallsStoodFor::Inner(ids) if ids.len() > 1 => Some(ids.iter().copied()),
-            _ => None,
-        })
-        .flatten()
-        .collect();
+    let within_several: HashSet<&str> = calls.iter().flat_map(CallsStoodFor::several).collect();
     let mut kept: HashMap<&str, usize> = HashMap::new();
     for index in 0..calls.len() {
-        let call_id = match &calls[index] {
-            CallsStoodFor::Own(id) => *id,
-            CallsStoodFor::Inner(ids) if ids.len() == 1 => match ids.first() {
-                Some(id) => *id,
-                None => continue,
-            },
-            CallsStoodFor::Inner(_) => continue,
-            CallsStoodFor::Unknown => continue,
+        let Some(call_id) = calls[index].single() else {
+            continue;
         };
         if within_several.contains(&call_id) {
             counted[index] = None;
@@ -566,6 +592,22 @@ mod tests {
         let fields = compute_rollup(&spans).expect("a rollup");
         assert_eq!(fields.input_tokens, Some(31));
 
+        // A wrapper around call X and a call without an id holds both: the copy of X beside it
+        // counts nothing more, and takes nothing from the wrapper (a review found the wrapper's
+        // 100 replaced by the copy's 60).
+        let mut priced = model("priced-copy", "root", Some("x"), 60);
+        priced.usage.cost_usd = Some(0.5);
+        let spans = [
+            span("root", None, 1),
+            model("wrapper", "root", None, 100),
+            model("named", "wrapper", Some("x"), 60),
+            model("unnamed", "wrapper", None, 40),
+            priced,
+        ];
+        let fields = compute_rollup(&spans).expect("a rollup");
+        assert_eq!(fields.input_tokens, Some(100));
+        assert_eq!(fields.cost_usd, None);
+
         // Parents that point at each other (ids are the writers'): the walks up end.
         let spans = [
             span("root", None, 1),
@@ -573,6 +615,40 @@ mod tests {
             model("y", "x", Some("q"), 2),
         ];
         assert!(compute_rollup(&spans).is_some());
+    }
+
+    /// Deep chains and long cycles of model spans with call ids (ids are the writers'): each
+    /// chain is walked once, so these take milliseconds (a walk per span took seconds here).
+    #[test]
+    fn deep_chains_and_long_cycles_of_model_spans_with_ids_are_walked_once() {
+        const DEPTH: usize = 30_000;
+        let model = |index: usize, parent: Option<String>| {
+            let mut model = span(&format!("m{index}"), parent.as_deref(), 2);
+            model.kind = SpanKind::Model;
+            model.usage.input_tokens = Some(1);
+            model.call_id = Some(format!("call-{index}"));
+            model
+        };
+        let mut chain = vec![span("root", None, 1)];
+        chain.extend((0..DEPTH).map(|index| {
+            let parent = if index == 0 {
+                "root".to_owned()
+            } else {
+                format!("m{}", index - 1)
+            };
+            model(index, Some(parent))
+        }));
+        // The outermost counts (the inner ones report no more than it): one token.
+        let fields = compute_rollup(&chain).expect("a rollup");
+        assert_eq!(fields.input_tokens, Some(1));
+        let mut cycle = vec![span("root", None, 1)];
+        cycle.extend(
+            (0..DEPTH).map(|index| model(index, Some(format!("m{}", (index + 1) % DEPTH)))),
+        );
+        // No span of the cycle has a reporting model span above it that is not on the cycle,
+        // so none is counted.
+        let fields = compute_rollup(&cycle).expect("a rollup");
+        assert_eq!(fields.input_tokens, None);
     }
 
     #[test]

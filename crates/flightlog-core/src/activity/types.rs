@@ -221,7 +221,7 @@ pub struct SpanUsage {
 #[derive(utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[allow(dead_code)] // never built: it only describes what writes accept
-pub struct SpanUsageInput {
+pub(crate) struct SpanUsageInput {
     #[schema(minimum = 0, maximum = 9_007_199_254_740_991_i64)]
     input_tokens: Option<i64>,
     #[schema(minimum = 0, maximum = 9_007_199_254_740_991_i64)]

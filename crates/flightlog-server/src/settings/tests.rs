@@ -918,11 +918,18 @@ fn a_folder_path_an_upper_case_off_and_an_unbracketed_ipv6_address() {
             env(&[]),
         ),
         (ServeFlags::default(), env(&[("FLIGHTLOG_DB", "data/")])),
+        (
+            ServeFlags {
+                db: Some(PathBuf::from("./data/..")),
+                ..ServeFlags::default()
+            },
+            env(&[]),
+        ),
     ] {
         let err = resolve(&flags, &env)
             .expect_err("a folder is refused")
             .to_string();
-        assert!(err.contains("data/flightlog.db"), "{err}");
+        assert!(err.contains("flightlog.db"), "{err}");
         assert!(err.contains("names a folder"), "{err}");
     }
     for off in ["OFF", "Off", " off "] {
@@ -968,6 +975,8 @@ fn an_unknown_config_key_says_what_was_meant() {
             "[maintenance]\nstale_after = 5",
             "did you mean `maintenance.stale_after_ms`?",
         ),
+        ("max_events = 5", "did you mean `journal.max_events`?"),
+        ("[jornal]\nmax_events = 5", "did you mean `[journal]`?"),
     ] {
         std::fs::write(&path, text).expect("write config");
         let env = env(&[("FLIGHTLOG_CONFIG", path.to_str().expect("utf-8 path"))]);
