@@ -810,7 +810,7 @@ pub(crate) fn cascade_close(
     }
 }
 
-/// Runs with an open `session`-origin span (any writer), by run id: the boot sweep's targets.
+/// Runs with an open `session`-origin span (any writer), by run id: `sweep_own_orphans`' targets.
 pub(crate) const ORPHAN_RUNS_SQL: &str = "SELECT s.run_key FROM activity_spans s \
      JOIN activity_runs r ON r.run_key = s.run_key \
      WHERE s.outcome IS NULL AND s.origin = 'session' GROUP BY s.run_key ORDER BY r.run_id";
