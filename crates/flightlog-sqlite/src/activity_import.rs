@@ -587,6 +587,18 @@ pub(crate) fn import_spans(
     now: i64,
     codec: &PayloadCodec,
 ) -> Result<ImportReport, StoreError> {
+    // A delivery logs a change row for each new span and event: written several to a statement.
+    crate::activity_write::defer_changes(ctx, |ctx| import_each(ctx, spans, writer, now, codec))
+}
+
+/// [`import_spans`]' work, each span in turn.
+fn import_each(
+    ctx: &mut WriteContext<'_>,
+    spans: &[PreparedSpan],
+    writer: &str,
+    now: i64,
+    codec: &PayloadCodec,
+) -> Result<ImportReport, StoreError> {
     let mut report = ImportReport::default();
     // Touched runs in first-touch order, with how each one's rollup is computed and the origin
     // of the spans delivered for it.

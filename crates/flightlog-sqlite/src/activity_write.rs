@@ -276,16 +276,139 @@ pub(crate) fn log_change(
         Some(next) => next,
         None => next_change_id(ctx.conn)?,
     };
-    ctx.statement(
-        "INSERT INTO activity_changes (change_id, run_key, seq, span_key, event_index) \
-             VALUES (?1, ?2, ?3, ?4, ?5)",
-    )
-    .and_then(|stmt| stmt.execute(params![change_id, run_key, seq, span_key, event_index]))
-    .map_err(backend)?;
+    let row = DeferredChange {
+        change_id,
+        run_key,
+        seq,
+        span_key,
+        event_index,
+    };
+    match ctx.deferred_changes.as_mut() {
+        Some(rows) => {
+            rows.push(row);
+            if rows.len() >= CHANGES_HELD_BACK {
+                write_deferred_changes(ctx)?;
+            }
+        }
+        None => insert_change_row(ctx, &row)?,
+    }
     ctx.keys.run_seq.insert(run_key, seq);
     ctx.keys.next_change_id = Some(change_id + 1);
     ctx.keys.group_logged_change = true;
     Ok((change_id, seq))
+}
+
+/// A change row [`log_change`] holds back while a job runs under [`defer_changes`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeferredChange {
+    change_id: i64,
+    run_key: i64,
+    seq: i64,
+    span_key: i64,
+    event_index: Option<i64>,
+}
+
+/// Change rows written by one `INSERT` when they are held back.
+const CHANGES_PER_INSERT: usize = 16;
+/// How many held-back change rows are written as soon as they are there.
+const CHANGES_HELD_BACK: usize = 4 * CHANGES_PER_INSERT;
+/// [`CHANGES_PER_INSERT`] change rows.
+const INSERT_CHANGES: &str = "INSERT INTO activity_changes \
+     (change_id, run_key, seq, span_key, event_index) VALUES (?,?,?,?,?), \
+     (?,?,?,?,?), \
+     (?,?,?,?,?), \
+     (?,?,?,?,?), \
+     (?,?,?,?,?), \
+     (?,?,?,?,?), \
+     (?,?,?,?,?), \
+     (?,?,?,?,?), \
+     (?,?,?,?,?), \
+     (?,?,?,?,?), \
+     (?,?,?,?,?), \
+     (?,?,?,?,?), \
+     (?,?,?,?,?), \
+     (?,?,?,?,?), \
+     (?,?,?,?,?), \
+     (?,?,?,?,?)";
+
+/// Run `job` with its change rows written [`CHANGES_PER_INSERT`] to an `INSERT` rather than one
+/// each: an OTLP delivery logs one and a half rows a span, and each statement's own cost
+/// (binding, cursors, reset) was most of a row's (BENCHMARKS.md, stop 28). The rows are those
+/// [`log_change`] would have written, in the same order, all written before `job`'s result is
+/// returned, so nothing in the job may read `activity_changes` for a run it logged a change of
+/// (none does: a run's last seq comes from the writer's cache once it logged one). On an error
+/// the rows held back are dropped with the caches that counted them, and the job's error makes
+/// the writer roll its writes back.
+pub(crate) fn defer_changes<T>(
+    ctx: &mut WriteContext<'_>,
+    job: impl FnOnce(&mut WriteContext<'_>) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    if ctx.deferred_changes.is_some() {
+        return job(ctx);
+    }
+    ctx.deferred_changes = Some(Vec::with_capacity(CHANGES_HELD_BACK));
+    let result = job(ctx).and_then(|value| write_deferred_changes(ctx).map(|()| value));
+    if let Some(rows) = ctx.deferred_changes.take() {
+        if !rows.is_empty() || result.is_err() {
+            ctx.keys.clear_volatile();
+        }
+    }
+    result
+}
+
+/// Write the change rows held back, [`CHANGES_PER_INSERT`] to a statement and the rest one by
+/// one.
+fn write_deferred_changes(ctx: &mut WriteContext<'_>) -> Result<(), StoreError> {
+    let Some(mut rows) = ctx.deferred_changes.take() else {
+        return Ok(());
+    };
+    let written = insert_change_rows(ctx, &rows);
+    rows.clear();
+    ctx.deferred_changes = Some(rows);
+    written
+}
+
+fn insert_change_rows(
+    ctx: &mut WriteContext<'_>,
+    rows: &[DeferredChange],
+) -> Result<(), StoreError> {
+    let mut chunks = rows.chunks_exact(CHANGES_PER_INSERT);
+    for chunk in &mut chunks {
+        let stmt = ctx.statement(INSERT_CHANGES).map_err(backend)?;
+        for (at, row) in chunk.iter().enumerate() {
+            let first = at * 5 + 1;
+            stmt.raw_bind_parameter(first, row.change_id)
+                .and_then(|()| stmt.raw_bind_parameter(first + 1, row.run_key))
+                .and_then(|()| stmt.raw_bind_parameter(first + 2, row.seq))
+                .and_then(|()| stmt.raw_bind_parameter(first + 3, row.span_key))
+                .and_then(|()| stmt.raw_bind_parameter(first + 4, row.event_index))
+                .map_err(backend)?;
+        }
+        stmt.raw_execute().map_err(backend)?;
+    }
+    for row in chunks.remainder() {
+        insert_change_row(ctx, row)?;
+    }
+    Ok(())
+}
+
+/// Write one change row.
+fn insert_change_row(ctx: &mut WriteContext<'_>, row: &DeferredChange) -> Result<(), StoreError> {
+    ctx.statement(
+        "INSERT INTO activity_changes (change_id, run_key, seq, span_key, event_index) \
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+    )
+    .and_then(|stmt| {
+        stmt.execute(params![
+            row.change_id,
+            row.run_key,
+            row.seq,
+            row.span_key,
+            row.event_index
+        ])
+    })
+    .map_err(backend)?;
+    Ok(())
 }
 
 /// One past the highest change id ever used: the newest row's, or the floor `prune` recorded

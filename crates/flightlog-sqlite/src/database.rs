@@ -206,6 +206,9 @@ pub(crate) struct WriteContext<'a> {
     /// failed dirty in the fast pass: a job made of many writes (a batch) then isolates each of
     /// them too, so only the failing one fails (see [`GroupCommitWriter::apply_group`]).
     pub isolated: bool,
+    /// Change rows held back to be written several to an `INSERT`, while a job that writes many
+    /// of them runs (see `activity_write::defer_changes`); `None`: each is written at once.
+    pub deferred_changes: Option<Vec<crate::activity_write::DeferredChange>>,
 }
 
 impl<'a> WriteContext<'a> {
@@ -221,6 +224,7 @@ impl<'a> WriteContext<'a> {
             codec,
             statements: StatementSlots::default(),
             isolated,
+            deferred_changes: None,
         }
     }
 

@@ -928,3 +928,91 @@ async fn a_pending_span_from_a_clock_ahead_is_judged_by_the_servers_clock() {
     let open = fx.store.open_root_spans().await.unwrap();
     assert_eq!(open[0].last_heartbeat_at, Some(5_000));
 }
+
+/// A delivery's change rows are written several to a statement (stop 28): the log must be the
+/// one a row at a time gave. 150 spans in three runs, every other one with two events, in one
+/// delivery: change ids dense from 1 in delivery order (each span, then its events), each run's
+/// seqs dense from 1, and a native write after it continues both without a gap.
+#[tokio::test]
+async fn a_delivery_logs_its_changes_densely_in_delivery_order() {
+    let fx = fixture();
+    let mut spans = Vec::new();
+    for index in 0..150 {
+        let run = index % 3;
+        let mut one = span(&format!("s{index}"), None, SpanKind::Tool, 1_000 + index);
+        one.run_id = format!("run-{run}");
+        if index >= 3 {
+            one.parent_span_id = Some(format!("s{run}"));
+        }
+        if index % 2 == 0 {
+            one.events = vec![
+                event(1_000 + index, "first"),
+                event(1_001 + index, "second"),
+            ];
+        }
+        spans.push(one);
+    }
+    let expected: Vec<(String, String, Option<i64>)> = spans
+        .iter()
+        .flat_map(|span| {
+            let events = (0..span.events.len()).map(|at| {
+                (
+                    span.run_id.clone(),
+                    span.span_id.clone(),
+                    i64::try_from(at).ok(),
+                )
+            });
+            std::iter::once((span.run_id.clone(), span.span_id.clone(), None)).chain(events)
+        })
+        .collect();
+    let report = fx.store.import_spans(spans).await.expect("imported");
+    assert_eq!(report.created, 150);
+    let changes = fx
+        .store
+        .changes_since(0, 1_000)
+        .await
+        .expect("the change log");
+    assert_eq!(changes.len(), expected.len());
+    let mut next_seq = std::collections::HashMap::new();
+    for (at, (change, (run, span_id, event_index))) in changes.iter().zip(&expected).enumerate() {
+        assert_eq!(change.change_id, i64::try_from(at).expect("small") + 1);
+        assert_eq!(&change.run_id, run);
+        let seq = next_seq.entry(run.clone()).or_insert(1);
+        assert_eq!(change.seq, *seq, "{change:?}");
+        *seq += 1;
+        match (&change.body, event_index) {
+            (ChangeBody::Span { span }, None) => assert_eq!(&span.span_id, span_id),
+            (ChangeBody::Event { event }, Some(index)) => {
+                assert_eq!(&event.span_id, span_id);
+                assert_eq!(event.event_index, *index);
+            }
+            (body, _) => panic!("change {at}: {body:?}, expected {span_id} {event_index:?}"),
+        }
+    }
+    fx.store
+        .start_span(StartSpanInput {
+            span_id: "native".into(),
+            run_id: "run-0".into(),
+            parent_span_id: Some("s0".into()),
+            name: "after".into(),
+            kind: SpanKind::Tool,
+            origin: SpanOrigin::Session,
+            session_id: None,
+            job_name: None,
+            attrs: None,
+            started_at: Some(2_000),
+        })
+        .await
+        .expect("started");
+    let after = fx
+        .store
+        .changes_since(i64::try_from(expected.len()).expect("small"), 10)
+        .await
+        .expect("the change log");
+    assert_eq!(after.len(), 1);
+    assert_eq!(
+        after[0].change_id,
+        i64::try_from(expected.len()).expect("small") + 1
+    );
+    assert_eq!(after[0].seq, next_seq["run-0"]);
+}
