@@ -165,19 +165,24 @@ pub(crate) fn apply_batch(
 ) -> Result<Vec<Result<ActivityWriteResult, StoreError>>, StoreError> {
     let mut results = Vec::with_capacity(writes.len());
     if !ctx.isolated {
-        for prepared in writes {
-            let result = apply_one(ctx, prepared, writer, now);
-            if let Err(err) = &result {
-                if !fails_cleanly(err) {
-                    return Err(StoreError::Backend(format!(
-                        "a write of the batch failed half-way ({err}); the group is replayed \
-                         with each write isolated"
-                    )));
+        // Change rows several to a statement: a failing write fails the whole job here, and
+        // the replay (isolated, below) writes each row at once, so none is held back past a
+        // savepoint it would have to be rolled back with.
+        return write::defer_changes(ctx, |ctx| {
+            for prepared in writes {
+                let result = apply_one(ctx, prepared, writer, now);
+                if let Err(err) = &result {
+                    if !fails_cleanly(err) {
+                        return Err(StoreError::Backend(format!(
+                            "a write of the batch failed half-way ({err}); the group is \
+                             replayed with each write isolated"
+                        )));
+                    }
                 }
+                results.push(result);
             }
-            results.push(result);
-        }
-        return Ok(results);
+            Ok(results)
+        });
     }
     for prepared in writes {
         exec(ctx, "SAVEPOINT batch_write")?;

@@ -1016,3 +1016,61 @@ async fn a_delivery_logs_its_changes_densely_in_delivery_order() {
     );
     assert_eq!(after[0].seq, next_seq["run-0"]);
 }
+
+/// A delivery whose change rows the file refuses (a trigger installed by another connection)
+/// fails whole, and leaves no trace: the rows it held back are dropped with the counters that
+/// numbered them, so the next delivery's change ids and seqs start where the log left off.
+#[tokio::test]
+async fn a_delivery_failing_at_its_change_rows_leaves_no_trace_and_no_gap() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("poisoned.db");
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).expect("the database opens");
+    let store = SqliteActivityStore::with_identity(db, Arc::new(ManualClock::new(5_000)), "otlp");
+    let conn = rusqlite::Connection::open(&path).expect("a second connection");
+    conn.execute_batch(
+        "CREATE TRIGGER poison BEFORE INSERT ON activity_changes
+         WHEN NEW.span_key IN (SELECT span_key FROM activity_spans WHERE span_id LIKE 'poison%')
+         BEGIN SELECT RAISE(ABORT, 'poisoned write'); END;",
+    )
+    .expect("the trigger");
+    drop(conn);
+    let delivery = |prefix: &str, poisoned: Option<usize>| -> Vec<ImportedSpan> {
+        (0..40)
+            .map(|index| {
+                let id = if Some(index) == poisoned {
+                    format!("poison-{prefix}{index}")
+                } else {
+                    format!("{prefix}{index}")
+                };
+                let mut one = span(&id, None, SpanKind::Tool, 1_000 + index as i64);
+                one.run_id = format!("{prefix}-run");
+                one.events = vec![event(1_000, "e")];
+                one
+            })
+            .collect()
+    };
+    store
+        .import_spans(delivery("a", None))
+        .await
+        .expect("a clean delivery");
+    let failed = store.import_spans(delivery("b", Some(30))).await;
+    assert!(failed.is_err(), "{failed:?}");
+    assert!(store.get_span("b0").await.expect("read").is_none());
+    store
+        .import_spans(delivery("c", None))
+        .await
+        .expect("a clean delivery after");
+    let changes = store.changes_since(0, 1_000).await.expect("the change log");
+    let ids: Vec<i64> = changes.iter().map(|change| change.change_id).collect();
+    assert_eq!(
+        ids,
+        (1..=160).collect::<Vec<i64>>(),
+        "80 rows a delivery, no gap"
+    );
+    let seqs: Vec<i64> = changes
+        .iter()
+        .filter(|change| change.run_id == "c-run")
+        .map(|change| change.seq)
+        .collect();
+    assert_eq!(seqs, (1..=80).collect::<Vec<i64>>());
+}
