@@ -273,19 +273,30 @@ fn calls_stood_for<'a>(
 }
 
 /// For each span, the first counted span up its chain of nearest reporting model spans (the
-/// one it is counted under), if any. Each chain is walked once, as in
-/// [`nearest_reporting_model_above`]: every span on a walk below the first counted one has
-/// the same answer. Ids are the writers', so a chain may come back on itself: it ends there.
+/// one it is counted under), if any, found by [`first_above`].
 fn counted_above(counted: &[Option<SpanUsage>], nearest: &[Option<usize>]) -> Vec<Option<usize>> {
+    first_above(counted.len(), |at| nearest[at], |up| counted[up].is_some())
+}
+
+/// For each of `len` nodes, the first node up its chain (`up` of it, `up` of that, …) that
+/// `is_answer`, if any. Each chain is walked once: the answer is the same for every node on a
+/// walk up to where it is known, so it is stored for all of them (a chain walked again from
+/// every node cost nodes x depth: seconds for a run of 8,000 nested spans). A chain that comes
+/// back to a node on it (ids are the writers', so cycles happen) ends there, with no answer.
+fn first_above(
+    len: usize,
+    up: impl Fn(usize) -> Option<usize>,
+    is_answer: impl Fn(usize) -> bool,
+) -> Vec<Option<usize>> {
     #[derive(Clone, Copy)]
     enum Known {
         Not,
         OnThisWalk,
         Is(Option<usize>),
     }
-    let mut known = vec![Known::Not; counted.len()];
+    let mut known = vec![Known::Not; len];
     let mut walk = Vec::new();
-    for start in 0..counted.len() {
+    for start in 0..len {
         if matches!(known[start], Known::Is(_)) {
             continue;
         }
@@ -294,16 +305,16 @@ fn counted_above(counted: &[Option<SpanUsage>], nearest: &[Option<usize>]) -> Ve
         let answer = loop {
             known[at] = Known::OnThisWalk;
             walk.push(at);
-            let Some(up) = nearest[at] else {
+            let Some(next) = up(at) else {
                 break None;
             };
-            if counted[up].is_some() {
-                break Some(up);
+            if is_answer(next) {
+                break Some(next);
             }
-            match known[up] {
+            match known[next] {
                 Known::Is(answer) => break answer,
                 Known::OnThisWalk => break None,
-                Known::Not => at = up,
+                Known::Not => at = next,
             }
         };
         for &index in &walk {
@@ -438,61 +449,24 @@ fn sum_model_usage(spans: &[RollupSpan]) -> SpanUsage {
     total
 }
 
-/// For each span, its nearest ancestor (within `spans`) that is a `model` span reporting usage.
-/// Each parent chain is walked once: the answer is the same for every span on a chain up to
-/// where it is known, so it is stored for all of them (a chain walked again from every span
-/// cost spans x depth: seconds for a run of 8,000 nested spans). A chain that comes back to a
-/// span on it (ids are the writers', so cycles happen) ends there, with no answer.
+/// For each span, its nearest ancestor (within `spans`) that is a `model` span reporting usage,
+/// found by [`first_above`] (a parent id that is not a span of `spans` ends the chain).
 fn nearest_reporting_model_above(spans: &[RollupSpan]) -> Vec<Option<usize>> {
-    #[derive(Clone, Copy)]
-    enum Known {
-        Not,
-        OnThisWalk,
-        Is(Option<usize>),
-    }
     let by_id: HashMap<&str, usize> = spans
         .iter()
         .enumerate()
         .map(|(index, span)| (span.span_id.as_str(), index))
         .collect();
-    let mut known = vec![Known::Not; spans.len()];
-    let mut walk = Vec::new();
-    for start in 0..spans.len() {
-        if matches!(known[start], Known::Is(_)) {
-            continue;
-        }
-        walk.clear();
-        let mut at = start;
-        let answer = loop {
-            known[at] = Known::OnThisWalk;
-            walk.push(at);
-            let Some(parent) = spans[at]
+    first_above(
+        spans.len(),
+        |at| {
+            spans[at]
                 .parent_span_id
                 .as_deref()
                 .and_then(|id| by_id.get(id).copied())
-            else {
-                break None;
-            };
-            if reports_model_usage(&spans[parent]) {
-                break Some(parent);
-            }
-            match known[parent] {
-                Known::Is(answer) => break answer,
-                Known::OnThisWalk => break None,
-                Known::Not => at = parent,
-            }
-        };
-        for &index in &walk {
-            known[index] = Known::Is(answer);
-        }
-    }
-    known
-        .into_iter()
-        .map(|known| match known {
-            Known::Is(answer) => answer,
-            Known::Not | Known::OnThisWalk => None,
-        })
-        .collect()
+        },
+        |parent| reports_model_usage(&spans[parent]),
+    )
 }
 
 #[cfg(test)]
