@@ -348,10 +348,9 @@ pub(crate) fn defer_changes<T>(
     }
     ctx.deferred_changes = Some(Vec::with_capacity(CHANGES_HELD_BACK));
     let result = job(ctx).and_then(|value| write_deferred_changes(ctx).map(|()| value));
-    if let Some(rows) = ctx.deferred_changes.take() {
-        if !rows.is_empty() || result.is_err() {
-            ctx.keys.clear_volatile();
-        }
+    ctx.deferred_changes = None;
+    if result.is_err() {
+        ctx.keys.clear_volatile();
     }
     result
 }
