@@ -46,6 +46,7 @@ use crate::activity_write::{
 use crate::database::WriteContext;
 use crate::error::backend;
 use crate::payload_codec::{CompressedPayload, PayloadCodec};
+use crate::remote_callers;
 use crate::rows::{payload_from_row, StoredAttrs};
 use crate::run_roots;
 
@@ -208,7 +209,7 @@ const MAX_ADOPTION_WALK: usize = 64;
 /// a pending span's descendant, named as its remote parent: the run would have no root). The
 /// walk up stops at a root, at a span of another run or not stored, or after
 /// [`MAX_ADOPTION_WALK`] steps (then the span is left a root).
-fn may_adopt(
+pub(crate) fn may_adopt(
     ctx: &mut WriteContext<'_>,
     parent_id: &str,
     own_id: &str,
@@ -633,6 +634,17 @@ fn import_each(
         let parent = stored_parent(ctx, span, run_key)?;
         if let Some(span_key) = insert_new_span(ctx, prepared, parent, run_key, writer_key, now)? {
             log_change(ctx, run_key, span_key, None)?;
+            if let (None, Some(remote)) = (parent, &span.remote_parent) {
+                let kind = &remote.kind_under_it;
+                remote_callers::note_awaiting(ctx, run_key, &remote.span_id, span_key, kind)?;
+            }
+            // Spans continued from this one in another service, delivered before it, come
+            // under it (the rollup then reads the run back: a root of it moved).
+            if remote_callers::adopt(ctx, run_key, new_run, &span.span_id)? > 0 {
+                if let Some((_, run_spans, _)) = touched.get_mut(at) {
+                    *run_spans = RunSpans::Stored;
+                }
+            }
             if !prepared.events.is_empty() {
                 note_new_span(ctx, span_key);
             }
@@ -690,7 +702,14 @@ fn import_each(
                 }
             };
             let span_key = existing.span_key;
+            // The completed copy of a span this importer announced takes the copy's parent: a
+            // root still waiting for its remote caller waits on.
+            let awaits_caller = existing.same_origin && parent.is_none();
             complete_open_span(ctx, prepared, parent, &update, existing, now)?;
+            if let (true, Some(remote)) = (awaits_caller, &span.remote_parent) {
+                let kind = &remote.kind_under_it;
+                remote_callers::note_awaiting(ctx, run_key, &remote.span_id, span_key, kind)?;
+            }
             let add = events_to_add(&prepared.events, held_events(ctx, span_key, codec)?);
             report.events_added +=
                 insert_events(ctx, span_key, run_key, &prepared.events, Some(&add))?;

@@ -133,6 +133,9 @@ pub(crate) struct WriterCache {
     pub next_event_index: FastMap<i64, i64>,
     /// run key -> whether the run has a root, or since when it waits for one (see `run_roots`)
     pub run_roots: FastMap<i64, crate::run_roots::RootState>,
+    /// run key -> whether spans of the run may wait for their remote caller's span (see
+    /// `remote_callers`); `false` is exact, `true` only says a lookup is needed.
+    pub runs_awaiting_callers: FastMap<i64, bool>,
     /// The change id the next change row gets.
     pub next_change_id: Option<i64>,
     /// Whether the current group logged a change (set by `activity_write::log_change`, reset
@@ -173,6 +176,7 @@ impl WriterCache {
         self.run_seq.clear();
         self.next_event_index.clear();
         self.run_roots.clear();
+        self.runs_awaiting_callers.clear();
         self.next_change_id = None;
         self.engagements.clear();
         self.recent_span_ids = None;
@@ -188,6 +192,7 @@ impl WriterCache {
             || self.run_seq.len() > Self::MAX_ENTRIES
             || self.next_event_index.len() > Self::MAX_ENTRIES
             || self.run_roots.len() > Self::MAX_ENTRIES
+            || self.runs_awaiting_callers.len() > Self::MAX_ENTRIES
             || self.engagements.len() > Self::MAX_ENTRIES
         {
             self.clear_volatile();

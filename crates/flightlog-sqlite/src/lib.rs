@@ -16,6 +16,7 @@ mod error;
 mod journal;
 mod lock_turns;
 mod payload_codec;
+mod remote_callers;
 mod rewind_gate;
 mod rows;
 mod run_roots;

@@ -271,6 +271,21 @@ CREATE INDEX journal_engagements_by_arrival ON journal_engagements (appended_at)
     r#"
 ALTER TABLE activity_spans ADD COLUMN call_id TEXT;
 "#,
+    // Version 12: the spans stored as roots because their remote caller's span was not stored
+    // (an OpenTelemetry trace continued from an incoming `traceparent`), by run and caller id,
+    // with the kind each takes under its caller, so the caller's span adopts them when it comes
+    // (see `remote_callers`): a callee's spans end, and so are exported, before its caller's.
+    // Spans an earlier flightlog stored so are not listed (their caller's id is inside their
+    // packed attrs), and stay roots.
+    r#"
+CREATE TABLE activity_spans_awaiting_caller (
+  run_key           INTEGER NOT NULL,
+  caller_span_id    TEXT NOT NULL,
+  span_key          INTEGER NOT NULL,
+  kind_under_caller TEXT NOT NULL,
+  PRIMARY KEY (run_key, caller_span_id, span_key)
+) WITHOUT ROWID;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use flightlog_core::activity::{
     ActivityStore, ChangeBody, EncodedAttrs, EndSpanInput, ImportedAttrs, ImportedEnd,
-    ImportedEvent, ImportedSpan, JsonObject, RemoteParent, RunListQuery, SpanKind, SpanOrigin,
-    SpanOutcome, SpanUsage, StartSpanInput,
+    ImportedEvent, ImportedSpan, JsonObject, PruneOptions, RemoteParent, RunListQuery, SpanKind,
+    SpanOrigin, SpanOutcome, SpanUsage, StartSpanInput,
 };
 use flightlog_core::ManualClock;
 use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
@@ -297,6 +297,211 @@ async fn a_remote_parent_stored_in_the_same_run_is_kept() {
         .unwrap();
     let second = fx.store.get_span("second").await.unwrap().unwrap();
     assert_eq!(second.parent_span_id.as_deref(), Some("first"));
+}
+
+/// A traced call between two services: the callee's spans end, and so are exported, before the
+/// caller's span. Its entry span is a root until the caller's span comes, then moves under it
+/// with a child's kind, change-logged; the run ends up the same tree in either order, and with
+/// the same rollup.
+#[tokio::test]
+async fn a_callee_delivered_before_its_caller_moves_under_it_when_the_caller_comes() {
+    let fx = fixture();
+    let callee = |run_id: &str| {
+        let mut entry = span("callee", None, SpanKind::Turn, 1_100);
+        entry.run_id = run_id.to_owned();
+        entry.remote_parent = Some(RemoteParent {
+            span_id: "call".to_owned(),
+            kind_under_it: SpanKind::Subagent,
+        });
+        let mut model = model_span("callee-model", "callee", 1_110, 300, 0.3);
+        model.run_id = run_id.to_owned();
+        vec![entry, model]
+    };
+    let caller = |run_id: &str| {
+        let mut root = span("agent", None, SpanKind::Turn, 1_000);
+        root.end = Some(ImportedEnd {
+            ended_at: 2_000,
+            outcome: SpanOutcome::Success,
+            reason: None,
+        });
+        let mut call = span("call", Some("agent"), SpanKind::Tool, 1_050);
+        let mut model = model_span("agent-model", "agent", 1_010, 100, 0.1);
+        for span in [&mut root, &mut call, &mut model] {
+            span.run_id = run_id.to_owned();
+        }
+        vec![model, call, root]
+    };
+    // Run "callee-first": the callee's delivery, then the caller's.
+    fx.store.import_spans(callee("callee-first")).await.unwrap();
+    let entry = fx.store.get_span("callee").await.unwrap().unwrap();
+    assert_eq!(
+        entry.parent_span_id, None,
+        "a root while its caller is away"
+    );
+    assert_eq!(entry.kind, SpanKind::Turn);
+    let cursor = fx.store.latest_change_cursor().await.unwrap();
+    fx.store.import_spans(caller("callee-first")).await.unwrap();
+    let entry = fx.store.get_span("callee").await.unwrap().unwrap();
+    assert_eq!(entry.parent_span_id.as_deref(), Some("call"));
+    assert_eq!(entry.kind, SpanKind::Subagent);
+    // The move is a change of the callee's span, after the caller's span was logged.
+    let changes = fx.store.changes_since(cursor, 100).await.unwrap();
+    let moved = changes.iter().position(|change| {
+        matches!(&change.body, ChangeBody::Span { span }
+            if span.span_id == "callee" && span.parent_span_id.as_deref() == Some("call"))
+    });
+    let call_logged = changes.iter().position(
+        |change| matches!(&change.body, ChangeBody::Span { span } if span.span_id == "call"),
+    );
+    assert!(
+        moved.is_some() && call_logged < moved,
+        "the move is change-logged after the caller: {changes:?}"
+    );
+    let seqs: Vec<i64> = changes.iter().map(|change| change.seq).collect();
+    assert_eq!(
+        seqs,
+        [3, 4, 5, 6],
+        "three spans and one move, one seq each: {changes:?}"
+    );
+
+    // Run "caller-first", the other order (other span ids: ids are unique across runs).
+    let rename = |spans: Vec<ImportedSpan>| -> Vec<ImportedSpan> {
+        spans
+            .into_iter()
+            .map(|mut span| {
+                span.span_id = format!("b-{}", span.span_id);
+                span.parent_span_id = span.parent_span_id.map(|id| format!("b-{id}"));
+                if let Some(remote) = span.remote_parent.as_mut() {
+                    remote.span_id = format!("b-{}", remote.span_id);
+                }
+                span
+            })
+            .collect()
+    };
+    fx.store
+        .import_spans(rename(caller("caller-first")))
+        .await
+        .unwrap();
+    fx.store
+        .import_spans(rename(callee("caller-first")))
+        .await
+        .unwrap();
+    let tree = |run_id: &'static str, prefix: &'static str| {
+        let store = &fx.store;
+        async move {
+            let snapshot = store.snapshot_run(run_id).await.unwrap().unwrap();
+            let mut tree: Vec<(String, Option<String>, SpanKind)> = snapshot
+                .spans
+                .into_iter()
+                .map(|span| {
+                    let strip = |id: String| id.strip_prefix(prefix).unwrap_or(&id).to_owned();
+                    (
+                        strip(span.span_id),
+                        span.parent_span_id.map(strip),
+                        span.kind,
+                    )
+                })
+                .collect();
+            tree.sort_by(|a, b| a.0.cmp(&b.0));
+            tree
+        }
+    };
+    let first = tree("callee-first", "").await;
+    assert_eq!(first, tree("caller-first", "b-").await);
+    assert_eq!(
+        first
+            .iter()
+            .filter(|(_, parent, _)| parent.is_none())
+            .count(),
+        1,
+        "one root: {first:?}"
+    );
+    let rollups = [
+        fx.store.read_rollup("callee-first").await.unwrap().unwrap(),
+        fx.store.read_rollup("caller-first").await.unwrap().unwrap(),
+    ];
+    for rollup in &rollups {
+        assert_eq!(rollup.name, "agent-name", "{rollup:?}");
+        assert_eq!(rollup.input_tokens, Some(400), "{rollup:?}");
+        assert_eq!(rollup.span_count, 5, "{rollup:?}");
+    }
+
+    // In one delivery, callee first: the same.
+    let mut both = callee("one-delivery");
+    both.extend(caller("one-delivery"));
+    fx.store
+        .import_spans(
+            both.into_iter()
+                .map(|mut span| {
+                    span.span_id = format!("c-{}", span.span_id);
+                    span.parent_span_id = span.parent_span_id.map(|id| format!("c-{id}"));
+                    if let Some(remote) = span.remote_parent.as_mut() {
+                        remote.span_id = format!("c-{}", remote.span_id);
+                    }
+                    span
+                })
+                .collect(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(tree("one-delivery", "c-").await, first);
+    let rollup = fx.store.read_rollup("one-delivery").await.unwrap().unwrap();
+    assert_eq!(rollup.name, "agent-name", "{rollup:?}");
+
+    // A caller that is the waiting span's own descendant (its remote parent named a span
+    // below it) leaves it a root: under it, the two would hang from each other.
+    let mut looped = span("looped", None, SpanKind::Turn, 1_100);
+    looped.run_id = "loop".into();
+    looped.remote_parent = Some(RemoteParent {
+        span_id: "below".to_owned(),
+        kind_under_it: SpanKind::Subagent,
+    });
+    fx.store.import_spans(vec![looped]).await.unwrap();
+    let mut below = span("below", Some("looped"), SpanKind::Tool, 1_200);
+    below.run_id = "loop".into();
+    fx.store.import_spans(vec![below]).await.unwrap();
+    let looped = fx.store.get_span("looped").await.unwrap().unwrap();
+    assert_eq!(looped.parent_span_id, None);
+    assert_eq!(looped.kind, SpanKind::Turn);
+
+    // A callee whose caller never comes waits until its run is pruned, and no longer.
+    let waiting = || {
+        let path = fx._dir.path().join("import.db");
+        let conn = rusqlite::Connection::open(path).expect("the file opens");
+        conn.query_row(
+            "SELECT COUNT(*) FROM activity_spans_awaiting_caller",
+            [],
+            |row| row.get::<_, i64>(0),
+        )
+        .expect("the table reads")
+    };
+    let mut lonely = callee("never-called");
+    for span in &mut lonely {
+        span.span_id = format!("d-{}", span.span_id);
+        span.parent_span_id = span.parent_span_id.take().map(|id| format!("d-{id}"));
+        if let Some(remote) = span.remote_parent.as_mut() {
+            remote.span_id = format!("d-{}", remote.span_id);
+        }
+    }
+    fx.store.import_spans(lonely).await.unwrap();
+    assert_eq!(
+        waiting(),
+        1,
+        "the lonely callee waits (the loop's span no longer: its caller came, below it)"
+    );
+    let pruned = fx
+        .store
+        .prune(PruneOptions {
+            max_spans: None,
+            digest_floor_at: 1_000_000,
+            hard_ceiling_ms: i64::MAX,
+            now: None,
+            batch: None,
+        })
+        .await
+        .unwrap();
+    assert!(pruned.runs_pruned >= 1, "{pruned:?}");
+    assert_eq!(waiting(), 0, "pruned with their runs");
 }
 
 /// The root `root` of run `trace1` started through the native API (name "native name", kind

@@ -286,6 +286,65 @@ async fn a_remote_flagged_parent_already_in_the_run_stays_the_parent() {
     assert_eq!(rollup["spanCount"], 2, "{rollup}");
 }
 
+/// A tool server traced as part of the agent's trace (it continues the agent's `traceparent`)
+/// exports its spans as they end, before the agent's call to it ends: its entry span is a root
+/// while the call is away, then moves under the call when the agent's spans come, as a
+/// subagent. The run is the one tree, with the one rollup, it is when the agent's spans come
+/// first.
+#[tokio::test]
+async fn a_remote_callee_exported_before_its_caller_moves_under_the_call() {
+    let server = TestServer::start().await;
+    let mut entry = otlp_span(
+        5,
+        4,
+        1_010,
+        vec![text("gen_ai.operation.name", "invoke_agent")],
+    );
+    entry.flags = 0x301;
+    export(&server, vec![entry, model_span(6, 5, 1_020, 400)]).await;
+    let (_, waiting) = get_json(&server, &format!("/v1/activity/spans/{}", hex(5))).await;
+    assert_eq!(waiting["parentSpanId"], Value::Null, "{waiting}");
+    assert_eq!(waiting["kind"], "turn", "{waiting}");
+
+    let call = otlp_span(
+        4,
+        1,
+        1_005,
+        vec![text("gen_ai.operation.name", "execute_tool")],
+    );
+    let answer = export(
+        &server,
+        vec![call, model_span(2, 1, 1_001, 100), root_span()],
+    )
+    .await;
+    assert_eq!(answer.partial_success, None);
+    let (_, moved) = get_json(&server, &format!("/v1/activity/spans/{}", hex(5))).await;
+    assert_eq!(moved["parentSpanId"], hex(4), "{moved}");
+    assert_eq!(moved["kind"], "subagent", "{moved}");
+    assert_eq!(moved["attrs"]["flightlog.remote_parent_span_id"], hex(4));
+    let (_, snapshot) = get_json(&server, &format!("/v1/activity/runs/{TRACE_HEX}/snapshot")).await;
+    let roots: Vec<&Value> = snapshot["spans"]
+        .as_array()
+        .map(|spans| {
+            spans
+                .iter()
+                .filter(|span| span["parentSpanId"].is_null())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(roots.len(), 1, "{snapshot}");
+    assert_eq!(roots[0]["spanId"], hex(1), "{snapshot}");
+    let (status, rollup) =
+        get_json(&server, &format!("/v1/activity/runs/{TRACE_HEX}/rollup")).await;
+    assert_eq!(status, 200, "{rollup}");
+    assert_eq!(rollup["name"], "span-1", "{rollup}");
+    assert_eq!(rollup["inputTokens"], 500, "{rollup}");
+    assert_eq!(rollup["spanCount"], 5, "{rollup}");
+    let (_, runs) = get_json(&server, "/v1/activity/runs").await;
+    assert_eq!(runs["runs"].as_array().map(Vec::len), Some(1), "{runs}");
+    assert_eq!(runs["runs"][0]["name"], "span-1", "{runs}");
+}
+
 #[tokio::test]
 async fn a_trace_continued_from_a_remote_caller_is_a_run_with_its_usage() {
     let server = TestServer::start().await;

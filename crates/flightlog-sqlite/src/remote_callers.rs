@@ -1,0 +1,122 @@
+//! Which spans wait for their remote caller's span: the table that makes a traced call between
+//! two services one tree whatever order the two services export in.
+//!
+//! A span continued from a remote caller (an OpenTelemetry span whose parent is flagged remote:
+//! the SDK picked the trace up from an incoming `traceparent`) is stored under that caller when
+//! the caller's span is stored in the run, else as a root (see `activity_import::stored_parent`).
+//! A callee's spans end before its caller's span does, and SDKs export a span when it ends, so
+//! the callee's usually arrive first: the run was two roots when the callee exported first and
+//! one tree when the caller did. `activity_spans_awaiting_caller` lists each span stored as a
+//! root for want of its caller, by run and caller id, with the kind it takes under the caller
+//! (an agent's span is a `turn` at the root, a `subagent` below), and each span the importer
+//! inserts adopts the spans that wait for it: they move under it, take their child's kind, and
+//! each move is change-logged, so streams and snapshots see it.
+//!
+//! The writer keeps the table under its write lock, in the transaction of the write that
+//! changes it; `prune` deletes a run's rows with its detail. `WriterCache::runs_awaiting_callers`
+//! spares the common case (a run none of whose spans waits: every trace that stays in one
+//! process) any query after the run's first look.
+
+use flightlog_core::activity::{SpanKind, StoreError};
+use rusqlite::params;
+
+use crate::activity_import::may_adopt;
+use crate::activity_write::log_change;
+use crate::database::WriteContext;
+use crate::error::backend;
+
+/// The span `span_key` of run `run_key` was stored as a root because its remote caller
+/// `caller_span_id` is not stored: it waits for it.
+pub(crate) fn note_awaiting(
+    ctx: &mut WriteContext<'_>,
+    run_key: i64,
+    caller_span_id: &str,
+    span_key: i64,
+    kind_under_caller: &SpanKind,
+) -> Result<(), StoreError> {
+    ctx.statement(
+        "INSERT OR IGNORE INTO activity_spans_awaiting_caller \
+         (run_key, caller_span_id, span_key, kind_under_caller) VALUES (?1, ?2, ?3, ?4)",
+    )
+    .and_then(|stmt| {
+        stmt.execute(params![
+            run_key,
+            caller_span_id,
+            span_key,
+            kind_under_caller.as_str()
+        ])
+    })
+    .map_err(backend)?;
+    ctx.keys.runs_awaiting_callers.insert(run_key, true);
+    Ok(())
+}
+
+/// The span `caller_span_id` was just stored in run `run_key` (`new_run`: created in this
+/// transaction): move the roots that wait for it under it. Returns how many moved. A root that
+/// is the caller's own ancestor stays a root (under the caller the two would hang from each
+/// other and the run would lose its root).
+pub(crate) fn adopt(
+    ctx: &mut WriteContext<'_>,
+    run_key: i64,
+    new_run: bool,
+    caller_span_id: &str,
+) -> Result<usize, StoreError> {
+    let awaited = match ctx.keys.runs_awaiting_callers.get(&run_key) {
+        Some(known) => *known,
+        None if new_run => false,
+        None => ctx
+            .statement(
+                "SELECT EXISTS (SELECT 1 FROM activity_spans_awaiting_caller WHERE run_key = ?1)",
+            )
+            .and_then(|stmt| stmt.query_row([run_key], |row| row.get(0)))
+            .map_err(backend)?,
+    };
+    ctx.keys.runs_awaiting_callers.insert(run_key, awaited);
+    if !awaited {
+        return Ok(0);
+    }
+    // Rows of spans that are no longer roots (their completed copy named a parent) are deleted
+    // with the others and move nothing.
+    let waiting: Vec<(i64, String, String)> = ctx
+        .statement(
+            "SELECT w.span_key, w.kind_under_caller, s.span_id \
+             FROM activity_spans_awaiting_caller w \
+             JOIN activity_spans s ON s.span_key = w.span_key \
+             WHERE w.run_key = ?1 AND w.caller_span_id = ?2 AND s.parent_span_id IS NULL",
+        )
+        .and_then(|stmt| {
+            stmt.query_map(params![run_key, caller_span_id], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+            })?
+            .collect()
+        })
+        .map_err(backend)?;
+    ctx.statement(
+        "DELETE FROM activity_spans_awaiting_caller WHERE run_key = ?1 AND caller_span_id = ?2",
+    )
+    .and_then(|stmt| stmt.execute(params![run_key, caller_span_id]))
+    .map_err(backend)?;
+    let mut adopted = 0;
+    for (span_key, kind_under_caller, span_id) in waiting {
+        if !may_adopt(ctx, caller_span_id, &span_id, run_key)? {
+            continue;
+        }
+        ctx.statement(
+            "UPDATE activity_spans SET parent_span_id = ?2, kind = ?3 WHERE span_key = ?1",
+        )
+        .and_then(|stmt| stmt.execute(params![span_key, caller_span_id, kind_under_caller]))
+        .map_err(backend)?;
+        log_change(ctx, run_key, span_key, None)?;
+        adopted += 1;
+    }
+    Ok(adopted)
+}
+
+/// The run's detail is being deleted (`prune`): so are its rows.
+pub(crate) fn forget(ctx: &mut WriteContext<'_>, run_key: i64) -> Result<(), StoreError> {
+    ctx.statement("DELETE FROM activity_spans_awaiting_caller WHERE run_key = ?1")
+        .and_then(|stmt| stmt.execute([run_key]))
+        .map_err(backend)?;
+    ctx.keys.runs_awaiting_callers.remove(&run_key);
+    Ok(())
+}
