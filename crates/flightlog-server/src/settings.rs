@@ -736,20 +736,26 @@ fn collect_keys(
     Ok(())
 }
 
-/// The section (`journal`, `maintenance`) closest to an unknown table's name (`jornal`).
-fn meant_section(name: &str) -> Option<&'static str> {
-    SETTINGS
-        .iter()
-        .filter_map(|setting| setting.key.split_once('.').map(|(section, _)| section))
-        .map(|section| {
-            (
-                strsim::levenshtein(&name.to_ascii_lowercase(), section),
-                section,
-            )
-        })
+/// Of `candidates` (each compared as `spelled` spells it), the first one closest to `wanted`, if
+/// it is at most two edits away: the guess behind every "did you mean" of the settings.
+fn closest_within_two<'a>(
+    wanted: &str,
+    candidates: impl Iterator<Item = &'a str>,
+    spelled: impl Fn(&str) -> String,
+) -> Option<&'a str> {
+    candidates
+        .map(|candidate| (strsim::levenshtein(wanted, &spelled(candidate)), candidate))
         .filter(|(distance, _)| *distance <= 2)
         .min_by_key(|(distance, _)| *distance)
-        .map(|(_, section)| section)
+        .map(|(_, candidate)| candidate)
+}
+
+/// The section (`journal`, `maintenance`) closest to an unknown table's name (`jornal`).
+fn meant_section(name: &str) -> Option<&'static str> {
+    let sections = SETTINGS
+        .iter()
+        .filter_map(|setting| setting.key.split_once('.').map(|(section, _)| section));
+    closest_within_two(&name.to_ascii_lowercase(), sections, str::to_owned)
 }
 
 /// The config-file key closest to an unknown `key` (`bodylimit`, `Body-Limit`,
@@ -766,20 +772,13 @@ fn meant_key(key: &str) -> Option<&'static str> {
     fn last_part(key: &str) -> &str {
         key.rsplit('.').next().unwrap_or(key)
     }
-    fn closest(wanted: &str, known: impl Fn(&Setting) -> String) -> Option<&'static str> {
-        SETTINGS
-            .iter()
-            .map(|setting| (strsim::levenshtein(wanted, &known(setting)), setting.key))
-            .filter(|(distance, _)| *distance <= 2)
-            .min_by_key(|(distance, _)| *distance)
-            .map(|(_, key)| key)
-    }
     if plain(last_part(key)).len() < 3 {
         return None;
     }
-    closest(&plain(key), |setting| plain(setting.key)).or_else(|| {
-        closest(&plain(last_part(key)), |setting| {
-            plain(last_part(setting.key))
+    let keys = || SETTINGS.iter().map(|setting| setting.key);
+    closest_within_two(&plain(key), keys(), plain).or_else(|| {
+        closest_within_two(&plain(last_part(key)), keys(), |known| {
+            plain(last_part(known))
         })
     })
 }
@@ -1206,14 +1205,11 @@ pub fn meant_variable(name: &str) -> Option<&'static str> {
     if let Some(meant) = meant_by_another_word(&upper) {
         return Some(meant);
     }
-    SETTINGS
+    let variables = SETTINGS
         .iter()
         .map(|setting| setting.env)
-        .chain([CONFIG_ENV])
-        .map(|known| (strsim::levenshtein(&upper, known), known))
-        .filter(|(distance, _)| *distance <= 2)
-        .min_by_key(|(distance, _)| *distance)
-        .map(|(_, known)| known)
+        .chain([CONFIG_ENV]);
+    closest_within_two(&upper, variables, str::to_owned)
 }
 
 /// The setting a `FLIGHTLOG_*` name means in other words, as other servers name theirs
