@@ -295,7 +295,8 @@ fn retry_after_header() -> utoipa::openapi::header::Header {
         .build()
 }
 
-/// The path ids (`spanId`, `runId`, `engagementId`) are 1 to 256 bytes.
+/// The path ids (`spanId`, `runId`, `engagementId`) are 1 to 256 bytes. JSON Schema's
+/// `maxLength` counts characters, so the description says what the server counts.
 fn ids_are_bounded(operation: &mut Operation) {
     for parameter in operation.parameters.iter_mut().flatten() {
         if parameter.parameter_in != ParameterIn::Path {
@@ -304,6 +305,12 @@ fn ids_are_bounded(operation: &mut Operation) {
         if let Some(RefOr::T(Schema::Object(schema))) = parameter.schema.as_mut() {
             schema.min_length = Some(1);
             schema.max_length = Some(MAX_ID_BYTES);
+            if parameter.description.is_none() {
+                parameter.description = Some(format!(
+                    "1 to {MAX_ID_BYTES} bytes of UTF-8 (the server counts bytes; `maxLength` \
+                     counts characters, so an id beyond ASCII reaches the limit sooner)."
+                ));
+            }
         }
     }
 }

@@ -275,6 +275,12 @@ fn middleware_answers_are_documented_where_they_can_happen() {
     assert_eq!(span_id["schema"]["maxLength"], 256, "{span_id}");
     assert_eq!(span_id["schema"]["minLength"], 1, "{span_id}");
     assert!(
+        span_id["description"]
+            .as_str()
+            .is_some_and(|text| text.contains("256 bytes")),
+        "the limit is in bytes, which maxLength cannot say: {span_id}"
+    );
+    assert!(
         cursor.contains("401") && cursor.contains("403"),
         "{cursor:?}"
     );
