@@ -369,6 +369,9 @@ impl FromRequestParts<AppState> for WriterStore {
     }
 }
 
+/// The `Flightlog-Writer` values [`check_writer`] takes, as a JSON Schema `pattern`.
+const WRITER_PATTERN: &str = "^(?!serve:)[!-~]+$";
+
 /// The OpenAPI description of the `Flightlog-Writer` header, for every handler that takes a
 /// [`WriterStore`] (`params(WriterStore)` in its `#[utoipa::path]`).
 impl utoipa::IntoParams for WriterStore {
@@ -382,8 +385,9 @@ impl utoipa::IntoParams for WriterStore {
             .schema_type(Type::String)
             .min_length(Some(1))
             .max_length(Some(MAX_ID_BYTES))
-            // Visible ASCII (`!` to `~`), no space or tab.
-            .pattern(Some("^[!-~]+$"));
+            // Visible ASCII (`!` to `~`), no space or tab, and not the servers' own namespace
+            // (ECMA-262, the dialect of JSON Schema's `pattern`, has the lookahead).
+            .pattern(Some(WRITER_PATTERN));
         vec![ParameterBuilder::new()
             .name("Flightlog-Writer")
             .parameter_in(ParameterIn::Header)

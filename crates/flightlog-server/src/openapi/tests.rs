@@ -248,6 +248,16 @@ fn middleware_answers_are_documented_where_they_can_happen() {
     // A bad `Flightlog-Writer` is a 400 on a route that takes no other input.
     let sweep = responses("post", "/v1/activity/maintenance/sweep-orphans");
     assert!(sweep.contains("400") && sweep.contains("408"), "{sweep:?}");
+    let writer = json
+        .pointer("/paths/~1v1~1activity~1maintenance~1sweep-orphans/post/parameters")
+        .and_then(|parameters| parameters.as_array())
+        .and_then(|parameters| parameters.iter().find(|p| p["name"] == "Flightlog-Writer"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        writer["schema"]["pattern"], "^(?!serve:)[!-~]+$",
+        "visible ASCII, not the servers' namespace: {writer}"
+    );
     // `/v1/traces` answers a protobuf request's errors in protobuf.
     for status in ["400", "401", "413", "415", "503"] {
         let pointer =
