@@ -299,6 +299,22 @@ async fn a_remote_parent_stored_in_the_same_run_is_kept() {
     assert_eq!(second.parent_span_id.as_deref(), Some("first"));
 }
 
+/// `spans` with every span id they name (own, parent, remote parent) led by `prefix`: the same
+/// trace again in another run (span ids are unique across runs).
+fn with_id_prefix(spans: Vec<ImportedSpan>, prefix: &str) -> Vec<ImportedSpan> {
+    spans
+        .into_iter()
+        .map(|mut span| {
+            span.span_id = format!("{prefix}{}", span.span_id);
+            span.parent_span_id = span.parent_span_id.map(|id| format!("{prefix}{id}"));
+            if let Some(remote) = span.remote_parent.as_mut() {
+                remote.span_id = format!("{prefix}{}", remote.span_id);
+            }
+            span
+        })
+        .collect()
+}
+
 /// A traced call between two services: the callee's spans end, and so are exported, before the
 /// caller's span. Its entry span is a root until the caller's span comes, then moves under it
 /// with a child's kind, change-logged; the run ends up the same tree in either order, and with
@@ -365,25 +381,12 @@ async fn a_callee_delivered_before_its_caller_moves_under_it_when_the_caller_com
     );
 
     // Run "caller-first", the other order (other span ids: ids are unique across runs).
-    let rename = |spans: Vec<ImportedSpan>| -> Vec<ImportedSpan> {
-        spans
-            .into_iter()
-            .map(|mut span| {
-                span.span_id = format!("b-{}", span.span_id);
-                span.parent_span_id = span.parent_span_id.map(|id| format!("b-{id}"));
-                if let Some(remote) = span.remote_parent.as_mut() {
-                    remote.span_id = format!("b-{}", remote.span_id);
-                }
-                span
-            })
-            .collect()
-    };
     fx.store
-        .import_spans(rename(caller("caller-first")))
+        .import_spans(with_id_prefix(caller("caller-first"), "b-"))
         .await
         .unwrap();
     fx.store
-        .import_spans(rename(callee("caller-first")))
+        .import_spans(with_id_prefix(callee("caller-first"), "b-"))
         .await
         .unwrap();
     let tree = |run_id: &'static str, prefix: &'static str| {
@@ -430,18 +433,7 @@ async fn a_callee_delivered_before_its_caller_moves_under_it_when_the_caller_com
     let mut both = callee("one-delivery");
     both.extend(caller("one-delivery"));
     fx.store
-        .import_spans(
-            both.into_iter()
-                .map(|mut span| {
-                    span.span_id = format!("c-{}", span.span_id);
-                    span.parent_span_id = span.parent_span_id.map(|id| format!("c-{id}"));
-                    if let Some(remote) = span.remote_parent.as_mut() {
-                        remote.span_id = format!("c-{}", remote.span_id);
-                    }
-                    span
-                })
-                .collect(),
-        )
+        .import_spans(with_id_prefix(both, "c-"))
         .await
         .unwrap();
     assert_eq!(tree("one-delivery", "c-").await, first);
@@ -475,14 +467,7 @@ async fn a_callee_delivered_before_its_caller_moves_under_it_when_the_caller_com
         )
         .expect("the table reads")
     };
-    let mut lonely = callee("never-called");
-    for span in &mut lonely {
-        span.span_id = format!("d-{}", span.span_id);
-        span.parent_span_id = span.parent_span_id.take().map(|id| format!("d-{id}"));
-        if let Some(remote) = span.remote_parent.as_mut() {
-            remote.span_id = format!("d-{}", remote.span_id);
-        }
-    }
+    let lonely = with_id_prefix(callee("never-called"), "d-");
     fx.store.import_spans(lonely).await.unwrap();
     assert_eq!(
         waiting(),
