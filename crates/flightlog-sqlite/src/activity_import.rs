@@ -201,8 +201,10 @@ fn kind_of<'s>(span: &'s ImportedSpan, parent: Option<&str>) -> Cow<'s, SpanKind
     }
 }
 
-/// How far up from a remote parent [`may_adopt`] looks for the span itself.
-const MAX_ADOPTION_WALK: usize = 64;
+/// How far up from a remote parent [`may_adopt`] looks for the span itself: one indexed lookup
+/// a step, for spans whose parent is flagged remote only (a few milliseconds at most), and
+/// deeper than agent traces nest (64 left the callee of a 70-span-deep caller a root).
+const MAX_ADOPTION_WALK: usize = 256;
 
 /// Whether the span `own_id` may be stored under its remote parent `parent_id`: the parent is
 /// stored in the run `run_key`, and is not below the span itself (a child delivered earlier, or

@@ -21,12 +21,13 @@ use flightlog_core::activity::{SpanKind, StoreError};
 use rusqlite::params;
 
 use crate::activity_import::may_adopt;
-use crate::activity_write::log_change;
+use crate::activity_write::{log_change, span_key_of};
 use crate::database::WriteContext;
 use crate::error::backend;
 
-/// The span `span_key` of run `run_key` was stored as a root because its remote caller
-/// `caller_span_id` is not stored: it waits for it.
+/// The span `span_key` of run `run_key` was stored as a root for want of its remote caller
+/// `caller_span_id`: it waits for it, unless the caller is stored after all (in another run, or
+/// below the span itself), since a stored span id never comes again.
 pub(crate) fn note_awaiting(
     ctx: &mut WriteContext<'_>,
     run_key: i64,
@@ -34,6 +35,9 @@ pub(crate) fn note_awaiting(
     span_key: i64,
     kind_under_caller: &SpanKind,
 ) -> Result<(), StoreError> {
+    if is_stored(ctx, caller_span_id)? {
+        return Ok(());
+    }
     ctx.statement(
         "INSERT OR IGNORE INTO activity_spans_awaiting_caller \
          (run_key, caller_span_id, span_key, kind_under_caller) VALUES (?1, ?2, ?3, ?4)",
@@ -107,9 +111,42 @@ pub(crate) fn adopt(
         .and_then(|stmt| stmt.execute(params![span_key, caller_span_id, kind_under_caller]))
         .map_err(backend)?;
         log_change(ctx, run_key, span_key, None)?;
+        forget_rollup_from(ctx, run_key, span_key)?;
         adopted += 1;
     }
     Ok(adopted)
+}
+
+/// The span `span_key`, a root of run `run_key` until now, was moved under its caller: a rollup
+/// computed from it as the run's root (its name and start) no longer describes the run. It is
+/// deleted; the import rolls the run up again from its roots as they are now when one has
+/// ended, so the run has the rollup it would have had if the caller had come first (none while
+/// no root has ended). A digest left by `prune` stays.
+fn forget_rollup_from(
+    ctx: &mut WriteContext<'_>,
+    run_key: i64,
+    span_key: i64,
+) -> Result<(), StoreError> {
+    ctx.statement(
+        "DELETE FROM activity_run_rollups WHERE run_key = ?1 AND detail_pruned = 0 \
+         AND EXISTS (SELECT 1 FROM activity_spans s WHERE s.span_key = ?2 \
+           AND s.started_at = activity_run_rollups.started_at \
+           AND s.name = activity_run_rollups.name)",
+    )
+    .and_then(|stmt| stmt.execute(params![run_key, span_key]))
+    .map_err(backend)?;
+    Ok(())
+}
+
+/// Whether a span with this id is stored, in any run (the span-id filter answers most "no"
+/// without a query).
+fn is_stored(ctx: &mut WriteContext<'_>, span_id: &str) -> Result<bool, StoreError> {
+    if !ctx.keys.span_id_filter.may_be_taken(span_id) {
+        return Ok(false);
+    }
+    ctx.statement(concat!("SELECT ", span_key_of!("?1"), " IS NOT NULL"))
+        .and_then(|stmt| stmt.query_row([span_id], |row| row.get(0)))
+        .map_err(backend)
 }
 
 /// The run's detail is being deleted (`prune`): so are its rows.

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use flightlog_core::activity::{
     ActivityStore, ChangeBody, EncodedAttrs, EndSpanInput, ImportedAttrs, ImportedEnd,
-    ImportedEvent, ImportedSpan, JsonObject, PruneOptions, RemoteParent, RunListQuery, SpanKind,
-    SpanOrigin, SpanOutcome, SpanUsage, StartSpanInput,
+    ImportedEvent, ImportedSpan, JsonObject, PruneOptions, RemoteParent, RunListQuery, RunState,
+    SpanKind, SpanOrigin, SpanOutcome, SpanUsage, StartSpanInput,
 };
 use flightlog_core::ManualClock;
 use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
@@ -456,6 +456,32 @@ async fn a_callee_delivered_before_its_caller_moves_under_it_when_the_caller_com
     assert_eq!(looped.parent_span_id, None);
     assert_eq!(looped.kind, SpanKind::Turn);
 
+    // A caller deep in its trace (100 spans down) adopts its callee too.
+    let mut deep = span("deep-callee", None, SpanKind::Turn, 1_500);
+    deep.run_id = "deep".into();
+    deep.remote_parent = Some(RemoteParent {
+        span_id: "level-99".to_owned(),
+        kind_under_it: SpanKind::Subagent,
+    });
+    fx.store.import_spans(vec![deep]).await.unwrap();
+    let chain: Vec<ImportedSpan> = (0..100)
+        .map(|level| {
+            let parent = (level > 0).then(|| format!("level-{}", level - 1));
+            let mut span = span(
+                &format!("level-{level}"),
+                None,
+                SpanKind::Other,
+                1_000 + level,
+            );
+            span.parent_span_id = parent;
+            span.run_id = "deep".into();
+            span
+        })
+        .collect();
+    fx.store.import_spans(chain).await.unwrap();
+    let deep = fx.store.get_span("deep-callee").await.unwrap().unwrap();
+    assert_eq!(deep.parent_span_id.as_deref(), Some("level-99"));
+
     // A callee whose caller never comes waits until its run is pruned, and no longer.
     let waiting = || {
         let path = fx._dir.path().join("import.db");
@@ -474,6 +500,21 @@ async fn a_callee_delivered_before_its_caller_moves_under_it_when_the_caller_com
         1,
         "the lonely callee waits (the loop's span no longer: its caller came, below it)"
     );
+    // A span whose caller is stored already, below it, is a root that waits for nothing: the
+    // caller will not come again.
+    let mut child = span("child-first", Some("parent-later"), SpanKind::Tool, 1_200);
+    child.run_id = "child-first".into();
+    fx.store.import_spans(vec![child]).await.unwrap();
+    let mut parent = span("parent-later", None, SpanKind::Turn, 1_100);
+    parent.run_id = "child-first".into();
+    parent.remote_parent = Some(RemoteParent {
+        span_id: "child-first".to_owned(),
+        kind_under_it: SpanKind::Subagent,
+    });
+    fx.store.import_spans(vec![parent]).await.unwrap();
+    let parent = fx.store.get_span("parent-later").await.unwrap().unwrap();
+    assert_eq!(parent.parent_span_id, None);
+    assert_eq!(waiting(), 1, "no row waits for a caller stored already");
     let pruned = fx
         .store
         .prune(PruneOptions {
@@ -487,6 +528,76 @@ async fn a_callee_delivered_before_its_caller_moves_under_it_when_the_caller_com
         .unwrap();
     assert!(pruned.runs_pruned >= 1, "{pruned:?}");
     assert_eq!(waiting(), 0, "pruned with their runs");
+}
+
+/// A callee rolled up as its run's only root, then moved under its caller's span while the
+/// caller's root has not come: the run has no root, so no rollup (as when the caller's span came
+/// first), and is listed open, awaiting its root, not ended by the callee's old rollup; the
+/// caller's root then rolls it up.
+#[tokio::test]
+async fn a_callee_rolled_up_as_the_root_loses_that_rollup_when_its_caller_adopts_it() {
+    let fx = fixture();
+    let mut entry = span("callee", None, SpanKind::Turn, 1_100);
+    entry.remote_parent = Some(RemoteParent {
+        span_id: "call".to_owned(),
+        kind_under_it: SpanKind::Subagent,
+    });
+    fx.store
+        .import_spans(vec![
+            entry,
+            model_span("callee-model", "callee", 1_110, 300, 0.3),
+        ])
+        .await
+        .unwrap();
+    let rollup = fx.store.read_rollup("trace1").await.unwrap().unwrap();
+    assert_eq!(
+        rollup.name, "callee-name",
+        "the callee is the run's root for now"
+    );
+
+    let call = span("call", Some("agent"), SpanKind::Tool, 1_050);
+    fx.store.import_spans(vec![call]).await.unwrap();
+    assert_eq!(
+        fx.store.read_rollup("trace1").await.unwrap(),
+        None,
+        "no root, no rollup"
+    );
+    let page = fx
+        .store
+        .list_runs(RunListQuery {
+            state: None,
+            outcome: None,
+            origin: None,
+            limit: 10,
+            before: None,
+        })
+        .await
+        .unwrap();
+    let run = page
+        .runs
+        .iter()
+        .find(|run| run.run_id == "trace1")
+        .expect("the run is listed");
+    assert!(run.awaiting_root, "{run:?}");
+    assert_eq!(
+        run.state,
+        RunState::Open,
+        "while its root has not come: {run:?}"
+    );
+    assert!(!run.rolled_up, "{run:?}");
+    assert_eq!(run.outcome, None, "{run:?}");
+
+    let mut agent = span("agent", None, SpanKind::Turn, 1_000);
+    agent.end = Some(ImportedEnd {
+        ended_at: 2_000,
+        outcome: SpanOutcome::Success,
+        reason: None,
+    });
+    fx.store.import_spans(vec![agent]).await.unwrap();
+    let rollup = fx.store.read_rollup("trace1").await.unwrap().unwrap();
+    assert_eq!(rollup.name, "agent-name", "{rollup:?}");
+    assert_eq!(rollup.span_count, 4, "{rollup:?}");
+    assert_eq!(rollup.input_tokens, Some(300), "{rollup:?}");
 }
 
 /// The root `root` of run `trace1` started through the native API (name "native name", kind
