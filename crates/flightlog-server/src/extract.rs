@@ -408,6 +408,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_documented_writer_pattern_refuses_the_servers_prefix() {
+        assert_eq!(
+            WRITER_PATTERN,
+            format!("^(?!{SERVER_WRITER_PREFIX})[!-~]+$"),
+            "the OpenAPI pattern names the prefix check_writer refuses"
+        );
+        assert!(check_writer(&format!("{SERVER_WRITER_PREFIX}x")).is_err());
+        assert!(check_writer("agent-7").is_ok());
+    }
+
+    #[test]
     fn query_errors_read_like_the_rest_of_the_api() {
         assert_eq!(
             query_error_text(

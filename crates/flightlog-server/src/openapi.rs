@@ -52,12 +52,16 @@ pub(crate) mod tags {
     pub(crate) const TESTING: &str = "testing";
 }
 
-/// The `{spanId}` path parameter.
-pub(crate) const SPAN_ID: &str = "The span's client-chosen id (1 to 256 bytes).";
+/// The `{spanId}` path parameter. JSON Schema's `maxLength` counts characters, the server
+/// bytes: the descriptions say so.
+pub(crate) const SPAN_ID: &str = "The span's client-chosen id (1 to 256 bytes of UTF-8; \
+    `maxLength` counts characters, so an id beyond ASCII reaches the limit sooner).";
 /// The `{runId}` path parameter.
-pub(crate) const RUN_ID: &str = "The run's client-chosen id (1 to 256 bytes).";
+pub(crate) const RUN_ID: &str = "The run's client-chosen id (1 to 256 bytes of UTF-8; \
+    `maxLength` counts characters, so an id beyond ASCII reaches the limit sooner).";
 /// The `{engagementId}` path parameter.
-pub(crate) const ENGAGEMENT_ID: &str = "The engagement's client-chosen id (1 to 256 bytes).";
+pub(crate) const ENGAGEMENT_ID: &str = "The engagement's client-chosen id (1 to 256 bytes of \
+    UTF-8; `maxLength` counts characters, so an id beyond ASCII reaches the limit sooner).";
 
 /// The 503 of an endpoint whose answer may be large (see `response_budget`).
 pub(crate) const LARGE_RESPONSE_BUSY: &str = "The answer is large and the server's memory for \
@@ -295,8 +299,8 @@ fn retry_after_header() -> utoipa::openapi::header::Header {
         .build()
 }
 
-/// The path ids (`spanId`, `runId`, `engagementId`) are 1 to 256 bytes. JSON Schema's
-/// `maxLength` counts characters, so the description says what the server counts.
+/// The path ids (`spanId`, `runId`, `engagementId`) are 1 to 256 bytes (their descriptions,
+/// [`SPAN_ID`] and the others, say that `maxLength` counts characters).
 fn ids_are_bounded(operation: &mut Operation) {
     for parameter in operation.parameters.iter_mut().flatten() {
         if parameter.parameter_in != ParameterIn::Path {
@@ -305,12 +309,6 @@ fn ids_are_bounded(operation: &mut Operation) {
         if let Some(RefOr::T(Schema::Object(schema))) = parameter.schema.as_mut() {
             schema.min_length = Some(1);
             schema.max_length = Some(MAX_ID_BYTES);
-            if parameter.description.is_none() {
-                parameter.description = Some(format!(
-                    "1 to {MAX_ID_BYTES} bytes of UTF-8 (the server counts bytes; `maxLength` \
-                     counts characters, so an id beyond ASCII reaches the limit sooner)."
-                ));
-            }
         }
     }
 }

@@ -20,6 +20,7 @@ use crate::database::WriteContext;
 use crate::error::{backend, is_constraint};
 use crate::payload_codec::CompressedPayload;
 use crate::payload_codec::PayloadCodec;
+use crate::remote_callers;
 use crate::rows::{parse_attrs, StoredAttrs};
 use crate::run_roots;
 
@@ -1277,8 +1278,9 @@ fn within_span_budget<T>(
 /// The most change-log rows one `prune` call trims by default (see there).
 pub(crate) const MAX_TRIMMED_PER_PRUNE: i64 = 100_000;
 
-/// Delete a run's detail (events, span ids, spans, change rows; its row of runs awaiting a root
-/// and its spans' rows of spans awaiting a caller too): `(spans deleted, the newest change id it deleted or 0)`.
+/// Delete a run's detail (events, span ids, spans, change rows; its row of runs awaiting a
+/// root and its spans' rows of spans awaiting a caller too): `(spans deleted, the newest
+/// change id it deleted or 0)`.
 fn delete_run_detail(ctx: &mut WriteContext<'_>, run_key: i64) -> Result<(i64, i64), StoreError> {
     let conn = ctx.conn;
     let newest: i64 = conn
@@ -1313,7 +1315,7 @@ fn delete_run_detail(ctx: &mut WriteContext<'_>, run_key: i64) -> Result<(i64, i
         .and_then(|mut stmt| stmt.execute([run_key]))
         .map_err(backend)?;
     run_roots::forget(ctx, run_key)?;
-    crate::remote_callers::forget(ctx, run_key)?;
+    remote_callers::forget(ctx, run_key)?;
     Ok((i64::try_from(deleted).unwrap_or(i64::MAX), newest))
 }
 

@@ -114,7 +114,7 @@ pub(crate) type FastMap<K, V> = foldhash::HashMap<K, V>;
 /// committed since our last transaction (`PRAGMA data_version` unchanged, checked right after
 /// `BEGIN IMMEDIATE`, i.e. under the write lock) and is dropped after any rollback, after our own
 /// prune, and when it grows too large. Everything in it is therefore exactly what a query would
-/// return.
+/// return, but for `runs_awaiting_callers`' `true`, which only says a lookup is needed.
 ///
 /// The maps hash with foldhash, seeded at random per process, rather than the standard SipHash:
 /// they sit on every write's path (a single-op HTTP write made five lookups in them, a journal

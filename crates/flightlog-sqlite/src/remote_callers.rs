@@ -21,7 +21,7 @@ use flightlog_core::activity::{SpanKind, StoreError};
 use rusqlite::params;
 
 use crate::activity_import::may_adopt;
-use crate::activity_write::{log_change, span_key_of};
+use crate::activity_write::{log_change, span_id_taken};
 use crate::database::WriteContext;
 use crate::error::backend;
 
@@ -35,12 +35,13 @@ pub(crate) fn note_awaiting(
     span_key: i64,
     kind_under_caller: &SpanKind,
 ) -> Result<(), StoreError> {
-    if is_stored(ctx, caller_span_id)? {
+    if span_id_taken(ctx, caller_span_id)? {
         return Ok(());
     }
     ctx.statement(
-        "INSERT OR IGNORE INTO activity_spans_awaiting_caller \
-         (run_key, caller_span_id, span_key, kind_under_caller) VALUES (?1, ?2, ?3, ?4)",
+        "INSERT INTO activity_spans_awaiting_caller \
+         (run_key, caller_span_id, span_key, kind_under_caller) VALUES (?1, ?2, ?3, ?4) \
+         ON CONFLICT DO UPDATE SET kind_under_caller = excluded.kind_under_caller",
     )
     .and_then(|stmt| {
         stmt.execute(params![
@@ -67,42 +68,51 @@ pub(crate) fn adopt(
 ) -> Result<usize, StoreError> {
     let awaited = match ctx.keys.runs_awaiting_callers.get(&run_key) {
         Some(known) => *known,
-        None if new_run => false,
-        None => ctx
-            .statement(
-                "SELECT EXISTS (SELECT 1 FROM activity_spans_awaiting_caller WHERE run_key = ?1)",
-            )
-            .and_then(|stmt| stmt.query_row([run_key], |row| row.get(0)))
-            .map_err(backend)?,
+        None => {
+            let awaited = !new_run
+                && ctx
+                    .statement(
+                        "SELECT EXISTS (SELECT 1 FROM activity_spans_awaiting_caller \
+                         WHERE run_key = ?1)",
+                    )
+                    .and_then(|stmt| stmt.query_row([run_key], |row| row.get(0)))
+                    .map_err(backend)?;
+            ctx.keys.runs_awaiting_callers.insert(run_key, awaited);
+            awaited
+        }
     };
-    ctx.keys.runs_awaiting_callers.insert(run_key, awaited);
     if !awaited {
         return Ok(0);
     }
     // Rows of spans that are no longer roots (their completed copy named a parent) are deleted
-    // with the others and move nothing.
-    let waiting: Vec<(i64, String, String)> = ctx
+    // with the others and move nothing. The run is checked too: a flightlog before schema 12
+    // still open on the file prunes spans without their rows, and span keys are reused.
+    let waiting: Vec<(i64, String, String, bool)> = ctx
         .statement(
-            "SELECT w.span_key, w.kind_under_caller, s.span_id \
+            "SELECT w.span_key, w.kind_under_caller, s.span_id, s.parent_span_id IS NULL \
              FROM activity_spans_awaiting_caller w \
-             JOIN activity_spans s ON s.span_key = w.span_key \
-             WHERE w.run_key = ?1 AND w.caller_span_id = ?2 AND s.parent_span_id IS NULL",
+             JOIN activity_spans s ON s.span_key = w.span_key AND s.run_key = w.run_key \
+             WHERE w.run_key = ?1 AND w.caller_span_id = ?2",
         )
         .and_then(|stmt| {
             stmt.query_map(params![run_key, caller_span_id], |row| {
-                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
             })?
             .collect()
         })
         .map_err(backend)?;
+    if waiting.is_empty() {
+        // The common case in a run some span of which waits for another caller.
+        return Ok(0);
+    }
     ctx.statement(
         "DELETE FROM activity_spans_awaiting_caller WHERE run_key = ?1 AND caller_span_id = ?2",
     )
     .and_then(|stmt| stmt.execute(params![run_key, caller_span_id]))
     .map_err(backend)?;
     let mut adopted = 0;
-    for (span_key, kind_under_caller, span_id) in waiting {
-        if !may_adopt(ctx, caller_span_id, &span_id, run_key)? {
+    for (span_key, kind_under_caller, span_id, is_root) in waiting {
+        if !is_root || !may_adopt(ctx, caller_span_id, &span_id, run_key)? {
             continue;
         }
         ctx.statement(
@@ -121,7 +131,9 @@ pub(crate) fn adopt(
 /// computed from it as the run's root (its name and start) no longer describes the run. It is
 /// deleted; the import rolls the run up again from its roots as they are now when one has
 /// ended, so the run has the rollup it would have had if the caller had come first (none while
-/// no root has ended). A digest left by `prune` stays.
+/// no root has ended). A digest left by `prune` stays, even one a later delivery refreshed from
+/// the moved root (a pruned run written to again: rare, and the digest is all that is left of
+/// the pruned detail).
 fn forget_rollup_from(
     ctx: &mut WriteContext<'_>,
     run_key: i64,
@@ -136,17 +148,6 @@ fn forget_rollup_from(
     .and_then(|stmt| stmt.execute(params![run_key, span_key]))
     .map_err(backend)?;
     Ok(())
-}
-
-/// Whether a span with this id is stored, in any run (the span-id filter answers most "no"
-/// without a query).
-fn is_stored(ctx: &mut WriteContext<'_>, span_id: &str) -> Result<bool, StoreError> {
-    if !ctx.keys.span_id_filter.may_be_taken(span_id) {
-        return Ok(false);
-    }
-    ctx.statement(concat!("SELECT ", span_key_of!("?1"), " IS NOT NULL"))
-        .and_then(|stmt| stmt.query_row([span_id], |row| row.get(0)))
-        .map_err(backend)
 }
 
 /// The run's detail is being deleted (`prune`): so are its rows.

@@ -370,7 +370,7 @@ async fn a_callee_delivered_before_its_caller_moves_under_it_when_the_caller_com
         |change| matches!(&change.body, ChangeBody::Span { span } if span.span_id == "call"),
     );
     assert!(
-        moved.is_some() && call_logged < moved,
+        matches!((call_logged, moved), (Some(call), Some(moved)) if call < moved),
         "the move is change-logged after the caller: {changes:?}"
     );
     let seqs: Vec<i64> = changes.iter().map(|change| change.seq).collect();
@@ -528,6 +528,102 @@ async fn a_callee_delivered_before_its_caller_moves_under_it_when_the_caller_com
         .unwrap();
     assert!(pruned.runs_pruned >= 1, "{pruned:?}");
     assert_eq!(waiting(), 0, "pruned with their runs");
+}
+
+/// A callee announced while it runs (its announcement names the caller as a plain parent, which
+/// is not stored, so it is a root), then completed by a copy that flags the caller as remote:
+/// it waits for the caller, and the caller's span adopts it when it comes.
+#[tokio::test]
+async fn an_announced_callee_completed_as_a_remote_callers_waits_for_that_caller() {
+    let fx = fixture();
+    let mut announced = span("callee", Some("call"), SpanKind::Other, 1_100);
+    announced.end = None;
+    fx.store.import_spans(vec![announced]).await.unwrap();
+    let mut completed = span("callee", None, SpanKind::Turn, 1_100);
+    completed.remote_parent = Some(RemoteParent {
+        span_id: "call".to_owned(),
+        kind_under_it: SpanKind::Subagent,
+    });
+    let report = fx.store.import_spans(vec![completed]).await.unwrap();
+    assert_eq!(report.completed, 1, "{report:?}");
+    let callee = fx.store.get_span("callee").await.unwrap().unwrap();
+    assert_eq!(callee.parent_span_id, None);
+    assert_eq!(callee.kind, SpanKind::Turn);
+
+    let mut agent = span("agent", None, SpanKind::Turn, 1_000);
+    agent.end = Some(ImportedEnd {
+        ended_at: 2_000,
+        outcome: SpanOutcome::Success,
+        reason: None,
+    });
+    fx.store
+        .import_spans(vec![
+            span("call", Some("agent"), SpanKind::Tool, 1_050),
+            agent,
+        ])
+        .await
+        .unwrap();
+    let callee = fx.store.get_span("callee").await.unwrap().unwrap();
+    assert_eq!(callee.parent_span_id.as_deref(), Some("call"));
+    assert_eq!(callee.kind, SpanKind::Subagent);
+    let path = fx._dir.path().join("import.db");
+    let conn = rusqlite::Connection::open(path).expect("the file opens");
+    let waiting: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM activity_spans_awaiting_caller",
+            [],
+            |row| row.get(0),
+        )
+        .expect("the table reads");
+    assert_eq!(waiting, 0);
+    let rollup = fx.store.read_rollup("trace1").await.unwrap().unwrap();
+    assert_eq!(rollup.name, "agent-name", "{rollup:?}");
+}
+
+/// A database an earlier flightlog wrote (schema version 11), with a root it stored for want of
+/// its remote caller (its caller's id in its attrs only): opened by this build, it is upgraded,
+/// that root stays a root when the caller comes (no row says it waits), and a callee stored
+/// from then on is adopted.
+#[tokio::test]
+async fn an_upgraded_database_keeps_its_old_remote_roots_and_adopts_new_ones() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("v11.db");
+    {
+        let mut conn = rusqlite::Connection::open(&path).expect("the file opens");
+        flightlog_sqlite::migrate_up_to(&mut conn, 11).expect("schema version 11");
+        conn.execute_batch(
+            "INSERT INTO activity_writers (writer_key, writer) VALUES (1, 'otlp');
+             INSERT INTO activity_runs (run_key, run_id) VALUES (1, 'trace1');
+             INSERT INTO activity_spans (span_id, run_key, parent_span_id, name, kind, origin,
+               attrs, started_at, ended_at, outcome, writer_key) VALUES
+               ('old-callee', 1, NULL, 'old', 'turn', 'otlp',
+                '{\"flightlog.remote_parent_span_id\": \"call\"}', 1100, 1200, 'success', 1);
+             INSERT INTO activity_span_ids (span_id, span_key) VALUES ('old-callee', 1);",
+        )
+        .expect("the old rows");
+    }
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).expect("the old file opens");
+    let store =
+        SqliteActivityStore::with_identity(db.clone(), Arc::new(ManualClock::new(5_000)), "otlp");
+    let mut callee = span("new-callee", None, SpanKind::Turn, 1_150);
+    callee.remote_parent = Some(RemoteParent {
+        span_id: "call".to_owned(),
+        kind_under_it: SpanKind::Subagent,
+    });
+    store.import_spans(vec![callee]).await.expect("the callee");
+    store
+        .import_spans(vec![span("call", None, SpanKind::Tool, 1_050)])
+        .await
+        .expect("the caller");
+    let old = store.get_span("old-callee").await.unwrap().unwrap();
+    assert_eq!(
+        old.parent_span_id, None,
+        "stored before schema 12: stays a root"
+    );
+    let new = store.get_span("new-callee").await.unwrap().unwrap();
+    assert_eq!(new.parent_span_id.as_deref(), Some("call"));
+    assert_eq!(new.kind, SpanKind::Subagent);
+    db.close().await.expect("the database closes");
 }
 
 /// A callee rolled up as its run's only root, then moved under its caller's span while the

@@ -43,7 +43,7 @@ pub struct ImportedSpan {
     pub parent_span_id: Option<String>,
     /// The parent a span continued from a remote caller names (it is then a root here,
     /// `parent_span_id` `None`): when that span is stored in the same run, the store keeps it
-    /// as the parent (see `docs/otlp.md`).
+    /// as the parent; when it is stored later, it adopts the span then (see `docs/otlp.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_parent: Option<RemoteParent>,
     pub name: String,

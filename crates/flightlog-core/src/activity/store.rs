@@ -306,7 +306,10 @@ pub trait ActivityStore: Send + Sync {
     /// an unknown span is created with its events (an open one whose parent is not stored, or
     /// has ended, is a root until a later delivery names its parent); an open one is completed (its new
     /// events added; one the same importer stored takes the delivery's parent, name and kind);
-    /// a terminal one is left alone. Every write is change-logged like a native one.
+    /// a terminal one is left alone, except that a root stored for want of its remote caller
+    /// (see [`ImportedSpan::remote_parent`]) moves under the caller's span when that is stored
+    /// (its parent and kind rewritten, change-logged, and a rollup made from it as the run's
+    /// root deleted). Every write is change-logged like a native one.
     /// Afterwards each touched run whose root is terminal is rolled up again, so a late span
     /// of an already rolled-up run updates the rollup. See [`ImportedSpan`].
     async fn import_spans(&self, spans: Vec<ImportedSpan>) -> Result<ImportReport, StoreError>;

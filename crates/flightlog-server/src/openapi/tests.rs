@@ -287,7 +287,7 @@ fn middleware_answers_are_documented_where_they_can_happen() {
     assert!(
         span_id["description"]
             .as_str()
-            .is_some_and(|text| text.contains("256 bytes")),
+            .is_some_and(|text| text.contains("256 bytes") && text.contains("characters")),
         "the limit is in bytes, which maxLength cannot say: {span_id}"
     );
     assert!(
