@@ -20,6 +20,11 @@
 #   python send_trace.py --protocol http --endpoint ... --basic-token T   (Basic, token as password)
 #   python send_trace.py ... --root-still-running   (the root is never ended, so never exported:
 #       an agent still running, or one whose process died, as flightlog sees it)
+#   python send_trace.py ... --callee-service NAME   (get_weather calls a tool server, a second
+#       service with its own provider and exporter, which continues the trace from the W3C
+#       `traceparent` the call carries, as an instrumented HTTP server does: its spans
+#       `invoke_agent weather-service` > `chat`, flagged as continuing a remote parent, are
+#       exported as soon as they end, before the agent's, as they are in a real deployment)
 
 import argparse
 import base64
@@ -27,7 +32,7 @@ import json
 import sys
 import time
 
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -109,9 +114,42 @@ def hex_ids(span):
     return trace.format_trace_id(context.trace_id), trace.format_span_id(context.span_id)
 
 
-def send(tracer, end_root=True):
+def tool_server(provider, headers, ids):
+    """The tool server's side of a call: continue the trace its request's headers carry, do its
+    work (an agent with one model call), and export at once (the caller's spans are still
+    running)."""
+    tracer = provider.get_tracer("flightlog-otlp-client-test-tool-server", "0.1.0")
+    with tracer.start_as_current_span(
+        "invoke_agent weather-service",
+        context=propagate.extract(headers),
+        kind=SpanKind.SERVER,
+        attributes={
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": "weather-service",
+        },
+    ) as entry:
+        ids["callee"] = hex_ids(entry)[1]
+        with tracer.start_as_current_span(
+            f"chat {MODEL}",
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": "openai",
+                "gen_ai.request.model": MODEL,
+                "gen_ai.response.model": MODEL,
+                "gen_ai.usage.input_tokens": 300,
+                "gen_ai.usage.output_tokens": 30,
+            },
+        ) as chat:
+            ids["calleeChat"] = hex_ids(chat)[1]
+            time.sleep(0.002)
+    return provider.force_flush(10000)
+
+
+def send(tracer, end_root=True, callee_provider=None):
     """Record the agent-shaped trace; returns the ids to print. Without `end_root` the root span
-    is left running (an SDK exports a span only when it ends)."""
+    is left running (an SDK exports a span only when it ends). With `callee_provider`,
+    get_weather is a call to a tool server exporting through it."""
     ids = {}
     root = tracer.start_span(
         "invoke_agent travel-agent",
@@ -157,6 +195,10 @@ def send(tracer, end_root=True):
             },
         ) as tool:
             ids["toolOk"] = hex_ids(tool)[1]
+            if callee_provider is not None:
+                headers = {}
+                propagate.inject(headers)
+                ids["calleeFlushed"] = tool_server(callee_provider, headers, ids)
             time.sleep(0.002)
 
         with tracer.start_as_current_span(
@@ -206,6 +248,10 @@ def main():
     parser.add_argument("--service-name", default="flightlog-python-client")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per export call")
     parser.add_argument(
+        "--callee-service",
+        help="get_weather calls a tool server of this service name, which continues the trace",
+    )
+    parser.add_argument(
         "--root-still-running",
         action="store_true",
         help="never end the root span, so only its children are exported",
@@ -216,12 +262,24 @@ def main():
     provider = TracerProvider(resource=Resource.create({"service.name": args.service_name}))
     provider.add_span_processor(BatchSpanProcessor(exporter))
     tracer = provider.get_tracer("flightlog-otlp-client-test", "0.1.0")
+    callee_exporter, callee_provider = None, None
+    if args.callee_service is not None:
+        callee_exporter = RecordingExporter(make_exporter(args))
+        callee_provider = TracerProvider(
+            resource=Resource.create({"service.name": args.callee_service})
+        )
+        callee_provider.add_span_processor(BatchSpanProcessor(callee_exporter))
 
-    trace_id, ids = send(tracer, end_root=not args.root_still_running)
+    trace_id, ids = send(
+        tracer, end_root=not args.root_still_running, callee_provider=callee_provider
+    )
     flushed = provider.force_flush(int(args.timeout * 1000) + 5000)
     provider.shutdown()
 
     ok = flushed and exporter.calls > 0 and exporter.failures == 0
+    if callee_provider is not None:
+        callee_provider.shutdown()
+        ok = ok and ids.pop("calleeFlushed", False) and callee_exporter.failures == 0
     print(
         json.dumps(
             {

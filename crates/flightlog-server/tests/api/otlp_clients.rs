@@ -203,6 +203,10 @@ enum Client {
     /// The HTTP exporter, gzip, with the root span never ended (so never exported): an agent
     /// still running, as flightlog sees it.
     PythonHttpRootRunning,
+    /// The HTTP exporter, gzip, with `get_weather` a call to a tool server: a second service
+    /// (provider and exporter of its own) continuing the trace from the call's `traceparent`,
+    /// whose spans are exported before the agent's.
+    PythonHttpTwoServices,
     /// Python SDK, `opentelemetry-exporter-otlp-proto-grpc`, gzip.
     PythonGrpc,
     /// JavaScript SDK, `@opentelemetry/exporter-trace-otlp-http` (OTLP/JSON).
@@ -215,6 +219,7 @@ impl Client {
             Client::PythonHttp => "python-http",
             Client::PythonHttpDeflate => "python-http-deflate",
             Client::PythonHttpRootRunning => "python-http-root-running",
+            Client::PythonHttpTwoServices => "python-http-two-services",
             Client::PythonGrpc => "python-grpc",
             Client::JsHttpJson => "js-http-json",
         }
@@ -226,6 +231,7 @@ impl Client {
             Client::PythonHttp
             | Client::PythonHttpDeflate
             | Client::PythonHttpRootRunning
+            | Client::PythonHttpTwoServices
             | Client::PythonGrpc => "conv-python-1",
             Client::JsHttpJson => "conv-js-1",
         }
@@ -237,6 +243,7 @@ impl Client {
             Client::PythonHttp
             | Client::PythonHttpDeflate
             | Client::PythonHttpRootRunning
+            | Client::PythonHttpTwoServices
             | Client::JsHttpJson => format!("{}/v1/traces", server.base),
             Client::PythonGrpc => server
                 .grpc_base
@@ -266,6 +273,9 @@ struct Sent {
     chat2: String,
     tool_ok: String,
     tool_error: String,
+    /// The tool server's entry span and its model call ([`Client::PythonHttpTwoServices`]).
+    callee: Option<String>,
+    callee_chat: Option<String>,
     /// Every export call succeeded (as the exporter saw it).
     ok: bool,
     ran: Ran,
@@ -278,6 +288,7 @@ fn run_client(client: Client, endpoint: &str, credentials: &Credentials, service
         Client::PythonHttp
         | Client::PythonHttpDeflate
         | Client::PythonHttpRootRunning
+        | Client::PythonHttpTwoServices
         | Client::PythonGrpc => {
             let mut command = Command::new(&clients.python);
             command
@@ -297,6 +308,9 @@ fn run_client(client: Client, endpoint: &str, credentials: &Credentials, service
                 .env("PYTHONDONTWRITEBYTECODE", "1");
             if client == Client::PythonHttpRootRunning {
                 command.arg("--root-still-running");
+            }
+            if client == Client::PythonHttpTwoServices {
+                command.arg("--callee-service").arg(TOOL_SERVER_SERVICE);
             }
             command
         }
@@ -380,6 +394,14 @@ fn run_client(client: Client, endpoint: &str, credentials: &Credentials, service
         chat2: text("/spans/chat2"),
         tool_ok: text("/spans/toolOk"),
         tool_error: text("/spans/toolError"),
+        callee: report
+            .pointer("/spans/callee")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        callee_chat: report
+            .pointer("/spans/calleeChat")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
         ok,
         ran,
     }
@@ -840,6 +862,69 @@ async fn a_python_agent_still_running_is_listed_open_with_its_usage_so_far() {
         status,
         StatusCode::NOT_FOUND,
         "the root was never exported: {agent}"
+    );
+    server.stop().await;
+}
+
+/// The tool server's `service.name` in [`Client::PythonHttpTwoServices`].
+const TOOL_SERVER_SERVICE: &str = "flightlog-test-weather-service";
+
+/// An agent calls a tool server that continues its trace from the call's `traceparent` (the
+/// SDK flags that parent as remote); the tool server's spans end, and are exported, first. The
+/// run is one tree: the tool server's entry span under the agent's tool call, as a subagent,
+/// with one root and one rollup counting every model call once.
+#[tokio::test]
+async fn a_tool_server_continuing_the_agents_trace_is_one_tree_with_the_agent() {
+    let server = start_open().await;
+    let sent = send(
+        &server,
+        Client::PythonHttpTwoServices,
+        Credentials::None,
+        "flightlog-test-python-two-services",
+    )
+    .await;
+    assert_exported(&sent);
+    let (callee, callee_chat) = (
+        sent.callee.clone().expect("the tool server's entry span"),
+        sent.callee_chat
+            .clone()
+            .expect("the tool server's model call"),
+    );
+    let (snapshot, rollup) = read_run(&server, None, &sent.trace_id, 7).await;
+    let spans = snapshot["spans"].as_array().cloned().unwrap_or_default();
+    let span = |id: &str| -> Value {
+        spans
+            .iter()
+            .find(|span| span["spanId"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("span {id} in {snapshot}"))
+    };
+    let entry = span(&callee);
+    assert_eq!(entry["parentSpanId"], sent.tool_ok.as_str(), "{entry}");
+    assert_eq!(entry["kind"], "subagent", "{entry}");
+    assert_eq!(
+        entry["attrs"]["flightlog.remote_parent_span_id"],
+        sent.tool_ok.as_str()
+    );
+    assert_eq!(
+        entry["attrs"]["resource"]["service.name"], TOOL_SERVER_SERVICE,
+        "{entry}"
+    );
+    assert_eq!(span(&callee_chat)["parentSpanId"], callee.as_str());
+    let roots: Vec<&Value> = spans
+        .iter()
+        .filter(|span| span["parentSpanId"].is_null())
+        .collect();
+    assert_eq!(roots.len(), 1, "{snapshot}");
+    assert_eq!(roots[0]["spanId"], sent.agent.as_str(), "{snapshot}");
+    assert_eq!(rollup["name"], "invoke_agent travel-agent", "{rollup}");
+    assert_eq!(rollup["spanCount"], 7, "{rollup}");
+    assert_eq!(rollup["inputTokens"], 1_200 + 1_500 + 300, "{rollup}");
+    assert_eq!(rollup["outputTokens"], 80 + 120 + 30, "{rollup}");
+    assert_cost(
+        &rollup["costUsd"],
+        expected_cost((3_000, 230)),
+        "the two services' model calls",
     );
     server.stop().await;
 }
