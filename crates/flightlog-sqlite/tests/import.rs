@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use flightlog_core::activity::{
     ActivityStore, ChangeBody, EncodedAttrs, EndSpanInput, ImportedAttrs, ImportedEnd,
-    ImportedEvent, ImportedSpan, JsonObject, PruneOptions, RemoteParent, RunListQuery, RunState,
-    SpanKind, SpanOrigin, SpanOutcome, SpanUsage, StartSpanInput,
+    ImportedEvent, ImportedSpan, JsonObject, PruneOptions, RemoteParent, RunListEntry,
+    RunListQuery, RunState, SpanKind, SpanOrigin, SpanOutcome, SpanUsage, StartSpanInput,
 };
 use flightlog_core::ManualClock;
 use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
@@ -50,6 +50,25 @@ fn span(span_id: &str, parent: Option<&str>, kind: SpanKind, started_at: i64) ->
         remote_parent: None,
         events: Vec::new(),
     }
+}
+
+/// The run `run_id` as the run list shows it (among the newest ten).
+async fn listed_run(fx: &Fixture, run_id: &str) -> RunListEntry {
+    let page = fx
+        .store
+        .list_runs(RunListQuery {
+            state: None,
+            outcome: None,
+            origin: None,
+            limit: 10,
+            before: None,
+        })
+        .await
+        .expect("the run list");
+    page.runs
+        .into_iter()
+        .find(|run| run.run_id == run_id)
+        .unwrap_or_else(|| panic!("run {run_id} is listed"))
 }
 
 fn model_span(span_id: &str, parent: &str, started_at: i64, input: i64, cost: f64) -> ImportedSpan {
@@ -221,22 +240,7 @@ async fn one_call_recorded_by_two_sibling_spans_counts_once() {
         span.run_id = "trace3".into();
     }
     fx.store.import_spans(rootless).await.unwrap();
-    let page = fx
-        .store
-        .list_runs(RunListQuery {
-            state: None,
-            outcome: None,
-            origin: None,
-            limit: 10,
-            before: None,
-        })
-        .await
-        .unwrap();
-    let listed = page
-        .runs
-        .iter()
-        .find(|run| run.run_id == "trace3")
-        .expect("the rootless run is listed");
+    let listed = listed_run(&fx, "trace3").await;
     assert_eq!(listed.input_tokens, Some(70));
 }
 
@@ -658,22 +662,7 @@ async fn a_callee_rolled_up_as_the_root_loses_that_rollup_when_its_caller_adopts
         None,
         "no root, no rollup"
     );
-    let page = fx
-        .store
-        .list_runs(RunListQuery {
-            state: None,
-            outcome: None,
-            origin: None,
-            limit: 10,
-            before: None,
-        })
-        .await
-        .unwrap();
-    let run = page
-        .runs
-        .iter()
-        .find(|run| run.run_id == "trace1")
-        .expect("the run is listed");
+    let run = listed_run(&fx, "trace1").await;
     assert!(run.awaiting_root, "{run:?}");
     assert_eq!(
         run.state,
@@ -1153,23 +1142,21 @@ async fn a_root_that_arrives_late_but_started_first_names_the_rollup() {
     assert_eq!(rollup.started_at, 1_000);
     assert_eq!(rollup.ended_at, Some(3_000));
     assert_eq!(rollup.duration_ms, Some(2_000), "start + duration = end");
-    let page = fx
-        .store
-        .list_runs(RunListQuery {
-            state: None,
-            outcome: None,
-            origin: None,
-            limit: 10,
-            before: None,
-        })
-        .await
-        .unwrap();
-    assert_eq!(page.runs.len(), 1);
+    let listed = listed_run(&fx, "trace1").await;
+    assert_eq!(listed.name, rollup.name, "the list and the rollup agree");
+    assert_eq!(listed.started_at, rollup.started_at);
+    let runs = fx.store.list_runs(RunListQuery {
+        state: None,
+        outcome: None,
+        origin: None,
+        limit: 10,
+        before: None,
+    });
     assert_eq!(
-        page.runs[0].name, rollup.name,
-        "the list and the rollup agree"
+        runs.await.expect("the run list").runs.len(),
+        1,
+        "listed once"
     );
-    assert_eq!(page.runs[0].started_at, rollup.started_at);
 }
 
 /// A store importing as `otlp` and a sweeper on one file, on a manual clock at `t0`, and a

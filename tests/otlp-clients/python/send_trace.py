@@ -114,6 +114,21 @@ def hex_ids(span):
     return trace.format_trace_id(context.trace_id), trace.format_span_id(context.span_id)
 
 
+def chat_attributes(input_tokens, output_tokens, finish_reason=None):
+    """A `chat` model call's GenAI attributes, with its usage."""
+    attributes = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "openai",
+        "gen_ai.request.model": MODEL,
+        "gen_ai.response.model": MODEL,
+        "gen_ai.usage.input_tokens": input_tokens,
+        "gen_ai.usage.output_tokens": output_tokens,
+    }
+    if finish_reason is not None:
+        attributes["gen_ai.response.finish_reasons"] = [finish_reason]
+    return attributes
+
+
 def tool_server(provider, headers, ids):
     """The tool server's side of a call: continue the trace its request's headers carry, do its
     work (an agent with one model call), and export at once (the caller's spans are still
@@ -132,14 +147,7 @@ def tool_server(provider, headers, ids):
         with tracer.start_as_current_span(
             f"chat {MODEL}",
             kind=SpanKind.CLIENT,
-            attributes={
-                "gen_ai.operation.name": "chat",
-                "gen_ai.provider.name": "openai",
-                "gen_ai.request.model": MODEL,
-                "gen_ai.response.model": MODEL,
-                "gen_ai.usage.input_tokens": 300,
-                "gen_ai.usage.output_tokens": 30,
-            },
+            attributes=chat_attributes(300, 30),
         ) as chat:
             ids["calleeChat"] = hex_ids(chat)[1]
             time.sleep(0.002)
@@ -168,15 +176,7 @@ def send(tracer, end_root=True, callee_provider=None):
         with tracer.start_as_current_span(
             f"chat {MODEL}",
             kind=SpanKind.CLIENT,
-            attributes={
-                "gen_ai.operation.name": "chat",
-                "gen_ai.provider.name": "openai",
-                "gen_ai.request.model": MODEL,
-                "gen_ai.response.model": MODEL,
-                "gen_ai.usage.input_tokens": 1200,
-                "gen_ai.usage.output_tokens": 80,
-                "gen_ai.response.finish_reasons": ["tool_calls"],
-            },
+            attributes=chat_attributes(1200, 80, "tool_calls"),
         ) as chat:
             chat.add_event(
                 "flightlog.test.checkpoint",
@@ -222,15 +222,7 @@ def send(tracer, end_root=True, callee_provider=None):
         with tracer.start_as_current_span(
             f"chat {MODEL}",
             kind=SpanKind.CLIENT,
-            attributes={
-                "gen_ai.operation.name": "chat",
-                "gen_ai.provider.name": "openai",
-                "gen_ai.request.model": MODEL,
-                "gen_ai.response.model": MODEL,
-                "gen_ai.usage.input_tokens": 1500,
-                "gen_ai.usage.output_tokens": 120,
-                "gen_ai.response.finish_reasons": ["stop"],
-            },
+            attributes=chat_attributes(1500, 120, "stop"),
         ) as chat:
             ids["chat2"] = hex_ids(chat)[1]
             time.sleep(0.002)
