@@ -636,16 +636,17 @@ fn import_each(
         let parent = stored_parent(ctx, span, run_key)?;
         if let Some(span_key) = insert_new_span(ctx, prepared, parent, run_key, writer_key, now)? {
             log_change(ctx, run_key, span_key, None)?;
-            if let (None, Some(remote)) = (parent, &span.remote_parent) {
-                let kind = &remote.kind_under_it;
-                remote_callers::note_awaiting(ctx, run_key, &remote.span_id, span_key, kind)?;
-            }
             // Spans continued from this one in another service, delivered before it, come
-            // under it (the rollup then reads the run back: a root of it moved).
+            // under it (the rollup then reads the run back: a root of it moved). First, so
+            // the writer knows the run's waiting callers before this span may join them.
             if remote_callers::adopt(ctx, run_key, new_run, &span.span_id)? > 0 {
                 if let Some((_, run_spans, _)) = touched.get_mut(at) {
                     *run_spans = RunSpans::Stored;
                 }
+            }
+            if let (None, Some(remote)) = (parent, &span.remote_parent) {
+                let kind = &remote.kind_under_it;
+                remote_callers::note_awaiting(ctx, run_key, &remote.span_id, span_key, kind)?;
             }
             if !prepared.events.is_empty() {
                 note_new_span(ctx, span_key);

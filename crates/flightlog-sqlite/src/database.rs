@@ -114,7 +114,7 @@ pub(crate) type FastMap<K, V> = foldhash::HashMap<K, V>;
 /// committed since our last transaction (`PRAGMA data_version` unchanged, checked right after
 /// `BEGIN IMMEDIATE`, i.e. under the write lock) and is dropped after any rollback, after our own
 /// prune, and when it grows too large. Everything in it is therefore exactly what a query would
-/// return, but for `runs_awaiting_callers`' `true`, which only says a lookup is needed.
+/// return.
 ///
 /// The maps hash with foldhash, seeded at random per process, rather than the standard SipHash:
 /// they sit on every write's path (a single-op HTTP write made five lookups in them, a journal
@@ -133,9 +133,10 @@ pub(crate) struct WriterCache {
     pub next_event_index: FastMap<i64, i64>,
     /// run key -> whether the run has a root, or since when it waits for one (see `run_roots`)
     pub run_roots: FastMap<i64, crate::run_roots::RootState>,
-    /// run key -> whether spans of the run may wait for their remote caller's span (see
-    /// `remote_callers`); `false` is exact, `true` only says a lookup is needed.
-    pub runs_awaiting_callers: FastMap<i64, bool>,
+    /// run key -> the callers (span ids) spans of the run wait for (see `remote_callers`):
+    /// read once per run, then kept by the writer, so a span no span waits for costs a lookup
+    /// here and no query.
+    pub runs_awaiting_callers: FastMap<i64, foldhash::HashSet<String>>,
     /// The change id the next change row gets.
     pub next_change_id: Option<i64>,
     /// Whether the current group logged a change (set by `activity_write::log_change`, reset

@@ -14,8 +14,10 @@
 //!
 //! The writer keeps the table under its write lock, in the transaction of the write that
 //! changes it; `prune` deletes a run's rows with its detail. `WriterCache::runs_awaiting_callers`
-//! spares the common case (a run none of whose spans waits: every trace that stays in one
-//! process) any query after the run's first look.
+//! holds, per run, the callers its spans wait for, read at the run's first look (none, with no
+//! query, for a run this transaction created): a span inserted that no span waits for costs a
+//! set lookup and no statement, whether or not other spans of its run wait (a service whose
+//! callers export elsewhere has such a span in every trace).
 
 use flightlog_core::activity::{SpanKind, StoreError};
 use rusqlite::params;
@@ -52,12 +54,16 @@ pub(crate) fn note_awaiting(
         ])
     })
     .map_err(backend)?;
-    ctx.keys.runs_awaiting_callers.insert(run_key, true);
+    // Not read yet: the first look at the run reads this row with the others.
+    if let Some(callers) = ctx.keys.runs_awaiting_callers.get_mut(&run_key) {
+        callers.insert(caller_span_id.to_owned());
+    }
     Ok(())
 }
 
 /// The span `caller_span_id` was just stored in run `run_key` (`new_run`: created in this
-/// transaction): move the roots that wait for it under it. Returns how many moved. A root that
+/// transaction, and this is the run's first look, before any [`note_awaiting`] in it): move the
+/// roots that wait for it under it. Returns how many moved. A root that
 /// is the caller's own ancestor stays a root (under the caller the two would hang from each
 /// other and the run would lose its root).
 pub(crate) fn adopt(
@@ -66,21 +72,19 @@ pub(crate) fn adopt(
     new_run: bool,
     caller_span_id: &str,
 ) -> Result<usize, StoreError> {
-    let awaited = match ctx.keys.runs_awaiting_callers.get(&run_key) {
-        Some(known) => *known,
-        None => {
-            let awaited = !new_run
-                && ctx
-                    .statement(
-                        "SELECT EXISTS (SELECT 1 FROM activity_spans_awaiting_caller \
-                         WHERE run_key = ?1)",
-                    )
-                    .and_then(|stmt| stmt.query_row([run_key], |row| row.get(0)))
-                    .map_err(backend)?;
-            ctx.keys.runs_awaiting_callers.insert(run_key, awaited);
-            awaited
-        }
-    };
+    if !ctx.keys.runs_awaiting_callers.contains_key(&run_key) {
+        let callers = if new_run {
+            foldhash::HashSet::default()
+        } else {
+            awaited_callers(ctx, run_key)?
+        };
+        ctx.keys.runs_awaiting_callers.insert(run_key, callers);
+    }
+    let awaited = ctx
+        .keys
+        .runs_awaiting_callers
+        .get_mut(&run_key)
+        .is_some_and(|callers| callers.remove(caller_span_id));
     if !awaited {
         return Ok(0);
     }
@@ -101,10 +105,6 @@ pub(crate) fn adopt(
             .collect()
         })
         .map_err(backend)?;
-    if waiting.is_empty() {
-        // The common case in a run some span of which waits for another caller.
-        return Ok(0);
-    }
     ctx.statement(
         "DELETE FROM activity_spans_awaiting_caller WHERE run_key = ?1 AND caller_span_id = ?2",
     )
@@ -148,6 +148,18 @@ fn forget_rollup_from(
     .and_then(|stmt| stmt.execute(params![run_key, span_key]))
     .map_err(backend)?;
     Ok(())
+}
+
+/// The callers the spans of run `run_key` wait for, as its rows say.
+fn awaited_callers(
+    ctx: &mut WriteContext<'_>,
+    run_key: i64,
+) -> Result<foldhash::HashSet<String>, StoreError> {
+    ctx.statement(
+        "SELECT DISTINCT caller_span_id FROM activity_spans_awaiting_caller WHERE run_key = ?1",
+    )
+    .and_then(|stmt| stmt.query_map([run_key], |row| row.get(0))?.collect())
+    .map_err(backend)
 }
 
 /// The run's detail is being deleted (`prune`): so are its rows.
