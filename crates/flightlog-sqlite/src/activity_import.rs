@@ -644,9 +644,8 @@ fn import_each(
                     *run_spans = RunSpans::Stored;
                 }
             }
-            if let (None, Some(remote)) = (parent, &span.remote_parent) {
-                let kind = &remote.kind_under_it;
-                remote_callers::note_awaiting(ctx, run_key, &remote.span_id, span_key, kind)?;
+            if parent.is_none() {
+                remote_callers::note_awaiting(ctx, run_key, span_key, span.remote_parent.as_ref())?;
             }
             if !prepared.events.is_empty() {
                 note_new_span(ctx, span_key);
@@ -709,9 +708,8 @@ fn import_each(
             // root still waiting for its remote caller waits on.
             let awaits_caller = existing.same_origin && parent.is_none();
             complete_open_span(ctx, prepared, parent, &update, existing, now)?;
-            if let (true, Some(remote)) = (awaits_caller, &span.remote_parent) {
-                let kind = &remote.kind_under_it;
-                remote_callers::note_awaiting(ctx, run_key, &remote.span_id, span_key, kind)?;
+            if awaits_caller {
+                remote_callers::note_awaiting(ctx, run_key, span_key, span.remote_parent.as_ref())?;
             }
             let add = events_to_add(&prepared.events, held_events(ctx, span_key, codec)?);
             report.events_added +=

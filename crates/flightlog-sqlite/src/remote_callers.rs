@@ -19,7 +19,7 @@
 //! set lookup and no statement, whether or not other spans of its run wait (a service whose
 //! callers export elsewhere has such a span in every trace).
 
-use flightlog_core::activity::{SpanKind, StoreError};
+use flightlog_core::activity::{RemoteParent, StoreError};
 use rusqlite::params;
 
 use crate::activity_import::may_adopt;
@@ -27,16 +27,22 @@ use crate::activity_write::{log_change, span_id_taken};
 use crate::database::WriteContext;
 use crate::error::backend;
 
-/// The span `span_key` of run `run_key` was stored as a root for want of its remote caller
-/// `caller_span_id`: it waits for it, unless the caller is stored after all (in another run, or
-/// below the span itself), since a stored span id never comes again.
+/// The span `span_key` of run `run_key` was stored as a root: when that is for want of its
+/// remote caller (`remote`), it waits for it, unless the caller is stored after all (in another
+/// run, or below the span itself), since a stored span id never comes again.
 pub(crate) fn note_awaiting(
     ctx: &mut WriteContext<'_>,
     run_key: i64,
-    caller_span_id: &str,
     span_key: i64,
-    kind_under_caller: &SpanKind,
+    remote: Option<&RemoteParent>,
 ) -> Result<(), StoreError> {
+    let Some(RemoteParent {
+        span_id: caller_span_id,
+        kind_under_it: kind_under_caller,
+    }) = remote
+    else {
+        return Ok(());
+    };
     if span_id_taken(ctx, caller_span_id)? {
         return Ok(());
     }
@@ -56,16 +62,16 @@ pub(crate) fn note_awaiting(
     .map_err(backend)?;
     // Not read yet: the first look at the run reads this row with the others.
     if let Some(callers) = ctx.keys.runs_awaiting_callers.get_mut(&run_key) {
-        callers.insert(caller_span_id.to_owned());
+        callers.insert(caller_span_id.clone());
     }
     Ok(())
 }
 
 /// The span `caller_span_id` was just stored in run `run_key` (`new_run`: created in this
 /// transaction, and this is the run's first look, before any [`note_awaiting`] in it): move the
-/// roots that wait for it under it. Returns how many moved. A root that
-/// is the caller's own ancestor stays a root (under the caller the two would hang from each
-/// other and the run would lose its root).
+/// roots that wait for it under it. Returns how many moved. A root that is the caller's own
+/// ancestor stays a root (under the caller the two would hang from each other and the run
+/// would lose its root).
 pub(crate) fn adopt(
     ctx: &mut WriteContext<'_>,
     run_key: i64,
