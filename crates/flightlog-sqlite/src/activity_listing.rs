@@ -155,7 +155,8 @@ fn roots_sql(query: &RunListQuery) -> String {
          CASE WHEN {LIVE} THEN (CASE WHEN s.outcome IN ('error', 'timeout') THEN s.outcome_reason \
            WHEN s.outcome = 'interrupted' THEN 'interrupted' END) ELSE u.failure_reason END, \
          CASE WHEN s.outcome IS NULL THEN s.last_heartbeat_at \
-           ELSE COALESCE({OPEN_ROOTS_HEARTBEAT}, s.last_heartbeat_at) END, NOT {LIVE}, 0 \
+           ELSE COALESCE({OPEN_ROOTS_HEARTBEAT}, s.last_heartbeat_at) END, NOT {LIVE}, \
+         COALESCE(u.detail_pruned, 0) \
          FROM activity_spans s JOIN activity_runs r ON r.run_key = s.run_key \
          LEFT JOIN activity_run_rollups u ON u.run_key = s.run_key \
          WHERE s.parent_span_id IS NULL \
@@ -206,7 +207,7 @@ const AWAITING_ENDED: &str = "(u.ended_at IS NOT NULL AND NOT EXISTS (SELECT 1 F
 /// those a page keeps. Its origin is its earliest span's; its outcome its rollup's, once ended.
 fn awaiting_sql(query: &RunListQuery) -> String {
     let mut sql = format!(
-        "SELECT r.run_id, w.run_key, w.started_at, {AWAITING_ENDED} \
+        "SELECT r.run_id, w.run_key, w.started_at, {AWAITING_ENDED}, COALESCE(u.detail_pruned, 0) \
          FROM activity_runs_awaiting_root w \
          INDEXED BY activity_runs_awaiting_root_by_start \
          JOIN activity_runs r ON r.run_key = w.run_key \
@@ -239,6 +240,8 @@ struct AwaitingRun {
     run_key: i64,
     started_at: i64,
     ended: bool,
+    /// Its rollup row says detail of it was pruned (it was written to again after a prune).
+    detail_pruned: bool,
 }
 
 fn awaiting_runs(
@@ -254,6 +257,7 @@ fn awaiting_runs(
                     run_key: row.get(1)?,
                     started_at: row.get(2)?,
                     ended: row.get(3)?,
+                    detail_pruned: row.get(4)?,
                 })
             })?
             .collect()
@@ -310,7 +314,7 @@ fn awaiting_entry(conn: &Connection, run: AwaitingRun) -> Result<RunListEntry, S
         failure_reason: None,
         last_heartbeat_at: None,
         rolled_up: false,
-        detail_pruned: false,
+        detail_pruned: run.detail_pruned,
         awaiting_root: true,
     };
     if run.ended {

@@ -1495,7 +1495,12 @@ impl Model {
                 },
                 last_heartbeat_at: heartbeat,
                 rolled_up: rollup.is_some(),
-                detail_pruned: false,
+                // The rollup row's flag, live entry or not: detail pruned before the run was
+                // written to again stays pruned.
+                detail_pruned: self
+                    .rollups
+                    .get(*run_id)
+                    .is_some_and(|row| row.detail_pruned),
                 awaiting_root: false,
             });
         }
@@ -1544,7 +1549,10 @@ impl Model {
                 failure_reason: None,
                 last_heartbeat_at: None,
                 rolled_up: false,
-                detail_pruned: false,
+                detail_pruned: self
+                    .rollups
+                    .get(run_id)
+                    .is_some_and(|row| row.detail_pruned),
                 awaiting_root: true,
             };
             if let Some(row) = ended {

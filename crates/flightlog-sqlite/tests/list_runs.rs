@@ -622,6 +622,77 @@ async fn prune_deletes_a_trace_whose_root_never_came_behind_the_hard_ceiling() {
         .find(|run| run.run_id == "run-old")
         .unwrap();
     assert!(run_old.awaiting_root && run_old.state == RunState::Open);
+    // Part of its detail is gone: the entry says so, as its rollup row does.
+    assert!(run_old.detail_pruned && !run_old.rolled_up);
+    assert!(
+        store
+            .read_rollup("run-old")
+            .await
+            .unwrap()
+            .unwrap()
+            .detail_pruned
+    );
+    db.close().await.unwrap();
+}
+
+/// A run written to again after its prune is listed from its new root, live, and still says its
+/// earlier detail was pruned: the list entry and the rollup row agree.
+#[tokio::test]
+async fn a_run_written_again_after_its_prune_says_its_detail_was_pruned() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("runs.db"))).unwrap();
+    let store = SqliteActivityStore::with_identity(db.clone(), Arc::new(ManualClock::new(0)), "w");
+    store
+        .start_span(start("a", "again", None, 100))
+        .await
+        .unwrap();
+    store
+        .end_span("a", end(SpanOutcome::Success, 200))
+        .await
+        .unwrap();
+    store.rollup_run("again").await.unwrap();
+    let pruned = store
+        .prune(PruneOptions {
+            max_spans: None,
+            digest_floor_at: 1_000,
+            hard_ceiling_ms: 1_000_000,
+            now: Some(10_000),
+            batch: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(pruned.runs_pruned, 1);
+    let listed = store.list_runs(query(None, 10)).await.unwrap().runs;
+    assert!(listed[0].detail_pruned && listed[0].rolled_up);
+
+    store
+        .start_span(start("b", "again", None, 300))
+        .await
+        .unwrap();
+    let listed = store.list_runs(query(None, 10)).await.unwrap().runs;
+    assert_eq!(listed.len(), 1);
+    let entry = &listed[0];
+    assert_eq!((entry.state, entry.started_at), (RunState::Open, 300));
+    assert!(entry.detail_pruned && !entry.rolled_up && !entry.awaiting_root);
+    assert!(
+        store
+            .read_rollup("again")
+            .await
+            .unwrap()
+            .unwrap()
+            .detail_pruned
+    );
+
+    // Ended and rolled up again: listed from the new rollup, which counts the detail left.
+    store
+        .end_span("b", end(SpanOutcome::Success, 400))
+        .await
+        .unwrap();
+    store.rollup_run("again").await.unwrap();
+    let listed = store.list_runs(query(None, 10)).await.unwrap().runs;
+    let entry = &listed[0];
+    assert_eq!((entry.state, entry.span_count), (RunState::Ended, 1));
+    assert!(entry.detail_pruned && entry.rolled_up);
     db.close().await.unwrap();
 }
 

@@ -111,6 +111,10 @@ pub struct RunListEntry {
     pub last_heartbeat_at: Option<i64>,
     /// Totals come from the run's rollup row (else from the root span as it is now).
     pub rolled_up: bool,
+    /// Retention pruned the run's detail (spans, events, changes): all of it for a run listed
+    /// from its rollup alone; for a run written to again after the prune, the detail before
+    /// that write (its rollup row says `detailPruned` too, and the next rollup counts only the
+    /// detail that is left, as the reference's does).
     pub detail_pruned: bool,
     /// The run has spans but no root: every span names a parent that is not stored (an
     /// OpenTelemetry SDK exports a span when it ends, so a trace's root usually arrives last,
