@@ -148,6 +148,7 @@ pub(crate) fn finish(document: &mut OpenApi) {
     // The shared responses refer to `ErrorBody`: make sure it is there even if no handler names it.
     let mut schemas = vec![(ErrorBody::name().into_owned(), ErrorBody::schema())];
     <ErrorBody as ToSchema>::schemas(&mut schemas);
+    crate::routes::streams::stream_event_schemas(&mut schemas);
     for (name, schema) in schemas {
         components.schemas.entry(name).or_insert(schema);
     }
@@ -156,6 +157,7 @@ pub(crate) fn finish(document: &mut OpenApi) {
             .responses
             .insert(shared.name().to_owned(), RefOr::T(shared.response()));
     }
+    document_stream_events(document);
     for (path, item) in document.paths.paths.iter_mut() {
         let operations = [
             (Method::GET, &mut item.get),
@@ -172,6 +174,43 @@ pub(crate) fn finish(document: &mut OpenApi) {
                 finish_operation(path, &method, operation);
             }
         }
+    }
+}
+
+/// A stream's events, on its `text/event-stream` answer as `x-sse-events` (OpenAPI 3.1 has no
+/// field for the parts of an event stream): per `event:` name, the schema of its `data:`, what
+/// its `id:` holds and when it is sent.
+fn document_stream_events(document: &mut OpenApi) {
+    for (path, events) in crate::routes::streams::STREAM_EVENTS {
+        let content = document
+            .paths
+            .paths
+            .get_mut(path)
+            .and_then(|item| item.get.as_mut())
+            .and_then(|operation| operation.responses.responses.get_mut("200"))
+            .and_then(|response| match response {
+                RefOr::T(response) => response.content.get_mut("text/event-stream"),
+                RefOr::Ref(_) => None,
+            });
+        let Some(content) = content else {
+            continue;
+        };
+        let mut listed = serde_json::Map::new();
+        for event in events.iter() {
+            let (schema, _) = (event.data)();
+            listed.insert(
+                event.name.to_owned(),
+                serde_json::json!({
+                    "data": {"$ref": format!("#/components/schemas/{schema}")},
+                    "id": event.id,
+                    "description": event.description,
+                }),
+            );
+        }
+        content
+            .extensions
+            .get_or_insert_with(Default::default)
+            .insert("x-sse-events".to_owned(), serde_json::Value::Object(listed));
     }
 }
 

@@ -345,3 +345,68 @@ fn an_optional_body_may_be_left_out_but_is_never_null() {
         .cloned();
     assert_eq!(start, Some(serde_json::json!(true)));
 }
+
+/// Every event-stream answer lists its events (`x-sse-events`), each with a `data:` schema that
+/// is in `components.schemas`; a new stream route cannot go without the list.
+#[test]
+fn every_event_stream_lists_its_events_and_their_data_schemas() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_, document) = routes::router(&state(&dir));
+    let json = serde_json::to_value(&document).expect("serializable");
+    let schemas = json
+        .pointer("/components/schemas")
+        .and_then(serde_json::Value::as_object)
+        .expect("components.schemas");
+    let mut streams = BTreeSet::new();
+    for (path, item) in json["paths"].as_object().expect("paths") {
+        let Some(content) = item.pointer("/get/responses/200/content/text~1event-stream") else {
+            continue;
+        };
+        streams.insert(path.clone());
+        let events = content["x-sse-events"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{path}: no x-sse-events in {content}"));
+        let names: BTreeSet<&str> = events.keys().map(String::as_str).collect();
+        assert!(
+            names.contains("resync") && names.contains("error"),
+            "{path}: {names:?}"
+        );
+        for (name, event) in events {
+            let reference = event
+                .pointer("/data/$ref")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default();
+            let schema = reference
+                .strip_prefix("#/components/schemas/")
+                .unwrap_or_else(|| panic!("{path} {name}: {event}"));
+            assert!(
+                schemas.contains_key(schema),
+                "{path} {name}: no schema {schema}"
+            );
+            assert!(event["id"].is_string() && event["description"].is_string());
+        }
+    }
+    assert_eq!(
+        streams,
+        BTreeSet::from([
+            "/v1/activity/changes/stream".to_owned(),
+            "/v1/activity/runs/{runId}/stream".to_owned(),
+            "/v1/engagements/{engagementId}/stream".to_owned(),
+        ])
+    );
+    // The resync payloads are typed: their schemas name the fields the streams write.
+    let properties = |schema: &str| -> BTreeSet<String> {
+        schemas[schema]["properties"]
+            .as_object()
+            .map(|properties| properties.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        properties("ChangeStreamResync"),
+        BTreeSet::from(["reason", "changeLogHorizon", "resumeAfter", "action"].map(String::from))
+    );
+    assert_eq!(
+        properties("JournalStreamResync"),
+        BTreeSet::from(["reason", "fromSeq"].map(String::from))
+    );
+}

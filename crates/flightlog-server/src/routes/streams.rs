@@ -17,8 +17,8 @@ use axum::response::{IntoResponse, Response};
 use flightlog_core::activity::{ActivityChange, ActivityStore, ChangeDoorbell};
 use flightlog_core::journal::{EngagementEvent, EngagementJournal};
 use futures_util::stream::{self, Stream};
-use serde::Deserialize;
-use utoipa::IntoParams;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -54,6 +54,115 @@ const LAST_EVENT_ID: &str = "The `id:` of the last event received (sent by a rec
 const RUN_LAST_EVENT_ID: &str = "The `id:` of the last event received (sent by a reconnecting \
      EventSource), a change id: the stream skips the snapshot and resumes right after it. Blank: \
      as if absent.";
+
+/// One kind of event a stream sends, as the OpenAPI document lists it (`x-sse-events`).
+pub(crate) struct StreamEventDoc {
+    /// The `event:` field.
+    pub(crate) name: &'static str,
+    /// The schema (in `components.schemas`) of its `data:`, one JSON value.
+    pub(crate) data: fn() -> (
+        String,
+        utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+    ),
+    /// What its `id:` holds, or that it has none.
+    pub(crate) id: &'static str,
+    /// When it is sent.
+    pub(crate) description: &'static str,
+}
+
+/// `T`'s name and schema, for [`StreamEventDoc::data`].
+fn schema_of<T: ToSchema>() -> (
+    String,
+    utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+) {
+    (T::name().into_owned(), T::schema())
+}
+
+/// Every schema the stream events refer to, nested ones included, for `components.schemas`.
+pub(crate) fn stream_event_schemas(
+    schemas: &mut Vec<(
+        String,
+        utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+    )>,
+) {
+    schemas.push(schema_of::<ActivityChange>());
+    <ActivityChange as ToSchema>::schemas(schemas);
+    schemas.push(schema_of::<flightlog_core::activity::RunSnapshot>());
+    <flightlog_core::activity::RunSnapshot as ToSchema>::schemas(schemas);
+    schemas.push(schema_of::<EngagementEvent>());
+    <EngagementEvent as ToSchema>::schemas(schemas);
+    schemas.push(schema_of::<ErrorBody>());
+    <ErrorBody as ToSchema>::schemas(schemas);
+    schemas.push(schema_of::<ChangeStreamResync>());
+    schemas.push(schema_of::<JournalStreamResync>());
+}
+
+const CHANGE_EVENT: StreamEventDoc = StreamEventDoc {
+    name: "change",
+    data: schema_of::<ActivityChange>,
+    id: "the change's `changeId`",
+    description: "one committed change, in `changeId` order",
+};
+const RESYNC_EVENT: StreamEventDoc = StreamEventDoc {
+    name: "resync",
+    data: schema_of::<ChangeStreamResync>,
+    id: "none",
+    description: "the last event: the change log no longer holds every change after the \
+                  stream's cursor (or the run was pruned and started again); take a new \
+                  snapshot and reconnect",
+};
+const ERROR_EVENT: StreamEventDoc = StreamEventDoc {
+    name: "error",
+    data: schema_of::<ErrorBody>,
+    id: "none",
+    description: "the last event: the store failed (code `unavailable`); reconnect with \
+                  `Last-Event-ID`",
+};
+
+/// What each stream route sends, by path, for the OpenAPI document.
+pub(crate) const STREAM_EVENTS: [(&str, &[StreamEventDoc]); 3] = [
+    (
+        "/v1/activity/changes/stream",
+        &[CHANGE_EVENT, RESYNC_EVENT, ERROR_EVENT],
+    ),
+    (
+        "/v1/activity/runs/{runId}/stream",
+        &[
+            StreamEventDoc {
+                name: "snapshot",
+                data: schema_of::<flightlog_core::activity::RunSnapshot>,
+                id: "the change id the stream follows from: a reconnect with it resumes right \
+                     after the snapshot",
+                description: "the first event (not sent on a reconnect with `Last-Event-ID`): \
+                              the run as it stands; the `change` events that follow have a \
+                              `seq` above its `highWaterSeq`",
+            },
+            CHANGE_EVENT,
+            RESYNC_EVENT,
+            ERROR_EVENT,
+        ],
+    ),
+    (
+        "/v1/engagements/{engagementId}/stream",
+        &[
+            StreamEventDoc {
+                name: "journal",
+                data: schema_of::<EngagementEvent>,
+                id: "`<seq>@<generation>`",
+                description: "one event of the engagement, in seq order",
+            },
+            StreamEventDoc {
+                name: "resync",
+                data: schema_of::<JournalStreamResync>,
+                id: "`-1@<generation>` (the new generation), or none",
+                description: "the engagement's seqs were given out again (compacted, or \
+                              pruned and started anew): drop the events held; the stream \
+                              goes on from seq 0",
+            },
+            ERROR_EVENT,
+        ],
+    ),
+];
 
 /// The routes of this module, each registered from its `#[utoipa::path]` annotation.
 pub(crate) fn router() -> OpenApiRouter<AppState> {
@@ -288,14 +397,29 @@ const LOG_TRIMMED: &str = "the change log no longer holds every change after thi
 /// A `resync`'s reason when the followed run was pruned and its id used again.
 const RUN_RECREATED: &str = "the run was pruned and a new run started under its id";
 
-fn resync_event(horizon: i64, reason: &str) -> SseEvent {
-    let body = serde_json::json!({
-        "reason": reason,
-        "changeLogHorizon": horizon,
-        "resumeAfter": horizon.saturating_sub(1).max(0),
-        "action": "take a new snapshot, then reconnect with after = the larger of its cursor and \
-                   resumeAfter (or with no after, to start at the newest change)",
-    });
+/// The `data:` of a change or run stream's `resync` event, its last: the stream cannot go on
+/// without a gap.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ChangeStreamResync {
+    /// Why the stream ended.
+    reason: &'static str,
+    /// The oldest change id the change log still holds after the stream's cursor.
+    change_log_horizon: i64,
+    /// Where to resume: reconnect with `after` = the larger of this and a new snapshot's cursor.
+    resume_after: i64,
+    /// What the client does next, in words.
+    action: &'static str,
+}
+
+fn resync_event(horizon: i64, reason: &'static str) -> SseEvent {
+    let body = ChangeStreamResync {
+        reason,
+        change_log_horizon: horizon,
+        resume_after: horizon.saturating_sub(1).max(0),
+        action: "take a new snapshot, then reconnect with after = the larger of its cursor and \
+                 resumeAfter (or with no after, to start at the newest change)",
+    };
     SseEvent::json("resync", None, &body)
 }
 
@@ -303,8 +427,10 @@ fn change_event(change: &ActivityChange) -> SseEvent {
     SseEvent::json("change", Some(&change.change_id.to_string()), change)
 }
 
+/// A stream's `error` event, its last: the store failed; the `data:` is an [`ErrorBody`] with
+/// the code `unavailable`, and the client reconnects with its `Last-Event-ID`.
 fn error_event(message: &str) -> SseEvent {
-    let body = serde_json::json!({"error": {"code": "unavailable", "message": message}});
+    let body = ApiError::Unavailable(message.to_owned()).error_body();
     SseEvent::json("error", None, &body)
 }
 
@@ -620,12 +746,23 @@ fn journal_event(event: &EngagementEvent, generation: u64) -> SseEvent {
     SseEvent::json("journal", Some(&id), event)
 }
 
+/// The `data:` of an engagement stream's `resync` event: the engagement's seqs were given out
+/// again, and the events that follow on the same stream start again at seq 0.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct JournalStreamResync {
+    /// What happened and what the client does, in words.
+    reason: &'static str,
+    /// The seq the next `journal` event has: always 0.
+    from_seq: i64,
+}
+
 fn journal_resync_event(generation: Option<u64>) -> SseEvent {
-    let body = serde_json::json!({
-        "reason": "the engagement was compacted or pruned: drop the events you hold; the \
-                   events that follow start again at seq 0",
-        "fromSeq": 0,
-    });
+    let body = JournalStreamResync {
+        reason: "the engagement was compacted or pruned: drop the events you hold; the events \
+                 that follow start again at seq 0",
+        from_seq: 0,
+    };
     let id = generation.map(|generation| format!("-1@{generation}"));
     SseEvent::json("resync", id.as_deref(), &body)
 }
