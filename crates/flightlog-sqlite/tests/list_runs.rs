@@ -57,23 +57,18 @@ async fn ids(store: &SqliteActivityStore, query: RunListQuery) -> Vec<String> {
     page.runs.into_iter().map(|run| run.run_id).collect()
 }
 
-#[tokio::test]
-async fn lists_open_ended_and_pruned_runs_newest_first_with_filters() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("runs.db"))).unwrap();
-    let clock = Arc::new(ManualClock::new(10_000));
-    let store = SqliteActivityStore::with_identity(db, clock.clone(), "w");
-
-    // run-a: ended long ago, rolled up, then pruned (only its rollup row remains).
+/// A run of one root started at 100 and ended at 200, rolled up, then pruned (the only run a
+/// prune at 10,000 with a digest floor of 1,000 finds): only its rollup row remains.
+async fn end_roll_up_and_prune(store: &SqliteActivityStore, span_id: &str, run_id: &str) {
     store
-        .start_span(start("a", "run-a", None, 100))
+        .start_span(start(span_id, run_id, None, 100))
         .await
-        .unwrap();
+        .expect("start");
     store
-        .end_span("a", end(SpanOutcome::Success, 200))
+        .end_span(span_id, end(SpanOutcome::Success, 200))
         .await
-        .unwrap();
-    store.rollup_run("run-a").await.unwrap();
+        .expect("end");
+    store.rollup_run(run_id).await.expect("rollup");
     let pruned = store
         .prune(PruneOptions {
             max_spans: None,
@@ -83,8 +78,19 @@ async fn lists_open_ended_and_pruned_runs_newest_first_with_filters() {
             batch: None,
         })
         .await
-        .unwrap();
+        .expect("prune");
     assert_eq!(pruned.runs_pruned, 1);
+}
+
+#[tokio::test]
+async fn lists_open_ended_and_pruned_runs_newest_first_with_filters() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("runs.db"))).unwrap();
+    let clock = Arc::new(ManualClock::new(10_000));
+    let store = SqliteActivityStore::with_identity(db, clock.clone(), "w");
+
+    // run-a: ended long ago, rolled up, then pruned (only its rollup row remains).
+    end_roll_up_and_prune(&store, "a", "run-a").await;
     // run-b: ended with an error and rolled up (cascade close rolls up).
     store
         .start_span(start("b", "run-b", None, 300))
@@ -642,26 +648,7 @@ async fn a_run_written_again_after_its_prune_says_its_detail_was_pruned() {
     let dir = tempfile::tempdir().unwrap();
     let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("runs.db"))).unwrap();
     let store = SqliteActivityStore::with_identity(db.clone(), Arc::new(ManualClock::new(0)), "w");
-    store
-        .start_span(start("a", "again", None, 100))
-        .await
-        .unwrap();
-    store
-        .end_span("a", end(SpanOutcome::Success, 200))
-        .await
-        .unwrap();
-    store.rollup_run("again").await.unwrap();
-    let pruned = store
-        .prune(PruneOptions {
-            max_spans: None,
-            digest_floor_at: 1_000,
-            hard_ceiling_ms: 1_000_000,
-            now: Some(10_000),
-            batch: None,
-        })
-        .await
-        .unwrap();
-    assert_eq!(pruned.runs_pruned, 1);
+    end_roll_up_and_prune(&store, "a", "again").await;
     let listed = store.list_runs(query(None, 10)).await.unwrap().runs;
     assert!(listed[0].detail_pruned && listed[0].rolled_up);
 
