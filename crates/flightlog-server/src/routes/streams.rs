@@ -43,7 +43,8 @@ const KEEP_ALIVE: Duration = Duration::from_secs(10);
 const JOURNAL_LAST_EVENT_ID: &str = "The `id:` of the last event received (sent by a \
      reconnecting EventSource), `<seq>@<generation>`: the stream resumes right after it, or \
      sends `resync` first when the engagement was renumbered since. A bare seq is accepted \
-     (resumed without that check). Takes precedence over the query.";
+     (resumed without that check). An event the engagement does not hold (in the generation \
+     named) is a 400. Takes precedence over the query.";
 
 /// The `Last-Event-ID` header of a reconnecting client, as the OpenAPI document describes it.
 const LAST_EVENT_ID: &str = "The `id:` of the last event received (sent by a reconnecting \
@@ -188,7 +189,8 @@ struct AfterQuery {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct FromSeqQuery {
-    /// The first seq to send (default 0).
+    /// The first seq to send (default 0); at most the engagement's next seq (a start past its
+    /// end is a 400: the events up to it would never be sent).
     #[param(minimum = 0)]
     from_seq: Option<i64>,
 }
@@ -617,6 +619,42 @@ struct JournalStart {
     generation: Option<u64>,
 }
 
+/// Refuse to resume after an event the engagement does not hold in the numbering the client
+/// names: a stream that started past the end would wait for that seq and skip, without a word,
+/// every event appended up to it (the activity streams refuse a cursor past the newest change
+/// the same way). A `Last-Event-ID` of another generation is not refused: the stream answers it
+/// with a `resync`. One read of the tail from the client's last event on (a reconnect is
+/// usually near the end).
+async fn check_resumable(
+    journal: &dyn EngagementJournal,
+    engagement_id: &str,
+    start: &JournalStart,
+) -> Result<(), ApiError> {
+    let Some(last_seen) = start.next_seq.checked_sub(1).filter(|seq| *seq >= 0) else {
+        return Ok(());
+    };
+    let tail = journal.read_tail(engagement_id, last_seen).await?;
+    let renumbered = start
+        .generation
+        .is_some_and(|held| tail.generation != Some(held));
+    if renumbered
+        || tail
+            .events
+            .first()
+            .is_some_and(|event| event.seq == last_seen)
+    {
+        return Ok(());
+    }
+    Err(ApiError::invalid(format!(
+        "cannot resume engagement {engagement_id:?} after seq {last_seen}: it holds no event \
+         with that seq{}; reconnect without Last-Event-ID, or with fromSeq at most its next seq",
+        match tail.generation {
+            None => " (it has no events)".to_owned(),
+            Some(_) => String::new(),
+        }
+    )))
+}
+
 /// Parse a journal stream's `Last-Event-ID`: `<seq>` (0 or more) or `<seq>@<generation>` (seq
 /// -1 or more: `-1@G` is the id of a `resync`, "nothing of generation G seen yet").
 fn journal_last_event_id(headers: &HeaderMap) -> Result<Option<JournalStart>, ApiError> {
@@ -774,7 +812,9 @@ fn journal_resync_event(generation: Option<u64>) -> SseEvent {
 /// when the engagement's seqs were given out again (a compaction renumbers it; a prune deletes
 /// it and a later append starts it anew): the client drops what it holds, and the events that
 /// follow on the same stream start again at seq 0. A reconnect whose `Last-Event-ID` names an
-/// older generation gets the same `resync` first.
+/// older generation gets the same `resync` first; one that names an event the engagement does
+/// not hold in its current numbering (or a `fromSeq` past its end) is refused with 400, as a
+/// silent wait for that seq would skip every event up to it.
 #[utoipa::path(
     get,
     path = "/v1/engagements/{engagementId}/stream",
@@ -787,7 +827,7 @@ fn journal_resync_event(generation: Option<u64>) -> SseEvent {
     ),
     responses(
         (status = 200, description = "The event stream (`journal`, `resync`, `error` events).", content_type = "text/event-stream", body = String),
-        (status = 400, description = "A bad id, `fromSeq` or `Last-Event-ID`.", body = ErrorBody),
+        (status = 400, description = "A bad id, `fromSeq` or `Last-Event-ID`, or a start past the engagement's end (no event with the seq before it in the numbering named).", body = ErrorBody),
     ),
 )]
 async fn journal_stream(
@@ -812,6 +852,7 @@ async fn journal_stream(
         },
     };
     let journal = state.journal().clone();
+    check_resumable(journal.as_ref(), &engagement_id, &start).await?;
     // Subscribe before the first read, so nothing committed in between is missed.
     let feed = JournalFeed {
         subscription: journal.subscribe(),

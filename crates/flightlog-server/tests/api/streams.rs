@@ -1202,6 +1202,69 @@ async fn a_starting_point_beyond_the_newest_change_is_refused_and_an_empty_id_is
     server.stop().await;
 }
 
+/// An engagement stream started past the engagement's end (`fromSeq` beyond its next seq, or a
+/// `Last-Event-ID` naming an event it does not hold, in its own generation or none) waited for
+/// that seq and skipped every event appended up to it, without a word (an audit's finding): it
+/// is refused now. At the end, or resuming after its last event, is fine; an id of another
+/// generation gets the `resync`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engagement_stream_started_past_its_end_is_refused() {
+    let server = TestServer::start().await;
+    append_engagement(&server, "e", 3, 100).await; // seqs 0, 1, 2
+    let mut first = SseClient::connect(&server, "/v1/engagements/e/stream", None).await;
+    let last = expect_journal_seqs(&mut first, 0, 3).await;
+    drop(first);
+    let generation = last
+        .split_once('@')
+        .map(|(_, g)| g.to_owned())
+        .expect("seq@generation");
+    for (path, header) in [
+        ("/v1/engagements/e/stream?fromSeq=4".to_owned(), None),
+        ("/v1/engagements/e/stream".to_owned(), Some("3".to_owned())),
+        (
+            "/v1/engagements/e/stream".to_owned(),
+            Some(format!("9@{generation}")),
+        ),
+        ("/v1/engagements/none/stream?fromSeq=1".to_owned(), None),
+    ] {
+        let mut request = server.client.get(format!("{}{path}", server.base));
+        if let Some(header) = &header {
+            request = request.header("Last-Event-ID", header);
+        }
+        let response = request.send().await.expect("request");
+        assert_eq!(response.status().as_u16(), 400, "{path} with {header:?}");
+        let body: Value = response.json().await.expect("a JSON body");
+        assert_eq!(body["error"]["code"], "invalid_request");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("holds no event with that seq"),
+            "{message}"
+        );
+    }
+    // At the end (fromSeq = the next seq) and after the last event: what comes next arrives.
+    let mut at_end = SseClient::connect(&server, "/v1/engagements/e/stream?fromSeq=3", None).await;
+    let mut resumed =
+        SseClient::connect_after(&server, "/v1/engagements/e/stream", Some(last.clone())).await;
+    // Another generation's id: a resync, then the engagement from seq 0.
+    let other = format!("9@{}", generation.parse::<u64>().expect("a generation") ^ 1);
+    let mut renumbered =
+        SseClient::connect_after(&server, "/v1/engagements/e/stream", Some(other)).await;
+    assert_eq!(renumbered.next().await.event, "resync");
+    expect_journal_seqs(&mut renumbered, 0, 3).await;
+    server
+        .post(
+            "/v1/engagements/e/events",
+            &json!({"type": "note", "at": 200, "data": {}}),
+        )
+        .await
+        .assert_status(201);
+    expect_journal_seqs(&mut at_end, 3, 1).await;
+    expect_journal_seqs(&mut resumed, 3, 1).await;
+    expect_journal_seqs(&mut renumbered, 3, 1).await;
+    drop((at_end, resumed, renumbered));
+    server.stop().await;
+}
+
 /// Write a run of `spans` spans with `attr_bytes` of attributes each, in batches.
 async fn big_run(server: &TestServer, run: &str, spans: usize, attr_bytes: usize) {
     let filler = "x".repeat(attr_bytes);
