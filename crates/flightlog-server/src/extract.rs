@@ -203,20 +203,25 @@ pub(crate) fn require_json_object(bytes: &[u8]) -> Result<(), ApiError> {
     }
 }
 
-/// What the body's JSON text starts, when that is a JSON value other than an object. Text that
-/// starts like no JSON value at all is left to the parser, whose message says where it fails.
+/// What the body's JSON text is, when that is a JSON value other than an object. Text that is
+/// no JSON value at all (`nul`, `[1,`, `{…` with an error) is left to the parser, whose message
+/// says where it fails; only the first byte is looked at for an object.
 pub(crate) fn non_object_json(bytes: &[u8]) -> Option<&'static str> {
     let first = bytes
         .iter()
         .find(|byte| !matches!(byte, b' ' | b'\t' | b'\n' | b'\r'))?;
-    match first {
-        b'[' => Some("an array"),
-        b'"' => Some("a string"),
-        b'-' | b'0'..=b'9' => Some("a number"),
-        b't' | b'f' => Some("a boolean"),
-        b'n' => Some("null"),
-        _ => None,
-    }
+    let kind = match first {
+        b'[' => "an array",
+        b'"' => "a string",
+        b'-' | b'0'..=b'9' => "a number",
+        b't' | b'f' => "a boolean",
+        b'n' => "null",
+        _ => return None,
+    };
+    // Only on the way to an error: whether the whole text is that value.
+    serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
+        .is_ok()
+        .then_some(kind)
 }
 
 /// The query string parsed as `T`. A blank parameter (`limit=`, or `limit` alone: what a form
@@ -550,8 +555,19 @@ mod tests {
                 String::from_utf8_lossy(text)
             );
         }
-        // Not JSON at all, or nothing: the parser's own message.
-        for text in [&b"x"[..], b"", b"   "] {
+        // Not JSON at all, or nothing, or a value cut short: the parser's own message.
+        for text in [
+            &b"x"[..],
+            b"",
+            b"   ",
+            b"nul",
+            b"n",
+            b"tru",
+            b"fals",
+            b"[1,",
+            b"\"x",
+            b"-",
+        ] {
             let err = parse_json::<Body>(text).err().map(|e| e.to_string());
             assert!(err.is_some_and(|e| !e.contains("expected a JSON object")));
         }

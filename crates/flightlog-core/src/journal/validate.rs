@@ -290,8 +290,8 @@ fn check_depth(data: &JsonObject) -> Result<(), AppendValidationError> {
     }
 }
 
-/// How a JSON value reads in an error message.
-fn json_kind(value: Option<&Value>) -> &'static str {
+/// How a JSON value reads in an error message (`None`: the member is absent).
+pub fn json_kind(value: Option<&Value>) -> &'static str {
     match value {
         None => "nothing",
         Some(Value::Null) => "null",

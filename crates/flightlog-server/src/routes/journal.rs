@@ -54,10 +54,11 @@ struct EventsQuery {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct BoardQuery {
-    /// Only the entry with this key.
+    /// Only the entry with this key (blank, `key=`: as if absent, as any blank query
+    /// parameter).
     #[serde(default)]
     key: Option<String>,
-    /// Only entries of this kind.
+    /// Only entries of this kind (blank: as if absent).
     #[serde(default)]
     #[param(value_type = Option<BoardEntryKind>)]
     kind: Option<String>,
@@ -189,10 +190,11 @@ fn append_input(
                 )))
             }
         },
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "expectedSeq must be an integer from 0 to 2^53 - 1",
-            ))
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "expectedSeq must be an integer from 0 to 2^53 - 1, got {}",
+                flightlog_core::journal::validate::json_kind(Some(&other))
+            )))
         }
     };
     match body.get("engagementId") {

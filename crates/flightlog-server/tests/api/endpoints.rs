@@ -879,6 +879,24 @@ async fn journal_appends_reads_views_compaction_listing_and_pruning() {
             .await
             .assert_error(400, "invalid_request");
     }
+    // Each message says what it got, a cut-short literal included (it read "got null").
+    for (body, said) in [
+        (
+            r#"{"type": "t", "at": 1, "data": {}, "expectedSeq": "3"}"#,
+            "expectedSeq must be an integer from 0 to 2^53 - 1, got a string",
+        ),
+        ("nul", "EOF while parsing a value at line 1 column 3"),
+        ("null", "expected a JSON object, got null"),
+    ] {
+        let response = server
+            .send_raw(Method::POST, events, Some("application/json"), body)
+            .await;
+        response.assert_error(400, "invalid_request");
+        let message = response.body["error"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(message.contains(said), "{body}: {message}");
+    }
     let long = format!("/v1/engagements/{}/events", "e".repeat(257));
     server
         .post(&long, &json!({"type": "t", "at": 1, "data": {}}))
