@@ -363,6 +363,11 @@ pub struct RunSnapshot {
 }
 
 /// The rollup of one run: usage and outcome totals that survive pruning.
+///
+/// As the reference's upsert, a run rolled up again keeps the identity of its first rollup
+/// (`origin`, `name`, `sessionId`, `jobName`, `startedAt`; an OpenTelemetry delivery refreshes
+/// them) and takes the new end, outcome and totals; the run list names a run from its current
+/// first root.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
@@ -394,7 +399,9 @@ pub struct RunRollupRow {
     pub cost_usd: Option<f64>,
     #[cfg_attr(feature = "openapi", schema(required = true))]
     pub failure_reason: Option<String>,
-    /// The run's detail (spans, events, changes) has been pruned; only this row remains.
+    /// Retention pruned the run's detail (spans, events, changes): all of it, unless the run
+    /// was written to again after the prune (then the detail before that write; the totals of a
+    /// later rollup count only the detail left, as the reference's do).
     pub detail_pruned: bool,
 }
 

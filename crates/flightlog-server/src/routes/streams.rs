@@ -408,19 +408,31 @@ pub(crate) struct ChangeStreamResync {
     reason: &'static str,
     /// The oldest change id the change log still holds after the stream's cursor.
     change_log_horizon: i64,
-    /// Where to resume: reconnect with `after` = the larger of this and a new snapshot's cursor.
+    /// Where to resume the change stream: reconnect with `after` = the larger of this and a new
+    /// snapshot's cursor. (A run stream starts over: reconnect without `Last-Event-ID`, and its
+    /// first event is a new snapshot.)
     resume_after: i64,
     /// What the client does next, in words.
     action: &'static str,
 }
 
-fn resync_event(horizon: i64, reason: &'static str) -> SseEvent {
+/// A `resync`'s action on the change stream.
+const CHANGE_STREAM_ACTION: &str = "take a new snapshot, then reconnect with after = the larger \
+     of its cursor and resumeAfter (or with no after, to start at the newest change)";
+/// A `resync`'s action on a run stream (which has no `after`).
+const RUN_STREAM_ACTION: &str = "drop what you hold of the run and reconnect without \
+     Last-Event-ID: the stream starts again with a new snapshot";
+
+fn resync_event(horizon: i64, reason: &'static str, run_stream: bool) -> SseEvent {
     let body = ChangeStreamResync {
         reason,
         change_log_horizon: horizon,
         resume_after: horizon.saturating_sub(1).max(0),
-        action: "take a new snapshot, then reconnect with after = the larger of its cursor and \
-                 resumeAfter (or with no after, to start at the newest change)",
+        action: if run_stream {
+            RUN_STREAM_ACTION
+        } else {
+            CHANGE_STREAM_ACTION
+        },
     };
     SseEvent::json("resync", None, &body)
 }
@@ -453,7 +465,7 @@ fn feed_stream(feed: ChangeFeed, ends: StreamEnds) -> impl Stream<Item = SseEven
                 feed.failed = true;
                 ends.resync.inc();
                 ends.resync_sent.inc();
-                resync_event(horizon, reason)
+                resync_event(horizon, reason, feed.filter.is_some())
             }
         };
         Some((event, (feed, ends)))

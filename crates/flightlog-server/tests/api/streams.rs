@@ -1107,6 +1107,12 @@ async fn a_resumed_run_stream_resyncs_when_its_run_was_pruned_and_started_again(
         SseClient::connect(&server, "/v1/activity/runs/reused/stream", last_seen).await;
     let event = resumed.next().await;
     assert_eq!(event.event, "resync", "{event:?}");
+    // A run stream has no `after`: its resync says to start over (it said `after` once).
+    let action = event.data["action"].as_str().unwrap_or_default();
+    assert!(
+        action.contains("without Last-Event-ID") && !action.contains("after ="),
+        "{action}"
+    );
 
     // A run that goes on is resumed as before: the changes after the id, from seq 2 up.
     server
@@ -1474,6 +1480,8 @@ async fn up_to_date_clients_are_not_told_to_resync_after_a_prune_of_the_newest_c
     assert_eq!(resync.event, "resync", "{resync:?}");
     let resume = resync.data["resumeAfter"].as_i64().expect("resumeAfter");
     assert_eq!(resume, 3);
+    let action = resync.data["action"].as_str().unwrap_or_default();
+    assert!(action.contains("after = the larger"), "{action}");
     let mut resumed = SseClient::connect(
         &server,
         &format!("/v1/activity/changes/stream?after={resume}"),
