@@ -56,15 +56,18 @@ const RUN_LAST_EVENT_ID: &str = "The `id:` of the last event received (sent by a
      EventSource), a change id: the stream skips the snapshot and resumes right after it. Blank: \
      as if absent.";
 
+/// A schema and the name it has in `components.schemas`.
+type NamedSchema = (
+    String,
+    utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+);
+
 /// One kind of event a stream sends, as the OpenAPI document lists it (`x-sse-events`).
 pub(crate) struct StreamEventDoc {
     /// The `event:` field.
     pub(crate) name: &'static str,
     /// The schema (in `components.schemas`) of its `data:`, one JSON value.
-    pub(crate) data: fn() -> (
-        String,
-        utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
-    ),
+    pub(crate) data: fn() -> NamedSchema,
     /// What its `id:` holds, or that it has none.
     pub(crate) id: &'static str,
     /// When it is sent.
@@ -72,20 +75,12 @@ pub(crate) struct StreamEventDoc {
 }
 
 /// `T`'s name and schema, for [`StreamEventDoc::data`].
-fn schema_of<T: ToSchema>() -> (
-    String,
-    utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
-) {
+fn schema_of<T: ToSchema>() -> NamedSchema {
     (T::name().into_owned(), T::schema())
 }
 
 /// Every schema the stream events refer to, nested ones included, for `components.schemas`.
-pub(crate) fn stream_event_schemas(
-    schemas: &mut Vec<(
-        String,
-        utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
-    )>,
-) {
+pub(crate) fn stream_event_schemas(schemas: &mut Vec<NamedSchema>) {
     schemas.push(schema_of::<ActivityChange>());
     <ActivityChange as ToSchema>::schemas(schemas);
     schemas.push(schema_of::<flightlog_core::activity::RunSnapshot>());
