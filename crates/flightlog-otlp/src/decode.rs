@@ -79,6 +79,7 @@ pub fn decode_request(
         content_encoding,
         body,
         max_decompressed,
+        true,
         |body, encoding| match encoding {
             OtlpEncoding::Protobuf => ExportTraceServiceRequest::decode(body)
                 .map_err(|error| OtlpError::malformed(format!("invalid protobuf: {error}"))),
@@ -88,13 +89,15 @@ pub fn decode_request(
 }
 
 /// The steps every OTLP/HTTP body takes (traces, metrics, logs): its encoding from
-/// `Content-Type`, its `Content-Encoding` inflated within `max_decompressed`, then `decode`
+/// `Content-Type`, its `Content-Encoding` inflated within `max_decompressed`, its decoded size
+/// checked (`trace_schema`: walked along the trace schema; see `decoded_size`), then `decode`
 /// on the plain bytes.
 pub(crate) fn read_body<T>(
     content_type: Option<&str>,
     content_encoding: Option<&str>,
     body: &[u8],
     max_decompressed: usize,
+    trace_schema: bool,
     decode: impl FnOnce(&[u8], OtlpEncoding) -> Result<T, OtlpError>,
 ) -> Result<(T, OtlpEncoding), OtlpError> {
     let encoding = content_type
@@ -132,6 +135,7 @@ pub(crate) fn read_body<T>(
             body
         }
     };
+    crate::decoded_size::check_decoded_size(body, encoding, trace_schema)?;
     Ok((decode(body, encoding)?, encoding))
 }
 

@@ -26,6 +26,14 @@ pub enum OtlpError {
     /// limit: the rest of the body was never decompressed.
     #[error("the decompressed request exceeds {limit} bytes")]
     TooLarge { limit: usize },
+    /// The body would take more memory decoded than its size allows (HTTP 413): a body of many
+    /// tiny or empty entries (see `decoded_size`). Refused before anything is decoded.
+    #[error(
+        "the request holds too many entries for its size: decoded, it would take more than \
+         {budget} bytes (empty or tiny spans, attributes or resources); send real entries, or \
+         fewer in one request"
+    )]
+    TooManyItems { budget: usize },
 }
 
 impl OtlpError {
@@ -40,14 +48,14 @@ impl OtlpError {
         match self {
             Self::UnsupportedContentType { .. } | Self::UnsupportedContentEncoding { .. } => 415,
             Self::Malformed { .. } => 400,
-            Self::TooLarge { .. } => 413,
+            Self::TooLarge { .. } | Self::TooManyItems { .. } => 413,
         }
     }
 
     /// The gRPC status code for the `google.rpc.Status` body an OTLP/HTTP error response carries.
     pub fn grpc_code(&self) -> GrpcCode {
         match self {
-            Self::TooLarge { .. } => GrpcCode::ResourceExhausted,
+            Self::TooLarge { .. } | Self::TooManyItems { .. } => GrpcCode::ResourceExhausted,
             _ => GrpcCode::InvalidArgument,
         }
     }
@@ -74,6 +82,7 @@ mod tests {
             ),
             (OtlpError::malformed("x"), 400),
             (OtlpError::TooLarge { limit: 1 }, 413),
+            (OtlpError::TooManyItems { budget: 1 }, 413),
         ];
         for (error, status) in cases {
             assert_eq!(error.http_status(), status, "{error}");

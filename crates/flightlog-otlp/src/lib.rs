@@ -23,6 +23,7 @@
 mod attributes;
 mod attrs_text;
 mod decode;
+mod decoded_size;
 mod docs;
 mod error;
 mod facts;

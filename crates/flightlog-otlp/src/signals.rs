@@ -91,6 +91,7 @@ pub fn count_export(
         content_encoding,
         body,
         max_decompressed,
+        false,
         |body, encoding| match (signal, encoding) {
             (Signal::Metrics, OtlpEncoding::Protobuf) => ExportMetricsServiceRequest::decode(body)
                 .map(|request| count_data_points(&request))

@@ -471,6 +471,36 @@ async fn hostile_bodies_get_their_status_and_the_server_keeps_serving() {
     let response = post_raw(&server, "application/x-protobuf", Some("gzip"), bomb).await;
     assert_eq!(response.status(), 413);
 
+    // A bomb of entries: 60 MiB of empty `ResourceSpans` (two bytes each, within the inflate
+    // limit) gzip to 61 KB and decoded to 31 million structs, 5 GB (an audit's finding); an
+    // 8 MiB plain body of them, and OTLP/JSON of empty objects, to about 1 GB. Refused before
+    // anything is decoded, saying why.
+    let empties = b"\n\x00".repeat(30 * 1024 * 1024);
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    encoder.write_all(&empties).expect("compress");
+    let entries_bomb = encoder.finish().expect("compress");
+    assert!(entries_bomb.len() < 128 * 1024);
+    let mut json = b"{\"resourceSpans\":[".to_vec();
+    json.extend(b"{},".repeat(2_500_000));
+    json.extend(b"{}]}");
+    for (content_type, encoding, body) in [
+        ("application/x-protobuf", Some("gzip"), entries_bomb),
+        (
+            "application/x-protobuf",
+            None,
+            empties[..8 * 1024 * 1024 - 2].to_vec(),
+        ),
+        ("application/json", None, json),
+    ] {
+        let response = post_raw(&server, content_type, encoding, body).await;
+        assert_eq!(response.status(), 413, "{content_type} {encoding:?}");
+        let message = format!("{:?}", response.bytes().await.expect("a body"));
+        assert!(
+            message.contains("too many entries for its size"),
+            "{message}"
+        );
+    }
+
     // A gzip body within bounds is accepted.
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     encoder

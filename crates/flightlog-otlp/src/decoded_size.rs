@@ -1,0 +1,410 @@
+//! What an OTLP/HTTP body would cost in memory once decoded, told before it is decoded.
+//!
+//! The body limits count bytes, but decoding makes one value per protobuf entry or JSON value:
+//! an entry of two bytes (`\n\x00`, an empty `ResourceSpans`) becomes a struct of about a
+//! hundred. A 61 KB gzip body of such entries (60 MiB inflated, under the inflation limit) made
+//! the server take 5 GB (an audit's finding), and a plain 8 MiB one 880 MB. Real telemetry
+//! decodes to about four times its wire size (ids, names and attributes are mostly bytes that
+//! are copied once), so a body is refused when its decoded estimate passes
+//! [`MAX_EXPANSION`] times its size (and at least [`MIN_BUDGET_BYTES`]).
+//!
+//! Protobuf: a walk of the wire format along the trace schema, counting each message at the
+//! size of the struct prost makes of it and each string or bytes field at its length plus a
+//! `String`'s own size; metrics and logs, whose schemas this walk does not know, are counted
+//! at their top-level entries only. JSON: a scan that charges every value a `serde_json::Value`
+//! and every object a map. The walk never refuses malformed input itself: it stops, and the
+//! decoder gives its own message.
+
+use opentelemetry_proto::tonic::common::v1::{
+    AnyValue, ArrayValue, InstrumentationScope, KeyValue, KeyValueList,
+};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::span::{Event, Link};
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
+
+use crate::decode::OtlpEncoding;
+use crate::error::OtlpError;
+
+/// How many times its own size a body may take once decoded.
+pub(crate) const MAX_EXPANSION: usize = 8;
+/// The decoded estimate any body may reach, however small.
+pub(crate) const MIN_BUDGET_BYTES: usize = 64 << 20;
+/// Nesting deeper than this is left to the decoder, which refuses it (prost stops at 100).
+const MAX_DEPTH: usize = 100;
+
+/// Refuse `body` when decoding it would take more memory than its size allows (see the module
+/// documentation). `trace_schema`: the body is a trace export (walked along its schema).
+pub(crate) fn check_decoded_size(
+    body: &[u8],
+    encoding: OtlpEncoding,
+    trace_schema: bool,
+) -> Result<(), OtlpError> {
+    let budget = body
+        .len()
+        .saturating_mul(MAX_EXPANSION)
+        .max(MIN_BUDGET_BYTES);
+    let mut estimate = Estimate { bytes: 0, budget };
+    let within = match encoding {
+        OtlpEncoding::Protobuf => {
+            let root = if trace_schema {
+                Message::Request
+            } else {
+                Message::Opaque
+            };
+            walk_protobuf(body, root, 0, &mut estimate)
+        }
+        OtlpEncoding::Json => scan_json(body, &mut estimate),
+    };
+    match within {
+        Ok(()) => Ok(()),
+        Err(Over) => Err(OtlpError::TooManyItems { budget }),
+    }
+}
+
+/// The running estimate, in bytes, and where it stops.
+struct Estimate {
+    bytes: usize,
+    budget: usize,
+}
+
+/// The estimate passed its budget.
+struct Over;
+
+impl Estimate {
+    fn charge(&mut self, bytes: usize) -> Result<(), Over> {
+        self.bytes = self.bytes.saturating_add(bytes);
+        if self.bytes > self.budget {
+            Err(Over)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// The messages of the trace export schema (opentelemetry-proto's `trace/v1`, `common/v1`,
+/// `resource/v1`), and `Opaque` for one whose fields are not walked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Message {
+    Request,
+    ResourceSpans,
+    Resource,
+    ScopeSpans,
+    Scope,
+    Span,
+    Event,
+    Link,
+    Status,
+    KeyValue,
+    AnyValue,
+    ArrayValue,
+    KeyValueList,
+    Opaque,
+}
+
+impl Message {
+    /// The message a length-delimited field holds, `None` for a string or bytes field.
+    fn field(self, number: u64) -> Option<Message> {
+        use Message::*;
+        Some(match (self, number) {
+            (Request, 1) => ResourceSpans,
+            (ResourceSpans, 1) => Resource,
+            (ResourceSpans, 2) => ScopeSpans,
+            (Resource, 1) => KeyValue,
+            // `entity_refs` (3): strings only, counted as one opaque message.
+            (Resource, 3) => Opaque,
+            (ScopeSpans, 1) => Scope,
+            (ScopeSpans, 2) => Span,
+            (Scope, 3) => KeyValue,
+            (Span, 9) => KeyValue,
+            (Span, 11) => Event,
+            (Span, 13) => Link,
+            (Span, 15) => Status,
+            (Event, 3) | (Link, 4) => KeyValue,
+            (KeyValue, 2) => AnyValue,
+            (AnyValue, 5) => ArrayValue,
+            (AnyValue, 6) => KeyValueList,
+            (ArrayValue, 1) => AnyValue,
+            (KeyValueList, 1) => KeyValue,
+            _ => return None,
+        })
+    }
+
+    /// The size of the struct prost decodes this message into (an opaque message: a generous
+    /// guess).
+    fn decoded_size(self) -> usize {
+        use std::mem::size_of;
+        match self {
+            Message::Request => 0,
+            Message::ResourceSpans => size_of::<ResourceSpans>(),
+            Message::Resource => size_of::<Resource>(),
+            Message::ScopeSpans => size_of::<ScopeSpans>(),
+            Message::Scope => size_of::<InstrumentationScope>(),
+            Message::Span => size_of::<Span>(),
+            Message::Event => size_of::<Event>(),
+            Message::Link => size_of::<Link>(),
+            Message::Status => size_of::<Status>(),
+            Message::KeyValue => size_of::<KeyValue>(),
+            Message::AnyValue => size_of::<AnyValue>(),
+            Message::ArrayValue => size_of::<ArrayValue>(),
+            Message::KeyValueList => size_of::<KeyValueList>(),
+            Message::Opaque => 256,
+        }
+    }
+}
+
+/// A varint at the start of `bytes`: its value and length.
+fn varint(bytes: &[u8]) -> Option<(u64, usize)> {
+    let mut value = 0u64;
+    for (at, byte) in bytes.iter().take(10).enumerate() {
+        value |= u64::from(byte & 0x7f) << (7 * at);
+        if byte & 0x80 == 0 {
+            return Some((value, at + 1));
+        }
+    }
+    None
+}
+
+/// Charge the entries of one message of kind `message`; stops (without refusing) at the first
+/// thing that is not valid wire format.
+fn walk_protobuf(
+    mut bytes: &[u8],
+    message: Message,
+    depth: usize,
+    estimate: &mut Estimate,
+) -> Result<(), Over> {
+    if depth > MAX_DEPTH {
+        return Ok(());
+    }
+    while !bytes.is_empty() {
+        let Some((key, used)) = varint(bytes) else {
+            return Ok(());
+        };
+        bytes = &bytes[used..];
+        let skip = match key & 7 {
+            0 => match varint(bytes) {
+                Some((_, used)) => used,
+                None => return Ok(()),
+            },
+            1 => 8,
+            5 => 4,
+            2 => {
+                let Some((length, used)) = varint(bytes) else {
+                    return Ok(());
+                };
+                let Some(payload) = usize::try_from(length)
+                    .ok()
+                    .and_then(|length| bytes.get(used..used.checked_add(length)?))
+                else {
+                    return Ok(());
+                };
+                match message.field(key >> 3) {
+                    Some(inner) => {
+                        estimate.charge(inner.decoded_size())?;
+                        if inner != Message::Opaque {
+                            walk_protobuf(payload, inner, depth + 1, estimate)?;
+                        }
+                    }
+                    // A string or bytes value (or an entry of a message not walked): its bytes
+                    // and a `String`/`Vec` of its own.
+                    None => estimate.charge(payload.len() + std::mem::size_of::<String>())?,
+                }
+                used + payload.len()
+            }
+            // Groups (3, 4) are not proto3; anything else is not wire format.
+            _ => return Ok(()),
+        };
+        let Some(rest) = bytes.get(skip..) else {
+            return Ok(());
+        };
+        bytes = rest;
+    }
+    Ok(())
+}
+
+/// What one JSON value costs decoded: a `serde_json::Value`, then the struct it becomes.
+const JSON_VALUE_BYTES: usize = 32;
+/// What a JSON object costs on top: its map.
+const JSON_OBJECT_BYTES: usize = 64;
+
+/// Charge every JSON value (an object or array start, and each `:` or `,` that brings one
+/// more) outside strings.
+fn scan_json(body: &[u8], estimate: &mut Estimate) -> Result<(), Over> {
+    let mut in_string = false;
+    let mut escaped = false;
+    for &byte in body {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'{' => estimate.charge(JSON_VALUE_BYTES + JSON_OBJECT_BYTES)?,
+            b'[' | b':' | b',' => estimate.charge(JSON_VALUE_BYTES)?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message as _;
+
+    use super::*;
+    use crate::test_support::{int, kv, request, span, string};
+
+    /// An agent-shaped trace: an agent span, model calls with usage and a prompt event, tool
+    /// calls with their arguments.
+    fn agent_trace_request() -> ExportTraceServiceRequest {
+        let mut spans = vec![span(
+            1,
+            None,
+            "invoke_agent planner",
+            vec![
+                kv("gen_ai.operation.name", string("invoke_agent")),
+                kv("gen_ai.agent.name", string("planner")),
+                kv("session.id", string("session-42")),
+            ],
+        )];
+        for call in 0..5u8 {
+            let mut chat = span(
+                2 + call,
+                Some(1),
+                "chat claude-sonnet-4",
+                vec![
+                    kv("gen_ai.operation.name", string("chat")),
+                    kv("gen_ai.request.model", string("claude-sonnet-4")),
+                    kv("gen_ai.usage.input_tokens", int(1200)),
+                    kv("gen_ai.usage.output_tokens", int(300)),
+                    kv("gen_ai.response.id", string("msg_01XFDUDYJgAACzvnptvVoYEL")),
+                ],
+            );
+            chat.events.push(Event {
+                time_unix_nano: 1_100_000_000,
+                name: "gen_ai.user.message".into(),
+                attributes: vec![kv(
+                    "content",
+                    string("Run the planner tests again after editing step 3 to confirm the fix"),
+                )],
+                dropped_attributes_count: 0,
+            });
+            spans.push(chat);
+        }
+        for tool in 0..4u8 {
+            spans.push(span(
+                7 + tool,
+                Some(1),
+                "execute_tool run_tests",
+                vec![
+                    kv("gen_ai.operation.name", string("execute_tool")),
+                    kv("gen_ai.tool.name", string("run_tests")),
+                    kv(
+                        "gen_ai.tool.call.arguments",
+                        string("{\"command\":\"cargo test -p agent-core\",\"cwd\":\"/work\"}"),
+                    ),
+                ],
+            ));
+        }
+        request(spans)
+    }
+
+    #[test]
+    fn real_traces_pass_in_both_encodings() {
+        let request = agent_trace_request();
+        let protobuf = request.encode_to_vec();
+        assert!(check_decoded_size(&protobuf, OtlpEncoding::Protobuf, true).is_ok());
+        let json = serde_json::to_vec(&request).expect("serializable");
+        assert!(check_decoded_size(&json, OtlpEncoding::Json, true).is_ok());
+    }
+
+    /// A realistic body at the largest size: its estimate stays under the budget, with room.
+    #[test]
+    fn a_large_body_of_real_spans_stays_within_its_budget() {
+        let one = agent_trace_request();
+        // Past the size where the budget is the expansion's, not the floor.
+        let copies = 2 * MIN_BUDGET_BYTES / MAX_EXPANSION / one.encoded_len();
+        let request = ExportTraceServiceRequest {
+            resource_spans: std::iter::repeat_n(&one.resource_spans, copies)
+                .flatten()
+                .cloned()
+                .collect(),
+        };
+        let protobuf = request.encode_to_vec();
+        let mut estimate = Estimate {
+            bytes: 0,
+            budget: usize::MAX,
+        };
+        assert!(walk_protobuf(&protobuf, Message::Request, 0, &mut estimate).is_ok());
+        let expansion = estimate.bytes as f64 / protobuf.len() as f64;
+        assert!(expansion < MAX_EXPANSION as f64 / 1.5, "{expansion}");
+        assert!(check_decoded_size(&protobuf, OtlpEncoding::Protobuf, true).is_ok());
+        let json = serde_json::to_vec(&request).expect("serializable");
+        let mut estimate = Estimate {
+            bytes: 0,
+            budget: usize::MAX,
+        };
+        assert!(scan_json(&json, &mut estimate).is_ok());
+        let expansion = estimate.bytes as f64 / json.len() as f64;
+        assert!(expansion < MAX_EXPANSION as f64 / 1.5, "{expansion}");
+    }
+
+    /// Bodies of empty entries, the shape of the audit's 61 KB gzip body, are refused before
+    /// anything is decoded, at any nesting.
+    #[test]
+    fn bodies_of_tiny_entries_are_refused() {
+        let size = 8 << 20;
+        let empty_resources = b"\n\x00".repeat(size / 2);
+        // One resource holding empty scopes, each holding empty spans.
+        let spans = b"\x12\x00".repeat(1 << 16);
+        let mut scope = vec![0x12];
+        scope.extend(prost_length(spans.len()));
+        scope.extend(&spans);
+        let scopes = scope.repeat(size / scope.len());
+        let mut resource = vec![0x0a];
+        resource.extend(prost_length(scopes.len()));
+        resource.extend(&scopes);
+        for body in [&empty_resources, &resource] {
+            let refused = check_decoded_size(body, OtlpEncoding::Protobuf, true);
+            assert!(
+                matches!(refused, Err(OtlpError::TooManyItems { .. })),
+                "{refused:?}"
+            );
+        }
+        let mut json = b"{\"resourceSpans\":[".to_vec();
+        json.extend(b"{},".repeat(size / 3));
+        json.extend(b"{}]}");
+        let refused = check_decoded_size(&json, OtlpEncoding::Json, true);
+        assert!(matches!(refused, Err(OtlpError::TooManyItems { .. })));
+        // Metrics and logs: their top-level entries are counted.
+        let refused = check_decoded_size(&empty_resources, OtlpEncoding::Protobuf, false);
+        assert!(matches!(refused, Err(OtlpError::TooManyItems { .. })));
+    }
+
+    /// Malformed input is not refused here: the decoder's message says what is wrong.
+    #[test]
+    fn malformed_input_is_left_to_the_decoder() {
+        for body in [
+            &b"\xff\xff\xff"[..],
+            b"\n\x7f",
+            b"\x0b\x0c",
+            b"nul",
+            b"{\"a\":\"\\\"",
+        ] {
+            for encoding in [OtlpEncoding::Protobuf, OtlpEncoding::Json] {
+                assert!(check_decoded_size(body, encoding, true).is_ok());
+            }
+        }
+    }
+
+    fn prost_length(length: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        prost::encoding::encode_varint(length as u64, &mut out);
+        out
+    }
+}
