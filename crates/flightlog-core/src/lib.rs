@@ -10,6 +10,7 @@ pub mod clock;
 pub mod journal;
 pub mod json_depth;
 pub mod json_number;
+pub mod json_text;
 
 pub use backend_metrics::{BackendMetric, MetricKind};
 pub use clock::{default_writer_id, Clock, ManualClock, SystemClock};

@@ -39,7 +39,7 @@ pub enum OtlpError {
 impl OtlpError {
     pub(crate) fn malformed(message: impl Into<String>) -> Self {
         Self::Malformed {
-            message: message.into(),
+            message: flightlog_core::json_text::explain_json_error(message.into()),
         }
     }
 

@@ -67,9 +67,12 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    /// A 400 `invalid_request` with `message`.
+    /// A 400 `invalid_request` with `message` (serde_json's message for a lone UTF-16 surrogate
+    /// escape gets what that is: see `flightlog_core::json_text`).
     pub fn invalid(message: impl Into<String>) -> Self {
-        Self::InvalidRequest(message.into())
+        Self::InvalidRequest(flightlog_core::json_text::explain_json_error(
+            message.into(),
+        ))
     }
 
     /// A 404 `not_found` with `message`.

@@ -886,6 +886,11 @@ async fn journal_appends_reads_views_compaction_listing_and_pruning() {
             "expectedSeq must be an integer from 0 to 2^53 - 1, got a string",
         ),
         ("nul", "EOF while parsing a value at line 1 column 3"),
+        // Half an emoji, as JavaScript's JSON.stringify writes it: said what it is.
+        (
+            r#"{"type": "t", "at": 1, "data": {"text": "cut \ud83d"}}"#,
+            "lone UTF-16 surrogate escape such as \\ud83d",
+        ),
         ("null", "expected a JSON object, got null"),
     ] {
         let response = server
