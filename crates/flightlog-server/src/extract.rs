@@ -277,7 +277,16 @@ fn query_error_text(text: &str) -> String {
         return format!("bad query parameter {detail}: give a whole number");
     }
     if detail.ends_with("to fit in target type") {
-        return format!("bad query parameter {detail}: give a whole number in range");
+        return format!(
+            "bad query parameter {detail}: give a whole number from -9223372036854775808 to \
+             9223372036854775807"
+        );
+    }
+    if let Some(field) = detail
+        .strip_prefix("duplicate field `")
+        .and_then(|rest| rest.strip_suffix('`'))
+    {
+        return format!("the query parameter {field} is given more than once: give it once");
     }
     format!("bad query parameter {detail}")
 }
@@ -437,7 +446,11 @@ mod tests {
                  type"
             ),
             "bad query parameter limit: number too large to fit in target type: give a whole \
-             number in range"
+             number from -9223372036854775808 to 9223372036854775807"
+        );
+        assert_eq!(
+            query_error_text("Failed to deserialize query string: duplicate field `limit`"),
+            "the query parameter limit is given more than once: give it once"
         );
         assert_eq!(
             query_error_text("Failed to deserialize query string: missing field `thresholdMs`"),

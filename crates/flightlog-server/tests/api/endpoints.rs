@@ -1439,5 +1439,21 @@ async fn blank_query_parameters_count_as_absent_and_unknown_ones_are_refused() {
             "{path}: {message}"
         );
     }
+    // A repeated parameter, and a number past 64 bits: what to give instead.
+    for (path, said) in [
+        (
+            "/v1/activity/runs?limit=1&limit=2",
+            "the query parameter limit is given more than once: give it once",
+        ),
+        (
+            "/v1/activity/changes?after=9223372036854775808",
+            "give a whole number from -9223372036854775808 to 9223372036854775807",
+        ),
+    ] {
+        let reply = server.get(path).await;
+        reply.assert_error(400, "invalid_request");
+        let message = reply.body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(said), "{path}: {message}");
+    }
     server.stop().await;
 }
