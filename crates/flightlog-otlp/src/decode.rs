@@ -139,6 +139,43 @@ pub(crate) fn read_body<T>(
     Ok((decode(body, encoding)?, encoding))
 }
 
+/// Check the messages of a gRPC request body (its length-prefixed frames) before tonic decodes
+/// them, as an OTLP/HTTP body is checked (see `decoded_size`): a frame flagged compressed is
+/// inflated first when the call's `grpc-encoding` is gzip, within `max_decompressed`.
+/// `trace_schema`: the call is a trace export. What cannot be checked (a frame cut short, a
+/// message that does not inflate, another compression) passes: tonic refuses it itself.
+pub fn check_grpc_messages(
+    body: &[u8],
+    grpc_encoding: Option<&str>,
+    trace_schema: bool,
+    max_decompressed: usize,
+) -> Result<(), OtlpError> {
+    let mut rest = body;
+    while let (Some(&flag), Some(length)) = (rest.first(), rest.get(1..5)) {
+        let length = u32::from_be_bytes([length[0], length[1], length[2], length[3]]) as usize;
+        let Some(message) = rest.get(5..5 + length) else {
+            return Ok(());
+        };
+        rest = &rest[5 + length..];
+        let inflated;
+        let message = match (flag, grpc_encoding.map(str::trim)) {
+            (0, _) => message,
+            (_, Some(encoding)) if encoding.eq_ignore_ascii_case("gzip") => {
+                match gunzip_bounded(message, max_decompressed) {
+                    Ok(plain) => {
+                        inflated = plain;
+                        inflated.as_bytes()
+                    }
+                    Err(_) => return Ok(()),
+                }
+            }
+            _ => return Ok(()),
+        };
+        crate::decoded_size::check_decoded_size(message, OtlpEncoding::Protobuf, trace_schema)?;
+    }
+    Ok(())
+}
+
 /// The `Content-Encoding`s a body may come in (besides none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Compression {

@@ -178,9 +178,40 @@ async fn export_in_slot(
             return refuse(Status::deadline_exceeded(error.to_string()))
         }
     };
+    let request = match entries_within_budget(request, state.config().body_limit).await {
+        Ok(request) => request,
+        Err(status) => return refuse(status),
+    };
     let response = next.run(request).await;
     drop(slot);
     response
+}
+
+/// The message's entries checked before tonic decodes them, as an OTLP/HTTP body's are: a
+/// message of empty or tiny entries decodes to fifty times its size (see
+/// `flightlog_otlp::check_grpc_messages`). The body is in memory already (read whole above).
+async fn entries_within_budget(
+    request: axum::extract::Request,
+    body_limit: usize,
+) -> Result<axum::extract::Request, Status> {
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .map_err(|error| Status::cancelled(error.to_string()))?;
+    let encoding = parts
+        .headers
+        .get("grpc-encoding")
+        .and_then(|value| value.to_str().ok());
+    let trace_schema = parts
+        .uri
+        .path()
+        .starts_with("/opentelemetry.proto.collector.trace.");
+    flightlog_otlp::check_grpc_messages(&bytes, encoding, trace_schema, body_limit)
+        .map_err(|error| Status::resource_exhausted(error.to_string()))?;
+    Ok(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    ))
 }
 
 /// The refusal of a message over the limit: `RESOURCE_EXHAUSTED`, which OTLP exporters do not

@@ -1099,6 +1099,37 @@ async fn grpc_metrics_and_logs_are_answered_not_stored() {
     server.stop().await;
 }
 
+/// A gRPC message of empty entries (4 MiB of two-byte `ResourceSpans`, which tonic would decode
+/// to 200 MB) is `RESOURCE_EXHAUSTED` before it is decoded, plain or gzip-compressed, as the HTTP
+/// listener answers such a body 413; a real message still goes through.
+#[tokio::test]
+async fn a_grpc_message_of_empty_entries_is_refused_before_it_is_decoded() {
+    use crate::otlp_fuzz::{grpc_channel, grpc_export};
+    let server = TestServer::start_with(crate::support::Options {
+        grpc: true,
+        ..crate::support::Options::default()
+    })
+    .await;
+    let channel = grpc_channel(&server).await;
+    let empties = b"\n\x00".repeat(2 * 1024 * 1024);
+    for gzip in [false, true] {
+        let answer = grpc_export(&channel, empties.clone(), gzip)
+            .await
+            .expect("in time");
+        let status = answer.expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+        assert!(
+            status.message().contains("too many entries for its size"),
+            "{status:?}"
+        );
+    }
+    let answer = grpc_export(&channel, request(vec![root_span()]).encode_to_vec(), true)
+        .await
+        .expect("in time");
+    assert!(answer.is_ok(), "{answer:?}");
+    server.stop().await;
+}
+
 /// A gRPC message over the limit is `RESOURCE_EXHAUSTED` however it comes (just over the
 /// limit, far over it, or compressed and inflating past it), as the HTTP listener answers 413:
 /// OTLP exporters do not retry it, since the same batch can never fit (tonic's own code for
