@@ -1165,6 +1165,23 @@ async fn a_bad_starting_point_is_refused_whichever_would_win() {
     server.stop().await;
 }
 
+/// GET a stream from `path` (with `Last-Event-ID: header`), which must be refused as a bad
+/// starting point: 400 `invalid_request`; its message.
+async fn refused_start(server: &TestServer, path: &str, header: Option<&str>) -> String {
+    let mut request = server.client.get(format!("{}{path}", server.base));
+    if let Some(header) = header {
+        request = request.header("Last-Event-ID", header);
+    }
+    let response = request.send().await.expect("request");
+    assert_eq!(response.status().as_u16(), 400, "{path} with {header:?}");
+    let body: Value = response.json().await.expect("a JSON body");
+    assert_eq!(body["error"]["code"], "invalid_request");
+    body["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// A starting point beyond every change id the database has given out (an id of another
 /// database, or of this one before a restore) waited in silence and would skip the ids up to it
 /// once given out: it is refused now, saying why. An empty `Last-Event-ID` is no header.
@@ -1177,15 +1194,7 @@ async fn a_starting_point_beyond_the_newest_change_is_refused_and_an_empty_id_is
         ("/v1/activity/changes/stream", Some("9223372036854775807")),
         ("/v1/activity/runs/run/stream", Some("3")),
     ] {
-        let mut request = server.client.get(format!("{}{path}", server.base));
-        if let Some(header) = header {
-            request = request.header("Last-Event-ID", header);
-        }
-        let response = request.send().await.expect("request");
-        assert_eq!(response.status().as_u16(), 400, "{path} with {header:?}");
-        let body: Value = response.json().await.expect("a JSON body");
-        assert_eq!(body["error"]["code"], "invalid_request");
-        let message = body["error"]["message"].as_str().unwrap_or_default();
+        let message = refused_start(&server, path, header).await;
         assert!(
             message.contains("newest change id of this database is 2"),
             "{message}"
@@ -1233,15 +1242,7 @@ async fn an_engagement_stream_started_past_its_end_is_refused() {
         ),
         ("/v1/engagements/none/stream?fromSeq=1".to_owned(), None),
     ] {
-        let mut request = server.client.get(format!("{}{path}", server.base));
-        if let Some(header) = &header {
-            request = request.header("Last-Event-ID", header);
-        }
-        let response = request.send().await.expect("request");
-        assert_eq!(response.status().as_u16(), 400, "{path} with {header:?}");
-        let body: Value = response.json().await.expect("a JSON body");
-        assert_eq!(body["error"]["code"], "invalid_request");
-        let message = body["error"]["message"].as_str().unwrap_or_default();
+        let message = refused_start(&server, &path, header.as_deref()).await;
         assert!(
             message.contains("holds no event with that seq"),
             "{message}"
