@@ -236,6 +236,8 @@ pub(crate) fn span_usage(
                 .flatten()
                 .filter_map(|value| cost_value(value))
                 .reduce(|sum, part| sum + part)
+                // As a price-table cost is: 0.1 + 0.02 is 0.12, not 0.12000000000000001.
+                .map(to_nano_dollar)
         })
         .and_then(cost_in_range);
     let any_count = tokens.input.is_some()
@@ -438,6 +440,12 @@ mod tests {
         ]);
         assert_eq!(usage.cost_usd, Some(0.75));
         assert_eq!(source, Some(CostSource::Reported));
+        // Rounded to a nano-dollar, as a priced cost is (it read 0.12000000000000001).
+        let (usage, _) = usage_of(vec![
+            kv("llm.cost.prompt", double(0.1)),
+            kv("llm.cost.completion", double(0.02)),
+        ]);
+        assert_eq!(usage.cost_usd, Some(0.12));
         let (usage, _) = usage_of(vec![
             kv("llm.cost.completion", double(0.5)),
             kv("llm.cost.total", double(2.0)),

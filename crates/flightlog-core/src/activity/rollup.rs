@@ -446,6 +446,17 @@ fn sum_model_usage(spans: &[RollupSpan]) -> SpanUsage {
             total.cost_usd = Some(total.cost_usd.unwrap_or(0.0) + cost);
         }
     }
+    // To a nano-dollar, as the OTLP mapping rounds a span's cost: a sum of doubles showed
+    // binary noise (0.006751999999999999 for spans of 0.006752 in all). A sum too large to
+    // scale is left as it is.
+    total.cost_usd = total.cost_usd.map(|cost| {
+        let nanos = (cost * 1e9).round();
+        if nanos.is_finite() {
+            nanos / 1e9
+        } else {
+            cost
+        }
+    });
     total
 }
 
@@ -530,6 +541,23 @@ mod tests {
         assert_eq!(fields.cost_usd, Some(0.875));
         assert_eq!(fields.cache_read_tokens, Some(600));
         assert_eq!(fields.output_tokens, Some(20));
+    }
+
+    /// The models' cost sum is rounded to a nano-dollar (it showed binary noise:
+    /// 0.006751999999999999); a sum too large to scale stays as it is.
+    #[test]
+    fn a_summed_cost_has_no_binary_noise() {
+        let model = |id: &str, cost: f64| {
+            let mut model = span(id, Some("root"), 2);
+            model.kind = SpanKind::Model;
+            model.usage.cost_usd = Some(cost);
+            model
+        };
+        let spans = [span("root", None, 1), model("a", 0.1), model("b", 0.2)];
+        assert_ne!(0.1 + 0.2, 0.3);
+        assert_eq!(compute_rollup(&spans).and_then(|f| f.cost_usd), Some(0.3));
+        let spans = [span("root", None, 1), model("a", 1e300), model("b", 1e300)];
+        assert_eq!(compute_rollup(&spans).and_then(|f| f.cost_usd), Some(2e300));
     }
 
     /// A framework's model span with no call id around an instrumentation's span of call X (the
