@@ -10,9 +10,9 @@
 //!
 //! Protobuf: a walk of the wire format along the trace schema, counting each message at the
 //! size of the struct prost makes of it and each string or bytes field at its length plus a
-//! `String`'s own size; metrics and logs, whose schemas this walk does not know, are counted
-//! at their top-level entries only. JSON: a scan that charges every value a `serde_json::Value`
-//! and every object a map. The walk never refuses malformed input itself: it stops, and the
+//! `String`'s own size; metrics and logs, whose schemas this walk does not know, are counted at
+//! their top-level entries only (each at a generous guess of a message's size). JSON: a scan
+//! that charges every value a `serde_json::Value` and every object a map. The walk never refuses malformed input itself: it stops, and the
 //! decoder gives its own message.
 
 use opentelemetry_proto::tonic::common::v1::{
@@ -49,7 +49,7 @@ pub(crate) fn check_decoded_size(
             let root = if trace_schema {
                 Message::Request
             } else {
-                Message::Opaque
+                Message::OtherExport
             };
             walk_protobuf(body, root, 0, &mut estimate)
         }
@@ -82,7 +82,8 @@ impl Estimate {
 }
 
 /// The messages of the trace export schema (opentelemetry-proto's `trace/v1`, `common/v1`,
-/// `resource/v1`), and `Opaque` for one whose fields are not walked.
+/// `resource/v1`), `Opaque` for one whose fields are not walked, and `OtherExport` for a metrics
+/// or logs export, whose every entry is counted as an opaque message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Message {
     Request,
@@ -99,6 +100,7 @@ enum Message {
     ArrayValue,
     KeyValueList,
     Opaque,
+    OtherExport,
 }
 
 impl Message {
@@ -125,6 +127,7 @@ impl Message {
             (AnyValue, 6) => KeyValueList,
             (ArrayValue, 1) => AnyValue,
             (KeyValueList, 1) => KeyValue,
+            (OtherExport, _) => Opaque,
             _ => return None,
         })
     }
@@ -134,7 +137,7 @@ impl Message {
     fn decoded_size(self) -> usize {
         use std::mem::size_of;
         match self {
-            Message::Request => 0,
+            Message::Request | Message::OtherExport => 0,
             Message::ResourceSpans => size_of::<ResourceSpans>(),
             Message::Resource => size_of::<Resource>(),
             Message::ScopeSpans => size_of::<ScopeSpans>(),
