@@ -12,8 +12,8 @@
 //! size of the struct prost makes of it and each string or bytes field at its length plus a
 //! `String`'s own size; metrics and logs, whose schemas this walk does not know, are counted at
 //! their top-level entries only (each at a generous guess of a message's size). JSON: a scan
-//! that charges every value a `serde_json::Value` and every object a map. The walk never refuses malformed input itself: it stops, and the
-//! decoder gives its own message.
+//! that charges every value a `serde_json::Value` and every object a map. The walk never
+//! refuses malformed input itself: it stops, and the decoder gives its own message.
 
 use opentelemetry_proto::tonic::common::v1::{
     AnyValue, ArrayValue, InstrumentationScope, KeyValue, KeyValueList,
