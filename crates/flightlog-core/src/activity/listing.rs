@@ -132,6 +132,9 @@ pub struct RunListEntry {
 #[serde(rename_all = "camelCase")]
 pub struct RunPage {
     pub runs: Vec<RunListEntry>,
+    /// The cursor of the next page, `<startedAt>:<runId>` with the run id as written: send it
+    /// back as `before`, URL-encoded like any query value (a run id may hold `+`, `&`, `#` or
+    /// `%`, which a URL read raw would change).
     #[cfg_attr(feature = "openapi", schema(required = true))]
     pub next: Option<String>,
 }

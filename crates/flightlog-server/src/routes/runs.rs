@@ -46,7 +46,7 @@ pub(crate) struct RunsQuery {
     #[serde(default)]
     #[param(minimum = 0, maximum = 10_000)]
     limit: Option<i64>,
-    /// The `next` of the previous page.
+    /// The `next` of the previous page, URL-encoded (it holds the run id as written).
     #[serde(default)]
     before: Option<String>,
 }
