@@ -15,7 +15,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use flightlog_core::activity::{ActivityChange, ActivityStore, ChangeDoorbell};
-use flightlog_core::journal::{EngagementEvent, EngagementJournal};
+use flightlog_core::journal::{EngagementEvent, EngagementJournal, JournalTail};
 use futures_util::stream::{self, Stream};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -630,15 +630,15 @@ struct JournalStart {
 /// names: a stream that started past the end would wait for that seq and skip, without a word,
 /// every event appended up to it (the activity streams refuse a cursor past the newest change
 /// the same way). A `Last-Event-ID` of another generation is not refused: the stream answers it
-/// with a `resync`. One read of the tail from the client's last event on (a reconnect is
-/// usually near the end).
+/// with a `resync`. One read of the tail from the client's last event on, returned for the
+/// stream's first read (so the tail is not read twice).
 async fn check_resumable(
     journal: &dyn EngagementJournal,
     engagement_id: &str,
     start: &JournalStart,
-) -> Result<(), ApiError> {
+) -> Result<Option<JournalTail>, ApiError> {
     let Some(last_seen) = start.next_seq.checked_sub(1).filter(|seq| *seq >= 0) else {
-        return Ok(());
+        return Ok(None);
     };
     let tail = journal.read_tail(engagement_id, last_seen).await?;
     let renumbered = start
@@ -650,7 +650,7 @@ async fn check_resumable(
             .first()
             .is_some_and(|event| event.seq == last_seen)
     {
-        return Ok(());
+        return Ok(Some(tail));
     }
     Err(ApiError::invalid(format!(
         "cannot resume engagement {engagement_id:?} after seq {last_seen}: it holds no event \
@@ -711,6 +711,8 @@ struct JournalFeed {
     /// The generation of what the client holds; `None` until the engagement is first seen.
     generation: Option<u64>,
     pending: VecDeque<JournalItem>,
+    /// A read made before the feed started (the resume check's), taken as its first read.
+    first_read: Option<JournalTail>,
     subscription: flightlog_core::journal::JournalSubscription,
     /// Rings on compactions, prunes and other processes' commits; `None` once it has closed.
     doorbell: Option<flightlog_core::journal::JournalDoorbell>,
@@ -724,11 +726,15 @@ impl JournalFeed {
                 return Ok(item);
             }
             // Read what is stored from the next seq on (covers catch-up, lag, other processes).
-            let tail = self
-                .journal
-                .read_tail(&self.engagement_id, self.next_seq)
-                .await
-                .map_err(|err| err.to_string())?;
+            // A first read made from an earlier seq is as good: older events are skipped below.
+            let tail = match self.first_read.take() {
+                Some(tail) => tail,
+                None => self
+                    .journal
+                    .read_tail(&self.engagement_id, self.next_seq)
+                    .await
+                    .map_err(|err| err.to_string())?,
+            };
             match (self.generation, tail.generation) {
                 (Some(held), current) if current != Some(held) => {
                     self.generation = current;
@@ -859,11 +865,14 @@ async fn journal_stream(
         },
     };
     let journal = state.journal().clone();
-    check_resumable(journal.as_ref(), &engagement_id, &start).await?;
     // Subscribe before the first read, so nothing committed in between is missed.
+    let subscription = journal.subscribe();
+    let doorbell = Some(journal.commit_doorbell());
+    let first_read = check_resumable(journal.as_ref(), &engagement_id, &start).await?;
     let feed = JournalFeed {
-        subscription: journal.subscribe(),
-        doorbell: Some(journal.commit_doorbell()),
+        subscription,
+        doorbell,
+        first_read,
         journal,
         engagement_id,
         next_seq: start.next_seq,
