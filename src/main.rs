@@ -30,11 +30,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use flightlog_server::settings::ServeFlags;
-use mimalloc::MiMalloc;
 
-/// mimalloc instead of the system allocator (see Cargo.toml for why).
+/// mimalloc instead of the system allocator (see `flightlog-alloc` for why).
 #[global_allocator]
-static GLOBAL: MiMalloc = MiMalloc;
+static GLOBAL: flightlog_alloc::Mimalloc = flightlog_alloc::Mimalloc;
 
 /// The flight recorder for AI agents.
 // No `Debug`: it would print `--token` secrets, and nothing needs it.

@@ -13,7 +13,7 @@
 
 /// The allocator the `flightlog` binary ships with, so the figures are the product's.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: flightlog_alloc::Mimalloc = flightlog_alloc::Mimalloc;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
