@@ -32,13 +32,20 @@ fn authorizer(auth: AuthConfig) -> Arc<Authorize> {
         if !auth.is_enabled() {
             return Ok(());
         }
-        let value = metadata
-            .get("authorization")
-            .ok_or_else(|| {
-                Status::unauthenticated(
-                    "this server needs `authorization: Bearer <token>` metadata on every call",
-                )
-            })?
+        let mut values = metadata.get_all("authorization").iter();
+        let value = values.next().ok_or_else(|| {
+            Status::unauthenticated(
+                "this server needs `authorization: Bearer <token>` metadata on every call",
+            )
+        })?;
+        // Two credentials: honouring either would make the answer depend on their order (as
+        // the HTTP listener refuses two `Authorization` headers).
+        if values.next().is_some() {
+            return Err(Status::unauthenticated(
+                "the authorization metadata is given more than once; send one token",
+            ));
+        }
+        let value = value
             .to_str()
             .map_err(|_| Status::unauthenticated("the authorization metadata must be ASCII"))?;
         let token = presented_token(value).map_err(Status::unauthenticated)?;

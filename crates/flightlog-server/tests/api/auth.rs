@@ -404,17 +404,17 @@ async fn without_tokens_every_route_is_open() {
     server.stop().await;
 }
 
-/// An OTLP/gRPC `TraceService/Export` of the test trace's root span with `authorization`
-/// metadata (when given): the call's status code.
+/// An OTLP/gRPC `TraceService/Export` of the test trace's root span with an `authorization`
+/// metadata entry for each of `authorizations`: the call's status code.
 async fn grpc_export_as(
     channel: &tonic::transport::Channel,
-    authorization: Option<&str>,
+    authorizations: &[&str],
 ) -> tonic::Code {
     use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
     let mut request = tonic::Request::new(crate::otlp::request(vec![crate::otlp::root_span()]));
-    if let Some(value) = authorization {
+    for value in authorizations {
         let value = value.parse().expect("ASCII metadata");
-        request.metadata_mut().insert("authorization", value);
+        request.metadata_mut().append("authorization", value);
     }
     let mut client = TraceServiceClient::new(channel.clone());
     let call = client.export(request);
@@ -433,23 +433,36 @@ async fn grpc_export_as(
 /// The HTTP routes' auth table does not reach the OTLP/gRPC listener, which checks tokens in a
 /// hook of its own: there too a missing, wrong or malformed token is `UNAUTHENTICATED`, a valid
 /// token without the `ingest` scope (`read`, `admin`; as Bearer or as the Basic password) is
-/// `PERMISSION_DENIED`, and none of those calls stores anything; the same export with an
-/// `ingest` token is stored, so it was the token each refusal was about.
+/// `PERMISSION_DENIED`, two `authorization` entries are `UNAUTHENTICATED` whatever their order
+/// (as two `Authorization` headers are over HTTP), and none of those calls stores anything; the
+/// same export with an `ingest` token is stored, so it was the token each refusal was about.
 #[tokio::test]
 async fn grpc_export_refuses_missing_wrong_and_under_scoped_tokens_and_stores_nothing() {
     let server = start_with_tokens_and(true).await;
     let channel = crate::otlp_fuzz::grpc_channel(&server).await;
-    let refused = [
-        (None, tonic::Code::Unauthenticated),
-        (Some("Bearer wrong-token"), tonic::Code::Unauthenticated),
-        (Some("Bearer token-rea"), tonic::Code::Unauthenticated),
-        (Some("token-ingest"), tonic::Code::Unauthenticated),
-        (Some("Bearer token-read"), tonic::Code::PermissionDenied),
-        (Some("Bearer token-admin"), tonic::Code::PermissionDenied),
+    let refused: [(&[&str], tonic::Code); 10] = [
+        (&[], tonic::Code::Unauthenticated),
+        (&["Bearer wrong-token"], tonic::Code::Unauthenticated),
+        (&["Bearer token-rea"], tonic::Code::Unauthenticated),
+        (&["token-ingest"], tonic::Code::Unauthenticated),
+        (&["Bearer token-read"], tonic::Code::PermissionDenied),
+        (&["Bearer token-admin"], tonic::Code::PermissionDenied),
         // `flightlog:token-read`
         (
-            Some("Basic ZmxpZ2h0bG9nOnRva2VuLXJlYWQ="),
+            &["Basic ZmxpZ2h0bG9nOnRva2VuLXJlYWQ="],
             tonic::Code::PermissionDenied,
+        ),
+        (
+            &["Bearer wrong-token", "Bearer token-ingest"],
+            tonic::Code::Unauthenticated,
+        ),
+        (
+            &["Bearer token-ingest", "Bearer wrong-token"],
+            tonic::Code::Unauthenticated,
+        ),
+        (
+            &["Bearer token-ingest", "Bearer token-ingest"],
+            tonic::Code::Unauthenticated,
         ),
     ];
     let read_back = |path: String| {
@@ -481,7 +494,7 @@ async fn grpc_export_refuses_missing_wrong_and_under_scoped_tokens_and_stores_no
         "Basic ZmxpZ2h0bG9nOnRva2VuLWluZ2VzdA==",
     ] {
         assert_eq!(
-            grpc_export_as(&channel, Some(authorization)).await,
+            grpc_export_as(&channel, &[authorization]).await,
             tonic::Code::Ok,
             "{authorization}"
         );
