@@ -200,7 +200,9 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
         ),
     }
 
-    let mut state = AppState::new(activity, journal).with_config(settings.server.clone());
+    let mut state = AppState::new(activity, journal)
+        .with_config(settings.server.clone())
+        .with_maintenance_writer(&maintenance_writer(&instance));
     if let Some(clock) = &manual_clock {
         state = state.with_manual_clock(Arc::clone(clock));
     }

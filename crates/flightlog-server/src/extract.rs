@@ -383,6 +383,38 @@ impl FromRequestParts<AppState> for WriterStore {
     }
 }
 
+/// The activity store a maintenance call that judges writers (`sweep-stale`) acts as: the
+/// `Flightlog-Writer` header's identity, or without it the maintenance identity (see
+/// [`AppState::with_maintenance_writer`]), which spares no one, as the scheduled sweep does.
+/// The server's own identity (a write's default) would spare every run written without the
+/// header, and such a run could then never be swept on demand.
+pub struct SweeperStore(pub Arc<dyn ActivityStore>);
+
+impl FromRequestParts<AppState> for SweeperStore {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        Ok(SweeperStore(match writer_header(&parts.headers)? {
+            Some(writer) => state.activity_as(writer),
+            None => state.maintenance_activity(),
+        }))
+    }
+}
+
+/// The OpenAPI description of the `Flightlog-Writer` header of a [`SweeperStore`] handler.
+impl utoipa::IntoParams for SweeperStore {
+    fn into_params(
+        _parameter_in_provider: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        vec![writer_header_param(format!(
+            "The writer identity this sweep acts as (1 to {MAX_ID_BYTES} bytes of visible ASCII, \
+             not starting with `{SERVER_WRITER_PREFIX}`): its own runs are spared. Without it \
+             the sweep spares no one, as the server's scheduled sweep: runs written without the \
+             header are swept too."
+        ))]
+    }
+}
+
 /// The `Flightlog-Writer` values [`check_writer`] takes, as a JSON Schema `pattern`.
 const WRITER_PATTERN: &str = "^(?!serve:)[!-~]+$";
 
@@ -392,29 +424,34 @@ impl utoipa::IntoParams for WriterStore {
     fn into_params(
         _parameter_in_provider: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
     ) -> Vec<utoipa::openapi::path::Parameter> {
-        use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
-        use utoipa::openapi::schema::{ObjectBuilder, Type};
-        use utoipa::openapi::Required;
-        let schema = ObjectBuilder::new()
-            .schema_type(Type::String)
-            .min_length(Some(1))
-            .max_length(Some(MAX_ID_BYTES))
-            // Visible ASCII (`!` to `~`), no space or tab, and not the servers' own namespace
-            // (ECMA-262, the dialect of JSON Schema's `pattern`, has the lookahead).
-            .pattern(Some(WRITER_PATTERN));
-        vec![ParameterBuilder::new()
-            .name("Flightlog-Writer")
-            .parameter_in(ParameterIn::Header)
-            .required(Required::False)
-            .description(Some(format!(
-                "The writer identity this write acts as (1 to {MAX_ID_BYTES} bytes of visible \
-                 ASCII, not starting with `{SERVER_WRITER_PREFIX}`, the servers' own \
-                 namespace): spans it starts are stamped with it, and `sweep-stale` spares its \
-                 runs. Without it the server's own identity is used."
-            )))
-            .schema(Some(schema))
-            .build()]
+        vec![writer_header_param(format!(
+            "The writer identity this write acts as (1 to {MAX_ID_BYTES} bytes of visible \
+             ASCII, not starting with `{SERVER_WRITER_PREFIX}`, the servers' own \
+             namespace): spans it starts are stamped with it, and `sweep-stale` spares its \
+             runs. Without it the server's own identity is used."
+        ))]
     }
+}
+
+/// The optional `Flightlog-Writer` header parameter, described by `description`.
+fn writer_header_param(description: String) -> utoipa::openapi::path::Parameter {
+    use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    use utoipa::openapi::Required;
+    let schema = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+        .max_length(Some(MAX_ID_BYTES))
+        // Visible ASCII (`!` to `~`), no space or tab, and not the servers' own namespace
+        // (ECMA-262, the dialect of JSON Schema's `pattern`, has the lookahead).
+        .pattern(Some(WRITER_PATTERN));
+    ParameterBuilder::new()
+        .name("Flightlog-Writer")
+        .parameter_in(ParameterIn::Header)
+        .required(Required::False)
+        .description(Some(description))
+        .schema(Some(schema))
+        .build()
 }
 
 #[cfg(test)]

@@ -99,6 +99,9 @@ pub struct AppState {
 struct Shared {
     activity: Arc<dyn ActivityStore>,
     journal: Arc<dyn EngagementJournal>,
+    /// The identity maintenance acts as when no writer is named (see
+    /// [`AppState::with_maintenance_writer`]).
+    maintenance_writer: Arc<str>,
     manual_clock: Option<Arc<ManualClock>>,
     config: Arc<ServerConfig>,
     writers: Arc<WriterHandles>,
@@ -139,6 +142,7 @@ impl AppState {
             write_permits: write_permits(&config),
             batch_lanes: Arc::new(Semaphore::new(Self::BATCH_LANES)),
             response_budget: ResponseBudget::new(config.response_budget_bytes),
+            maintenance_writer: format!("{}/maintenance", activity.writer()).into(),
             activity,
             journal,
             manual_clock: None,
@@ -198,6 +202,23 @@ impl AppState {
     pub fn with_manual_clock(mut self, clock: Arc<ManualClock>) -> Self {
         Arc::make_mut(&mut self.shared).manual_clock = Some(clock);
         self
+    }
+
+    /// The same state with `writer` as the identity of maintenance called over HTTP without a
+    /// `Flightlog-Writer` header (`flightlog serve` gives its scheduled maintenance's,
+    /// `serve:<instance>/maintenance`; the default is the server's own identity followed by
+    /// `/maintenance`). It must be an identity no span carries, so that `sweep-stale` spares
+    /// no one: acting as the server's own would spare every run written without the header.
+    #[must_use]
+    pub fn with_maintenance_writer(mut self, writer: &str) -> Self {
+        Arc::make_mut(&mut self.shared).maintenance_writer = writer.into();
+        self
+    }
+
+    /// The activity store acting as the maintenance identity (see
+    /// [`AppState::with_maintenance_writer`]).
+    pub fn maintenance_activity(&self) -> Arc<dyn ActivityStore> {
+        self.activity_as(&self.shared.maintenance_writer.clone())
     }
 
     /// The activity store acting as the server's own writer identity.

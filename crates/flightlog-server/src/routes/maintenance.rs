@@ -4,6 +4,9 @@
 //!
 //! They act as the request's writer like any write, which matters for `sweep-stale`: a writer
 //! never sweeps its own runs, so a caller naming itself in `Flightlog-Writer` spares them.
+//! Without the header `sweep-stale` acts as the maintenance identity, which spares no one (as
+//! the scheduled sweep does), not as the server's own: runs written without the header carry
+//! that one, and would be spared by every sweep called without it.
 
 use axum::Json;
 use flightlog_core::activity::{PruneOptions, PruneResult};
@@ -13,7 +16,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{JsonBody, WriterStore};
+use crate::extract::{JsonBody, SweeperStore, WriterStore};
 use crate::openapi::tags;
 use crate::state::AppState;
 use crate::validate::{check_limit, check_optional_time, check_time};
@@ -64,7 +67,7 @@ async fn sweep_orphans(WriterStore(store): WriterStore) -> Result<Json<Closed>, 
     path = "/v1/activity/maintenance/sweep-stale",
     tag = tags::MAINTENANCE,
     operation_id = "sweepStale",
-    params(WriterStore),
+    params(SweeperStore),
     request_body = SweepStaleBody,
     responses(
         (status = 200, description = "How many spans were closed.", body = Closed),
@@ -72,7 +75,7 @@ async fn sweep_orphans(WriterStore(store): WriterStore) -> Result<Json<Closed>, 
     ),
 )]
 async fn sweep_stale(
-    WriterStore(store): WriterStore,
+    SweeperStore(store): SweeperStore,
     JsonBody(body): JsonBody<SweepStaleBody>,
 ) -> Result<Json<Closed>, ApiError> {
     check_time("staleAfterMs", body.stale_after_ms)?;

@@ -656,6 +656,67 @@ async fn maintenance_sweeps_and_prune_act_as_the_header_writer() {
     server.stop().await;
 }
 
+/// A run written without `Flightlog-Writer` carries the server's own identity; `sweep-stale`
+/// called without the header acts as the maintenance identity, not as that one, so it closes
+/// such a run when it is stale (it used to answer `{"closed": 0}`: a writer never sweeps its
+/// own runs), and a caller naming itself still spares its own runs only.
+#[tokio::test]
+async fn sweep_stale_without_a_writer_spares_no_one() {
+    let server = TestServer::start().await;
+    server
+        .post(
+            "/v1/activity/spans",
+            &start_input("plain-root", "r1", None, 1000),
+        )
+        .await
+        .assert_status(201);
+    server
+        .send(
+            Method::POST,
+            "/v1/activity/spans",
+            Some(&start_input("named-root", "r2", None, 1000)),
+            Some("agent-7"),
+        )
+        .await
+        .assert_status(201);
+    let sweep = json!({"staleAfterMs": 10, "now": 5000});
+    // Named: agent-7's run is spared, the header-less one closed.
+    let reply = server
+        .send(
+            Method::POST,
+            "/v1/activity/maintenance/sweep-stale",
+            Some(&sweep),
+            Some("agent-7"),
+        )
+        .await;
+    assert_eq!(reply.assert_status(200), &json!({"closed": 1}));
+    let plain = server.get("/v1/activity/spans/plain-root").await;
+    assert_eq!(plain.assert_status(200)["outcome"], "interrupted");
+    assert_eq!(
+        plain.assert_status(200)["outcomeReason"],
+        "writer went silent"
+    );
+    let named = server.get("/v1/activity/spans/named-root").await;
+    assert_eq!(named.assert_status(200)["outcome"], Value::Null);
+    // Unnamed: no one is spared.
+    server
+        .post(
+            "/v1/activity/spans",
+            &start_input("plain-2", "r3", None, 1000),
+        )
+        .await
+        .assert_status(201);
+    let reply = server
+        .post("/v1/activity/maintenance/sweep-stale", &sweep)
+        .await;
+    assert_eq!(reply.assert_status(200), &json!({"closed": 2}));
+    for span in ["plain-2", "named-root"] {
+        let row = server.get(&format!("/v1/activity/spans/{span}")).await;
+        assert_eq!(row.assert_status(200)["outcome"], "interrupted", "{span}");
+    }
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn batch_runs_each_op_in_order_and_reports_failures_in_place() {
     let server = TestServer::start_with(Options {
