@@ -587,7 +587,20 @@ fn check_existing_file(path: &Path, busy_timeout: Duration) -> Result<(), StoreE
     };
     conn.busy_timeout(busy_timeout.min(MAX_BUSY_TIMEOUT))
         .map_err(backend)?;
-    read_identity(&conn, path)
+    let judged = read_identity(&conn, path);
+    // An immutable read takes no locks: a process that started on the file after it was found
+    // alone (several opening a new file at once) may be writing it, and the read may see half
+    // of that. Such a process made the side files by now, so judge the file again the ordinary
+    // way, which leaves none behind then.
+    let others_started = wal_path_of(path).exists() || Path::new(&shm).exists();
+    if judged.is_err() && alone && others_started {
+        if let Ok(conn) = Connection::open_with_flags(path, flags) {
+            conn.busy_timeout(busy_timeout.min(MAX_BUSY_TIMEOUT))
+                .map_err(backend)?;
+            return read_identity(&conn, path);
+        }
+    }
+    judged
 }
 
 /// `file:<path>?immutable=1`, the path percent-encoded as a URI path; `None` for a path that
@@ -609,11 +622,46 @@ fn immutable_uri(path: &Path) -> Option<String> {
 /// The first read of the file (its header and schema, in words that say what to do when SQLite
 /// cannot use it), then whose file it is ([`schema::check_identity`]).
 fn read_identity(conn: &Connection, path: &Path) -> Result<(), StoreError> {
-    conn.query_row("SELECT count(*) FROM sqlite_schema", [], |row| {
-        row.get::<_, i64>(0)
-    })
-    .map_err(|err| unusable_file(path, err))?;
-    schema::check_identity(conn, path)
+    // One read transaction, so every statement of the check sees the same state: read one by
+    // one, a file another process was creating looked half made (its version read before the
+    // migration committed, its tables after, without the table a later transaction adds) and
+    // was refused as "not a flightlog database".
+    let snapshot = conn
+        .unchecked_transaction()
+        .map_err(|err| unusable_file(path, err))?;
+    snapshot
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |row| {
+            row.get::<_, i64>(0)
+        })
+        .map_err(|err| unusable_file(path, err))?;
+    let judged = schema::check_identity(&snapshot, path);
+    // Nothing was written: ending the read cannot lose anything.
+    let _ = snapshot.rollback();
+    judged
+}
+
+/// `PRAGMA journal_mode=WAL`, retried while another process holds the lock it needs, for up to
+/// `busy_timeout`: the journal mode it ended in.
+///
+/// Switching a new file (still in rollback mode) to WAL takes its exclusive lock from inside a
+/// read, and SQLite does not wait for a lock that another connection's pending lock blocks (the
+/// two could wait for each other forever): it answers `SQLITE_BUSY` at once, busy timeout or
+/// not. So when several processes open a new file at the same moment (four `flightlog demo`s
+/// started together), all but one used to fail with "database is locked". Retried, the loser
+/// finds the file in WAL mode already once the winner is done.
+fn switch_to_wal(conn: &Connection, busy_timeout: Duration) -> rusqlite::Result<String> {
+    let deadline = std::time::Instant::now() + busy_timeout;
+    loop {
+        match conn.query_row("PRAGMA journal_mode=WAL", [], |row| row.get::<_, String>(0)) {
+            Err(rusqlite::Error::SqliteFailure(failure, _))
+                if failure.code == rusqlite::ErrorCode::DatabaseBusy
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            answer => return answer,
+        }
+    }
 }
 
 /// Why SQLite cannot use the file at `path` it opened, in words that say what to do.
@@ -840,8 +888,7 @@ impl SqliteDatabase {
         // Again on this connection, before anything writes: the read-only check above is
         // skipped for a path it cannot open.
         read_identity(&conn, &config.path)?;
-        let mode: String = conn
-            .query_row("PRAGMA journal_mode=WAL", [], |row| row.get(0))
+        let mode = switch_to_wal(&conn, config.busy_timeout)
             .map_err(|err| unusable_file(&config.path, err))?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(StoreError::Backend(format!(
