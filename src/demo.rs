@@ -20,15 +20,27 @@ use flightlog_core::{Clock, SystemClock};
 use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
 use serde_json::json;
 
+/// The ids of one demo's runs and spans: `demo<ms>p<pid>-<kind>-<n>`, numbered per kind (the
+/// runs are `run-1` to `run-N`, the live one `run-N+1`). The process id keeps two demos that
+/// start in the same millisecond (`flightlog demo & flightlog demo`) apart: with the time alone
+/// they wrote the same ids and one failed halfway with "a span with id … already exists".
 struct Ids {
     prefix: String,
-    next: usize,
+    counts: std::collections::HashMap<&'static str, usize>,
 }
 
 impl Ids {
-    fn next(&mut self, what: &str) -> String {
-        self.next += 1;
-        format!("{}-{what}-{}", self.prefix, self.next)
+    fn new(now_ms: i64, process_id: u32) -> Self {
+        Self {
+            prefix: format!("demo{now_ms}p{process_id}"),
+            counts: std::collections::HashMap::new(),
+        }
+    }
+
+    fn next(&mut self, what: &'static str) -> String {
+        let count = self.counts.entry(what).or_insert(0);
+        *count += 1;
+        format!("{}-{what}-{count}", self.prefix)
     }
 }
 
@@ -93,7 +105,7 @@ async fn simulate_run(
             &root,
             &run_id,
             None,
-            &format!("turn {index}: fix failing test"),
+            &format!("turn {}: fix failing test", index + 1),
             SpanKind::Turn,
             at,
         ))
@@ -271,10 +283,7 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = SqliteActivityStore::new(Arc::clone(&db), clock.clone());
     let now = clock.now_ms();
-    let mut ids = Ids {
-        prefix: format!("demo{now}"),
-        next: 0,
-    };
+    let mut ids = Ids::new(now, std::process::id());
     let mut run_ids = Vec::new();
     // A minute apart, or closer for many runs: all of them within the last week, so a server's
     // 30-day retention does not prune the oldest the moment it serves the file.
@@ -353,13 +362,22 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
         }
     }
     if let Some(last) = run_ids.last() {
-        if let Some(snapshot) = store.snapshot_run(last).await? {
-            report_line!(
+        match store.snapshot_run(last).await? {
+            Some(snapshot) => {
+                report_line!(
+                    report,
+                    "\nSpan tree of {last} (seq high-water {}):",
+                    snapshot.high_water_seq
+                );
+                print_tree(&mut report, &snapshot.spans, None, 0);
+            }
+            // A server serving the file may prune a finished run as soon as it is rolled up
+            // (`--prune-after-ms` shorter than the demo takes).
+            None => report_line!(
                 report,
-                "\nSpan tree of {last} (seq high-water {}):",
-                snapshot.high_water_seq
-            );
-            print_tree(&mut report, &snapshot.spans, None, 0);
+                "\nSpan tree of {last}: its detail is gone already (pruned by a server's \
+                 retention, --prune-after-ms); its rollup above is kept"
+            ),
         }
     }
     report_line!(report, "\nRunning now:");
@@ -407,6 +425,32 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_are_numbered_per_kind_and_differ_between_processes() {
+        let mut first = Ids::new(1_796_392_049_844, 41);
+        let mut second = Ids::new(1_796_392_049_844, 42);
+        let firsts: Vec<String> = ["run", "turn", "run", "tool", "run"]
+            .into_iter()
+            .map(|what| first.next(what))
+            .collect();
+        assert_eq!(
+            firsts,
+            [
+                "demo1796392049844p41-run-1",
+                "demo1796392049844p41-turn-1",
+                "demo1796392049844p41-run-2",
+                "demo1796392049844p41-tool-1",
+                "demo1796392049844p41-run-3",
+            ]
+        );
+        // Same millisecond, another process: no id in common.
+        let seconds: Vec<String> = ["run", "turn", "run", "tool", "run"]
+            .into_iter()
+            .map(|what| second.next(what))
+            .collect();
+        assert!(seconds.iter().all(|id| !firsts.contains(id)), "{seconds:?}");
+    }
 
     #[test]
     fn runs_are_a_minute_apart_and_never_older_than_a_week() {
