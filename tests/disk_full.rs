@@ -2301,6 +2301,13 @@ fn a_file_size_limit_without_the_signal_ignored_is_a_full_disk_not_a_kill() {
         server.child.try_wait().expect("poll").is_none(),
         "the server died"
     );
+    // The operator hears of it too, not only the clients (the log said nothing before).
+    let said = "flightlog: error: a write was refused (503, Retry-After): the disk is full";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !server.output().contains(said) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(server.output().contains(said), "{}", server.output());
     let reply = http
         .get("/v1/activity/spans/s0")
         .expect("a read while full");

@@ -195,10 +195,13 @@ impl From<StoreError> for ApiError {
         match err {
             StoreError::DuplicateSpan { .. } => Self::Conflict(message),
             StoreError::InvalidInput(_) => Self::InvalidRequest(message),
-            StoreError::Overloaded
-            | StoreError::Closed
-            | StoreError::Busy(_)
-            | StoreError::StorageFull(_) => Self::Unavailable(message),
+            StoreError::StorageFull(_) => {
+                report_storage_full(&message);
+                Self::Unavailable(message)
+            }
+            StoreError::Overloaded | StoreError::Closed | StoreError::Busy(_) => {
+                Self::Unavailable(message)
+            }
             StoreError::FileLost(_) => {
                 report_file_lost(&message);
                 Self::Unavailable(message)
@@ -221,10 +224,13 @@ impl From<JournalError> for ApiError {
             }
             JournalError::JournalFull { .. } => Self::JournalFull(message),
             JournalError::WrongExpectedSeq { .. } => Self::Conflict(message),
-            JournalError::Closed
-            | JournalError::Overloaded
-            | JournalError::Busy(_)
-            | JournalError::StorageFull(_) => Self::Unavailable(message),
+            JournalError::StorageFull(_) => {
+                report_storage_full(&message);
+                Self::Unavailable(message)
+            }
+            JournalError::Closed | JournalError::Overloaded | JournalError::Busy(_) => {
+                Self::Unavailable(message)
+            }
             JournalError::FileLost(_) => {
                 report_file_lost(&message);
                 Self::Unavailable(message)
@@ -254,22 +260,31 @@ fn report_file_lost(message: &str) {
 /// promises (a damaged file, an I/O error), which the operator must hear about even when every
 /// client just retries, but a failing disk must not turn into a flood of identical lines.
 pub(crate) fn report_internal_error(message: &str) {
-    static LIMITER: std::sync::Mutex<ReportLimiter> = std::sync::Mutex::new(ReportLimiter {
-        last: None,
-        withheld: 0,
-    });
-    let admitted = match LIMITER.lock() {
+    static LIMITER: std::sync::Mutex<ReportLimiter> =
+        std::sync::Mutex::new(ReportLimiter::new(std::time::Duration::from_secs(1)));
+    report_limited(&LIMITER, |withheld| internal_error_line(message, withheld));
+}
+
+/// Says on stderr that a write was refused because the disk is full, at most once every ten
+/// seconds (with the count of those not shown since): the clients hear `503` with
+/// `Retry-After` and retry, and without a line here the operator who must free the space heard
+/// nothing until the scheduled maintenance happened to fail too.
+fn report_storage_full(message: &str) {
+    static LIMITER: std::sync::Mutex<ReportLimiter> =
+        std::sync::Mutex::new(ReportLimiter::new(std::time::Duration::from_secs(10)));
+    report_limited(&LIMITER, |withheld| storage_full_line(message, withheld));
+}
+
+/// Writes the line `line(withheld)` to stderr when `limiter` admits one now.
+fn report_limited(limiter: &std::sync::Mutex<ReportLimiter>, line: impl FnOnce(u64) -> String) {
+    let admitted = match limiter.lock() {
         Ok(mut limiter) => limiter.admit(std::time::Instant::now()),
         Err(_) => None,
     };
     if let Some(withheld) = admitted {
         use std::io::Write;
         // Written, not `eprintln!`: a closed stderr must not panic the request.
-        let _ = writeln!(
-            std::io::stderr().lock(),
-            "{}",
-            internal_error_line(message, withheld)
-        );
+        let _ = writeln!(std::io::stderr().lock(), "{}", line(withheld));
     }
 }
 
@@ -283,20 +298,37 @@ fn internal_error_line(message: &str, withheld: u64) -> String {
     line
 }
 
-/// One report a second; the rest are counted.
+fn storage_full_line(message: &str, withheld: u64) -> String {
+    let mut line = format!("flightlog: error: a write was refused (503, Retry-After): {message}");
+    if withheld > 0 {
+        line.push_str(&format!(
+            " ({withheld} more refused since the last line like this)"
+        ));
+    }
+    line
+}
+
+/// One report an interval; the rest are counted.
 struct ReportLimiter {
+    interval: std::time::Duration,
     last: Option<std::time::Instant>,
     withheld: u64,
 }
 
 impl ReportLimiter {
-    const INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+    const fn new(interval: std::time::Duration) -> Self {
+        Self {
+            interval,
+            last: None,
+            withheld: 0,
+        }
+    }
 
     /// `Some(withheld since the last report)` when a report may go out at `now`.
     fn admit(&mut self, now: std::time::Instant) -> Option<u64> {
         if self
             .last
-            .is_some_and(|last| now.saturating_duration_since(last) < Self::INTERVAL)
+            .is_some_and(|last| now.saturating_duration_since(last) < self.interval)
         {
             self.withheld += 1;
             return None;
@@ -313,10 +345,7 @@ mod tests {
     #[test]
     fn internal_errors_are_reported_once_a_second_with_a_count_of_the_rest() {
         let start = std::time::Instant::now();
-        let mut limiter = ReportLimiter {
-            last: None,
-            withheld: 0,
-        };
+        let mut limiter = ReportLimiter::new(std::time::Duration::from_secs(1));
         let at = |ms: u64| start + std::time::Duration::from_millis(ms);
         assert_eq!(limiter.admit(at(0)), Some(0));
         assert_eq!(limiter.admit(at(10)), None);
@@ -327,6 +356,11 @@ mod tests {
             internal_error_line("database error: disk I/O error", 2),
             "flightlog: error: a request was answered 500: database error: disk I/O error \
              (2 more 500s since the last line like this)"
+        );
+        assert_eq!(
+            storage_full_line("the disk is full: x; free space on it, then retry", 7),
+            "flightlog: error: a write was refused (503, Retry-After): the disk is full: x; \
+             free space on it, then retry (7 more refused since the last line like this)"
         );
     }
     use flightlog_core::journal::AppendValidationError;
