@@ -215,6 +215,14 @@ impl From<StoreError> for ApiError {
     }
 }
 
+/// The bytes an id keeps in a path segment of a message's example URL unencoded: RFC 3986's
+/// unreserved ones.
+pub(crate) const PATH_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 impl From<JournalError> for ApiError {
     fn from(err: JournalError) -> Self {
         let message = err.to_string();
@@ -222,7 +230,12 @@ impl From<JournalError> for ApiError {
             JournalError::Invalid(_) | JournalError::NotFinite { .. } => {
                 Self::InvalidRequest(message)
             }
-            JournalError::JournalFull { .. } => Self::JournalFull(message),
+            JournalError::JournalFull { engagement_id, .. } => Self::JournalFull(format!(
+                "{message}: compact it once it is completed (POST /v1/engagements/{}/compact), \
+                 continue in a new engagement, or start the server with a higher \
+                 --journal-max-events",
+                percent_encoding::utf8_percent_encode(&engagement_id, PATH_SEGMENT)
+            )),
             JournalError::WrongExpectedSeq { .. } => Self::Conflict(message),
             JournalError::StorageFull(_) => {
                 report_storage_full(&message);

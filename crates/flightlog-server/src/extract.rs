@@ -168,7 +168,8 @@ fn body_rejection(rejection: &BytesRejection, limit: usize) -> ApiError {
 /// The error for a body over `limit` bytes.
 pub(crate) fn payload_too_large_error(limit: usize) -> ApiError {
     ApiError::PayloadTooLarge(format!(
-        "the request body is larger than the limit of {limit} bytes"
+        "the request body is larger than the limit of {limit} bytes (--body-limit): send a \
+         smaller body, or split a batch into several requests"
     ))
 }
 

@@ -41,7 +41,11 @@ pub enum JournalError {
     Invalid(#[from] AppendValidationError),
     /// The engagement already holds `max_events` events (the reference's `JournalFullError`).
     /// Compaction may free room.
-    #[error("engagement {engagement_id:?} is full: it already holds {max_events} events")]
+    #[error(
+        "engagement {engagement_id:?} is full: it already holds {max_events} event{}, the most \
+         one engagement may hold",
+        if *max_events == 1 { "" } else { "s" }
+    )]
     JournalFull {
         /// The engagement appended to.
         engagement_id: String,

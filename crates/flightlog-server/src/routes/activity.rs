@@ -20,7 +20,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::error::{ApiError, ErrorBody};
+use crate::error::{ApiError, ErrorBody, PATH_SEGMENT};
 use crate::extract::{ApiQuery, JsonBody, OptionalJsonBody, PathId, WriterStore};
 use crate::openapi::{tags, LARGE_RESPONSE_BUSY, RUN_ID, SPAN_ID};
 use crate::response_budget::{self, ChunkedJson};
@@ -218,13 +218,6 @@ pub(crate) async fn op_heartbeat(
 pub(crate) fn unknown_span(span_id: &str) -> ApiError {
     ApiError::not_found(format!("no span with id {span_id:?}"))
 }
-
-/// The bytes a run id keeps in a path segment unencoded: RFC 3986's unreserved ones.
-const PATH_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
 
 /// The 404 of a run with no spans to show: a run whose detail was pruned is still listed (its
 /// rollup is kept), so saying it does not exist sent its users looking for a typo.

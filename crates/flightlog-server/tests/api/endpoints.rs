@@ -977,10 +977,15 @@ async fn journal_appends_reads_views_compaction_listing_and_pruning() {
         server.post(events, &third).await.assert_status(201)["seq"],
         2
     );
-    server
-        .post(events, &third)
-        .await
-        .assert_error(409, "journal_full");
+    let full = server.post(events, &third).await;
+    full.assert_error(409, "journal_full");
+    // What to do about it, not only what happened.
+    assert_eq!(
+        full.body["error"]["message"],
+        "engagement \"e1\" is full: it already holds 3 events, the most one engagement may \
+         hold: compact it once it is completed (POST /v1/engagements/e1/compact), continue in \
+         a new engagement, or start the server with a higher --journal-max-events"
+    );
 
     // reads
     let all = server.get(events).await;
