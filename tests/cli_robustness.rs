@@ -1318,7 +1318,7 @@ fn bad_tokens_are_refused_without_repeating_the_secret() {
         (
             "[[tokens]]\ntoken = \"s3cr3t-value\"\nscopes = [\"write\"]",
             &[
-                "entry 1: names a scope other than read, ingest, admin",
+                "entry 1: names the scope \"write\"; the scopes are read, ingest, admin",
                 shape,
             ],
         ),

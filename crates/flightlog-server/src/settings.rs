@@ -1432,11 +1432,24 @@ fn parse_bool(text: &str) -> Option<bool> {
 /// A value with no entry at all (`";"`) is refused: it would replace the config file's tokens
 /// with none and so switch authentication off.
 fn parse_env_tokens(text: &str, auth: &mut AuthConfig) -> Result<(), SettingsError> {
-    let entries = text.split(';').map(str::trim).filter(|e| !e.is_empty());
+    // Numbered as written, blank entries included, so "entry 3" is the third between ';'s.
+    let entries = text
+        .split(';')
+        .map(str::trim)
+        .enumerate()
+        .filter(|(_, e)| !e.is_empty());
     let mut seen = 0;
-    for (index, entry) in entries.enumerate() {
+    for (index, entry) in entries {
         seen += 1;
         let origin = || format!("{} entry {}", TOKENS.env, index + 1);
+        if entry.contains(['\n', '\r']) {
+            return Err(SettingsError::Token {
+                origin: origin(),
+                problem: "holds a line break: separate entries with ';' (TOKEN:SCOPE[,SCOPE...];\
+                          TOKEN:SCOPE...), not with new lines"
+                    .into(),
+            });
+        }
         let Some((secret, scopes)) = entry.rsplit_once(':') else {
             return Err(SettingsError::Token {
                 origin: origin(),
@@ -1445,18 +1458,23 @@ fn parse_env_tokens(text: &str, auth: &mut AuthConfig) -> Result<(), SettingsErr
                     .into(),
             });
         };
-        let scopes = scopes
+        let names: Vec<&str> = scopes
             .split(',')
             .map(str::trim)
             .filter(|s| !s.is_empty())
-            .map(Scope::parse)
-            .collect::<Option<Scopes>>()
-            .ok_or_else(|| SettingsError::Token {
+            .collect();
+        // The unknown name is not repeated: it may be part of a secret that holds a ':' and
+        // was given no scopes; its place says which it is.
+        let scopes = parse_scopes(&names).map_err(|unknown| {
+            let place = names.iter().position(|name| *name == unknown).unwrap_or(0) + 1;
+            SettingsError::Token {
                 origin: origin(),
-                problem: "names a scope other than read, ingest, admin (write \
-                          TOKEN:SCOPE[,SCOPE...])"
-                    .into(),
-            })?;
+                problem: format!(
+                    "names a scope other than read, ingest, admin (its scope number {place} \
+                     after the last ':'): write TOKEN:SCOPE[,SCOPE...]"
+                ),
+            }
+        })?;
         auth.add_token(secret.trim(), scopes)
             .map_err(|err| token_error(origin(), &err))?;
     }
@@ -1469,6 +1487,14 @@ fn parse_env_tokens(text: &str, auth: &mut AuthConfig) -> Result<(), SettingsErr
         });
     }
     Ok(())
+}
+
+/// The scopes `names` name, or the first name that is no scope.
+fn parse_scopes<'a>(names: &[&'a str]) -> Result<Scopes, &'a str> {
+    names
+        .iter()
+        .map(|name| Scope::parse(name).ok_or(*name))
+        .collect()
 }
 
 /// The file's `[[tokens]]`: tables `{token = "...", scopes = ["read", ...]}`.
@@ -1503,11 +1529,18 @@ fn parse_file_tokens(
         let Some(Value::Array(names)) = table.get("scopes") else {
             return Err(problem("has no `scopes` list"));
         };
-        let scopes = names
+        let Some(names) = names
             .iter()
-            .map(|name| name.as_str().and_then(Scope::parse))
-            .collect::<Option<Scopes>>()
-            .ok_or_else(|| problem("names a scope other than read, ingest, admin"))?;
+            .map(Value::as_str)
+            .collect::<Option<Vec<&str>>>()
+        else {
+            return Err(problem("has a scope that is not a string"));
+        };
+        let scopes = parse_scopes(&names).map_err(|unknown| {
+            problem(&format!(
+                "names the scope {unknown:?}; the scopes are read, ingest, admin"
+            ))
+        })?;
         auth.add_token(secret, scopes)
             .map_err(|err| token_error(origin(), &err))?;
     }

@@ -571,6 +571,26 @@ fn token_errors_say_how_to_write_tokens_and_never_repeat_the_secret() {
             Input::Env("FLIGHTLOG_TOKENS", "topsecret:reed"),
             &["FLIGHTLOG_TOKENS entry 1", "read, ingest, admin"],
         ),
+        // Entries are numbered as written, blank ones included; the bad scope by its place.
+        (
+            Input::Env("FLIGHTLOG_TOKENS", "ok-secret:read;;topsecret:ingest,bogus"),
+            &[
+                "FLIGHTLOG_TOKENS entry 3",
+                "scope number 2 after the last ':'",
+            ],
+        ),
+        (
+            Input::Env("FLIGHTLOG_TOKENS", "ok-secret:read\ntopsecret:ingest"),
+            &[
+                "FLIGHTLOG_TOKENS entry 1",
+                "line break",
+                "separate entries with ';'",
+            ],
+        ),
+        (
+            Input::File("[[tokens]]\ntoken = \"topsecret\"\nscopes = [\"read\", \"writer\"]"),
+            &["entry 1", "names the scope \"writer\""],
+        ),
         (
             Input::Env("FLIGHTLOG_TOKENS", "topsecret:"),
             &["FLIGHTLOG_TOKENS entry 1", "at least one scope"],
