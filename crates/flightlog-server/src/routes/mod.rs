@@ -56,7 +56,11 @@ pub(crate) fn router(state: &AppState) -> (Router<AppState>, OpenApi) {
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
-    ApiError::not_found(format!("no route for {method} {}", uri.path()))
+    let mut message = format!("no route for {method} {}", uri.path());
+    if uri.path() == testing::CLOCK_PATH {
+        message.push_str(": the testing clock exists only on a server started with --manual-clock");
+    }
+    ApiError::not_found(message)
 }
 
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {

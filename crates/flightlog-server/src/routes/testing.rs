@@ -21,6 +21,10 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(set_clock))
 }
 
+/// The route's path (the `#[utoipa::path]` below needs it written out), for the 404 of a server
+/// without the testing clock to say how to get one.
+pub(crate) const CLOCK_PATH: &str = "/v1/testing/clock";
+
 /// Body of `PUT /v1/testing/clock`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

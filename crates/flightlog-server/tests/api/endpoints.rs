@@ -52,16 +52,21 @@ async fn healthz_unknown_routes_and_wrong_methods_answer_in_the_contract_shape()
         .await
         .assert_error(405, "method_not_allowed");
 
-    // Without --manual-clock the testing route does not exist.
-    server
+    // Without --manual-clock the testing route does not exist, and its 404 says how to get it.
+    let clock = server
         .send(
             Method::PUT,
             "/v1/testing/clock",
             Some(&json!({"now": 5})),
             None,
         )
-        .await
-        .assert_error(404, "not_found");
+        .await;
+    clock.assert_error(404, "not_found");
+    assert_eq!(
+        clock.body["error"]["message"],
+        "no route for PUT /v1/testing/clock: the testing clock exists only on a server started \
+         with --manual-clock"
+    );
     server.stop().await;
 }
 
