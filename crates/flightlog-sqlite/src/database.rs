@@ -2055,9 +2055,11 @@ impl GroupCommitWriter {
                     let waited = started.elapsed();
                     if waited >= self.lock_retry_budget {
                         return Err(StoreError::Busy(format!(
-                            "another process has held the database's write lock for {:.1} s \
-                             (the most a write waits for it)",
-                            waited.as_secs_f64()
+                            "another process holds the database's write lock; this write \
+                             waited {:.1} s for it, the most a write waits ({} ms; \
+                             `flightlog serve --write-lock-wait-ms` sets it)",
+                            waited.as_secs_f64(),
+                            self.lock_retry_budget.as_millis()
                         )));
                     }
                     if mark.is_none() {
