@@ -106,8 +106,9 @@ struct ServeArgs {
     )]
     body_limit: Option<String>,
     /// Memory for large answers (over 1 MiB: run snapshots, change pages, listings) until they
-    /// are written to the socket, in bytes or with KiB/MiB/GiB; an answer waits up to 0.5 s for
-    /// room, then gets 503 with Retry-After. One larger than this is served alone.
+    /// are written to the socket, in bytes or with KiB/MiB/GiB (counted in 64 KiB units, at
+    /// least one; at most 1024GiB); an answer waits up to 0.5 s for room, then gets 503 with
+    /// Retry-After. One larger than this is served alone.
     /// [env: FLIGHTLOG_RESPONSE_BUDGET] [file: response_budget] [default: 256MiB]
     #[arg(
         long,
@@ -166,7 +167,8 @@ struct ServeArgs {
     #[arg(long, value_name = "NAME", verbatim_doc_comment)]
     instance: Option<String>,
     /// Time between the passes of the scheduled maintenance (the three settings below, and the
-    /// removal of engagements idle past --journal-max-age-ms), in ms, or `off` for none.
+    /// removal of engagements idle past --journal-max-age-ms), in ms from 10 to 86400000 (a
+    /// day), or `off` for none.
     /// [env: FLIGHTLOG_MAINTENANCE_EVERY_MS] [file: maintenance.every_ms] [default: 60000; off under --manual-clock]
     #[arg(
         long,

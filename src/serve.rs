@@ -284,7 +284,8 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
                 if manual_clock.is_some() {
                     " (the manual clock's default; --maintenance-every-ms starts it)"
                 } else {
-                    " (--maintenance-every-ms off)"
+                    " (set `off` by --maintenance-every-ms, FLIGHTLOG_MAINTENANCE_EVERY_MS or \
+                     the config file's maintenance.every_ms)"
                 }
             );
             None

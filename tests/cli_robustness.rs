@@ -1389,7 +1389,14 @@ fn config_files_that_are_missing_unreadable_not_toml_or_unknown_are_refused() {
             vec![read_fail(&missing, "X"), "No such file".into()],
         ),
         (&folder, vec![read_fail(&folder, "X"), "directory".into()]),
-        (&binary, vec![read_fail(&binary, "X"), "UTF-8".into()]),
+        (
+            &binary,
+            vec![
+                read_fail(&binary, "X"),
+                "UTF-8".into(),
+                "save it as UTF-8".into(),
+            ],
+        ),
         (
             &fifo,
             vec![read_fail(&fifo, "X"), "not a regular file".into()],

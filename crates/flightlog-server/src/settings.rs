@@ -259,6 +259,9 @@ pub const MAX_CONFIG_FILE_BYTES: u64 = 1024 * 1024;
 pub const MIN_MAINTENANCE_EVERY_MS: u64 = 10;
 /// The longest `--maintenance-every-ms` accepted: a day.
 pub const MAX_MAINTENANCE_EVERY_MS: u64 = 86_400_000;
+
+/// The largest `--response-budget`: far more memory than a server has, small enough to count.
+pub const MAX_RESPONSE_BUDGET: usize = 1 << 40;
 /// The largest `--max-inflight-writes` accepted.
 pub const MAX_INFLIGHT_WRITES_LIMIT: usize = 1_000_000;
 
@@ -590,6 +593,10 @@ fn read_config_hint(error: &std::io::Error) -> &'static str {
         std::io::ErrorKind::PermissionDenied => {
             "; make the file readable by the user the server runs as"
         }
+        // `read_to_string` of bytes that are not UTF-8.
+        std::io::ErrorKind::InvalidData => {
+            "; TOML files are UTF-8 text: save it as UTF-8 (e.g. `iconv -f LATIN1 -t UTF-8`)"
+        }
         _ => "",
     }
 }
@@ -893,9 +900,9 @@ pub fn resolve_with_file(
         &RESPONSE_BUDGET,
         flags.response_budget.as_deref(),
         ServerConfig::DEFAULT_RESPONSE_BUDGET_BYTES,
-        parse_size,
-        "give a size of at least 1 byte, in bytes or with KiB, MiB or GiB, such as 268435456 or \
-         256MiB",
+        |text| parse_size(text).filter(|size| *size <= MAX_RESPONSE_BUDGET),
+        "give a size of at least 1 byte and at most 1024GiB, in bytes or with KiB, MiB or GiB, \
+         such as 268435456 or 256MiB",
     )?;
     let max_inflight_writes = layers.parse(
         &MAX_INFLIGHT_WRITES,

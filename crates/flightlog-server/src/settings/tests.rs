@@ -448,6 +448,11 @@ fn bad_values_name_the_setting_where_it_was_given_and_the_fix() {
             Input::Env("FLIGHTLOG_RESPONSE_BUDGET", "-1"),
             &["FLIGHTLOG_RESPONSE_BUDGET", "\"-1\"", "256MiB"],
         ),
+        // Too large is said to be too large, not too small.
+        (
+            Input::Env("FLIGHTLOG_RESPONSE_BUDGET", "99999999999GiB"),
+            &["FLIGHTLOG_RESPONSE_BUDGET", "at most 1024GiB"],
+        ),
         (
             flags(|f| f.durability = Some("fast".into())),
             &["--durability", "\"fast\"", "normal", "full"],
