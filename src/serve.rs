@@ -306,12 +306,27 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
     // the stopped server's file is a backup of everything it acknowledged.
     match db.close().await {
         Ok(true) => {}
-        Ok(false) => say_err!(
-            "flightlog: warning: the newest writes stay in the -wal file beside {} (another \
-             process is reading the database, or there was no room to copy them into it); \
-             nothing is lost: the next start reads them, and a backup must copy both files",
-            settings.db.display()
-        ),
+        Ok(false) => {
+            // Which of the reasons it is, where it can be told: a file whose permissions were
+            // taken away while serving was blamed on readers or the disk.
+            let writable = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&settings.db)
+                .is_ok();
+            let why = if writable {
+                "another process is reading the database, or there was no room to copy them \
+                 into it"
+            } else {
+                "the database file is no longer writable by this user: its permissions changed \
+                 while serving; make it writable again (chmod u+w) and start and stop the \
+                 server once to copy them in"
+            };
+            say_err!(
+                "flightlog: warning: the newest writes stay in the -wal file beside {} ({why}); \
+                 nothing is lost: the next start reads them, and a backup must copy both files",
+                settings.db.display()
+            )
+        }
         Err(err) => {
             say!("flightlog: stopped");
             return Err(anyhow::anyhow!(
