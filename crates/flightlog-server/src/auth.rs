@@ -26,7 +26,16 @@ use std::fmt;
 
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, Method};
-use base64::prelude::{Engine as _, BASE64_STANDARD};
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
+use base64::engine::DecodePaddingMode;
+use base64::prelude::Engine as _;
+
+/// Standard base64 with its `=` padding optional: RFC 7617 asks for it, but some clients and
+/// hand-made headers leave it out, and the credentials are as clear either way.
+const BASIC_CREDENTIALS: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
 use sha2::{Digest, Sha256};
 use subtle::{Choice, ConstantTimeEq};
 
@@ -320,7 +329,7 @@ pub fn presented_token(value: &str) -> Result<String, String> {
     if !scheme.eq_ignore_ascii_case("basic") {
         return Err(malformed());
     }
-    let decoded = BASE64_STANDARD
+    let decoded = BASIC_CREDENTIALS
         .decode(credentials)
         .map_err(|_| "the Basic credentials are not base64".to_owned())?;
     let decoded = String::from_utf8(decoded)
@@ -519,6 +528,9 @@ mod tests {
             // base64("user:s3cret") and base64(":s3cret"): the token is the password.
             ("Basic dXNlcjpzM2NyZXQ=", "s3cret"),
             ("basic OnMzY3JldA==", "s3cret"),
+            // The same without the `=` padding.
+            ("Basic dXNlcjpzM2NyZXQ", "s3cret"),
+            ("basic OnMzY3JldA", "s3cret"),
         ] {
             assert_eq!(
                 bearer_token(&with_authorization(header)),
