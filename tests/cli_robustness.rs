@@ -976,7 +976,8 @@ const SIZE_TOMLS: &[&str] = &[
     "1979-05-27",
     "\"-8MiB\"",
 ];
-const SIZE_FIX: &str = "give a size of at least 1 byte, in bytes or with KiB, MiB or GiB";
+const SIZE_FIX: &str =
+    "give a size of at least 1 byte and at most 1024GiB, in bytes or with KiB, MiB or GiB";
 
 const NUMERIC: [Numeric; 12] = [
     Numeric {
