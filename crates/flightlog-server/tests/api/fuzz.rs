@@ -14,7 +14,8 @@
 //! before, and the server must still answer `/healthz` and stop cleanly.
 //!
 //! The stored data is out of reach of valid maintenance calls by construction (an open run of
-//! `cron` origin written as the server's own writer, an engagement that never ages out), so any
+//! `cron` origin written as the server's own writer, which the fuzzed `sweep-stale` calls act
+//! as, an engagement that never ages out), so any
 //! change to it would be input that should have been refused losing data. The numbers of
 //! requests per endpoint and the status histogram are printed (`--nocapture` shows them).
 //!
@@ -32,6 +33,7 @@ use serde_json::{json, Map, Value};
 
 use crate::support::{
     assert_no_fuzz_failures, contract_error_problem, fuzz_seed, segment, Options, Rng, TestServer,
+    SERVER_WRITER,
 };
 
 /// The fixed seed: the same requests on every run (`FLIGHTLOG_FUZZ_SEED` explores others).
@@ -1217,6 +1219,14 @@ impl<'a> Fuzz<'a> {
         let (path, path_what) = self.fill_id(endpoint.path, endpoint.ids, bad_ids, 12);
         let otlp = endpoint.path == "/v1/traces";
         let mut mutated = mutate(&mut self.rng, &valid, endpoint.body, otlp);
+        if endpoint.path == "/v1/activity/maintenance/sweep-stale" {
+            // A sweep spares the runs of the writer it acts as, and no one's when told no
+            // writer: the kept run is the server's own writer's, so the sweep names that one,
+            // as a writer sweeping everyone else's runs does.
+            mutated
+                .headers
+                .push(("flightlog-writer", HeaderValue::from_static(SERVER_WRITER)));
+        }
         if endpoint.body == BodyUse::Ignored && self.rng.percent(50) {
             mutated.body = None;
             mutated.content_type = None;
