@@ -331,12 +331,51 @@ fn any_row(
         .map_err(backend)
 }
 
+/// About how many bytes `value` takes as compact JSON text, without writing it: each string's
+/// length and quotes, 8 bytes a number, the punctuation. For bounding a page in bytes (see
+/// `changes_since_bounded`), where a cheap walk beats exactness.
+fn approx_json_bytes(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    match value {
+        Value::Null | Value::Bool(_) => 5,
+        Value::Number(_) => 8,
+        Value::String(text) => text.len() + 2,
+        Value::Array(items) => {
+            2 + items
+                .iter()
+                .map(|item| approx_json_bytes(item) + 1)
+                .sum::<usize>()
+        }
+        Value::Object(members) => {
+            2 + members
+                .iter()
+                .map(|(key, item)| key.len() + 4 + approx_json_bytes(item))
+                .sum::<usize>()
+        }
+    }
+}
+
+/// About how many bytes of attrs or payload `change` holds.
+fn change_bytes(change: &ActivityChange) -> usize {
+    match &change.body {
+        ChangeBody::Span { span } => span
+            .attrs
+            .iter()
+            .map(|(key, value)| key.len() + 4 + approx_json_bytes(value))
+            .sum(),
+        ChangeBody::Event { event } => event.payload.get().len(),
+    }
+}
+
+/// Changes after the cursor (see `changes_since`), at most `sql_limit`, and when `max_bytes` is
+/// given no more once they hold about that many bytes (see `changes_since_bounded`).
 fn changes_after(
     conn: &Connection,
     names: &KeyNames,
     codec: &PayloadCodec,
     change_cursor: i64,
     sql_limit: i64,
+    max_bytes: Option<usize>,
 ) -> Result<Vec<ActivityChange>, StoreError> {
     // One pass over the log: a change whose span or event row was pruned drops out of the
     // joins, as in the reference.
@@ -384,6 +423,16 @@ fn changes_after(
                     body,
                 })
             })?
+            .scan(0usize, |held, change| {
+                // Stop after the change that brought the page past the bound.
+                if max_bytes.is_some_and(|max| *held > max) {
+                    return None;
+                }
+                if let Ok(change) = &change {
+                    *held = held.saturating_add(change_bytes(change));
+                }
+                Some(change)
+            })
             .collect()
         })
         .map_err(backend)
@@ -646,12 +695,19 @@ impl ActivityStore for SqliteActivityStore {
         // A page a live stream reads is quick: its hand-off to another thread would cost more.
         let mut changes = if (0..=LONG_READ_CHANGES).contains(&limit) {
             self.db.read(|conn| {
-                changes_after(conn, self.db.names(), self.db.codec(), change_cursor, limit)
+                changes_after(
+                    conn,
+                    self.db.names(),
+                    self.db.codec(),
+                    change_cursor,
+                    limit,
+                    None,
+                )
             })?
         } else {
             self.db
                 .read_apart(move |db, conn| {
-                    changes_after(conn, db.names(), db.codec(), change_cursor, limit)
+                    changes_after(conn, db.names(), db.codec(), change_cursor, limit, None)
                 })
                 .await?
         };
@@ -661,6 +717,30 @@ impl ActivityStore for SqliteActivityStore {
             changes.truncate(keep);
         }
         Ok(changes)
+    }
+
+    async fn changes_since_bounded(
+        &self,
+        change_cursor: i64,
+        limit: i64,
+        max_bytes: usize,
+    ) -> Result<Vec<ActivityChange>, StoreError> {
+        let limit = limit.clamp(0, 10_000);
+        let read = move |db: &SqliteDatabase, conn: &Connection| {
+            changes_after(
+                conn,
+                db.names(),
+                db.codec(),
+                change_cursor,
+                limit,
+                Some(max_bytes),
+            )
+        };
+        if limit <= LONG_READ_CHANGES {
+            self.db.read(|conn| read(&self.db, conn))
+        } else {
+            self.db.read_apart(read).await
+        }
     }
 
     async fn terminal_root_changes_since(

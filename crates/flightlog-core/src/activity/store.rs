@@ -212,6 +212,20 @@ pub trait ActivityStore: Send + Sync {
         limit: i64,
     ) -> Result<Vec<ActivityChange>, StoreError>;
 
+    /// [`ActivityStore::changes_since`] for a reader that holds its page in memory while a
+    /// slow client takes it (a live stream): at most `limit` changes (0 to 10,000), and no
+    /// more once those read hold about `max_bytes` of span attrs and event payloads (the change
+    /// that passes it is the last; the first always comes, whatever its size). Every span
+    /// change carries its span's attrs, so 500 changes of a span with a megabyte of attrs are
+    /// half a gigabyte; a page bounded in bytes holds a few megabytes whatever the rows. The
+    /// next page starts after the last change returned, so nothing is skipped.
+    async fn changes_since_bounded(
+        &self,
+        change_cursor: i64,
+        limit: i64,
+        max_bytes: usize,
+    ) -> Result<Vec<ActivityChange>, StoreError>;
+
     /// Span changes after the cursor of spans that are now terminal roots, one per span (its
     /// highest change id), by change id; a negative limit means no limit.
     async fn terminal_root_changes_since(

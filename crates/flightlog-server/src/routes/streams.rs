@@ -1,10 +1,11 @@
 //! Live Server-Sent-Event streams: the global change stream, a run's stream, an engagement's.
 //!
 //! The database is the only source: a stream waits on the store's change doorbell (rung after
-//! every commit, ours or another process's) and then reads `changes_since(its cursor)`. So a
-//! stream can only ever send what is committed (persist, then emit), it never skips or repeats a
-//! change id, a reconnect with `Last-Event-ID` resumes exactly, and a slow client costs nothing
-//! but its own reads: the response body pulls the next page only when the socket has taken the
+//! every commit, ours or another process's) and then reads a page of the changes after its
+//! cursor (`changes_since_bounded`). So a stream can only ever send what is committed (persist,
+//! then emit), it never skips or repeats a change id, a reconnect with `Last-Event-ID` resumes
+//! exactly, and a slow client costs nothing but its own reads and one page (bounded in count
+//! and bytes): the response body pulls the next page only when the socket has taken the
 //! previous one, so no per-client buffer grows and no writer ever waits for a reader.
 
 use std::collections::VecDeque;
@@ -32,6 +33,11 @@ use crate::state::AppState;
 
 /// Changes read from the database per query while a stream catches up.
 const PAGE: i64 = 500;
+/// And at most about this many bytes of attrs and payloads in a page: a stream holds its page
+/// until its client has taken it (up to the write-stall limit, 30 s, for a client that reads
+/// nothing), and 500 changes of a span with a megabyte of attrs were half a gigabyte per such
+/// client (an audit's finding: five of them took the server to 1.6 GB).
+const PAGE_BYTES: usize = 4 * 1024 * 1024;
 /// A stream re-reads even without a doorbell this often (a safety net, not the mechanism).
 const RECHECK: Duration = Duration::from_secs(5);
 /// The keep-alive: a comment line after this long without an event. The contract asks for one
@@ -293,7 +299,7 @@ impl ChangeFeed {
             let rung = *self.doorbell.borrow_and_update();
             let page = self
                 .store
-                .changes_since(self.cursor, PAGE)
+                .changes_since_bounded(self.cursor, PAGE, PAGE_BYTES)
                 .await
                 .map_err(|err| FeedEnd::Failed(err.to_string()))?;
             // The horizon after the page: it only grows, in the transaction that deletes, so a
