@@ -237,6 +237,10 @@ struct ChangeFeed {
     /// Set when a page showed the followed run pruned and started again under the same id: the
     /// stream sends what it holds, then a `resync`.
     run_recreated: bool,
+    /// Set when a page showed a change of the followed run past the next seq: the ones between
+    /// were deleted (trimmed) after the cursor passed below them; a `resync` follows what it
+    /// holds.
+    run_lost_changes: bool,
     failed: bool,
 }
 
@@ -249,6 +253,7 @@ impl ChangeFeed {
             pending: VecDeque::new(),
             filter,
             run_recreated: false,
+            run_lost_changes: false,
             failed: false,
         }
     }
@@ -276,9 +281,47 @@ impl ChangeFeed {
                 self.run_recreated = true;
                 return;
             }
+            // A run's seqs are dense: one past the next means the ones between are gone.
+            if filter.above_seq.is_some_and(|above| change.seq > above + 1) {
+                self.run_lost_changes = true;
+                return;
+            }
             filter.above_seq = Some(change.seq);
             self.pending.push_back(change);
         }
+    }
+
+    /// Whether a run stream may go on although changes after its cursor were deleted: they
+    /// were other runs' (pruned), and the followed run's own changes are all still there or
+    /// will show as a gap in its seqs. The change stream follows every run, so for it any
+    /// deleted change is a gap.
+    ///
+    /// The run's own rows go two ways. Pruned with the run: it then logs nothing (high-water
+    /// seq 0), or, started again under its id, starts its seqs over (`run_recreated`).
+    /// Trimmed: the trim deletes the oldest rows first, so if a change of the run above what
+    /// the client holds went, every older one of the run went too, and what remains is either
+    /// nothing (high-water seq 0) or changes past a gap in the seqs (`run_lost_changes`). A
+    /// stream that does not know its client's seq yet (resumed with `Last-Event-ID`, no change
+    /// of the run seen since) cannot tell, and resyncs as the change stream does. Before this,
+    /// every run stream opened or resumed across a prune of *other* runs ended with a
+    /// `resync`, and its client fetched a snapshot again for nothing (an audit's finding).
+    async fn own_run_intact(&self) -> Result<bool, FeedEnd> {
+        let Some(RunFilter {
+            run_id,
+            above_seq: Some(above),
+        }) = &self.filter
+        else {
+            return Ok(false);
+        };
+        if *above < 1 {
+            return Ok(false);
+        }
+        let logged = self
+            .store
+            .run_high_water_seq(run_id)
+            .await
+            .map_err(|err| FeedEnd::Failed(err.to_string()))?;
+        Ok(logged > 0)
     }
 
     /// The next committed change after the cursor, waiting for one if need be; `Err` when the
@@ -293,6 +336,12 @@ impl ChangeFeed {
                 return Err(FeedEnd::Resync {
                     horizon: self.cursor,
                     reason: RUN_RECREATED,
+                });
+            }
+            if self.run_lost_changes {
+                return Err(FeedEnd::Resync {
+                    horizon: self.cursor,
+                    reason: LOG_TRIMMED,
                 });
             }
             // Note the doorbell before reading, so a commit landing during the read rings again.
@@ -310,7 +359,7 @@ impl ChangeFeed {
                 .change_log_horizon()
                 .await
                 .map_err(|err| FeedEnd::Failed(err.to_string()))?;
-            if self.cursor.saturating_add(1) < horizon {
+            if self.cursor.saturating_add(1) < horizon && !self.own_run_intact().await? {
                 // Changes after the cursor may have been trimmed or pruned: streaming on would be
                 // a silent gap, so the client is told to start again from a snapshot.
                 return Err(FeedEnd::Resync {
@@ -375,8 +424,8 @@ async fn check_not_beyond_newest(store: &dyn ActivityStore, start: i64) -> Resul
 /// two. When it moved, a prune or trim committed during the read, and the ids below the new
 /// horizon may include changes of this run committed after the snapshot: starting above them
 /// (as this did with one horizon read after the snapshot) skipped them without a word. The
-/// stream then starts at the cursor, and the feed's horizon check ends it with a `resync` if
-/// anything after the cursor is gone.
+/// stream then starts at the cursor, and the feed ends it with a `resync` if anything of the run
+/// after the cursor is gone (see `ChangeFeed::own_run_intact`).
 fn follow_from_snapshot(cursor: i64, horizon_before: i64, horizon_after: i64) -> i64 {
     if horizon_before == horizon_after {
         cursor.max(horizon_after.saturating_sub(1))
@@ -925,5 +974,104 @@ mod tests {
         // feed's horizon check says resync if anything after it is gone).
         assert_eq!(follow_from_snapshot(10, 0, 20), 10);
         assert_eq!(follow_from_snapshot(10, 13, 20), 10);
+    }
+
+    fn start(span_id: &str, run_id: &str, at: i64) -> flightlog_core::activity::StartSpanInput {
+        flightlog_core::activity::StartSpanInput {
+            span_id: span_id.into(),
+            run_id: run_id.into(),
+            parent_span_id: None,
+            name: "turn".into(),
+            kind: flightlog_core::activity::SpanKind::Turn,
+            origin: flightlog_core::activity::SpanOrigin::Session,
+            session_id: None,
+            job_name: None,
+            attrs: None,
+            started_at: Some(at),
+        }
+    }
+
+    /// A run stream whose cursor a prune of *other* runs left behind the change log's horizon
+    /// goes on with its run's next change: nothing of its run was deleted (it used to end with
+    /// a `resync`, and its client took a snapshot again for nothing). The change stream, which
+    /// follows every run, resyncs there, as it must.
+    #[tokio::test]
+    async fn a_run_stream_goes_on_across_a_prune_of_other_runs() {
+        use flightlog_core::activity::{EndSpanInput, PruneOptions, SpanOutcome, SpanPatch};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = flightlog_sqlite::SqliteDatabase::open(flightlog_sqlite::SqliteConfig::new(
+            dir.path().join("s.db"),
+        ))
+        .expect("open");
+        let clock = Arc::new(flightlog_core::ManualClock::new(1_000));
+        let store: Arc<dyn ActivityStore> = Arc::new(
+            flightlog_sqlite::SqliteActivityStore::with_identity(db, clock, "w"),
+        );
+        store
+            .start_span(start("z-root", "z", 1_000))
+            .await
+            .expect("start z");
+        let snapshot = store
+            .snapshot_run("z")
+            .await
+            .expect("snapshot")
+            .expect("run z");
+        // Another run after the snapshot: ended, rolled up and pruned, so its changes (newer
+        // than the snapshot's cursor) are deleted and the horizon passes the cursor.
+        store
+            .start_span(start("y-root", "y", 1_000))
+            .await
+            .expect("start y");
+        let ended = EndSpanInput {
+            outcome: SpanOutcome::Success,
+            reason: None,
+            ended_at: Some(1_100),
+            usage: None,
+            attrs: None,
+        };
+        assert!(store.end_span("y-root", ended).await.expect("end y"));
+        store.rollup_run("y").await.expect("roll up y");
+        let pruned = store
+            .prune(PruneOptions {
+                digest_floor_at: 5_000,
+                hard_ceiling_ms: 1_000_000,
+                now: Some(6_000),
+                batch: None,
+                max_spans: None,
+            })
+            .await
+            .expect("prune");
+        assert_eq!(pruned.runs_pruned, 1);
+        let horizon = store.change_log_horizon().await.expect("horizon");
+        assert!(horizon > snapshot.change_cursor + 1, "{horizon}");
+        let patch = SpanPatch {
+            attrs: None,
+            usage: None,
+            wait_until: Some(9_000),
+        };
+        assert!(store.patch_span("z-root", patch).await.expect("patch z"));
+
+        let follow = RunFilter {
+            run_id: "z".into(),
+            above_seq: Some(snapshot.high_water_seq),
+        };
+        let mut run_feed =
+            ChangeFeed::new(Arc::clone(&store), snapshot.change_cursor, Some(follow));
+        let next = tokio::time::timeout(Duration::from_secs(5), run_feed.next_change())
+            .await
+            .expect("within 5 s");
+        let Ok(change) = next else {
+            panic!("the run stream ended instead of going on");
+        };
+        assert_eq!(
+            (change.run_id.as_str(), change.seq),
+            ("z", snapshot.high_water_seq + 1)
+        );
+
+        let mut change_feed = ChangeFeed::new(store, snapshot.change_cursor, None);
+        let next = tokio::time::timeout(Duration::from_secs(5), change_feed.next_change())
+            .await
+            .expect("within 5 s");
+        assert!(matches!(next, Err(FeedEnd::Resync { .. })));
     }
 }
