@@ -12,8 +12,8 @@
 //!
 //! The wire format is the one axum wrote (a client sees no difference): `event: NAME`, `id: ID`
 //! when there is one, one `data:` line, a blank line; a `: keep-alive` comment when nothing was
-//! sent for the keep-alive interval; `Content-Type: text/event-stream` and `Cache-Control:
-//! no-cache`. The data is always compact JSON, which has no line breaks (serde_json escapes them
+//! sent for the keep-alive interval; `Content-Type: text/event-stream`, `Cache-Control:
+//! no-cache` and `X-Accel-Buffering: no` (so an nginx in front does not hold events back). The data is always compact JSON, which has no line breaks (serde_json escapes them
 //! inside strings), so one `data:` line carries it whole.
 
 use std::collections::VecDeque;
@@ -24,7 +24,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::header::{HeaderName, CACHE_CONTROL, CONTENT_TYPE};
 use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 use serde::Serialize;
@@ -117,6 +117,9 @@ where
         [
             (CONTENT_TYPE, "text/event-stream"),
             (CACHE_CONTROL, "no-cache"),
+            // nginx (and proxies that follow its convention) would otherwise buffer the stream
+            // and deliver events late, in bunches.
+            (HeaderName::from_static("x-accel-buffering"), "no"),
         ],
         Body::new(body),
     )
@@ -242,6 +245,7 @@ mod tests {
             "content type"
         );
         assert_eq!(response.headers()[CACHE_CONTROL], "no-cache");
+        assert_eq!(response.headers()["x-accel-buffering"], "no");
         let frames = frames(response).await;
         let text: Vec<String> = frames
             .iter()

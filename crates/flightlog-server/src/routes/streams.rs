@@ -198,24 +198,58 @@ struct FromSeqQuery {
 
 /// `Last-Event-ID` (a reconnecting EventSource) wins over the query's starting point.
 fn last_event_id(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
-    let Some(value) = last_event_id_header(headers) else {
+    let Some(value) = last_event_id_header(headers)? else {
         return Ok(None);
     };
-    value
+    match value
         .to_str()
         .ok()
-        .and_then(|text| text.trim().parse::<i64>().ok())
-        .filter(|id| *id >= 0)
-        .map(Some)
-        .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a non-negative integer"))
+        .map(|text| parse_event_number(text.trim()))
+    {
+        Some(Ok(id)) => Ok(Some(id)),
+        Some(Err(EventNumberError::TooLarge)) => Err(ApiError::invalid(
+            "Last-Event-ID is larger than any change id (at most 18 digits): send the id of the \
+             last event received",
+        )),
+        _ => Err(ApiError::invalid(
+            "Last-Event-ID must be a change id this stream sent: a non-negative integer",
+        )),
+    }
+}
+
+/// Why the text of an event id is not one.
+enum EventNumberError {
+    /// Not a plain decimal number (a sign, a fraction, letters, nothing).
+    NotANumber,
+    /// More than an `i64` holds.
+    TooLarge,
+}
+
+/// A non-negative decimal number as event ids are written: digits only (no sign, as the
+/// OpenAPI pattern says).
+fn parse_event_number(text: &str) -> Result<i64, EventNumberError> {
+    if text.is_empty() || !text.bytes().all(|byte| byte.is_ascii_digit()) {
+        return Err(EventNumberError::NotANumber);
+    }
+    text.parse::<i64>().map_err(|_| EventNumberError::TooLarge)
 }
 
 /// The `Last-Event-ID` header, unless absent or blank: an empty one (a proxy's, or a client's
-/// with nothing seen yet) is no header, as a blank query parameter is no parameter.
-fn last_event_id_header(headers: &HeaderMap) -> Option<&axum::http::HeaderValue> {
-    headers
-        .get("last-event-id")
-        .filter(|value| !value.as_bytes().trim_ascii().is_empty())
+/// with nothing seen yet) is no header, as a blank query parameter is no parameter. Two of
+/// them are refused, as a repeated query parameter is: honouring either would make the
+/// starting point depend on their order.
+fn last_event_id_header(headers: &HeaderMap) -> Result<Option<&axum::http::HeaderValue>, ApiError> {
+    let mut values = headers
+        .get_all("last-event-id")
+        .iter()
+        .filter(|value| !value.as_bytes().trim_ascii().is_empty());
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(ApiError::invalid(
+            "Last-Event-ID is given more than once: send the id of the last event received, once",
+        ));
+    }
+    Ok(first)
 }
 
 /// Only the changes of one run above its snapshot's high-water seq.
@@ -621,6 +655,15 @@ async fn run_stream(
     let store = state.activity().clone();
     let resume = last_event_id(&headers)?;
     let (first, feed) = match resume {
+        // Every event of a run stream has an id past its run's first change, so no client was
+        // sent 0; read as "the snapshot held the run" it ended the stream with a `resync`
+        // saying the run was pruned and started again.
+        Some(0) => {
+            return Err(ApiError::invalid(
+                "Last-Event-ID 0 is no event of a run stream: connect without it to get the \
+                 run's snapshot first",
+            ))
+        }
         Some(cursor) => {
             check_not_beyond_newest(store.as_ref(), cursor).await?;
             let filter = RunFilter {
@@ -708,8 +751,10 @@ async fn check_resumable(
         return Ok(Some(tail));
     }
     Err(ApiError::invalid(format!(
-        "cannot resume engagement {engagement_id:?} after seq {last_seen}: it holds no event \
-         with that seq{}; reconnect without Last-Event-ID, or with fromSeq at most its next seq",
+        "cannot start the stream of engagement {engagement_id:?} after seq {last_seen} (at seq \
+         {}): it holds no event with seq {last_seen}{}; start at a seq it holds (fromSeq at \
+         most its next seq, 0 for all), or connect without Last-Event-ID",
+        start.next_seq,
         match tail.generation {
             None => " (it has no events)".to_owned(),
             Some(_) => String::new(),
@@ -720,15 +765,20 @@ async fn check_resumable(
 /// Parse a journal stream's `Last-Event-ID`: `<seq>` (0 or more) or `<seq>@<generation>` (seq
 /// -1 or more: `-1@G` is the id of a `resync`, "nothing of generation G seen yet").
 fn journal_last_event_id(headers: &HeaderMap) -> Result<Option<JournalStart>, ApiError> {
-    let Some(value) = last_event_id_header(headers) else {
+    let Some(value) = last_event_id_header(headers)? else {
         return Ok(None);
     };
     let parsed = value.to_str().ok().map(str::trim).and_then(|text| {
         let (seq, generation) = match text.split_once('@') {
-            Some((seq, generation)) => (seq, Some(generation.parse::<u64>().ok()?)),
+            Some((seq, generation)) => (seq, Some(parse_event_number(generation).ok()?)),
             None => (text, None),
         };
-        let seq = seq.parse::<i64>().ok()?;
+        let generation = generation.map(|generation| generation as u64);
+        // `-1@G` is the one id with a sign.
+        let seq = match seq {
+            "-1" => -1,
+            seq => parse_event_number(seq).ok()?,
+        };
         let lowest = if generation.is_some() { -1 } else { 0 };
         (seq >= lowest).then(|| JournalStart {
             // The seq after the last one seen; `i64::MAX` has no successor, and nothing follows.

@@ -1165,6 +1165,57 @@ async fn a_bad_starting_point_is_refused_whichever_would_win() {
     server.stop().await;
 }
 
+/// `Last-Event-ID` as the streams write their ids: digits (no sign but the resync's `-1@G`),
+/// an overflow said to be too large, the header once, and never 0 on a run stream (no event
+/// of one has id 0; it was taken for "the run was pruned and started again").
+#[tokio::test]
+async fn last_event_ids_are_read_as_the_streams_write_them() {
+    let server = TestServer::start().await;
+    finished_run(&server, "s", "run").await; // changes 1 and 2
+    for (path, header, needle) in [
+        (
+            "/v1/activity/changes/stream",
+            "+1",
+            "a non-negative integer",
+        ),
+        (
+            "/v1/activity/runs/run/stream",
+            "+1",
+            "a non-negative integer",
+        ),
+        ("/v1/engagements/e/stream", "+0", "<seq>@<generation>"),
+        ("/v1/engagements/e/stream", "0@+1", "<seq>@<generation>"),
+        (
+            "/v1/activity/changes/stream",
+            "99999999999999999999",
+            "larger than any change id",
+        ),
+        ("/v1/activity/runs/run/stream", "0", "connect without it"),
+    ] {
+        let message = refused_start(&server, path, Some(header)).await;
+        assert!(message.contains(needle), "{path} {header}: {message}");
+    }
+    for path in [
+        "/v1/activity/changes/stream",
+        "/v1/activity/runs/run/stream",
+        "/v1/engagements/e/stream",
+    ] {
+        let response = server
+            .client
+            .get(format!("{}{path}", server.base))
+            .header("Last-Event-ID", "1")
+            .header("Last-Event-ID", "2")
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status().as_u16(), 400, "{path}");
+        let body: Value = response.json().await.expect("a JSON body");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("more than once"), "{path}: {message}");
+    }
+    server.stop().await;
+}
+
 /// GET a stream from `path` (with `Last-Event-ID: header`), which must be refused as a bad
 /// starting point: 400 `invalid_request`; its message.
 async fn refused_start(server: &TestServer, path: &str, header: Option<&str>) -> String {
@@ -1243,10 +1294,7 @@ async fn an_engagement_stream_started_past_its_end_is_refused() {
         ("/v1/engagements/none/stream?fromSeq=1".to_owned(), None),
     ] {
         let message = refused_start(&server, &path, header.as_deref()).await;
-        assert!(
-            message.contains("holds no event with that seq"),
-            "{message}"
-        );
+        assert!(message.contains("holds no event with seq"), "{message}");
     }
     // At the end (fromSeq = the next seq) and after the last event: what comes next arrives.
     let mut at_end = SseClient::connect(&server, "/v1/engagements/e/stream?fromSeq=3", None).await;
