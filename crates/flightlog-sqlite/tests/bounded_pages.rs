@@ -7,13 +7,9 @@
 //! per client that read nothing (an audit's finding: five such clients took the server to
 //! 1.6 GB).
 
-use std::sync::Arc;
+mod support;
 
-use flightlog_core::activity::{
-    ActivityStore, JsonObject, SpanKind, SpanOrigin, SpanPatch, StartSpanInput,
-};
-use flightlog_core::ManualClock;
-use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
+use flightlog_core::activity::{ActivityStore, JsonObject, SpanKind, SpanPatch};
 use serde_json::json;
 
 const BIG_ATTRS_BYTES: usize = 300_000;
@@ -21,25 +17,12 @@ const BIG_ATTRS_BYTES: usize = 300_000;
 #[tokio::test]
 async fn pages_are_bounded_in_bytes_and_skip_nothing() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("p.db"))).expect("open");
-    let store = SqliteActivityStore::with_identity(db, Arc::new(ManualClock::new(1_000)), "w");
+    let store = support::open_store(&dir.path().join("p.db"), "w");
     let mut attrs = JsonObject::new();
     attrs.insert("blob".into(), json!("x".repeat(BIG_ATTRS_BYTES)));
-    store
-        .start_span(StartSpanInput {
-            span_id: "big".into(),
-            run_id: "run".into(),
-            parent_span_id: None,
-            name: "turn".into(),
-            kind: SpanKind::Turn,
-            origin: SpanOrigin::Session,
-            session_id: None,
-            job_name: None,
-            attrs: Some(attrs),
-            started_at: Some(1_000),
-        })
-        .await
-        .expect("start");
+    let mut big = support::span_input("big", "run", None, SpanKind::Turn);
+    big.attrs = Some(attrs);
+    store.start_span(big).await.expect("start");
     // 40 patches (each a change carrying the big attrs) with a small event between them.
     for round in 0..40_i64 {
         let mut patch_attrs = JsonObject::new();

@@ -589,16 +589,7 @@ async fn maintenance_sweeps_and_prune_act_as_the_header_writer() {
     }
 
     // sweep-stale as writer-b spares writer-b's own run and closes writer-a's.
-    let sweep = json!({"staleAfterMs": 10, "now": 5000});
-    let reply = server
-        .send(
-            Method::POST,
-            "/v1/activity/maintenance/sweep-stale",
-            Some(&sweep),
-            Some("writer-b"),
-        )
-        .await;
-    assert_eq!(reply.assert_status(200), &json!({"closed": 1}));
+    assert_eq!(sweep_stale_as(&server, Some("writer-b")).await, 1);
     let a_root = server.get("/v1/activity/spans/a-root").await;
     assert_eq!(a_root.assert_status(200)["outcome"], "interrupted");
     let b_root = server.get("/v1/activity/spans/cron-root").await;
@@ -661,6 +652,23 @@ async fn maintenance_sweeps_and_prune_act_as_the_header_writer() {
     server.stop().await;
 }
 
+/// `POST /v1/activity/maintenance/sweep-stale` of runs silent for 10 ms at time 5,000, acting as
+/// `writer` (the `Flightlog-Writer` header, when given): how many spans it closed.
+async fn sweep_stale_as(server: &TestServer, writer: Option<&str>) -> i64 {
+    let sweep = json!({"staleAfterMs": 10, "now": 5000});
+    let reply = server
+        .send(
+            Method::POST,
+            "/v1/activity/maintenance/sweep-stale",
+            Some(&sweep),
+            writer,
+        )
+        .await;
+    reply.assert_status(200)["closed"]
+        .as_i64()
+        .expect("a count of closed spans")
+}
+
 /// A run written without `Flightlog-Writer` carries the server's own identity; `sweep-stale`
 /// called without the header acts as the maintenance identity, not as that one, so it closes
 /// such a run when it is stale (it used to answer `{"closed": 0}`: a writer never sweeps its
@@ -684,17 +692,8 @@ async fn sweep_stale_without_a_writer_spares_no_one() {
         )
         .await
         .assert_status(201);
-    let sweep = json!({"staleAfterMs": 10, "now": 5000});
     // Named: agent-7's run is spared, the header-less one closed.
-    let reply = server
-        .send(
-            Method::POST,
-            "/v1/activity/maintenance/sweep-stale",
-            Some(&sweep),
-            Some("agent-7"),
-        )
-        .await;
-    assert_eq!(reply.assert_status(200), &json!({"closed": 1}));
+    assert_eq!(sweep_stale_as(&server, Some("agent-7")).await, 1);
     let plain = server.get("/v1/activity/spans/plain-root").await;
     assert_eq!(plain.assert_status(200)["outcome"], "interrupted");
     assert_eq!(
@@ -711,10 +710,7 @@ async fn sweep_stale_without_a_writer_spares_no_one() {
         )
         .await
         .assert_status(201);
-    let reply = server
-        .post("/v1/activity/maintenance/sweep-stale", &sweep)
-        .await;
-    assert_eq!(reply.assert_status(200), &json!({"closed": 2}));
+    assert_eq!(sweep_stale_as(&server, None).await, 2);
     for span in ["plain-2", "named-root"] {
         let row = server.get(&format!("/v1/activity/spans/{span}")).await;
         assert_eq!(row.assert_status(200)["outcome"], "interrupted", "{span}");
