@@ -218,7 +218,7 @@ impl AppState {
     /// The activity store acting as the maintenance identity (see
     /// [`AppState::with_maintenance_writer`]).
     pub fn maintenance_activity(&self) -> Arc<dyn ActivityStore> {
-        self.activity_as(&self.shared.maintenance_writer.clone())
+        self.activity_as(&self.shared.maintenance_writer)
     }
 
     /// The activity store acting as the server's own writer identity.

@@ -222,6 +222,32 @@ pub struct SqliteActivityStore {
 }
 
 impl SqliteActivityStore {
+    /// The changes after the cursor (see `changes_after`): a page a live stream reads is quick
+    /// and read here (its hand-off to another thread would cost more), a longer or unlimited
+    /// read on the long-read threads.
+    async fn read_changes(
+        &self,
+        change_cursor: i64,
+        sql_limit: i64,
+        max_bytes: Option<usize>,
+    ) -> Result<Vec<ActivityChange>, StoreError> {
+        let read = move |db: &SqliteDatabase, conn: &Connection| {
+            changes_after(
+                conn,
+                db.names(),
+                db.codec(),
+                change_cursor,
+                sql_limit,
+                max_bytes,
+            )
+        };
+        if (0..=LONG_READ_CHANGES).contains(&sql_limit) {
+            self.db.read(|conn| read(&self.db, conn))
+        } else {
+            self.db.read_apart(read).await
+        }
+    }
+
     /// A store over `db` with the default writer identity (`pid:<pid>:<start-ms>`).
     pub fn new(db: Arc<SqliteDatabase>, clock: Arc<dyn Clock>) -> Self {
         let writer = default_writer_id(clock.as_ref());
@@ -692,25 +718,7 @@ impl ActivityStore for SqliteActivityStore {
         change_cursor: i64,
         limit: i64,
     ) -> Result<Vec<ActivityChange>, StoreError> {
-        // A page a live stream reads is quick: its hand-off to another thread would cost more.
-        let mut changes = if (0..=LONG_READ_CHANGES).contains(&limit) {
-            self.db.read(|conn| {
-                changes_after(
-                    conn,
-                    self.db.names(),
-                    self.db.codec(),
-                    change_cursor,
-                    limit,
-                    None,
-                )
-            })?
-        } else {
-            self.db
-                .read_apart(move |db, conn| {
-                    changes_after(conn, db.names(), db.codec(), change_cursor, limit, None)
-                })
-                .await?
-        };
+        let mut changes = self.read_changes(change_cursor, limit, None).await?;
         if limit < 0 {
             // The reference slices with the negative limit after an unlimited SQL LIMIT.
             let keep = changes.len().saturating_sub(limit.unsigned_abs() as usize);
@@ -725,22 +733,8 @@ impl ActivityStore for SqliteActivityStore {
         limit: i64,
         max_bytes: usize,
     ) -> Result<Vec<ActivityChange>, StoreError> {
-        let limit = limit.clamp(0, 10_000);
-        let read = move |db: &SqliteDatabase, conn: &Connection| {
-            changes_after(
-                conn,
-                db.names(),
-                db.codec(),
-                change_cursor,
-                limit,
-                Some(max_bytes),
-            )
-        };
-        if limit <= LONG_READ_CHANGES {
-            self.db.read(|conn| read(&self.db, conn))
-        } else {
-            self.db.read_apart(read).await
-        }
+        self.read_changes(change_cursor, limit.clamp(0, 10_000), Some(max_bytes))
+            .await
     }
 
     async fn terminal_root_changes_since(
