@@ -226,14 +226,30 @@ struct ServeArgs {
     tokens: Vec<String>,
     /// Listen on a non-loopback address although no token is configured
     /// (only behind something that authenticates).
+    /// `=false` turns off a `true` from the environment or the config file.
     /// [env: FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBACK] [file: allow_unauthenticated_non_loopback]
-    #[arg(long, verbatim_doc_comment)]
-    allow_unauthenticated_non_loopback: bool,
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        verbatim_doc_comment
+    )]
+    allow_unauthenticated_non_loopback: Option<String>,
     /// Testing: the stores read a clock that starts at 0 and moves only through
     /// PUT /v1/testing/clock (a route that exists only with this setting and needs admin).
+    /// `=false` turns off a `true` from the environment or the config file.
     /// [env: FLIGHTLOG_MANUAL_CLOCK] [file: manual_clock]
-    #[arg(long, verbatim_doc_comment)]
-    manual_clock: bool,
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        verbatim_doc_comment
+    )]
+    manual_clock: Option<String>,
 }
 
 impl ServeArgs {

@@ -291,6 +291,40 @@ fn scheduled_maintenance_closes_a_silent_run_once_the_clock_passes_the_window() 
     stop(server);
 }
 
+/// `--manual-clock=false` turns off the environment's `FLIGHTLOG_MANUAL_CLOCK=true` (a switch
+/// that could only switch on left no way to override the environment for one start).
+#[test]
+fn a_switch_given_false_turns_off_the_environments_true() {
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    let server = serve(
+        dir.path(),
+        &["--grpc-addr", "off", "--manual-clock=false"],
+        &[("FLIGHTLOG_MANUAL_CLOCK", "true")],
+    );
+    let (status, body) = request(
+        server.addr,
+        "PUT",
+        "/v1/testing/clock",
+        Some(json!({"now": 5})),
+    );
+    assert_eq!(status, 404, "{body}");
+    stop(server);
+
+    let server = serve(
+        dir.path(),
+        &["--grpc-addr", "off", "--manual-clock"],
+        &[("FLIGHTLOG_MANUAL_CLOCK", "false")],
+    );
+    let (status, body) = request(
+        server.addr,
+        "PUT",
+        "/v1/testing/clock",
+        Some(json!({"now": 5})),
+    );
+    assert_eq!(status, 204, "{body}");
+    stop(server);
+}
+
 /// Without `--manual-clock` the testing route does not exist (404 `not_found`, the contract's
 /// error body) and a span started without `startedAt` takes the wall clock.
 #[test]

@@ -411,6 +411,7 @@ impl Maintenance {
                 now: Some(now),
                 batch: Some(PRUNE_BATCH),
                 max_spans: Some(PRUNE_SPAN_BUDGET),
+                rewritten_runs: true,
             };
             match self.sweeper.prune(options).await {
                 Ok(result) => {

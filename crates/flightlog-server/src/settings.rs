@@ -367,10 +367,10 @@ pub struct ServeFlags {
     pub prune_after_ms: Option<String>,
     /// Every `--token SECRET`, each with all scopes.
     pub tokens: Vec<String>,
-    /// `--allow-unauthenticated-non-loopback` (a flag can only switch it on).
-    pub allow_unauthenticated_non_loopback: bool,
-    /// `--manual-clock` (a flag can only switch it on).
-    pub manual_clock: bool,
+    /// `--allow-unauthenticated-non-loopback[=BOOL]` (the bare flag means `true`).
+    pub allow_unauthenticated_non_loopback: Option<String>,
+    /// `--manual-clock[=BOOL]` (the bare flag means `true`).
+    pub manual_clock: Option<String>,
 }
 
 impl fmt::Debug for ServeFlags {
@@ -950,14 +950,14 @@ pub fn resolve_with_file(
     )?;
     let allow_unauthenticated_non_loopback = layers.parse(
         &ALLOW_UNAUTHENTICATED_NON_LOOPBACK,
-        flags.allow_unauthenticated_non_loopback.then_some("true"),
+        flags.allow_unauthenticated_non_loopback.as_deref(),
         false,
         parse_bool,
         "give true or false",
     )?;
     let manual_clock = layers.parse(
         &MANUAL_CLOCK,
-        flags.manual_clock.then_some("true"),
+        flags.manual_clock.as_deref(),
         false,
         parse_bool,
         "give true or false",

@@ -392,6 +392,7 @@ async fn main() {
                     hard_ceiling_ms: 0,
                     now: None,
                     batch: Some(50),
+                    rewritten_runs: false,
                 })
                 .await
                 .expect("prune");

@@ -75,6 +75,27 @@ pub(crate) struct PreparedSpan {
     refusal: Option<String>,
 }
 
+/// Whether a stored run's detail was pruned and nothing was written to it since (its rollup
+/// row says `detail_pruned = 1`), read once per run and delivery.
+fn detail_pruned(
+    ctx: &mut WriteContext<'_>,
+    known: &mut HashMap<i64, bool>,
+    run_key: i64,
+) -> Result<bool, StoreError> {
+    if let Some(pruned) = known.get(&run_key) {
+        return Ok(*pruned);
+    }
+    let pruned = ctx
+        .conn
+        .prepare_cached(
+            "SELECT 1 FROM activity_run_rollups WHERE run_key = ?1 AND detail_pruned = 1",
+        )
+        .and_then(|mut stmt| stmt.exists([run_key]))
+        .map_err(backend)?;
+    known.insert(run_key, pruned);
+    Ok(pruned)
+}
+
 /// Cap and compress event payloads and serialize attrs, off the writer thread.
 pub(crate) fn prepare(spans: Vec<ImportedSpan>, codec: &PayloadCodec) -> Vec<PreparedSpan> {
     spans
@@ -607,6 +628,8 @@ fn import_each(
     // of the spans delivered for it.
     let mut touched: Vec<(i64, RunSpans, &str)> = Vec::new();
     let mut touched_at: HashMap<i64, usize> = HashMap::new();
+    // Whether each stored run this delivery names had its detail pruned (read once a run).
+    let mut pruned_runs: HashMap<i64, bool> = HashMap::new();
     let writer_key = writer_key_of(ctx, writer)?;
     for prepared in spans {
         let span = &prepared.span;
@@ -618,6 +641,20 @@ fn import_each(
             continue;
         }
         let (run_key, new_run) = run_key_or_new(ctx, &span.run_id)?;
+        // A span of a run whose detail was pruned (an exporter's retry, or a replay, long
+        // after): stored, it would be the run's only span, and the rollup read back from it
+        // would replace the kept summary (its usage, cost and outcome) with this span's.
+        if !new_run && detail_pruned(ctx, &mut pruned_runs, run_key)? {
+            report.rejected.push(ImportRejection {
+                span_id: span.span_id.clone(),
+                reason: format!(
+                    "run {:?} ended and its span detail was pruned; a span delivered after \
+                     that is not stored (the run's rollup is kept)",
+                    span.run_id
+                ),
+            });
+            continue;
+        }
         let at = *touched_at.entry(run_key).or_insert_with(|| {
             touched.push((
                 run_key,

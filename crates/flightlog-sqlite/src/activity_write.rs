@@ -1201,7 +1201,8 @@ pub(crate) fn store_rollup(
                  output_tokens = excluded.output_tokens, \
                  cache_read_tokens = excluded.cache_read_tokens, \
                  cache_creation_tokens = excluded.cache_creation_tokens, \
-                 cost_usd = excluded.cost_usd, failure_reason = excluded.failure_reason"
+                 cost_usd = excluded.cost_usd, failure_reason = excluded.failure_reason, \
+                 detail_pruned = CASE detail_pruned WHEN 1 THEN 2 ELSE detail_pruned END"
             )
         };
     }
@@ -1251,6 +1252,9 @@ pub(crate) struct PrunePlan {
     pub change_log_trim_batch: i64,
     /// The most spans one call deletes (see `PruneOptions::max_spans`); `None`: no bound.
     pub max_spans: Option<i64>,
+    /// Also prune runs written to and rolled up again after their prune (see
+    /// `PruneOptions::rewritten_runs`).
+    pub rewritten_runs: bool,
 }
 
 /// The first runs of `runs` (each with its span count) that fit in `max_spans` together with
@@ -1273,6 +1277,15 @@ fn within_span_budget<T>(
         kept.push(run);
     }
     (kept, true, total)
+}
+
+/// What is left of a prune's batch (SQL `LIMIT` semantics: negative = all) after `taken` runs.
+fn remaining_batch(batch: i64, taken: usize) -> i64 {
+    if batch < 0 {
+        -1
+    } else {
+        batch.saturating_sub(i64::try_from(taken).unwrap_or(i64::MAX))
+    }
 }
 
 /// The most change-log rows one `prune` call trims by default (see there).
@@ -1392,8 +1405,41 @@ pub(crate) fn prune(
             .collect()
         })
         .map_err(backend)?;
-    let (candidates, all_fitted, candidate_spans) =
+    let (mut candidates, mut all_fitted, mut candidate_spans) =
         within_span_budget(candidates, plan.max_spans, 0, false);
+    // Runs written to again after their prune: a rollup after that marks the row
+    // `detail_pruned = 2` (still pruned to every reader, as the reference's row stays marked),
+    // and the reference's rule (`detail_pruned = 0`) would never take them again, so their new
+    // detail would stay forever. Only when asked (the scheduled prune): the endpoint keeps the
+    // reference's counts.
+    let remaining = remaining_batch(plan.batch, candidates.len());
+    if plan.rewritten_runs && remaining != 0 && all_fitted {
+        let rewritten: Vec<((i64, i64), i64)> = conn
+            .prepare_cached(
+                "SELECT o.run_key, o.ended_at, o.span_count FROM activity_run_rollups o \
+                 WHERE o.detail_pruned = 2 AND o.ended_at IS NOT NULL \
+                   AND (o.ended_at < ?1 OR o.ended_at < ?2) \
+                   AND NOT EXISTS (SELECT 1 FROM activity_spans s \
+                                   WHERE s.run_key = o.run_key AND s.outcome IS NULL) \
+                 ORDER BY o.ended_at, o.run_key LIMIT ?3",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_map(params![plan.floor, plan.ceiling, remaining], |row| {
+                    Ok(((row.get(0)?, row.get(1)?), row.get(2)?))
+                })?
+                .collect()
+            })
+            .map_err(backend)?;
+        let (rewritten, fitted, spans) = within_span_budget(
+            rewritten,
+            plan.max_spans,
+            candidate_spans,
+            !candidates.is_empty(),
+        );
+        candidates.extend(rewritten);
+        all_fitted = fitted;
+        candidate_spans = spans;
+    }
     // Runs that never had a root stored (see `run_roots`) have no rollup to be a candidate by.
     // A trace whose root never comes (its caller exports elsewhere, with an SDK that does not
     // flag remote parents) would keep its detail forever, so the hard ceiling prunes such a run
@@ -1402,12 +1448,7 @@ pub(crate) fn prune(
     // (origins `session` and `cron`) never prunes a run it has no rollup for, and its prune
     // counts must stay; a run with a rollup not yet pruned is the reference's kind of candidate
     // (above, or never).
-    let remaining = if plan.batch < 0 {
-        -1
-    } else {
-        plan.batch
-            .saturating_sub(i64::try_from(candidates.len()).unwrap_or(i64::MAX))
-    };
+    let remaining = remaining_batch(plan.batch, candidates.len());
     let rootless: Vec<i64> = if remaining == 0 || !all_fitted {
         Vec::new()
     } else {

@@ -527,6 +527,7 @@ async fn a_callee_delivered_before_its_caller_moves_under_it_when_the_caller_com
             hard_ceiling_ms: i64::MAX,
             now: None,
             batch: None,
+            rewritten_runs: false,
         })
         .await
         .unwrap();
@@ -1457,4 +1458,69 @@ async fn a_delivery_failing_at_its_change_rows_leaves_no_trace_and_no_gap() {
         .map(|change| change.seq)
         .collect();
     assert_eq!(seqs, (1..=80).collect::<Vec<i64>>());
+}
+
+/// A span of a run whose detail was pruned, delivered again (an exporter's retry or a replay
+/// long after): it is rejected, named with the reason, and the run's kept rollup (its usage,
+/// cost, outcome) stays as it was. Stored, it was the run's only span and the rollup read back
+/// from it lost the model spans' tokens; a later prune then never took the run again.
+#[tokio::test]
+async fn a_span_of_a_pruned_run_is_rejected_and_the_kept_rollup_stays() {
+    let fx = fixture();
+    let root = span("root", None, SpanKind::Turn, 1_000);
+    let model = model_span("m1", "root", 1_100, 1_000, 0.25);
+    fx.store
+        .import_spans(vec![root.clone(), model.clone()])
+        .await
+        .unwrap();
+    let before = fx
+        .store
+        .read_rollup("trace1")
+        .await
+        .unwrap()
+        .expect("rolled up");
+    assert_eq!(before.input_tokens, Some(1_000));
+    let pruned = fx
+        .store
+        .prune(PruneOptions {
+            max_spans: None,
+            digest_floor_at: 1_000_000,
+            hard_ceiling_ms: 0,
+            now: Some(1_000_000),
+            batch: None,
+            rewritten_runs: true,
+        })
+        .await
+        .unwrap();
+    assert_eq!(pruned.runs_pruned, 1);
+    let kept = fx.store.read_rollup("trace1").await.unwrap().expect("kept");
+    assert!(kept.detail_pruned);
+    assert_eq!(
+        (kept.input_tokens, kept.cost_usd),
+        (before.input_tokens, before.cost_usd)
+    );
+
+    let mut late = model_span("m2", "root", 1_150, 5, 0.01);
+    late.run_id = "trace1".into();
+    let report = fx
+        .store
+        .import_spans(vec![root, model, late])
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.created, report.completed, report.unchanged),
+        (0, 0, 0)
+    );
+    assert_eq!(report.rejected.len(), 3, "{report:?}");
+    for rejection in &report.rejected {
+        assert!(
+            rejection
+                .reason
+                .contains("\"trace1\" ended and its span detail was pruned"),
+            "{rejection:?}"
+        );
+    }
+    assert!(fx.store.get_span("root").await.unwrap().is_none());
+    let after = fx.store.read_rollup("trace1").await.unwrap().expect("kept");
+    assert_eq!(after, kept);
 }

@@ -76,6 +76,7 @@ async fn end_roll_up_and_prune(store: &SqliteActivityStore, span_id: &str, run_i
             hard_ceiling_ms: 1_000_000,
             now: Some(10_000),
             batch: None,
+            rewritten_runs: false,
         })
         .await
         .expect("prune");
@@ -359,6 +360,7 @@ async fn a_run_with_two_roots_is_listed_from_the_root_its_rollup_and_prune_use()
             hard_ceiling_ms: 100_000,
             now: Some(9_000),
             batch: None,
+            rewritten_runs: false,
         })
         .await
         .unwrap();
@@ -595,6 +597,7 @@ async fn prune_deletes_a_trace_whose_root_never_came_behind_the_hard_ceiling() {
         hard_ceiling_ms: 9_000,
         now: Some(10_000),
         batch,
+        rewritten_runs: false,
     };
     assert_eq!(store.prune(prune(Some(0))).await.unwrap().runs_pruned, 0);
     let pruned = store.prune(prune(None)).await.unwrap();
@@ -818,6 +821,7 @@ async fn a_span_budget_bounds_what_one_prune_deletes() {
         now: Some(10_000),
         batch: Some(50),
         max_spans,
+        rewritten_runs: false,
     };
     let mut calls = Vec::new();
     loop {
@@ -976,6 +980,7 @@ async fn the_leftover_sweep_closes_spans_left_open_after_their_run_ended() {
         hard_ceiling_ms: 0,
         now: Some(10_000),
         batch: None,
+        rewritten_runs: false,
     };
     assert_eq!(agent.prune(prune_all()).await.unwrap().runs_pruned, 0);
 
@@ -1150,4 +1155,75 @@ async fn the_scheduled_stale_sweep_spares_a_run_with_a_live_root() {
             .0,
         2
     );
+}
+
+/// A run written to again after its prune (its id reused: a new root, ended and rolled up)
+/// keeps a rollup that says `detailPruned`, as the reference's row does, so the reference's
+/// prune rule (`detail_pruned = 0`) never takes it again and its new detail would stay forever.
+/// The endpoint's prune keeps the reference's count; the scheduled prune (`rewritten_runs`)
+/// takes such a run once its new life is old enough, and takes it only once.
+#[tokio::test]
+async fn a_run_written_to_again_after_its_prune_is_pruned_again_by_the_scheduled_prune() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("runs.db"))).unwrap();
+    let clock = Arc::new(ManualClock::new(10_000));
+    let store = SqliteActivityStore::with_identity(db, clock.clone(), "w");
+    end_roll_up_and_prune(&store, "a", "run-a").await;
+
+    // Its second life: a root started and ended at 3,000 and 3,500, rolled up.
+    store
+        .start_span(start("a2", "run-a", None, 3_000))
+        .await
+        .expect("the id is taken again");
+    store
+        .start_span(start("a2-child", "run-a", Some("a2"), 3_100))
+        .await
+        .expect("a child");
+    for span in ["a2-child", "a2"] {
+        store
+            .end_span(span, end(SpanOutcome::Error, 3_500))
+            .await
+            .expect("end");
+    }
+    store.rollup_run("run-a").await.expect("rollup");
+    let rollup = store.read_rollup("run-a").await.unwrap().expect("a rollup");
+    assert!(rollup.detail_pruned, "{rollup:?}");
+    assert_eq!(rollup.ended_at, Some(3_500));
+
+    let prune = |floor: i64, rewritten_runs: bool| PruneOptions {
+        digest_floor_at: floor,
+        hard_ceiling_ms: 1_000_000,
+        now: Some(10_000),
+        batch: None,
+        max_spans: None,
+        rewritten_runs,
+    };
+    // The reference's rule: never again.
+    assert_eq!(
+        store.prune(prune(5_000, false)).await.unwrap().runs_pruned,
+        0
+    );
+    assert!(store.get_span("a2").await.unwrap().is_some());
+    // Not before its new life is old enough.
+    assert_eq!(
+        store.prune(prune(3_000, true)).await.unwrap().runs_pruned,
+        0
+    );
+    assert!(store.get_span("a2").await.unwrap().is_some());
+    let pruned = store.prune(prune(5_000, true)).await.unwrap();
+    assert_eq!((pruned.runs_pruned, pruned.spans_deleted), (1, 2));
+    assert!(store.get_span("a2").await.unwrap().is_none());
+    assert!(store.get_span("a2-child").await.unwrap().is_none());
+    let rollup = store.read_rollup("run-a").await.unwrap().expect("kept");
+    assert!(rollup.detail_pruned, "{rollup:?}");
+    assert_eq!(rollup.ended_at, Some(3_500));
+    // Once: nothing is left to take.
+    assert_eq!(
+        store.prune(prune(5_000, true)).await.unwrap().runs_pruned,
+        0
+    );
+    // Listed as a pruned run again.
+    let page = store.list_runs(query(None, 10)).await.unwrap();
+    assert_eq!(page.runs.len(), 1);
+    assert!(page.runs[0].detail_pruned, "{:?}", page.runs[0]);
 }

@@ -573,6 +573,12 @@ pub struct PruneOptions {
     /// no bound.
     #[serde(skip)]
     pub max_spans: Option<i64>,
+    /// Beyond the reference, and not on the wire: also prune the runs written to (and rolled up)
+    /// again after their prune. Their rollup keeps saying `detailPruned` (as the reference's
+    /// does), and the reference's rule takes only runs not pruned before, so their new detail
+    /// would never go. The scheduled prune sets it; the endpoint keeps the reference's counts.
+    #[serde(skip)]
+    pub rewritten_runs: bool,
 }
 
 /// What one `prune` call removed.

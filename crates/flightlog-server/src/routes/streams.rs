@@ -1088,6 +1088,7 @@ mod tests {
                 now: Some(6_000),
                 batch: None,
                 max_spans: None,
+                rewritten_runs: false,
             })
             .await
             .expect("prune");

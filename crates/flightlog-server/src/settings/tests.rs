@@ -156,7 +156,7 @@ fn cases() -> Vec<Case> {
         },
         Case {
             setting: ALLOW_UNAUTHENTICATED_NON_LOOPBACK,
-            set_flag: |f| f.allow_unauthenticated_non_loopback = true,
+            set_flag: |f| f.allow_unauthenticated_non_loopback = Some("true".into()),
             env: "false",
             file: "allow_unauthenticated_non_loopback = true",
             read: |s| s.allow_unauthenticated_non_loopback.to_string(),
@@ -164,7 +164,7 @@ fn cases() -> Vec<Case> {
         },
         Case {
             setting: MANUAL_CLOCK,
-            set_flag: |f| f.manual_clock = true,
+            set_flag: |f| f.manual_clock = Some("true".into()),
             env: "false",
             file: "manual_clock = true",
             read: |s| s.manual_clock.to_string(),
@@ -251,6 +251,34 @@ fn each_setting_takes_the_flag_then_the_environment_then_the_file_then_the_defau
             assert_eq!(got, expected, "{name}, layer {layer}");
         }
     }
+}
+
+/// The two switches take `=false` on the command line, over a `true` from the environment or
+/// the config file; anything but a boolean is refused with the switch named.
+#[test]
+fn a_switch_given_false_overrides_a_true_below_it() {
+    let with_env = env(&[
+        ("FLIGHTLOG_MANUAL_CLOCK", "true"),
+        ("FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBACK", "true"),
+    ]);
+    let flags = ServeFlags {
+        manual_clock: Some("false".into()),
+        allow_unauthenticated_non_loopback: Some("false".into()),
+        ..ServeFlags::default()
+    };
+    let settings = resolve_with_file(&flags, &with_env, None).expect("false resolves");
+    assert!(!settings.manual_clock);
+    assert!(!settings.allow_unauthenticated_non_loopback);
+
+    let flags = ServeFlags {
+        manual_clock: Some("maybe".into()),
+        ..ServeFlags::default()
+    };
+    let err = resolve_with_file(&flags, &BTreeMap::new(), None)
+        .expect_err("maybe is not a boolean")
+        .to_string();
+    assert!(err.contains("--manual-clock"), "{err}");
+    assert!(err.contains("true or false"), "{err}");
 }
 
 #[test]
