@@ -395,9 +395,13 @@ fn authorize(
                 .into(),
         )
     })?;
-    let scopes = auth
-        .scopes_of(&token)
-        .ok_or_else(|| ApiError::Unauthorized("the bearer token is not valid here".into()))?;
+    let scopes = auth.scopes_of(&token).ok_or_else(|| {
+        ApiError::Unauthorized(
+            "the token is not one this server accepts: check the Bearer token (with Basic \
+             credentials, the password)"
+                .into(),
+        )
+    })?;
     match access {
         Access::Scope(scope) if !scopes.contains(scope) => Err(ApiError::Forbidden(format!(
             "this token lacks the `{scope}` scope that {method} {} needs",

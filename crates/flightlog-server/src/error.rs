@@ -10,7 +10,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flightlog_core::activity::StoreError;
-use flightlog_core::journal::JournalError;
+use flightlog_core::journal::{JournalError, COMPACTION_MIN_EVENTS};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use utoipa::ToSchema;
@@ -230,12 +230,26 @@ impl From<JournalError> for ApiError {
             JournalError::Invalid(_) | JournalError::NotFinite { .. } => {
                 Self::InvalidRequest(message)
             }
-            JournalError::JournalFull { engagement_id, .. } => Self::JournalFull(format!(
-                "{message}: compact it once it is completed (POST /v1/engagements/{}/compact), \
-                 continue in a new engagement, or start the server with a higher \
-                 --journal-max-events",
-                percent_encoding::utf8_percent_encode(&engagement_id, PATH_SEGMENT)
-            )),
+            JournalError::JournalFull {
+                engagement_id,
+                max_events,
+            } => {
+                // Compaction leaves an engagement of at most COMPACTION_MIN_EVENTS events alone,
+                // so under such a limit it cannot make room: not offered then.
+                let compact =
+                    if usize::try_from(max_events).is_ok_and(|max| max > COMPACTION_MIN_EVENTS) {
+                        format!(
+                            "compact it once it is completed (POST /v1/engagements/{}/compact), ",
+                            percent_encoding::utf8_percent_encode(&engagement_id, PATH_SEGMENT)
+                        )
+                    } else {
+                        String::new()
+                    };
+                Self::JournalFull(format!(
+                    "{message}: {compact}continue in a new engagement, or start the server with \
+                     a higher --journal-max-events"
+                ))
+            }
             JournalError::WrongExpectedSeq { .. } => Self::Conflict(message),
             JournalError::StorageFull(_) => {
                 report_storage_full(&message);
@@ -376,6 +390,32 @@ mod tests {
              free space on it, then retry (7 more refused since the last line like this)"
         );
     }
+    /// Compaction is offered only where it can make room: an engagement may hold more events
+    /// than compaction ever leaves alone.
+    #[test]
+    fn a_full_journal_offers_compaction_only_above_the_events_compaction_leaves_alone() {
+        let message = |max_events: u64| {
+            ApiError::from(JournalError::JournalFull {
+                engagement_id: "a b".into(),
+                max_events,
+            })
+            .to_string()
+        };
+        for max in [1, 3, 20] {
+            let text = message(max);
+            assert!(!text.contains("compact"), "{max}: {text}");
+            assert!(
+                text.contains("continue in a new engagement"),
+                "{max}: {text}"
+            );
+        }
+        let text = message(21);
+        assert!(
+            text.contains("compact it once it is completed (POST /v1/engagements/a%20b/compact)"),
+            "{text}"
+        );
+    }
+
     use flightlog_core::journal::AppendValidationError;
 
     fn status_and_code(err: impl Into<ApiError>) -> (u16, &'static str) {

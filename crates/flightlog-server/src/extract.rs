@@ -194,8 +194,27 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
     Ok(value)
 }
 
-/// Refuse a body whose JSON text is a value other than an object (see [`parse_json`]).
+/// Refuse a body whose JSON text is a value other than an object (see [`parse_json`]); an
+/// empty body and one that starts with a byte-order mark are said as such (the parser's "EOF
+/// while parsing a value at line 1 column 0" and "expected value at line 1 column 1" leave the
+/// client looking at JSON that seems fine).
 pub(crate) fn require_json_object(bytes: &[u8]) -> Result<(), ApiError> {
+    if bytes
+        .iter()
+        .all(|byte| matches!(byte, b' ' | b'\t' | b'\n' | b'\r'))
+    {
+        return Err(ApiError::invalid(
+            "invalid JSON body: the body is empty; send a JSON object ({} when no field is \
+             needed)",
+        ));
+    }
+    if bytes.starts_with(&[0xEF, 0xBB, 0xBF]) {
+        return Err(ApiError::invalid(
+            "invalid JSON body: it starts with a UTF-8 byte-order mark (EF BB BF), which JSON \
+             sent over the network must not have; send the text without it (PowerShell and \
+             .NET add one unless told to write UTF-8 without a BOM)",
+        ));
+    }
     match non_object_json(bytes) {
         Some(found) => Err(ApiError::invalid(format!(
             "invalid JSON body: expected a JSON object, got {found}"
@@ -278,10 +297,14 @@ fn query_error_text(text: &str) -> String {
         return format!("bad query parameter {detail}: give a whole number");
     }
     if detail.ends_with("to fit in target type") {
-        return format!(
-            "bad query parameter {detail}: give a whole number from -9223372036854775808 to \
-             9223372036854775807"
-        );
+        // Each parameter's own range, as its check after parsing says it (a number past the
+        // 64-bit range is outside every one of them).
+        let range = match detail.split_once(':').map(|(field, _)| field) {
+            Some("limit") => "from 0 to 10000",
+            Some("after" | "fromSeq") => "from 0 up (a cursor or seq this server sent)",
+            _ => "below 2^53 in magnitude",
+        };
+        return format!("bad query parameter {detail}: give a whole number {range}");
     }
     if let Some(field) = detail
         .strip_prefix("duplicate field `")
@@ -484,7 +507,23 @@ mod tests {
                  type"
             ),
             "bad query parameter limit: number too large to fit in target type: give a whole \
-             number from -9223372036854775808 to 9223372036854775807"
+             number from 0 to 10000"
+        );
+        assert_eq!(
+            query_error_text(
+                "Failed to deserialize query string: fromSeq: number too small to fit in \
+                 target type"
+            ),
+            "bad query parameter fromSeq: number too small to fit in target type: give a \
+             whole number from 0 up (a cursor or seq this server sent)"
+        );
+        assert_eq!(
+            query_error_text(
+                "Failed to deserialize query string: thresholdMs: number too large to fit in \
+                 target type"
+            ),
+            "bad query parameter thresholdMs: number too large to fit in target type: give a \
+             whole number below 2^53 in magnitude"
         );
         assert_eq!(
             query_error_text("Failed to deserialize query string: duplicate field `limit`"),

@@ -49,9 +49,12 @@ fn authorizer(auth: AuthConfig) -> Arc<Authorize> {
             .to_str()
             .map_err(|_| Status::unauthenticated("the authorization metadata must be ASCII"))?;
         let token = presented_token(value).map_err(Status::unauthenticated)?;
-        let scopes = auth
-            .scopes_of(&token)
-            .ok_or_else(|| Status::unauthenticated("the token is not valid here"))?;
+        let scopes = auth.scopes_of(&token).ok_or_else(|| {
+            Status::unauthenticated(
+                "the token is not one this server accepts: check the Bearer token (with Basic \
+                 credentials, the password)",
+            )
+        })?;
         if scopes.contains(Scope::Ingest) {
             Ok(())
         } else {

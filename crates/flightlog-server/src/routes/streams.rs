@@ -762,6 +762,9 @@ async fn check_resumable(
     )))
 }
 
+/// The largest seq a journal stream may have sent (2^53 - 1).
+const LARGEST_SEQ: i64 = (1 << 53) - 1;
+
 /// Parse a journal stream's `Last-Event-ID`: `<seq>` (0 or more) or `<seq>@<generation>` (seq
 /// -1 or more: `-1@G` is the id of a `resync`, "nothing of generation G seen yet").
 fn journal_last_event_id(headers: &HeaderMap) -> Result<Option<JournalStart>, ApiError> {
@@ -780,9 +783,10 @@ fn journal_last_event_id(headers: &HeaderMap) -> Result<Option<JournalStart>, Ap
             seq => parse_event_number(seq).ok()?,
         };
         let lowest = if generation.is_some() { -1 } else { 0 };
-        (seq >= lowest).then(|| JournalStart {
-            // The seq after the last one seen; `i64::MAX` has no successor, and nothing follows.
-            next_seq: seq.saturating_add(1),
+        // No seq reaches 2^53 (the JSON bound every number of the API keeps): a larger one was
+        // never sent, and its successor is always exact.
+        (lowest..=LARGEST_SEQ).contains(&seq).then(|| JournalStart {
+            next_seq: seq + 1,
             generation,
         })
     });

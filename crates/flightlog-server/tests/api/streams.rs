@@ -1185,6 +1185,17 @@ async fn last_event_ids_are_read_as_the_streams_write_them() {
         ),
         ("/v1/engagements/e/stream", "+0", "<seq>@<generation>"),
         ("/v1/engagements/e/stream", "0@+1", "<seq>@<generation>"),
+        // No seq reaches 2^53: the largest i64 was read as "after seq 2^63 - 2".
+        (
+            "/v1/engagements/e/stream",
+            "9223372036854775807",
+            "<seq>@<generation>",
+        ),
+        (
+            "/v1/engagements/e/stream",
+            "9007199254740992",
+            "<seq>@<generation>",
+        ),
         (
             "/v1/activity/changes/stream",
             "99999999999999999999",
