@@ -13,12 +13,23 @@
 //!   the Collector accept them; another string is refused, naming its path.
 //! - ids must be hex (not base64, the canonical protobuf JSON form): a non-hex id refuses the
 //!   body with its JSON path instead of the library's bare hex error.
-//! - 64-bit integers may arrive as strings or numbers: the library accepts both (tested here).
+//! - 64-bit integers may arrive as strings or numbers: the library accepts both (tested here);
+//!   so may the 32-bit ones (`flags`, the dropped counts), which the library reads as numbers
+//!   only.
+//! - `null` for a field means its default, as the mapping says (the library refused it for
+//!   most fields): such members are dropped before decoding.
+//! - `bytesValue` may be standard or URL-safe base64, with or without padding (the mapping's
+//!   rule); the library reads only the padded standard form.
+//! - an `AnyValue` holding two of its oneof's members is refused (the library kept the last),
+//!   and an `intValue` that is no integer is refused with its path and what to give.
 //!
 //! Id *lengths* are checked per span by the mapping, which rejects just that span.
 
 use std::io::Read;
 
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
+use base64::engine::DecodePaddingMode;
+use base64::Engine as _;
 use flate2::bufread::{DeflateDecoder, ZlibDecoder};
 use flate2::read::MultiGzDecoder;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -354,6 +365,57 @@ const SNAKE_CASE_FIELDS: &[&str] = &[
 /// JSON keys holding ids, which OTLP/JSON spells in hex.
 const ID_FIELDS: &[&str] = &["traceId", "spanId", "parentSpanId"];
 
+/// The 32-bit integer fields of a trace export, which the mapping also takes as strings.
+const U32_FIELDS: &[&str] = &[
+    "flags",
+    "droppedAttributesCount",
+    "droppedEventsCount",
+    "droppedLinksCount",
+];
+
+/// The members of `AnyValue`'s oneof: an object holding one of them is an `AnyValue`.
+const ANY_VALUE_KEYS: &[&str] = &[
+    "stringValue",
+    "boolValue",
+    "intValue",
+    "doubleValue",
+    "arrayValue",
+    "kvlistValue",
+    "bytesValue",
+];
+
+/// Base64 as the protobuf JSON mapping reads `bytes`: padding optional (the URL-safe alphabet
+/// is tried too, see [`lenient_base64`]).
+const BASE64_ANY_PADDING: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+const BASE64_URL_ANY_PADDING: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::URL_SAFE,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+/// A `bytesValue` in any form the mapping allows: standard or URL-safe alphabet, with or
+/// without padding.
+fn lenient_base64(text: &str) -> Option<Vec<u8>> {
+    BASE64_ANY_PADDING
+        .decode(text)
+        .or_else(|_| BASE64_URL_ANY_PADDING.decode(text))
+        .ok()
+}
+
+/// What kind of JSON value a value is, for messages.
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 /// One step of a JSON path, for error messages.
 enum Step<'a> {
     Key(&'a str),
@@ -426,7 +488,25 @@ fn check_json<'a>(value: &'a Value, path: &mut Vec<Step<'a>>) -> Result<Spelling
     let mut spelling = Spelling::Canonical;
     match value {
         Value::Object(object) => {
+            let holds = |key: &str| object.get(key).is_some_and(|value| !value.is_null());
+            if ANY_VALUE_KEYS.iter().filter(|key| holds(key)).count() > 1 {
+                let held: Vec<&str> = ANY_VALUE_KEYS
+                    .iter()
+                    .copied()
+                    .filter(|key| holds(key))
+                    .collect();
+                return Err(OtlpError::malformed(format!(
+                    "{}: an AnyValue holds one value; this one has {}: give one",
+                    path_text(path, "").trim_end_matches('.'),
+                    held.join(" and ")
+                )));
+            }
             for (key, child) in object {
+                if child.is_null() {
+                    // The field's default: dropped by `canonicalize`.
+                    spelling = Spelling::NeedsCanonicalForm;
+                    continue;
+                }
                 let camel;
                 let field = if SNAKE_CASE_FIELDS.contains(&key.as_str()) {
                     camel = lower_camel_case(key);
@@ -450,6 +530,57 @@ fn check_json<'a>(value: &'a Value, path: &mut Vec<Step<'a>>) -> Result<Spelling
                             )));
                         }
                     }
+                }
+                match (field, child) {
+                    (field, Value::String(text)) if U32_FIELDS.contains(&field) => {
+                        if text.trim().parse::<u32>().is_err() {
+                            return Err(OtlpError::malformed(format!(
+                                "{}: {text:?} is not a 32-bit unsigned integer",
+                                path_text(path, key)
+                            )));
+                        }
+                        spelling = Spelling::NeedsCanonicalForm;
+                    }
+                    ("bytesValue", Value::String(text)) if STANDARD.decode(text).is_err() => {
+                        if lenient_base64(text).is_none() {
+                            return Err(OtlpError::malformed(format!(
+                                "{}: {text:?} is not base64 (standard or URL-safe, with or \
+                                 without padding)",
+                                path_text(path, key)
+                            )));
+                        }
+                        spelling = Spelling::NeedsCanonicalForm;
+                    }
+                    ("intValue", Value::String(text)) if text.trim().parse::<i64>().is_err() => {
+                        return Err(OtlpError::malformed(format!(
+                            "{}: {text:?} is not a 64-bit integer; give a whole number (a JSON \
+                             number or a string of digits)",
+                            path_text(path, key)
+                        )));
+                    }
+                    ("intValue", value @ Value::Number(number)) if number.as_i64().is_none() => {
+                        return Err(OtlpError::malformed(format!(
+                            "{}: {value} is not a 64-bit integer; give a whole number (a JSON \
+                             number or a string of digits), or a doubleValue",
+                            path_text(path, key)
+                        )));
+                    }
+                    ("intValue", value @ (Value::Bool(_) | Value::Array(_) | Value::Object(_))) => {
+                        return Err(OtlpError::malformed(format!(
+                            "{}: an intValue is a whole number (a JSON number or a string of \
+                             digits), not {}",
+                            path_text(path, key),
+                            json_kind(value)
+                        )));
+                    }
+                    ("arrayValue" | "kvlistValue", value) if !value.is_object() => {
+                        return Err(OtlpError::malformed(format!(
+                            "{}: an {key} is an object {{\"values\": [...]}}, not {}",
+                            path_text(path, key),
+                            json_kind(value)
+                        )));
+                    }
+                    _ => {}
                 }
                 if let (Some(names), Value::String(name)) = (enum_names(field), child) {
                     if !names.iter().any(|(known, _)| known == name) {
@@ -489,6 +620,7 @@ fn check_json<'a>(value: &'a Value, path: &mut Vec<Step<'a>>) -> Result<Spelling
 fn canonicalize(value: &mut Value) {
     match value {
         Value::Object(object) => {
+            object.retain(|_, child| !child.is_null());
             let snake: Vec<String> = object
                 .keys()
                 .filter(|key| SNAKE_CASE_FIELDS.contains(&key.as_str()))
@@ -500,6 +632,17 @@ fn canonicalize(value: &mut Value) {
                 }
             }
             for (key, child) in object.iter_mut() {
+                if let Value::String(text) = &*child {
+                    if U32_FIELDS.contains(&key.as_str()) {
+                        if let Ok(number) = text.trim().parse::<u32>() {
+                            *child = Value::from(number);
+                        }
+                    } else if key == "bytesValue" && STANDARD.decode(text).is_err() {
+                        if let Some(bytes) = lenient_base64(text) {
+                            *child = Value::String(STANDARD.encode(bytes));
+                        }
+                    }
+                }
                 if let (Some(names), Value::String(name)) = (enum_names(key), &*child) {
                     if let Some((_, number)) = names.iter().find(|(known, _)| known == name) {
                         *child = Value::from(*number);
@@ -880,6 +1023,97 @@ mod tests {
         let message = malformed_message(decode_json_text(&attribute(r#"{"doubleValue":"abc"}"#)));
         assert!(
             message.contains("attributes[0].value") && message.contains("\"abc\""),
+            "{message}"
+        );
+    }
+
+    /// What the protobuf JSON mapping allows and the library refused (found by an audit):
+    /// `bytesValue` URL-safe or unpadded, 32-bit integers as strings, `null` for any field.
+    #[test]
+    fn the_rest_of_the_json_mapping_decodes() {
+        let attribute =
+            |value: &str| json_body("1", "2", "3").replacen(r#"{"intValue":3}"#, value, 1);
+        for (value, bytes) in [
+            (r#"{"bytesValue":"AAE="}"#, vec![0, 1]),
+            (r#"{"bytesValue":"AAE"}"#, vec![0, 1]),
+            (r#"{"bytesValue":"-_8"}"#, vec![0xfb, 0xff]),
+            (r#"{"bytesValue":"-_8="}"#, vec![0xfb, 0xff]),
+        ] {
+            let decoded =
+                decode_json_text(&attribute(value)).unwrap_or_else(|err| panic!("{value}: {err}"));
+            let span = &decoded.resource_spans[0].scope_spans[0].spans[0];
+            assert_eq!(
+                span.attributes[0]
+                    .value
+                    .as_ref()
+                    .and_then(|v| v.value.clone()),
+                Some(any_value::Value::BytesValue(bytes)),
+                "{value}"
+            );
+        }
+        let text = json_body("1", "2", "3")
+            .replacen(
+                r#""kind":3"#,
+                r#""kind":3,"flags":"768","droppedEventsCount":" 2 ""#,
+                1,
+            )
+            .replacen(r#""name":"chat""#, r#""name":null"#, 1)
+            .replacen(r#""message":"boom""#, r#""message":null"#, 1);
+        assert!(
+            text.contains(r#""flags":"768""#),
+            "the fixture holds the flags"
+        );
+        let decoded = decode_json_text(&text).unwrap_or_else(|err| panic!("{err}"));
+        let span = &decoded.resource_spans[0].scope_spans[0].spans[0];
+        assert_eq!((span.flags, span.dropped_events_count), (768, 2));
+        assert_eq!(span.name, "");
+        assert_eq!(
+            span.status
+                .as_ref()
+                .map(|status| (status.code, status.message.as_str())),
+            Some((2, ""))
+        );
+        let nulls = r#"{"resourceSpans":[{"resource":null,"scopeSpans":[{"scope":null,"spans":[
+            {"traceId":"0102030405060708090a0b0c0d0e0f10","spanId":"0102030405060708",
+             "name":"n","startTimeUnixNano":"1","endTimeUnixNano":null,"attributes":null,
+             "events":[{"timeUnixNano":null,"name":"e","attributes":[
+                {"key":"k","value":{"arrayValue":{"values":null}}}]}]}]}]}]}"#;
+        let decoded = decode_json_text(nulls).unwrap_or_else(|err| panic!("{err}"));
+        assert_eq!(
+            decoded.resource_spans[0].scope_spans[0].spans[0]
+                .events
+                .len(),
+            1
+        );
+        assert!(decode_json_text(r#"{"resourceSpans":null}"#).is_ok());
+    }
+
+    /// Refused with the path and what to give, instead of the library's words ("data did not
+    /// match any variant of untagged enum StringOrInt", "Invalid padding") or its silence (an
+    /// AnyValue with two values kept the last).
+    #[test]
+    fn json_values_that_cannot_be_read_say_what_to_give() {
+        let attribute =
+            |value: &str| json_body("1", "2", "3").replacen(r#"{"intValue":3}"#, value, 1);
+        for (value, said) in [
+            (
+                r#"{"stringValue":"x","intValue":"1"}"#,
+                "attributes[0].value: an AnyValue holds one value; this one has stringValue and \
+                 intValue: give one",
+            ),
+            (r#"{"intValue":1.5}"#, "attributes[0].value.intValue: 1.5 is not a 64-bit integer"),
+            (r#"{"intValue":true}"#, "an intValue is a whole number (a JSON number or a string of digits), not a boolean"),
+            (r#"{"intValue":"12x"}"#, "\"12x\" is not a 64-bit integer"),
+            (r#"{"bytesValue":"!!"}"#, "attributes[0].value.bytesValue: \"!!\" is not base64"),
+            (r#"{"arrayValue":[1]}"#, "an arrayValue is an object {\"values\": [...]}, not an array"),
+        ] {
+            let message = malformed_message(decode_json_text(&attribute(value)));
+            assert!(message.contains(said), "{value}: {message}");
+        }
+        let text = json_body("1", "2", "3").replacen(r#""kind":3"#, r#""kind":3,"flags":"-1""#, 1);
+        let message = malformed_message(decode_json_text(&text));
+        assert!(
+            message.contains("spans[0].flags: \"-1\" is not a 32-bit unsigned integer"),
             "{message}"
         );
     }

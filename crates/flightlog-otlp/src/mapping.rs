@@ -45,6 +45,11 @@ pub(crate) const PRICE_TABLE_KEY: &str = "flightlog.price_table";
 /// attrs key: the id of a span's remote parent (see `remote_parent`), which is not its
 /// `parentSpanId`.
 pub(crate) const REMOTE_PARENT_KEY: &str = "flightlog.remote_parent_span_id";
+/// The attrs keys flightlog itself writes start with this: a span's own attributes with it are
+/// dropped, so such a key always says what flightlog decided (a client's
+/// `flightlog.price_table` on a span with a reported cost, or `flightlog.cost_source` on one
+/// with none, passed for the provenance of its cost).
+pub(crate) const RESERVED_KEY_PREFIX: &str = "flightlog.";
 /// `Span.flags` bits: the flags say whether the parent is remote, and it is.
 const FLAGS_PARENT_REMOTENESS_KNOWN: u32 = 0x100;
 const FLAGS_PARENT_IS_REMOTE: u32 = 0x200;
@@ -369,6 +374,8 @@ fn span_attrs(
     remote_parent: Option<&str>,
     max_bytes: usize,
 ) -> ImportedAttrs {
+    span.attributes
+        .retain(|attribute| !attribute.key.starts_with(RESERVED_KEY_PREFIX));
     let links = (!span.links.is_empty()).then(|| links_to_json(&span.links, max_bytes));
     let kind = otel_span_kind(span.kind);
     let (cost_source, price_table) = match &cost_source {
@@ -1441,6 +1448,43 @@ mod tests {
         assert_eq!(agent.usage.cost_usd, Some(0.01));
         assert_eq!(object(&agent.attrs)[COST_SOURCE_KEY], json!("reported"));
         assert!(!object(&agent.attrs).contains_key(PRICE_TABLE_KEY));
+    }
+
+    /// The `flightlog.` keys are flightlog's own: a client's are dropped, so a forged price
+    /// table version or cost source never passes for the provenance of a cost (an audit).
+    #[test]
+    fn a_clients_flightlog_keys_are_dropped() {
+        let reported = only_span(vec![span(
+            1,
+            None,
+            "agent",
+            vec![
+                kv("gen_ai.operation.name", string("invoke_agent")),
+                kv("gen_ai.usage.cost", double(0.01)),
+                kv(PRICE_TABLE_KEY, string("fake-v0")),
+                kv("flightlog.anything", string("x")),
+                kv("flightlogger", string("kept")),
+            ],
+        )]);
+        let attrs = object(&reported.attrs);
+        assert_eq!(attrs[COST_SOURCE_KEY], json!("reported"));
+        assert!(!attrs.contains_key(PRICE_TABLE_KEY), "{attrs:?}");
+        assert!(!attrs.contains_key("flightlog.anything"), "{attrs:?}");
+        assert_eq!(attrs["flightlogger"], json!("kept"));
+        let unpriced = only_span(vec![span(
+            1,
+            None,
+            "tool",
+            vec![
+                kv(COST_SOURCE_KEY, string("reported")),
+                kv(PRICE_TABLE_KEY, string("fake")),
+                kv(REMOTE_PARENT_KEY, string("0102030405060708")),
+            ],
+        )]);
+        let attrs = object(&unpriced.attrs);
+        for key in [COST_SOURCE_KEY, PRICE_TABLE_KEY, REMOTE_PARENT_KEY] {
+            assert!(!attrs.contains_key(key), "{key}: {attrs:?}");
+        }
     }
 
     /// An agent's span that reports its calls' token totals and a model: priced as one call of
