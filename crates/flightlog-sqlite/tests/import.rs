@@ -1524,3 +1524,48 @@ async fn a_span_of_a_pruned_run_is_rejected_and_the_kept_rollup_stays() {
     let after = fx.store.read_rollup("trace1").await.unwrap().expect("kept");
     assert_eq!(after, kept);
 }
+
+/// A trace with two roots (a service called twice by a caller that exports elsewhere), each
+/// delivered with its model call: the run's rollup counts both calls, whichever came first.
+#[tokio::test]
+async fn a_trace_with_two_roots_rolls_up_both_calls() {
+    let fx = fixture();
+    fx.store
+        .import_spans(vec![
+            span("call-1", None, SpanKind::Turn, 1_000),
+            model_span("m1", "call-1", 1_010, 1_000, 0.25),
+        ])
+        .await
+        .unwrap();
+    let first = fx
+        .store
+        .read_rollup("trace1")
+        .await
+        .unwrap()
+        .expect("rolled up");
+    assert_eq!(
+        (first.input_tokens, first.cost_usd),
+        (Some(1_000), Some(0.25))
+    );
+    let report = fx
+        .store
+        .import_spans(vec![
+            model_span("m2", "call-2", 3_010, 2_000, 0.5),
+            span("call-2", None, SpanKind::Turn, 3_000),
+        ])
+        .await
+        .unwrap();
+    assert!(report.rejected.is_empty(), "{report:?}");
+    let both = fx
+        .store
+        .read_rollup("trace1")
+        .await
+        .unwrap()
+        .expect("rolled up");
+    assert_eq!(
+        (both.input_tokens, both.output_tokens, both.cost_usd),
+        (Some(3_000), Some(300), Some(0.75))
+    );
+    assert_eq!(both.name, "call-1-name");
+    assert_eq!(both.span_count, 4);
+}

@@ -22,6 +22,12 @@
 //! counted in place of inner ones stands for their calls. A field the root carries wins, so no
 //! field is ever counted twice. The reference has no `model` kind, so its behaviour is
 //! unchanged.
+//!
+//! A second extension: an OTLP run with several roots (each call of a service that a caller
+//! exporting elsewhere made in one trace is a root) counts every root's usage, each taken as a
+//! lone root's is from the spans below it (see [`usage_over_roots`]). Its name, start, end and
+//! outcome stay the first root's, as the run list shows them. Runs of the reference's origins
+//! keep its rule (the first root alone).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -107,11 +113,17 @@ pub fn compute_rollup(spans_by_start: &[RollupSpan]) -> Option<RollupFields> {
         .or_else(|| {
             (root.outcome == Some(SpanOutcome::Interrupted)).then(|| "interrupted".to_owned())
         });
-    let usage = if carries_all_usage(&root.usage) {
-        root.usage.clone()
+    let roots: Vec<usize> = (0..spans_by_start.len())
+        .filter(|&index| spans_by_start[index].is_root)
+        .collect();
+    let usage = if roots.len() > 1
+        && roots
+            .iter()
+            .all(|&index| spans_by_start[index].origin == SpanOrigin::Otlp)
+    {
+        usage_over_roots(spans_by_start, &roots)
     } else {
-        // The models' sum carries no model name, so the root's stays.
-        fill_missing_fields(root.usage.clone(), &sum_model_usage(spans_by_start))
+        root_usage(&root.usage, spans_by_start)
     };
     Some(RollupFields {
         origin: root.origin.clone(),
@@ -132,6 +144,89 @@ pub fn compute_rollup(spans_by_start: &[RollupSpan]) -> Option<RollupFields> {
         cost_usd: usage.cost_usd,
         failure_reason,
     })
+}
+
+/// A root's usage: its own, each field it lacks the sum over the `model` spans of `spans` (the
+/// models' sum carries no model name, so the root's stays).
+fn root_usage(own: &SpanUsage, spans: &[RollupSpan]) -> SpanUsage {
+    if carries_all_usage(own) {
+        own.clone()
+    } else {
+        fill_missing_fields(own.clone(), &sum_model_usage(spans))
+    }
+}
+
+/// The usage of an OTLP run with several roots (a service called twice in one trace by a caller
+/// that exports elsewhere: each call's span is a root of the run): the sum over its roots of
+/// each root's usage taken as a lone root's is ([`root_usage`] over the spans below it), plus the
+/// `model` spans below no root. Only the first root counted, so a later call's tokens and cost
+/// were lost (an audit). Runs of the reference's origins keep its rule (the first root alone),
+/// which its fixtures pin.
+fn usage_over_roots(spans: &[RollupSpan], roots: &[usize]) -> SpanUsage {
+    let by_id: HashMap<&str, usize> = spans
+        .iter()
+        .enumerate()
+        .map(|(index, span)| (span.span_id.as_str(), index))
+        .collect();
+    let root_above = first_above(
+        spans.len(),
+        |at| {
+            spans[at]
+                .parent_span_id
+                .as_deref()
+                .and_then(|id| by_id.get(id).copied())
+        },
+        |parent| spans[parent].is_root,
+    );
+    let mut below_root: HashMap<usize, Vec<RollupSpan>> = HashMap::new();
+    let mut below_none = Vec::new();
+    for (index, span) in spans.iter().enumerate() {
+        let owner = if span.is_root {
+            Some(index)
+        } else {
+            root_above[index]
+        };
+        match owner {
+            Some(root) => below_root.entry(root).or_default().push(span.clone()),
+            None => below_none.push(span.clone()),
+        }
+    }
+    let mut total = SpanUsage::default();
+    for &root in roots {
+        let own = below_root.get(&root).map(Vec::as_slice).unwrap_or_default();
+        add_usage(&mut total, &root_usage(&spans[root].usage, own));
+    }
+    add_usage(&mut total, &sum_model_usage(&below_none));
+    total.cost_usd = total.cost_usd.map(round_cost);
+    total
+}
+
+/// Add each count and the cost `part` has to `total` (a field stays absent when neither has it).
+fn add_usage(total: &mut SpanUsage, part: &SpanUsage) {
+    fn add_count(total: &mut Option<i64>, part: Option<i64>) {
+        if let Some(part) = part {
+            *total = Some(total.unwrap_or(0).saturating_add(part));
+        }
+    }
+    add_count(&mut total.input_tokens, part.input_tokens);
+    add_count(&mut total.output_tokens, part.output_tokens);
+    add_count(&mut total.cache_read_tokens, part.cache_read_tokens);
+    add_count(&mut total.cache_creation_tokens, part.cache_creation_tokens);
+    if let Some(cost) = part.cost_usd {
+        total.cost_usd = Some(total.cost_usd.unwrap_or(0.0) + cost);
+    }
+}
+
+/// A summed cost to a nano-dollar, as the OTLP mapping rounds a span's cost: a sum of doubles
+/// showed binary noise (0.006751999999999999 for spans of 0.006752 in all). A sum too large to
+/// scale is left as it is.
+fn round_cost(cost: f64) -> f64 {
+    let nanos = (cost * 1e9).round();
+    if nanos.is_finite() {
+        nanos / 1e9
+    } else {
+        cost
+    }
 }
 
 /// The usage of a run that has no root stored yet (every span names a parent not stored: an
@@ -428,35 +523,11 @@ fn fill_missing_fields(usage: SpanUsage, other: &SpanUsage) -> SpanUsage {
 /// The field-wise sum of what [`counted_model_usage`] counts (see the module doc); a field stays
 /// absent when nothing counted has it.
 fn sum_model_usage(spans: &[RollupSpan]) -> SpanUsage {
-    fn add_count(total: &mut Option<i64>, part: Option<i64>) {
-        if let Some(part) = part {
-            *total = Some(total.unwrap_or(0).saturating_add(part));
-        }
-    }
     let mut total = SpanUsage::default();
     for usage in counted_model_usage(spans).into_iter().flatten() {
-        add_count(&mut total.input_tokens, usage.input_tokens);
-        add_count(&mut total.output_tokens, usage.output_tokens);
-        add_count(&mut total.cache_read_tokens, usage.cache_read_tokens);
-        add_count(
-            &mut total.cache_creation_tokens,
-            usage.cache_creation_tokens,
-        );
-        if let Some(cost) = usage.cost_usd {
-            total.cost_usd = Some(total.cost_usd.unwrap_or(0.0) + cost);
-        }
+        add_usage(&mut total, &usage);
     }
-    // To a nano-dollar, as the OTLP mapping rounds a span's cost: a sum of doubles showed
-    // binary noise (0.006751999999999999 for spans of 0.006752 in all). A sum too large to
-    // scale is left as it is.
-    total.cost_usd = total.cost_usd.map(|cost| {
-        let nanos = (cost * 1e9).round();
-        if nanos.is_finite() {
-            nanos / 1e9
-        } else {
-            cost
-        }
-    });
+    total.cost_usd = total.cost_usd.map(round_cost);
     total
 }
 
@@ -505,6 +576,56 @@ mod tests {
             writer: "w".into(),
             last_heartbeat_at: None,
         })
+    }
+
+    /// An OTLP run with two roots (a service called twice by a caller that exports elsewhere)
+    /// counts both calls: each root's own usage, or its model spans' when it carries none. A run
+    /// of the reference's origins keeps the first root's rule, as its fixtures pin.
+    #[test]
+    fn an_otlp_run_with_several_roots_counts_every_root() {
+        let otlp = |mut span: RollupSpan| {
+            span.origin = SpanOrigin::Otlp;
+            span
+        };
+        let mut first = otlp(span("call-1", None, 1));
+        first.is_root = true;
+        let mut model = otlp(span("m1", Some("call-1"), 2));
+        model.kind = SpanKind::Model;
+        model.usage.input_tokens = Some(1_000);
+        model.usage.cost_usd = Some(0.25);
+        let mut second = otlp(span("call-2", None, 3));
+        second.is_root = true;
+        second.usage.input_tokens = Some(5_000);
+        second.usage.output_tokens = Some(500);
+        second.usage.cost_usd = Some(0.5);
+        // Its model span is already in the root's own totals: not counted again.
+        let mut inner = otlp(span("m2", Some("call-2"), 4));
+        inner.kind = SpanKind::Model;
+        inner.usage.input_tokens = Some(5_000);
+        // A model span below no stored root still counts.
+        let mut stray = otlp(span("m3", Some("gone"), 5));
+        stray.kind = SpanKind::Model;
+        stray.usage.input_tokens = Some(7);
+        let spans = vec![first, model, second, inner, stray];
+        let rollup = compute_rollup(&spans).expect("a rollup");
+        assert_eq!(rollup.name, "call-1");
+        assert_eq!(rollup.input_tokens, Some(6_007));
+        assert_eq!(rollup.output_tokens, Some(500));
+        assert_eq!(rollup.cost_usd, Some(0.75));
+        assert_eq!(rollup.span_count, 5);
+
+        let native: Vec<RollupSpan> = spans
+            .into_iter()
+            .map(|mut span| {
+                span.origin = SpanOrigin::Session;
+                span
+            })
+            .collect();
+        // (The first root carries nothing, so every model span of the run fills it in.)
+        let rollup = compute_rollup(&native).expect("a rollup");
+        assert_eq!(rollup.input_tokens, Some(6_007));
+        assert_eq!(rollup.output_tokens, None);
+        assert_eq!(rollup.cost_usd, Some(0.25));
     }
 
     /// Two instrumentations beside each other record one call (the Anthropic SDK's own span and
