@@ -6,6 +6,10 @@
 //! `"Infinity"`, `"-Infinity"` as in OTLP/JSON), array → array, kvlist → object (a repeated key:
 //! the last wins), bytes → lower-case hex string, empty value → `null`.
 //!
+//! Keys are capped the same way at [`MAX_ATTRIBUTE_KEY_BYTES`] (a 500 KB key was stored whole;
+//! two keys that share their first bytes then share a key, the last one winning as for a
+//! repeated key).
+//!
 //! The cap is per attribute value, counted in UTF-8 bytes: a longer string keeps its first
 //! bytes, cut on a character boundary, plus the core's truncation marker; a longer array or
 //! object (measured as its compact JSON text) becomes the first bytes of that text as a string,
@@ -27,6 +31,10 @@ use crate::ids::to_hex;
 
 /// The default most UTF-8 bytes one attribute value keeps (see the module doc).
 pub const MAX_ATTRIBUTE_VALUE_BYTES: usize = 16_384;
+
+/// The most UTF-8 bytes one attribute key keeps (see the module doc): not the values' cap,
+/// which a deployment may set far lower than any key worth its name.
+pub const MAX_ATTRIBUTE_KEY_BYTES: usize = 16_384;
 
 /// The most levels one attribute value keeps (see the module doc). The deepest place a value
 /// sits in a span's stored attrs is level 5 (attrs, `otel.links`, a link, its `attributes`,
@@ -53,7 +61,7 @@ pub(crate) fn attributes_into_json_with_room(
     let mut object = JsonObject::with_capacity(attributes.len() + spare);
     for attribute in attributes {
         object.insert(
-            attribute.key,
+            capped_owned(attribute.key, MAX_ATTRIBUTE_KEY_BYTES),
             any_value_into_json(attribute.value, max_bytes),
         );
     }
@@ -100,7 +108,10 @@ fn convert(value: Option<AnyValue>, max_bytes: usize) -> Value {
         any_value::Value::KvlistValue(list) => {
             let mut object = JsonObject::with_capacity(list.values.len());
             for entry in list.values {
-                object.insert(entry.key, convert(entry.value, max_bytes));
+                object.insert(
+                    capped_owned(entry.key, MAX_ATTRIBUTE_KEY_BYTES),
+                    convert(entry.value, max_bytes),
+                );
             }
             Value::Object(object)
         }
@@ -111,7 +122,7 @@ fn convert(value: Option<AnyValue>, max_bytes: usize) -> Value {
 }
 
 /// `text` itself when it fits in `max_bytes`, else its marked prefix.
-fn capped_owned(text: String, max_bytes: usize) -> String {
+pub(crate) fn capped_owned(text: String, max_bytes: usize) -> String {
     if text.len() <= max_bytes {
         text
     } else {

@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use serde_json::Value;
 
-use crate::attributes::{any_value_to_json, capped_str, hex_capped};
+use crate::attributes::{any_value_to_json, capped_str, hex_capped, MAX_ATTRIBUTE_KEY_BYTES};
 
 /// Append `text` to `out` as a JSON string literal, escaped exactly as `serde_json` escapes.
 ///
@@ -126,10 +126,10 @@ pub(crate) fn write_value(out: &mut String, value: &Value) {
 /// Whether `attributes` can be written by appending: no key repeats and none is in `reserved`.
 fn appendable(attributes: &[KeyValue], reserved: &[&str]) -> bool {
     const SMALL: usize = 32;
-    if attributes
-        .iter()
-        .any(|attribute| reserved.contains(&attribute.key.as_str()))
-    {
+    // A key over its cap is capped by the map form (see `attributes`).
+    if attributes.iter().any(|attribute| {
+        attribute.key.len() > MAX_ATTRIBUTE_KEY_BYTES || reserved.contains(&attribute.key.as_str())
+    }) {
         return false;
     }
     if attributes.len() <= SMALL {
@@ -157,8 +157,9 @@ pub(crate) enum Extra<'a> {
 }
 
 /// The attrs object: the span's `attributes` (each value capped at `max_bytes`) followed by
-/// `extras` in order, as compact JSON text. `None` when a key repeats or an attribute is named
-/// like one of `reserved` (see the module doc); the caller then builds the map.
+/// `extras` in order, as compact JSON text. `None` when a key repeats, is longer than
+/// [`MAX_ATTRIBUTE_KEY_BYTES`] or an attribute is named like one of `reserved` (see the module
+/// doc); the caller then builds the map.
 pub(crate) fn attrs_object_text(
     attributes: &[KeyValue],
     extras: &[(&str, Extra<'_>)],

@@ -12,7 +12,8 @@ mod tests {
         VERCEL_OPERATIONS,
     };
     use crate::mapping::{
-        COST_SOURCE_KEY, LINKS_KEY, OTEL_SPAN_KIND_KEY, PRICE_TABLE_KEY, RESOURCE_KEY, SCOPE_KEY,
+        COST_SOURCE_KEY, DROPPED_EVENTS_KEY, LINKS_KEY, OTEL_SPAN_KIND_KEY, PRICE_TABLE_KEY,
+        REMOTE_PARENT_KEY, RESOURCE_KEY, SCOPE_KEY,
     };
     use crate::prices::PriceTable;
     use crate::usage::{
@@ -87,6 +88,8 @@ mod tests {
             OTEL_SPAN_KIND_KEY,
             COST_SOURCE_KEY,
             PRICE_TABLE_KEY,
+            REMOTE_PARENT_KEY,
+            DROPPED_EVENTS_KEY,
         ] {
             assert_documented(key);
         }

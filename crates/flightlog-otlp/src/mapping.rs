@@ -18,8 +18,8 @@ use opentelemetry_proto::tonic::trace::v1::{span, status, Span};
 use serde_json::Value;
 
 use crate::attributes::{
-    attributes_into_json, attributes_into_json_with_room, attributes_to_json, capped_string,
-    MAX_ATTRIBUTE_VALUE_BYTES,
+    attributes_into_json, attributes_into_json_with_room, attributes_to_json, capped_owned,
+    capped_string, MAX_ATTRIBUTE_VALUE_BYTES,
 };
 use crate::attrs_text::{attrs_object_text, Extra};
 use crate::facts::{
@@ -50,6 +50,12 @@ pub(crate) const REMOTE_PARENT_KEY: &str = "flightlog.remote_parent_span_id";
 /// `flightlog.price_table` on a span with a reported cost, or `flightlog.cost_source` on one
 /// with none, passed for the provenance of its cost).
 pub(crate) const RESERVED_KEY_PREFIX: &str = "flightlog.";
+/// attrs key: how many of the span's events were not stored (over [`MAX_EVENTS_PER_SPAN`]).
+pub(crate) const DROPPED_EVENTS_KEY: &str = "flightlog.dropped_events";
+/// The most events one delivered span stores, the first ones as sent (OpenTelemetry SDKs keep
+/// 128 by default; one span of 300,000 events in an 8 MiB body made a 34 MB run snapshot). The
+/// rest are counted under [`DROPPED_EVENTS_KEY`].
+pub const MAX_EVENTS_PER_SPAN: usize = 1_024;
 /// `Span.flags` bits: the flags say whether the parent is remote, and it is.
 const FLAGS_PARENT_REMOTENESS_KNOWN: u32 = 0x100;
 const FLAGS_PARENT_IS_REMOTE: u32 = 0x200;
@@ -286,11 +292,17 @@ fn map_span(
         span.attributes
             .retain(|attribute| attribute.key != LOGFIRE_PENDING_PARENT);
     }
+    let dropped_events = if pending {
+        0
+    } else {
+        span.events.len().saturating_sub(MAX_EVENTS_PER_SPAN)
+    };
     let attrs = span_attrs(
         span,
         context,
         cost_source,
         remote_parent.as_deref(),
+        dropped_events,
         max_bytes,
     );
     let remote_parent = remote_parent
@@ -302,7 +314,9 @@ fn map_span(
     let events = if pending {
         Vec::new()
     } else {
-        std::mem::take(&mut span.events)
+        let mut events = std::mem::take(&mut span.events);
+        events.truncate(MAX_EVENTS_PER_SPAN);
+        events
             .into_iter()
             .map(|event| ImportedEvent {
                 ts: if event.time_unix_nano == 0 {
@@ -313,7 +327,7 @@ fn map_span(
                 event_type: if event.name.is_empty() {
                     "event".to_owned()
                 } else {
-                    event.name
+                    capped_owned(event.name, max_bytes)
                 },
                 payload: Value::Object(attributes_into_json(event.attributes, max_bytes)),
             })
@@ -343,7 +357,7 @@ fn map_span(
 }
 
 /// The keys the mapping adds to a span's own attributes, in the order it adds them.
-const ADDED_KEYS: [&str; 7] = [
+const ADDED_KEYS: [&str; 8] = [
     RESOURCE_KEY,
     SCOPE_KEY,
     LINKS_KEY,
@@ -351,6 +365,7 @@ const ADDED_KEYS: [&str; 7] = [
     COST_SOURCE_KEY,
     PRICE_TABLE_KEY,
     REMOTE_PARENT_KEY,
+    DROPPED_EVENTS_KEY,
 ];
 
 /// Whether the span's parent lives in another process: the SDK continued a trace from an
@@ -372,6 +387,7 @@ fn span_attrs(
     context: &SpanContext<'_>,
     cost_source: Option<CostSource>,
     remote_parent: Option<&str>,
+    dropped_events: usize,
     max_bytes: usize,
 ) -> ImportedAttrs {
     span.attributes
@@ -404,6 +420,10 @@ fn span_attrs(
     }
     if let Some(parent) = remote_parent {
         extras.push((REMOTE_PARENT_KEY, Extra::Str(parent)));
+    }
+    let dropped_text = (dropped_events > 0).then(|| dropped_events.to_string());
+    if let Some(text) = &dropped_text {
+        extras.push((DROPPED_EVENTS_KEY, Extra::Text(text)));
     }
     if let Some(text) = attrs_object_text(
         &span.attributes,
@@ -439,6 +459,9 @@ fn span_attrs(
     }
     if let Some(parent) = remote_parent {
         attrs.insert(REMOTE_PARENT_KEY.to_owned(), Value::from(parent));
+    }
+    if dropped_events > 0 {
+        attrs.insert(DROPPED_EVENTS_KEY.to_owned(), Value::from(dropped_events));
     }
     ImportedAttrs::Object(attrs)
 }
@@ -1448,6 +1471,47 @@ mod tests {
         assert_eq!(agent.usage.cost_usd, Some(0.01));
         assert_eq!(object(&agent.attrs)[COST_SOURCE_KEY], json!("reported"));
         assert!(!object(&agent.attrs).contains_key(PRICE_TABLE_KEY));
+    }
+
+    /// A span's first 1,024 events are stored, the rest counted in attrs; event names and
+    /// attribute keys are capped like values (an audit stored a 300,000-event span, a 500 KB
+    /// key and a 300 KB event name whole).
+    #[test]
+    fn events_names_and_keys_are_bounded() {
+        let mut crowded = span(1, None, "busy", vec![kv(&"k".repeat(20_000), int(1))]);
+        crowded.events = (0..1_500)
+            .map(|index| span::Event {
+                time_unix_nano: 1_000_000 + index,
+                name: if index == 0 {
+                    "n".repeat(20_000)
+                } else {
+                    format!("e{index}")
+                },
+                ..span::Event::default()
+            })
+            .collect();
+        let mapped = only_span(vec![crowded]);
+        assert_eq!(mapped.events.len(), MAX_EVENTS_PER_SPAN);
+        assert_eq!(mapped.events[1].event_type, "e1");
+        assert!(mapped.events[0].event_type.len() < 16_500);
+        assert!(mapped.events[0].event_type.ends_with(TRUNCATION_MARKER));
+        let attrs = object(&mapped.attrs);
+        assert_eq!(
+            attrs[DROPPED_EVENTS_KEY],
+            json!(1_500 - MAX_EVENTS_PER_SPAN)
+        );
+        let key = attrs
+            .keys()
+            .find(|key| key.starts_with("kkk"))
+            .expect("the long key, capped");
+        assert!(
+            key.len() < 16_500 && key.ends_with(TRUNCATION_MARKER),
+            "{}",
+            key.len()
+        );
+        // A span within the bound says nothing of dropped events.
+        let calm = only_span(vec![span(2, None, "calm", vec![])]);
+        assert!(!object(&calm.attrs).contains_key(DROPPED_EVENTS_KEY));
     }
 
     /// The `flightlog.` keys are flightlog's own: a client's are dropped, so a forged price

@@ -126,13 +126,15 @@ pub struct RunListEntry {
     pub awaiting_root: bool,
 }
 
-/// One page of runs and the cursor of the next (`None`: this was the last page).
+/// One page of runs and the cursor of the next (`None`: this was the last page; a page asked
+/// with `limit` 0 holds no run and has no next either, whatever runs there are).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RunPage {
     pub runs: Vec<RunListEntry>,
-    /// The cursor of the next page, `<startedAt>:<runId>` with the run id as written: send it
+    /// The cursor of the next page, `<startedAt>:<runId>` with the run id as written (null: no
+    /// run follows this page; always null for `limit` 0, which asks for none): send it
     /// back as `before`, URL-encoded like any query value (a run id may hold `+`, `&`, `#` or
     /// `%`, which a URL read raw would change).
     #[cfg_attr(feature = "openapi", schema(required = true))]

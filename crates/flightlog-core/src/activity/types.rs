@@ -416,7 +416,11 @@ pub struct StartSpanInput {
     /// Client-chosen, 1 to 256 bytes.
     #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 256))]
     pub run_id: String,
+    /// The parent's span id, at most 256 bytes; null or absent for a root. An empty string is
+    /// stored as given (the reference's behaviour): such a span is no root to the root-only
+    /// reads (open roots, stuck runs, stale sweeps), so send null for a root.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 256))]
     pub parent_span_id: Option<String>,
     pub name: String,
     pub kind: SpanKind,

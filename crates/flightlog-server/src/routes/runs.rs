@@ -35,8 +35,8 @@ pub(crate) struct RunsQuery {
     #[serde(default)]
     #[param(value_type = Option<RunState>)]
     state: Option<String>,
-    /// Only runs whose first root ended with this outcome (such a run is still open while a
-    /// later root is).
+    /// Only ended runs whose outcome is this one (their first root's). A run is open, with no
+    /// outcome yet, while any of its roots is: an open run is never listed under an outcome.
     #[serde(default)]
     outcome: Option<SpanOutcome>,
     /// Only runs of this origin.
