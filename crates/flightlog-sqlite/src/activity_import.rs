@@ -703,7 +703,8 @@ fn import_each(
                 report.rejected.push(ImportRejection {
                     span_id: span.span_id.clone(),
                     reason: format!(
-                        "span id {:?} already belongs to another run than {:?}",
+                        "span id {:?} already belongs to another run, not to {:?}: a span id \
+                         is one span in the whole database",
                         span.span_id, span.run_id
                     ),
                 });

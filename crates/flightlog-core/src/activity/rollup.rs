@@ -201,11 +201,16 @@ fn usage_over_roots(spans: &[RollupSpan], roots: &[usize]) -> SpanUsage {
     total
 }
 
-/// Add each count and the cost `part` has to `total` (a field stays absent when neither has it).
+/// The largest count a sum reaches: 2^53 - 1, the bound the API holds every count to (a JSON
+/// number past it is not exact in most clients); sums of counts within it went past it.
+const LARGEST_COUNT: i64 = (1 << 53) - 1;
+
+/// Add each count and the cost `part` has to `total` (a field stays absent when neither has it;
+/// a count stops at [`LARGEST_COUNT`]).
 fn add_usage(total: &mut SpanUsage, part: &SpanUsage) {
     fn add_count(total: &mut Option<i64>, part: Option<i64>) {
         if let Some(part) = part {
-            *total = Some(total.unwrap_or(0).saturating_add(part));
+            *total = Some(total.unwrap_or(0).saturating_add(part).min(LARGEST_COUNT));
         }
     }
     add_count(&mut total.input_tokens, part.input_tokens);
@@ -576,6 +581,23 @@ mod tests {
             writer: "w".into(),
             last_heartbeat_at: None,
         })
+    }
+
+    /// Summed counts stop at 2^53 - 1, the bound every count of the API keeps.
+    #[test]
+    fn summed_counts_stay_within_the_apis_bound() {
+        let mut root = span("root", None, 1);
+        root.is_root = true;
+        let model = |id: &str| {
+            let mut model = span(id, Some("root"), 2);
+            model.kind = SpanKind::Model;
+            model.usage.input_tokens = Some(LARGEST_COUNT);
+            model.usage.output_tokens = Some(1);
+            model
+        };
+        let rollup = compute_rollup(&[root, model("a"), model("b")]).expect("a rollup");
+        assert_eq!(rollup.input_tokens, Some(LARGEST_COUNT));
+        assert_eq!(rollup.output_tokens, Some(2));
     }
 
     /// An OTLP run with two roots (a service called twice by a caller that exports elsewhere)
