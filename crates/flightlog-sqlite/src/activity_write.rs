@@ -1336,7 +1336,8 @@ fn delete_run_detail(ctx: &mut WriteContext<'_>, run_key: i64) -> Result<(i64, i
 /// `detail_pruned`, so the run stays listed (ended) with its usage and cost: named and started
 /// by its earliest span, ended at its newest span's end, no outcome (no root said how it went),
 /// its `model` spans' usage, and the failure reason `root never arrived`. A run pruned before
-/// (it has such a row, and a span came after) keeps the row it has.
+/// (it has such a row, and a span came after) keeps the row it has, marked pruned again (`1`:
+/// a row left at `2`, rewritten, would be a candidate of every later scheduled prune).
 fn store_rootless_digest(ctx: &mut WriteContext<'_>, run_key: i64) -> Result<(), StoreError> {
     let spans: Vec<RollupSpan> = ctx
         .conn
@@ -1358,7 +1359,7 @@ fn store_rootless_digest(ctx: &mut WriteContext<'_>, run_key: i64) -> Result<(),
              output_tokens, cache_read_tokens, cache_creation_tokens, cost_usd, \
              failure_reason, detail_pruned) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL, ?8, ?9, ?10, ?11, ?12, ?13, ?14, \
-             'root never arrived', 1) ON CONFLICT(run_key) DO NOTHING",
+             'root never arrived', 1) ON CONFLICT(run_key) DO UPDATE SET detail_pruned = 1",
         )
         .and_then(|mut stmt| {
             stmt.execute(params![

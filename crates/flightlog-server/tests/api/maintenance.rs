@@ -420,6 +420,52 @@ async fn the_retention_prunes_the_detail_of_old_runs_in_batches_and_keeps_their_
         metrics.get("flightlog_maintenance_spans_pruned_total"),
         Some(old_runs as f64)
     );
+
+    // A pruned run written to again (its id reused) and rolled up: its rollup still says
+    // `detailPruned`, which the reference's prune rule (and the endpoint) never takes again,
+    // so its new detail stayed for good. The scheduled prune takes it once it is old enough.
+    start(&server, "old-0-again", "old-run-0", None, None).await;
+    end(
+        &server,
+        "old-0-again",
+        json!({"outcome": "error", "reason": "again"}),
+    )
+    .await;
+    server
+        .post_empty("/v1/activity/runs/old-run-0/rollup")
+        .await
+        .assert_status(204);
+    let endpoint = server
+        .post(
+            "/v1/activity/maintenance/prune",
+            &json!({"digestFloorAt": 5_000_000, "hardCeilingMs": 0, "now": 5_000_000}),
+        )
+        .await
+        .assert_status(200)
+        .clone();
+    assert_eq!(
+        endpoint["runsPruned"], 0,
+        "the reference's rule: {endpoint}"
+    );
+    assert_eq!(
+        pass(&mut maintenance).await.runs_pruned,
+        0,
+        "not old enough"
+    );
+    set_clock(&server, 2_002_002);
+    let report = pass(&mut maintenance).await;
+    assert_eq!(
+        (report.runs_pruned, report.spans_pruned),
+        (1, 1),
+        "{report:?}"
+    );
+    server
+        .get("/v1/activity/runs/old-run-0/snapshot")
+        .await
+        .assert_error(404, "not_found");
+    let rollup = rollup(&server, "old-run-0").await;
+    assert_eq!(rollup["detailPruned"], true, "{rollup}");
+    assert_eq!(pass(&mut maintenance).await.runs_pruned, 0);
     server.stop().await;
 }
 
