@@ -1937,6 +1937,17 @@ impl GroupCommitWriter {
             }
             self.commit_group(&mut group);
             if self.stop.load(Ordering::Acquire) {
+                // Refuse every job already queued or on its way, each caller told `Closed`.
+                // Dropping the receiver is not enough: it drops the jobs queued at that moment,
+                // but a job whose sender had its slot then lands in the queue afterwards and
+                // stays there while any sender lives, its caller waiting for ever (`close`
+                // itself sends one to wake this thread: `flightlog demo` hung at its close
+                // about once in a hundred runs on a loaded machine). After `close()` the
+                // receiver's `recv` ends only once every slot taken has been used or released.
+                jobs.close();
+                while let Some(job) = jobs.blocking_recv() {
+                    drop(job);
+                }
                 return;
             }
             self.rewind_wal_if_asked();
