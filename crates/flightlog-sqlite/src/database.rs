@@ -2272,6 +2272,44 @@ mod tests {
             .expect("runtime")
     }
 
+    /// A job whose sender took its slot in the queue before the writer stopped, and put the job
+    /// there after: it is answered `Closed`. The writer used to drop its end of the queue and
+    /// go, and such a job stayed in the queue unanswered while any sender lived (`close` waits
+    /// on one of its own: `flightlog demo` hung at its close about once in a hundred runs on a
+    /// loaded machine). Here the slot is held across the stop, so the race is certain.
+    #[test]
+    fn a_job_on_its_way_when_the_writer_stops_is_answered() {
+        let (_dir, db) = database();
+        let runtime = multi_thread_runtime(1);
+        runtime.block_on(async {
+            // A sender between its reservation and its push.
+            let slot = db.queue.reserve().await.expect("a slot in the queue");
+            // Stop the writer as `close` does: the flag, then a job to wake it.
+            db.stop_writer.store(true, Ordering::Release);
+            let _ = db.write(|_| Ok(())).await;
+            let started = Instant::now();
+            while !db.queue.is_closed() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "the writer never closed its queue"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let (reply, answer) = oneshot::channel::<Result<(), StoreError>>();
+            slot.send(Box::new(TypedJob {
+                work: |_: &mut WriteContext<'_>| Ok(()),
+                outcome: None,
+                after_commit: None,
+                reply,
+            }));
+            let answered = tokio::time::timeout(Duration::from_secs(10), answer).await;
+            assert!(
+                matches!(answered, Ok(Err(_))),
+                "the job was never answered: {answered:?}"
+            );
+        });
+    }
+
     #[test]
     fn a_long_read_leaves_the_runtime_worker_free_for_other_tasks() {
         let (_dir, db) = database();

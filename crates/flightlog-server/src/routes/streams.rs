@@ -480,8 +480,11 @@ enum FeedEnd {
 /// A `resync`'s reason when the log no longer holds every change after the cursor.
 const LOG_TRIMMED: &str = "the change log no longer holds every change after this stream's \
                            cursor (trimmed, or deleted with a pruned run)";
-/// A `resync`'s reason when the followed run was pruned and its id used again.
-const RUN_RECREATED: &str = "the run was pruned and a new run started under its id";
+/// A `resync`'s reason when the followed run's seqs start again after the stream's cursor: the
+/// run was pruned and its id used again, or the `Last-Event-ID` given is older than the run.
+const RUN_RECREATED: &str = "the run's changes start again at seq 1 after this stream's cursor \
+                             (the run was pruned and a new run started under its id, or the \
+                             Last-Event-ID is older than the run)";
 
 /// The `data:` of a change or run stream's `resync` event, its last: the stream cannot go on
 /// without a gap.
