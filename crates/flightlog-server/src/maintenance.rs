@@ -411,7 +411,7 @@ impl Maintenance {
                 now: Some(now),
                 batch: Some(PRUNE_BATCH),
                 max_spans: Some(PRUNE_SPAN_BUDGET),
-                rewritten_runs: true,
+                scheduled: true,
             };
             match self.sweeper.prune(options).await {
                 Ok(result) => {

@@ -392,7 +392,7 @@ async fn main() {
                     hard_ceiling_ms: 0,
                     now: None,
                     batch: Some(50),
-                    rewritten_runs: false,
+                    scheduled: false,
                 })
                 .await
                 .expect("prune");

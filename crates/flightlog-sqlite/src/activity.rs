@@ -907,7 +907,7 @@ impl ActivityStore for SqliteActivityStore {
             change_log_retention: self.db.change_log_retention(),
             change_log_trim_batch: self.db.change_log_trim_batch(),
             max_spans: options.max_spans,
-            rewritten_runs: options.rewritten_runs,
+            scheduled: options.scheduled,
         };
         self.db.write(move |ctx| write::prune(ctx, plan)).await
     }

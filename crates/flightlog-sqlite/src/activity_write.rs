@@ -1252,9 +1252,9 @@ pub(crate) struct PrunePlan {
     pub change_log_trim_batch: i64,
     /// The most spans one call deletes (see `PruneOptions::max_spans`); `None`: no bound.
     pub max_spans: Option<i64>,
-    /// Also prune runs written to and rolled up again after their prune (see
-    /// `PruneOptions::rewritten_runs`).
-    pub rewritten_runs: bool,
+    /// The scheduled retention's extra candidates: runs written to and rolled up again after
+    /// their prune, ended runs nobody rolled up (see `PruneOptions::scheduled`).
+    pub scheduled: bool,
 }
 
 /// The first runs of `runs` (each with its span count) that fit in `max_spans` together with
@@ -1277,6 +1277,55 @@ fn within_span_budget<T>(
         kept.push(run);
     }
     (kept, true, total)
+}
+
+/// Roll up (as `rollupRun` does) up to `batch` ended runs that have no rollup, whose spans are
+/// all ended and whose newest end is before `ceiling`: the scheduled prune then takes them as
+/// it takes any rolled-up run. Without it a client that never rolls up (the reference's
+/// terminal write) kept every run's detail for good, and a native run whose spans all hang from
+/// a span of another run (a subagent's run) was listed open for good. Found among the roots
+/// that started before the ceiling (a run with a root older than the retention and still
+/// there is one of the few not pruned yet: open, or never rolled up) and among the runs
+/// waiting for a root, leaving out those of `otlp` spans alone, which the hard ceiling prunes
+/// to a digest of their own.
+fn roll_up_forgotten_runs(
+    ctx: &mut WriteContext<'_>,
+    ceiling: i64,
+    batch: i64,
+) -> Result<(), StoreError> {
+    const ENDED_AND_QUIET: &str = "NOT EXISTS (SELECT 1 FROM activity_run_rollups o \
+         WHERE o.run_key = k.run_key) \
+         AND NOT EXISTS (SELECT 1 FROM activity_spans x INDEXED BY activity_spans_open_by_run \
+           WHERE x.run_key = k.run_key AND x.outcome IS NULL) \
+         AND (SELECT MAX(COALESCE(x.ended_at, x.started_at)) FROM activity_spans x \
+           WHERE x.run_key = k.run_key) < ?1";
+    let rooted = format!(
+        "SELECT DISTINCT k.run_key FROM activity_spans k INDEXED BY activity_spans_roots \
+         WHERE k.parent_span_id IS NULL AND k.started_at < ?1 AND {ENDED_AND_QUIET} LIMIT ?2"
+    );
+    let rootless = format!(
+        "SELECT k.run_key FROM activity_runs_awaiting_root k \
+         INDEXED BY activity_runs_awaiting_root_by_start \
+         WHERE k.started_at < ?1 AND {ENDED_AND_QUIET} \
+         AND EXISTS (SELECT 1 FROM activity_spans x WHERE x.run_key = k.run_key \
+           AND x.origin <> 'otlp') LIMIT ?2"
+    );
+    let mut runs: Vec<i64> = Vec::new();
+    for sql in [rooted, rootless] {
+        let found: Vec<i64> = ctx
+            .conn
+            .prepare_cached(&sql)
+            .and_then(|mut stmt| {
+                stmt.query_map(params![ceiling, batch], |row| row.get(0))?
+                    .collect()
+            })
+            .map_err(backend)?;
+        runs.extend(found);
+    }
+    for run_key in runs {
+        rollup_run_key(ctx, run_key, RollupIdentity::KeepFirst)?;
+    }
+    Ok(())
 }
 
 /// What is left of a prune's batch (SQL `LIMIT` semantics: negative = all) after `taken` runs.
@@ -1387,6 +1436,9 @@ pub(crate) fn prune(
     ctx: &mut WriteContext<'_>,
     plan: PrunePlan,
 ) -> Result<PruneResult, StoreError> {
+    if plan.scheduled && plan.batch != 0 {
+        roll_up_forgotten_runs(ctx, plan.ceiling, plan.batch)?;
+    }
     let conn = ctx.conn;
     // Candidates come from the rollups (a finished run's terminal write made it prunable),
     // guarded against any run that still has an open span.
@@ -1414,7 +1466,7 @@ pub(crate) fn prune(
     // detail would stay forever. Only when asked (the scheduled prune): the endpoint keeps the
     // reference's counts.
     let remaining = remaining_batch(plan.batch, candidates.len());
-    if plan.rewritten_runs && remaining != 0 && all_fitted {
+    if plan.scheduled && remaining != 0 && all_fitted {
         let rewritten: Vec<((i64, i64), i64)> = conn
             .prepare_cached(
                 "SELECT o.run_key, o.ended_at, o.span_count FROM activity_run_rollups o \

@@ -93,7 +93,7 @@ async fn a_group_that_ends_with_a_prune_still_rings_its_changes() {
                     hard_ceiling_ms: i64::MAX,
                     now: None,
                     batch: None,
-                    rewritten_runs: false,
+                    scheduled: false,
                 })
                 .await
                 .map(|_| ())

@@ -3076,7 +3076,7 @@ async fn perform(h: &mut Harness, op: &Op) -> Result<(), TestCaseError> {
                 hard_ceiling_ms: TIMES[*ceiling],
                 now: time(now),
                 batch: PRUNE_BATCHES[*batch],
-                rewritten_runs: false,
+                scheduled: false,
             })
             .await?;
         }
@@ -3320,7 +3320,7 @@ async fn wildcard_and_odd_byte_ids_stay_distinct() -> Result<(), TestCaseError> 
             hard_ceiling_ms: 0,
             now: None,
             batch: Some(-1),
-            rewritten_runs: false,
+            scheduled: false,
         })
         .await?;
     prop_assert_eq!(pruned.runs_pruned, 5);
@@ -3420,7 +3420,7 @@ async fn parent_loops_and_parents_in_other_runs() -> Result<(), TestCaseError> {
             hard_ceiling_ms: i64::MAX,
             now: Some(i64::MIN),
             batch: Some(i64::MIN),
-            rewritten_runs: false,
+            scheduled: false,
         })
         .await?;
     prop_assert_eq!(pruned.runs_pruned, 3);
@@ -3675,7 +3675,7 @@ async fn prune_option_extremes() -> Result<(), TestCaseError> {
                         hard_ceiling_ms: ceiling,
                         now,
                         batch,
-                        rewritten_runs: false,
+                        scheduled: false,
                     })
                     .await?;
                 if batch == Some(0) {
@@ -3691,7 +3691,7 @@ async fn prune_option_extremes() -> Result<(), TestCaseError> {
         hard_ceiling_ms: i64::MIN,
         now: Some(i64::MAX),
         batch: Some(i64::MIN),
-        rewritten_runs: false,
+        scheduled: false,
     };
     h.prune(everything_prunable.clone()).await?;
     prop_assert_eq!(h.prune(everything_prunable).await?.runs_pruned, 0);

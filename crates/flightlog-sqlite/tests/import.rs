@@ -527,7 +527,7 @@ async fn a_callee_delivered_before_its_caller_moves_under_it_when_the_caller_com
             hard_ceiling_ms: i64::MAX,
             now: None,
             batch: None,
-            rewritten_runs: false,
+            scheduled: false,
         })
         .await
         .unwrap();
@@ -1488,7 +1488,7 @@ async fn a_span_of_a_pruned_run_is_rejected_and_the_kept_rollup_stays() {
             hard_ceiling_ms: 0,
             now: Some(1_000_000),
             batch: None,
-            rewritten_runs: true,
+            scheduled: true,
         })
         .await
         .unwrap();

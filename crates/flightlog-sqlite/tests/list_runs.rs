@@ -76,7 +76,7 @@ async fn end_roll_up_and_prune(store: &SqliteActivityStore, span_id: &str, run_i
             hard_ceiling_ms: 1_000_000,
             now: Some(10_000),
             batch: None,
-            rewritten_runs: false,
+            scheduled: false,
         })
         .await
         .expect("prune");
@@ -360,7 +360,7 @@ async fn a_run_with_two_roots_is_listed_from_the_root_its_rollup_and_prune_use()
             hard_ceiling_ms: 100_000,
             now: Some(9_000),
             batch: None,
-            rewritten_runs: false,
+            scheduled: false,
         })
         .await
         .unwrap();
@@ -597,7 +597,7 @@ async fn prune_deletes_a_trace_whose_root_never_came_behind_the_hard_ceiling() {
         hard_ceiling_ms: 9_000,
         now: Some(10_000),
         batch,
-        rewritten_runs: false,
+        scheduled: false,
     };
     assert_eq!(store.prune(prune(Some(0))).await.unwrap().runs_pruned, 0);
     let pruned = store.prune(prune(None)).await.unwrap();
@@ -821,7 +821,7 @@ async fn a_span_budget_bounds_what_one_prune_deletes() {
         now: Some(10_000),
         batch: Some(50),
         max_spans,
-        rewritten_runs: false,
+        scheduled: false,
     };
     let mut calls = Vec::new();
     loop {
@@ -980,7 +980,7 @@ async fn the_leftover_sweep_closes_spans_left_open_after_their_run_ended() {
         hard_ceiling_ms: 0,
         now: Some(10_000),
         batch: None,
-        rewritten_runs: false,
+        scheduled: false,
     };
     assert_eq!(agent.prune(prune_all()).await.unwrap().runs_pruned, 0);
 
@@ -1160,7 +1160,7 @@ async fn the_scheduled_stale_sweep_spares_a_run_with_a_live_root() {
 /// A run written to again after its prune (its id reused: a new root, ended and rolled up)
 /// keeps a rollup that says `detailPruned`, as the reference's row does, so the reference's
 /// prune rule (`detail_pruned = 0`) never takes it again and its new detail would stay forever.
-/// The endpoint's prune keeps the reference's count; the scheduled prune (`rewritten_runs`)
+/// The endpoint's prune keeps the reference's count; the scheduled prune (`scheduled`)
 /// takes such a run once its new life is old enough, and takes it only once.
 #[tokio::test]
 async fn a_run_written_to_again_after_its_prune_is_pruned_again_by_the_scheduled_prune() {
@@ -1190,13 +1190,13 @@ async fn a_run_written_to_again_after_its_prune_is_pruned_again_by_the_scheduled
     assert!(rollup.detail_pruned, "{rollup:?}");
     assert_eq!(rollup.ended_at, Some(3_500));
 
-    let prune = |floor: i64, rewritten_runs: bool| PruneOptions {
+    let prune = |floor: i64, scheduled: bool| PruneOptions {
         digest_floor_at: floor,
         hard_ceiling_ms: 1_000_000,
         now: Some(10_000),
         batch: None,
         max_spans: None,
-        rewritten_runs,
+        scheduled,
     };
     // The reference's rule: never again.
     assert_eq!(
@@ -1226,4 +1226,95 @@ async fn a_run_written_to_again_after_its_prune_is_pruned_again_by_the_scheduled
     let page = store.list_runs(query(None, 10)).await.unwrap();
     assert_eq!(page.runs.len(), 1);
     assert!(page.runs[0].detail_pruned, "{:?}", page.runs[0]);
+}
+
+/// Ended runs nobody rolled up (the reference prunes a run through its rollup only): the
+/// scheduled prune rolls up those whose spans all ended before the ceiling and prunes them,
+/// a rooted one and one whose spans hang from a span of another run (a subagent's run, listed
+/// open for good before); a run with an open span, or one that ended after the ceiling, stays.
+/// The endpoint's prune (the reference's rule) takes none of them.
+#[tokio::test]
+async fn ended_runs_nobody_rolled_up_are_rolled_up_and_pruned_by_the_scheduled_prune() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("runs.db"))).unwrap();
+    let clock = Arc::new(ManualClock::new(10_000));
+    let store = SqliteActivityStore::with_identity(db, clock.clone(), "w");
+    // Rooted, ended at 200, never rolled up.
+    store
+        .start_span(start("r", "rooted", None, 100))
+        .await
+        .unwrap();
+    store
+        .start_span(start("r-tool", "rooted", Some("r"), 110))
+        .await
+        .unwrap();
+    for span in ["r-tool", "r"] {
+        store
+            .end_span(span, end(SpanOutcome::Success, 200))
+            .await
+            .unwrap();
+    }
+    // A subagent's run: its span's parent is a span of `rooted`.
+    store
+        .start_span(start("sub", "subagent", Some("r"), 120))
+        .await
+        .unwrap();
+    store
+        .end_span("sub", end(SpanOutcome::Error, 190))
+        .await
+        .unwrap();
+    // Still running, and ended after the ceiling: both stay.
+    store
+        .start_span(start("o", "open", None, 100))
+        .await
+        .unwrap();
+    store
+        .start_span(start("l", "late", None, 100))
+        .await
+        .unwrap();
+    store
+        .end_span("l", end(SpanOutcome::Success, 5_000))
+        .await
+        .unwrap();
+
+    let prune = |scheduled: bool| PruneOptions {
+        digest_floor_at: 1_000,
+        hard_ceiling_ms: 9_000,
+        now: Some(10_000),
+        batch: Some(50),
+        max_spans: None,
+        scheduled,
+    };
+    assert_eq!(store.prune(prune(false)).await.unwrap().runs_pruned, 0);
+    let pruned = store.prune(prune(true)).await.unwrap();
+    assert_eq!(
+        (pruned.runs_pruned, pruned.spans_deleted),
+        (2, 3),
+        "{pruned:?}"
+    );
+    for (run, outcome) in [
+        ("rooted", SpanOutcome::Success),
+        ("subagent", SpanOutcome::Error),
+    ] {
+        let rollup = store.read_rollup(run).await.unwrap().expect("rolled up");
+        assert!(rollup.detail_pruned, "{rollup:?}");
+        assert_eq!(rollup.outcome, Some(outcome), "{rollup:?}");
+        assert!(store.snapshot_run(run).await.unwrap().is_none(), "{run}");
+    }
+    assert_eq!(
+        store
+            .read_rollup("subagent")
+            .await
+            .unwrap()
+            .unwrap()
+            .ended_at,
+        Some(190)
+    );
+    for run in ["open", "late"] {
+        assert!(store.read_rollup(run).await.unwrap().is_none(), "{run}");
+        assert!(store.snapshot_run(run).await.unwrap().is_some(), "{run}");
+    }
+    let ended = ids(&store, query(Some(RunState::Ended), 10)).await;
+    assert_eq!(ended, ["subagent", "rooted", "late"]);
+    assert_eq!(store.prune(prune(true)).await.unwrap().runs_pruned, 0);
 }

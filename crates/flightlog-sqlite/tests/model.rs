@@ -1808,7 +1808,7 @@ impl Harness {
                     hard_ceiling_ms: prune.hard_ceiling_ms,
                     now: prune.now_back.map(|back| now - back),
                     batch: prune.batch,
-                    rewritten_runs: false,
+                    scheduled: false,
                 };
                 options.batch = self.model.tie_free_batch(&options, now);
                 Call::Prune { options }

@@ -502,7 +502,7 @@ async fn prune_trims_the_change_log_a_batch_at_a_time() {
         hard_ceiling_ms: i64::MAX / 2,
         now: Some(2_000),
         batch: None,
-        rewritten_runs: false,
+        scheduled: false,
     };
     let oldest = |changes: Vec<flightlog_core::activity::ActivityChange>| {
         changes.first().map(|change| change.change_id)

@@ -80,7 +80,7 @@ async fn prune_every_run(store: &SqliteActivityStore, total: u64) -> i64 {
             hard_ceiling_ms: i64::MAX,
             batch: Some(-1),
             now: Some(10_000_000),
-            rewritten_runs: false,
+            scheduled: false,
         })
         .await
         .expect("prune")

@@ -577,12 +577,18 @@ pub struct PruneOptions {
     /// no bound.
     #[serde(skip)]
     pub max_spans: Option<i64>,
-    /// Beyond the reference, and not on the wire: also prune the runs written to (and rolled up)
-    /// again after their prune. Their rollup keeps saying `detailPruned` (as the reference's
-    /// does), and the reference's rule takes only runs not pruned before, so their new detail
-    /// would never go. The scheduled prune sets it; the endpoint keeps the reference's counts.
+    /// Beyond the reference, and not on the wire: the scheduled retention's prune, which also
+    /// takes what the reference's rule never would, so that detail never stays for good:
+    /// - runs written to (and rolled up) again after their prune: their rollup keeps saying
+    ///   `detailPruned` (as the reference's does), and the rule takes only runs not pruned
+    ///   before;
+    /// - ended runs nobody rolled up (the rule takes runs through their rollup only): once none
+    ///   of their spans is open and the newest ended before the hard ceiling, they are rolled up
+    ///   (the reference's rollup) and so pruned like any other.
+    ///
+    /// The endpoint keeps the reference's counts.
     #[serde(skip)]
-    pub rewritten_runs: bool,
+    pub scheduled: bool,
 }
 
 /// What one `prune` call removed.

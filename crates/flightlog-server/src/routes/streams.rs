@@ -1095,7 +1095,7 @@ mod tests {
                 now: Some(6_000),
                 batch: None,
                 max_spans: None,
-                rewritten_runs: false,
+                scheduled: false,
             })
             .await
             .expect("prune");
