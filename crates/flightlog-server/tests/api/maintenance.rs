@@ -454,11 +454,19 @@ async fn the_retention_prunes_the_detail_of_old_runs_in_batches_and_keeps_their_
     );
     set_clock(&server, 2_002_002);
     let report = pass(&mut maintenance).await;
+    // With it `recent-run`, ended at 500,000 and never rolled up: rolled up, then pruned.
     assert_eq!(
         (report.runs_pruned, report.spans_pruned),
-        (1, 1),
+        (2, 2),
         "{report:?}"
     );
+    let recent = rollup(&server, "recent-run").await;
+    assert_eq!(
+        (&recent["detailPruned"], &recent["outcome"]),
+        (&json!(true), &json!("success")),
+        "{recent}"
+    );
+    assert!(span(&server, "open-root").await["outcome"].is_null());
     server
         .get("/v1/activity/runs/old-run-0/snapshot")
         .await
