@@ -307,6 +307,23 @@ fn inflate_bounded(
 /// success. A top-level object with none of the request's keys (`{"resourceLogs": …}`, a
 /// body in another form) is refused instead of being read as an empty request.
 fn decode_json(body: &[u8]) -> Result<ExportTraceServiceRequest, OtlpError> {
+    // Said as such: the parser's "EOF while parsing a value at line 1 column 0" and "expected
+    // value at line 1 column 1" leave the client looking at a body that seems fine.
+    if body
+        .iter()
+        .all(|byte| matches!(byte, b' ' | b'\t' | b'\n' | b'\r'))
+    {
+        return Err(OtlpError::malformed(
+            "the body is empty: an OTLP/JSON body is an ExportTraceServiceRequest object ({} \
+             for no spans)",
+        ));
+    }
+    if body.starts_with(&[0xEF, 0xBB, 0xBF]) {
+        return Err(OtlpError::malformed(
+            "the body starts with a UTF-8 byte-order mark (EF BB BF), which JSON sent over the \
+             network must not have; send the text without it",
+        ));
+    }
     let mut value: Value = serde_json::from_slice(body)
         .map_err(|error| OtlpError::malformed(format!("invalid JSON: {error}")))?;
     if check_json(&value, &mut Vec::new())? == Spelling::NeedsCanonicalForm {
@@ -488,12 +505,19 @@ fn check_json<'a>(value: &'a Value, path: &mut Vec<Step<'a>>) -> Result<Spelling
     let mut spelling = Spelling::Canonical;
     match value {
         Value::Object(object) => {
-            let holds = |key: &str| object.get(key).is_some_and(|value| !value.is_null());
-            if ANY_VALUE_KEYS.iter().filter(|key| holds(key)).count() > 1 {
-                let held: Vec<&str> = ANY_VALUE_KEYS
+            // The oneof's members as given, in either spelling (snake_case is read as the
+            // lowerCamelCase key it stands for).
+            let is_member = |(key, value): &(&String, &Value)| {
+                !value.is_null()
+                    && (ANY_VALUE_KEYS.contains(&key.as_str())
+                        || (SNAKE_CASE_FIELDS.contains(&key.as_str())
+                            && ANY_VALUE_KEYS.contains(&lower_camel_case(key).as_str())))
+            };
+            if object.iter().filter(is_member).count() > 1 {
+                let held: Vec<&str> = object
                     .iter()
-                    .copied()
-                    .filter(|key| holds(key))
+                    .filter(is_member)
+                    .map(|(key, _)| key.as_str())
                     .collect();
                 return Err(OtlpError::malformed(format!(
                     "{}: an AnyValue holds one value; this one has {}: give one",
@@ -533,7 +557,7 @@ fn check_json<'a>(value: &'a Value, path: &mut Vec<Step<'a>>) -> Result<Spelling
                 }
                 match (field, child) {
                     (field, Value::String(text)) if U32_FIELDS.contains(&field) => {
-                        if text.trim().parse::<u32>().is_err() {
+                        if text.parse::<u32>().is_err() {
                             return Err(OtlpError::malformed(format!(
                                 "{}: {text:?} is not a 32-bit unsigned integer",
                                 path_text(path, key)
@@ -551,7 +575,7 @@ fn check_json<'a>(value: &'a Value, path: &mut Vec<Step<'a>>) -> Result<Spelling
                         }
                         spelling = Spelling::NeedsCanonicalForm;
                     }
-                    ("intValue", Value::String(text)) if text.trim().parse::<i64>().is_err() => {
+                    ("intValue", Value::String(text)) if text.parse::<i64>().is_err() => {
                         return Err(OtlpError::malformed(format!(
                             "{}: {text:?} is not a 64-bit integer; give a whole number (a JSON \
                              number or a string of digits)",
@@ -634,7 +658,7 @@ fn canonicalize(value: &mut Value) {
             for (key, child) in object.iter_mut() {
                 if let Value::String(text) = &*child {
                     if U32_FIELDS.contains(&key.as_str()) {
-                        if let Ok(number) = text.trim().parse::<u32>() {
+                        if let Ok(number) = text.parse::<u32>() {
                             *child = Value::from(number);
                         }
                     } else if key == "bytesValue" && STANDARD.decode(text).is_err() {
@@ -1054,7 +1078,7 @@ mod tests {
         let text = json_body("1", "2", "3")
             .replacen(
                 r#""kind":3"#,
-                r#""kind":3,"flags":"768","droppedEventsCount":" 2 ""#,
+                r#""kind":3,"flags":"768","droppedEventsCount":"2""#,
                 1,
             )
             .replacen(r#""name":"chat""#, r#""name":null"#, 1)
@@ -1104,6 +1128,15 @@ mod tests {
             (r#"{"intValue":1.5}"#, "attributes[0].value.intValue: 1.5 is not a 64-bit integer"),
             (r#"{"intValue":true}"#, "an intValue is a whole number (a JSON number or a string of digits), not a boolean"),
             (r#"{"intValue":"12x"}"#, "\"12x\" is not a 64-bit integer"),
+            (r#"{"intValue":" 12 "}"#, "\" 12 \" is not a 64-bit integer"),
+            (
+                r#"{"stringValue":"x","int_value":1}"#,
+                "an AnyValue holds one value; this one has stringValue and int_value",
+            ),
+            (
+                r#"{"string_value":"x","int_value":1}"#,
+                "an AnyValue holds one value; this one has string_value and int_value",
+            ),
             (r#"{"bytesValue":"!!"}"#, "attributes[0].value.bytesValue: \"!!\" is not base64"),
             (r#"{"arrayValue":[1]}"#, "an arrayValue is an object {\"values\": [...]}, not an array"),
         ] {
@@ -1127,6 +1160,8 @@ mod tests {
             "{message}"
         );
         assert!(malformed_message(decode_json_text("{not json")).starts_with("invalid JSON: "));
+        assert!(malformed_message(decode_json_text(" \n")).starts_with("the body is empty"));
+        assert!(malformed_message(decode_json_text("\u{feff}{}")).contains("byte-order mark"));
     }
 
     #[test]

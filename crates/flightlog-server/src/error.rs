@@ -238,8 +238,11 @@ impl From<JournalError> for ApiError {
                 // so under such a limit it cannot make room: not offered then.
                 let compact =
                     if usize::try_from(max_events).is_ok_and(|max| max > COMPACTION_MIN_EVENTS) {
+                        // Only an engagement already closed as completed can be compacted (a
+                        // full one cannot take its closing record any more).
                         format!(
-                            "compact it once it is completed (POST /v1/engagements/{}/compact), ",
+                            "if it was already closed as completed, compact it (POST \
+                             /v1/engagements/{}/compact); otherwise ",
                             percent_encoding::utf8_percent_encode(&engagement_id, PATH_SEGMENT)
                         )
                     } else {
@@ -411,7 +414,10 @@ mod tests {
         }
         let text = message(21);
         assert!(
-            text.contains("compact it once it is completed (POST /v1/engagements/a%20b/compact)"),
+            text.contains(
+                "if it was already closed as completed, compact it (POST \
+                 /v1/engagements/a%20b/compact); otherwise continue in a new engagement"
+            ),
             "{text}"
         );
     }

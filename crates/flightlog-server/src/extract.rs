@@ -93,7 +93,11 @@ impl<T: DeserializeOwned> FromRequest<AppState> for OptionalJsonBody<T> {
         let declared = is_json(req.headers());
         let encoded = refuse_encoded(req.headers());
         let bytes = read_body(req, state).await?;
-        if bytes.is_empty() {
+        // Whitespace alone is no body either (a client's stray newline).
+        if bytes
+            .iter()
+            .all(|byte| matches!(byte, b' ' | b'\t' | b'\n' | b'\r'))
+        {
             return Ok(OptionalJsonBody(None));
         }
         if !declared? {
@@ -301,7 +305,8 @@ fn query_error_text(text: &str) -> String {
         // 64-bit range is outside every one of them).
         let range = match detail.split_once(':').map(|(field, _)| field) {
             Some("limit") => "from 0 to 10000",
-            Some("after" | "fromSeq") => "from 0 up (a cursor or seq this server sent)",
+            Some("after") => "(a change id this server sent)",
+            Some("fromSeq") => "from 0 up (a seq this server sent)",
             _ => "below 2^53 in magnitude",
         };
         return format!("bad query parameter {detail}: give a whole number {range}");
@@ -515,7 +520,7 @@ mod tests {
                  target type"
             ),
             "bad query parameter fromSeq: number too small to fit in target type: give a \
-             whole number from 0 up (a cursor or seq this server sent)"
+             whole number from 0 up (a seq this server sent)"
         );
         assert_eq!(
             query_error_text(

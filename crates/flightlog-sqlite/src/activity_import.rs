@@ -75,8 +75,9 @@ pub(crate) struct PreparedSpan {
     refusal: Option<String>,
 }
 
-/// Whether a stored run's detail was pruned and nothing was written to it since (its rollup
-/// row says `detail_pruned = 1`), read once per run and delivery.
+/// Whether a stored run's detail was pruned and it holds no span now (its rollup row says
+/// `detail_pruned = 1`, and nothing was written to it since; a run written to again natively,
+/// rolled up yet or not, takes spans as any run), read once per run and delivery.
 fn detail_pruned(
     ctx: &mut WriteContext<'_>,
     known: &mut HashMap<i64, bool>,
@@ -88,7 +89,8 @@ fn detail_pruned(
     let pruned = ctx
         .conn
         .prepare_cached(
-            "SELECT 1 FROM activity_run_rollups WHERE run_key = ?1 AND detail_pruned = 1",
+            "SELECT 1 FROM activity_run_rollups o WHERE o.run_key = ?1 AND o.detail_pruned = 1 \
+             AND NOT EXISTS (SELECT 1 FROM activity_spans s WHERE s.run_key = ?1)",
         )
         .and_then(|mut stmt| stmt.exists([run_key]))
         .map_err(backend)?;
@@ -648,8 +650,8 @@ fn import_each(
             report.rejected.push(ImportRejection {
                 span_id: span.span_id.clone(),
                 reason: format!(
-                    "run {:?} ended and its span detail was pruned; a span delivered after \
-                     that is not stored (the run's rollup is kept)",
+                    "run {:?} was pruned (its spans deleted, its rollup kept); a span \
+                     delivered for it after that is not stored",
                     span.run_id
                 ),
             });

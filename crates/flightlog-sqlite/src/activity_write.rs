@@ -1279,6 +1279,37 @@ fn within_span_budget<T>(
     (kept, true, total)
 }
 
+/// A run a prune may take: `((run key, end), span count)`.
+type PruneCandidate = ((i64, i64), i64);
+
+/// The runs a prune takes through their rollup row: marked `detail_pruned` (0: never pruned,
+/// the reference's rule; 2: written to again since their prune), ended before the digest
+/// floor or the hard ceiling, with no span open; `((run key, end), span count)`, oldest end
+/// first, at most `limit` (SQL `LIMIT` semantics).
+fn rolled_up_candidates(
+    conn: &rusqlite::Connection,
+    detail_pruned: i64,
+    plan: &PrunePlan,
+    limit: i64,
+) -> Result<Vec<PruneCandidate>, StoreError> {
+    conn.prepare_cached(
+        "SELECT o.run_key, o.ended_at, o.span_count FROM activity_run_rollups o \
+         WHERE o.detail_pruned = ?4 AND o.ended_at IS NOT NULL \
+           AND (o.ended_at < ?1 OR o.ended_at < ?2) \
+           AND NOT EXISTS (SELECT 1 FROM activity_spans s \
+                           WHERE s.run_key = o.run_key AND s.outcome IS NULL) \
+         ORDER BY o.ended_at, o.run_key LIMIT ?3",
+    )
+    .and_then(|mut stmt| {
+        stmt.query_map(
+            params![plan.floor, plan.ceiling, limit, detail_pruned],
+            |row| Ok(((row.get(0)?, row.get(1)?), row.get(2)?)),
+        )?
+        .collect()
+    })
+    .map_err(backend)
+}
+
 /// Roll up (as `rollupRun` does) up to `batch` ended runs that have no rollup, whose spans are
 /// all ended and whose newest end is before `ceiling`: the scheduled prune then takes them as
 /// it takes any rolled-up run. Without it a client that never rolls up (the reference's
@@ -1442,22 +1473,7 @@ pub(crate) fn prune(
     let conn = ctx.conn;
     // Candidates come from the rollups (a finished run's terminal write made it prunable),
     // guarded against any run that still has an open span.
-    let candidates: Vec<((i64, i64), i64)> = conn
-        .prepare_cached(
-            "SELECT o.run_key, o.ended_at, o.span_count FROM activity_run_rollups o \
-             WHERE o.detail_pruned = 0 AND o.ended_at IS NOT NULL \
-               AND (o.ended_at < ?1 OR o.ended_at < ?2) \
-               AND NOT EXISTS (SELECT 1 FROM activity_spans s \
-                               WHERE s.run_key = o.run_key AND s.outcome IS NULL) \
-             ORDER BY o.ended_at, o.run_key LIMIT ?3",
-        )
-        .and_then(|mut stmt| {
-            stmt.query_map(params![plan.floor, plan.ceiling, plan.batch], |row| {
-                Ok(((row.get(0)?, row.get(1)?), row.get(2)?))
-            })?
-            .collect()
-        })
-        .map_err(backend)?;
+    let candidates = rolled_up_candidates(conn, 0, &plan, plan.batch)?;
     let (mut candidates, mut all_fitted, mut candidate_spans) =
         within_span_budget(candidates, plan.max_spans, 0, false);
     // Runs written to again after their prune: a rollup after that marks the row
@@ -1467,22 +1483,7 @@ pub(crate) fn prune(
     // reference's counts.
     let remaining = remaining_batch(plan.batch, candidates.len());
     if plan.scheduled && remaining != 0 && all_fitted {
-        let rewritten: Vec<((i64, i64), i64)> = conn
-            .prepare_cached(
-                "SELECT o.run_key, o.ended_at, o.span_count FROM activity_run_rollups o \
-                 WHERE o.detail_pruned = 2 AND o.ended_at IS NOT NULL \
-                   AND (o.ended_at < ?1 OR o.ended_at < ?2) \
-                   AND NOT EXISTS (SELECT 1 FROM activity_spans s \
-                                   WHERE s.run_key = o.run_key AND s.outcome IS NULL) \
-                 ORDER BY o.ended_at, o.run_key LIMIT ?3",
-            )
-            .and_then(|mut stmt| {
-                stmt.query_map(params![plan.floor, plan.ceiling, remaining], |row| {
-                    Ok(((row.get(0)?, row.get(1)?), row.get(2)?))
-                })?
-                .collect()
-            })
-            .map_err(backend)?;
+        let rewritten = rolled_up_candidates(conn, 2, &plan, remaining)?;
         let (rewritten, fitted, spans) = within_span_budget(
             rewritten,
             plan.max_spans,
@@ -1526,6 +1527,14 @@ pub(crate) fn prune(
                 .collect()
             })
             .map_err(backend)?;
+        // A run written to again after its prune, rolled up (`2`), and all `otlp` with no root
+        // is a candidate above already: counted once (an audit saw it counted twice).
+        let taken: std::collections::HashSet<i64> =
+            candidates.iter().map(|(run_key, _)| *run_key).collect();
+        let rootless = rootless
+            .into_iter()
+            .filter(|(run_key, _)| !taken.contains(run_key))
+            .collect();
         within_span_budget(
             rootless,
             plan.max_spans,

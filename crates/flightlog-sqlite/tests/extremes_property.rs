@@ -560,9 +560,6 @@ struct Model {
     /// One past the newest change id a prune deleted (the log is never trimmed here).
     horizon: i64,
     rollups: BTreeMap<String, RunRollupRow>,
-    /// Pruned runs rolled up again since (the store's `detail_pruned = 2`): an import may add
-    /// to them; to a run pruned and not written since, it is refused.
-    rewritten: BTreeSet<String>,
     /// Run ids in the order they were interned (the prune tie-break).
     run_keys: Vec<String>,
 }
@@ -1001,13 +998,6 @@ impl Model {
             return;
         };
         let cost_usd = stored_cost(fields.cost_usd);
-        if self
-            .rollups
-            .get(run_id)
-            .is_some_and(|row| row.detail_pruned)
-        {
-            self.rewritten.insert(run_id.to_owned());
-        }
         match self.rollups.get_mut(run_id) {
             // ON CONFLICT: the identity columns and `detail_pruned` keep their first values.
             Some(row) => {
@@ -1149,7 +1139,6 @@ impl Model {
         }
         let mut spans_deleted = 0;
         for (_, _, run_id) in &rootless {
-            self.rewritten.remove(run_id);
             if !self.rollups.contains_key(run_id) {
                 let mut spans: Vec<(usize, &SpanRow)> = self
                     .spans
@@ -1192,7 +1181,6 @@ impl Model {
             spans_deleted += self.delete_run_detail(run_id);
         }
         for (ended, _, run_id) in &candidates {
-            self.rewritten.remove(run_id);
             if let Some(row) = self.rollups.get_mut(run_id) {
                 row.detail_pruned = true;
                 if *ended >= floor {
@@ -1266,12 +1254,12 @@ impl Model {
                 });
                 continue;
             }
-            // A run whose detail was pruned, not written to since: its rollup is kept as is.
+            // A run whose detail was pruned and that holds no span now: its rollup is kept.
             if self
                 .rollups
                 .get(&span.run_id)
                 .is_some_and(|row| row.detail_pruned)
-                && !self.rewritten.contains(&span.run_id)
+                && !self.spans.iter().any(|held| held.run_id == span.run_id)
             {
                 report.rejected.push(ImportRejection {
                     span_id: span.span_id.clone(),
@@ -1689,7 +1677,7 @@ fn report_kinds(mut report: ImportReport) -> ImportReport {
             rejection.reason = "too deep".to_owned();
         } else if rejection.reason.contains("already belongs to another run") {
             rejection.reason = "another run".to_owned();
-        } else if rejection.reason.contains("its span detail was pruned") {
+        } else if rejection.reason.contains("was pruned (its spans deleted") {
             rejection.reason = "pruned".to_owned();
         }
     }

@@ -1516,7 +1516,7 @@ async fn a_span_of_a_pruned_run_is_rejected_and_the_kept_rollup_stays() {
         assert!(
             rejection
                 .reason
-                .contains("\"trace1\" ended and its span detail was pruned"),
+                .contains("run \"trace1\" was pruned (its spans deleted, its rollup kept)"),
             "{rejection:?}"
         );
     }

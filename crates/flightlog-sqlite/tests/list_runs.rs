@@ -1318,3 +1318,39 @@ async fn ended_runs_nobody_rolled_up_are_rolled_up_and_pruned_by_the_scheduled_p
     assert_eq!(ended, ["subagent", "rooted", "late"]);
     assert_eq!(store.prune(prune(true)).await.unwrap().runs_pruned, 0);
 }
+
+/// A pruned run written to again with `otlp` spans and no root, then rolled up, is both a
+/// rewritten run and a rootless one: the scheduled prune takes it once and counts it once.
+#[tokio::test]
+async fn a_rewritten_rootless_run_is_pruned_and_counted_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("runs.db"))).unwrap();
+    let clock = Arc::new(ManualClock::new(10_000));
+    let store = SqliteActivityStore::with_identity(db, clock.clone(), "w");
+    end_roll_up_and_prune(&store, "a", "run-a").await;
+    let mut again = start("a2", "run-a", Some("gone"), 3_000);
+    again.origin = SpanOrigin::Otlp;
+    store.start_span(again).await.unwrap();
+    store
+        .end_span("a2", end(SpanOutcome::Success, 3_010))
+        .await
+        .unwrap();
+    store.rollup_run("run-a").await.unwrap();
+    let pruned = store
+        .prune(PruneOptions {
+            digest_floor_at: 5_000,
+            hard_ceiling_ms: 5_000,
+            now: Some(10_000),
+            batch: Some(50),
+            max_spans: None,
+            scheduled: true,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (pruned.runs_pruned, pruned.spans_deleted),
+        (1, 1),
+        "{pruned:?}"
+    );
+    assert!(store.get_span("a2").await.unwrap().is_none());
+}

@@ -163,40 +163,39 @@ fn root_usage(own: &SpanUsage, spans: &[RollupSpan]) -> SpanUsage {
 /// were lost (an audit). Runs of the reference's origins keep its rule (the first root alone),
 /// which its fixtures pin.
 fn usage_over_roots(spans: &[RollupSpan], roots: &[usize]) -> SpanUsage {
-    let by_id: HashMap<&str, usize> = spans
-        .iter()
-        .enumerate()
-        .map(|(index, span)| (span.span_id.as_str(), index))
-        .collect();
-    let root_above = first_above(
-        spans.len(),
-        |at| {
-            spans[at]
-                .parent_span_id
-                .as_deref()
-                .and_then(|id| by_id.get(id).copied())
-        },
-        |parent| spans[parent].is_root,
-    );
-    let mut below_root: HashMap<usize, Vec<RollupSpan>> = HashMap::new();
-    let mut below_none = Vec::new();
-    for (index, span) in spans.iter().enumerate() {
-        let owner = if span.is_root {
+    // What the model spans count is decided over the whole run, as for one root: a call seen
+    // by two instrumentations counts once even when the copies hang from different roots (or
+    // one from no stored root); summed per part, it counted twice (an audit: a root with no
+    // usage at all doubled a run's totals).
+    let counted = counted_model_usage(spans);
+    let root_above = first_ancestor(spans, |parent| spans[parent].is_root);
+    let mut below_root: HashMap<usize, SpanUsage> = HashMap::new();
+    let mut below_none = SpanUsage::default();
+    for (index, usage) in counted.iter().enumerate() {
+        let Some(usage) = usage else {
+            continue;
+        };
+        let owner = if spans[index].is_root {
             Some(index)
         } else {
             root_above[index]
         };
         match owner {
-            Some(root) => below_root.entry(root).or_default().push(span.clone()),
-            None => below_none.push(span.clone()),
+            Some(root) => add_usage(below_root.entry(root).or_default(), usage),
+            None => add_usage(&mut below_none, usage),
         }
     }
     let mut total = SpanUsage::default();
     for &root in roots {
-        let own = below_root.get(&root).map(Vec::as_slice).unwrap_or_default();
-        add_usage(&mut total, &root_usage(&spans[root].usage, own));
+        let own = &spans[root].usage;
+        let usage = if carries_all_usage(own) {
+            own.clone()
+        } else {
+            fill_missing_fields(own.clone(), &below_root.remove(&root).unwrap_or_default())
+        };
+        add_usage(&mut total, &usage);
     }
-    add_usage(&mut total, &sum_model_usage(&below_none));
+    add_usage(&mut total, &below_none);
     total.cost_usd = total.cost_usd.map(round_cost);
     total
 }
@@ -539,6 +538,12 @@ fn sum_model_usage(spans: &[RollupSpan]) -> SpanUsage {
 /// For each span, its nearest ancestor (within `spans`) that is a `model` span reporting usage,
 /// found by [`first_above`] (a parent id that is not a span of `spans` ends the chain).
 fn nearest_reporting_model_above(spans: &[RollupSpan]) -> Vec<Option<usize>> {
+    first_ancestor(spans, |parent| reports_model_usage(&spans[parent]))
+}
+
+/// For each span, its nearest ancestor (within `spans`) that `is_answer`, up the parent ids
+/// ([`first_above`]; a parent id that is not a span of `spans` ends the chain).
+fn first_ancestor(spans: &[RollupSpan], is_answer: impl Fn(usize) -> bool) -> Vec<Option<usize>> {
     let by_id: HashMap<&str, usize> = spans
         .iter()
         .enumerate()
@@ -552,7 +557,7 @@ fn nearest_reporting_model_above(spans: &[RollupSpan]) -> Vec<Option<usize>> {
                 .as_deref()
                 .and_then(|id| by_id.get(id).copied())
         },
-        |parent| reports_model_usage(&spans[parent]),
+        is_answer,
     )
 }
 
@@ -648,6 +653,56 @@ mod tests {
         assert_eq!(rollup.input_tokens, Some(6_007));
         assert_eq!(rollup.output_tokens, None);
         assert_eq!(rollup.cost_usd, Some(0.25));
+    }
+
+    /// One call seen by two instrumentations counts once in a run with several roots, when
+    /// the copies hang from different roots or from no stored root (an audit: an OTLP root
+    /// with no usage at all doubled the run's totals).
+    #[test]
+    fn one_call_counts_once_across_several_roots() {
+        let otlp_root = |id: &str, at: i64| {
+            let mut root = span(id, None, at);
+            root.origin = SpanOrigin::Otlp;
+            root.is_root = true;
+            root
+        };
+        let copy = |id: &str, parent: &str| {
+            let mut model = span(id, Some(parent), 2);
+            model.origin = SpanOrigin::Otlp;
+            model.kind = SpanKind::Model;
+            model.usage.input_tokens = Some(100);
+            model.usage.output_tokens = Some(10);
+            model.call_id = Some("resp_1".into());
+            model
+        };
+        let one_root = vec![
+            otlp_root("agent-a", 1),
+            copy("m1", "agent-a"),
+            copy("m2", "not-stored"),
+        ];
+        let single = compute_rollup(&one_root).expect("a rollup");
+        assert_eq!(
+            (single.input_tokens, single.output_tokens),
+            (Some(100), Some(10))
+        );
+        let mut two_roots = one_root.clone();
+        two_roots.push(otlp_root("agent-b", 3));
+        let double = compute_rollup(&two_roots).expect("a rollup");
+        assert_eq!(
+            (double.input_tokens, double.output_tokens),
+            (Some(100), Some(10))
+        );
+        let apart = vec![
+            otlp_root("agent-a", 1),
+            copy("m1", "agent-a"),
+            otlp_root("agent-b", 3),
+            copy("m2", "agent-b"),
+        ];
+        let apart = compute_rollup(&apart).expect("a rollup");
+        assert_eq!(
+            (apart.input_tokens, apart.output_tokens),
+            (Some(100), Some(10))
+        );
     }
 
     /// Two instrumentations beside each other record one call (the Anthropic SDK's own span and

@@ -795,8 +795,8 @@ fn journal_last_event_id(headers: &HeaderMap) -> Result<Option<JournalStart>, Ap
     });
     parsed.map(Some).ok_or_else(|| {
         ApiError::invalid(
-            "Last-Event-ID must be an id this stream sent: <seq>@<generation>, or a \
-             non-negative seq",
+            "Last-Event-ID must be an id this stream sent: <seq>@<generation>, or a seq \
+             from 0 to 2^53 - 1",
         )
     })
 }

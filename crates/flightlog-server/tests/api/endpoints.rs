@@ -349,14 +349,19 @@ async fn span_writes_end_patch_events_heartbeat_and_get() {
         .post_empty("/v1/activity/spans/root/heartbeat")
         .await
         .assert_status(204);
-    // An empty body is no body, whatever content type a client library labels it with.
-    for content_type in ["text/plain", "application/x-www-form-urlencoded"] {
+    // An empty body is no body, whatever content type a client library labels it with; so is
+    // one of whitespace alone (it was refused as "the body is empty; send a JSON object").
+    for (content_type, body) in [
+        ("text/plain", ""),
+        ("application/x-www-form-urlencoded", ""),
+        ("application/json", " \n"),
+    ] {
         server
             .send_raw(
                 Method::POST,
                 "/v1/activity/spans/root/heartbeat",
                 Some(content_type),
-                "",
+                body,
             )
             .await
             .assert_status(204);
@@ -1512,7 +1517,7 @@ async fn blank_query_parameters_count_as_absent_and_unknown_ones_are_refused() {
         ),
         (
             "/v1/activity/changes?after=9223372036854775808",
-            "give a whole number from 0 up",
+            "give a whole number (a change id this server sent)",
         ),
         (
             "/v1/engagements?limit=99999999999999999999",
