@@ -1310,10 +1310,11 @@ fn rolled_up_candidates(
     .map_err(backend)
 }
 
-/// Roll up (as `rollupRun` does) up to `batch` ended runs that have no rollup, whose spans are
-/// all ended and whose newest end is before `ceiling`: the scheduled prune then takes them as
-/// it takes any rolled-up run. Without it a client that never rolls up (the reference's
-/// terminal write) kept every run's detail for good, and a native run whose spans all hang from
+/// Roll up (as `rollupRun` does) up to `batch` ended runs that have no rollup a prune takes
+/// them by (none; one made while they were open; a pruned run's, written to again since),
+/// whose spans are all ended and whose newest end is before `ceiling`: the scheduled prune
+/// then takes them as it takes any rolled-up run. Without it a client that never rolls up
+/// (the reference's terminal write), or never after a run ended, kept its detail for good, and a native run whose spans all hang from
 /// a span of another run (a subagent's run) was listed open for good. Found among the roots
 /// that started before the ceiling (a run with a root older than the retention and still
 /// there is one of the few not pruned yet: open, or never rolled up) and among the runs
@@ -1324,8 +1325,10 @@ fn roll_up_forgotten_runs(
     ceiling: i64,
     batch: i64,
 ) -> Result<(), StoreError> {
+    // No rollup that a prune takes the run by: none, one made while the run was open (no
+    // end), or a pruned run's (`1`) while the run holds spans again (written to since).
     const ENDED_AND_QUIET: &str = "NOT EXISTS (SELECT 1 FROM activity_run_rollups o \
-         WHERE o.run_key = k.run_key) \
+         WHERE o.run_key = k.run_key AND o.ended_at IS NOT NULL AND o.detail_pruned <> 1) \
          AND NOT EXISTS (SELECT 1 FROM activity_spans x INDEXED BY activity_spans_open_by_run \
            WHERE x.run_key = k.run_key AND x.outcome IS NULL) \
          AND (SELECT MAX(COALESCE(x.ended_at, x.started_at)) FROM activity_spans x \

@@ -1354,3 +1354,52 @@ async fn a_rewritten_rootless_run_is_pruned_and_counted_once() {
     );
     assert!(store.get_span("a2").await.unwrap().is_none());
 }
+
+/// Runs a prune could not take by their rollup: one rolled up while still open (the reference
+/// allows a rollup at any time; it has no end) and a pruned run written to again and not rolled
+/// up since. The scheduled prune rolls them up and takes them once they ended before the window.
+#[tokio::test]
+async fn runs_rolled_up_while_open_or_rewritten_without_a_rollup_are_pruned_by_the_scheduled_prune()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("runs.db"))).unwrap();
+    let clock = Arc::new(ManualClock::new(10_000));
+    let store = SqliteActivityStore::with_identity(db, clock.clone(), "w");
+    end_roll_up_and_prune(&store, "a", "run-a").await;
+    store
+        .start_span(start("a2", "run-a", None, 3_000))
+        .await
+        .unwrap();
+    store
+        .end_span("a2", end(SpanOutcome::Success, 3_100))
+        .await
+        .unwrap();
+    store
+        .start_span(start("b", "run-b", None, 3_000))
+        .await
+        .unwrap();
+    store.rollup_run("run-b").await.unwrap();
+    store
+        .end_span("b", end(SpanOutcome::Success, 3_200))
+        .await
+        .unwrap();
+    let prune = |scheduled: bool| PruneOptions {
+        digest_floor_at: 5_000,
+        hard_ceiling_ms: 5_000,
+        now: Some(10_000),
+        batch: Some(50),
+        max_spans: None,
+        scheduled,
+    };
+    assert_eq!(store.prune(prune(false)).await.unwrap().runs_pruned, 0);
+    let pruned = store.prune(prune(true)).await.unwrap();
+    assert_eq!(
+        (pruned.runs_pruned, pruned.spans_deleted),
+        (2, 2),
+        "{pruned:?}"
+    );
+    assert!(store.get_span("a2").await.unwrap().is_none());
+    let b = store.read_rollup("run-b").await.unwrap().expect("kept");
+    assert_eq!((b.ended_at, b.detail_pruned), (Some(3_200), true), "{b:?}");
+    assert_eq!(store.prune(prune(true)).await.unwrap().runs_pruned, 0);
+}
