@@ -1157,6 +1157,28 @@ async fn the_scheduled_stale_sweep_spares_a_run_with_a_live_root() {
     );
 }
 
+/// A store on a new file in a scratch folder, its clock at 10,000 (the folder goes with the
+/// first value).
+fn store_at_10_000() -> (tempfile::TempDir, SqliteActivityStore) {
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("runs.db")))
+        .expect("the database opens");
+    let store = SqliteActivityStore::with_identity(db, Arc::new(ManualClock::new(10_000)), "w");
+    (dir, store)
+}
+
+/// A prune at 10,000 in batches of 50: the endpoint's (`scheduled` false) or the scheduled one.
+fn prune_at_10_000(digest_floor_at: i64, hard_ceiling_ms: i64, scheduled: bool) -> PruneOptions {
+    PruneOptions {
+        digest_floor_at,
+        hard_ceiling_ms,
+        now: Some(10_000),
+        batch: Some(50),
+        max_spans: None,
+        scheduled,
+    }
+}
+
 /// A run written to again after its prune (its id reused: a new root, ended and rolled up)
 /// keeps a rollup that says `detailPruned`, as the reference's row does, so the reference's
 /// prune rule (`detail_pruned = 0`) never takes it again and its new detail would stay forever.
@@ -1164,10 +1186,7 @@ async fn the_scheduled_stale_sweep_spares_a_run_with_a_live_root() {
 /// takes such a run once its new life is old enough, and takes it only once.
 #[tokio::test]
 async fn a_run_written_to_again_after_its_prune_is_pruned_again_by_the_scheduled_prune() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("runs.db"))).unwrap();
-    let clock = Arc::new(ManualClock::new(10_000));
-    let store = SqliteActivityStore::with_identity(db, clock.clone(), "w");
+    let (_dir, store) = store_at_10_000();
     end_roll_up_and_prune(&store, "a", "run-a").await;
 
     // Its second life: a root started and ended at 3,000 and 3,500, rolled up.
@@ -1190,14 +1209,7 @@ async fn a_run_written_to_again_after_its_prune_is_pruned_again_by_the_scheduled
     assert!(rollup.detail_pruned, "{rollup:?}");
     assert_eq!(rollup.ended_at, Some(3_500));
 
-    let prune = |floor: i64, scheduled: bool| PruneOptions {
-        digest_floor_at: floor,
-        hard_ceiling_ms: 1_000_000,
-        now: Some(10_000),
-        batch: None,
-        max_spans: None,
-        scheduled,
-    };
+    let prune = |floor, scheduled| prune_at_10_000(floor, 1_000_000, scheduled);
     // The reference's rule: never again.
     assert_eq!(
         store.prune(prune(5_000, false)).await.unwrap().runs_pruned,
@@ -1235,10 +1247,7 @@ async fn a_run_written_to_again_after_its_prune_is_pruned_again_by_the_scheduled
 /// The endpoint's prune (the reference's rule) takes none of them.
 #[tokio::test]
 async fn ended_runs_nobody_rolled_up_are_rolled_up_and_pruned_by_the_scheduled_prune() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("runs.db"))).unwrap();
-    let clock = Arc::new(ManualClock::new(10_000));
-    let store = SqliteActivityStore::with_identity(db, clock.clone(), "w");
+    let (_dir, store) = store_at_10_000();
     // Rooted, ended at 200, never rolled up.
     store
         .start_span(start("r", "rooted", None, 100))
@@ -1277,14 +1286,7 @@ async fn ended_runs_nobody_rolled_up_are_rolled_up_and_pruned_by_the_scheduled_p
         .await
         .unwrap();
 
-    let prune = |scheduled: bool| PruneOptions {
-        digest_floor_at: 1_000,
-        hard_ceiling_ms: 9_000,
-        now: Some(10_000),
-        batch: Some(50),
-        max_spans: None,
-        scheduled,
-    };
+    let prune = |scheduled| prune_at_10_000(1_000, 9_000, scheduled);
     assert_eq!(store.prune(prune(false)).await.unwrap().runs_pruned, 0);
     let pruned = store.prune(prune(true)).await.unwrap();
     assert_eq!(
@@ -1323,10 +1325,7 @@ async fn ended_runs_nobody_rolled_up_are_rolled_up_and_pruned_by_the_scheduled_p
 /// rewritten run and a rootless one: the scheduled prune takes it once and counts it once.
 #[tokio::test]
 async fn a_rewritten_rootless_run_is_pruned_and_counted_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("runs.db"))).unwrap();
-    let clock = Arc::new(ManualClock::new(10_000));
-    let store = SqliteActivityStore::with_identity(db, clock.clone(), "w");
+    let (_dir, store) = store_at_10_000();
     end_roll_up_and_prune(&store, "a", "run-a").await;
     let mut again = start("a2", "run-a", Some("gone"), 3_000);
     again.origin = SpanOrigin::Otlp;
@@ -1337,14 +1336,7 @@ async fn a_rewritten_rootless_run_is_pruned_and_counted_once() {
         .unwrap();
     store.rollup_run("run-a").await.unwrap();
     let pruned = store
-        .prune(PruneOptions {
-            digest_floor_at: 5_000,
-            hard_ceiling_ms: 5_000,
-            now: Some(10_000),
-            batch: Some(50),
-            max_spans: None,
-            scheduled: true,
-        })
+        .prune(prune_at_10_000(5_000, 5_000, true))
         .await
         .unwrap();
     assert_eq!(
@@ -1361,10 +1353,7 @@ async fn a_rewritten_rootless_run_is_pruned_and_counted_once() {
 #[tokio::test]
 async fn runs_rolled_up_while_open_or_rewritten_without_a_rollup_are_pruned_by_the_scheduled_prune()
 {
-    let dir = tempfile::tempdir().unwrap();
-    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("runs.db"))).unwrap();
-    let clock = Arc::new(ManualClock::new(10_000));
-    let store = SqliteActivityStore::with_identity(db, clock.clone(), "w");
+    let (_dir, store) = store_at_10_000();
     end_roll_up_and_prune(&store, "a", "run-a").await;
     store
         .start_span(start("a2", "run-a", None, 3_000))
@@ -1383,14 +1372,7 @@ async fn runs_rolled_up_while_open_or_rewritten_without_a_rollup_are_pruned_by_t
         .end_span("b", end(SpanOutcome::Success, 3_200))
         .await
         .unwrap();
-    let prune = |scheduled: bool| PruneOptions {
-        digest_floor_at: 5_000,
-        hard_ceiling_ms: 5_000,
-        now: Some(10_000),
-        batch: Some(50),
-        max_spans: None,
-        scheduled,
-    };
+    let prune = |scheduled| prune_at_10_000(5_000, 5_000, scheduled);
     assert_eq!(store.prune(prune(false)).await.unwrap().runs_pruned, 0);
     let pruned = store.prune(prune(true)).await.unwrap();
     assert_eq!(
