@@ -25,7 +25,8 @@
 //!
 //! A second extension: an OTLP run with several roots (each call of a service that a caller
 //! exporting elsewhere made in one trace is a root) counts every root's usage, each taken as a
-//! lone root's is from the spans below it (see [`usage_over_roots`]). Its name, start, end and
+//! lone root's is from the model spans below it, one provider call counting once in the whole
+//! run (see [`usage_over_roots`]). Its name, start, end and
 //! outcome stay the first root's, as the run list shows them. Runs of the reference's origins
 //! keep its rule (the first root alone).
 
@@ -158,8 +159,9 @@ fn root_usage(own: &SpanUsage, spans: &[RollupSpan]) -> SpanUsage {
 
 /// The usage of an OTLP run with several roots (a service called twice in one trace by a caller
 /// that exports elsewhere: each call's span is a root of the run): the sum over its roots of
-/// each root's usage taken as a lone root's is ([`root_usage`] over the spans below it), plus the
-/// `model` spans below no root. Only the first root counted, so a later call's tokens and cost
+/// each root's usage as a lone root's is taken (its own, each field it lacks from the counted
+/// `model` spans below it), plus the counted `model` spans below no root; which model spans
+/// count is decided over the whole run, as for one root. Only the first root counted, so a later call's tokens and cost
 /// were lost (an audit). Runs of the reference's origins keep its rule (the first root alone),
 /// which its fixtures pin.
 fn usage_over_roots(spans: &[RollupSpan], roots: &[usize]) -> SpanUsage {
