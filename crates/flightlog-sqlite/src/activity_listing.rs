@@ -198,9 +198,12 @@ fn pruned_sql(query: &RunListQuery) -> String {
 
 /// Whether a run waiting for its root has ended: it was rolled up with an end (a native writer
 /// closed it: `cascade_close`, a sweep, a rollup after its spans ended) and none of its spans is
-/// open. Otherwise it is open: its root, which would say it ended, has not come.
-const AWAITING_ENDED: &str = "(u.ended_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM \
-     activity_spans o WHERE o.run_key = w.run_key AND o.outcome IS NULL))";
+/// open. Otherwise it is open: its root, which would say it ended, has not come. A pruned run's
+/// rollup (`detail_pruned = 1`) of a run that holds spans again says how its earlier life
+/// ended, not this one: such a run was listed ended with the old figures (an audit); it is
+/// ended once rolled up again (`2`).
+const AWAITING_ENDED: &str = "(u.ended_at IS NOT NULL AND u.detail_pruned <> 1 AND NOT EXISTS \
+     (SELECT 1 FROM activity_spans o WHERE o.run_key = w.run_key AND o.outcome IS NULL))";
 
 /// The runs waiting for their root (see `run_roots`), by their earliest span's start: id, key,
 /// start and whether it ended ([`AWAITING_ENDED`]); [`awaiting_entry`] builds the entries of

@@ -560,6 +560,9 @@ struct Model {
     /// One past the newest change id a prune deleted (the log is never trimmed here).
     horizon: i64,
     rollups: BTreeMap<String, RunRollupRow>,
+    /// Pruned runs rolled up again since their prune (the store's `detail_pruned = 2`): their
+    /// rollup describes their new life.
+    rerolled: BTreeSet<String>,
     /// Run ids in the order they were interned (the prune tie-break).
     run_keys: Vec<String>,
 }
@@ -998,6 +1001,13 @@ impl Model {
             return;
         };
         let cost_usd = stored_cost(fields.cost_usd);
+        if self
+            .rollups
+            .get(run_id)
+            .is_some_and(|row| row.detail_pruned)
+        {
+            self.rerolled.insert(run_id.to_owned());
+        }
         match self.rollups.get_mut(run_id) {
             // ON CONFLICT: the identity columns and `detail_pruned` keep their first values.
             Some(row) => {
@@ -1139,6 +1149,7 @@ impl Model {
         }
         let mut spans_deleted = 0;
         for (_, _, run_id) in &rootless {
+            self.rerolled.remove(run_id);
             if !self.rollups.contains_key(run_id) {
                 let mut spans: Vec<(usize, &SpanRow)> = self
                     .spans
@@ -1181,6 +1192,7 @@ impl Model {
             spans_deleted += self.delete_run_detail(run_id);
         }
         for (ended, _, run_id) in &candidates {
+            self.rerolled.remove(run_id);
             if let Some(row) = self.rollups.get_mut(run_id) {
                 row.detail_pruned = true;
                 if *ended >= floor {
@@ -1536,10 +1548,12 @@ impl Model {
                 .map(|&index| RollupSpan::from(&self.spans[index]))
                 .collect();
             let earliest = &self.spans[indexes[0]];
+            // A pruned run's rollup not made again since says how its earlier life ended.
             let ended = self
                 .rollups
                 .get(run_id)
                 .filter(|row| row.ended_at.is_some())
+                .filter(|row| !row.detail_pruned || self.rerolled.contains(run_id))
                 .filter(|_| spans.iter().all(|span| span.outcome.is_some()));
             let usage = rootless_usage(&spans);
             let mut entry = RunListEntry {

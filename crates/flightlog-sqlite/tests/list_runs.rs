@@ -1385,3 +1385,48 @@ async fn runs_rolled_up_while_open_or_rewritten_without_a_rollup_are_pruned_by_t
     assert_eq!((b.ended_at, b.detail_pruned), (Some(3_200), true), "{b:?}");
     assert_eq!(store.prune(prune(true)).await.unwrap().runs_pruned, 0);
 }
+
+/// A pruned run written to again with a span whose parent is not stored: the rollup it has
+/// says how its earlier life ended, so it is not listed ended by it (it was, with that life's
+/// end before this one's start: an audit); once rolled up again it is ended by the new rollup.
+#[tokio::test]
+async fn a_pruned_run_written_to_again_without_a_root_is_not_ended_by_its_old_rollup() {
+    let (_dir, store) = store_at_10_000();
+    end_roll_up_and_prune(&store, "a", "run-a").await;
+    store
+        .start_span(start("a2", "run-a", Some("gone"), 3_000))
+        .await
+        .unwrap();
+    store
+        .end_span("a2", end(SpanOutcome::Error, 3_100))
+        .await
+        .unwrap();
+    let listed = |store: &SqliteActivityStore| {
+        let store = store.clone();
+        async move {
+            let page = store.list_runs(query(None, 10)).await.unwrap();
+            page.runs
+                .into_iter()
+                .find(|run| run.run_id == "run-a")
+                .expect("run-a is listed")
+        }
+    };
+    let before = listed(&store).await;
+    assert_eq!(
+        (
+            before.state,
+            before.awaiting_root,
+            before.ended_at,
+            before.started_at
+        ),
+        (RunState::Open, true, None, 3_000),
+        "{before:?}"
+    );
+    store.rollup_run("run-a").await.unwrap();
+    let after = listed(&store).await;
+    assert_eq!(
+        (after.state, after.ended_at, after.outcome.clone()),
+        (RunState::Ended, Some(3_100), Some(SpanOutcome::Error)),
+        "{after:?}"
+    );
+}
