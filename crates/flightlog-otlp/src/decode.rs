@@ -784,6 +784,19 @@ mod tests {
 
     /// One span in OTLP/JSON; `times` and `int` are spliced in raw so each test picks strings
     /// or numbers.
+    /// [`json_body`] with its span's one attribute value replaced by `value` (JSON text).
+    fn with_attribute(value: &str) -> String {
+        json_body("1", "2", "3").replacen(r#"{"intValue":3}"#, value, 1)
+    }
+
+    /// The value of the first span's first attribute.
+    fn first_attribute(request: &ExportTraceServiceRequest) -> Option<any_value::Value> {
+        request.resource_spans[0].scope_spans[0].spans[0].attributes[0]
+            .value
+            .as_ref()
+            .and_then(|value| value.value.clone())
+    }
+
     fn json_body(start: &str, end: &str, int: &str) -> String {
         format!(
             r#"{{"resourceSpans":[{{"resource":{{"attributes":[{{"key":"service.name","value":{{"stringValue":"svc"}}}}]}},
@@ -993,8 +1006,6 @@ mod tests {
     /// by an audit): empty lists written without their `values`, doubles as strings.
     #[test]
     fn any_values_in_every_form_of_the_json_mapping_decode() {
-        let attribute =
-            |value: &str| json_body("1", "2", "3").replacen(r#"{"intValue":3}"#, value, 1);
         let cases: [(&str, any_value::Value); 7] = [
             (
                 r#"{"arrayValue":{}}"#,
@@ -1026,25 +1037,20 @@ mod tests {
             ),
         ];
         for (value, expected) in cases {
-            let text = attribute(value);
+            let text = with_attribute(value);
             assert!(text.contains(value), "the fixture holds {value}");
             let decoded = decode_json_text(&text).unwrap_or_else(|err| panic!("{value}: {err}"));
-            let span = &decoded.resource_spans[0].scope_spans[0].spans[0];
-            assert_eq!(
-                span.attributes[0]
-                    .value
-                    .as_ref()
-                    .and_then(|v| v.value.clone()),
-                Some(expected),
-                "{value}"
-            );
+            assert_eq!(first_attribute(&decoded), Some(expected), "{value}");
         }
         // Nested too: inside an array and a key-value list.
-        let nested =
-            attribute(r#"{"arrayValue":{"values":[{"doubleValue":"NaN"},{"kvlistValue":{}}]}}"#);
+        let nested = with_attribute(
+            r#"{"arrayValue":{"values":[{"doubleValue":"NaN"},{"kvlistValue":{}}]}}"#,
+        );
         assert!(decode_json_text(&nested).is_ok());
         // A string that is no number is still refused, naming where it is.
-        let message = malformed_message(decode_json_text(&attribute(r#"{"doubleValue":"abc"}"#)));
+        let message = malformed_message(decode_json_text(&with_attribute(
+            r#"{"doubleValue":"abc"}"#,
+        )));
         assert!(
             message.contains("attributes[0].value") && message.contains("\"abc\""),
             "{message}"
@@ -1055,22 +1061,16 @@ mod tests {
     /// `bytesValue` URL-safe or unpadded, 32-bit integers as strings, `null` for any field.
     #[test]
     fn the_rest_of_the_json_mapping_decodes() {
-        let attribute =
-            |value: &str| json_body("1", "2", "3").replacen(r#"{"intValue":3}"#, value, 1);
         for (value, bytes) in [
             (r#"{"bytesValue":"AAE="}"#, vec![0, 1]),
             (r#"{"bytesValue":"AAE"}"#, vec![0, 1]),
             (r#"{"bytesValue":"-_8"}"#, vec![0xfb, 0xff]),
             (r#"{"bytesValue":"-_8="}"#, vec![0xfb, 0xff]),
         ] {
-            let decoded =
-                decode_json_text(&attribute(value)).unwrap_or_else(|err| panic!("{value}: {err}"));
-            let span = &decoded.resource_spans[0].scope_spans[0].spans[0];
+            let decoded = decode_json_text(&with_attribute(value))
+                .unwrap_or_else(|err| panic!("{value}: {err}"));
             assert_eq!(
-                span.attributes[0]
-                    .value
-                    .as_ref()
-                    .and_then(|v| v.value.clone()),
+                first_attribute(&decoded),
                 Some(any_value::Value::BytesValue(bytes)),
                 "{value}"
             );
@@ -1117,8 +1117,6 @@ mod tests {
     /// AnyValue with two values kept the last).
     #[test]
     fn json_values_that_cannot_be_read_say_what_to_give() {
-        let attribute =
-            |value: &str| json_body("1", "2", "3").replacen(r#"{"intValue":3}"#, value, 1);
         for (value, said) in [
             (
                 r#"{"stringValue":"x","intValue":"1"}"#,
@@ -1140,7 +1138,7 @@ mod tests {
             (r#"{"bytesValue":"!!"}"#, "attributes[0].value.bytesValue: \"!!\" is not base64"),
             (r#"{"arrayValue":[1]}"#, "an arrayValue is an object {\"values\": [...]}, not an array"),
         ] {
-            let message = malformed_message(decode_json_text(&attribute(value)));
+            let message = malformed_message(decode_json_text(&with_attribute(value)));
             assert!(message.contains(said), "{value}: {message}");
         }
         let text = json_body("1", "2", "3").replacen(r#""kind":3"#, r#""kind":3,"flags":"-1""#, 1);

@@ -78,7 +78,7 @@ pub(crate) struct PreparedSpan {
 /// Whether a stored run's detail was pruned and it holds no span now (its rollup row says
 /// `detail_pruned = 1`, and nothing was written to it since; a run written to again natively,
 /// rolled up yet or not, takes spans as any run), read once per run and delivery.
-fn detail_pruned(
+fn pruned_and_empty(
     ctx: &mut WriteContext<'_>,
     known: &mut HashMap<i64, bool>,
     run_key: i64,
@@ -646,7 +646,7 @@ fn import_each(
         // A span of a run whose detail was pruned (an exporter's retry, or a replay, long
         // after): stored, it would be the run's only span, and the rollup read back from it
         // would replace the kept summary (its usage, cost and outcome) with this span's.
-        if !new_run && detail_pruned(ctx, &mut pruned_runs, run_key)? {
+        if !new_run && pruned_and_empty(ctx, &mut pruned_runs, run_key)? {
             report.rejected.push(ImportRejection {
                 span_id: span.span_id.clone(),
                 reason: format!(

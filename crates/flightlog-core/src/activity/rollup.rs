@@ -124,7 +124,7 @@ pub fn compute_rollup(spans_by_start: &[RollupSpan]) -> Option<RollupFields> {
     {
         usage_over_roots(spans_by_start, &roots)
     } else {
-        root_usage(&root.usage, spans_by_start)
+        root_usage(&root.usage, || sum_model_usage(spans_by_start))
     };
     Some(RollupFields {
         origin: root.origin.clone(),
@@ -147,13 +147,14 @@ pub fn compute_rollup(spans_by_start: &[RollupSpan]) -> Option<RollupFields> {
     })
 }
 
-/// A root's usage: its own, each field it lacks the sum over the `model` spans of `spans` (the
-/// models' sum carries no model name, so the root's stays).
-fn root_usage(own: &SpanUsage, spans: &[RollupSpan]) -> SpanUsage {
+/// A root's usage: its own, each field it lacks taken from `model_sum` (its `model` spans'
+/// counted usage, worked out only when needed; the models' sum carries no model name, so the
+/// root's stays).
+fn root_usage(own: &SpanUsage, model_sum: impl FnOnce() -> SpanUsage) -> SpanUsage {
     if carries_all_usage(own) {
         own.clone()
     } else {
-        fill_missing_fields(own.clone(), &sum_model_usage(spans))
+        fill_missing_fields(own.clone(), &model_sum())
     }
 }
 
@@ -189,12 +190,9 @@ fn usage_over_roots(spans: &[RollupSpan], roots: &[usize]) -> SpanUsage {
     }
     let mut total = SpanUsage::default();
     for &root in roots {
-        let own = &spans[root].usage;
-        let usage = if carries_all_usage(own) {
-            own.clone()
-        } else {
-            fill_missing_fields(own.clone(), &below_root.remove(&root).unwrap_or_default())
-        };
+        let usage = root_usage(&spans[root].usage, || {
+            below_root.remove(&root).unwrap_or_default()
+        });
         add_usage(&mut total, &usage);
     }
     add_usage(&mut total, &below_none);
