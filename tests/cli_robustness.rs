@@ -17,7 +17,7 @@
 
 use std::ffi::OsStr;
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Seek, SeekFrom, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
@@ -416,6 +416,41 @@ fn serve_on(scratch: &Scratch, db: &Path) -> (Spawned, String) {
     );
     let addr = listening_addr(&server);
     (server, addr)
+}
+
+/// A `GET path` on `addr` answered 200 (a live stream, its head read), whose events are read
+/// later with `read_stream_until`.
+fn open_stream(addr: &str, path: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).expect("connect to the server");
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .expect("send the request");
+    let head = read_stream_until(
+        stream.try_clone().expect("clone the connection"),
+        "\r\n\r\n",
+        Duration::from_secs(10),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{path}: {head}");
+    stream
+}
+
+/// What `stream` sends until its text holds `needle`, it ends, or `limit` passes.
+fn read_stream_until(mut stream: TcpStream, needle: &str, limit: Duration) -> String {
+    let started = Instant::now();
+    let mut text = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while started.elapsed() < limit && !String::from_utf8_lossy(&text).contains(needle) {
+        stream
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .expect("set a read timeout");
+        match stream.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(read) => text.extend_from_slice(&buffer[..read]),
+            Err(err) if matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(err) => panic!("reading the stream: {err}"),
+        }
+    }
+    String::from_utf8_lossy(&text).into_owned()
 }
 
 /// Send SIGTERM to a spawned `serve` and wait (bounded) for it to exit; its stdout and stderr.
@@ -2182,6 +2217,21 @@ fn a_database_deleted_under_the_server_refuses_writes_and_is_reported() {
         r#"{"type":"t","at":1,"data":{}}"#,
     );
     assert_eq!(status, 201, "{body}");
+    let (status, body) = http_post(
+        &addr,
+        "/v1/activity/spans",
+        r#"{"spanId":"before","runId":"r0","name":"n","kind":"turn","origin":"session"}"#,
+    );
+    assert_eq!(status, 201, "{body}");
+    // Live streams open before the loss: each ends with an `error` event saying it.
+    let streams: Vec<(&str, TcpStream)> = [
+        "/v1/activity/changes/stream",
+        "/v1/activity/runs/r0/stream",
+        "/v1/engagements/e/stream",
+    ]
+    .into_iter()
+    .map(|path| (path, open_stream(&addr, path)))
+    .collect();
     for file in db_files(&db) {
         let _ = fs::remove_file(file);
     }
@@ -2207,6 +2257,24 @@ fn a_database_deleted_under_the_server_refuses_writes_and_is_reported() {
     let (status, body) = http_get(&addr, "/healthz");
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("was deleted or replaced"), "{body}");
+    // They used to go on sending keep-alives (reads still work on the deleted file), so a
+    // dashboard looked live on a dead server; and a new stream was served from the lost file.
+    for (path, stream) in streams {
+        let text = read_stream_until(stream, "event: error", Duration::from_secs(20));
+        assert!(
+            text.contains("event: error") && text.contains("was deleted or replaced"),
+            "{path}: {text}"
+        );
+    }
+    for path in [
+        "/v1/activity/changes/stream",
+        "/v1/activity/runs/r0/stream",
+        "/v1/engagements/e/stream",
+    ] {
+        let (status, body) = http_get(&addr, path);
+        assert_eq!(status, 503, "{path}: {body}");
+        assert!(body.contains("was deleted or replaced"), "{path}: {body}");
+    }
     let (exit, stdout, stderr) = stop_with_sigterm(server);
     assert!(!exit.success(), "{exit:?}\n{stdout}\n{stderr}");
     assert!(stderr.contains("was deleted or replaced"), "{stderr}");

@@ -847,6 +847,21 @@ impl ActivityStore for SqliteActivityStore {
         })
     }
 
+    async fn run_newest_change_id(&self, run_id: &str) -> Result<Option<i64>, StoreError> {
+        // A run's seqs grow with its change ids (a pruned run's changes go with it, so a run
+        // started again under its id begins anew), so its highest seq is its newest change.
+        self.db.read(|conn| match run_key(conn, run_id)? {
+            Some(key) => conn
+                .prepare_cached(
+                    "SELECT change_id FROM activity_changes WHERE run_key = ?1 \
+                     ORDER BY seq DESC LIMIT 1",
+                )
+                .and_then(|mut stmt| stmt.query_row([key], |row| row.get(0)).optional())
+                .map_err(backend),
+            None => Ok(None),
+        })
+    }
+
     async fn get_span(&self, span_id: &str) -> Result<Option<SpanRow>, StoreError> {
         self.db.read(|conn| {
             Ok(query_spans(

@@ -29,7 +29,7 @@ use async_trait::async_trait;
 use flightlog_core::activity::StoreError;
 use flightlog_core::journal::{
     plan_compaction, AppendInput, EngagementEvent, EngagementJournal, JournalDoorbell,
-    JournalError, JournalSubscription, JournalTail, JsonObject, RetentionConfig,
+    JournalError, JournalSubscription, JournalTail, JsonObject, RetentionConfig, TailBound,
     DEFAULT_SUBSCRIBER_BUFFER, MAX_SUBSCRIBER_BUFFER,
 };
 use flightlog_core::{Clock, SystemClock};
@@ -341,7 +341,7 @@ fn read_events(
     engagement_id: &str,
     from_seq: i64,
 ) -> Result<Vec<EngagementEvent>, StoreError> {
-    read_tail(conn, engagement_id, from_seq).map(|tail| tail.events)
+    read_tail(conn, engagement_id, from_seq, TailBound::ALL).map(|tail| tail.events)
 }
 
 /// The engagement's generation and its events with `seq >= from_seq`, in one statement (one
@@ -351,6 +351,7 @@ fn read_tail(
     conn: &Connection,
     engagement_id: &str,
     from_seq: i64,
+    bound: TailBound,
 ) -> Result<JournalTail, StoreError> {
     let mut stmt = conn
         .prepare_cached(
@@ -358,20 +359,30 @@ fn read_tail(
              FROM journal_engagements g \
              LEFT JOIN journal_events e ON e.engagement_key = g.engagement_key AND e.seq >= ?2 \
              WHERE g.engagement_id = ?1 \
-             ORDER BY e.seq",
+             ORDER BY e.seq LIMIT ?3",
         )
         .map_err(backend)?;
+    // At least one row, so an engagement yields its generation even with a bound of none.
+    let sql_limit = i64::try_from(bound.max_events.max(1)).unwrap_or(i64::MAX);
     let mut rows = stmt
-        .query(params![engagement_id, from_seq])
+        .query(params![engagement_id, from_seq, sql_limit])
         .map_err(backend)?;
     let mut decoder = EventDecoder::new(engagement_id);
     let mut tail = JournalTail::default();
+    let mut bytes = 0usize;
     while let Some(row) = rows.next().map_err(backend)? {
         let generation: i64 = row.get(4).map_err(backend)?;
         tail.generation = Some(generation as u64);
-        if row.get_ref(0).map_err(backend)?.data_type() != rusqlite::types::Type::Null {
-            tail.events.push(decoder.decode(row, false)?.0);
+        let data = row.get_ref(3).map_err(backend)?;
+        if data.data_type() == rusqlite::types::Type::Null {
+            continue;
         }
+        if bound.reached(tail.events.len(), bytes) {
+            break;
+        }
+        // The data's stored JSON text: its length is the bound's measure.
+        bytes = bytes.saturating_add(data.as_bytes().map_or(0, <[u8]>::len));
+        tail.events.push(decoder.decode(row, false)?.0);
     }
     Ok(tail)
 }
@@ -531,6 +542,10 @@ impl EngagementJournal for SqliteEngagementJournal {
         self.retention
     }
 
+    fn health(&self) -> Result<(), JournalError> {
+        self.db.check_file().map_err(journal_error)
+    }
+
     async fn append(&self, input: AppendInput) -> Result<EngagementEvent, JournalError> {
         let expected_seq = input.expected_seq();
         // Built and encoded once, on the caller's thread; the closure only borrows them.
@@ -573,9 +588,10 @@ impl EngagementJournal for SqliteEngagementJournal {
         &self,
         engagement_id: &str,
         from_seq: i64,
+        bound: TailBound,
     ) -> Result<JournalTail, JournalError> {
         self.db
-            .read(|conn| read_tail(conn, engagement_id, from_seq))
+            .read(|conn| read_tail(conn, engagement_id, from_seq, bound))
             .map_err(journal_error)
     }
 

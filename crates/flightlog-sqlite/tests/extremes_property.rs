@@ -618,6 +618,15 @@ impl Model {
         self.changes.last().map_or(0, |change| change.change_id)
     }
 
+    /// The change id of the run's newest logged change.
+    fn newest_change_of(&self, run_id: &str) -> Option<i64> {
+        self.changes
+            .iter()
+            .filter(|change| change.run_id == run_id)
+            .map(|change| change.change_id)
+            .max()
+    }
+
     fn log(&mut self, run_id: &str, span_id: &str, event_index: Option<i64>) {
         let seq = self.high_water(run_id) + 1;
         self.last_change_id += 1;
@@ -2012,6 +2021,15 @@ impl Harness {
             self.store(1).run_high_water_seq(run_id).await,
         )?;
         same("run_high_water_seq", &high, &self.model.high_water(run_id))?;
+        let newest = ok(
+            "run_newest_change_id",
+            self.store(2).run_newest_change_id(run_id).await,
+        )?;
+        same(
+            "run_newest_change_id",
+            &newest,
+            &self.model.newest_change_of(run_id),
+        )?;
         Ok(store)
     }
 

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use flightlog_core::journal::{
     summarize_engagement_events, AppendInput, EngagementEvent, EngagementJournal,
-    InMemoryEngagementJournal, JournalError, RetentionConfig,
+    InMemoryEngagementJournal, JournalError, RetentionConfig, TailBound,
 };
 use flightlog_sqlite::{SqliteConfig, SqliteDatabase, SqliteEngagementJournal};
 use serde_json::{json, Value};
@@ -1001,7 +1001,10 @@ fn the_generation_changes_exactly_when_seqs_are_given_out_again() {
         rt.block_on(async {
             let mut doorbell = journal.commit_doorbell();
             doorbell.borrow_and_update();
-            let tail = journal.read_tail("g", 0).await.expect("read");
+            let tail = journal
+                .read_tail("g", 0, TailBound::ALL)
+                .await
+                .expect("read");
             assert_eq!(tail.generation, None, "{name}: unknown engagement");
             assert!(tail.events.is_empty());
             let events = finished_engagement("g", 1_000);
@@ -1009,10 +1012,16 @@ fn the_generation_changes_exactly_when_seqs_are_given_out_again() {
             for event in events {
                 journal.append(event).await.expect("append");
             }
-            let first = journal.read_tail("g", 0).await.expect("read");
+            let first = journal
+                .read_tail("g", 0, TailBound::ALL)
+                .await
+                .expect("read");
             let generation = first.generation.expect("a generation");
             assert_eq!(first.events.len() as i64, count, "{name}");
-            let tail = journal.read_tail("g", count - 2).await.expect("read");
+            let tail = journal
+                .read_tail("g", count - 2, TailBound::ALL)
+                .await
+                .expect("read");
             assert_eq!(tail.generation, Some(generation), "{name}: appends keep it");
             assert_eq!(
                 tail.events.iter().map(|e| e.seq).collect::<Vec<_>>(),
@@ -1020,12 +1029,18 @@ fn the_generation_changes_exactly_when_seqs_are_given_out_again() {
                 "{name}"
             );
             // Past the end: no events, the generation still told.
-            let past = journal.read_tail("g", count + 5).await.expect("read");
+            let past = journal
+                .read_tail("g", count + 5, TailBound::ALL)
+                .await
+                .expect("read");
             assert_eq!(past.generation, Some(generation), "{name}");
             assert!(past.events.is_empty(), "{name}");
 
             assert!(journal.compact("g").await.expect("compact"), "{name}");
-            let compacted = journal.read_tail("g", 0).await.expect("read");
+            let compacted = journal
+                .read_tail("g", 0, TailBound::ALL)
+                .await
+                .expect("read");
             let renumbered = compacted.generation.expect("a generation");
             assert_ne!(renumbered, generation, "{name}: compaction renews it");
             assert_eq!(compacted.events, journal.read("g").await.expect("read"));
@@ -1036,7 +1051,10 @@ fn the_generation_changes_exactly_when_seqs_are_given_out_again() {
 
             let removed = journal.prune(i64::MAX / 2).await.expect("prune everything");
             assert_eq!(removed, 1, "{name}");
-            let gone = journal.read_tail("g", 0).await.expect("read");
+            let gone = journal
+                .read_tail("g", 0, TailBound::ALL)
+                .await
+                .expect("read");
             assert_eq!(gone, Default::default(), "{name}: pruned");
             tokio::time::timeout(Duration::from_secs(5), doorbell.changed())
                 .await
@@ -1047,7 +1065,10 @@ fn the_generation_changes_exactly_when_seqs_are_given_out_again() {
                 .append(input("g", 1, "note", json!({"again": true})))
                 .await
                 .expect("re-create");
-            let recreated = journal.read_tail("g", 0).await.expect("read");
+            let recreated = journal
+                .read_tail("g", 0, TailBound::ALL)
+                .await
+                .expect("read");
             let fresh = recreated.generation.expect("a generation");
             assert!(
                 fresh != generation && fresh != renumbered,
@@ -1055,6 +1076,81 @@ fn the_generation_changes_exactly_when_seqs_are_given_out_again() {
             );
             assert_eq!(recreated.events.len(), 1, "{name}");
             assert_eq!(recreated.events[0].seq, 0, "{name}");
+        });
+    }
+    let _ = std::fs::remove_dir_all(&folder);
+}
+
+/// `read_tail` returns at most what its bound allows, on both backends: `max_events` events,
+/// and no more once the data read passes `max_bytes` (the event that passes it is the last; the
+/// first always comes); reading on from after the last event returned gives the rest, each
+/// event once. A live stream reads its engagement this way, so a slow client holds one page,
+/// not the whole engagement.
+#[test]
+fn a_tail_read_stops_at_its_bound_and_the_next_read_goes_on_from_there() {
+    let (folder, journals) = both_journals("tail-bound");
+    let rt = runtime();
+    for (name, journal) in journals {
+        rt.block_on(async {
+            // 30 events with about 1 KB of data each.
+            for seq in 0..30 {
+                journal
+                    .append(input("g", seq, "note", json!({"text": "x".repeat(1_000)})))
+                    .await
+                    .expect("append");
+            }
+            let by_count = TailBound {
+                max_events: 7,
+                max_bytes: usize::MAX,
+            };
+            let by_bytes = TailBound {
+                max_events: usize::MAX,
+                max_bytes: 4_500,
+            };
+            for (bound, page_len) in [(by_count, 7), (by_bytes, 5)] {
+                let mut seqs = Vec::new();
+                let mut generation = None;
+                loop {
+                    let next = seqs.last().map_or(0, |seq| seq + 1);
+                    let tail = journal.read_tail("g", next, bound).await.expect("read");
+                    assert!(tail.generation.is_some(), "{name}");
+                    generation = generation.or(tail.generation);
+                    assert_eq!(tail.generation, generation, "{name}");
+                    if tail.events.is_empty() {
+                        break;
+                    }
+                    assert!(tail.events.len() <= page_len, "{name}: {bound:?}");
+                    if next + (page_len as i64) <= 30 {
+                        assert_eq!(tail.events.len(), page_len, "{name}: {bound:?}");
+                    }
+                    seqs.extend(tail.events.iter().map(|event| event.seq));
+                }
+                assert_eq!(seqs, (0..30).collect::<Vec<i64>>(), "{name}: {bound:?}");
+            }
+            // One event larger than the byte bound still comes, alone.
+            let tiny = TailBound {
+                max_events: usize::MAX,
+                max_bytes: 10,
+            };
+            let tail = journal.read_tail("g", 3, tiny).await.expect("read");
+            assert_eq!(
+                tail.events
+                    .iter()
+                    .map(|event| event.seq)
+                    .collect::<Vec<_>>(),
+                vec![3],
+                "{name}"
+            );
+            // A bound of no events still tells the generation.
+            let none = TailBound {
+                max_events: 0,
+                max_bytes: usize::MAX,
+            };
+            let tail = journal.read_tail("g", 0, none).await.expect("read");
+            assert!(
+                tail.events.is_empty() && tail.generation.is_some(),
+                "{name}"
+            );
         });
     }
     let _ = std::fs::remove_dir_all(&folder);

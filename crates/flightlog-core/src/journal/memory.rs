@@ -19,7 +19,7 @@ use tokio::sync::{broadcast, watch};
 
 use super::compaction::plan_compaction;
 use super::store::{
-    EngagementJournal, JournalDoorbell, JournalError, JournalSubscription, JournalTail,
+    EngagementJournal, JournalDoorbell, JournalError, JournalSubscription, JournalTail, TailBound,
 };
 use super::summary::summarize_engagement_events;
 use super::types::{EngagementEvent, EngagementSummary, RetentionConfig};
@@ -196,6 +196,7 @@ impl EngagementJournal for InMemoryEngagementJournal {
         &self,
         engagement_id: &str,
         from_seq: i64,
+        bound: TailBound,
     ) -> Result<JournalTail, JournalError> {
         let (hash, shard) = self.shard(engagement_id);
         let Some(log) = shard.find(hash, |log| *log.id == *engagement_id) else {
@@ -204,9 +205,20 @@ impl EngagementJournal for InMemoryEngagementJournal {
         let start = usize::try_from(from_seq.max(0))
             .unwrap_or(usize::MAX)
             .min(log.events.len());
+        let mut events = Vec::new();
+        let mut bytes = 0usize;
+        for event in &log.events[start..] {
+            if bound.reached(events.len(), bytes) {
+                break;
+            }
+            if bound.max_bytes != usize::MAX {
+                bytes = bytes.saturating_add(json_text_len(&event.data));
+            }
+            events.push(event.clone());
+        }
         Ok(JournalTail {
             generation: Some(log.generation),
-            events: log.events[start..].to_vec(),
+            events,
         })
     }
 
@@ -284,6 +296,24 @@ impl EngagementJournal for InMemoryEngagementJournal {
     fn commit_doorbell(&self) -> JournalDoorbell {
         self.rewrites.subscribe()
     }
+}
+
+/// The length of `value` as compact JSON text, counted without keeping the text.
+fn json_text_len(value: &impl serde::Serialize) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    // Writing to a counter cannot fail, nor can serializing a JSON object.
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
 }
 
 #[cfg(test)]

@@ -33,6 +33,33 @@ pub struct JournalTail {
     pub events: Vec<EngagementEvent>,
 }
 
+/// How much one [`EngagementJournal::read_tail`] returns: at most `max_events` events, and no
+/// more once those read hold about `max_bytes` of data (as JSON text; the event that passes it
+/// is the last, and the first always comes, whatever its size). A live reader holds its page
+/// until a slow client has taken it, so an unbounded tail was a whole engagement per client:
+/// 16 slow stream clients of one 18 MB engagement took a server to 2.6 GB (an audit's finding).
+/// The next read starts after the last event returned, so nothing is skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TailBound {
+    /// The most events returned.
+    pub max_events: usize,
+    /// About the most bytes of event data returned (see the type's doc).
+    pub max_bytes: usize,
+}
+
+impl TailBound {
+    /// Everything from the seq on.
+    pub const ALL: TailBound = TailBound {
+        max_events: usize::MAX,
+        max_bytes: usize::MAX,
+    };
+
+    /// Whether a read holding `events` events of `bytes` bytes of data stops there.
+    pub fn reached(&self, events: usize, bytes: usize) -> bool {
+        events >= self.max_events || bytes > self.max_bytes
+    }
+}
+
 /// Why a journal call failed. A failed append writes nothing and consumes no seq.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
@@ -129,11 +156,13 @@ pub trait EngagementJournal: Send + Sync {
     /// read. The generation changes whenever seqs already given out are given out again: when
     /// compaction renumbers the engagement, and when a prune deletes it and an append creates
     /// it anew. A reader that followed the engagement under another generation must start over
-    /// from seq 0, because what it holds no longer matches the stored log.
+    /// from seq 0, because what it holds no longer matches the stored log. At most what `bound`
+    /// allows (the events then stop short of the end: read on from after the last one).
     async fn read_tail(
         &self,
         engagement_id: &str,
         from_seq: i64,
+        bound: TailBound,
     ) -> Result<JournalTail, JournalError>;
 
     /// The summary of the engagement's events, or `None` when it has none.
@@ -167,6 +196,12 @@ pub trait EngagementJournal: Send + Sync {
     /// events' `at`, as [`EngagementJournal::prune`] does (the default).
     async fn prune_idle(&self, now: i64) -> Result<u64, JournalError> {
         self.prune(now).await
+    }
+
+    /// Whether the journal can still keep what it is given (cheap: a live stream asks every few
+    /// seconds). `Err` names why not, e.g. [`JournalError::FileLost`]. `Ok` by default.
+    fn health(&self) -> Result<(), JournalError> {
+        Ok(())
     }
 
     /// A receiver of every event committed from now on (see [`JournalSubscription`]).

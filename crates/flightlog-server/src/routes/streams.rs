@@ -10,13 +10,13 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use flightlog_core::activity::{ActivityChange, ActivityStore, ChangeDoorbell};
-use flightlog_core::journal::{EngagementEvent, EngagementJournal, JournalTail};
+use flightlog_core::journal::{EngagementEvent, EngagementJournal, JournalTail, TailBound};
 use futures_util::stream::{self, Stream};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -26,7 +26,7 @@ use utoipa_axum::routes;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiQuery, PathId};
 use crate::metrics::{StreamEnds, StreamKind};
-use crate::openapi::{tags, ENGAGEMENT_ID, LARGE_RESPONSE_BUSY, RUN_ID};
+use crate::openapi::{tags, ENGAGEMENT_ID, RUN_ID};
 use crate::response_budget::ChunkedJson;
 use crate::sse::SseEvent;
 use crate::state::AppState;
@@ -38,12 +38,30 @@ const PAGE: i64 = 500;
 /// nothing), and 500 changes of a span with a megabyte of attrs were half a gigabyte per such
 /// client (an audit's finding: five of them took the server to 1.6 GB).
 const PAGE_BYTES: usize = 4 * 1024 * 1024;
+/// A journal stream's page: as few events as the change stream's, and at most about 1 MiB of
+/// their data's JSON text (parsed, the page holds a few times that). Read all at once, one
+/// 18 MB engagement was 116–148 MiB per slow client (an audit's finding: 16 such clients took
+/// the server to 2.6 GB), and the read held a runtime worker for a third of a second.
+const JOURNAL_PAGE: TailBound = TailBound {
+    max_events: PAGE as usize,
+    max_bytes: 1024 * 1024,
+};
 /// A stream re-reads even without a doorbell this often (a safety net, not the mechanism).
 const RECHECK: Duration = Duration::from_secs(5);
 /// The keep-alive: a comment line after this long without an event. The contract asks for one
 /// at least every 15 s; at exactly 15 s a late timer (a loaded machine) broke that, and a client
 /// or proxy with a 15 s idle timeout raced it.
 const KEEP_ALIVE: Duration = Duration::from_secs(10);
+
+/// A stream's 503, as the OpenAPI document describes it.
+const STORE_LOST: &str = "The store cannot serve a live stream: its database file was deleted \
+     or replaced while the server ran (the message says which; `/healthz` says the same). An \
+     open stream ends with an `error` event within a few seconds of it.";
+/// The run stream's 503, as the OpenAPI document describes it.
+const RUN_STREAM_BUSY_OR_STORE_LOST: &str = "The snapshot is large and the server's memory for \
+     large answers is taken by other clients' for now (carries `Retry-After`); or the store \
+     cannot serve a live stream: its database file was deleted or replaced while the server \
+     ran (the message says which; `/healthz` says the same).";
 
 /// The journal stream's `Last-Event-ID`, as the OpenAPI document describes it.
 const JOURNAL_LAST_EVENT_ID: &str = "The `id:` of the last event received (sent by a \
@@ -276,6 +294,11 @@ struct ChangeFeed {
     /// holds.
     run_lost_changes: bool,
     failed: bool,
+    /// When the store's file was last checked (see `check_health`).
+    health_checked: Instant,
+    /// Pages of the change log read so far (what following one quiet run must not cost).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pages_read: u64,
 }
 
 impl ChangeFeed {
@@ -289,6 +312,8 @@ impl ChangeFeed {
             run_recreated: false,
             run_lost_changes: false,
             failed: false,
+            health_checked: Instant::now(),
+            pages_read: 0,
         }
     }
 
@@ -358,6 +383,32 @@ impl ChangeFeed {
         Ok(logged > 0)
     }
 
+    /// Whether a run stream has nothing to read: its run logged no change after the cursor, and
+    /// nothing after the cursor was deleted (so none of the run's changes went unseen). Two
+    /// cheap reads instead of a page of every run's changes, which 200 run streams on quiet
+    /// runs read (and decoded) after every commit: a core's worth of CPU at 2,000 writes/s,
+    /// and the followed runs' own changes arrived 50–180 ms late (an audit's finding). The
+    /// horizon is read after the run's newest change, as after a page (see `next_change`).
+    async fn followed_run_held_still(&self) -> Result<bool, FeedEnd> {
+        let Some(filter) = &self.filter else {
+            return Ok(false);
+        };
+        let newest = self
+            .store
+            .run_newest_change_id(&filter.run_id)
+            .await
+            .map_err(|err| FeedEnd::Failed(err.to_string()))?;
+        if newest.is_some_and(|newest| newest > self.cursor) {
+            return Ok(false);
+        }
+        let horizon = self
+            .store
+            .change_log_horizon()
+            .await
+            .map_err(|err| FeedEnd::Failed(err.to_string()))?;
+        Ok(self.cursor.saturating_add(1) >= horizon)
+    }
+
     /// The next committed change after the cursor, waiting for one if need be; `Err` when the
     /// store failed, the cursor fell behind what the log still holds, or the followed run was
     /// started again (the stream then ends with an `error` or `resync` event).
@@ -378,13 +429,23 @@ impl ChangeFeed {
                     reason: LOG_TRIMMED,
                 });
             }
+            if let Some(failed) = check_health(&mut self.health_checked, || self.store.health()) {
+                return Err(FeedEnd::Failed(failed));
+            }
             // Note the doorbell before reading, so a commit landing during the read rings again.
             let rung = *self.doorbell.borrow_and_update();
+            if self.followed_run_held_still().await? {
+                // Nothing of the run up to `rung`: the other runs' changes are not read at all.
+                self.cursor = self.cursor.max(rung);
+                let _ = tokio::time::timeout(RECHECK, self.doorbell.changed()).await;
+                continue;
+            }
             let page = self
                 .store
                 .changes_since_bounded(self.cursor, PAGE, PAGE_BYTES)
                 .await
                 .map_err(|err| FeedEnd::Failed(err.to_string()))?;
+            self.pages_read += 1;
             // The horizon after the page: it only grows, in the transaction that deletes, so a
             // prune or trim that committed before the page was read is seen here, and one
             // after it deleted nothing the page holds.
@@ -415,6 +476,22 @@ impl ChangeFeed {
             let _ = tokio::time::timeout(RECHECK, self.doorbell.changed()).await;
         }
     }
+}
+
+/// Every `RECHECK` (a stream wakes at least that often), whether the store still has its file:
+/// `Some(why)` when it lost it. Reads go on from the open file of a database deleted or
+/// replaced under the server, so a stream kept sending keep-alives while every write and
+/// `/healthz` said 503, and a live dashboard looked healthy on a dead server (an audit's
+/// finding). One `stat` a stream every few seconds, not one per commit.
+fn check_health<E: std::fmt::Display>(
+    checked: &mut Instant,
+    health: impl FnOnce() -> Result<(), E>,
+) -> Option<String> {
+    if checked.elapsed() < RECHECK {
+        return None;
+    }
+    *checked = Instant::now();
+    health().err().map(|err| err.to_string())
 }
 
 /// Where a client that is up to date now (it asked for no starting point) starts following: the
@@ -600,6 +677,7 @@ where
     responses(
         (status = 200, description = "The event stream (`change`, `resync`, `error` events).", content_type = "text/event-stream", body = String),
         (status = 400, description = "A bad `after` or `Last-Event-ID`.", body = ErrorBody),
+        (status = 503, description = STORE_LOST, body = ErrorBody),
     ),
 )]
 async fn change_stream(
@@ -608,6 +686,7 @@ async fn change_stream(
     ApiQuery(query): ApiQuery<AfterQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
     let store = state.activity().clone();
+    store.health()?;
     // Both are checked, whichever wins: a bad `after` is a 400 with or without the header.
     if query.after.is_some_and(|after| after < 0) {
         return Err(ApiError::invalid("after must be a non-negative integer"));
@@ -647,15 +726,25 @@ async fn change_stream(
         (status = 200, description = "The event stream (`snapshot`, `change`, `resync`, `error` events).", content_type = "text/event-stream", body = String),
         (status = 400, description = "A bad id or `Last-Event-ID`.", body = ErrorBody),
         (status = 404, description = "The run has no spans (unknown, or its detail pruned), and no `Last-Event-ID` was given.", body = ErrorBody),
-        (status = 503, description = LARGE_RESPONSE_BUSY, body = ErrorBody),
+        (status = 503, description = RUN_STREAM_BUSY_OR_STORE_LOST, body = ErrorBody),
     ),
 )]
 async fn run_stream(
     State(state): State<AppState>,
     headers: HeaderMap,
     PathId(run_id): PathId,
+    RawQuery(query): RawQuery,
 ) -> Result<impl IntoResponse, ApiError> {
+    // The change stream takes `after`; a client that gave it here too got a full snapshot, not
+    // the changes after it, and no word (an audit's finding).
+    if let Some(query) = query.filter(|query| !query.is_empty()) {
+        return Err(ApiError::invalid(format!(
+            "the run stream takes no query parameters (got {query:?}): it starts with the \
+             run's snapshot, and a reconnecting client resumes with the Last-Event-ID header"
+        )));
+    }
     let store = state.activity().clone();
+    store.health()?;
     let resume = last_event_id(&headers)?;
     let (first, feed) = match resume {
         // Every event of a run stream has an id past its run's first change, so no client was
@@ -741,7 +830,9 @@ async fn check_resumable(
     let Some(last_seen) = start.next_seq.checked_sub(1).filter(|seq| *seq >= 0) else {
         return Ok(None);
     };
-    let tail = journal.read_tail(engagement_id, last_seen).await?;
+    let tail = journal
+        .read_tail(engagement_id, last_seen, JOURNAL_PAGE)
+        .await?;
     let renumbered = start
         .generation
         .is_some_and(|held| tail.generation != Some(held));
@@ -828,6 +919,8 @@ struct JournalFeed {
     subscription: flightlog_core::journal::JournalSubscription,
     /// Rings on compactions, prunes and other processes' commits; `None` once it has closed.
     doorbell: Option<flightlog_core::journal::JournalDoorbell>,
+    /// When the store's file was last checked (see `check_health`).
+    health_checked: Instant,
     failed: bool,
 }
 
@@ -837,13 +930,16 @@ impl JournalFeed {
             if let Some(item) = self.pending.pop_front() {
                 return Ok(item);
             }
+            if let Some(failed) = check_health(&mut self.health_checked, || self.journal.health()) {
+                return Err(failed);
+            }
             // Read what is stored from the next seq on (covers catch-up, lag, other processes).
             // A first read made from an earlier seq is as good: older events are skipped below.
             let tail = match self.first_read.take() {
                 Some(tail) => tail,
                 None => self
                     .journal
-                    .read_tail(&self.engagement_id, self.next_seq)
+                    .read_tail(&self.engagement_id, self.next_seq, JOURNAL_PAGE)
                     .await
                     .map_err(|err| err.to_string())?,
             };
@@ -953,6 +1049,7 @@ fn journal_resync_event(generation: Option<u64>) -> SseEvent {
     responses(
         (status = 200, description = "The event stream (`journal`, `resync`, `error` events).", content_type = "text/event-stream", body = String),
         (status = 400, description = "A bad id, `fromSeq` or `Last-Event-ID`, or a start past the engagement's end (no event with the seq before it in the numbering named).", body = ErrorBody),
+        (status = 503, description = STORE_LOST, body = ErrorBody),
     ),
 )]
 async fn journal_stream(
@@ -977,6 +1074,7 @@ async fn journal_stream(
         },
     };
     let journal = state.journal().clone();
+    journal.health()?;
     // Subscribe before the first read, so nothing committed in between is missed.
     let subscription = journal.subscribe();
     let doorbell = Some(journal.commit_doorbell());
@@ -990,6 +1088,7 @@ async fn journal_stream(
         next_seq: start.next_seq,
         generation: start.generation,
         pending: VecDeque::new(),
+        health_checked: Instant::now(),
         failed: false,
     };
     let ends = state.metrics().stream_ends(StreamKind::Journal);
@@ -1131,5 +1230,71 @@ mod tests {
             .await
             .expect("within 5 s");
         assert!(matches!(next, Err(FeedEnd::Resync { .. })));
+    }
+
+    /// A run stream on a quiet run reads none of the other runs' changes: it asks for its run's
+    /// newest change after each commit and reads the log only when the run moved (200 such
+    /// streams took a core at 2,000 writes/s, reading every commit's page each). Its run's
+    /// next change still comes, exactly once.
+    #[tokio::test]
+    async fn a_run_stream_on_a_quiet_run_reads_no_other_runs_changes() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = flightlog_sqlite::SqliteDatabase::open(flightlog_sqlite::SqliteConfig::new(
+            dir.path().join("s.db"),
+        ))
+        .expect("open");
+        let clock = Arc::new(flightlog_core::ManualClock::new(1_000));
+        let store: Arc<dyn ActivityStore> = Arc::new(
+            flightlog_sqlite::SqliteActivityStore::with_identity(db, clock, "w"),
+        );
+        store
+            .start_span(start("quiet-root", "quiet", 1_000))
+            .await
+            .expect("start the quiet run");
+        let snapshot = store
+            .snapshot_run("quiet")
+            .await
+            .expect("snapshot")
+            .expect("the quiet run");
+        let follow = RunFilter {
+            run_id: "quiet".into(),
+            above_seq: Some(snapshot.high_water_seq),
+        };
+        let mut feed = ChangeFeed::new(Arc::clone(&store), snapshot.change_cursor, Some(follow));
+        for index in 0..20 {
+            store
+                .start_span(start(&format!("busy-{index}"), "busy", 1_000))
+                .await
+                .expect("start a busy span");
+        }
+        let waited = tokio::time::timeout(Duration::from_millis(300), feed.next_change()).await;
+        assert!(waited.is_err(), "the quiet run logged nothing new");
+        assert_eq!(
+            feed.pages_read, 0,
+            "no page of the other run's changes read"
+        );
+        let newest = store.latest_change_cursor().await.expect("cursor");
+        assert_eq!(
+            feed.cursor, newest,
+            "the cursor passed the other run's changes"
+        );
+
+        let mut child = start("quiet-child", "quiet", 1_100);
+        child.parent_span_id = Some("quiet-root".into());
+        store.start_span(child).await.expect("start a child");
+        let next = tokio::time::timeout(Duration::from_secs(5), feed.next_change())
+            .await
+            .expect("within 5 s");
+        let Ok(change) = next else {
+            panic!("the run stream ended instead of going on");
+        };
+        assert_eq!(
+            (change.run_id.as_str(), change.seq),
+            ("quiet", snapshot.high_water_seq + 1)
+        );
+        assert_eq!(
+            feed.pages_read, 1,
+            "one page, from past the other run's changes"
+        );
     }
 }

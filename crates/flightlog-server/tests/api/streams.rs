@@ -611,6 +611,17 @@ async fn a_run_stream_starts_with_the_snapshot_and_follows_only_that_run() {
             .as_u16(),
         404
     );
+    // A query (the change stream's `after`, say) is refused, not ignored for a full snapshot.
+    for query in ["after=3", "bogus=1"] {
+        let refused = server
+            .get(&format!("/v1/activity/runs/r1/stream?{query}"))
+            .await;
+        refused.assert_error(400, "invalid_request");
+        let message = refused.body["error"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(message.contains("Last-Event-ID"), "{message}");
+    }
     drop(stream);
     server.stop().await;
 }
@@ -646,6 +657,46 @@ async fn an_engagement_stream_follows_its_seqs() {
     assert_eq!(live.data["seq"], 3);
     assert_eq!(live.data["data"]["n"], 9);
     drop(stream);
+    server.stop().await;
+}
+
+/// An engagement larger than a stream's page (500 events, about 1 MiB of data) streams whole:
+/// every event once, in seq order, page after page, then live ones. (The stream used to read
+/// the whole engagement at once and hold it for its client: an audit's 16 slow clients of one
+/// 18 MB engagement took the server to 2.6 GB.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engagement_larger_than_a_page_streams_whole_in_order() {
+    let server = TestServer::start().await;
+    let filler = "y".repeat(2_000);
+    let count = 1_300;
+    for at in 0..count {
+        server
+            .post(
+                "/v1/engagements/big/events",
+                &json!({"type": "note", "at": at, "data": {"n": at, "filler": filler}}),
+            )
+            .await
+            .assert_status(201);
+    }
+    let mut stream = SseClient::connect(&server, "/v1/engagements/big/stream", None).await;
+    expect_journal_seqs(&mut stream, 0, count).await;
+    server
+        .post(
+            "/v1/engagements/big/events",
+            &json!({"type": "note", "at": count, "data": {"n": "live"}}),
+        )
+        .await
+        .assert_status(201);
+    let live = stream.next().await;
+    assert_eq!(
+        (live.data["seq"].as_i64(), live.data["data"]["n"].as_str()),
+        (Some(count), Some("live"))
+    );
+    // Resumed mid-engagement, past the first page's end.
+    let mut resumed =
+        SseClient::connect(&server, "/v1/engagements/big/stream?fromSeq=499", None).await;
+    expect_journal_seqs(&mut resumed, 499, count - 499 + 1).await;
+    drop((stream, resumed));
     server.stop().await;
 }
 
