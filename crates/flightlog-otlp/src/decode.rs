@@ -36,6 +36,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
 use serde_json::Value;
 
+pub use crate::decoded_size::ExportSchema;
 use crate::error::OtlpError;
 
 /// The two OTLP/HTTP encodings; a response is sent in the request's.
@@ -90,25 +91,29 @@ pub fn decode_request(
         content_encoding,
         body,
         max_decompressed,
-        true,
-        |body, encoding| match encoding {
-            OtlpEncoding::Protobuf => ExportTraceServiceRequest::decode(body)
-                .map_err(|error| OtlpError::malformed(format!("invalid protobuf: {error}"))),
-            OtlpEncoding::Json => decode_json(body),
+        ExportSchema::Traces,
+        |body, encoding| {
+            let request = match encoding {
+                OtlpEncoding::Protobuf => ExportTraceServiceRequest::decode(body)
+                    .map_err(|error| OtlpError::malformed(format!("invalid protobuf: {error}")))?,
+                OtlpEncoding::Json => decode_json(body)?,
+            };
+            crate::decoded_size::check_copied_attributes(&request)?;
+            Ok(request)
         },
     )
 }
 
 /// The steps every OTLP/HTTP body takes (traces, metrics, logs): its encoding from
 /// `Content-Type`, its `Content-Encoding` inflated within `max_decompressed`, its decoded size
-/// checked (`trace_schema`: walked along the trace schema; see `decoded_size`), then `decode`
+/// checked (walked along `schema`; see `decoded_size`), then `decode`
 /// on the plain bytes.
 pub(crate) fn read_body<T>(
     content_type: Option<&str>,
     content_encoding: Option<&str>,
     body: &[u8],
     max_decompressed: usize,
-    trace_schema: bool,
+    schema: ExportSchema,
     decode: impl FnOnce(&[u8], OtlpEncoding) -> Result<T, OtlpError>,
 ) -> Result<(T, OtlpEncoding), OtlpError> {
     let encoding = content_type
@@ -146,28 +151,31 @@ pub(crate) fn read_body<T>(
             body
         }
     };
-    crate::decoded_size::check_decoded_size(body, encoding, trace_schema)?;
+    crate::decoded_size::check_decoded_size(body, encoding, schema)?;
     Ok((decode(body, encoding)?, encoding))
 }
 
 /// Check the messages of a gRPC request body (its length-prefixed frames) before tonic decodes
 /// them, as an OTLP/HTTP body is checked (see `decoded_size`): a frame flagged compressed is
-/// inflated first when the call's `grpc-encoding` is gzip, within `max_decompressed`.
-/// `trace_schema`: the call is a trace export. What cannot be checked (a frame cut short, a
-/// message that does not inflate, another compression) passes: tonic refuses it itself.
+/// inflated first when the call's `grpc-encoding` is gzip, within `max_decompressed`. The
+/// messages are walked along `schema`. What cannot be checked (a frame cut short, a message
+/// that does not inflate, another compression) passes: tonic refuses it itself. Returns how
+/// many messages the body holds (an export is unary: one).
 pub fn check_grpc_messages(
     body: &[u8],
     grpc_encoding: Option<&str>,
-    trace_schema: bool,
+    schema: ExportSchema,
     max_decompressed: usize,
-) -> Result<(), OtlpError> {
+) -> Result<usize, OtlpError> {
     let mut rest = body;
+    let mut messages = 0;
     while let (Some(&flag), Some(length)) = (rest.first(), rest.get(1..5)) {
         let length = u32::from_be_bytes([length[0], length[1], length[2], length[3]]) as usize;
         let Some(message) = rest.get(5..5 + length) else {
-            return Ok(());
+            return Ok(messages);
         };
         rest = &rest[5 + length..];
+        messages += 1;
         let inflated;
         let message = match (flag, grpc_encoding.map(str::trim)) {
             (0, _) => message,
@@ -177,14 +185,14 @@ pub fn check_grpc_messages(
                         inflated = plain;
                         inflated.as_bytes()
                     }
-                    Err(_) => return Ok(()),
+                    Err(_) => return Ok(messages),
                 }
             }
-            _ => return Ok(()),
+            _ => return Ok(messages),
         };
-        crate::decoded_size::check_decoded_size(message, OtlpEncoding::Protobuf, trace_schema)?;
+        crate::decoded_size::check_decoded_size(message, OtlpEncoding::Protobuf, schema)?;
     }
-    Ok(())
+    Ok(messages)
 }
 
 /// The `Content-Encoding`s a body may come in (besides none).

@@ -8,15 +8,25 @@
 //! are copied once), so a body is refused when its decoded estimate passes
 //! [`MAX_EXPANSION`] times its size (and at least [`MIN_BUDGET_BYTES`]).
 //!
-//! Protobuf: a walk of the wire format along the trace schema, counting each message at the
-//! size of the struct prost makes of it and each string or bytes field at its length plus a
-//! `String`'s own size; metrics and logs, whose schemas this walk does not know, are counted at
-//! their top-level entries only (each at a generous guess of a message's size). JSON: a scan
-//! that charges every value a `serde_json::Value` and every object a map. The walk never
-//! refuses malformed input itself: it stops, and the decoder gives its own message.
+//! Protobuf: a walk of the wire format along the export's schema (traces, metrics or logs),
+//! counting each message at the size of the struct prost makes of it, each string or bytes
+//! field at its length plus a `String`'s own size, and each packed list of varints at sixteen
+//! bytes a byte (an element a byte, eight bytes each, in a `Vec` that doubled its way there). (Metrics and logs were counted at their top-level entries only, and one
+//! resource of 3.6 million empty log records, 7 MiB, or 8 KB gzipped, took 1.4 GiB: an audit's
+//! finding.) JSON: a scan that charges every value a `serde_json::Value` and every object a
+//! map. The walk never refuses malformed input itself: it stops, and the decoder gives its own
+//! message.
 
 use opentelemetry_proto::tonic::common::v1::{
     AnyValue, ArrayValue, InstrumentationScope, KeyValue, KeyValueList,
+};
+use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
+use opentelemetry_proto::tonic::metrics::v1::exponential_histogram_data_point::Buckets;
+use opentelemetry_proto::tonic::metrics::v1::summary_data_point::ValueAtQuantile;
+use opentelemetry_proto::tonic::metrics::v1::{
+    Exemplar, ExponentialHistogram, ExponentialHistogramDataPoint, Gauge, Histogram,
+    HistogramDataPoint, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum, Summary,
+    SummaryDataPoint,
 };
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::span::{Event, Link};
@@ -32,12 +42,23 @@ pub(crate) const MIN_BUDGET_BYTES: usize = 64 << 20;
 /// Nesting deeper than this is left to the decoder, which refuses it (prost stops at 100).
 const MAX_DEPTH: usize = 100;
 
+/// Which export a body is: what its protobuf is walked along.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportSchema {
+    /// `ExportTraceServiceRequest`.
+    Traces,
+    /// `ExportMetricsServiceRequest`.
+    Metrics,
+    /// `ExportLogsServiceRequest`.
+    Logs,
+}
+
 /// Refuse `body` when decoding it would take more memory than its size allows (see the module
-/// documentation). `trace_schema`: the body is a trace export (walked along its schema).
+/// documentation).
 pub(crate) fn check_decoded_size(
     body: &[u8],
     encoding: OtlpEncoding,
-    trace_schema: bool,
+    schema: ExportSchema,
 ) -> Result<(), OtlpError> {
     let budget = body
         .len()
@@ -46,10 +67,10 @@ pub(crate) fn check_decoded_size(
     let mut estimate = Estimate { bytes: 0, budget };
     let within = match encoding {
         OtlpEncoding::Protobuf => {
-            let root = if trace_schema {
-                Message::Request
-            } else {
-                Message::OtherExport
+            let root = match schema {
+                ExportSchema::Traces => Message::Request,
+                ExportSchema::Metrics => Message::MetricsRequest,
+                ExportSchema::Logs => Message::LogsRequest,
             };
             walk_protobuf(body, root, 0, &mut estimate)
         }
@@ -59,6 +80,46 @@ pub(crate) fn check_decoded_size(
         Ok(()) => Ok(()),
         Err(Over) => Err(OtlpError::TooManyItems { budget }),
     }
+}
+
+/// Refuse a decoded trace export whose spans' copies of their resource's and scope's
+/// attributes would pass the budget of the request's own size (see [`OtlpError::TooManyCopies`]):
+/// each span's share is its resource's and its scope's encoded size (their JSON in the span's
+/// attrs is about as large). Real exports pass with room: a 1 KB resource in each of 512 spans
+/// is half a megabyte of copies, under the 64 MiB any request may reach.
+pub(crate) fn check_copied_attributes(
+    request: &opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest,
+) -> Result<(), OtlpError> {
+    use prost::Message as _;
+    let mut copies = 0usize;
+    let mut spans = 0usize;
+    for resource_spans in &request.resource_spans {
+        let resource = resource_spans
+            .resource
+            .as_ref()
+            .map_or(0, |resource| resource.encoded_len());
+        for scope_spans in &resource_spans.scope_spans {
+            let scope = scope_spans
+                .scope
+                .as_ref()
+                .map_or(0, |scope| scope.encoded_len());
+            spans = spans.saturating_add(scope_spans.spans.len());
+            copies =
+                copies.saturating_add((resource + scope).saturating_mul(scope_spans.spans.len()));
+        }
+    }
+    let budget = request
+        .encoded_len()
+        .saturating_mul(MAX_EXPANSION)
+        .max(MIN_BUDGET_BYTES);
+    if copies > budget {
+        return Err(OtlpError::TooManyCopies {
+            spans,
+            copies,
+            budget,
+        });
+    }
+    Ok(())
 }
 
 /// The running estimate, in bytes, and where it stops.
@@ -81,9 +142,9 @@ impl Estimate {
     }
 }
 
-/// The messages of the trace export schema (opentelemetry-proto's `trace/v1`, `common/v1`,
-/// `resource/v1`), `Opaque` for one whose fields are not walked, and `OtherExport` for a metrics
-/// or logs export, whose every entry is counted as an opaque message.
+/// The messages of the export schemas (opentelemetry-proto's `trace/v1`, `metrics/v1`,
+/// `logs/v1`, `common/v1`, `resource/v1`), `Opaque` for one whose fields are not walked, and
+/// `PackedVarints` for a packed list of varints (up to an eight-byte element a byte).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Message {
     Request,
@@ -99,8 +160,28 @@ enum Message {
     AnyValue,
     ArrayValue,
     KeyValueList,
+    LogsRequest,
+    ResourceLogs,
+    ScopeLogs,
+    LogRecord,
+    MetricsRequest,
+    ResourceMetrics,
+    ScopeMetrics,
+    Metric,
+    Gauge,
+    Sum,
+    Histogram,
+    ExponentialHistogram,
+    Summary,
+    NumberDataPoint,
+    HistogramDataPoint,
+    ExponentialHistogramDataPoint,
+    Buckets,
+    SummaryDataPoint,
+    ValueAtQuantile,
+    Exemplar,
     Opaque,
-    OtherExport,
+    PackedVarints,
 }
 
 impl Message {
@@ -127,7 +208,36 @@ impl Message {
             (AnyValue, 6) => KeyValueList,
             (ArrayValue, 1) => AnyValue,
             (KeyValueList, 1) => KeyValue,
-            (OtherExport, _) => Opaque,
+            (LogsRequest, 1) => ResourceLogs,
+            (ResourceLogs, 1) => Resource,
+            (ResourceLogs, 2) => ScopeLogs,
+            (ScopeLogs, 1) => Scope,
+            (ScopeLogs, 2) => LogRecord,
+            (LogRecord, 5) => AnyValue,
+            (LogRecord, 6) => KeyValue,
+            (MetricsRequest, 1) => ResourceMetrics,
+            (ResourceMetrics, 1) => Resource,
+            (ResourceMetrics, 2) => ScopeMetrics,
+            (ScopeMetrics, 1) => Scope,
+            (ScopeMetrics, 2) => Metric,
+            (Metric, 5) => Gauge,
+            (Metric, 7) => Sum,
+            (Metric, 9) => Histogram,
+            (Metric, 10) => ExponentialHistogram,
+            (Metric, 11) => Summary,
+            (Metric, 12) => KeyValue,
+            (Gauge | Sum, 1) => NumberDataPoint,
+            (Histogram, 1) => HistogramDataPoint,
+            (ExponentialHistogram, 1) => ExponentialHistogramDataPoint,
+            (Summary, 1) => SummaryDataPoint,
+            (NumberDataPoint, 7) | (HistogramDataPoint, 9) => KeyValue,
+            (ExponentialHistogramDataPoint, 1) => KeyValue,
+            (SummaryDataPoint, 7) | (Exemplar, 7) => KeyValue,
+            (NumberDataPoint, 5) | (HistogramDataPoint, 8) => Exemplar,
+            (ExponentialHistogramDataPoint, 11) => Exemplar,
+            (ExponentialHistogramDataPoint, 8 | 9) => Buckets,
+            (Buckets, 2) => PackedVarints,
+            (SummaryDataPoint, 6) => ValueAtQuantile,
             _ => return None,
         })
     }
@@ -137,7 +247,10 @@ impl Message {
     fn decoded_size(self) -> usize {
         use std::mem::size_of;
         match self {
-            Message::Request | Message::OtherExport => 0,
+            Message::Request
+            | Message::LogsRequest
+            | Message::MetricsRequest
+            | Message::PackedVarints => 0,
             Message::ResourceSpans => size_of::<ResourceSpans>(),
             Message::Resource => size_of::<Resource>(),
             Message::ScopeSpans => size_of::<ScopeSpans>(),
@@ -150,6 +263,24 @@ impl Message {
             Message::AnyValue => size_of::<AnyValue>(),
             Message::ArrayValue => size_of::<ArrayValue>(),
             Message::KeyValueList => size_of::<KeyValueList>(),
+            Message::ResourceLogs => size_of::<ResourceLogs>(),
+            Message::ScopeLogs => size_of::<ScopeLogs>(),
+            Message::LogRecord => size_of::<LogRecord>(),
+            Message::ResourceMetrics => size_of::<ResourceMetrics>(),
+            Message::ScopeMetrics => size_of::<ScopeMetrics>(),
+            Message::Metric => size_of::<Metric>(),
+            Message::Gauge => size_of::<Gauge>(),
+            Message::Sum => size_of::<Sum>(),
+            Message::Histogram => size_of::<Histogram>(),
+            Message::ExponentialHistogram => size_of::<ExponentialHistogram>(),
+            Message::Summary => size_of::<Summary>(),
+            Message::NumberDataPoint => size_of::<NumberDataPoint>(),
+            Message::HistogramDataPoint => size_of::<HistogramDataPoint>(),
+            Message::ExponentialHistogramDataPoint => size_of::<ExponentialHistogramDataPoint>(),
+            Message::Buckets => size_of::<Buckets>(),
+            Message::SummaryDataPoint => size_of::<SummaryDataPoint>(),
+            Message::ValueAtQuantile => size_of::<ValueAtQuantile>(),
+            Message::Exemplar => size_of::<Exemplar>(),
             Message::Opaque => 256,
         }
     }
@@ -201,6 +332,14 @@ fn walk_protobuf(
                     return Ok(());
                 };
                 match message.field(key >> 3) {
+                    // Up to one element a byte, eight bytes each, in a `Vec` that doubled
+                    // its way there (up to twice that).
+                    Some(Message::PackedVarints) => estimate.charge(
+                        payload
+                            .len()
+                            .saturating_mul(16)
+                            .saturating_add(std::mem::size_of::<Vec<u64>>()),
+                    )?,
                     Some(inner) => {
                         estimate.charge(inner.decoded_size())?;
                         if inner != Message::Opaque {
@@ -321,9 +460,11 @@ mod tests {
     fn real_traces_pass_in_both_encodings() {
         let request = agent_trace_request();
         let protobuf = request.encode_to_vec();
-        assert!(check_decoded_size(&protobuf, OtlpEncoding::Protobuf, true).is_ok());
+        assert!(
+            check_decoded_size(&protobuf, OtlpEncoding::Protobuf, ExportSchema::Traces).is_ok()
+        );
         let json = serde_json::to_vec(&request).expect("serializable");
-        assert!(check_decoded_size(&json, OtlpEncoding::Json, true).is_ok());
+        assert!(check_decoded_size(&json, OtlpEncoding::Json, ExportSchema::Traces).is_ok());
     }
 
     /// A realistic body at the largest size: its estimate stays under the budget, with room.
@@ -346,7 +487,9 @@ mod tests {
         assert!(walk_protobuf(&protobuf, Message::Request, 0, &mut estimate).is_ok());
         let expansion = estimate.bytes as f64 / protobuf.len() as f64;
         assert!(expansion < MAX_EXPANSION as f64 / 1.5, "{expansion}");
-        assert!(check_decoded_size(&protobuf, OtlpEncoding::Protobuf, true).is_ok());
+        assert!(
+            check_decoded_size(&protobuf, OtlpEncoding::Protobuf, ExportSchema::Traces).is_ok()
+        );
         let json = serde_json::to_vec(&request).expect("serializable");
         let mut estimate = Estimate {
             bytes: 0,
@@ -373,7 +516,7 @@ mod tests {
         resource.extend(prost_length(scopes.len()));
         resource.extend(&scopes);
         for body in [&empty_resources, &resource] {
-            let refused = check_decoded_size(body, OtlpEncoding::Protobuf, true);
+            let refused = check_decoded_size(body, OtlpEncoding::Protobuf, ExportSchema::Traces);
             assert!(
                 matches!(refused, Err(OtlpError::TooManyItems { .. })),
                 "{refused:?}"
@@ -382,11 +525,172 @@ mod tests {
         let mut json = b"{\"resourceSpans\":[".to_vec();
         json.extend(b"{},".repeat(size / 3));
         json.extend(b"{}]}");
-        let refused = check_decoded_size(&json, OtlpEncoding::Json, true);
+        let refused = check_decoded_size(&json, OtlpEncoding::Json, ExportSchema::Traces);
         assert!(matches!(refused, Err(OtlpError::TooManyItems { .. })));
         // Metrics and logs: their top-level entries are counted.
-        let refused = check_decoded_size(&empty_resources, OtlpEncoding::Protobuf, false);
-        assert!(matches!(refused, Err(OtlpError::TooManyItems { .. })));
+        for schema in [ExportSchema::Metrics, ExportSchema::Logs] {
+            let refused = check_decoded_size(&empty_resources, OtlpEncoding::Protobuf, schema);
+            assert!(matches!(refused, Err(OtlpError::TooManyItems { .. })));
+        }
+    }
+
+    /// Metrics and logs exports are walked along their own schemas: empty log records or data
+    /// points nested under one resource (the audit's 7 MiB export of 3.6 million empty log
+    /// records, which took 1.4 GiB) are refused, and so is a packed list of bucket counts that
+    /// decodes to eight times its size; real exports pass.
+    #[test]
+    fn metrics_and_logs_of_tiny_entries_are_refused_and_real_ones_pass() {
+        use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
+        use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+        use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+        fn nest(tag: u8, inner: &[u8]) -> Vec<u8> {
+            let mut out = vec![tag];
+            out.extend(prost_length(inner.len()));
+            out.extend(inner);
+            out
+        }
+        let size = 7 << 20;
+        // One resource, one scope, then empty records (field 2 of ScopeLogs).
+        let records = b"\x12\x00".repeat(size / 2);
+        let logs = nest(0x0a, &nest(0x12, &records));
+        let refused = check_decoded_size(&logs, OtlpEncoding::Protobuf, ExportSchema::Logs);
+        assert!(
+            matches!(refused, Err(OtlpError::TooManyItems { .. })),
+            "{refused:?}"
+        );
+        // One resource, one scope, one metric (field 2 of ScopeMetrics), one gauge (field 5 of
+        // Metric), then empty points (field 1 of Gauge).
+        let points = b"\x0a\x00".repeat(size / 2);
+        let metrics = nest(0x0a, &nest(0x12, &nest(0x12, &nest(0x2a, &points))));
+        let refused = check_decoded_size(&metrics, OtlpEncoding::Protobuf, ExportSchema::Metrics);
+        assert!(
+            matches!(refused, Err(OtlpError::TooManyItems { .. })),
+            "{refused:?}"
+        );
+        // An exponential histogram's bucket counts: one byte a count on the wire, eight decoded
+        // (sixteen in a `Vec` grown by doubling).
+        let counts = vec![1u8; size];
+        let buckets = nest(0x12, &counts);
+        let point = nest(0x42, &buckets);
+        let metrics = nest(
+            0x0a,
+            &nest(0x12, &nest(0x12, &nest(0x52, &nest(0x0a, &point)))),
+        );
+        let refused = check_decoded_size(&metrics, OtlpEncoding::Protobuf, ExportSchema::Metrics);
+        assert!(
+            matches!(refused, Err(OtlpError::TooManyItems { .. })),
+            "{refused:?}"
+        );
+
+        // Real exports, about 9 MiB each (past the budget's floor): within it.
+        let log = opentelemetry_proto::tonic::logs::v1::LogRecord {
+            time_unix_nano: 1_000,
+            severity_text: "INFO".into(),
+            body: Some(string("tool run_tests finished: 42 passed, 0 failed")),
+            attributes: vec![
+                kv("gen_ai.tool.name", string("run_tests")),
+                kv("duration_ms", int(1234)),
+            ],
+            trace_id: vec![1; 16],
+            span_id: vec![2; 8],
+            ..Default::default()
+        };
+        let one_scope = ScopeLogs {
+            log_records: vec![log; 64],
+            ..Default::default()
+        };
+        let mut logs = ExportLogsServiceRequest {
+            resource_logs: vec![ResourceLogs {
+                scope_logs: vec![one_scope],
+                ..Default::default()
+            }],
+        };
+        let copies = (9 << 20) / logs.encoded_len();
+        logs.resource_logs = std::iter::repeat_n(logs.resource_logs[0].clone(), copies).collect();
+        let body = logs.encode_to_vec();
+        assert!(
+            body.len() > MIN_BUDGET_BYTES / MAX_EXPANSION,
+            "{}",
+            body.len()
+        );
+        assert!(check_decoded_size(&body, OtlpEncoding::Protobuf, ExportSchema::Logs).is_ok());
+        assert_expansion_with_room(&body, Message::LogsRequest);
+        let point = NumberDataPoint {
+            attributes: vec![kv("gen_ai.request.model", string("claude-sonnet-4"))],
+            time_unix_nano: 1_000,
+            value: Some(
+                opentelemetry_proto::tonic::metrics::v1::number_data_point::Value::AsInt(1200),
+            ),
+            ..Default::default()
+        };
+        let metric = Metric {
+            name: "gen_ai.client.token.usage".into(),
+            unit: "{token}".into(),
+            data: Some(Data::Sum(Sum {
+                data_points: vec![point; 64],
+                aggregation_temporality: 1,
+                is_monotonic: true,
+            })),
+            ..Default::default()
+        };
+        let mut metrics = ExportMetricsServiceRequest {
+            resource_metrics: vec![ResourceMetrics {
+                scope_metrics: vec![ScopeMetrics {
+                    metrics: vec![metric],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        };
+        let copies = (9 << 20) / metrics.encoded_len();
+        metrics.resource_metrics =
+            std::iter::repeat_n(metrics.resource_metrics[0].clone(), copies).collect();
+        let body = metrics.encode_to_vec();
+        assert!(check_decoded_size(&body, OtlpEncoding::Protobuf, ExportSchema::Metrics).is_ok());
+        assert_expansion_with_room(&body, Message::MetricsRequest);
+    }
+
+    /// The estimate of a real export stays well under the expansion allowed.
+    fn assert_expansion_with_room(body: &[u8], root: Message) {
+        let mut estimate = Estimate {
+            bytes: 0,
+            budget: usize::MAX,
+        };
+        assert!(walk_protobuf(body, root, 0, &mut estimate).is_ok());
+        let expansion = estimate.bytes as f64 / body.len() as f64;
+        assert!(
+            expansion < MAX_EXPANSION as f64 / 1.5,
+            "{root:?}: {expansion}"
+        );
+    }
+
+    /// The spans' copies of their resource's and scope's attributes count against the request's
+    /// budget: the audit's 249 KB export (one resource of six 16,000-byte attributes, 3,000
+    /// spans; 600 MiB and 290 MB written) is refused; a real export passes.
+    #[test]
+    fn a_resource_copied_into_too_many_spans_is_refused() {
+        let spans: Vec<Span> = (0..3_000u32)
+            .map(|index| {
+                let mut one = span(1, None, "s", Vec::new());
+                one.span_id = (u64::from(index) + 1).to_be_bytes().to_vec();
+                one
+            })
+            .collect();
+        let mut bomb = request(spans);
+        bomb.resource_spans[0].resource = Some(Resource {
+            attributes: (0..6)
+                .map(|index| kv(&format!("big.{index}"), string(&"r".repeat(16_000))))
+                .collect(),
+            ..Default::default()
+        });
+        assert!(bomb.encoded_len() < 300_000);
+        let refused = check_copied_attributes(&bomb);
+        assert!(
+            matches!(refused, Err(OtlpError::TooManyCopies { spans: 3_000, .. })),
+            "{refused:?}"
+        );
+        let real = agent_trace_request();
+        assert!(check_copied_attributes(&real).is_ok());
     }
 
     /// Malformed input is not refused here: the decoder's message says what is wrong.
@@ -400,7 +704,7 @@ mod tests {
             b"{\"a\":\"\\\"",
         ] {
             for encoding in [OtlpEncoding::Protobuf, OtlpEncoding::Json] {
-                assert!(check_decoded_size(body, encoding, true).is_ok());
+                assert!(check_decoded_size(body, encoding, ExportSchema::Traces).is_ok());
             }
         }
     }

@@ -34,6 +34,21 @@ pub enum OtlpError {
          fewer in one request"
     )]
     TooManyItems { budget: usize },
+    /// Every span keeps its resource's and scope's attributes in its own attrs, so a request's
+    /// copies of them (each span's share times its spans) may take more than the request
+    /// itself: a 249 KB export of one 96 KB resource and 3,000 spans took 600 MiB and wrote 290
+    /// MB (an audit's finding). Refused as a whole (HTTP 413) when the copies would pass the
+    /// budget of the decoded request (see `decoded_size`).
+    #[error(
+        "the resource and scope attributes are copied into each of their spans: this request's \
+         {spans} spans would take {copies} bytes of copies, more than its budget of {budget} \
+         bytes; send fewer spans per request, or smaller resource attributes"
+    )]
+    TooManyCopies {
+        spans: usize,
+        copies: usize,
+        budget: usize,
+    },
 }
 
 impl OtlpError {
@@ -48,14 +63,16 @@ impl OtlpError {
         match self {
             Self::UnsupportedContentType { .. } | Self::UnsupportedContentEncoding { .. } => 415,
             Self::Malformed { .. } => 400,
-            Self::TooLarge { .. } | Self::TooManyItems { .. } => 413,
+            Self::TooLarge { .. } | Self::TooManyItems { .. } | Self::TooManyCopies { .. } => 413,
         }
     }
 
     /// The gRPC status code for the `google.rpc.Status` body an OTLP/HTTP error response carries.
     pub fn grpc_code(&self) -> GrpcCode {
         match self {
-            Self::TooLarge { .. } | Self::TooManyItems { .. } => GrpcCode::ResourceExhausted,
+            Self::TooLarge { .. } | Self::TooManyItems { .. } | Self::TooManyCopies { .. } => {
+                GrpcCode::ResourceExhausted
+            }
             _ => GrpcCode::InvalidArgument,
         }
     }
@@ -83,6 +100,14 @@ mod tests {
             (OtlpError::malformed("x"), 400),
             (OtlpError::TooLarge { limit: 1 }, 413),
             (OtlpError::TooManyItems { budget: 1 }, 413),
+            (
+                OtlpError::TooManyCopies {
+                    spans: 2,
+                    copies: 2,
+                    budget: 1,
+                },
+                413,
+            ),
         ];
         for (error, status) in cases {
             assert_eq!(error.http_status(), status, "{error}");

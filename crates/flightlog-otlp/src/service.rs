@@ -125,7 +125,10 @@ impl TraceService for FlightlogTraceService {
         request: Request<ExportTraceServiceRequest>,
     ) -> Result<Response<ExportTraceServiceResponse>, Status> {
         (self.authorize)(request.metadata())?;
-        let (response, tally) = ingest(self.store.as_ref(), request.into_inner(), &self.options)
+        let request = request.into_inner();
+        crate::decoded_size::check_copied_attributes(&request)
+            .map_err(|error| Status::resource_exhausted(error.to_string()))?;
+        let (response, tally) = ingest(self.store.as_ref(), request, &self.options)
             .await
             .map_err(store_status)?;
         (self.observe)(&tally);

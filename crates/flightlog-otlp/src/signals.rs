@@ -34,7 +34,7 @@ use serde_json::{json, Map, Value};
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 
-use crate::decode::{read_body, OtlpEncoding};
+use crate::decode::{read_body, ExportSchema, OtlpEncoding};
 use crate::error::OtlpError;
 use crate::service::Authorize;
 
@@ -91,7 +91,10 @@ pub fn count_export(
         content_encoding,
         body,
         max_decompressed,
-        false,
+        match signal {
+            Signal::Metrics => ExportSchema::Metrics,
+            Signal::Logs => ExportSchema::Logs,
+        },
         |body, encoding| match (signal, encoding) {
             (Signal::Metrics, OtlpEncoding::Protobuf) => ExportMetricsServiceRequest::decode(body)
                 .map(|request| count_data_points(&request))

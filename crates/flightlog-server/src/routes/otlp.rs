@@ -125,9 +125,9 @@ fn decode_failure(headers: &HeaderMap, error: &OtlpError) -> Response {
         OtlpError::UnsupportedContentType { .. } | OtlpError::UnsupportedContentEncoding { .. } => {
             ApiError::UnsupportedMediaType(message)
         }
-        OtlpError::TooLarge { .. } | OtlpError::TooManyItems { .. } => {
-            ApiError::PayloadTooLarge(message)
-        }
+        OtlpError::TooLarge { .. }
+        | OtlpError::TooManyItems { .. }
+        | OtlpError::TooManyCopies { .. } => ApiError::PayloadTooLarge(message),
         OtlpError::Malformed { .. } => ApiError::InvalidRequest(message),
     };
     failure(headers, api_error, error.grpc_code())

@@ -1130,6 +1130,125 @@ async fn a_grpc_message_of_empty_entries_is_refused_before_it_is_decoded() {
     server.stop().await;
 }
 
+/// A unary export carrying two messages (a client streaming into the export method): tonic
+/// read the first, dropped the second unread and answered OK, so the second batch's spans were
+/// lost without a word (an audit's finding). Now refused whole, with nothing stored.
+#[tokio::test]
+async fn a_grpc_export_of_two_messages_is_refused_and_stores_nothing() {
+    use crate::otlp_fuzz::{grpc_channel, RawCodec, EXPORT_PATH};
+    let server = TestServer::start_with(crate::support::Options {
+        grpc: true,
+        ..crate::support::Options::default()
+    })
+    .await;
+    let channel = grpc_channel(&server).await;
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("the channel is ready");
+    let messages = futures_util::stream::iter([
+        request(vec![root_span()]).encode_to_vec(),
+        request(vec![otlp_span(2, 1, 1_010, Vec::new())]).encode_to_vec(),
+    ]);
+    let answer = grpc
+        .client_streaming(
+            tonic::Request::new(messages),
+            axum::http::uri::PathAndQuery::from_static(EXPORT_PATH),
+            RawCodec,
+        )
+        .await;
+    let status = answer.expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
+    assert!(status.message().contains("one message"), "{status:?}");
+    for span in [1, 2] {
+        let (status, _) = get_json(&server, &format!("/v1/activity/spans/{}", hex(span))).await;
+        assert_eq!(status, 404, "span {span}: nothing stored");
+    }
+    server.stop().await;
+}
+
+/// Every span keeps its resource's attributes, so one large resource over many spans made a
+/// small export take hundreds of MiB and write as much (the audit's 249 KB export took 600 MiB
+/// and wrote 290 MB): such an export is refused whole, 413 over HTTP and `RESOURCE_EXHAUSTED`
+/// over gRPC, nothing stored; the same spans under a real resource are kept.
+#[tokio::test]
+async fn a_large_resource_over_many_spans_is_refused_whole() {
+    use crate::otlp_fuzz::{grpc_channel, grpc_export};
+    let server = TestServer::start_with(crate::support::Options {
+        grpc: true,
+        ..crate::support::Options::default()
+    })
+    .await;
+    let spans = || -> Vec<Span> {
+        (1..=250u8)
+            .map(|n| otlp_span(n, if n == 1 { 0 } else { 1 }, 1_000, Vec::new()))
+            .collect()
+    };
+    let mut bomb = request(spans());
+    bomb.resource_spans[0].resource = Some(Resource {
+        attributes: (0..20)
+            .map(|index| text(&format!("big.{index}"), &"r".repeat(16_000)))
+            .collect(),
+        ..Resource::default()
+    });
+    let body = bomb.encode_to_vec();
+    assert!(body.len() < 400_000, "{}", body.len());
+    let response = post_raw(&server, "application/x-protobuf", None, body.clone()).await;
+    assert_eq!(response.status(), 413);
+    let answer = grpc_export(&grpc_channel(&server).await, body, true)
+        .await
+        .expect("in time");
+    let status = answer.expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("copied into each"), "{status:?}");
+    let (status, _) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
+    assert_eq!(status, 404, "nothing stored");
+    let kept = export(&server, spans()).await;
+    assert_eq!(kept.partial_success, None);
+    server.stop().await;
+}
+
+/// A logs export of empty records nested under one resource decoded to 200 times its size (7
+/// MiB, or 8 KB gzipped, took 1.4 GiB: an audit's finding), since only the top-level entries
+/// were counted: refused before it is decoded, over gRPC and HTTP alike.
+#[tokio::test]
+async fn a_logs_export_of_empty_records_is_refused_before_it_is_decoded() {
+    use crate::otlp_fuzz::{grpc_channel, grpc_unary};
+    const LOGS: &str = "/opentelemetry.proto.collector.logs.v1.LogsService/Export";
+    let server = TestServer::start_with(crate::support::Options {
+        grpc: true,
+        ..crate::support::Options::default()
+    })
+    .await;
+    let nest = |tag: u8, inner: &[u8]| {
+        let mut out = vec![tag];
+        prost::encoding::encode_varint(inner.len() as u64, &mut out);
+        out.extend(inner);
+        out
+    };
+    // One resource, one scope, then 3.6 million empty log records.
+    let body = nest(0x0a, &nest(0x12, &b"\x12\x00".repeat(3_600_000)));
+    let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gzip.write_all(&body).expect("gzip");
+    let gzipped = gzip.finish().expect("gzip");
+    let channel = grpc_channel(&server).await;
+    let grpc =
+        tonic::client::Grpc::new(channel).send_compressed(tonic::codec::CompressionEncoding::Gzip);
+    let status = grpc_unary(grpc, LOGS, tonic::Request::new(body))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    let response = server
+        .client
+        .post(format!("{}/v1/logs", server.base))
+        .header("content-type", "application/x-protobuf")
+        .header("content-encoding", "gzip")
+        .body(gzipped)
+        .send()
+        .await
+        .expect("the server answers");
+    assert_eq!(response.status(), 413);
+    server.stop().await;
+}
+
 /// A gRPC message over the limit is `RESOURCE_EXHAUSTED` however it comes (just over the
 /// limit, far over it, or compressed and inflating past it), as the HTTP listener answers 413:
 /// OTLP exporters do not retry it, since the same batch can never fit (tonic's own code for

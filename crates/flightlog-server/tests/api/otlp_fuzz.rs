@@ -80,7 +80,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const BODY_LIMIT: usize = 3 * 1024 * 1024;
 /// The most a gzip body may inflate to (the default is 64 MiB), for the same reason.
 const MAX_DECOMPRESSED: usize = 2 * 1024 * 1024;
-const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+pub(crate) const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 
 /// The stored trace ("KEEP" and a fixed tail) and its spans' ids (`KEEP`, 0, 0, 0, n).
 const KEEP_TRACE: [u8; 16] = [
@@ -675,7 +675,7 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 /// A tonic codec that sends the message bytes as given and hands back the answer's bytes, so
 /// the fuzzing can put any bytes in a gRPC frame.
 #[derive(Clone, Copy, Default)]
-struct RawCodec;
+pub(crate) struct RawCodec;
 
 impl Codec for RawCodec {
     type Encode = Vec<u8>;
