@@ -84,6 +84,18 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
                 &settings.server.auth,
                 settings.allow_unauthenticated_non_loopback,
             )?;
+            // Bound second, the gRPC listener failed on its own server's HTTP port with "address
+            // in use", and nothing held the port once the server had exited (an audit's
+            // finding).
+            if let Some(shared) = shared_listening_port(&addrs, &grpc_addrs) {
+                anyhow::bail!(
+                    "the OTLP/gRPC address {grpc_addr} ({GRPC_ADDR_SOURCES}) and the HTTP \
+                     address {} ({ADDR_SOURCES}) both take port {shared}: the two listeners \
+                     need different ports (OTLP's are 4318 for HTTP and 4317 for gRPC), or \
+                     give `off` to serve no gRPC listener",
+                    settings.addr
+                );
+            }
             Some(grpc_addrs)
         }
     };
@@ -229,13 +241,22 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
                 flightlog_server::auth::SHORT_TOKEN_BYTES
             );
         }
-    } else if is_loopback(&local) {
-        say!("flightlog: no tokens configured: any local process may read and write");
     } else {
-        say_err!(
-            "flightlog: warning: serving {local} WITHOUT authentication \
-             (--allow-unauthenticated-non-loopback)"
-        );
+        // Both listeners: the gRPC one on the network while HTTP is on loopback was announced
+        // as "any local process" (an audit's finding).
+        let grpc_local = grpc_listener
+            .as_ref()
+            .and_then(|grpc_listener| grpc_listener.local_addr().ok());
+        let exposed = beyond_loopback(std::iter::once(local).chain(grpc_local));
+        if exposed.is_empty() {
+            say!("flightlog: no tokens configured: any local process may read and write");
+        } else {
+            say_err!(
+                "flightlog: warning: serving {} WITHOUT authentication \
+                 (--allow-unauthenticated-non-loopback)",
+                exposed.join(" and ")
+            );
+        }
     }
     if let Some(path) = &settings.config_file {
         say!("flightlog: settings from {}", path.display());
@@ -375,6 +396,29 @@ fn flightlog_environment() -> anyhow::Result<BTreeMap<String, String>> {
 /// What to do when a listener cannot be bound: a port below 1024 needs privileges (the error
 /// is "permission denied", though the port may well be free); an address that is not this
 /// machine's cannot be bound whatever the port; otherwise the port is taken.
+/// The listening addresses other machines can reach, as text.
+fn beyond_loopback(listening: impl Iterator<Item = SocketAddr>) -> Vec<String> {
+    listening
+        .filter(|addr| !is_loopback(addr))
+        .map(|addr| addr.to_string())
+        .collect()
+}
+
+/// The port two address lists both listen on (a port 0 is chosen apart and never shared): the
+/// same port on the same address, or on any address where one of them is the unspecified one.
+fn shared_listening_port(first: &[SocketAddr], second: &[SocketAddr]) -> Option<u16> {
+    first.iter().find_map(|a| {
+        second
+            .iter()
+            .any(|b| {
+                a.port() != 0
+                    && a.port() == b.port()
+                    && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+            })
+            .then_some(a.port())
+    })
+}
+
 fn bind_fix(err: &std::io::Error) -> &'static str {
     match err.kind() {
         std::io::ErrorKind::PermissionDenied => {
@@ -504,5 +548,49 @@ mod tests {
         assert!(bind_fix(&taken).contains("free port"));
         let foreign = std::io::Error::from(std::io::ErrorKind::AddrNotAvailable);
         assert!(bind_fix(&foreign).contains("not one of this machine's"));
+    }
+
+    fn addrs(list: &[&str]) -> Vec<SocketAddr> {
+        list.iter()
+            .map(|addr| addr.parse().expect("an address"))
+            .collect()
+    }
+
+    #[test]
+    fn listeners_sharing_a_port_are_told_apart_from_neighbours() {
+        let http = addrs(&["127.0.0.1:4318"]);
+        assert_eq!(
+            shared_listening_port(&http, &addrs(&["127.0.0.1:4318"])),
+            Some(4318)
+        );
+        assert_eq!(
+            shared_listening_port(&http, &addrs(&["0.0.0.0:4318"])),
+            Some(4318)
+        );
+        assert_eq!(
+            shared_listening_port(&addrs(&["[::]:4318"]), &http),
+            Some(4318)
+        );
+        assert_eq!(
+            shared_listening_port(&http, &addrs(&["127.0.0.1:4317"])),
+            None
+        );
+        assert_eq!(
+            shared_listening_port(&http, &addrs(&["127.0.0.2:4318"])),
+            None
+        );
+        // Port 0 is chosen apart for each.
+        let any = addrs(&["127.0.0.1:0"]);
+        assert_eq!(shared_listening_port(&any, &any), None);
+    }
+
+    /// The gRPC listener on the network while HTTP is on loopback is named in the warning
+    /// (it was announced as "any local process may read and write").
+    #[test]
+    fn an_exposed_grpc_listener_is_named_whatever_the_http_one_is() {
+        let listening = addrs(&["127.0.0.1:4318", "0.0.0.0:4317"]);
+        assert_eq!(beyond_loopback(listening.into_iter()), ["0.0.0.0:4317"]);
+        let local = addrs(&["127.0.0.1:4318", "[::1]:4317"]);
+        assert!(beyond_loopback(local.into_iter()).is_empty());
     }
 }

@@ -867,6 +867,36 @@ fn a_non_loopback_address_without_a_token_is_refused_with_how_to_allow_it() {
     good.assert_still_serves(&scratch);
 }
 
+/// The gRPC listener on the HTTP listener's port failed to bind with "address in use" and
+/// "choose a free port", and once the server had exited nothing held the port (an audit's
+/// finding): the collision is now said as such, before anything is bound or opened.
+#[test]
+fn one_port_for_both_listeners_is_refused_as_such() {
+    let scratch = Scratch::new("one-port");
+    let good = GoodDb::create(&scratch);
+    let db = good.arg();
+    let out = run(
+        scratch.path(),
+        &serve_args(
+            &db,
+            &[
+                "--addr",
+                "127.0.0.1:18698",
+                "--grpc-addr",
+                "127.0.0.1:18698",
+            ],
+        ),
+        &[],
+    );
+    out.assert_refused(&[
+        "both take port 18698",
+        "need different ports",
+        "--grpc-addr",
+        "--addr",
+    ]);
+    good.assert_unchanged(&out);
+}
+
 #[test]
 fn an_unresolvable_host_is_refused_without_a_panic() {
     let scratch = Scratch::new("host");

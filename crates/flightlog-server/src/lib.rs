@@ -54,7 +54,7 @@ pub mod wire;
 mod write_stall;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -202,20 +202,15 @@ where
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        // Set by the connection's first request: HTTP/2 has no header-read timeout, and a client
-        // that never sends its preface (or a request) would otherwise hold the connection.
-        let served = Arc::new(AtomicBool::new(false));
-        let first_request = Arc::clone(&served);
-        let service = TowerToHyperService::new(router.clone().map_request(
-            move |request: Request<Incoming>| {
-                first_request.store(true, Ordering::Relaxed);
-                request.map(Body::new)
-            },
-        ));
         let closing_seen = closing_seen.clone();
         let guarded = write_stall::StallGuard::new(stream, write_stall_limit);
         match protocol {
             Protocol::Http1 => {
+                let service = TowerToHyperService::new(
+                    router
+                        .clone()
+                        .map_request(|request: Request<Incoming>| request.map(Body::new)),
+                );
                 let io = TokioIo::new(parse_error_body::ParseErrorBody::new(guarded));
                 let mut builder = hyper::server::conn::http1::Builder::new();
                 builder
@@ -227,6 +222,24 @@ where
                 connections.spawn(drive(connection, closing_seen, None));
             }
             Protocol::Http2 => {
+                // HTTP/2 has no header-read timeout, and its keep-alive pings never drop a peer
+                // that answers them: the connection's requests are tracked, and it is closed
+                // once idle (see `drive`).
+                let activity = Arc::new(ConnectionActivity::new());
+                let tracker = Arc::clone(&activity);
+                let service = TowerToHyperService::new(
+                    router
+                        .clone()
+                        .map_request(|request: Request<Incoming>| request.map(Body::new))
+                        .map_future(move |answer| {
+                            let in_flight = tracker.begin();
+                            async move {
+                                let answer = answer.await;
+                                drop(in_flight);
+                                answer
+                            }
+                        }),
+                );
                 let io = TokioIo::new(guarded);
                 let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
                 builder
@@ -234,7 +247,7 @@ where
                     .keep_alive_interval(HTTP2_KEEP_ALIVE)
                     .keep_alive_timeout(HTTP2_KEEP_ALIVE);
                 let connection = builder.serve_connection(io, service);
-                connections.spawn(drive(connection, closing_seen, Some(served)));
+                connections.spawn(drive(connection, closing_seen, Some(activity)));
             }
         }
         // Reap the finished connections, so the set holds only live ones.
@@ -252,30 +265,93 @@ where
     Ok(())
 }
 
+/// What an HTTP/2 connection is doing, for its idle timeout: its requests in flight, and when
+/// the last one ended (or the connection began).
+struct ConnectionActivity {
+    began: std::time::Instant,
+    in_flight: AtomicUsize,
+    /// Milliseconds from `began` to when the last request ended.
+    last_ended_ms: AtomicU64,
+    /// Whether any request came.
+    served: AtomicBool,
+}
+
+/// One request in flight on a tracked connection; its end when dropped.
+struct InFlight(Arc<ConnectionActivity>);
+
+impl ConnectionActivity {
+    fn new() -> Self {
+        Self {
+            began: std::time::Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            last_ended_ms: AtomicU64::new(0),
+            served: AtomicBool::new(false),
+        }
+    }
+
+    fn begin(self: &Arc<Self>) -> InFlight {
+        self.served.store(true, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(Arc::clone(self))
+    }
+
+    /// How long the connection has had no request in flight (`None` while one is).
+    fn idle_for(&self) -> Option<Duration> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let last = Duration::from_millis(self.last_ended_ms.load(Ordering::Acquire));
+        Some(self.began.elapsed().saturating_sub(last))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let now = u64::try_from(self.0.began.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.last_ended_ms.fetch_max(now, Ordering::AcqRel);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Serve one connection until it ends, or until the server closes: then let its request in
-/// flight finish (the caller bounds how long). With `served`, the connection is dropped if no
-/// request has come within [`HEADER_READ_TIMEOUT`] (HTTP/2, where hyper has no such timeout).
+/// flight finish (the caller bounds how long). With `activity` (HTTP/2, where hyper has no
+/// header-read timeout), a connection with no request in flight for [`HEADER_READ_TIMEOUT`] is
+/// closed: dropped if it never made a request, else shut down gracefully (`GOAWAY`, so a client
+/// reconnects for its next export), within [`SHUTDOWN_GRACE`]. Only the first request used to
+/// count: a peer that made one (even one refused for a missing token) and then sat answering
+/// the keep-alive pings held its connection for good, and a few hundred such peers used up
+/// every file descriptor (an audit's finding).
 async fn drive<C: GracefulConnection>(
     connection: C,
     mut closing: tokio::sync::watch::Receiver<bool>,
-    served: Option<Arc<AtomicBool>>,
+    activity: Option<Arc<ConnectionActivity>>,
 ) {
     let mut connection = std::pin::pin!(connection);
-    let silent = async {
-        match served {
-            Some(served) => {
-                tokio::time::sleep(HEADER_READ_TIMEOUT).await;
-                if served.load(Ordering::Relaxed) {
-                    std::future::pending::<()>().await;
-                }
-            }
-            None => std::future::pending::<()>().await,
+    let idle = async {
+        let Some(activity) = &activity else {
+            return std::future::pending::<()>().await;
+        };
+        loop {
+            let wait = match activity.idle_for() {
+                Some(idle) if idle >= HEADER_READ_TIMEOUT => return,
+                Some(idle) => HEADER_READ_TIMEOUT - idle,
+                None => HEADER_READ_TIMEOUT,
+            };
+            tokio::time::sleep(wait).await;
         }
     };
-    tokio::select! {
+    let went_idle = tokio::select! {
         _ = connection.as_mut() => return,
-        () = silent => return,
-        _ = closing.wait_for(|closing| *closing) => {}
+        () = idle => true,
+        _ = closing.wait_for(|closing| *closing) => false,
+    };
+    if went_idle {
+        if activity.is_some_and(|activity| !activity.served.load(Ordering::Relaxed)) {
+            return;
+        }
+        connection.as_mut().graceful_shutdown();
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, connection).await;
+        return;
     }
     connection.as_mut().graceful_shutdown();
     let _ = connection.await;

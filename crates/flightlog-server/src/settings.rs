@@ -811,6 +811,16 @@ pub fn resolve(
         Some((path, named_by)) => Some(ConfigFile::read(&path, named_by)?),
         None => None,
     };
+    // The file the variable names, when the flag names another: read and checked all the same
+    // (it used to be ignored, so a bad one stopped the server only once the flag went).
+    if let (Some(_), Some(overridden)) = (&flags.config, env_value(env, CONFIG_ENV)) {
+        let overridden = ConfigFile::read(Path::new(&overridden), CONFIG_ENV)?;
+        let without_flag = ServeFlags {
+            config: None,
+            ..flags.clone()
+        };
+        resolve_with_file(&without_flag, env, Some(&overridden))?;
+    }
     resolve_with_file(flags, env, file.as_ref())
 }
 

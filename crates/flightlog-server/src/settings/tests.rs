@@ -434,6 +434,25 @@ fn the_config_flag_wins_over_the_config_variable_and_a_missing_file_is_an_error(
         "{message}"
     );
     assert!(message.contains("check the path"), "{message}");
+
+    // The variable's file is checked while the flag overrides it: missing, or with a bad key.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "adress = \"127.0.0.1:2\"").expect("write");
+    for (named, expected) in [
+        (
+            PathBuf::from("/nonexistent/flightlog.toml"),
+            "/nonexistent/flightlog.toml",
+        ),
+        (bad.clone(), "adress"),
+    ] {
+        let overridden = env(&[("FLIGHTLOG_CONFIG", &named.to_string_lossy())]);
+        let err = resolve(&flags, &overridden).expect_err("a bad overridden file");
+        let message = err.to_string();
+        assert!(
+            message.contains(expected) && message.contains(&*named.to_string_lossy()),
+            "{message}"
+        );
+    }
 }
 
 /// How a bad-value case feeds its value in.

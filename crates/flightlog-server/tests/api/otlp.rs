@@ -708,7 +708,10 @@ async fn an_announced_span_of_a_remote_caller_becomes_a_root_when_it_completes()
 
 /// The gRPC listener (HTTP/2) drops a connection that sends no request within the header-read
 /// timeout: HTTP/2 has no such timeout in hyper, and a client that never sent its preface held
-/// the connection (and a file descriptor) forever.
+/// the connection (and a file descriptor) forever. A connection that made a request (here one
+/// refused) and then sat idle, answering the keep-alive pings, is closed after as long: only
+/// the first request used to count, and a few hundred such peers used up every file
+/// descriptor (an audit's finding).
 #[tokio::test]
 async fn a_grpc_connection_that_sends_nothing_is_closed() {
     use tokio::io::AsyncReadExt;
@@ -725,7 +728,7 @@ async fn a_grpc_connection_that_sends_nothing_is_closed() {
     let started = std::time::Instant::now();
     let limit = flightlog_server::HEADER_READ_TIMEOUT + std::time::Duration::from_secs(5);
     let mut buffer = [0u8; 64];
-    let closed = tokio::time::timeout(limit, async {
+    let silent_closed = tokio::time::timeout(limit, async {
         loop {
             match silent.read(&mut buffer).await {
                 // The server's HTTP/2 SETTINGS frame may come first; the end of the stream is
@@ -734,10 +737,38 @@ async fn a_grpc_connection_that_sends_nothing_is_closed() {
                 Ok(_) => {}
             }
         }
-    })
-    .await;
-    assert!(closed.is_ok(), "still open after {limit:?}");
+    });
+    let served_then_idle = async {
+        let tcp = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect");
+        let (client, connection) = h2::client::handshake(tcp).await.expect("HTTP/2");
+        // The connection's driver answers pings, and ends when the server closes.
+        let driver = tokio::spawn(connection);
+        let mut client = client.ready().await.expect("ready");
+        let request = axum::http::Request::post(format!("{grpc}/no.such.Service/Method"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .expect("a request");
+        let (answer, _) = client.send_request(request, true).expect("sent");
+        let answer = answer.await.expect("answered");
+        drop(answer);
+        let asked = std::time::Instant::now();
+        let closed = tokio::time::timeout(limit, driver).await;
+        (closed.is_ok(), asked.elapsed())
+    };
+    let (silent_closed, (idle_closed, idle_for)) = tokio::join!(silent_closed, served_then_idle);
+    assert!(silent_closed.is_ok(), "still open after {limit:?}");
     assert!(started.elapsed() >= flightlog_server::HEADER_READ_TIMEOUT);
+    assert!(
+        idle_closed,
+        "the idle connection still open after {limit:?}"
+    );
+    assert!(
+        idle_for >= flightlog_server::HEADER_READ_TIMEOUT,
+        "{idle_for:?}"
+    );
     // The server still serves.
     let response = export(&server, vec![root_span()]).await;
     assert_eq!(response.partial_success, None);
