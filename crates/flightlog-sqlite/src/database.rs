@@ -1739,7 +1739,7 @@ struct GroupCommitWriter {
     /// Set while this writer's `RESTART` waits for readers: long reads do not start meanwhile
     /// (see [`SqliteDatabase::read_apart`]), so the wait is for those already running only.
     rewinding: Arc<AtomicBool>,
-    /// Under the cap, no rewind is tried again before this (after one that found readers).
+    /// No rewind is tried again before this (after one that found readers).
     next_rewind_attempt: Option<Instant>,
     /// The pause after the next attempt that finds readers (see [`LONGEST_REWIND_BACKOFF`]).
     rewind_backoff: Duration,
@@ -1968,7 +1968,10 @@ impl GroupCommitWriter {
     /// price of this thread's time. Past the cap the writer does not move on until the rewind
     /// is done (or the busy timeout has passed): a `RESTART` fails at once while the
     /// checkpointer is in a pass, and retrying only at the next group let the WAL grow to
-    /// 160 - 230 MiB under four back-to-back importers (release build, `wal_bounded.rs`).
+    /// 160 - 230 MiB under four back-to-back importers (release build, `wal_bounded.rs`). A
+    /// reader that outlasts the whole wait is not this process's (its own long reads wait for
+    /// the rewind): the WAL cannot be rewound past it, so the writer goes on, and tries again
+    /// after a pause, briefly, as under the cap.
     fn rewind_wal_if_asked(&mut self) {
         let over_cap = self.frames_after_last_commit > self.wal_hard_cap_frames;
         if over_cap {
@@ -1977,13 +1980,18 @@ impl GroupCommitWriter {
         if !self.rewind_wanted.load(Ordering::Acquire) {
             return;
         }
-        if !over_cap
-            && self
-                .next_rewind_attempt
-                .is_some_and(|next| Instant::now() < next)
+        // After an attempt that found readers, the next waits its turn, over the cap too: a
+        // reader this process does not hold back (a sqlite3 shell in a transaction, a backup)
+        // pinned the WAL, and every group waited the whole busy timeout for a rewind that could
+        // not happen (an audit's finding: 12 appends in 15 s, 5 s each; the WAL grew all the
+        // same, since no rewind passes such a reader).
+        if self
+            .next_rewind_attempt
+            .is_some_and(|next| Instant::now() < next)
         {
             return;
         }
+        let found_readers_before = self.next_rewind_attempt.is_some();
         let started = Instant::now();
         // A `RESTART` waits for the readers of older snapshots to finish; the connection
         // otherwise has no busy timeout (see `begin_immediate`), and without one the rewind
@@ -1995,7 +2003,10 @@ impl GroupCommitWriter {
         // whole 5 s busy timeout, and every write with it), then the WAL grows a little longer
         // and the rewind is tried again a moment later (later after each attempt in a row that
         // found readers: those of other processes are not held back).
-        let wait = if over_cap {
+        // Over the cap the first attempt waits the whole busy timeout (the checkpointer's pass,
+        // which stops for the request, ends well within it); once one found readers that
+        // outlasted it, the attempts in a row after it wait as briefly as under the cap.
+        let wait = if over_cap && !found_readers_before {
             self.restart_busy_timeout
         } else {
             self.restart_busy_timeout.min(UNDER_CAP_REWIND_WAIT)
@@ -2014,7 +2025,7 @@ impl GroupCommitWriter {
             // the next group retries; the checkpointer starts no new pass meanwhile. Over the
             // cap: the checkpointer stops its catch-up passes when it sees the request, so the
             // wait is at most the rest of one pass.
-            if rewound || !over_cap || started.elapsed() >= self.restart_busy_timeout {
+            if rewound || !over_cap || started.elapsed() >= wait {
                 break rewound;
             }
             std::thread::sleep(Duration::from_millis(1));
