@@ -2274,8 +2274,12 @@ fn a_database_deleted_under_the_server_refuses_writes_and_is_reported() {
         r#"{"type":"t","at":2,"data":{}}"#,
     );
     assert_eq!(status, 503, "{body}");
+    // Not "restart the server": the data lives on only in the server's open file, and a
+    // restart started an empty database (an audit's finding).
     assert!(
-        body.contains("was deleted or replaced") && body.contains("restart the server"),
+        body.contains("was deleted or replaced")
+            && body.contains("stop the server")
+            && body.contains(".recovered-"),
         "{body}"
     );
     let (status, body) = http_post(
@@ -2322,6 +2326,35 @@ fn a_database_deleted_under_the_server_refuses_writes_and_is_reported() {
     );
     assert!(!stderr.contains("nothing is lost"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+    // The stop saved what the server held beside the path; moved back, it serves it all.
+    assert!(stderr.contains("was saved as"), "{stderr}");
+    let saved: Vec<PathBuf> = fs::read_dir(scratch.path())
+        .expect("list the scratch folder")
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| {
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            name.starts_with("doomed.db.recovered-") && !name.ends_with("-wal")
+        })
+        .collect();
+    assert_eq!(saved.len(), 1, "{saved:?}\n{stderr}");
+    let restored = scratch.join("restored.db");
+    fs::rename(&saved[0], &restored).expect("move the saved file back");
+    let mut saved_wal = saved[0].as_os_str().to_owned();
+    saved_wal.push("-wal");
+    let mut restored_wal = restored.as_os_str().to_owned();
+    restored_wal.push("-wal");
+    if PathBuf::from(&saved_wal).exists() {
+        fs::rename(&saved_wal, &restored_wal).expect("move the saved WAL back");
+    }
+    let (server, addr) = serve_on(&scratch, &restored);
+    let (status, body) = http_get(&addr, "/v1/activity/spans/before");
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = http_get(&addr, "/v1/engagements/e/events");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"seq\":0"), "{body}");
+    let (exit, _, stderr) = stop_with_sigterm(server);
+    assert!(exit.success(), "{stderr}");
 }
 
 /// A backup moved over the database file of a running server: the server's WAL beside it was

@@ -1066,6 +1066,24 @@ impl SqliteDatabase {
         if path_moved && !real_intact {
             self.stop_writer.store(true, Ordering::Release);
             let _ = self.write(|_| Ok(())).await;
+            // Deleted (not replaced): the file lives on only in this process's open descriptor,
+            // and is saved beside the path once nothing writes it any more.
+            let saved = if self.opened_files.real.look() == Look::Missing {
+                let opened_files = Arc::clone(&self.opened_files);
+                let (reply, answer) = oneshot::channel();
+                std::thread::Builder::new()
+                    .name("flightlog-close".into())
+                    .spawn(move || {
+                        let _ = writer.join();
+                        let _ = checkpointer.join();
+                        let _ = watcher.join();
+                        let _ = reply.send(opened_files.save_deleted());
+                    })
+                    .map_err(|err| StoreError::Backend(format!("cannot start closing: {err}")))?;
+                Some(answer.await.map_err(|_| StoreError::Closed)?)
+            } else {
+                None
+            };
             let moved = self.opened_files.secure_if_lost(true).join(", ");
             let moved = if moved.is_empty() {
                 moved
@@ -1075,9 +1093,19 @@ impl SqliteDatabase {
                      into that file: {moved}"
                 )
             };
+            let saved = match saved {
+                None => String::new(),
+                Some(Ok(saved)) => format!(
+                    "; everything this process held was saved as {} (with its -wal beside it): \
+                     move it back to {} to serve it again",
+                    saved.display(),
+                    self.path.display()
+                ),
+                Some(Err(why)) => format!("; what this process held could not be saved: {why}"),
+            };
             return Err(StoreError::Backend(format!(
                 "{} was deleted or replaced while this process had it open: nothing was \
-                 written to the file now at that path{moved}",
+                 written to the file now at that path{moved}{saved}",
                 self.path.display()
             )));
         }
@@ -1813,8 +1841,20 @@ impl WatchedFile {
     pub(crate) fn check(&self) -> Result<(), StoreError> {
         match self.look() {
             Look::Same | Look::Unknown => Ok(()),
-            Look::Replaced | Look::Missing => Err(StoreError::FileLost(format!(
-                "the database file {} was deleted or replaced while this process had it open",
+            Look::Replaced => Err(StoreError::FileLost(format!(
+                "the database file {} was deleted or replaced while this process had it open (a \
+                 file now at that path is another one): restart the server to serve the file \
+                 now at the path",
+                self.path.display()
+            ))),
+            // "Restart the server" lost everything: the file lived on only in this process's
+            // open descriptor, and a restart opened a new, empty one (an audit's finding).
+            Look::Missing => Err(StoreError::FileLost(format!(
+                "the database file {} was deleted or replaced while this process had it open (no \
+                 file is at that path now): stop the server (Ctrl-C or SIGTERM), which saves \
+                 everything it holds as {}.recovered-<time> with its -wal; move those back to \
+                 serve it again (a restart before the stop starts an empty database)",
+                self.path.display(),
                 self.path.display()
             ))),
         }
@@ -1866,6 +1906,64 @@ impl OpenedFiles {
     /// link was pointed elsewhere, the file and its WAL are still together (and the WAL may
     /// hold acknowledged writes a reader kept from being checkpointed: moving it aside lost
     /// them, found by an audit).
+    /// Save the database file deleted under this process (its writer, checkpointer and watcher
+    /// stopped, so nothing writes it) beside its path: its bytes copied out of this process's
+    /// open descriptor to `<file>.recovered-<unix nanoseconds>`, and its WAL (still at the path,
+    /// or moved aside already) renamed to go with it, so SQLite replays it at the next open.
+    /// The path of the copy; `Err` saying why when no descriptor of the file is found.
+    fn save_deleted(&self) -> Result<PathBuf, String> {
+        let open_descriptor = |identity: Option<(u64, u64)>| -> Option<PathBuf> {
+            std::fs::read_dir("/proc/self/fd")
+                .ok()?
+                .filter_map(Result::ok)
+                .map(|entry| entry.path())
+                .find(|path| identity.is_some() && file_identity(path) == identity)
+        };
+        let descriptor = open_descriptor(self.real.identity)
+            .ok_or_else(|| "no open descriptor of the file was found".to_owned())?;
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos());
+        let saved = side_file_path(&self.resolved, &format!(".recovered-{stamp}"));
+        std::fs::copy(&descriptor, &saved)
+            .map_err(|err| format!("cannot copy it to {}: {err}", saved.display()))?;
+        let wal = companion_path(&self.resolved, "-wal");
+        let wal_at_path = self.companions[0].is_some() && file_identity(&wal) == self.companions[0];
+        let wal = if wal_at_path {
+            Some(wal)
+        } else {
+            // Moved aside by an earlier look: taken from there (and no longer listed).
+            self.moved.lock().ok().and_then(|mut moved| {
+                let index = moved
+                    .iter()
+                    .position(|aside| aside.contains("-wal.replaced-"))?;
+                Some(PathBuf::from(moved.remove(index)))
+            })
+        };
+        // Deleted with the file: copied out of an open descriptor of it too (the readers'
+        // connections keep it open).
+        let wal_copy = companion_path(&saved, "-wal");
+        if wal.is_none() {
+            if let Some(descriptor) = open_descriptor(self.companions[0]) {
+                std::fs::copy(&descriptor, &wal_copy).map_err(|err| {
+                    format!("cannot copy its WAL to {}: {err}", wal_copy.display())
+                })?;
+            }
+        }
+        if let Some(wal) = wal {
+            std::fs::rename(&wal, &wal_copy).map_err(|err| {
+                format!(
+                    "the file was copied to {}, but its WAL {} could not be moved beside it \
+                     (rename it to {}-wal): {err}",
+                    saved.display(),
+                    wal.display(),
+                    saved.display()
+                )
+            })?;
+        }
+        Ok(saved)
+    }
+
     fn secure_if_lost(&self, final_look: bool) -> Vec<String> {
         let Ok(mut moved) = self.moved.lock() else {
             return Vec::new();

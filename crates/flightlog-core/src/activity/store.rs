@@ -76,9 +76,9 @@ pub enum StoreError {
     #[error("the disk is full: {0}; free space on it, then retry")]
     StorageFull(String),
     /// The database file was deleted or replaced while this process had it open (the message
-    /// names it): what the process would write now could never be read at that path, so
-    /// nothing was written. Restarting the server opens the file now at the path.
-    #[error("{0}; nothing was written: restart the server")]
+    /// names it, and what to do): what the process would write now could never be read at that
+    /// path, so nothing was written.
+    #[error("nothing was written: {0}")]
     FileLost(String),
 }
 

@@ -118,7 +118,7 @@ pub enum JournalError {
     StorageFull(String),
     /// The database file was deleted or replaced while this process had it open; nothing was
     /// written (see `StoreError::FileLost`).
-    #[error("{0}; nothing was written: restart the server")]
+    #[error("nothing was written: {0}")]
     FileLost(String),
 }
 
