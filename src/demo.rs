@@ -280,6 +280,9 @@ fn run_spacing_ms(runs: usize) -> i64 {
 pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
     let db = SqliteDatabase::open(SqliteConfig::new(db_path))
         .with_context(|| format!("cannot open database {}", db_path.display()))?;
+    if let Some(warning) = crate::serve::hard_link_warning(db_path) {
+        let _ = writeln!(std::io::stderr().lock(), "{warning}");
+    }
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = SqliteActivityStore::new(Arc::clone(&db), clock.clone());
     let now = clock.now_ms();

@@ -590,8 +590,19 @@ fn a_database_with_another_hard_link_is_warned_about() {
     let server = serve(dir.path(), &["--grpc-addr", "off"], &[]);
     let line = wait_for_line(&server, "flightlog: warning:");
     assert!(
-        line.contains("has 2 hard links") && line.contains("by this one name"),
+        line.contains("has 2 hard links")
+            && line.contains("by this one name")
+            && line.contains("damage the file"),
         "{line}"
     );
     stop(server);
+    // `demo` says it too (it said nothing, an audit found).
+    let demo = std::process::Command::new(BIN)
+        .args(["demo", "--runs", "2", "--db"])
+        .arg(&db)
+        .output()
+        .expect("run the demo");
+    let stderr = String::from_utf8_lossy(&demo.stderr);
+    assert!(demo.status.success(), "{stderr}");
+    assert!(stderr.contains("has 2 hard links"), "{stderr}");
 }
