@@ -1147,6 +1147,18 @@ mod tests {
         }
     }
 
+    /// A SQLite activity store in `dir` on a manual clock at 1,000, acting as writer `w`.
+    fn sqlite_store(dir: &std::path::Path) -> Arc<dyn ActivityStore> {
+        let db = flightlog_sqlite::SqliteDatabase::open(flightlog_sqlite::SqliteConfig::new(
+            dir.join("s.db"),
+        ))
+        .expect("open");
+        let clock = Arc::new(flightlog_core::ManualClock::new(1_000));
+        Arc::new(flightlog_sqlite::SqliteActivityStore::with_identity(
+            db, clock, "w",
+        ))
+    }
+
     /// A run stream whose cursor a prune of *other* runs left behind the change log's horizon
     /// goes on with its run's next change: nothing of its run was deleted (it used to end with
     /// a `resync`, and its client took a snapshot again for nothing). The change stream, which
@@ -1155,14 +1167,7 @@ mod tests {
     async fn a_run_stream_goes_on_across_a_prune_of_other_runs() {
         use flightlog_core::activity::{EndSpanInput, PruneOptions, SpanOutcome, SpanPatch};
         let dir = tempfile::tempdir().expect("temp dir");
-        let db = flightlog_sqlite::SqliteDatabase::open(flightlog_sqlite::SqliteConfig::new(
-            dir.path().join("s.db"),
-        ))
-        .expect("open");
-        let clock = Arc::new(flightlog_core::ManualClock::new(1_000));
-        let store: Arc<dyn ActivityStore> = Arc::new(
-            flightlog_sqlite::SqliteActivityStore::with_identity(db, clock, "w"),
-        );
+        let store = sqlite_store(dir.path());
         store
             .start_span(start("z-root", "z", 1_000))
             .await
@@ -1239,14 +1244,7 @@ mod tests {
     #[tokio::test]
     async fn a_run_stream_on_a_quiet_run_reads_no_other_runs_changes() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let db = flightlog_sqlite::SqliteDatabase::open(flightlog_sqlite::SqliteConfig::new(
-            dir.path().join("s.db"),
-        ))
-        .expect("open");
-        let clock = Arc::new(flightlog_core::ManualClock::new(1_000));
-        let store: Arc<dyn ActivityStore> = Arc::new(
-            flightlog_sqlite::SqliteActivityStore::with_identity(db, clock, "w"),
-        );
+        let store = sqlite_store(dir.path());
         store
             .start_span(start("quiet-root", "quiet", 1_000))
             .await
