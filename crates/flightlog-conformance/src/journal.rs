@@ -34,7 +34,8 @@ pub fn error_kind(err: &JournalError) -> &'static str {
         | JournalError::Busy(_)
         | JournalError::Backend(_)
         | JournalError::StorageFull(_)
-        | JournalError::FileLost(_) => "backend",
+        | JournalError::FileLost(_)
+        | JournalError::DiskFailed(_) => "backend",
     }
 }
 

@@ -112,7 +112,8 @@ fn store_status(error: StoreError) -> Status {
         | StoreError::Closed
         | StoreError::Busy(_)
         | StoreError::StorageFull(_)
-        | StoreError::FileLost(_) => Status::unavailable(error.to_string()),
+        | StoreError::FileLost(_)
+        | StoreError::DiskFailed(_) => Status::unavailable(error.to_string()),
         StoreError::InvalidInput(_) => Status::invalid_argument(error.to_string()),
         other => Status::internal(other.to_string()),
     }

@@ -206,6 +206,10 @@ impl From<StoreError> for ApiError {
                 report_file_lost(&message);
                 Self::Unavailable(message)
             }
+            StoreError::DiskFailed(_) => {
+                report_disk_failed(&message);
+                Self::Unavailable(message)
+            }
             StoreError::SchemaTooNew { .. }
             | StoreError::SchemaUnknown(_)
             | StoreError::NotFlightlog(_)
@@ -265,6 +269,10 @@ impl From<JournalError> for ApiError {
                 report_file_lost(&message);
                 Self::Unavailable(message)
             }
+            JournalError::DiskFailed(_) => {
+                report_disk_failed(&message);
+                Self::Unavailable(message)
+            }
             JournalError::Corrupt(_) | JournalError::Backend(_) => Self::Internal(message),
         }
     }
@@ -300,6 +308,14 @@ pub(crate) fn report_internal_error(message: &str) {
 /// `Retry-After` and retry, and without a line here the operator who must free the space heard
 /// nothing until the scheduled maintenance happened to fail too.
 fn report_storage_full(message: &str) {
+    static LIMITER: std::sync::Mutex<ReportLimiter> =
+        std::sync::Mutex::new(ReportLimiter::new(std::time::Duration::from_secs(10)));
+    report_limited(&LIMITER, |withheld| storage_full_line(message, withheld));
+}
+
+/// Says on stderr that a write was refused because the disk failed it (an I/O error, a file
+/// system made read-only), at most once every ten seconds, as a full disk is said.
+fn report_disk_failed(message: &str) {
     static LIMITER: std::sync::Mutex<ReportLimiter> =
         std::sync::Mutex::new(ReportLimiter::new(std::time::Duration::from_secs(10)));
     report_limited(&LIMITER, |withheld| storage_full_line(message, withheld));
@@ -442,6 +458,7 @@ mod tests {
             (StoreError::Closed, (503, "unavailable")),
             (StoreError::Busy("x".into()), (503, "unavailable")),
             (StoreError::StorageFull("x".into()), (503, "unavailable")),
+            (StoreError::DiskFailed("x".into()), (503, "unavailable")),
             (StoreError::FileLost("x".into()), (503, "unavailable")),
             (
                 StoreError::SchemaTooNew {
@@ -482,6 +499,7 @@ mod tests {
             ),
             (JournalError::Closed, (503, "unavailable")),
             (JournalError::StorageFull("x".into()), (503, "unavailable")),
+            (JournalError::DiskFailed("x".into()), (503, "unavailable")),
             (JournalError::FileLost("x".into()), (503, "unavailable")),
             (JournalError::Overloaded, (503, "unavailable")),
             (JournalError::Busy("x".into()), (503, "unavailable")),

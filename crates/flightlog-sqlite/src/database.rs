@@ -454,6 +454,8 @@ pub struct SqliteDatabase {
     short_reads: tokio::sync::Semaphore,
     /// Set while the writer's WAL rewind waits for readers (see [`SqliteDatabase::read_apart`]).
     rewinding: Arc<AtomicBool>,
+    /// The disk failure of the writer's last group, until a group commits (see [`DiskFailure`]).
+    disk_failure: Arc<DiskFailure>,
     /// The readers' side of the gate that holds long reads back while any process's writer
     /// rewinds (see [`RewindGate`]).
     rewind_gate: RewindGate,
@@ -944,6 +946,7 @@ impl SqliteDatabase {
         let (nudge, nudges) = std::sync::mpsc::sync_channel::<()>(1);
         let rewind_wanted = Arc::new(AtomicBool::new(false));
         let rewinding = Arc::new(AtomicBool::new(false));
+        let disk_failure = Arc::new(DiskFailure::default());
         let opened_files = Arc::new(OpenedFiles::new(&config.path));
         let watcher = CommitWatcher {
             conn: open_reader(&config.path, config.busy_timeout)?,
@@ -991,6 +994,7 @@ impl SqliteDatabase {
             turns: LockTurns::new(&real_path),
             restart_busy_timeout: config.busy_timeout.min(MAX_BUSY_TIMEOUT),
             rewinding: Arc::clone(&rewinding),
+            disk_failure: Arc::clone(&disk_failure),
             next_rewind_attempt: None,
             rewind_backoff: UNDER_CAP_REWIND_WAIT,
             rewind_gate: RewindGate::new(&real_path),
@@ -1028,6 +1032,7 @@ impl SqliteDatabase {
             long_reads: tokio::sync::Semaphore::new(LONG_READS_AT_ONCE),
             short_reads: tokio::sync::Semaphore::new(SHORT_READS_AT_ONCE),
             rewinding,
+            disk_failure,
             rewind_gate: readers_rewind_gate,
             rewind_wanted,
         }))
@@ -1182,7 +1187,8 @@ impl SqliteDatabase {
     /// at the path, and the writer refuses every write. One `stat`: cheap enough for a health
     /// check.
     pub fn check_file(&self) -> Result<(), StoreError> {
-        self.opened_files.database.check()
+        self.opened_files.database.check()?;
+        self.disk_failure.check()
     }
 
     /// What the writer thread has done so far.
@@ -1767,6 +1773,8 @@ struct GroupCommitWriter {
     /// Set while this writer's `RESTART` waits for readers: long reads do not start meanwhile
     /// (see [`SqliteDatabase::read_apart`]), so the wait is for those already running only.
     rewinding: Arc<AtomicBool>,
+    /// Told of each group's disk failure, and of the next commit (see [`DiskFailure`]).
+    disk_failure: Arc<DiskFailure>,
     /// No rewind is tried again before this (after one that found readers).
     next_rewind_attempt: Option<Instant>,
     /// The pause after the next attempt that finds readers (see [`LONGEST_REWIND_BACKOFF`]).
@@ -1998,6 +2006,41 @@ impl OpenedFiles {
     }
 }
 
+/// Whether the writer's last group failed on the disk (an I/O error; a file system the kernel
+/// made read-only after one): `/healthz` then says so, until a group commits again. Writes
+/// failing that way while `/healthz` said ok kept a supervisor from restarting a server whose
+/// every write failed (an audit's finding).
+#[derive(Default)]
+struct DiskFailure {
+    failed: AtomicBool,
+    why: Mutex<String>,
+}
+
+impl DiskFailure {
+    fn after_group(&self, outcome: &Result<(), StoreError>) {
+        match outcome {
+            Err(StoreError::DiskFailed(why)) => {
+                if let Ok(mut held) = self.why.lock() {
+                    why.clone_into(&mut held);
+                }
+                self.failed.store(true, Ordering::Release);
+            }
+            Ok(()) if self.failed.load(Ordering::Acquire) => {
+                self.failed.store(false, Ordering::Release);
+            }
+            _ => {}
+        }
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        if !self.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let why = self.why.lock().map(|why| why.clone()).unwrap_or_default();
+        Err(StoreError::DiskFailed(why))
+    }
+}
+
 thread_local! {
     /// The frame count of the WAL after the writer thread's last commit, set by SQLite's WAL
     /// hook on the writer's connection (which runs on the committing thread).
@@ -2194,6 +2237,7 @@ impl GroupCommitWriter {
 
     fn commit_group(&mut self, group: &mut Vec<QueuedJob>) {
         let outcome = self.apply_group(group);
+        self.disk_failure.after_group(&outcome);
         if outcome.is_err() {
             if !self.conn.is_autocommit() {
                 let _ = self.conn.execute_batch("ROLLBACK");
@@ -2379,6 +2423,24 @@ mod tests {
             .enable_time()
             .build()
             .expect("runtime")
+    }
+
+    /// A group failed on the disk makes the file's health check fail, saying why, until a group
+    /// commits again; other failures leave it as it was.
+    #[test]
+    fn a_disk_failure_is_told_until_a_group_commits() {
+        let failure = DiskFailure::default();
+        assert!(failure.check().is_ok());
+        failure.after_group(&Err(StoreError::DiskFailed("disk I/O error".into())));
+        let told = failure.check().expect_err("told");
+        assert!(told.to_string().contains("disk I/O error"), "{told}");
+        failure.after_group(&Err(StoreError::Busy("locked".into())));
+        assert!(
+            failure.check().is_err(),
+            "still failed: nothing committed since"
+        );
+        failure.after_group(&Ok(()));
+        assert!(failure.check().is_ok());
     }
 
     /// A job whose sender took its slot in the queue before the writer stopped, and put the job

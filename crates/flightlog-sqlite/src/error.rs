@@ -13,6 +13,9 @@ pub(crate) fn backend(err: rusqlite::Error) -> StoreError {
              {err})"
         ));
     }
+    if is_disk_failure(&err) {
+        return StoreError::DiskFailed(err.to_string());
+    }
     if is_corrupt(&err) {
         return StoreError::Corrupt(format!(
             "the database file is damaged ({err}): stop flightlog, then restore the file from a \
@@ -21,6 +24,19 @@ pub(crate) fn backend(err: rusqlite::Error) -> StoreError {
         ));
     }
     StoreError::Backend(err.to_string())
+}
+
+/// True when the disk or its file system failed an operation (`SQLITE_IOERR`, but for a `-shm`
+/// that could not grow, which is a full disk): a failing disk, or a file system the kernel made
+/// read-only after an error. Such writes were a 500 "database error" while `/healthz` said ok
+/// (an audit's finding); they are now a 503 that says to check the disk, and `/healthz` says
+/// the same until a write succeeds again.
+fn is_disk_failure(err: &rusqlite::Error) -> bool {
+    matches!(
+        err,
+        rusqlite::Error::SqliteFailure(inner, _)
+            if inner.code == rusqlite::ErrorCode::SystemIoFailure
+    )
 }
 
 /// True when SQLite found the file's structure broken (`SQLITE_CORRUPT`): a page overwritten
@@ -98,7 +114,7 @@ mod tests {
     }
 
     #[test]
-    fn a_shared_memory_index_that_cannot_grow_is_storage_full_and_other_io_errors_are_not() {
+    fn a_shared_memory_index_that_cannot_grow_is_storage_full_and_other_io_errors_disk_failures() {
         let failure = |code| {
             rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), Some("x".into()))
         };
@@ -106,13 +122,18 @@ mod tests {
         assert!(matches!(err, StoreError::StorageFull(_)), "{err:?}");
         assert!(err.to_string().contains("-shm"), "{err}");
         assert!(err.to_string().contains("free space"), "{err}");
+        // A failing disk, a file system made read-only: a 503 that says to check the disk (they
+        // were a 500 "database error").
         for other in [
+            rusqlite::ffi::SQLITE_IOERR,
             rusqlite::ffi::SQLITE_IOERR_READ,
+            rusqlite::ffi::SQLITE_IOERR_WRITE,
             rusqlite::ffi::SQLITE_IOERR_FSYNC,
             rusqlite::ffi::SQLITE_IOERR_SHMMAP,
         ] {
             let err = backend(failure(other));
-            assert!(matches!(err, StoreError::Backend(_)), "{other}: {err:?}");
+            assert!(matches!(err, StoreError::DiskFailed(_)), "{other}: {err:?}");
+            assert!(err.to_string().contains("check the disk"), "{err}");
         }
     }
 }

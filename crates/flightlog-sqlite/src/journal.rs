@@ -136,6 +136,7 @@ fn journal_error(err: StoreError) -> JournalError {
         StoreError::Corrupt(detail) => JournalError::Corrupt(detail),
         StoreError::StorageFull(detail) => JournalError::StorageFull(detail),
         StoreError::FileLost(detail) => JournalError::FileLost(detail),
+        StoreError::DiskFailed(detail) => JournalError::DiskFailed(detail),
         StoreError::Overloaded => JournalError::Overloaded,
         StoreError::Busy(detail) => JournalError::Busy(detail),
         // The inner text, not the store error's: "journal backend error: database error: …"

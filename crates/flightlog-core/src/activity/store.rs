@@ -80,6 +80,14 @@ pub enum StoreError {
     /// path, so nothing was written.
     #[error("nothing was written: {0}")]
     FileLost(String),
+    /// The disk or its file system failed a write (an I/O error, a file system the kernel made
+    /// read-only after one); nothing was written. A retry succeeds once the disk is back.
+    #[error(
+        "the disk failed a write ({0}); nothing was written: check the disk and its file system \
+         (dmesg; one the kernel made read-only after an error must be remounted writable), then \
+         retry"
+    )]
+    DiskFailed(String),
 }
 
 /// The newest committed change id known to a store: a doorbell for live readers.

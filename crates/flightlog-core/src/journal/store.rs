@@ -120,6 +120,14 @@ pub enum JournalError {
     /// written (see `StoreError::FileLost`).
     #[error("nothing was written: {0}")]
     FileLost(String),
+    /// The disk or its file system failed a write; nothing was written (see
+    /// `StoreError::DiskFailed`).
+    #[error(
+        "the disk failed a write ({0}); nothing was written: check the disk and its file system \
+         (dmesg; one the kernel made read-only after an error must be remounted writable), then \
+         retry"
+    )]
+    DiskFailed(String),
 }
 
 /// Per-engagement append-only event logs with summaries, compaction and retention.
