@@ -275,3 +275,35 @@ fn a_second_live_server_of_one_instance_is_refused_and_closes_nothing() {
     // A clean exit removes its lock file.
     assert_eq!(lock_files(), 0);
 }
+
+/// Under `--manual-clock` the clock starts at 0 at each boot, so the boot sweep closed a
+/// leftover started at 5,000,000 "at 0": an end before its start and a negative duration (an
+/// audit's finding). A leftover never ends before it started.
+#[test]
+fn a_leftover_never_ends_before_it_started_under_the_manual_clock() {
+    let scratch = Scratch::new("restart-sweep", "manual-clock");
+    let db = scratch.0.join("flightlog.db");
+    let flags = ["--instance", "tests", "--manual-clock"];
+    let first = serve(&scratch.0, &db, &flags);
+    let (status, body) = request(
+        first.addr,
+        "PUT",
+        "/v1/testing/clock",
+        None,
+        Some(json!({"now": 5_000_000})),
+    );
+    assert_eq!(status, 204, "{body}");
+    start(
+        first.addr,
+        None,
+        json!({"spanId": "left-open", "runId": "run-left", "name": "turn", "kind": "turn",
+               "origin": "session"}),
+    );
+    stop(first);
+    let second = serve(&scratch.0, &db, &flags);
+    let row = span(second.addr, "left-open");
+    assert_eq!(row["outcome"], "interrupted", "{row}");
+    assert_eq!(row["startedAt"], 5_000_000, "{row}");
+    assert_eq!(row["endedAt"], 5_000_000, "{row}");
+    stop(second);
+}

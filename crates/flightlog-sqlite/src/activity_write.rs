@@ -941,7 +941,7 @@ pub(crate) const ORPHAN_RUNS_SQL: &str = "SELECT s.run_key FROM activity_spans s
 /// Open spans written by an earlier life of a server (writer starting with `?1`, not `?2`),
 /// by run, children before parents: the named boot sweep's targets. It walks the index of
 /// open spans, never the whole span table.
-pub(crate) const PREVIOUS_LIVES_SQL: &str = "SELECT s.span_key, s.run_key, s.attrs \
+pub(crate) const PREVIOUS_LIVES_SQL: &str = "SELECT s.span_key, s.run_key, s.attrs, s.started_at \
      FROM activity_spans s INDEXED BY activity_spans_open_by_run \
      JOIN activity_writers w ON w.writer_key = s.writer_key \
      WHERE s.outcome IS NULL AND substr(w.writer, 1, length(?1)) = ?1 AND w.writer != ?2 \
@@ -1029,15 +1029,16 @@ pub(crate) fn sweep_previous_lives(
     now: i64,
 ) -> Result<i64, StoreError> {
     // Re-read inside the transaction: a span ended since the caller's look is simply absent.
-    let open: Vec<OpenSpan> = ctx
+    let open: Vec<(OpenSpan, i64)> = ctx
         .statement(PREVIOUS_LIVES_SQL)
         .and_then(|stmt| {
             stmt.query_map(params![life_prefix, own_writer], |row| {
-                Ok(OpenSpan {
+                let span = OpenSpan {
                     span_key: row.get(0)?,
                     run_key: row.get(1)?,
                     attrs: row.get(2)?,
-                })
+                };
+                Ok((span, row.get(3)?))
             })?
             .collect()
         })
@@ -1051,11 +1052,14 @@ pub(crate) fn sweep_previous_lives(
     };
     let mut runs: Vec<i64> = Vec::new();
     let mut closed = 0;
-    for span in open {
+    for (span, started_at) in open {
         if runs.last() != Some(&span.run_key) {
             runs.push(span.run_key);
         }
-        end_span_by_key(ctx, span, &input, now)?;
+        // Never before its start: under `--manual-clock` the clock starts at 0 at each boot,
+        // and the leftovers of a life that had moved it on ended at 0, with negative durations
+        // (an audit's finding).
+        end_span_by_key(ctx, span, &input, now.max(started_at))?;
         closed += 1;
     }
     for run_key in runs {
