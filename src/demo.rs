@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use flightlog_core::activity::{
-    ActivityStore, EndSpanInput, SpanKind, SpanOrigin, SpanOutcome, SpanPatch, SpanRow, SpanUsage,
-    StartSpanInput,
+    ActivityStore, ActivityWrite, ActivityWriteResult, EndSpanInput, SpanKind, SpanOrigin,
+    SpanOutcome, SpanPatch, SpanRow, SpanUsage, StartSpanInput,
 };
 use flightlog_core::{Clock, SystemClock};
 use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
@@ -91,7 +91,10 @@ fn usage(input: i64, output: i64, cost: f64) -> SpanUsage {
     }
 }
 
-/// Record one finished run; returns its id.
+/// Record one finished run; returns its id. The run's writes go in one batch, one transaction:
+/// a run written call by call was open, with start times up to a week back and no heartbeat,
+/// while the demo wrote it, and a server serving the same file closed such runs in its stale
+/// sweep as "writer went silent" (an audit's finding: 43 of 400 runs).
 async fn simulate_run(
     store: &dyn ActivityStore,
     ids: &mut Ids,
@@ -100,135 +103,133 @@ async fn simulate_run(
 ) -> anyhow::Result<String> {
     let run_id = ids.next("run");
     let root = ids.next("turn");
-    store
-        .start_span(start(
-            &root,
-            &run_id,
-            None,
-            &format!("turn {}: fix failing test", index + 1),
-            SpanKind::Turn,
-            at,
-        ))
-        .await?;
+    let mut writes = vec![ActivityWrite::StartSpan(start(
+        &root,
+        &run_id,
+        None,
+        &format!("turn {}: fix failing test", index + 1),
+        SpanKind::Turn,
+        at,
+    ))];
+    let end_write = |span_id: &str, input: EndSpanInput| ActivityWrite::EndSpan {
+        span_id: span_id.to_owned(),
+        input,
+    };
+    let event = |span_id: &str, event_type: &str, payload: serde_json::Value, ts: i64| {
+        ActivityWrite::AppendEvent {
+            span_id: span_id.to_owned(),
+            event_type: event_type.to_owned(),
+            payload: Some(payload),
+            ts: Some(ts),
+        }
+    };
     let (mut total_in, mut total_out, mut total_cost) = (0i64, 0i64, 0.0f64);
     let mut failure = None;
     for step in 0..3 {
         at += 40;
         let model = ids.next("model");
-        store
-            .start_span(start(
-                &model,
-                &run_id,
-                Some(&root),
-                "model call",
-                SpanKind::Model,
-                at,
-            ))
-            .await?;
+        writes.push(ActivityWrite::StartSpan(start(
+            &model,
+            &run_id,
+            Some(&root),
+            "model call",
+            SpanKind::Model,
+            at,
+        )));
         at += 900;
         let (input, output, cost) = (1_500 + 200 * step, 300 + 20 * step, 0.0125);
         total_in += input;
         total_out += output;
         total_cost += cost;
-        store
-            .end_span(
-                &model,
-                end(
-                    SpanOutcome::Success,
-                    None,
-                    at,
-                    Some(usage(input, output, cost)),
-                ),
-            )
-            .await?;
+        writes.push(end_write(
+            &model,
+            end(
+                SpanOutcome::Success,
+                None,
+                at,
+                Some(usage(input, output, cost)),
+            ),
+        ));
         let tool = ids.next("tool");
         let tool_name = ["read_file", "bash", "edit_file"][step as usize % 3];
-        store
-            .start_span(start(
-                &tool,
-                &run_id,
-                Some(&root),
-                &format!("tool:{tool_name}"),
-                SpanKind::Tool,
-                at + 5,
-            ))
-            .await?;
-        store
-            .append_event(
-                &tool,
-                "tool_input",
-                Some(&json!({"tool": tool_name, "step": step})),
-                Some(at + 6),
-            )
-            .await?;
+        writes.push(ActivityWrite::StartSpan(start(
+            &tool,
+            &run_id,
+            Some(&root),
+            &format!("tool:{tool_name}"),
+            SpanKind::Tool,
+            at + 5,
+        )));
+        writes.push(event(
+            &tool,
+            "tool_input",
+            json!({"tool": tool_name, "step": step}),
+            at + 6,
+        ));
         at += 300;
         let fails = index % 5 == 4 && step == 1;
-        store
-            .append_event(
-                &tool,
-                "tool_output",
-                Some(
-                    &json!({"ok": !fails, "output": if fails { "exit status 101" } else { "ok" }}),
-                ),
-                Some(at),
-            )
-            .await?;
+        writes.push(event(
+            &tool,
+            "tool_output",
+            json!({"ok": !fails, "output": if fails { "exit status 101" } else { "ok" }}),
+            at,
+        ));
         if fails {
-            store
-                .end_span(
-                    &tool,
-                    end(SpanOutcome::Error, Some("tests failed"), at, None),
-                )
-                .await?;
+            writes.push(end_write(
+                &tool,
+                end(SpanOutcome::Error, Some("tests failed"), at, None),
+            ));
             failure = Some("tests failed");
         } else {
-            store
-                .end_span(&tool, end(SpanOutcome::Success, None, at, None))
-                .await?;
+            writes.push(end_write(&tool, end(SpanOutcome::Success, None, at, None)));
         }
     }
     if index.is_multiple_of(3) {
         let sub = ids.next("subagent");
-        store
-            .start_span(start(
-                &sub,
-                &run_id,
-                Some(&root),
-                "subagent: reviewer",
-                SpanKind::Subagent,
-                at + 10,
-            ))
-            .await?;
-        store
-            .patch_span(
-                &sub,
-                SpanPatch {
-                    attrs: serde_json::from_value(json!({"agent": "reviewer"})).ok(),
-                    ..SpanPatch::default()
-                },
-            )
-            .await?;
+        writes.push(ActivityWrite::StartSpan(start(
+            &sub,
+            &run_id,
+            Some(&root),
+            "subagent: reviewer",
+            SpanKind::Subagent,
+            at + 10,
+        )));
+        writes.push(ActivityWrite::PatchSpan {
+            span_id: sub.clone(),
+            patch: SpanPatch {
+                attrs: serde_json::from_value(json!({"agent": "reviewer"})).ok(),
+                ..SpanPatch::default()
+            },
+        });
         at += 2_000;
-        store
-            .end_span(&sub, end(SpanOutcome::Success, None, at, None))
-            .await?;
+        writes.push(end_write(&sub, end(SpanOutcome::Success, None, at, None)));
     }
     let outcome = if failure.is_some() {
         SpanOutcome::Error
     } else {
         SpanOutcome::Success
     };
-    store
-        .end_span(
-            &root,
-            end(
-                outcome,
-                failure,
-                at + 20,
-                Some(usage(total_in, total_out, total_cost)),
-            ),
-        )
-        .await?;
+    writes.push(end_write(
+        &root,
+        end(
+            outcome,
+            failure,
+            at + 20,
+            Some(usage(total_in, total_out, total_cost)),
+        ),
+    ));
+    for result in store.write_batch(writes).await {
+        match result? {
+            // Every write of the run applies: a span not started, ended or patched, or an
+            // event on a span not stored, is a failure of the demo, said as such.
+            ActivityWriteResult::Ended(false)
+            | ActivityWriteResult::Patched(false)
+            | ActivityWriteResult::Appended(None) => {
+                anyhow::bail!("a write of demo run {run_id} was not applied")
+            }
+            _ => {}
+        }
+    }
     store.rollup_run(&run_id).await?;
     Ok(run_id)
 }

@@ -2357,6 +2357,48 @@ fn a_database_deleted_under_the_server_refuses_writes_and_is_reported() {
     assert!(exit.success(), "{stderr}");
 }
 
+/// `flightlog demo` on the file of a running server whose stale sweep runs often: the demo's
+/// runs start up to a week back and send no heartbeat, and written call by call they were open
+/// (so "stale") while the demo wrote them: the sweep closed 43 of 400 as interrupted, and the
+/// demo's own ends were refused (an audit's finding). Each run is now one transaction.
+#[test]
+fn a_demo_beside_a_sweeping_server_records_every_run_whole() {
+    let scratch = Scratch::new("demo-sweep");
+    let db = scratch.join("shared.db");
+    let mut args: Vec<&OsStr> = vec![OsStr::new("serve"), OsStr::new("--db"), db.as_os_str()];
+    args.extend(LOOPBACK.map(OsStr::new));
+    args.extend(["--stale-after-ms", "1000", "--maintenance-every-ms", "20"].map(OsStr::new));
+    let mut server = spawn(scratch.path(), &args, &[]);
+    let (_, listening, _) = server.wait_for_exit_or_listening();
+    assert!(listening, "serve does not start:\n{}", server.stderr);
+    let addr = listening_addr(&server);
+    // The sweep judges writers silent only once the server has been up for the window.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let db_arg = db.to_string_lossy().into_owned();
+    let out = run(
+        scratch.path(),
+        &["demo", "--runs", "300", "--db", &db_arg],
+        &[],
+    );
+    assert!(out.status.is_some_and(|status| status.success()), "{out}");
+    let (status, body) = http_get(&addr, "/v1/activity/runs?outcome=interrupted&limit=1000");
+    assert_eq!(status, 200, "{body}");
+    let page: serde_json::Value = serde_json::from_str(&body).expect("a run page");
+    let interrupted: Vec<&str> = page["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .filter_map(|run| run["runId"].as_str())
+        .filter(|run_id| !run_id.ends_with("-run-301"))
+        .collect();
+    assert!(
+        interrupted.is_empty(),
+        "finished demo runs swept: {interrupted:?}"
+    );
+    let (exit, _, stderr) = stop_with_sigterm(server);
+    assert!(exit.success(), "{stderr}");
+}
+
 /// A backup moved over the database file of a running server: the server's WAL beside it was
 /// left there at the stop, and the next start replayed it into the backup ("database disk image
 /// is malformed", the run list answering 500, while `/healthz` said ok). Now the server refuses
