@@ -279,7 +279,8 @@ impl From<JournalError> for ApiError {
 }
 
 /// Says on stderr, once per process, that the database file was lost (deleted or replaced
-/// under the server): from then on every write and `/healthz` answer 503 until a restart, and
+/// under the server): from then on every write and `/healthz` answer 503 until a stop and a
+/// start (the message says what to do between them), and
 /// the operator heard of it only when the server stopped.
 fn report_file_lost(message: &str) {
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -288,7 +289,7 @@ fn report_file_lost(message: &str) {
         let _ = writeln!(
             std::io::stderr().lock(),
             "flightlog: error: {message} (noticed now: every write and /healthz answer 503 \
-             until the restart)"
+             until the server is stopped and started again)"
         );
     }
 }

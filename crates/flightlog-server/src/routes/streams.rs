@@ -289,6 +289,11 @@ struct ChangeFeed {
     /// Set when a page showed the followed run pruned and started again under the same id: the
     /// stream sends what it holds, then a `resync`.
     run_recreated: bool,
+    /// With `run_recreated`, for a stream resumed with `Last-Event-ID` that had seen no change
+    /// of its run: the run's seq 1 came after the id, so the run began (or began again) after
+    /// it, which the `resync` says as such (it named a prune first, to a client that had opened
+    /// the stream before the run's first span: an audit's finding).
+    run_began_after_id: bool,
     /// Set when a page showed a change of the followed run past the next seq: the ones between
     /// were deleted (trimmed) after the cursor passed below them; a `resync` follows what it
     /// holds.
@@ -310,6 +315,7 @@ impl ChangeFeed {
             pending: VecDeque::new(),
             filter,
             run_recreated: false,
+            run_began_after_id: false,
             run_lost_changes: false,
             failed: false,
             health_checked: Instant::now(),
@@ -338,6 +344,7 @@ impl ChangeFeed {
             }
             if change.seq <= filter.above_seq.unwrap_or(1) {
                 self.run_recreated = true;
+                self.run_began_after_id = filter.above_seq.is_none();
                 return;
             }
             // A run's seqs are dense: one past the next means the ones between are gone.
@@ -420,7 +427,11 @@ impl ChangeFeed {
             if self.run_recreated {
                 return Err(FeedEnd::Resync {
                     horizon: self.cursor,
-                    reason: RUN_RECREATED,
+                    reason: if self.run_began_after_id {
+                        RUN_BEGAN_AFTER_ID
+                    } else {
+                        RUN_RECREATED
+                    },
                 });
             }
             if self.run_lost_changes {
@@ -562,6 +573,12 @@ const LOG_TRIMMED: &str = "the change log no longer holds every change after thi
 const RUN_RECREATED: &str = "the run's changes start again at seq 1 after this stream's cursor \
                              (the run was pruned and a new run started under its id, or the \
                              Last-Event-ID is older than the run)";
+
+/// A `resync`'s reason when a run stream resumed with `Last-Event-ID` meets its run's seq 1
+/// after that id: the client's events cannot be of this run's current life.
+const RUN_BEGAN_AFTER_ID: &str = "the run's first change comes after the Last-Event-ID given: the \
+     run began (or began again, after a prune) since that id, so what the client holds is not \
+     of it; a run stream starts with the run's snapshot, which needs the run's first span";
 
 /// The `data:` of a change or run stream's `resync` event, its last: the stream cannot go on
 /// without a gap.

@@ -1144,6 +1144,38 @@ async fn a_run_stream_resyncs_when_its_run_is_pruned_and_started_again() {
     server.stop().await;
 }
 
+/// A run stream opened ahead of its run (with `Last-Event-ID` at the newest change, as a client
+/// that launches the run and then watches it may do): the run's first span ends the stream
+/// with a `resync` that says the run began after the id. It named a prune first, which had not
+/// happened (an audit's finding).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stream_opened_before_its_run_says_the_run_began_after_its_id() {
+    let server = TestServer::start().await;
+    server
+        .post(
+            "/v1/activity/spans",
+            &span_body("earlier", "other-run", None),
+        )
+        .await
+        .assert_status(201);
+    let cursor = server.get("/v1/activity/cursor").await;
+    let id = cursor.assert_status(200)["changeCursor"].as_i64();
+    let mut stream = SseClient::connect(&server, "/v1/activity/runs/later-run/stream", id).await;
+    server
+        .post("/v1/activity/spans", &span_body("first", "later-run", None))
+        .await
+        .assert_status(201);
+    let event = stream.next().await;
+    assert_eq!(event.event, "resync", "{event:?}");
+    let reason = event.data["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("began") && !reason.contains("pruned and"),
+        "{reason}"
+    );
+    drop(stream);
+    server.stop().await;
+}
+
 /// The same, for a client that reconnects with `Last-Event-ID` after its run was pruned and
 /// started again: a resumed stream does not know the seq its client holds, and it sent the new
 /// run's changes from seq 1 with no resync, which a client holding the old `highWaterSeq`
