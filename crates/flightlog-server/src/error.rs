@@ -289,7 +289,7 @@ fn report_file_lost(message: &str) {
         let _ = writeln!(
             std::io::stderr().lock(),
             "flightlog: error: {message} (noticed now: every write and /healthz answer 503 \
-             until the server is stopped and started again)"
+             until the server ends and is started again)"
         );
     }
 }
