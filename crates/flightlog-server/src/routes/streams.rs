@@ -1164,16 +1164,34 @@ mod tests {
         }
     }
 
-    /// A SQLite activity store in `dir` on a manual clock at 1,000, acting as writer `w`.
-    fn sqlite_store(dir: &std::path::Path) -> Arc<dyn ActivityStore> {
+    /// A SQLite activity store in `dir` on a manual clock at 1,000, acting as writer `w`, with
+    /// run `run_id` of one root span, and the run's snapshot.
+    async fn store_with_a_run(
+        dir: &std::path::Path,
+        root: &str,
+        run_id: &str,
+    ) -> (
+        Arc<dyn ActivityStore>,
+        flightlog_core::activity::RunSnapshot,
+    ) {
         let db = flightlog_sqlite::SqliteDatabase::open(flightlog_sqlite::SqliteConfig::new(
             dir.join("s.db"),
         ))
         .expect("open");
         let clock = Arc::new(flightlog_core::ManualClock::new(1_000));
-        Arc::new(flightlog_sqlite::SqliteActivityStore::with_identity(
-            db, clock, "w",
-        ))
+        let store: Arc<dyn ActivityStore> = Arc::new(
+            flightlog_sqlite::SqliteActivityStore::with_identity(db, clock, "w"),
+        );
+        store
+            .start_span(start(root, run_id, 1_000))
+            .await
+            .expect("start the run");
+        let snapshot = store
+            .snapshot_run(run_id)
+            .await
+            .expect("snapshot")
+            .expect("the run");
+        (store, snapshot)
     }
 
     /// A run stream whose cursor a prune of *other* runs left behind the change log's horizon
@@ -1184,16 +1202,7 @@ mod tests {
     async fn a_run_stream_goes_on_across_a_prune_of_other_runs() {
         use flightlog_core::activity::{EndSpanInput, PruneOptions, SpanOutcome, SpanPatch};
         let dir = tempfile::tempdir().expect("temp dir");
-        let store = sqlite_store(dir.path());
-        store
-            .start_span(start("z-root", "z", 1_000))
-            .await
-            .expect("start z");
-        let snapshot = store
-            .snapshot_run("z")
-            .await
-            .expect("snapshot")
-            .expect("run z");
+        let (store, snapshot) = store_with_a_run(dir.path(), "z-root", "z").await;
         // Another run after the snapshot: ended, rolled up and pruned, so its changes (newer
         // than the snapshot's cursor) are deleted and the horizon passes the cursor.
         store
@@ -1261,16 +1270,7 @@ mod tests {
     #[tokio::test]
     async fn a_run_stream_on_a_quiet_run_reads_no_other_runs_changes() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let store = sqlite_store(dir.path());
-        store
-            .start_span(start("quiet-root", "quiet", 1_000))
-            .await
-            .expect("start the quiet run");
-        let snapshot = store
-            .snapshot_run("quiet")
-            .await
-            .expect("snapshot")
-            .expect("the quiet run");
+        let (store, snapshot) = store_with_a_run(dir.path(), "quiet-root", "quiet").await;
         let follow = RunFilter {
             run_id: "quiet".into(),
             above_seq: Some(snapshot.high_water_seq),
