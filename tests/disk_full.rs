@@ -263,17 +263,26 @@ struct Server {
 
 impl Server {
     /// Start `serve` on `db`, under the file-size `limit` if given, and wait until it listens.
-    /// Each start is a new instance (port 0 names it): it closes nothing an earlier start left
-    /// open, so what a test finds after a restart is what the disk let it store.
+    /// Each start is a new instance, named here: it closes nothing an earlier start left open,
+    /// so what a test finds after a restart is what the disk let it store. The default name
+    /// (host and port) is not enough: a restart the system gave the same port to was another
+    /// life of the same instance, and its boot sweep closed the load's open spans (a CI run
+    /// failed on it: a span whose end was refused came back `interrupted`).
     fn start(folder: &Path, db: &Path, limit: Option<u64>) -> Self {
-        Self::start_as(folder, db, limit, None)
+        static STARTS: AtomicUsize = AtomicUsize::new(0);
+        let instance = format!(
+            "disk-full-{}-{}",
+            std::process::id(),
+            STARTS.fetch_add(1, Ordering::Relaxed)
+        );
+        Self::start_as(folder, db, limit, &instance)
     }
 
-    /// [`Server::start`], as `instance` when given: two starts under one name are two lives of
+    /// [`Server::start`] as `instance`: two starts under one name are two lives of
     /// one server, and the later one's boot sweep closes what the earlier one left open.
-    fn start_as(folder: &Path, db: &Path, limit: Option<u64>, instance: Option<&str>) -> Self {
+    fn start_as(folder: &Path, db: &Path, limit: Option<u64>, instance: &str) -> Self {
         let db_arg = db.to_str().expect("scratch paths are UTF-8");
-        let mut args = vec![
+        let args = [
             "serve",
             "--db",
             db_arg,
@@ -281,10 +290,9 @@ impl Server {
             "127.0.0.1:0",
             "--grpc-addr",
             "off",
+            "--instance",
+            instance,
         ];
-        if let Some(instance) = instance {
-            args.extend(["--instance", instance]);
-        }
         let mut command = match limit {
             Some(limit) => limited_command(limit, BIN, &args),
             None => {
@@ -2220,7 +2228,7 @@ fn a_restart_on_a_full_disk_with_an_open_session_span_still_serves() {
     let scratch = Scratch::new("boot-sweep");
     assert_the_limit_fails_writes(&scratch);
     let db = scratch.join("flightlog.db");
-    let mut server = Server::start_as(&scratch.0, &db, Some(LIMIT), Some("restarted"));
+    let mut server = Server::start_as(&scratch.0, &db, Some(LIMIT), "restarted");
     let mut http = Http::new(&server.addr);
     let session = json!({"spanId": "session-1", "runId": "run-session", "name": "a session",
                          "kind": "turn", "origin": "session"});
@@ -2233,7 +2241,7 @@ fn a_restart_on_a_full_disk_with_an_open_session_span_still_serves() {
     stop_cleanly(case, server, "while full");
 
     // Panics with the server's output if it does not come up.
-    let server = Server::start_as(&scratch.0, &db, Some(LIMIT), Some("restarted"));
+    let server = Server::start_as(&scratch.0, &db, Some(LIMIT), "restarted");
     let mut http = Http::new(&server.addr);
     let reply = http
         .get("/v1/activity/spans/session-1")
