@@ -123,6 +123,14 @@ pub fn compute_rollup(spans_by_start: &[RollupSpan]) -> Option<RollupFields> {
             .all(|&index| spans_by_start[index].origin == SpanOrigin::Otlp)
     {
         usage_over_roots(spans_by_start, &roots)
+    } else if roots.is_empty() && root.kind == SpanKind::Model {
+        // No root stored and the earliest span, standing in for one, is a model call: it
+        // reports that call's usage, not the run's, so the run's usage is its model spans'
+        // sum (the earliest among them), as the listing of a run awaiting its root shows.
+        // Taken as a root's, the later calls only filled the fields it lacked: two calls of
+        // 100 and 200 tokens rolled up as 100, and a prune then made the loss permanent (an
+        // audit's finding).
+        sum_model_usage(spans_by_start)
     } else {
         root_usage(&root.usage, || sum_model_usage(spans_by_start))
     };
@@ -1045,6 +1053,45 @@ mod tests {
             only_root.and_then(|f| f.failure_reason).as_deref(),
             Some("interrupted")
         );
+    }
+
+    /// A run with no root stored whose earliest span is a model call: every model call
+    /// counts, not just the earliest one (it stands in for the root only for the run's name,
+    /// start, end and outcome, as the reference's fallback does).
+    #[test]
+    fn a_run_without_a_root_whose_first_span_is_a_model_call_sums_every_call() {
+        let mut first = span("q1", Some("agent"), 1);
+        first.kind = SpanKind::Model;
+        first.usage.input_tokens = Some(100);
+        first.usage.output_tokens = Some(10);
+        first.usage.cost_usd = Some(0.1);
+        first.ended_at = Some(5);
+        let mut second = span("q3", Some("agent"), 6);
+        second.kind = SpanKind::Model;
+        second.usage.input_tokens = Some(200);
+        second.usage.output_tokens = Some(20);
+        second.usage.cost_usd = Some(0.2);
+        let mut tool = span("t", Some("agent"), 7);
+        tool.usage.input_tokens = Some(5_000);
+        let spans = [first, second, tool];
+        let fields = compute_rollup(&spans).expect("a rollup");
+        assert_eq!(fields.name, "q1");
+        assert_eq!(fields.input_tokens, Some(300));
+        assert_eq!(fields.output_tokens, Some(30));
+        assert_eq!(fields.cost_usd, Some(0.3));
+        // The same figures as the listing of the run awaiting its root.
+        let listed = rootless_usage(&spans);
+        assert_eq!(listed.input_tokens, fields.input_tokens);
+        assert_eq!(listed.cost_usd, fields.cost_usd);
+        // A non-model span first keeps the reference's rule: its own usage wins.
+        let mut subagent = span("s", Some("agent"), 0);
+        subagent.kind = SpanKind::Subagent;
+        subagent.usage.input_tokens = Some(1_000);
+        let mut with_subagent = vec![subagent];
+        with_subagent.extend(spans);
+        let fields = compute_rollup(&with_subagent).expect("a rollup");
+        assert_eq!(fields.input_tokens, Some(1_000));
+        assert_eq!(fields.output_tokens, Some(30));
     }
 
     #[test]
