@@ -128,12 +128,29 @@ fn writes_get_503_while_another_process_holds_the_lock_and_succeed_after() {
         Some(json!({"type": "engagement_opened", "at": 1, "data": {}})),
     );
     assert_eq!(status, 503, "{body}");
+    // A batch the store refuses whole is answered as a single write is: 503 with Retry-After
+    // (it answered 200 with every op `unavailable`, lost on clients that check the status).
+    let batch = json!({"ops": [
+        {"op": "startSpan", "spanId": "batched", "runId": "run-batched", "name": "turn",
+         "kind": "turn", "origin": "session"},
+        {"op": "heartbeat", "spanId": "before"},
+    ]});
+    let (status, head, body) =
+        request_with_head(server.addr, "POST", "/v1/activity/batch", None, Some(batch));
+    assert_eq!(status, 503, "{head}\n{body}");
+    assert!(
+        head.to_ascii_lowercase().contains("\r\nretry-after:"),
+        "{head}"
+    );
+    assert_eq!(body["error"]["code"], "unavailable", "{body}");
     let (status, row) = request(server.addr, "GET", "/v1/activity/spans/before", None, None);
     assert_eq!(status, 200, "{row}");
     holder.release();
 
     let (status, _) = request(server.addr, "GET", "/v1/activity/spans/during", None, None);
     assert_eq!(status, 404, "the refused write left nothing");
+    let (status, _) = request(server.addr, "GET", "/v1/activity/spans/batched", None, None);
+    assert_eq!(status, 404, "the refused batch left nothing");
     let (status, row) = request(
         server.addr,
         "POST",

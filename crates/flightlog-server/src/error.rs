@@ -540,6 +540,39 @@ mod tests {
         }
     }
 
+    /// The store errors a batch answers 503 as a whole for are exactly those a single write
+    /// answers 503 for.
+    #[test]
+    fn the_store_refusals_of_every_write_are_the_unavailable_ones() {
+        let errors = [
+            StoreError::DuplicateSpan {
+                span_id: "s".into(),
+            },
+            StoreError::Overloaded,
+            StoreError::Closed,
+            StoreError::SchemaTooNew {
+                found: 2,
+                supported: 1,
+            },
+            StoreError::NotFlightlog("n".into()),
+            StoreError::SchemaUnknown("u".into()),
+            StoreError::Corrupt("c".into()),
+            StoreError::Busy("b".into()),
+            StoreError::Backend("b".into()),
+            StoreError::InvalidInput("i".into()),
+            StoreError::StorageFull("f".into()),
+            StoreError::FileLost("l".into()),
+            StoreError::DiskFailed("d".into()),
+        ];
+        for err in errors {
+            assert_eq!(
+                err.refuses_every_write(),
+                matches!(ApiError::from(err.clone()), ApiError::Unavailable(_)),
+                "{err:?}"
+            );
+        }
+    }
+
     #[test]
     fn unavailable_carries_retry_after_and_the_error_body() {
         let response = ApiError::from(StoreError::Overloaded).into_response();

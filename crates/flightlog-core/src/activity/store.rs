@@ -90,6 +90,24 @@ pub enum StoreError {
     DiskFailed(String),
 }
 
+impl StoreError {
+    /// Whether the store as a whole refused the write (a full queue, a shutdown, another
+    /// process's lock, a full or failing disk, a lost file), as opposed to this write being
+    /// wrong: nothing was written, and the same write may succeed when retried later (the HTTP
+    /// API answers such refusals 503 with `Retry-After`).
+    pub fn refuses_every_write(&self) -> bool {
+        matches!(
+            self,
+            Self::Overloaded
+                | Self::Closed
+                | Self::Busy(_)
+                | Self::StorageFull(_)
+                | Self::FileLost(_)
+                | Self::DiskFailed(_)
+        )
+    }
+}
+
 /// The newest committed change id known to a store: a doorbell for live readers.
 ///
 /// It carries no changes itself. A reader that sees it move reads `changes_since(its cursor)`

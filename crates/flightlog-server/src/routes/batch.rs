@@ -9,7 +9,8 @@
 //! (malformed, an unknown span, a duplicate id) fails alone: its entry in `results` is the
 //! `{"error": …}` object the single endpoint would have answered (same status code; a refused
 //! op's message starts with its position, `ops[3]: …`), and the ops after it still run. Only a body that is not `{"ops": [...]}` at all, or one with too many ops, fails the
-//! whole request.
+//! whole request, and so does a store that refused every op as a whole (503 with `Retry-After`,
+//! nothing written: see `StoreError::refuses_every_write`).
 //!
 //! Order is kept: op N+1 may depend on op N (start a span, then end it), and `write_batch`
 //! guarantees in-order application whatever the backend.
@@ -187,6 +188,7 @@ enum BatchResult {
     responses(
         (status = 200, description = "Every op's result, in order.", body = BatchResponse),
         (status = 400, description = "Not `{\"ops\": [...]}`, or more ops than the server's limit.", body = ErrorBody),
+        (status = 503, description = "The store refused every op (overload, shutdown, another process holding the write lock, a full disk): nothing was written; retry after `Retry-After`.", body = ErrorBody),
     ),
 )]
 async fn batch(
@@ -215,7 +217,24 @@ async fn batch(
             Err(err) => slots.push(Err(err)),
         }
     }
-    let mut outcomes = store.write_batch(writes).await.into_iter();
+    let outcomes = store.write_batch(writes).await;
+    // The store refused the whole batch (a lock held by another process, a full disk):
+    // nothing was written, so the request is answered as a single write would be, 503 with
+    // `Retry-After`. A 200 whose every op said `unavailable` was lost on clients that check
+    // only the status (an audit's finding), while a full gate already answered 503.
+    if !outcomes.is_empty()
+        && outcomes
+            .iter()
+            .all(|outcome| outcome.as_ref().is_err_and(StoreError::refuses_every_write))
+    {
+        if let Some(Err(refusal)) = outcomes.into_iter().next() {
+            return Err(ApiError::from(refusal));
+        }
+        return Err(ApiError::Internal(
+            "the store's refusal went missing".into(),
+        ));
+    }
+    let mut outcomes = outcomes.into_iter();
     let results = slots
         .into_iter()
         .enumerate()
