@@ -1,7 +1,8 @@
 //! The one middleware every request passes through: it counts the request for `/metrics`,
-//! checks its token, refuses a body declared larger than the limit, takes a write slot for a
-//! write, reads the body (a write's whole, refusing one of no declared length past the limit;
-//! any other is read and dropped), runs the route, and gives a body-limit refusal the contract's error body (the OTLP one on the
+//! checks its token, refuses a request that names its body's type twice and a body declared
+//! larger than the limit, takes a write slot for a write, reads the body (a write's whole,
+//! refusing one of no declared length past the limit; any other is read and dropped), runs the
+//! route, and gives a body-limit refusal the contract's error body (the OTLP one on the
 //! protobuf trace route) — in that order, so every answer (the gate's own refusals included) is
 //! counted, a request is authenticated before it takes a write slot, and it takes its slot
 //! before its body is read. No answer leaves a body unread: the gate's refusals drain it (a
@@ -98,6 +99,9 @@ async fn admit_and_run(
     if let Err(refusal) = auth::check_token(state, &request, route.map(MatchedPath::as_str)) {
         return answer_after_draining(request, waits_to_send, limit, refuse(refusal)).await;
     }
+    if let Err(refusal) = single_content_type(&request) {
+        return answer_after_draining(request, waits_to_send, limit, refuse(refusal)).await;
+    }
     let declared = declared_length(&request);
     if declared.is_some_and(|length| length > limit as u64) {
         return answer_after_draining(
@@ -150,6 +154,21 @@ async fn admit_and_run(
     let response = next.run(request).await;
     drop(slot);
     response
+}
+
+/// A request may name its body's type once: with two `Content-Type` headers the first one
+/// won, so `application/json` then `text/plain` was taken as JSON and the reverse refused, and
+/// an OTLP body was decoded as whichever came first (an audit's finding); a proxy may read or
+/// reorder them the other way. Refused whole, as ambiguous.
+fn single_content_type(request: &Request) -> Result<(), ApiError> {
+    let declared = request.headers().get_all(CONTENT_TYPE).iter().count();
+    if declared > 1 {
+        return Err(ApiError::invalid(format!(
+            "the request has {declared} Content-Type headers; send one that names the body's \
+             type"
+        )));
+    }
+    Ok(())
 }
 
 /// Answer `response` to a request refused before its body was read: after draining the body

@@ -1376,6 +1376,54 @@ async fn deeply_nested_json_is_a_400_not_a_crash() {
         .assert_error(404, "not_found");
 }
 
+/// A request that names its body's type twice is refused as ambiguous, whatever the order
+/// (the first one won: JSON then text was taken, text then JSON refused, and an OTLP body was
+/// decoded as whichever came first), and nothing is stored.
+#[tokio::test]
+async fn two_content_types_are_refused_in_either_order() {
+    let server = TestServer::start().await;
+    for (index, second) in ["text/plain", "application/json"].into_iter().enumerate() {
+        let span_id = format!("twice-{index}");
+        server
+            .send_with_headers(
+                Method::POST,
+                "/v1/activity/spans",
+                Some(&start_input(&span_id, "twice-run", None, 1)),
+                &[("content-type", second)],
+            )
+            .await
+            .assert_error(400, "invalid_request");
+        server
+            .get(&format!("/v1/activity/spans/{span_id}"))
+            .await
+            .assert_error(404, "not_found");
+    }
+    let batch = json!({"ops": [{"op": "startSpan", "spanId": "twice-b", "runId": "twice-run",
+                               "name": "b", "kind": "turn", "origin": "session"}]});
+    let reply = server
+        .send_with_headers(
+            Method::POST,
+            "/v1/activity/batch",
+            Some(&batch),
+            &[("content-type", "text/plain")],
+        )
+        .await;
+    reply.assert_error(400, "invalid_request");
+    let message = reply.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("2 Content-Type headers"), "{message}");
+    let traces = server
+        .client
+        .post(format!("{}/v1/traces", server.base))
+        .header("content-type", "application/json")
+        .header("content-type", "application/x-protobuf")
+        .body("{}")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(traces.status().as_u16(), 400);
+    server.stop().await;
+}
+
 /// A JSON endpoint takes its body as it is: a body declared compressed (`Content-Encoding`
 /// other than `identity`) is a 415 that says only the OTLP route takes gzip, where it used to be
 /// stored as it came (a plain body labelled gzip) or refused with a JSON parse error (a real
