@@ -98,7 +98,7 @@ struct CloseRunBody {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct ChangesQuery {
-    /// The cursor to read after (0: from the start).
+    /// The cursor to read after (0, or any negative number: from the start).
     #[serde(default)]
     after: i64,
     /// Page size, 0 to 10,000 (default 500).
@@ -529,7 +529,10 @@ async fn changes_since(
 fn with_change_log_horizon(mut response: Response, after: i64, horizon: i64) -> Response {
     let headers = response.headers_mut();
     headers.insert(CHANGE_LOG_HORIZON, HeaderValue::from(horizon));
-    if after < horizon.saturating_sub(1) {
+    // A negative cursor reads from the start, as 0 does (the reference takes it, and so does
+    // the conformance replay): it misses nothing 0 would not (it was told to resync on a
+    // server that had never trimmed anything, an audit's finding).
+    if after.max(0) < horizon.saturating_sub(1) {
         headers.insert(RESYNC, HeaderValue::from_static("true"));
     }
     response

@@ -1590,6 +1590,31 @@ async fn a_client_that_never_reads_is_cut_off_and_the_budget_comes_back() {
 /// resync, again and again until something new was written. Up-to-date clients now start at the
 /// horizon, and a resync says where to resume.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_negative_cursor_reads_from_the_start_without_a_resync() {
+    let server = TestServer::start().await;
+    server
+        .post("/v1/activity/spans", &span_body("neg-root", "neg", None))
+        .await
+        .assert_status(201);
+    for path in [
+        "/v1/activity/changes?after=-2",
+        "/v1/activity/changes/terminal-roots?after=-2",
+        "/v1/activity/changes?after=0",
+    ] {
+        let reply = server.get(path).await;
+        reply.assert_status(200);
+        assert_eq!(
+            reply.headers.get("flightlog-resync"),
+            None,
+            "{path}: nothing was ever trimmed"
+        );
+    }
+    let all = server.get("/v1/activity/changes?after=-2").await;
+    assert_eq!(all.body.as_array().map(Vec::len), Some(1), "{}", all.body);
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn up_to_date_clients_are_not_told_to_resync_after_a_prune_of_the_newest_changes() {
     let server = TestServer::start().await;
     // Change 1: an open run's start; 2 and 3: a run that is then pruned.
