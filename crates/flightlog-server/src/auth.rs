@@ -281,7 +281,8 @@ pub const ADMIN_ROUTES: &[&str] = &[
 pub enum Access {
     /// Nothing: `GET /healthz` (and `HEAD`, its body-less twin).
     Public,
-    /// Any configured token: a path no route serves (the answer is its 404).
+    /// Any configured token: a path no route serves (the answer is its 404), or a method no
+    /// route serves (its 405).
     AnyToken,
     /// A token holding this scope.
     Scope(Scope),
@@ -298,7 +299,12 @@ pub fn required_access(method: &Method, path: &str, route: Option<&str>) -> Acce
     if is_read_method(method) && path == "/healthz" {
         return Access::Public;
     }
-    let Some(route) = route else {
+    // No route serves OPTIONS (or TRACE, CONNECT): any token gets the router's 405. Taken as
+    // a write, its answer depended on the token's scope (403 with a read token, 405 with an
+    // ingest one: an audit's finding).
+    let Some(route) =
+        route.filter(|_| !matches!(*method, Method::OPTIONS | Method::TRACE | Method::CONNECT))
+    else {
         return Access::AnyToken;
     };
     if ADMIN_ROUTES.contains(&route) {
@@ -512,6 +518,18 @@ mod tests {
                 "/v1/testing/clock",
                 Some("/v1/testing/clock"),
                 Access::Scope(Scope::Admin),
+            ),
+            (
+                Method::OPTIONS,
+                "/v1/activity/runs",
+                Some("/v1/activity/runs"),
+                Access::AnyToken,
+            ),
+            (
+                Method::OPTIONS,
+                "/v1/engagements/prune",
+                Some("/v1/engagements/prune"),
+                Access::AnyToken,
             ),
         ];
         for (method, path, route, expected) in cases {

@@ -254,7 +254,8 @@ impl From<JournalError> for ApiError {
                     };
                 Self::JournalFull(format!(
                     "{message}: {compact}continue in a new engagement, or start the server with \
-                     a higher --journal-max-events"
+                     a higher limit (--journal-max-events, FLIGHTLOG_JOURNAL_MAX_EVENTS or \
+                     `journal.max_events` in the config file)"
                 ))
             }
             JournalError::WrongExpectedSeq { .. } => Self::Conflict(message),

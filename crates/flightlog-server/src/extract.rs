@@ -169,11 +169,14 @@ fn body_rejection(rejection: &BytesRejection, limit: usize) -> ApiError {
     }
 }
 
-/// The error for a body over `limit` bytes.
+/// The error for a body over `limit` bytes: send less at once (several batches, or several
+/// exports, each under the limit), or raise the limit. The same words on every route: the gate
+/// answers before the route is known to want a batch or a single write.
 pub(crate) fn payload_too_large_error(limit: usize) -> ApiError {
     ApiError::PayloadTooLarge(format!(
-        "the request body is larger than the limit of {limit} bytes (--body-limit): send a \
-         smaller body, or split a batch into several requests"
+        "the request body is larger than the limit of {limit} bytes: send a smaller body (a \
+         batch or an export split into several requests), or start the server with a higher \
+         --body-limit (FLIGHTLOG_BODY_LIMIT or `body_limit` in the config file)"
     ))
 }
 

@@ -61,7 +61,8 @@ fn authorizer(auth: AuthConfig) -> Arc<Authorize> {
             Ok(())
         } else {
             Err(Status::permission_denied(
-                "this token lacks the `ingest` scope that trace export needs",
+                "this token lacks the `ingest` scope that every OTLP export (traces, metrics, \
+                 logs) needs",
             ))
         }
     })

@@ -996,8 +996,9 @@ async fn journal_appends_reads_views_compaction_listing_and_pruning() {
     assert_eq!(
         full.body["error"]["message"],
         "engagement \"e1\" is full: it already holds 3 events, the most one engagement may \
-         hold: continue in a new engagement, or start the server with a higher \
-         --journal-max-events"
+         hold: continue in a new engagement, or start the server with a higher limit \
+         (--journal-max-events, FLIGHTLOG_JOURNAL_MAX_EVENTS or `journal.max_events` in the \
+         config file)"
     );
 
     // reads
