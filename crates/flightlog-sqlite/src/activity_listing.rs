@@ -4,7 +4,9 @@
 //! `activity_spans_roots` orders them by start; a run with several roots, as OTLP traces and
 //! sessions may have, from its first one only, found through `activity_spans_roots_by_run`, so it
 //! appears once and paging by cursor never meets it again), with the rollup's totals once the run
-//! ended and was rolled up, else the root's own figures as they are now. The first root is the
+//! ended and was rolled up, else the root's own figures as they are now, with the usage a
+//! rollup would give it now (`with_live_usage`: the fields the root lacks from its model spans,
+//! read only for the entries a page keeps whose root lacks one). The first root is the
 //! one the rollup is made from (the reference's rule) and the one a pruned run is listed by, so a
 //! run's name, origin, outcome and totals come from one root, and its place in the order does not
 //! move when `prune` deletes its detail (the newest root named it before: a successful run could
@@ -19,13 +21,13 @@
 //! every filter is a plain indexable predicate rather than a `?1 IS NULL OR …` that defeats the index.
 
 use flightlog_core::activity::{
-    rootless_usage, RollupSpan, RunCursor, RunListEntry, RunListQuery, RunPage, RunState, SpanKind,
-    SpanOrigin, SpanOutcome, StoreError,
+    compute_rollup, rootless_usage, RollupSpan, RunCursor, RunListEntry, RunListQuery, RunPage,
+    RunState, SpanKind, SpanOrigin, SpanOutcome, StoreError,
 };
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params_from_iter, Connection, OptionalExtension, Row};
 
-use crate::activity_write::usage_at;
+use crate::activity_write::{rollup_span_from_row, usage_at, ROLLUP_SPANS_SQL};
 use crate::error::backend;
 
 /// The most runs a listing may ask for to count as short (see [`is_short`]).
@@ -46,8 +48,9 @@ pub(crate) fn is_short(query: &RunListQuery) -> bool {
         && query.origin.is_none()
 }
 
-/// The twenty columns both queries select, in [`entry_from_row`]'s order.
-fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<RunListEntry> {
+/// The twenty-one columns both queries select, in [`entry_from_row`]'s order: the entry and
+/// its run's key.
+fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<(RunListEntry, i64)> {
     let origin: String = row.get(3)?;
     let outcome: Option<String> = row.get(8)?;
     let open: bool = row.get(1)?;
@@ -57,7 +60,7 @@ fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<RunListEntry> {
     // are those of the rollup made once it ends; its totals stay the latest known.
     let ended_at: Option<i64> = if open { None } else { row.get(7)? };
     let rolled_up: bool = row.get(18)?;
-    Ok(RunListEntry {
+    let entry = RunListEntry {
         run_id: row.get(0)?,
         state: if open {
             RunState::Open
@@ -93,7 +96,43 @@ fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<RunListEntry> {
         rolled_up,
         detail_pruned: row.get(19)?,
         awaiting_root: false,
-    })
+    };
+    Ok((entry, row.get(20)?))
+}
+
+/// A live entry (its run open, or ended and not rolled up since) with its usage as the run's
+/// rollup would say it now: the root's own fields, each one it lacks from the run's `model`
+/// spans (and every root's, for an OTLP run of several; see `compute_rollup`). The root's
+/// figures alone left a run whose tokens only its model calls report (most OpenTelemetry runs,
+/// a native run until its root ends) without usage or cost until someone rolled it up, while
+/// a run awaiting its root showed its model spans' sum (an audit's finding). Only an entry whose
+/// root lacks a field reads the run's spans (the columns the rule needs, as a rollup does).
+fn with_live_usage(
+    conn: &Connection,
+    mut entry: RunListEntry,
+    run_key: i64,
+) -> Result<RunListEntry, StoreError> {
+    let carries_all = entry.input_tokens.is_some()
+        && entry.output_tokens.is_some()
+        && entry.cache_read_tokens.is_some()
+        && entry.cache_creation_tokens.is_some()
+        && entry.cost_usd.is_some();
+    if entry.rolled_up || carries_all {
+        return Ok(entry);
+    }
+    let spans: Vec<RollupSpan> = conn
+        .prepare_cached(ROLLUP_SPANS_SQL)
+        .and_then(|mut stmt| stmt.query_map([run_key], rollup_span_from_row)?.collect())
+        .map_err(backend)?;
+    if let Some(rollup) = compute_rollup(&spans) {
+        entry.input_tokens = rollup.input_tokens;
+        entry.output_tokens = rollup.output_tokens;
+        entry.cache_read_tokens = rollup.cache_read_tokens;
+        entry.cache_creation_tokens = rollup.cache_creation_tokens;
+        // As a stored rollup holds it: SQLite keeps no NaN (an infinite cost minus another).
+        entry.cost_usd = rollup.cost_usd.filter(|cost| !cost.is_nan());
+    }
+    Ok(entry)
 }
 
 /// A run is open while any of its roots is: its first root, which names it, or a later one
@@ -156,7 +195,7 @@ fn roots_sql(query: &RunListQuery) -> String {
            WHEN s.outcome = 'interrupted' THEN 'interrupted' END) ELSE u.failure_reason END, \
          CASE WHEN s.outcome IS NULL THEN s.last_heartbeat_at \
            ELSE COALESCE({OPEN_ROOTS_HEARTBEAT}, s.last_heartbeat_at) END, NOT {LIVE}, \
-         COALESCE(u.detail_pruned, 0) \
+         COALESCE(u.detail_pruned, 0), s.run_key \
          FROM activity_spans s JOIN activity_runs r ON r.run_key = s.run_key \
          LEFT JOIN activity_run_rollups u ON u.run_key = s.run_key \
          WHERE s.parent_span_id IS NULL \
@@ -184,7 +223,8 @@ fn pruned_sql(query: &RunListQuery) -> String {
     let mut sql = String::from(
         "SELECT r.run_id, 0, u.name, u.origin, u.session_id, u.job_name, u.started_at, \
          u.ended_at, u.outcome, u.duration_ms, u.span_count, u.input_tokens, u.output_tokens, \
-         u.cache_read_tokens, u.cache_creation_tokens, u.cost_usd, u.failure_reason, NULL, 1, 1 \
+         u.cache_read_tokens, u.cache_creation_tokens, u.cost_usd, u.failure_reason, NULL, 1, 1, \
+         u.run_key \
          FROM activity_run_rollups u INDEXED BY activity_run_rollups_pruned \
          JOIN activity_runs r ON r.run_key = u.run_key \
          WHERE u.detail_pruned = 1 AND NOT EXISTS (SELECT 1 FROM activity_spans s \
@@ -397,13 +437,16 @@ fn awaiting_entry(conn: &Connection, run: AwaitingRun) -> Result<RunListEntry, S
 #[allow(clippy::large_enum_variant)]
 enum Listed {
     Entry(RunListEntry),
+    /// An entry read from its run's first root, with the run's key: its usage is completed
+    /// (see [`with_live_usage`]) only if the page keeps it.
+    Rooted(RunListEntry, i64),
     Awaiting(AwaitingRun),
 }
 
 impl Listed {
     fn order_key(&self) -> (i64, &str) {
         match self {
-            Listed::Entry(entry) => (entry.started_at, &entry.run_id),
+            Listed::Entry(entry) | Listed::Rooted(entry, _) => (entry.started_at, &entry.run_id),
             Listed::Awaiting(run) => (run.started_at, &run.run_id),
         }
     }
@@ -454,7 +497,7 @@ fn run_query(
     sql: &str,
     query: &RunListQuery,
     limit: i64,
-) -> Result<Vec<RunListEntry>, StoreError> {
+) -> Result<Vec<(RunListEntry, i64)>, StoreError> {
     conn.prepare_cached(sql)
         .and_then(|mut stmt| {
             stmt.query_map(params_from_iter(parameters(query, limit)), entry_from_row)?
@@ -475,13 +518,13 @@ pub(crate) fn list_runs(conn: &Connection, query: &RunListQuery) -> Result<RunPa
     let fetch = limit.saturating_add(1);
     let mut runs: Vec<Listed> = run_query(conn, &roots_sql(query), query, fetch)?
         .into_iter()
-        .map(Listed::Entry)
+        .map(|(entry, run_key)| Listed::Rooted(entry, run_key))
         .collect();
     if query.state != Some(RunState::Open) {
         runs.extend(
             run_query(conn, &pruned_sql(query), query, fetch)?
                 .into_iter()
-                .map(Listed::Entry),
+                .map(|(entry, _)| Listed::Entry(entry)),
         );
     }
     runs.extend(
@@ -497,6 +540,7 @@ pub(crate) fn list_runs(conn: &Connection, query: &RunListQuery) -> Result<RunPa
         .into_iter()
         .map(|listed| match listed {
             Listed::Entry(entry) => Ok(entry),
+            Listed::Rooted(entry, run_key) => with_live_usage(conn, entry, run_key),
             Listed::Awaiting(run) => awaiting_entry(conn, run),
         })
         .collect::<Result<Vec<_>, _>>()?;

@@ -530,6 +530,15 @@ fn stored_cost(cost: Option<f64>) -> Option<f64> {
     cost.filter(|cost| !cost.is_nan())
 }
 
+/// Whether every token count and the cost are present (a listing then shows them as they are).
+fn carries_all_usage(usage: &SpanUsage) -> bool {
+    usage.input_tokens.is_some()
+        && usage.output_tokens.is_some()
+        && usage.cache_read_tokens.is_some()
+        && usage.cache_creation_tokens.is_some()
+        && usage.cost_usd.is_some()
+}
+
 fn truncate_to(items: &mut Vec<impl Sized>, limit: i64) {
     items.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
 }
@@ -1493,7 +1502,26 @@ impl Model {
                 .iter()
                 .filter(|span| span.run_id == *run_id)
                 .count() as i64;
-            let usage = &root.usage;
+            // A live entry's usage is what a rollup would say now: the root's own fields, those
+            // it lacks from the run's model spans (the store reads the spans only then).
+            let usage = if carries_all_usage(&root.usage) {
+                root.usage.clone()
+            } else {
+                let spans: Vec<RollupSpan> = self
+                    .run_spans(run_id)
+                    .into_iter()
+                    .map(|index| RollupSpan::from(&self.spans[index]))
+                    .collect();
+                compute_rollup(&spans).map_or_else(SpanUsage::default, |fields| SpanUsage {
+                    input_tokens: fields.input_tokens,
+                    output_tokens: fields.output_tokens,
+                    cache_read_tokens: fields.cache_read_tokens,
+                    cache_creation_tokens: fields.cache_creation_tokens,
+                    cost_usd: stored_cost(fields.cost_usd),
+                    model: None,
+                })
+            };
+            let usage = &usage;
             // An open run has not ended, whatever its first root did: no end, outcome,
             // duration or failure, and the live span count.
             let open = state == RunState::Open;

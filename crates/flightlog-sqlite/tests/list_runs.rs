@@ -419,6 +419,63 @@ fn used(input_tokens: i64, cost_usd: f64, at: i64) -> EndSpanInput {
     }
 }
 
+/// A run whose root reports no usage (its model calls do) is listed with its model spans' usage
+/// while it runs and after its root ends, before anyone rolls it up, the figures its rollup then
+/// holds: it was listed without tokens or cost until a rollup (an audit's finding). A root that
+/// reports a field keeps it.
+#[tokio::test]
+async fn a_live_run_is_listed_with_the_usage_its_rollup_would_have() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("live.db"))).unwrap();
+    let store = SqliteActivityStore::with_identity(db, Arc::new(ManualClock::new(1_000)), "w");
+    store
+        .start_span(start("root", "live", None, 1_000))
+        .await
+        .unwrap();
+    for (index, tokens) in [(1, 50), (2, 70)] {
+        let id = format!("call-{index}");
+        store
+            .start_span(model_call(&id, "live", "root", 1_000 + index))
+            .await
+            .unwrap();
+        store
+            .end_span(&id, used(tokens, 0.25, 1_100 + index))
+            .await
+            .unwrap();
+    }
+    let listed = |page: flightlog_core::activity::RunPage| {
+        let run = page.runs.into_iter().next().expect("the run");
+        (run.state, run.input_tokens, run.cost_usd, run.rolled_up)
+    };
+    let page = store.list_runs(query(None, 10)).await.unwrap();
+    assert_eq!(
+        listed(page),
+        (RunState::Open, Some(120), Some(0.5), false),
+        "open"
+    );
+    let mut root_end = end(SpanOutcome::Success, 2_000);
+    root_end.usage = Some(SpanUsage {
+        output_tokens: Some(9),
+        ..SpanUsage::default()
+    });
+    store.end_span("root", root_end).await.unwrap();
+    let page = store.list_runs(query(None, 10)).await.unwrap();
+    let ended = store.list_runs(query(None, 10)).await.unwrap();
+    assert_eq!(
+        listed(page),
+        (RunState::Ended, Some(120), Some(0.5), false),
+        "ended, not rolled up"
+    );
+    assert_eq!(ended.runs[0].output_tokens, Some(9), "the root's own field");
+    store.rollup_run("live").await.unwrap();
+    let page = store.list_runs(query(None, 10)).await.unwrap();
+    assert_eq!(
+        listed(page),
+        (RunState::Ended, Some(120), Some(0.5), true),
+        "rolled up"
+    );
+}
+
 /// An OpenTelemetry SDK exports a span when it ends, so a trace's root, which ends last, comes
 /// after all its other spans: such a run is listed open while it waits for its root (it was not
 /// listed at all, so a running agent was invisible), named by its earliest span, with its model
