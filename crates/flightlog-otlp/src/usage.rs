@@ -86,6 +86,15 @@ pub(crate) const OPENAI_COMPLETION_TOKENS: &str = "completion_tokens";
 pub(crate) const OPENAI_PROMPT_DETAILS: &str = "prompt_tokens_details";
 /// The cached part of OpenAI's prompt count (inside [`OPENAI_PROMPT_DETAILS`]).
 pub(crate) const OPENAI_CACHED_TOKENS: &str = "cached_tokens";
+/// The input count of the providers' newer usage objects (OpenAI's Responses API, Anthropic's
+/// Messages API), as Langfuse copies them into `usage_details`.
+pub(crate) const PROVIDER_INPUT_TOKENS: &str = "input_tokens";
+/// Their output count.
+pub(crate) const PROVIDER_OUTPUT_TOKENS: &str = "output_tokens";
+/// OpenAI's Responses API breakdown of `input_tokens` (which includes the cached ones), an
+/// object holding [`OPENAI_CACHED_TOKENS`]. Anthropic's usage has none: its `input_tokens`
+/// excludes its top-level cache counts.
+pub(crate) const OPENAI_INPUT_DETAILS: &str = "input_tokens_details";
 /// `usage_details` in Langfuse's own shape: the *uncached* input tokens.
 pub(crate) const LANGFUSE_INPUT: &str = "input";
 /// Langfuse's output tokens.
@@ -149,15 +158,39 @@ pub(crate) fn usage_from_details(text: &str) -> TokenCounts {
         };
     }
     let first = |names: &[&str]| names.iter().find_map(|name| count(name));
+    let provider_shape = !details.contains_key(LANGFUSE_INPUT)
+        && !details.contains_key(LANGFUSE_OUTPUT)
+        && (details.contains_key(PROVIDER_INPUT_TOKENS)
+            || details.contains_key(PROVIDER_OUTPUT_TOKENS));
+    if provider_shape {
+        if let Some(breakdown) = details.get(OPENAI_INPUT_DETAILS) {
+            // OpenAI's Responses API: `input_tokens` includes the cached ones (Langfuse's
+            // OpenAI integration writes this shape for `responses.create`; read as Langfuse's
+            // own, its call counted no tokens at all: an audit's finding).
+            return TokenCounts {
+                input: count(PROVIDER_INPUT_TOKENS),
+                output: count(PROVIDER_OUTPUT_TOKENS),
+                cache_read: breakdown.get(OPENAI_CACHED_TOKENS).and_then(json_count),
+                cache_creation: None,
+            };
+        }
+    }
     let cache_read = first(LANGFUSE_CACHE_READ_KEYS);
     let cache_creation = first(LANGFUSE_CACHE_CREATION_KEYS);
-    let input = [count(LANGFUSE_INPUT), cache_read, cache_creation]
+    // Anthropic's Messages usage is read as Langfuse's own shape is: its `input_tokens`, like
+    // Langfuse's `input`, excludes the cache counts beside it.
+    let (input_key, output_key) = if provider_shape {
+        (PROVIDER_INPUT_TOKENS, PROVIDER_OUTPUT_TOKENS)
+    } else {
+        (LANGFUSE_INPUT, LANGFUSE_OUTPUT)
+    };
+    let input = [count(input_key), cache_read, cache_creation]
         .into_iter()
         .flatten()
         .reduce(i64::saturating_add);
     TokenCounts {
         input,
-        output: count(LANGFUSE_OUTPUT),
+        output: count(output_key),
         cache_read,
         cache_creation,
     }
@@ -557,6 +590,37 @@ mod tests {
                     "input_cache_creation":300}"#
             ),
             counts(Some(1_420), Some(40), Some(1_000), Some(300))
+        );
+    }
+
+    /// The providers' newer usage objects as Langfuse copies them: OpenAI's Responses API
+    /// (`input_tokens` includes `input_tokens_details.cached_tokens`) and Anthropic's Messages
+    /// API (`input_tokens` excludes the cache counts beside it).
+    #[test]
+    fn langfuse_usage_details_in_the_responses_and_messages_shapes() {
+        assert_eq!(
+            usage_from_details(
+                r#"{"input_tokens":2000,"input_tokens_details":{"cached_tokens":1500},
+                    "output_tokens":100,"output_tokens_details":{"reasoning_tokens":0},
+                    "total_tokens":2100}"#
+            ),
+            counts(Some(2_000), Some(100), Some(1_500), None)
+        );
+        assert_eq!(
+            usage_from_details(
+                r#"{"input_tokens":3,"cache_read_input_tokens":7000,
+                    "cache_creation_input_tokens":500,"output_tokens":80}"#
+            ),
+            counts(Some(7_503), Some(80), Some(7_000), Some(500))
+        );
+        assert_eq!(
+            usage_from_details(r#"{"input_tokens":12,"output_tokens":4}"#),
+            counts(Some(12), Some(4), None, None)
+        );
+        // Langfuse's own keys win over the providers' when both are there.
+        assert_eq!(
+            usage_from_details(r#"{"input":10,"output":2,"input_tokens":99}"#),
+            counts(Some(10), Some(2), None, None)
         );
     }
 
