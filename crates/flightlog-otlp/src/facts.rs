@@ -59,6 +59,11 @@ pub(crate) const MODEL_KEYS: &[&str] = &[
 ];
 /// The provider's id of a model call, preferred first: two spans with one id record one call.
 pub(crate) const CALL_ID_KEYS: &[&str] = &["gen_ai.response.id", "ai.response.id"];
+/// OpenInference's record of a span's output (for a model call, the provider's response, whose
+/// top-level `id` is the call id when [`OPENINFERENCE_OUTPUT_MIME_TYPE`] says JSON).
+pub(crate) const OPENINFERENCE_OUTPUT_VALUE: &str = "output.value";
+/// The media type of [`OPENINFERENCE_OUTPUT_VALUE`] (`application/json`, `text/plain`).
+pub(crate) const OPENINFERENCE_OUTPUT_MIME_TYPE: &str = "output.mime_type";
 /// Logfire marks its pending (in-progress) span announcements with `pending_span` here.
 pub(crate) const LOGFIRE_SPAN_TYPE: &str = "logfire.span_type";
 /// Logfire's hex parent id of the real span a pending span announces.
@@ -154,6 +159,8 @@ pub(crate) struct Facts<'a> {
     pub(crate) logfire_span_type: Option<&'a str>,
     pub(crate) logfire_pending_parent: Option<&'a AnyValue>,
     pub(crate) logfire_message: Option<&'a str>,
+    pub(crate) output_value: Option<&'a str>,
+    pub(crate) output_mime_type: Option<&'a str>,
     pub(crate) error_type: Option<&'a str>,
     pub(crate) input_tokens: Candidates<'a>,
     pub(crate) output_tokens: Candidates<'a>,
@@ -191,6 +198,10 @@ impl<'a> Facts<'a> {
                 LOGFIRE_SPAN_TYPE => facts.logfire_span_type = value.and_then(as_str),
                 LOGFIRE_PENDING_PARENT => facts.logfire_pending_parent = value,
                 LOGFIRE_MESSAGE => facts.logfire_message = value.and_then(as_str),
+                OPENINFERENCE_OUTPUT_VALUE => facts.output_value = value.and_then(as_str),
+                OPENINFERENCE_OUTPUT_MIME_TYPE => {
+                    facts.output_mime_type = value.and_then(as_str);
+                }
                 _ => {}
             }
             if MODEL_CALL_HINTS.contains(&key) {
@@ -221,7 +232,7 @@ impl<'a> Facts<'a> {
 }
 
 /// Whether `key` is in one of the namespaces the mapping reads (`gen_ai.`, `llm.`,
-/// `langfuse.`, `logfire.`, `session.`, `operation.`, `openinference.`, `ai.`, `traceloop.`,
+/// `langfuse.`, `logfire.`, `session.`, `operation.`, `openinference.`, `output.`, `ai.`, `traceloop.`,
 /// `error.`, `embedding.`). The first byte picks the one to three prefixes worth comparing, so most keys of
 /// no such namespace cost a single byte comparison.
 fn may_be_read(key: &str) -> bool {
@@ -229,7 +240,7 @@ fn may_be_read(key: &str) -> bool {
         Some(b'g') => &["gen_ai."],
         Some(b'l') => &["llm.", "langfuse.", "logfire."],
         Some(b's') => &["session."],
-        Some(b'o') => &["operation.", "openinference."],
+        Some(b'o') => &["operation.", "openinference.", "output."],
         Some(b'a') => &["ai."],
         Some(b't') => &["traceloop."],
         Some(b'e') => &["error.", "embedding."],
@@ -283,6 +294,8 @@ pub(crate) fn scanned_names() -> Vec<&'static str> {
         ERROR_TYPE,
         LOGFIRE_SPAN_TYPE,
         LOGFIRE_PENDING_PARENT,
+        OPENINFERENCE_OUTPUT_VALUE,
+        OPENINFERENCE_OUTPUT_MIME_TYPE,
     ];
     singular
         .into_iter()
@@ -305,6 +318,7 @@ mod tests {
         "session.",
         "operation.",
         "openinference.",
+        "output.",
         "ai.",
         "traceloop.",
         "error.",

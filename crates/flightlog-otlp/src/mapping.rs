@@ -76,6 +76,31 @@ fn call_id_text(value: &AnyValue) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The call id OpenInference records only inside a model span's output: the top-level `id` of
+/// the provider's response (`chatcmpl-…`, `resp_…`, `msg_…`) in `output.value`, when
+/// `output.mime_type` says JSON. Beside another instrumentation's span of the same call (the
+/// OpenAI SDK's `responses.create`, a streamed Anthropic call, whose spans are siblings rather
+/// than nested), that span's `gen_ai.response.id` and this id tell the rollup they are one call;
+/// without it the call counted twice (an audit's finding). Read only for a model span with no
+/// id attribute; the value is scanned, not built (a response of any size costs no allocation
+/// but the id's).
+fn openinference_output_call_id(facts: &Facts<'_>) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Response<'a> {
+        #[serde(borrow, default)]
+        id: Option<&'a serde_json::value::RawValue>,
+    }
+    facts.openinference_kind?;
+    let mime = facts.output_mime_type?.trim();
+    if !mime.eq_ignore_ascii_case("application/json") {
+        return None;
+    }
+    let response: Response<'_> = serde_json::from_str(facts.output_value?).ok()?;
+    let id: String = serde_json::from_str(response.id?.get()).ok()?;
+    let id = id.trim();
+    (!id.is_empty() && id.len() <= MAX_CALL_ID_BYTES).then(|| id.to_owned())
+}
+
 /// How spans are mapped.
 #[derive(Debug, Clone)]
 pub struct MappingOptions {
@@ -281,7 +306,7 @@ fn map_span(
     let session_id = first_of(&facts.session, |value| session_text(value, max_bytes));
     // Only the rollup reads it, and only on model spans.
     let call_id = if kind == SpanKind::Model {
-        first_of(&facts.call_id, call_id_text)
+        first_of(&facts.call_id, call_id_text).or_else(|| openinference_output_call_id(&facts))
     } else {
         None
     };
@@ -1624,6 +1649,82 @@ mod tests {
             .map(|span| span.call_id.as_deref())
             .collect();
         assert_eq!(call_ids, [None, Some("msg_01"), Some("resp-7"), None, None]);
+    }
+
+    /// OpenInference keeps the call id only in its JSON output (`output.value`): read from
+    /// there for its model spans, after any id attribute, and never from text output, another
+    /// instrumentation's output, a nested `id` or a non-string one.
+    #[test]
+    fn an_openinference_model_spans_call_id_comes_from_its_json_output() {
+        let model = |id: u8, attributes: Vec<KeyValue>| {
+            let mut attributes = attributes;
+            attributes.push(kv("llm.model_name", string("gpt-4o")));
+            span(id, Some(1), "Response", attributes)
+        };
+        let llm = || kv("openinference.span.kind", string("LLM"));
+        let json_output = |text: &str| {
+            vec![
+                llm(),
+                kv("output.mime_type", string("application/json")),
+                kv("output.value", string(text)),
+            ]
+        };
+        let batch = map(vec![
+            span(
+                1,
+                None,
+                "agent",
+                vec![kv("openinference.span.kind", string("AGENT"))],
+            ),
+            model(
+                2,
+                json_output(r#"{"object":"response","output":[{"id":"msg_x"}],"id":"resp_01"}"#),
+            ),
+            model(3, {
+                let mut attributes = json_output(r#"{"id":"resp_02"}"#);
+                attributes.push(kv("gen_ai.response.id", string("resp_attr")));
+                attributes
+            }),
+            model(
+                4,
+                vec![
+                    llm(),
+                    kv("output.mime_type", string("text/plain")),
+                    kv("output.value", string(r#"{"id":"resp_03"}"#)),
+                ],
+            ),
+            model(5, json_output(r#"{"data":{"id":"nested"}}"#)),
+            model(6, json_output(r#"{"id":42}"#)),
+            model(7, json_output("not json")),
+            span(
+                8,
+                Some(1),
+                "chat",
+                vec![
+                    kv("gen_ai.operation.name", string("chat")),
+                    kv("output.mime_type", string("application/json")),
+                    kv("output.value", string(r#"{"id":"not-openinference"}"#)),
+                ],
+            ),
+        ]);
+        let call_ids: Vec<Option<&str>> = batch
+            .spans
+            .iter()
+            .map(|span| span.call_id.as_deref())
+            .collect();
+        assert_eq!(
+            call_ids,
+            [
+                None,
+                Some("resp_01"),
+                Some("resp_attr"),
+                None,
+                None,
+                None,
+                None,
+                None
+            ]
+        );
     }
 
     #[test]
