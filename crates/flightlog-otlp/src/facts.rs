@@ -46,6 +46,8 @@ pub(crate) const SESSION_KEYS: &[&str] = &[
     "session.id",
     "gen_ai.conversation.id",
     "traceloop.association.properties.session_id",
+    // The Vercel AI SDK's telemetry metadata, where Langfuse's and others' guides put it.
+    "ai.telemetry.metadata.sessionId",
 ];
 /// Model names, preferred first: the model that answered, then the one asked for.
 pub(crate) const MODEL_KEYS: &[&str] = &[
@@ -80,6 +82,8 @@ pub(crate) const INPUT_TOKEN_KEYS: &[&str] = &[
     "llm.usage.prompt_tokens",
     "ai.usage.promptTokens",
     "ai.usage.inputTokens",
+    // The Vercel AI SDK's embedding calls (`ai.embed`, `ai.embedMany`): input tokens only.
+    "ai.usage.tokens",
 ];
 /// Output (completion) tokens, preferred first.
 pub(crate) const OUTPUT_TOKEN_KEYS: &[&str] = &[

@@ -93,13 +93,19 @@ pub(crate) const LANGFUSE_OBSERVATION_TYPES: &[(&str, Rule)] = &[
 
 /// Vercel AI SDK `ai.operationId` values; any other falls through. The top-level calls wrap
 /// their `….doGenerate` / `….doStream` model calls, which carry `gen_ai.*` attributes and so
-/// become `model` through the hint.
+/// become `model` through the hint. The embedding calls (`….doEmbed`) carry no `gen_ai.*`
+/// attribute, so they are named here: left to the later rows they were `other`, and their
+/// tokens and cost were in no run's usage (an audit's finding).
 pub(crate) const VERCEL_OPERATIONS: &[(&str, Rule)] = &[
     ("ai.toolCall", Rule::Tool),
     ("ai.generateText", Rule::RootTurn),
     ("ai.streamText", Rule::RootTurn),
     ("ai.generateObject", Rule::RootTurn),
     ("ai.streamObject", Rule::RootTurn),
+    ("ai.embed", Rule::RootTurn),
+    ("ai.embedMany", Rule::RootTurn),
+    ("ai.embed.doEmbed", Rule::Model),
+    ("ai.embedMany.doEmbed", Rule::Model),
 ];
 
 /// The rule `table` gives `value` (trimmed, ASCII case-insensitive), if any.
@@ -263,6 +269,11 @@ mod tests {
             (&[("ai.operationId", "ai.streamText")], Turn, Other),
             (&[("ai.operationId", "ai.generateObject")], Turn, Other),
             (&[("ai.operationId", "ai.streamObject")], Turn, Other),
+            (&[("ai.operationId", "ai.embedMany")], Turn, Other),
+            (&[("ai.operationId", "ai.embed")], Turn, Other),
+            // Embedding calls carry no gen_ai.* hint: named.
+            (&[("ai.operationId", "ai.embedMany.doEmbed")], Model, Model),
+            (&[("ai.operationId", "ai.embed.doEmbed")], Model, Model),
             // The model call inside a Vercel top-level call: its gen_ai.* hint decides.
             (
                 &[

@@ -1651,6 +1651,45 @@ mod tests {
         assert_eq!(call_ids, [None, Some("msg_01"), Some("resp-7"), None, None]);
     }
 
+    /// The Vercel AI SDK's embedding calls: `model` spans whose `ai.usage.tokens` are input
+    /// tokens, priced from the table; the session from its telemetry metadata.
+    #[test]
+    fn a_vercel_embedding_call_is_a_priced_model_span() {
+        let batch = map(vec![
+            span(
+                1,
+                None,
+                "ai.embedMany",
+                vec![
+                    kv("ai.operationId", string("ai.embedMany")),
+                    kv("ai.usage.tokens", int(8)),
+                    kv("ai.telemetry.metadata.sessionId", string("chat-7")),
+                ],
+            ),
+            span(
+                2,
+                Some(1),
+                "ai.embedMany.doEmbed",
+                vec![
+                    kv("ai.operationId", string("ai.embedMany.doEmbed")),
+                    kv("ai.model.id", string("text-embedding-3-small")),
+                    kv("ai.usage.tokens", int(8)),
+                ],
+            ),
+        ]);
+        assert_eq!(batch.spans[0].kind, SpanKind::Turn);
+        assert_eq!(batch.spans[0].session_id.as_deref(), Some("chat-7"));
+        let call = &batch.spans[1];
+        assert_eq!(call.kind, SpanKind::Model);
+        assert_eq!(call.usage.input_tokens, Some(8));
+        assert!(
+            call.usage.cost_usd.is_some_and(|cost| cost > 0.0),
+            "{:?}",
+            call.usage
+        );
+        assert_eq!(object(&call.attrs)[COST_SOURCE_KEY], json!("price_table"));
+    }
+
     /// OpenInference keeps the call id only in its JSON output (`output.value`): read from
     /// there for its model spans, after any id attribute, and never from text output, another
     /// instrumentation's output, a nested `id` or a non-string one.
