@@ -6,7 +6,8 @@
 //! appears once and paging by cursor never meets it again), with the rollup's totals once the run
 //! ended and was rolled up, else the root's own figures as they are now, with the usage a
 //! rollup would give it now (`with_live_usage`: the fields the root lacks from its model spans,
-//! read only for the entries a page keeps whose root lacks one). The first root is the
+//! read only for the entries a page keeps whose root lacks one, within a budget of spans read
+//! per page). The first root is the
 //! one the rollup is made from (the reference's rule) and the one a pruned run is listed by, so a
 //! run's name, origin, outcome and totals come from one root, and its place in the order does not
 //! move when `prune` deletes its detail (the newest root named it before: a successful run could
@@ -27,7 +28,7 @@ use flightlog_core::activity::{
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params_from_iter, Connection, OptionalExtension, Row};
 
-use crate::activity_write::{rollup_span_from_row, usage_at, ROLLUP_SPANS_SQL};
+use crate::activity_write::{rollup_span_from_row, usage_at};
 use crate::error::backend;
 
 /// The most runs a listing may ask for to count as short (see [`is_short`]).
@@ -100,6 +101,19 @@ fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<(RunListEntry, i64)> {
     Ok((entry, row.get(20)?))
 }
 
+/// The most spans a page reads to give its live entries their usage (see [`with_live_usage`]),
+/// in page order: about 0.1 s on the benchmark machine (a live run of 150,000 spans took
+/// 0.17 s alone). A page of huge live sessions read them all: seconds for a dashboard's first
+/// page. An entry past the budget shows its root's own figures, as all of them did before.
+const LIVE_USAGE_SPAN_BUDGET: i64 = 100_000;
+
+/// The columns of `ROLLUP_SPANS_SQL` the usage rule reads, the others empty (names and
+/// reasons are not read at all), in the order `rollup_span_from_row` takes.
+const LIVE_USAGE_SPANS_SQL: &str = "SELECT parent_span_id IS NULL, origin, '', NULL, NULL, \
+     started_at, NULL, NULL, NULL, input_tokens, output_tokens, cache_read_tokens, \
+     cache_creation_tokens, cost_usd, kind, span_id, parent_span_id, call_id \
+     FROM activity_spans WHERE run_key = ?1 ORDER BY started_at, span_key";
+
 /// A live entry (its run open, or ended and not rolled up since) with its usage as the run's
 /// rollup would say it now: the root's own fields, each one it lacks from the run's `model`
 /// spans (and every root's, for an OTLP run of several; see `compute_rollup`). The root's
@@ -107,21 +121,26 @@ fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<(RunListEntry, i64)> {
 /// a native run until its root ends) without usage or cost until someone rolled it up, while
 /// a run awaiting its root showed its model spans' sum (an audit's finding). Only an entry whose
 /// root lacks a field reads the run's spans (the columns the rule needs, as a rollup does).
+/// `budget` is what is left of [`LIVE_USAGE_SPAN_BUDGET`]: the run's spans are read only if
+/// they fit, and then taken from it.
 fn with_live_usage(
     conn: &Connection,
     mut entry: RunListEntry,
     run_key: i64,
+    budget: &mut i64,
 ) -> Result<RunListEntry, StoreError> {
     let carries_all = entry.input_tokens.is_some()
         && entry.output_tokens.is_some()
         && entry.cache_read_tokens.is_some()
         && entry.cache_creation_tokens.is_some()
         && entry.cost_usd.is_some();
-    if entry.rolled_up || carries_all {
+    // A live entry's span count is the run's (see `roots_sql`).
+    if entry.rolled_up || carries_all || entry.span_count > *budget {
         return Ok(entry);
     }
+    *budget -= entry.span_count;
     let spans: Vec<RollupSpan> = conn
-        .prepare_cached(ROLLUP_SPANS_SQL)
+        .prepare_cached(LIVE_USAGE_SPANS_SQL)
         .and_then(|mut stmt| stmt.query_map([run_key], rollup_span_from_row)?.collect())
         .map_err(backend)?;
     if let Some(rollup) = compute_rollup(&spans) {
@@ -536,11 +555,14 @@ pub(crate) fn list_runs(conn: &Connection, query: &RunListQuery) -> Result<RunPa
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let more = runs.len() > limit;
     runs.truncate(limit);
+    let mut live_usage_budget = LIVE_USAGE_SPAN_BUDGET;
     let runs = runs
         .into_iter()
         .map(|listed| match listed {
             Listed::Entry(entry) => Ok(entry),
-            Listed::Rooted(entry, run_key) => with_live_usage(conn, entry, run_key),
+            Listed::Rooted(entry, run_key) => {
+                with_live_usage(conn, entry, run_key, &mut live_usage_budget)
+            }
             Listed::Awaiting(run) => awaiting_entry(conn, run),
         })
         .collect::<Result<Vec<_>, _>>()?;
