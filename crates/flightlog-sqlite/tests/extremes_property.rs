@@ -530,15 +530,6 @@ fn stored_cost(cost: Option<f64>) -> Option<f64> {
     cost.filter(|cost| !cost.is_nan())
 }
 
-/// Whether every token count and the cost are present (a listing then shows them as they are).
-fn carries_all_usage(usage: &SpanUsage) -> bool {
-    usage.input_tokens.is_some()
-        && usage.output_tokens.is_some()
-        && usage.cache_read_tokens.is_some()
-        && usage.cache_creation_tokens.is_some()
-        && usage.cost_usd.is_some()
-}
-
 fn truncate_to(items: &mut Vec<impl Sized>, limit: i64) {
     items.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
 }
@@ -1504,7 +1495,7 @@ impl Model {
                 .count() as i64;
             // A live entry's usage is what a rollup would say now: the root's own fields, those
             // it lacks from the run's model spans (the store reads the spans only then).
-            let usage = if carries_all_usage(&root.usage) {
+            let usage = if root.usage.carries_every_figure() {
                 root.usage.clone()
             } else {
                 let spans: Vec<RollupSpan> = self

@@ -159,7 +159,7 @@ pub fn compute_rollup(spans_by_start: &[RollupSpan]) -> Option<RollupFields> {
 /// counted usage, worked out only when needed; the models' sum carries no model name, so the
 /// root's stays).
 fn root_usage(own: &SpanUsage, model_sum: impl FnOnce() -> SpanUsage) -> SpanUsage {
-    if carries_all_usage(own) {
+    if own.carries_every_figure() {
         own.clone()
     } else {
         fill_missing_fields(own.clone(), &model_sum())
@@ -256,15 +256,6 @@ fn carries_usage(usage: &SpanUsage) -> bool {
         || usage.cache_read_tokens.is_some()
         || usage.cache_creation_tokens.is_some()
         || usage.cost_usd.is_some()
-}
-
-/// True when every token count and the cost are present: nothing to take from model spans.
-fn carries_all_usage(usage: &SpanUsage) -> bool {
-    usage.input_tokens.is_some()
-        && usage.output_tokens.is_some()
-        && usage.cache_read_tokens.is_some()
-        && usage.cache_creation_tokens.is_some()
-        && usage.cost_usd.is_some()
 }
 
 /// Whether a span is a `model` span that reports usage.

@@ -215,6 +215,18 @@ pub struct SpanUsage {
     pub model: Option<String>,
 }
 
+impl SpanUsage {
+    /// Whether every token count and the cost are present: a rollup then takes nothing from
+    /// the run's model spans, and a listing nothing from its rollup rule.
+    pub fn carries_every_figure(&self) -> bool {
+        self.input_tokens.is_some()
+            && self.output_tokens.is_some()
+            && self.cache_read_tokens.is_some()
+            && self.cache_creation_tokens.is_some()
+            && self.cost_usd.is_some()
+    }
+}
+
 /// Token usage as writes may send it: the fields of `SpanUsage`, each of which may also be
 /// `null`, read as absent. (Served spans never carry `null` there: an absent field is omitted.)
 #[cfg(feature = "openapi")]
