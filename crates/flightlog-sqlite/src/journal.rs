@@ -93,21 +93,37 @@ impl SqliteEngagementJournal {
     }
 
     /// Delete the engagements older than the retention's age before `now`, their age judged
-    /// by `age_by`.
+    /// by `age_by`: whole engagements, in transactions of about [`PRUNE_EVENT_BUDGET`] events
+    /// each, until none is left. One transaction for all of them held every writer of the file
+    /// for as long as it took: 3.6 s (and a 638 MB WAL) when 2,000 engagements of 1,000 events
+    /// expired at once (an audit's finding). Each engagement goes in one transaction, so a
+    /// reader never sees part of one.
     async fn prune_by(&self, age_by: AgeBy, now: i64) -> Result<u64, JournalError> {
         let cutoff = now.saturating_sub(self.retention.max_age_ms);
-        self.db
-            .write(move |ctx| {
-                let removed = prune_in_transaction(ctx.conn, age_by, cutoff, now)?;
-                // Pruned engagements lose their counter rows (and may come back anew). A prune
-                // that removed nothing keeps the cache.
-                if removed > 0 {
-                    ctx.keys.engagements.clear();
-                }
-                Ok(removed)
-            })
-            .await
-            .map_err(journal_error)
+        let mut removed_in_all = 0;
+        let mut first = true;
+        loop {
+            let stamp_unstamped = first;
+            let removed = self
+                .db
+                .write(move |ctx| {
+                    let removed =
+                        prune_in_transaction(ctx.conn, age_by, cutoff, now, stamp_unstamped)?;
+                    // Pruned engagements lose their counter rows (and may come back anew). A
+                    // prune that removed nothing keeps the cache.
+                    if removed > 0 {
+                        ctx.keys.engagements.clear();
+                    }
+                    Ok(removed)
+                })
+                .await
+                .map_err(journal_error)?;
+            removed_in_all += removed;
+            first = false;
+            if removed == 0 {
+                return Ok(removed_in_all);
+            }
+        }
     }
 
     /// The database this journal lives in.
@@ -502,39 +518,72 @@ enum AgeBy {
     AppendedAt,
 }
 
+/// About the most events one prune transaction deletes: a few tens of milliseconds of the
+/// writer's time. Whole engagements are taken while they fit, and always one (an engagement
+/// holds at most the retention's `max_events_per_engagement`, 10,000 by default).
+pub(crate) const PRUNE_EVENT_BUDGET: i64 = 5_000;
+
+/// Expired engagements one prune transaction looks at (by the index of its age column).
+const PRUNE_CANDIDATES: i64 = 500;
+
+/// One prune transaction: delete the oldest expired engagements (their age judged by `age_by`)
+/// that fit in [`PRUNE_EVENT_BUDGET`] events together, at least one; how many were deleted
+/// (0: none is left). `stamp_unstamped` first gives an arrival time to the rows that have
+/// none (see [`AgeBy`]), as every prune did in one transaction before.
 fn prune_in_transaction(
     conn: &Connection,
     age_by: AgeBy,
     cutoff: i64,
     now: i64,
+    stamp_unstamped: bool,
 ) -> Result<u64, StoreError> {
-    if let AgeBy::AppendedAt = age_by {
+    if stamp_unstamped && matches!(age_by, AgeBy::AppendedAt) {
         conn.prepare_cached(
             "UPDATE journal_engagements SET appended_at = ?1 WHERE appended_at IS NULL",
         )
         .and_then(|mut stmt| stmt.execute([now]))
         .map_err(backend)?;
     }
-    let (events, engagements) = match age_by {
-        AgeBy::LastAt => (
-            "DELETE FROM journal_events WHERE engagement_key IN \
-             (SELECT engagement_key FROM journal_engagements WHERE last_at < ?1)",
-            "DELETE FROM journal_engagements WHERE last_at < ?1",
-        ),
-        AgeBy::AppendedAt => (
-            "DELETE FROM journal_events WHERE engagement_key IN \
-             (SELECT engagement_key FROM journal_engagements WHERE appended_at < ?1)",
-            "DELETE FROM journal_engagements WHERE appended_at < ?1",
-        ),
+    let candidates = match age_by {
+        AgeBy::LastAt => {
+            "SELECT engagement_key, next_seq FROM journal_engagements \
+             INDEXED BY journal_engagements_by_recency WHERE last_at < ?1 \
+             ORDER BY last_at LIMIT ?2"
+        }
+        AgeBy::AppendedAt => {
+            "SELECT engagement_key, next_seq FROM journal_engagements \
+             INDEXED BY journal_engagements_by_arrival WHERE appended_at < ?1 \
+             ORDER BY appended_at LIMIT ?2"
+        }
     };
-    conn.prepare_cached(events)
-        .and_then(|mut stmt| stmt.execute([cutoff]))
+    let expired: Vec<(i64, i64)> = conn
+        .prepare_cached(candidates)
+        .and_then(|mut stmt| {
+            stmt.query_map(params![cutoff, PRUNE_CANDIDATES], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })?
+            .collect()
+        })
         .map_err(backend)?;
-    let removed = conn
-        .prepare_cached(engagements)
-        .and_then(|mut stmt| stmt.execute([cutoff]))
-        .map_err(backend)?;
-    Ok(removed as u64)
+    let mut events_taken: i64 = 0;
+    let mut removed = 0;
+    for (engagement_key, events) in expired {
+        // `next_seq` counts the events an engagement holds (compaction renumbers from 0).
+        if removed > 0 && events_taken.saturating_add(events) > PRUNE_EVENT_BUDGET {
+            break;
+        }
+        events_taken = events_taken.saturating_add(events);
+        for sql in [
+            "DELETE FROM journal_events WHERE engagement_key = ?1",
+            "DELETE FROM journal_engagements WHERE engagement_key = ?1",
+        ] {
+            conn.prepare_cached(sql)
+                .and_then(|mut stmt| stmt.execute([engagement_key]))
+                .map_err(backend)?;
+        }
+        removed += 1;
+    }
+    Ok(removed)
 }
 
 #[async_trait]
