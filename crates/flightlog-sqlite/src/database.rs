@@ -77,7 +77,7 @@ pub struct SqliteConfig {
     pub write_queue_capacity: usize,
     /// `prune` trims change rows of finished runs this many change ids behind the newest.
     pub change_log_retention: i64,
-    /// The most change rows one `prune` call trims (at least 1; default 100,000), so that the
+    /// The most change rows one `prune` call trims (at least 1; default 20,000), so that the
     /// first prune of a big database does not hold the write lock for seconds.
     pub change_log_trim_batch: i64,
     /// WAL frames (pages) in use past which the writer rewinds the WAL itself and takes no new

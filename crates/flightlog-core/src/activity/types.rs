@@ -610,6 +610,13 @@ pub struct PruneOptions {
 pub struct PruneResult {
     pub runs_pruned: i64,
     pub spans_deleted: i64,
+    /// Change-log rows the call trimmed (rows far behind the newest; not those of the runs it
+    /// pruned). Not in the reference's answer, nor on the wire: the scheduled maintenance goes
+    /// on while a call still trims, so the log is held to its bound even when no run is left
+    /// to prune.
+    #[serde(skip)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
+    pub changes_trimmed: i64,
 }
 
 #[cfg(test)]

@@ -482,6 +482,65 @@ async fn the_retention_prunes_the_detail_of_old_runs_in_batches_and_keeps_their_
 /// their events: an engagement whose events are backdated (or given in seconds) is live while
 /// appends keep coming, and one whose events claim to be in the future is still idle when
 /// nothing comes.
+/// A pass trims the change log to its bound even when no run is old enough to prune: it goes
+/// on while a prune call trims anything (at most 20,000 rows a call). It stopped at the first
+/// call that pruned no run, so the log kept growing behind a burst, 100,000 rows a pass.
+#[tokio::test]
+async fn a_pass_trims_the_whole_change_log_backlog_even_when_no_run_is_pruned() {
+    let server = TestServer::start_with(Options {
+        manual_clock: true,
+        change_log_retention: Some(100),
+        ..Options::default()
+    })
+    .await;
+    let mut maintenance = maintenance(
+        &server,
+        MaintenancePlan {
+            prune_after_ms: Some(1_000_000),
+            ..NOTHING
+        },
+    );
+    // 45,000 changes: 900 finished runs of 25 spans, each started and ended.
+    for request in 0..45 {
+        let mut ops = Vec::new();
+        for run in 0..20 {
+            let run_id = format!("burst-{request}-{run}");
+            for span in 0..25 {
+                let span_id = format!("{run_id}-{span}");
+                let mut start = json!({"op": "startSpan", "spanId": span_id, "runId": run_id,
+                                       "name": "step", "kind": "tool", "origin": "session"});
+                if span > 0 {
+                    start["parentSpanId"] = json!(format!("{run_id}-0"));
+                }
+                ops.push(start);
+            }
+            for span in (0..25).rev() {
+                ops.push(
+                    json!({"op": "endSpan", "spanId": format!("{run_id}-{span}"),
+                                "outcome": "success"}),
+                );
+            }
+        }
+        server
+            .post("/v1/activity/batch", &json!({"ops": ops}))
+            .await
+            .assert_status(200);
+    }
+    let newest = server.get("/v1/activity/cursor").await.assert_status(200)["changeCursor"]
+        .as_i64()
+        .expect("a cursor");
+    assert_eq!(newest, 45_000);
+    let report = pass(&mut maintenance).await;
+    assert_eq!(report.runs_pruned, 0, "{report:?}");
+    let page = server.get("/v1/activity/changes?after=0&limit=1").await;
+    let oldest = page.assert_status(200)[0]["changeId"].as_i64();
+    assert!(
+        oldest.is_some_and(|oldest| oldest >= newest - 100),
+        "the oldest change left is {oldest:?}, the newest {newest}"
+    );
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn the_journal_retention_removes_engagements_nothing_was_appended_to() {
     let server = manual_server(RetentionConfig {
