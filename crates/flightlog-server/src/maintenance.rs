@@ -425,6 +425,9 @@ impl Maintenance {
                     self.metrics
                         .spans_pruned
                         .inc_by(u64::try_from(result.spans_deleted).unwrap_or(0));
+                    self.metrics
+                        .changes_trimmed
+                        .inc_by(u64::try_from(result.changes_trimmed).unwrap_or(0));
                     // Nothing left (the last call took nothing and trimmed nothing), or this
                     // pass's time is up. A call that only trimmed goes on: stopping at the first
                     // call that pruned no run left the change log trimming 100,000 rows a pass
@@ -432,6 +435,9 @@ impl Maintenance {
                     // finding).
                     let nothing_left = result.runs_pruned == 0 && result.changes_trimmed == 0;
                     if nothing_left || began.elapsed() >= self.prune_time_budget() {
+                        // Behind: this pass ran out of time with more to do (an alert's cue
+                        // that ingest outruns retention).
+                        self.metrics.prune_behind.set(i64::from(!nothing_left));
                         self.succeeded(Step::Prune);
                         return;
                     }

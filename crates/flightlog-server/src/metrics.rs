@@ -114,6 +114,10 @@ pub(crate) struct MaintenanceMetrics {
     pub runs_pruned: Counter,
     /// Spans deleted with them.
     pub spans_pruned: Counter,
+    /// Change-log rows the scheduled prune trimmed (far behind the newest).
+    pub changes_trimmed: Counter,
+    /// 1 when the last pass's prune ran out of time with more to prune or trim, else 0.
+    pub prune_behind: Gauge,
     /// Engagements the journal's retention removed.
     pub engagements_removed: Counter,
     /// Open roots running longer than the stuck threshold at the last pass.
@@ -466,6 +470,21 @@ impl MaintenanceMetrics {
             "Spans deleted by the scheduled prune",
             spans_pruned.clone(),
         );
+        let changes_trimmed = Counter::default();
+        registry.register(
+            "flightlog_maintenance_changes_trimmed",
+            "Change-log rows the scheduled prune trimmed (rows of ended runs more than 100,000 \
+             change ids behind the newest)",
+            changes_trimmed.clone(),
+        );
+        let prune_behind = Gauge::default();
+        registry.register(
+            "flightlog_maintenance_prune_behind",
+            "1 when the last maintenance pass's prune ran out of its time (a quarter of the \
+             interval, at least 2 s) with runs left to prune or change rows left to trim, so \
+             the database grows faster than retention removes; 0 when it finished",
+            prune_behind.clone(),
+        );
         let engagements_removed = Counter::default();
         registry.register(
             "flightlog_maintenance_engagements_removed",
@@ -484,6 +503,8 @@ impl MaintenanceMetrics {
             stale_spans_closed,
             runs_pruned,
             spans_pruned,
+            changes_trimmed,
+            prune_behind,
             engagements_removed,
             runs_stuck,
         }

@@ -532,6 +532,13 @@ async fn a_pass_trims_the_whole_change_log_backlog_even_when_no_run_is_pruned() 
     assert_eq!(newest, 45_000);
     let report = pass(&mut maintenance).await;
     assert_eq!(report.runs_pruned, 0, "{report:?}");
+    // Every row below 45,000 - 100 is behind the retention: 44,899 of them, the pass done.
+    let metrics = scrape(&server).await;
+    assert_eq!(
+        metrics.get("flightlog_maintenance_changes_trimmed_total"),
+        Some(44_899.0)
+    );
+    assert_eq!(metrics.get("flightlog_maintenance_prune_behind"), Some(0.0));
     let page = server.get("/v1/activity/changes?after=0&limit=1").await;
     let oldest = page.assert_status(200)[0]["changeId"].as_i64();
     assert!(
