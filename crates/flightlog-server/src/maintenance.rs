@@ -450,8 +450,9 @@ impl Maintenance {
     /// How long one pass may prune: [`PRUNE_TIME_BUDGET`], or a quarter of the interval when
     /// that is longer. At 2 s a minute the default pass pruned about 3,700 spans/s at best,
     /// and a server ingesting 35,000 spans/s grew without bound (an audit's finding); a quarter
-    /// of the writer's time, in transactions of a few tens of milliseconds, keeps up with
-    /// about 40,000.
+    /// of the interval, in transactions of a few tens of milliseconds, prunes about 20,000
+    /// spans/s (BENCHMARKS.md, stop 34), and `flightlog_maintenance_prune_behind` says when
+    /// even that falls behind.
     fn prune_time_budget(&self) -> Duration {
         PRUNE_TIME_BUDGET.max(self.plan.every / 4)
     }
