@@ -93,13 +93,26 @@ impl SqliteEngagementJournal {
     }
 
     /// Delete the engagements older than the retention's age before `now`, their age judged
-    /// by `age_by`: whole engagements, in transactions of about [`PRUNE_EVENT_BUDGET`] events
-    /// each, until none is left. One transaction for all of them held every writer of the file
-    /// for as long as it took: 3.6 s (and a 638 MB WAL) when 2,000 engagements of 1,000 events
-    /// expired at once (an audit's finding). Each engagement goes in one transaction, so a
-    /// reader never sees part of one.
+    /// by `age_by`; whole engagements, each in one transaction, so a reader never sees part of
+    /// one.
+    ///
+    /// The reference's `prune(now)` (`AgeBy::LastAt`) is one transaction, as the reference's:
+    /// an append racing it lands wholly before or wholly after it. In transactions of
+    /// [`PRUNE_EVENT_BUDGET`] events, an engagement deleted by the first one and written again
+    /// with a backdated `at` was deleted a second time by a later one (the journal's model test
+    /// found it), which no order of the two calls gives. The scheduled retention
+    /// (`prune_idle`, `AgeBy::AppendedAt`) goes in transactions of about that many events until
+    /// none is left: one transaction for all held every writer of the file for as long as it
+    /// took, 3.6 s (and a 638 MB WAL) when 2,000 engagements of 1,000 events expired at once (an
+    /// audit's finding). It judges by arrival on the store's clock, so an engagement written to
+    /// after the prune began is never expired for a later transaction of it: such an append is
+    /// kept, and its engagement with it.
     async fn prune_by(&self, age_by: AgeBy, now: i64) -> Result<u64, JournalError> {
         let cutoff = now.saturating_sub(self.retention.max_age_ms);
+        let event_budget = match age_by {
+            AgeBy::LastAt => None,
+            AgeBy::AppendedAt => Some(PRUNE_EVENT_BUDGET),
+        };
         let mut removed_in_all = 0;
         let mut first = true;
         loop {
@@ -107,8 +120,14 @@ impl SqliteEngagementJournal {
             let removed = self
                 .db
                 .write(move |ctx| {
-                    let removed =
-                        prune_in_transaction(ctx.conn, age_by, cutoff, now, stamp_unstamped)?;
+                    let removed = prune_in_transaction(
+                        ctx.conn,
+                        age_by,
+                        cutoff,
+                        now,
+                        stamp_unstamped,
+                        event_budget,
+                    )?;
                     // Pruned engagements lose their counter rows (and may come back anew). A
                     // prune that removed nothing keeps the cache.
                     if removed > 0 {
@@ -120,7 +139,7 @@ impl SqliteEngagementJournal {
                 .map_err(journal_error)?;
             removed_in_all += removed;
             first = false;
-            if removed == 0 {
+            if removed == 0 || event_budget.is_none() {
                 return Ok(removed_in_all);
             }
         }
@@ -527,15 +546,16 @@ pub(crate) const PRUNE_EVENT_BUDGET: i64 = 5_000;
 const PRUNE_CANDIDATES: i64 = 500;
 
 /// One prune transaction: delete the oldest expired engagements (their age judged by `age_by`)
-/// that fit in [`PRUNE_EVENT_BUDGET`] events together, at least one; how many were deleted
-/// (0: none is left). `stamp_unstamped` first gives an arrival time to the rows that have
-/// none (see [`AgeBy`]), as every prune did in one transaction before.
+/// that fit in `event_budget` events together, at least one (`None`: every expired one); how
+/// many were deleted (0: none is left). `stamp_unstamped` first gives an arrival time to the
+/// rows that have none (see [`AgeBy`]), as every prune did in one transaction before.
 fn prune_in_transaction(
     conn: &Connection,
     age_by: AgeBy,
     cutoff: i64,
     now: i64,
     stamp_unstamped: bool,
+    event_budget: Option<i64>,
 ) -> Result<u64, StoreError> {
     if stamp_unstamped && matches!(age_by, AgeBy::AppendedAt) {
         conn.prepare_cached(
@@ -559,17 +579,22 @@ fn prune_in_transaction(
     let expired: Vec<(i64, i64)> = conn
         .prepare_cached(candidates)
         .and_then(|mut stmt| {
-            stmt.query_map(params![cutoff, PRUNE_CANDIDATES], |row| {
-                Ok((row.get(0)?, row.get(1)?))
-            })?
-            .collect()
+            let limit = if event_budget.is_some() {
+                PRUNE_CANDIDATES
+            } else {
+                -1
+            };
+            stmt.query_map(params![cutoff, limit], |row| Ok((row.get(0)?, row.get(1)?)))?
+                .collect()
         })
         .map_err(backend)?;
     let mut events_taken: i64 = 0;
     let mut removed = 0;
     for (engagement_key, events) in expired {
         // `next_seq` counts the events an engagement holds (compaction renumbers from 0).
-        if removed > 0 && events_taken.saturating_add(events) > PRUNE_EVENT_BUDGET {
+        if removed > 0
+            && event_budget.is_some_and(|budget| events_taken.saturating_add(events) > budget)
+        {
             break;
         }
         events_taken = events_taken.saturating_add(events);

@@ -1193,10 +1193,11 @@ fn a_total_that_is_not_finite_leaves_the_engagement_uncompacted() {
     let _ = std::fs::remove_dir_all(&folder);
 }
 
-/// A prune of many engagements is many short transactions of whole engagements (about 5,000
-/// events each), so writers are never held up behind one long delete: 2,000 engagements of
-/// 1,000 events in one transaction stalled every write for 3.6 s. What is kept and what is
-/// counted stay as they were.
+/// The scheduled retention (`prune_idle`) of many engagements is many short transactions of
+/// whole engagements (about 5,000 events each), so writers are never held up behind one long
+/// delete: 2,000 engagements of 1,000 events in one transaction stalled every write for 3.6 s.
+/// What is kept and what is counted stay as they were. The reference's `prune(now)` stays one
+/// transaction (see `SqliteEngagementJournal::prune_by`).
 #[test]
 fn a_large_prune_is_many_short_transactions_of_whole_engagements() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -1205,7 +1206,9 @@ fn a_large_prune_is_many_short_transactions_of_whole_engagements() {
         max_age_ms: 1_000,
         ..RetentionConfig::default()
     };
-    let journal = Arc::new(SqliteEngagementJournal::new(db.clone(), retention));
+    let clock = Arc::new(flightlog_core::ManualClock::new(1_000));
+    let journal =
+        Arc::new(SqliteEngagementJournal::new(db.clone(), retention).with_clock(clock.clone()));
     runtime().block_on(async {
         let mut appends = Vec::new();
         for engagement in 0..12 {
@@ -1222,6 +1225,7 @@ fn a_large_prune_is_many_short_transactions_of_whole_engagements() {
         for append in appends {
             append.await.expect("the appender finishes");
         }
+        clock.set(5_000);
         journal
             .append(input("fresh", 5_000, "note", json!({})))
             .await
@@ -1232,7 +1236,7 @@ fn a_large_prune_is_many_short_transactions_of_whole_engagements() {
                 .load(std::sync::atomic::Ordering::Relaxed)
         };
         let before = groups();
-        assert_eq!(journal.prune(5_500).await.ok(), Some(12));
+        assert_eq!(journal.prune_idle(5_500).await.ok(), Some(12));
         let transactions = groups() - before;
         // 12,000 events at about 5,000 a transaction, then one that finds nothing left.
         assert!(
@@ -1247,7 +1251,7 @@ fn a_large_prune_is_many_short_transactions_of_whole_engagements() {
             journal.read("old-3").await.map(|events| events.len()).ok(),
             Some(0)
         );
-        assert_eq!(journal.prune(5_500).await.ok(), Some(0));
+        assert_eq!(journal.prune_idle(5_500).await.ok(), Some(0));
     });
 }
 
