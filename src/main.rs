@@ -117,6 +117,18 @@ struct ServeArgs {
         verbatim_doc_comment
     )]
     response_budget: Option<String>,
+    /// Memory for request bodies from before they are read until they are answered, in bytes
+    /// or with KiB/MiB/GiB (counted in 4 KiB units, at least one; at most 1024GiB); a body that
+    /// does not fit waits up to 0.5 s for room, then gets 503 with Retry-After (over gRPC,
+    /// UNAVAILABLE). One larger than this is handled alone.
+    /// [env: FLIGHTLOG_REQUEST_BUDGET] [file: request_budget] [default: 128MiB]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        allow_negative_numbers = true,
+        verbatim_doc_comment
+    )]
+    request_budget: Option<String>,
     /// Write requests handled at once; more get 503 with Retry-After instead of queueing.
     /// [env: FLIGHTLOG_MAX_INFLIGHT_WRITES] [file: max_inflight_writes] [default: 4096]
     #[arg(
@@ -262,6 +274,7 @@ impl ServeArgs {
             durability: self.durability,
             body_limit: self.body_limit,
             response_budget: self.response_budget,
+            request_budget: self.request_budget,
             max_inflight_writes: self.max_inflight_writes,
             journal_max_events: self.journal_max_events,
             journal_max_age_ms: self.journal_max_age_ms,

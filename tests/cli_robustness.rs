@@ -1017,7 +1017,7 @@ fn toml_kind(toml: &str) -> &'static str {
     }
 }
 
-/// What a size setting (`--body-limit`, `--response-budget`) refuses, as text and in a file,
+/// What a size setting (`--body-limit`, `--response-budget`, `--request-budget`) refuses, as text and in a file,
 /// and the fix it names.
 const SIZE_TEXTS: &[&str] = &[
     "-1",
@@ -1044,7 +1044,7 @@ const SIZE_TOMLS: &[&str] = &[
 const SIZE_FIX: &str =
     "give a size of at least 1 byte and at most 1024GiB, in bytes or with KiB, MiB or GiB";
 
-const NUMERIC: [Numeric; 12] = [
+const NUMERIC: [Numeric; 13] = [
     Numeric {
         flag: "--body-limit",
         env: "FLIGHTLOG_BODY_LIMIT",
@@ -1068,6 +1068,15 @@ const NUMERIC: [Numeric; 12] = [
         flag: "--response-budget",
         env: "FLIGHTLOG_RESPONSE_BUDGET",
         key: "response_budget",
+        texts: SIZE_TEXTS,
+        tomls: SIZE_TOMLS,
+        fix: SIZE_FIX,
+        takes: &["string", "integer"],
+    },
+    Numeric {
+        flag: "--request-budget",
+        env: "FLIGHTLOG_REQUEST_BUDGET",
+        key: "request_budget",
         texts: SIZE_TEXTS,
         tomls: SIZE_TOMLS,
         fix: SIZE_FIX,

@@ -29,6 +29,7 @@ use futures_util::StreamExt;
 
 use crate::error::ApiError;
 use crate::metrics::{method_label, UNMATCHED_ROUTE};
+use crate::request_budget::BodyHold;
 use crate::routes::otlp::{is_otlp_path, is_protobuf, refusal_answer, too_large_answer};
 use crate::state::AppState;
 use crate::{auth, extract, overload};
@@ -128,23 +129,36 @@ async fn admit_and_run(
     // the write limit also bounds the bodies buffered here; any other body (a read's, or one
     // sent where no route is) is read and dropped, never held.
     let has_body = declared.is_some_and(|length| length > 0) || streams_its_body(&request);
+    // What the body holds of the budget of bodies in flight (see `request_budget`), until the
+    // answer: a declared length all of it before the body is read.
+    let mut hold = state.request_budget().hold();
     let request = match (has_body, &slot) {
         (false, _) => request,
-        (true, Some(_)) => match read_whole(request, limit).await {
-            Ok(request) => request,
-            Err(BodyRead::TooLarge(rest)) => {
-                drain(rest, limit).await;
-                return too_large(limit, otlp_protobuf);
+        (true, Some(_)) => {
+            let declared = declared.map_or(0, |length| usize::try_from(length).unwrap_or(limit));
+            if let Err(refusal) = hold.cover(declared).await {
+                return answer_after_draining(request, waits_to_send, limit, refuse(refusal)).await;
             }
-            Err(BodyRead::Failed(error)) => return error.into_response(),
-            Err(BodyRead::Stalled(error)) => {
-                let mut response = refuse(error);
-                response
-                    .headers_mut()
-                    .insert(CONNECTION, HeaderValue::from_static("close"));
-                return response;
+            match read_whole(request, limit, &mut hold).await {
+                Ok(request) => request,
+                Err(BodyRead::TooLarge(rest)) => {
+                    drain(rest, limit).await;
+                    return too_large(limit, otlp_protobuf);
+                }
+                Err(BodyRead::OverBudget(refusal, rest)) => {
+                    drain(rest, limit).await;
+                    return refuse(refusal);
+                }
+                Err(BodyRead::Failed(error)) => return error.into_response(),
+                Err(BodyRead::Stalled(error)) => {
+                    let mut response = refuse(error);
+                    response
+                        .headers_mut()
+                        .insert(CONNECTION, HeaderValue::from_static("close"));
+                    return response;
+                }
             }
-        },
+        }
         (true, None) => {
             let (parts, body) = request.into_parts();
             drain(body, limit).await;
@@ -152,6 +166,7 @@ async fn admit_and_run(
         }
     };
     let response = next.run(request).await;
+    drop(hold);
     drop(slot);
     response
 }
@@ -220,13 +235,21 @@ pub(crate) enum BodyRead {
     Failed(ApiError),
     /// It stopped arriving ([`BODY_IDLE_TIMEOUT`]) or took too long ([`BODY_READ_TIMEOUT`]).
     Stalled(ApiError),
+    /// The budget of bodies in flight had no room for what arrived (see `request_budget`):
+    /// the refusal, and the rest of the body, still unread.
+    OverBudget(ApiError, Body),
 }
 
 /// A body read whole in the gate, within the limit (one of no declared length may go past
 /// it: it is then refused like a declared one, after draining, rather than cut off inside a
 /// route with its rest unread). The routes read whole bodies anyway; they get it as one buffer,
-/// the very one hyper read when the body came in one piece (the common case: no copy).
-pub(crate) async fn read_whole(request: Request, limit: usize) -> Result<Request, BodyRead> {
+/// the very one hyper read when the body came in one piece (the common case: no copy). `hold`
+/// is made to cover what has arrived, chunk by chunk.
+pub(crate) async fn read_whole(
+    request: Request,
+    limit: usize,
+    hold: &mut BodyHold,
+) -> Result<Request, BodyRead> {
     let (parts, body) = request.into_parts();
     let mut stream = body.into_data_stream();
     let mut chunks: Vec<Bytes> = Vec::with_capacity(1);
@@ -265,6 +288,9 @@ pub(crate) async fn read_whole(request: Request, limit: usize) -> Result<Request
         length += chunk.len();
         if length > limit {
             return Err(BodyRead::TooLarge(Body::from_stream(stream)));
+        }
+        if let Err(refusal) = hold.cover(length).await {
+            return Err(BodyRead::OverBudget(refusal, Body::from_stream(stream)));
         }
         chunks.push(chunk);
     }

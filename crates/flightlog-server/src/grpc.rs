@@ -179,8 +179,14 @@ async fn export_in_slot(
     // The message limit is tonic's to enforce; this bound only keeps a runaway body from being
     // buffered: the message, its 5-byte frame prefix and some slack.
     let limit = state.config().body_limit.saturating_add(64 * 1024);
-    let request = match crate::gate::read_whole(request, limit).await {
+    // The call's message holds its size of the budget of bodies in flight until the answer
+    // (see `request_budget`); a gRPC body declares no length, so it is taken as it arrives.
+    let mut hold = state.request_budget().hold();
+    let request = match crate::gate::read_whole(request, limit, &mut hold).await {
         Ok(request) => request,
+        Err(crate::gate::BodyRead::OverBudget(refusal, _)) => {
+            return refuse(Status::unavailable(refusal.to_string()))
+        }
         Err(crate::gate::BodyRead::TooLarge(_)) => {
             return refuse(message_too_large(state.config().body_limit))
         }
@@ -196,6 +202,7 @@ async fn export_in_slot(
         Err(status) => return refuse(status),
     };
     let response = next.run(request).await;
+    drop(hold);
     drop(slot);
     response
 }

@@ -21,7 +21,8 @@
 //!   500/503);
 //! - [`metrics`]: `GET /metrics` (Prometheus text format) and the middleware counting requests;
 //! - `gate`: the one middleware every request passes (auth, the write limit, body reading with
-//!   its size and time limits); [`response_budget`]: the memory budget of large answers; `sse`:
+//!   its size and time limits); [`request_budget`]: the memory budget of request bodies in
+//!   flight; [`response_budget`]: the memory budget of large answers (both a [`byte_budget`]); `sse`:
 //!   Server-Sent Event encoding; `write_stall`: closing connections whose client stopped
 //!   reading; [`grpc`]: the OTLP/gRPC listener; `skip_keys`: a batch op read as its endpoint's
 //!   body with `op` and `spanId` skipped;
@@ -34,6 +35,7 @@
 //! This is the only crate with wire types; the stores know nothing about HTTP.
 
 pub mod auth;
+pub mod byte_budget;
 pub mod error;
 pub mod extract;
 mod gate;
@@ -43,6 +45,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod overload;
 mod parse_error_body;
+pub mod request_budget;
 pub mod response_budget;
 mod routes;
 pub mod settings;

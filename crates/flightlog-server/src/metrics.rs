@@ -535,6 +535,8 @@ struct ScrapeValues {
     backend: Vec<BackendMetric>,
     /// The budget of large answers (see `response_budget`).
     response_budget: BudgetUsage,
+    /// The budget of request bodies in flight (see `request_budget`).
+    request_budget: BudgetUsage,
 }
 
 impl ScrapeValues {
@@ -585,6 +587,26 @@ impl ScrapeValues {
             "flightlog_http_large_responses_refused",
             "Large answers refused (HTTP 503) because the budget stayed taken by other clients' \
              answers",
+            refused,
+        );
+        let bodies = self.request_budget;
+        registry.register(
+            "flightlog_http_request_budget_bytes",
+            "The budget of request bodies held from before they are read until they are \
+             answered (--request-budget)",
+            gauge_i64(saturating_i64(bodies.total_bytes)),
+        );
+        registry.register(
+            "flightlog_http_request_budget_held_bytes",
+            "What request bodies hold of that budget now",
+            gauge_i64(saturating_i64(bodies.held_bytes)),
+        );
+        let refused: Counter = Counter::default();
+        refused.inc_by(bodies.refused);
+        registry.register(
+            "flightlog_http_request_bodies_refused",
+            "Requests refused (HTTP 503, gRPC UNAVAILABLE) because other requests' bodies held \
+             the budget of bodies in flight",
             refused,
         );
         let start: Gauge<f64, AtomicU64> = Gauge::default();
@@ -714,6 +736,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
         start_time_seconds: process_start_time(),
         backend: state.activity().backend_metrics(),
         response_budget: state.response_budget().usage(),
+        request_budget: state.request_budget().usage(),
     };
     match state.metrics().encode(&scrape) {
         Ok(text) => ([(CONTENT_TYPE, CONTENT_TYPE_TEXT)], text).into_response(),
@@ -744,6 +767,11 @@ mod tests {
                 total_bytes: 8 << 20,
                 held_bytes: 1 << 20,
                 refused: 2,
+            },
+            request_budget: BudgetUsage {
+                total_bytes: 4 << 20,
+                held_bytes: 8192,
+                refused: 3,
             },
         }
     }
@@ -776,6 +804,9 @@ mod tests {
             "flightlog_http_response_budget_bytes 8388608\n",
             "flightlog_http_response_budget_held_bytes 1048576\n",
             "flightlog_http_large_responses_refused_total 2\n",
+            "flightlog_http_request_budget_bytes 4194304\n",
+            "flightlog_http_request_budget_held_bytes 8192\n",
+            "flightlog_http_request_bodies_refused_total 3\n",
         ] {
             assert!(text.contains(expected), "{expected:?} not in:\n{text}");
         }

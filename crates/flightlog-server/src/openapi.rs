@@ -10,7 +10,8 @@
 //!   the scope [`crate::auth::required_access`] demands, `400` wherever input is taken,
 //!   `401`/`403` wherever a token is needed, `408` for writes (a stalled body), `413` everywhere
 //!   (the gate refuses a body declared too large on any route), `415` wherever a body is read,
-//!   `503` for writes (the write limit of [`crate::overload`]), `500`/`503` for every route over
+//!   `503` for writes (the write limit of [`crate::overload`], the budget of
+//!   [`crate::request_budget`]), `500`/`503` for every route over
 //!   the stores, the protobuf form of `/v1/traces`' errors, and the path ids' length bounds.
 //!
 //! [`base`] holds what no handler knows: the title, the tags, the security scheme. A new route
@@ -509,8 +510,8 @@ impl SharedResponse {
                  does not take."
             }
             Self::Unavailable => {
-                "`unavailable`: the server is at its limit of writes in flight, the store is \
-                 overloaded, another process holds the database's write lock too long, the disk \
+                "`unavailable`: the server is at its limit of writes in flight or of request \
+                 bodies in flight (`--request-budget`), the store is overloaded, another process holds the database's write lock too long, the disk \
                  is full, the database file was deleted or replaced under the server (until it \
                  is restarted), or the server is shutting down; nothing was written. Retry \
                  after `Retry-After` seconds; the message says which."

@@ -40,10 +40,7 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::header::CONTENT_TYPE;
@@ -52,7 +49,9 @@ use axum::response::{IntoResponse, Response};
 use flightlog_core::activity::{ActivityStore, RunSnapshot};
 use serde::ser::{SerializeStruct, Serializer};
 use serde::Serialize;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::byte_budget::ByteBudget;
 
 use crate::error::ApiError;
 
@@ -60,56 +59,35 @@ use crate::error::ApiError;
 pub const SMALL_RESPONSE_BYTES: usize = 1 << 20;
 /// The budget is counted in units of this many bytes.
 const UNIT_BYTES: usize = 1 << 16;
+/// What [`ResponseBudget::usage`] reports.
+pub use crate::byte_budget::BudgetUsage;
 /// How long a large response waits for budget before its request is answered 503.
-pub const BUDGET_WAIT: Duration = Duration::from_millis(500);
+pub use crate::byte_budget::BUDGET_WAIT;
 /// A serialized response is kept in chunks of this size.
 pub const CHUNK_BYTES: usize = 1 << 20;
 
 /// The shared budget (one per server).
 #[derive(Debug, Clone)]
 pub struct ResponseBudget {
-    units: Arc<Semaphore>,
-    total_units: u32,
-    /// Answers refused for want of budget (`flightlog_http_large_responses_refused_total`).
-    refused: Arc<AtomicU64>,
+    bytes: ByteBudget,
 }
 
 impl ResponseBudget {
     /// A budget of `bytes` (at least one unit).
     pub fn new(bytes: usize) -> Self {
-        // `Semaphore::MAX_PERMITS` is far above `u32::MAX` on 64-bit targets.
-        let most = u32::try_from(Semaphore::MAX_PERMITS).unwrap_or(u32::MAX);
-        let total_units = u32::try_from((bytes / UNIT_BYTES).max(1))
-            .unwrap_or(u32::MAX)
-            .min(most);
         Self {
-            units: Arc::new(Semaphore::new(total_units as usize)),
-            total_units,
-            refused: Arc::new(AtomicU64::new(0)),
+            bytes: ByteBudget::new(bytes, UNIT_BYTES),
         }
-    }
-
-    /// The units `len` bytes take (all of the budget at most).
-    fn units_for(&self, len: usize) -> u32 {
-        u32::try_from(len.div_ceil(UNIT_BYTES))
-            .unwrap_or(u32::MAX)
-            .min(self.total_units)
     }
 
     /// `units` more, waiting at most [`BUDGET_WAIT`]; 503 when they do not come.
     async fn acquire(&self, units: u32, len: usize) -> Result<OwnedSemaphorePermit, ApiError> {
-        let acquire = Arc::clone(&self.units).acquire_many_owned(units);
-        match tokio::time::timeout(BUDGET_WAIT, acquire).await {
-            Ok(Ok(permit)) => Ok(permit),
-            // Closed (never, the semaphore is never closed) or timed out.
-            _ => {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                Err(ApiError::Unavailable(format!(
-                    "the server is holding its budget of large responses for other clients; this \
+        self.bytes.acquire(units).await.ok_or_else(|| {
+            ApiError::Unavailable(format!(
+                "the server is holding its budget of large responses for other clients; this \
                  response of about {len} bytes would exceed it: retry shortly"
-                )))
-            }
-        }
+            ))
+        })
     }
 
     /// Room for a response of `len` bytes: `None` for a small one (no budget needed), a permit
@@ -120,7 +98,7 @@ impl ResponseBudget {
         if len <= SMALL_RESPONSE_BYTES {
             return Ok(None);
         }
-        self.acquire(self.units_for(len), len).await.map(Some)
+        self.acquire(self.bytes.units_for(len), len).await.map(Some)
     }
 
     /// Set what `reserved` (taken for an estimate) holds to a serialized size of `len` bytes:
@@ -133,7 +111,7 @@ impl ResponseBudget {
         if len <= SMALL_RESPONSE_BYTES {
             return Ok(None);
         }
-        let wanted = self.units_for(len) as usize;
+        let wanted = self.bytes.units_for(len) as usize;
         let Some(mut permit) = reserved else {
             return self.reserve(len).await;
         };
@@ -176,28 +154,14 @@ impl ResponseBudget {
 
     /// Budget units free now (for tests).
     pub fn available_units(&self) -> usize {
-        self.units.available_permits()
+        self.bytes.available_units()
     }
 
     /// The whole budget in bytes, what answers hold of it now, and how many answers it has
     /// refused (for `/metrics`).
     pub fn usage(&self) -> BudgetUsage {
-        let total = self.total_units as usize;
-        let held = total.saturating_sub(self.units.available_permits());
-        BudgetUsage {
-            total_bytes: total.saturating_mul(UNIT_BYTES),
-            held_bytes: held.saturating_mul(UNIT_BYTES),
-            refused: self.refused.load(Ordering::Relaxed),
-        }
+        self.bytes.usage()
     }
-}
-
-/// What [`ResponseBudget::usage`] reports.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BudgetUsage {
-    pub total_bytes: usize,
-    pub held_bytes: usize,
-    pub refused: u64,
 }
 
 /// A JSON document serialized into chunks of [`CHUNK_BYTES`] (see the module doc).

@@ -127,6 +127,13 @@ pub const RESPONSE_BUDGET: Setting = Setting {
     key: "response_budget",
     toml: TomlType::StringOrInteger,
 };
+/// The memory set aside for request bodies in flight (see `request_budget`).
+pub const REQUEST_BUDGET: Setting = Setting {
+    flag: "--request-budget",
+    env: "FLIGHTLOG_REQUEST_BUDGET",
+    key: "request_budget",
+    toml: TomlType::StringOrInteger,
+};
 /// The write limit.
 pub const MAX_INFLIGHT_WRITES: Setting = Setting {
     flag: "--max-inflight-writes",
@@ -214,13 +221,14 @@ pub const PRUNE_AFTER_MS: Setting = Setting {
 };
 
 /// Every setting the config file may hold.
-pub const SETTINGS: [Setting; 18] = [
+pub const SETTINGS: [Setting; 19] = [
     DB,
     ADDR,
     GRPC_ADDR,
     DURABILITY,
     BODY_LIMIT,
     RESPONSE_BUDGET,
+    REQUEST_BUDGET,
     MAX_INFLIGHT_WRITES,
     JOURNAL_MAX_EVENTS,
     JOURNAL_MAX_AGE_MS,
@@ -281,6 +289,7 @@ Config file (every key optional; relative paths are relative to the file's folde
     durability = \"normal\"          # or \"full\"
     body_limit = \"8MiB\"            # bytes, or with KiB / MiB / GiB
     response_budget = \"256MiB\"     # memory for large answers (snapshots, pages) in flight
+    request_budget = \"128MiB\"      # memory for request bodies being read and handled
     max_inflight_writes = 4096
     write_lock_wait_ms = 10000     # then 503: another process holds the database's write lock
     instance = \"ingest-1\"           # default: this host's name and the HTTP port
@@ -347,6 +356,8 @@ pub struct ServeFlags {
     pub body_limit: Option<String>,
     /// `--response-budget SIZE`.
     pub response_budget: Option<String>,
+    /// `--request-budget SIZE`.
+    pub request_budget: Option<String>,
     /// `--max-inflight-writes N`.
     pub max_inflight_writes: Option<String>,
     /// `--journal-max-events N`.
@@ -384,6 +395,7 @@ impl fmt::Debug for ServeFlags {
             .field("durability", &self.durability)
             .field("body_limit", &self.body_limit)
             .field("response_budget", &self.response_budget)
+            .field("request_budget", &self.request_budget)
             .field("max_inflight_writes", &self.max_inflight_writes)
             .field("journal_max_events", &self.journal_max_events)
             .field("journal_max_age_ms", &self.journal_max_age_ms)
@@ -914,6 +926,14 @@ pub fn resolve_with_file(
         "give a size of at least 1 byte and at most 1024GiB, in bytes or with KiB, MiB or GiB, \
          such as 268435456 or 256MiB",
     )?;
+    let request_budget_bytes = layers.parse(
+        &REQUEST_BUDGET,
+        flags.request_budget.as_deref(),
+        ServerConfig::DEFAULT_REQUEST_BUDGET_BYTES,
+        |text| parse_size(text).filter(|size| *size <= MAX_RESPONSE_BUDGET),
+        "give a size of at least 1 byte and at most 1024GiB, in bytes or with KiB, MiB or GiB, \
+         such as 134217728 or 128MiB",
+    )?;
     let max_inflight_writes = layers.parse(
         &MAX_INFLIGHT_WRITES,
         flags.max_inflight_writes.as_deref(),
@@ -1039,6 +1059,7 @@ pub fn resolve_with_file(
             auth,
             max_inflight_writes,
             response_budget_bytes,
+            request_budget_bytes,
             // What an OTLP body may inflate to is never below what it may be sent as: a plain
             // body over 64 MiB was refused as "decompressed" past a larger --body-limit.
             otlp_max_decompressed: ServerConfig::DEFAULT_OTLP_MAX_DECOMPRESSED.max(body_limit),

@@ -18,6 +18,7 @@ use tokio::sync::Semaphore;
 
 use crate::auth::AuthConfig;
 use crate::metrics::Metrics;
+use crate::request_budget::RequestBudget;
 use crate::response_budget::ResponseBudget;
 
 /// The server's tunables. Later settings (streams, …) join here.
@@ -42,6 +43,9 @@ pub struct ServerConfig {
     /// The most bytes of large answers (run snapshots, change pages, listings) held for
     /// clients that have not read them yet (see [`crate::response_budget`]).
     pub response_budget_bytes: usize,
+    /// The most bytes of request bodies held while they are read and handled (see
+    /// [`crate::request_budget`]).
+    pub request_budget_bytes: usize,
     /// How long a connection may go without any of its pending output being written (its
     /// client reads nothing) before it is closed (see `write_stall`).
     pub write_stall_limit: Duration,
@@ -65,6 +69,9 @@ impl ServerConfig {
     pub const DEFAULT_OTLP_MAX_DECOMPRESSED: usize = 64 * 1024 * 1024;
     /// The default budget of large snapshots in flight: 256 MiB.
     pub const DEFAULT_RESPONSE_BUDGET_BYTES: usize = 256 * 1024 * 1024;
+    /// The default budget of request bodies in flight: 128 MiB, sixteen bodies of the default
+    /// body limit at once (what they become once parsed comes on top).
+    pub const DEFAULT_REQUEST_BUDGET_BYTES: usize = 128 * 1024 * 1024;
     /// The default write-stall limit: 30 s, as long as a client may take to send a request
     /// head (`HEADER_READ_TIMEOUT`).
     pub const DEFAULT_WRITE_STALL_LIMIT: Duration = Duration::from_secs(30);
@@ -81,6 +88,7 @@ impl Default for ServerConfig {
             write_wait: Self::DEFAULT_WRITE_WAIT,
             otlp_max_decompressed: Self::DEFAULT_OTLP_MAX_DECOMPRESSED,
             response_budget_bytes: Self::DEFAULT_RESPONSE_BUDGET_BYTES,
+            request_budget_bytes: Self::DEFAULT_REQUEST_BUDGET_BYTES,
             write_stall_limit: Self::DEFAULT_WRITE_STALL_LIMIT,
         }
     }
@@ -111,6 +119,8 @@ struct Shared {
     batch_lanes: Arc<Semaphore>,
     /// Large run snapshots not yet handed to their clients' sockets.
     response_budget: ResponseBudget,
+    /// Request bodies being read and handled.
+    request_budget: RequestBudget,
     /// Becomes `true` when the server starts shutting down (live streams end then).
     closing: Arc<tokio::sync::watch::Sender<bool>>,
     /// What `GET /metrics` reports (see [`crate::metrics`]).
@@ -142,6 +152,7 @@ impl AppState {
             write_permits: write_permits(&config),
             batch_lanes: Arc::new(Semaphore::new(Self::BATCH_LANES)),
             response_budget: ResponseBudget::new(config.response_budget_bytes),
+            request_budget: RequestBudget::new(config.request_budget_bytes),
             maintenance_writer: format!("{}/maintenance", activity.writer()).into(),
             activity,
             journal,
@@ -192,6 +203,7 @@ impl AppState {
         shared.writers = Arc::new(WriterHandles::new(config.writer_cache_capacity));
         shared.write_permits = write_permits(&config);
         shared.response_budget = ResponseBudget::new(config.response_budget_bytes);
+        shared.request_budget = RequestBudget::new(config.request_budget_bytes);
         shared.config = Arc::new(config);
         self
     }
@@ -249,6 +261,11 @@ impl AppState {
     /// The budget of large answers in flight.
     pub fn response_budget(&self) -> &ResponseBudget {
         &self.shared.response_budget
+    }
+
+    /// The budget of request bodies in flight.
+    pub fn request_budget(&self) -> &RequestBudget {
+        &self.shared.request_budget
     }
 
     /// The configuration.

@@ -110,6 +110,14 @@ fn cases() -> Vec<Case> {
             expected: ["268435456", "3145728", "65536", "1048576"],
         },
         Case {
+            setting: REQUEST_BUDGET,
+            set_flag: |f| f.request_budget = Some("2MiB".into()),
+            env: "4096",
+            file: r#"request_budget = "5MiB""#,
+            read: |s| s.server.request_budget_bytes.to_string(),
+            expected: ["134217728", "5242880", "4096", "2097152"],
+        },
+        Case {
             setting: MAX_INFLIGHT_WRITES,
             set_flag: |f| f.max_inflight_writes = Some("3".into()),
             env: "2",
@@ -494,6 +502,10 @@ fn bad_values_name_the_setting_where_it_was_given_and_the_fix() {
         (
             Input::Env("FLIGHTLOG_RESPONSE_BUDGET", "-1"),
             &["FLIGHTLOG_RESPONSE_BUDGET", "\"-1\"", "256MiB"],
+        ),
+        (
+            Input::Env("FLIGHTLOG_REQUEST_BUDGET", "lots"),
+            &["FLIGHTLOG_REQUEST_BUDGET", "\"lots\"", "128MiB"],
         ),
         // Too large is said to be too large, not too small.
         (

@@ -2,7 +2,8 @@
 //! endpoint with its successes and the contract's error statuses (`endpoints`), and the
 //! reference's conformance fixtures replayed through HTTP (`conformance`), and the live SSE
 //! streams under load (`streams`), bearer-token auth on every route (`auth`), and the write
-//! limit's `503` under overload (`overload`), the generated OpenAPI document (`openapi`) and the
+//! limit's `503` under overload (`overload`), the budget of bodies in flight (`request_budget`),
+//! the generated OpenAPI document (`openapi`) and the
 //! Prometheus metrics (`metrics`), and real OpenTelemetry SDK clients (Python http/protobuf and
 //! gRPC, JavaScript OTLP/JSON) exporting to it (`otlp_clients`), and a seeded fuzz of every
 //! endpoint with malformed input that must get contract errors and lose nothing (`fuzz`), and a
@@ -23,5 +24,6 @@ mod otlp_clients;
 mod otlp_fuzz;
 mod overload;
 mod parse_errors;
+mod request_budget;
 mod streams;
 mod support;

@@ -1,0 +1,139 @@
+//! The memory budget of request bodies in flight: from before a write's body is read until its
+//! answer is given, the body holds its size of a budget shared by every request
+//! ([`ServerConfig::request_budget_bytes`](crate::state::ServerConfig), 128 MiB by default,
+//! `--request-budget`).
+//!
+//! Why it exists: the write limit (see `overload`) bounds how many write requests are handled
+//! at once (4,096), and the body limit how large each body is (8 MiB), but not their product:
+//! a hundred clients sending 8 MB bodies at once (an exporter fleet flushing together, or one
+//! client opening connections in a loop) took the server to 1.16 GB of RSS, and nothing
+//! stopped a few hundred more. With the budget, a body that does not fit waits up to
+//! [`BUDGET_WAIT`] for others to finish, then gets `503 unavailable` with `Retry-After` (over
+//! OTLP/gRPC, `UNAVAILABLE`; OTLP exporters retry both) before anything of it is read or
+//! stored. A body with a declared length takes all of it before its first byte is read (a
+//! body waiting for room holds none, so large bodies never each hold a part while waiting for
+//! the rest); a body of no declared length (chunked, most gRPC calls) takes its size chunk by
+//! chunk as it arrives. A body larger than the whole budget takes all of it, so it is handled
+//! alone rather than never.
+//!
+//! What a body becomes once parsed (JSON values, decoded protobuf, an inflated compressed body)
+//! is not counted: it is proportional to the body, so bounding the bodies bounds it too.
+
+use tokio::sync::OwnedSemaphorePermit;
+
+pub use crate::byte_budget::BUDGET_WAIT;
+use crate::byte_budget::{BudgetUsage, ByteBudget};
+use crate::error::ApiError;
+
+/// The budget is counted in units of this many bytes: small enough that the bodies of small
+/// writes (a few hundred bytes each) hold little of it.
+const UNIT_BYTES: usize = 1 << 12;
+
+/// The shared budget of request bodies (one per server).
+#[derive(Debug, Clone)]
+pub struct RequestBudget {
+    bytes: ByteBudget,
+}
+
+impl RequestBudget {
+    /// A budget of `bytes` (at least one unit).
+    pub fn new(bytes: usize) -> Self {
+        Self {
+            bytes: ByteBudget::new(bytes, UNIT_BYTES),
+        }
+    }
+
+    /// A hold on nothing yet, for one request's body.
+    pub fn hold(&self) -> BodyHold {
+        BodyHold {
+            budget: self.clone(),
+            permit: None,
+            covered: 0,
+        }
+    }
+
+    /// The whole budget in bytes, what bodies hold of it now, and how many requests it has
+    /// refused (for `/metrics`).
+    pub fn usage(&self) -> BudgetUsage {
+        self.bytes.usage()
+    }
+}
+
+/// What one request's body holds of the budget, given back when it is dropped (after the
+/// request's answer).
+#[derive(Debug)]
+pub struct BodyHold {
+    budget: RequestBudget,
+    permit: Option<OwnedSemaphorePermit>,
+    /// The body bytes the held units cover.
+    covered: usize,
+}
+
+impl BodyHold {
+    /// Hold enough for a body of `len` bytes, taking what is missing (waiting at most
+    /// [`BUDGET_WAIT`]); 503 when it does not come free.
+    pub async fn cover(&mut self, len: usize) -> Result<(), ApiError> {
+        if len <= self.covered {
+            return Ok(());
+        }
+        let wanted = self.budget.bytes.units_for(len);
+        let held = self
+            .permit
+            .as_ref()
+            .map_or(0, |permit| permit.num_permits());
+        let held = u32::try_from(held).unwrap_or(u32::MAX);
+        if wanted > held {
+            let Some(more) = self.budget.bytes.acquire(wanted - held).await else {
+                let total = self.budget.usage().total_bytes;
+                return Err(ApiError::Unavailable(format!(
+                    "the server is reading and handling other requests' bodies, which hold its \
+                     budget of {total} bytes for bodies in flight (--request-budget); this body \
+                     of {len} bytes does not fit now: retry shortly"
+                )));
+            };
+            match &mut self.permit {
+                Some(permit) => permit.merge(more),
+                None => self.permit = Some(more),
+            }
+        }
+        self.covered = len;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_grows_with_its_body_and_gives_everything_back_when_dropped() {
+        let budget = RequestBudget::new(64 * 1024);
+        let mut first = budget.hold();
+        first.cover(10_000).await.expect("room");
+        first.cover(5_000).await.expect("already covered");
+        first.cover(40_000).await.expect("room");
+        assert_eq!(budget.usage().held_bytes, 40_960);
+
+        // 24 KiB are left: a body of 30,000 bytes waits, then is refused.
+        let mut second = budget.hold();
+        let refusal = second.cover(30_000).await.expect_err("no room");
+        assert!(matches!(refusal, ApiError::Unavailable(_)), "{refusal:?}");
+        assert_eq!(budget.usage().refused, 1);
+        second.cover(20_000).await.expect("room for this one");
+
+        drop(first);
+        drop(second);
+        assert_eq!(budget.usage().held_bytes, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_larger_than_the_whole_budget_is_handled_alone() {
+        let budget = RequestBudget::new(8 * 1024);
+        let mut huge = budget.hold();
+        huge.cover(1 << 20).await.expect("takes the whole budget");
+        let mut small = budget.hold();
+        assert!(small.cover(100).await.is_err(), "nothing is left");
+        drop(huge);
+        small.cover(100).await.expect("room again");
+    }
+}

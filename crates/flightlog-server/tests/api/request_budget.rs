@@ -1,0 +1,168 @@
+//! The budget of request bodies in flight on a real server (`--request-budget`, here 64 KiB):
+//! while one write's large body is being received, a body that does not fit in what is left
+//! (declared, or chunked) is answered `503 unavailable` with `Retry-After` before anything of it
+//! is stored, a small one still goes through, and once the first is answered the refused one
+//! fits again. Nothing acknowledged is lost.
+//!
+//! Why: a hundred clients sending 8 MB bodies at once held 1.16 GB in the server; the write
+//! limit bounds how many bodies, not how many bytes.
+
+use std::time::Duration;
+
+use flightlog_server::ServerConfig;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::metrics::scrape;
+use crate::support::{Options, TestServer};
+
+const BUDGET: usize = 64 * 1024;
+
+/// A span start whose attrs make its body about `len` bytes.
+fn span_body(span_id: &str, len: usize) -> Vec<u8> {
+    json!({"spanId": span_id, "runId": "budget", "name": "big", "kind": "tool", "origin": "session",
+           "startedAt": 1, "attrs": {"blob": "x".repeat(len)}})
+    .to_string()
+    .into_bytes()
+}
+
+/// The status code of a raw HTTP/1.1 answer read to its end (`Connection: close`).
+async fn status_of(stream: &mut TcpStream) -> u16 {
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .await
+        .expect("read the answer");
+    let answer = String::from_utf8_lossy(&answer);
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {answer:?}"))
+}
+
+async fn held_bytes(server: &TestServer) -> f64 {
+    scrape(server)
+        .await
+        .get("flightlog_http_request_budget_held_bytes")
+        .unwrap_or(-1.0)
+}
+
+#[tokio::test]
+async fn bodies_that_do_not_fit_the_budget_are_refused_until_room_comes_back() {
+    tokio::time::timeout(Duration::from_secs(60), scenario())
+        .await
+        .expect("the scenario ends within 60 s");
+}
+
+async fn scenario() {
+    let server = TestServer::start_with(Options {
+        config: ServerConfig {
+            request_budget_bytes: BUDGET,
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let metrics = scrape(&server).await;
+    assert_eq!(
+        metrics.get("flightlog_http_request_budget_bytes"),
+        Some(BUDGET as f64)
+    );
+
+    // A 40 KB body, half sent: it holds all of its declared length while it arrives.
+    let first = span_body("first", 40_000);
+    let mut held = TcpStream::connect(&addr).await.expect("connect");
+    let head = format!(
+        "POST /v1/activity/spans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        first.len()
+    );
+    let (sent, rest) = first.split_at(first.len() / 2);
+    held.write_all(head.as_bytes()).await.expect("send head");
+    held.write_all(sent).await.expect("send half the body");
+    let mut waited = 0;
+    while held_bytes(&server).await < first.len() as f64 {
+        waited += 1;
+        assert!(waited < 200, "the held body never took its budget");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // A 30 KB body does not fit in the ~24 KiB left: 503, Retry-After, nothing stored.
+    let second = span_body("second", 30_000);
+    let refused = server
+        .client
+        .post(format!("{}/v1/activity/spans", server.base))
+        .header("content-type", "application/json")
+        .body(second.clone())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(refused.status().as_u16(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: Value = refused.json().await.expect("a JSON error body");
+    assert_eq!(body["error"]["code"], "unavailable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("--request-budget"), "{message}");
+    server
+        .get("/v1/activity/spans/second")
+        .await
+        .assert_error(404, "not_found");
+
+    // So does a chunked body of the same size, taken chunk by chunk as it arrives.
+    let chunked_body = span_body("chunked", 30_000);
+    let mut chunked = TcpStream::connect(&addr).await.expect("connect");
+    let mut request = format!(
+        "POST /v1/activity/spans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    .into_bytes();
+    for piece in chunked_body.chunks(10_000) {
+        request.extend(format!("{:x}\r\n", piece.len()).as_bytes());
+        request.extend(piece);
+        request.extend(b"\r\n");
+    }
+    request.extend(b"0\r\n\r\n");
+    chunked.write_all(&request).await.expect("send chunked");
+    assert_eq!(status_of(&mut chunked).await, 503);
+    server
+        .get("/v1/activity/spans/chunked")
+        .await
+        .assert_error(404, "not_found");
+
+    // A small write still fits.
+    let small = json!({"spanId": "small", "runId": "budget", "name": "small", "kind": "tool", "origin": "session",
+                       "startedAt": 2});
+    server
+        .post("/v1/activity/spans", &small)
+        .await
+        .assert_status(201);
+
+    // The held write completes and is stored; its budget comes back; the refused one fits now.
+    held.write_all(rest).await.expect("send the rest");
+    assert_eq!(status_of(&mut held).await, 201);
+    let retried = server
+        .client
+        .post(format!("{}/v1/activity/spans", server.base))
+        .header("content-type", "application/json")
+        .body(second)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(retried.status().as_u16(), 201);
+    for id in ["first", "second", "small"] {
+        server
+            .get(&format!("/v1/activity/spans/{id}"))
+            .await
+            .assert_status(200);
+    }
+    let metrics = scrape(&server).await;
+    assert_eq!(
+        metrics.get("flightlog_http_request_bodies_refused_total"),
+        Some(2.0)
+    );
+    assert_eq!(held_bytes(&server).await, 0.0);
+    server.stop().await;
+}
