@@ -121,7 +121,7 @@ struct ServeArgs {
     /// or with KiB/MiB/GiB (counted in 4 KiB units, at least one; at most 1024GiB); a body that
     /// does not fit waits up to 0.5 s for room, then gets 503 with Retry-After (over gRPC,
     /// UNAVAILABLE). One larger than this is handled alone.
-    /// [env: FLIGHTLOG_REQUEST_BUDGET] [file: request_budget] [default: 128MiB]
+    /// [env: FLIGHTLOG_REQUEST_BUDGET] [file: request_budget] [default: 64MiB]
     #[arg(
         long,
         value_name = "SIZE",

@@ -1,13 +1,13 @@
 //! The memory budget of request bodies in flight: from before a write's body is read until its
 //! answer is given, the body holds its size of a budget shared by every request
-//! ([`ServerConfig::request_budget_bytes`](crate::state::ServerConfig), 128 MiB by default,
+//! ([`ServerConfig::request_budget_bytes`](crate::state::ServerConfig), 64 MiB by default,
 //! `--request-budget`).
 //!
 //! Why it exists: the write limit (see `overload`) bounds how many write requests are handled
 //! at once (4,096), and the body limit how large each body is (8 MiB), but not their product:
-//! a hundred clients sending 8 MB bodies at once (an exporter fleet flushing together, or one
-//! client opening connections in a loop) took the server to 1.16 GB of RSS, and nothing
-//! stopped a few hundred more. With the budget, a body that does not fit waits up to
+//! a hundred clients sending 8 MB batch bodies at once (an exporter fleet flushing together, or
+//! one client opening connections in a loop) took the server to 1,319 MiB of RSS, and nothing
+//! stopped a few hundred more (with the budget: 369 MiB, `bench/many_large_bodies.py`). With the budget, a body that does not fit waits up to
 //! [`BUDGET_WAIT`] for others to finish, then gets `503 unavailable` with `Retry-After` (over
 //! OTLP/gRPC, `UNAVAILABLE`; OTLP exporters retry both) before anything of it is read or
 //! stored. A body with a declared length takes all of it before its first byte is read (a

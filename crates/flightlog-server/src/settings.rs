@@ -289,7 +289,7 @@ Config file (every key optional; relative paths are relative to the file's folde
     durability = \"normal\"          # or \"full\"
     body_limit = \"8MiB\"            # bytes, or with KiB / MiB / GiB
     response_budget = \"256MiB\"     # memory for large answers (snapshots, pages) in flight
-    request_budget = \"128MiB\"      # memory for request bodies being read and handled
+    request_budget = \"64MiB\"       # memory for request bodies being read and handled
     max_inflight_writes = 4096
     write_lock_wait_ms = 10000     # then 503: another process holds the database's write lock
     instance = \"ingest-1\"           # default: this host's name and the HTTP port
@@ -932,7 +932,7 @@ pub fn resolve_with_file(
         ServerConfig::DEFAULT_REQUEST_BUDGET_BYTES,
         |text| parse_size(text).filter(|size| *size <= MAX_RESPONSE_BUDGET),
         "give a size of at least 1 byte and at most 1024GiB, in bytes or with KiB, MiB or GiB, \
-         such as 134217728 or 128MiB",
+         such as 67108864 or 64MiB",
     )?;
     let max_inflight_writes = layers.parse(
         &MAX_INFLIGHT_WRITES,

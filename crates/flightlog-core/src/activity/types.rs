@@ -243,7 +243,7 @@ pub(crate) struct SpanUsageInput {
     #[schema(minimum = 0, maximum = 9_007_199_254_740_991_i64)]
     cache_creation_tokens: Option<i64>,
     /// USD, below 10^15.
-    #[schema(minimum = 0)]
+    #[schema(minimum = 0, exclusive_maximum = 1e15)]
     cost_usd: Option<f64>,
     model: Option<String>,
 }
@@ -297,7 +297,10 @@ impl SpanRow {
     }
 }
 
-/// One event attached to a span. The payload is kept as raw JSON: the store never interprets it.
+/// One event attached to a span. The payload is kept as compact JSON text, written as the
+/// reference's `JSON.stringify` writes it (a number with a fraction or an exponent in
+/// JavaScript's shortest form, `1.0` as `1`; integers with every digit; array-index keys
+/// first), and is otherwise never interpreted.
 #[derive(Debug, Clone, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]

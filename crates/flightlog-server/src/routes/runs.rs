@@ -46,8 +46,10 @@ pub(crate) struct RunsQuery {
     #[serde(default)]
     #[param(minimum = 0, maximum = 10_000)]
     limit: Option<i64>,
-    /// The `next` of the previous page, URL-encoded (it holds the run id as written).
+    /// The `next` of the previous page, URL-encoded (it holds the run id as written): a start
+    /// time in ms, `:`, a run id.
     #[serde(default)]
+    #[param(pattern = r"^[+-]?[0-9]{1,19}:.+$")]
     before: Option<String>,
 }
 

@@ -115,7 +115,7 @@ fn cases() -> Vec<Case> {
             env: "4096",
             file: r#"request_budget = "5MiB""#,
             read: |s| s.server.request_budget_bytes.to_string(),
-            expected: ["134217728", "5242880", "4096", "2097152"],
+            expected: ["67108864", "5242880", "4096", "2097152"],
         },
         Case {
             setting: MAX_INFLIGHT_WRITES,
@@ -505,7 +505,7 @@ fn bad_values_name_the_setting_where_it_was_given_and_the_fix() {
         ),
         (
             Input::Env("FLIGHTLOG_REQUEST_BUDGET", "lots"),
-            &["FLIGHTLOG_REQUEST_BUDGET", "\"lots\"", "128MiB"],
+            &["FLIGHTLOG_REQUEST_BUDGET", "\"lots\"", "64MiB"],
         ),
         // Too large is said to be too large, not too small.
         (

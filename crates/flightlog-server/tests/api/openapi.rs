@@ -530,3 +530,33 @@ async fn headers_protobuf_bodies_and_times_are_described_as_the_server_takes_the
     }
     bounded(&schemas["EngagementPruneBody"], "now");
 }
+
+/// Bounds the server enforces are in the schemas, so that a client generated from the document
+/// (or a schema-driven fuzzer) does not send values the server then refuses: a cost of 10^15 USD
+/// or more, and a listing cursor that is not `<startedAt>:<runId>` (found by schemathesis).
+#[tokio::test]
+async fn enforced_bounds_are_in_the_schemas() {
+    let server = TestServer::start().await;
+    let document = server.get("/openapi.json").await.assert_status(200).clone();
+    let cost = &document["components"]["schemas"]["SpanUsageInput"]["properties"]["costUsd"];
+    assert_eq!(cost["minimum"], json!(0), "{cost}");
+    assert_eq!(
+        cost["exclusiveMaximum"],
+        json!(1_000_000_000_000_000_i64),
+        "{cost}"
+    );
+    let parameters = document["paths"]["/v1/activity/runs"]["get"]["parameters"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let before = parameters
+        .iter()
+        .find(|parameter| parameter["name"] == "before")
+        .expect("the before parameter");
+    assert_eq!(
+        before["schema"]["pattern"],
+        json!("^[+-]?[0-9]{1,19}:.+$"),
+        "{before}"
+    );
+    server.stop().await;
+}

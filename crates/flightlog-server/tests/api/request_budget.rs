@@ -4,7 +4,7 @@
 //! is stored, a small one still goes through, and once the first is answered the refused one
 //! fits again. Nothing acknowledged is lost.
 //!
-//! Why: a hundred clients sending 8 MB bodies at once held 1.16 GB in the server; the write
+//! Why: a hundred clients sending 8 MB bodies at once took the server to 1.3 GB; the write
 //! limit bounds how many bodies, not how many bytes.
 
 use std::time::Duration;
