@@ -918,21 +918,17 @@ pub fn resolve_with_file(
         "give a size of at least 1 byte and at most 1GiB, in bytes or with KiB, MiB or GiB, \
          such as 8388608 or 8MiB",
     )?;
-    let response_budget_bytes = layers.parse(
+    let response_budget_bytes = layers.parse_budget(
         &RESPONSE_BUDGET,
         flags.response_budget.as_deref(),
         ServerConfig::DEFAULT_RESPONSE_BUDGET_BYTES,
-        |text| parse_size(text).filter(|size| *size <= MAX_RESPONSE_BUDGET),
-        "give a size of at least 1 byte and at most 1024GiB, in bytes or with KiB, MiB or GiB, \
-         such as 268435456 or 256MiB",
+        "such as 268435456 or 256MiB",
     )?;
-    let request_budget_bytes = layers.parse(
+    let request_budget_bytes = layers.parse_budget(
         &REQUEST_BUDGET,
         flags.request_budget.as_deref(),
         ServerConfig::DEFAULT_REQUEST_BUDGET_BYTES,
-        |text| parse_size(text).filter(|size| *size <= MAX_RESPONSE_BUDGET),
-        "give a size of at least 1 byte and at most 1024GiB, in bytes or with KiB, MiB or GiB, \
-         such as 67108864 or 64MiB",
+        "such as 67108864 or 64MiB",
     )?;
     let max_inflight_writes = layers.parse(
         &MAX_INFLIGHT_WRITES,
@@ -1134,6 +1130,26 @@ impl<'a> Layers<'a> {
     /// The setting parsed by `parse`, or `default` when no source has it. A value a
     /// higher-precedence source overrides is checked too: it would otherwise surface only the
     /// day the override goes (a deploy dropping a variable), as a server that no longer starts.
+    /// A memory budget: a size from 1 byte to [`MAX_RESPONSE_BUDGET`]; `example` ends the fix.
+    fn parse_budget(
+        &self,
+        setting: &Setting,
+        flag: Option<&str>,
+        default: usize,
+        example: &str,
+    ) -> Result<usize, SettingsError> {
+        self.parse(
+            setting,
+            flag,
+            default,
+            |text| parse_size(text).filter(|size| *size <= MAX_RESPONSE_BUDGET),
+            &format!(
+                "give a size of at least 1 byte and at most 1024GiB, in bytes or with KiB, MiB or \
+                 GiB, {example}"
+            ),
+        )
+    }
+
     fn parse<T>(
         &self,
         setting: &Setting,

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{Options, TestServer};
+use crate::support::{status_line_code, Options, TestServer};
 
 /// A `POST /v1/activity/spans` whose body is only half sent.
 struct HeldWrite {
@@ -56,12 +56,7 @@ impl HeldWrite {
             .read_to_end(&mut answer)
             .await
             .expect("read the answer");
-        let answer = String::from_utf8_lossy(&answer);
-        answer
-            .split(' ')
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .unwrap_or_else(|| panic!("no status line in {answer:?}"))
+        status_line_code(&answer)
     }
 }
 

@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::metrics::scrape;
-use crate::support::{Options, TestServer};
+use crate::support::{status_line_code, Options, TestServer};
 
 const BUDGET: usize = 64 * 1024;
 
@@ -34,12 +34,7 @@ async fn status_of(stream: &mut TcpStream) -> u16 {
         .read_to_end(&mut answer)
         .await
         .expect("read the answer");
-    let answer = String::from_utf8_lossy(&answer);
-    answer
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {answer:?}"))
+    status_line_code(&answer)
 }
 
 async fn held_bytes(server: &TestServer) -> f64 {

@@ -441,3 +441,13 @@ pub struct RpcStatus {
     #[prost(string, tag = "2")]
     pub message: String,
 }
+
+/// The status code of a raw HTTP/1.1 answer's status line (`HTTP/1.1 503 …`).
+pub fn status_line_code(answer: &[u8]) -> u16 {
+    let answer = String::from_utf8_lossy(answer);
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {answer:?}"))
+}
