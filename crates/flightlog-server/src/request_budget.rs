@@ -16,8 +16,10 @@
 //! chunk as it arrives. A body larger than the whole budget takes all of it, so it is handled
 //! alone rather than never.
 //!
-//! What a body becomes once parsed (JSON values, decoded protobuf, an inflated compressed body)
-//! is not counted: it is proportional to the body, so bounding the bodies bounds it too.
+//! A compressed OTLP body (`Content-Encoding: gzip` or `deflate`) holds what it will inflate
+//! to ([`inflated_estimate`]), not just its wire bytes: it may inflate to 8 times the body
+//! limit. What a body becomes once parsed (JSON values, decoded protobuf) is not counted: it is
+//! proportional to the (inflated) body, so bounding the bodies bounds it too.
 
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -101,9 +103,47 @@ impl BodyHold {
     }
 }
 
+/// What a compressed body will inflate to, before it is inflated: a gzip body's own trailer
+/// says (`ISIZE`, its size modulo 2^32; a body that states less than it holds is still bounded
+/// by `max` when inflated), a deflate body says nothing and is taken as 8 times its size (OTLP
+/// protobuf compresses 5 – 10 times); always within `[body.len(), max]`. `None` for an
+/// encoding that is not a compression (`identity`, or one the route refuses anyway).
+pub fn inflated_estimate(content_encoding: &str, body: &[u8], max: usize) -> Option<usize> {
+    let stated = match content_encoding.trim().to_ascii_lowercase().as_str() {
+        "gzip" | "x-gzip" => body
+            .len()
+            .checked_sub(4)
+            .and_then(|start| body.get(start..))
+            .and_then(|trailer| <[u8; 4]>::try_from(trailer).ok())
+            .map_or(0, |trailer| u32::from_le_bytes(trailer) as usize),
+        "deflate" => body.len().saturating_mul(8),
+        _ => return None,
+    };
+    Some(stated.min(max).max(body.len()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_compressed_bodys_inflated_size_is_estimated_within_bounds() {
+        let mut gzip = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3, 1, 2, 3, 4];
+        gzip.extend(5_000_000_u32.to_le_bytes());
+        assert_eq!(inflated_estimate("gzip", &gzip, 64 << 20), Some(5_000_000));
+        assert_eq!(inflated_estimate(" GZIP ", &gzip, 1_000), Some(1_000));
+        // A trailer stating less than the body's own size is taken as the body's size.
+        let mut small = vec![0u8; 100];
+        small.extend(3_u32.to_le_bytes());
+        assert_eq!(inflated_estimate("x-gzip", &small, 64 << 20), Some(104));
+        assert_eq!(inflated_estimate("gzip", &[1, 2], 64 << 20), Some(2));
+        assert_eq!(
+            inflated_estimate("deflate", &[0; 1000], 64 << 20),
+            Some(8000)
+        );
+        assert_eq!(inflated_estimate("identity", &gzip, 64 << 20), None);
+        assert_eq!(inflated_estimate("br", &gzip, 64 << 20), None);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_hold_grows_with_its_body_and_gives_everything_back_when_dropped() {

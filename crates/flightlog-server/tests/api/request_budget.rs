@@ -2,7 +2,7 @@
 //! while one write's large body is being received, a body that does not fit in what is left
 //! (declared, or chunked) is answered `503 unavailable` with `Retry-After` before anything of it
 //! is stored, a small one still goes through, and once the first is answered the refused one
-//! fits again. Nothing acknowledged is lost.
+//! fits again. A compressed OTLP export holds what it inflates to. Nothing acknowledged is lost.
 //!
 //! Why: a hundred clients sending 8 MB bodies at once took the server to 1.3 GB; the write
 //! limit bounds how many bodies, not how many bytes.
@@ -160,4 +160,95 @@ async fn scenario() {
     );
     assert_eq!(held_bytes(&server).await, 0.0);
     server.stop().await;
+}
+
+/// An OTLP trace export of `spans` spans of trace `trace`, each with a long attribute, as
+/// gzipped OTLP/JSON: about `spans` KB inflated, far less on the wire.
+fn gzipped_export(trace: u8, spans: usize) -> Vec<u8> {
+    use std::io::Write;
+    let spans: Vec<Value> = (0..spans)
+        .map(|n| {
+            json!({"traceId": format!("{trace:032x}"), "spanId": format!("{:016x}", n + 1),
+                   "name": "chat", "startTimeUnixNano": "1700000000000000000",
+                   "endTimeUnixNano": "1700000000100000000",
+                   "attributes": [{"key": "note", "value": {"stringValue": "y".repeat(1_000)}}]})
+        })
+        .collect();
+    let json = json!({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}).to_string();
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(json.as_bytes()).expect("gzip");
+    encoder.finish().expect("gzip")
+}
+
+async fn export(server: &TestServer, body: Vec<u8>) -> reqwest::Response {
+    server
+        .client
+        .post(format!("{}/v1/traces", server.base))
+        .header("content-type", "application/json")
+        .header("content-encoding", "gzip")
+        .body(body)
+        .send()
+        .await
+        .expect("send")
+}
+
+/// A compressed OTLP body holds what it inflates to, not just its few wire bytes: with a
+/// 40 KB body arriving, a gzipped export that inflates to ~200 KB (a few KB sent) does not fit
+/// a 192 KiB budget and is refused 503; once the other body is answered it goes through.
+#[tokio::test]
+async fn a_compressed_export_holds_its_inflated_size() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let server = TestServer::start_with(Options {
+            config: ServerConfig {
+                request_budget_bytes: 192 * 1024,
+                ..ServerConfig::default()
+            },
+            ..Options::default()
+        })
+        .await;
+        let addr = server.base.trim_start_matches("http://").to_owned();
+        let first = span_body("first", 40_000);
+        let mut held = TcpStream::connect(&addr).await.expect("connect");
+        let head = format!(
+            "POST /v1/activity/spans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: \
+             application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            first.len()
+        );
+        let (sent, rest) = first.split_at(first.len() / 2);
+        held.write_all(head.as_bytes()).await.expect("send head");
+        held.write_all(sent).await.expect("send half the body");
+        let mut waited = 0;
+        while held_bytes(&server).await < first.len() as f64 {
+            waited += 1;
+            assert!(waited < 200, "the held body never took its budget");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        let body = gzipped_export(7, 200);
+        assert!(body.len() < 20_000, "{} bytes on the wire", body.len());
+        let refused = export(&server, body.clone()).await;
+        assert_eq!(refused.status().as_u16(), 503);
+        assert!(refused.headers().contains_key("retry-after"));
+        let error: Value = refused.json().await.expect("a JSON error body");
+        assert_eq!(error["error"]["code"], "unavailable", "{error}");
+        server
+            .get(&format!("/v1/activity/runs/{:032x}/snapshot", 7))
+            .await
+            .assert_error(404, "not_found");
+
+        held.write_all(rest).await.expect("send the rest");
+        assert_eq!(status_of(&mut held).await, 201);
+        let accepted = export(&server, body).await;
+        assert_eq!(accepted.status().as_u16(), 200);
+        let snapshot = server
+            .get(&format!("/v1/activity/runs/{:032x}/snapshot", 7))
+            .await
+            .assert_status(200)
+            .clone();
+        assert_eq!(snapshot["spans"].as_array().map(Vec::len), Some(200));
+        assert_eq!(held_bytes(&server).await, 0.0);
+        server.stop().await;
+    })
+    .await
+    .expect("the scenario ends within 60 s");
 }
