@@ -333,12 +333,9 @@ fn run_key(conn: &Connection, run_id: &str) -> Result<Option<i64>, StoreError> {
 }
 
 fn high_water_seq(conn: &Connection, run_key: i64) -> Result<i64, StoreError> {
-    conn.prepare_cached(
-        "SELECT seq FROM activity_changes WHERE run_key = ?1 ORDER BY seq DESC LIMIT 1",
-    )
-    .and_then(|mut stmt| stmt.query_row([run_key], |row| row.get(0)).optional())
-    .map(|seq| seq.unwrap_or(0))
-    .map_err(backend)
+    conn.prepare_cached(crate::activity_write::RUN_HIGH_SEQ_SQL)
+        .and_then(|mut stmt| stmt.query_row([run_key], |row| row.get(0)))
+        .map_err(backend)
 }
 
 fn latest_cursor(conn: &Connection) -> Result<i64, StoreError> {
@@ -843,6 +840,18 @@ impl ActivityStore for SqliteActivityStore {
     async fn run_high_water_seq(&self, run_id: &str) -> Result<i64, StoreError> {
         self.db.read(|conn| match run_key(conn, run_id)? {
             Some(key) => high_water_seq(conn, key),
+            None => Ok(0),
+        })
+    }
+
+    async fn run_trimmed_seq(&self, run_id: &str) -> Result<i64, StoreError> {
+        self.db.read(|conn| match run_key(conn, run_id)? {
+            Some(key) => conn
+                .prepare_cached(
+                    "SELECT COALESCE(trimmed_seq, 0) FROM activity_runs WHERE run_key = ?1",
+                )
+                .and_then(|mut stmt| stmt.query_row([key], |row| row.get(0)))
+                .map_err(backend),
             None => Ok(0),
         })
     }

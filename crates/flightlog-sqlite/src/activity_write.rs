@@ -2,8 +2,9 @@
 //!
 //! Each function is one store call with the reference's semantics: it either completes or
 //! returns an error (failing cleanly, before it wrote, or dirty, when the writer rolls the group
-//! back and replays it with a savepoint around each job). Per-run `seq` is the run's highest
-//! logged seq plus one, read with one seek on `(run_key, seq)`; `change_id` is one past the
+//! back and replays it with a savepoint around each job). Per-run `seq` is one past the run's
+//! highest seq (its highest logged one, one seek on `(run_key, seq)`, or the highest the trim
+//! deleted, whichever is larger; see `RUN_HIGH_SEQ_SQL`); `change_id` is one past the
 //! highest id ever used (`flightlog_meta.change_id_floor` keeps it across prunes), so ids never
 //! repeat even after the newest rows are pruned.
 
@@ -255,6 +256,13 @@ pub(crate) fn writer_key_of(ctx: &mut WriteContext<'_>, writer: &str) -> Result<
     .map(|(key, _)| key)
 }
 
+/// A run's highest seq (0 for none): its newest logged change's, or the highest one the change
+/// log's trim deleted, whichever is larger (see schema version 13). Its next change takes the
+/// seq after it.
+pub(crate) const RUN_HIGH_SEQ_SQL: &str = "SELECT MAX(\
+     COALESCE((SELECT seq FROM activity_changes WHERE run_key = ?1 ORDER BY seq DESC LIMIT 1), 0), \
+     COALESCE((SELECT trimmed_seq FROM activity_runs WHERE run_key = ?1), 0))";
+
 /// Append one change row; returns `(change_id, seq)`.
 pub(crate) fn log_change(
     ctx: &mut WriteContext<'_>,
@@ -265,12 +273,9 @@ pub(crate) fn log_change(
     let high = match ctx.keys.run_seq.get(&run_key) {
         Some(seq) => *seq,
         None => ctx
-            .statement(
-                "SELECT seq FROM activity_changes WHERE run_key = ?1 ORDER BY seq DESC LIMIT 1",
-            )
-            .and_then(|stmt| stmt.query_row([run_key], |row| row.get(0)).optional())
-            .map_err(backend)?
-            .unwrap_or(0),
+            .statement(RUN_HIGH_SEQ_SQL)
+            .and_then(|stmt| stmt.query_row([run_key], |row| row.get(0)))
+            .map_err(backend)?,
     };
     let seq = high + 1;
     let change_id = match ctx.keys.next_change_id {
@@ -1414,6 +1419,11 @@ fn delete_run_detail(ctx: &mut WriteContext<'_>, run_key: i64) -> Result<(i64, i
         .prepare_cached("DELETE FROM activity_spans WHERE run_key = ?1")
         .and_then(|mut stmt| stmt.execute([run_key]))
         .map_err(backend)?;
+    // A run started again under its id after its detail is pruned begins anew at seq 1, as
+    // the reference's does (its changes went with its detail).
+    conn.prepare_cached("UPDATE activity_runs SET trimmed_seq = NULL WHERE run_key = ?1")
+        .and_then(|mut stmt| stmt.execute([run_key]))
+        .map_err(backend)?;
     conn.prepare_cached("DELETE FROM activity_changes WHERE run_key = ?1")
         .and_then(|mut stmt| stmt.execute([run_key]))
         .map_err(backend)?;
@@ -1616,6 +1626,18 @@ pub(crate) fn prune(
     let (trimmed_below, changes_trimmed) = match newest_trimmed {
         None => (0, 0),
         Some(newest) => {
+            // Each run keeps the highest seq trimmed of it, so its next change goes on from
+            // there rather than from 1 once all its rows are gone (see `RUN_HIGH_SEQ_SQL`).
+            conn.prepare_cached(
+                "UPDATE activity_runs SET trimmed_seq = MAX(COALESCE(trimmed_seq, 0), t.seq) \
+                 FROM (SELECT run_key, MAX(seq) AS seq FROM activity_changes \
+                   WHERE change_id <= ?1 \
+                   AND run_key NOT IN (SELECT run_key FROM activity_spans WHERE outcome IS NULL) \
+                   GROUP BY run_key) AS t \
+                 WHERE activity_runs.run_key = t.run_key",
+            )
+            .and_then(|mut stmt| stmt.execute([newest]))
+            .map_err(backend)?;
             let trimmed = conn
                 .prepare_cached(
                     "DELETE FROM activity_changes WHERE change_id <= ?1 \

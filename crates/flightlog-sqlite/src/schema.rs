@@ -286,6 +286,14 @@ CREATE TABLE activity_spans_awaiting_caller (
   PRIMARY KEY (run_key, caller_span_id, span_key)
 ) WITHOUT ROWID;
 "#,
+    // Version 13: the highest seq of each run whose change rows the change log's trim deleted
+    // while the run's spans stay (see `activity_write::prune`), so the run's next change goes on
+    // from it: a run's next seq was its highest logged seq plus one, and a late change of a run
+    // whose rows were all trimmed was given seq 1 again, which a client that took the run's
+    // snapshot and followed the change stream dropped as already seen (an audit's finding).
+    r#"
+ALTER TABLE activity_runs ADD COLUMN trimmed_seq INTEGER;
+"#,
 ];
 
 /// The schema version this build writes.

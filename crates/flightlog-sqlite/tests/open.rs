@@ -527,6 +527,97 @@ async fn prune_trims_the_change_log_a_batch_at_a_time() {
     assert_eq!(store.change_log_horizon().await.unwrap(), 18);
 }
 
+/// A run whose change rows the trim deleted while its spans stay goes on from its highest seq:
+/// it restarted at 1 (the next seq was the highest *logged* one plus one), so a late event of
+/// an ended run had seq 1 twice, and a client that took the run's snapshot and followed the
+/// change stream dropped the late change as already seen (an audit's finding). A run whose
+/// detail is pruned and that is started again still begins at 1, as the reference's does.
+#[tokio::test]
+async fn a_trimmed_runs_next_change_goes_on_from_its_highest_seq() {
+    use flightlog_core::activity::{EndSpanInput, PruneOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = SqliteConfig::new(dir.path().join("trimmed-seq.db"));
+    config.change_log_retention = 2;
+    let store = store(SqliteDatabase::open(config).unwrap());
+    let end = || EndSpanInput {
+        outcome: SpanOutcome::Success,
+        reason: None,
+        ended_at: Some(1_001),
+        usage: None,
+        attrs: None,
+    };
+    // Run "old": start, three events, end (seqs 1 – 5); then ten other runs' changes.
+    let mut span = root("old-root", "old");
+    span.started_at = Some(1_000);
+    store.start_span(span).await.unwrap();
+    for n in 0..3 {
+        store
+            .append_event("old-root", "note", None, Some(1_000 + n))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    store.end_span("old-root", end()).await.unwrap();
+    for i in 0..5 {
+        let mut other = root(&format!("s{i}"), &format!("r{i}"));
+        other.started_at = Some(1_000);
+        store.start_span(other).await.unwrap();
+        store.end_span(&format!("s{i}"), end()).await.unwrap();
+    }
+    assert_eq!(store.run_high_water_seq("old").await.unwrap(), 5);
+    let keep_detail = PruneOptions {
+        max_spans: None,
+        digest_floor_at: 0,
+        hard_ceiling_ms: i64::MAX / 2,
+        now: Some(2_000),
+        batch: None,
+        scheduled: false,
+    };
+    let result = store.prune(keep_detail).await.unwrap();
+    assert_eq!(result.runs_pruned, 0);
+    assert!(result.changes_trimmed >= 5, "{result:?}");
+    assert!(store
+        .changes_since(0, 100)
+        .await
+        .unwrap()
+        .iter()
+        .all(|c| c.run_id != "old"));
+    // The trim took the run's rows, not its place in the numbering.
+    assert_eq!(store.run_high_water_seq("old").await.unwrap(), 5);
+    let snapshot = store.snapshot_run("old").await.unwrap().unwrap();
+    assert_eq!(snapshot.high_water_seq, 5);
+
+    store
+        .append_event("old-root", "late", None, Some(1_500))
+        .await
+        .unwrap()
+        .unwrap();
+    let late = store
+        .changes_since(snapshot.change_cursor, 10)
+        .await
+        .unwrap();
+    assert_eq!(late.len(), 1, "{late:?}");
+    assert_eq!((late[0].run_id.as_str(), late[0].seq), ("old", 6));
+    assert_eq!(store.run_high_water_seq("old").await.unwrap(), 6);
+
+    // Rolled up and pruned (its detail deleted), then started again: it begins anew.
+    store.rollup_run("old").await.unwrap();
+    let prune_all = PruneOptions {
+        max_spans: None,
+        digest_floor_at: i64::MAX / 2,
+        hard_ceiling_ms: 0,
+        now: Some(2_000),
+        batch: None,
+        scheduled: false,
+    };
+    assert!(store.prune(prune_all).await.unwrap().runs_pruned >= 1);
+    assert_eq!(store.run_high_water_seq("old").await.unwrap(), 0);
+    let mut again = root("new-root", "old");
+    again.started_at = Some(3_000);
+    store.start_span(again).await.unwrap();
+    assert_eq!(store.run_high_water_seq("old").await.unwrap(), 1);
+}
+
 /// A database opened through a symbolic link is watched at the path as given: pointing the link
 /// at another file (or moving a file over the link) is a lost file, as replacing a plain file
 /// is, even though the file the link first named is still there. That file keeps its WAL

@@ -278,8 +278,15 @@ pub trait ActivityStore: Send + Sync {
     /// values count at a typical ratio, so a snapshot can come out larger or smaller.
     async fn snapshot_size_estimate(&self, run_id: &str) -> Result<u64, StoreError>;
 
-    /// The run's highest seq still logged (0 when none).
+    /// The run's highest seq (0 when it has none): its newest logged change's, or the highest
+    /// one the change log's trim deleted while the run's spans stay, whichever is larger; its
+    /// next change takes the seq after it. A run whose detail `prune` deleted has none.
     async fn run_high_water_seq(&self, run_id: &str) -> Result<i64, StoreError>;
+
+    /// The highest seq of the run whose change the change log's trim deleted while the run's
+    /// spans stay (0 when none): a follower of the run that holds a lower seq missed changes
+    /// the log can no longer give it.
+    async fn run_trimmed_seq(&self, run_id: &str) -> Result<i64, StoreError>;
 
     /// The change id of the run's newest logged change (`None` when it logs none). Cheap (one
     /// index probe), so a follower of one run asks this after each commit and reads the change

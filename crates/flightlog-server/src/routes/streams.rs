@@ -331,8 +331,8 @@ impl ChangeFeed {
     /// A stream resumed with `Last-Event-ID` does not know the seq its client holds, only that
     /// the client was sent a snapshot of the run at or before that change id: the run's seq 1
     /// was then at or below it. So a seq 1 after it means the seqs started over (the run was
-    /// pruned and started again, or its rows were trimmed and a late write came), which a client
-    /// holding the old `highWaterSeq` would silently discard.
+    /// pruned and started again), which a client holding the old `highWaterSeq` would silently
+    /// discard.
     fn take_page(&mut self, page: Vec<ActivityChange>) {
         for change in page {
             let Some(filter) = &mut self.filter else {
@@ -362,11 +362,11 @@ impl ChangeFeed {
     /// will show as a gap in its seqs. The change stream follows every run, so for it any
     /// deleted change is a gap.
     ///
-    /// The run's own rows go two ways. Pruned with the run: it then logs nothing (high-water
+    /// The run's own rows go two ways. Pruned with the run: it then has no seq (high-water
     /// seq 0), or, started again under its id, starts its seqs over (`run_recreated`).
-    /// Trimmed: the trim deletes the oldest rows first, so if a change of the run above what
-    /// the client holds went, every older one of the run went too, and what remains is either
-    /// nothing (high-water seq 0) or changes past a gap in the seqs (`run_lost_changes`). A
+    /// Trimmed: the store keeps the highest seq it trimmed of the run, and the run's next
+    /// change goes on from it; the client missed nothing of the run if that is at or below
+    /// what it holds. A
     /// stream that does not know its client's seq yet (resumed with `Last-Event-ID`, no change
     /// of the run seen since) cannot tell, and resyncs as the change stream does. Before this,
     /// every run stream opened or resumed across a prune of *other* runs ended with a
@@ -382,12 +382,20 @@ impl ChangeFeed {
         if *above < 1 {
             return Ok(false);
         }
-        let logged = self
+        let high = self
             .store
             .run_high_water_seq(run_id)
             .await
             .map_err(|err| FeedEnd::Failed(err.to_string()))?;
-        Ok(logged > 0)
+        if high == 0 {
+            return Ok(false);
+        }
+        let trimmed = self
+            .store
+            .run_trimmed_seq(run_id)
+            .await
+            .map_err(|err| FeedEnd::Failed(err.to_string()))?;
+        Ok(trimmed <= *above)
     }
 
     /// Whether a run stream has nothing to read: its run logged no change after the cursor, and
@@ -408,12 +416,38 @@ impl ChangeFeed {
         if newest.is_some_and(|newest| newest > self.cursor) {
             return Ok(false);
         }
+        if newest.is_none() && filter.above_seq.is_some_and(|above| above > 0) {
+            // No change of the run is logged: trimmed (it keeps its seq), or its detail was
+            // pruned (it has none), which no change says: a caught-up client of a run pruned
+            // before it ended (an OpenTelemetry trace whose root never came, by the hard
+            // ceiling) went on showing it live (an audit's finding).
+            let high = self
+                .store
+                .run_high_water_seq(&filter.run_id)
+                .await
+                .map_err(|err| FeedEnd::Failed(err.to_string()))?;
+            if high == 0 {
+                return Err(FeedEnd::Resync {
+                    horizon: self.horizon().await?,
+                    reason: RUN_PRUNED,
+                });
+            }
+        }
         let horizon = self
             .store
             .change_log_horizon()
             .await
             .map_err(|err| FeedEnd::Failed(err.to_string()))?;
         Ok(self.cursor.saturating_add(1) >= horizon)
+    }
+
+    /// The change log's horizon now, for a `resync` (its `changeLogHorizon` and `resumeAfter`
+    /// said the stream's cursor before, which is not where the log begins).
+    async fn horizon(&self) -> Result<i64, FeedEnd> {
+        self.store
+            .change_log_horizon()
+            .await
+            .map_err(|err| FeedEnd::Failed(err.to_string()))
     }
 
     /// The next committed change after the cursor, waiting for one if need be; `Err` when the
@@ -426,7 +460,7 @@ impl ChangeFeed {
             }
             if self.run_recreated {
                 return Err(FeedEnd::Resync {
-                    horizon: self.cursor,
+                    horizon: self.horizon().await?,
                     reason: if self.run_began_after_id {
                         RUN_BEGAN_AFTER_ID
                     } else {
@@ -436,7 +470,7 @@ impl ChangeFeed {
             }
             if self.run_lost_changes {
                 return Err(FeedEnd::Resync {
-                    horizon: self.cursor,
+                    horizon: self.horizon().await?,
                     reason: LOG_TRIMMED,
                 });
             }
@@ -573,6 +607,10 @@ const LOG_TRIMMED: &str = "the change log no longer holds every change after thi
 const RUN_RECREATED: &str = "the run's changes start again at seq 1 after this stream's cursor \
                              (the run was pruned and a new run started under its id, or the \
                              Last-Event-ID is older than the run)";
+
+/// A `resync`'s reason when the followed run's detail was pruned: no change says so.
+const RUN_PRUNED: &str = "the run's detail was pruned (its spans and events deleted; its rollup, \
+     GET /v1/activity/runs/{runId}/rollup, says how it ended, and its snapshot is gone)";
 
 /// A `resync`'s reason when a run stream resumed with `Last-Event-ID` meets its run's seq 1
 /// after that id: the client's events cannot be of this run's current life.

@@ -1144,6 +1144,116 @@ async fn a_run_stream_resyncs_when_its_run_is_pruned_and_started_again() {
     server.stop().await;
 }
 
+/// A run whose root never came (an OpenTelemetry trace continued from elsewhere) is pruned by
+/// the hard ceiling while open: no change says so, and its run stream, caught up, stayed open
+/// with nothing more, its client showing the run live forever (an audit's finding). The stream
+/// now ends with a `resync` that says the run was pruned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stream_is_told_when_its_open_run_is_pruned() {
+    let server = TestServer::start().await;
+    let trace = "ab".repeat(16);
+    let export = json!({"resourceSpans": [{"scopeSpans": [{"spans": [{
+        "traceId": trace, "spanId": "00000000000000a1", "parentSpanId": "00000000000000ff",
+        "name": "chat", "startTimeUnixNano": "1700000000000000000",
+        "endTimeUnixNano": "1700000000100000000",
+        "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}}]
+    }]}]}]});
+    server.post("/v1/traces", &export).await.assert_status(200);
+    let path = format!("/v1/activity/runs/{trace}/stream");
+    let mut stream = SseClient::connect(&server, &path, None).await;
+    let snapshot = stream.next().await;
+    assert_eq!(snapshot.event, "snapshot");
+    assert_eq!(snapshot.data["highWaterSeq"], 1);
+    let result = server
+        .post(
+            "/v1/activity/maintenance/prune",
+            &json!({"digestFloorAt": 0, "hardCeilingMs": 0}),
+        )
+        .await
+        .assert_status(200)
+        .clone();
+    assert_eq!(result["runsPruned"], 1, "{result}");
+    let event = tokio::time::timeout(Duration::from_secs(10), stream.next())
+        .await
+        .expect("the stream says something within 10 s");
+    assert_eq!(event.event, "resync", "{event:?}");
+    assert!(
+        event.data["reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("pruned")),
+        "{event:?}"
+    );
+    server
+        .get(&format!("/v1/activity/runs/{trace}/snapshot"))
+        .await
+        .assert_error(404, "not_found");
+    drop(stream);
+    server.stop().await;
+}
+
+/// A run whose change rows the trim deleted (its spans kept) goes on from its seq: its late
+/// event reaches its run stream as the next seq, and the change stream carries it with a seq
+/// above the run's snapshot's, so a client applying "drop what the snapshot holds" keeps it.
+/// (It was seq 1 again: the run stream ended with a `resync`, and a change-stream client
+/// dropped the change as already seen; an audit's finding.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trimmed_runs_late_change_goes_on_from_its_seq() {
+    let server = TestServer::start_with(crate::support::Options {
+        change_log_retention: Some(2),
+        ..Default::default()
+    })
+    .await;
+    finished_run(&server, "old-root", "old").await;
+    for run in 0..4 {
+        finished_run(&server, &format!("s{run}"), &format!("r{run}")).await;
+    }
+    let result = server
+        .post(
+            "/v1/activity/maintenance/prune",
+            &json!({"digestFloorAt": 0, "hardCeilingMs": 1_000_000_000_000_i64}),
+        )
+        .await
+        .assert_status(200)
+        .clone();
+    assert_eq!(result["runsPruned"], 0, "{result}");
+    let seq = server
+        .get("/v1/activity/runs/old/seq")
+        .await
+        .assert_status(200)
+        .clone();
+    assert_eq!(
+        seq["highWaterSeq"], 2,
+        "the trim keeps the run's place in its numbering"
+    );
+
+    let mut run_stream = SseClient::connect(&server, "/v1/activity/runs/old/stream", None).await;
+    let snapshot = run_stream.next().await;
+    assert_eq!(snapshot.event, "snapshot");
+    assert_eq!(snapshot.data["highWaterSeq"], 2);
+    let cursor = snapshot.data["changeCursor"].as_i64().unwrap_or_default();
+    let mut changes = SseClient::connect(
+        &server,
+        &format!("/v1/activity/changes/stream?after={cursor}"),
+        None,
+    )
+    .await;
+    server
+        .post(
+            "/v1/activity/spans/old-root/events",
+            &json!({"eventType": "late", "payload": {"n": 1}}),
+        )
+        .await
+        .assert_status(201);
+    for stream in [&mut run_stream, &mut changes] {
+        let event = stream.next().await;
+        assert_eq!(event.event, "change", "{event:?}");
+        assert_eq!(event.data["runId"], "old");
+        assert_eq!(event.data["seq"], 3, "{event:?}");
+    }
+    drop((run_stream, changes));
+    server.stop().await;
+}
+
 /// A run stream opened ahead of its run (with `Last-Event-ID` at the newest change, as a client
 /// that launches the run and then watches it may do): the run's first span ends the stream
 /// with a `resync` that says the run began after the id. It named a prune first, which had not
