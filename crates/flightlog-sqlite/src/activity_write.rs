@@ -8,6 +8,8 @@
 //! highest id ever used (`flightlog_meta.change_id_floor` keeps it across prunes), so ids never
 //! repeat even after the newest rows are pruned.
 
+use std::collections::HashMap;
+
 use flightlog_core::activity::{
     compute_rollup, rootless_usage, CappedPayload, EndSpanInput, JsonObject, PruneResult,
     RollupSpan, SpanEventRow, SpanKind, SpanOrigin, SpanOutcome, SpanPatch, SpanRow, SpanUsage,
@@ -1627,16 +1629,23 @@ pub(crate) fn prune(
         None => (0, 0),
         Some(newest) => {
             // Each run keeps the highest seq trimmed of it, so its next change goes on from
-            // there rather than from 1 once all its rows are gone (see `RUN_HIGH_SEQ_SQL`).
+            // there rather than from 1 once all its rows are gone (see `RUN_HIGH_SEQ_SQL`): read
+            // from the rows about to go in one scan (a 20,000-row trim took 11.5 ms before;
+            // grouping the rows in SQL, or `DELETE … RETURNING`, made it 19 ms; this about 13).
+            let mut highest: HashMap<i64, i64> = HashMap::new();
             conn.prepare_cached(
-                "UPDATE activity_runs SET trimmed_seq = MAX(COALESCE(trimmed_seq, 0), t.seq) \
-                 FROM (SELECT run_key, MAX(seq) AS seq FROM activity_changes \
-                   WHERE change_id <= ?1 \
-                   AND run_key NOT IN (SELECT run_key FROM activity_spans WHERE outcome IS NULL) \
-                   GROUP BY run_key) AS t \
-                 WHERE activity_runs.run_key = t.run_key",
+                "SELECT run_key, seq FROM activity_changes WHERE change_id <= ?1 AND run_key \
+                 NOT IN (SELECT run_key FROM activity_spans WHERE outcome IS NULL)",
             )
-            .and_then(|mut stmt| stmt.execute([newest]))
+            .and_then(|mut stmt| {
+                let mut rows = stmt.query([newest])?;
+                while let Some(row) = rows.next()? {
+                    let (run_key, seq): (i64, i64) = (row.get(0)?, row.get(1)?);
+                    let high = highest.entry(run_key).or_insert(seq);
+                    *high = (*high).max(seq);
+                }
+                Ok(())
+            })
             .map_err(backend)?;
             let trimmed = conn
                 .prepare_cached(
@@ -1645,6 +1654,15 @@ pub(crate) fn prune(
                 )
                 .and_then(|mut stmt| stmt.execute([newest]))
                 .map_err(backend)?;
+            let mut keep = conn
+                .prepare_cached(
+                    "UPDATE activity_runs SET trimmed_seq = MAX(COALESCE(trimmed_seq, 0), ?2) \
+                     WHERE run_key = ?1",
+                )
+                .map_err(backend)?;
+            for (run_key, seq) in highest {
+                keep.execute([run_key, seq]).map_err(backend)?;
+            }
             (newest + 1, i64::try_from(trimmed).unwrap_or(i64::MAX))
         }
     };
