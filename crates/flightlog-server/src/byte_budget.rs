@@ -48,11 +48,16 @@ impl ByteBudget {
             .min(self.total_units)
     }
 
+    /// `units` more if they are free now (no refusal counted when not).
+    pub fn try_acquire(&self, units: u32) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.units).try_acquire_many_owned(units).ok()
+    }
+
     /// `units` more, waiting at most [`BUDGET_WAIT`]; `None` (counted as a refusal) when they
     /// do not come free in time.
     pub async fn acquire(&self, units: u32) -> Option<OwnedSemaphorePermit> {
         // Nearly always free: taken without arming a timer (every write's body comes here).
-        if let Ok(permit) = Arc::clone(&self.units).try_acquire_many_owned(units) {
+        if let Some(permit) = self.try_acquire(units) {
             return Some(permit);
         }
         let acquire = Arc::clone(&self.units).acquire_many_owned(units);

@@ -1,5 +1,5 @@
-//! The memory budget of request bodies in flight: from before a write's body is read until its
-//! answer is given, the body holds its size of a budget shared by every request
+//! The memory budget of request bodies in flight: from its first byte until its answer is
+//! given, a write's body holds its size of a budget shared by every request
 //! ([`ServerConfig::request_budget_bytes`](crate::state::ServerConfig), 64 MiB by default,
 //! `--request-budget`).
 //!
@@ -7,14 +7,20 @@
 //! at once (4,096), and the body limit how large each body is (8 MiB), but not their product:
 //! a hundred clients sending 8 MB batch bodies at once (an exporter fleet flushing together, or
 //! one client opening connections in a loop) took the server to 1,319 MiB of RSS, and nothing
-//! stopped a few hundred more (with the budget: 369 MiB, `bench/many_large_bodies.py`). With the budget, a body that does not fit waits up to
-//! [`BUDGET_WAIT`] for others to finish, then gets `503 unavailable` with `Retry-After` (over
-//! OTLP/gRPC, `UNAVAILABLE`; OTLP exporters retry both) before anything of it is read or
-//! stored. A body with a declared length takes all of it before its first byte is read (a
-//! body waiting for room holds none, so large bodies never each hold a part while waiting for
-//! the rest); a body of no declared length (chunked, most gRPC calls) takes its size chunk by
-//! chunk as it arrives. A body larger than the whole budget takes all of it, so it is handled
-//! alone rather than never.
+//! stopped a few hundred more (with the budget: 369 MiB, `bench/many_large_bodies.py`). With
+//! the budget, a body that does not fit waits up to [`BUDGET_WAIT`] for others to finish, then gets `503 unavailable` with `Retry-After` (over
+//! OTLP/gRPC, `UNAVAILABLE`; OTLP exporters retry both) before anything of it is stored.
+//!
+//! A body with a declared length takes all of it before its first byte is read; a body of no
+//! declared length (chunked, most gRPC calls) takes its size as it arrives. A hold never waits
+//! while holding: one that needs more than is free gives back what it holds and waits for the
+//! whole of what it needs in one go ([`BodyHold::cover`]). Taken bit by bit, a hundred 8 MB
+//! bodies arriving together each took a share of the budget and then waited for more, none
+//! could finish, and all hundred were refused; taken whole, eight are handled at a time. A
+//! body larger than the whole budget takes all of it, so it is handled alone rather than never.
+//! The cost: a client that declares 8 MB and then sends a byte every few seconds holds 8 MB
+//! of the budget for up to the minute a body may take (`BODY_READ_TIMEOUT`), as it holds a
+//! write slot; with tokens configured, only a client with the `ingest` scope can.
 //!
 //! A compressed OTLP body (`Content-Encoding: gzip` or `deflate`) holds what it will inflate
 //! to ([`inflated_estimate`]), not just its wire bytes: it may inflate to 8 times the body
@@ -72,8 +78,10 @@ pub struct BodyHold {
 }
 
 impl BodyHold {
-    /// Hold enough for a body of `len` bytes, taking what is missing (waiting at most
-    /// [`BUDGET_WAIT`]); 503 when it does not come free.
+    /// Hold enough for a body of `len` bytes: what is missing, taken at once if it is free;
+    /// else what the hold has goes back and the whole of it is waited for (at most
+    /// [`BUDGET_WAIT`]), so no hold waits while holding (see the module doc). 503 when it does
+    /// not come free, the hold then holding nothing.
     pub async fn cover(&mut self, len: usize) -> Result<(), ApiError> {
         if len <= self.covered {
             return Ok(());
@@ -85,7 +93,15 @@ impl BodyHold {
             .map_or(0, |permit| permit.num_permits());
         let held = u32::try_from(held).unwrap_or(u32::MAX);
         if wanted > held {
-            let Some(more) = self.budget.bytes.acquire(wanted - held).await else {
+            let more = match self.budget.bytes.try_acquire(wanted - held) {
+                Some(more) => Some(more),
+                None => {
+                    self.permit = None;
+                    self.covered = 0;
+                    self.budget.bytes.acquire(wanted).await
+                }
+            };
+            let Some(more) = more else {
                 let total = self.budget.usage().total_bytes;
                 return Err(ApiError::Unavailable(format!(
                     "the server is reading and handling other requests' bodies, which hold its \
@@ -161,7 +177,15 @@ mod tests {
         assert_eq!(budget.usage().refused, 1);
         second.cover(20_000).await.expect("room for this one");
 
+        // Needing more than is free, a hold gives back what it has while it waits: 20 KiB held
+        // and 4 KiB free, 30,000 bytes more is refused, and the hold then holds nothing.
+        let refusal = second.cover(50_000).await.expect_err("no room");
+        assert!(matches!(refusal, ApiError::Unavailable(_)), "{refusal:?}");
+        assert_eq!(budget.usage().held_bytes, 40_960);
+
         drop(first);
+        second.cover(50_000).await.expect("room now");
+        assert_eq!(budget.usage().held_bytes, 53_248);
         drop(second);
         assert_eq!(budget.usage().held_bytes, 0);
     }

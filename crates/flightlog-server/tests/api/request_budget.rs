@@ -44,6 +44,40 @@ async fn held_bytes(server: &TestServer) -> f64 {
         .unwrap_or(-1.0)
 }
 
+/// A span start of about `len` bytes whose first `sent` bytes are sent on a raw connection,
+/// once the budget shows its declared length held: the connection and the rest of the body.
+async fn partly_sent_write(
+    server: &TestServer,
+    span_id: &str,
+    len: usize,
+    sent: usize,
+) -> (TcpStream, Vec<u8>) {
+    let body = span_body(span_id, len);
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let mut stream = TcpStream::connect(&addr).await.expect("connect");
+    let head = format!(
+        "POST /v1/activity/spans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let (first, rest) = body.split_at(sent);
+    stream.write_all(head.as_bytes()).await.expect("send head");
+    stream
+        .write_all(first)
+        .await
+        .expect("send part of the body");
+    let mut waited = 0;
+    loop {
+        // A declared length is held whole before the body is read (see `request_budget`).
+        if held_bytes(server).await >= body.len() as f64 {
+            return (stream, rest.to_vec());
+        }
+        waited += 1;
+        assert!(waited < 200, "the held body never took its budget");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test]
 async fn bodies_that_do_not_fit_the_budget_are_refused_until_room_comes_back() {
     tokio::time::timeout(Duration::from_secs(60), scenario())
@@ -67,25 +101,10 @@ async fn scenario() {
         Some(BUDGET as f64)
     );
 
-    // A 40 KB body, half sent: it holds all of its declared length while it arrives.
-    let first = span_body("first", 40_000);
-    let mut held = TcpStream::connect(&addr).await.expect("connect");
-    let head = format!(
-        "POST /v1/activity/spans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        first.len()
-    );
-    let (sent, rest) = first.split_at(first.len() / 2);
-    held.write_all(head.as_bytes()).await.expect("send head");
-    held.write_all(sent).await.expect("send half the body");
-    let mut waited = 0;
-    while held_bytes(&server).await < first.len() as f64 {
-        waited += 1;
-        assert!(waited < 200, "the held body never took its budget");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // A 45 KB body, half of it sent: it holds its declared length while it arrives.
+    let (mut held, rest) = partly_sent_write(&server, "first", 45_000, 22_000).await;
 
-    // A 30 KB body does not fit in the ~24 KiB left: 503, Retry-After, nothing stored.
+    // A 30 KB body does not fit in the ~20 KiB left: 503, Retry-After, nothing stored.
     let second = span_body("second", 30_000);
     let refused = server
         .client
@@ -136,7 +155,7 @@ async fn scenario() {
         .assert_status(201);
 
     // The held write completes and is stored; its budget comes back; the refused one fits now.
-    held.write_all(rest).await.expect("send the rest");
+    held.write_all(&rest).await.expect("send the rest");
     assert_eq!(status_of(&mut held).await, 201);
     let retried = server
         .client
@@ -206,23 +225,7 @@ async fn a_compressed_export_holds_its_inflated_size() {
             ..Options::default()
         })
         .await;
-        let addr = server.base.trim_start_matches("http://").to_owned();
-        let first = span_body("first", 40_000);
-        let mut held = TcpStream::connect(&addr).await.expect("connect");
-        let head = format!(
-            "POST /v1/activity/spans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: \
-             application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            first.len()
-        );
-        let (sent, rest) = first.split_at(first.len() / 2);
-        held.write_all(head.as_bytes()).await.expect("send head");
-        held.write_all(sent).await.expect("send half the body");
-        let mut waited = 0;
-        while held_bytes(&server).await < first.len() as f64 {
-            waited += 1;
-            assert!(waited < 200, "the held body never took its budget");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let (mut held, rest) = partly_sent_write(&server, "first", 40_000, 20_000).await;
 
         let body = gzipped_export(7, 200);
         assert!(body.len() < 20_000, "{} bytes on the wire", body.len());
@@ -236,7 +239,7 @@ async fn a_compressed_export_holds_its_inflated_size() {
             .await
             .assert_error(404, "not_found");
 
-        held.write_all(rest).await.expect("send the rest");
+        held.write_all(&rest).await.expect("send the rest");
         assert_eq!(status_of(&mut held).await, 201);
         let accepted = export(&server, body).await;
         assert_eq!(accepted.status().as_u16(), 200);
