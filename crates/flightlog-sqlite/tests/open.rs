@@ -468,13 +468,26 @@ async fn close_leaves_everything_in_the_database_file() {
     assert_eq!(spans, 50);
 }
 
+/// A prune at 2,000 ms that prunes no run (the digest floor at 0, the hard ceiling far away):
+/// it only trims the change log.
+fn prune_no_run() -> flightlog_core::activity::PruneOptions {
+    flightlog_core::activity::PruneOptions {
+        max_spans: None,
+        digest_floor_at: 0,
+        hard_ceiling_ms: i64::MAX / 2,
+        now: Some(2_000),
+        batch: None,
+        scheduled: false,
+    }
+}
+
 /// The change-log trim of `prune` deleted every row behind the retention distance in one
 /// transaction: the first prune of a big database (7.2 million rows) held the write lock for
 /// 5.7 s. It now trims at most `change_log_trim_batch` rows a call, the oldest first, and moves
 /// the horizon only as far as it trimmed.
 #[tokio::test]
 async fn prune_trims_the_change_log_a_batch_at_a_time() {
-    use flightlog_core::activity::{EndSpanInput, PruneOptions};
+    use flightlog_core::activity::EndSpanInput;
     let dir = tempfile::tempdir().unwrap();
     let mut config = SqliteConfig::new(dir.path().join("trim.db"));
     config.change_log_retention = 2;
@@ -496,14 +509,7 @@ async fn prune_trims_the_change_log_a_batch_at_a_time() {
         store.end_span(&format!("s{i}"), end).await.unwrap();
     }
     assert_eq!(store.latest_change_cursor().await.unwrap(), 20);
-    let keep_all = PruneOptions {
-        max_spans: None,
-        digest_floor_at: 0,
-        hard_ceiling_ms: i64::MAX / 2,
-        now: Some(2_000),
-        batch: None,
-        scheduled: false,
-    };
+    let keep_all = prune_no_run();
     let oldest = |changes: Vec<flightlog_core::activity::ActivityChange>| {
         changes.first().map(|change| change.change_id)
     };
@@ -565,14 +571,7 @@ async fn a_trimmed_runs_next_change_goes_on_from_its_highest_seq() {
         store.end_span(&format!("s{i}"), end()).await.unwrap();
     }
     assert_eq!(store.run_high_water_seq("old").await.unwrap(), 5);
-    let keep_detail = PruneOptions {
-        max_spans: None,
-        digest_floor_at: 0,
-        hard_ceiling_ms: i64::MAX / 2,
-        now: Some(2_000),
-        batch: None,
-        scheduled: false,
-    };
+    let keep_detail = prune_no_run();
     let result = store.prune(keep_detail).await.unwrap();
     assert_eq!(result.runs_pruned, 0);
     assert!(result.changes_trimmed >= 5, "{result:?}");
