@@ -199,7 +199,7 @@ async fn hold_inflated(
         .await
         .map_err(|error| ApiError::invalid(format!("cannot read the request body: {error}")))?;
     if let Some(inflated) = request_budget::inflated_estimate(&encoding, &bytes, max_decompressed) {
-        hold.cover(inflated).await?;
+        hold.cover(bytes.len().saturating_add(inflated)).await?;
     }
     Ok(Request::from_parts(parts, Body::from(bytes)))
 }
