@@ -31,7 +31,7 @@ use futures_util::StreamExt;
 
 use crate::error::ApiError;
 use crate::metrics::{method_label, UNMATCHED_ROUTE};
-use crate::request_budget::{self, BodyHold};
+use crate::request_budget::BodyHold;
 use crate::routes::otlp::{is_otlp_path, is_protobuf, refusal_answer, too_large_answer};
 use crate::state::AppState;
 use crate::{auth, extract, overload};
@@ -181,10 +181,13 @@ async fn admit_and_run(
     response
 }
 
-/// An OTLP body's inflated size, held beside its wire size when it is compressed (see
-/// [`request_budget::inflated_estimate`]): eight 7.6 MB gzipped OTLP/JSON bodies that inflate
-/// to 50 MB each took the server to 899 MiB while the budget held only their 61 MB on the
-/// wire. The body is read whole already: taking it out and putting it back copies nothing.
+/// An OTLP body's inflated size, held beside its wire size when it is compressed: eight 7.6 MB
+/// gzipped OTLP/JSON bodies that inflate to 50 MB each took the server to 899 MiB while the
+/// budget held only their 61 MB on the wire. Counted by inflating the body into nothing
+/// ([`flightlog_otlp::inflated_len`]; the route inflates it again to decode it, after the
+/// budget is held): a gzip trailer's stated size let a body ending in an empty member in on
+/// its wire size, and deflate states none. The body is read whole already: taking it out and
+/// putting it back copies nothing.
 async fn hold_inflated(
     request: Request,
     hold: &mut BodyHold,
@@ -198,7 +201,8 @@ async fn hold_inflated(
     let bytes = axum::body::to_bytes(body, usize::MAX)
         .await
         .map_err(|error| ApiError::invalid(format!("cannot read the request body: {error}")))?;
-    if let Some(inflated) = request_budget::inflated_estimate(&encoding, &bytes, max_decompressed) {
+    if let Some(inflated) = flightlog_otlp::inflated_len(Some(&encoding), &bytes, max_decompressed)
+    {
         hold.cover(bytes.len().saturating_add(inflated)).await?;
     }
     Ok(Request::from_parts(parts, Body::from(bytes)))

@@ -1687,6 +1687,7 @@ pub(crate) fn prune(
     // prune that deleted nothing (the scheduled one, most passes) keeps the caches warm.
     if !candidates.is_empty() || !rootless.is_empty() || newest_trimmed.is_some() {
         ctx.keys.clear_volatile();
+        ctx.keys.group_deleted_changes = true;
     }
     Ok(PruneResult {
         runs_pruned: i64::try_from(candidates.len() + rootless.len()).unwrap_or(i64::MAX),

@@ -143,6 +143,10 @@ pub(crate) struct WriterCache {
     /// when a group begins, kept by every clear): a group that logged none has nothing to ring
     /// the doorbell for, so it skips the `MAX(change_id)` lookup.
     pub group_logged_change: bool,
+    /// Whether the current group deleted runs' detail or change rows (`prune`): no change says
+    /// so, so the doorbell is rung without moving once it commits, and the streams look again
+    /// (a run stream whose run was pruned ends at once rather than at its next periodic look).
+    pub group_deleted_changes: bool,
     /// engagement id -> (engagement key, next seq): the journal's counter rows. Only appends
     /// keep entries up to date; compaction and pruning drop them (see `journal.rs`).
     pub engagements: FastMap<String, (i64, i64)>,
@@ -2284,6 +2288,7 @@ impl GroupCommitWriter {
         let began = Instant::now();
         self.begin_group()?;
         self.keys.group_logged_change = false;
+        self.keys.group_deleted_changes = false;
         let applying = Instant::now();
         let mut dirty = false;
         {
@@ -2338,15 +2343,14 @@ impl GroupCommitWriter {
                 // in the journal benchmark and most of it for one-append-per-commit callers.
                 None => None,
             };
-            if let Some(newest) = newest {
-                self.doorbell.send_if_modified(|current| {
-                    let moved = newest > *current;
-                    if moved {
-                        *current = newest;
-                    }
-                    moved
-                });
-            }
+            let deleted = self.keys.group_deleted_changes;
+            self.doorbell.send_if_modified(|current| {
+                let moved = newest.is_some_and(|newest| newest > *current);
+                if let Some(newest) = newest.filter(|_| moved) {
+                    *current = newest;
+                }
+                moved || deleted
+            });
         }
         let done = Instant::now();
         let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
