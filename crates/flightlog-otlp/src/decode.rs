@@ -159,23 +159,22 @@ pub(crate) fn read_body<T>(
 /// them, as an OTLP/HTTP body is checked (see `decoded_size`): a frame flagged compressed is
 /// inflated first when the call's `grpc-encoding` is gzip, within `max_decompressed`. The
 /// messages are walked along `schema`. What cannot be checked (a frame cut short, a message
-/// that does not inflate, another compression) passes: tonic refuses it itself. Returns how
-/// many messages the body holds (an export is unary: one).
+/// that does not inflate, another compression) passes: tonic refuses it itself.
 pub fn check_grpc_messages(
     body: &[u8],
     grpc_encoding: Option<&str>,
     schema: ExportSchema,
     max_decompressed: usize,
-) -> Result<usize, OtlpError> {
+) -> Result<GrpcMessages, OtlpError> {
     let mut rest = body;
-    let mut messages = 0;
+    let mut found = GrpcMessages::default();
     while let (Some(&flag), Some(length)) = (rest.first(), rest.get(1..5)) {
         let length = u32::from_be_bytes([length[0], length[1], length[2], length[3]]) as usize;
         let Some(message) = rest.get(5..5 + length) else {
-            return Ok(messages);
+            return Ok(found);
         };
         rest = &rest[5 + length..];
-        messages += 1;
+        found.count += 1;
         let inflated;
         let message = match (flag, grpc_encoding.map(str::trim)) {
             (0, _) => message,
@@ -183,16 +182,29 @@ pub fn check_grpc_messages(
                 match gunzip_bounded(message, max_decompressed) {
                     Ok(plain) => {
                         inflated = plain;
+                        found.inflated_bytes = found
+                            .inflated_bytes
+                            .saturating_add(inflated.as_bytes().len());
                         inflated.as_bytes()
                     }
-                    Err(_) => return Ok(messages),
+                    Err(_) => return Ok(found),
                 }
             }
-            _ => return Ok(messages),
+            _ => return Ok(found),
         };
         crate::decoded_size::check_decoded_size(message, OtlpEncoding::Protobuf, schema)?;
     }
-    Ok(messages)
+    Ok(found)
+}
+
+/// What [`check_grpc_messages`] found in a gRPC request body.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GrpcMessages {
+    /// How many messages the body holds (an export is unary: one).
+    pub count: usize,
+    /// What its compressed messages inflate to, in all (0 when none is compressed): what a
+    /// server sets memory aside for beside the body before tonic inflates them again.
+    pub inflated_bytes: usize,
 }
 
 /// The `Content-Encoding`s a body may come in (besides none).

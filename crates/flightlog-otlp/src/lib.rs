@@ -40,7 +40,9 @@ mod usage;
 mod test_support;
 
 pub use attributes::MAX_ATTRIBUTE_VALUE_BYTES;
-pub use decode::{check_grpc_messages, decode_request, inflated_len, ExportSchema, OtlpEncoding};
+pub use decode::{
+    check_grpc_messages, decode_request, inflated_len, ExportSchema, GrpcMessages, OtlpEncoding,
+};
 pub use error::OtlpError;
 pub use mapping::{map_request, MappedBatch, MappingOptions, RejectedSpan};
 pub use prices::{ModelPrice, PriceTable, PriceTableError};

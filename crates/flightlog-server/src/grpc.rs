@@ -197,7 +197,7 @@ async fn export_in_slot(
             return refuse(Status::deadline_exceeded(error.to_string()))
         }
     };
-    let request = match entries_within_budget(request, state.config().body_limit).await {
+    let request = match entries_within_budget(request, state.config().body_limit, &mut hold).await {
         Ok(request) => request,
         Err(status) => return refuse(status),
     };
@@ -210,9 +210,12 @@ async fn export_in_slot(
 /// The message's entries checked before tonic decodes them, as an OTLP/HTTP body's are: a
 /// message of empty or tiny entries decodes to fifty times its size (see
 /// `flightlog_otlp::check_grpc_messages`). The body is in memory already (read whole above).
+/// A compressed message (`grpc-encoding: gzip`) also holds what it inflates to of the request
+/// budget, as a compressed OTLP/HTTP body does (`UNAVAILABLE` when it does not fit).
 async fn entries_within_budget(
     request: axum::extract::Request,
     body_limit: usize,
+    hold: &mut crate::request_budget::BodyHold,
 ) -> Result<axum::extract::Request, Status> {
     let (parts, body) = request.into_parts();
     let bytes = axum::body::to_bytes(body, usize::MAX)
@@ -230,8 +233,14 @@ async fn entries_within_budget(
     } else {
         ExportSchema::Traces
     };
-    let messages = flightlog_otlp::check_grpc_messages(&bytes, encoding, schema, body_limit)
+    let found = flightlog_otlp::check_grpc_messages(&bytes, encoding, schema, body_limit)
         .map_err(|error| Status::resource_exhausted(error.to_string()))?;
+    if found.inflated_bytes > 0 {
+        hold.cover(bytes.len().saturating_add(found.inflated_bytes))
+            .await
+            .map_err(|refusal| Status::unavailable(refusal.to_string()))?;
+    }
+    let messages = found.count;
     // tonic reads a unary call's first message and drops the rest unread: a client that sent
     // two was answered OK and lost the second's spans without a word (an audit's finding).
     if messages > 1 {

@@ -259,3 +259,77 @@ async fn a_compressed_export_holds_its_inflated_size() {
     .await
     .expect("the scenario ends within 60 s");
 }
+
+/// A gzipped gRPC export holds what its message inflates to, as an OTLP/HTTP body does (it
+/// held only its few wire bytes, and inflates to up to the body limit): with a 400 KB HTTP body
+/// arriving, a compressed message inflating to ~2.3 MB is `UNAVAILABLE` (which exporters
+/// retry); once the other body is answered it goes through.
+#[tokio::test]
+async fn a_compressed_grpc_export_holds_its_inflated_size() {
+    use crate::otlp_fuzz::{grpc_channel, grpc_unary};
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+    use prost::Message;
+    const EXPORT: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let server = TestServer::start_with(Options {
+            grpc: true,
+            config: ServerConfig {
+                request_budget_bytes: 1_920 * 1024,
+                ..ServerConfig::default()
+            },
+            ..Options::default()
+        })
+        .await;
+        let (mut held, rest) = partly_sent_write(&server, "first", 400_000, 200_000).await;
+        let trace_id = vec![9u8; 16];
+        let spans = (0..2_000u64)
+            .map(|n| Span {
+                trace_id: trace_id.clone(),
+                span_id: (n + 1).to_be_bytes().to_vec(),
+                name: "chat".into(),
+                start_time_unix_nano: 1_700_000_000_000_000_000,
+                end_time_unix_nano: 1_700_000_000_100_000_000,
+                attributes: vec![KeyValue {
+                    key: "note".into(),
+                    value: Some(AnyValue {
+                        value: Some(any_value::Value::StringValue("z".repeat(1_000))),
+                    }),
+                    ..KeyValue::default()
+                }],
+                ..Span::default()
+            })
+            .collect();
+        let request = ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                scope_spans: vec![ScopeSpans {
+                    spans,
+                    ..ScopeSpans::default()
+                }],
+                ..ResourceSpans::default()
+            }],
+        };
+        let body = request.encode_to_vec();
+        let send = || async {
+            let grpc = tonic::client::Grpc::new(grpc_channel(&server).await)
+                .send_compressed(tonic::codec::CompressionEncoding::Gzip);
+            grpc_unary(grpc, EXPORT, tonic::Request::new(body.clone())).await
+        };
+        let status = send().await.expect_err("no room for what it inflates to");
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        held.write_all(&rest).await.expect("send the rest");
+        assert_eq!(status_of(&mut held).await, 201);
+        send().await.expect("room now");
+        let snapshot = server
+            .get(&format!("/v1/activity/runs/{}/snapshot", "09".repeat(16)))
+            .await
+            .assert_status(200)
+            .clone();
+        assert_eq!(snapshot["spans"].as_array().map(Vec::len), Some(2_000));
+        assert_eq!(held_bytes(&server).await, 0.0);
+        server.stop().await;
+    })
+    .await
+    .expect("the scenario ends within 60 s");
+}
