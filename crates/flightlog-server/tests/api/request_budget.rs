@@ -211,6 +211,17 @@ async fn export(server: &TestServer, body: Vec<u8>) -> reqwest::Response {
         .expect("send")
 }
 
+/// Run `run_id` holds `spans` spans, and nothing holds the budget any more.
+async fn assert_stored_and_budget_free(server: &TestServer, run_id: &str, spans: usize) {
+    let snapshot = server
+        .get(&format!("/v1/activity/runs/{run_id}/snapshot"))
+        .await
+        .assert_status(200)
+        .clone();
+    assert_eq!(snapshot["spans"].as_array().map(Vec::len), Some(spans));
+    assert_eq!(held_bytes(server).await, 0.0);
+}
+
 /// A compressed OTLP body holds what it inflates to, not just its few wire bytes: with a
 /// 400 KB body arriving, a gzipped export that inflates to ~2.3 MB (far less sent) does not
 /// fit a 1,920 KiB budget and is refused 503; once the other body is answered it goes through.
@@ -247,13 +258,7 @@ async fn a_compressed_export_holds_its_inflated_size() {
         assert_eq!(status_of(&mut held).await, 201);
         let accepted = export(&server, body).await;
         assert_eq!(accepted.status().as_u16(), 200);
-        let snapshot = server
-            .get(&format!("/v1/activity/runs/{:032x}/snapshot", 7))
-            .await
-            .assert_status(200)
-            .clone();
-        assert_eq!(snapshot["spans"].as_array().map(Vec::len), Some(2_000));
-        assert_eq!(held_bytes(&server).await, 0.0);
+        assert_stored_and_budget_free(&server, &format!("{:032x}", 7), 2_000).await;
         server.stop().await;
     })
     .await
@@ -321,13 +326,7 @@ async fn a_compressed_grpc_export_holds_its_inflated_size() {
         held.write_all(&rest).await.expect("send the rest");
         assert_eq!(status_of(&mut held).await, 201);
         send().await.expect("room now");
-        let snapshot = server
-            .get(&format!("/v1/activity/runs/{}/snapshot", "09".repeat(16)))
-            .await
-            .assert_status(200)
-            .clone();
-        assert_eq!(snapshot["spans"].as_array().map(Vec::len), Some(2_000));
-        assert_eq!(held_bytes(&server).await, 0.0);
+        assert_stored_and_budget_free(&server, &"09".repeat(16), 2_000).await;
         server.stop().await;
     })
     .await
