@@ -1631,7 +1631,7 @@ pub(crate) fn prune(
             // Each run keeps the highest seq trimmed of it, so its next change goes on from
             // there rather than from 1 once all its rows are gone (see `RUN_HIGH_SEQ_SQL`): read
             // from the rows about to go in one scan (a 20,000-row trim took 11.5 ms before;
-            // grouping the rows in SQL, or `DELETE … RETURNING`, made it 19 ms; this about 13).
+            // grouping the rows in SQL, or `DELETE … RETURNING`, made it 17 – 23 ms; this 15).
             let mut highest: HashMap<i64, i64> = HashMap::new();
             conn.prepare_cached(
                 "SELECT run_key, seq FROM activity_changes WHERE change_id <= ?1 AND run_key \
