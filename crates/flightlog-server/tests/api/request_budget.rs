@@ -211,6 +211,22 @@ async fn export(server: &TestServer, body: Vec<u8>) -> reqwest::Response {
         .expect("send")
 }
 
+/// A server with a 1,920 KiB request budget (and a gRPC listener when `grpc`), 400 KB of it
+/// held by a span start half sent: the server, that connection and the rest of its body.
+async fn server_holding_400_kb(grpc: bool) -> (TestServer, TcpStream, Vec<u8>) {
+    let server = TestServer::start_with(Options {
+        grpc,
+        config: ServerConfig {
+            request_budget_bytes: 1_920 * 1024,
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let (held, rest) = partly_sent_write(&server, "first", 400_000, 200_000).await;
+    (server, held, rest)
+}
+
 /// Run `run_id` holds `spans` spans, and nothing holds the budget any more.
 async fn assert_stored_and_budget_free(server: &TestServer, run_id: &str, spans: usize) {
     let snapshot = server
@@ -228,15 +244,7 @@ async fn assert_stored_and_budget_free(server: &TestServer, run_id: &str, spans:
 #[tokio::test]
 async fn a_compressed_export_holds_its_inflated_size() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let server = TestServer::start_with(Options {
-            config: ServerConfig {
-                request_budget_bytes: 1_920 * 1024,
-                ..ServerConfig::default()
-            },
-            ..Options::default()
-        })
-        .await;
-        let (mut held, rest) = partly_sent_write(&server, "first", 400_000, 200_000).await;
+        let (server, mut held, rest) = server_holding_400_kb(false).await;
 
         // Ending in an empty gzip member, whose trailer says 0: the size is counted, not
         // read from the last trailer (which let such a body in on its wire size).
@@ -278,16 +286,7 @@ async fn a_compressed_grpc_export_holds_its_inflated_size() {
     use prost::Message;
     const EXPORT: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
     tokio::time::timeout(Duration::from_secs(60), async {
-        let server = TestServer::start_with(Options {
-            grpc: true,
-            config: ServerConfig {
-                request_budget_bytes: 1_920 * 1024,
-                ..ServerConfig::default()
-            },
-            ..Options::default()
-        })
-        .await;
-        let (mut held, rest) = partly_sent_write(&server, "first", 400_000, 200_000).await;
+        let (server, mut held, rest) = server_holding_400_kb(true).await;
         let trace_id = vec![9u8; 16];
         let spans = (0..2_000u64)
             .map(|n| Span {
