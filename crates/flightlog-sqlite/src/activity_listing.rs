@@ -231,7 +231,7 @@ fn roots_sql(query: &RunListQuery) -> String {
 /// decided from the index and the run ids alone, and [`roots_sql`] computes the entries of
 /// those `limit + 1` only. (Computed for every row before the sort, as one query did, the
 /// entries of runs sharing one start cost ~3.8 µs each: 380 ms a page at 100,000 runs started
-/// at one instant, as a test suite on a manual clock records them; 80 ms this way.)
+/// at one instant, as a test suite on a manual clock records them; 70 – 86 ms this way.)
 fn page_roots_sql(query: &RunListQuery) -> String {
     let mut sql = String::from(
         "SELECT s.span_key FROM activity_spans s JOIN activity_runs r ON r.run_key = s.run_key \
