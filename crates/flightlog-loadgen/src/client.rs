@@ -86,9 +86,22 @@ impl Connection {
         content_type: &'static str,
         body: &Bytes,
     ) -> Result<(u16, Bytes), String> {
+        self.request_encoded(method, uri, content_type, None, body)
+            .await
+    }
+
+    /// [`Connection::request`] with a body in `content_encoding` (`gzip`), when given.
+    pub async fn request_encoded(
+        &mut self,
+        method: &Method,
+        uri: &Uri,
+        content_type: &'static str,
+        content_encoding: Option<&'static str>,
+        body: &Bytes,
+    ) -> Result<(u16, Bytes), String> {
         let outcome = tokio::time::timeout(
             REQUEST_TIMEOUT,
-            self.exchange(method, uri, content_type, body),
+            self.exchange(method, uri, content_type, content_encoding, body),
         )
         .await;
         let result = match outcome {
@@ -106,6 +119,7 @@ impl Connection {
         method: &Method,
         uri: &Uri,
         content_type: &'static str,
+        content_encoding: Option<&'static str>,
         body: &Bytes,
     ) -> Result<(u16, Bytes), String> {
         use std::io::Write as _;
@@ -125,6 +139,9 @@ impl Connection {
                 "content-type: {content_type}\r\ncontent-length: {}\r\n",
                 body.len()
             );
+            if let Some(encoding) = content_encoding {
+                let _ = write!(self.out, "content-encoding: {encoding}\r\n");
+            }
         }
         self.out.extend_from_slice(b"\r\n");
         self.out.extend_from_slice(body);

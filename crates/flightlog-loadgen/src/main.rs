@@ -222,6 +222,10 @@ struct OtlpArgs {
     /// The longest wait, after the last POST was answered, for every body to be queryable.
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     wait_seconds: u64,
+    /// Send every body gzip-compressed (`Content-Encoding: gzip`), as the OpenTelemetry
+    /// Collector's OTLP exporters do by default.
+    #[arg(long)]
+    gzip: bool,
 }
 
 fn main() -> ExitCode {
@@ -477,6 +481,7 @@ async fn run_otlp(
         connections: args.connections.max(1),
         verify_sample: args.verify_sample,
         wait: Duration::from_secs(args.wait_seconds),
+        gzip: args.gzip,
     };
     let report = otlp_phase(server, base, &shape, time_limit).await?;
     server.check_alive()?;

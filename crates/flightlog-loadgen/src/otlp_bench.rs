@@ -51,6 +51,8 @@ pub struct OtlpShape {
     pub verify_sample: usize,
     /// How long to wait, after the last POST was answered, for every body to be queryable.
     pub wait: Duration,
+    /// Bodies sent gzip-compressed.
+    pub gzip: bool,
 }
 
 /// One encoded body and what is needed to check it.
@@ -277,6 +279,21 @@ pub fn encode_body(b: usize, spans_per_body: usize, base_ns: u64) -> Body {
     }
 }
 
+/// `body` gzip-compressed at the default level (what the OpenTelemetry Collector's exporters
+/// send by default).
+fn gzip_body(body: Body) -> anyhow::Result<Body> {
+    use std::io::Write as _;
+    let mut encoder = flate2::write::GzEncoder::new(
+        Vec::with_capacity(body.bytes.len() / 4),
+        flate2::Compression::default(),
+    );
+    encoder.write_all(&body.bytes)?;
+    Ok(Body {
+        bytes: Bytes::from(encoder.finish()?),
+        ..body
+    })
+}
+
 /// A body's answer: 200 and an `ExportTraceServiceResponse` without `partialSuccess` (or with
 /// zero rejected spans and no message).
 fn check_export_answer(status: u16, body: &[u8]) -> Result<(), String> {
@@ -341,8 +358,15 @@ pub async fn otlp_phase(
         .saturating_sub(3_600_000_000_000);
     let encoded_at = Instant::now();
     let bodies: Vec<Body> = (0..bodies_wanted)
-        .map(|b| encode_body(b, shape.spans_per_body, base_ns))
-        .collect();
+        .map(|b| {
+            let body = encode_body(b, shape.spans_per_body, base_ns);
+            if shape.gzip {
+                gzip_body(body)
+            } else {
+                Ok(body)
+            }
+        })
+        .collect::<anyhow::Result<_>>()?;
     let encode_seconds = encoded_at.elapsed().as_secs_f64();
     let total_spans: usize = bodies.iter().map(|b| b.spans).sum();
     let total_bytes: usize = bodies.iter().map(|b| b.bytes.len()).sum();
@@ -361,6 +385,7 @@ pub async fn otlp_phase(
     let accepted_rx = Arc::new(tokio::sync::Mutex::new(accepted_rx));
     let last_accepted = Arc::new(Mutex::new(started));
 
+    let content_encoding = shape.gzip.then_some("gzip");
     let mut posters = Vec::with_capacity(shape.connections);
     for _ in 0..shape.connections {
         let mut connection = Connection::new(server.addr())?;
@@ -383,10 +408,11 @@ pub async fn otlp_phase(
                 }
                 let sent = Instant::now();
                 let answer = connection
-                    .request(
+                    .request_encoded(
                         &Method::POST,
                         &traces_uri,
                         "application/x-protobuf",
+                        content_encoding,
                         &body.bytes,
                     )
                     .await;
@@ -539,11 +565,12 @@ pub async fn otlp_phase(
     let mut notes = vec![
         format!(
             "{bodies_count} bodies x {} spans = {total_spans} spans ({} traces of \
-             {SPANS_PER_TRACE}), {:.0} KiB per body on average, encoded in {encode_seconds:.2} s \
+             {SPANS_PER_TRACE}), {:.0} KiB per body on average{}, encoded in {encode_seconds:.2} s \
              before the clock; {} connections",
             shape.spans_per_body,
             total_spans / SPANS_PER_TRACE,
             total_bytes as f64 / bodies_count as f64 / 1024.0,
+            if shape.gzip { " gzipped" } else { "" },
             shape.connections
         ),
         format!(
