@@ -147,9 +147,9 @@ pub(crate) struct WriterCache {
     /// so, so the doorbell is rung without moving once it commits, and the streams look again
     /// (a run stream whose run was pruned ends at once rather than at its next periodic look).
     pub group_deleted_changes: bool,
-    /// engagement id -> (engagement key, next seq): the journal's counter rows. Only appends
-    /// keep entries up to date; compaction and pruning drop them (see `journal.rs`).
-    pub engagements: FastMap<String, (i64, i64)>,
+    /// engagement id -> its counter row (key, next seq, arrival bucket). Only appends keep
+    /// entries up to date; compaction and pruning drop them (see `journal.rs`).
+    pub engagements: FastMap<String, crate::journal::EngagementCounter>,
     /// How many ids the recent span-id index holds (see `activity_write::register_span_id`).
     pub recent_span_ids: Option<i64>,
     /// How many ids the middle span-id index holds.

@@ -193,17 +193,47 @@ fn new_generation(salt: i64) -> i64 {
     (random >> 11) as i64
 }
 
-/// The engagement's counter row: its key and next seq (= its number of events).
+/// The width of the buckets the scheduled retention finds engagements by (schema version 14):
+/// an engagement's `appended_bucket` is its exact arrival time `appended_at` floored to a
+/// multiple of this, and an append rewrites it (and its index entry) only when it changes, so
+/// the appends of a busy engagement within ten seconds touch that index once. The migration
+/// that made the buckets uses the same width; changing it needs a migration that redoes them.
+pub(crate) const ARRIVAL_BUCKET_MS: i64 = 10_000;
+
+/// The arrival bucket of an append that arrived at `appended_at` (floored, negative times too).
+pub(crate) fn arrival_bucket(appended_at: i64) -> i64 {
+    appended_at.div_euclid(ARRIVAL_BUCKET_MS)
+}
+
+/// An engagement's counter row as the writer caches it: exactly the row's contents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EngagementCounter {
+    /// The row's key (the events' `engagement_key`).
+    pub key: i64,
+    /// The next seq, which is also the number of events the engagement holds.
+    pub next_seq: i64,
+    /// Its `appended_bucket`; `None` on a row an older flightlog wrote.
+    pub arrival_bucket: Option<i64>,
+}
+
+/// The engagement's counter row.
 fn engagement_counter(
     conn: &Connection,
     engagement_id: &str,
-) -> Result<Option<(i64, i64)>, StoreError> {
+) -> Result<Option<EngagementCounter>, StoreError> {
     conn.prepare_cached(
-        "SELECT engagement_key, next_seq FROM journal_engagements WHERE engagement_id = ?1",
+        "SELECT engagement_key, next_seq, appended_bucket FROM journal_engagements \
+         WHERE engagement_id = ?1",
     )
     .and_then(|mut stmt| {
-        stmt.query_row([engagement_id], |row| Ok((row.get(0)?, row.get(1)?)))
-            .optional()
+        stmt.query_row([engagement_id], |row| {
+            Ok(EngagementCounter {
+                key: row.get(0)?,
+                next_seq: row.get(1)?,
+                arrival_bucket: row.get(2)?,
+            })
+        })
+        .optional()
     })
     .map_err(backend)
 }
@@ -225,7 +255,7 @@ fn append_in_transaction(
         Some(counter) => Some(*counter),
         None => engagement_counter(conn, &template.engagement_id)?,
     };
-    let seq = counter.map_or(0, |(_, next_seq)| next_seq);
+    let seq = counter.map_or(0, |counter| counter.next_seq);
     if u64::try_from(seq).unwrap_or(0) >= max_events {
         return Ok(Err(JournalError::JournalFull {
             engagement_id: template.engagement_id.to_string(),
@@ -240,31 +270,49 @@ fn append_in_transaction(
             }));
         }
     }
+    let bucket = arrival_bucket(appended_at);
     let engagement_key = match counter {
-        Some((engagement_key, _)) => {
+        // The arrival bucket is indexed: rewritten only when it changes.
+        Some(counter) if counter.arrival_bucket == Some(bucket) => {
             ctx.statement(
                 "UPDATE journal_engagements SET next_seq = ?2, last_at = ?3, appended_at = ?4 \
                  WHERE engagement_key = ?1",
             )
+            .and_then(|stmt| stmt.execute(params![counter.key, seq + 1, template.at, appended_at]))
+            .map_err(backend)?;
+            counter.key
+        }
+        Some(counter) => {
+            ctx.statement(
+                "UPDATE journal_engagements SET next_seq = ?2, last_at = ?3, appended_at = ?4, \
+                 appended_bucket = ?5 WHERE engagement_key = ?1",
+            )
             .and_then(|stmt| {
-                stmt.execute(params![engagement_key, seq + 1, template.at, appended_at])
+                stmt.execute(params![
+                    counter.key,
+                    seq + 1,
+                    template.at,
+                    appended_at,
+                    bucket
+                ])
             })
             .map_err(backend)?;
-            engagement_key
+            counter.key
         }
         None => {
             // The new row's key is one more than the largest present: the creation order.
             conn.prepare_cached(
                 "INSERT INTO journal_engagements \
-                 (engagement_id, next_seq, last_at, generation, appended_at) \
-                 VALUES (?1, 1, ?2, ?3, ?4)",
+                 (engagement_id, next_seq, last_at, generation, appended_at, appended_bucket) \
+                 VALUES (?1, 1, ?2, ?3, ?4, ?5)",
             )
             .and_then(|mut stmt| {
                 stmt.execute(params![
                     &*template.engagement_id,
                     template.at,
                     new_generation(seq),
-                    appended_at
+                    appended_at,
+                    bucket
                 ])
             })
             .map_err(backend)?;
@@ -287,7 +335,11 @@ fn append_in_transaction(
     .map_err(backend)?;
     ctx.keys.engagements.insert(
         template.engagement_id.to_string(),
-        (engagement_key, seq + 1),
+        EngagementCounter {
+            key: engagement_key,
+            next_seq: seq + 1,
+            arrival_bucket: Some(bucket),
+        },
     );
     Ok(Ok(EngagementEvent {
         seq,
@@ -431,7 +483,12 @@ fn compact_in_transaction(
     conn: &Connection,
     engagement_id: &str,
 ) -> Result<Result<bool, JournalError>, StoreError> {
-    let Some((engagement_key, next_seq)) = engagement_counter(conn, engagement_id)? else {
+    let Some(EngagementCounter {
+        key: engagement_key,
+        next_seq,
+        ..
+    }) = engagement_counter(conn, engagement_id)?
+    else {
         return Ok(Ok(false));
     };
     let mut events = Vec::new();
@@ -558,36 +615,51 @@ fn prune_in_transaction(
     event_budget: Option<i64>,
 ) -> Result<u64, StoreError> {
     if stamp_unstamped && matches!(age_by, AgeBy::AppendedAt) {
+        // The rows an older flightlog wrote have no bucket (and, before schema version 10, no
+        // arrival time): the bucket floored as `arrival_bucket` does.
         conn.prepare_cached(
-            "UPDATE journal_engagements SET appended_at = ?1 WHERE appended_at IS NULL",
+            "UPDATE journal_engagements SET appended_at = coalesce(appended_at, ?1), \
+             appended_bucket = (coalesce(appended_at, ?1) \
+               - ((coalesce(appended_at, ?1) % ?2) + ?2) % ?2) / ?2 \
+             WHERE appended_bucket IS NULL",
         )
-        .and_then(|mut stmt| stmt.execute([now]))
+        .and_then(|mut stmt| stmt.execute([now, ARRIVAL_BUCKET_MS]))
         .map_err(backend)?;
     }
-    let candidates = match age_by {
-        AgeBy::LastAt => {
-            "SELECT engagement_key, next_seq FROM journal_engagements \
-             INDEXED BY journal_engagements_by_recency WHERE last_at < ?1 \
-             ORDER BY last_at LIMIT ?2"
-        }
-        AgeBy::AppendedAt => {
-            "SELECT engagement_key, next_seq FROM journal_engagements \
-             INDEXED BY journal_engagements_by_arrival WHERE appended_at < ?1 \
-             ORDER BY appended_at LIMIT ?2"
-        }
+    let limit = if event_budget.is_some() {
+        PRUNE_CANDIDATES
+    } else {
+        -1
     };
-    let expired: Vec<(i64, i64)> = conn
-        .prepare_cached(candidates)
-        .and_then(|mut stmt| {
-            let limit = if event_budget.is_some() {
-                PRUNE_CANDIDATES
-            } else {
-                -1
-            };
-            stmt.query_map(params![cutoff, limit], |row| Ok((row.get(0)?, row.get(1)?)))?
+    let expired: Vec<(i64, i64)> = match age_by {
+        AgeBy::LastAt => conn
+            .prepare_cached(
+                "SELECT engagement_key, next_seq FROM journal_engagements \
+                 INDEXED BY journal_engagements_by_recency WHERE last_at < ?1 \
+                 ORDER BY last_at LIMIT ?2",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_map(params![cutoff, limit], |row| Ok((row.get(0)?, row.get(1)?)))?
+                    .collect()
+            }),
+        // Every row that arrived before the cutoff has a bucket at most the cutoff's (a row an
+        // older flightlog still running rewrote keeps an older bucket: still found); the exact
+        // time then decides, so the bucket costs only a look at the rows of the cutoff's.
+        AgeBy::AppendedAt => conn
+            .prepare_cached(
+                "SELECT engagement_key, next_seq FROM journal_engagements \
+                 INDEXED BY journal_engagements_by_arrival_bucket \
+                 WHERE appended_bucket <= ?3 AND appended_at < ?1 \
+                 ORDER BY appended_bucket LIMIT ?2",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_map(params![cutoff, limit, arrival_bucket(cutoff)], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })?
                 .collect()
-        })
-        .map_err(backend)?;
+            }),
+    }
+    .map_err(backend)?;
     let mut events_taken: i64 = 0;
     let mut removed = 0;
     for (engagement_key, events) in expired {

@@ -294,6 +294,20 @@ CREATE TABLE activity_spans_awaiting_caller (
     r#"
 ALTER TABLE activity_runs ADD COLUMN trimmed_seq INTEGER;
 "#,
+    // Version 14: engagements found for the scheduled retention by the ten-second bucket of
+    // their arrival time (`appended_at` floored to 10,000 ms: `journal::ARRIVAL_BUCKET_MS`),
+    // which an append rewrites only when it changes, instead of by the arrival time itself,
+    // whose index every append rewrote (an index entry deleted and one inserted: a fifth of the
+    // writer's instructions per append). The prune still judges by the exact `appended_at`.
+    // Rows without an arrival time (an older flightlog's) get their bucket when it is stamped.
+    r#"
+ALTER TABLE journal_engagements ADD COLUMN appended_bucket INTEGER;
+UPDATE journal_engagements
+  SET appended_bucket = (appended_at - ((appended_at % 10000) + 10000) % 10000) / 10000
+  WHERE appended_at IS NOT NULL;
+DROP INDEX journal_engagements_by_arrival;
+CREATE INDEX journal_engagements_by_arrival_bucket ON journal_engagements (appended_bucket);
+"#,
 ];
 
 /// The schema version this build writes.

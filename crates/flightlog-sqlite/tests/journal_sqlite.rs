@@ -1335,3 +1335,117 @@ fn prune_idle_judges_by_arrival_and_spares_an_upgraded_files_engagements() {
     });
     runtime().block_on(db.close()).expect("close");
 }
+
+/// `prune_idle` finds engagements by the ten-second bucket of their arrival (schema version 14:
+/// an append rewrites the indexed bucket only when it changes) but judges them by the exact
+/// arrival time: two engagements in one bucket on either side of the cutoff, a negative time,
+/// and an engagement whose last append came when the clock had gone back (its bucket moved
+/// back with it, or it would never be found) are each removed at their exact millisecond.
+#[test]
+fn prune_idle_is_exact_to_the_millisecond_within_an_arrival_bucket() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("buckets.db"))).expect("open");
+    let retention = RetentionConfig {
+        max_age_ms: 60_000,
+        ..RetentionConfig::default()
+    };
+    let clock = Arc::new(flightlog_core::ManualClock::new(0));
+    let journal = SqliteEngagementJournal::new(db.clone(), retention).with_clock(clock.clone());
+    runtime().block_on(async {
+        for (engagement, arrival) in [
+            ("early", 9_999),
+            ("first-of-bucket", 10_000),
+            ("last-of-bucket", 19_999),
+            ("negative", -5),
+            ("went-back", 45_000),
+        ] {
+            clock.set(arrival);
+            journal
+                .append(input(engagement, 0, "note", json!({})))
+                .await
+                .expect("append");
+        }
+        // The clock goes back: the last append to `went-back` arrived at 5,000.
+        clock.set(5_000);
+        journal
+            .append(input("went-back", 1, "note", json!({})))
+            .await
+            .expect("append");
+        let expect_removed = [
+            (59_995, 0, vec![]),
+            (59_996, 1, vec!["negative"]),
+            (65_000, 0, vec![]),
+            (65_001, 1, vec!["went-back"]),
+            (69_999, 0, vec![]),
+            (70_000, 1, vec!["early"]),
+            (70_000, 0, vec![]),
+            (70_001, 1, vec!["first-of-bucket"]),
+            (79_999, 0, vec![]),
+            (80_000, 1, vec!["last-of-bucket"]),
+        ];
+        let mut gone: Vec<&str> = Vec::new();
+        for (now, removed, newly_gone) in expect_removed {
+            assert_eq!(
+                journal.prune_idle(now).await.ok(),
+                Some(removed),
+                "prune_idle({now})"
+            );
+            gone.extend(newly_gone);
+            let mut expected: Vec<String> = [
+                "early",
+                "first-of-bucket",
+                "last-of-bucket",
+                "negative",
+                "went-back",
+            ]
+            .into_iter()
+            .filter(|engagement| !gone.contains(engagement))
+            .map(str::to_owned)
+            .collect();
+            expected.sort();
+            let mut left = journal.list_engagements(None).await.expect("list");
+            left.sort();
+            assert_eq!(left, expected, "after prune_idle({now})");
+        }
+    });
+    runtime().block_on(db.close()).expect("close");
+}
+
+/// A file of schema version 13 keeps its engagements' arrival times through the upgrade to 14
+/// (each gets the bucket of its time), so the scheduled retention removes each exactly when it
+/// did before: not a millisecond early, not a bucket late.
+#[test]
+fn an_upgraded_files_arrival_times_keep_their_retention() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("v13.db");
+    {
+        let mut conn = rusqlite::Connection::open(&path).expect("open");
+        flightlog_sqlite::migrate_up_to(&mut conn, 13).expect("schema version 13");
+        conn.execute_batch(
+            "INSERT INTO journal_engagements
+               (engagement_key, engagement_id, next_seq, last_at, generation, appended_at)
+               VALUES (1, 'old', 1, 5, 7, 123_456), (2, 'older', 1, 5, 7, -12_345);
+             INSERT INTO journal_events (engagement_key, seq, event_type, at, data)
+               VALUES (1, 0, 'note', 5, '{}'), (2, 0, 'note', 5, '{}');",
+        )
+        .expect("engagements of schema 13");
+    }
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).expect("open and upgrade");
+    let retention = RetentionConfig {
+        max_age_ms: 1_000,
+        ..RetentionConfig::default()
+    };
+    let journal = SqliteEngagementJournal::new(db.clone(), retention);
+    runtime().block_on(async {
+        assert_eq!(journal.prune_idle(-11_345).await.ok(), Some(0));
+        assert_eq!(journal.prune_idle(-11_344).await.ok(), Some(1));
+        assert_eq!(journal.prune_idle(124_456).await.ok(), Some(0));
+        assert_eq!(
+            journal.list_engagements(None).await.ok(),
+            Some(vec!["old".to_owned()])
+        );
+        assert_eq!(journal.prune_idle(124_457).await.ok(), Some(1));
+        assert_eq!(journal.list_engagements(None).await.ok(), Some(vec![]));
+    });
+    runtime().block_on(db.close()).expect("close");
+}
