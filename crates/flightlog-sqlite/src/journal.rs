@@ -648,7 +648,7 @@ fn prune_in_transaction(
         AgeBy::AppendedAt => conn
             .prepare_cached(
                 "SELECT engagement_key, next_seq FROM journal_engagements \
-                 INDEXED BY journal_engagements_by_arrival_bucket \
+                 INDEXED BY journal_engagements_by_arrival \
                  WHERE appended_bucket <= ?3 AND appended_at < ?1 \
                  ORDER BY appended_bucket LIMIT ?2",
             )

@@ -300,13 +300,17 @@ ALTER TABLE activity_runs ADD COLUMN trimmed_seq INTEGER;
     // whose index every append rewrote (an index entry deleted and one inserted: a fifth of the
     // writer's instructions per append). The prune still judges by the exact `appended_at`.
     // Rows without an arrival time (an older flightlog's) get their bucket when it is stamped.
+    // The index keeps its name: an older flightlog still running on the file during the upgrade
+    // names it in its own prune (`INDEXED BY`), which failed on every pass once the name was
+    // gone (an audit's finding); under the old name its prune scans the index whole and sorts,
+    // right if slower, until it stops.
     r#"
 ALTER TABLE journal_engagements ADD COLUMN appended_bucket INTEGER;
 UPDATE journal_engagements
   SET appended_bucket = (appended_at - ((appended_at % 10000) + 10000) % 10000) / 10000
   WHERE appended_at IS NOT NULL;
 DROP INDEX journal_engagements_by_arrival;
-CREATE INDEX journal_engagements_by_arrival_bucket ON journal_engagements (appended_bucket);
+CREATE INDEX journal_engagements_by_arrival ON journal_engagements (appended_bucket);
 "#,
 ];
 

@@ -1449,3 +1449,49 @@ fn an_upgraded_files_arrival_times_keep_their_retention() {
     });
     runtime().block_on(db.close()).expect("close");
 }
+
+/// An older flightlog still running on the file while a newer one upgrades it to schema 14
+/// keeps its scheduled retention: its prune names the arrival index (`INDEXED BY`), which kept
+/// its name, so the statement it prepares still runs and finds what it found before (an
+/// audit's finding: the old process's every pass failed with "no such index").
+#[test]
+fn an_older_flightlogs_prune_still_runs_on_an_upgraded_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("v13.db");
+    {
+        let mut conn = rusqlite::Connection::open(&path).expect("open");
+        flightlog_sqlite::migrate_up_to(&mut conn, 13).expect("schema version 13");
+        conn.execute_batch(
+            "INSERT INTO journal_engagements
+               (engagement_key, engagement_id, next_seq, last_at, generation, appended_at)
+               VALUES (1, 'idle', 1, 5, 7, 1_000), (2, 'busy', 1, 5, 7, 90_000);",
+        )
+        .expect("engagements of schema 13");
+    }
+    let older = rusqlite::Connection::open(&path).expect("the older flightlog's connection");
+    let db = SqliteDatabase::open(SqliteConfig::new(&path)).expect("open and upgrade");
+    // The older flightlog's statements, as schema 13 builds prepare them.
+    older
+        .execute(
+            "UPDATE journal_engagements SET next_seq = 2, last_at = 6, appended_at = 95_000 \
+             WHERE engagement_key = 2",
+            [],
+        )
+        .expect("the older flightlog's append");
+    let expired: Vec<(i64, i64)> = older
+        .prepare(
+            "SELECT engagement_key, next_seq FROM journal_engagements \
+             INDEXED BY journal_engagements_by_arrival WHERE appended_at < ?1 \
+             ORDER BY appended_at LIMIT ?2",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map(rusqlite::params![50_000, 500], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })?
+            .collect()
+        })
+        .expect("the older flightlog's prune query runs");
+    assert_eq!(expired, [(1, 1)]);
+    drop(older);
+    runtime().block_on(db.close()).expect("close");
+}
