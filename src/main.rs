@@ -129,7 +129,8 @@ struct ServeArgs {
         verbatim_doc_comment
     )]
     request_budget: Option<String>,
-    /// Write requests handled at once; more get 503 with Retry-After instead of queueing.
+    /// Write requests handled at once; one more waits up to 100 ms for a slot, then gets 503
+    /// with Retry-After (never an unbounded queue).
     /// [env: FLIGHTLOG_MAX_INFLIGHT_WRITES] [file: max_inflight_writes] [default: 4096]
     #[arg(
         long,

@@ -43,8 +43,23 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
     // clean stop, instead of killing the process mid-sweep with its WAL left behind.
     let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        shutdown_signal().await;
+        stop_signal().await;
+        say!(
+            "flightlog: shutting down (finishing requests in flight; a second Ctrl-C or SIGTERM \
+             stops at once)"
+        );
         stop.send_replace(true);
+        // A second signal stops the process now, as an operator who sent it expects: the first
+        // one's handlers stay installed, so it did nothing while the shutdown waited for
+        // requests in flight (up to 5 s) or for another process's write lock. Every
+        // acknowledged write is committed (in the file or its WAL, which the next start reads);
+        // a write in flight is rolled back and its client gets no answer.
+        stop_signal().await;
+        say_err!(
+            "flightlog: a second stop signal: stopping at once, without waiting for the requests \
+             in flight (every acknowledged write is kept: the next start reads it)"
+        );
+        std::process::exit(1);
     });
     survive_file_size_limit();
     raise_open_file_limit();
@@ -501,10 +516,10 @@ fn raise_open_file_limit() {
     }
 }
 
-/// Completes on Ctrl-C (SIGINT) or, on Unix, SIGTERM (what a container runtime or service
-/// manager sends). A handler that cannot be installed never completes: the server then runs until
-/// killed, which is what it would do without one.
-async fn shutdown_signal() {
+/// Completes on the next Ctrl-C (SIGINT) or, on Unix, SIGTERM (what a container runtime or
+/// service manager sends). A handler that cannot be installed never completes: the server then
+/// runs until killed, which is what it would do without one.
+async fn stop_signal() {
     let ctrl_c = async {
         if let Err(err) = tokio::signal::ctrl_c().await {
             say_err!("flightlog: cannot listen for Ctrl-C ({err})");
@@ -530,7 +545,6 @@ async fn shutdown_signal() {
         () = ctrl_c => {}
         () = terminate => {}
     }
-    say!("flightlog: shutting down (finishing requests in flight)");
 }
 
 fn warn_of_hard_links(db: &std::path::Path) {

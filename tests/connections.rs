@@ -808,6 +808,74 @@ fn sigterm_stops_the_server_with_a_connection_mid_head() {
     stopped.unwrap();
 }
 
+/// A second SIGTERM during the graceful shutdown stops the process at once: the first signal's
+/// handlers stayed installed, so a second one did nothing while the shutdown waited up to 5 s
+/// for a request in flight (an audit's finding). The shutdown also says how many connections
+/// its grace period cut.
+#[test]
+fn a_second_sigterm_stops_the_server_at_once() {
+    let mut server = Server::start("second-sigterm", None);
+    let mut stream = connect(server.addr).unwrap();
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let signal = |server: &Server| {
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &server.pid().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM failed");
+    };
+    signal(&server);
+    // The first signal is being handled: the graceful shutdown now waits for the connection.
+    let deadline = Instant::now() + STOP_LIMIT;
+    while !server.process.output().contains("shutting down") {
+        assert!(Instant::now() < deadline, "{}", server.process.output());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let second = Instant::now();
+    signal(&server);
+    let status = loop {
+        if let Some(status) = server.process.child.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(
+            second.elapsed() < Duration::from_secs(3),
+            "still running {:?} after the second SIGTERM:\n{}",
+            second.elapsed(),
+            server.process.output()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // The output reader may be a moment behind the exit.
+    std::thread::sleep(Duration::from_millis(200));
+    let output = server.process.output();
+    assert!(!status.success(), "exit {status:?}:\n{output}");
+    assert!(output.contains("a second stop signal"), "{output}");
+    assert!(!output.contains("panicked"), "{output}");
+    drop(stream);
+
+    // One signal: the grace period's cut is said.
+    let mut server = Server::start("grace-cut", None);
+    let mut stream = connect(server.addr).unwrap();
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let stopped = server.process.stop(STOP_LIMIT);
+    drop(stream);
+    assert!(stopped.graceful, "{}", stopped.output);
+    assert!(
+        stopped
+            .output
+            .contains("1 connection(s) still open 5 s into the shutdown were closed"),
+        "{}",
+        stopped.output
+    );
+}
+
 /// SIGTERM while one change-stream client has stopped reading and its socket buffers are full:
 /// the stream's body ends on shutdown, but hyper cannot write any more to that socket, so the
 /// connection never finished and the graceful shutdown waited for it forever. It now waits at

@@ -263,6 +263,16 @@ where
         .await
         .is_err()
     {
+        // Said, so an operator can tell a client's cut request from a server fault
+        // (`writeln!`: `eprintln!` panics when stderr is gone).
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "flightlog: {} connection(s) still open {} s into the shutdown were closed (a \
+             request not answered, or a stream client not reading)",
+            connections.len(),
+            SHUTDOWN_GRACE.as_secs()
+        );
         connections.abort_all();
     }
     Ok(())

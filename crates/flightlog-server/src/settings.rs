@@ -979,14 +979,14 @@ pub fn resolve_with_file(
         flags.allow_unauthenticated_non_loopback.as_deref(),
         false,
         parse_bool,
-        "give true or false",
+        BOOL_VALUES,
     )?;
     let manual_clock = layers.parse(
         &MANUAL_CLOCK,
         flags.manual_clock.as_deref(),
         false,
         parse_bool,
-        "give true or false",
+        BOOL_VALUES,
     )?;
     let every = layers.parse(
         &MAINTENANCE_EVERY_MS,
@@ -1472,6 +1472,10 @@ fn parse_off_or<T>(text: &str, parse: impl Fn(&str) -> Option<T>) -> Option<Opti
     }
     parse(text).map(Some)
 }
+
+/// What a yes/no setting takes on the command line and in the environment, as its error says
+/// (it said "true or false" and took the rest silently; the config file takes TOML booleans).
+const BOOL_VALUES: &str = "give true or false (also 1/0, yes/no, on/off)";
 
 fn parse_bool(text: &str) -> Option<bool> {
     match text.to_ascii_lowercase().as_str() {
