@@ -32,6 +32,9 @@ use flightlog_sqlite::{
 /// Where the listening address can be set, for error messages.
 const ADDR_SOURCES: &str = "--addr, FLIGHTLOG_ADDR or `addr` in the config file";
 /// Where the OTLP/gRPC address can be set, for error messages.
+/// How long the database's close may take at a stop before the server says what it waits for.
+const SLOW_CLOSE_NOTICE: std::time::Duration = std::time::Duration::from_secs(1);
+
 const GRPC_ADDR_SOURCES: &str =
     "--grpc-addr, FLIGHTLOG_GRPC_ADDR or `grpc_addr` in the config file";
 
@@ -339,8 +342,25 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
         }
     }
     // Leave the database file complete on its own (the WAL copied into it), so that copying
-    // the stopped server's file is a backup of everything it acknowledged.
-    match db.close().await {
+    // the stopped server's file is a backup of everything it acknowledged. The writes still
+    // queued are done first, and one that waits for another process's write lock may take up
+    // to the lock wait: said when the close takes long, so a stop that hangs is explained.
+    let closing = db.close();
+    tokio::pin!(closing);
+    let closed = tokio::select! {
+        closed = &mut closing => closed,
+        () = tokio::time::sleep(SLOW_CLOSE_NOTICE) => {
+            say!(
+                "flightlog: still closing the database: finishing the writes queued before the \
+                 stop, then copying the WAL into the file; another process holding the \
+                 database's lock makes each write wait up to {} ms (--write-lock-wait-ms) and \
+                 the copy up to 5 s; a second Ctrl-C or SIGTERM stops at once",
+                settings.write_lock_wait.as_millis()
+            );
+            closing.await
+        }
+    };
+    match closed {
         Ok(true) => {}
         Ok(false) => {
             // Which of the reasons it is, where it can be told: a file whose permissions were

@@ -199,6 +199,12 @@ fn a_shutdown_while_a_write_waits_for_the_lock_ends_in_bounded_time() {
         asked.elapsed(),
         stopped.output
     );
+    // The stop says what it waits for (it said nothing while it waited).
+    assert!(
+        stopped.output.contains("still closing the database"),
+        "{}",
+        stopped.output
+    );
     let (status, body) = waiting.join().expect("the waiting request");
     assert_eq!(status, 503, "{body}");
     holder.release();
