@@ -320,6 +320,7 @@ where
         shutdown,
         crate::Protocol::Http2,
         write_stall_limit,
+        None,
     )
     .await
 }

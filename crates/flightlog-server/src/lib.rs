@@ -118,12 +118,14 @@ where
         closing.send_replace(true);
     };
     let write_stall_limit = state.config().write_stall_limit;
+    let unparsed = state.metrics().unparsed_requests();
     serve_router(
         listener,
         app(state),
         shutdown,
         Protocol::Http1,
         write_stall_limit,
+        Some(unparsed),
     )
     .await
 }
@@ -174,6 +176,7 @@ pub(crate) async fn serve_router<F>(
     shutdown: F,
     protocol: Protocol,
     write_stall_limit: Duration,
+    unparsed: Option<metrics::UnparsedRequests>,
 ) -> Result<(), ServeError>
 where
     F: Future<Output = ()> + Send + 'static,
@@ -214,7 +217,10 @@ where
                         .clone()
                         .map_request(|request: Request<Incoming>| request.map(Body::new)),
                 );
-                let io = TokioIo::new(parse_error_body::ParseErrorBody::new(guarded));
+                let io = TokioIo::new(parse_error_body::ParseErrorBody::new(
+                    guarded,
+                    unparsed.clone(),
+                ));
                 let mut builder = hyper::server::conn::http1::Builder::new();
                 builder
                     .timer(TokioTimer::new())

@@ -16,7 +16,9 @@
 //!
 //! Labels are bounded: `route` is the matched route *template* (`/v1/activity/spans/{spanId}`),
 //! never the raw path, and a request no route serves is counted under `route="unmatched"`, so
-//! neither ids nor probing can grow the number of series.
+//! neither ids nor probing can grow the number of series. A request whose head could not be
+//! parsed (answered by hyper itself, 400, 414 or 431: see `parse_error_body`) is counted under
+//! `route="unparsed"`, `method="other"`.
 
 use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::OnceLock;
@@ -51,6 +53,9 @@ pub const CONTENT_TYPE_TEXT: &str = prometheus_text::CONTENT_TYPE;
 /// The `route` label of a request no route serves.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
+/// The `route` label of a request whose head could not be parsed.
+pub const UNPARSED_ROUTE: &str = "unparsed";
+
 /// Upper bounds (seconds) of the request-duration buckets: a local SQLite read answers in well
 /// under a millisecond, a group commit in a few, so the low end is fine-grained.
 const DURATION_BUCKETS: [f64; 14] = [
@@ -63,6 +68,26 @@ struct RequestLabels {
     route: String,
     method: &'static str,
     status: u16,
+}
+
+/// Counts the requests hyper answered itself because their head could not be parsed, in
+/// `flightlog_http_requests_total` (see [`Metrics::unparsed_requests`]).
+#[derive(Debug, Clone)]
+pub(crate) struct UnparsedRequests {
+    requests: Family<RequestLabels, Counter>,
+}
+
+impl UnparsedRequests {
+    /// Count one such request, answered `status` (400, 414 or 431).
+    pub(crate) fn count(&self, status: u16) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                route: UNPARSED_ROUTE.to_owned(),
+                method: "other",
+                status,
+            })
+            .inc();
+    }
 }
 
 /// Labels of `flightlog_http_request_duration_seconds`.
@@ -405,6 +430,14 @@ impl Metrics {
                 status,
             })
             .inc();
+    }
+
+    /// Where the requests whose head could not be parsed are counted: handed to each HTTP/1
+    /// connection's socket wrapper, which sees their answers (hyper's own).
+    pub(crate) fn unparsed_requests(&self) -> UnparsedRequests {
+        UnparsedRequests {
+            requests: self.requests.clone(),
+        }
     }
 
     /// Count one write refused by the write limit.

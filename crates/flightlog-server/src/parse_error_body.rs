@@ -29,6 +29,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::error::ApiError;
+use crate::metrics::UnparsedRequests;
 
 /// The most header fields a request may have (hyper's default, set explicitly so the message
 /// that names it stays true).
@@ -44,13 +45,16 @@ pub(crate) struct ParseErrorBody<T> {
     inner: T,
     /// The rewritten answer and how much of it is written.
     rewritten: Option<(Vec<u8>, usize)>,
+    /// Where each such answer is counted (they never reach the gate, which counts the rest).
+    counted_in: Option<UnparsedRequests>,
 }
 
 impl<T> ParseErrorBody<T> {
-    pub(crate) fn new(inner: T) -> Self {
+    pub(crate) fn new(inner: T, counted_in: Option<UnparsedRequests>) -> Self {
         Self {
             inner,
             rewritten: None,
+            counted_in,
         }
     }
 }
@@ -73,9 +77,9 @@ fn message_for(status: u16) -> String {
     }
 }
 
-/// hyper's parse-error answer in `bytes`, rewritten with the contract's body; `None` for any
-/// other write.
-fn rewrite(bytes: &[u8]) -> Option<Vec<u8>> {
+/// hyper's parse-error answer in `bytes`, rewritten with the contract's body, and its status;
+/// `None` for any other write.
+fn rewrite(bytes: &[u8]) -> Option<(Vec<u8>, u16)> {
     let rest = bytes.strip_prefix(b"HTTP/1.1 ")?;
     let status = match rest.get(..4)? {
         b"400 " => 400,
@@ -112,7 +116,7 @@ fn rewrite(bytes: &[u8]) -> Option<Vec<u8>> {
     }
     answer.extend_from_slice(b"\r\n");
     answer.extend_from_slice(body.as_bytes());
-    Some(answer)
+    Some((answer, status))
 }
 
 impl<T: AsyncWrite + Unpin> ParseErrorBody<T> {
@@ -152,7 +156,10 @@ impl<T: AsyncWrite + Unpin> ParseErrorBody<T> {
         cx: &mut Context<'_>,
         bytes: &[u8],
     ) -> Option<Poll<io::Result<usize>>> {
-        let answer = rewrite(bytes)?;
+        let (answer, status) = rewrite(bytes)?;
+        if let Some(counted_in) = &self.counted_in {
+            counted_in.count(status);
+        }
         self.rewritten = Some((answer, 0));
         Some(match self.poll_write_rewritten(cx) {
             Poll::Ready(Err(err)) => Poll::Ready(Err(err)),
@@ -266,7 +273,7 @@ mod tests {
                 "HTTP/1.1 {status} {reason}\r\nconnection: close\r\ncontent-length: 0\r\n\
                  date: Thu, 03 Dec 2026 06:20:47 GMT\r\n\r\n"
             );
-            let answer = rewrite(hyper.as_bytes()).expect("hyper's answer is recognised");
+            let (answer, _) = rewrite(hyper.as_bytes()).expect("hyper's answer is recognised");
             let (head, body) = split_answer(&answer);
             assert!(
                 head.starts_with(&format!("HTTP/1.1 {status} {reason}\r\n")),
@@ -320,7 +327,7 @@ mod tests {
             client.read_to_end(&mut answer).await.expect("read");
             answer
         });
-        let mut wrapped = ParseErrorBody::new(server);
+        let mut wrapped = ParseErrorBody::new(server, None);
         let written = wrapped.write(HYPER_431).await.expect("write");
         assert_eq!(
             written,
@@ -339,7 +346,7 @@ mod tests {
     #[tokio::test]
     async fn other_writes_pass_through_unchanged() {
         let (mut client, server) = tokio::io::duplex(1024);
-        let mut wrapped = ParseErrorBody::new(server);
+        let mut wrapped = ParseErrorBody::new(server, None);
         let response = b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\n{}";
         wrapped.write_all(response).await.expect("write");
         wrapped.shutdown().await.expect("close");

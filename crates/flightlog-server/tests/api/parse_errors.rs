@@ -138,6 +138,14 @@ async fn unparsable_requests_get_the_status_and_the_contract_body() {
     }
     let reply = server.get("/healthz").await;
     reply.assert_status(200);
+    // Counted, though no route ran (they were invisible to an operator's dashboards).
+    let scraped = crate::metrics::scrape(&server).await;
+    for (status, count) in [(414, 1.0), (431, 2.0), (400, 3.0)] {
+        let series = format!(
+            "flightlog_http_requests_total{{route=\"unparsed\",method=\"other\",status=\"{status}\"}}"
+        );
+        assert_eq!(scraped.get(&series), Some(count), "{series}");
+    }
     server.stop().await;
 }
 
