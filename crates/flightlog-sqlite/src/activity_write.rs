@@ -1733,6 +1733,61 @@ mod tests {
         );
     }
 
+    /// Held-back change rows go in whole and in order, whatever their number: whole statements
+    /// of [`CHANGES_PER_INSERT`] rows and the rest one by one.
+    #[test]
+    fn change_rows_go_in_whole_whatever_their_number() {
+        for count in 1..=40_i64 {
+            let mut conn = Connection::open_in_memory().expect("in-memory database");
+            crate::schema::migrate(&mut conn).expect("schema");
+            let rows: Vec<DeferredChange> = (1..=count)
+                .map(|n| DeferredChange {
+                    change_id: n,
+                    run_key: n % 3,
+                    seq: n,
+                    span_key: n * 10,
+                    event_index: (n % 2 == 0).then_some(n),
+                })
+                .collect();
+            let mut keys = WriterCache::default();
+            let codec = PayloadCodec::default();
+            let mut ctx = WriteContext::new(&conn, &mut keys, &codec, false);
+            insert_change_rows(&mut ctx, &rows).expect("the rows go in");
+            drop(ctx);
+            let stored: Vec<(i64, i64, i64, i64, Option<i64>)> = conn
+                .prepare(
+                    "SELECT change_id, run_key, seq, span_key, event_index FROM activity_changes \
+                     ORDER BY change_id",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map([], |row| {
+                        Ok((
+                            row.get(0)?,
+                            row.get(1)?,
+                            row.get(2)?,
+                            row.get(3)?,
+                            row.get(4)?,
+                        ))
+                    })?
+                    .collect()
+                })
+                .expect("read back");
+            let expected: Vec<_> = rows
+                .iter()
+                .map(|row| {
+                    (
+                        row.change_id,
+                        row.run_key,
+                        row.seq,
+                        row.span_key,
+                        row.event_index,
+                    )
+                })
+                .collect();
+            assert_eq!(stored, expected, "{count} rows");
+        }
+    }
+
     fn id(n: usize) -> String {
         format!("{:016x}", (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
     }
