@@ -284,6 +284,16 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
     let wait_for_stop = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stopped.wait_for(|stop| *stop).await;
     };
+    // From the stop on, a write behind another process's write lock waits at most 2 s, so the
+    // requests in flight are answered (503) within the grace instead of cut off after it.
+    tokio::spawn({
+        let db = Arc::clone(&db);
+        let stopping = wait_for_stop(stopped.clone());
+        async move {
+            stopping.await;
+            db.shutting_down();
+        }
+    });
     let grpc = match grpc_listener {
         Some(grpc_listener) => {
             let grpc_local = grpc_listener

@@ -209,3 +209,55 @@ fn a_shutdown_while_a_write_waits_for_the_lock_ends_in_bounded_time() {
     assert_eq!(status, 503, "{body}");
     holder.release();
 }
+
+/// A stop while a write waits for another process's lock, with a lock wait longer than the
+/// server's 5 s grace: the write used to be cut off unanswered when the grace ran out (and the
+/// stop took the grace and the final checkpoint's wait). Once the stop begins a write waits for
+/// the lock at most 2 s more, so it is answered `503` with `Retry-After`, nothing written, and
+/// the process still stops cleanly.
+#[test]
+fn a_write_behind_a_foreign_lock_is_answered_when_the_server_stops() {
+    let scratch = Scratch::new("foreign-lock", "stop-answers");
+    let db = scratch.0.join("flightlog.db");
+    let mut server = serve(&scratch.0, &db, "20000");
+    let holder = LockHolder::hold(&db);
+    let addr = server.addr;
+    let waiting = std::thread::spawn(move || {
+        let sent = Instant::now();
+        let (status, head, body) = request_with_head(
+            addr,
+            "POST",
+            "/v1/activity/spans",
+            None,
+            Some(span("waits")),
+        );
+        (status, head, body, sent.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let asked = Instant::now();
+    let stopped = server.stop(Duration::from_secs(30));
+    let answer = waiting.join();
+    holder.release();
+    assert!(
+        stopped.graceful && stopped.status.is_some_and(|status| status.success()),
+        "no clean stop ({:?} after {:?}):\n{}",
+        stopped.status,
+        asked.elapsed(),
+        stopped.output
+    );
+    let (status, head, body, took) = answer.unwrap_or_else(|_| {
+        panic!(
+            "the waiting write got no answer (cut off at the stop):\n{}",
+            stopped.output
+        )
+    });
+    assert_eq!(status, 503, "{body}");
+    assert!(head.to_ascii_lowercase().contains("retry-after"), "{head}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("stopping")),
+        "{body}"
+    );
+    assert!(took < Duration::from_secs(5), "answered after {took:?}");
+}

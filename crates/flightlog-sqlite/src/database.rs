@@ -440,6 +440,9 @@ pub struct SqliteDatabase {
     stats: Arc<WriterStats>,
     /// Set by [`SqliteDatabase::close`]: the writer stops after the group it is committing.
     stop_writer: Arc<AtomicBool>,
+    /// Set by [`SqliteDatabase::shutting_down`]: a write waits for another process's write lock
+    /// at most [`SHUTDOWN_LOCK_WAIT`] in all.
+    shutting_down: Arc<AtomicBool>,
     /// The writer, checkpointer and commit watcher threads, joined by
     /// [`SqliteDatabase::close`]. Without a close they are detached: the writer ends once every
     /// handle is dropped and the queue drained, and the other two after it.
@@ -482,6 +485,11 @@ const LONGEST_REWIND_BACKOFF: Duration = Duration::from_millis(3_200);
 
 /// The longest a long read waits for the writer's WAL rewind to finish before it starts anyway.
 const LONGEST_WAIT_FOR_REWIND: Duration = Duration::from_secs(6);
+
+/// The most a write waits for another process's write lock once the process is stopping (see
+/// [`SqliteDatabase::shutting_down`]): well inside the server's 5 s grace for the requests in
+/// flight, so their clients hear `503` rather than a closed connection.
+pub const SHUTDOWN_LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// How many long reads (listings, snapshots, scans) may run at once: more than the machine's
 /// cores would only make each slower, and every one holds a reader connection.
@@ -981,6 +989,7 @@ impl SqliteDatabase {
             .spawn(move || checkpointer.run(nudges))
             .map_err(|err| StoreError::Backend(format!("cannot start checkpointer: {err}")))?;
         let stop_writer = Arc::new(AtomicBool::new(false));
+        let shutting_down = Arc::new(AtomicBool::new(false));
         let writer = GroupCommitWriter {
             codec: Arc::clone(&codec),
             doorbell: doorbell.clone(),
@@ -1006,6 +1015,7 @@ impl SqliteDatabase {
             frames_after_last_commit: 0,
             wal_hard_cap_frames: config.wal_hard_cap_frames.clamp(256, 1 << 20),
             stop: Arc::clone(&stop_writer),
+            shutting_down: Arc::clone(&shutting_down),
             file: WatchedFile::new(&config.path),
             _watcher_alive: watcher_alive,
         };
@@ -1029,6 +1039,7 @@ impl SqliteDatabase {
             commits_seen,
             stats,
             stop_writer,
+            shutting_down,
             threads: Mutex::new(Some([writer_thread, checkpointer_thread, watcher_thread])),
             file_identity: file_identity(&config.path),
             opened_files: Arc::clone(&opened_files),
@@ -1040,6 +1051,16 @@ impl SqliteDatabase {
             rewind_gate: readers_rewind_gate,
             rewind_wanted,
         }))
+    }
+
+    /// The process is stopping (its server stopped taking requests): from now on a write waits
+    /// for another process's write lock at most [`SHUTDOWN_LOCK_WAIT`] in all, then fails as
+    /// busy (the server answers `503` with `Retry-After`), so the requests in flight are answered
+    /// within the server's grace period rather than cut off unanswered after it, as they were
+    /// behind a lock held longer than that (the write lock wait is 10 s by default, the grace 5
+    /// s). Writes go on as before otherwise; [`Self::close`] stops them.
+    pub fn shutting_down(&self) {
+        self.shutting_down.store(true, Ordering::Release);
     }
 
     /// Stop writing and leave the database file complete on its own: the writer finishes the
@@ -1794,6 +1815,8 @@ struct GroupCommitWriter {
     wal_hard_cap_frames: i64,
     /// Set by [`SqliteDatabase::close`]: stop after the current group.
     stop: Arc<AtomicBool>,
+    /// Set by [`SqliteDatabase::shutting_down`] (see there).
+    shutting_down: Arc<AtomicBool>,
     /// Never sent on: dropped with the writer, which ends the commit watcher.
     _watcher_alive: std::sync::mpsc::SyncSender<()>,
     /// The database file as opened, checked before every commit (see [`WatchedFile`]).
@@ -2220,6 +2243,17 @@ impl GroupCommitWriter {
                         return Err(StoreError::Closed);
                     }
                     let waited = started.elapsed();
+                    if waited >= SHUTDOWN_LOCK_WAIT.min(self.lock_retry_budget)
+                        && self.shutting_down.load(Ordering::Acquire)
+                    {
+                        return Err(StoreError::Busy(format!(
+                            "the server is stopping and another process holds the database's \
+                             write lock; this write waited {:.1} s for it and was not made: \
+                             send it again (to another server on this database, or to this \
+                             one once it is back)",
+                            waited.as_secs_f64()
+                        )));
+                    }
                     if waited >= self.lock_retry_budget {
                         return Err(StoreError::Busy(format!(
                             "another process holds the database's write lock; this write \
