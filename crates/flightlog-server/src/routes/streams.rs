@@ -212,6 +212,13 @@ struct FromSeqQuery {
     /// end is a 400: the events up to it would never be sent).
     #[param(minimum = 0)]
     from_seq: Option<i64>,
+    /// The numbering the client's events came from (the part after `@` of their ids): with
+    /// `fromSeq`, a stream that finds the engagement renumbered since (compacted, or pruned
+    /// and created again) sends a `resync` first and starts from seq 0, as a `Last-Event-ID`
+    /// of `<seq>@<generation>` does. Without it a resume by `fromSeq` is taken as it is, and
+    /// cannot tell a renumbered engagement from the one the client followed.
+    #[param(minimum = 0, maximum = 9_007_199_254_740_991_i64)]
+    generation: Option<u64>,
 }
 
 /// `Last-Event-ID` (a reconnecting EventSource) wins over the query's starting point.
@@ -1117,15 +1124,20 @@ async fn journal_stream(
     if query.from_seq.is_some_and(|from| from < 0) {
         return Err(ApiError::invalid("fromSeq must be a non-negative integer"));
     }
+    if query
+        .generation
+        .is_some_and(|generation| generation > LARGEST_SEQ as u64)
+    {
+        return Err(ApiError::invalid(
+            "generation must be an integer from 0 to 2^53 - 1: the part after '@' of an event \
+             id this stream sent",
+        ));
+    }
     let start = match (journal_last_event_id(&headers)?, query.from_seq) {
         (Some(start), _) => start,
-        (None, Some(from)) => JournalStart {
-            next_seq: from,
-            generation: None,
-        },
-        (None, None) => JournalStart {
-            next_seq: 0,
-            generation: None,
+        (None, from) => JournalStart {
+            next_seq: from.unwrap_or(0),
+            generation: query.generation,
         },
     };
     let journal = state.journal().clone();
