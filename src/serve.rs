@@ -31,10 +31,9 @@ use flightlog_sqlite::{
 
 /// Where the listening address can be set, for error messages.
 const ADDR_SOURCES: &str = "--addr, FLIGHTLOG_ADDR or `addr` in the config file";
-/// Where the OTLP/gRPC address can be set, for error messages.
 /// How long the database's close may take at a stop before the server says what it waits for.
 const SLOW_CLOSE_NOTICE: std::time::Duration = std::time::Duration::from_secs(1);
-
+/// Where the OTLP/gRPC address can be set, for error messages.
 const GRPC_ADDR_SOURCES: &str =
     "--grpc-addr, FLIGHTLOG_GRPC_ADDR or `grpc_addr` in the config file";
 
@@ -363,9 +362,11 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
             say!(
                 "flightlog: still closing the database: finishing the writes queued before the \
                  stop, then copying the WAL into the file; another process holding the \
-                 database's lock makes each write wait up to {} ms (--write-lock-wait-ms) and \
-                 the copy up to 5 s; a second Ctrl-C or SIGTERM stops at once",
-                settings.write_lock_wait.as_millis()
+                 database's lock makes the writes wait up to {} s and the copy up to 5 s; a \
+                 second Ctrl-C or SIGTERM stops at once",
+                flightlog_sqlite::SHUTDOWN_LOCK_WAIT
+                    .min(settings.write_lock_wait)
+                    .as_secs_f64()
             );
             closing.await
         }

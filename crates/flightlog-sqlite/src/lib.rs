@@ -26,7 +26,8 @@ mod span_id_filter;
 
 pub use activity::SqliteActivityStore;
 pub use database::{
-    configure_connection, real_database_path, Durability, SqliteConfig, SqliteDatabase, WriterStats,
+    configure_connection, real_database_path, Durability, SqliteConfig, SqliteDatabase,
+    WriterStats, SHUTDOWN_LOCK_WAIT,
 };
 pub use journal::SqliteEngagementJournal;
 #[doc(hidden)]
