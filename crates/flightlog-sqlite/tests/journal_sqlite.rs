@@ -1411,25 +1411,30 @@ fn prune_idle_is_exact_to_the_millisecond_within_an_arrival_bucket() {
     runtime().block_on(db.close()).expect("close");
 }
 
+/// A database file in `dir` at schema version 13 (the last before the arrival buckets), with
+/// `rows` (SQL) inserted: what an earlier flightlog left.
+fn schema_13_file(dir: &Path, rows: &str) -> PathBuf {
+    let path = dir.join("v13.db");
+    let mut conn = rusqlite::Connection::open(&path).expect("open");
+    flightlog_sqlite::migrate_up_to(&mut conn, 13).expect("schema version 13");
+    conn.execute_batch(rows).expect("rows of schema 13");
+    path
+}
+
 /// A file of schema version 13 keeps its engagements' arrival times through the upgrade to 14
 /// (each gets the bucket of its time), so the scheduled retention removes each exactly when it
 /// did before: not a millisecond early, not a bucket late.
 #[test]
 fn an_upgraded_files_arrival_times_keep_their_retention() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("v13.db");
-    {
-        let mut conn = rusqlite::Connection::open(&path).expect("open");
-        flightlog_sqlite::migrate_up_to(&mut conn, 13).expect("schema version 13");
-        conn.execute_batch(
-            "INSERT INTO journal_engagements
-               (engagement_key, engagement_id, next_seq, last_at, generation, appended_at)
-               VALUES (1, 'old', 1, 5, 7, 123_456), (2, 'older', 1, 5, 7, -12_345);
-             INSERT INTO journal_events (engagement_key, seq, event_type, at, data)
-               VALUES (1, 0, 'note', 5, '{}'), (2, 0, 'note', 5, '{}');",
-        )
-        .expect("engagements of schema 13");
-    }
+    let path = schema_13_file(
+        dir.path(),
+        "INSERT INTO journal_engagements
+           (engagement_key, engagement_id, next_seq, last_at, generation, appended_at)
+           VALUES (1, 'old', 1, 5, 7, 123_456), (2, 'older', 1, 5, 7, -12_345);
+         INSERT INTO journal_events (engagement_key, seq, event_type, at, data)
+           VALUES (1, 0, 'note', 5, '{}'), (2, 0, 'note', 5, '{}');",
+    );
     let db = SqliteDatabase::open(SqliteConfig::new(&path)).expect("open and upgrade");
     let retention = RetentionConfig {
         max_age_ms: 1_000,
@@ -1457,17 +1462,12 @@ fn an_upgraded_files_arrival_times_keep_their_retention() {
 #[test]
 fn an_older_flightlogs_prune_still_runs_on_an_upgraded_file() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("v13.db");
-    {
-        let mut conn = rusqlite::Connection::open(&path).expect("open");
-        flightlog_sqlite::migrate_up_to(&mut conn, 13).expect("schema version 13");
-        conn.execute_batch(
-            "INSERT INTO journal_engagements
-               (engagement_key, engagement_id, next_seq, last_at, generation, appended_at)
-               VALUES (1, 'idle', 1, 5, 7, 1_000), (2, 'busy', 1, 5, 7, 90_000);",
-        )
-        .expect("engagements of schema 13");
-    }
+    let path = schema_13_file(
+        dir.path(),
+        "INSERT INTO journal_engagements
+           (engagement_key, engagement_id, next_seq, last_at, generation, appended_at)
+           VALUES (1, 'idle', 1, 5, 7, 1_000), (2, 'busy', 1, 5, 7, 90_000);",
+    );
     let older = rusqlite::Connection::open(&path).expect("the older flightlog's connection");
     let db = SqliteDatabase::open(SqliteConfig::new(&path)).expect("open and upgrade");
     // The older flightlog's statements, as schema 13 builds prepare them.
