@@ -226,6 +226,10 @@ struct OtlpArgs {
     /// Collector's OTLP exporters do by default.
     #[arg(long)]
     gzip: bool,
+    /// Send OTLP/JSON bodies (`application/json`, hex ids, as the OpenTelemetry JavaScript
+    /// SDK's OTLP/HTTP JSON exporter sends them) instead of protobuf.
+    #[arg(long)]
+    json: bool,
 }
 
 fn main() -> ExitCode {
@@ -482,6 +486,7 @@ async fn run_otlp(
         verify_sample: args.verify_sample,
         wait: Duration::from_secs(args.wait_seconds),
         gzip: args.gzip,
+        json: args.json,
     };
     let report = otlp_phase(server, base, &shape, time_limit).await?;
     server.check_alive()?;

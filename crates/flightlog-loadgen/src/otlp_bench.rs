@@ -1,4 +1,4 @@
-//! `flightlog-loadgen otlp`: OTLP/HTTP protobuf ingest, end to end.
+//! `flightlog-loadgen otlp`: OTLP/HTTP ingest (protobuf, or OTLP/JSON with `--json`), end to end.
 //!
 //! Bodies of agent-shaped traces are encoded before the clock starts: each trace is a root
 //! `invoke_agent` span, 5 model `chat` spans (`gen_ai.request.model`, `gen_ai.usage.*`) and 4
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context};
 use bytes::Bytes;
-use flightlog_otlp::ExportTraceServiceRequest;
+use flightlog_otlp::{ExportTraceServiceRequest, OtlpEncoding};
 use http::Method;
 use opentelemetry_proto::tonic::common::v1::{
     any_value, AnyValue, ArrayValue, InstrumentationScope, KeyValue,
@@ -53,6 +53,18 @@ pub struct OtlpShape {
     pub wait: Duration,
     /// Bodies sent gzip-compressed.
     pub gzip: bool,
+    /// Bodies sent as OTLP/JSON instead of protobuf.
+    pub json: bool,
+}
+
+impl OtlpShape {
+    fn encoding(&self) -> OtlpEncoding {
+        if self.json {
+            OtlpEncoding::Json
+        } else {
+            OtlpEncoding::Protobuf
+        }
+    }
 }
 
 /// One encoded body and what is needed to check it.
@@ -240,8 +252,15 @@ fn trace_spans(t: u64, start_ns: u64) -> Vec<Span> {
     spans
 }
 
-/// Body number `b` of `spans_per_body` spans (a multiple of [`SPANS_PER_TRACE`]).
-pub fn encode_body(b: usize, spans_per_body: usize, base_ns: u64) -> Body {
+/// Body number `b` of `spans_per_body` spans (a multiple of [`SPANS_PER_TRACE`]), in
+/// `encoding`: protobuf, or OTLP/JSON as opentelemetry-proto's serde writes it (hex ids, 64-bit
+/// integers as strings, enums as numbers: the JavaScript SDK's JSON exporter's form).
+pub fn encode_body(
+    b: usize,
+    spans_per_body: usize,
+    base_ns: u64,
+    encoding: OtlpEncoding,
+) -> anyhow::Result<Body> {
     let traces = spans_per_body / SPANS_PER_TRACE;
     let mut spans = Vec::with_capacity(spans_per_body);
     for i in 0..traces {
@@ -272,11 +291,17 @@ pub fn encode_body(b: usize, spans_per_body: usize, base_ns: u64) -> Body {
             schema_url: String::new(),
         }],
     };
-    Body {
-        bytes: Bytes::from(request.encode_to_vec()),
+    let bytes = match encoding {
+        OtlpEncoding::Protobuf => request.encode_to_vec(),
+        OtlpEncoding::Json => {
+            serde_json::to_vec(&request).context("cannot write an OTLP/JSON body")?
+        }
+    };
+    Ok(Body {
+        bytes: Bytes::from(bytes),
         spans: count,
         last_span,
-    }
+    })
 }
 
 /// `body` gzip-compressed at the default level (what the OpenTelemetry Collector's exporters
@@ -294,17 +319,21 @@ fn gzip_body(body: Body) -> anyhow::Result<Body> {
     })
 }
 
-/// A body's answer: 200 and an `ExportTraceServiceResponse` without `partialSuccess` (or with
-/// zero rejected spans and no message).
-fn check_export_answer(status: u16, body: &[u8]) -> Result<(), String> {
+/// A body's answer: 200 and an `ExportTraceServiceResponse` (in the request's `encoding`)
+/// without `partialSuccess` (or with zero rejected spans and no message).
+fn check_export_answer(status: u16, body: &[u8], encoding: OtlpEncoding) -> Result<(), String> {
     if status != 200 {
         return Err(format!(
             "POST /v1/traces: status {status}: {}",
             snippet(body)
         ));
     }
-    let response = flightlog_otlp::ExportTraceServiceResponse::decode(body)
-        .map_err(|err| format!("POST /v1/traces: the answer is not protobuf: {err}"))?;
+    let response: flightlog_otlp::ExportTraceServiceResponse = match encoding {
+        OtlpEncoding::Protobuf => flightlog_otlp::ExportTraceServiceResponse::decode(body)
+            .map_err(|err| format!("POST /v1/traces: the answer is not protobuf: {err}"))?,
+        OtlpEncoding::Json => serde_json::from_slice(body)
+            .map_err(|err| format!("POST /v1/traces: the answer is not OTLP/JSON: {err}"))?,
+    };
     match response.partial_success {
         Some(partial) if partial.rejected_spans != 0 || !partial.error_message.is_empty() => {
             Err(format!(
@@ -359,7 +388,7 @@ pub async fn otlp_phase(
     let encoded_at = Instant::now();
     let bodies: Vec<Body> = (0..bodies_wanted)
         .map(|b| {
-            let body = encode_body(b, shape.spans_per_body, base_ns);
+            let body = encode_body(b, shape.spans_per_body, base_ns, shape.encoding())?;
             if shape.gzip {
                 gzip_body(body)
             } else {
@@ -386,6 +415,7 @@ pub async fn otlp_phase(
     let last_accepted = Arc::new(Mutex::new(started));
 
     let content_encoding = shape.gzip.then_some("gzip");
+    let encoding = shape.encoding();
     let mut posters = Vec::with_capacity(shape.connections);
     for _ in 0..shape.connections {
         let mut connection = Connection::new(server.addr())?;
@@ -411,12 +441,14 @@ pub async fn otlp_phase(
                     .request_encoded(
                         &Method::POST,
                         &traces_uri,
-                        "application/x-protobuf",
+                        encoding.content_type(),
                         content_encoding,
                         &body.bytes,
                     )
                     .await;
-                match answer.and_then(|(status, bytes)| check_export_answer(status, &bytes)) {
+                match answer
+                    .and_then(|(status, bytes)| check_export_answer(status, &bytes, encoding))
+                {
                     Ok(()) => {
                         let now = Instant::now();
                         latencies.push(now.duration_since(sent).as_secs_f64() * 1e3);
@@ -570,7 +602,12 @@ pub async fn otlp_phase(
             shape.spans_per_body,
             total_spans / SPANS_PER_TRACE,
             total_bytes as f64 / bodies_count as f64 / 1024.0,
-            if shape.gzip { " gzipped" } else { "" },
+            match (shape.json, shape.gzip) {
+                (true, true) => " OTLP/JSON gzipped",
+                (true, false) => " OTLP/JSON",
+                (false, true) => " gzipped",
+                (false, false) => "",
+            },
             shape.connections
         ),
         format!(
@@ -649,15 +686,22 @@ mod tests {
 
     #[test]
     fn a_body_maps_to_500_agent_shaped_spans_without_rejections() {
-        let body = encode_body(3, 500, 1_700_000_000_000_000_000);
-        assert_eq!(body.spans, 500);
-        let (request, _) = decode_request(
-            Some("application/x-protobuf"),
-            None,
-            &body.bytes,
-            64 * 1024 * 1024,
-        )
-        .expect("decodes");
+        for encoding in [OtlpEncoding::Protobuf, OtlpEncoding::Json] {
+            let body = encode_body(3, 500, 1_700_000_000_000_000_000, encoding).expect("encodes");
+            assert_eq!(body.spans, 500);
+            let (request, decoded_as) = decode_request(
+                Some(encoding.content_type()),
+                None,
+                &body.bytes,
+                64 * 1024 * 1024,
+            )
+            .expect("decodes");
+            assert_eq!(decoded_as, encoding);
+            check_mapped_body(&body, request);
+        }
+    }
+
+    fn check_mapped_body(body: &Body, request: ExportTraceServiceRequest) {
         let mapped = map_request(request, &MappingOptions::default());
         assert!(mapped.rejected.is_empty(), "{:?}", mapped.rejected);
         assert_eq!(mapped.spans.len(), 500);
@@ -701,8 +745,9 @@ mod tests {
 
     #[test]
     fn a_partial_success_is_an_error() {
+        let protobuf = OtlpEncoding::Protobuf;
         let ok = flightlog_otlp::ExportTraceServiceResponse::default().encode_to_vec();
-        assert_eq!(check_export_answer(200, &ok), Ok(()));
+        assert_eq!(check_export_answer(200, &ok, protobuf), Ok(()));
         let partial = flightlog_otlp::ExportTraceServiceResponse {
             partial_success: Some(flightlog_otlp::ExportTracePartialSuccess {
                 rejected_spans: 2,
@@ -710,7 +755,17 @@ mod tests {
             }),
         }
         .encode_to_vec();
-        assert!(check_export_answer(200, &partial).is_err());
-        assert!(check_export_answer(503, b"").is_err());
+        assert!(check_export_answer(200, &partial, protobuf).is_err());
+        assert!(check_export_answer(503, b"", protobuf).is_err());
+        assert!(
+            check_export_answer(200, b"{}", protobuf).is_err(),
+            "JSON is no protobuf"
+        );
+
+        let json = OtlpEncoding::Json;
+        assert_eq!(check_export_answer(200, b"{}", json), Ok(()));
+        let partial = br#"{"partialSuccess":{"rejectedSpans":"2","errorMessage":"bad ids"}}"#;
+        assert!(check_export_answer(200, partial, json).is_err());
+        assert!(check_export_answer(200, b"not json", json).is_err());
     }
 }

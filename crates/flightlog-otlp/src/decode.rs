@@ -376,6 +376,17 @@ fn decode_json(body: &[u8]) -> Result<ExportTraceServiceRequest, OtlpError> {
              network must not have; send the text without it",
         ));
     }
+    // The form exporters send is read straight into the message types; anything else (and
+    // every error) goes the general way below, which says what is wrong.
+    if let Some(request) = crate::json_direct::read(body) {
+        return Ok(request);
+    }
+    decode_json_general(body)
+}
+
+/// [`decode_json`] through a `serde_json::Value`: every form the Collector reads, and the error
+/// messages (see the module's comment).
+pub(crate) fn decode_json_general(body: &[u8]) -> Result<ExportTraceServiceRequest, OtlpError> {
     let mut value: Value = serde_json::from_slice(body)
         .map_err(|error| OtlpError::malformed(format!("invalid JSON: {error}")))?;
     if check_json(&value, &mut Vec::new())? == Spelling::NeedsCanonicalForm {
@@ -516,7 +527,7 @@ fn path_text(path: &[Step<'_>], last: &str) -> String {
 }
 
 /// The span kinds by their protobuf value names (`Span.kind`).
-const SPAN_KIND_NAMES: [(&str, i64); 6] = [
+pub(crate) const SPAN_KIND_NAMES: [(&str, i64); 6] = [
     ("SPAN_KIND_UNSPECIFIED", 0),
     ("SPAN_KIND_INTERNAL", 1),
     ("SPAN_KIND_SERVER", 2),
@@ -525,7 +536,7 @@ const SPAN_KIND_NAMES: [(&str, i64); 6] = [
     ("SPAN_KIND_CONSUMER", 5),
 ];
 /// The status codes by their protobuf value names (`Status.code`).
-const STATUS_CODE_NAMES: [(&str, i64); 3] = [
+pub(crate) const STATUS_CODE_NAMES: [(&str, i64); 3] = [
     ("STATUS_CODE_UNSET", 0),
     ("STATUS_CODE_OK", 1),
     ("STATUS_CODE_ERROR", 2),
@@ -783,7 +794,7 @@ fn normalize_any_values(value: &mut Value) {
     }
 }
 
-fn is_hex(text: &str) -> bool {
+pub(crate) fn is_hex(text: &str) -> bool {
     text.len().is_multiple_of(2) && text.bytes().all(|byte| byte.is_ascii_hexdigit())
 }
 

@@ -28,6 +28,7 @@ mod docs;
 mod error;
 mod facts;
 mod ids;
+mod json_direct;
 mod kind;
 mod mapping;
 mod prices;
