@@ -371,20 +371,25 @@ const JSON_OBJECT_BYTES: usize = 64;
 /// Charge every JSON value (an object or array start, and each `:` or `,` that brings one
 /// more) outside strings.
 fn scan_json(body: &[u8], estimate: &mut Estimate) -> Result<(), Over> {
-    let mut in_string = false;
-    let mut escaped = false;
-    for &byte in body {
-        if in_string {
-            match byte {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
+    let mut at = 0;
+    while let Some(&byte) = body.get(at) {
+        at += 1;
         match byte {
-            b'"' => in_string = true,
+            // A string: skipped to its closing quote (strings are most of a body's bytes, so
+            // they are searched for their next quote or backslash, not walked byte by byte).
+            b'"' => loop {
+                // (`get`: a body may end in a backslash, the escaped byte past its end.)
+                let rest = body.get(at..).unwrap_or_default();
+                let Some(found) = memchr::memchr2(b'"', b'\\', rest) else {
+                    return Ok(());
+                };
+                let closing = rest[found] == b'"';
+                at += found + 1;
+                if closing {
+                    break;
+                }
+                at += 1; // the escaped byte
+            },
             b'{' => estimate.charge(JSON_VALUE_BYTES + JSON_OBJECT_BYTES)?,
             b'[' | b':' | b',' => estimate.charge(JSON_VALUE_BYTES)?,
             _ => {}
@@ -694,6 +699,41 @@ mod tests {
     }
 
     /// Malformed input is not refused here: the decoder's message says what is wrong.
+    /// The scan as it was written first, byte by byte: the reference for the faster one.
+    fn scan_json_bytewise(body: &[u8]) -> usize {
+        let (mut bytes, mut in_string, mut escaped) = (0, false, false);
+        for &byte in body {
+            if in_string {
+                match byte {
+                    _ if escaped => escaped = false,
+                    b'\\' => escaped = true,
+                    b'"' => in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match byte {
+                b'"' => in_string = true,
+                b'{' => bytes += JSON_VALUE_BYTES + JSON_OBJECT_BYTES,
+                b'[' | b':' | b',' => bytes += JSON_VALUE_BYTES,
+                _ => {}
+            }
+        }
+        bytes
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_json_scan_charges_what_a_byte_by_byte_walk_charges(
+            body in proptest::collection::vec(
+                proptest::sample::select(b"{}[]:,\"\\ab".to_vec()), 0..64)
+        ) {
+            let mut estimate = Estimate { bytes: 0, budget: usize::MAX };
+            assert!(scan_json(&body, &mut estimate).is_ok());
+            proptest::prop_assert_eq!(estimate.bytes, scan_json_bytewise(&body));
+        }
+    }
+
     #[test]
     fn malformed_input_is_left_to_the_decoder() {
         for body in [
