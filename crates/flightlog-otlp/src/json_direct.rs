@@ -30,7 +30,7 @@ use opentelemetry_proto::tonic::trace::v1::span::{Event, Link};
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use crate::decode::{is_hex, SPAN_KIND_NAMES, STATUS_CODE_NAMES};
+use crate::decode::{is_hex, ANY_VALUE_KEYS, SPAN_KIND_NAMES, STATUS_CODE_NAMES};
 
 /// The request in `body`, or `None` when this reader declines the body (the general decoder
 /// then reads it).
@@ -148,39 +148,70 @@ impl Visitor<'_> for DoubleVisitor {
     }
 }
 
-/// An id: a hex string of whole bytes (`""` for none).
-struct Hex;
+/// Bytes written as a string, decoded by `C`: an id in hex, `bytesValue` in base64.
+struct EncodedBytes<C>(PhantomData<C>);
 
-impl Reader for Hex {
-    type Out = Vec<u8>;
-    fn read<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
-        deserializer.deserialize_str(HexVisitor)
-    }
+/// How a string holds bytes; `None` declines the string.
+trait BytesText {
+    const WHAT: &'static str;
+    fn decode(text: &str) -> Option<Vec<u8>>;
 }
 
-struct HexVisitor;
+/// An id: hex of whole bytes, either case (`""` for none).
+struct HexText;
 
-impl Visitor<'_> for HexVisitor {
-    type Value = Vec<u8>;
+impl BytesText for HexText {
+    const WHAT: &'static str = "a hex string";
 
-    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
-        formatter.write_str("a hex string")
-    }
-
-    fn visit_str<E: de::Error>(self, text: &str) -> Result<Vec<u8>, E> {
+    fn decode(text: &str) -> Option<Vec<u8>> {
         if !is_hex(text) {
-            return Err(decline());
+            return None;
         }
         let digit = |byte: u8| match byte {
             b'0'..=b'9' => byte - b'0',
             b'a'..=b'f' => byte - b'a' + 10,
             _ => byte - b'A' + 10,
         };
-        Ok(text
-            .as_bytes()
-            .chunks_exact(2)
-            .map(|pair| (digit(pair[0]) << 4) | digit(pair[1]))
-            .collect())
+        Some(
+            text.as_bytes()
+                .chunks_exact(2)
+                .map(|pair| (digit(pair[0]) << 4) | digit(pair[1]))
+                .collect(),
+        )
+    }
+}
+
+/// `bytesValue`: standard padded base64 (other forms are declined: the general decoder
+/// rewrites them).
+struct Base64Text;
+
+impl BytesText for Base64Text {
+    const WHAT: &'static str = "base64";
+
+    fn decode(text: &str) -> Option<Vec<u8>> {
+        STANDARD.decode(text).ok()
+    }
+}
+
+type Hex = EncodedBytes<HexText>;
+type Base64 = EncodedBytes<Base64Text>;
+
+impl<C: BytesText> Reader for EncodedBytes<C> {
+    type Out = Vec<u8>;
+    fn read<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        deserializer.deserialize_str(EncodedBytes::<C>(PhantomData))
+    }
+}
+
+impl<C: BytesText> Visitor<'_> for EncodedBytes<C> {
+    type Value = Vec<u8>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str(C::WHAT)
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Vec<u8>, E> {
+        C::decode(text).ok_or_else(decline)
     }
 }
 
@@ -288,31 +319,6 @@ impl<N: EnumNames> Visitor<'_> for EnumVisitor<N> {
             .find(|(known, _)| *known == name)
             .and_then(|(_, number)| i32::try_from(*number).ok())
             .ok_or_else(decline)
-    }
-}
-
-/// `bytesValue`: standard padded base64 (other forms are declined: the general decoder
-/// rewrites them).
-struct Base64;
-
-impl Reader for Base64 {
-    type Out = Vec<u8>;
-    fn read<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
-        deserializer.deserialize_str(Base64Visitor)
-    }
-}
-
-struct Base64Visitor;
-
-impl Visitor<'_> for Base64Visitor {
-    type Value = Vec<u8>;
-
-    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
-        formatter.write_str("base64")
-    }
-
-    fn visit_str<E: de::Error>(self, text: &str) -> Result<Vec<u8>, E> {
-        STANDARD.decode(text).map_err(|_| decline())
     }
 }
 
@@ -725,17 +731,6 @@ impl Message for KeyValue {
     }
 }
 
-/// `AnyValue`'s oneof members, in the order of their bits.
-const ANY_VALUE_MEMBERS: [&str; 7] = [
-    "stringValue",
-    "boolValue",
-    "intValue",
-    "doubleValue",
-    "arrayValue",
-    "kvlistValue",
-    "bytesValue",
-];
-
 impl Message for AnyValue {
     fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<u32, A::Error> {
         use any_value::Value;
@@ -754,10 +749,10 @@ impl Message for AnyValue {
             Some(_) if self.value.is_some() => Err(decline()),
             Some(value) => {
                 self.value = Some(value);
-                Ok(bit(key, &ANY_VALUE_MEMBERS))
+                Ok(bit(key, ANY_VALUE_KEYS))
             }
             // `null`: not a member given (the general decoder drops it).
-            None => Ok(bit(key, &ANY_VALUE_MEMBERS)),
+            None => Ok(bit(key, ANY_VALUE_KEYS)),
         }
     }
 }
