@@ -387,8 +387,7 @@ fn decode_json(body: &[u8]) -> Result<ExportTraceServiceRequest, OtlpError> {
 /// [`decode_json`] through a `serde_json::Value`: every form the Collector reads, and the error
 /// messages (see the module's comment).
 pub(crate) fn decode_json_general(body: &[u8]) -> Result<ExportTraceServiceRequest, OtlpError> {
-    let mut value: Value = serde_json::from_slice(body)
-        .map_err(|error| OtlpError::malformed(format!("invalid JSON: {error}")))?;
+    let mut value = parse_json_as_written(body)?;
     if check_json(&value, &mut Vec::new())? == Spelling::NeedsCanonicalForm {
         canonicalize(&mut value);
     }
@@ -410,6 +409,89 @@ pub(crate) fn decode_json_general(body: &[u8]) -> Result<ExportTraceServiceReque
         let path = error.path().to_string();
         OtlpError::malformed(format!("{path}: {}", error.inner()))
     })
+}
+
+/// `body` parsed into a `serde_json::Value` exactly as written. serde_json's own `Value` reads
+/// an object whose first key is its private raw-value token (`$serde_json::private::RawValue`,
+/// live in this program because the workspace enables the `raw_value` feature) as the JSON
+/// text held in that key's string: JSON inside a string escaped the decoded-size scan (which
+/// skips strings), so 8 MiB of such text took 530 MB to decode, and each such level started
+/// serde_json's nesting limit over. Here that key is a key like any other (an unknown field,
+/// ignored as the Collector ignores it).
+pub(crate) fn parse_json_as_written(body: &[u8]) -> Result<Value, OtlpError> {
+    use serde::de::DeserializeSeed as _;
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let value = AsWritten
+        .deserialize(&mut deserializer)
+        .and_then(|value| deserializer.end().map(|()| value))
+        .map_err(|error| OtlpError::malformed(format!("invalid JSON: {error}")))?;
+    Ok(value)
+}
+
+/// Builds a [`Value`] from what the parser reads, with no key read specially.
+struct AsWritten;
+
+impl<'de> serde::de::DeserializeSeed<'de> for AsWritten {
+    type Value = Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for AsWritten {
+    type Value = Value;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, value: bool) -> Result<Value, E> {
+        Ok(Value::Bool(value))
+    }
+
+    fn visit_i64<E>(self, value: i64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_f64<E>(self, value: f64) -> Result<Value, E> {
+        // (A parsed JSON number is always finite; `from` would give `null` otherwise.)
+        Ok(Value::from(value))
+    }
+
+    fn visit_str<E>(self, value: &str) -> Result<Value, E> {
+        Ok(Value::String(value.to_owned()))
+    }
+
+    fn visit_string<E>(self, value: String) -> Result<Value, E> {
+        Ok(Value::String(value))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(AsWritten)? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            // A repeated key keeps its first place and its last value, as serde_json's `Value`.
+            let value = map.next_value_seed(AsWritten)?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
+    }
 }
 
 /// OTLP field names that contain an underscore, in their protobuf (snake_case) spelling, which
@@ -1047,6 +1129,28 @@ mod tests {
         let message = malformed_message(decode_json_text(&text));
         assert!(message.contains("status.code"), "{message}");
         assert!(message.contains("STATUS_CODE_ERROR"), "{message}");
+    }
+
+    #[test]
+    fn serde_jsons_raw_value_token_is_a_key_like_any_other() {
+        // serde_json's `Value` (with the `raw_value` feature this workspace enables) read such
+        // an object as the JSON text in its string: the attribute below was stored as
+        // "smuggled", and text hidden in strings escaped the decoded-size scan. An unknown key
+        // in an AnyValue is ignored, as the Collector ignores it.
+        for key in [
+            "$serde_json::private::RawValue",
+            "\\u0024serde_json::private::RawValue",
+        ] {
+            let text = with_attribute(&format!(
+                r#"{{"{key}":"{{\"stringValue\":\"smuggled\"}}"}}"#
+            ));
+            let request = decode_json_text(&text).expect("decodes");
+            assert_eq!(first_attribute(&request), None, "{text}");
+        }
+        // The whole body in the token's string is no request either.
+        let hidden = r#"{"$serde_json::private::RawValue":"{\"resourceSpans\":[]}"}"#;
+        let error = decode_json_text(hidden).expect_err("refused");
+        assert!(error.to_string().contains("no `resourceSpans`"), "{error}");
     }
 
     #[test]

@@ -145,8 +145,7 @@ pub fn count_log_records(request: &ExportLogsServiceRequest) -> u64 {
 /// lowerCamelCase or snake_case (as the Collector reads them, see `decode`); a level that is
 /// not the JSON type OTLP gives it refuses the body, naming its path.
 fn count_json(signal: Signal, body: &[u8]) -> Result<u64, OtlpError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|error| OtlpError::malformed(format!("invalid JSON: {error}")))?;
+    let value = crate::decode::parse_json_as_written(body)?;
     let root = as_object(&value, "$")?;
     let (resources, scopes, items) = match signal {
         Signal::Metrics => (
@@ -488,6 +487,15 @@ mod tests {
             let counted = count_export(Signal::Logs, Some("application/json"), None, body, 1 << 20);
             assert_eq!(counted.ok(), Some((0, OtlpEncoding::Json)));
         }
+    }
+
+    #[test]
+    fn an_export_hidden_in_serde_jsons_raw_value_token_is_not_read() {
+        // serde_json's `Value` read the token's string as the object (and counted 3 records).
+        let body = br#"{"$serde_json::private::RawValue": "{\"resourceLogs\": [{\"scopeLogs\": [{\"logRecords\": [{}, {}, {}]}]}]}"}"#;
+        let error = count_export(Signal::Logs, Some("application/json"), None, body, 1 << 20)
+            .expect_err("refused");
+        assert!(error.to_string().contains("resourceLogs"), "{error}");
     }
 
     #[test]
