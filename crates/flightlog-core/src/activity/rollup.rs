@@ -30,7 +30,11 @@
 //! outcome stay the first root's, as the run list shows them. Runs of the reference's origins
 //! keep its rule (the first root alone).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
+
+// The rollup runs inside the writer's transaction for every write that touches a run: its maps
+// hash with foldhash (seeded at random per process) rather than std's SipHash.
+use foldhash::{HashMap, HashMapExt as _, HashSet};
 
 use super::types::{SpanKind, SpanOrigin, SpanOutcome, SpanRow, SpanUsage};
 
