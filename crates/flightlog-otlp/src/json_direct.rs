@@ -487,226 +487,96 @@ impl<'de> Visitor<'de> for KeySeed {
 
 type Attributes = List<Msg<KeyValue>>;
 
-impl Message for ExportTraceServiceRequest {
-    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<u32, A::Error> {
-        match key {
-            "resourceSpans" => {
-                set(
-                    &mut self.resource_spans,
-                    field::<List<Msg<ResourceSpans>>, A>(map)?,
-                );
-                Ok(1)
+/// A message's `Message` impl from its fields: each key, the bit that catches it given twice,
+/// the field it sets and the [`Reader`] of its value. Any other key declines the body.
+macro_rules! message {
+    ($message:ty { $($bit:literal: $key:literal => $field:ident: $reader:ty,)+ }) => {
+        impl Message for $message {
+            fn field<'de, A: MapAccess<'de>>(
+                &mut self,
+                key: &str,
+                map: &mut A,
+            ) -> Result<u32, A::Error> {
+                match key {
+                    $($key => {
+                        set(&mut self.$field, field::<$reader, A>(map)?);
+                        Ok(1 << $bit)
+                    })+
+                    _ => Err(decline()),
+                }
             }
-            _ => Err(decline()),
         }
-    }
+    };
 }
 
-impl Message for ResourceSpans {
-    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<u32, A::Error> {
-        match key {
-            "resource" => set(&mut self.resource, field::<Present<Msg<Resource>>, A>(map)?),
-            "scopeSpans" => set(
-                &mut self.scope_spans,
-                field::<List<Msg<ScopeSpans>>, A>(map)?,
-            ),
-            "schemaUrl" => set(&mut self.schema_url, field::<Text, A>(map)?),
-            _ => return Err(decline()),
-        }
-        Ok(bit(key, &["resource", "scopeSpans", "schemaUrl"]))
-    }
-}
+message!(ExportTraceServiceRequest {
+    0: "resourceSpans" => resource_spans: List<Msg<ResourceSpans>>,
+});
 
-impl Message for Resource {
-    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<u32, A::Error> {
-        match key {
-            "attributes" => set(&mut self.attributes, field::<Attributes, A>(map)?),
-            "droppedAttributesCount" => set(
-                &mut self.dropped_attributes_count,
-                field::<Unsigned32, A>(map)?,
-            ),
-            "entityRefs" => set(&mut self.entity_refs, field::<NoEntityRefs, A>(map)?),
-            _ => return Err(decline()),
-        }
-        Ok(bit(
-            key,
-            &["attributes", "droppedAttributesCount", "entityRefs"],
-        ))
-    }
-}
+message!(ResourceSpans {
+    0: "resource" => resource: Present<Msg<Resource>>,
+    1: "scopeSpans" => scope_spans: List<Msg<ScopeSpans>>,
+    2: "schemaUrl" => schema_url: Text,
+});
 
-impl Message for ScopeSpans {
-    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<u32, A::Error> {
-        match key {
-            "scope" => set(
-                &mut self.scope,
-                field::<Present<Msg<InstrumentationScope>>, A>(map)?,
-            ),
-            "spans" => set(&mut self.spans, field::<List<Msg<Span>>, A>(map)?),
-            "schemaUrl" => set(&mut self.schema_url, field::<Text, A>(map)?),
-            _ => return Err(decline()),
-        }
-        Ok(bit(key, &["scope", "spans", "schemaUrl"]))
-    }
-}
+message!(Resource {
+    0: "attributes" => attributes: Attributes,
+    1: "droppedAttributesCount" => dropped_attributes_count: Unsigned32,
+    2: "entityRefs" => entity_refs: NoEntityRefs,
+});
 
-impl Message for InstrumentationScope {
-    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<u32, A::Error> {
-        match key {
-            "name" => set(&mut self.name, field::<Text, A>(map)?),
-            "version" => set(&mut self.version, field::<Text, A>(map)?),
-            "attributes" => set(&mut self.attributes, field::<Attributes, A>(map)?),
-            "droppedAttributesCount" => set(
-                &mut self.dropped_attributes_count,
-                field::<Unsigned32, A>(map)?,
-            ),
-            _ => return Err(decline()),
-        }
-        Ok(bit(
-            key,
-            &["name", "version", "attributes", "droppedAttributesCount"],
-        ))
-    }
-}
+message!(ScopeSpans {
+    0: "scope" => scope: Present<Msg<InstrumentationScope>>,
+    1: "spans" => spans: List<Msg<Span>>,
+    2: "schemaUrl" => schema_url: Text,
+});
 
-impl Message for Span {
-    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<u32, A::Error> {
-        // The most frequent message: each arm says its bit rather than looking it up.
-        Ok(match key {
-            "traceId" => {
-                set(&mut self.trace_id, field::<Hex, A>(map)?);
-                1
-            }
-            "spanId" => {
-                set(&mut self.span_id, field::<Hex, A>(map)?);
-                1 << 1
-            }
-            "traceState" => {
-                set(&mut self.trace_state, field::<Text, A>(map)?);
-                1 << 2
-            }
-            "parentSpanId" => {
-                set(&mut self.parent_span_id, field::<Hex, A>(map)?);
-                1 << 3
-            }
-            "flags" => {
-                set(&mut self.flags, field::<Unsigned32, A>(map)?);
-                1 << 4
-            }
-            "name" => {
-                set(&mut self.name, field::<Text, A>(map)?);
-                1 << 5
-            }
-            "kind" => {
-                set(&mut self.kind, field::<Enum<SpanKindNames>, A>(map)?);
-                1 << 6
-            }
-            "startTimeUnixNano" => {
-                set(&mut self.start_time_unix_nano, field::<Unsigned64, A>(map)?);
-                1 << 7
-            }
-            "endTimeUnixNano" => {
-                set(&mut self.end_time_unix_nano, field::<Unsigned64, A>(map)?);
-                1 << 8
-            }
-            "attributes" => {
-                set(&mut self.attributes, field::<Attributes, A>(map)?);
-                1 << 9
-            }
-            "droppedAttributesCount" => {
-                set(
-                    &mut self.dropped_attributes_count,
-                    field::<Unsigned32, A>(map)?,
-                );
-                1 << 10
-            }
-            "events" => {
-                set(&mut self.events, field::<List<Msg<Event>>, A>(map)?);
-                1 << 11
-            }
-            "droppedEventsCount" => {
-                set(&mut self.dropped_events_count, field::<Unsigned32, A>(map)?);
-                1 << 12
-            }
-            "links" => {
-                set(&mut self.links, field::<List<Msg<Link>>, A>(map)?);
-                1 << 13
-            }
-            "droppedLinksCount" => {
-                set(&mut self.dropped_links_count, field::<Unsigned32, A>(map)?);
-                1 << 14
-            }
-            "status" => {
-                set(&mut self.status, field::<Present<Msg<Status>>, A>(map)?);
-                1 << 15
-            }
-            _ => return Err(decline()),
-        })
-    }
-}
+message!(InstrumentationScope {
+    0: "name" => name: Text,
+    1: "version" => version: Text,
+    2: "attributes" => attributes: Attributes,
+    3: "droppedAttributesCount" => dropped_attributes_count: Unsigned32,
+});
 
-impl Message for Event {
-    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<u32, A::Error> {
-        match key {
-            "timeUnixNano" => set(&mut self.time_unix_nano, field::<Unsigned64, A>(map)?),
-            "name" => set(&mut self.name, field::<Text, A>(map)?),
-            "attributes" => set(&mut self.attributes, field::<Attributes, A>(map)?),
-            "droppedAttributesCount" => set(
-                &mut self.dropped_attributes_count,
-                field::<Unsigned32, A>(map)?,
-            ),
-            _ => return Err(decline()),
-        }
-        Ok(bit(
-            key,
-            &[
-                "timeUnixNano",
-                "name",
-                "attributes",
-                "droppedAttributesCount",
-            ],
-        ))
-    }
-}
+message!(Span {
+    0: "traceId" => trace_id: Hex,
+    1: "spanId" => span_id: Hex,
+    2: "traceState" => trace_state: Text,
+    3: "parentSpanId" => parent_span_id: Hex,
+    4: "flags" => flags: Unsigned32,
+    5: "name" => name: Text,
+    6: "kind" => kind: Enum<SpanKindNames>,
+    7: "startTimeUnixNano" => start_time_unix_nano: Unsigned64,
+    8: "endTimeUnixNano" => end_time_unix_nano: Unsigned64,
+    9: "attributes" => attributes: Attributes,
+    10: "droppedAttributesCount" => dropped_attributes_count: Unsigned32,
+    11: "events" => events: List<Msg<Event>>,
+    12: "droppedEventsCount" => dropped_events_count: Unsigned32,
+    13: "links" => links: List<Msg<Link>>,
+    14: "droppedLinksCount" => dropped_links_count: Unsigned32,
+    15: "status" => status: Present<Msg<Status>>,
+});
 
-impl Message for Link {
-    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<u32, A::Error> {
-        match key {
-            "traceId" => set(&mut self.trace_id, field::<Hex, A>(map)?),
-            "spanId" => set(&mut self.span_id, field::<Hex, A>(map)?),
-            "traceState" => set(&mut self.trace_state, field::<Text, A>(map)?),
-            "attributes" => set(&mut self.attributes, field::<Attributes, A>(map)?),
-            "droppedAttributesCount" => set(
-                &mut self.dropped_attributes_count,
-                field::<Unsigned32, A>(map)?,
-            ),
-            "flags" => set(&mut self.flags, field::<Unsigned32, A>(map)?),
-            _ => return Err(decline()),
-        }
-        Ok(bit(
-            key,
-            &[
-                "traceId",
-                "spanId",
-                "traceState",
-                "attributes",
-                "droppedAttributesCount",
-                "flags",
-            ],
-        ))
-    }
-}
+message!(Event {
+    0: "timeUnixNano" => time_unix_nano: Unsigned64,
+    1: "name" => name: Text,
+    2: "attributes" => attributes: Attributes,
+    3: "droppedAttributesCount" => dropped_attributes_count: Unsigned32,
+});
 
-impl Message for Status {
-    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<u32, A::Error> {
-        match key {
-            "message" => set(&mut self.message, field::<Text, A>(map)?),
-            "code" => set(&mut self.code, field::<Enum<StatusCodeNames>, A>(map)?),
-            _ => return Err(decline()),
-        }
-        Ok(bit(key, &["message", "code"]))
-    }
-}
+message!(Link {
+    0: "traceId" => trace_id: Hex,
+    1: "spanId" => span_id: Hex,
+    2: "traceState" => trace_state: Text,
+    3: "attributes" => attributes: Attributes,
+    4: "droppedAttributesCount" => dropped_attributes_count: Unsigned32,
+    5: "flags" => flags: Unsigned32,
+});
+
+message!(Status {
+    0: "message" => message: Text,
+    1: "code" => code: Enum<StatusCodeNames>,
+});
 
 impl Message for KeyValue {
     fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<u32, A::Error> {
