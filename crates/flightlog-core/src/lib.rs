@@ -8,6 +8,7 @@ pub mod activity;
 pub mod backend_metrics;
 pub mod clock;
 pub mod journal;
+pub mod json_as_written;
 pub mod json_depth;
 pub mod json_number;
 pub mod json_text;

@@ -411,87 +411,13 @@ pub(crate) fn decode_json_general(body: &[u8]) -> Result<ExportTraceServiceReque
     })
 }
 
-/// `body` parsed into a `serde_json::Value` exactly as written. serde_json's own `Value` reads
-/// an object whose first key is its private raw-value token (`$serde_json::private::RawValue`,
-/// live in this program because the workspace enables the `raw_value` feature) as the JSON
-/// text held in that key's string: JSON inside a string escaped the decoded-size scan (which
-/// skips strings), so 8 MiB of such text took 530 MB to decode, and each such level started
-/// serde_json's nesting limit over. Here that key is a key like any other (an unknown field,
-/// ignored as the Collector ignores it).
+/// `body` parsed into a `serde_json::Value` exactly as written: serde_json's private raw-value
+/// key is a key like any other (an unknown field, ignored as the Collector ignores it), not
+/// JSON text to read from its string, which hid text from the decoded-size scan (see
+/// `flightlog_core::json_as_written`).
 pub(crate) fn parse_json_as_written(body: &[u8]) -> Result<Value, OtlpError> {
-    use serde::de::DeserializeSeed as _;
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let value = AsWritten
-        .deserialize(&mut deserializer)
-        .and_then(|value| deserializer.end().map(|()| value))
-        .map_err(|error| OtlpError::malformed(format!("invalid JSON: {error}")))?;
-    Ok(value)
-}
-
-/// Builds a [`Value`] from what the parser reads, with no key read specially.
-struct AsWritten;
-
-impl<'de> serde::de::DeserializeSeed<'de> for AsWritten {
-    type Value = Value;
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for AsWritten {
-    type Value = Value;
-
-    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-        formatter.write_str("a JSON value")
-    }
-
-    fn visit_bool<E>(self, value: bool) -> Result<Value, E> {
-        Ok(Value::Bool(value))
-    }
-
-    fn visit_i64<E>(self, value: i64) -> Result<Value, E> {
-        Ok(Value::from(value))
-    }
-
-    fn visit_u64<E>(self, value: u64) -> Result<Value, E> {
-        Ok(Value::from(value))
-    }
-
-    fn visit_f64<E>(self, value: f64) -> Result<Value, E> {
-        // (A parsed JSON number is always finite; `from` would give `null` otherwise.)
-        Ok(Value::from(value))
-    }
-
-    fn visit_str<E>(self, value: &str) -> Result<Value, E> {
-        Ok(Value::String(value.to_owned()))
-    }
-
-    fn visit_string<E>(self, value: String) -> Result<Value, E> {
-        Ok(Value::String(value))
-    }
-
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let mut items = Vec::new();
-        while let Some(item) = seq.next_element_seed(AsWritten)? {
-            items.push(item);
-        }
-        Ok(Value::Array(items))
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let mut object = serde_json::Map::new();
-        while let Some(key) = map.next_key::<String>()? {
-            // A repeated key keeps its first place and its last value, as serde_json's `Value`.
-            let value = map.next_value_seed(AsWritten)?;
-            object.insert(key, value);
-        }
-        Ok(Value::Object(object))
-    }
+    flightlog_core::json_as_written::from_slice(body)
+        .map_err(|error| OtlpError::malformed(format!("invalid JSON: {error}")))
 }
 
 /// OTLP field names that contain an underscore, in their protobuf (snake_case) spelling, which

@@ -733,16 +733,17 @@ fn import_each(
             }
             // The delivery's attrs are text by now (see `prepare`); completing an open span is
             // the rare case, so they are parsed back here rather than kept as a map for all.
-            let update: JsonObject = match serde_json::from_str(&prepared.attrs) {
-                Ok(update) => update,
-                Err(err) => {
-                    report.rejected.push(ImportRejection {
-                        span_id: span.span_id.clone(),
-                        reason: format!("the span's attrs are not a JSON object: {err}"),
-                    });
-                    continue;
-                }
-            };
+            let update: JsonObject =
+                match flightlog_core::json_as_written::object_from_str(&prepared.attrs) {
+                    Ok(update) => update,
+                    Err(err) => {
+                        report.rejected.push(ImportRejection {
+                            span_id: span.span_id.clone(),
+                            reason: format!("the span's attrs are not a JSON object: {err}"),
+                        });
+                        continue;
+                    }
+                };
             let span_key = existing.span_key;
             // The completed copy of a span this importer announced takes the copy's parent: a
             // root still waiting for its remote caller waits on.

@@ -404,12 +404,13 @@ impl EventDecoder {
             .get_ref(3)
             .and_then(|value| Ok(value.as_str()?))
             .map_err(backend)?;
-        let data: JsonObject = serde_json::from_str(text).map_err(|err| {
-            StoreError::Corrupt(format!(
-                "journal event {:?} seq {seq}: data is not a JSON object: {err}",
-                self.engagement_id
-            ))
-        })?;
+        let data: JsonObject =
+            flightlog_core::json_as_written::object_from_str(text).map_err(|err| {
+                StoreError::Corrupt(format!(
+                    "journal event {:?} seq {seq}: data is not a JSON object: {err}",
+                    self.engagement_id
+                ))
+            })?;
         let text = keep_text.then(|| text.to_owned());
         let event = EngagementEvent {
             engagement_id: Arc::clone(&self.engagement_id),

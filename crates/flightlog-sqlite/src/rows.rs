@@ -104,7 +104,7 @@ pub(crate) const SPAN_COLUMN_COUNT: usize = 22;
 
 /// Parse stored attrs; anything unreadable reads as `{}` (the reference's `safeParse ?? {}`).
 pub(crate) fn parse_attrs(text: Option<&str>) -> JsonObject {
-    text.and_then(|text| serde_json::from_str::<JsonObject>(text).ok())
+    text.and_then(|text| flightlog_core::json_as_written::object_from_str(text).ok())
         .unwrap_or_default()
 }
 

@@ -114,7 +114,7 @@ impl ImportedAttrs {
     pub fn to_object(&self) -> Result<JsonObject, serde_json::Error> {
         match self {
             Self::Object(object) => Ok(object.clone()),
-            Self::Encoded(encoded) => serde_json::from_str(encoded.as_str()),
+            Self::Encoded(encoded) => crate::json_as_written::object_from_str(encoded.as_str()),
         }
     }
 

@@ -444,7 +444,11 @@ pub struct StartSpanInput {
     pub session_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::json_as_written::optional_object"
+    )]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub attrs: Option<JsonObject>,
     /// Defaults to the store's clock.
@@ -481,7 +485,11 @@ pub struct EndSpanInput {
     #[cfg_attr(feature = "openapi", schema(value_type = Option<SpanUsageInput>))]
     pub usage: Option<SpanUsage>,
     /// Merged shallowly over the stored attrs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::json_as_written::optional_object"
+    )]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub attrs: Option<JsonObject>,
 }
@@ -492,7 +500,11 @@ pub struct EndSpanInput {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SpanPatch {
     /// Merged shallowly over the stored attrs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::json_as_written::optional_object"
+    )]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub attrs: Option<JsonObject>,
     /// Each present field replaces the stored one; absent fields keep theirs.

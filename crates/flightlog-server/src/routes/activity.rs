@@ -58,7 +58,10 @@ pub(crate) struct AppendEventBody {
     /// Any JSON, at most 64 levels deep; absent and `null` both store `null`. Stored payloads
     /// are capped at 16,384 bytes (a longer one is stored as a truncated string and the event
     /// marked `truncated`).
-    #[serde(default)]
+    #[serde(
+        default,
+        deserialize_with = "flightlog_core::json_as_written::optional_value"
+    )]
     #[schema(value_type = Value)]
     pub(crate) payload: Option<Value>,
     /// When it happened (epoch ms); defaults to the server's clock.

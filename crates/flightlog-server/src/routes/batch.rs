@@ -102,7 +102,10 @@ impl<'de> Deserialize<'de> for OpMembers {
                     members: Map::new(),
                     repeated: None,
                 };
-                while let Some((name, value)) = map.next_entry::<String, Value>()? {
+                while let Some(name) = map.next_key::<String>()? {
+                    // As written (see `flightlog_core::json_as_written`), as the fast path
+                    // reads the same members.
+                    let value = map.next_value_seed(flightlog_core::json_as_written::AsWritten)?;
                     if op.members.contains_key(&name) {
                         op.repeated.get_or_insert(name);
                     } else {

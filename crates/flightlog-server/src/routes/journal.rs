@@ -164,7 +164,9 @@ impl<'de> Deserialize<'de> for AppendMembers {
                             "duplicate field `{key}`"
                         )));
                     }
-                    let value: Value = access.next_value()?;
+                    // As written (see `flightlog_core::json_as_written`).
+                    let value =
+                        access.next_value_seed(flightlog_core::json_as_written::AsWritten)?;
                     members.insert(key, value);
                 }
                 Ok(AppendMembers(members))

@@ -1580,3 +1580,78 @@ async fn blank_query_parameters_count_as_absent_and_unknown_ones_are_refused() {
     }
     server.stop().await;
 }
+
+/// Client JSON is stored as sent, whatever its keys. serde_json's `Value` (with the
+/// `raw_value` feature this program enables) read an object whose first key is its private
+/// token as the JSON text in that key's string: these attrs were stored as `[1, 2]`, and a
+/// string that is no JSON was refused.
+#[tokio::test]
+async fn client_json_is_stored_as_written_whatever_its_keys() {
+    let server = TestServer::start().await;
+    let token = json!({"$serde_json::private::RawValue": "[1,2]"});
+    let not_json = json!({"$serde_json::private::RawValue": "not JSON"});
+    let attrs = json!({"a": token, "b": not_json});
+
+    let mut input = start_input("tok", "rt", None, 1000);
+    input["attrs"] = attrs.clone();
+    let reply = server.post("/v1/activity/spans", &input).await;
+    assert_eq!(reply.assert_status(201)["attrs"], attrs);
+    let patch = json!({"attrs": {"c": token}});
+    server
+        .send(Method::PATCH, "/v1/activity/spans/tok", Some(&patch), None)
+        .await
+        .assert_status(200);
+    server
+        .post(
+            "/v1/activity/spans/tok/events",
+            &json!({"eventType": "e", "payload": token, "ts": 1100}),
+        )
+        .await
+        .assert_status(201);
+    let batch = json!({"ops": [
+        {"op": "startSpan", "spanId": "tok2", "runId": "rt", "parentSpanId": "tok", "name": "t",
+         "kind": "tool", "origin": "session", "startedAt": 1200, "attrs": {"d": token}},
+        {"op": "appendEvent", "spanId": "tok2", "eventType": "e", "payload": not_json, "ts": 1300},
+        {"op": "endSpan", "spanId": "tok2", "outcome": "success", "attrs": {"e": not_json}},
+    ]});
+    let reply = server.post("/v1/activity/batch", &batch).await;
+    let results = reply.assert_status(200)["results"].clone();
+    assert_eq!(results[0]["attrs"], json!({"d": token}), "{results}");
+
+    let reply = server.get("/v1/activity/runs/rt/snapshot").await;
+    let snapshot = reply.assert_status(200);
+    let span = |id: &str| {
+        snapshot["spans"]
+            .as_array()
+            .and_then(|spans| spans.iter().find(|span| span["spanId"] == id))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(
+        span("tok")["attrs"],
+        json!({"a": token, "b": not_json, "c": token})
+    );
+    assert_eq!(span("tok2")["attrs"], json!({"d": token, "e": not_json}));
+    let payloads: Vec<&Value> = snapshot["events"]
+        .as_array()
+        .map(|events| events.iter().map(|event| &event["payload"]).collect())
+        .unwrap_or_default();
+    assert_eq!(payloads, [&token, &not_json], "{snapshot}");
+
+    let reply = server
+        .post(
+            "/v1/engagements/eng/events",
+            &json!({"type": "note", "at": 5, "data": {"x": token, "y": not_json}}),
+        )
+        .await;
+    assert_eq!(
+        reply.assert_status(201)["data"],
+        json!({"x": token, "y": not_json})
+    );
+    let reply = server.get("/v1/engagements/eng/events").await;
+    assert_eq!(
+        reply.assert_status(200)[0]["data"],
+        json!({"x": token, "y": not_json})
+    );
+    server.stop().await;
+}

@@ -298,7 +298,9 @@ async fn read_reply(response: reqwest::Response) -> Reply {
     let body = if bytes.is_empty() {
         Value::Null
     } else {
-        serde_json::from_slice(&bytes).unwrap_or_else(|err| {
+        // As written: serde_json's own `Value` would read an object with its private raw-value
+        // key as the JSON in that key's string (see `flightlog_core::json_as_written`).
+        flightlog_core::json_as_written::from_slice(&bytes).unwrap_or_else(|err| {
             panic!(
                 "{status}: body is not JSON ({err}): {}",
                 String::from_utf8_lossy(&bytes)
