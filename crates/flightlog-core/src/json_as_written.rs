@@ -126,7 +126,7 @@ pub fn value<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Value, D::Err
 pub fn optional_value<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<Value>, D::Error> {
-    deserializer.deserialize_option(Optional(AsWritten))
+    OrNull(AsWritten).deserialize(deserializer)
 }
 
 /// An optional field holding a JSON object, read as written; `null` is `None`, anything but an
@@ -134,11 +134,10 @@ pub fn optional_value<'de, D: Deserializer<'de>>(
 pub fn optional_object<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<Map<String, Value>>, D::Error> {
-    deserializer.deserialize_option(Optional(ObjectOnly))
+    OrNull(ObjectOnly).deserialize(deserializer)
 }
 
 /// Reads a JSON object as written.
-#[derive(Clone, Copy)]
 struct ObjectOnly;
 
 impl<'de> DeserializeSeed<'de> for ObjectOnly {
@@ -161,10 +160,18 @@ impl<'de> Visitor<'de> for ObjectOnly {
     }
 }
 
-/// `null` as `None`, anything else through the seed `S`.
-struct Optional<S>(S);
+/// A seed for an optional value: `null` as `None`, anything else through the seed `S`.
+pub struct OrNull<S>(pub S);
 
-impl<'de, S: DeserializeSeed<'de> + Copy> Visitor<'de> for Optional<S> {
+impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for OrNull<S> {
+    type Value = Option<S::Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_option(self)
+    }
+}
+
+impl<'de, S: DeserializeSeed<'de>> Visitor<'de> for OrNull<S> {
     type Value = Option<S::Value>;
 
     fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {

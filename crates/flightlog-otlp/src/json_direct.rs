@@ -21,6 +21,7 @@ use std::marker::PhantomData;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
+use flightlog_core::json_as_written::OrNull;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{
     any_value, AnyValue, ArrayValue, EntityRef, InstrumentationScope, KeyValue, KeyValueList,
@@ -55,43 +56,13 @@ trait Reader {
 /// A message's value of one field, `None` for `null` (the field keeps its default, as the
 /// general decoder drops `null` members).
 fn field<'de, R: Reader, A: MapAccess<'de>>(map: &mut A) -> Result<Option<R::Out>, A::Error> {
-    map.next_value_seed(Nullable::<R>(PhantomData))
+    map.next_value_seed(OrNull(Element::<R>(PhantomData)))
 }
 
 /// Sets `slot` to `value` when there is one.
 fn set<T>(slot: &mut T, value: Option<T>) {
     if let Some(value) = value {
         *slot = value;
-    }
-}
-
-struct Nullable<R>(PhantomData<R>);
-
-impl<'de, R: Reader> DeserializeSeed<'de> for Nullable<R> {
-    type Value = Option<R::Out>;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_option(self)
-    }
-}
-
-impl<'de, R: Reader> Visitor<'de> for Nullable<R> {
-    type Value = Option<R::Out>;
-
-    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
-        formatter.write_str("a value or null")
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        R::read(deserializer).map(Some)
     }
 }
 
