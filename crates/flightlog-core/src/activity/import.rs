@@ -163,7 +163,7 @@ impl EncodedAttrs {
     /// this form exists so an importer that already wrote the text pays nothing more).
     pub fn from_object_text(text: String) -> Self {
         debug_assert!(
-            serde_json::from_str::<JsonObject>(&text).is_ok(),
+            crate::json_as_written::object_from_str(&text).is_ok(),
             "not a JSON object: {text}"
         );
         Self(text)

@@ -405,6 +405,32 @@ async fn otlp_json_is_answered_in_json_and_bad_spans_are_reported_not_fatal() {
     assert_eq!(span["outcomeReason"], "tool exploded");
 }
 
+/// An attribute map holding a key named like serde_json's private raw-value token is kept as
+/// sent. The stored attrs were read back through serde_json's `Value`, which read that object
+/// as the JSON in its string: this span's attrs came back `{}`, every attribute lost.
+#[tokio::test]
+async fn attributes_named_like_serde_jsons_raw_value_token_are_kept() {
+    let server = TestServer::start().await;
+    let token = "$serde_json::private::RawValue";
+    let body = json!({"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": TRACE_HEX, "spanId": hex(1), "name": "s",
+         "startTimeUnixNano": "1000000000", "endTimeUnixNano": "1100000000",
+         "attributes": [
+            {"key": "keep", "value": {"stringValue": "me"}},
+            {"key": "map", "value": {"kvlistValue": {"values": [
+                {"key": token, "value": {"stringValue": "not JSON"}}]}}}
+         ]}
+    ]}]}]});
+    let answer = export_json(&server, &body).await;
+    assert_eq!(answer, json!({}));
+    // Read as written (the test client's own parse would resolve the token too).
+    let reply = server.get(&format!("/v1/activity/spans/{}", hex(1))).await;
+    let attrs = &reply.assert_status(200)["attrs"];
+    assert_eq!(attrs["keep"], "me", "{attrs}");
+    assert_eq!(attrs["map"], json!({token: "not JSON"}), "{attrs}");
+    server.stop().await;
+}
+
 /// What the OpenTelemetry Collector accepts, flightlog accepts: OTLP/JSON with the protobuf
 /// field names (snake_case) and enum value names instead of numbers.
 #[tokio::test]
