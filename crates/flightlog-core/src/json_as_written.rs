@@ -7,7 +7,9 @@
 //! stored as `{"a": [1, 2]}`, and an OTLP/JSON body could hide an export inside a string, out
 //! of reach of the checks that read the text (8 MiB took 530 MB to decode). Every value a
 //! client hands flightlog to keep (attrs, event payloads, journal data, OTLP/JSON bodies) is read
-//! through [`AsWritten`] instead, where that key is a key like any other, stored as sent.
+//! through [`AsWritten`] instead, where that key is a key like any other, stored as sent; and
+//! stored attrs and journal data are read back so ([`object_from_str`]): an OTLP attribute map
+//! holding that key made a span's whole attrs read back as `{}`.
 //!
 //! For a `#[serde(deserialize_with = …)]` field: [`value`], [`optional_value`] and
 //! [`optional_object`] (with `#[serde(default)]`, as for any `Option` field read so).
