@@ -11,8 +11,7 @@
 //! stored attrs and journal data are read back so ([`object_from_str`]): an OTLP attribute map
 //! holding that key made a span's whole attrs read back as `{}`.
 //!
-//! For a `#[serde(deserialize_with = …)]` field: [`value`], [`optional_value`] and
-//! [`optional_object`] (with `#[serde(default)]`, as for any `Option` field read so).
+//! For a `#[serde(deserialize_with = …)]` field: [`optional_value`] and [`optional_object`] (with `#[serde(default)]`, as for any `Option` field read so).
 
 use std::fmt;
 
@@ -116,11 +115,6 @@ pub fn object_from_str(text: &str) -> Result<Map<String, Value>, serde_json::Err
     let object = ObjectOnly.deserialize(&mut deserializer)?;
     deserializer.end()?;
     Ok(object)
-}
-
-/// A field holding any JSON value, read as written.
-pub fn value<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Value, D::Error> {
-    AsWritten.deserialize(deserializer)
 }
 
 /// An optional field holding any JSON value, read as written; `null` is `None`, as for a plain
@@ -266,26 +260,18 @@ mod tests {
         attrs: Option<Map<String, Value>>,
         #[serde(default, deserialize_with = "optional_value")]
         payload: Option<Value>,
-        #[serde(default, deserialize_with = "value")]
-        data: Value,
     }
 
     #[test]
     fn fields_read_as_written_with_the_messages_of_plain_fields() {
-        let text = format!(
-            r#"{{"attrs": {TOKEN_OBJECT}, "payload": {TOKEN_OBJECT}, "data": {TOKEN_OBJECT}}}"#
-        );
+        let text = format!(r#"{{"attrs": {TOKEN_OBJECT}, "payload": {TOKEN_OBJECT}}}"#);
         let body: Body = serde_json::from_str(&text).expect("parses");
         let written = json!({"$serde_json::private::RawValue": "[1,2]"});
         assert_eq!(body.attrs.map(Value::Object), Some(written.clone()));
-        assert_eq!(body.payload, Some(written.clone()));
-        assert_eq!(body.data, written);
+        assert_eq!(body.payload, Some(written));
 
         let body: Body = serde_json::from_str(r#"{"attrs": null, "payload": null}"#).expect("ok");
-        assert_eq!(
-            (body.attrs, body.payload, body.data),
-            (None, None, Value::Null)
-        );
+        assert_eq!((body.attrs, body.payload), (None, None));
         let body: Body = serde_json::from_str("{}").expect("parses");
         assert_eq!((body.attrs, body.payload), (None, None));
 

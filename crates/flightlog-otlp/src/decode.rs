@@ -462,7 +462,7 @@ const U32_FIELDS: &[&str] = &[
 ];
 
 /// The members of `AnyValue`'s oneof: an object holding one of them is an `AnyValue`.
-pub(crate) const ANY_VALUE_KEYS: &[&str] = &[
+const ANY_VALUE_KEYS: &[&str] = &[
     "stringValue",
     "boolValue",
     "intValue",

@@ -31,7 +31,7 @@ use opentelemetry_proto::tonic::trace::v1::span::{Event, Link};
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use crate::decode::{is_hex, ANY_VALUE_KEYS, SPAN_KIND_NAMES, STATUS_CODE_NAMES};
+use crate::decode::{is_hex, SPAN_KIND_NAMES, STATUS_CODE_NAMES};
 
 /// The request in `body`, or `None` when this reader declines the body (the general decoder
 /// then reads it).
@@ -575,14 +575,20 @@ impl Message for KeyValue {
 impl Message for AnyValue {
     fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<u32, A::Error> {
         use any_value::Value;
-        let value = match key {
-            "stringValue" => field::<Text, A>(map)?.map(Value::StringValue),
-            "boolValue" => field::<Flag, A>(map)?.map(Value::BoolValue),
-            "intValue" => field::<Signed64, A>(map)?.map(Value::IntValue),
-            "doubleValue" => field::<Double, A>(map)?.map(Value::DoubleValue),
-            "arrayValue" => field::<Msg<ArrayValue>, A>(map)?.map(Value::ArrayValue),
-            "kvlistValue" => field::<Msg<KeyValueList>, A>(map)?.map(Value::KvlistValue),
-            "bytesValue" => field::<Base64, A>(map)?.map(Value::BytesValue),
+        let (bit, value) = match key {
+            "stringValue" => (1, field::<Text, A>(map)?.map(Value::StringValue)),
+            "boolValue" => (1 << 1, field::<Flag, A>(map)?.map(Value::BoolValue)),
+            "intValue" => (1 << 2, field::<Signed64, A>(map)?.map(Value::IntValue)),
+            "doubleValue" => (1 << 3, field::<Double, A>(map)?.map(Value::DoubleValue)),
+            "arrayValue" => (
+                1 << 4,
+                field::<Msg<ArrayValue>, A>(map)?.map(Value::ArrayValue),
+            ),
+            "kvlistValue" => (
+                1 << 5,
+                field::<Msg<KeyValueList>, A>(map)?.map(Value::KvlistValue),
+            ),
+            "bytesValue" => (1 << 6, field::<Base64, A>(map)?.map(Value::BytesValue)),
             _ => return Err(decline()),
         };
         match value {
@@ -590,44 +596,21 @@ impl Message for AnyValue {
             Some(_) if self.value.is_some() => Err(decline()),
             Some(value) => {
                 self.value = Some(value);
-                Ok(bit(key, ANY_VALUE_KEYS))
+                Ok(bit)
             }
             // `null`: not a member given (the general decoder drops it).
-            None => Ok(bit(key, ANY_VALUE_KEYS)),
+            None => Ok(bit),
         }
     }
 }
 
-impl Message for ArrayValue {
-    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<u32, A::Error> {
-        match key {
-            "values" => {
-                set(&mut self.values, field::<List<Msg<AnyValue>>, A>(map)?);
-                Ok(1)
-            }
-            _ => Err(decline()),
-        }
-    }
-}
+message!(ArrayValue {
+    0: "values" => values: List<Msg<AnyValue>>,
+});
 
-impl Message for KeyValueList {
-    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<u32, A::Error> {
-        match key {
-            "values" => {
-                set(&mut self.values, field::<Attributes, A>(map)?);
-                Ok(1)
-            }
-            _ => Err(decline()),
-        }
-    }
-}
-
-/// The bit of `key`, one of a message's `keys` (at most 32).
-fn bit(key: &str, keys: &[&str]) -> u32 {
-    keys.iter()
-        .position(|known| *known == key)
-        .map_or(0, |index| 1 << index)
-}
+message!(KeyValueList {
+    0: "values" => values: Attributes,
+});
 
 #[cfg(test)]
 mod tests {
