@@ -9,10 +9,11 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use flightlog_core::activity::{
-    cap_payload, ActivityChange, ActivityStore, ActivityWrite, ActivityWriteResult, ChangeBody,
-    ChangeDoorbell, EndSpanInput, ImportReport, ImportedSpan, PruneOptions, PruneResult,
-    RunListQuery, RunPage, RunRollupRow, RunSnapshot, SpanEventRow, SpanOutcome, SpanPatch,
-    SpanRow, StartSpanInput, StoreError, TerminalRootChange, DEFAULT_PRUNE_BATCH,
+    cap_payload, ActivityChange, ActivityStore, ActivityWrite, ActivityWriteResult, CappedPayload,
+    ChangeBody, ChangeDoorbell, EndSpanInput, ImportReport, ImportedSpan, PayloadText,
+    PruneOptions, PruneResult, RunListQuery, RunPage, RunRollupRow, RunSnapshot, SpanEventRow,
+    SpanOutcome, SpanPatch, SpanRow, StartSpanInput, StoreError, TerminalRootChange,
+    DEFAULT_PRUNE_BATCH,
 };
 use flightlog_core::json_depth;
 use flightlog_core::{default_writer_id, BackendMetric, Clock};
@@ -222,6 +223,27 @@ pub struct SqliteActivityStore {
 }
 
 impl SqliteActivityStore {
+    /// Store an event whose payload is in its stored form. Compression is pure CPU work: done
+    /// on the caller's thread, not the writer's.
+    async fn append_capped_event(
+        &self,
+        span_id: &str,
+        event_type: &str,
+        capped: CappedPayload,
+        ts: Option<i64>,
+    ) -> Result<Option<SpanEventRow>, StoreError> {
+        let ts = ts.unwrap_or_else(|| self.now());
+        let compressed = self.db.codec().encode(&capped.json);
+        self.db.maybe_train_payload_dictionary(self.now());
+        let span_id = span_id.to_owned();
+        let event_type = event_type.to_owned();
+        self.db
+            .write(move |ctx| {
+                write::append_event(ctx, &span_id, &event_type, &capped, compressed.as_ref(), ts)
+            })
+            .await
+    }
+
     /// The changes after the cursor (see `changes_after`): a page a live stream reads is quick
     /// and read here (its hand-off to another thread would cost more), a longer or unlimited
     /// read on the long-read threads.
@@ -591,18 +613,19 @@ impl ActivityStore for SqliteActivityStore {
         ts: Option<i64>,
     ) -> Result<Option<SpanEventRow>, StoreError> {
         json_depth::check_value("payload", payload).map_err(StoreError::InvalidInput)?;
-        let ts = ts.unwrap_or_else(|| self.now());
-        // Capping and compression are pure CPU work: do them on the caller's thread, not the
-        // writer's.
-        let capped = cap_payload(payload);
-        let compressed = self.db.codec().encode(&capped.json);
-        self.db.maybe_train_payload_dictionary(self.now());
-        let span_id = span_id.to_owned();
-        let event_type = event_type.to_owned();
-        self.db
-            .write(move |ctx| {
-                write::append_event(ctx, &span_id, &event_type, &capped, compressed.as_ref(), ts)
-            })
+        // Capping is pure CPU work: done on the caller's thread, not the writer's.
+        self.append_capped_event(span_id, event_type, cap_payload(payload), ts)
+            .await
+    }
+
+    async fn append_event_text(
+        &self,
+        span_id: &str,
+        event_type: &str,
+        payload: PayloadText,
+        ts: Option<i64>,
+    ) -> Result<Option<SpanEventRow>, StoreError> {
+        self.append_capped_event(span_id, event_type, payload.into_capped(), ts)
             .await
     }
 

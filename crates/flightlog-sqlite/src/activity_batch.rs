@@ -71,7 +71,8 @@ pub(crate) fn check_input(write: &ActivityWrite) -> Result<(), String> {
         ActivityWrite::AppendEvent { payload, .. } => {
             json_depth::check_value("payload", payload.as_ref())
         }
-        ActivityWrite::Heartbeat { .. } => Ok(()),
+        // Read within the limit (see `PayloadText`).
+        ActivityWrite::AppendEventText { .. } | ActivityWrite::Heartbeat { .. } => Ok(()),
     }
 }
 
@@ -82,22 +83,44 @@ fn prepare_one(write: ActivityWrite, codec: &PayloadCodec, now: i64) -> Prepared
             event_type,
             payload,
             ts,
-        } => {
-            let payload = cap_payload(payload.as_ref());
-            let compressed = codec.encode(&payload.json);
-            PreparedWrite::AppendEvent {
-                span_id,
-                event_type,
-                payload,
-                compressed,
-                ts: ts.unwrap_or(now),
-            }
-        }
+        } => prepare_event(
+            span_id,
+            event_type,
+            cap_payload(payload.as_ref()),
+            ts,
+            codec,
+            now,
+        ),
+        ActivityWrite::AppendEventText {
+            span_id,
+            event_type,
+            payload,
+            ts,
+        } => prepare_event(span_id, event_type, payload.into_capped(), ts, codec, now),
         ActivityWrite::StartSpan(input) => {
             let attrs = write::stored_attrs(input.attrs.as_ref(), codec);
             PreparedWrite::StartSpan { input, attrs }
         }
         other => PreparedWrite::Plain(other),
+    }
+}
+
+/// An event ready for the writer: its payload compressed here, on the request's thread.
+fn prepare_event(
+    span_id: String,
+    event_type: String,
+    payload: CappedPayload,
+    ts: Option<i64>,
+    codec: &PayloadCodec,
+    now: i64,
+) -> PreparedWrite {
+    let compressed = codec.encode(&payload.json);
+    PreparedWrite::AppendEvent {
+        span_id,
+        event_type,
+        payload,
+        compressed,
+        ts: ts.unwrap_or(now),
     }
 }
 
@@ -126,7 +149,9 @@ fn apply_one(
             write::heartbeat(ctx, span_id, at.unwrap_or(now))
                 .map(|()| ActivityWriteResult::Heartbeat)
         }
-        PreparedWrite::Plain(ActivityWrite::AppendEvent { .. }) => Err(StoreError::Backend(
+        PreparedWrite::Plain(
+            ActivityWrite::AppendEvent { .. } | ActivityWrite::AppendEventText { .. },
+        ) => Err(StoreError::Backend(
             "an event append reached the batch job unprepared".to_owned(),
         )),
         PreparedWrite::AppendEvent {

@@ -45,9 +45,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use flightlog_core::activity::{
-    compute_rollup, rootless_usage, ActivityChange, ActivityStore, ActivityWrite,
+    cap_payload, compute_rollup, rootless_usage, ActivityChange, ActivityStore, ActivityWrite,
     ActivityWriteResult, ChangeBody, ChangeDoorbell, EncodedAttrs, EndSpanInput, ImportRejection,
-    ImportReport, ImportedAttrs, ImportedEnd, ImportedEvent, ImportedSpan, JsonObject,
+    ImportReport, ImportedAttrs, ImportedEnd, ImportedEvent, ImportedSpan, JsonObject, PayloadText,
     PruneOptions, PruneResult, RollupSpan, RunCursor, RunListEntry, RunListQuery, RunPage,
     RunRollupRow, RunSnapshot, RunState, SpanEventRow, SpanKind, SpanOrigin, SpanOutcome,
     SpanPatch, SpanRow, SpanUsage, StartSpanInput, StoreError, TerminalRootChange,
@@ -1245,6 +1245,19 @@ impl Model {
                 } => self
                     .append_event(span_id, event_type, payload.as_ref(), ts.unwrap_or(now))
                     .map(ActivityWriteResult::Appended),
+                ActivityWrite::AppendEventText {
+                    span_id,
+                    event_type,
+                    payload,
+                    ts,
+                } => self
+                    .append_event(
+                        span_id,
+                        event_type,
+                        Some(&stored_payload_value(payload)),
+                        ts.unwrap_or(now),
+                    )
+                    .map(ActivityWriteResult::Appended),
                 ActivityWrite::Heartbeat { span_id, at } => {
                     self.heartbeat(span_id, at.unwrap_or(now));
                     Ok(ActivityWriteResult::Heartbeat)
@@ -1905,6 +1918,34 @@ impl Harness {
         )?;
         same("append_event", &store, &model)?;
         self.check_doorbell("append_event", before)?;
+        Ok(store)
+    }
+
+    /// `append` with the payload in its stored form (`append_event_text`): the model stores
+    /// the value that text reads back as.
+    async fn append_text(
+        &mut self,
+        writer: usize,
+        span_id: &str,
+        event_type: &str,
+        payload: PayloadText,
+        ts: Option<i64>,
+    ) -> Result<Outcome<Option<SpanEventRow>>, TestCaseError> {
+        let before = self.model.last_change_id;
+        let model = self.model.append_event(
+            span_id,
+            event_type,
+            Some(&stored_payload_value(&payload)),
+            ts.unwrap_or(self.now),
+        );
+        let store = outcome(
+            "append_event_text",
+            self.store(writer)
+                .append_event_text(span_id, event_type, payload, ts)
+                .await,
+        )?;
+        same("append_event_text", &store, &model)?;
+        self.check_doorbell("append_event_text", before)?;
         Ok(store)
     }
 
@@ -2634,12 +2675,29 @@ impl Write {
                 event_type,
                 payload,
                 ts,
-            } => ActivityWrite::AppendEvent {
-                span_id: id(*span),
-                event_type: id(*event_type),
-                payload: p.payloads[*payload].clone(),
-                ts: time(ts),
-            },
+            } => {
+                let value = p.payloads[*payload].clone();
+                // Every other event type's payloads come in their stored form, as the HTTP
+                // endpoints read them when they can.
+                let stored = (*event_type % 2 == 1)
+                    .then(|| cap_payload(value.as_ref()))
+                    .filter(|capped| !capped.truncated)
+                    .and_then(|capped| PayloadText::from_json_text(&capped.json));
+                match stored {
+                    Some(payload) => ActivityWrite::AppendEventText {
+                        span_id: id(*span),
+                        event_type: id(*event_type),
+                        payload,
+                        ts: time(ts),
+                    },
+                    None => ActivityWrite::AppendEvent {
+                        span_id: id(*span),
+                        event_type: id(*event_type),
+                        payload: value,
+                        ts: time(ts),
+                    },
+                }
+            }
             Write::Heartbeat { span, at } => ActivityWrite::Heartbeat {
                 span_id: id(*span),
                 at: time(at),
@@ -3227,9 +3285,24 @@ async fn perform_write(
                 .append(writer, &span_id, &event_type, payload.as_ref(), ts)
                 .await?;
         }
+        ActivityWrite::AppendEventText {
+            span_id,
+            event_type,
+            payload,
+            ts,
+        } => {
+            let _ = h
+                .append_text(writer, &span_id, &event_type, payload, ts)
+                .await?;
+        }
         ActivityWrite::Heartbeat { span_id, at } => h.heartbeat(writer, &span_id, at).await?,
     }
     Ok(())
+}
+
+/// The value a stored payload's text reads back as.
+fn stored_payload_value(payload: &PayloadText) -> Value {
+    flightlog_core::json_as_written::from_slice(payload.as_str().as_bytes()).unwrap_or(Value::Null)
 }
 
 async fn run_case(max_events: usize, max_age: usize, ops: &[Op]) -> Result<(), TestCaseError> {

@@ -9,6 +9,7 @@
 
 use serde_json::Value;
 
+use super::payload_text::PayloadText;
 use super::types::{EndSpanInput, SpanEventRow, SpanPatch, SpanRow, StartSpanInput};
 
 /// One write of a batch: the single-call operations, with their arguments.
@@ -27,6 +28,14 @@ pub enum ActivityWrite {
         span_id: String,
         event_type: String,
         payload: Option<Value>,
+        ts: Option<i64>,
+    },
+    /// [`ActivityWrite::AppendEvent`] with its payload already in its stored form (read from
+    /// the request's text, see [`PayloadText`]): the same event is stored.
+    AppendEventText {
+        span_id: String,
+        event_type: String,
+        payload: PayloadText,
         ts: Option<i64>,
     },
     Heartbeat {

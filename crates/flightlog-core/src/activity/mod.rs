@@ -2,12 +2,14 @@
 //! `changeId` cursor.
 //!
 //! [`types`] holds the records and inputs, [`store`] the backend trait, and [`payload`] and
-//! [`rollup`] the pure rules (payload capping, run rollups) every backend applies identically.
+//! [`rollup`] the pure rules (payload capping, run rollups) every backend applies identically;
+//! [`payload_text`] reads a payload's text straight into its stored form when it can.
 
 pub mod batch;
 pub mod import;
 pub mod listing;
 pub mod payload;
+pub mod payload_text;
 pub mod rollup;
 pub mod store;
 pub mod types;
@@ -19,6 +21,7 @@ pub use import::{
 };
 pub use listing::{RunCursor, RunListEntry, RunListQuery, RunPage, RunState};
 pub use payload::{cap_payload, CappedPayload, MAX_EVENT_PAYLOAD_BYTES, TRUNCATION_MARKER};
+pub use payload_text::PayloadText;
 pub use rollup::{compute_rollup, rootless_usage, RollupFields, RollupSpan};
 pub use store::{
     ActivityStore, ChangeDoorbell, StoreError, DEFAULT_CHANGES_LIMIT, DEFAULT_PRUNE_BATCH,

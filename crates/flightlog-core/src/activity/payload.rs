@@ -91,7 +91,7 @@ fn write_js_json(out: &mut Vec<u8>, value: &Value) {
     }
 }
 
-fn write_string(out: &mut Vec<u8>, text: &str) {
+pub(super) fn write_string(out: &mut Vec<u8>, text: &str) {
     // serde_json's escaping is JSON.stringify's: `"`, `\`, and control characters.
     let mut serializer = serde_json::Serializer::new(&mut *out);
     if text.serialize(&mut serializer).is_err() {
@@ -133,7 +133,7 @@ fn write_js_object(out: &mut Vec<u8>, map: &Map<String, Value>) {
 
 /// The array index a JavaScript object key names: the canonical decimal text of an integer
 /// from 0 to 2^32 − 2 (such keys come first in a JavaScript object, in numeric order).
-fn array_index(key: &str) -> Option<u32> {
+pub(super) fn array_index(key: &str) -> Option<u32> {
     let bytes = key.as_bytes();
     let canonical = !bytes.is_empty()
         && bytes.len() <= 10

@@ -15,6 +15,7 @@ use crate::backend_metrics::BackendMetric;
 use super::batch::{ActivityWrite, ActivityWriteResult};
 use super::import::{ImportReport, ImportedSpan};
 use super::listing::{RunListQuery, RunPage};
+use super::payload_text::PayloadText;
 use super::types::{
     ActivityChange, EndSpanInput, PruneOptions, PruneResult, RunRollupRow, RunSnapshot,
     SpanEventRow, SpanOutcome, SpanPatch, SpanRow, StartSpanInput, TerminalRootChange,
@@ -159,6 +160,22 @@ pub trait ActivityStore: Send + Sync {
         payload: Option<&serde_json::Value>,
         ts: Option<i64>,
     ) -> Result<Option<SpanEventRow>, StoreError>;
+
+    /// [`Self::append_event`] with a payload already in its stored form (read from the
+    /// request's text by [`PayloadText::from_json_text`]): the same event is stored. The
+    /// default reads the text back into a value; a backend overrides it to skip that.
+    async fn append_event_text(
+        &self,
+        span_id: &str,
+        event_type: &str,
+        payload: PayloadText,
+        ts: Option<i64>,
+    ) -> Result<Option<SpanEventRow>, StoreError> {
+        let value = crate::json_as_written::from_slice(payload.as_str().as_bytes())
+            .map_err(|err| StoreError::InvalidInput(format!("payload: {err}")))?;
+        self.append_event(span_id, event_type, Some(&value), ts)
+            .await
+    }
 
     /// Touch an open span's heartbeat. Not change-logged: liveness is not activity.
     async fn heartbeat(&self, span_id: &str, at: Option<i64>) -> Result<(), StoreError>;
@@ -339,6 +356,15 @@ pub trait ActivityStore: Send + Sync {
                     ts,
                 } => self
                     .append_event(&span_id, &event_type, payload.as_ref(), ts)
+                    .await
+                    .map(ActivityWriteResult::Appended),
+                ActivityWrite::AppendEventText {
+                    span_id,
+                    event_type,
+                    payload,
+                    ts,
+                } => self
+                    .append_event_text(&span_id, &event_type, payload, ts)
                     .await
                     .map(ActivityWriteResult::Appended),
                 ActivityWrite::Heartbeat { span_id, at } => self

@@ -6,13 +6,14 @@
 //! endpoint's response body; the handler and the batch endpoint both call it, so a batch op
 //! behaves exactly as the single endpoint does.
 
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flightlog_core::activity::{
-    ActivityChange, ActivityStore, EndSpanInput, RunRollupRow, RunSnapshot, SpanEventRow,
-    SpanOutcome, SpanPatch, SpanRow, StartSpanInput, TerminalRootChange, DEFAULT_CHANGES_LIMIT,
+    ActivityChange, ActivityStore, EndSpanInput, PayloadText, RunRollupRow, RunSnapshot,
+    SpanEventRow, SpanOutcome, SpanPatch, SpanRow, StartSpanInput, TerminalRootChange,
+    DEFAULT_CHANGES_LIMIT,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -21,7 +22,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody, PATH_SEGMENT};
-use crate::extract::{ApiQuery, JsonBody, OptionalJsonBody, PathId, WriterStore};
+use crate::extract::{
+    json_body_bytes, parse_json, ApiQuery, JsonBody, OptionalJsonBody, PathId, WriterStore,
+};
 use crate::openapi::{tags, LARGE_RESPONSE_BUSY, RUN_ID, SPAN_ID};
 use crate::response_budget::{self, ChunkedJson};
 use crate::state::AppState;
@@ -318,12 +321,72 @@ async fn patch_span(
     ),
 )]
 async fn append_event(
+    State(state): State<AppState>,
     WriterStore(store): WriterStore,
     PathId(span_id): PathId,
-    JsonBody(body): JsonBody<AppendEventBody>,
+    request: Request,
 ) -> Result<(StatusCode, Json<SpanEventRow>), ApiError> {
+    let bytes = json_body_bytes(request, &state).await?;
+    if let Some(event) = append_event_as_written(store.as_ref(), &span_id, &bytes).await {
+        return Ok((StatusCode::CREATED, Json(event?)));
+    }
+    let body: AppendEventBody = parse_json(&bytes)?;
     let event = op_append_event(store.as_ref(), &span_id, body).await?;
     Ok((StatusCode::CREATED, Json(event)))
+}
+
+/// [`AppendEventBody`] with its payload read straight into its stored form.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct AppendEventStored {
+    pub(crate) event_type: String,
+    #[serde(default, deserialize_with = "PayloadText::optional")]
+    pub(crate) payload: Option<PayloadText>,
+    #[serde(
+        default,
+        deserialize_with = "flightlog_core::json_number::optional_integral_i64"
+    )]
+    pub(crate) ts: Option<i64>,
+}
+
+/// `appendEvent` with the payload read from the body straight into its stored form
+/// ([`PayloadText`]), without the value tree the general path builds and writes out again;
+/// `None` when the body is not one this path takes (not an object, any error, a payload
+/// [`PayloadText`] leaves to the general path), which [`op_append_event`] then reads with every
+/// rule and message of that path.
+async fn append_event_as_written(
+    store: &dyn ActivityStore,
+    span_id: &str,
+    bytes: &[u8],
+) -> Option<Result<SpanEventRow, ApiError>> {
+    // A derived struct also reads a JSON array as its fields in order: objects only.
+    let first = bytes
+        .iter()
+        .find(|byte| !matches!(byte, b' ' | b'\t' | b'\n' | b'\r'))?;
+    if *first != b'{' {
+        return None;
+    }
+    let body: AppendEventStored = serde_json::from_slice(bytes).ok()?;
+    if let Err(err) = check_optional_time("ts", body.ts) {
+        return Some(Err(err));
+    }
+    let stored = match body.payload {
+        Some(payload) => {
+            store
+                .append_event_text(span_id, &body.event_type, payload, body.ts)
+                .await
+        }
+        None => {
+            store
+                .append_event(span_id, &body.event_type, None, body.ts)
+                .await
+        }
+    };
+    Some(match stored {
+        Ok(Some(event)) => Ok(event),
+        Ok(None) => Err(unknown_span(span_id)),
+        Err(err) => Err(err.into()),
+    })
 }
 
 /// Touch an open span's heartbeat (`heartbeat`); not change-logged.

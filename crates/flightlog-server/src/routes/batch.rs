@@ -31,7 +31,7 @@ use utoipa_axum::routes;
 
 use super::activity::{
     check_append_event, check_end_span, check_heartbeat, check_patch_span, check_start_span,
-    unknown_span, AppendEventBody, HeartbeatBody,
+    unknown_span, AppendEventBody, AppendEventStored, HeartbeatBody,
 };
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{
@@ -40,7 +40,7 @@ use crate::extract::{
 use crate::openapi::tags;
 use crate::skip_keys::SkipKeys;
 use crate::state::AppState;
-use crate::validate::check_id;
+use crate::validate::{check_id, check_optional_time};
 use crate::wire::{Ended, Patched};
 
 /// The routes of this module, each registered from its `#[utoipa::path]` annotation.
@@ -262,6 +262,7 @@ fn span_id_of(write: &ActivityWrite) -> String {
         ActivityWrite::EndSpan { span_id, .. }
         | ActivityWrite::PatchSpan { span_id, .. }
         | ActivityWrite::AppendEvent { span_id, .. }
+        | ActivityWrite::AppendEventText { span_id, .. }
         | ActivityWrite::Heartbeat { span_id, .. } => span_id.clone(),
     }
 }
@@ -388,6 +389,11 @@ trait OpSource {
     /// The op's other members as the single endpoint's body; `with_span_id` keeps `spanId` in
     /// it (a start's body carries its own span id).
     fn fields<T: DeserializeOwned>(self, index: usize, with_span_id: bool) -> Result<T, ApiError>;
+    /// An `appendEvent` op's other members with the payload read straight into its stored form,
+    /// when this source can (`None`: read them with [`Self::fields`]).
+    fn stored_event(&self) -> Option<AppendEventStored> {
+        None
+    }
 }
 
 /// An op read as a `serde_json` map: the reference way, with the error messages of the API.
@@ -493,6 +499,18 @@ impl OpSource for RawOp<'_> {
             .map_err(|err| ApiError::invalid(err.to_string()))?;
         Ok(body)
     }
+
+    fn stored_event(&self) -> Option<AppendEventStored> {
+        if self.with_paths {
+            return None;
+        }
+        let mut deserializer = serde_json::Deserializer::from_str(self.raw.get());
+        let body =
+            AppendEventStored::deserialize(SkipKeys::new(&mut deserializer, &["op", "spanId"]))
+                .ok()?;
+        deserializer.end().ok()?;
+        Some(body)
+    }
 }
 
 /// One op, parsed and checked as its single endpoint would: the write to apply.
@@ -518,6 +536,23 @@ fn parse_op(index: usize, mut op: impl OpSource) -> Result<ActivityWrite, ApiErr
         }
         "appendEvent" => {
             let span_id = op.span_id(index)?;
+            if let Some(body) = op.stored_event() {
+                check_optional_time("ts", body.ts)?;
+                return Ok(match body.payload {
+                    Some(payload) => ActivityWrite::AppendEventText {
+                        span_id,
+                        event_type: body.event_type,
+                        payload,
+                        ts: body.ts,
+                    },
+                    None => ActivityWrite::AppendEvent {
+                        span_id,
+                        event_type: body.event_type,
+                        payload: None,
+                        ts: body.ts,
+                    },
+                });
+            }
             let body: AppendEventBody = op.fields(index, false)?;
             check_append_event(&body)?;
             Ok(ActivityWrite::AppendEvent {
@@ -548,6 +583,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use flightlog_core::activity::PayloadText;
 
     /// Every op read the original way (a map per op) — the reference for the fast path.
     fn through_maps(
@@ -556,12 +592,54 @@ mod tests {
     ) -> Result<Vec<Result<ActivityWrite, ApiError>>, ApiError> {
         let body: BatchBody = parse_json(body.as_bytes())?;
         check_op_count(body.ops.len(), max)?;
-        Ok(body
-            .ops
-            .into_iter()
-            .enumerate()
-            .map(|(index, op)| parse_op(index, MapOp(op)).map_err(|error| in_op(index, error)))
-            .collect())
+        Ok(stored_forms(
+            body.ops
+                .into_iter()
+                .enumerate()
+                .map(|(index, op)| parse_op(index, MapOp(op)).map_err(|error| in_op(index, error)))
+                .collect(),
+        ))
+    }
+
+    /// The fast path's ops, with event payloads compared by their stored form.
+    fn fast(body: &[u8], max: usize) -> Result<Vec<Result<ActivityWrite, ApiError>>, ApiError> {
+        parse_ops(body, max).map(stored_forms)
+    }
+
+    /// Event payloads in their stored form where it can be had ([`PayloadText`]): the fast
+    /// path reads them so, the map path as values; the same stored text is the same op.
+    fn stored_forms(
+        ops: Vec<Result<ActivityWrite, ApiError>>,
+    ) -> Vec<Result<ActivityWrite, ApiError>> {
+        ops.into_iter()
+            .map(|op| match op {
+                Ok(ActivityWrite::AppendEvent {
+                    span_id,
+                    event_type,
+                    payload: Some(payload),
+                    ts,
+                }) => {
+                    let capped = flightlog_core::activity::cap_payload(Some(&payload));
+                    let stored =
+                        PayloadText::from_json_text(&capped.json).filter(|_| !capped.truncated);
+                    Ok(match stored {
+                        Some(payload) => ActivityWrite::AppendEventText {
+                            span_id,
+                            event_type,
+                            payload,
+                            ts,
+                        },
+                        None => ActivityWrite::AppendEvent {
+                            span_id,
+                            event_type,
+                            payload: Some(payload),
+                            ts,
+                        },
+                    })
+                }
+                other => other,
+            })
+            .collect()
     }
 
     #[test]
@@ -590,11 +668,7 @@ mod tests {
         ];
         for op in ops {
             let body = format!(r#"{{"ops": [{op}]}}"#);
-            assert_eq!(
-                parse_ops(body.as_bytes(), 10),
-                through_maps(&body, 10),
-                "{op}"
-            );
+            assert_eq!(fast(body.as_bytes(), 10), through_maps(&body, 10), "{op}");
         }
         // The valid ones (the first six) are taken by the fast path itself.
         for op in &ops[..6] {
@@ -602,8 +676,15 @@ mod tests {
             let fast = RawOp::new(&raw).and_then(|source| parse_op(0, source).ok());
             assert!(fast.is_some(), "{op}");
         }
+        // An event's payload is read straight into its stored form.
+        let raw: Box<RawValue> = serde_json::from_str(ops[3]).unwrap();
+        let event = RawOp::new(&raw).and_then(|source| parse_op(0, source).ok());
+        assert!(
+            matches!(&event, Some(ActivityWrite::AppendEventText { payload, .. }) if payload.as_str() == r#"{"spanId":1}"#),
+            "{event:?}"
+        );
         let all = format!(r#"{{"ops": [{}]}}"#, ops.join(",\n "));
-        assert_eq!(parse_ops(all.as_bytes(), 100), through_maps(&all, 100));
+        assert_eq!(fast(all.as_bytes(), 100), through_maps(&all, 100));
         // An op that is not an object is its own entry's error; the others are parsed.
         let mixed = parse_ops(
             br#"{"ops": [1, {"op": "heartbeat", "spanId": "a"}, "x"]}"#,
@@ -658,11 +739,7 @@ mod tests {
             r#"not json"#,
             r#"{"ops": [{"op": "heartbeat", "spanId": "a"}]} trailing"#,
         ] {
-            assert_eq!(
-                parse_ops(body.as_bytes(), 1),
-                through_maps(body, 1),
-                "{body}"
-            );
+            assert_eq!(fast(body.as_bytes(), 1), through_maps(body, 1), "{body}");
         }
     }
 
@@ -797,7 +874,7 @@ mod tests {
                 .map(|members| format!("{{{}}}", members.join(", ")))
                 .collect();
             let body = format!(r#"{{"ops": [{}]}}"#, ops.join(", "));
-            prop_assert_eq!(parse_ops(body.as_bytes(), 10), through_maps(&body, 10), "{}", body);
+            prop_assert_eq!(fast(body.as_bytes(), 10), through_maps(&body, 10), "{}", body);
         }
     }
 }
