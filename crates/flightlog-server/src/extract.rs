@@ -17,6 +17,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use flightlog_core::activity::ActivityStore;
 use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use std::sync::Arc;
 
 use crate::error::ApiError;
@@ -189,7 +190,7 @@ pub(crate) fn payload_too_large_error(limit: usize) -> ApiError {
 /// declaration order (`[1125899906842624, 1]` as prune options).
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     require_json_object(bytes)?;
-    if let Ok(value) = serde_json::from_slice(bytes) {
+    if let Some(value) = from_utf8_json(bytes) {
         return Ok(value);
     }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
@@ -199,6 +200,13 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
         .end()
         .map_err(|err| ApiError::invalid(format!("invalid JSON body: {err}")))?;
     Ok(value)
+}
+
+/// `bytes` read as `T` when they are UTF-8 and such JSON (`None` otherwise: the caller reads
+/// them again for the error). Checked as UTF-8 once, whole: serde_json's reader of bytes checks
+/// each string on its own, ~100 instructions a string (a tenth of a small body's parse).
+pub(crate) fn from_utf8_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Option<T> {
+    serde_json::from_str(std::str::from_utf8(bytes).ok()?).ok()
 }
 
 /// Refuse a body whose JSON text is a value other than an object (see [`parse_json`]); an

@@ -66,10 +66,7 @@ pub(crate) async fn gate(State(state): State<AppState>, request: Request, next: 
     let response =
         with_contract_body_limit_answer(response, state.config().body_limit, otlp_protobuf);
     state.metrics().observe_request(
-        route.map_or_else(
-            || UNMATCHED_ROUTE.to_owned(),
-            |path| path.as_str().to_owned(),
-        ),
+        route.as_ref().map_or(UNMATCHED_ROUTE, MatchedPath::as_str),
         method,
         response.status().as_u16(),
         started.elapsed().as_secs_f64(),

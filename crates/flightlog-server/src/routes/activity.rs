@@ -23,7 +23,8 @@ use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody, PATH_SEGMENT};
 use crate::extract::{
-    json_body_bytes, parse_json, ApiQuery, JsonBody, OptionalJsonBody, PathId, WriterStore,
+    from_utf8_json, json_body_bytes, parse_json, ApiQuery, JsonBody, OptionalJsonBody, PathId,
+    WriterStore,
 };
 use crate::openapi::{tags, LARGE_RESPONSE_BUSY, RUN_ID, SPAN_ID};
 use crate::response_budget::{self, ChunkedJson};
@@ -366,7 +367,7 @@ async fn append_event_as_written(
     if *first != b'{' {
         return None;
     }
-    let body: AppendEventStored = serde_json::from_slice(bytes).ok()?;
+    let body: AppendEventStored = from_utf8_json(bytes)?;
     if let Err(err) = check_optional_time("ts", body.ts) {
         return Some(Err(err));
     }
