@@ -1655,3 +1655,107 @@ async fn client_json_is_stored_as_written_whatever_its_keys() {
     );
     server.stop().await;
 }
+
+/// An event's payload is stored as JavaScript writes it whichever way the server reads it:
+/// straight into its stored text (the common case) or through a value (array-index and
+/// repeated keys, the cap). Single endpoint, batch op and the snapshot, compared as text.
+#[tokio::test]
+async fn event_payloads_are_stored_as_javascript_writes_them_whatever_path_reads_them() {
+    #[derive(serde::Deserialize)]
+    struct Event {
+        payload: Box<serde_json::value::RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Results {
+        results: Vec<Event>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Snapshot {
+        events: Vec<Event>,
+    }
+    let long = format!("\"{}\"", "x".repeat(17_000));
+    let payloads = [
+        r#"{"tool": "bash", "input": {"command": "ls -la", "timeoutMs": 120000}, "ok": true}"#,
+        r#"{"a": 1.0, "b": 1e21, "c": -0, "d": 0.000001, "e": 18446744073709551615}"#,
+        r#""tab\t quote\" slash\/ \u0041 é \u001f""#,
+        r#"{"b": 1, "10": 2, "2": {"0": [], "z": null}}"#,
+        r#"{"a": 1, "b": 2, "a": 3}"#,
+        "[1, [2, [3, {}]]]",
+        "null",
+        long.as_str(),
+    ];
+    let stored = |text: &str| {
+        let value = flightlog_core::json_as_written::from_slice(text.as_bytes()).expect("JSON");
+        flightlog_core::activity::cap_payload(Some(&value)).json
+    };
+    let expected: Vec<String> = payloads.iter().map(|text| stored(text)).collect();
+    assert!(expected[7].ends_with("…[truncated]\""));
+
+    let server = TestServer::start().await;
+    server
+        .post("/v1/activity/spans", &start_input("p0", "pt", None, 1000))
+        .await
+        .assert_status(201);
+    let events = format!("{}/v1/activity/spans/p0/events", server.base);
+    for (text, expected) in payloads.iter().zip(&expected) {
+        let body = format!(r#"{{"eventType": "e", "payload": {text}}}"#);
+        let response = server
+            .client
+            .post(&events)
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status().as_u16(), 201, "{text}");
+        let event: Event =
+            serde_json::from_str(&response.text().await.expect("body")).expect("an event");
+        assert_eq!(event.payload.get(), expected, "{text}");
+    }
+    let ops: Vec<String> = payloads
+        .iter()
+        .map(|text| {
+            format!(
+                r#"{{"op": "appendEvent", "spanId": "p0", "eventType": "e", "payload": {text}}}"#
+            )
+        })
+        .collect();
+    let response = server
+        .client
+        .post(format!("{}/v1/activity/batch", server.base))
+        .header("Content-Type", "application/json")
+        .body(format!(r#"{{"ops": [{}]}}"#, ops.join(",")))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status().as_u16(), 200);
+    let results: Results =
+        serde_json::from_str(&response.text().await.expect("body")).expect("results");
+    let answered: Vec<&str> = results
+        .results
+        .iter()
+        .map(|event| event.payload.get())
+        .collect();
+    assert_eq!(answered, expected);
+
+    let response = server
+        .client
+        .get(format!("{}/v1/activity/runs/pt/snapshot", server.base))
+        .send()
+        .await
+        .expect("request");
+    let snapshot: Snapshot =
+        serde_json::from_str(&response.text().await.expect("body")).expect("a snapshot");
+    let read: Vec<&str> = snapshot
+        .events
+        .iter()
+        .map(|event| event.payload.get())
+        .collect();
+    let twice: Vec<&str> = expected
+        .iter()
+        .chain(&expected)
+        .map(String::as_str)
+        .collect();
+    assert_eq!(read, twice);
+    server.stop().await;
+}
