@@ -238,7 +238,7 @@ impl SqliteActivityStore {
         let span_id = span_id.to_owned();
         let event_type = event_type.to_owned();
         self.db
-            .write(move |ctx| {
+            .write_deferring_changes(move |ctx| {
                 write::append_event(ctx, &span_id, &event_type, &capped, compressed.as_ref(), ts)
             })
             .await
@@ -582,7 +582,9 @@ impl ActivityStore for SqliteActivityStore {
         let attrs = write::stored_attrs(input.attrs.as_ref(), self.db.codec());
         self.db.maybe_train_payload_dictionary(now);
         self.db
-            .write(move |ctx| write::start_span(ctx, &input, attrs.as_ref(), &writer, now))
+            .write_deferring_changes(move |ctx| {
+                write::start_span(ctx, &input, attrs.as_ref(), &writer, now)
+            })
             .await
     }
 
@@ -592,7 +594,7 @@ impl ActivityStore for SqliteActivityStore {
         let now = self.now();
         let span_id = span_id.to_owned();
         self.db
-            .write(move |ctx| write::end_span(ctx, &span_id, &input, now))
+            .write_deferring_changes(move |ctx| write::end_span(ctx, &span_id, &input, now))
             .await
     }
 
@@ -601,7 +603,7 @@ impl ActivityStore for SqliteActivityStore {
             .map_err(StoreError::InvalidInput)?;
         let span_id = span_id.to_owned();
         self.db
-            .write(move |ctx| write::patch_span(ctx, &span_id, &patch))
+            .write_deferring_changes(move |ctx| write::patch_span(ctx, &span_id, &patch))
             .await
     }
 

@@ -9,6 +9,7 @@
 //! repeat even after the newest rows are pruned.
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use flightlog_core::activity::{
     compute_rollup, rootless_usage, CappedPayload, EndSpanInput, JsonObject, PruneResult,
@@ -298,7 +299,7 @@ pub(crate) fn log_change(
                 write_deferred_changes(ctx)?;
             }
         }
-        None => insert_change_row(ctx, &row)?,
+        None => insert_change_rows(ctx, std::slice::from_ref(&row))?,
     }
     ctx.keys.run_seq.insert(run_key, seq);
     ctx.keys.next_change_id = Some(change_id + 1);
@@ -316,28 +317,26 @@ pub(crate) struct DeferredChange {
     event_index: Option<i64>,
 }
 
-/// Change rows written by one `INSERT` when they are held back.
+/// Change rows written by one `INSERT` when they are held back (at most).
 const CHANGES_PER_INSERT: usize = 16;
 /// How many held-back change rows are written as soon as they are there.
 const CHANGES_HELD_BACK: usize = 4 * CHANGES_PER_INSERT;
-/// [`CHANGES_PER_INSERT`] change rows.
-const INSERT_CHANGES: &str = "INSERT INTO activity_changes \
-     (change_id, run_key, seq, span_key, event_index) VALUES (?,?,?,?,?), \
-     (?,?,?,?,?), \
-     (?,?,?,?,?), \
-     (?,?,?,?,?), \
-     (?,?,?,?,?), \
-     (?,?,?,?,?), \
-     (?,?,?,?,?), \
-     (?,?,?,?,?), \
-     (?,?,?,?,?), \
-     (?,?,?,?,?), \
-     (?,?,?,?,?), \
-     (?,?,?,?,?), \
-     (?,?,?,?,?), \
-     (?,?,?,?,?), \
-     (?,?,?,?,?), \
-     (?,?,?,?,?)";
+
+/// The `INSERT` of `rows` change rows (1, 2, 4, 8 or 16), made once.
+fn insert_changes_sql(rows: usize) -> &'static str {
+    static STATEMENTS: OnceLock<[String; 5]> = OnceLock::new();
+    let statements = STATEMENTS.get_or_init(|| {
+        [1, 2, 4, 8, 16].map(|rows| {
+            let values = vec!["(?,?,?,?,?)"; rows].join(", ");
+            format!(
+                "INSERT INTO activity_changes (change_id, run_key, seq, span_key, event_index) \
+                 VALUES {values}"
+            )
+        })
+    });
+    let at = (rows.max(1).trailing_zeros() as usize).min(statements.len() - 1);
+    &statements[at]
+}
 
 /// Run `job` with its change rows written [`CHANGES_PER_INSERT`] to an `INSERT` rather than one
 /// each: an OTLP delivery logs one and a half rows a span, and each statement's own cost
@@ -363,8 +362,16 @@ pub(crate) fn defer_changes<T>(
     result
 }
 
-/// Write the change rows held back, [`CHANGES_PER_INSERT`] to a statement and the rest one by
-/// one.
+/// Write the change rows held back for a group's single writes and stop holding them back (see
+/// `GroupCommitWriter::apply_group`). On an error the rows are dropped; the caller rolls the
+/// group back.
+pub(crate) fn flush_deferred_changes(ctx: &mut WriteContext<'_>) -> Result<(), StoreError> {
+    let written = write_deferred_changes(ctx);
+    ctx.deferred_changes = None;
+    written
+}
+
+/// Write the change rows held back (see [`insert_change_rows`]).
 fn write_deferred_changes(ctx: &mut WriteContext<'_>) -> Result<(), StoreError> {
     let Some(mut rows) = ctx.deferred_changes.take() else {
         return Ok(());
@@ -375,13 +382,22 @@ fn write_deferred_changes(ctx: &mut WriteContext<'_>) -> Result<(), StoreError> 
     written
 }
 
+/// Write change rows in order: 16 to an `INSERT`, the rest 8, 4, 2, 1.
 fn insert_change_rows(
     ctx: &mut WriteContext<'_>,
     rows: &[DeferredChange],
 ) -> Result<(), StoreError> {
-    let mut chunks = rows.chunks_exact(CHANGES_PER_INSERT);
-    for chunk in &mut chunks {
-        let stmt = ctx.statement(INSERT_CHANGES).map_err(backend)?;
+    // A group of single writes holds back a few dozen rows: its remainder one by one cost
+    // as much as writing every row so.
+    let mut rest = rows;
+    while !rest.is_empty() {
+        let take = if rest.len() >= CHANGES_PER_INSERT {
+            CHANGES_PER_INSERT
+        } else {
+            1 << rest.len().ilog2()
+        };
+        let (chunk, after) = rest.split_at(take);
+        let stmt = ctx.statement(insert_changes_sql(take)).map_err(backend)?;
         for (at, row) in chunk.iter().enumerate() {
             let first = at * 5 + 1;
             stmt.raw_bind_parameter(first, row.change_id)
@@ -392,29 +408,8 @@ fn insert_change_rows(
                 .map_err(backend)?;
         }
         stmt.raw_execute().map_err(backend)?;
+        rest = after;
     }
-    for row in chunks.remainder() {
-        insert_change_row(ctx, row)?;
-    }
-    Ok(())
-}
-
-/// Write one change row.
-fn insert_change_row(ctx: &mut WriteContext<'_>, row: &DeferredChange) -> Result<(), StoreError> {
-    ctx.statement(
-        "INSERT INTO activity_changes (change_id, run_key, seq, span_key, event_index) \
-             VALUES (?1, ?2, ?3, ?4, ?5)",
-    )
-    .and_then(|stmt| {
-        stmt.execute(params![
-            row.change_id,
-            row.run_key,
-            row.seq,
-            row.span_key,
-            row.event_index
-        ])
-    })
-    .map_err(backend)?;
     Ok(())
 }
 
@@ -1733,8 +1728,8 @@ mod tests {
         );
     }
 
-    /// Held-back change rows go in whole and in order, whatever their number: whole statements
-    /// of [`CHANGES_PER_INSERT`] rows and the rest one by one.
+    /// Held-back change rows go in whole and in order, whatever their number: statements of
+    /// [`CHANGES_PER_INSERT`] rows, then of 8, 4, 2 and 1.
     #[test]
     fn change_rows_go_in_whole_whatever_their_number() {
         for count in 1..=40_i64 {
