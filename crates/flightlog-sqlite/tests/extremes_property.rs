@@ -1906,19 +1906,9 @@ impl Harness {
         payload: Option<&Value>,
         ts: Option<i64>,
     ) -> Result<Outcome<Option<SpanEventRow>>, TestCaseError> {
-        let before = self.model.last_change_id;
-        let model = self
-            .model
-            .append_event(span_id, event_type, payload, ts.unwrap_or(self.now));
-        let store = outcome(
-            "append_event",
-            self.store(writer)
-                .append_event(span_id, event_type, payload, ts)
-                .await,
-        )?;
-        same("append_event", &store, &model)?;
-        self.check_doorbell("append_event", before)?;
-        Ok(store)
+        let payload = HarnessPayload::Value(payload.cloned());
+        self.append_as(writer, span_id, event_type, payload, ts)
+            .await
     }
 
     /// `append` with the payload in its stored form (`append_event_text`): the model stores
@@ -1931,21 +1921,47 @@ impl Harness {
         payload: PayloadText,
         ts: Option<i64>,
     ) -> Result<Outcome<Option<SpanEventRow>>, TestCaseError> {
-        let before = self.model.last_change_id;
-        let model = self.model.append_event(
+        self.append_as(
+            writer,
             span_id,
             event_type,
-            Some(&stored_payload_value(&payload)),
-            ts.unwrap_or(self.now),
-        );
-        let store = outcome(
-            "append_event_text",
-            self.store(writer)
-                .append_event_text(span_id, event_type, payload, ts)
-                .await,
-        )?;
-        same("append_event_text", &store, &model)?;
-        self.check_doorbell("append_event_text", before)?;
+            HarnessPayload::Stored(payload),
+            ts,
+        )
+        .await
+    }
+
+    /// An event through `append_event_text` or `append_event`, checked against the model.
+    async fn append_as(
+        &mut self,
+        writer: usize,
+        span_id: &str,
+        event_type: &str,
+        payload: HarnessPayload,
+        ts: Option<i64>,
+    ) -> Result<Outcome<Option<SpanEventRow>>, TestCaseError> {
+        let before = self.model.last_change_id;
+        let value = match &payload {
+            HarnessPayload::Stored(text) => Some(stored_payload_value(text)),
+            HarnessPayload::Value(value) => value.clone(),
+        };
+        let model =
+            self.model
+                .append_event(span_id, event_type, value.as_ref(), ts.unwrap_or(self.now));
+        let store = self.store(writer);
+        let stored = match payload {
+            HarnessPayload::Stored(text) => {
+                store.append_event_text(span_id, event_type, text, ts).await
+            }
+            HarnessPayload::Value(value) => {
+                store
+                    .append_event(span_id, event_type, value.as_ref(), ts)
+                    .await
+            }
+        };
+        let store = outcome("append_event", stored)?;
+        same("append_event", &store, &model)?;
+        self.check_doorbell("append_event", before)?;
         Ok(store)
     }
 
@@ -3298,6 +3314,14 @@ async fn perform_write(
         ActivityWrite::Heartbeat { span_id, at } => h.heartbeat(writer, &span_id, at).await?,
     }
     Ok(())
+}
+
+/// An event's payload as the harness hands it to the store.
+enum HarnessPayload {
+    /// In its stored form: `append_event_text`.
+    Stored(PayloadText),
+    /// As a value: `append_event`.
+    Value(Option<Value>),
 }
 
 /// The value a stored payload's text reads back as.
