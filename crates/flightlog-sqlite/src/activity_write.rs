@@ -362,6 +362,12 @@ pub(crate) fn defer_changes<T>(
     result
 }
 
+/// Hold the change rows [`log_change`] writes back from now on, until
+/// [`flush_deferred_changes`] (a group's single writes, see `GroupCommitWriter::apply_group`).
+pub(crate) fn hold_changes_back(ctx: &mut WriteContext<'_>) {
+    ctx.deferred_changes = Some(Vec::with_capacity(CHANGES_HELD_BACK));
+}
+
 /// Write the change rows held back for a group's single writes and stop holding them back (see
 /// `GroupCommitWriter::apply_group`). On an error the rows are dropped; the caller rolls the
 /// group back.

@@ -2366,14 +2366,14 @@ impl GroupCommitWriter {
         {
             let mut ctx = WriteContext::new(&self.conn, &mut self.keys, &self.codec, false);
             // The change rows of single activity writes back to back are held back and written
-            // 16 to an `INSERT` (each statement's own cost was a third of a single-op write's
-            // change row), before any other job and at the group's end. Any failure, a held-back
-            // row's included (a unique index refusing it), fails this pass, and the replay
-            // below writes each job's rows as it goes.
+            // 16 to an `INSERT` (a statement's own cost, binding, cursors and reset, was most of
+            // a row's; see `defer_changes`), before any other job and at the group's end. Any
+            // failure, a held-back row's included (a unique index refusing it), fails this
+            // pass, and the replay below writes each job's rows as it goes.
             for job in group.iter_mut() {
                 let deferring = ctx.deferred_changes.is_some();
                 if job.defers_changes() && !deferring {
-                    ctx.deferred_changes = Some(Vec::with_capacity(64));
+                    crate::activity_write::hold_changes_back(&mut ctx);
                 } else if !job.defers_changes()
                     && deferring
                     && crate::activity_write::flush_deferred_changes(&mut ctx).is_err()
