@@ -114,11 +114,21 @@ impl Writer<'_> {
     /// Entering an object or array: its level, or an error past the limit.
     fn enter<E: de::Error>(&self) -> Result<usize, E> {
         let level = self.depth + 1;
-        if level > MAX_JSON_DEPTH || self.out.len() > MAX_EVENT_PAYLOAD_BYTES {
+        if level > MAX_JSON_DEPTH {
             return Err(E::custom(GIVE_UP));
         }
+        within_cap(self.out)?;
         Ok(level)
     }
+}
+
+/// Give up as soon as the text is over the cap (the general path truncates it): the text
+/// written stays within the cap and one more member, however large the payload.
+fn within_cap<E: de::Error>(out: &[u8]) -> Result<(), E> {
+    if out.len() > MAX_EVENT_PAYLOAD_BYTES {
+        return Err(E::custom(GIVE_UP));
+    }
+    Ok(())
 }
 
 impl<'de> Visitor<'de> for Writer<'_> {
@@ -155,12 +165,14 @@ impl<'de> Visitor<'de> for Writer<'_> {
         Ok(())
     }
 
-    fn visit_str<E>(self, value: &str) -> Result<(), E> {
+    fn visit_str<E: de::Error>(self, value: &str) -> Result<(), E> {
+        within_cap(value.as_bytes())?;
         write_string(self.out, value);
         Ok(())
     }
 
-    fn visit_borrowed_str<E>(self, value: &'de str) -> Result<(), E> {
+    fn visit_borrowed_str<E: de::Error>(self, value: &'de str) -> Result<(), E> {
+        within_cap(value.as_bytes())?;
         write_unescaped(self.out, value);
         Ok(())
     }
@@ -196,6 +208,7 @@ impl<'de> Visitor<'de> for Writer<'_> {
                 self.out.truncate(comma_at);
                 break;
             }
+            within_cap(self.out)?;
             first = false;
         }
         self.out.push(b']');
@@ -236,6 +249,7 @@ impl<'de> Visitor<'de> for Writer<'_> {
                 out: &mut *self.out,
                 depth,
             })?;
+            within_cap(self.out)?;
         }
         self.out.push(b'}');
         Ok(())
@@ -263,6 +277,7 @@ impl<'de> Visitor<'de> for KeyWriter<'_> {
     }
 
     fn visit_str<E: de::Error>(self, key: &str) -> Result<(), E> {
+        within_cap(key.as_bytes())?;
         if array_index(key).is_some() {
             return Err(E::custom(GIVE_UP));
         }
@@ -271,6 +286,7 @@ impl<'de> Visitor<'de> for KeyWriter<'_> {
     }
 
     fn visit_borrowed_str<E: de::Error>(self, key: &'de str) -> Result<(), E> {
+        within_cap(key.as_bytes())?;
         if array_index(key).is_some() {
             return Err(E::custom(GIVE_UP));
         }
@@ -387,6 +403,13 @@ mod tests {
     fn past_the_cap_or_the_depth_limit_is_the_general_paths_to_say() {
         let long = format!("\"{}\"", "x".repeat(MAX_EVENT_PAYLOAD_BYTES));
         assert_eq!(direct(&long), None);
+        // Given up on as soon as the text passes the cap, however the payload is made.
+        let flat = format!("[{}]", vec!["1"; 100_000].join(","));
+        let long_key = format!("{{\"{}\": 1}}", "k".repeat(MAX_EVENT_PAYLOAD_BYTES + 1));
+        for text in [&flat, &long_key] {
+            assert_eq!(direct(text), None);
+            assert_eq!(general(text), None, "truncated");
+        }
         let at_limit = format!(
             "{}{}",
             "[".repeat(MAX_JSON_DEPTH),
