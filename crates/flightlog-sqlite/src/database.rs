@@ -570,16 +570,21 @@ fn companion_path(path: &Path, suffix: &str) -> PathBuf {
 
 /// The (device, inode) of the file at `path`, where the platform has them.
 fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(path)
+        .ok()
+        .and_then(|meta| identity_of(&meta))
+}
+
+/// The (device, inode) pair in `meta`; `None` where the platform has none.
+fn identity_of(meta: &std::fs::Metadata) -> Option<(u64, u64)> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(path)
-            .ok()
-            .map(|meta| (meta.dev(), meta.ino()))
+        Some((meta.dev(), meta.ino()))
     }
     #[cfg(not(unix))]
     {
-        let _ = path;
+        let _ = meta;
         None
     }
 }
@@ -1901,8 +1906,9 @@ impl WatchedFile {
         if self.identity.is_none() {
             return Look::Same;
         }
+        // One `stat` a commit (it was two: the identity was read again).
         match std::fs::metadata(&self.path) {
-            Ok(_) if file_identity(&self.path) == self.identity => Look::Same,
+            Ok(meta) if identity_of(&meta) == self.identity => Look::Same,
             Ok(_) => Look::Replaced,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => Look::Missing,
             Err(_) => Look::Unknown,
