@@ -86,6 +86,14 @@ struct Common {
     /// The longest any one phase may run before it stops and reports itself incomplete.
     #[arg(long, value_name = "SECONDS", default_value_t = 120, global = true)]
     phase_timeout: u64,
+    /// Threads of this generator's own runtime (its clients and checks). One by default, as
+    /// `wrk -t1 -c64` would be run beside a server on a small machine: the generator shares the
+    /// cores with the server it measures, and with two threads it took ~9% more CPU a request
+    /// (its connections' tasks moving between the threads) and left the server about 5% fewer
+    /// writes/s (BENCHMARKS.md, stop 39). The concurrency is --clients / --connections either way.
+    #[arg(long, value_name = "N", default_value_t = 1, global = true,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    generator_threads: u16,
 }
 
 #[derive(Subcommand)]
@@ -245,6 +253,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(usize::from(cli.common.generator_threads))
         .enable_all()
         .build()
     {
@@ -386,6 +395,7 @@ async fn run(cli: Cli, speed: machine::MachineSpeed) -> anyhow::Result<bool> {
             ok,
             [&load_before, &load_after],
             speed,
+            cli.common.generator_threads,
         )
     );
     Ok(ok)
@@ -570,6 +580,7 @@ fn summary_json(
     ok: bool,
     load: [&str; 2],
     speed: machine::MachineSpeed,
+    generator_threads: u16,
 ) -> Value {
     let mut by_name = Map::new();
     for phase in phases {
@@ -580,6 +591,7 @@ fn summary_json(
         "server": options.binary.display().to_string(),
         "serverArgs": options.extra_args,
         "cores": cores(),
+        "generatorThreads": generator_threads,
         "loadAverage": {"before": load[0], "after": load[1]},
         "machine": speed.to_json(),
         "phases": by_name,
