@@ -89,8 +89,9 @@ struct Common {
     /// Threads of this generator's own runtime (its clients and checks). One by default, as
     /// `wrk -t1 -c64` would be run beside a server on a small machine: the generator shares the
     /// cores with the server it measures, and with two threads it took ~9% more CPU a request
-    /// (its connections' tasks moving between the threads) and left the server about 5% fewer
-    /// writes/s (BENCHMARKS.md, stop 39). The concurrency is --clients / --connections either way.
+    /// (its connections' tasks moving between the threads), and the server did ~7% fewer
+    /// single-op writes/s beside it (BENCHMARKS.md, stop 39). The concurrency is --clients /
+    /// --connections either way.
     #[arg(long, value_name = "N", default_value_t = 1, global = true,
           value_parser = clap::value_parser!(u16).range(1..=64))]
     generator_threads: u16,
