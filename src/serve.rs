@@ -66,7 +66,9 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
     survive_file_size_limit();
     raise_open_file_limit();
     // Everything is checked before the database is opened: a typo costs nothing.
-    let settings = settings::resolve(flags, &flightlog_environment()?)?;
+    let environment = flightlog_environment()?;
+    let settings = settings::resolve(flags, &environment.settings)?;
+    refuse_tokens_meant_but_misnamed(&environment.meant_as_tokens, &settings.server.auth)?;
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(settings.addr.as_str())
         .await
         .with_context(|| {
@@ -422,12 +424,24 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The process's setting variables (the resolver takes the environment as a map, so its tests
-/// never touch the process's). A setting whose value is not UTF-8 is an error naming the
-/// variable, rather than being skipped silently; a `FLIGHTLOG_*` name close to a setting's
-/// (`FLIGHTLOG_TOKEN`) gets a warning naming the setting; other variables are not ours to judge.
-fn flightlog_environment() -> anyhow::Result<BTreeMap<String, String>> {
-    let mut env = BTreeMap::new();
+/// The `FLIGHTLOG_*` variables of the process, as `serve` reads them.
+struct FlightlogEnvironment {
+    /// The setting variables (the resolver takes the environment as a map, so its tests never
+    /// touch the process's).
+    settings: BTreeMap<String, String>,
+    /// Variables that are no setting but look like the token list (`FLIGHTLOG_TOKEN`,
+    /// `FLIGHTLOG_API_KEY`): see [`refuse_tokens_meant_but_misnamed`].
+    meant_as_tokens: Vec<String>,
+}
+
+/// The process's `FLIGHTLOG_*` variables. A setting whose value is not UTF-8 is an error naming
+/// the variable, rather than being skipped silently; a name close to a setting's
+/// (`FLIGHTLOG_ADR`) gets a warning naming the setting; other variables are not ours to judge.
+fn flightlog_environment() -> anyhow::Result<FlightlogEnvironment> {
+    let mut environment = FlightlogEnvironment {
+        settings: BTreeMap::new(),
+        meant_as_tokens: Vec::new(),
+    };
     for (name, value) in std::env::vars_os() {
         // `FLIGHTLOG*` and `FLIGHT_LOG*`: a misspelt prefix deserves the warning as much.
         let Some(name) = name.to_str().filter(|n| {
@@ -442,6 +456,9 @@ fn flightlog_environment() -> anyhow::Result<BTreeMap<String, String>> {
                     "flightlog: warning: {name} is not a setting and is ignored; did you mean \
                      {meant}? (flightlog serve --help lists them)"
                 );
+                if meant == settings::TOKENS.env {
+                    environment.meant_as_tokens.push(name.to_owned());
+                }
             }
             continue;
         }
@@ -451,9 +468,31 @@ fn flightlog_environment() -> anyhow::Result<BTreeMap<String, String>> {
                  or unset it"
             )
         })?;
-        env.insert(name.to_owned(), value);
+        environment.settings.insert(name.to_owned(), value);
     }
-    Ok(env)
+    Ok(environment)
+}
+
+/// A variable that looks like the token list (`FLIGHTLOG_TOKEN=secret`) on a server that has
+/// no token from anywhere else: the operator meant to require a token, and starting would
+/// serve without authentication (an audit started one so; the warning scrolled past). The
+/// server refuses to start, saying how to require the token or to run without one. With a
+/// token configured the server is not open, so the warning alone is given.
+fn refuse_tokens_meant_but_misnamed(
+    meant_as_tokens: &[String],
+    auth: &flightlog_server::AuthConfig,
+) -> anyhow::Result<()> {
+    if meant_as_tokens.is_empty() || auth.is_enabled() {
+        return Ok(());
+    }
+    let names = meant_as_tokens.join(", ");
+    anyhow::bail!(
+        "{names} looks like a token for this server, but the tokens are read from {tokens} (or \
+         --token, or the config file), and none is configured: rather than serve without \
+         authentication, flightlog does not start. Rename it to {tokens} to require that \
+         token, or unset it to serve without tokens",
+        tokens = settings::TOKENS.env
+    )
 }
 
 /// What to do when a listener cannot be bound: a port below 1024 needs privileges (the error

@@ -2186,8 +2186,9 @@ fn a_clean_stop_leaves_everything_in_the_database_file_itself() {
 /// own message, a `-` secret works, and a `--` one (a flag where the secret was forgotten) is
 /// refused saying so. A misspelled variable (`FLIGHTLOG_TOKEN`, as the flag is `--token`) was
 /// ignored without a word, which here means a server without authentication: it now gets a
-/// warning naming `FLIGHTLOG_TOKENS`, and `FLIGHTLOG_TOKENS=";"` (no entry) is refused instead
-/// of replacing the config file's tokens with none.
+/// warning naming `FLIGHTLOG_TOKENS`, and when no token is configured at all the server does not
+/// start (an audit started one open, the warning having scrolled past); `FLIGHTLOG_TOKENS=";"`
+/// (no entry) is refused instead of replacing the config file's tokens with none.
 #[test]
 fn hyphen_values_and_misspelled_variables_get_the_settings_messages() {
     let scratch = Scratch::new("hyphen-values");
@@ -2215,13 +2216,30 @@ fn hyphen_values_and_misspelled_variables_get_the_settings_messages() {
     let out = run(scratch.path(), &args, &[]);
     out.assert_refused(&["--token (the 1st)", "looks like a flag"]);
 
-    // The name misspelt, then the prefix (read too, and matched as if it were right).
-    for misspelt in ["FLIGHTLOG_TOKEN", "FLIGHT_LOG_TOKENS"] {
+    // The name misspelt, then the prefix (read too, and matched as if it were right), then
+    // another tool's word for it. With no token configured anywhere the server does not start
+    // (it would serve without the authentication the variable asked for); with one, the
+    // warning is enough. The secret is never printed.
+    for misspelt in ["FLIGHTLOG_TOKEN", "FLIGHT_LOG_TOKENS", "FLIGHTLOG_API_KEY"] {
         let out = run(
             scratch.path(),
             &serve_args(&db, &LOOPBACK),
             &[(misspelt, "supersecret")],
         );
+        out.assert_refused(&[
+            &format!("{misspelt} looks like a token for this server"),
+            "Rename it to FLIGHTLOG_TOKENS",
+            "or unset it",
+        ]);
+        assert!(
+            out.stderr.contains("did you mean FLIGHTLOG_TOKENS?"),
+            "{out}"
+        );
+        assert!(!out.stderr.contains("supersecret"), "{out}");
+
+        let mut args = serve_args(&db, &LOOPBACK);
+        args.extend(["--token", "a-configured-token-0123456789"]);
+        let out = run(scratch.path(), &args, &[(misspelt, "supersecret")]);
         out.assert_listened();
         assert!(
             out.stderr.contains(&format!("{misspelt} is not a setting"))

@@ -290,8 +290,9 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
 }
 
 /// axum's query rejection in the words of the rest of the API: "Failed to deserialize query
-/// string: after: invalid digit found in string" becomes "bad query parameter after: invalid
-/// digit found in string"; a missing or unknown one says so.
+/// string: limit: invalid digit found in string" becomes "bad query parameter limit: not a
+/// whole number: give a whole number from 0 to 10000"; a missing, unknown or repeated one says
+/// so.
 fn query_error_text(text: &str) -> String {
     let detail = text
         .strip_prefix("Failed to deserialize query string: ")
@@ -306,21 +307,26 @@ fn query_error_text(text: &str) -> String {
     if let Some((_, rest)) = detail.split_once("unknown field ") {
         return format!("unknown query parameter {rest}");
     }
-    // The integer parameters' parse errors say what was wrong with the digits, not what to
-    // give instead.
-    if detail.ends_with("invalid digit found in string") {
-        return format!("bad query parameter {detail}: give a whole number");
-    }
-    if detail.ends_with("to fit in target type") {
+    // The integer parameters' parse errors are Rust's ("invalid digit found in string",
+    // "number too large to fit in target type"): said in the API's words, with what to give.
+    let number_error = [
+        ("invalid digit found in string", "not a whole number"),
+        ("number too large to fit in target type", "out of range"),
+        ("number too small to fit in target type", "out of range"),
+    ]
+    .into_iter()
+    .find_map(|(rust, ours)| detail.strip_suffix(rust).map(|field| (field, ours)));
+    if let Some((field, what)) = number_error {
+        let field = field.trim_end_matches([':', ' ']);
         // Each parameter's own range, as its check after parsing says it (a number past the
         // 64-bit range is outside every one of them).
-        let range = match detail.split_once(':').map(|(field, _)| field) {
-            Some("limit") => "from 0 to 10000",
-            Some("after") => "(a change id this server sent)",
-            Some("fromSeq") => "from 0 up (a seq this server sent)",
+        let range = match field {
+            "limit" => "from 0 to 10000",
+            "after" => "(a change id this server sent)",
+            "fromSeq" => "from 0 up (a seq this server sent)",
             _ => "below 2^53 in magnitude",
         };
-        return format!("bad query parameter {detail}: give a whole number {range}");
+        return format!("bad query parameter {field}: {what}: give a whole number {range}");
     }
     if let Some(field) = detail
         .strip_prefix("duplicate field `")
@@ -515,31 +521,37 @@ mod tests {
             query_error_text(
                 "Failed to deserialize query string: after: invalid digit found in string"
             ),
-            "bad query parameter after: invalid digit found in string: give a whole number"
+            "bad query parameter after: not a whole number: give a whole number (a change id \
+             this server sent)"
+        );
+        assert_eq!(
+            query_error_text(
+                "Failed to deserialize query string: limit: invalid digit found in string"
+            ),
+            "bad query parameter limit: not a whole number: give a whole number from 0 to 10000"
         );
         assert_eq!(
             query_error_text(
                 "Failed to deserialize query string: limit: number too large to fit in target \
                  type"
             ),
-            "bad query parameter limit: number too large to fit in target type: give a whole \
-             number from 0 to 10000"
+            "bad query parameter limit: out of range: give a whole number from 0 to 10000"
         );
         assert_eq!(
             query_error_text(
                 "Failed to deserialize query string: fromSeq: number too small to fit in \
                  target type"
             ),
-            "bad query parameter fromSeq: number too small to fit in target type: give a \
-             whole number from 0 up (a seq this server sent)"
+            "bad query parameter fromSeq: out of range: give a whole number from 0 up (a seq \
+             this server sent)"
         );
         assert_eq!(
             query_error_text(
                 "Failed to deserialize query string: thresholdMs: number too large to fit in \
                  target type"
             ),
-            "bad query parameter thresholdMs: number too large to fit in target type: give a \
-             whole number below 2^53 in magnitude"
+            "bad query parameter thresholdMs: out of range: give a whole number below 2^53 in \
+             magnitude"
         );
         assert_eq!(
             query_error_text("Failed to deserialize query string: duplicate field `limit`"),

@@ -843,6 +843,7 @@ fn a_misspelled_variable_is_matched_to_the_setting_it_was_meant_to_be() {
     // The test suites' own variables are not settings misspelt.
     for own in [
         "FLIGHTLOG_TEST_DATABASE_URL",
+        "FLIGHTLOG_TEST_AUTH_TOKEN",
         "FLIGHTLOG_BENCH_DB",
         "FLIGHTLOG_CONFORMANCE_DIR",
         "FLIGHTLOG_OTLP_CLIENTS_DIR",
