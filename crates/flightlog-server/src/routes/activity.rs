@@ -9,7 +9,6 @@
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use flightlog_core::activity::{
     ActivityChange, ActivityStore, EndSpanInput, PayloadText, RunRollupRow, RunSnapshot,
     SpanEventRow, SpanOutcome, SpanPatch, SpanRow, StartSpanInput, TerminalRootChange,
@@ -32,7 +31,7 @@ use crate::state::AppState;
 use crate::validate::{
     check_id, check_limit, check_optional_time, check_reference, check_time, check_usage,
 };
-use crate::wire::{ChangeCursor, Closed, Ended, HighWaterSeq, Patched};
+use crate::wire::{ChangeCursor, Closed, Ended, HighWaterSeq, Json, Patched};
 
 /// The routes of this module, each registered from its `#[utoipa::path]` annotation.
 pub(crate) fn router() -> OpenApiRouter<AppState> {

@@ -15,8 +15,8 @@
 //! Order is kept: op N+1 may depend on op N (start a span, then end it), and `write_batch`
 //! guarantees in-order application whatever the backend.
 
+use crate::wire::Json;
 use axum::extract::{Request, State};
-use axum::Json;
 use flightlog_core::activity::{
     ActivityWrite, ActivityWriteResult, EndSpanInput, SpanEventRow, SpanPatch, SpanRow,
     StartSpanInput, StoreError,

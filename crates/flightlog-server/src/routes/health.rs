@@ -1,8 +1,8 @@
 //! `GET /healthz`: answers 200 while the server runs and its store can keep what it is given;
 //! the one route that needs no token.
 
+use crate::wire::Json;
 use axum::extract::State;
-use axum::Json;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 

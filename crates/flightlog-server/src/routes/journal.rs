@@ -5,10 +5,10 @@
 //! The body is validated by the core's `AppendInput::from_json` (the same rules and messages as
 //! every in-process append), so the wire cannot accept what the library would refuse.
 
+use crate::wire::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::Json;
 use flightlog_core::journal::record::json_integer;
 use flightlog_core::journal::{
     reconstruct_board_from_events, AppendInput, BoardEntry, BoardEntryKind, BoardFilter,

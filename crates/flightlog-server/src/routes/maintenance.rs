@@ -8,7 +8,7 @@
 //! the scheduled sweep does), not as the server's own: runs written without the header carry
 //! that one, and would be spared by every sweep called without it.
 
-use axum::Json;
+use crate::wire::Json;
 use flightlog_core::activity::{PruneOptions, PruneResult};
 use serde::Deserialize;
 use utoipa::ToSchema;
