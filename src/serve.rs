@@ -485,12 +485,15 @@ fn refuse_tokens_meant_but_misnamed(
     if meant_as_tokens.is_empty() || auth.is_enabled() {
         return Ok(());
     }
-    let names = meant_as_tokens.join(", ");
+    let (names, looks, it) = match meant_as_tokens {
+        [one] => (one.clone(), "looks like a token", "it"),
+        many => (many.join(", "), "look like tokens", "them"),
+    };
     anyhow::bail!(
-        "{names} looks like a token for this server, but the tokens are read from {tokens} (or \
-         --token, or the config file), and none is configured: rather than serve without \
-         authentication, flightlog does not start. Rename it to {tokens} to require that \
-         token, or unset it to serve without tokens",
+        "{names} {looks} for this server, but the tokens are read from {tokens} (or --token, or \
+         the config file), and none is configured: rather than serve without authentication, \
+         flightlog does not start. Rename {it} to {tokens} to require that token, or unset {it} \
+         to serve without tokens",
         tokens = settings::TOKENS.env
     )
 }
