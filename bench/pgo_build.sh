@@ -26,6 +26,12 @@ root=$(pwd)
 out=${1:-target/pgo}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+case "$out" in
+  *[[:space:]]*)
+    echo "pgo_build: the output directory '$out' holds a space, which RUSTFLAGS cannot carry: give another one" >&2
+    exit 1
+    ;;
+esac
 
 host=$(rustc -vV | sed -n 's/^host: //p')
 profdata="$(rustc --print sysroot)/lib/rustlib/$host/bin/llvm-profdata"
@@ -42,7 +48,7 @@ command -v python3 >/dev/null || {
 # `--target` keeps RUSTFLAGS off build scripts and proc macros (they are not the server).
 echo "pgo_build: 1/3 instrumented build (a few minutes)"
 cargo build --release -q -p flightlog-loadgen
-rm -rf "$out/profiles"
+rm -rf "$out/profiles" "$out/instrumented-server.pid"
 RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-generate=$out/profiles" \
   cargo build --release -q -p flightlog --target "$host" --target-dir "$out/instrumented"
 instrumented="$out/instrumented/$host/release/flightlog"
@@ -61,6 +67,8 @@ chmod +x "$wrapper"
 stop_instrumented() {
   local pid
   pid=$(cat "$out/instrumented-server.pid" 2>/dev/null) || return 0
+  # Read once: a pid left from an earlier run could name another process by now.
+  rm -f "$out/instrumented-server.pid"
   kill -TERM "$pid" 2>/dev/null || return 0
   for _ in $(seq 1 100); do
     kill -0 "$pid" 2>/dev/null || return 0
@@ -85,7 +93,8 @@ train http --runs 1000 --batch-runs 500 --stream-seconds 2
 train otlp --spans 100000
 train otlp --spans 50000 --gzip
 train otlp --spans 20000 --json
-if ! python3 bench/cross_process_latency.py 100 5 "$instrumented" >>"$out/training.log" 2>&1; then
+if ! TMPDIR_FOR_DB="$out" python3 bench/cross_process_latency.py 100 5 "$instrumented" \
+  >>"$out/training.log" 2>&1; then
   echo "pgo_build: the journal training run failed; its output is in $out/training.log" >&2
   exit 1
 fi
