@@ -16,8 +16,8 @@
 #   3. the profiles merged with the toolchain's own `llvm-profdata` (its LLVM must be the one
 #      that wrote them) and the server built again with `-Cprofile-use`.
 # Code the training never runs is compiled as cold (smaller; journal summaries, boards and
-# listings over HTTP measured no slower: bench/untrained_paths.py); the profile is made fresh by each run of this
-# script, so it always fits the source.
+# listings over HTTP measured no slower: bench/untrained_paths.py); the profile is made fresh
+# by each run of this script, so it always fits the source.
 #
 # Needs `llvm-profdata` from rustup: `rustup component add llvm-tools`.
 set -euo pipefail
