@@ -78,8 +78,9 @@ stop_instrumented() {
   exit 1
 }
 
+loadgen="${CARGO_TARGET_DIR:-$root/target}/release/flightlog-loadgen"
 train() {
-  if ! "$root/target/release/flightlog-loadgen" --server "$wrapper" "$@" >>"$out/training.log" 2>&1; then
+  if ! "$loadgen" --server "$wrapper" "$@" >>"$out/training.log" 2>&1; then
     stop_instrumented
     echo "pgo_build: training run '$*' failed; its output is in $out/training.log" >&2
     exit 1
