@@ -37,7 +37,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 use support::ServeProcess;
 
-const BIN: &str = env!("CARGO_BIN_EXE_flightlog");
+use support::flightlog_binary as bin;
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -57,11 +57,11 @@ const MAX_AGE_MS: i64 = 1_000;
 /// `env(1)`, which sets them for the `flightlog` it then executes (the same process id).
 fn serve(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
     let mut command = if env.is_empty() {
-        Command::new(BIN)
+        Command::new(bin())
     } else {
         let mut command = Command::new("env");
         command.args(env.iter().map(|(name, value)| format!("{name}={value}")));
-        command.arg(BIN);
+        command.arg(bin());
         command
     };
     command
@@ -597,7 +597,7 @@ fn a_database_with_another_hard_link_is_warned_about() {
     );
     stop(server);
     // `demo` says it too (it said nothing, an audit found).
-    let demo = std::process::Command::new(BIN)
+    let demo = std::process::Command::new(bin())
         .args(["demo", "--runs", "2", "--db"])
         .arg(&db)
         .output()

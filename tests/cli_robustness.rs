@@ -28,7 +28,10 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_flightlog");
+#[allow(dead_code)] // Each test file uses its own part of the shared helpers.
+mod support;
+
+use support::flightlog_binary as bin;
 
 /// No case may take longer than this; a child still running then is killed and the case fails.
 const CASE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -111,10 +114,10 @@ fn spawn(dir: &Path, args: &[&OsStr], env: &[(&str, &OsStr)]) -> Spawned {
 /// [`spawn`], the binary run by the command `wrapper` (`["prlimit", "--nofile=256:4096"]`).
 fn spawn_under(wrapper: &[&str], dir: &Path, args: &[&OsStr], env: &[(&str, &OsStr)]) -> Spawned {
     let mut command = match wrapper.split_first() {
-        None => Command::new(BIN),
+        None => Command::new(bin()),
         Some((program, wrapper_args)) => {
             let mut command = Command::new(program);
-            command.args(wrapper_args).arg(BIN);
+            command.args(wrapper_args).arg(bin());
             command
         }
     };
@@ -2070,7 +2073,7 @@ fn serve_keeps_serving_and_stops_cleanly_when_its_stdout_is_closed() {
     let scratch = Scratch::new("closed-stdout");
     let db = s(&scratch.join("closed.db"));
     let stderr_path = scratch.join("stderr.txt");
-    let mut command = Command::new(BIN);
+    let mut command = Command::new(bin());
     command
         .args(serve_args(&db, &LOOPBACK))
         .current_dir(scratch.path())
@@ -2518,7 +2521,7 @@ fn demo_says_so_when_its_report_cannot_be_written() {
         .write(true)
         .open("/dev/full")
         .expect("open /dev/full");
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(bin())
         .args(["demo", "--db", &s(&db), "--runs", "2"])
         .current_dir(scratch.path())
         .stdin(Stdio::null())
@@ -2548,7 +2551,7 @@ fn demo_says_so_when_its_report_cannot_be_written() {
     assert_eq!(out.stdout.matches("(still running)").count(), 2, "{out}");
 
     // A report larger than a pipe holds, to a reader that hangs up after one line.
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(bin())
         .args(["demo", "--db", &s(&db), "--runs", "1000"])
         .current_dir(scratch.path())
         .stdin(Stdio::null())

@@ -33,7 +33,7 @@ use serde_json::{json, Value};
 mod support;
 use support::ServeProcess;
 
-const BIN: &str = env!("CARGO_BIN_EXE_flightlog");
+use support::flightlog_binary as bin;
 
 /// How long a server may take to print its listening line.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -85,10 +85,10 @@ impl Server {
         let mut command = match nofile {
             Some(n) => {
                 let mut c = Command::new("prlimit");
-                c.arg(format!("--nofile={n}:{n}")).arg("--").arg(BIN);
+                c.arg(format!("--nofile={n}:{n}")).arg("--").arg(bin());
                 c
             }
-            None => Command::new(BIN),
+            None => Command::new(bin()),
         };
         command.args(serve).args(extra).current_dir(&dir);
         let process = ServeProcess::spawn(command, START_TIMEOUT);

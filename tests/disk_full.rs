@@ -67,7 +67,7 @@ use serde_json::{json, Value};
 mod support;
 use support::{wait_at_most, ServeProcess, Stopped, LISTENING};
 
-const BIN: &str = env!("CARGO_BIN_EXE_flightlog");
+use support::flightlog_binary as bin;
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
@@ -294,9 +294,9 @@ impl Server {
             instance,
         ];
         let mut command = match limit {
-            Some(limit) => limited_command(limit, BIN, &args),
+            Some(limit) => limited_command(limit, bin(), &args),
             None => {
-                let mut command = Command::new(BIN);
+                let mut command = Command::new(bin());
                 command.args(args);
                 command
             }
@@ -2095,7 +2095,7 @@ fn assert_refused_start(status: ExitStatus, output: &str) {
 /// Run `flightlog` with `args` under the file-size `limit`, in `scratch`, expecting it to exit
 /// by itself within [`START_TIMEOUT`]: its exit status and everything it printed.
 fn refused_start(scratch: &Scratch, limit: u64, args: &[&str]) -> (ExitStatus, String) {
-    let mut child = limited_command(limit, BIN, args)
+    let mut child = limited_command(limit, bin(), args)
         .current_dir(&scratch.0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -2274,7 +2274,7 @@ fn a_file_size_limit_without_the_signal_ignored_is_a_full_disk_not_a_kill() {
     command
         .arg(format!("--fsize={limit}:"))
         .arg("--")
-        .arg(BIN)
+        .arg(bin())
         .args(["serve", "--db"])
         .arg(&db)
         .args(["--addr", "127.0.0.1:0", "--grpc-addr", "off"])

@@ -17,7 +17,7 @@ use http::{request, request_with_head};
 use serde_json::{json, Value};
 use support::{Scratch, ServeProcess};
 
-const BIN: &str = env!("CARGO_BIN_EXE_flightlog");
+use support::flightlog_binary as bin;
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Another process in `BEGIN EXCLUSIVE` on the database until [`LockHolder::release`] (or
@@ -74,7 +74,7 @@ impl Drop for LockHolder {
 }
 
 fn serve(folder: &Path, db: &Path, wait_ms: &str) -> ServeProcess {
-    let mut command = Command::new(BIN);
+    let mut command = Command::new(bin());
     command
         .current_dir(folder)
         .args(["serve", "--db"])

@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use support::ServeProcess;
 
-const BIN: &str = env!("CARGO_BIN_EXE_flightlog");
+use support::flightlog_binary as bin;
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Spans of the big run and bytes of attrs each: a snapshot of about 12 MB.
@@ -121,7 +121,7 @@ struct BigRun {
 
 fn server_with_a_big_run() -> BigRun {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let mut command = Command::new(BIN);
+    let mut command = Command::new(bin());
     command
         .current_dir(dir.path())
         .args(["serve", "--db"])

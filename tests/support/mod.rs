@@ -7,7 +7,8 @@
 //! `FLIGHTLOG_*` settings, both output streams collected without ever blocking the child, the
 //! bound address read from the listening line (the tests bind port 0 on 127.0.0.1), a bounded
 //! wait for it with the output in the failure message, and a SIGTERM stop whose duration and exit
-//! status the test can judge. The two files had grown a copy each.
+//! status the test can judge. The two files had grown a copy each. Also which binary they run
+//! (see [`flightlog_binary`]).
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
@@ -18,6 +19,28 @@ use std::time::{Duration, Instant};
 
 /// What `serve` prints once its listener is bound.
 pub const LISTENING: &str = "flightlog: listening on http://";
+
+/// The variable that points these tests at another build of this source, such as the
+/// profile-guided one of `bench/pgo_build.sh`:
+/// `FLIGHTLOG_TEST_BINARY=target/pgo/flightlog cargo test -p flightlog --test restart_sweep`.
+pub const BINARY_VARIABLE: &str = "FLIGHTLOG_TEST_BINARY";
+
+/// The `flightlog` binary the process-level tests run: this build's, or the one
+/// [`BINARY_VARIABLE`] names (a relative path is taken from the package's folder, where cargo
+/// runs the tests).
+pub fn flightlog_binary() -> &'static str {
+    static BINARY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BINARY.get_or_init(|| match std::env::var(BINARY_VARIABLE) {
+        // Made absolute: the tests start the server in scratch folders.
+        Ok(path) if !path.is_empty() => match std::fs::canonicalize(&path) {
+            Ok(absolute) if absolute.is_file() => absolute.to_string_lossy().into_owned(),
+            _ => panic!(
+                "{BINARY_VARIABLE}={path}: no such file (build it, or unset the variable to test this build)"
+            ),
+        },
+        _ => env!("CARGO_BIN_EXE_flightlog").to_owned(),
+    })
+}
 
 /// A running `flightlog serve`; killed when dropped if it is still running.
 pub struct ServeProcess {
