@@ -5,7 +5,8 @@
 #
 #     bench/pgo_build.sh [OUT_DIR]        # default target/pgo; the binary is OUT_DIR/flightlog
 #
-# Three steps, 8 – 10 minutes on 2 cores (two whole release builds with LTO):
+# Four steps, about 12 minutes on 2 cores from a fresh clone (two whole release builds with
+# LTO, then the tests):
 #   1. an instrumented server (`-Cprofile-generate`) in OUT_DIR/instrumented;
 #   2. training: that server under the agent workload it is built for, the same mix the
 #      benchmarks run but smaller — `flightlog-loadgen http` (single-op writes, batches, a live
@@ -14,7 +15,9 @@
 #      two servers on one file) — each server stopped with SIGTERM so that it writes its
 #      profile on the way out;
 #   3. the profiles merged with the toolchain's own `llvm-profdata` (its LLVM must be the one
-#      that wrote them) and the server built again with `-Cprofile-use`.
+#      that wrote them) and the server built again with `-Cprofile-use`;
+#   4. the root package's tests run against the new binary (`FLIGHTLOG_TEST_BINARY`, see
+#      tests/support/mod.rs): every process-level test starts it instead of this build's.
 # Code the training never runs is compiled as cold (smaller; journal summaries, boards and
 # listings over HTTP measured no slower: bench/untrained_paths.py); the profile is made fresh
 # by each run of this script, so it always fits the source.
@@ -46,9 +49,10 @@ command -v python3 >/dev/null || {
 }
 
 # `--target` keeps RUSTFLAGS off build scripts and proc macros (they are not the server).
-echo "pgo_build: 1/3 instrumented build (a few minutes)"
+echo "pgo_build: 1/4 instrumented build (a few minutes)"
 cargo build --release -q -p flightlog-loadgen
-rm -rf "$out/profiles" "$out/instrumented-server.pid"
+# A binary from an earlier run is not left to be taken for this one's if this run fails.
+rm -rf "$out/profiles" "$out/instrumented-server.pid" "$out/flightlog" "$out/flightlog.untested"
 RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-generate=$out/profiles" \
   cargo build --release -q -p flightlog --target "$host" --target-dir "$out/instrumented"
 instrumented="$out/instrumented/$host/release/flightlog"
@@ -88,7 +92,7 @@ train() {
   stop_instrumented
 }
 
-echo "pgo_build: 2/3 training (about a minute)"
+echo "pgo_build: 2/4 training (about a minute)"
 : >"$out/training.log"
 train http --runs 1000 --batch-runs 500 --stream-seconds 2
 train otlp --spans 100000
@@ -100,9 +104,20 @@ if ! TMPDIR_FOR_DB="$out" python3 bench/cross_process_latency.py 100 5 "$instrum
   exit 1
 fi
 
-echo "pgo_build: 3/3 optimized build (a few minutes)"
+echo "pgo_build: 3/4 optimized build (a few minutes)"
 "$profdata" merge -o "$out/flightlog.profdata" "$out/profiles"
 RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-use=$out/flightlog.profdata" \
   cargo build --release -q -p flightlog --target "$host" --target-dir "$out/optimized"
-cp "$out/optimized/$host/release/flightlog" "$out/flightlog"
-echo "pgo_build: built $out/flightlog"
+candidate="$out/flightlog.untested"
+cp "$out/optimized/$host/release/flightlog" "$candidate"
+
+# The same source, but another compilation of it: the process-level tests (every setting, the
+# CLI's errors, hostile connections, a full disk, a foreign lock, the restart sweep) run
+# against the new binary before it is called built.
+echo "pgo_build: 4/4 the process-level tests against it (a few minutes)"
+if ! FLIGHTLOG_TEST_BINARY="$candidate" cargo test -q -p flightlog --tests >"$out/tests.log" 2>&1; then
+  echo "pgo_build: the process-level tests failed against $candidate; see $out/tests.log" >&2
+  exit 1
+fi
+mv "$candidate" "$out/flightlog"
+echo "pgo_build: built and tested $out/flightlog"
