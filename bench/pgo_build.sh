@@ -52,7 +52,7 @@ command -v python3 >/dev/null || {
 echo "pgo_build: 1/4 instrumented build (a few minutes)"
 cargo build --release -q -p flightlog-loadgen
 # A binary from an earlier run is not left to be taken for this one's if this run fails.
-rm -rf "$out/profiles" "$out/instrumented-server.pid" "$out/flightlog" "$out/flightlog.untested"
+rm -rf "$out/profiles" "$out/instrumented-server.pid" "$out/flightlog" "$out/untested"
 RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-generate=$out/profiles" \
   cargo build --release -q -p flightlog --target "$host" --target-dir "$out/instrumented"
 instrumented="$out/instrumented/$host/release/flightlog"
@@ -108,7 +108,10 @@ echo "pgo_build: 3/4 optimized build (a few minutes)"
 "$profdata" merge -o "$out/flightlog.profdata" "$out/profiles"
 RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-use=$out/flightlog.profdata" \
   cargo build --release -q -p flightlog --target "$host" --target-dir "$out/optimized"
-candidate="$out/flightlog.untested"
+# Named `flightlog` like any build (clap's usage lines show the file's name, and the tests
+# read them), in a folder of its own until the tests pass.
+mkdir -p "$out/untested"
+candidate="$out/untested/flightlog"
 cp "$out/optimized/$host/release/flightlog" "$candidate"
 
 # The same source, but another compilation of it: the process-level tests (every setting, the
