@@ -5,7 +5,7 @@
 #
 #     bench/pgo_build.sh [OUT_DIR]        # default target/pgo; the binary is OUT_DIR/flightlog
 #
-# Four steps, about 12 minutes on 2 cores from a fresh clone (two whole release builds with
+# Four steps, about 10 minutes on 2 cores from a fresh clone (two whole release builds with
 # LTO, then the tests):
 #   1. an instrumented server (`-Cprofile-generate`) in OUT_DIR/instrumented;
 #   2. training: that server under the agent workload it is built for, the same mix the
