@@ -32,12 +32,10 @@ use std::time::{Duration, Instant};
 mod support;
 
 use support::flightlog_binary as bin;
+use support::LISTENING;
 
 /// No case may take longer than this; a child still running then is killed and the case fails.
 const CASE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// What `serve` prints once its listener is bound.
-const LISTENING: &str = "flightlog: listening on http://";
 
 /// The flags that keep a `serve` case on loopback and off the default gRPC port.
 const LOOPBACK: [&str; 4] = ["--addr", "127.0.0.1:0", "--grpc-addr", "off"];
