@@ -1,8 +1,15 @@
 //! Loading fixture files and comparing results the way FORMAT.md §2.2 prescribes.
+//!
+//! Fixtures are read as written ([`flightlog_core::json_as_written`]): a key spelt as
+//! serde_json's private raw-value token is an ASCII key like any other, which the reference
+//! copies and stores as it does every key, so an argument or a result holding it must reach
+//! the store unchanged (serde_json's own `Value` would swap the object for the JSON text in
+//! its string, or refuse the whole file when that string is not JSON).
 
 use std::path::{Path, PathBuf};
 
-use serde::de::DeserializeOwned;
+use flightlog_core::json_as_written::{self, AsWritten};
+use serde::de::{DeserializeOwned, DeserializeSeed};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -11,7 +18,7 @@ use serde_json::Value;
 pub struct Fixture {
     pub name: String,
     pub store: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "as_written")]
     pub setup: Value,
     pub steps: Vec<Step>,
 }
@@ -21,7 +28,7 @@ pub struct Fixture {
 #[serde(rename_all = "camelCase")]
 pub struct Step {
     pub op: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "as_written")]
     pub args: Value,
     #[serde(default)]
     pub clock: Option<i64>,
@@ -36,7 +43,12 @@ pub struct Step {
 
 /// Distinguish `"expect": null` (Some(Null)) from an absent key (None).
 fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(deserializer).map(Some)
+    AsWritten.deserialize(deserializer).map(Some)
+}
+
+/// Any JSON value, read as written (see the module's comment).
+fn as_written<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Value, D::Error> {
+    AsWritten.deserialize(deserializer)
 }
 
 /// The fixture folder: `FLIGHTLOG_CONFORMANCE_DIR`, else `../shared/conformance` beside the
@@ -66,13 +78,13 @@ pub fn load_fixtures(dir: &Path, store: &str) -> Result<Vec<(PathBuf, Fixture)>,
     for path in paths {
         let text =
             std::fs::read_to_string(&path).map_err(|err| format!("{}: {err}", path.display()))?;
-        let raw: Value =
-            serde_json::from_str(&text).map_err(|err| format!("{}: {err}", path.display()))?;
+        let raw = json_as_written::from_slice(text.as_bytes())
+            .map_err(|err| format!("{}: {err}", path.display()))?;
         if raw.get("store").and_then(Value::as_str) != Some(store) {
             continue;
         }
-        let fixture: Fixture =
-            serde_json::from_value(raw).map_err(|err| format!("{}: {err}", path.display()))?;
+        let fixture =
+            Fixture::deserialize(raw).map_err(|err| format!("{}: {err}", path.display()))?;
         fixtures.push((path, fixture));
     }
     Ok(fixtures)

@@ -240,4 +240,46 @@ mod tests {
         assert!(message.starts_with("step 1 (listEngagements)"), "{message}");
         assert!(message.contains("\"other\""), "{message}");
     }
+
+    /// A key spelt as serde_json's raw-value token is data like any other key (the reference
+    /// copies it): a fixture holding it loads, and its event is stored and answered unchanged.
+    /// serde_json's own `Value` read the first object as the JSON text `[1]` (the append was then
+    /// refused) and the second as not JSON at all (the whole folder failed to load).
+    #[test]
+    fn a_key_spelt_as_the_raw_value_token_is_loaded_and_replayed_as_written() {
+        let dir = match tempfile::tempdir() {
+            Ok(dir) => dir,
+            Err(err) => panic!("cannot make a temporary folder: {err}"),
+        };
+        let token = "$serde_json::private::RawValue";
+        let append = |engagement: &str, held: &str| {
+            let event = serde_json::json!({
+                "engagementId": engagement, "at": 1, "type": "t", "data": {token: held}
+            });
+            let mut expect = event.clone();
+            expect["seq"] = serde_json::json!(0);
+            serde_json::json!({"op": "append", "args": {"event": event}, "expect": expect})
+        };
+        let fixture = serde_json::json!({
+            "name": "raw-value-token", "store": "journal", "setup": {},
+            "steps": [append("e", "[1]"), append("f", "x")]
+        });
+        let path = dir.path().join("raw-value-token.json");
+        if let Err(err) = std::fs::write(&path, fixture.to_string()) {
+            panic!("cannot write {}: {err}", path.display());
+        }
+        let loaded = match crate::fixtures::load_fixtures(dir.path(), "journal") {
+            Ok(loaded) => loaded,
+            Err(err) => panic!("the fixture does not load: {err}"),
+        };
+        assert_eq!(loaded.len(), 1);
+        assert_eq!(
+            loaded[0].1.steps[0].args["event"]["data"][token],
+            serde_json::json!("[1]")
+        );
+        match replay_journal_dir(dir.path(), &in_memory) {
+            Ok(passed) => assert_eq!(passed, 1),
+            Err(failures) => panic!("{}", failures.join("\n")),
+        }
+    }
 }
