@@ -4,19 +4,31 @@
 # conformance replayers (in memory, SQLite, over HTTP).
 #
 # usage: tools/reference-diff/run.sh activity|journal|both [FIRST_SEED] [COUNT]
-#   FIRST_SEED defaults to 1, COUNT (scenarios per store) to 200. Environment: BUN (the Bun to
-#   run), CARGO_TARGET_DIR (honoured), the generators' FUZZ_* knobs (README.md).
+#        tools/reference-diff/run.sh record activity|journal|both FIRST_SEED COUNT OUTDIR
+#   FIRST_SEED defaults to 1, COUNT (scenarios per store) to 200. The first form records into a
+#   new temporary folder and replays there; `record` only records (after the self-check) into
+#   OUTDIR, which the test suite then replays itself (`reference_recorded` in the conformance
+#   suite and in the HTTP tests). Environment: BUN (the Bun to run), CARGO_TARGET_DIR
+#   (honoured), the generators' FUZZ_* knobs (README.md).
 set -eu
 
 BUN_VERSION=1.4.5
 
 usage() {
   echo "usage: $0 activity|journal|both [FIRST_SEED] [COUNT]" >&2
+  echo "       $0 record activity|journal|both FIRST_SEED COUNT OUTDIR" >&2
   exit 2
 }
 say() { echo "reference-diff: $*"; }
 
-if [ $# -lt 1 ] || [ $# -gt 3 ]; then usage; fi
+record_only=
+if [ "${1:-}" = record ]; then
+  record_only=yes
+  shift
+  if [ $# -ne 4 ]; then usage; fi
+elif [ $# -lt 1 ] || [ $# -gt 3 ]; then
+  usage
+fi
 case $1 in
 activity | journal) stores=$1 ;;
 both) stores="activity journal" ;;
@@ -56,9 +68,17 @@ if [ -z "${BUN:-}" ]; then
         say "no Bun: set BUN, put bun on PATH, or install npm to fetch Bun $BUN_VERSION" >&2
         exit 1
       fi
-      say "installing Bun $BUN_VERSION (@oven/$pkg) into $here/node_modules"
-      npm install --prefix "$here" --no-save --no-package-lock --no-audit --no-fund \
-        "@oven/$pkg@$BUN_VERSION"
+      # Two test binaries (or two runs) may get here at once: one installs, the other waits.
+      mkdir -p "$here/node_modules"
+      if command -v flock >/dev/null 2>&1; then
+        exec 9>"$here/node_modules/.install.lock"
+        flock -w 600 9
+      fi
+      if [ ! -x "$BUN" ]; then
+        say "installing Bun $BUN_VERSION (@oven/$pkg) into $here/node_modules"
+        npm install --prefix "$here" --no-save --no-package-lock --no-audit --no-fund \
+          "@oven/$pkg@$BUN_VERSION" >&2
+      fi
     fi
   fi
 fi
@@ -72,12 +92,18 @@ for store in $stores; do
   fi
 done
 
-out=$(mktemp -d -t reference-diff.XXXXXX)
+if [ -n "$record_only" ]; then
+  mkdir -p "$4"
+  out=$(cd "$4" && pwd)
+else
+  out=$(mktemp -d -t reference-diff.XXXXXX)
+fi
 say "recording $count scenarios per store from seed $first into $out"
 for store in $stores; do
   "$BUN" "$here/$store/gen.ts" "$out" "$first" "$count"
 done
 case $stores in *journal*) "$BUN" "$here/journal/edge.ts" "$out" ;; esac
+if [ -n "$record_only" ]; then exit 0; fi
 
 cd "$repo"
 export FLIGHTLOG_CONFORMANCE_DIR="$out"

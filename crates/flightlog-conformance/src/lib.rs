@@ -6,3 +6,4 @@
 pub mod activity;
 pub mod fixtures;
 pub mod journal;
+pub mod reference;

@@ -2,7 +2,10 @@
 //!
 //! Prints one line per store and backend, `conformance: <store> <backend>: N fixtures passed`,
 //! and fails (non-zero exit) when any fixture fails or the folder holds no fixture at all.
-//! `FLIGHTLOG_CONFORMANCE_DIR` points it at another folder of the same format.
+//! Then the same for a fixed set of scenarios the reference itself records at this run
+//! (`flightlog_conformance::reference`: seeded random ones and the journal's edge set, with
+//! the reference on Bun), labelled `reference-recorded`. `FLIGHTLOG_CONFORMANCE_DIR` points it
+//! at another folder of the same format, and then only that folder is replayed.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -10,6 +13,7 @@ use std::sync::Arc;
 use flightlog_conformance::activity::replay_activity_fixture;
 use flightlog_conformance::fixtures::{conformance_dir, load_fixtures};
 use flightlog_conformance::journal::replay_journal_fixture;
+use flightlog_conformance::reference::record_reference_scenarios;
 use flightlog_core::activity::ActivityStore;
 use flightlog_core::journal::{EngagementJournal, InMemoryEngagementJournal, RetentionConfig};
 use flightlog_sqlite::{
@@ -102,21 +106,22 @@ async fn journal_sqlite(dir: &std::path::Path) -> Result<(usize, Vec<String>), S
     Ok((passed, failures))
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let dir = conformance_dir();
+/// Every fixture under `dir` on every backend, each line's label followed by `suffix`; false
+/// when any failed or there was none.
+async fn replay_everywhere(dir: &std::path::Path, suffix: &str) -> bool {
     let mut ok = true;
     let mut total = 0;
     let runs = [
-        ("activity sqlite", activity_sqlite(&dir).await),
-        ("journal memory", journal_memory(&dir).await),
-        ("journal sqlite", journal_sqlite(&dir).await),
+        ("activity sqlite", activity_sqlite(dir).await),
+        ("journal memory", journal_memory(dir).await),
+        ("journal sqlite", journal_sqlite(dir).await),
     ];
     for (label, outcome) in runs {
+        let label = format!("{label}{suffix}");
         match outcome {
             Ok((passed, failures)) => {
                 total += passed + failures.len();
-                ok &= report(label, passed, &failures);
+                ok &= report(&label, passed, &failures);
             }
             Err(err) => {
                 eprintln!("conformance: {label}: {err}");
@@ -127,6 +132,31 @@ async fn main() -> ExitCode {
     if total == 0 {
         eprintln!("conformance: no fixtures found under {}", dir.display());
         ok = false;
+    }
+    ok
+}
+
+/// The fixed set the reference records at this run (see `flightlog_conformance::reference`).
+async fn reference_recorded() -> bool {
+    let scratch = match tempfile::tempdir() {
+        Ok(scratch) => scratch,
+        Err(err) => {
+            eprintln!("conformance: reference-recorded: temp dir: {err}");
+            return false;
+        }
+    };
+    if let Err(err) = record_reference_scenarios(scratch.path()) {
+        eprintln!("conformance: reference-recorded: {err}");
+        return false;
+    }
+    replay_everywhere(scratch.path(), " (reference-recorded)").await
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let mut ok = replay_everywhere(&conformance_dir(), "").await;
+    if std::env::var_os("FLIGHTLOG_CONFORMANCE_DIR").is_none() {
+        ok &= reference_recorded().await;
     }
     if ok {
         ExitCode::SUCCESS

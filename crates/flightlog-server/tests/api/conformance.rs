@@ -24,6 +24,7 @@ use flightlog_conformance::fixtures::{
     conformance_dir, describe_difference, json_equal, load_fixtures, Fixture,
 };
 use flightlog_conformance::journal::setup_retention;
+use flightlog_conformance::reference::record_reference_scenarios;
 use reqwest::Method;
 use serde_json::{json, Map, Value};
 
@@ -481,8 +482,12 @@ async fn replay_journal(fixture: &Fixture, tally: &mut Tally) -> Result<(), Stri
 }
 
 async fn replay_store(store: &str) -> (usize, Tally) {
-    let dir = conformance_dir();
-    let fixtures = load_fixtures(&dir, store).unwrap_or_else(|err| panic!("{err}"));
+    replay_store_in(&conformance_dir(), store, store).await
+}
+
+/// Every `store` fixture under `dir`, reported under `label`.
+async fn replay_store_in(dir: &Path, store: &str, label: &str) -> (usize, Tally) {
+    let fixtures = load_fixtures(dir, store).unwrap_or_else(|err| panic!("{err}"));
     assert!(
         !fixtures.is_empty(),
         "no {store} fixtures under {}",
@@ -501,7 +506,7 @@ async fn replay_store(store: &str) -> (usize, Tally) {
                 .push(format!("{} ({}): {err}", fixture.name, short(path))),
         }
     }
-    tally.report(store, fixtures.len());
+    tally.report(label, fixtures.len());
     (fixtures.len(), tally)
 }
 
@@ -522,6 +527,41 @@ async fn every_activity_fixture_passes_over_http() {
     );
     // Only the read pages with a negative limit are out of the contract's reach.
     assert_skipped_only_for(&tally, &["limit outside 0..=10000"]);
+}
+
+/// The scenarios the reference records at this run (seeded random ones for both stores and the
+/// journal's edge set; see `flightlog_conformance::reference`), replayed over HTTP as the stock
+/// fixtures are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reference_recorded_scenarios_pass_over_http() {
+    let scratch = tempfile::tempdir().unwrap();
+    let out = scratch.path().to_path_buf();
+    tokio::task::spawn_blocking(move || record_reference_scenarios(&out))
+        .await
+        .unwrap()
+        .unwrap_or_else(|err| panic!("{err}"));
+    for (store, allowed) in [
+        ("activity", &["limit outside 0..=10000"][..]),
+        (
+            "journal",
+            &[
+                "append without a non-empty string engagementId",
+                "limit outside 0..=10000",
+                "pure function, no endpoint",
+            ][..],
+        ),
+    ] {
+        let label = format!("{store} (reference-recorded)");
+        let (total, tally) = replay_store_in(scratch.path(), store, &label).await;
+        assert!(
+            tally.failures.is_empty(),
+            "{} of {total} reference-recorded {store} scenarios failed over HTTP:\n{}",
+            tally.failures.len(),
+            tally.failures.join("\n")
+        );
+        assert!(tally.steps_replayed > tally.skipped_total());
+        assert_skipped_only_for(&tally, allowed);
+    }
 }
 
 /// Every skipped step was skipped for one of `allowed` (the reasons). A subset: a
