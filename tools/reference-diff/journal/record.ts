@@ -9,14 +9,15 @@
 // Emulates flightlog's one documented journal difference that fixtures pin (FORMAT.md §8): an
 // append whose `type` is not a non-empty string fails with TypeError (after the reference's own
 // validation, before the full check) and stores nothing.
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, realpathSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { JournalFullError } from './contracts.ts';
 
 // The reference imports './contracts.js', which does not exist beside it: resolve that one import
 // (from that one file) to the stub. The plugin must be registered before the reference is loaded,
-// hence the dynamic import.
-const REFERENCE = join(import.meta.dir, '../../../../shared/seeds/engagement-journal.ts');
+// hence the dynamic import. Bun names the importer by its real path (../shared may be a symbolic
+// link), so the reference is compared by that.
+const REFERENCE = realpathSync(join(import.meta.dir, '../../../../shared/seeds/engagement-journal.ts'));
 Bun.plugin({
   name: 'reference-diff contracts stub',
   setup(build) {
