@@ -53,7 +53,10 @@ if [ -z "${BUN:-}" ]; then
     BUN=$(command -v bun)
   else
     case "$(uname -s)-$(uname -m)" in
-    Linux-x86_64) pkg=bun-linux-x64 ;;
+    Linux-x86_64)
+      # Bun's default x64 build needs AVX2; the baseline build runs without it.
+      if grep -q avx2 /proc/cpuinfo 2>/dev/null; then pkg=bun-linux-x64; else pkg=bun-linux-x64-baseline; fi
+      ;;
     Linux-aarch64 | Linux-arm64) pkg=bun-linux-aarch64 ;;
     Darwin-x86_64) pkg=bun-darwin-x64 ;;
     Darwin-arm64) pkg=bun-darwin-aarch64 ;;
