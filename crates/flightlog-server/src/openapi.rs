@@ -56,13 +56,20 @@ pub(crate) mod tags {
 /// The `{spanId}` path parameter. JSON Schema's `maxLength` counts characters, the server
 /// bytes: the descriptions say so.
 pub(crate) const SPAN_ID: &str = "The span's client-chosen id (1 to 256 bytes of UTF-8; \
-    `maxLength` counts characters, so an id beyond ASCII reaches the limit sooner).";
+    `maxLength` counts characters, so an id beyond ASCII reaches the limit sooner), \
+    percent-encoded. The ids `.` and `..` are valid, but WHATWG URL libraries (browsers, \
+    `fetch`) remove them from a path as dot segments even as `%2E` (the batch endpoint carries \
+    span ids in its body).";
 /// The `{runId}` path parameter.
 pub(crate) const RUN_ID: &str = "The run's client-chosen id (1 to 256 bytes of UTF-8; \
-    `maxLength` counts characters, so an id beyond ASCII reaches the limit sooner).";
+    `maxLength` counts characters, so an id beyond ASCII reaches the limit sooner), \
+    percent-encoded. The ids `.` and `..` are valid, but WHATWG URL libraries (browsers, \
+    `fetch`) remove them from a path as dot segments even as `%2E`.";
 /// The `{engagementId}` path parameter.
 pub(crate) const ENGAGEMENT_ID: &str = "The engagement's client-chosen id (1 to 256 bytes of \
-    UTF-8; `maxLength` counts characters, so an id beyond ASCII reaches the limit sooner).";
+    UTF-8; `maxLength` counts characters, so an id beyond ASCII reaches the limit sooner), \
+    percent-encoded. The ids `.` and `..` are valid, but WHATWG URL libraries (browsers, \
+    `fetch`) remove them from a path as dot segments even as `%2E`.";
 
 /// The 503 of an endpoint whose answer may be large (see `response_budget`).
 pub(crate) const LARGE_RESPONSE_BUSY: &str = "The answer is large and the server's memory for \
