@@ -516,17 +516,53 @@ fn short(path: &Path) -> String {
         .unwrap_or_default()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_activity_fixture_passes_over_http() {
-    let (total, tally) = replay_store("activity").await;
+/// Why steps of each store may be skipped (the issue's reasons): for activity, only read pages
+/// with a limit outside 0..=10,000 are out of the contract's reach; for the journal, also the
+/// pure functions and appends whose engagementId is not a non-empty string.
+const ALLOWED_SKIPS: [(&str, &[&str]); 2] = [
+    ("activity", &["limit outside 0..=10000"]),
+    (
+        "journal",
+        &[
+            "append without a non-empty string engagementId",
+            "limit outside 0..=10000",
+            "pure function, no endpoint",
+        ],
+    ),
+];
+
+/// Every fixture passed, and every skipped step was skipped for one of its store's reasons (a
+/// subset: a fixture folder other than the stock one may hold no step of some kind).
+fn assert_passed(store: &str, label: &str, total: usize, tally: &Tally) {
     assert!(
         tally.failures.is_empty(),
-        "{} of {total} activity fixtures failed over HTTP:\n{}",
+        "{} of {total} {label} fixtures failed over HTTP:\n{}",
         tally.failures.len(),
         tally.failures.join("\n")
     );
-    // Only the read pages with a negative limit are out of the contract's reach.
-    assert_skipped_only_for(&tally, &["limit outside 0..=10000"]);
+    assert!(tally.steps_replayed > tally.skipped_total());
+    let allowed = ALLOWED_SKIPS
+        .iter()
+        .find(|(name, _)| *name == store)
+        .map_or(&[][..], |(_, reasons)| *reasons);
+    let unexpected: Vec<_> = tally
+        .skipped
+        .keys()
+        .filter(|reason| !allowed.contains(reason))
+        .collect();
+    assert!(unexpected.is_empty(), "steps skipped for {unexpected:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_activity_fixture_passes_over_http() {
+    let (total, tally) = replay_store("activity").await;
+    assert_passed("activity", "activity", total, &tally);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_journal_fixture_passes_over_http() {
+    let (total, tally) = replay_store("journal").await;
+    assert_passed("journal", "journal", total, &tally);
 }
 
 /// The scenarios the reference records at this run (seeded random ones for both stores and the
@@ -540,60 +576,9 @@ async fn reference_recorded_scenarios_pass_over_http() {
         .await
         .unwrap()
         .unwrap_or_else(|err| panic!("{err}"));
-    for (store, allowed) in [
-        ("activity", &["limit outside 0..=10000"][..]),
-        (
-            "journal",
-            &[
-                "append without a non-empty string engagementId",
-                "limit outside 0..=10000",
-                "pure function, no endpoint",
-            ][..],
-        ),
-    ] {
+    for (store, _) in ALLOWED_SKIPS {
         let label = format!("{store} (reference-recorded)");
         let (total, tally) = replay_store_in(scratch.path(), store, &label).await;
-        assert!(
-            tally.failures.is_empty(),
-            "{} of {total} reference-recorded {store} scenarios failed over HTTP:\n{}",
-            tally.failures.len(),
-            tally.failures.join("\n")
-        );
-        assert!(tally.steps_replayed > tally.skipped_total());
-        assert_skipped_only_for(&tally, allowed);
+        assert_passed(store, &label, total, &tally);
     }
-}
-
-/// Every skipped step was skipped for one of `allowed` (the issue's reasons). A subset: a
-/// fixture folder other than the stock one (`FLIGHTLOG_CONFORMANCE_DIR`) may hold no step of
-/// some kind.
-fn assert_skipped_only_for(tally: &Tally, allowed: &[&str]) {
-    let unexpected: Vec<_> = tally
-        .skipped
-        .keys()
-        .filter(|reason| !allowed.contains(reason))
-        .collect();
-    assert!(unexpected.is_empty(), "steps skipped for {unexpected:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_journal_fixture_passes_over_http() {
-    let (total, tally) = replay_store("journal").await;
-    assert!(
-        tally.failures.is_empty(),
-        "{} of {total} journal fixtures failed over HTTP:\n{}",
-        tally.failures.len(),
-        tally.failures.join("\n")
-    );
-    assert!(tally.steps_replayed > tally.skipped_total());
-    // Only what the issue allows: the pure functions, limits outside 0..=10,000, and appends
-    // whose engagementId is not a non-empty string.
-    assert_skipped_only_for(
-        &tally,
-        &[
-            "append without a non-empty string engagementId",
-            "limit outside 0..=10000",
-            "pure function, no endpoint",
-        ],
-    );
 }
