@@ -1,16 +1,17 @@
 // Why: runs journal scenarios on the reference — InMemoryEngagementJournal and the pure functions
 // of shared/seeds/engagement-journal.ts, imported unmodified — and writes fixtures in FORMAT.md's
 // format. gen.ts and edge.ts record through recordScenario(); run as a script it is the recorder's
-// self-check (run.sh runs it first: every stock journal fixture must come back exactly) and the
-// way to turn a hand-written scenario into a fixture, e.g. to minimise a divergence.
+// command line (recorder_cli.ts): the self-check (run.sh runs it first: every stock journal
+// fixture must come back exactly) and the way to turn a hand-written scenario into a fixture.
 //   bun record.ts --check FILE.json...     re-record fixtures, compare with their own expectations
 //   bun record.ts --out DIR FILE.json...   record scenarios into DIR/<name>.json
 //
 // Emulates flightlog's one documented journal difference that fixtures pin (FORMAT.md §8): an
 // append whose `type` is not a non-empty string fails with TypeError (after the reference's own
 // validation, before the full check) and stores nothing.
-import { mkdirSync, readFileSync, realpathSync, writeFileSync } from 'node:fs';
+import { realpathSync } from 'node:fs';
 import { join } from 'node:path';
+import { recorderCli } from '../recorder_cli.ts';
 import { JournalFullError } from './contracts.ts';
 
 // The reference imports './contracts.js', which does not exist beside it: resolve that one import
@@ -100,48 +101,6 @@ export async function recordScenario(sc: Scenario): Promise<Scenario> {
   return { name: sc.name, store: 'journal', description: sc.description ?? '', setup: sc.setup ?? {}, steps };
 }
 
-// FORMAT.md §2.2: key order irrelevant, arrays ordered, numbers by value.
-function deepEqual(a: any, b: any): boolean {
-  if (Array.isArray(a) || Array.isArray(b)) {
-    return Array.isArray(a) && Array.isArray(b) && a.length === b.length && a.every((x, i) => deepEqual(x, b[i]));
-  }
-  if (a && b && typeof a === 'object' && typeof b === 'object') {
-    const ka = Object.keys(a), kb = Object.keys(b);
-    return ka.length === kb.length && ka.every((k) => Object.prototype.hasOwnProperty.call(b, k) && deepEqual(a[k], b[k]));
-  }
-  return a === b;
-}
-
 if (import.meta.main) {
-  const argv = process.argv.slice(2);
-  const check = argv[0] === '--check';
-  const out = argv[0] === '--out' ? argv[1] : undefined;
-  if (!check && !out) {
-    console.error('usage: bun record.ts --check FILE.json... | --out DIR FILE.json...');
-    process.exit(2);
-  }
-  const files = argv.slice(check ? 1 : 2);
-  if (out) mkdirSync(out, { recursive: true });
-  let fixtures = 0, steps = 0, differences = 0;
-  for (const file of files) {
-    const sc: Scenario = JSON.parse(readFileSync(file, 'utf8'));
-    if (sc.store !== 'journal') continue;
-    fixtures++;
-    const rec = await recordScenario(sc);
-    steps += rec.steps.length;
-    if (out) writeFileSync(join(out, `${rec.name}.json`), JSON.stringify(rec));
-    if (!check) continue;
-    sc.steps.forEach((s, i) => {
-      const r = rec.steps[i]!;
-      const same = s.expectError !== undefined
-        ? r.expectError === s.expectError
-        : r.expectError === undefined && deepEqual(s.expect, r.expect);
-      if (!same) {
-        differences++;
-        console.log(`${file} step ${i} (${s.op}): fixture ${JSON.stringify(s.expectError ?? s.expect).slice(0, 300)}, reference ${JSON.stringify(r.expectError ?? r.expect).slice(0, 300)}`);
-      }
-    });
-  }
-  console.log(`journal: ${fixtures} fixtures, ${steps} steps recorded${check ? `, ${differences} differences` : ''}`);
-  if (differences) process.exit(1);
+  await recorderCli('journal', recordScenario, (fixture) => JSON.stringify(fixture));
 }
