@@ -1,7 +1,8 @@
 //! The reference's conformance fixtures replayed THROUGH HTTP: each fixture on a fresh
 //! `--manual-clock` server (its own SQLite file), each op sent to its endpoint, each answer mapped
 //! back to the reference's return value and compared with the fixture's `expect` by the same
-//! JSON equality as the in-process replayers.
+//! JSON equality as the in-process replayers. The stock fixtures, and the scenarios the reference
+//! records at each run (`flightlog_conformance::reference`).
 //!
 //! Mapping: a step's `clock` (and the setup's) is a `PUT /v1/testing/clock`; the setup's `writer`
 //! (or the step's) is the `Flightlog-Writer` header; `{"ended": b}` → `b`, `{"closed": n}` → `n`,
