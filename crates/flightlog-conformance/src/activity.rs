@@ -5,6 +5,7 @@
 //! manual clock before each step that carries one, and compares every result.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 
 use flightlog_core::activity::{
@@ -135,6 +136,35 @@ pub async fn replay_activity_fixture<F>(fixture: &Fixture, make: F) -> Result<()
 where
     F: FnOnce(Arc<ManualClock>, &str) -> Result<Arc<dyn ActivityStore>, String>,
 {
+    let mut make = Some(make);
+    replay_activity_fixture_reopening(
+        fixture,
+        |clock, writer| {
+            let built = make
+                .take()
+                .map(|make| make(clock, &writer))
+                .unwrap_or_else(|| Err("the store was built twice".to_owned()));
+            std::future::ready(built)
+        },
+        None,
+    )
+    .await
+}
+
+/// [`replay_activity_fixture`] with a store built by an async `make(clock, writer)`, and, with
+/// `reopen_every: Some(n)`, built again before every n-th step (after every writer's store of
+/// the previous build was dropped): for a backend on a file, `make` closes what it opened last
+/// and opens the file anew, so a step after the reopen sees only what the file holds. The
+/// reference keeps nothing in memory between calls, so no result may change.
+pub async fn replay_activity_fixture_reopening<F, Fut>(
+    fixture: &Fixture,
+    mut make: F,
+    reopen_every: Option<usize>,
+) -> Result<(), String>
+where
+    F: FnMut(Arc<ManualClock>, String) -> Fut,
+    Fut: Future<Output = Result<Arc<dyn ActivityStore>, String>>,
+{
     let setup_clock = fixture
         .setup
         .get("clock")
@@ -147,9 +177,16 @@ where
         .unwrap_or("writer")
         .to_owned();
     let clock = Arc::new(ManualClock::new(setup_clock));
-    let default_store = make(clock.clone(), &default_writer)?;
+    let mut default_store = make(clock.clone(), default_writer.clone()).await?;
     let mut stores: HashMap<String, Arc<dyn ActivityStore>> = HashMap::new();
     for (index, step) in fixture.steps.iter().enumerate() {
+        if reopen_every.is_some_and(|every| index > 0 && index % every.max(1) == 0) {
+            stores.clear();
+            drop(default_store);
+            default_store = make(clock.clone(), default_writer.clone())
+                .await
+                .map_err(|err| format!("reopening before step {index}: {err}"))?;
+        }
         if let Some(now) = step.clock {
             clock.set(now);
         }

@@ -8,14 +8,15 @@
 //! at another folder of the same format, and then only that folder is replayed.
 
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use flightlog_conformance::activity::replay_activity_fixture;
+use flightlog_conformance::activity::{replay_activity_fixture, replay_activity_fixture_reopening};
 use flightlog_conformance::fixtures::{conformance_dir, load_fixtures};
 use flightlog_conformance::journal::replay_journal_fixture;
 use flightlog_conformance::reference::record_reference_scenarios;
 use flightlog_core::activity::ActivityStore;
 use flightlog_core::journal::{EngagementJournal, InMemoryEngagementJournal, RetentionConfig};
+use flightlog_core::ManualClock;
 use flightlog_sqlite::{
     SqliteActivityStore, SqliteConfig, SqliteDatabase, SqliteEngagementJournal,
 };
@@ -51,6 +52,46 @@ async fn activity_sqlite(dir: &std::path::Path) -> Result<(usize, Vec<String>), 
             Ok(store)
         })
         .await;
+        match outcome {
+            Ok(()) => passed += 1,
+            Err(err) => failures.push(format!("{} ({}): {err}", fixture.name, path.display())),
+        }
+    }
+    Ok((passed, failures))
+}
+
+/// How often the reopening backend closes and reopens its database file (in steps): often enough
+/// that most writes meet a fresh open within a few steps, seldom enough to keep the suite quick.
+const REOPEN_EVERY: usize = 5;
+
+/// Every activity fixture on SQLite again, the database closed and reopened every
+/// [`REOPEN_EVERY`] steps: a result that changes across a reopen came from memory the file
+/// does not back (a writer cache, a counter, a filter), which the reference does not have.
+async fn activity_sqlite_reopened(dir: &std::path::Path) -> Result<(usize, Vec<String>), String> {
+    let fixtures = load_fixtures(dir, "activity")?;
+    let scratch = tempfile::tempdir().map_err(|err| format!("temp dir: {err}"))?;
+    let mut passed = 0;
+    let mut failures = Vec::new();
+    for (index, (path, fixture)) in fixtures.iter().enumerate() {
+        let db_path = scratch.path().join(format!("reopened-{index}.db"));
+        let open: Arc<Mutex<Option<Arc<SqliteDatabase>>>> = Arc::default();
+        let make = |clock: Arc<ManualClock>, writer: String| {
+            let db_path = db_path.clone();
+            let open = Arc::clone(&open);
+            async move {
+                let previous = open.lock().map_err(|e| e.to_string())?.take();
+                if let Some(previous) = previous {
+                    previous.close().await.map_err(|e| format!("close: {e}"))?;
+                }
+                let db = SqliteDatabase::open(SqliteConfig::new(&db_path))
+                    .map_err(|e| format!("open: {e}"))?;
+                *open.lock().map_err(|e| e.to_string())? = Some(Arc::clone(&db));
+                let store: Arc<dyn ActivityStore> =
+                    Arc::new(SqliteActivityStore::with_identity(db, clock, &writer));
+                Ok(store)
+            }
+        };
+        let outcome = replay_activity_fixture_reopening(fixture, make, Some(REOPEN_EVERY)).await;
         match outcome {
             Ok(()) => passed += 1,
             Err(err) => failures.push(format!("{} ({}): {err}", fixture.name, path.display())),
@@ -113,6 +154,10 @@ async fn replay_everywhere(dir: &std::path::Path, suffix: &str) -> bool {
     let mut total = 0;
     let runs = [
         ("activity sqlite", activity_sqlite(dir).await),
+        (
+            "activity sqlite reopened",
+            activity_sqlite_reopened(dir).await,
+        ),
         ("journal memory", journal_memory(dir).await),
         ("journal sqlite", journal_sqlite(dir).await),
     ];
