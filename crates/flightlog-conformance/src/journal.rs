@@ -7,6 +7,7 @@
 //! `#[test]`, never from inside a runtime); [`replay_journal_fixtures`] is the same replay as an
 //! `async fn` for callers that already run one.
 
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -152,8 +153,36 @@ pub async fn replay_journal_fixture(
     fixture: &Fixture,
     make: JournalFactory<'_>,
 ) -> Result<(), String> {
-    let journal = make(setup_retention(&fixture.setup)?);
+    replay_journal_fixture_reopening(
+        fixture,
+        |retention| std::future::ready(Ok(make(retention))),
+        None,
+    )
+    .await
+}
+
+/// [`replay_journal_fixture`] with a journal built by an async `make(retention)`, and, with
+/// `reopen_every: Some(n)`, built again before every n-th step (after the previous one was
+/// dropped): for a backend on a file, `make` closes what it opened last and opens the file anew,
+/// so no result may come from memory the file does not back.
+pub async fn replay_journal_fixture_reopening<F, Fut>(
+    fixture: &Fixture,
+    mut make: F,
+    reopen_every: Option<usize>,
+) -> Result<(), String>
+where
+    F: FnMut(RetentionConfig) -> Fut,
+    Fut: Future<Output = Result<Arc<dyn EngagementJournal>, String>>,
+{
+    let retention = setup_retention(&fixture.setup)?;
+    let mut journal = make(retention.clone()).await?;
     for (index, step) in fixture.steps.iter().enumerate() {
+        if reopen_every.is_some_and(|every| index > 0 && index % every.max(1) == 0) {
+            drop(journal);
+            journal = make(retention.clone())
+                .await
+                .map_err(|err| format!("reopening before step {index}: {err}"))?;
+        }
         let context = |detail: String| format!("step {index} ({}): {detail}", step.op);
         let outcome = perform(journal.as_ref(), &step.op, &step.args)
             .await

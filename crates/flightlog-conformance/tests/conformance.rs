@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use flightlog_conformance::activity::{replay_activity_fixture, replay_activity_fixture_reopening};
 use flightlog_conformance::fixtures::{conformance_dir, load_fixtures};
-use flightlog_conformance::journal::replay_journal_fixture;
+use flightlog_conformance::journal::{replay_journal_fixture, replay_journal_fixture_reopening};
 use flightlog_conformance::reference::record_reference_scenarios;
 use flightlog_core::activity::ActivityStore;
 use flightlog_core::journal::{EngagementJournal, InMemoryEngagementJournal, RetentionConfig};
@@ -60,9 +60,38 @@ async fn activity_sqlite(dir: &std::path::Path) -> Result<(usize, Vec<String>), 
     Ok((passed, failures))
 }
 
-/// How often the reopening backend closes and reopens its database file (in steps): often enough
-/// that most writes meet a fresh open within a few steps, seldom enough to keep the suite quick.
+/// How often the reopening backends close and reopen their database file (in steps): often
+/// enough that most writes meet a fresh open within a few steps, seldom enough to keep the suite
+/// quick.
 const REOPEN_EVERY: usize = 5;
+
+/// One fixture's database file, opened anew by each [`Self::reopen`] after the previous opening
+/// is closed.
+#[derive(Clone)]
+struct ReopenedFile {
+    path: std::path::PathBuf,
+    open: Arc<Mutex<Option<Arc<SqliteDatabase>>>>,
+}
+
+impl ReopenedFile {
+    fn new(path: std::path::PathBuf) -> Self {
+        Self {
+            path,
+            open: Arc::default(),
+        }
+    }
+
+    async fn reopen(&self) -> Result<Arc<SqliteDatabase>, String> {
+        let previous = self.open.lock().map_err(|e| e.to_string())?.take();
+        if let Some(previous) = previous {
+            previous.close().await.map_err(|e| format!("close: {e}"))?;
+        }
+        let db = SqliteDatabase::open(SqliteConfig::new(&self.path))
+            .map_err(|e| format!("open: {e}"))?;
+        *self.open.lock().map_err(|e| e.to_string())? = Some(Arc::clone(&db));
+        Ok(db)
+    }
+}
 
 /// Every activity fixture on SQLite again, the database closed and reopened every
 /// [`REOPEN_EVERY`] steps: a result that changes across a reopen came from memory the file
@@ -73,26 +102,43 @@ async fn activity_sqlite_reopened(dir: &std::path::Path) -> Result<(usize, Vec<S
     let mut passed = 0;
     let mut failures = Vec::new();
     for (index, (path, fixture)) in fixtures.iter().enumerate() {
-        let db_path = scratch.path().join(format!("reopened-{index}.db"));
-        let open: Arc<Mutex<Option<Arc<SqliteDatabase>>>> = Arc::default();
+        let file = ReopenedFile::new(scratch.path().join(format!("reopened-{index}.db")));
         let make = |clock: Arc<ManualClock>, writer: String| {
-            let db_path = db_path.clone();
-            let open = Arc::clone(&open);
+            let file = file.clone();
             async move {
-                let previous = open.lock().map_err(|e| e.to_string())?.take();
-                if let Some(previous) = previous {
-                    previous.close().await.map_err(|e| format!("close: {e}"))?;
-                }
-                let db = SqliteDatabase::open(SqliteConfig::new(&db_path))
-                    .map_err(|e| format!("open: {e}"))?;
-                *open.lock().map_err(|e| e.to_string())? = Some(Arc::clone(&db));
+                let db = file.reopen().await?;
                 let store: Arc<dyn ActivityStore> =
                     Arc::new(SqliteActivityStore::with_identity(db, clock, &writer));
                 Ok(store)
             }
         };
-        let outcome = replay_activity_fixture_reopening(fixture, make, Some(REOPEN_EVERY)).await;
-        match outcome {
+        match replay_activity_fixture_reopening(fixture, make, Some(REOPEN_EVERY)).await {
+            Ok(()) => passed += 1,
+            Err(err) => failures.push(format!("{} ({}): {err}", fixture.name, path.display())),
+        }
+    }
+    Ok((passed, failures))
+}
+
+/// Every journal fixture on SQLite again, reopened every [`REOPEN_EVERY`] steps (see
+/// [`activity_sqlite_reopened`]).
+async fn journal_sqlite_reopened(dir: &std::path::Path) -> Result<(usize, Vec<String>), String> {
+    let fixtures = load_fixtures(dir, "journal")?;
+    let scratch = tempfile::tempdir().map_err(|err| format!("temp dir: {err}"))?;
+    let mut passed = 0;
+    let mut failures = Vec::new();
+    for (index, (path, fixture)) in fixtures.iter().enumerate() {
+        let file = ReopenedFile::new(scratch.path().join(format!("journal-reopened-{index}.db")));
+        let make = |retention: RetentionConfig| {
+            let file = file.clone();
+            async move {
+                let db = file.reopen().await?;
+                let journal: Arc<dyn EngagementJournal> =
+                    Arc::new(SqliteEngagementJournal::new(db, retention));
+                Ok(journal)
+            }
+        };
+        match replay_journal_fixture_reopening(fixture, make, Some(REOPEN_EVERY)).await {
             Ok(()) => passed += 1,
             Err(err) => failures.push(format!("{} ({}): {err}", fixture.name, path.display())),
         }
@@ -160,6 +206,10 @@ async fn replay_everywhere(dir: &std::path::Path, suffix: &str) -> bool {
         ),
         ("journal memory", journal_memory(dir).await),
         ("journal sqlite", journal_sqlite(dir).await),
+        (
+            "journal sqlite reopened",
+            journal_sqlite_reopened(dir).await,
+        ),
     ];
     for (label, outcome) in runs {
         let label = format!("{label}{suffix}");
