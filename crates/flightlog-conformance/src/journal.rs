@@ -175,11 +175,11 @@ where
     Fut: Future<Output = Result<Arc<dyn EngagementJournal>, String>>,
 {
     let retention = setup_retention(&fixture.setup)?;
-    let mut journal = make(retention.clone()).await?;
+    let mut journal = make(retention).await?;
     for (index, step) in fixture.steps.iter().enumerate() {
         if reopen_every.is_some_and(|every| index > 0 && index % every.max(1) == 0) {
             drop(journal);
-            journal = make(retention.clone())
+            journal = make(retention)
                 .await
                 .map_err(|err| format!("reopening before step {index}: {err}"))?;
         }
