@@ -7,11 +7,12 @@
 //! the reference on Bun), labelled `reference-recorded`. `FLIGHTLOG_CONFORMANCE_DIR` points it
 //! at another folder of the same format, and then only that folder is replayed.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use flightlog_conformance::activity::{replay_activity_fixture, replay_activity_fixture_reopening};
-use flightlog_conformance::fixtures::{conformance_dir, load_fixtures};
+use flightlog_conformance::fixtures::{conformance_dir, load_fixtures, Fixture};
 use flightlog_conformance::journal::{replay_journal_fixture, replay_journal_fixture_reopening};
 use flightlog_conformance::reference::record_reference_scenarios;
 use flightlog_core::activity::ActivityStore;
@@ -37,27 +38,39 @@ fn report(label: &str, passed: usize, failures: &[String]) -> bool {
     }
 }
 
-async fn activity_sqlite(dir: &std::path::Path) -> Result<(usize, Vec<String>), String> {
-    let fixtures = load_fixtures(dir, "activity")?;
+/// Each `store` fixture under `dir` replayed by `replay(fixture, a database path of its own in a
+/// scratch folder)`: how many passed, and one message per failure.
+async fn each_fixture(
+    dir: &Path,
+    store: &str,
+    mut replay: impl AsyncFnMut(&Fixture, PathBuf) -> Result<(), String>,
+) -> Result<(usize, Vec<String>), String> {
+    let fixtures = load_fixtures(dir, store)?;
     let scratch = tempfile::tempdir().map_err(|err| format!("temp dir: {err}"))?;
     let mut passed = 0;
     let mut failures = Vec::new();
     for (index, (path, fixture)) in fixtures.iter().enumerate() {
-        let db_path = scratch.path().join(format!("fixture-{index}.db"));
-        let outcome = replay_activity_fixture(fixture, |clock, writer| {
+        let db_path = scratch.path().join(format!("{store}-{index}.db"));
+        match replay(fixture, db_path).await {
+            Ok(()) => passed += 1,
+            Err(err) => failures.push(format!("{} ({}): {err}", fixture.name, path.display())),
+        }
+    }
+    Ok((passed, failures))
+}
+
+async fn activity_sqlite(dir: &Path) -> Result<(usize, Vec<String>), String> {
+    each_fixture(dir, "activity", async |fixture, db_path| {
+        replay_activity_fixture(fixture, |clock, writer| {
             let db =
                 SqliteDatabase::open(SqliteConfig::new(&db_path)).map_err(|e| e.to_string())?;
             let store: Arc<dyn ActivityStore> =
                 Arc::new(SqliteActivityStore::with_identity(db, clock, writer));
             Ok(store)
         })
-        .await;
-        match outcome {
-            Ok(()) => passed += 1,
-            Err(err) => failures.push(format!("{} ({}): {err}", fixture.name, path.display())),
-        }
-    }
-    Ok((passed, failures))
+        .await
+    })
+    .await
 }
 
 /// How often the reopening backends close and reopen their database file (in steps): often
@@ -69,12 +82,12 @@ const REOPEN_EVERY: usize = 5;
 /// is closed.
 #[derive(Clone)]
 struct ReopenedFile {
-    path: std::path::PathBuf,
+    path: PathBuf,
     open: Arc<Mutex<Option<Arc<SqliteDatabase>>>>,
 }
 
 impl ReopenedFile {
-    fn new(path: std::path::PathBuf) -> Self {
+    fn new(path: PathBuf) -> Self {
         Self {
             path,
             open: Arc::default(),
@@ -96,13 +109,9 @@ impl ReopenedFile {
 /// Every activity fixture on SQLite again, the database closed and reopened every
 /// [`REOPEN_EVERY`] steps: a result that changes across a reopen came from memory the file
 /// does not back (a writer cache, a counter, a filter), which the reference does not have.
-async fn activity_sqlite_reopened(dir: &std::path::Path) -> Result<(usize, Vec<String>), String> {
-    let fixtures = load_fixtures(dir, "activity")?;
-    let scratch = tempfile::tempdir().map_err(|err| format!("temp dir: {err}"))?;
-    let mut passed = 0;
-    let mut failures = Vec::new();
-    for (index, (path, fixture)) in fixtures.iter().enumerate() {
-        let file = ReopenedFile::new(scratch.path().join(format!("reopened-{index}.db")));
+async fn activity_sqlite_reopened(dir: &Path) -> Result<(usize, Vec<String>), String> {
+    each_fixture(dir, "activity", async |fixture, db_path| {
+        let file = ReopenedFile::new(db_path);
         let make = |clock: Arc<ManualClock>, writer: String| {
             let file = file.clone();
             async move {
@@ -112,23 +121,16 @@ async fn activity_sqlite_reopened(dir: &std::path::Path) -> Result<(usize, Vec<S
                 Ok(store)
             }
         };
-        match replay_activity_fixture_reopening(fixture, make, Some(REOPEN_EVERY)).await {
-            Ok(()) => passed += 1,
-            Err(err) => failures.push(format!("{} ({}): {err}", fixture.name, path.display())),
-        }
-    }
-    Ok((passed, failures))
+        replay_activity_fixture_reopening(fixture, make, Some(REOPEN_EVERY)).await
+    })
+    .await
 }
 
 /// Every journal fixture on SQLite again, reopened every [`REOPEN_EVERY`] steps (see
 /// [`activity_sqlite_reopened`]).
-async fn journal_sqlite_reopened(dir: &std::path::Path) -> Result<(usize, Vec<String>), String> {
-    let fixtures = load_fixtures(dir, "journal")?;
-    let scratch = tempfile::tempdir().map_err(|err| format!("temp dir: {err}"))?;
-    let mut passed = 0;
-    let mut failures = Vec::new();
-    for (index, (path, fixture)) in fixtures.iter().enumerate() {
-        let file = ReopenedFile::new(scratch.path().join(format!("journal-reopened-{index}.db")));
+async fn journal_sqlite_reopened(dir: &Path) -> Result<(usize, Vec<String>), String> {
+    each_fixture(dir, "journal", async |fixture, db_path| {
+        let file = ReopenedFile::new(db_path);
         let make = |retention: RetentionConfig| {
             let file = file.clone();
             async move {
@@ -138,64 +140,38 @@ async fn journal_sqlite_reopened(dir: &std::path::Path) -> Result<(usize, Vec<St
                 Ok(journal)
             }
         };
-        match replay_journal_fixture_reopening(fixture, make, Some(REOPEN_EVERY)).await {
-            Ok(()) => passed += 1,
-            Err(err) => failures.push(format!("{} ({}): {err}", fixture.name, path.display())),
-        }
-    }
-    Ok((passed, failures))
+        replay_journal_fixture_reopening(fixture, make, Some(REOPEN_EVERY)).await
+    })
+    .await
 }
 
-async fn journal_memory(dir: &std::path::Path) -> Result<(usize, Vec<String>), String> {
-    let fixtures = load_fixtures(dir, "journal")?;
+async fn journal_memory(dir: &Path) -> Result<(usize, Vec<String>), String> {
     let make = |retention: RetentionConfig| -> Arc<dyn EngagementJournal> {
         Arc::new(InMemoryEngagementJournal::new(retention))
     };
-    let mut passed = 0;
-    let mut failures = Vec::new();
-    for (path, fixture) in &fixtures {
-        match replay_journal_fixture(fixture, &make).await {
-            Ok(()) => passed += 1,
-            Err(err) => failures.push(format!("{} ({}): {err}", fixture.name, path.display())),
-        }
-    }
-    Ok((passed, failures))
+    each_fixture(dir, "journal", async |fixture, _| {
+        replay_journal_fixture(fixture, &make).await
+    })
+    .await
 }
 
 /// Every journal fixture on the SQLite journal, each on a fresh database file.
-async fn journal_sqlite(dir: &std::path::Path) -> Result<(usize, Vec<String>), String> {
-    let fixtures = load_fixtures(dir, "journal")?;
-    let scratch = tempfile::tempdir().map_err(|err| format!("temp dir: {err}"))?;
-    let mut passed = 0;
-    let mut failures = Vec::new();
-    for (index, (path, fixture)) in fixtures.iter().enumerate() {
-        let db_path = scratch.path().join(format!("journal-{index}.db"));
-        let db = match SqliteDatabase::open(SqliteConfig::new(&db_path)) {
-            Ok(db) => db,
-            Err(err) => {
-                failures.push(format!(
-                    "{} ({}): open: {err}",
-                    fixture.name,
-                    path.display()
-                ));
-                continue;
-            }
-        };
+async fn journal_sqlite(dir: &Path) -> Result<(usize, Vec<String>), String> {
+    each_fixture(dir, "journal", async |fixture, db_path| {
+        let db = SqliteDatabase::open(SqliteConfig::new(&db_path))
+            .map_err(|err| format!("open: {err}"))?;
         // The factory cannot fail, so the file is opened first and the factory only wraps it.
         let make = |retention: RetentionConfig| -> Arc<dyn EngagementJournal> {
             Arc::new(SqliteEngagementJournal::new(Arc::clone(&db), retention))
         };
-        match replay_journal_fixture(fixture, &make).await {
-            Ok(()) => passed += 1,
-            Err(err) => failures.push(format!("{} ({}): {err}", fixture.name, path.display())),
-        }
-    }
-    Ok((passed, failures))
+        replay_journal_fixture(fixture, &make).await
+    })
+    .await
 }
 
 /// Every fixture under `dir` on every backend, each line's label followed by `suffix`; false
 /// when any failed or there was none.
-async fn replay_everywhere(dir: &std::path::Path, suffix: &str) -> bool {
+async fn replay_everywhere(dir: &Path, suffix: &str) -> bool {
     let mut ok = true;
     let mut total = 0;
     let runs = [
