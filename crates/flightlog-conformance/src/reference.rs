@@ -25,10 +25,18 @@ pub fn reference_diff_script() -> PathBuf {
 
 /// Record the fixed set for both stores into `out` (`out/activity`, `out/journal`), with the
 /// reference on Bun (installed with npm on first use, see the script). The script first checks
-/// that its recorders reproduce every stock fixture. An error carries the script's output.
+/// that its recorders reproduce every stock fixture. The generators' `FUZZ_*` knobs are not
+/// passed on, so the set is the same whatever the caller's environment. An error carries the
+/// script's output.
 pub fn record_reference_scenarios(out: &Path) -> Result<(), String> {
     let script = reference_diff_script();
-    let output = Command::new("sh")
+    let mut command = Command::new("sh");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("FUZZ_") {
+            command.env_remove(name);
+        }
+    }
+    let output = command
         .arg(&script)
         .arg("record")
         .arg("both")
