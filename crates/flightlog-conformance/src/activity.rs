@@ -132,20 +132,13 @@ async fn perform(
 
 /// Replay one fixture on the store `make(clock, writer)` builds; `Err` describes the first
 /// mismatch.
-pub async fn replay_activity_fixture<F>(fixture: &Fixture, make: F) -> Result<(), String>
+pub async fn replay_activity_fixture<F>(fixture: &Fixture, mut make: F) -> Result<(), String>
 where
-    F: FnOnce(Arc<ManualClock>, &str) -> Result<Arc<dyn ActivityStore>, String>,
+    F: FnMut(Arc<ManualClock>, &str) -> Result<Arc<dyn ActivityStore>, String>,
 {
-    let mut make = Some(make);
     replay_activity_fixture_reopening(
         fixture,
-        |clock, writer| {
-            let built = make
-                .take()
-                .map(|make| make(clock, &writer))
-                .unwrap_or_else(|| Err("the store was built twice".to_owned()));
-            std::future::ready(built)
-        },
+        |clock, writer| std::future::ready(make(clock, &writer)),
         None,
     )
     .await
