@@ -1,0 +1,372 @@
+"""A long mixed run against one `flightlog serve`: does anything grow that should not?
+
+The benchmarks run each workload for seconds on a fresh database. This runs them together for
+minutes on one server with its scheduled maintenance on short settings, the way a long-lived
+install sees them, and samples the server every SAMPLE seconds:
+
+- activity writers (single-op, each as its own `Flightlog-Writer`): runs of a root `turn` and
+  three `tool` spans with a ~300-byte event each, ended, rolled up; one run in 50 is left open
+  with no heartbeat, for the stale sweep (`--stale-after-ms 20000`) to close as `interrupted`;
+- a batch writer: five such runs a `POST /v1/activity/batch`;
+- journal appenders: engagements opened, given ~150 mail, board, budget and tool events,
+  closed as completed and compacted, 40 alive at once; the age retention
+  (`--journal-max-age-ms 60000`) removes them a minute after their last event;
+- one live client on `/v1/activity/changes/stream` for the whole run, which must see every
+  change id once and in order with no gap (or an explicit resync event, counted);
+- one live client on an engagement's stream (appended to at ~100/s), whose seqs must be 0, 1,
+  2, ... with no gap;
+- every 15 s a short-lived stream client that connects, reads a few events and hangs up
+  (streams opened and dropped must not leak);
+- activity retention: ended runs older than 30 s are pruned (`--prune-after-ms 30000`), every
+  second (`--maintenance-every-ms 1000`).
+
+Each sample line: elapsed time, writes so far, the server's RSS and open file descriptors,
+the database and WAL file sizes, runs pruned and spans swept, engagements removed so far. At the end it prints
+whether RSS, descriptors and the files levelled off (the last third's highest value against the
+middle third's) and whether both live clients saw a gap-free sequence; it exits 1 otherwise.
+
+    python3 bench/soak.py [SECONDS=600] [SAMPLE=10]
+
+FLBIN names the server binary (default target/release/flightlog). Binds 127.0.0.1 only; stops
+by itself after SECONDS.
+"""
+import json
+import os
+import random
+import socket
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "streams"))
+import sse_client as fl  # noqa: E402
+
+SECONDS = float(sys.argv[1]) if len(sys.argv) > 1 else 600
+SAMPLE = float(sys.argv[2]) if len(sys.argv) > 2 else 10
+PAYLOAD = {"tool": "search", "query": "flight recorder " * 8, "results": ["x" * 40] * 4}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+port = free_port()
+db = os.path.join(fl.BASE, "soak.db")
+server = fl.start_server(
+    port, db,
+    "--maintenance-every-ms", "1000",
+    "--prune-after-ms", "30000",
+    "--stale-after-ms", "20000",
+    "--stuck-after-ms", "off",
+    "--journal-max-events", "100000",
+    "--journal-max-age-ms", "60000",
+)
+deadline = time.time() + SECONDS
+stop = threading.Event()
+counts = {"writes": 0, "batch_ops": 0, "appends": 0, "left_open": 0, "engagements_done": 0}
+counts_lock = threading.Lock()
+failures = []
+
+
+def count(key, n=1):
+    with counts_lock:
+        counts[key] += n
+
+
+def fail(message):
+    failures.append(message)
+    stop.set()
+
+
+def expect(status, wanted, what):
+    if status != wanted:
+        fail(f"{what}: HTTP {status}, wanted {wanted}")
+        return False
+    return True
+
+
+def activity_writer(index):
+    client = fl.Client(port)
+    writer_header = {"Flightlog-Writer": f"soak-writer-{index}"}
+    n = 0
+    while not stop.is_set():
+        run = f"w{index}-r{n}"
+        root = f"{run}-root"
+        status, _ = client.req("POST", "/v1/activity/spans", {
+            "spanId": root, "runId": run, "name": "turn", "kind": "turn", "origin": "session",
+        }, writer_header)
+        if not expect(status, 201, "start root"):
+            return
+        writes = 1
+        for t in range(3):
+            span = f"{run}-t{t}"
+            status, _ = client.req("POST", "/v1/activity/spans", {
+                "spanId": span, "runId": run, "parentSpanId": root, "name": "search",
+                "kind": "tool", "origin": "session"}, writer_header)
+            if not expect(status, 201, "start tool"):
+                return
+            status, _ = client.req("POST", f"/v1/activity/spans/{span}/events",
+                                   {"eventType": "tool_output", "payload": PAYLOAD},
+                                   writer_header)
+            if not expect(status, 201, "event"):
+                return
+            status, _ = client.req("POST", f"/v1/activity/spans/{span}/end",
+                                   {"outcome": "success"}, writer_header)
+            if not expect(status, 200, "end tool"):
+                return
+            writes += 3
+        if n % 50 == 49:
+            count("left_open")
+        else:
+            status, _ = client.req("POST", f"/v1/activity/spans/{root}/end", {
+                "outcome": "success",
+                "usage": {"inputTokens": 1200, "outputTokens": 300, "costUsd": 0.004}},
+                writer_header)
+            if not expect(status, 200, "end root"):
+                return
+            status, _ = client.req("POST", f"/v1/activity/runs/{run}/rollup", None, writer_header)
+            if not expect(status, 204, "rollup"):
+                return
+            writes += 2
+        count("writes", writes)
+        n += 1
+
+
+def batch_writer():
+    client = fl.Client(port)
+    n = 0
+    while not stop.is_set():
+        ops = []
+        runs = []
+        for _ in range(5):
+            run = f"b-r{n}"
+            runs.append(run)
+            root = f"{run}-root"
+            ops.append({"op": "startSpan", "spanId": root, "runId": run, "name": "turn",
+                        "kind": "turn", "origin": "session"})
+            for t in range(3):
+                span = f"{run}-t{t}"
+                ops.append({"op": "startSpan", "spanId": span, "runId": run,
+                            "parentSpanId": root, "name": "search", "kind": "tool",
+                            "origin": "session"})
+                ops.append({"op": "appendEvent", "spanId": span, "eventType": "tool_output",
+                            "payload": PAYLOAD})
+                ops.append({"op": "endSpan", "spanId": span, "outcome": "success"})
+            ops.append({"op": "endSpan", "spanId": root, "outcome": "success"})
+            n += 1
+        status, body = client.req("POST", "/v1/activity/batch", {"ops": ops})
+        if not expect(status, 200, "batch"):
+            return
+        refused = [r for r in body["results"] if isinstance(r, dict) and "error" in r]
+        if refused:
+            fail(f"batch op refused: {refused[:2]}")
+            return
+        for run in runs:
+            status, _ = client.req("POST", f"/v1/activity/runs/{run}/rollup")
+            if not expect(status, 204, "batch rollup"):
+                return
+        count("batch_ops", len(ops))
+
+
+def journal_appender(index):
+    """Engagements with a life: opened, ~150 mail, board, budget and tool events, closed as
+    completed, compacted (admin), then left for the age retention to remove; 20 alive at once."""
+    client = fl.Client(port)
+    rng = random.Random(index)
+    alive = {}  # engagement id -> events appended
+    born = 0
+    while not stop.is_set():
+        while len(alive) < 20:
+            engagement = f"eng-{index}-{born}"
+            born += 1
+            status, _ = client.req("POST", f"/v1/engagements/{engagement}/events", {
+                "type": "engagement_opened", "at": int(time.time() * 1000),
+                "data": {"initiator": "human:alice", "venue": "slack:#agents"}})
+            if not expect(status, 201, "open engagement"):
+                return
+            alive[engagement] = 1
+        engagement = rng.choice(list(alive))
+        n = alive[engagement]
+        now = int(time.time() * 1000)
+        if n >= 150:
+            status, _ = client.req("POST", f"/v1/engagements/{engagement}/events", {
+                "type": "engagement_closed", "at": now, "data": {"status": "completed"}})
+            if not expect(status, 201, "close engagement"):
+                return
+            status, _ = client.req("POST", f"/v1/engagements/{engagement}/compact")
+            if not expect(status, 204, "compact"):
+                return
+            del alive[engagement]
+            count("engagements_done")
+            continue
+        choice = n % 4
+        if choice == 0:
+            event = ("mail_sent", {"mailId": f"m{n}", "kind": "ask",
+                                   "from": "agent:lead", "to": f"agent:w{n % 5}"})
+        elif choice == 1:
+            event = ("board_written", {"key": f"note-{n % 30}", "content": "x" * 120,
+                                       "actor": "agent:lead"})
+        elif choice == 2:
+            event = ("budget_charged", {"amount": 0.002, "actor": f"agent:w{n % 5}"})
+        else:
+            event = ("tool_called", {"tool": "search", "actor": f"agent:w{n % 5}"})
+        status, _ = client.req("POST", f"/v1/engagements/{engagement}/events",
+                               {"type": event[0], "at": now, "data": event[1]})
+        if not expect(status, 201, "append"):
+            return
+        alive[engagement] = n + 1
+        count("appends")
+
+
+def watched_engagement_appender():
+    """Appends to one engagement at ~100/s; its stream must see seqs 1, 2, 3, ..."""
+    client = fl.Client(port)
+    while not stop.is_set():
+        status, _ = client.req("POST", "/v1/engagements/watched/events", {
+            "type": "custom_note", "at": int(time.time() * 1000), "data": {"text": "tick"}})
+        if not expect(status, 201, "watched append"):
+            return
+        count("appends")
+        time.sleep(0.01)
+
+
+live = {"changes": 0, "change_gaps": 0, "resyncs": 0, "last_change": None,
+        "journal": 0, "journal_gaps": 0, "churned": 0}
+
+
+def changes_follower(after):
+    stream = fl.SSE(port, f"/v1/activity/changes/stream?after={after}", timeout=5)
+    if stream.status != 200:
+        fail(f"changes stream: HTTP {stream.status}")
+        return
+    expected = after + 1
+    while not stop.is_set():
+        for event in stream.poll(1):
+            kind = event.get("event", "message")
+            if kind == "change":
+                change_id = int(event["id"])
+                if change_id != expected:
+                    live["change_gaps"] += 1
+                expected = change_id + 1
+                live["changes"] += 1
+                live["last_change"] = change_id
+            elif kind == "resync":
+                live["resyncs"] += 1
+        if stream.closed:
+            fail("the changes stream closed during the run")
+            return
+    stream.close()
+
+
+def journal_follower():
+    stream = fl.SSE(port, "/v1/engagements/watched/stream", timeout=5)
+    if stream.status != 200:
+        fail(f"journal stream: HTTP {stream.status}")
+        return
+    expected = 0
+    while not stop.is_set():
+        for event in stream.poll(1):
+            if event.get("event") == "journal":
+                seq = event["json"]["seq"]
+                if seq != expected:
+                    live["journal_gaps"] += 1
+                expected = seq + 1
+                live["journal"] += 1
+        if stream.closed:
+            fail("the journal stream closed during the run")
+            return
+    stream.close()
+
+
+def churner():
+    client = fl.Client(port)
+    while not stop.wait(15):
+        _, cursor = client.req("GET", "/v1/activity/cursor")
+        stream = fl.SSE(port, f"/v1/activity/changes/stream?after={max(0, cursor['changeCursor'] - 100)}",
+                        timeout=5)
+        stream.read_until(lambda s: len(s.events) >= 50, timeout=5)
+        stream.close()
+        journal = fl.SSE(port, f"/v1/engagements/watched/stream?fromSeq={live['journal']}",
+                         timeout=5)
+        journal.read_until(lambda s: len(s.events) >= 10, timeout=5)
+        journal.close()
+        live["churned"] += 1
+
+
+def file_size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def metric(client, name):
+    status, text = client.req("GET", "/metrics")
+    if status != 200:
+        return float("nan")
+    if isinstance(text, bytes):
+        text = text.decode()
+    for line in str(text).splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return float("nan")
+
+
+reader = fl.Client(port)
+_, cursor = reader.req("GET", "/v1/activity/cursor")
+threads = [threading.Thread(target=changes_follower, args=(cursor["changeCursor"],)),
+           threading.Thread(target=journal_follower)]
+threads += [threading.Thread(target=activity_writer, args=(i,)) for i in range(3)]
+threads += [threading.Thread(target=batch_writer)]
+threads += [threading.Thread(target=journal_appender, args=(i,)) for i in range(2)]
+threads += [threading.Thread(target=watched_engagement_appender), threading.Thread(target=churner)]
+for thread in threads:
+    thread.start()
+
+samples = []
+started = time.time()
+print("   s     writes  batch ops   appends  RSS MiB  fds   db MiB  wal MiB  pruned runs"
+      "  swept  engagements removed")
+while time.time() < deadline and not stop.is_set():
+    time.sleep(min(SAMPLE, max(0, deadline - time.time())))
+    rss_kib, fds = fl.rss_fds(server.pid)
+    sample = {
+        "s": round(time.time() - started),
+        "writes": counts["writes"], "batch_ops": counts["batch_ops"], "appends": counts["appends"],
+        "rss_mib": rss_kib / 1024, "fds": fds,
+        "db_mib": file_size(db) / 2**20, "wal_mib": file_size(db + "-wal") / 2**20,
+        "pruned": metric(reader, "flightlog_maintenance_runs_pruned_total"),
+        "swept": metric(reader, "flightlog_maintenance_stale_spans_closed_total"),
+        "removed": metric(reader, "flightlog_maintenance_engagements_removed_total"),
+    }
+    samples.append(sample)
+    print(f"{sample['s']:>4} {sample['writes']:>10} {sample['batch_ops']:>10} "
+          f"{sample['appends']:>9} {sample['rss_mib']:>8.1f} {fds:>4} {sample['db_mib']:>8.1f} "
+          f"{sample['wal_mib']:>8.1f} {sample['pruned']:>12.0f} {sample['swept']:>6.0f} "
+          f"{sample['removed']:>20.0f}",
+          flush=True)
+stop.set()
+for thread in threads:
+    thread.join(timeout=30)
+server.terminate()
+server.wait(timeout=30)
+
+verdict = {"seconds": round(time.time() - started), **counts, **live, "failures": failures}
+third = max(1, len(samples) // 3)
+for key in ("rss_mib", "fds", "db_mib"):
+    middle = max(s[key] for s in samples[third:2 * third] or samples)
+    last = max(s[key] for s in samples[2 * third:] or samples)
+    verdict[f"{key}_middle_third_max"] = round(middle, 1)
+    verdict[f"{key}_last_third_max"] = round(last, 1)
+    # Levelled off: the last third may exceed the middle third by at most 10% (noise, a
+    # checkpoint landing in one and not the other), not keep climbing.
+    if last > middle * 1.10 + (2 if key == "fds" else 0):
+        failures.append(f"{key} still growing: {middle:.1f} in the middle third, {last:.1f} in the last")
+if live["change_gaps"] or live["journal_gaps"]:
+    failures.append(f"gaps: {live['change_gaps']} in changes, {live['journal_gaps']} in the journal")
+if counts["left_open"] and samples and not samples[-1]["swept"] > 0:
+    failures.append("runs left open were never swept as stale")
+print(json.dumps(verdict))
+sys.exit(1 if failures else 0)
