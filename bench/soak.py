@@ -65,7 +65,8 @@ server = fl.start_server(
 )
 deadline = time.time() + SECONDS
 stop = threading.Event()
-counts = {"writes": 0, "batch_ops": 0, "appends": 0, "left_open": 0, "engagements_done": 0}
+counts = {"writes": 0, "batch_ops": 0, "spans": 0, "appends": 0, "left_open": 0,
+          "engagements_done": 0}
 counts_lock = threading.Lock()
 failures = []
 
@@ -131,6 +132,7 @@ def activity_writer(index):
                 return
             writes += 2
         count("writes", writes)
+        count("spans", 4)
         n += 1
 
 
@@ -168,6 +170,7 @@ def batch_writer():
             if not expect(status, 204, "batch rollup"):
                 return
         count("batch_ops", len(ops))
+        count("spans", 20)
 
 
 def journal_appender(index):
@@ -325,17 +328,42 @@ threads += [threading.Thread(target=watched_engagement_appender), threading.Thre
 for thread in threads:
     thread.start()
 
+def memory(pid):
+    """VmRSS, RssAnon (the heap: what a leak grows) and RssFile (mostly the database file the
+    readers map with mmap_size, which grows with the file and is the kernel's page cache), KiB."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile"):
+                fields[key] = int(value.split()[0])
+    return fields
+
+
+def table_rows(path):
+    """Rows of the tables the retention must bound, and the digest rows kept by design."""
+    import sqlite3
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return {table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+                for table in ("activity_spans", "activity_events", "activity_changes",
+                              "journal_events", "activity_run_rollups", "activity_runs")}
+    finally:
+        conn.close()
+
+
 samples = []
 started = time.time()
-print("   s     writes  batch ops   appends  RSS MiB  fds   db MiB  wal MiB  pruned runs"
-      "  swept  engagements removed")
+print("   s     writes  batch ops   appends  RSS MiB  anon MiB  fds   db MiB  wal MiB"
+      "  pruned runs  swept  engagements removed")
 while time.time() < deadline and not stop.is_set():
     time.sleep(min(SAMPLE, max(0, deadline - time.time())))
-    rss_kib, fds = fl.rss_fds(server.pid)
+    kib = memory(server.pid)
+    fds = len(os.listdir(f"/proc/{server.pid}/fd"))
     sample = {
         "s": round(time.time() - started),
         "writes": counts["writes"], "batch_ops": counts["batch_ops"], "appends": counts["appends"],
-        "rss_mib": rss_kib / 1024, "fds": fds,
+        "rss_mib": kib["VmRSS"] / 1024, "anon_mib": kib["RssAnon"] / 1024, "fds": fds,
         "db_mib": file_size(db) / 2**20, "wal_mib": file_size(db + "-wal") / 2**20,
         "pruned": metric(reader, "flightlog_maintenance_runs_pruned_total"),
         "swept": metric(reader, "flightlog_maintenance_stale_spans_closed_total"),
@@ -343,19 +371,20 @@ while time.time() < deadline and not stop.is_set():
     }
     samples.append(sample)
     print(f"{sample['s']:>4} {sample['writes']:>10} {sample['batch_ops']:>10} "
-          f"{sample['appends']:>9} {sample['rss_mib']:>8.1f} {fds:>4} {sample['db_mib']:>8.1f} "
-          f"{sample['wal_mib']:>8.1f} {sample['pruned']:>12.0f} {sample['swept']:>6.0f} "
-          f"{sample['removed']:>20.0f}",
+          f"{sample['appends']:>9} {sample['rss_mib']:>8.1f} {sample['anon_mib']:>9.1f} "
+          f"{fds:>4} {sample['db_mib']:>8.1f} {sample['wal_mib']:>8.1f} "
+          f"{sample['pruned']:>12.0f} {sample['swept']:>6.0f} {sample['removed']:>20.0f}",
           flush=True)
 stop.set()
 for thread in threads:
     thread.join(timeout=30)
 server.terminate()
 server.wait(timeout=30)
+elapsed = time.time() - started
 
-verdict = {"seconds": round(time.time() - started), **counts, **live, "failures": failures}
+verdict = {"seconds": round(elapsed), **counts, **live, "failures": failures}
 third = max(1, len(samples) // 3)
-for key in ("rss_mib", "fds", "db_mib"):
+for key in ("rss_mib", "anon_mib", "fds"):
     middle = max(s[key] for s in samples[third:2 * third] or samples)
     last = max(s[key] for s in samples[2 * third:] or samples)
     verdict[f"{key}_middle_third_max"] = round(middle, 1)
@@ -368,5 +397,28 @@ if live["change_gaps"] or live["journal_gaps"]:
     failures.append(f"gaps: {live['change_gaps']} in changes, {live['journal_gaps']} in the journal")
 if counts["left_open"] and samples and not samples[-1]["swept"] > 0:
     failures.append("runs left open were never swept as stale")
+
+# What the file holds at the end. Detail must be bounded by the retention: spans and events of
+# runs ended in the last 30 s (plus the stale sweep's 20 s for the runs left open, plus the
+# maintenance pass), the change log's newest 100,000 rows (the reference's trim), journal events
+# of engagements active in the last 60 s (the watched one is never idle). The digest of every
+# run (its rollup row and run key) is kept by design, like the reference's rollups.
+rows = table_rows(db)
+verdict["rows_at_end"] = rows
+spans_per_second = counts["spans"] / elapsed
+appends_per_second = counts["appends"] / elapsed
+bounds = {
+    "activity_spans": spans_per_second * 60,
+    "activity_events": spans_per_second * 60,
+    "activity_changes": 100_000 + (counts["writes"] + counts["batch_ops"]) / elapsed * 5,
+    "journal_events": appends_per_second * 75,
+}
+for table, bound in bounds.items():
+    if rows[table] > bound:
+        failures.append(f"{table}: {rows[table]} rows at the end, more than the retention's "
+                        f"~{bound:.0f}")
+verdict["digest_bytes_a_run"] = round(
+    (samples[-1]["db_mib"] - samples[len(samples) // 2]["db_mib"]) * 2**20
+    / max(1, samples[-1]["pruned"] - samples[len(samples) // 2]["pruned"])) if samples else None
 print(json.dumps(verdict))
 sys.exit(1 if failures else 0)
