@@ -136,7 +136,7 @@ server = fl.start_server(
     "--prune-after-ms", "30000",
     "--stale-after-ms", "20000",
     "--stuck-after-ms", "off",
-    "--journal-max-events", "100000",
+    "--journal-max-events", "1000000",
     "--journal-max-age-ms", "60000",
 )
 deadline = time.time() + SECONDS
