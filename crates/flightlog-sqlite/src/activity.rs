@@ -838,13 +838,23 @@ impl ActivityStore for SqliteActivityStore {
         // Most runs are small: theirs is a point read, and waiting for one of the long reads'
         // places behind listings made a small run's snapshot take 230 - 320 ms (p50) while
         // twenty clients listed runs. Only a run too big to tell at a glance goes apart.
-        let read = |db: &SqliteDatabase, conn: &Connection| {
-            in_read_transaction(conn, |conn| snapshot(conn, db.names(), db.codec(), run_id))
-        };
-        if self.db.read(|conn| run_is_small(conn, run_id))? {
-            return self.db.read(|conn| read(&self.db, conn));
+        // The size check and a small run's read share one reader and one read transaction.
+        let small = self.db.read(|conn| {
+            in_read_transaction(conn, |conn| {
+                if !run_is_small(conn, run_id)? {
+                    return Ok(None);
+                }
+                snapshot(conn, self.db.names(), self.db.codec(), run_id).map(Some)
+            })
+        })?;
+        if let Some(snapshot_of_small_run) = small {
+            return Ok(snapshot_of_small_run);
         }
-        self.db.read_apart(read).await
+        self.db
+            .read_apart(|db, conn| {
+                in_read_transaction(conn, |conn| snapshot(conn, db.names(), db.codec(), run_id))
+            })
+            .await
     }
 
     async fn snapshot_size_estimate(&self, run_id: &str) -> Result<u64, StoreError> {
