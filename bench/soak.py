@@ -469,17 +469,22 @@ while time.time() < deadline and not stop.is_set():
     if server.poll() is not None:
         fail(f"the server exited (status {server.returncode})")
         break
-    kib = memory(server.pid)
-    fds = len(os.listdir(f"/proc/{server.pid}/fd"))
-    sample = {
-        "s": round(time.time() - started),
-        "writes": counts["writes"], "batch_ops": counts["batch_ops"], "appends": counts["appends"],
-        "rss_mib": kib["VmRSS"] / 1024, "anon_mib": kib["RssAnon"] / 1024, "fds": fds,
-        "db_mib": file_size(db) / 2**20, "wal_mib": file_size(db + "-wal") / 2**20,
-        "pruned": metric(reader, "flightlog_maintenance_runs_pruned_total"),
-        "swept": metric(reader, "flightlog_maintenance_stale_spans_closed_total"),
-        "removed": metric(reader, "flightlog_maintenance_engagements_removed_total"),
-    }
+    try:
+        kib = memory(server.pid)
+        fds = len(os.listdir(f"/proc/{server.pid}/fd"))
+        sample = {
+            "s": round(time.time() - started),
+            "writes": counts["writes"], "batch_ops": counts["batch_ops"],
+            "appends": counts["appends"],
+            "rss_mib": kib["VmRSS"] / 1024, "anon_mib": kib["RssAnon"] / 1024, "fds": fds,
+            "db_mib": file_size(db) / 2**20, "wal_mib": file_size(db + "-wal") / 2**20,
+            "pruned": metric(reader, "flightlog_maintenance_runs_pruned_total"),
+            "swept": metric(reader, "flightlog_maintenance_stale_spans_closed_total"),
+            "removed": metric(reader, "flightlog_maintenance_engagements_removed_total"),
+        }
+    except (OSError, KeyError) as error:  # the server went away between the check and here
+        fail(f"sampling the server: {type(error).__name__}: {error}")
+        break
     samples.append(sample)
     print(f"{sample['s']:>4} {sample['writes']:>10} {sample['batch_ops']:>10} "
           f"{sample['appends']:>9} {sample['rss_mib']:>8.1f} {sample['anon_mib']:>9.1f} "
