@@ -79,13 +79,27 @@ class Client:
         if body is not None:
             lines.append("Content-Type: application/json")
         lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
-        if self.sock is None:
-            self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=60)
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.buffer = b""
-        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
-        while b"\r\n\r\n" not in self.buffer:
-            self._receive()
+        request = ("\r\n".join(lines) + "\r\n\r\n").encode() + data
+        for attempt in range(2):
+            reused = self.sock is not None
+            if self.sock is None:
+                self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=60)
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.buffer = b""
+            try:
+                self.sock.sendall(request)
+                while b"\r\n\r\n" not in self.buffer:
+                    self._receive()
+                break
+            except ConnectionError:
+                # The server closes a keep-alive connection idle for 30 s (its head timeout);
+                # a request sent on it as it closes gets no answer and was not handled. Sent
+                # again once on a new connection, as HTTP clients do; anything else is raised.
+                no_answer = not self.buffer
+                self.sock.close()
+                self.sock = None
+                if not (reused and no_answer and attempt == 0):
+                    raise
         head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
         head_lines = head.decode("latin-1").split("\r\n")
         status = int(head_lines[0].split()[1])
