@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark loop behind the status table of BENCHMARKS.md: SETS sets, each one run of the
 # machine probe, `activity_workload`, `journal_workload --only-sqlite --repeat 3`,
-# `flightlog-loadgen http` and `flightlog-loadgen otlp`, PAUSE seconds apart. The machine is a
+# `flightlog-loadgen http`, the same single-op phase against the reference store served by Bun
+# (bench/reference_http), and `flightlog-loadgen otlp`, PAUSE seconds apart. The machine is a
 # shared VM whose speed swings by half within minutes, so a set's probe line says which phase
 # it ran in. Each benchmark's whole output goes to LOG_DIR (default bench-logs/<commit>-<time>);
 # stdout gets one summary line per set with the figures the status table takes.
@@ -34,6 +35,11 @@ for set in $(seq 1 "$sets"); do
   sleep "$pause"
   "$loadgen" --server "$server" http >"$prefix-http.log" 2>"$prefix-http.err" || true
   sleep "$pause"
+  # The reference store served by Bun, single-op only, right after flightlog's: the two figures
+  # share the machine's phase (see bench/side_by_side.sh; "?" when there is no Bun).
+  "$loadgen" --server bench/reference_http/flightlog-reference http --phases single --runs 1000 \
+    >"$prefix-reference.log" 2>"$prefix-reference.err" || true
+  sleep "$pause"
   "$loadgen" --server "$server" otlp >"$prefix-otlp.log" 2>"$prefix-otlp.err" || true
   sleep "$pause"
   python3 - "$prefix" "$set" "$stamp" <<'PY'
@@ -59,6 +65,7 @@ fields = [
     ("journal sqlite appends/s", find(r"one runtime thread, durability normal: best (\d+)", "journal")),
     ("1,000-event summary p50", find(r"from the file \(200 calls\): p50 ([\d.]+ ms)", "journal")),
     ("single-op", str(rate(http, "single-op"))),
+    ("reference single-op", str(rate(last_json("reference").get("phases", {}), "single-op") or "?")),
     ("batch-27", str(rate(http, "batch-27ops"))),
     ("batch-216", str(rate(http, "batch-216ops"))),
     ("stream p99", find(r"stream p99 delivered - acknowledged at \d+ writes/s +([\d.]+ ms)", "http")),
@@ -66,6 +73,8 @@ fields = [
     ("otlp spans/s", find(r"end to end: .* = (\d+) spans/s", "otlp")),
     ("otlp RSS", find(r"VmHWM ([\d.]+ MiB)", "otlp")),
 ]
+reference = rate(last_json("reference").get("phases", {}), "single-op")
+fields.insert(7, ("ratio", f"{rate(http, 'single-op') / reference:.2f}x" if reference else "?"))
 print(f"set {number} {stamp} | " + " | ".join(f"{name} {value}" for name, value in fields))
 PY
 done
