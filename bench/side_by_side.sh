@@ -22,8 +22,8 @@ mkdir -p "$log_dir"
 cargo build --release -q -p flightlog -p flightlog-loadgen
 loadgen=target/release/flightlog-loadgen
 
-measure() { # NAME BINARY RUNS LOG
-  "$loadgen" --server "$2" http --phases single --runs "$3" >"$4" 2>"$4.err" || true
+measure() { # BINARY RUNS LOG
+  "$loadgen" --server "$1" http --phases single --runs "$2" >"$3" 2>"$3.err" || true
 }
 
 for round in $(seq 1 "$rounds"); do
@@ -31,13 +31,13 @@ for round in $(seq 1 "$rounds"); do
   stamp=$(date -u +%H:%M:%S)
   "$loadgen" machine >"$prefix-machine.log" 2>&1
   if [ $((round % 2)) -eq 1 ]; then
-    measure flightlog "$server" "$fl_runs" "$prefix-flightlog.log"
+    measure "$server" "$fl_runs" "$prefix-flightlog.log"
     sleep 2
-    measure reference "$reference" "$ref_runs" "$prefix-reference.log"
+    measure "$reference" "$ref_runs" "$prefix-reference.log"
   else
-    measure reference "$reference" "$ref_runs" "$prefix-reference.log"
+    measure "$reference" "$ref_runs" "$prefix-reference.log"
     sleep 2
-    measure flightlog "$server" "$fl_runs" "$prefix-flightlog.log"
+    measure "$server" "$fl_runs" "$prefix-flightlog.log"
   fi
   python3 - "$prefix" "$round" "$stamp" <<'PY'
 import json, re, sys
