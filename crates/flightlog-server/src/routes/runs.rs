@@ -47,9 +47,10 @@ pub(crate) struct RunsQuery {
     #[param(minimum = 0, maximum = 10_000)]
     limit: Option<i64>,
     /// The `next` of the previous page, URL-encoded (it holds the run id as written): a start
-    /// time in ms, `:`, a run id.
+    /// time in ms, `:`, a run id (empty for a run the library wrote with an empty id: the
+    /// store pages past any run it holds).
     #[serde(default)]
-    #[param(pattern = r"^[+-]?[0-9]{1,19}:.+$")]
+    #[param(pattern = r"^[+-]?[0-9]{1,19}:.*$")]
     before: Option<String>,
 }
 
