@@ -315,8 +315,9 @@ pub(crate) fn fails_cleanly(err: &StoreError) -> bool {
 /// [`GroupCommitWriter::apply_group`]), answered after the group committed.
 trait WriteJob: Send {
     fn apply(&mut self, ctx: &mut WriteContext<'_>) -> Applied;
-    /// Deliver the outcome; `commit` is the fate of the whole group.
-    fn finish(self: Box<Self>, commit: Result<(), StoreError>);
+    /// Deliver the outcome; `commit` is the fate of the whole group. A "damaged file" error is
+    /// first put to `disk` (see [`DiskFailure::explain`]).
+    fn finish(self: Box<Self>, commit: Result<(), StoreError>, disk: &DiskFailure);
     /// Whether its change rows may be held back with those of the jobs around it (see
     /// [`SqliteDatabase::write_deferring_changes`]).
     fn defers_changes(&self) -> bool;
@@ -352,7 +353,7 @@ where
         self.defers_changes
     }
 
-    fn finish(self: Box<Self>, commit: Result<(), StoreError>) {
+    fn finish(self: Box<Self>, commit: Result<(), StoreError>, disk: &DiskFailure) {
         let TypedJob {
             work,
             outcome,
@@ -374,6 +375,7 @@ where
             (Err(_), Some(Err(own))) => Err(own),
             (Err(commit_err), _) => Err(commit_err),
         };
+        let answer = answer.map_err(|err| disk.explain(err));
         // The caller may have stopped waiting; the write's fate is already settled either way.
         let _ = reply.send(answer);
     }
@@ -972,7 +974,7 @@ impl SqliteDatabase {
         let (nudge, nudges) = std::sync::mpsc::sync_channel::<()>(1);
         let rewind_wanted = Arc::new(AtomicBool::new(false));
         let rewinding = Arc::new(AtomicBool::new(false));
-        let disk_failure = Arc::new(DiskFailure::default());
+        let disk_failure = Arc::new(DiskFailure::new(&config.path));
         let opened_files = Arc::new(OpenedFiles::new(&config.path));
         let watcher = CommitWatcher {
             conn: open_reader(&config.path, config.busy_timeout)?,
@@ -1479,7 +1481,7 @@ impl SqliteDatabase {
         work: impl FnOnce(&Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let conn = self.readers.take()?;
-        let result = work(&conn);
+        let result = work(&conn).map_err(|err| self.disk_failure.explain(err));
         // A connection left inside a transaction by a failed read must not be reused.
         if conn.is_autocommit() {
             self.readers.give_back(conn);
@@ -2081,26 +2083,63 @@ impl OpenedFiles {
 /// made read-only after one): `/healthz` then says so, until a group commits again. Writes
 /// failing that way while `/healthz` said ok kept a supervisor from restarting a server whose
 /// every write failed (an audit's finding).
-#[derive(Default)]
+///
+/// It also asks the disk before a "damaged file" error is reported (see [`crate::disk_probe`]):
+/// a failing file system makes SQLite report `SQLITE_CORRUPT`, and such an error becomes the
+/// disk's, for the write or read that got it and for `/healthz`.
 struct DiskFailure {
     failed: AtomicBool,
     why: Mutex<String>,
+    /// The database file, whose file system is asked.
+    path: PathBuf,
+    /// The last answer of the disk and when it was given: a failing disk fails every request,
+    /// and each would ask.
+    last_probe: Mutex<Option<(Instant, Option<String>)>>,
+    /// Set when a "damaged" error of the group being finished turned out to be the disk's.
+    found_in_group: AtomicBool,
 }
 
+/// SQLite's own words in a [`StoreError::Corrupt`] detail ("database disk image is malformed"),
+/// without the advice to restore the file that follows them.
+fn sqlite_words(detail: &str) -> &str {
+    detail
+        .split_once('(')
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .map_or(detail, |(words, _)| words)
+}
+
+/// How long one answer of the disk is reused (see [`DiskFailure::explain`]).
+const DISK_PROBE_REUSE: Duration = Duration::from_secs(1);
+
 impl DiskFailure {
+    fn new(path: &Path) -> Self {
+        Self {
+            failed: AtomicBool::new(false),
+            why: Mutex::new(String::new()),
+            path: path.to_owned(),
+            last_probe: Mutex::new(None),
+            found_in_group: AtomicBool::new(false),
+        }
+    }
+
     fn after_group(&self, outcome: &Result<(), StoreError>) {
+        let found = self.found_in_group.swap(false, Ordering::AcqRel);
         match outcome {
-            Err(StoreError::DiskFailed(why)) => {
-                if let Ok(mut held) = self.why.lock() {
-                    why.clone_into(&mut held);
-                }
-                self.failed.store(true, Ordering::Release);
-            }
-            Ok(()) if self.failed.load(Ordering::Acquire) => {
+            Err(StoreError::DiskFailed(why)) => self.mark(why),
+            // A group that committed clears the failure, unless one of its own writes found
+            // the disk failing (a group whose every write failed commits nothing, and succeeds).
+            Ok(()) if self.failed.load(Ordering::Acquire) && !found => {
                 self.failed.store(false, Ordering::Release);
             }
             _ => {}
         }
+    }
+
+    fn mark(&self, why: &str) {
+        if let Ok(mut held) = self.why.lock() {
+            why.clone_into(&mut held);
+        }
+        self.failed.store(true, Ordering::Release);
     }
 
     fn check(&self) -> Result<(), StoreError> {
@@ -2109,6 +2148,48 @@ impl DiskFailure {
         }
         let why = self.why.lock().map(|why| why.clone()).unwrap_or_default();
         Err(StoreError::DiskFailed(why))
+    }
+
+    /// `err`, unless it says the file is damaged (or the disk full) while the disk fails: then the
+    /// disk's failure, which `/healthz` reports too. Every other error passes untouched, without
+    /// a look at the disk.
+    fn explain(&self, err: StoreError) -> StoreError {
+        let why = match &err {
+            StoreError::Corrupt(detail) => match self.probe() {
+                Some(trouble) => format!(
+                    "{trouble}; SQLite reports the file damaged ({}), as a failing disk makes it \
+                     do: do not restore the file before the disk is checked",
+                    sqlite_words(detail)
+                ),
+                None => return err,
+            },
+            // A write that fails on a dead file system may come back as "disk full" too (the
+            // first one did, under the audit's shut-down file system); a disk that is only full
+            // reads and writes a small file, and stays full.
+            StoreError::StorageFull(_) => match self.probe() {
+                Some(trouble) => trouble,
+                None => return err,
+            },
+            _ => return err,
+        };
+        self.mark(&why);
+        self.found_in_group.store(true, Ordering::Release);
+        StoreError::DiskFailed(why)
+    }
+
+    /// The disk's answer, asked at most once per [`DISK_PROBE_REUSE`].
+    fn probe(&self) -> Option<String> {
+        let Ok(mut last) = self.last_probe.lock() else {
+            return crate::disk_probe::file_system_trouble(&self.path);
+        };
+        if let Some((asked, answer)) = last.as_ref() {
+            if asked.elapsed() < DISK_PROBE_REUSE {
+                return answer.clone();
+            }
+        }
+        let answer = crate::disk_probe::file_system_trouble(&self.path);
+        *last = Some((Instant::now(), answer.clone()));
+        answer
     }
 }
 
@@ -2318,8 +2399,9 @@ impl GroupCommitWriter {
     }
 
     fn commit_group(&mut self, group: &mut Vec<QueuedJob>) {
-        let outcome = self.apply_group(group);
-        self.disk_failure.after_group(&outcome);
+        let outcome = self
+            .apply_group(group)
+            .map_err(|err| self.disk_failure.explain(err));
         if outcome.is_err() {
             if !self.conn.is_autocommit() {
                 let _ = self.conn.execute_batch("ROLLBACK");
@@ -2332,8 +2414,9 @@ impl GroupCommitWriter {
                 Ok(()) => Ok(()),
                 Err(err) => Err(err.clone()),
             };
-            job.finish(commit);
+            job.finish(commit, &self.disk_failure);
         }
+        self.disk_failure.after_group(&outcome);
     }
 
     /// Begin the group's transaction and drop cached state if another connection wrote since
@@ -2530,7 +2613,7 @@ mod tests {
     /// commits again; other failures leave it as it was.
     #[test]
     fn a_disk_failure_is_told_until_a_group_commits() {
-        let failure = DiskFailure::default();
+        let failure = DiskFailure::new(Path::new("/nonexistent/flightlog.db"));
         assert!(failure.check().is_ok());
         failure.after_group(&Err(StoreError::DiskFailed("disk I/O error".into())));
         let told = failure.check().expect_err("told");
@@ -2541,6 +2624,51 @@ mod tests {
             "still failed: nothing committed since"
         );
         failure.after_group(&Ok(()));
+        assert!(failure.check().is_ok());
+    }
+
+    /// SQLite's "damaged file" on a disk that fails reads (`/proc/self/mem` at offset 0 fails
+    /// with `EIO`, as a shut-down file system's reads do) is the disk's failure: the answer
+    /// says so, and the health check too, also past a group that committed nothing but the
+    /// failed writes (a group whose every write failed succeeds); the next clean group clears it.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_damaged_file_on_a_failing_disk_is_the_disks_failure() {
+        let failure = DiskFailure::new(Path::new("/proc/self/mem"));
+        let explained = failure.explain(StoreError::Corrupt(
+            "database disk image is malformed".into(),
+        ));
+        let StoreError::DiskFailed(why) = &explained else {
+            panic!("not the disk's: {explained:?}");
+        };
+        assert!(why.contains("reading /proc/self/mem fails"), "{why}");
+        assert!(why.contains("database disk image is malformed"), "{why}");
+        assert!(failure.check().is_err(), "the health check says so");
+        failure.after_group(&Ok(()));
+        assert!(
+            failure.check().is_err(),
+            "the group's own writes found the disk failing"
+        );
+        failure.after_group(&Ok(()));
+        assert!(failure.check().is_ok(), "a clean group clears it");
+        // "Full" on a failing disk is the disk's failure too; other errors pass untouched.
+        let full = failure.explain(StoreError::StorageFull("database or disk is full".into()));
+        assert!(matches!(full, StoreError::DiskFailed(_)), "{full:?}");
+        let busy = failure.explain(StoreError::Busy("locked".into()));
+        assert!(matches!(busy, StoreError::Busy(_)), "{busy:?}");
+    }
+
+    /// On a disk that answers, a damaged file is reported as damaged.
+    #[test]
+    fn a_damaged_file_on_a_disk_that_answers_stays_damaged() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("x.db");
+        std::fs::write(&path, b"not a database").expect("write");
+        let failure = DiskFailure::new(&path);
+        let explained = failure.explain(StoreError::Corrupt("malformed".into()));
+        assert!(matches!(explained, StoreError::Corrupt(_)), "{explained:?}");
+        let full = failure.explain(StoreError::StorageFull("full".into()));
+        assert!(matches!(full, StoreError::StorageFull(_)), "{full:?}");
         assert!(failure.check().is_ok());
     }
 

@@ -12,6 +12,7 @@ mod activity_import;
 mod activity_listing;
 mod activity_write;
 mod database;
+mod disk_probe;
 mod error;
 mod journal;
 mod lock_turns;
