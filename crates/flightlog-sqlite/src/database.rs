@@ -2095,7 +2095,9 @@ struct DiskFailure {
     /// The last answer of the disk and when it was given: a failing disk fails every request,
     /// and each would ask.
     last_probe: Mutex<Option<(Instant, Option<String>)>>,
-    /// Set when a "damaged" error of the group being finished turned out to be the disk's.
+    /// Set when an error was found to be the disk's since the last group was finished (by a
+    /// write of the group, or by a read meanwhile): that group's success then does not clear
+    /// the failure.
     found_in_group: AtomicBool,
 }
 
