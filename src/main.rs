@@ -117,10 +117,10 @@ struct ServeArgs {
         verbatim_doc_comment
     )]
     response_budget: Option<String>,
-    /// Memory for request bodies from before they are read until they are answered, in bytes
-    /// or with KiB/MiB/GiB (counted in 4 KiB units, at least one; at most 1024GiB); a body that
-    /// does not fit waits up to 0.5 s for room, then gets 503 with Retry-After (over gRPC,
-    /// UNAVAILABLE). One larger than this is handled alone.
+    /// Memory for request bodies over 64 KiB from before they are read until they are
+    /// answered, in bytes or with KiB/MiB/GiB (counted in 4 KiB units, at least one; at most
+    /// 1024GiB); a body that does not fit waits up to 0.5 s for room, then gets 503 with
+    /// Retry-After (over gRPC, UNAVAILABLE). One larger than this is handled alone.
     /// [env: FLIGHTLOG_REQUEST_BUDGET] [file: request_budget] [default: 64MiB]
     #[arg(
         long,
@@ -130,7 +130,8 @@ struct ServeArgs {
     )]
     request_budget: Option<String>,
     /// Write requests handled at once; one more waits up to 100 ms for a slot, then gets 503
-    /// with Retry-After (never an unbounded queue).
+    /// with Retry-After (never an unbounded queue). A write takes its slot once its body has
+    /// arrived; bodies of at most 64 KiB being read share a budget of 64 KiB per slot.
     /// [env: FLIGHTLOG_MAX_INFLIGHT_WRITES] [file: max_inflight_writes] [default: 4096]
     #[arg(
         long,

@@ -895,17 +895,19 @@ fn sigterm_stops_the_server_with_a_stream_client_that_never_reads() {
     stopped.unwrap();
 }
 
-/// A write whose body stalls after its head: the body is read with the request's write slot
-/// held, with no time limit, so a client could hold a slot for as long as it liked, and the
-/// write limit's worth of such connections (4,096 by default) refused every write with 503.
-/// Now a body with nothing new for 10 s is answered `408 request_timeout` (and the connection
-/// closed), and its slot goes back.
+/// A write whose body stalls after its head. The body was read with the request's write slot
+/// held, so the write limit's worth of such connections (4,096 by default) refused every write
+/// with 503: at first for as long as the client liked, then, with a body given 10 s between
+/// bytes and 60 s in all, for up to a minute at a time (a durability audit's finding). Now a
+/// write takes its slot only once its body is here: while three bodies stall under a limit of
+/// two, writes are answered at once; each stalled body is answered `408 request_timeout` after
+/// 10 s with nothing new, and its connection closed.
 #[test]
-fn a_stalled_write_body_gives_its_write_slot_back() {
+fn stalled_write_bodies_hold_no_write_slot() {
     let mut server =
         Server::start_with("defect-stalled-body", None, &["--max-inflight-writes", "2"]);
     let append = json!({"type": "note", "at": 1, "data": {}});
-    let stalled: Vec<TcpStream> = (0..2)
+    let stalled: Vec<TcpStream> = (0..3)
         .map(|_| {
             let mut stream = connect(server.addr).unwrap();
             stream
@@ -918,18 +920,24 @@ fn a_stalled_write_body_gives_its_write_slot_back() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(500));
-    let (held, body) = request(
-        server.addr,
-        "POST",
-        "/v1/engagements/e/events",
-        Some(&append),
-    )
-    .expect("a write while both slots are held");
-    server.say(format!("a write while two bodies stall: {held} {body}"));
-    assert_eq!(
-        held, 503,
-        "both slots are held by the stalled bodies: {body}"
-    );
+    let mut took = Vec::new();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let (status, body) = request(
+            server.addr,
+            "POST",
+            "/v1/engagements/e/events",
+            Some(&append),
+        )
+        .expect("a write while three bodies stall");
+        took.push(started.elapsed());
+        assert_eq!(status, 201, "the stalled bodies hold no slot: {body}");
+    }
+    server.say(format!(
+        "writes while three bodies stall took at most {:?}",
+        max(&took)
+    ));
+    assert!(max(&took) < PROMPT, "{took:?}");
     let started = Instant::now();
     for mut stream in stalled {
         stream
@@ -945,13 +953,101 @@ fn a_stalled_write_body_gives_its_write_slot_back() {
         assert_eq!(status_of(&text), Some(408), "{text}");
         assert!(text.contains("\"request_timeout\""), "{text}");
     }
+    let (status, body) = request(server.addr, "GET", "/v1/engagements/e/events", None)
+        .expect("the events read back");
+    let events: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(events.as_array().map(Vec::len), Some(3), "{status} {body}");
+    server.stop().unwrap();
+}
+
+/// What a server's `/metrics` says of one sample (the first line naming it, without labels).
+fn metric(addr: SocketAddr, name: &str) -> Option<f64> {
+    let (_, text) = request(addr, "GET", "/metrics", None).ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// With write slots taken only once a body is here, small bodies being read are bounded by a
+/// budget of their own: what has arrived of them, 64 KiB a write slot (so 64 KiB here, with a
+/// limit of one). A body that does not fit in what is left waits 0.5 s, then gets `503` with
+/// `Retry-After` before anything of it is stored; a smaller one fits; the held body then
+/// completes and is stored, and what it held goes back.
+#[test]
+fn small_bodies_in_flight_hold_what_has_arrived_of_a_budget() {
+    let mut server = Server::start_with("small-body-budget", None, &["--max-inflight-writes", "1"]);
+    let addr = server.addr;
+    let big = json!({"type": "note", "at": 1, "data": {"pad": "x".repeat(60_000)}}).to_string();
+    let mut held = connect(addr).unwrap();
+    let head = format!(
+        "POST /v1/engagements/held/events HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        big.len()
+    );
+    held.write_all(head.as_bytes()).unwrap();
+    held.write_all(&big.as_bytes()[..50_000]).unwrap();
+    let mut waited = 0;
+    while metric(addr, "flightlog_http_small_body_budget_held_bytes") < Some(50_000.0) {
+        waited += 1;
+        assert!(waited < 100, "the held body's bytes were never counted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        metric(addr, "flightlog_http_small_body_budget_bytes"),
+        Some(65_536.0)
+    );
+
+    let too_many = json!({"type": "note", "at": 2, "data": {"pad": "y".repeat(20_000)}});
+    let started = Instant::now();
     let (status, body) = request(
-        server.addr,
+        addr,
         "POST",
-        "/v1/engagements/e/events",
-        Some(&append),
+        "/v1/engagements/refused/events",
+        Some(&too_many),
     )
-    .expect("a write once the stalled bodies are gone");
-    assert_eq!(status, 201, "{body}");
+    .unwrap();
+    server.say(format!(
+        "a 20 KB body beside 50 KB held: {status} after {:?}: {body:.200}",
+        started.elapsed()
+    ));
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("\"unavailable\""), "{body}");
+    assert!(body.contains("--max-inflight-writes"), "{body}");
+
+    let small = json!({"type": "note", "at": 3, "data": {}});
+    let (status, body) =
+        request(addr, "POST", "/v1/engagements/small/events", Some(&small)).unwrap();
+    assert_eq!(status, 201, "a small body fits beside the held one: {body}");
+
+    held.write_all(&big.as_bytes()[50_000..]).unwrap();
+    let mut answer = Vec::new();
+    held.read_to_end(&mut answer).unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    assert_eq!(status_of(&text), Some(201), "{text:.300}");
+    assert_eq!(
+        metric(addr, "flightlog_http_small_body_budget_held_bytes"),
+        Some(0.0)
+    );
+    let (status, body) = request(
+        addr,
+        "POST",
+        "/v1/engagements/refused/events",
+        Some(&too_many),
+    )
+    .unwrap();
+    assert_eq!(
+        status, 201,
+        "it fits once the held body is answered: {body}"
+    );
+    for (engagement, count) in [("held", 1), ("refused", 1), ("small", 1)] {
+        let (_, body) = request(
+            addr,
+            "GET",
+            &format!("/v1/engagements/{engagement}/events"),
+            None,
+        )
+        .unwrap();
+        let events: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(events.as_array().map(Vec::len), Some(count), "{body:.200}");
+    }
     server.stop().unwrap();
 }

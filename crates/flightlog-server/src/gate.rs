@@ -1,11 +1,12 @@
 //! The one middleware every request passes through: it counts the request for `/metrics`,
 //! checks its token, refuses a request that names its body's type twice and a body declared
-//! larger than the limit, takes a write slot for a write, reads the body (a write's whole,
-//! refusing one of no declared length past the limit; any other is read and dropped), runs the
-//! route, and gives a body-limit refusal the contract's error body (the OTLP one on the
-//! protobuf trace route) — in that order, so every answer (the gate's own refusals included) is
-//! counted, a request is authenticated before it takes a write slot, and it takes its slot
-//! before its body is read. No answer leaves a body unread: the gate's refusals drain it (a
+//! larger than the limit, reads the body (a write's whole, under the budgets of bodies in
+//! flight, refusing one of no declared length past the limit; any other is read and dropped),
+//! takes a write slot for a write, runs the route, and gives a body-limit refusal the
+//! contract's error body (the OTLP one on the protobuf trace route) — in that order, so every
+//! answer (the gate's own refusals included) is counted, a request is authenticated before it
+//! holds anything, and a write takes its slot only once its body is here (a slow body holds
+//! no slot; see `overload`). No answer leaves a body unread: the gate's refusals drain it (a
 //! bounded part of it) first, so the client reads the answer rather than a reset connection,
 //! and a route gets the body already read, so its early answers (404, 405, 415) leave the
 //! connection usable for the client's next request.
@@ -43,11 +44,11 @@ const DRAIN_LIMITS: u64 = 4;
 const DRAIN_TIME: Duration = Duration::from_secs(10);
 /// The longest a write's body may go without a byte arriving while the gate reads it.
 pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The longest a write's body may take in all. The body is read with the request's write slot
-/// held (so the write limit bounds the bodies buffered), so without these two a client that
-/// sent a write's head and then stalled, or trickled its body, held a slot for as long as it
-/// liked: the write limit's worth of such connections (4,096 by default) refused every write
-/// with 503 until they went away. At the default 8 MiB limit this still allows 140 KiB/s.
+/// The longest a write's body may take in all. Without these two a client that sent a write's
+/// head and then stalled, or trickled its body, kept its connection, and what arrived of its
+/// body held in the budgets of bodies in flight (see `request_budget`; a large body holds its
+/// declared length), for as long as it liked. At the default 8 MiB limit this still allows
+/// 140 KiB/s.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The middleware (installed by [`crate::app`] with `from_fn_with_state`).
@@ -113,29 +114,24 @@ async fn admit_and_run(
         .await;
     }
     let method = request.method().clone();
-    let slot = match overload::take_write_slot(state, &method, route.is_some()).await {
-        Ok(slot) => slot,
-        Err(refusal) => {
-            return answer_after_draining(request, waits_to_send, limit, refuse(refusal)).await
-        }
-    };
     // Every body is read here, before the route runs. A route may answer without reading the
     // body (a 404, 405 or 415, a bad id in the path); hyper then reads on only what has already
     // arrived and closes the connection after the answer, which says nothing of it: a
     // keep-alive client sent its next request on that connection and got no answer at all
     // (found by the fuzz test, one request in a few thousand, when a body arrived a moment
-    // after its head). A write's body is kept for the route, read with the slot held so that
-    // the write limit also bounds the bodies buffered here; any other body (a read's, or one
-    // sent where no route is) is read and dropped, never held.
+    // after its head). A write's body is kept for the route, read under the budgets of bodies
+    // in flight (see `request_budget`) and before the write takes its slot (see `overload`: a
+    // slow body must not hold a slot); any other body (a read's, or one sent where no route
+    // is) is read and dropped, never held.
     let has_body = declared.is_some_and(|length| length > 0) || streams_its_body(&request);
-    // What the body holds of the budget of bodies in flight (see `request_budget`), until the
-    // answer: a declared length all of it before the body is read.
+    // What the body holds of the budgets of bodies in flight, until the answer: a large
+    // declared length all of it before the body is read, anything else what has arrived.
     let mut hold = state.request_budget().hold();
-    let request = match (has_body, &slot) {
+    let request = match (has_body, overload::is_write(&method, route.is_some())) {
         (false, _) => request,
-        (true, Some(_)) => {
+        (true, true) => {
             let declared = declared.map_or(0, |length| usize::try_from(length).unwrap_or(limit));
-            if let Err(refusal) = hold.cover(declared).await {
+            if let Err(refusal) = hold.cover_declared(declared).await {
                 return answer_after_draining(request, waits_to_send, limit, refuse(refusal)).await;
             }
             match read_whole(request, limit, &mut hold).await {
@@ -166,11 +162,16 @@ async fn admit_and_run(
                 }
             }
         }
-        (true, None) => {
+        (true, false) => {
             let (parts, body) = request.into_parts();
             drain(body, limit).await;
             Request::from_parts(parts, Body::empty())
         }
+    };
+    // The body is all here (or there is none): nothing is left to drain after a refusal.
+    let slot = match overload::take_write_slot(state, &method, route.is_some()).await {
+        Ok(slot) => slot,
+        Err(refusal) => return refuse(refusal),
     };
     let response = next.run(request).await;
     drop(hold);

@@ -118,17 +118,18 @@ struct GrpcGate {
 /// HTTP listener, as an OTLP/HTTP export does, and is refused `UNAVAILABLE` (the exporter backs
 /// off and retries) when none is free within the write wait. Without it a flood of gRPC exports
 /// bypassed the limit, each holding its decoded batch in memory while waiting for the store.
-/// With the slot held the request is read whole under the HTTP gate's rules (10 s allowed
-/// between bytes, 60 s in all), so a stalled call gives its slot back (`DEADLINE_EXCEEDED`)
-/// instead of holding it as long as the peer answers pings.
+/// As over HTTP, the message is read whole first, under the budgets of bodies in flight and
+/// the HTTP gate's rules (10 s allowed between bytes, 60 s in all, then `DEADLINE_EXCEEDED`),
+/// and the slot is taken only once it is here, so a slow peer holds no slot while its message
+/// trickles in.
 ///
 /// The token is checked first, from the call's headers (its metadata), as the HTTP gate checks
-/// it before anything else: a peer without a valid token must not hold a write slot (shared
-/// with the HTTP listener) for as long as its body takes to arrive.
+/// it before anything else: a peer without a valid token must not hold any of the budget of
+/// bodies in flight (shared with the HTTP listener) for as long as its body takes to arrive.
 ///
-/// The caller's deadline (`grpc-timeout`) bounds the wait for the slot, the body and the
-/// export: past it the call ends `DEADLINE_EXCEEDED` and gives its slot back (an import already
-/// handed to the writer still commits; the exporter's retry of it is idempotent).
+/// The caller's deadline (`grpc-timeout`) bounds the body, the wait for the slot and the
+/// export: past it the call ends `DEADLINE_EXCEEDED` and gives back what it holds (an import
+/// already handed to the writer still commits; the exporter's retry of it is idempotent).
 async fn write_slot(
     axum::extract::State(gate): axum::extract::State<GrpcGate>,
     request: axum::extract::Request,
@@ -165,17 +166,13 @@ fn refuse(status: Status) -> axum::response::Response {
     status.into_http::<axum::body::Body>()
 }
 
-/// The export under a slot of the write limit (see [`write_slot`]).
+/// The export: its message read, then run under a slot of the write limit (see
+/// [`write_slot`]).
 async fn export_in_slot(
     state: AppState,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let slot = match crate::overload::take_write_slot(&state, &axum::http::Method::POST, true).await
-    {
-        Ok(slot) => slot,
-        Err(refusal) => return refuse(Status::unavailable(refusal.to_string())),
-    };
     // The message limit is tonic's to enforce; this bound only keeps a runaway body from being
     // buffered: the message, its 5-byte frame prefix and some slack.
     let limit = state.config().body_limit.saturating_add(64 * 1024);
@@ -200,6 +197,13 @@ async fn export_in_slot(
     let request = match entries_within_budget(request, state.config().body_limit, &mut hold).await {
         Ok(request) => request,
         Err(status) => return refuse(status),
+    };
+    // The message is all here: only now does the call take its slot (a slow message holds
+    // none; see `overload`).
+    let slot = match crate::overload::take_write_slot(&state, &axum::http::Method::POST, true).await
+    {
+        Ok(slot) => slot,
+        Err(refusal) => return refuse(Status::unavailable(refusal.to_string())),
     };
     let response = next.run(request).await;
     drop(hold);

@@ -627,8 +627,10 @@ struct ScrapeValues {
     backend: Vec<BackendMetric>,
     /// The budget of large answers (see `response_budget`).
     response_budget: BudgetUsage,
-    /// The budget of request bodies in flight (see `request_budget`).
+    /// The budget of large request bodies in flight (see `request_budget`).
     request_budget: BudgetUsage,
+    /// The budget of small request bodies in flight.
+    small_body_budget: BudgetUsage,
 }
 
 impl ScrapeValues {
@@ -684,8 +686,8 @@ impl ScrapeValues {
         let bodies = self.request_budget;
         registry.register(
             "flightlog_http_request_budget_bytes",
-            "The budget of request bodies held from before they are read until they are \
-             answered (--request-budget)",
+            "The budget of request bodies over 64 KiB, held from before they are read until \
+             they are answered (--request-budget)",
             gauge_i64(saturating_i64(bodies.total_bytes)),
         );
         registry.register(
@@ -693,12 +695,24 @@ impl ScrapeValues {
             "What request bodies hold of that budget now",
             gauge_i64(saturating_i64(bodies.held_bytes)),
         );
+        let small = self.small_body_budget;
+        registry.register(
+            "flightlog_http_small_body_budget_bytes",
+            "The budget of request bodies of at most 64 KiB, held as they arrive until they \
+             are answered (64 KiB a slot of the write limit)",
+            gauge_i64(saturating_i64(small.total_bytes)),
+        );
+        registry.register(
+            "flightlog_http_small_body_budget_held_bytes",
+            "What small request bodies hold of that budget now",
+            gauge_i64(saturating_i64(small.held_bytes)),
+        );
         let refused: Counter = Counter::default();
-        refused.inc_by(bodies.refused);
+        refused.inc_by(bodies.refused.saturating_add(small.refused));
         registry.register(
             "flightlog_http_request_bodies_refused",
             "Requests refused (HTTP 503, gRPC UNAVAILABLE) because other requests' bodies held \
-             the budget of bodies in flight",
+             a budget of bodies in flight",
             refused,
         );
         let start: Gauge<f64, AtomicU64> = Gauge::default();
@@ -829,6 +843,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
         backend: state.activity().backend_metrics(),
         response_budget: state.response_budget().usage(),
         request_budget: state.request_budget().usage(),
+        small_body_budget: state.request_budget().small_usage(),
     };
     match state.metrics().encode(&scrape) {
         Ok(text) => ([(CONTENT_TYPE, CONTENT_TYPE_TEXT)], text).into_response(),
@@ -865,6 +880,11 @@ mod tests {
                 held_bytes: 8192,
                 refused: 3,
             },
+            small_body_budget: BudgetUsage {
+                total_bytes: 1 << 20,
+                held_bytes: 640,
+                refused: 4,
+            },
         }
     }
 
@@ -898,7 +918,9 @@ mod tests {
             "flightlog_http_large_responses_refused_total 2\n",
             "flightlog_http_request_budget_bytes 4194304\n",
             "flightlog_http_request_budget_held_bytes 8192\n",
-            "flightlog_http_request_bodies_refused_total 3\n",
+            "flightlog_http_small_body_budget_bytes 1048576\n",
+            "flightlog_http_small_body_budget_held_bytes 640\n",
+            "flightlog_http_request_bodies_refused_total 7\n",
         ] {
             assert!(text.contains(expected), "{expected:?} not in:\n{text}");
         }

@@ -10,10 +10,17 @@
 //! backpressure remains for in-process writers.
 //!
 //! A write is any routed request whose method is not `GET`/`HEAD` (activity writes, the batch,
-//! journal appends, maintenance, OTLP ingest): one slot per request, held until its handler has
-//! answered, including while its body is read (so bodies in flight are bounded too). A `503` is
-//! given before the request does anything, so it never loses a write that was acknowledged; a
-//! write that got its slot runs to its answer as before.
+//! journal appends, maintenance, OTLP ingest): one slot per request, taken once its body has
+//! arrived and held until its handler has answered. A `503` is given before the request does
+//! anything, so it never loses a write that was acknowledged; a write that got its slot runs to
+//! its answer as before.
+//!
+//! Why the slot is taken after the body is read, not before: a slot held while the body
+//! arrives is a slot a slow client holds for as long as its body may take (a minute,
+//! `gate::BODY_READ_TIMEOUT`). 4,096 connections that each sent a write's head and then a byte
+//! every few seconds held every slot, and every other write got 503 for that minute (a
+//! durability audit's finding). The bodies being read are bounded by the budgets of bodies in
+//! flight instead (see `request_budget`), by the bytes that have arrived of a small one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +39,7 @@ pub(crate) async fn take_write_slot(
     method: &Method,
     routed: bool,
 ) -> Result<Option<OwnedSemaphorePermit>, ApiError> {
-    if !routed || is_read_method(method) {
+    if !is_write(method, routed) {
         return Ok(None);
     }
     let config = state.config();
@@ -46,6 +53,12 @@ pub(crate) async fn take_write_slot(
             )))
         }
     }
+}
+
+/// Whether a request takes a slot of the write limit: a routed request whose method is not
+/// `GET`/`HEAD`.
+pub(crate) fn is_write(method: &Method, routed: bool) -> bool {
+    routed && !is_read_method(method)
 }
 
 /// The most write requests handled at once (the configured limit, capped as the semaphore is).

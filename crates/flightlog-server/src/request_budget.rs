@@ -1,33 +1,44 @@
-//! The memory budget of request bodies in flight: from its first byte until its answer is
-//! given, a write's body holds its size of a budget shared by every request
+//! The memory budgets of request bodies in flight: from its first byte until its answer is
+//! given, a write's body holds its size of a budget shared by every request. A body larger
+//! than [`SMALL_BODY_BYTES`] holds it of the budget of large bodies
 //! ([`ServerConfig::request_budget_bytes`](crate::state::ServerConfig), 64 MiB by default,
-//! `--request-budget`).
+//! `--request-budget`); a smaller one (nearly every write: a span start is a few hundred
+//! bytes) of the budget of small bodies, the write limit times [`SMALL_BODY_BYTES`] (256 MiB
+//! at the default limit of 4,096).
 //!
-//! Why it exists: the write limit (see `overload`) bounds how many write requests are handled
-//! at once (4,096), and the body limit how large each body is (8 MiB), but not their product:
-//! a hundred clients sending 8 MB batch bodies at once (an exporter fleet flushing together, or
-//! one client opening connections in a loop) took the server to 1,319 MiB of RSS, and nothing
-//! stopped a few hundred more (with the budget: 369 MiB, `bench/many_large_bodies.py`). With
-//! the budget, a body that does not fit waits up to [`BUDGET_WAIT`] for others to finish, then gets `503 unavailable` with `Retry-After` (over
+//! Why it exists: nothing else bounds the bodies being read. The write limit (see `overload`)
+//! bounds how many writes are handled at once, and a write takes its slot only once its body
+//! has arrived; the body limit bounds how large each body is (8 MiB), but not how many
+//! arrive at once: a hundred clients sending 8 MB batch bodies at once (an exporter fleet
+//! flushing together, or one client opening connections in a loop) took the server to
+//! 1,319 MiB of RSS, and nothing stopped a few hundred more (with the budget: 369 MiB,
+//! `bench/many_large_bodies.py`). With the budget, a body that does not fit waits up to
+//! [`BUDGET_WAIT`] for others to finish, then gets `503 unavailable` with `Retry-After` (over
 //! OTLP/gRPC, `UNAVAILABLE`; OTLP exporters retry both) before anything of it is stored.
 //!
-//! A body with a declared length takes all of it before its first byte is read; a body of no
-//! declared length (chunked, most gRPC calls) takes its size as it arrives. A hold never waits
-//! while holding: one that needs more than is free gives back what it holds and waits for the
-//! whole of what it needs in one go ([`BodyHold::cover`]). Taken bit by bit, a hundred 8 MB
-//! bodies arriving together each took a share of the budget and then waited for more, none
-//! could finish, and all hundred were refused; taken whole, eight are handled at a time. A
-//! body larger than the whole budget takes all of it, so it is handled alone rather than never.
-//! The cost: a client that declares 8 MB and then sends a byte every few seconds holds 8 MB
-//! of the budget for up to the minute a body may take (`BODY_READ_TIMEOUT`), as it holds a
-//! write slot; with tokens configured, only a client with the `ingest` scope can.
+//! A small body holds what has *arrived* of it, in fine units ([`SMALL_UNIT_BYTES`]), never
+//! what it declares: a client that sends a write's head and then trickles its body a byte at
+//! a time holds a few bytes, not 64 KiB, so such clients can fill the small budget only by
+//! sending its 256 MiB. (Until stop 45 a write took its write slot before its body was read,
+//! and the slots bounded small bodies: 4,096 connections that each sent a head and then a byte
+//! every few seconds held every slot for the minute a body may take, and every other write got
+//! 503 meanwhile; a durability audit's finding.)
 //!
-//! Bodies of at most [`SMALL_BODY_BYTES`] never touch the budget (nearly every write: a span
-//! start is a few hundred bytes), as small answers never touch the response budget: the
-//! write slots bound them (4,096 × 64 KiB), and they never wait behind a large body that waits
-//! for room (the semaphore serves waiters in order, and a waiting hold takes the units that
-//! come free: 2-op batches took 253 ms at the median behind 900 KB bodies, and some were
-//! refused, while 124 KB of the budget was free; an audit's finding).
+//! A large body with a declared length takes all of it before its first byte is read; a body
+//! of no declared length (chunked, most gRPC calls) moves to the large budget once it passes
+//! [`SMALL_BODY_BYTES`], taking its size as it arrives. A hold never waits while holding: one
+//! that needs more than is free gives back what it holds and waits for the whole of what it
+//! needs in one go ([`BodyHold::cover`]). Taken bit by bit, a hundred 8 MB bodies arriving
+//! together each took a share of the budget and then waited for more, none could finish, and
+//! all hundred were refused; taken whole, eight are handled at a time. A body larger than the
+//! whole budget takes all of it, so it is handled alone rather than never. The cost: a client
+//! that declares 8 MB and then sends a byte every few seconds holds 8 MB of the large budget
+//! for up to the minute a body may take (`BODY_READ_TIMEOUT`); with tokens configured, only a
+//! client with the `ingest` scope can. Small bodies never wait behind large ones, as small
+//! answers never wait behind large answers in the response budget: the two budgets are
+//! separate semaphores (a semaphore serves waiters in order, and a waiting hold takes the
+//! units that come free: 2-op batches took 253 ms at the median behind 900 KB bodies, and some
+//! were refused, while 124 KB of the budget was free; an audit's finding).
 //!
 //! A compressed OTLP body (`Content-Encoding: gzip` or `deflate`) also holds what it inflates
 //! to, counted by inflating it once into nothing before it is decoded (see `gate`): it may
@@ -42,83 +53,95 @@ pub use crate::byte_budget::BUDGET_WAIT;
 use crate::byte_budget::{BudgetUsage, ByteBudget};
 use crate::error::ApiError;
 
-/// The budget is counted in units of this many bytes.
+/// The budget of large bodies is counted in units of this many bytes.
 const UNIT_BYTES: usize = 1 << 12;
 
-/// Bodies up to this size are read without the budget (see the module doc).
+/// The budget of small bodies is counted in units of this many bytes: fine, so that a body
+/// holds about what has arrived of it.
+pub const SMALL_UNIT_BYTES: usize = 64;
+
+/// Bodies up to this size hold the budget of small bodies, larger ones the budget of large
+/// bodies (see the module doc).
 pub const SMALL_BODY_BYTES: usize = 1 << 16;
 
-/// The shared budget of request bodies (one per server).
+/// The shared budgets of request bodies (one per server).
 #[derive(Debug, Clone)]
 pub struct RequestBudget {
-    bytes: ByteBudget,
+    large: ByteBudget,
+    small: ByteBudget,
 }
 
 impl RequestBudget {
-    /// A budget of `bytes` (at least one unit).
-    pub fn new(bytes: usize) -> Self {
+    /// Budgets of `large_bytes` for bodies over [`SMALL_BODY_BYTES`] and of `small_bytes` for
+    /// the others (each at least one unit).
+    pub fn new(large_bytes: usize, small_bytes: usize) -> Self {
         Self {
-            bytes: ByteBudget::new(bytes, UNIT_BYTES),
+            large: ByteBudget::new(large_bytes, UNIT_BYTES),
+            small: ByteBudget::new(small_bytes, SMALL_UNIT_BYTES),
         }
+    }
+
+    /// The budget of small bodies for a write limit of `write_limit` writes handled at once:
+    /// one small body's worth each, the bound the write slots gave when they were taken
+    /// before the body was read.
+    pub fn small_bytes_for(write_limit: usize) -> usize {
+        write_limit.saturating_mul(SMALL_BODY_BYTES)
     }
 
     /// A hold on nothing yet, for one request's body.
     pub fn hold(&self) -> BodyHold {
         BodyHold {
             budget: self.clone(),
-            permit: None,
-            covered: 0,
+            large: Share::default(),
+            small: Share::default(),
         }
     }
 
-    /// The whole budget in bytes, what bodies hold of it now, and how many requests it has
-    /// refused (for `/metrics`).
+    /// The budget of large bodies in bytes, what bodies hold of it now, and how many requests
+    /// it has refused (for `/metrics`).
     pub fn usage(&self) -> BudgetUsage {
-        self.bytes.usage()
+        self.large.usage()
+    }
+
+    /// The same of the budget of small bodies.
+    pub fn small_usage(&self) -> BudgetUsage {
+        self.small.usage()
     }
 }
 
-/// What one request's body holds of the budget, given back when it is dropped (after the
-/// request's answer).
-#[derive(Debug)]
-pub struct BodyHold {
-    budget: RequestBudget,
+/// What one request's body holds of one budget.
+#[derive(Debug, Default)]
+struct Share {
     permit: Option<OwnedSemaphorePermit>,
     /// The body bytes the held units cover.
     covered: usize,
 }
 
-impl BodyHold {
-    /// Hold enough for a body of `len` bytes: what is missing, taken at once if it is free;
-    /// else what the hold has goes back and the whole of it is waited for (at most
-    /// [`BUDGET_WAIT`]), so no hold waits while holding (see the module doc). 503 when it does
-    /// not come free, the hold then holding nothing.
-    pub async fn cover(&mut self, len: usize) -> Result<(), ApiError> {
-        if len <= self.covered || len <= SMALL_BODY_BYTES {
-            return Ok(());
+impl Share {
+    /// Cover `len` bytes of `budget`: what is missing, taken at once if it is free; else what
+    /// the share has goes back and the whole of it is waited for (at most [`BUDGET_WAIT`]), so
+    /// no share waits while holding. `false` when it does not come free, the share then
+    /// holding nothing.
+    async fn cover(&mut self, budget: &ByteBudget, len: usize) -> bool {
+        if len <= self.covered {
+            return true;
         }
-        let wanted = self.budget.bytes.units_for(len);
+        let wanted = budget.units_for(len);
         let held = self
             .permit
             .as_ref()
             .map_or(0, |permit| permit.num_permits());
         let held = u32::try_from(held).unwrap_or(u32::MAX);
         if wanted > held {
-            let more = match self.budget.bytes.try_acquire(wanted - held) {
+            let more = match budget.try_acquire(wanted - held) {
                 Some(more) => Some(more),
                 None => {
-                    self.permit = None;
-                    self.covered = 0;
-                    self.budget.bytes.acquire(wanted).await
+                    self.release();
+                    budget.acquire(wanted).await
                 }
             };
             let Some(more) = more else {
-                let total = self.budget.usage().total_bytes;
-                return Err(ApiError::Unavailable(format!(
-                    "the server is reading and handling other requests' bodies, which hold its \
-                     budget of {total} bytes for bodies in flight (--request-budget); this body \
-                     of {len} bytes does not fit now: retry shortly"
-                )));
+                return false;
             };
             match &mut self.permit {
                 Some(permit) => permit.merge(more),
@@ -126,6 +149,60 @@ impl BodyHold {
             }
         }
         self.covered = len;
+        true
+    }
+
+    fn release(&mut self) {
+        self.permit = None;
+        self.covered = 0;
+    }
+}
+
+/// What one request's body holds of the budgets, given back when it is dropped (after the
+/// request's answer).
+#[derive(Debug)]
+pub struct BodyHold {
+    budget: RequestBudget,
+    large: Share,
+    small: Share,
+}
+
+impl BodyHold {
+    /// Hold enough for a body that declares `len` bytes, before any of it is read: all of it
+    /// for a large body; nothing for a small one, which holds what arrives of it (see the
+    /// module doc). 503 when it does not fit.
+    pub async fn cover_declared(&mut self, len: usize) -> Result<(), ApiError> {
+        if len <= SMALL_BODY_BYTES {
+            return Ok(());
+        }
+        self.cover(len).await
+    }
+
+    /// Hold enough for `len` bytes of body (what has arrived, or what it inflates to): of the
+    /// budget of small bodies up to [`SMALL_BODY_BYTES`], past it of the budget of large
+    /// bodies (the small share then given back). 503 when it does not come free within
+    /// [`BUDGET_WAIT`], the hold then holding nothing of that budget.
+    pub async fn cover(&mut self, len: usize) -> Result<(), ApiError> {
+        if len <= SMALL_BODY_BYTES {
+            if self.large.covered > 0 || self.small.cover(&self.budget.small, len).await {
+                return Ok(());
+            }
+            let total = self.budget.small_usage().total_bytes;
+            return Err(ApiError::Unavailable(format!(
+                "the server is reading and handling many small request bodies at once, which \
+                 hold its budget of {total} bytes for them (64 KiB a write of \
+                 --max-inflight-writes); retry shortly"
+            )));
+        }
+        if !self.large.cover(&self.budget.large, len).await {
+            let total = self.budget.usage().total_bytes;
+            return Err(ApiError::Unavailable(format!(
+                "the server is reading and handling other requests' bodies, which hold its \
+                 budget of {total} bytes for bodies in flight (--request-budget); this body \
+                 of {len} bytes does not fit now: retry shortly"
+            )));
+        }
+        self.small.release();
         Ok(())
     }
 }
@@ -136,7 +213,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_hold_grows_with_its_body_and_gives_everything_back_when_dropped() {
-        let budget = RequestBudget::new(640 * 1024);
+        let budget = RequestBudget::new(640 * 1024, SMALL_BODY_BYTES);
         let mut first = budget.hold();
         first.cover(100_000).await.expect("room");
         first.cover(50_000).await.expect("already covered");
@@ -164,25 +241,73 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn small_bodies_never_touch_the_budget() {
-        let budget = RequestBudget::new(128 * 1024);
+    async fn small_bodies_hold_what_arrived_of_their_own_budget_and_never_wait_behind_large_ones() {
+        let budget = RequestBudget::new(128 * 1024, 2 * SMALL_BODY_BYTES);
         let mut large = budget.hold();
-        large.cover(128 * 1024).await.expect("the whole budget");
+        large
+            .cover(128 * 1024)
+            .await
+            .expect("the whole large budget");
+
+        // A small body declares its length and holds nothing for it: only what arrives.
+        let mut trickling = budget.hold();
+        trickling
+            .cover_declared(SMALL_BODY_BYTES)
+            .await
+            .expect("nothing to hold");
+        assert_eq!(budget.small_usage().held_bytes, 0);
+        trickling.cover(1).await.expect("one byte arrived");
+        assert_eq!(budget.small_usage().held_bytes, SMALL_UNIT_BYTES);
+
         let mut small = budget.hold();
         small
             .cover(SMALL_BODY_BYTES)
             .await
-            .expect("no wait, no refusal");
+            .expect("no wait behind the large body, no refusal");
         assert_eq!(budget.usage().refused, 0);
+        assert_eq!(
+            budget.small_usage().held_bytes,
+            SMALL_BODY_BYTES + SMALL_UNIT_BYTES
+        );
+
+        // Past the small size a body moves to the large budget, and gives its small share back.
         assert!(
             small.cover(SMALL_BODY_BYTES + 1).await.is_err(),
-            "past the small size it is charged"
+            "the large budget is all held"
         );
+        drop(large);
+        small
+            .cover(SMALL_BODY_BYTES + 1)
+            .await
+            .expect("room in the large budget");
+        assert_eq!(budget.small_usage().held_bytes, SMALL_UNIT_BYTES);
+        small.cover(10).await.expect("covered by its large share");
+        assert_eq!(budget.small_usage().held_bytes, SMALL_UNIT_BYTES);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn small_bodies_past_their_budget_are_refused() {
+        let budget = RequestBudget::new(128 * 1024, 1024);
+        let mut first = budget.hold();
+        first.cover(900).await.expect("room");
+        let mut second = budget.hold();
+        second.cover(64).await.expect("room for one unit");
+        let refusal = second.cover(200).await.expect_err("no room");
+        assert!(matches!(refusal, ApiError::Unavailable(_)), "{refusal:?}");
+        assert!(
+            refusal.to_string().contains("--max-inflight-writes"),
+            "{refusal}"
+        );
+        assert_eq!(budget.small_usage().refused, 1);
+        // The refused hold gave back what it had while it waited.
+        assert_eq!(budget.small_usage().held_bytes, 15 * SMALL_UNIT_BYTES);
+        drop(first);
+        second.cover(200).await.expect("room now");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_body_larger_than_the_whole_budget_is_handled_alone() {
-        let budget = RequestBudget::new(128 * 1024);
+        let budget = RequestBudget::new(128 * 1024, SMALL_BODY_BYTES);
         let mut huge = budget.hold();
         huge.cover(1 << 20).await.expect("takes the whole budget");
         let mut other = budget.hold();

@@ -154,7 +154,7 @@ impl AppState {
             write_permits: write_permits(&config),
             batch_lanes: Arc::new(Semaphore::new(Self::BATCH_LANES)),
             response_budget: ResponseBudget::new(config.response_budget_bytes),
-            request_budget: RequestBudget::new(config.request_budget_bytes),
+            request_budget: request_budget(&config),
             maintenance_writer: format!("{}/maintenance", activity.writer()).into(),
             activity,
             journal,
@@ -205,7 +205,7 @@ impl AppState {
         shared.writers = Arc::new(WriterHandles::new(config.writer_cache_capacity));
         shared.write_permits = write_permits(&config);
         shared.response_budget = ResponseBudget::new(config.response_budget_bytes);
-        shared.request_budget = RequestBudget::new(config.request_budget_bytes);
+        shared.request_budget = request_budget(&config);
         shared.config = Arc::new(config);
         self
     }
@@ -303,6 +303,15 @@ fn write_permits(config: &ServerConfig) -> Arc<Semaphore> {
     Arc::new(Semaphore::new(
         config.max_inflight_writes.min(Semaphore::MAX_PERMITS),
     ))
+}
+
+/// The budgets of request bodies in flight for `config`: `--request-budget` for large bodies,
+/// one small body's worth a write slot for small ones (see [`crate::request_budget`]).
+fn request_budget(config: &ServerConfig) -> RequestBudget {
+    RequestBudget::new(
+        config.request_budget_bytes,
+        RequestBudget::small_bytes_for(config.max_inflight_writes),
+    )
 }
 
 /// A bounded map of writer name → handle (generic so the bound is testable without a store).

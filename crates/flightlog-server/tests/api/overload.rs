@@ -2,9 +2,11 @@
 //! `503 unavailable` with `Retry-After: 1` after its short wait while reads go on; the held writes
 //! then complete and are stored, and writes are accepted again.
 //!
-//! A slot is held the way a real overload holds it: by a write whose body has not arrived yet
-//! (the slot is taken before the body is read), sent over a raw socket so the test decides when
-//! the rest of the body comes.
+//! A slot is held the way a real overload holds it: by writes the store has not finished. A
+//! connection of the test's own holds the database's write lock (`BEGIN IMMEDIATE`, as a second
+//! process writing the same file would), so the server's writer waits for it and the writes
+//! handed to it keep their slots until the test lets the lock go. (A write whose body has not
+//! arrived holds no slot: see `tests/connections.rs` at the root.)
 
 use std::time::Duration;
 
@@ -13,51 +15,40 @@ use reqwest::Method;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
 
-use crate::support::{status_line_code, Options, TestServer};
+use crate::support::{Options, TestServer};
 
-/// A `POST /v1/activity/spans` whose body is only half sent.
-struct HeldWrite {
-    stream: TcpStream,
-    rest: Vec<u8>,
+/// The database's write lock, held by a connection of the test's own until dropped.
+struct ForeignWriteLock {
+    conn: rusqlite::Connection,
 }
 
-impl HeldWrite {
-    async fn start(server: &TestServer, span_id: &str) -> Self {
-        let body = json!({"spanId": span_id, "runId": "held", "name": "held", "kind": "turn",
-                          "origin": "session", "startedAt": 1})
-        .to_string()
-        .into_bytes();
-        let addr = server.base.trim_start_matches("http://");
-        let mut stream = TcpStream::connect(addr).await.expect("connect");
-        let head = format!(
-            "POST /v1/activity/spans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: \
-             application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        );
-        let (first, rest) = body.split_at(body.len() / 2);
-        stream.write_all(head.as_bytes()).await.expect("send head");
-        stream.write_all(first).await.expect("send half the body");
-        stream.flush().await.expect("flush");
-        Self {
-            stream,
-            rest: rest.to_vec(),
-        }
+impl ForeignWriteLock {
+    fn take(server: &TestServer) -> Self {
+        let conn = rusqlite::Connection::open(&server.db_path).expect("open the server's file");
+        conn.execute_batch("BEGIN IMMEDIATE")
+            .expect("take the write lock");
+        Self { conn }
     }
 
-    /// Send the rest of the body; the status line's code.
-    async fn finish(mut self) -> u16 {
-        self.stream
-            .write_all(&self.rest)
-            .await
-            .expect("send the rest");
-        let mut answer = Vec::new();
-        self.stream
-            .read_to_end(&mut answer)
-            .await
-            .expect("read the answer");
-        status_line_code(&answer)
+    fn release(self) {
+        self.conn
+            .execute_batch("ROLLBACK")
+            .expect("let the lock go");
     }
+}
+
+/// A span start sent in the background: its status once answered.
+fn held_write(server: &TestServer, span_id: &str) -> JoinHandle<u16> {
+    let client = server.client.clone();
+    let url = format!("{}/v1/activity/spans", server.base);
+    let body = json!({"spanId": span_id, "runId": "held", "name": "held", "kind": "turn",
+                      "origin": "session", "startedAt": 1});
+    tokio::spawn(async move {
+        let reply = client.post(url).json(&body).send().await.expect("answered");
+        reply.status().as_u16()
+    })
 }
 
 #[tokio::test]
@@ -77,19 +68,15 @@ async fn scenario() {
         ..Options::default()
     })
     .await;
-    let held = [
-        HeldWrite::start(&server, "held-1").await,
-        HeldWrite::start(&server, "held-2").await,
-    ];
+    let lock = ForeignWriteLock::take(&server);
+    let held = [held_write(&server, "held-1"), held_write(&server, "held-2")];
 
-    // The held writes take their slots as soon as the server has their heads; until then a
-    // probe write may still get through (a heartbeat of an unknown span changes nothing).
+    // The held writes take their slots as soon as their bodies are here, and keep them while
+    // the writer waits for the lock.
     let mut probes = 0;
     loop {
-        let reply = server
-            .post_empty("/v1/activity/spans/nobody/heartbeat")
-            .await;
-        if reply.status.as_u16() == 503 {
+        let metrics = crate::metrics::scrape(&server).await;
+        if metrics.get("flightlog_http_writes_in_flight") == Some(2.0) {
             break;
         }
         probes += 1;
@@ -142,8 +129,9 @@ async fn scenario() {
     server.get("/healthz").await.assert_status(200);
 
     // The held writes complete and are stored: nothing acknowledged is lost.
+    lock.release();
     for write in held {
-        assert_eq!(write.finish().await, 201);
+        assert_eq!(write.await.expect("the write's task"), 201);
     }
     for span in ["held-1", "held-2"] {
         let reply = server.get(&format!("/v1/activity/spans/{span}")).await;
@@ -238,11 +226,12 @@ async fn a_grpc_call_without_a_valid_token_takes_no_write_slot() {
     server.stop().await;
 }
 
-/// With gRPC exports under the write limit, a call whose message stalls would hold its slot for
-/// as long as the peer answered pings. It is now read under the HTTP gate's rules: nothing new
-/// for 10 s ends it (`DEADLINE_EXCEEDED`, grpc-status 4) and gives the slot back.
+/// With gRPC exports under the write limit, a call whose message stalls held its slot for as
+/// long as the peer answered pings. It is read under the HTTP gate's rules (nothing new for
+/// 10 s ends it: `DEADLINE_EXCEEDED`, grpc-status 4), and it takes a slot only once its message
+/// is here, so while it stalls it holds none: another export takes the only slot.
 #[tokio::test]
-async fn a_stalled_grpc_export_gives_its_write_slot_back() {
+async fn a_stalled_grpc_export_holds_no_write_slot_and_is_ended() {
     use crate::otlp::{request, root_span};
     use crate::otlp_fuzz::{grpc_channel, grpc_export};
     use prost::Message;
@@ -262,18 +251,13 @@ async fn a_stalled_grpc_export_gives_its_write_slot_back() {
 
     let channel = grpc_channel(&server).await;
     let body = request(vec![root_span()]).encode_to_vec();
-    let held = grpc_export(&channel, body.clone(), false)
-        .await
-        .expect("in time");
-    assert_eq!(
-        held.map_err(|status| status.code()),
-        Err(tonic::Code::Unavailable),
-        "the stalled call holds the only slot"
+    let exported = grpc_export(&channel, body, false).await.expect("in time");
+    assert!(
+        exported.is_ok(),
+        "the stalled call holds no slot: {exported:?}"
     );
     let ended = grpc_call_answer(&mut stalled, Duration::from_secs(15)).await;
     assert_eq!(ended, Ok("answered"), "the stalled call was never ended");
-    let exported = grpc_export(&channel, body, false).await.expect("in time");
-    assert!(exported.is_ok(), "the slot came back: {exported:?}");
     server.stop().await;
 }
 
@@ -362,8 +346,8 @@ async fn grpc_call_answer(
 }
 
 /// A call's own deadline (`grpc-timeout`) ends it, rather than the 10 s a stalled message is
-/// otherwise allowed: the exporter gave up at its deadline, and the slot it holds is wasted
-/// past it.
+/// otherwise allowed: the exporter gave up at its deadline, and what the call holds (its
+/// stream, what arrived of its message) is wasted past it.
 #[tokio::test]
 async fn a_grpc_export_ends_at_its_own_deadline() {
     let server = TestServer::start_with(Options {
