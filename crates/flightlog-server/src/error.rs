@@ -49,7 +49,8 @@ pub enum ApiError {
     JournalFull(String),
     /// 408 `request_timeout`: a write's body stalled (nothing new for a while, or not all of it
     /// within the time a body may take); sent with `Connection: close`, since the rest of the
-    /// body is left unread. A stalled body must not hold its write slot.
+    /// body is left unread. A stalled body must not keep its connection and what arrived of
+    /// it (which holds the budgets of bodies in flight) forever.
     #[error("{0}")]
     RequestTimeout(String),
     /// 413 `payload_too_large`: the body is over the configured limit.

@@ -20,12 +20,13 @@
 //!   plus what the middleware adds to every route (security scopes, 400/401/403/408/413/415/
 //!   500/503);
 //! - [`metrics`]: `GET /metrics` (Prometheus text format) and the middleware counting requests;
-//! - `gate`: the one middleware every request passes (auth, the write limit, body reading with
-//!   its size and time limits); [`request_budget`]: the memory budget of request bodies in
-//!   flight; [`response_budget`]: the memory budget of large answers (both a [`byte_budget`]); `sse`:
-//!   Server-Sent Event encoding; `write_stall`: closing connections whose client stopped
-//!   reading; [`grpc`]: the OTLP/gRPC listener; `skip_keys`: a batch op read as its endpoint's
-//!   body with `op` and `spanId` skipped;
+//! - `gate`: the one middleware every request passes (auth, body reading with its size and
+//!   time limits, then the write limit); [`request_budget`]: the memory budgets of request
+//!   bodies in flight (small bodies by what has arrived); [`response_budget`]: the memory
+//!   budget of large answers (both a [`byte_budget`]); `sse`: Server-Sent Event encoding;
+//!   `write_stall`: closing connections whose client stopped reading; [`grpc`]: the OTLP/gRPC
+//!   listener; `skip_keys`: a batch op read as its endpoint's body with `op` and `spanId`
+//!   skipped;
 //! - [`maintenance`]: what `flightlog serve` does on a schedule (stale sweep, stuck-run
 //!   watchdog, retention of span detail and idle engagements);
 //! - `routes`: one module per area (activity, runs, batch, maintenance, journal, streams, OTLP,

@@ -33,7 +33,8 @@ pub struct ServerConfig {
     /// The tokens requests must carry; none (the default) means auth is off.
     pub auth: AuthConfig,
     /// The most write requests handled at once (see [`crate::overload`]); more wait up to
-    /// `write_wait` for a slot, then get `503 unavailable`. Zero refuses every write.
+    /// `write_wait` for a slot (taken once the body has arrived), then get `503 unavailable`.
+    /// Zero refuses every write.
     pub max_inflight_writes: usize,
     /// How long a write waits for a free slot before it is answered `503 unavailable`.
     pub write_wait: Duration,
