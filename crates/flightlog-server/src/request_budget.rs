@@ -19,8 +19,8 @@
 //! A small body holds what has *arrived* of it, in fine units ([`SMALL_UNIT_BYTES`]), never
 //! what it declares: a client that sends a write's head and then trickles its body a byte at
 //! a time holds a few bytes, not 64 KiB, so such clients can fill the small budget only by
-//! sending its 256 MiB. (Until stop 45 a write took its write slot before its body was read,
-//! and the slots bounded small bodies: 4,096 connections that each sent a head and then a byte
+//! sending its 256 MiB. (A write used to take its write slot before its body was read, and
+//! the slots bounded small bodies: 4,096 connections that each sent a head and then a byte
 //! every few seconds held every slot for the minute a body may take, and every other write got
 //! 503 meanwhile; a durability audit's finding.)
 //!
