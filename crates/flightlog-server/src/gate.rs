@@ -32,7 +32,7 @@ use futures_util::StreamExt;
 
 use crate::error::ApiError;
 use crate::metrics::{method_label, UNMATCHED_ROUTE};
-use crate::request_budget::BodyHold;
+use crate::request_budget::{BodyHold, SMALL_BODY_BYTES};
 use crate::routes::otlp::{is_otlp_path, is_protobuf, refusal_answer, too_large_answer};
 use crate::state::AppState;
 use crate::{auth, extract, overload};
@@ -50,6 +50,13 @@ pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// declared length), for as long as it liked. At the default 8 MiB limit this still allows
 /// 140 KiB/s.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// The longest the first [`SMALL_BODY_BYTES`] of a body may take (6.4 KiB/s): all of a small
+/// body. Small bodies hold what has arrived of them of their own budget (see `request_budget`),
+/// 64 KiB a write slot; given the whole minute, as many connections as write slots that sent
+/// all but the last bytes of a 64 KiB body and then one byte every few seconds held all of it
+/// for that minute, and every other write got 503 (an audit's finding, with 4 slots). With
+/// this, holding it takes sending the whole budget anew every 10 s.
+pub const SMALL_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The middleware (installed by [`crate::app`] with `from_fn_with_state`).
 pub(crate) async fn gate(State(state): State<AppState>, request: Request, next: Next) -> Response {
@@ -127,6 +134,8 @@ async fn admit_and_run(
     // What the body holds of the budgets of bodies in flight, until the answer: a large
     // declared length all of it before the body is read, anything else what has arrived.
     let mut hold = state.request_budget().hold();
+    // A dropped body (a read's, or one sent where no route is) cut short closes the connection.
+    let mut drained = Drained::ToItsEnd;
     let request = match (has_body, overload::is_write(&method, route.is_some())) {
         (false, _) => request,
         (true, true) => {
@@ -145,12 +154,12 @@ async fn admit_and_run(
                 }
                 Ok(request) => request,
                 Err(BodyRead::TooLarge(rest)) => {
-                    drain(rest, limit).await;
-                    return too_large(limit, otlp_protobuf);
+                    let drained = drain(rest, limit).await;
+                    return closing(too_large(limit, otlp_protobuf), drained);
                 }
                 Err(BodyRead::OverBudget(refusal, rest)) => {
-                    drain(rest, limit).await;
-                    return refuse(refusal);
+                    let drained = drain(rest, limit).await;
+                    return closing(refuse(refusal), drained);
                 }
                 Err(BodyRead::Failed(error)) => return error.into_response(),
                 Err(BodyRead::Stalled(error)) => {
@@ -164,7 +173,7 @@ async fn admit_and_run(
         }
         (true, false) => {
             let (parts, body) = request.into_parts();
-            drain(body, limit).await;
+            drained = drain(body, limit).await;
             Request::from_parts(parts, Body::empty())
         }
     };
@@ -176,7 +185,7 @@ async fn admit_and_run(
     let response = next.run(request).await;
     drop(hold);
     drop(slot);
-    response
+    closing(response, drained)
 }
 
 /// An OTLP body's inflated size, held beside its wire size when it is compressed: eight 7.6 MB
@@ -222,7 +231,8 @@ fn single_content_type(request: &Request) -> Result<(), ApiError> {
 }
 
 /// Answer `response` to a request refused before its body was read: after draining the body
-/// (see [`drain`]), so the client reads the answer and may keep using the connection. A client
+/// (see [`drain`]), so the client reads the answer and may keep using the connection (the
+/// answer says `Connection: close` when the body was cut short). A client
 /// waiting for `100 Continue` has sent no body and is answered at once, with `Connection:
 /// close`: hyper closes such a connection after the answer (the body may still come), and RFC
 /// 9110 (10.1.1) asks a server answering before the content to say whether it will close.
@@ -236,10 +246,11 @@ async fn answer_after_draining(
         response
             .headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
+        response
     } else {
-        drain(request.into_body(), limit).await;
+        let drained = drain(request.into_body(), limit).await;
+        closing(response, drained)
     }
-    response
 }
 
 fn declared_length(request: &Request) -> Option<u64> {
@@ -289,7 +300,9 @@ pub(crate) async fn read_whole(
     let mut stream = body.into_data_stream();
     let mut chunks: Vec<Bytes> = Vec::with_capacity(1);
     let mut length = 0usize;
-    let deadline = tokio::time::Instant::now() + BODY_READ_TIMEOUT;
+    let started = tokio::time::Instant::now();
+    let deadline = started + BODY_READ_TIMEOUT;
+    let small_deadline = started + SMALL_BODY_READ_TIMEOUT;
     loop {
         // Most bodies have arrived with their head: take what is there without arming a timer
         // (one per chunk would be a timer-wheel entry per write request).
@@ -297,7 +310,12 @@ pub(crate) async fn read_whole(
         let next = match ready {
             Some(next) => Ok(next),
             None => {
-                let idle_deadline = (tokio::time::Instant::now() + BODY_IDLE_TIMEOUT).min(deadline);
+                let whole_by = if length < SMALL_BODY_BYTES {
+                    small_deadline
+                } else {
+                    deadline
+                };
+                let idle_deadline = (tokio::time::Instant::now() + BODY_IDLE_TIMEOUT).min(whole_by);
                 tokio::time::timeout_at(idle_deadline, stream.next()).await
             }
         };
@@ -306,8 +324,10 @@ pub(crate) async fn read_whole(
             Err(_) => {
                 return Err(BodyRead::Stalled(ApiError::RequestTimeout(format!(
                     "the request body stalled after {length} bytes: a body must keep arriving \
-                     (nothing for {} s) and arrive whole within {} s",
+                     (nothing for {} s), its first {SMALL_BODY_BYTES} bytes within {} s, and \
+                     all of it within {} s",
                     BODY_IDLE_TIMEOUT.as_secs(),
+                    SMALL_BODY_READ_TIMEOUT.as_secs(),
                     BODY_READ_TIMEOUT.as_secs()
                 ))))
             }
@@ -342,7 +362,7 @@ pub(crate) async fn read_whole(
 /// it: a client still sending its body sees the reset instead of the answer (an OTLP exporter
 /// then retries the same batch as if the network had failed). A body drained to its end also
 /// leaves the connection usable for the client's next request.
-async fn drain(body: Body, limit: usize) {
+async fn drain(body: Body, limit: usize) -> Drained {
     let most = DRAIN_LIMITS.saturating_mul(limit as u64);
     let deadline = tokio::time::Instant::now() + DRAIN_TIME;
     let mut body = body.into_data_stream();
@@ -350,9 +370,35 @@ async fn drain(body: Body, limit: usize) {
     while drained <= most {
         match tokio::time::timeout_at(deadline, body.next()).await {
             Ok(Some(Ok(chunk))) => drained += chunk.len() as u64,
-            _ => break,
+            Ok(None) => return Drained::ToItsEnd,
+            Ok(Some(Err(_))) | Err(_) => break,
         }
     }
+    Drained::CutShort
+}
+
+/// Whether [`drain`] read a body to its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drained {
+    /// The connection can take the client's next request.
+    ToItsEnd,
+    /// It stopped coming, went on past what is drained, or the connection failed: hyper closes
+    /// the connection after the answer, which must say so (see [`closing`]).
+    CutShort,
+}
+
+/// `response` for a request whose body was drained: with `Connection: close` when the body was
+/// cut short. hyper closes such a connection after the answer anyway, and a keep-alive client
+/// told nothing sent its next request on a connection about to close (an audit's finding: a
+/// 401, 404 or 413 after a stalled body came without it); RFC 9112 (9.6) asks a server that
+/// will close to say so.
+fn closing(mut response: Response, drained: Drained) -> Response {
+    if drained == Drained::CutShort {
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// The body-limit refusal: the OTLP `Status` on the protobuf trace route, the contract's

@@ -19,7 +19,8 @@
 //! A small body holds what has *arrived* of it, in fine units ([`SMALL_UNIT_BYTES`]), never
 //! what it declares: a client that sends a write's head and then trickles its body a byte at
 //! a time holds a few bytes, not 64 KiB, so such clients can fill the small budget only by
-//! sending its 256 MiB. (A write used to take its write slot before its body was read, and
+//! sending its 256 MiB, and only for the 10 s the first 64 KiB of a body may take
+//! (`gate::SMALL_BODY_READ_TIMEOUT`). (A write used to take its write slot before its body was read, and
 //! the slots bounded small bodies: 4,096 connections that each sent a head and then a byte
 //! every few seconds held every slot for the minute a body may take, and every other write got
 //! 503 meanwhile; a durability audit's finding.)
@@ -39,6 +40,15 @@
 //! separate semaphores (a semaphore serves waiters in order, and a waiting hold takes the
 //! units that come free: 2-op batches took 253 ms at the median behind 900 KB bodies, and some
 //! were refused, while 124 KB of the budget was free; an audit's finding).
+//!
+//! A body refused partway (it did not fit when more of it arrived) gives back what it held at
+//! once, and is answered once the rest of it has been read and dropped (at most 10 s, see
+//! `gate::drain`), so that the client reads the answer rather than a reset connection.
+//!
+//! Not counted: hyper's read buffer of each connection, which grows with what a client sends
+//! at once (up to 408 KiB) and is kept while the connection lives; 500 connections that each
+//! sent 60 KB of a body took about 43 MB whether their bodies fitted or not (an audit's
+//! measurement).
 //!
 //! A compressed OTLP body (`Content-Encoding: gzip` or `deflate`) also holds what it inflates
 //! to, counted by inflating it once into nothing before it is decoded (see `gate`): it may
@@ -189,9 +199,10 @@ impl BodyHold {
             }
             let total = self.budget.small_usage().total_bytes;
             return Err(ApiError::Unavailable(format!(
-                "the server is reading and handling many small request bodies at once, which \
-                 hold its budget of {total} bytes for them (64 KiB a write of \
-                 --max-inflight-writes); retry shortly"
+                "the server is reading and handling many request bodies at once, and what has \
+                 arrived of them holds its budget of {total} bytes for bodies up to 64 KiB \
+                 (and the first 64 KiB of those of no declared length; 64 KiB a slot of \
+                 --max-inflight-writes), which has no room for this body now: retry shortly"
             )));
         }
         if !self.large.cover(&self.budget.large, len).await {

@@ -164,3 +164,47 @@ async fn a_refusal_before_100_continue_says_the_connection_closes() {
     assert!(head.contains("connection: close"), "{head}");
     server.stop().await;
 }
+
+/// A refusal after a body that was drained only in part (past 4 times the limit, or stalled)
+/// says that the connection closes: hyper closes it after the answer, and a keep-alive client
+/// told nothing sent its next request on it (an audit's finding, for 401, 404 and 413 after a
+/// stalled body). A body drained to its end keeps the connection open and usable.
+#[tokio::test]
+async fn a_refusal_after_a_body_cut_short_says_the_connection_closes() {
+    let server = TestServer::start_with(Options {
+        config: ServerConfig {
+            body_limit: 1024,
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let address = server.base.trim_start_matches("http://").to_owned();
+    for (declared, closes) in [(2_000usize, false), (10_000, true)] {
+        let mut stream = TcpStream::connect(&address).await.expect("connect");
+        let head = format!(
+            "POST /v1/activity/spans HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n\
+             content-length: {declared}\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).await.expect("head");
+        stream
+            .write_all(&vec![b' '; declared])
+            .await
+            .expect("the body");
+        let (status, head) = read_answer_head(&mut stream).await.expect("an answer");
+        assert_eq!(status, 413, "{head}");
+        assert_eq!(
+            head.contains("connection: close"),
+            closes,
+            "{declared}: {head}"
+        );
+        if !closes {
+            stream
+                .write_all(b"GET /healthz HTTP/1.1\r\nhost: test\r\n\r\n")
+                .await
+                .expect("the next request");
+            assert_eq!(read_answer(&mut stream).await, Some(200));
+        }
+    }
+    server.stop().await;
+}

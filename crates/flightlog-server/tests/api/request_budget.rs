@@ -1,8 +1,8 @@
 //! The budget of request bodies in flight on a real server (`--request-budget`, here 640 KiB):
 //! while one write's large body is being received, a body that does not fit in what is left
 //! (declared, or chunked) is answered `503 unavailable` with `Retry-After` before anything of it
-//! is stored, a small one (never charged) still goes through, and once the first is answered the refused one
-//! fits again. A compressed OTLP export holds what it inflates to. Nothing acknowledged is lost.
+//! is stored, a small one (charged to the budget of small bodies, never to this one) still goes
+//! through, and once the first is answered the refused one fits again. A compressed OTLP export holds what it inflates to. Nothing acknowledged is lost.
 //!
 //! Why: a hundred clients sending 8 MB bodies at once took the server to 1.3 GB; the write
 //! limit bounds how many bodies, not how many bytes.
@@ -146,7 +146,7 @@ async fn scenario() {
         .await
         .assert_error(404, "not_found");
 
-    // A small write is never charged: it goes through at once.
+    // A small write holds the budget of small bodies, not this one: it goes through at once.
     let small = json!({"spanId": "small", "runId": "budget", "name": "small", "kind": "tool", "origin": "session",
                        "startedAt": 2});
     server
@@ -330,4 +330,56 @@ async fn a_compressed_grpc_export_holds_its_inflated_size() {
     })
     .await
     .expect("the scenario ends within 60 s");
+}
+
+/// A small body holds what has arrived of it of the budget of small bodies, so a body that keeps
+/// trickling must not keep it for the minute a large body may take: as many connections as
+/// write slots, each with all but the last bytes of a 64 KiB body sent and then a byte every few
+/// seconds, held all of it, and every other small write got 503 (an audit's finding). The first
+/// 64 KiB of a body must arrive within 10 s: a body still trickling then is answered `408`.
+#[tokio::test]
+async fn a_small_body_that_keeps_trickling_is_cut_off_after_10_s() {
+    let server = TestServer::start().await;
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let mut stream = TcpStream::connect(&addr).await.expect("connect");
+    let head = format!(
+        "POST /v1/engagements/trickle/events HTTP/1.1\r\nHost: {addr}\r\nContent-Type: \
+         application/json\r\nContent-Length: 100\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.expect("send head");
+    let started = std::time::Instant::now();
+    let (mut reader, mut writer) = stream.into_split();
+    // A byte every 2 s (under the 10 s a body may go without one), on its own task, until the
+    // server stops taking them.
+    let trickle = tokio::spawn(async move {
+        for byte in b"{\"type\":\"note\",\"at\":1,\"data\":{}}"
+            .iter()
+            .cycle()
+            .take(99)
+        {
+            if writer.write_all(&[*byte]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    });
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), reader.read_to_end(&mut answer))
+        .await
+        .expect("answered within 30 s")
+        .expect("read the answer");
+    trickle.abort();
+    let elapsed = started.elapsed();
+    let text = String::from_utf8_lossy(&answer);
+    assert_eq!(status_line_code(&answer), 408, "{text}");
+    assert!(text.contains("within 10 s"), "{text}");
+    assert!(
+        elapsed >= Duration::from_secs(9) && elapsed < Duration::from_secs(20),
+        "cut off after {elapsed:?}: the first 64 KiB may take 10 s, not the minute a body may take"
+    );
+    server
+        .get("/v1/engagements/trickle/events")
+        .await
+        .assert_status(200);
+    server.stop().await;
 }
