@@ -232,10 +232,10 @@ fn single_content_type(request: &Request) -> Result<(), ApiError> {
 
 /// Answer `response` to a request refused before its body was read: after draining the body
 /// (see [`drain`]), so the client reads the answer and may keep using the connection (the
-/// answer says `Connection: close` when the body was cut short). A client
-/// waiting for `100 Continue` has sent no body and is answered at once, with `Connection:
-/// close`: hyper closes such a connection after the answer (the body may still come), and RFC
-/// 9110 (10.1.1) asks a server answering before the content to say whether it will close.
+/// answer says `Connection: close` when the body was cut short). A client waiting for `100
+/// Continue` has sent no body and is answered at once, with `Connection: close`: hyper closes
+/// such a connection after the answer (the body may still come), and RFC 9110 (10.1.1) asks a
+/// server answering before the content to say whether it will close.
 async fn answer_after_draining(
     request: Request,
     waits_to_send: bool,

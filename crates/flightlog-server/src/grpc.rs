@@ -103,11 +103,11 @@ pub fn grpc_app(state: &AppState) -> Router {
                 state: state.clone(),
                 authorize,
             },
-            write_slot,
+            admit_export,
         ))
 }
 
-/// What [`write_slot`] needs: the server's state (its write limit) and the token check.
+/// What [`admit_export`] needs: the server's state (its write limit) and the token check.
 #[derive(Clone)]
 struct GrpcGate {
     state: AppState,
@@ -119,9 +119,9 @@ struct GrpcGate {
 /// off and retries) when none is free within the write wait. Without it a flood of gRPC exports
 /// bypassed the limit, each holding its decoded batch in memory while waiting for the store.
 /// As over HTTP, the message is read whole first, under the budgets of bodies in flight and
-/// the HTTP gate's rules (10 s allowed between bytes, 60 s in all, then `DEADLINE_EXCEEDED`),
-/// and the slot is taken only once it is here, so a slow peer holds no slot while its message
-/// trickles in.
+/// the HTTP gate's rules (10 s allowed between bytes, 10 s for the first 64 KiB, 60 s in all,
+/// then `DEADLINE_EXCEEDED`), and the slot is taken only once it is here, so a slow peer holds
+/// no slot while its message trickles in.
 ///
 /// The token is checked first, from the call's headers (its metadata), as the HTTP gate checks
 /// it before anything else: a peer without a valid token must not hold any of the budget of
@@ -130,7 +130,7 @@ struct GrpcGate {
 /// The caller's deadline (`grpc-timeout`) bounds the body, the wait for the slot and the
 /// export: past it the call ends `DEADLINE_EXCEEDED` and gives back what it holds (an import
 /// already handed to the writer still commits; the exporter's retry of it is idempotent).
-async fn write_slot(
+async fn admit_export(
     axum::extract::State(gate): axum::extract::State<GrpcGate>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
@@ -167,7 +167,7 @@ fn refuse(status: Status) -> axum::response::Response {
 }
 
 /// The export: its message read, then run under a slot of the write limit (see
-/// [`write_slot`]).
+/// [`admit_export`]).
 async fn export_in_slot(
     state: AppState,
     request: axum::extract::Request,
