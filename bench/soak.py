@@ -29,6 +29,8 @@ the end it checks, and exits 1 on any miss:
   this check);
 - both live clients saw a gap-free sequence, and every request had its expected status;
 - the runs left open were swept;
+- once the writers have stopped, no write slot and none of the budgets of request bodies is
+  still held (`/metrics`);
 - the detail tables hold no more than the retention allows (see `bounds` below); the digest of
   each run (rollup row and run key) is kept by design, and its bytes a run are printed.
 
@@ -519,6 +521,16 @@ for process in followers:
     process.join(timeout=30)
 while not reports.empty():
     failures.append(reports.get()[1])
+# With every writer stopped, nothing may still hold a write slot or any of the budgets of
+# request bodies: a request that kept what it took would starve the server slowly.
+held = {name: metric(reader, name) for name in (
+    "flightlog_http_writes_in_flight",
+    "flightlog_http_request_budget_held_bytes",
+    "flightlog_http_small_body_budget_held_bytes",
+)}
+for name, value in held.items():
+    if value != 0:
+        failures.append(f"{name} is {value} with no request in flight")
 server.terminate()
 server.wait(timeout=30)
 elapsed = time.time() - started
