@@ -501,8 +501,8 @@ impl SharedResponse {
                  this operation cannot take: wrong type, out of range, empty or too long."
             }
             Self::RequestTimeout => {
-                "`request_timeout`: the body stalled (nothing new for 10 s, or not whole within \
-                 60 s); the connection is closed."
+                "`request_timeout`: the body stalled (nothing new for 10 s, its first 64 KiB \
+                 not within 10 s, or not whole within 60 s); the connection is closed."
             }
             Self::Unauthorized => {
                 "`unauthorized`: tokens are configured and the request carries none, a malformed \
@@ -518,10 +518,12 @@ impl SharedResponse {
             }
             Self::Unavailable => {
                 "`unavailable`: the server is at its limit of writes in flight or of request \
-                 bodies in flight (`--request-budget`), the store is overloaded, another process holds the database's write lock too long, the disk \
-                 is full, the database file was deleted or replaced under the server (until it \
-                 is restarted), or the server is shutting down; nothing was written. Retry \
-                 after `Retry-After` seconds; the message says which."
+                 bodies in flight (`--request-budget` for bodies over 64 KiB, 64 KiB a write \
+                 slot for smaller ones), the store is overloaded, another process holds the \
+                 database's write lock too long, the disk is full or failing, the database file \
+                 was deleted or replaced under the server (until it is restarted), or the server \
+                 is shutting down; nothing was written. Retry after `Retry-After` seconds; the \
+                 message says which."
             }
             Self::Internal => {
                 "`internal`: the database failed or holds data this version cannot read."
