@@ -6,7 +6,7 @@
 //!   annotation on the handler, which is also what registers the route (see `crate::routes`);
 //! - schemas: `utoipa::ToSchema` on the wire types, the core's records included (its `openapi`
 //!   feature);
-//! - what the middleware adds to every route ([`finish`]): the bearer security requirement with
+//! - what the middleware adds to every route (`finish`): the bearer security requirement with
 //!   the scope [`crate::auth::required_access`] demands, `400` wherever input is taken,
 //!   `401`/`403` wherever a token is needed, `408` for writes (a stalled body), `413` everywhere
 //!   (the gate refuses a body declared too large on any route), `415` wherever a body is read,
@@ -14,8 +14,8 @@
 //!   [`crate::request_budget`]), `500`/`503` for every route over
 //!   the stores, the protobuf form of `/v1/traces`' errors, and the path ids' length bounds.
 //!
-//! [`base`] holds what no handler knows: the title, the tags, the security scheme. A new route
-//! needs nothing here; a new *area* adds its tag to [`tags`] and to [`ApiDoc`].
+//! `base` holds what no handler knows: the title, the tags, the security scheme. A new route
+//! needs nothing here; a new *area* adds its tag to `tags` and to `ApiDoc`.
 
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 /// The longest file name (in bytes) common Linux file systems take.
 pub(crate) const NAME_MAX: usize = 255;
 
-/// `<database><suffix>` beside the database, its name shortened to [`NAME_MAX`] bytes when
+/// `<database><suffix>` beside the database, its name shortened to `NAME_MAX` bytes when
 /// needed (see the module's doc).
 pub fn side_file_path(database: &Path, suffix: &str) -> PathBuf {
     let name = database.file_name().unwrap_or_default();

@@ -6,6 +6,8 @@
 //! SQLite store runs the whole batch as one job of its writer thread, each write failing alone
 //! (with a savepoint around each when one fails after it wrote), so a batch costs one queue
 //! round trip instead of one per write).
+//!
+//! [`ActivityStore::write_batch`]: super::ActivityStore::write_batch
 
 use serde_json::Value;
 

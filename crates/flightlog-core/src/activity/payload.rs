@@ -7,7 +7,7 @@
 //! payload is never invalid UTF-8.
 //!
 //! The text measured and stored is the one JavaScript's `JSON.stringify` writes for the value a
-//! JavaScript server's `JSON.parse` would have built (see [`compact_json`]): numbers in
+//! JavaScript server's `JSON.parse` would have built (see `compact_json`): numbers in
 //! JavaScript's form and keys in a JavaScript object's order, so the cap cuts where the
 //! reference cuts and a truncated payload keeps the reference's text. (A differential test
 //! against the reference found `[1.0, …]` from a Python client truncated here and kept there.)

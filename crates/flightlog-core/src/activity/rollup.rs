@@ -26,7 +26,7 @@
 //! A second extension: an OTLP run with several roots (each call of a service that a caller
 //! exporting elsewhere made in one trace is a root) counts every root's usage, each taken as a
 //! lone root's is from the model spans below it, one provider call counting once in the whole
-//! run (see [`usage_over_roots`]). Its name, start, end and
+//! run (see `usage_over_roots`). Its name, start, end and
 //! outcome stay the first root's, as the run list shows them. Runs of the reference's origins
 //! keep its rule (the first root alone).
 
@@ -55,7 +55,7 @@ pub struct RollupSpan {
     pub outcome_reason: Option<String>,
     pub usage: SpanUsage,
     /// The provider's id of the model call the span records (`gen_ai.response.id` over OTLP),
-    /// when known: two model spans with one call id are one call (see [`counted_model_usage`]).
+    /// when known: two model spans with one call id are one call (see `counted_model_usage`).
     pub call_id: Option<String>,
 }
 

@@ -4,9 +4,9 @@
 //!
 //! The rules are the reference's, every tolerant payload variant included; each `match` arm below
 //! names what it accepts. The cost of a summary is mostly memory traffic and allocation, so:
-//! each record's payload is read in one pass over its entries ([`Fields`]); the output lists are
+//! each record's payload is read in one pass over its entries (`Fields`); the output lists are
 //! sized by a first pass over the record types and built in place (no intermediate copies), with
-//! short lists searched linearly ([`KeyIndex`]); the blackboard is folded in the same pass; and
+//! short lists searched linearly (`KeyIndex`); the blackboard is folded in the same pass; and
 //! what only the last record decides (initiator, venue, reason) is borrowed until the end.
 
 use serde_json::Value;
