@@ -997,14 +997,17 @@ fn small_bodies_in_flight_hold_what_has_arrived_of_a_budget() {
     );
 
     let too_many = json!({"type": "note", "at": 2, "data": {"pad": "y".repeat(20_000)}});
+    let send_too_many = || {
+        request(
+            addr,
+            "POST",
+            "/v1/engagements/refused/events",
+            Some(&too_many),
+        )
+        .unwrap()
+    };
     let started = Instant::now();
-    let (status, body) = request(
-        addr,
-        "POST",
-        "/v1/engagements/refused/events",
-        Some(&too_many),
-    )
-    .unwrap();
+    let (status, body) = send_too_many();
     server.say(format!(
         "a 20 KB body beside 50 KB held: {status} after {:?}: {body:.200}",
         started.elapsed()
@@ -1027,13 +1030,7 @@ fn small_bodies_in_flight_hold_what_has_arrived_of_a_budget() {
         metric(addr, "flightlog_http_small_body_budget_held_bytes"),
         Some(0.0)
     );
-    let (status, body) = request(
-        addr,
-        "POST",
-        "/v1/engagements/refused/events",
-        Some(&too_many),
-    )
-    .unwrap();
+    let (status, body) = send_too_many();
     assert_eq!(
         status, 201,
         "it fits once the held body is answered: {body}"
