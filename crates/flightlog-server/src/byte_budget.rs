@@ -4,7 +4,7 @@
 //! clients at once can make the server hold; one type keeps their waiting, refusing and
 //! reporting the same.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +21,25 @@ pub struct ByteBudget {
     unit_bytes: usize,
     /// Requests refused for want of budget.
     refused: Arc<AtomicU64>,
+    /// Requests waiting for units now (see [`ByteBudget::has_waiters`]).
+    waiting: Arc<AtomicUsize>,
+}
+
+/// Counts one request among those waiting for a budget while it lives (so a wait cut short
+/// by its request being dropped is uncounted too).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn start(waiting: &'a AtomicUsize) -> Self {
+        waiting.fetch_add(1, Ordering::Relaxed);
+        Self(waiting)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl ByteBudget {
@@ -37,6 +56,7 @@ impl ByteBudget {
             total_units,
             unit_bytes,
             refused: Arc::new(AtomicU64::new(0)),
+            waiting: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -60,6 +80,7 @@ impl ByteBudget {
         if let Some(permit) = self.try_acquire(units) {
             return Some(permit);
         }
+        let _waiting = Waiting::start(&self.waiting);
         let acquire = Arc::clone(&self.units).acquire_many_owned(units);
         match tokio::time::timeout(BUDGET_WAIT, acquire).await {
             Ok(Ok(permit)) => Some(permit),
@@ -69,6 +90,12 @@ impl ByteBudget {
                 None
             }
         }
+    }
+
+    /// Whether a request is waiting for units now: a holder that is slow to use what it holds
+    /// may then be made to give it back (see `request_budget`).
+    pub fn has_waiters(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed) > 0
     }
 
     /// Units free now (for tests).
@@ -114,5 +141,34 @@ mod tests {
         assert_eq!(budget.usage().refused, 1);
         drop(held);
         assert_eq!(budget.available_units(), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_counts_as_waiting_only_while_it_waits() {
+        let budget = ByteBudget::new(4 * 4096, 4096);
+        let held = budget.acquire(4).await.expect("free");
+        assert!(!budget.has_waiters(), "taken at once, never waited");
+        let waiter = tokio::spawn({
+            let budget = budget.clone();
+            async move { budget.acquire(2).await.is_some() }
+        });
+        tokio::task::yield_now().await;
+        assert!(budget.has_waiters());
+        drop(held);
+        assert!(waiter.await.expect("the waiter ends"), "units came free");
+        assert!(!budget.has_waiters());
+
+        // A wait cut short by its request being dropped stops counting too.
+        let held = budget.acquire(4).await.expect("free again");
+        let dropped = tokio::spawn({
+            let budget = budget.clone();
+            async move { budget.acquire(1).await.is_some() }
+        });
+        tokio::task::yield_now().await;
+        assert!(budget.has_waiters());
+        dropped.abort();
+        assert!(dropped.await.is_err(), "cancelled");
+        assert!(!budget.has_waiters());
+        drop(held);
     }
 }

@@ -46,8 +46,8 @@ const DRAIN_TIME: Duration = Duration::from_secs(10);
 pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest a write's body may take in all. Without these two a client that sent a write's
 /// head and then stalled, or trickled its body, kept its connection, and what arrived of its
-/// body held in the budgets of bodies in flight (see `request_budget`; a large body holds its
-/// declared length), for as long as it liked. At the default 8 MiB limit this still allows
+/// body held in the budgets of bodies in flight (see `request_budget`; past its first 64 KiB
+/// a large body holds its declared length), for as long as it liked. At the default 8 MiB limit this still allows
 /// 140 KiB/s.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// The longest the first [`SMALL_BODY_BYTES`] of a body may take (6.4 KiB/s): all of a small
@@ -57,6 +57,20 @@ pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// for that minute, and every other write got 503 (an audit's finding, with 4 slots). With
 /// this, holding it takes sending the whole budget anew every 10 s.
 pub const SMALL_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// While another request waits for the budget of large bodies (see `request_budget`), a body
+/// holding some of it must have arrived at this many bytes a second on average since its
+/// head, less its first [`SLOW_BODY_GRACE`], or it is cut off (`408`) and gives its share to
+/// the one waiting. About what an 8 MiB body needs to arrive within [`BODY_READ_TIMEOUT`].
+/// Without it, a client that sent 64 KiB of a body declared 8 MB and then a byte every few
+/// seconds held 8 MB of the budget for that minute, and eight such kept every other body over
+/// 64 KiB (OTLP exports, large batches) out. A slow upload is left alone while nobody waits.
+pub const MIN_BODY_RATE_WHILE_AWAITED: f64 = 128.0 * 1024.0;
+/// How long a body may take before [`MIN_BODY_RATE_WHILE_AWAITED`] asks anything of it.
+pub const SLOW_BODY_GRACE: Duration = Duration::from_secs(1);
+/// How often a body holding some of the budget of large bodies looks for a request waiting
+/// for it while its next bytes are awaited.
+const SLOW_BODY_CHECK: Duration = Duration::from_millis(100);
 
 /// The middleware (installed by [`crate::app`] with `from_fn_with_state`).
 pub(crate) async fn gate(State(state): State<AppState>, request: Request, next: Next) -> Response {
@@ -131,8 +145,8 @@ async fn admit_and_run(
     // slow body must not hold a slot); any other body (a read's, or one sent where no route
     // is) is read and dropped, never held.
     let has_body = declared.is_some_and(|length| length > 0) || streams_its_body(&request);
-    // What the body holds of the budgets of bodies in flight, until the answer: a large
-    // declared length all of it before the body is read, anything else what has arrived.
+    // What the body holds of the budgets of bodies in flight, until the answer: what has
+    // arrived, and past its first 64 KiB all of a declared length.
     let mut hold = state.request_budget().hold();
     // A dropped body (a read's, or one sent where no route is) cut short closes the connection.
     let mut drained = Drained::ToItsEnd;
@@ -140,7 +154,7 @@ async fn admit_and_run(
         (false, _) => request,
         (true, true) => {
             let declared = declared.map_or(0, |length| usize::try_from(length).unwrap_or(limit));
-            if let Err(refusal) = hold.cover_declared(declared).await {
+            if let Err(refusal) = hold.cover_declared(declared, waits_to_send).await {
                 return answer_after_draining(request, waits_to_send, limit, refuse(refusal)).await;
             }
             match read_whole(request, limit, &mut hold).await {
@@ -279,7 +293,9 @@ pub(crate) enum BodyRead {
     TooLarge(Body),
     /// The connection failed while it was read.
     Failed(ApiError),
-    /// It stopped arriving ([`BODY_IDLE_TIMEOUT`]) or took too long ([`BODY_READ_TIMEOUT`]).
+    /// It stopped arriving ([`BODY_IDLE_TIMEOUT`]), took too long ([`BODY_READ_TIMEOUT`],
+    /// [`SMALL_BODY_READ_TIMEOUT`]), or was too slow while another request waited for the
+    /// budget it held ([`MIN_BODY_RATE_WHILE_AWAITED`]); it holds nothing any more.
     Stalled(ApiError),
     /// The budget of bodies in flight had no room for what arrived (see `request_budget`):
     /// the refusal, and the rest of the body, still unread.
@@ -308,7 +324,7 @@ pub(crate) async fn read_whole(
         // (one per chunk would be a timer-wheel entry per write request).
         let ready = futures_util::FutureExt::now_or_never(stream.next());
         let next = match ready {
-            Some(next) => Ok(next),
+            Some(next) => next,
             None => {
                 let whole_by = if length < SMALL_BODY_BYTES {
                     small_deadline
@@ -316,20 +332,13 @@ pub(crate) async fn read_whole(
                     deadline
                 };
                 let idle_deadline = (tokio::time::Instant::now() + BODY_IDLE_TIMEOUT).min(whole_by);
-                tokio::time::timeout_at(idle_deadline, stream.next()).await
-            }
-        };
-        let next = match next {
-            Ok(next) => next,
-            Err(_) => {
-                return Err(BodyRead::Stalled(ApiError::RequestTimeout(format!(
-                    "the request body stalled after {length} bytes: a body must keep arriving \
-                     (nothing for {} s), its first {SMALL_BODY_BYTES} bytes within {} s, and \
-                     all of it within {} s",
-                    BODY_IDLE_TIMEOUT.as_secs(),
-                    SMALL_BODY_READ_TIMEOUT.as_secs(),
-                    BODY_READ_TIMEOUT.as_secs()
-                ))))
+                match next_chunk(&mut stream, idle_deadline, hold, length, started).await {
+                    Ok(next) => next,
+                    Err(refusal) => {
+                        hold.release();
+                        return Err(BodyRead::Stalled(refusal));
+                    }
+                }
             }
         };
         let Some(chunk) = next else {
@@ -354,6 +363,53 @@ pub(crate) async fn read_whole(
         _ => Body::from(chunks.concat()),
     };
     Ok(Request::from_parts(parts, whole))
+}
+
+/// The next chunk of a body of which `length` bytes arrived since `started`, awaited until
+/// `idle_deadline`; while the body holds some of the budget of large bodies, looking every
+/// [`SLOW_BODY_CHECK`] for a request waiting for it, and cutting the body off if it is slower
+/// than [`MIN_BODY_RATE_WHILE_AWAITED`] then. The refusal (`408`) when it stalls or is cut off.
+async fn next_chunk(
+    stream: &mut axum::body::BodyDataStream,
+    idle_deadline: tokio::time::Instant,
+    hold: &BodyHold,
+    length: usize,
+    started: tokio::time::Instant,
+) -> Result<Option<Result<Bytes, axum::Error>>, ApiError> {
+    loop {
+        let now = tokio::time::Instant::now();
+        let wake = if hold.holds_large() {
+            idle_deadline.min(now + SLOW_BODY_CHECK)
+        } else {
+            idle_deadline
+        };
+        if let Ok(next) = tokio::time::timeout_at(wake, stream.next()).await {
+            return Ok(next);
+        }
+        let now = tokio::time::Instant::now();
+        if now >= idle_deadline {
+            return Err(ApiError::RequestTimeout(format!(
+                "the request body stalled after {length} bytes: a body must keep arriving \
+                 (nothing for {} s), its first {SMALL_BODY_BYTES} bytes within {} s, and all \
+                 of it within {} s",
+                BODY_IDLE_TIMEOUT.as_secs(),
+                SMALL_BODY_READ_TIMEOUT.as_secs(),
+                BODY_READ_TIMEOUT.as_secs()
+            )));
+        }
+        let elapsed = now.duration_since(started);
+        let expected =
+            MIN_BODY_RATE_WHILE_AWAITED * elapsed.saturating_sub(SLOW_BODY_GRACE).as_secs_f64();
+        if hold.large_is_awaited() && (length as f64) < expected {
+            return Err(ApiError::RequestTimeout(format!(
+                "the request body arrived too slowly: {length} bytes in {:.1} s, under {} KiB/s, \
+                 while other requests waited for the budget of bodies in flight it held \
+                 (--request-budget); send it faster, or retry when the server is less busy",
+                elapsed.as_secs_f64(),
+                MIN_BODY_RATE_WHILE_AWAITED / 1024.0
+            )));
+        }
+    }
 }
 
 /// Read and discard up to [`DRAIN_LIMITS`] times the limit of a body that will not be used,

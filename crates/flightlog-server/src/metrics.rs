@@ -686,8 +686,8 @@ impl ScrapeValues {
         let bodies = self.request_budget;
         registry.register(
             "flightlog_http_request_budget_bytes",
-            "The budget of request bodies over 64 KiB, held from before they are read until \
-             they are answered (--request-budget)",
+            "The budget of request bodies over 64 KiB, held from when their first 64 KiB \
+             have arrived until they are answered (--request-budget)",
             gauge_i64(saturating_i64(bodies.total_bytes)),
         );
         registry.register(
@@ -698,13 +698,13 @@ impl ScrapeValues {
         let small = self.small_body_budget;
         registry.register(
             "flightlog_http_small_body_budget_bytes",
-            "The budget of request bodies of at most 64 KiB, held as they arrive until they \
-             are answered (64 KiB a slot of the write limit)",
+            "The budget of the first 64 KiB of request bodies (all of nearly every write), \
+             held as they arrive until they are answered (64 KiB a slot of the write limit)",
             gauge_i64(saturating_i64(small.total_bytes)),
         );
         registry.register(
             "flightlog_http_small_body_budget_held_bytes",
-            "What small request bodies hold of that budget now",
+            "What request bodies hold of that budget now",
             gauge_i64(saturating_i64(small.held_bytes)),
         );
         let refused: Counter = Counter::default();

@@ -502,7 +502,9 @@ impl SharedResponse {
             }
             Self::RequestTimeout => {
                 "`request_timeout`: the body stalled (nothing new for 10 s, its first 64 KiB \
-                 not within 10 s, or not whole within 60 s); the connection is closed."
+                 not within 10 s, or not whole within 60 s), or a body over 64 KiB arrived \
+                 slower than 128 KiB/s while another waited for the memory it held; the \
+                 connection is closed."
             }
             Self::Unauthorized => {
                 "`unauthorized`: tokens are configured and the request carries none, a malformed \

@@ -1,10 +1,10 @@
 //! The memory budgets of request bodies in flight: from its first byte until its answer is
-//! given, a write's body holds its size of a budget shared by every request. A body larger
-//! than [`SMALL_BODY_BYTES`] holds it of the budget of large bodies
+//! given, a write's body holds its size of budgets shared by every request. Its first
+//! [`SMALL_BODY_BYTES`] (all of nearly every write: a span start is a few hundred bytes) hold
+//! the budget of small bodies, the write limit times [`SMALL_BODY_BYTES`] (256 MiB at the
+//! default limit of 4,096); a body larger than that holds the budget of large bodies instead
 //! ([`ServerConfig::request_budget_bytes`](crate::state::ServerConfig), 64 MiB by default,
-//! `--request-budget`); a smaller one (nearly every write: a span start is a few hundred
-//! bytes) of the budget of small bodies, the write limit times [`SMALL_BODY_BYTES`] (256 MiB
-//! at the default limit of 4,096).
+//! `--request-budget`).
 //!
 //! Why it exists: nothing else bounds the bodies being read. The write limit (see `overload`)
 //! bounds how many writes are handled at once, and a write takes its slot only once its body
@@ -20,26 +20,31 @@
 //! what it declares: a client that sends a write's head and then trickles its body a byte at
 //! a time holds a few bytes, not 64 KiB, so such clients can fill the small budget only by
 //! sending its 256 MiB, and only for the 10 s the first 64 KiB of a body may take
-//! (`gate::SMALL_BODY_READ_TIMEOUT`). (A write used to take its write slot before its body was read, and
-//! the slots bounded small bodies: 4,096 connections that each sent a head and then a byte
-//! every few seconds held every slot for the minute a body may take, and every other write got
-//! 503 meanwhile; a durability audit's finding.)
+//! (`gate::SMALL_BODY_READ_TIMEOUT`). (A write used to take its write slot before its body
+//! was read, and the slots bounded small bodies: 4,096 connections that each sent a head and
+//! then a byte every few seconds held every slot for the minute a body may take, and every
+//! other write got 503 meanwhile; a durability audit's finding.)
 //!
-//! A large body with a declared length takes all of it before its first byte is read; a body
-//! of no declared length (chunked, most gRPC calls) moves to the large budget once it passes
-//! [`SMALL_BODY_BYTES`], taking its size as it arrives. A hold never waits while holding: one
-//! that needs more than is free gives back what it holds and waits for the whole of what it
-//! needs in one go ([`BodyHold::cover`]). Taken bit by bit, a hundred 8 MB bodies arriving
-//! together each took a share of the budget and then waited for more, none could finish, and
-//! all hundred were refused; taken whole, eight are handled at a time. A body larger than the
-//! whole budget takes all of it, so it is handled alone rather than never. The cost: a client
-//! that declares 8 MB and then sends a byte every few seconds holds 8 MB of the large budget
-//! for up to the minute a body may take (`BODY_READ_TIMEOUT`); with tokens configured, only a
-//! client with the `ingest` scope can. Small bodies never wait behind large ones, as small
-//! answers never wait behind large answers in the response budget: the two budgets are
-//! separate semaphores (a semaphore serves waiters in order, and a waiting hold takes the
-//! units that come free: 2-op batches took 253 ms at the median behind 900 KB bodies, and some
-//! were refused, while 124 KB of the budget was free; an audit's finding).
+//! Past its first [`SMALL_BODY_BYTES`], a body with a declared length takes all of it of the budget of large bodies at
+//! once; a body of no declared length (chunked, most gRPC calls) takes its size as it
+//! arrives. A hold never waits while holding: one that needs more than is free gives back
+//! what it holds and waits for the whole of what it needs in one go ([`BodyHold::cover`]).
+//! Taken bit by bit, a hundred 8 MB bodies arriving together each took a share of the budget
+//! and then waited for more, none could finish, and all hundred were refused; taken whole,
+//! eight are handled at a time. A body larger than the whole budget takes all of it, so it is
+//! handled alone rather than never. A large body used to take its declared length before its
+//! first byte was read: eight connections that each sent the head of an 8 MB batch and
+//! nothing more held the whole 64 MiB, ten seconds at a time, and 43 of 44 batches of 200 KB
+//! meanwhile got 503. A head now holds nothing; a client waiting for `100 Continue` is still
+//! refused before it sends a body that would not fit ([`BodyHold::cover_declared`]). And a
+//! body holding some of the large budget while another request waits for it must be arriving
+//! at 128 KiB/s or be cut off (`gate::MIN_BODY_RATE_WHILE_AWAITED`): else a client sending
+//! 64 KiB and then a byte every few seconds held 8 MB for the minute a body may take. Small
+//! bodies never wait behind large ones, as small answers never wait behind large answers in
+//! the response budget: the two budgets are separate semaphores (a semaphore serves waiters in
+//! order, and a waiting hold takes the units that come free: 2-op batches took 253 ms at the
+//! median behind 900 KB bodies, and some were refused, while 124 KB of the budget was free; an
+//! audit's finding).
 //!
 //! A body refused partway (it did not fit when more of it arrived) gives back what it held at
 //! once, and is answered once the rest of it has been read and dropped (at most 10 s, see
@@ -104,6 +109,7 @@ impl RequestBudget {
             budget: self.clone(),
             large: Share::default(),
             small: Share::default(),
+            declared: 0,
         }
     }
 
@@ -175,23 +181,41 @@ pub struct BodyHold {
     budget: RequestBudget,
     large: Share,
     small: Share,
+    /// The length the body declared when it is over [`SMALL_BODY_BYTES`], else 0.
+    declared: usize,
 }
 
 impl BodyHold {
-    /// Hold enough for a body that declares `len` bytes, before any of it is read: all of it
-    /// for a large body; nothing for a small one, which holds what arrives of it (see the
-    /// module doc). 503 when it does not fit.
-    pub async fn cover_declared(&mut self, len: usize) -> Result<(), ApiError> {
+    /// Note that the body declares `len` bytes, before any of it is read. A large body takes
+    /// all of it once its first [`SMALL_BODY_BYTES`] have arrived (see [`BodyHold::cover`]),
+    /// not before: a head alone holds nothing. A client waiting for `100 Continue`
+    /// (`waits_to_send`) has sent nothing and sends nothing unless told to: it is refused
+    /// here (503) when its body would not fit within [`BUDGET_WAIT`], so that it never sends a
+    /// body only to see it refused; what this waits for is given back at once.
+    pub async fn cover_declared(
+        &mut self,
+        len: usize,
+        waits_to_send: bool,
+    ) -> Result<(), ApiError> {
         if len <= SMALL_BODY_BYTES {
             return Ok(());
         }
-        self.cover(len).await
+        self.declared = len;
+        if waits_to_send {
+            let fits = self.large.cover(&self.budget.large, len).await;
+            self.large.release();
+            if !fits {
+                return Err(self.large_refusal(len));
+            }
+        }
+        Ok(())
     }
 
     /// Hold enough for `len` bytes of body (what has arrived, or what it inflates to): of the
-    /// budget of small bodies up to [`SMALL_BODY_BYTES`], past it of the budget of large
-    /// bodies (the small share then given back). 503 when it does not come free within
-    /// [`BUDGET_WAIT`], the hold then holding nothing of that budget.
+    /// budget of small bodies up to [`SMALL_BODY_BYTES`]; past it, of the budget of large
+    /// bodies, all of what the body declared if that is more (the small share then given
+    /// back). 503 when it does not come free within [`BUDGET_WAIT`], the hold then holding
+    /// nothing of that budget.
     pub async fn cover(&mut self, len: usize) -> Result<(), ApiError> {
         if len <= SMALL_BODY_BYTES {
             if self.large.covered > 0 || self.small.cover(&self.budget.small, len).await {
@@ -200,21 +224,43 @@ impl BodyHold {
             let total = self.budget.small_usage().total_bytes;
             return Err(ApiError::Unavailable(format!(
                 "the server is reading and handling many request bodies at once, and what has \
-                 arrived of them holds its budget of {total} bytes for bodies up to 64 KiB \
-                 (and the first 64 KiB of those of no declared length; 64 KiB a slot of \
-                 --max-inflight-writes), which has no room for this body now: retry shortly"
+                 arrived of them holds its budget of {total} bytes for the first 64 KiB of \
+                 each body (64 KiB a slot of --max-inflight-writes), which has no room for \
+                 this body now: retry shortly"
             )));
         }
+        let len = len.max(self.declared);
         if !self.large.cover(&self.budget.large, len).await {
-            let total = self.budget.usage().total_bytes;
-            return Err(ApiError::Unavailable(format!(
-                "the server is reading and handling other requests' bodies, which hold its \
-                 budget of {total} bytes for bodies in flight (--request-budget); this body \
-                 of {len} bytes does not fit now: retry shortly"
-            )));
+            return Err(self.large_refusal(len));
         }
         self.small.release();
         Ok(())
+    }
+
+    /// Whether the body holds some of the budget of large bodies.
+    pub fn holds_large(&self) -> bool {
+        self.large.covered > 0
+    }
+
+    /// Whether the body holds some of the budget of large bodies while another request waits
+    /// for it: a slow body then gives way (see `gate::read_whole`).
+    pub fn large_is_awaited(&self) -> bool {
+        self.holds_large() && self.budget.large.has_waiters()
+    }
+
+    /// Give back everything held, before the answer (a body cut off for its slowness).
+    pub fn release(&mut self) {
+        self.large.release();
+        self.small.release();
+    }
+
+    fn large_refusal(&self, len: usize) -> ApiError {
+        let total = self.budget.usage().total_bytes;
+        ApiError::Unavailable(format!(
+            "the server is reading and handling other requests' bodies, which hold its budget \
+             of {total} bytes for bodies in flight (--request-budget); this body of {len} \
+             bytes does not fit now: retry shortly"
+        ))
     }
 }
 
@@ -263,7 +309,7 @@ mod tests {
         // A small body declares its length and holds nothing for it: only what arrives.
         let mut trickling = budget.hold();
         trickling
-            .cover_declared(SMALL_BODY_BYTES)
+            .cover_declared(SMALL_BODY_BYTES, false)
             .await
             .expect("nothing to hold");
         assert_eq!(budget.small_usage().held_bytes, 0);
@@ -294,6 +340,64 @@ mod tests {
         assert_eq!(budget.small_usage().held_bytes, SMALL_UNIT_BYTES);
         small.cover(10).await.expect("covered by its large share");
         assert_eq!(budget.small_usage().held_bytes, SMALL_UNIT_BYTES);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_large_declared_body_takes_its_whole_length_once_its_first_64_kib_arrived() {
+        let budget = RequestBudget::new(640 * 1024, 4 * SMALL_BODY_BYTES);
+        let mut hold = budget.hold();
+        hold.cover_declared(500_000, false)
+            .await
+            .expect("a head holds nothing");
+        assert_eq!(budget.usage().held_bytes, 0);
+        hold.cover(30_000).await.expect("room");
+        assert_eq!(budget.usage().held_bytes, 0);
+        assert_eq!(budget.small_usage().held_bytes, 30_016);
+        hold.cover(SMALL_BODY_BYTES + 1).await.expect("room");
+        assert_eq!(budget.usage().held_bytes, 503_808, "all of 500,000 bytes");
+        assert_eq!(budget.small_usage().held_bytes, 0);
+        assert!(hold.holds_large());
+        assert!(!hold.large_is_awaited(), "nobody waits");
+
+        // Another body crossing 64 KiB waits for what it declared; meanwhile the first one's
+        // share is awaited.
+        let mut other = budget.hold();
+        other.cover_declared(300_000, false).await.expect("a head");
+        let waiting = tokio::spawn(async move {
+            let taken = other.cover(SMALL_BODY_BYTES + 1).await.is_ok();
+            (other, taken)
+        });
+        tokio::task::yield_now().await;
+        assert!(hold.large_is_awaited());
+        hold.release();
+        let (other, taken) = waiting.await.expect("the waiter ends");
+        assert!(taken, "the share given back went to the one waiting");
+        assert_eq!(budget.usage().held_bytes, 303_104);
+        drop(other);
+        assert_eq!(budget.usage().held_bytes, 0);
+        assert_eq!(budget.usage().refused, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_awaiting_100_continue_is_refused_before_it_is_sent_when_it_would_not_fit() {
+        let budget = RequestBudget::new(640 * 1024, SMALL_BODY_BYTES);
+        let mut first = budget.hold();
+        first.cover(400_000).await.expect("room");
+        let mut waits = budget.hold();
+        let refusal = waits
+            .cover_declared(300_000, true)
+            .await
+            .expect_err("no room for 300,000 bytes");
+        assert!(matches!(refusal, ApiError::Unavailable(_)), "{refusal:?}");
+        waits
+            .cover_declared(200_000, true)
+            .await
+            .expect("room for 200,000 bytes");
+        assert_eq!(
+            budget.usage().held_bytes,
+            401_408,
+            "the check holds nothing once done"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,8 +1,11 @@
 //! The budget of request bodies in flight on a real server (`--request-budget`, here 640 KiB):
 //! while one write's large body is being received, a body that does not fit in what is left
-//! (declared, or chunked) is answered `503 unavailable` with `Retry-After` before anything of it
-//! is stored, a small one (charged to the budget of small bodies, never to this one) still goes
-//! through, and once the first is answered the refused one fits again. A compressed OTLP export holds what it inflates to. Nothing acknowledged is lost.
+//! (declared, chunked, or waiting for `100 Continue`) is answered `503 unavailable` with
+//! `Retry-After` before anything of it is stored, a small one (charged to the budget of small
+//! bodies, never to this one) still goes through, and once the first is answered the refused
+//! one fits again. A compressed OTLP export holds what it inflates to. A head alone holds
+//! nothing of it, and a body that arrives too slowly while another waits gives way. Nothing
+//! acknowledged is lost.
 //!
 //! Why: a hundred clients sending 8 MB bodies at once took the server to 1.3 GB; the write
 //! limit bounds how many bodies, not how many bytes.
@@ -68,7 +71,7 @@ async fn partly_sent_write(
         .expect("send part of the body");
     let mut waited = 0;
     loop {
-        // A declared length is held whole before the body is read (see `request_budget`).
+        // A declared length is held whole once its first 64 KiB arrived (see `request_budget`).
         if held_bytes(server).await >= body.len() as f64 {
             return (stream, rest.to_vec());
         }
@@ -101,8 +104,9 @@ async fn scenario() {
         Some(BUDGET as f64)
     );
 
-    // A 450 KB body, half of it sent: it holds its declared length while it arrives.
-    let (mut held, rest) = partly_sent_write(&server, "first", 450_000, 220_000).await;
+    // A 450 KB body, most of it sent: it holds its declared length while it arrives (and is
+    // far ahead of the rate asked of a body while others wait for the budget it holds).
+    let (mut held, rest) = partly_sent_write(&server, "first", 450_000, 440_000).await;
 
     // A 300 KB body does not fit in the ~200 KiB left: 503, Retry-After, nothing stored.
     let second = span_body("second", 300_000);
@@ -146,6 +150,23 @@ async fn scenario() {
         .await
         .assert_error(404, "not_found");
 
+    // A client waiting for `100 Continue` is refused before it sends a body that would not fit.
+    let mut waits = TcpStream::connect(&addr).await.expect("connect");
+    let head = format!(
+        "POST /v1/activity/spans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: 300000\r\nExpect: 100-continue\r\n\r\n"
+    );
+    waits.write_all(head.as_bytes()).await.expect("send head");
+    let mut answer = Vec::new();
+    waits
+        .read_to_end(&mut answer)
+        .await
+        .expect("read the answer");
+    let text = String::from_utf8_lossy(&answer).to_lowercase();
+    assert_eq!(status_line_code(&answer), 503, "{text}");
+    assert!(!text.contains("100 continue"), "{text}");
+    assert!(text.contains("connection: close"), "{text}");
+
     // A small write holds the budget of small bodies, not this one: it goes through at once.
     let small = json!({"spanId": "small", "runId": "budget", "name": "small", "kind": "tool", "origin": "session",
                        "startedAt": 2});
@@ -175,7 +196,7 @@ async fn scenario() {
     let metrics = scrape(&server).await;
     assert_eq!(
         metrics.get("flightlog_http_request_bodies_refused_total"),
-        Some(2.0)
+        Some(3.0)
     );
     assert_eq!(held_bytes(&server).await, 0.0);
     server.stop().await;
@@ -212,7 +233,8 @@ async fn export(server: &TestServer, body: Vec<u8>) -> reqwest::Response {
 }
 
 /// A server with a 1,920 KiB request budget (and a gRPC listener when `grpc`), 400 KB of it
-/// held by a span start half sent: the server, that connection and the rest of its body.
+/// held by a span start all but 10 KB sent: the server, that connection and the rest of its
+/// body.
 async fn server_holding_400_kb(grpc: bool) -> (TestServer, TcpStream, Vec<u8>) {
     let server = TestServer::start_with(Options {
         grpc,
@@ -223,7 +245,7 @@ async fn server_holding_400_kb(grpc: bool) -> (TestServer, TcpStream, Vec<u8>) {
         ..Options::default()
     })
     .await;
-    let (held, rest) = partly_sent_write(&server, "first", 400_000, 200_000).await;
+    let (held, rest) = partly_sent_write(&server, "first", 400_000, 390_000).await;
     (server, held, rest)
 }
 
@@ -382,4 +404,123 @@ async fn a_small_body_that_keeps_trickling_is_cut_off_after_10_s() {
         .await
         .assert_status(200);
     server.stop().await;
+}
+
+/// The bytes held of the budget of small bodies (every body's first 64 KiB).
+async fn small_held_bytes(server: &TestServer) -> f64 {
+    scrape(server)
+        .await
+        .get("flightlog_http_small_body_budget_held_bytes")
+        .unwrap_or(-1.0)
+}
+
+/// The head of a large body holds nothing of the budget of large bodies until the body's first
+/// 64 KiB arrive: heads that declared 8 MB and sent nothing more held it all, ten seconds at a
+/// time, and every batch over 64 KiB got 503 meanwhile (measured with eight such heads).
+#[tokio::test]
+async fn a_large_body_holds_its_declared_length_only_once_its_first_64_kib_arrived() {
+    let server = TestServer::start_with(Options {
+        config: ServerConfig {
+            request_budget_bytes: BUDGET,
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    // Two heads declaring 500 KB each (more than the budget together), and 1,000 bytes of
+    // each body: what arrived holds the budget of small bodies, nothing the large one.
+    let mut heads = Vec::new();
+    for span_id in ["head-1", "head-2"] {
+        let body = span_body(span_id, 500_000);
+        let mut stream = TcpStream::connect(&addr).await.expect("connect");
+        let head = format!(
+            "POST /v1/activity/spans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: \
+             application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.expect("send head");
+        stream.write_all(&body[..1_000]).await.expect("send a part");
+        heads.push(stream);
+    }
+    let mut waited = 0;
+    while small_held_bytes(&server).await < 2_000.0 {
+        waited += 1;
+        assert!(waited < 200, "the heads' bytes never reached the server");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(held_bytes(&server).await, 0.0);
+
+    // A 600 KB body fits the whole budget meanwhile.
+    let whole = server
+        .client
+        .post(format!("{}/v1/activity/spans", server.base))
+        .header("content-type", "application/json")
+        .body(span_body("whole", 600_000))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(whole.status().as_u16(), 201);
+    server
+        .get("/v1/activity/spans/whole")
+        .await
+        .assert_status(200);
+    drop(heads);
+    server.stop().await;
+}
+
+/// A body holding the budget of large bodies gives way when it arrives slower than 128 KiB/s
+/// while another body waits for that budget: a client that sent 64 KiB of a body declared
+/// 8 MB and then a byte every few seconds held 8 MB for the minute a body may take. While
+/// nobody waits, a slow body is left alone.
+#[tokio::test]
+async fn a_slow_large_body_gives_way_to_one_waiting_for_its_budget() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let server = TestServer::start_with(Options {
+            config: ServerConfig {
+                request_budget_bytes: BUDGET,
+                ..ServerConfig::default()
+            },
+            ..Options::default()
+        })
+        .await;
+        // 100 KB of a 500 KB body: behind 128 KiB/s once 1.8 s have passed.
+        let (mut slow, _rest) = partly_sent_write(&server, "slow", 500_000, 100_000).await;
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        assert!(
+            held_bytes(&server).await >= 500_000.0,
+            "nobody waits: the slow body keeps its budget"
+        );
+
+        let waiting = server
+            .client
+            .post(format!("{}/v1/activity/spans", server.base))
+            .header("content-type", "application/json")
+            .body(span_body("waiting", 400_000))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(waiting.status().as_u16(), 201);
+
+        let mut answer = Vec::new();
+        slow.read_to_end(&mut answer)
+            .await
+            .expect("read the answer");
+        let text = String::from_utf8_lossy(&answer).to_lowercase();
+        assert_eq!(status_line_code(&answer), 408, "{text}");
+        assert!(text.contains("connection: close"), "{text}");
+        assert!(text.contains("too slowly"), "{text}");
+        server
+            .get("/v1/activity/spans/slow")
+            .await
+            .assert_error(404, "not_found");
+        server
+            .get("/v1/activity/spans/waiting")
+            .await
+            .assert_status(200);
+        assert_eq!(held_bytes(&server).await, 0.0);
+        server.stop().await;
+    })
+    .await
+    .expect("the scenario ends within 60 s");
 }
