@@ -59,15 +59,23 @@ pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 pub const SMALL_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// While another request waits for the budget of large bodies (see `request_budget`), a body
-/// holding some of it must have arrived at this many bytes a second on average since its
-/// head, less its first [`SLOW_BODY_GRACE`], or it is cut off (`408`) and gives its share to
-/// the one waiting. About what an 8 MiB body needs to arrive within [`BODY_READ_TIMEOUT`].
-/// Without it, a client that sent 64 KiB of a body declared 8 MB and then a byte every few
-/// seconds held 8 MB of the budget for that minute, and eight such kept every other body over
-/// 64 KiB (OTLP exports, large batches) out. A slow upload is left alone while nobody waits.
+/// holding some of it must have arrived at this many bytes a second on average since it took
+/// its share, less the first [`SLOW_BODY_GRACE`], or it is cut off (`408`) and gives its
+/// share to the one waiting. About what an 8 MiB body needs to arrive within
+/// [`BODY_READ_TIMEOUT`]. Without it, a client that sent 64 KiB of a body declared 8 MB and
+/// then a byte every few seconds held 8 MB of the budget for that minute, and eight such kept
+/// every other body over 64 KiB (OTLP exports, large batches) out. A slow upload is left alone
+/// while nobody waits. The average is taken from the share, not from the head: what a body
+/// sent before (its first 64 KiB at once, say) bought no time, and the time it waited for
+/// the share is not held against it.
 pub const MIN_BODY_RATE_WHILE_AWAITED: f64 = 128.0 * 1024.0;
-/// How long a body may take before [`MIN_BODY_RATE_WHILE_AWAITED`] asks anything of it.
-pub const SLOW_BODY_GRACE: Duration = Duration::from_secs(1);
+/// How long a body holding some of the budget of large bodies may take before
+/// [`MIN_BODY_RATE_WHILE_AWAITED`] asks anything of it: half of what a request waits for the
+/// budget (`BUDGET_WAIT`), so that a body that went slow just after it took its share is cut
+/// off while the request waiting still waits. (With 1 s from the head, eight clients that
+/// each sent 64 KiB and then a byte every 3 s, reconnecting when cut off, still held the
+/// whole budget now and then: 4 of 107 batches of 200 KB got 503.)
+pub const SLOW_BODY_GRACE: Duration = Duration::from_millis(250);
 /// How often a body holding some of the budget of large bodies looks for a request waiting
 /// for it while its next bytes are awaited.
 const SLOW_BODY_CHECK: Duration = Duration::from_millis(100);
@@ -319,6 +327,8 @@ pub(crate) async fn read_whole(
     let started = tokio::time::Instant::now();
     let deadline = started + BODY_READ_TIMEOUT;
     let small_deadline = started + SMALL_BODY_READ_TIMEOUT;
+    // When the body took its share of the budget of large bodies, and its length then.
+    let mut large_since: Option<(tokio::time::Instant, usize)> = None;
     loop {
         // Most bodies have arrived with their head: take what is there without arming a timer
         // (one per chunk would be a timer-wheel entry per write request).
@@ -332,7 +342,7 @@ pub(crate) async fn read_whole(
                     deadline
                 };
                 let idle_deadline = (tokio::time::Instant::now() + BODY_IDLE_TIMEOUT).min(whole_by);
-                match next_chunk(&mut stream, idle_deadline, hold, length, started).await {
+                match next_chunk(&mut stream, idle_deadline, hold, length, large_since).await {
                     Ok(next) => next,
                     Err(refusal) => {
                         hold.release();
@@ -356,6 +366,9 @@ pub(crate) async fn read_whole(
         if let Err(refusal) = hold.cover(length).await {
             return Err(BodyRead::OverBudget(refusal, Body::from_stream(stream)));
         }
+        if large_since.is_none() && hold.holds_large() {
+            large_since = Some((tokio::time::Instant::now(), length));
+        }
         chunks.push(chunk);
     }
     let whole = match chunks.len() {
@@ -365,20 +378,21 @@ pub(crate) async fn read_whole(
     Ok(Request::from_parts(parts, whole))
 }
 
-/// The next chunk of a body of which `length` bytes arrived since `started`, awaited until
-/// `idle_deadline`; while the body holds some of the budget of large bodies, looking every
-/// [`SLOW_BODY_CHECK`] for a request waiting for it, and cutting the body off if it is slower
-/// than [`MIN_BODY_RATE_WHILE_AWAITED`] then. The refusal (`408`) when it stalls or is cut off.
+/// The next chunk of a body of which `length` bytes arrived, awaited until `idle_deadline`;
+/// while the body holds some of the budget of large bodies (taken when its length was the
+/// second of `large_since`), looking every [`SLOW_BODY_CHECK`] for a request waiting for it,
+/// and cutting the body off if it is slower than [`MIN_BODY_RATE_WHILE_AWAITED`] then. The
+/// refusal (`408`) when it stalls or is cut off.
 async fn next_chunk(
     stream: &mut axum::body::BodyDataStream,
     idle_deadline: tokio::time::Instant,
     hold: &BodyHold,
     length: usize,
-    started: tokio::time::Instant,
+    large_since: Option<(tokio::time::Instant, usize)>,
 ) -> Result<Option<Result<Bytes, axum::Error>>, ApiError> {
     loop {
         let now = tokio::time::Instant::now();
-        let wake = if hold.holds_large() {
+        let wake = if large_since.is_some() {
             idle_deadline.min(now + SLOW_BODY_CHECK)
         } else {
             idle_deadline
@@ -397,14 +411,19 @@ async fn next_chunk(
                 BODY_READ_TIMEOUT.as_secs()
             )));
         }
-        let elapsed = now.duration_since(started);
+        let Some((since, length_then)) = large_since else {
+            continue;
+        };
+        let elapsed = now.duration_since(since);
+        let arrived = length.saturating_sub(length_then);
         let expected =
             MIN_BODY_RATE_WHILE_AWAITED * elapsed.saturating_sub(SLOW_BODY_GRACE).as_secs_f64();
-        if hold.large_is_awaited() && (length as f64) < expected {
+        if (arrived as f64) < expected && hold.large_is_awaited() {
             return Err(ApiError::RequestTimeout(format!(
-                "the request body arrived too slowly: {length} bytes in {:.1} s, under {} KiB/s, \
-                 while other requests waited for the budget of bodies in flight it held \
-                 (--request-budget); send it faster, or retry when the server is less busy",
+                "the request body arrived too slowly: {arrived} bytes in the {:.1} s since it \
+                 took its share of the budget of bodies in flight (--request-budget), under \
+                 {} KiB/s, while other requests waited for that share; send it faster, or \
+                 retry when the server is less busy",
                 elapsed.as_secs_f64(),
                 MIN_BODY_RATE_WHILE_AWAITED / 1024.0
             )));

@@ -484,7 +484,8 @@ async fn a_slow_large_body_gives_way_to_one_waiting_for_its_budget() {
             ..Options::default()
         })
         .await;
-        // 100 KB of a 500 KB body: behind 128 KiB/s once 1.8 s have passed.
+        // 100 KB of a 500 KB body and nothing more: behind 128 KiB/s from 250 ms after it
+        // took its share.
         let (mut slow, _rest) = partly_sent_write(&server, "slow", 500_000, 100_000).await;
         tokio::time::sleep(Duration::from_millis(2_500)).await;
         assert!(
