@@ -47,8 +47,8 @@ pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest a write's body may take in all. Without these two a client that sent a write's
 /// head and then stalled, or trickled its body, kept its connection, and what arrived of its
 /// body held in the budgets of bodies in flight (see `request_budget`; past its first 64 KiB
-/// a large body holds its declared length), for as long as it liked. At the default 8 MiB limit this still allows
-/// 140 KiB/s.
+/// a large body holds its declared length), for as long as it liked. At the default 8 MiB
+/// limit this still allows 140 KiB/s.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// The longest the first [`SMALL_BODY_BYTES`] of a body may take (6.4 KiB/s): all of a small
 /// body. Small bodies hold what has arrived of them of their own budget (see `request_budget`),

@@ -25,26 +25,25 @@
 //! then a byte every few seconds held every slot for the minute a body may take, and every
 //! other write got 503 meanwhile; a durability audit's finding.)
 //!
-//! Past its first [`SMALL_BODY_BYTES`], a body with a declared length takes all of it of the budget of large bodies at
-//! once; a body of no declared length (chunked, most gRPC calls) takes its size as it
-//! arrives. A hold never waits while holding: one that needs more than is free gives back
-//! what it holds and waits for the whole of what it needs in one go ([`BodyHold::cover`]).
-//! Taken bit by bit, a hundred 8 MB bodies arriving together each took a share of the budget
-//! and then waited for more, none could finish, and all hundred were refused; taken whole,
-//! eight are handled at a time. A body larger than the whole budget takes all of it, so it is
-//! handled alone rather than never. A large body used to take its declared length before its
-//! first byte was read: eight connections that each sent the head of an 8 MB batch and
-//! nothing more held the whole 64 MiB, ten seconds at a time, and 43 of 44 batches of 200 KB
-//! meanwhile got 503. A head now holds nothing; a client waiting for `100 Continue` is still
-//! refused before it sends a body that would not fit ([`BodyHold::cover_declared`]). And a
-//! body holding some of the large budget while another request waits for it must be arriving
-//! at 128 KiB/s or be cut off (`gate::MIN_BODY_RATE_WHILE_AWAITED`): else a client sending
-//! 64 KiB and then a byte every few seconds held 8 MB for the minute a body may take. Small
-//! bodies never wait behind large ones, as small answers never wait behind large answers in
-//! the response budget: the two budgets are separate semaphores (a semaphore serves waiters in
-//! order, and a waiting hold takes the units that come free: 2-op batches took 253 ms at the
-//! median behind 900 KB bodies, and some were refused, while 124 KB of the budget was free; an
-//! audit's finding).
+//! Past its first [`SMALL_BODY_BYTES`], a body with a declared length takes all of it of the budget
+//! of large bodies at once; a body of no declared length (chunked, most gRPC calls) takes its size
+//! as it arrives. A hold never waits while holding: one that needs more than is free gives back
+//! what it holds and waits for the whole of what it needs in one go ([`BodyHold::cover`]). Taken
+//! bit by bit, a hundred 8 MB bodies arriving together each took a share of the budget and then
+//! waited for more, none could finish, and all hundred were refused; taken whole, eight are handled
+//! at a time. A body larger than the whole budget takes all of it, so it is handled alone rather
+//! than never. A large body used to take its declared length before its first byte was read: eight
+//! connections that each sent the head of an 8 MB batch and nothing more held the whole 64 MiB, ten
+//! seconds at a time, and 43 of 44 batches of 200 KB meanwhile got 503. A head now holds nothing; a
+//! client waiting for `100 Continue` is still refused before it sends a body that would not fit
+//! ([`BodyHold::cover_declared`]). And a body holding some of the large budget while another
+//! request waits for it must be arriving at 128 KiB/s or be cut off
+//! (`gate::MIN_BODY_RATE_WHILE_AWAITED`): else a client sending 64 KiB and then a byte every few
+//! seconds held 8 MB for the minute a body may take. Small bodies never wait behind large ones, as
+//! small answers never wait behind large answers in the response budget: the two budgets are
+//! separate semaphores (a semaphore serves waiters in order, and a waiting hold takes the units
+//! that come free: 2-op batches took 253 ms at the median behind 900 KB bodies, and some were
+//! refused, while 124 KB of the budget was free; an audit's finding).
 //!
 //! A body refused partway (it did not fit when more of it arrived) gives back what it held at
 //! once, and is answered once the rest of it has been read and dropped (at most 10 s, see
