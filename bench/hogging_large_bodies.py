@@ -5,7 +5,8 @@ the head of a `POST /v1/activity/batch` that declares 8,388,608 bytes and then, 
 each reopened as soon as it is answered, for HOLD seconds. Meanwhile one well-behaved client
 sends, every 200 ms, a 200 KB batch (over 64 KiB: the budget of large bodies) and a small
 journal append (the budget of small bodies), each on a connection of its own, and records
-their statuses. Prints both clients' statuses and the hogs' answers.
+their statuses and latencies. Prints both clients' statuses, the batches' latency (p50, p99,
+max) and the hogs' answers.
 
 Until stop 46 a large body took its declared length before its first byte arrived: 8 heads
 declaring 8 MiB held all of the 64 MiB budget, and 43 of 44 batches got 503. Now a head holds
@@ -70,8 +71,14 @@ async def post(path, body):
         return type(error).__name__
 
 
+async def timed(request):
+    begun = time.monotonic()
+    status = await request
+    return status, time.monotonic() - begun
+
+
 async def well_behaved(until):
-    batches, appends = Counter(), Counter()
+    batches, appends, latencies = Counter(), Counter(), []
     n = 0
     while time.monotonic() < until:
         n += 1
@@ -82,13 +89,15 @@ async def well_behaved(until):
             + b'"}}]}'
         )
         append = b'{"type":"note","at":%d,"data":{}}' % n
-        batch_status, append_status = await asyncio.gather(
-            post(b"/v1/activity/batch", batch), post(b"/v1/engagements/well-behaved/events", append)
+        (batch_status, latency), append_status = await asyncio.gather(
+            timed(post(b"/v1/activity/batch", batch)),
+            post(b"/v1/engagements/well-behaved/events", append),
         )
+        latencies.append(latency)
         batches[batch_status] += 1
         appends[append_status] += 1
         await asyncio.sleep(0.2)
-    return batches, appends
+    return batches, appends, sorted(latencies)
 
 
 async def main():
@@ -96,10 +105,15 @@ async def main():
     answers = Counter()
     hogging = [asyncio.create_task(hog(n, until, answers)) for n in range(hogs)]
     await asyncio.sleep(1 if hogs else 0)  # the hogs have sent their heads
-    batches, appends = await well_behaved(until)
+    batches, appends, latencies = await well_behaved(until)
     await asyncio.gather(*hogging)
+
+    def ms(q):
+        return f"{latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000:.0f}"
+
     print(
-        f"{hogs} hogs ({mode}) for {hold} s: batches of 200 KB {dict(batches)}, "
+        f"{hogs} hogs ({mode}) for {hold} s: batches of 200 KB {dict(batches)} "
+        f"(p50 / p99 / max {ms(0.5)} / {ms(0.99)} / {latencies[-1] * 1000:.0f} ms), "
         f"appends {dict(appends)}; hogs answered {dict(answers)}"
     )
 

@@ -60,14 +60,14 @@ pub const SMALL_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// While another request waits for the budget of large bodies (see `request_budget`), a body
 /// holding some of it must have arrived at this many bytes a second on average since it took
-/// its share, less the first [`SLOW_BODY_GRACE`], or it is cut off (`408`) and gives its
-/// share to the one waiting. About what an 8 MiB body needs to arrive within
+/// its share (its bytes past the first 64 KiB, over the time since the share less the first
+/// [`SLOW_BODY_GRACE`]), or it is cut off (`408`) and gives its share to the one waiting. About what an 8 MiB body needs to arrive within
 /// [`BODY_READ_TIMEOUT`]. Without it, a client that sent 64 KiB of a body declared 8 MB and
 /// then a byte every few seconds held 8 MB of the budget for that minute, and eight such kept
 /// every other body over 64 KiB (OTLP exports, large batches) out. A slow upload is left alone
-/// while nobody waits. The average is taken from the share, not from the head: what a body
-/// sent before (its first 64 KiB at once, say) bought no time, and the time it waited for
-/// the share is not held against it.
+/// while nobody waits. The average is taken from the share, not from the head: a body's first
+/// 64 KiB, sent at once, buy it no time, and the time it waited for the share is not held
+/// against it.
 pub const MIN_BODY_RATE_WHILE_AWAITED: f64 = 128.0 * 1024.0;
 /// How long a body holding some of the budget of large bodies may take before
 /// [`MIN_BODY_RATE_WHILE_AWAITED`] asks anything of it: half of what a request waits for the
@@ -327,8 +327,8 @@ pub(crate) async fn read_whole(
     let started = tokio::time::Instant::now();
     let deadline = started + BODY_READ_TIMEOUT;
     let small_deadline = started + SMALL_BODY_READ_TIMEOUT;
-    // When the body took its share of the budget of large bodies, and its length then.
-    let mut large_since: Option<(tokio::time::Instant, usize)> = None;
+    // When the body took its share of the budget of large bodies.
+    let mut large_since: Option<tokio::time::Instant> = None;
     loop {
         // Most bodies have arrived with their head: take what is there without arming a timer
         // (one per chunk would be a timer-wheel entry per write request).
@@ -367,7 +367,7 @@ pub(crate) async fn read_whole(
             return Err(BodyRead::OverBudget(refusal, Body::from_stream(stream)));
         }
         if large_since.is_none() && hold.holds_large() {
-            large_since = Some((tokio::time::Instant::now(), length));
+            large_since = Some(tokio::time::Instant::now());
         }
         chunks.push(chunk);
     }
@@ -378,30 +378,35 @@ pub(crate) async fn read_whole(
     Ok(Request::from_parts(parts, whole))
 }
 
-/// The next chunk of a body of which `length` bytes arrived, awaited until `idle_deadline`;
-/// while the body holds some of the budget of large bodies (taken when its length was the
-/// second of `large_since`), looking every [`SLOW_BODY_CHECK`] for a request waiting for it,
-/// and cutting the body off if it is slower than [`MIN_BODY_RATE_WHILE_AWAITED`] then. The
-/// refusal (`408`) when it stalls or is cut off.
+/// The next chunk of a body of which `length` bytes arrived, awaited until `idle_deadline`.
+/// While the body holds some of the budget of large bodies (taken at `large_since`), it is
+/// cut off if it is slower than [`MIN_BODY_RATE_WHILE_AWAITED`] while a request waits for that
+/// budget: looked at before each chunk is awaited (a body sending a byte every 80 ms was never
+/// looked at when only a wait of [`SLOW_BODY_CHECK`] with nothing arriving did; an audit's
+/// finding) and every [`SLOW_BODY_CHECK`] while none arrives. The refusal (`408`) when it
+/// stalls or is cut off.
 async fn next_chunk(
     stream: &mut axum::body::BodyDataStream,
     idle_deadline: tokio::time::Instant,
     hold: &BodyHold,
     length: usize,
-    large_since: Option<(tokio::time::Instant, usize)>,
+    large_since: Option<tokio::time::Instant>,
 ) -> Result<Option<Result<Bytes, axum::Error>>, ApiError> {
     loop {
         let now = tokio::time::Instant::now();
-        let wake = if large_since.is_some() {
-            idle_deadline.min(now + SLOW_BODY_CHECK)
-        } else {
-            idle_deadline
+        let wake = match large_since {
+            Some(since) => {
+                if let Some(refusal) = too_slow(hold, length, since, now) {
+                    return Err(refusal);
+                }
+                idle_deadline.min(now + SLOW_BODY_CHECK)
+            }
+            None => idle_deadline,
         };
         if let Ok(next) = tokio::time::timeout_at(wake, stream.next()).await {
             return Ok(next);
         }
-        let now = tokio::time::Instant::now();
-        if now >= idle_deadline {
+        if tokio::time::Instant::now() >= idle_deadline {
             return Err(ApiError::RequestTimeout(format!(
                 "the request body stalled after {length} bytes: a body must keep arriving \
                  (nothing for {} s), its first {SMALL_BODY_BYTES} bytes within {} s, and all \
@@ -411,24 +416,36 @@ async fn next_chunk(
                 BODY_READ_TIMEOUT.as_secs()
             )));
         }
-        let Some((since, length_then)) = large_since else {
-            continue;
-        };
-        let elapsed = now.duration_since(since);
-        let arrived = length.saturating_sub(length_then);
-        let expected =
-            MIN_BODY_RATE_WHILE_AWAITED * elapsed.saturating_sub(SLOW_BODY_GRACE).as_secs_f64();
-        if (arrived as f64) < expected && hold.large_is_awaited() {
-            return Err(ApiError::RequestTimeout(format!(
-                "the request body arrived too slowly: {arrived} bytes in the {:.1} s since it \
-                 took its share of the budget of bodies in flight (--request-budget), under \
-                 {} KiB/s, while other requests waited for that share; send it faster, or \
-                 retry when the server is less busy",
-                elapsed.as_secs_f64(),
-                MIN_BODY_RATE_WHILE_AWAITED / 1024.0
-            )));
-        }
     }
+}
+
+/// The refusal of a body of which `length` bytes arrived, holding some of the budget of large
+/// bodies since `since`, when it is behind [`MIN_BODY_RATE_WHILE_AWAITED`] and a request waits
+/// for that budget. What counts as arrived since the share was taken is everything past the
+/// first [`SMALL_BODY_BYTES`], so a body's burst that took the share counts (a body sent in
+/// bursts of 100 KB every 0.4 s, 244 KiB/s, was cut off 0.3 s after its first burst when the
+/// burst did not count; an audit's finding).
+fn too_slow(
+    hold: &BodyHold,
+    length: usize,
+    since: tokio::time::Instant,
+    now: tokio::time::Instant,
+) -> Option<ApiError> {
+    let elapsed = now.saturating_duration_since(since);
+    let arrived = length.saturating_sub(SMALL_BODY_BYTES);
+    let expected =
+        MIN_BODY_RATE_WHILE_AWAITED * elapsed.saturating_sub(SLOW_BODY_GRACE).as_secs_f64();
+    if (arrived as f64) >= expected || !hold.large_is_awaited() {
+        return None;
+    }
+    Some(ApiError::RequestTimeout(format!(
+        "the request body arrived too slowly: {arrived} bytes past its first {SMALL_BODY_BYTES} \
+         in the {:.1} s since it took its share of the budget of bodies in flight \
+         (--request-budget), under {} KiB/s, while other requests waited for that share; send \
+         it faster, or retry when the server is less busy",
+        elapsed.as_secs_f64(),
+        MIN_BODY_RATE_WHILE_AWAITED / 1024.0
+    )))
 }
 
 /// Read and discard up to [`DRAIN_LIMITS`] times the limit of a body that will not be used,

@@ -214,7 +214,7 @@ impl BodyHold {
     /// budget of small bodies up to [`SMALL_BODY_BYTES`]; past it, of the budget of large
     /// bodies, all of what the body declared if that is more (the small share then given
     /// back). 503 when it does not come free within [`BUDGET_WAIT`], the hold then holding
-    /// nothing of that budget.
+    /// nothing of that budget (nor, past 64 KiB, of the other).
     pub async fn cover(&mut self, len: usize) -> Result<(), ApiError> {
         if len <= SMALL_BODY_BYTES {
             if self.large.covered > 0 || self.small.cover(&self.budget.small, len).await {
@@ -230,6 +230,9 @@ impl BodyHold {
         }
         let len = len.max(self.declared);
         if !self.large.cover(&self.budget.large, len).await {
+            // A refused body is drained, not kept: its first 64 KiB go back too (they stayed
+            // held while it drained, up to 10 s; an audit's finding).
+            self.small.release();
             return Err(self.large_refusal(len));
         }
         self.small.release();
@@ -375,6 +378,24 @@ mod tests {
         drop(other);
         assert_eq!(budget.usage().held_bytes, 0);
         assert_eq!(budget.usage().refused, 0);
+
+        // A body refused the large budget gives back its first 64 KiB too: it is drained, not
+        // kept.
+        let mut first = budget.hold();
+        first.cover(600_000).await.expect("room");
+        let mut refused = budget.hold();
+        refused
+            .cover_declared(300_000, false)
+            .await
+            .expect("a head");
+        refused.cover(SMALL_BODY_BYTES).await.expect("room");
+        assert_eq!(budget.small_usage().held_bytes, SMALL_BODY_BYTES);
+        assert!(
+            refused.cover(SMALL_BODY_BYTES + 1).await.is_err(),
+            "no room"
+        );
+        assert_eq!(budget.small_usage().held_bytes, 0);
+        assert_eq!(budget.usage().held_bytes, 602_112);
     }
 
     #[tokio::test(start_paused = true)]
