@@ -30,6 +30,30 @@ fn span_body(span_id: &str, len: usize) -> Vec<u8> {
     .into_bytes()
 }
 
+/// A server whose budget of large bodies is [`BUDGET`].
+async fn server_with_budget() -> TestServer {
+    TestServer::start_with(Options {
+        config: ServerConfig {
+            request_budget_bytes: BUDGET,
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await
+}
+
+/// `POST /v1/activity/spans` of `body` (a span start).
+async fn post_span(server: &TestServer, body: Vec<u8>) -> reqwest::Response {
+    server
+        .client
+        .post(format!("{}/v1/activity/spans", server.base))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("send")
+}
+
 /// The status code of a raw HTTP/1.1 answer read to its end (`Connection: close`).
 async fn status_of(stream: &mut TcpStream) -> u16 {
     let mut answer = Vec::new();
@@ -89,14 +113,7 @@ async fn bodies_that_do_not_fit_the_budget_are_refused_until_room_comes_back() {
 }
 
 async fn scenario() {
-    let server = TestServer::start_with(Options {
-        config: ServerConfig {
-            request_budget_bytes: BUDGET,
-            ..ServerConfig::default()
-        },
-        ..Options::default()
-    })
-    .await;
+    let server = server_with_budget().await;
     let addr = server.base.trim_start_matches("http://").to_owned();
     let metrics = scrape(&server).await;
     assert_eq!(
@@ -110,14 +127,7 @@ async fn scenario() {
 
     // A 300 KB body does not fit in the ~200 KiB left: 503, Retry-After, nothing stored.
     let second = span_body("second", 300_000);
-    let refused = server
-        .client
-        .post(format!("{}/v1/activity/spans", server.base))
-        .header("content-type", "application/json")
-        .body(second.clone())
-        .send()
-        .await
-        .expect("send");
+    let refused = post_span(&server, second.clone()).await;
     assert_eq!(refused.status().as_u16(), 503);
     assert!(refused.headers().contains_key("retry-after"));
     let body: Value = refused.json().await.expect("a JSON error body");
@@ -178,14 +188,7 @@ async fn scenario() {
     // The held write completes and is stored; its budget comes back; the refused one fits now.
     held.write_all(&rest).await.expect("send the rest");
     assert_eq!(status_of(&mut held).await, 201);
-    let retried = server
-        .client
-        .post(format!("{}/v1/activity/spans", server.base))
-        .header("content-type", "application/json")
-        .body(second)
-        .send()
-        .await
-        .expect("send");
+    let retried = post_span(&server, second).await;
     assert_eq!(retried.status().as_u16(), 201);
     for id in ["first", "second", "small"] {
         server
@@ -419,14 +422,7 @@ async fn small_held_bytes(server: &TestServer) -> f64 {
 /// time, and every batch over 64 KiB got 503 meanwhile (measured with eight such heads).
 #[tokio::test]
 async fn a_large_body_holds_its_declared_length_only_once_its_first_64_kib_arrived() {
-    let server = TestServer::start_with(Options {
-        config: ServerConfig {
-            request_budget_bytes: BUDGET,
-            ..ServerConfig::default()
-        },
-        ..Options::default()
-    })
-    .await;
+    let server = server_with_budget().await;
     let addr = server.base.trim_start_matches("http://").to_owned();
     // Two heads declaring 500 KB each (more than the budget together), and 1,000 bytes of
     // each body: what arrived holds the budget of small bodies, nothing the large one.
@@ -452,14 +448,7 @@ async fn a_large_body_holds_its_declared_length_only_once_its_first_64_kib_arriv
     assert_eq!(held_bytes(&server).await, 0.0);
 
     // A 600 KB body fits the whole budget meanwhile.
-    let whole = server
-        .client
-        .post(format!("{}/v1/activity/spans", server.base))
-        .header("content-type", "application/json")
-        .body(span_body("whole", 600_000))
-        .send()
-        .await
-        .expect("send");
+    let whole = post_span(&server, span_body("whole", 600_000)).await;
     assert_eq!(whole.status().as_u16(), 201);
     server
         .get("/v1/activity/spans/whole")
@@ -478,14 +467,7 @@ async fn a_large_body_holds_its_declared_length_only_once_its_first_64_kib_arriv
 #[tokio::test]
 async fn slow_large_bodies_give_way_to_one_waiting_for_their_budget() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let server = TestServer::start_with(Options {
-            config: ServerConfig {
-                request_budget_bytes: BUDGET,
-                ..ServerConfig::default()
-            },
-            ..Options::default()
-        })
-        .await;
+        let server = server_with_budget().await;
         // 100 KB of two 300 KB bodies, one of which then sends a byte every 50 ms: both
         // behind 128 KiB/s from about half a second after they took their shares.
         let (stalled, _rest) = partly_sent_write(&server, "stalled", 300_000, 100_000).await;
@@ -506,14 +488,7 @@ async fn slow_large_bodies_give_way_to_one_waiting_for_their_budget() {
         );
 
         // 400 KB fit only once both are gone.
-        let waiting = server
-            .client
-            .post(format!("{}/v1/activity/spans", server.base))
-            .header("content-type", "application/json")
-            .body(span_body("waiting", 400_000))
-            .send()
-            .await
-            .expect("send");
+        let waiting = post_span(&server, span_body("waiting", 400_000)).await;
         assert_eq!(waiting.status().as_u16(), 201);
 
         let mut stalled = stalled;
@@ -558,14 +533,7 @@ async fn slow_large_bodies_give_way_to_one_waiting_for_their_budget() {
 #[tokio::test]
 async fn a_large_body_sent_in_bursts_faster_than_the_rate_is_not_cut_off() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let server = TestServer::start_with(Options {
-            config: ServerConfig {
-                request_budget_bytes: BUDGET,
-                ..ServerConfig::default()
-            },
-            ..Options::default()
-        })
-        .await;
+        let server = server_with_budget().await;
         let (bursty, rest) = partly_sent_write(&server, "bursty", 500_000, 100_000).await;
         let (mut bursty_answer, mut bursty) = bursty.into_split();
         let bursts = tokio::spawn(async move {
@@ -578,14 +546,7 @@ async fn a_large_body_sent_in_bursts_faster_than_the_rate_is_not_cut_off() {
         // Bodies that do not fit beside it keep waiting for its budget until it is answered.
         let mut refused = 0;
         while !bursts.is_finished() {
-            let waiting = server
-                .client
-                .post(format!("{}/v1/activity/spans", server.base))
-                .header("content-type", "application/json")
-                .body(span_body("waiting", 300_000))
-                .send()
-                .await
-                .expect("send");
+            let waiting = post_span(&server, span_body("waiting", 300_000)).await;
             if waiting.status().as_u16() == 503 {
                 refused += 1;
             } else {
