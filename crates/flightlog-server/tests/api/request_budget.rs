@@ -4,8 +4,8 @@
 //! `Retry-After` before anything of it is stored, a small one (charged to the budget of small
 //! bodies, never to this one) still goes through, and once the first is answered the refused
 //! one fits again. A compressed OTLP export holds what it inflates to. A head alone holds
-//! nothing of it, and a body that arrives too slowly while another waits gives way. Nothing
-//! acknowledged is lost.
+//! nothing of it, and a body that arrives too slowly while another waits gives way (`408`;
+//! over gRPC `DEADLINE_EXCEEDED`). Nothing acknowledged is lost.
 //!
 //! Why: a hundred clients sending 8 MB bodies at once took the server to 1.3 GB; the write
 //! limit bounds how many bodies, not how many bytes.
@@ -567,6 +567,75 @@ async fn a_large_body_sent_in_bursts_faster_than_the_rate_is_not_cut_off() {
             .get("/v1/activity/spans/bursty")
             .await
             .assert_status(200);
+        server.stop().await;
+    })
+    .await
+    .expect("the scenario ends within 60 s");
+}
+
+/// Over gRPC a slow export message gives way the same way, answered `DEADLINE_EXCEEDED`
+/// (which OTLP exporters retry): 100 KB of a 300 KB message, then nothing, while an HTTP body
+/// waits for the budget of large bodies it holds.
+#[tokio::test]
+async fn a_slow_grpc_export_gives_way_and_is_told_deadline_exceeded() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let server = TestServer::start_with(Options {
+            grpc: true,
+            config: ServerConfig {
+                request_budget_bytes: BUDGET,
+                ..ServerConfig::default()
+            },
+            ..Options::default()
+        })
+        .await;
+        let grpc = server.grpc_base.clone().expect("a gRPC listener");
+        let tcp = TcpStream::connect(grpc.trim_start_matches("http://"))
+            .await
+            .expect("connect");
+        let (client, connection) = h2::client::handshake(tcp).await.expect("HTTP/2");
+        let driver = tokio::spawn(connection);
+        let mut client = client.ready().await.expect("ready");
+        let request = axum::http::Request::post(format!(
+            "{grpc}/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("a request");
+        let (answer, mut message) = client.send_request(request, false).expect("sent");
+        // The gRPC prefix of a 300,000-byte message, and the first 100,000 bytes of it.
+        let mut first = vec![0u8];
+        first.extend(300_000u32.to_be_bytes());
+        first.resize(100_000, 0);
+        message
+            .send_data(first.into(), false)
+            .expect("send part of the message");
+        let mut waited = 0;
+        while held_bytes(&server).await < 100_000.0 {
+            waited += 1;
+            assert!(waited < 200, "the message never took its budget");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Behind 128 KiB/s about half a second after it took its share.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+
+        let waiting = post_span(&server, span_body("waiting", 600_000)).await;
+        assert_eq!(waiting.status().as_u16(), 201);
+        let answer = answer.await.expect("answered");
+        let status = match answer.headers().get("grpc-status") {
+            Some(status) => status.clone(),
+            None => answer
+                .into_body()
+                .trailers()
+                .await
+                .expect("trailers")
+                .and_then(|trailers| trailers.get("grpc-status").cloned())
+                .expect("a grpc-status"),
+        };
+        assert_eq!(status, "4", "DEADLINE_EXCEEDED");
+        assert_eq!(held_bytes(&server).await, 0.0);
+        drop(message);
+        driver.abort();
         server.stop().await;
     })
     .await
