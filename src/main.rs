@@ -120,9 +120,8 @@ struct ServeArgs {
     /// Memory for request bodies over 64 KiB from when their first 64 KiB have arrived until
     /// they are answered, in bytes or with KiB/MiB/GiB (counted in 4 KiB units, at least one;
     /// at most 1024GiB); a body that does not fit waits up to 0.5 s for room, then gets 503
-    /// with Retry-After (over gRPC, UNAVAILABLE), and one that holds some while another waits
-    /// is cut off (408) if it arrives slower than 128 KiB/s. One larger than this is handled
-    /// alone.
+    /// with Retry-After (over gRPC, UNAVAILABLE), as does one that holds some while another
+    /// waits if it arrives slower than 128 KiB/s. One larger than this is handled alone.
     /// [env: FLIGHTLOG_REQUEST_BUDGET] [file: request_budget] [default: 64MiB]
     #[arg(
         long,

@@ -61,8 +61,11 @@ pub const SMALL_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// While another request waits for the budget of large bodies (see `request_budget`), a body
 /// holding some of it must have arrived at this many bytes a second on average since it took
 /// its share (its bytes past the first 64 KiB, over the time since the share less the first
-/// [`SLOW_BODY_GRACE`]), or it is cut off (`408`) and gives its share to the one waiting. About what an 8 MiB body needs to arrive within
-/// [`BODY_READ_TIMEOUT`]. Without it, a client that sent 64 KiB of a body declared 8 MB and
+/// [`SLOW_BODY_GRACE`]), or it gives its share to the one waiting and is refused as a body
+/// that does not fit is: `503` with `Retry-After` after the rest of it is drained, over gRPC
+/// `UNAVAILABLE`, both of which OTLP exporters retry (a `408` was the first answer; the OTLP
+/// spec has exporters drop a batch on any 4xx but 429). About what an 8 MiB body needs to
+/// arrive within [`BODY_READ_TIMEOUT`]. Without it, a client that sent 64 KiB of a body declared 8 MB and
 /// then a byte every few seconds held 8 MB of the budget for that minute, and eight such kept
 /// every other body over 64 KiB (OTLP exports, large batches) out. A slow upload is left alone
 /// while nobody waits. The average is taken from the share, not from the head: a body's first
@@ -71,9 +74,9 @@ pub const SMALL_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MIN_BODY_RATE_WHILE_AWAITED: f64 = 128.0 * 1024.0;
 /// How long a body holding some of the budget of large bodies may take before
 /// [`MIN_BODY_RATE_WHILE_AWAITED`] asks anything of it: half of what a request waits for the
-/// budget (`BUDGET_WAIT`), so that a body that went slow just after it took its share is cut
-/// off while the request waiting still waits. (With 1 s from the head, eight clients that
-/// each sent 64 KiB and then a byte every 3 s, reconnecting when cut off, still held the
+/// budget (`BUDGET_WAIT`), so that a body that went slow just after it took its share gives
+/// it up while the request waiting still waits. (With 1 s from the head, eight clients that
+/// each sent 64 KiB and then a byte every 3 s, reconnecting when answered, still held the
 /// whole budget now and then: 4 of 107 batches of 200 KB got 503.)
 pub const SLOW_BODY_GRACE: Duration = Duration::from_millis(250);
 /// How often a body holding some of the budget of large bodies looks for a request waiting
@@ -301,12 +304,12 @@ pub(crate) enum BodyRead {
     TooLarge(Body),
     /// The connection failed while it was read.
     Failed(ApiError),
-    /// It stopped arriving ([`BODY_IDLE_TIMEOUT`]), took too long ([`BODY_READ_TIMEOUT`],
-    /// [`SMALL_BODY_READ_TIMEOUT`]), or was too slow while another request waited for the
-    /// budget it held ([`MIN_BODY_RATE_WHILE_AWAITED`]); it holds nothing any more.
+    /// It stopped arriving ([`BODY_IDLE_TIMEOUT`]) or took too long ([`BODY_READ_TIMEOUT`],
+    /// [`SMALL_BODY_READ_TIMEOUT`]); it holds nothing any more.
     Stalled(ApiError),
-    /// The budget of bodies in flight had no room for what arrived (see `request_budget`):
-    /// the refusal, and the rest of the body, still unread.
+    /// The budget of bodies in flight had no room for what arrived (see `request_budget`), or
+    /// the body was too slow while another request waited for the budget it held
+    /// ([`MIN_BODY_RATE_WHILE_AWAITED`]): the refusal, and the rest of the body, still unread.
     OverBudget(ApiError, Body),
 }
 
@@ -344,9 +347,13 @@ pub(crate) async fn read_whole(
                 let idle_deadline = (tokio::time::Instant::now() + BODY_IDLE_TIMEOUT).min(whole_by);
                 match next_chunk(&mut stream, idle_deadline, hold, length, large_since).await {
                     Ok(next) => next,
-                    Err(refusal) => {
+                    Err(CutOff::Stalled(refusal)) => {
                         hold.release();
                         return Err(BodyRead::Stalled(refusal));
+                    }
+                    Err(CutOff::TooSlow(refusal)) => {
+                        hold.release();
+                        return Err(BodyRead::OverBudget(refusal, Body::from_stream(stream)));
                     }
                 }
             }
@@ -383,21 +390,20 @@ pub(crate) async fn read_whole(
 /// cut off if it is slower than [`MIN_BODY_RATE_WHILE_AWAITED`] while a request waits for that
 /// budget: looked at before each chunk is awaited (a body sending a byte every 80 ms was never
 /// looked at when only a wait of [`SLOW_BODY_CHECK`] with nothing arriving did; an audit's
-/// finding) and every [`SLOW_BODY_CHECK`] while none arrives. The refusal (`408`) when it
-/// stalls or is cut off.
+/// finding) and every [`SLOW_BODY_CHECK`] while none arrives.
 async fn next_chunk(
     stream: &mut axum::body::BodyDataStream,
     idle_deadline: tokio::time::Instant,
     hold: &BodyHold,
     length: usize,
     large_since: Option<tokio::time::Instant>,
-) -> Result<Option<Result<Bytes, axum::Error>>, ApiError> {
+) -> Result<Option<Result<Bytes, axum::Error>>, CutOff> {
     loop {
         let now = tokio::time::Instant::now();
         let wake = match large_since {
             Some(since) => {
                 if let Some(refusal) = too_slow(hold, length, since, now) {
-                    return Err(refusal);
+                    return Err(CutOff::TooSlow(refusal));
                 }
                 idle_deadline.min(now + SLOW_BODY_CHECK)
             }
@@ -407,19 +413,27 @@ async fn next_chunk(
             return Ok(next);
         }
         if tokio::time::Instant::now() >= idle_deadline {
-            return Err(ApiError::RequestTimeout(format!(
+            return Err(CutOff::Stalled(ApiError::RequestTimeout(format!(
                 "the request body stalled after {length} bytes: a body must keep arriving \
                  (nothing for {} s), its first {SMALL_BODY_BYTES} bytes within {} s, and all \
                  of it within {} s",
                 BODY_IDLE_TIMEOUT.as_secs(),
                 SMALL_BODY_READ_TIMEOUT.as_secs(),
                 BODY_READ_TIMEOUT.as_secs()
-            )));
+            ))));
         }
     }
 }
 
-/// The refusal of a body of which `length` bytes arrived, holding some of the budget of large
+/// Why [`next_chunk`] gave up on a body: its refusal.
+enum CutOff {
+    /// It stopped arriving, or took too long (`408`).
+    Stalled(ApiError),
+    /// It was too slow while a request waited for its share of the budget (`503`).
+    TooSlow(ApiError),
+}
+
+/// The refusal (`503`) of a body of which `length` bytes arrived, holding some of the budget of large
 /// bodies since `since`, when it is behind [`MIN_BODY_RATE_WHILE_AWAITED`] and a request waits
 /// for that budget. What counts as arrived since the share was taken is everything past the
 /// first [`SMALL_BODY_BYTES`], so a body's burst that took the share counts (a body sent in
@@ -438,7 +452,7 @@ fn too_slow(
     if (arrived as f64) >= expected || !hold.large_is_awaited() {
         return None;
     }
-    Some(ApiError::RequestTimeout(format!(
+    Some(ApiError::Unavailable(format!(
         "the request body arrived too slowly: {arrived} bytes past its first {SMALL_BODY_BYTES} \
          in the {:.1} s since it took its share of the budget of bodies in flight \
          (--request-budget), under {} KiB/s, while other requests waited for that share; send \

@@ -502,9 +502,7 @@ impl SharedResponse {
             }
             Self::RequestTimeout => {
                 "`request_timeout`: the body stalled (nothing new for 10 s, its first 64 KiB \
-                 not within 10 s, or not whole within 60 s), or a body over 64 KiB arrived \
-                 slower than 128 KiB/s while another waited for the memory it held; the \
-                 connection is closed."
+                 not within 10 s, or not whole within 60 s); the connection is closed."
             }
             Self::Unauthorized => {
                 "`unauthorized`: tokens are configured and the request carries none, a malformed \
@@ -521,7 +519,8 @@ impl SharedResponse {
             Self::Unavailable => {
                 "`unavailable`: the server is at its limit of writes in flight or of request \
                  bodies in flight (`--request-budget` for bodies over 64 KiB, 64 KiB a write \
-                 slot for smaller ones), the store is overloaded, another process holds the \
+                 slot for smaller ones; a body over 64 KiB arriving slower than 128 KiB/s gives \
+                 way to one waiting), the store is overloaded, another process holds the \
                  database's write lock too long, the disk is full or failing, the database file \
                  was deleted or replaced under the server (until it is restarted), or the server \
                  is shutting down; nothing was written. Retry after `Retry-After` seconds; the \

@@ -37,7 +37,7 @@
 //! seconds at a time, and 43 of 44 batches of 200 KB meanwhile got 503. A head now holds nothing; a
 //! client waiting for `100 Continue` is still refused before it sends a body that would not fit
 //! ([`BodyHold::cover_declared`]). And a body holding some of the large budget while another
-//! request waits for it must be arriving at 128 KiB/s or be cut off
+//! request waits for it must be arriving at 128 KiB/s or give it up and be refused
 //! (`gate::MIN_BODY_RATE_WHILE_AWAITED`): else a client sending 64 KiB and then a byte every few
 //! seconds held 8 MB for the minute a body may take. Small bodies never wait behind large ones, as
 //! small answers never wait behind large answers in the response budget: the two budgets are
