@@ -48,7 +48,7 @@ async def hog(n, until, answers):
                     writer.write(b" ")
                     await writer.drain()
                 await asyncio.wait([answer], timeout=3)
-            status = await answer if answer.done() else "held to the end"
+            status = await answer if answer.done() else "unanswered at the end"
             writer.close()
         except Exception as error:  # a reset connection is an answer too
             status = type(error).__name__
