@@ -45,9 +45,10 @@
 //! that come free: 2-op batches took 253 ms at the median behind 900 KB bodies, and some were
 //! refused, while 124 KB of the budget was free; an audit's finding).
 //!
-//! A body refused partway (it did not fit when more of it arrived) gives back what it held at
-//! once, and is answered once the rest of it has been read and dropped (at most 10 s, see
-//! `gate::drain`), so that the client reads the answer rather than a reset connection.
+//! A body refused partway (it did not fit when more of it arrived, or it was too slow while
+//! another request waited for its share) gives back what it held at once, and is answered
+//! once the rest of it has been read and dropped (at most 10 s, see `gate::drain`), so that
+//! the client reads the answer rather than a reset connection.
 //!
 //! Not counted: hyper's read buffer of each connection, which grows with what a client sends
 //! at once (up to 408 KiB) and is kept while the connection lives; 500 connections that each
