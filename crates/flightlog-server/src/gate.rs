@@ -61,16 +61,16 @@ pub const SMALL_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// While another request waits for the budget of large bodies (see `request_budget`), a body
 /// holding some of it must have arrived at this many bytes a second on average since it took
 /// its share (its bytes past the first 64 KiB, over the time since the share less the first
-/// [`SLOW_BODY_GRACE`]), or it gives its share to the one waiting and is refused as a body
-/// that does not fit is: `503` with `Retry-After` after the rest of it is drained, over gRPC
+/// [`SLOW_BODY_GRACE`]), or it gives its share to the one waiting and is refused as a body that
+/// does not fit is: `503` with `Retry-After` after the rest of it is drained, over gRPC
 /// `UNAVAILABLE`, both of which OTLP exporters retry (a `408` was the first answer; the OTLP
 /// spec has exporters drop a batch on any 4xx but 429). About what an 8 MiB body needs to
-/// arrive within [`BODY_READ_TIMEOUT`]. Without it, a client that sent 64 KiB of a body declared 8 MB and
-/// then a byte every few seconds held 8 MB of the budget for that minute, and eight such kept
-/// every other body over 64 KiB (OTLP exports, large batches) out. A slow upload is left alone
-/// while nobody waits. The average is taken from the share, not from the head: a body's first
-/// 64 KiB, sent at once, buy it no time, and the time it waited for the share is not held
-/// against it.
+/// arrive within [`BODY_READ_TIMEOUT`]. Without it, a client that sent 64 KiB of a body
+/// declared 8 MB and then a byte every few seconds held 8 MB of the budget for that minute, and
+/// eight such kept every other body over 64 KiB (OTLP exports, large batches) out. A slow
+/// upload is left alone while nobody waits. The average is taken from the share, not from the
+/// head: a body's first 64 KiB, sent at once, buy it no time, and the time it waited for the
+/// share is not held against it.
 pub const MIN_BODY_RATE_WHILE_AWAITED: f64 = 128.0 * 1024.0;
 /// How long a body holding some of the budget of large bodies may take before
 /// [`MIN_BODY_RATE_WHILE_AWAITED`] asks anything of it: half of what a request waits for the
@@ -433,10 +433,10 @@ enum CutOff {
     TooSlow(ApiError),
 }
 
-/// The refusal (`503`) of a body of which `length` bytes arrived, holding some of the budget of large
-/// bodies since `since`, when it is behind [`MIN_BODY_RATE_WHILE_AWAITED`] and a request waits
-/// for that budget. What counts as arrived since the share was taken is everything past the
-/// first [`SMALL_BODY_BYTES`], so a body's burst that took the share counts (a body sent in
+/// The refusal (`503`) of a body of which `length` bytes arrived, holding some of the budget of
+/// large bodies since `since`, when it is behind [`MIN_BODY_RATE_WHILE_AWAITED`] and a request
+/// waits for that budget. What counts as arrived since the share was taken is everything past
+/// the first [`SMALL_BODY_BYTES`], so a body's burst that took the share counts (a body sent in
 /// bursts of 100 KB every 0.4 s, 244 KiB/s, was cut off 0.3 s after its first burst when the
 /// burst did not count; an audit's finding).
 fn too_slow(
