@@ -352,7 +352,7 @@ pub(crate) async fn read_whole(
                         return Err(BodyRead::Stalled(refusal));
                     }
                     Err(CutOff::TooSlow(refusal)) => {
-                        hold.release();
+                        hold.refuse_as_slow();
                         return Err(BodyRead::OverBudget(refusal, Body::from_stream(stream)));
                     }
                 }

@@ -631,6 +631,8 @@ struct ScrapeValues {
     request_budget: BudgetUsage,
     /// The budget of small request bodies in flight.
     small_body_budget: BudgetUsage,
+    /// Request bodies refused for arriving too slowly while another waited for their share.
+    slow_bodies_refused: u64,
 }
 
 impl ScrapeValues {
@@ -714,6 +716,14 @@ impl ScrapeValues {
             "Requests refused (HTTP 503, gRPC UNAVAILABLE) because other requests' bodies held \
              a budget of bodies in flight",
             refused,
+        );
+        let slow: Counter = Counter::default();
+        slow.inc_by(self.slow_bodies_refused);
+        registry.register(
+            "flightlog_http_slow_request_bodies_refused",
+            "Request bodies over 64 KiB refused (HTTP 503, gRPC UNAVAILABLE) for arriving \
+             slower than 128 KiB/s while another request waited for the budget they held",
+            slow,
         );
         let start: Gauge<f64, AtomicU64> = Gauge::default();
         start.set(self.start_time_seconds);
@@ -844,6 +854,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
         response_budget: state.response_budget().usage(),
         request_budget: state.request_budget().usage(),
         small_body_budget: state.request_budget().small_usage(),
+        slow_bodies_refused: state.request_budget().slow_refused(),
     };
     match state.metrics().encode(&scrape) {
         Ok(text) => ([(CONTENT_TYPE, CONTENT_TYPE_TEXT)], text).into_response(),
@@ -885,6 +896,7 @@ mod tests {
                 held_bytes: 640,
                 refused: 4,
             },
+            slow_bodies_refused: 5,
         }
     }
 
@@ -921,6 +933,7 @@ mod tests {
             "flightlog_http_small_body_budget_bytes 1048576\n",
             "flightlog_http_small_body_budget_held_bytes 640\n",
             "flightlog_http_request_bodies_refused_total 7\n",
+            "flightlog_http_slow_request_bodies_refused_total 5\n",
         ] {
             assert!(text.contains(expected), "{expected:?} not in:\n{text}");
         }

@@ -62,6 +62,9 @@
 //! bounding the bodies bounds it too, but by a factor: one 52 MB OTLP request peaked at about
 //! 470 MB of RSS (a 7.6 MB gzipped OTLP/JSON export inflating to 50 MB, at about 400 MB).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use tokio::sync::OwnedSemaphorePermit;
 
 pub use crate::byte_budget::BUDGET_WAIT;
@@ -84,6 +87,8 @@ pub const SMALL_BODY_BYTES: usize = 1 << 16;
 pub struct RequestBudget {
     large: ByteBudget,
     small: ByteBudget,
+    /// Bodies refused for arriving too slowly while another request waited for their share.
+    slow_refused: Arc<AtomicU64>,
 }
 
 impl RequestBudget {
@@ -93,6 +98,7 @@ impl RequestBudget {
         Self {
             large: ByteBudget::new(large_bytes, UNIT_BYTES),
             small: ByteBudget::new(small_bytes, SMALL_UNIT_BYTES),
+            slow_refused: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -122,6 +128,12 @@ impl RequestBudget {
     /// The same of the budget of small bodies.
     pub fn small_usage(&self) -> BudgetUsage {
         self.small.usage()
+    }
+
+    /// How many bodies were refused for arriving too slowly while another request waited for
+    /// their share of the budget of large bodies (for `/metrics`).
+    pub fn slow_refused(&self) -> u64 {
+        self.slow_refused.load(Ordering::Relaxed)
     }
 }
 
@@ -251,10 +263,17 @@ impl BodyHold {
         self.holds_large() && self.budget.large.has_waiters()
     }
 
-    /// Give back everything held, before the answer (a body cut off for its slowness).
+    /// Give back everything held, before the answer (a body that stalled).
     pub fn release(&mut self) {
         self.large.release();
         self.small.release();
+    }
+
+    /// Give back everything held by a body refused for arriving too slowly while another
+    /// request waited for its share, and count it.
+    pub fn refuse_as_slow(&mut self) {
+        self.release();
+        self.budget.slow_refused.fetch_add(1, Ordering::Relaxed);
     }
 
     fn large_refusal(&self, len: usize) -> ApiError {

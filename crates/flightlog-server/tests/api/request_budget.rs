@@ -409,6 +409,14 @@ async fn a_small_body_that_keeps_trickling_is_cut_off_after_10_s() {
     server.stop().await;
 }
 
+/// How many bodies were refused for arriving too slowly while another waited for their share.
+async fn slow_refused(server: &TestServer) -> f64 {
+    scrape(server)
+        .await
+        .get("flightlog_http_slow_request_bodies_refused_total")
+        .unwrap_or(-1.0)
+}
+
 /// The bytes held of the budget of small bodies (every body's first 64 KiB).
 async fn small_held_bytes(server: &TestServer) -> f64 {
     scrape(server)
@@ -523,6 +531,7 @@ async fn slow_large_bodies_give_way_to_one_waiting_for_their_budget() {
             .await
             .assert_status(200);
         assert_eq!(held_bytes(&server).await, 0.0);
+        assert_eq!(slow_refused(&server).await, 2.0);
         server.stop().await;
     })
     .await
@@ -570,6 +579,7 @@ async fn a_large_body_sent_in_bursts_faster_than_the_rate_is_not_cut_off() {
             .get("/v1/activity/spans/bursty")
             .await
             .assert_status(200);
+        assert_eq!(slow_refused(&server).await, 0.0);
         server.stop().await;
     })
     .await
@@ -637,6 +647,7 @@ async fn a_slow_grpc_export_gives_way_and_is_told_unavailable() {
         };
         assert_eq!(status, "14", "UNAVAILABLE");
         assert_eq!(held_bytes(&server).await, 0.0);
+        assert_eq!(slow_refused(&server).await, 1.0);
         drop(message);
         driver.abort();
         server.stop().await;
