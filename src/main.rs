@@ -141,6 +141,17 @@ struct ServeArgs {
         verbatim_doc_comment
     )]
     max_inflight_writes: Option<String>,
+    /// Connections open at once, over the HTTP and gRPC listeners together; past it, new
+    /// connections wait to be accepted until one closes (said on stderr). Bounds the memory
+    /// connections hold before any request is read (a request head is at most 32 KiB).
+    /// [env: FLIGHTLOG_MAX_CONNECTIONS] [file: max_connections] [default: 4096]
+    #[arg(
+        long,
+        value_name = "N",
+        allow_negative_numbers = true,
+        verbatim_doc_comment
+    )]
+    max_connections: Option<String>,
     /// Events one engagement may hold; appends past it get 409 journal_full.
     /// [env: FLIGHTLOG_JOURNAL_MAX_EVENTS] [file: journal.max_events] [default: 10000]
     #[arg(
@@ -279,6 +290,7 @@ impl ServeArgs {
             response_budget: self.response_budget,
             request_budget: self.request_budget,
             max_inflight_writes: self.max_inflight_writes,
+            max_connections: self.max_connections,
             journal_max_events: self.journal_max_events,
             journal_max_age_ms: self.journal_max_age_ms,
             write_lock_wait_ms: self.write_lock_wait_ms,

@@ -1045,7 +1045,7 @@ const SIZE_TOMLS: &[&str] = &[
 const SIZE_FIX: &str =
     "give a size of at least 1 byte and at most 1024GiB, in bytes or with KiB, MiB or GiB";
 
-const NUMERIC: [Numeric; 13] = [
+const NUMERIC: [Numeric; 14] = [
     Numeric {
         flag: "--body-limit",
         env: "FLIGHTLOG_BODY_LIMIT",
@@ -1108,6 +1108,33 @@ const NUMERIC: [Numeric; 13] = [
             "\"abc\"",
         ],
         fix: "give a whole number of write requests from 1 to 1000000",
+        takes: &["integer"],
+    },
+    Numeric {
+        flag: "--max-connections",
+        env: "FLIGHTLOG_MAX_CONNECTIONS",
+        key: "max_connections",
+        texts: &[
+            "-1",
+            "0",
+            "1000001",
+            "abc",
+            "1.5",
+            "+5",
+            "1e3",
+            "99999999999999999999999",
+            "",
+        ],
+        tomls: &[
+            "-1",
+            "0",
+            "1000001",
+            "9223372036854775807",
+            "1.5",
+            "true",
+            "\"abc\"",
+        ],
+        fix: "give a whole number of connections from 1 to 1000000",
         takes: &["integer"],
     },
     Numeric {

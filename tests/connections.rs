@@ -1048,3 +1048,81 @@ fn small_bodies_in_flight_hold_what_has_arrived_of_a_budget() {
     }
     server.stop().unwrap();
 }
+
+/// At most `--max-connections` connections are open at once: the one past it waits to be
+/// accepted (the operator is told why on stderr), and is served as soon as another closes.
+/// What the held connections sent (24 KB of an unfinished head each, within the 32 KiB limit)
+/// is all they may hold of the server's memory before a token is checked.
+#[test]
+fn connections_past_the_limit_wait_until_one_closes() {
+    let mut server = Server::start_with("connection-limit", None, &["--max-connections", "4"]);
+    let addr = server.addr;
+    let unfinished_head = format!(
+        "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: {}",
+        "a".repeat(24_000)
+    );
+    let mut held: Vec<TcpStream> = (0..3)
+        .map(|_| {
+            let mut stream = connect(addr).unwrap();
+            stream.write_all(unfinished_head.as_bytes()).unwrap();
+            stream
+        })
+        .collect();
+    // The scrape's own connection is the fourth.
+    let mut waited = 0;
+    while metric(addr, "flightlog_http_connections_open") != Some(4.0) {
+        waited += 1;
+        assert!(waited < 100, "the held connections were never counted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(metric(addr, "flightlog_http_connection_limit"), Some(4.0));
+    assert!(metric(addr, "flightlog_http_connection_limit_reached_total") >= Some(1.0));
+
+    let mut fourth = connect(addr).unwrap();
+    fourth.write_all(unfinished_head.as_bytes()).unwrap();
+    held.push(fourth);
+    // The fifth connects (the kernel queues it) but is not served while four are open.
+    let mut waiting = connect(addr).unwrap();
+    waiting
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    waiting
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut first = [0u8; 64];
+    let early = waiting.read(&mut first);
+    assert!(
+        matches!(&early, Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)),
+        "the fifth connection was served while four were open: {early:?}"
+    );
+
+    let closed_at = Instant::now();
+    drop(held.remove(0));
+    waiting.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    let mut answer = Vec::new();
+    waiting.read_to_end(&mut answer).unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    server.say(format!(
+        "the fifth connection served {:?} after one of four closed",
+        closed_at.elapsed()
+    ));
+    assert_eq!(status_of(&text), Some(200), "{text:.300}");
+    assert!(closed_at.elapsed() < PROMPT, "{:?}", closed_at.elapsed());
+
+    drop(held);
+    let mut waited = 0;
+    while metric(addr, "flightlog_http_connections_open") != Some(1.0) {
+        waited += 1;
+        assert!(
+            waited < 100,
+            "the closed connections' slots never came back"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = server.process.output();
+    assert!(
+        output.contains("4 connections are open, the most --max-connections allows"),
+        "{output}"
+    );
+    server.stop().unwrap();
+}

@@ -324,6 +324,7 @@ where
         shutdown,
         crate::Protocol::Http2,
         write_stall_limit,
+        state.connection_slots().clone(),
         None,
     )
     .await

@@ -37,6 +37,7 @@
 
 pub mod auth;
 pub mod byte_budget;
+pub mod connection_limit;
 pub mod error;
 pub mod extract;
 mod gate;
@@ -123,12 +124,14 @@ where
     };
     let write_stall_limit = state.config().write_stall_limit;
     let unparsed = state.metrics().unparsed_requests();
+    let slots = state.connection_slots().clone();
     serve_router(
         listener,
         app(state),
         shutdown,
         Protocol::Http1,
         write_stall_limit,
+        slots,
         Some(unparsed),
     )
     .await
@@ -159,6 +162,19 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// interval is dropped.
 const HTTP2_KEEP_ALIVE: Duration = Duration::from_secs(20);
 
+/// What an HTTP/2 (gRPC) peer may send of request bodies before the server reads them, per
+/// connection and per stream: hyper's default of 1 MiB let 200 connections that each sent that
+/// much of an export the budget had no room for hold about 200 MiB the request budget never
+/// saw (`bench/h2_hold.py`). 256 KiB is four times grpc-go's initial window, and loopback and
+/// LAN exports are not slowed by it (the server reads bodies as they come).
+const HTTP2_WINDOW: u32 = 256 * 1024;
+
+/// The most requests (streams) one HTTP/2 connection may have open at once: each holds its
+/// headers (up to 16 KiB) while it waits; hyper's default is 200. An OpenTelemetry exporter
+/// sends a handful of exports at once (the Collector's default is 10 consumers); more wait on
+/// the client for a stream.
+const HTTP2_MAX_STREAMS: u32 = 32;
+
 /// The accept loop of both listeners: what `axum::serve` does, plus a timer for hyper (the
 /// header-read timeout and HTTP/2 keep-alive need one, and `axum::serve` sets none),
 /// `TCP_NODELAY` on every connection, and a bounded graceful shutdown.
@@ -174,12 +190,18 @@ const HTTP2_KEEP_ALIVE: Duration = Duration::from_secs(20);
 ///
 /// Each socket is wrapped in a [`write_stall::StallGuard`]: a connection whose client has read
 /// nothing for `write_stall_limit` while the server had something to send is closed.
+///
+/// Each connection holds a slot of `slots` (the connection limit both listeners share, see
+/// [`connection_limit`]) from before it is accepted until it ends: with every slot taken, the
+/// listener waits.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve_router<F>(
     listener: TcpListener,
     router: Router,
     shutdown: F,
     protocol: Protocol,
     write_stall_limit: Duration,
+    slots: connection_limit::ConnectionSlots,
     unparsed: Option<metrics::UnparsedRequests>,
 ) -> Result<(), ServeError>
 where
@@ -190,6 +212,13 @@ where
     let mut connections = tokio::task::JoinSet::new();
     let mut last_accept_warning: Option<std::time::Instant> = None;
     loop {
+        let slot = tokio::select! {
+            slot = slots.acquire() => match slot {
+                Some(slot) => slot,
+                None => break,
+            },
+            () = &mut shutdown => break,
+        };
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => stream,
@@ -232,7 +261,10 @@ where
                     .max_headers(parse_error_body::MAX_HEADER_FIELDS)
                     .max_buf_size(parse_error_body::MAX_HEAD_BYTES);
                 let connection = builder.serve_connection(io, service);
-                connections.spawn(drive(connection, closing_seen, None));
+                connections.spawn(async move {
+                    drive(connection, closing_seen, None).await;
+                    drop(slot);
+                });
             }
             Protocol::Http2 => {
                 // HTTP/2 has no header-read timeout, and its keep-alive pings never drop a peer
@@ -258,9 +290,15 @@ where
                 builder
                     .timer(TokioTimer::new())
                     .keep_alive_interval(HTTP2_KEEP_ALIVE)
-                    .keep_alive_timeout(HTTP2_KEEP_ALIVE);
+                    .keep_alive_timeout(HTTP2_KEEP_ALIVE)
+                    .initial_connection_window_size(HTTP2_WINDOW)
+                    .initial_stream_window_size(HTTP2_WINDOW)
+                    .max_concurrent_streams(HTTP2_MAX_STREAMS);
                 let connection = builder.serve_connection(io, service);
-                connections.spawn(drive(connection, closing_seen, Some(activity)));
+                connections.spawn(async move {
+                    drive(connection, closing_seen, Some(activity)).await;
+                    drop(slot);
+                });
             }
         }
         // Reap the finished connections, so the set holds only live ones.

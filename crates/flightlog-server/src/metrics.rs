@@ -633,6 +633,12 @@ struct ScrapeValues {
     small_body_budget: BudgetUsage,
     /// Request bodies refused for arriving too slowly while another waited for their share.
     slow_bodies_refused: u64,
+    /// Connections open now over both listeners.
+    connections_open: usize,
+    /// The connection limit (`--max-connections`).
+    connection_limit: usize,
+    /// How many times the open connections reached the limit.
+    connection_limit_reached: u64,
 }
 
 impl ScrapeValues {
@@ -657,6 +663,25 @@ impl ScrapeValues {
             "flightlog_http_write_limit",
             "The write limit: the most write requests handled at once",
             gauge_i64(self.write_limit),
+        );
+        registry.register(
+            "flightlog_http_connections_open",
+            "Connections open now, over the HTTP and gRPC listeners",
+            gauge_i64(saturating_i64(self.connections_open)),
+        );
+        registry.register(
+            "flightlog_http_connection_limit",
+            "The most connections open at once (--max-connections); past it new ones wait to \
+             be accepted",
+            gauge_i64(saturating_i64(self.connection_limit)),
+        );
+        let reached: Counter = Counter::default();
+        reached.inc_by(self.connection_limit_reached);
+        registry.register(
+            "flightlog_http_connection_limit_reached",
+            "Times the open connections reached the limit (further ones then wait to be \
+             accepted until one closes)",
+            reached,
         );
         if let Some(bytes) = self.resident_memory_bytes {
             registry.register(
@@ -855,6 +880,9 @@ async fn metrics(State(state): State<AppState>) -> Response {
         request_budget: state.request_budget().usage(),
         small_body_budget: state.request_budget().small_usage(),
         slow_bodies_refused: state.request_budget().slow_refused(),
+        connections_open: state.connection_slots().open(),
+        connection_limit: state.connection_slots().limit(),
+        connection_limit_reached: state.connection_slots().times_reached(),
     };
     match state.metrics().encode(&scrape) {
         Ok(text) => ([(CONTENT_TYPE, CONTENT_TYPE_TEXT)], text).into_response(),
@@ -897,6 +925,9 @@ mod tests {
                 refused: 4,
             },
             slow_bodies_refused: 5,
+            connections_open: 6,
+            connection_limit: 64,
+            connection_limit_reached: 8,
         }
     }
 
@@ -919,6 +950,9 @@ mod tests {
             "flightlog_activity_change_cursor 7\n",
             "flightlog_http_writes_in_flight 1\n",
             "flightlog_http_write_limit 4\n",
+            "flightlog_http_connections_open 6\n",
+            "flightlog_http_connection_limit 64\n",
+            "flightlog_http_connection_limit_reached_total 8\n",
             "process_start_time_seconds 1.5\n",
             "# TYPE flightlog_test_writes_total counter\n",
             "flightlog_test_writes_total 12.0\n",

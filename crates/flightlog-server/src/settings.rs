@@ -141,6 +141,13 @@ pub const MAX_INFLIGHT_WRITES: Setting = Setting {
     key: "max_inflight_writes",
     toml: TomlType::Integer,
 };
+/// The connection limit.
+pub const MAX_CONNECTIONS: Setting = Setting {
+    flag: "--max-connections",
+    env: "FLIGHTLOG_MAX_CONNECTIONS",
+    key: "max_connections",
+    toml: TomlType::Integer,
+};
 /// The journal's events per engagement.
 pub const JOURNAL_MAX_EVENTS: Setting = Setting {
     flag: "--journal-max-events",
@@ -221,7 +228,7 @@ pub const PRUNE_AFTER_MS: Setting = Setting {
 };
 
 /// Every setting the config file may hold.
-pub const SETTINGS: [Setting; 19] = [
+pub const SETTINGS: [Setting; 20] = [
     DB,
     ADDR,
     GRPC_ADDR,
@@ -230,6 +237,7 @@ pub const SETTINGS: [Setting; 19] = [
     RESPONSE_BUDGET,
     REQUEST_BUDGET,
     MAX_INFLIGHT_WRITES,
+    MAX_CONNECTIONS,
     JOURNAL_MAX_EVENTS,
     JOURNAL_MAX_AGE_MS,
     WRITE_LOCK_WAIT_MS,
@@ -272,6 +280,8 @@ pub const MAX_MAINTENANCE_EVERY_MS: u64 = 86_400_000;
 pub const MAX_RESPONSE_BUDGET: usize = 1 << 40;
 /// The largest `--max-inflight-writes` accepted.
 pub const MAX_INFLIGHT_WRITES_LIMIT: usize = 1_000_000;
+/// The largest `--max-connections` accepted.
+pub const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
 
 /// The config file's format and the token syntax, for `flightlog serve --help`.
 pub const CONFIG_HELP: &str = "\
@@ -291,6 +301,7 @@ Config file (every key optional; relative paths are relative to the file's folde
     response_budget = \"256MiB\"     # memory for large answers (snapshots, pages) in flight
     request_budget = \"64MiB\"       # memory for request bodies being read and handled
     max_inflight_writes = 4096
+    max_connections = 4096         # open at once; past it new connections wait to be accepted
     write_lock_wait_ms = 10000     # then 503: another process holds the database's write lock
     instance = \"ingest-1\"           # default: this host's name and the HTTP port
     allow_unauthenticated_non_loopback = false
@@ -360,6 +371,8 @@ pub struct ServeFlags {
     pub request_budget: Option<String>,
     /// `--max-inflight-writes N`.
     pub max_inflight_writes: Option<String>,
+    /// `--max-connections N`.
+    pub max_connections: Option<String>,
     /// `--journal-max-events N`.
     pub journal_max_events: Option<String>,
     /// `--journal-max-age-ms MS`.
@@ -397,6 +410,7 @@ impl fmt::Debug for ServeFlags {
             .field("response_budget", &self.response_budget)
             .field("request_budget", &self.request_budget)
             .field("max_inflight_writes", &self.max_inflight_writes)
+            .field("max_connections", &self.max_connections)
             .field("journal_max_events", &self.journal_max_events)
             .field("journal_max_age_ms", &self.journal_max_age_ms)
             .field("write_lock_wait_ms", &self.write_lock_wait_ms)
@@ -937,6 +951,13 @@ pub fn resolve_with_file(
         |text| parse_in_range(text, 1, MAX_INFLIGHT_WRITES_LIMIT as u64).map(|n| n as usize),
         "give a whole number of write requests from 1 to 1000000 (default 4096)",
     )?;
+    let max_connections = layers.parse(
+        &MAX_CONNECTIONS,
+        flags.max_connections.as_deref(),
+        ServerConfig::DEFAULT_MAX_CONNECTIONS,
+        |text| parse_in_range(text, 1, MAX_CONNECTIONS_LIMIT as u64).map(|n| n as usize),
+        "give a whole number of connections from 1 to 1000000 (default 4096)",
+    )?;
     let max_events = layers.parse(
         &JOURNAL_MAX_EVENTS,
         flags.journal_max_events.as_deref(),
@@ -1054,6 +1075,7 @@ pub fn resolve_with_file(
             body_limit,
             auth,
             max_inflight_writes,
+            max_connections,
             response_budget_bytes,
             request_budget_bytes,
             // What an OTLP body may inflate to is never below what it may be sent as: a plain

@@ -17,6 +17,7 @@ use flightlog_otlp::MappingOptions;
 use tokio::sync::Semaphore;
 
 use crate::auth::AuthConfig;
+use crate::connection_limit::ConnectionSlots;
 use crate::metrics::Metrics;
 use crate::request_budget::RequestBudget;
 use crate::response_budget::ResponseBudget;
@@ -50,6 +51,9 @@ pub struct ServerConfig {
     /// How long a connection may go without any of its pending output being written (its
     /// client reads nothing) before it is closed (see `write_stall`).
     pub write_stall_limit: Duration,
+    /// The most connections open at once over both listeners; past it, new ones wait to be
+    /// accepted (see [`crate::connection_limit`]).
+    pub max_connections: usize,
 }
 
 impl ServerConfig {
@@ -78,6 +82,11 @@ impl ServerConfig {
     /// The default write-stall limit: 30 s, as long as a client may take to send a request
     /// head (`HEADER_READ_TIMEOUT`).
     pub const DEFAULT_WRITE_STALL_LIMIT: Duration = Duration::from_secs(30);
+    /// The default connection limit: one a write slot (every write needs a connection, so more
+    /// would rarely help), which bounds what connections hold before any request is read: over
+    /// HTTP/1 a head is at most 32 KiB, and 4,096 connections each holding 28 KiB of one took
+    /// the server to about 175 MiB of RSS (`bench/big_heads.py`).
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 4_096;
 }
 
 impl Default for ServerConfig {
@@ -93,6 +102,7 @@ impl Default for ServerConfig {
             response_budget_bytes: Self::DEFAULT_RESPONSE_BUDGET_BYTES,
             request_budget_bytes: Self::DEFAULT_REQUEST_BUDGET_BYTES,
             write_stall_limit: Self::DEFAULT_WRITE_STALL_LIMIT,
+            max_connections: Self::DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -124,6 +134,8 @@ struct Shared {
     response_budget: ResponseBudget,
     /// Request bodies being read and handled.
     request_budget: RequestBudget,
+    /// One slot per open connection, over both listeners (see [`crate::connection_limit`]).
+    connection_slots: ConnectionSlots,
     /// Becomes `true` when the server starts shutting down (live streams end then).
     closing: Arc<tokio::sync::watch::Sender<bool>>,
     /// What `GET /metrics` reports (see [`crate::metrics`]).
@@ -156,6 +168,7 @@ impl AppState {
             batch_lanes: Arc::new(Semaphore::new(Self::BATCH_LANES)),
             response_budget: ResponseBudget::new(config.response_budget_bytes),
             request_budget: request_budget(&config),
+            connection_slots: ConnectionSlots::new(config.max_connections),
             maintenance_writer: format!("{}/maintenance", activity.writer()).into(),
             activity,
             journal,
@@ -207,6 +220,7 @@ impl AppState {
         shared.write_permits = write_permits(&config);
         shared.response_budget = ResponseBudget::new(config.response_budget_bytes);
         shared.request_budget = request_budget(&config);
+        shared.connection_slots = ConnectionSlots::new(config.max_connections);
         shared.config = Arc::new(config);
         self
     }
@@ -269,6 +283,11 @@ impl AppState {
     /// The budget of request bodies in flight.
     pub fn request_budget(&self) -> &RequestBudget {
         &self.shared.request_budget
+    }
+
+    /// The connection limit both listeners share.
+    pub fn connection_slots(&self) -> &ConnectionSlots {
+        &self.shared.connection_slots
     }
 
     /// The configuration.

@@ -126,6 +126,14 @@ fn cases() -> Vec<Case> {
             expected: ["4096", "1", "2", "3"],
         },
         Case {
+            setting: MAX_CONNECTIONS,
+            set_flag: |f| f.max_connections = Some("30".into()),
+            env: "20",
+            file: "max_connections = 10",
+            read: |s| s.server.max_connections.to_string(),
+            expected: ["4096", "10", "20", "30"],
+        },
+        Case {
             setting: JOURNAL_MAX_EVENTS,
             set_flag: |f| f.journal_max_events = Some("13".into()),
             env: "12",
@@ -318,6 +326,7 @@ fn defaults_are_the_documented_ones() {
     );
     assert!(!settings.server.auth.is_enabled());
     assert_eq!(settings.server.max_inflight_writes, 4096);
+    assert_eq!(settings.server.max_connections, 4096);
 }
 
 #[test]
