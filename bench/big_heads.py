@@ -1,5 +1,10 @@
-"""Open N connections that each send HEAD_KIB of an unfinished request head and hold it;
-print the server's RSS before and while they hold. usage: big_heads.py PORT PID N HEAD_KIB HOLD_S"""
+"""What unfinished request heads can make the server hold: open N connections that each send
+about HEAD_KIB KiB (headers of ~3 KB each, so up to 3 KB more) of a request head without its
+end, and hold them HOLD_S seconds; print the server's RSS before, while and after.
+
+    python3 bench/big_heads.py HTTP_PORT SERVER_PID N HEAD_KIB HOLD_S
+
+Raise `ulimit -n` for N past ~1,000."""
 import socket, sys, time
 port, pid, n, head_kib, hold = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 def rss():

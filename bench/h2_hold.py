@@ -1,6 +1,11 @@
-"""N h2c connections to the gRPC listener, each opening S export streams with ~HDR KiB of
-metadata and a message declaring 8 MiB, sending DATA until flow control stops it; hold; print
-the server's RSS. usage: h2_hold.py PORT PID N S HDR_KIB HOLD_S"""
+"""What HTTP/2 connections can make the server hold before any request completes: N h2c
+connections to the gRPC listener, each opening up to S export streams (as many as the server's
+SETTINGS allow) with ~HDR_KIB KiB of metadata and a message declaring 8 MiB, sending DATA until
+flow control stops it (no WINDOW_UPDATE is read); hold HOLD_S seconds; print the server's RSS.
+
+    python3 bench/h2_hold.py GRPC_PORT SERVER_PID N S HDR_KIB HOLD_S
+
+Needs the `h2` package (pip install h2)."""
 import socket, sys, time
 import h2.connection, h2.config, h2.exceptions
 port, pid, n, streams, hdr_kib, hold = map(float, sys.argv[1:7]); port, n, streams = int(port), int(n), int(streams)
@@ -25,7 +30,10 @@ for i in range(n):
                    (":path", "/opentelemetry.proto.collector.trace.v1.TraceService/Export"),
                    ("content-type", "application/grpc"), ("te", "trailers")]
         headers += [(f"x-pad-{j}", "a" * 1000) for j in range(int(hdr_kib))]
-        c.send_headers(sid, headers)
+        try:
+            c.send_headers(sid, headers)
+        except h2.exceptions.TooManyStreamsError:
+            break  # the server's SETTINGS_MAX_CONCURRENT_STREAMS
         sent = 0
         while True:
             w = min(c.local_flow_control_window(sid), c.max_outbound_frame_size, 16384)

@@ -170,10 +170,14 @@ const HTTP2_KEEP_ALIVE: Duration = Duration::from_secs(20);
 const HTTP2_WINDOW: u32 = 256 * 1024;
 
 /// The most requests (streams) one HTTP/2 connection may have open at once: each holds its
-/// headers (up to 16 KiB) while it waits; hyper's default is 200. An OpenTelemetry exporter
+/// headers (up to 8 KiB) while it waits; hyper's default is 200. An OpenTelemetry exporter
 /// sends a handful of exports at once (the Collector's default is 10 consumers); more wait on
 /// the client for a stream.
-const HTTP2_MAX_STREAMS: u32 = 32;
+const HTTP2_MAX_STREAMS: u32 = 16;
+
+/// The most bytes of headers (gRPC metadata) one HTTP/2 request may have: grpc-java's default
+/// (hyper's is 16 KiB). An exporter sends a few hundred bytes of them, a token included.
+const HTTP2_MAX_HEADER_LIST: u32 = 8 * 1024;
 
 /// The accept loop of both listeners: what `axum::serve` does, plus a timer for hyper (the
 /// header-read timeout and HTTP/2 keep-alive need one, and `axum::serve` sets none),
@@ -293,7 +297,8 @@ where
                     .keep_alive_timeout(HTTP2_KEEP_ALIVE)
                     .initial_connection_window_size(HTTP2_WINDOW)
                     .initial_stream_window_size(HTTP2_WINDOW)
-                    .max_concurrent_streams(HTTP2_MAX_STREAMS);
+                    .max_concurrent_streams(HTTP2_MAX_STREAMS)
+                    .max_header_list_size(HTTP2_MAX_HEADER_LIST);
                 let connection = builder.serve_connection(io, service);
                 connections.spawn(async move {
                     drive(connection, closing_seen, Some(activity)).await;
