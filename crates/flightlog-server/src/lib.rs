@@ -198,7 +198,6 @@ const HTTP2_MAX_HEADER_LIST: u32 = 8 * 1024;
 /// Each connection holds a slot of `slots` (the connection limit both listeners share, see
 /// [`connection_limit`]) from before it is accepted until it ends: with every slot taken, the
 /// listener waits.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve_router<F>(
     listener: TcpListener,
     router: Router,
