@@ -84,8 +84,8 @@ impl ServerConfig {
     pub const DEFAULT_WRITE_STALL_LIMIT: Duration = Duration::from_secs(30);
     /// The default connection limit: one a write slot (every write needs a connection, so more
     /// would rarely help), which bounds what connections hold before any request is read: over
-    /// HTTP/1 a head is at most 32 KiB, and 4,096 connections each holding 28 KiB of one took
-    /// the server to about 175 MiB of RSS (`bench/big_heads.py`).
+    /// HTTP/1 a head is at most 32 KiB, and 4,000 connections each holding 28 KiB of one took
+    /// the server to about 170 MiB of RSS (`bench/big_heads.py`).
     pub const DEFAULT_MAX_CONNECTIONS: usize = 4_096;
 }
 
