@@ -51,9 +51,11 @@
 //! the client reads the answer rather than a reset connection.
 //!
 //! Not counted: hyper's read buffer of each connection, which grows with what a client sends
-//! at once (up to 408 KiB) and is kept while the connection lives; 500 connections that each
-//! sent 60 KB of a body took about 43 MB whether their bodies fitted or not (an audit's
-//! measurement).
+//! at once (up to 32 KiB, the head limit `parse_error_body::MAX_HEAD_BYTES`; hyper's default
+//! was 408 KiB) and is kept while the connection lives. 500 idle keep-alive connections that
+//! had each sent a 60 KB journal append took the server from 14 to 40 MiB of RSS (68 MiB
+//! with the old limit); `--max-connections` bounds how many there are (see
+//! `connection_limit`).
 //!
 //! A compressed OTLP body (`Content-Encoding: gzip` or `deflate`) also holds what it inflates
 //! to, counted by inflating it once into nothing before it is decoded (see `gate`): it may
