@@ -142,7 +142,7 @@ struct ServeArgs {
     )]
     max_inflight_writes: Option<String>,
     /// Connections open at once, over the HTTP and gRPC listeners together; past it, new
-    /// connections wait to be accepted until one closes (said on stderr). Bounds the memory
+    /// connections wait to be served until one closes (said on stderr). Bounds the memory
     /// connections hold before any request is read (a request head is at most 32 KiB).
     /// [env: FLIGHTLOG_MAX_CONNECTIONS] [file: max_connections] [default: 4096]
     #[arg(

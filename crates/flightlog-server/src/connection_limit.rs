@@ -1,6 +1,7 @@
-//! The connection limit: at most `max_connections` connections are open at once, over both
-//! listeners (the HTTP API and OTLP/gRPC); past it, the listeners stop accepting until one
-//! closes, and the clients beyond wait in the kernel's listen queue.
+//! The connection limit: at most `max_connections` connections are served at once, over both
+//! listeners (the HTTP API and OTLP/gRPC); past it, a listener that has accepted a client
+//! waits for a slot before it serves it and accepts no other, so the clients beyond wait (that
+//! one socket unread, the rest in the kernel's listen queue).
 //!
 //! Why it exists: every open connection holds memory no request budget counts, before any
 //! token is checked: hyper's read buffer of an HTTP/1 connection (up to its request head limit,
@@ -34,8 +35,7 @@ pub struct ConnectionSlots {
 struct Inner {
     slots: Arc<Semaphore>,
     limit: usize,
-    /// How many times a listener, ready to accept, found every slot taken (the limit reached;
-    /// whether a client was waiting then or came later, the next one waits).
+    /// How many times a client arrived while every slot was taken (it waited for one).
     reached: AtomicU64,
     last_warning: Mutex<Option<Instant>>,
 }
@@ -60,8 +60,8 @@ impl ConnectionSlots {
         }
     }
 
-    /// A slot for the next connection to accept: at once while fewer than the limit are open,
-    /// else once one closes (said on stderr, at most every 10 s). `None` only if the slots were
+    /// A slot for a connection just accepted: at once while fewer than the limit are open, else
+    /// once one closes (said on stderr, at most every 10 s). `None` only if the slots were
     /// closed, which nothing does.
     pub async fn acquire(&self) -> Option<ConnectionSlot> {
         let slots = Arc::clone(&self.inner.slots);
@@ -91,7 +91,7 @@ impl ConnectionSlots {
             .saturating_sub(self.inner.slots.available_permits())
     }
 
-    /// How many times the open connections reached the limit (accepting waited for a slot).
+    /// How many times a client arrived while every slot was taken.
     pub fn times_reached(&self) -> u64 {
         self.inner.reached.load(Ordering::Relaxed)
     }
@@ -112,7 +112,7 @@ impl ConnectionSlots {
         let _ = writeln!(
             std::io::stderr().lock(),
             "flightlog: warning: {} connections are open, the most --max-connections allows; \
-             further connections wait to be accepted until one closes (raise \
+             further connections wait until one closes (raise \
              --max-connections, or look for clients that keep connections open without using \
              them)",
             self.inner.limit

@@ -170,14 +170,17 @@ const HTTP2_KEEP_ALIVE: Duration = Duration::from_secs(20);
 const HTTP2_WINDOW: u32 = 256 * 1024;
 
 /// The most requests (streams) one HTTP/2 connection may have open at once: each holds its
-/// headers (up to 8 KiB) while it waits; hyper's default is 200. An OpenTelemetry exporter
+/// headers (up to 16 KiB) while it waits; hyper's default is 200. An OpenTelemetry exporter
 /// sends a handful of exports at once (the Collector's default is 10 consumers); more wait on
 /// the client for a stream.
 const HTTP2_MAX_STREAMS: u32 = 16;
 
-/// The most bytes of headers (gRPC metadata) one HTTP/2 request may have: grpc-java's default
-/// (hyper's is 16 KiB). An exporter sends a few hundred bytes of them, a token included.
-const HTTP2_MAX_HEADER_LIST: u32 = 8 * 1024;
+/// The most bytes of headers (gRPC metadata) one HTTP/2 request may have: hyper's default, set
+/// explicitly so the streams' bound stays true. An exporter sends a few hundred bytes of them,
+/// a token included, but W3C `baggage` may take 8 KiB and `tracestate` more: 8 KiB (grpc-java's
+/// default) refused a full `baggage` with an opaque `UNKNOWN: ... status: 431` (an audit's
+/// finding).
+const HTTP2_MAX_HEADER_LIST: u32 = 16 * 1024;
 
 /// The accept loop of both listeners: what `axum::serve` does, plus a timer for hyper (the
 /// header-read timeout and HTTP/2 keep-alive need one, and `axum::serve` sets none),
@@ -196,8 +199,8 @@ const HTTP2_MAX_HEADER_LIST: u32 = 8 * 1024;
 /// nothing for `write_stall_limit` while the server had something to send is closed.
 ///
 /// Each connection holds a slot of `slots` (the connection limit both listeners share, see
-/// [`connection_limit`]) from before it is accepted until it ends: with every slot taken, the
-/// listener waits.
+/// [`connection_limit`]) from when it is accepted until it ends: with every slot taken, the
+/// listener waits for one before it serves the connection it accepted, and accepts no other.
 pub(crate) async fn serve_router<F>(
     listener: TcpListener,
     router: Router,
@@ -215,13 +218,6 @@ where
     let mut connections = tokio::task::JoinSet::new();
     let mut last_accept_warning: Option<std::time::Instant> = None;
     loop {
-        let slot = tokio::select! {
-            slot = slots.acquire() => match slot {
-                Some(slot) => slot,
-                None => break,
-            },
-            () = &mut shutdown => break,
-        };
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => stream,
@@ -240,6 +236,18 @@ where
                     }
                     continue;
                 }
+            },
+            () = &mut shutdown => break,
+        };
+        // The slot is taken once a client is here, not before: a listener waiting for its next
+        // client with a slot in hand kept it from the other listener (with a limit of 1 the
+        // HTTP API answered nothing while the gRPC listener waited; an audit's finding). While
+        // every slot is taken, this one accepted socket waits unread (nothing of it buffered)
+        // and the rest wait in the kernel's queue.
+        let slot = tokio::select! {
+            slot = slots.acquire() => match slot {
+                Some(slot) => slot,
+                None => break,
             },
             () = &mut shutdown => break,
         };
@@ -262,7 +270,11 @@ where
                     .timer(TokioTimer::new())
                     .header_read_timeout(HEADER_READ_TIMEOUT)
                     .max_headers(parse_error_body::MAX_HEADER_FIELDS)
-                    .max_buf_size(parse_error_body::MAX_HEAD_BYTES);
+                    .max_buf_size(parse_error_body::MAX_HEAD_BYTES)
+                    // The buffer's limit alone let a head that arrived in one burst through at up
+                    // to 48 KiB (a read may fill more than it asked for); this checks the head's
+                    // own length (an audit's finding).
+                    .max_header_size(parse_error_body::MAX_HEAD_BYTES);
                 let connection = builder.serve_connection(io, service);
                 connections.spawn(async move {
                     drive(connection, closing_seen, None).await;

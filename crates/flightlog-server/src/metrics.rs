@@ -671,16 +671,16 @@ impl ScrapeValues {
         );
         registry.register(
             "flightlog_http_connection_limit",
-            "The most connections open at once (--max-connections); past it new ones wait to \
-             be accepted",
+            "The most connections served at once (--max-connections); past it new ones wait \
+             until one closes",
             gauge_i64(saturating_i64(self.connection_limit)),
         );
         let reached: Counter = Counter::default();
         reached.inc_by(self.connection_limit_reached);
         registry.register(
             "flightlog_http_connection_limit_reached",
-            "Times the open connections reached the limit (further ones then wait to be \
-             accepted until one closes)",
+            "Times a client connected while every connection slot was taken (it waited until \
+             one closed)",
             reached,
         );
         if let Some(bytes) = self.resident_memory_bytes {

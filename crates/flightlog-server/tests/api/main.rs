@@ -13,6 +13,7 @@
 
 mod auth;
 mod conformance;
+mod connection_limit;
 mod endpoints;
 mod fuzz;
 mod keep_alive;
