@@ -15,6 +15,11 @@
 //! nothing an HTTP answer would, and reading a request to answer it is what costs the memory.
 //! The operator is told on stderr (at most every 10 s) that the limit was reached, and
 //! `/metrics` shows the connections open and how often the limit was reached.
+//!
+//! What it does not stop: anyone who can connect can take every slot (idle keep-alive
+//! connections, heads trickled within the 30 s a head may take), as anyone could take every
+//! file descriptor before; a token is checked only once a request has arrived. The limit trades
+//! that, at a bar of 4,096 connections by default, for memory that cannot run out.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
