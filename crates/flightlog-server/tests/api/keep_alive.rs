@@ -10,48 +10,13 @@
 use std::time::Duration;
 
 use flightlog_server::{AuthConfig, Scopes, ServerConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::support::{Options, TestServer};
+use crate::support::{read_answer, read_answer_head, Options, TestServer};
 
 /// Long enough that the server has answered from the head alone when the body comes.
 const BODY_DELAY: Duration = Duration::from_millis(60);
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Read one answer (head and `Content-Length` body) from `stream`; its status.
-async fn read_answer(stream: &mut TcpStream) -> Option<u16> {
-    read_answer_head(stream).await.map(|(status, _)| status)
-}
-
-/// Read one answer from `stream`; its status and its head, lower-cased.
-async fn read_answer_head(stream: &mut TcpStream) -> Option<(u16, String)> {
-    let mut buffer = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buffer[..end]).to_ascii_lowercase();
-            let length: usize = head
-                .lines()
-                .find_map(|line| line.strip_prefix("content-length:"))
-                .and_then(|value| value.trim().parse().ok())
-                .unwrap_or(0);
-            if buffer.len() >= end + 4 + length {
-                let status = head.split_whitespace().nth(1)?.parse().ok()?;
-                return Some((status, head));
-            }
-        }
-        let read = tokio::time::timeout(ANSWER_TIMEOUT, stream.read(&mut chunk))
-            .await
-            .ok()?
-            .ok()?;
-        if read == 0 {
-            return None;
-        }
-        buffer.extend_from_slice(&chunk[..read]);
-    }
-}
-
 /// Send `method path` with `headers` and a JSON body that follows the head after a pause, read
 /// its answer, then `GET /healthz` on the same connection: (first status, second status).
 async fn late_body_then_next(

@@ -4,6 +4,7 @@
 //! second `127.0.0.1:0` port over the same state.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use flightlog_core::activity::ActivityStore;
 use flightlog_core::journal::{EngagementJournal, RetentionConfig};
@@ -16,6 +17,8 @@ use flightlog_sqlite::{
 use reqwest::header::HeaderMap;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -452,4 +455,40 @@ pub fn status_line_code(answer: &[u8]) -> u16 {
         .nth(1)
         .and_then(|code| code.parse().ok())
         .unwrap_or_else(|| panic!("no status line in {answer:?}"))
+}
+
+/// How long a raw-socket answer may take before it counts as none.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Read one answer (head and `Content-Length` body) from `stream`; its status.
+pub async fn read_answer(stream: &mut TcpStream) -> Option<u16> {
+    read_answer_head(stream).await.map(|(status, _)| status)
+}
+
+/// Read one answer from `stream`; its status and its head, lower-cased.
+pub async fn read_answer_head(stream: &mut TcpStream) -> Option<(u16, String)> {
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buffer[..end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .and_then(|value| value.trim().parse().ok())
+                .unwrap_or(0);
+            if buffer.len() >= end + 4 + length {
+                let status = head.split_whitespace().nth(1)?.parse().ok()?;
+                return Some((status, head));
+            }
+        }
+        let read = tokio::time::timeout(ANSWER_TIMEOUT, stream.read(&mut chunk))
+            .await
+            .ok()?
+            .ok()?;
+        if read == 0 {
+            return None;
+        }
+        buffer.extend_from_slice(&chunk[..read]);
+    }
 }
