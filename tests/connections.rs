@@ -1049,80 +1049,201 @@ fn small_bodies_in_flight_hold_what_has_arrived_of_a_budget() {
     server.stop().unwrap();
 }
 
-/// At most `--max-connections` connections are open at once: the one past it waits to be
-/// accepted (the operator is told why on stderr), and is served as soon as another closes.
-/// What the held connections sent (24 KB of an unfinished head each, within the 32 KiB limit)
-/// is all they may hold of the server's memory before a token is checked.
-#[test]
-fn connections_past_the_limit_wait_until_one_closes() {
-    let mut server = Server::start_with("connection-limit", None, &["--max-connections", "4"]);
-    let addr = server.addr;
-    let unfinished_head = format!(
-        "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: {}",
-        "a".repeat(24_000)
-    );
-    let mut held: Vec<TcpStream> = (0..3)
-        .map(|_| {
-            let mut stream = connect(addr).unwrap();
-            stream.write_all(unfinished_head.as_bytes()).unwrap();
-            stream
-        })
-        .collect();
-    // The scrape's own connection is the fourth.
+/// Waits until `/metrics` says `value` for `name` (every 20 ms, at most 2 s).
+fn wait_for_metric(addr: SocketAddr, name: &str, value: f64, what: &str) {
     let mut waited = 0;
-    while metric(addr, "flightlog_http_connections_open") != Some(4.0) {
+    while metric(addr, name) != Some(value) {
         waited += 1;
-        assert!(waited < 100, "the held connections were never counted");
+        assert!(waited < 100, "{what}: {name} is {:?}", metric(addr, name));
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(metric(addr, "flightlog_http_connection_limit"), Some(4.0));
+}
 
-    let mut fourth = connect(addr).unwrap();
-    fourth.write_all(unfinished_head.as_bytes()).unwrap();
-    held.push(fourth);
-    // The fifth connects (the kernel queues it) but is not served while four are open.
+/// Whether the server closes `stream` (EOF or reset) within `limit`, reading and dropping
+/// whatever it sends meanwhile.
+fn closed_within(stream: &mut TcpStream, limit: Duration) -> bool {
+    let started = Instant::now();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let mut chunk = [0u8; 4096];
+    while started.elapsed() < limit {
+        match stream.read(&mut chunk) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// A keep-alive `GET /healthz` on `stream`, its answer read whole: the connection stays open.
+fn keep_alive_healthz(stream: &mut TcpStream) {
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !String::from_utf8_lossy(&answer).contains("\"ok\"") {
+        let n = stream.read(&mut chunk).unwrap();
+        assert!(n > 0, "closed before the answer");
+        answer.extend_from_slice(&chunk[..n]);
+    }
+    assert_eq!(
+        status_of(&String::from_utf8_lossy(&answer)),
+        Some(200),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+}
+
+/// At most `--max-connections` connections are open at once. While every one is busy (here
+/// four live streams, each a request in flight for as long as it runs) a client past the
+/// limit waits (the operator is told why on stderr), and is served as soon as one closes; no
+/// busy connection is closed to make room.
+#[test]
+fn connections_past_the_limit_wait_while_every_one_is_busy() {
+    let mut server = Server::start_with("connection-limit", None, &["--max-connections", "4"]);
+    let addr = server.addr;
+    let mut streams: Vec<StreamReader> = (0..3).map(|_| StreamReader::open(addr)).collect();
+    for stream in &streams {
+        assert!(
+            stream.wait_for("text/event-stream", IO_TIMEOUT).is_some(),
+            "a stream was not served"
+        );
+    }
+    // The scrape's own connection is the fourth.
+    wait_for_metric(
+        addr,
+        "flightlog_http_connections_open",
+        4.0,
+        "streams counted",
+    );
+    assert_eq!(metric(addr, "flightlog_http_connection_limit"), Some(4.0));
+    streams.push(StreamReader::open(addr));
+    assert!(streams[3]
+        .wait_for("text/event-stream", IO_TIMEOUT)
+        .is_some());
+
+    // The fifth connects (the kernel queues it) but is not served while four streams run.
     let mut waiting = connect(addr).unwrap();
     waiting
         .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         .unwrap();
     waiting
-        .set_read_timeout(Some(Duration::from_millis(500)))
+        .set_read_timeout(Some(Duration::from_millis(1500)))
         .unwrap();
     let mut first = [0u8; 64];
     let early = waiting.read(&mut first);
     assert!(
         matches!(&early, Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)),
-        "the fifth connection was served while four were open: {early:?}"
+        "the fifth connection was served while four streams ran: {early:?}"
     );
 
     let closed_at = Instant::now();
-    drop(held.remove(0));
+    drop(streams.remove(0));
     waiting.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
     let mut answer = Vec::new();
     waiting.read_to_end(&mut answer).unwrap();
     let text = String::from_utf8_lossy(&answer);
     server.say(format!(
-        "the fifth connection served {:?} after one of four closed",
+        "the fifth connection served {:?} after one of four streams closed",
         closed_at.elapsed()
     ));
     assert_eq!(status_of(&text), Some(200), "{text:.300}");
     assert!(closed_at.elapsed() < PROMPT, "{:?}", closed_at.elapsed());
 
-    drop(held);
-    let mut waited = 0;
-    while metric(addr, "flightlog_http_connections_open") != Some(1.0) {
-        waited += 1;
-        assert!(
-            waited < 100,
-            "the closed connections' slots never came back"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    drop(streams);
+    wait_for_metric(
+        addr,
+        "flightlog_http_connections_open",
+        1.0,
+        "the closed connections' slots never came back",
+    );
     assert!(metric(addr, "flightlog_http_connection_limit_reached_total") >= Some(1.0));
+    assert_eq!(
+        metric(addr, "flightlog_http_idle_connections_closed_total"),
+        Some(0.0),
+        "a busy connection was closed"
+    );
     let output = server.process.output();
     assert!(
         output.contains("4 connections are open, the most --max-connections allows"),
         "{output}"
     );
+    server.stop().unwrap();
+}
+
+/// At the limit, idle connections make room for a client that arrives: the one idle the
+/// longest is closed first (a keep-alive connection between requests, one that sent nothing,
+/// one still trickling its first head, which is given a second), and a busy one (a live
+/// stream) never is. Without this, anyone who could connect held every slot by doing nothing.
+#[test]
+fn at_the_limit_idle_connections_make_room_longest_idle_first() {
+    let mut server = Server::start_with("connection-room", None, &["--max-connections", "4"]);
+    let addr = server.addr;
+    let mut kept_alive = connect(addr).unwrap();
+    keep_alive_healthz(&mut kept_alive);
+    std::thread::sleep(Duration::from_millis(20));
+    let mut silent = connect(addr).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let mut trickling = connect(addr).unwrap();
+    trickling
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: aaaa")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let stream = StreamReader::open(addr);
+    assert!(stream.wait_for("text/event-stream", IO_TIMEOUT).is_some());
+
+    // Each newcomer makes a request on a connection it keeps open, and is served; the one idle
+    // the longest is closed for it.
+    let mut newcomers = Vec::new();
+    for (evicted, name, limit) in [
+        (&mut kept_alive, "the keep-alive connection", PROMPT),
+        (&mut silent, "the connection that sent nothing", PROMPT),
+        (
+            &mut trickling,
+            "the connection trickling a head",
+            PROMPT + Duration::from_secs(1),
+        ),
+    ] {
+        let started = Instant::now();
+        let mut newcomer = connect(addr).unwrap();
+        keep_alive_healthz(&mut newcomer);
+        let served = started.elapsed();
+        assert!(closed_within(evicted, PROMPT), "{name} was not closed");
+        server.say(format!(
+            "a newcomer served in {served:?}; {name} closed to make room"
+        ));
+        assert!(served < limit, "{served:?}");
+        newcomers.push(newcomer);
+    }
+    // The stream is busy: the next to go is the first newcomer, idle the longest since.
+    let started = Instant::now();
+    let (status, _) = request(addr, "GET", "/healthz", None).unwrap();
+    assert_eq!(status, 200);
+    assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
+    assert!(closed_within(&mut newcomers[0], PROMPT));
+    // The stream still runs: it carries a write made now.
+    start_span(addr, "span-after-making-room", 0);
+    assert!(
+        stream
+            .wait_for("span-after-making-room", IO_TIMEOUT)
+            .is_some(),
+        "the live stream was cut"
+    );
+    // Four were closed to make room (the write and the scrape find the slot the `/healthz`
+    // client gave back, unless they come before its task has ended: then one more).
+    let closed = metric(addr, "flightlog_http_idle_connections_closed_total");
+    assert!(
+        matches!(closed, Some(4.0..=6.0)),
+        "idle connections closed: {closed:?}"
+    );
+    drop(stream);
     server.stop().unwrap();
 }

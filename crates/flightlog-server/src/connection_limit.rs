@@ -1,7 +1,10 @@
 //! The connection limit: at most `max_connections` connections are served at once, over both
-//! listeners (the HTTP API and OTLP/gRPC); past it, a listener that has accepted a client
-//! waits for a slot before it serves it and accepts no other, so the clients beyond wait (that
-//! one socket unread, the rest in the kernel's listen queue).
+//! listeners (the HTTP API and OTLP/gRPC). Past it, a listener that has accepted a client first
+//! makes room: it asks the connection idle the longest (no request in flight: a keep-alive
+//! connection between requests, or one that has not finished sending its first request) to
+//! close, and serves the client once its slot is free. When every connection is busy (a
+//! request in flight, a live stream) the client waits for one to close, and the listener
+//! accepts no other meanwhile (that one socket unread, the rest in the kernel's listen queue).
 //!
 //! Why it exists: every open connection holds memory no request budget counts, before any
 //! token is checked: hyper's read buffer of an HTTP/1 connection (up to its request head limit,
@@ -11,24 +14,46 @@
 //! hundreds of thousands): 2,000 connections that each sent 390 KiB of an unfinished request
 //! head took the server from 14 MiB to 801 MiB of RSS, without a token.
 //!
-//! Waiting, not refusing: a connection accepted only to be closed again tells the client
-//! nothing an HTTP answer would, and reading a request to answer it is what costs the memory.
-//! The operator is told on stderr (at most every 10 s) that the limit was reached, and
-//! `/metrics` shows the connections open and how often the limit was reached.
+//! Why idle connections make room (as nginx closes its keep-alive connections when it runs out
+//! of connections): a limit that only waited let anyone who can connect take every slot
+//! without a token and keep it (an audit: 99 idle keep-alive connections re-sending a
+//! token-less request every 20 s held 99 of 100 slots, and an authorized client waited 45 s;
+//! connections that trickle a head held theirs for the 30 s a head may take). Closing an idle
+//! connection loses nothing: an HTTP/1 one is closed by hyper only between requests (its
+//! client opens a new connection for its next request, as it would after the 30-s idle
+//! timeout), an HTTP/2 one gets a `GOAWAY` and its requests in flight finish; a connection
+//! still sending its first request's head after [`EVICTION_GRACE`] is dropped. What the limit
+//! still does not stop: clients that keep a request in flight on every connection (a live
+//! stream, a body trickled within its time limits) hold their slots, as they would hold file
+//! descriptors without it.
 //!
-//! What it does not stop: anyone who can connect can take every slot (idle keep-alive
-//! connections, heads trickled within the 30 s a head may take), as anyone could take every
-//! file descriptor before; a token is checked only once a request has arrived. The limit trades
-//! that, at a bar of 4,096 connections by default, for memory that cannot run out.
+//! Waiting, not refusing, when no connection is idle: a connection accepted only to be closed
+//! again tells the client nothing an HTTP answer would, and reading a request to answer it is
+//! what costs the memory. The operator is told on stderr (at most every 10 s) that the limit
+//! was reached, and `/metrics` shows the connections open, how often the limit was reached and
+//! how many idle connections were closed to make room.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// How often, at most, reaching the limit is said on stderr.
 const WARNING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How long a connection asked to close to make room may still take to send the head of its
+/// first request: hyper closes at once a connection between requests or one that sent
+/// nothing, but waits for a head that has begun (up to the 30 s a head may take). A client on
+/// a working link sends a head in milliseconds.
+pub const EVICTION_GRACE: Duration = Duration::from_secs(1);
+
+/// How long a client waiting for a slot waits before it looks again for an idle connection,
+/// when none was idle (each was busy) or the one asked to close has not closed yet.
+const RECHECK_INTERVAL: Duration = Duration::from_millis(500);
 
 /// The connection limit shared by the listeners (cloned into each; one count).
 #[derive(Debug, Clone)]
@@ -40,15 +65,160 @@ pub struct ConnectionSlots {
 struct Inner {
     slots: Arc<Semaphore>,
     limit: usize,
-    /// How many times a client arrived while every slot was taken (it waited for one).
+    /// When the slots were made: what each connection's idle time is counted from, so that
+    /// connections can be compared without reading the clock once for each.
+    epoch: Instant,
+    /// The connections open now, by an id of their own.
+    open: Mutex<HashMap<u64, Arc<ConnectionActivity>>>,
+    next_id: AtomicU64,
+    /// How many times a client arrived while every slot was taken.
     reached: AtomicU64,
+    /// How many idle connections were asked to close to make room for a waiting client.
+    evicted: AtomicU64,
     last_warning: Mutex<Option<Instant>>,
 }
 
 /// One open connection's slot; given back when dropped (when the connection ends).
 #[derive(Debug)]
 pub struct ConnectionSlot {
+    id: u64,
+    activity: Arc<ConnectionActivity>,
+    inner: Arc<Inner>,
     _permit: OwnedSemaphorePermit,
+}
+
+impl ConnectionSlot {
+    /// What the connection is doing: its requests mark their start and end on it, and it
+    /// hears when it is asked to close to make room.
+    pub fn activity(&self) -> &Arc<ConnectionActivity> {
+        &self.activity
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        if let Ok(mut open) = self.inner.open.lock() {
+            open.remove(&self.id);
+        }
+    }
+}
+
+/// What a connection is doing, for choosing which one makes room and for the HTTP/2 idle
+/// timeout: its requests in flight (from the call of the service until the answer's body is
+/// written or dropped), since when it has had none, and whether it was asked to close.
+#[derive(Debug)]
+pub struct ConnectionActivity {
+    epoch: Instant,
+    in_flight: AtomicUsize,
+    /// Milliseconds from `epoch` to when the connection was accepted or its last request ended.
+    idle_since_ms: AtomicU64,
+    /// Whether any request came.
+    served: AtomicBool,
+    /// Whether it was asked to close to make room (so it is not asked twice).
+    evicted: AtomicBool,
+    close_asked: Notify,
+}
+
+/// One request in flight on a connection; its end when dropped.
+#[derive(Debug)]
+pub struct InFlight(Arc<ConnectionActivity>);
+
+impl ConnectionActivity {
+    fn new(epoch: Instant) -> Self {
+        Self {
+            epoch,
+            in_flight: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(millis_since(epoch)),
+            served: AtomicBool::new(false),
+            evicted: AtomicBool::new(false),
+            close_asked: Notify::new(),
+        }
+    }
+
+    /// A request begins; it ends when the returned guard is dropped.
+    pub fn begin(self: &Arc<Self>) -> InFlight {
+        self.served.store(true, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(Arc::clone(self))
+    }
+
+    /// Whether a request is in flight.
+    pub fn is_busy(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) > 0
+    }
+
+    /// Whether any request came on the connection.
+    pub fn served(&self) -> bool {
+        self.served.load(Ordering::Relaxed)
+    }
+
+    /// How long the connection has had no request in flight (`None` while one is).
+    pub fn idle_for(&self) -> Option<Duration> {
+        if self.is_busy() {
+            return None;
+        }
+        let since = self.idle_since_ms.load(Ordering::Acquire);
+        Some(Duration::from_millis(
+            millis_since(self.epoch).saturating_sub(since),
+        ))
+    }
+
+    /// Completes once the connection is asked to close to make room for a waiting client.
+    pub async fn close_asked(&self) {
+        self.close_asked.notified().await;
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0
+            .idle_since_ms
+            .fetch_max(millis_since(self.0.epoch), Ordering::AcqRel);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn millis_since(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// An answer's body that keeps its request in flight until it is written whole (or dropped):
+/// a live stream's connection is busy for as long as the stream runs, though its handler
+/// returned at once.
+#[derive(Debug)]
+pub struct InFlightBody<B> {
+    body: B,
+    _in_flight: InFlight,
+}
+
+impl<B> InFlightBody<B> {
+    /// `body`, keeping `in_flight` until it ends.
+    pub fn new(body: B, in_flight: InFlight) -> Self {
+        Self {
+            body,
+            _in_flight: in_flight,
+        }
+    }
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for InFlightBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 impl ConnectionSlots {
@@ -59,29 +229,78 @@ impl ConnectionSlots {
             inner: Arc::new(Inner {
                 slots: Arc::new(Semaphore::new(limit)),
                 limit,
+                epoch: Instant::now(),
+                open: Mutex::new(HashMap::new()),
+                next_id: AtomicU64::new(0),
                 reached: AtomicU64::new(0),
+                evicted: AtomicU64::new(0),
                 last_warning: Mutex::new(None),
             }),
         }
     }
 
-    /// A slot for a connection just accepted: at once while fewer than the limit are open, else
-    /// once one closes (said on stderr, at most every 10 s). `None` only if the slots were
-    /// closed, which nothing does.
+    /// A slot for a connection just accepted: at once while fewer than the limit are open.
+    /// Else (said on stderr, at most every 10 s) the connection idle the longest is asked to
+    /// close, and the slot is the one it gives back; while every connection is busy, the first
+    /// that ends gives it. `None` only if the slots were closed, which nothing does.
     pub async fn acquire(&self) -> Option<ConnectionSlot> {
         let slots = Arc::clone(&self.inner.slots);
         match slots.clone().try_acquire_owned() {
-            Ok(permit) => return Some(ConnectionSlot { _permit: permit }),
+            Ok(permit) => return Some(self.register(permit)),
             Err(tokio::sync::TryAcquireError::Closed) => return None,
             Err(tokio::sync::TryAcquireError::NoPermits) => {}
         }
         self.inner.reached.fetch_add(1, Ordering::Relaxed);
         self.warn_full();
-        slots
-            .acquire_owned()
-            .await
-            .ok()
-            .map(|permit| ConnectionSlot { _permit: permit })
+        loop {
+            let wait = if self.ask_idlest_to_close() {
+                // It closes at once, or once its head's grace is over (or its request that
+                // arrived meanwhile is answered): another is asked only if it has not by then.
+                EVICTION_GRACE + RECHECK_INTERVAL
+            } else {
+                RECHECK_INTERVAL
+            };
+            match tokio::time::timeout(wait, slots.clone().acquire_owned()).await {
+                Ok(Ok(permit)) => return Some(self.register(permit)),
+                Ok(Err(_)) => return None,
+                Err(_) => {}
+            }
+        }
+    }
+
+    fn register(&self, permit: OwnedSemaphorePermit) -> ConnectionSlot {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let activity = Arc::new(ConnectionActivity::new(self.inner.epoch));
+        if let Ok(mut open) = self.inner.open.lock() {
+            open.insert(id, Arc::clone(&activity));
+        }
+        ConnectionSlot {
+            id,
+            activity,
+            inner: Arc::clone(&self.inner),
+            _permit: permit,
+        }
+    }
+
+    /// Ask the connection idle the longest (none of its requests in flight, not yet asked) to
+    /// close; whether there was one.
+    fn ask_idlest_to_close(&self) -> bool {
+        let idlest = {
+            let Ok(open) = self.inner.open.lock() else {
+                return false;
+            };
+            open.values()
+                .filter(|activity| !activity.is_busy() && !activity.evicted.load(Ordering::Relaxed))
+                .min_by_key(|activity| activity.idle_since_ms.load(Ordering::Acquire))
+                .map(Arc::clone)
+        };
+        let Some(idlest) = idlest else {
+            return false;
+        };
+        idlest.evicted.store(true, Ordering::Relaxed);
+        idlest.close_asked.notify_one();
+        self.inner.evicted.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// The limit.
@@ -101,6 +320,11 @@ impl ConnectionSlots {
         self.inner.reached.load(Ordering::Relaxed)
     }
 
+    /// How many idle connections were asked to close to make room.
+    pub fn idle_closed(&self) -> u64 {
+        self.inner.evicted.load(Ordering::Relaxed)
+    }
+
     fn warn_full(&self) {
         let now = Instant::now();
         {
@@ -117,9 +341,9 @@ impl ConnectionSlots {
         let _ = writeln!(
             std::io::stderr().lock(),
             "flightlog: warning: {} connections are open, the most --max-connections allows; \
-             further connections wait until one closes (raise \
-             --max-connections, or look for clients that keep connections open without using \
-             them)",
+             idle ones are closed to make room for new ones, which wait while every one is \
+             busy (raise --max-connections, or look for clients that keep connections open \
+             without using them)",
             self.inner.limit
         );
     }
@@ -134,6 +358,7 @@ mod tests {
         let slots = ConnectionSlots::new(2);
         let first = slots.acquire().await.expect("a slot");
         let second = slots.acquire().await.expect("a slot");
+        let _busy = (first.activity().begin(), second.activity().begin());
         assert_eq!(
             (slots.open(), slots.limit(), slots.times_reached()),
             (2, 2, 0)
@@ -144,7 +369,7 @@ mod tests {
         };
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "a third connection waits");
-        assert_eq!(slots.times_reached(), 1);
+        assert_eq!((slots.times_reached(), slots.idle_closed()), (1, 0));
         drop(first);
         let third = tokio::time::timeout(Duration::from_secs(5), waiting)
             .await
@@ -153,6 +378,54 @@ mod tests {
         assert!(third.is_some());
         assert_eq!(slots.open(), 2);
         drop((second, third));
+        assert_eq!(slots.open(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_connection_idle_the_longest_is_asked_to_close_and_busy_ones_never_are() {
+        let slots = ConnectionSlots::new(3);
+        let idle_longest = slots.acquire().await.expect("a slot");
+        let busy = slots.acquire().await.expect("a slot");
+        let in_flight = busy.activity().begin();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let idle_lately = slots.acquire().await.expect("a slot");
+        let waiting = {
+            let slots = slots.clone();
+            tokio::spawn(async move { slots.acquire().await })
+        };
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            idle_longest.activity().close_asked(),
+        )
+        .await
+        .expect("the connection idle the longest is asked to close");
+        assert_eq!(slots.idle_closed(), 1);
+        drop(idle_longest);
+        let fourth = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the waiting client gets its slot")
+            .expect("the task ran")
+            .expect("a slot");
+
+        // Ask again: the one idle lately is next; the busy one never is, however long it ran.
+        let waiting = {
+            let slots = slots.clone();
+            tokio::spawn(async move { slots.acquire().await })
+        };
+        tokio::time::timeout(Duration::from_secs(5), idle_lately.activity().close_asked())
+            .await
+            .expect("the next idle connection is asked to close");
+        assert!(busy.activity().is_busy());
+        assert!(!busy.activity().evicted.load(Ordering::Relaxed));
+        drop(idle_lately);
+        let fifth = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the waiting client gets its slot")
+            .expect("the task ran");
+        assert!(fifth.is_some());
+        drop(in_flight);
+        assert!(busy.activity().idle_for().is_some());
+        drop((busy, fourth, fifth));
         assert_eq!(slots.open(), 0);
     }
 }

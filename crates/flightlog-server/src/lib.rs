@@ -58,8 +58,8 @@ pub mod validate;
 pub mod wire;
 mod write_stall;
 
+use std::convert::Infallible;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -75,6 +75,8 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 use tower_http::limit::RequestBodyLimitLayer;
+
+use crate::connection_limit::{ConnectionActivity, InFlightBody, EVICTION_GRACE};
 
 pub use auth::{AuthConfig, Scope, Scopes};
 pub use error::ApiError;
@@ -256,11 +258,7 @@ where
         let guarded = write_stall::StallGuard::new(stream, write_stall_limit);
         match protocol {
             Protocol::Http1 => {
-                let service = TowerToHyperService::new(
-                    router
-                        .clone()
-                        .map_request(|request: Request<Incoming>| request.map(Body::new)),
-                );
+                let service = tracked_service(&router, slot.activity());
                 let io = TokioIo::new(parse_error_body::ParseErrorBody::new(
                     guarded,
                     unparsed.clone(),
@@ -277,29 +275,12 @@ where
                     .max_header_size(parse_error_body::MAX_HEAD_BYTES);
                 let connection = builder.serve_connection(io, service);
                 connections.spawn(async move {
-                    drive(connection, closing_seen, None).await;
+                    drive(connection, closing_seen, slot.activity(), protocol).await;
                     drop(slot);
                 });
             }
             Protocol::Http2 => {
-                // HTTP/2 has no header-read timeout, and its keep-alive pings never drop a peer
-                // that answers them: the connection's requests are tracked, and it is closed
-                // once idle (see `drive`).
-                let activity = Arc::new(ConnectionActivity::new());
-                let tracker = Arc::clone(&activity);
-                let service = TowerToHyperService::new(
-                    router
-                        .clone()
-                        .map_request(|request: Request<Incoming>| request.map(Body::new))
-                        .map_future(move |answer| {
-                            let in_flight = tracker.begin();
-                            async move {
-                                let answer = answer.await;
-                                drop(in_flight);
-                                answer
-                            }
-                        }),
-                );
+                let service = tracked_service(&router, slot.activity());
                 let io = TokioIo::new(guarded);
                 let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
                 builder
@@ -312,7 +293,7 @@ where
                     .max_header_list_size(HTTP2_MAX_HEADER_LIST);
                 let connection = builder.serve_connection(io, service);
                 connections.spawn(async move {
-                    drive(connection, closing_seen, Some(activity)).await;
+                    drive(connection, closing_seen, slot.activity(), protocol).await;
                     drop(slot);
                 });
             }
@@ -342,72 +323,80 @@ where
     Ok(())
 }
 
-/// What an HTTP/2 connection is doing, for its idle timeout: its requests in flight, and when
-/// the last one ended (or the connection began).
-struct ConnectionActivity {
-    began: std::time::Instant,
-    in_flight: AtomicUsize,
-    /// Milliseconds from `began` to when the last request ended.
-    last_ended_ms: AtomicU64,
-    /// Whether any request came.
-    served: AtomicBool,
+/// An answer whose body keeps its request in flight on its connection until written.
+type TrackedResponse = axum::http::Response<InFlightBody<Body>>;
+
+/// The router as one connection's hyper service: each request marks its start on `activity`
+/// when the service is called and its end when the answer's body is written whole or dropped
+/// (a live stream is in flight for as long as it runs), so the connection limit can tell an
+/// idle connection from a busy one and the HTTP/2 idle timeout can see when the last request
+/// ended.
+fn tracked_service(
+    router: &Router,
+    activity: &Arc<ConnectionActivity>,
+) -> TowerToHyperService<
+    impl tower::Service<
+            Request<Incoming>,
+            Response = TrackedResponse,
+            Error = Infallible,
+            Future = impl Future<Output = Result<TrackedResponse, Infallible>> + Send + 'static,
+        > + Clone
+        + Send
+        + 'static,
+> {
+    let activity = Arc::clone(activity);
+    TowerToHyperService::new(
+        router
+            .clone()
+            .map_request(|request: Request<Incoming>| request.map(Body::new))
+            .map_future(move |answer| {
+                let in_flight = activity.begin();
+                async move {
+                    let answer = answer.await;
+                    answer.map(|response| response.map(|body| InFlightBody::new(body, in_flight)))
+                }
+            }),
+    )
 }
 
-/// One request in flight on a tracked connection; its end when dropped.
-struct InFlight(Arc<ConnectionActivity>);
-
-impl ConnectionActivity {
-    fn new() -> Self {
-        Self {
-            began: std::time::Instant::now(),
-            in_flight: AtomicUsize::new(0),
-            last_ended_ms: AtomicU64::new(0),
-            served: AtomicBool::new(false),
-        }
-    }
-
-    fn begin(self: &Arc<Self>) -> InFlight {
-        self.served.store(true, Ordering::Relaxed);
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight(Arc::clone(self))
-    }
-
-    /// How long the connection has had no request in flight (`None` while one is).
-    fn idle_for(&self) -> Option<Duration> {
-        if self.in_flight.load(Ordering::Acquire) > 0 {
-            return None;
-        }
-        let last = Duration::from_millis(self.last_ended_ms.load(Ordering::Acquire));
-        Some(self.began.elapsed().saturating_sub(last))
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let now = u64::try_from(self.0.began.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.0.last_ended_ms.fetch_max(now, Ordering::AcqRel);
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
+/// How a connection's serving came to an end, short of the connection ending by itself.
+enum Ending {
+    /// An HTTP/2 connection had no request in flight for [`HEADER_READ_TIMEOUT`].
+    Idle,
+    /// The connection limit asked it to close to make room for a waiting client.
+    MakeRoom,
+    /// The server is shutting down.
+    Shutdown,
 }
 
 /// Serve one connection until it ends, or until the server closes: then let its request in
-/// flight finish (the caller bounds how long). With `activity` (HTTP/2, where hyper has no
-/// header-read timeout), a connection with no request in flight for [`HEADER_READ_TIMEOUT`] is
-/// closed: dropped if it never made a request, else shut down gracefully (`GOAWAY`, so a client
-/// reconnects for its next export), within [`SHUTDOWN_GRACE`]. Only the first request used to
-/// count: a peer that made one (even one refused for a missing token) and then sat answering
-/// the keep-alive pings held its connection for good, and a few hundred such peers used up
-/// every file descriptor (an audit's finding).
+/// flight finish (the caller bounds how long).
+///
+/// An HTTP/2 connection with no request in flight for [`HEADER_READ_TIMEOUT`] is closed (hyper
+/// has no header-read timeout for HTTP/2): dropped if it never made a request, else shut down
+/// gracefully (`GOAWAY`, so a client reconnects for its next export), within
+/// [`SHUTDOWN_GRACE`]. Only the first request used to count: a peer that made one (even one
+/// refused for a missing token) and then sat answering the keep-alive pings held its connection
+/// for good, and a few hundred such peers used up every file descriptor (an audit's finding).
+///
+/// A connection asked to close to make room (see [`connection_limit`]) is shut down
+/// gracefully: hyper closes an HTTP/1 connection at once when it is between requests or has
+/// sent nothing, else after the request it is reading; an HTTP/2 one gets a `GOAWAY`. Still
+/// open [`EVICTION_GRACE`] later with no request in flight, it is dropped: an HTTP/1
+/// connection still sending its first request's head, or an HTTP/2 one that has not closed.
+/// An HTTP/1 connection that was served is left to close by itself then: hyper may still be
+/// writing its last answer (the write-stall limit bounds how long).
 async fn drive<C: GracefulConnection>(
     connection: C,
     mut closing: tokio::sync::watch::Receiver<bool>,
-    activity: Option<Arc<ConnectionActivity>>,
+    activity: &ConnectionActivity,
+    protocol: Protocol,
 ) {
     let mut connection = std::pin::pin!(connection);
     let idle = async {
-        let Some(activity) = &activity else {
+        if protocol == Protocol::Http1 {
             return std::future::pending::<()>().await;
-        };
+        }
         loop {
             let wait = match activity.idle_for() {
                 Some(idle) if idle >= HEADER_READ_TIMEOUT => return,
@@ -417,21 +406,39 @@ async fn drive<C: GracefulConnection>(
             tokio::time::sleep(wait).await;
         }
     };
-    let went_idle = tokio::select! {
+    let ending = tokio::select! {
         _ = connection.as_mut() => return,
-        () = idle => true,
-        _ = closing.wait_for(|closing| *closing) => false,
+        () = idle => Ending::Idle,
+        () = activity.close_asked() => Ending::MakeRoom,
+        _ = closing.wait_for(|closing| *closing) => Ending::Shutdown,
     };
-    if went_idle {
-        if activity.is_some_and(|activity| !activity.served.load(Ordering::Relaxed)) {
-            return;
+    match ending {
+        Ending::Idle => {
+            if !activity.served() {
+                return;
+            }
+            connection.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, connection).await;
         }
-        connection.as_mut().graceful_shutdown();
-        let _ = tokio::time::timeout(SHUTDOWN_GRACE, connection).await;
-        return;
+        Ending::MakeRoom => {
+            connection.as_mut().graceful_shutdown();
+            if tokio::time::timeout(EVICTION_GRACE, connection.as_mut())
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            let may_be_writing = protocol == Protocol::Http1 && activity.served();
+            if !activity.is_busy() && !may_be_writing {
+                return;
+            }
+            let _ = connection.await;
+        }
+        Ending::Shutdown => {
+            connection.as_mut().graceful_shutdown();
+            let _ = connection.await;
+        }
     }
-    connection.as_mut().graceful_shutdown();
-    let _ = connection.await;
 }
 
 /// Say why the listener cannot take new connections (written, not `eprintln!`: a closed stderr

@@ -639,6 +639,8 @@ struct ScrapeValues {
     connection_limit: usize,
     /// How many times the open connections reached the limit.
     connection_limit_reached: u64,
+    /// Idle connections closed to make room for a client at the limit.
+    idle_connections_closed: u64,
 }
 
 impl ScrapeValues {
@@ -671,8 +673,8 @@ impl ScrapeValues {
         );
         registry.register(
             "flightlog_http_connection_limit",
-            "The most connections served at once (--max-connections); past it new ones wait \
-             until one closes",
+            "The most connections served at once (--max-connections); past it an idle one is \
+             closed to make room, or new ones wait until one closes",
             gauge_i64(saturating_i64(self.connection_limit)),
         );
         let reached: Counter = Counter::default();
@@ -680,8 +682,16 @@ impl ScrapeValues {
         registry.register(
             "flightlog_http_connection_limit_reached",
             "Times a client connected while every connection slot was taken (it waited until \
-             one closed)",
+             an idle one was closed or one ended)",
             reached,
+        );
+        let idle_closed: Counter = Counter::default();
+        idle_closed.inc_by(self.idle_connections_closed);
+        registry.register(
+            "flightlog_http_idle_connections_closed",
+            "Idle connections (no request in flight) closed to make room for a client that \
+             connected while every connection slot was taken",
+            idle_closed,
         );
         if let Some(bytes) = self.resident_memory_bytes {
             registry.register(
@@ -883,6 +893,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
         connections_open: state.connection_slots().open(),
         connection_limit: state.connection_slots().limit(),
         connection_limit_reached: state.connection_slots().times_reached(),
+        idle_connections_closed: state.connection_slots().idle_closed(),
     };
     match state.metrics().encode(&scrape) {
         Ok(text) => ([(CONTENT_TYPE, CONTENT_TYPE_TEXT)], text).into_response(),
@@ -928,6 +939,7 @@ mod tests {
             connections_open: 6,
             connection_limit: 64,
             connection_limit_reached: 8,
+            idle_connections_closed: 3,
         }
     }
 
@@ -953,6 +965,7 @@ mod tests {
             "flightlog_http_connections_open 6\n",
             "flightlog_http_connection_limit 64\n",
             "flightlog_http_connection_limit_reached_total 8\n",
+            "flightlog_http_idle_connections_closed_total 3\n",
             "process_start_time_seconds 1.5\n",
             "# TYPE flightlog_test_writes_total counter\n",
             "flightlog_test_writes_total 12.0\n",

@@ -3,7 +3,8 @@
 //! Why this file exists: the limit is shared by the HTTP and gRPC listeners, and a listener
 //! that took its slot before a client arrived kept it from the other one while it waited: with
 //! a limit of 1 the HTTP API answered nothing (an audit's finding). A slot is now taken once a
-//! client is accepted, so every slot serves a client.
+//! client is accepted, so every slot serves a client. At the limit, an idle connection of
+//! either listener makes room for a client of the other.
 
 use flightlog_server::state::ServerConfig;
 use tokio::io::AsyncWriteExt;
@@ -40,6 +41,65 @@ async fn every_slot_serves_a_client_with_both_listeners_on() {
         Some(200),
         "a second HTTP client is served while a slot is free"
     );
+    // Served in a slot of its own, not in one the first client's idle connection made room in.
+    assert_eq!(
+        healthz_on(&mut first).await,
+        Some(200),
+        "the first client's connection is still open"
+    );
     drop((first, second));
+    server.stop().await;
+}
+
+/// At the limit the listeners make room for each other: an idle gRPC connection (its export
+/// answered) gets a `GOAWAY` so an HTTP client is served, and an idle HTTP connection is
+/// closed so the gRPC client's next export is; neither client sees an error.
+#[tokio::test]
+async fn idle_connections_of_either_listener_make_room_for_the_other() {
+    let server = TestServer::start_with(Options {
+        grpc: true,
+        config: ServerConfig {
+            max_connections: 1,
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let channel = crate::otlp_fuzz::grpc_channel(&server).await;
+    let export = || async {
+        use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+        let request = crate::otlp::request(vec![crate::otlp::root_span()]);
+        let mut client = TraceServiceClient::new(channel.clone());
+        tokio::time::timeout(std::time::Duration::from_secs(10), client.export(request))
+            .await
+            .expect("an answer within 10 s")
+            .map(|_| ())
+    };
+    export().await.expect("the first export");
+
+    let started = std::time::Instant::now();
+    let mut http = TcpStream::connect(&addr).await.expect("connect");
+    assert_eq!(
+        healthz_on(&mut http).await,
+        Some(200),
+        "the HTTP client is served once the idle gRPC connection made room"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(3));
+
+    // `http` stays open, idle: the next export's new connection makes it close.
+    export()
+        .await
+        .expect("the export after its connection was closed to make room");
+    let mut byte = [0u8; 1];
+    let closed = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read(&mut http, &mut byte),
+    )
+    .await;
+    assert!(
+        matches!(closed, Ok(Ok(0) | Err(_))),
+        "the idle HTTP connection was closed: {closed:?}"
+    );
     server.stop().await;
 }
