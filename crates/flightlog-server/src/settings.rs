@@ -301,7 +301,7 @@ Config file (every key optional; relative paths are relative to the file's folde
     response_budget = \"256MiB\"     # memory for large answers (snapshots, pages) in flight
     request_budget = \"64MiB\"       # memory for request bodies being read and handled
     max_inflight_writes = 4096
-    max_connections = 4096         # served at once; past it new connections wait for one to close
+    max_connections = 4096         # served at once; past it an idle one is closed to make room
     write_lock_wait_ms = 10000     # then 503: another process holds the database's write lock
     instance = \"ingest-1\"           # default: this host's name and the HTTP port
     allow_unauthenticated_non_loopback = false

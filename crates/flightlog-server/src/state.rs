@@ -51,8 +51,9 @@ pub struct ServerConfig {
     /// How long a connection may go without any of its pending output being written (its
     /// client reads nothing) before it is closed (see `write_stall`).
     pub write_stall_limit: Duration,
-    /// The most connections open at once over both listeners; past it, new ones wait to be
-    /// accepted (see [`crate::connection_limit`]).
+    /// The most connections open at once over both listeners; past it, an idle one is closed
+    /// to make room for a new one, which waits while every one is busy (see
+    /// [`crate::connection_limit`]).
     pub max_connections: usize,
 }
 
