@@ -45,10 +45,12 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 /// How often, at most, reaching the limit is said on stderr.
 const WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
-/// How long a connection asked to close to make room may still take to send the head of its
-/// first request: hyper closes at once a connection between requests or one that sent
-/// nothing, but waits for a head that has begun (up to the 30 s a head may take). A client on
-/// a working link sends a head in milliseconds.
+/// How long a connection has, from when it was accepted, to send the head of its first request
+/// before it may be dropped to make room: hyper closes at once a connection between requests
+/// or one that sent nothing, but waits for a head that has begun (up to the 30 s a head may
+/// take). A client on a working link sends a head in milliseconds. Counted from the accept, not
+/// from when it is asked: 150 clients trickling heads at a limit of 100 made each client in
+/// the listen queue wait a second more, and an authorized client behind them 27 s.
 pub const EVICTION_GRACE: Duration = Duration::from_secs(1);
 
 /// How long a client waiting for a slot waits before it looks again for an idle connection,
@@ -109,6 +111,8 @@ impl Drop for ConnectionSlot {
 #[derive(Debug)]
 pub struct ConnectionActivity {
     epoch: Instant,
+    /// When the connection was accepted.
+    accepted: Instant,
     in_flight: AtomicUsize,
     /// Milliseconds from `epoch` to when the connection was accepted or its last request ended.
     idle_since_ms: AtomicU64,
@@ -127,6 +131,7 @@ impl ConnectionActivity {
     fn new(epoch: Instant) -> Self {
         Self {
             epoch,
+            accepted: Instant::now(),
             in_flight: AtomicUsize::new(0),
             idle_since_ms: AtomicU64::new(millis_since(epoch)),
             served: AtomicBool::new(false),
@@ -150,6 +155,11 @@ impl ConnectionActivity {
     /// Whether any request came on the connection.
     pub fn served(&self) -> bool {
         self.served.load(Ordering::Relaxed)
+    }
+
+    /// When the connection was accepted.
+    pub fn accepted(&self) -> Instant {
+        self.accepted
     }
 
     /// How long the connection has had no request in flight (`None` while one is).

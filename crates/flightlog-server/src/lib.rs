@@ -382,8 +382,9 @@ enum Ending {
 /// A connection asked to close to make room (see [`connection_limit`]) is shut down
 /// gracefully: hyper closes an HTTP/1 connection at once when it is between requests or has
 /// sent nothing, else after the request it is reading; an HTTP/2 one gets a `GOAWAY`. Still
-/// open [`EVICTION_GRACE`] later with no request in flight, it is dropped: an HTTP/1
-/// connection still sending its first request's head, or an HTTP/2 one that has not closed.
+/// open with no request in flight [`EVICTION_GRACE`] after it was accepted (if it never made
+/// a request: its first head is still arriving) or after it was asked (an HTTP/2 one that
+/// has not closed), it is dropped.
 /// An HTTP/1 connection that was served is left to close by itself then: hyper may still be
 /// writing its last answer (the write-stall limit bounds how long).
 async fn drive<C: GracefulConnection>(
@@ -422,7 +423,12 @@ async fn drive<C: GracefulConnection>(
         }
         Ending::MakeRoom => {
             connection.as_mut().graceful_shutdown();
-            if tokio::time::timeout(EVICTION_GRACE, connection.as_mut())
+            let grace_ends = if activity.served() {
+                std::time::Instant::now() + EVICTION_GRACE
+            } else {
+                activity.accepted() + EVICTION_GRACE
+            };
+            if tokio::time::timeout_at(grace_ends.into(), connection.as_mut())
                 .await
                 .is_ok()
             {
