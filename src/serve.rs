@@ -64,10 +64,10 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
         std::process::exit(1);
     });
     survive_file_size_limit();
-    raise_open_file_limit();
     // Everything is checked before the database is opened: a typo costs nothing.
     let environment = flightlog_environment()?;
     let settings = settings::resolve(flags, &environment.settings)?;
+    raise_open_file_limit(settings.server.max_connections);
     refuse_tokens_meant_but_misnamed(&environment.meant_as_tokens, &settings.server.auth)?;
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(settings.addr.as_str())
         .await
@@ -574,15 +574,22 @@ fn survive_file_size_limit() {
 /// soft limit most shells and service managers start a process with is 1,024: about a thousand
 /// idle connections then kept every new client out until the 30 s head timeout closed them (a
 /// reliability audit), while the hard limit allowed far more. The soft limit is raised to the
-/// hard one, as Go's runtime does for every program; a hard limit still low is worth a warning.
-fn raise_open_file_limit() {
-    /// Below this many descriptors the server says how to allow more.
-    const COMFORTABLE: u64 = 16_384;
+/// hard one, as Go's runtime does for every program; a hard limit still below what
+/// `--max-connections` allows is worth a warning (connections past it cannot be accepted; idle
+/// ones are then closed to make room, see `connection_limit`).
+fn raise_open_file_limit(max_connections: usize) {
+    /// Descriptors the server holds besides its connections: the database's files for its
+    /// writer and readers, the listeners, the runtime's own.
+    const RESERVE: u64 = 64;
+    let wanted = u64::try_from(max_connections)
+        .unwrap_or(u64::MAX)
+        .saturating_add(RESERVE);
     match rlimit::increase_nofile_limit(u64::MAX) {
-        Ok(limit) if limit < COMFORTABLE => say_err!(
-            "flightlog: warning: this process may open at most {limit} files, which bounds its \
-             connections and live streams to fewer than that; raise the limit (`ulimit -n`, \
-             systemd's LimitNOFILE=) for more"
+        Ok(limit) if limit < wanted => say_err!(
+            "flightlog: warning: this process may open at most {limit} files, fewer than \
+             --max-connections ({max_connections}) needs (one a connection, and about \
+             {RESERVE} of its own); raise the limit (`ulimit -n`, systemd's LimitNOFILE=) or \
+             lower --max-connections"
         ),
         Ok(_) => {}
         Err(err) => say_err!("flightlog: warning: cannot raise the open-file limit: {err}"),

@@ -2591,7 +2591,8 @@ fn demo_says_so_when_its_report_cannot_be_written() {
 
 /// Every connection holds a file descriptor, and a soft limit of 1,024 (most shells' and service
 /// managers' default) let about a thousand idle clients lock every new one out (a reliability
-/// audit). `serve` raises its soft limit to the hard one, and says when even that is low.
+/// audit). `serve` raises its soft limit to the hard one, and says when even that is below what
+/// `--max-connections` needs.
 #[cfg(target_os = "linux")]
 #[test]
 fn serve_raises_its_open_file_limit_to_the_hard_one() {
@@ -2621,8 +2622,8 @@ fn serve_raises_its_open_file_limit_to_the_hard_one() {
     let (exit, _, stderr) = stop_with_sigterm(server);
     assert!(exit.success(), "{stderr}");
     assert!(
-        stderr.contains("may open at most 4096 files"),
-        "a hard limit under 16,384 is worth a warning: {stderr}"
+        stderr.contains("may open at most 4096 files, fewer than --max-connections (4096) needs"),
+        "a hard limit under what the connection limit needs is worth a warning: {stderr}"
     );
 }
 

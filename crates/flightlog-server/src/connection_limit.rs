@@ -77,6 +77,8 @@ struct Inner {
     reached: AtomicU64,
     /// How many idle connections were asked to close to make room for a waiting client.
     evicted: AtomicU64,
+    /// Told whenever a connection ends.
+    closed: Notify,
     last_warning: Mutex<Option<Instant>>,
 }
 
@@ -102,6 +104,8 @@ impl Drop for ConnectionSlot {
         if let Ok(mut open) = self.inner.open.lock() {
             open.remove(&self.id);
         }
+        // The connection's socket is closed by now (the connection was dropped first).
+        self.inner.closed.notify_waiters();
     }
 }
 
@@ -244,6 +248,7 @@ impl ConnectionSlots {
                 next_id: AtomicU64::new(0),
                 reached: AtomicU64::new(0),
                 evicted: AtomicU64::new(0),
+                closed: Notify::new(),
                 last_warning: Mutex::new(None),
             }),
         }
@@ -290,6 +295,23 @@ impl ConnectionSlots {
             inner: Arc::clone(&self.inner),
             _permit: permit,
         }
+    }
+
+    /// Out of file descriptors (the accept loop's `EMFILE`): ask the connection idle the longest
+    /// to close, as at the connection limit, and wait until a connection has closed (at most
+    /// [`EVICTION_GRACE`] and a half); `false` at once when none is idle. The connection
+    /// limit is meant to bind first, but the descriptor limit may be lower (the server warns
+    /// at start), and then idle connections held every descriptor as they held every slot.
+    pub async fn make_room_for_a_descriptor(&self) -> bool {
+        let closed = self.inner.closed.notified();
+        let mut closed = std::pin::pin!(closed);
+        // Listening before asking: a connection that closes at once is not missed.
+        closed.as_mut().enable();
+        if !self.ask_idlest_to_close() {
+            return false;
+        }
+        let _ = tokio::time::timeout(EVICTION_GRACE + RECHECK_INTERVAL, closed).await;
+        true
     }
 
     /// Ask the connection idle the longest (none of its requests in flight, not yet asked) to
@@ -437,5 +459,34 @@ mod tests {
         assert!(busy.activity().idle_for().is_some());
         drop((busy, fourth, fifth));
         assert_eq!(slots.open(), 0);
+    }
+
+    #[tokio::test]
+    async fn out_of_descriptors_the_idlest_connection_is_asked_and_its_close_awaited() {
+        let slots = ConnectionSlots::new(8);
+        let busy = slots.acquire().await.expect("a slot");
+        let in_flight = busy.activity().begin();
+        assert!(
+            !slots.make_room_for_a_descriptor().await,
+            "nothing idle: nothing to ask"
+        );
+        let idle = slots.acquire().await.expect("a slot");
+        let making_room = {
+            let slots = slots.clone();
+            tokio::spawn(async move { slots.make_room_for_a_descriptor().await })
+        };
+        tokio::time::timeout(Duration::from_secs(5), idle.activity().close_asked())
+            .await
+            .expect("the idle connection is asked to close");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!making_room.is_finished(), "it waits for the close");
+        drop(idle);
+        let made = tokio::time::timeout(Duration::from_millis(500), making_room)
+            .await
+            .expect("the close ends the wait at once")
+            .expect("the task ran");
+        assert!(made);
+        assert_eq!(slots.idle_closed(), 1);
+        drop((in_flight, busy));
     }
 }

@@ -225,8 +225,10 @@ where
                 Ok((stream, _peer)) => stream,
                 Err(err) => {
                     // A connection that failed before it was accepted is only that one; anything
-                    // else (out of file descriptors) is waited out, not spun on, and said (at
-                    // most every 10 s): new clients wait meanwhile, and the operator must know why.
+                    // else is said (at most every 10 s: the operator must know why) and not spun
+                    // on. Out of file descriptors, the connection idle the longest makes room,
+                    // as at the connection limit; anything else (or nothing idle) is waited out
+                    // for a second, new clients waiting meanwhile.
                     if !is_connection_error(&err) {
                         if last_accept_warning
                             .is_none_or(|last| last.elapsed() >= Duration::from_secs(10))
@@ -234,7 +236,11 @@ where
                             last_accept_warning = Some(std::time::Instant::now());
                             warn_cannot_accept(&err);
                         }
-                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        let made_room = is_out_of_descriptors(&err)
+                            && slots.make_room_for_a_descriptor().await;
+                        if !made_room {
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
                     }
                     continue;
                 }
@@ -451,9 +457,10 @@ async fn drive<C: GracefulConnection>(
 /// must not panic the server).
 fn warn_cannot_accept(err: &std::io::Error) {
     use std::io::Write;
-    let fix = if err.raw_os_error() == Some(24) || err.raw_os_error() == Some(23) {
-        ": every file descriptor this process may open is in use (connections, streams); raise \
-         the limit (`ulimit -n`, systemd's LimitNOFILE=) or close idle clients"
+    let fix = if is_out_of_descriptors(err) {
+        ": every file descriptor this process may open is in use (connections, streams; idle \
+         connections are closed to make room); raise the limit (`ulimit -n`, systemd's \
+         LimitNOFILE=) or lower --max-connections below it"
     } else {
         ""
     };
@@ -461,6 +468,11 @@ fn warn_cannot_accept(err: &std::io::Error) {
         std::io::stderr().lock(),
         "flightlog: warning: cannot accept new connections ({err}){fix}; retrying every second"
     );
+}
+
+/// `EMFILE` or `ENFILE`: the process or the system has no file descriptor left.
+fn is_out_of_descriptors(err: &std::io::Error) -> bool {
+    matches!(err.raw_os_error(), Some(24 | 23))
 }
 
 /// An accept error that concerns only the connection being accepted: the next accept is tried at
