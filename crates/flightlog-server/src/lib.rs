@@ -333,10 +333,10 @@ where
 type TrackedResponse = axum::http::Response<InFlightBody<Body>>;
 
 /// The router as one connection's hyper service: each request marks its start on `activity`
-/// when the service is called and its end when the answer's body is written whole or dropped
-/// (a live stream is in flight for as long as it runs), so the connection limit can tell an
-/// idle connection from a busy one and the HTTP/2 idle timeout can see when the last request
-/// ended.
+/// when the service is called and its end when hyper has taken the answer's body's last piece
+/// or dropped it (a live stream is in flight for as long as it runs), so the connection limit
+/// can tell an idle connection from a busy one and the HTTP/2 idle timeout can see when the
+/// last request ended.
 fn tracked_service(
     router: &Router,
     activity: &Arc<ConnectionActivity>,

@@ -173,3 +173,39 @@ async fn a_refusal_after_a_body_cut_short_says_the_connection_closes() {
     }
     server.stop().await;
 }
+
+/// The body of a request without a valid token is drained for a second at most before its
+/// `401` (the connection then closes, as the answer says): with the 10 s other refusals may
+/// drain, clients without a token that each sent a head declaring a body and one byte of it
+/// kept their connections in use for 10 s a request, so none was idle to make room at the
+/// connection limit (an audit's finding).
+#[tokio::test]
+async fn a_stalled_body_without_a_token_is_refused_after_a_second() {
+    let auth = AuthConfig::open()
+        .with_token("secret-token", Scopes::ALL)
+        .expect("a valid token");
+    let server = TestServer::start_with(Options {
+        config: ServerConfig {
+            auth,
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let address = server.base.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(address).await.expect("connect");
+    stream
+        .write_all(
+            b"POST /v1/activity/spans HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n\
+              content-length: 100\r\n\r\n{",
+        )
+        .await
+        .expect("head and one byte");
+    let started = std::time::Instant::now();
+    let (status, head) = read_answer_head(&mut stream).await.expect("an answer");
+    let took = started.elapsed();
+    assert_eq!(status, 401, "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    assert!(took < Duration::from_secs(5), "answered after {took:?}");
+    server.stop().await;
+}
