@@ -73,19 +73,24 @@ async fn early_answers_of_routes_leave_the_connection_usable() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn refusals_of_the_gate_leave_the_connection_usable() {
+/// A server that needs the token `secret-token`.
+async fn start_with_a_token() -> TestServer {
     let auth = AuthConfig::open()
         .with_token("secret-token", Scopes::ALL)
         .expect("a valid token");
-    let guarded = TestServer::start_with(Options {
+    TestServer::start_with(Options {
         config: ServerConfig {
             auth,
             ..ServerConfig::default()
         },
         ..Options::default()
     })
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn refusals_of_the_gate_leave_the_connection_usable() {
+    let guarded = start_with_a_token().await;
     let (first, next) = late_body_then_next(
         &guarded,
         "POST",
@@ -181,17 +186,7 @@ async fn a_refusal_after_a_body_cut_short_says_the_connection_closes() {
 /// connection limit (an audit's finding).
 #[tokio::test]
 async fn a_stalled_body_without_a_token_is_refused_after_a_second() {
-    let auth = AuthConfig::open()
-        .with_token("secret-token", Scopes::ALL)
-        .expect("a valid token");
-    let server = TestServer::start_with(Options {
-        config: ServerConfig {
-            auth,
-            ..ServerConfig::default()
-        },
-        ..Options::default()
-    })
-    .await;
+    let server = start_with_a_token().await;
     let address = server.base.trim_start_matches("http://");
     let mut stream = TcpStream::connect(address).await.expect("connect");
     stream
