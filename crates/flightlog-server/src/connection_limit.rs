@@ -416,6 +416,14 @@ impl ConnectionSlots {
 mod tests {
     use super::*;
 
+    /// A client arriving: its slot, acquired on a task of its own.
+    fn acquire_in_background(
+        slots: &ConnectionSlots,
+    ) -> tokio::task::JoinHandle<Option<ConnectionSlot>> {
+        let slots = slots.clone();
+        tokio::spawn(async move { slots.acquire().await })
+    }
+
     #[tokio::test]
     async fn a_slot_comes_free_when_a_connection_ends_and_the_limit_reached_is_counted() {
         let slots = ConnectionSlots::new(2);
@@ -426,10 +434,7 @@ mod tests {
             (slots.open(), slots.limit(), slots.times_reached()),
             (2, 2, 0)
         );
-        let waiting = {
-            let slots = slots.clone();
-            tokio::spawn(async move { slots.acquire().await })
-        };
+        let waiting = acquire_in_background(&slots);
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "a third connection waits");
         assert_eq!((slots.times_reached(), slots.idle_closed()), (1, 0));
@@ -452,10 +457,7 @@ mod tests {
         let in_flight = busy.activity().begin();
         tokio::time::sleep(Duration::from_millis(20)).await;
         let idle_lately = slots.acquire().await.expect("a slot");
-        let waiting = {
-            let slots = slots.clone();
-            tokio::spawn(async move { slots.acquire().await })
-        };
+        let waiting = acquire_in_background(&slots);
         tokio::time::timeout(
             Duration::from_secs(5),
             idle_longest.activity().close_asked(),
@@ -471,10 +473,7 @@ mod tests {
             .expect("a slot");
 
         // Ask again: the one idle lately is next; the busy one never is, however long it ran.
-        let waiting = {
-            let slots = slots.clone();
-            tokio::spawn(async move { slots.acquire().await })
-        };
+        let waiting = acquire_in_background(&slots);
         tokio::time::timeout(Duration::from_secs(5), idle_lately.activity().close_asked())
             .await
             .expect("the next idle connection is asked to close");
