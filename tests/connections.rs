@@ -1089,24 +1089,36 @@ fn closed_within(stream: &mut TcpStream, limit: Duration) -> bool {
     false
 }
 
-/// A keep-alive `GET /healthz` on `stream`, its answer read whole: the connection stays open.
-fn keep_alive_healthz(stream: &mut TcpStream) {
-    stream
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        .unwrap();
+/// A keep-alive `GET path` on `stream` (with `Authorization: Bearer token` if given), its
+/// answer read whole and asserted `200`: the connection stays open.
+fn keep_alive_get(stream: &mut TcpStream, path: &str, token: Option<&str>) {
+    let authorization = token.map_or(String::new(), |token| {
+        format!("Authorization: Bearer {token}\r\n")
+    });
+    let head = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{authorization}\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
     let mut answer = Vec::new();
     let mut chunk = [0u8; 4096];
-    while !String::from_utf8_lossy(&answer).contains("\"ok\"") {
+    loop {
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length: usize = head
+                .lines()
+                .find_map(|line| {
+                    let (name, value) = line.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            if body.len() >= length {
+                assert_eq!(status_of(&text), Some(200), "{text}");
+                return;
+            }
+        }
         let n = stream.read(&mut chunk).unwrap();
         assert!(n > 0, "closed before the answer");
         answer.extend_from_slice(&chunk[..n]);
     }
-    assert_eq!(
-        status_of(&String::from_utf8_lossy(&answer)),
-        Some(200),
-        "{}",
-        String::from_utf8_lossy(&answer)
-    );
 }
 
 /// At most `--max-connections` connections are open at once. While every one is busy (here
@@ -1192,16 +1204,26 @@ fn connections_past_the_limit_wait_while_every_one_is_busy() {
 /// More than the second a connection must be idle before it is closed to make room.
 const IDLE_ENOUGH: Duration = Duration::from_millis(1100);
 
-/// At the limit, idle connections make room for a client that arrives: the one idle the
-/// longest is closed first (a keep-alive connection between requests, one that sent nothing,
-/// one still trickling its first head), and a busy one (a live stream) never is. Without this,
-/// anyone who could connect held every slot by doing nothing.
+/// At the limit, idle connections make room for a client that arrives, those that never
+/// showed a token first, the one idle the longest first (a keep-alive connection whose only
+/// request was the public `/healthz`, one that sent nothing, one still trickling its first
+/// head), while a connection that showed a token and was used a second ago is not closed.
+/// Without this, anyone who could connect held every slot by doing nothing, or by sending
+/// token-less requests now and then.
 #[test]
-fn at_the_limit_idle_connections_make_room_longest_idle_first() {
-    let mut server = Server::start_with("connection-room", None, &["--max-connections", "4"]);
+fn at_the_limit_idle_connections_make_room_token_less_and_longest_idle_first() {
+    const TOKEN: &str = "a-token-for-the-connection-limit";
+    let mut server = Server::start_with(
+        "connection-room",
+        None,
+        &["--max-connections", "4", "--token", TOKEN],
+    );
     let addr = server.addr;
-    let mut kept_alive = connect(addr).unwrap();
-    keep_alive_healthz(&mut kept_alive);
+    let mut with_token = connect(addr).unwrap();
+    keep_alive_get(&mut with_token, "/v1/activity/cursor", Some(TOKEN));
+    std::thread::sleep(Duration::from_millis(20));
+    let mut public_only = connect(addr).unwrap();
+    keep_alive_get(&mut public_only, "/healthz", None);
     std::thread::sleep(Duration::from_millis(20));
     let mut silent = connect(addr).unwrap();
     std::thread::sleep(Duration::from_millis(20));
@@ -1209,54 +1231,37 @@ fn at_the_limit_idle_connections_make_room_longest_idle_first() {
     trickling
         .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: aaaa")
         .unwrap();
-    std::thread::sleep(Duration::from_millis(20));
-    let stream = StreamReader::open(addr);
-    assert!(stream.wait_for("text/event-stream", IO_TIMEOUT).is_some());
     // A connection is closed to make room only once idle for a second.
     std::thread::sleep(IDLE_ENOUGH);
 
-    // Each newcomer makes a request on a connection it keeps open, and is served; the one idle
-    // the longest is closed for it.
+    // Each newcomer makes a request with the token on a connection it keeps open, and is
+    // served; a token-less connection is closed for it, the one idle the longest first.
     let mut newcomers = Vec::new();
-    for (evicted, name, limit) in [
-        (&mut kept_alive, "the keep-alive connection", PROMPT),
-        (&mut silent, "the connection that sent nothing", PROMPT),
-        (&mut trickling, "the connection trickling a head", PROMPT),
+    for (evicted, name) in [
+        (&mut public_only, "the connection that only asked /healthz"),
+        (&mut silent, "the connection that sent nothing"),
+        (&mut trickling, "the connection trickling a head"),
     ] {
         let started = Instant::now();
         let mut newcomer = connect(addr).unwrap();
-        keep_alive_healthz(&mut newcomer);
+        keep_alive_get(&mut newcomer, "/v1/activity/cursor", Some(TOKEN));
         let served = started.elapsed();
         assert!(closed_within(evicted, PROMPT), "{name} was not closed");
         server.say(format!(
             "a newcomer served in {served:?}; {name} closed to make room"
         ));
-        assert!(served < limit, "{served:?}");
+        assert!(served < PROMPT, "{served:?}");
         newcomers.push(newcomer);
     }
-    // The stream is busy: the next to go is the first newcomer, idle the longest since.
-    std::thread::sleep(IDLE_ENOUGH);
-    let started = Instant::now();
-    let (status, _) = request(addr, "GET", "/healthz", None).unwrap();
-    assert_eq!(status, 200);
-    assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
-    assert!(closed_within(&mut newcomers[0], PROMPT));
-    // The stream still runs: it carries a write made now.
-    start_span(addr, "span-after-making-room", 0);
+    // The connection that showed a token, idle longer than any newcomer, is still open.
+    with_token.set_nonblocking(true).unwrap();
     assert!(
-        stream
-            .wait_for("span-after-making-room", IO_TIMEOUT)
-            .is_some(),
-        "the live stream was cut"
+        !closed_by_server(&mut with_token),
+        "a connection with a token was closed"
     );
-    // Four were closed to make room (the write and the scrape find the slot the `/healthz`
-    // client gave back, unless they come before its task has ended: then one more).
-    let closed = metric(addr, "flightlog_http_idle_connections_closed_total");
-    assert!(
-        matches!(closed, Some(4.0..=6.0)),
-        "idle connections closed: {closed:?}"
-    );
-    drop(stream);
+    with_token.set_nonblocking(false).unwrap();
+    keep_alive_get(&mut with_token, "/v1/activity/cursor", Some(TOKEN));
+    drop(newcomers);
     server.stop().unwrap();
 }
 

@@ -370,18 +370,22 @@ fn bearer_token(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 }
 
 /// The auth check of [`crate::gate`]: `Ok` when the request may go on (auth disabled, a public
-/// route, or a token with the scope the route needs), else the `401`/`403` error.
+/// route, or a token with the scope the route needs), else the `401`/`403` error. `Ok(true)`
+/// when it showed a token the route needs (or no tokens are configured): such a request keeps
+/// its connection from being closed to make room while it is in use (see
+/// [`crate::connection_limit`]); a public route's (`/healthz`) does not.
 pub(crate) fn check_token(
     state: &AppState,
     request: &Request,
     route: Option<&str>,
-) -> Result<(), ApiError> {
+) -> Result<bool, ApiError> {
     let auth = &state.config().auth;
     if !auth.is_enabled() {
-        return Ok(());
+        return Ok(true);
     }
     let access = required_access(request.method(), request.uri().path(), route);
-    authorize(auth, access, request.method(), request.headers(), route)
+    authorize(auth, access, request.method(), request.headers(), route)?;
+    Ok(access != Access::Public)
 }
 
 fn authorize(

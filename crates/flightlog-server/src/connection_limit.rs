@@ -68,6 +68,18 @@ pub const EVICTION_GRACE: Duration = Duration::from_secs(1);
 /// connection in use are served in turn as they end, like busy ones.
 pub const MIN_IDLE: Duration = EVICTION_GRACE;
 
+/// How long a connection that has shown a valid token (or any connection's requests, on a
+/// server without tokens: see [`ConnectionActivity::vouch`]) must have had no request in
+/// flight before it may be closed to make room. Only such a connection's requests count as
+/// use at all: token-less requests sent every 0.9 s (each answered `401`, or `/healthz`) kept
+/// a connection from ever being idle a second, and 20 such connections held a limit of 20
+/// for good (a second audit). Longer than [`MIN_IDLE`], since closing a client's idle
+/// keep-alive connection races with its next request (a request sent as the close arrives is
+/// not answered): a client that pauses less than this between requests (an OpenTelemetry
+/// exporter's batches come every 5 s) keeps its connection, and clients that never showed a
+/// token are closed first.
+pub const VOUCHED_MIN_IDLE: Duration = Duration::from_secs(10);
+
 /// How long a client waiting for a slot waits before it looks again for an idle connection,
 /// when none was idle (each was busy) or the one asked to close has not closed yet.
 const RECHECK_INTERVAL: Duration = Duration::from_millis(500);
@@ -85,8 +97,9 @@ struct Inner {
     /// When the slots were made: what each connection's idle time is counted from, so that
     /// connections can be compared without reading the clock once for each.
     epoch: Instant,
-    /// [`MIN_IDLE`] (shorter in unit tests).
+    /// [`MIN_IDLE`] and [`VOUCHED_MIN_IDLE`] (shorter in unit tests).
     min_idle: Duration,
+    vouched_min_idle: Duration,
     /// The connections open now, by an id of their own.
     open: Mutex<HashMap<u64, Arc<ConnectionActivity>>>,
     next_id: AtomicU64,
@@ -143,6 +156,9 @@ pub struct ConnectionActivity {
     served: AtomicBool,
     /// Whether it was asked to close to make room (so it is not asked twice).
     evicted: AtomicBool,
+    /// Whether a request on it showed a valid token (or the server has none): only then do its
+    /// requests' ends count as use (see [`VOUCHED_MIN_IDLE`]).
+    vouched: AtomicBool,
     close_asked: Notify,
 }
 
@@ -159,6 +175,7 @@ impl ConnectionActivity {
             idle_since_ms: AtomicU64::new(millis_since(epoch)),
             served: AtomicBool::new(false),
             evicted: AtomicBool::new(false),
+            vouched: AtomicBool::new(false),
             close_asked: Notify::new(),
         }
     }
@@ -185,6 +202,18 @@ impl ConnectionActivity {
         self.accepted
     }
 
+    /// A request on the connection showed a valid token (or the server has no tokens): from now
+    /// on its requests count as use, and it is closed to make room only after
+    /// [`VOUCHED_MIN_IDLE`], after the connections that never did.
+    pub fn vouch(&self) {
+        self.vouched.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a request on it showed a valid token (see [`ConnectionActivity::vouch`]).
+    pub fn vouched(&self) -> bool {
+        self.vouched.load(Ordering::Relaxed)
+    }
+
     /// How long the connection has had no request in flight (`None` while one is).
     pub fn idle_for(&self) -> Option<Duration> {
         if self.is_busy() {
@@ -204,10 +233,31 @@ impl ConnectionActivity {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0
-            .idle_since_ms
-            .fetch_max(millis_since(self.0.epoch), Ordering::AcqRel);
+        // A request of a connection that never showed a token leaves its idle time as it was:
+        // such requests are not use of the connection.
+        if self.0.vouched() {
+            self.0
+                .idle_since_ms
+                .fetch_max(millis_since(self.0.epoch), Ordering::AcqRel);
+        }
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The connection a request came on, in the request's extensions: the gates (HTTP and gRPC)
+/// [`vouch`](ConnectionOfRequest::vouch) for it once the request showed a valid token.
+#[derive(Debug, Clone)]
+pub struct ConnectionOfRequest(Arc<ConnectionActivity>);
+
+impl ConnectionOfRequest {
+    /// The handle of `activity`'s connection, for its requests.
+    pub fn new(activity: Arc<ConnectionActivity>) -> Self {
+        Self(activity)
+    }
+
+    /// See [`ConnectionActivity::vouch`].
+    pub fn vouch(&self) {
+        self.0.vouch();
     }
 }
 
@@ -257,10 +307,10 @@ impl<B: http_body::Body + Unpin> http_body::Body for InFlightBody<B> {
 impl ConnectionSlots {
     /// A limit of `limit` connections at once (capped at what a semaphore can count).
     pub fn new(limit: usize) -> Self {
-        Self::with_min_idle(limit, MIN_IDLE)
+        Self::with_min_idle(limit, MIN_IDLE, VOUCHED_MIN_IDLE)
     }
 
-    fn with_min_idle(limit: usize, min_idle: Duration) -> Self {
+    fn with_min_idle(limit: usize, min_idle: Duration, vouched_min_idle: Duration) -> Self {
         let limit = limit.min(Semaphore::MAX_PERMITS);
         Self {
             inner: Arc::new(Inner {
@@ -268,6 +318,7 @@ impl ConnectionSlots {
                 limit,
                 epoch: Instant::now(),
                 min_idle,
+                vouched_min_idle,
                 open: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(0),
                 reached: AtomicU64::new(0),
@@ -338,26 +389,35 @@ impl ConnectionSlots {
         true
     }
 
-    /// Ask the connection idle the longest (none of its requests in flight for at least
-    /// [`MIN_IDLE`], not yet asked) to close; whether there was one.
+    /// Ask the connection idle the longest to close: of those with no request in flight for at
+    /// least [`MIN_IDLE`] ([`VOUCHED_MIN_IDLE`] once it showed a valid token) and not yet asked,
+    /// one that never showed a token first. Whether there was one.
     fn ask_idlest_to_close(&self) -> bool {
-        let min_idle_ms = u64::try_from(self.inner.min_idle.as_millis()).unwrap_or(u64::MAX);
-        let Some(idle_since_at_most) = millis_since(self.inner.epoch).checked_sub(min_idle_ms)
-        else {
-            return false;
-        };
+        let as_millis =
+            |duration: Duration| u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+        let (min_idle, vouched_min_idle) = (
+            as_millis(self.inner.min_idle),
+            as_millis(self.inner.vouched_min_idle),
+        );
+        let now = millis_since(self.inner.epoch);
         let idlest = {
             let Ok(open) = self.inner.open.lock() else {
                 return false;
             };
             open.values()
-                .filter(|activity| !activity.is_busy() && !activity.evicted.load(Ordering::Relaxed))
-                .min_by_key(|activity| activity.idle_since_ms.load(Ordering::Acquire))
-                .map(Arc::clone)
+                .filter_map(|activity| {
+                    if activity.is_busy() || activity.evicted.load(Ordering::Relaxed) {
+                        return None;
+                    }
+                    let vouched = activity.vouched();
+                    let since = activity.idle_since_ms.load(Ordering::Acquire);
+                    let minimum = if vouched { vouched_min_idle } else { min_idle };
+                    (now.saturating_sub(since) >= minimum).then_some(((vouched, since), activity))
+                })
+                .min_by_key(|(order, _)| *order)
+                .map(|(_, activity)| Arc::clone(activity))
         };
-        let Some(idlest) = idlest
-            .filter(|idlest| idlest.idle_since_ms.load(Ordering::Acquire) <= idle_since_at_most)
-        else {
+        let Some(idlest) = idlest else {
             return false;
         };
         idlest.evicted.store(true, Ordering::Relaxed);
@@ -451,7 +511,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_connection_idle_the_longest_is_asked_to_close_and_busy_ones_never_are() {
-        let slots = ConnectionSlots::with_min_idle(3, Duration::from_millis(10));
+        let slots =
+            ConnectionSlots::with_min_idle(3, Duration::from_millis(10), Duration::from_millis(10));
         let idle_longest = slots.acquire().await.expect("a slot");
         let busy = slots.acquire().await.expect("a slot");
         let in_flight = busy.activity().begin();
@@ -493,7 +554,8 @@ mod tests {
 
     #[tokio::test]
     async fn out_of_descriptors_the_idlest_connection_is_asked_and_its_close_awaited() {
-        let slots = ConnectionSlots::with_min_idle(8, Duration::from_millis(10));
+        let slots =
+            ConnectionSlots::with_min_idle(8, Duration::from_millis(10), Duration::from_millis(10));
         let busy = slots.acquire().await.expect("a slot");
         let in_flight = busy.activity().begin();
         assert!(
@@ -523,5 +585,38 @@ mod tests {
         assert!(made);
         assert_eq!(slots.idle_closed(), 1);
         drop((in_flight, busy));
+    }
+
+    #[tokio::test]
+    async fn connections_that_never_showed_a_token_go_first_and_their_requests_are_not_use() {
+        let slots = ConnectionSlots::with_min_idle(
+            8,
+            Duration::from_millis(10),
+            Duration::from_millis(300),
+        );
+        let vouched = slots.acquire().await.expect("a slot");
+        let request = vouched.activity().begin();
+        vouched.activity().vouch();
+        drop(request);
+        let token_less = slots.acquire().await.expect("a slot");
+        let accepted_idle_since = token_less.activity().idle_since_ms.load(Ordering::Acquire);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // A refused request (no vouch) does not count as use.
+        drop(token_less.activity().begin());
+        assert_eq!(
+            token_less.activity().idle_since_ms.load(Ordering::Acquire),
+            accepted_idle_since
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(slots.ask_idlest_to_close(), "the token-less connection");
+        assert!(token_less.activity().evicted.load(Ordering::Relaxed));
+        assert!(
+            !slots.ask_idlest_to_close(),
+            "the vouched one is idle for less than its minimum"
+        );
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        assert!(slots.ask_idlest_to_close(), "now the vouched one");
+        assert!(vouched.activity().evicted.load(Ordering::Relaxed));
+        assert_eq!(slots.idle_closed(), 2);
     }
 }

@@ -30,6 +30,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 
+use crate::connection_limit::ConnectionOfRequest;
 use crate::error::ApiError;
 use crate::metrics::{method_label, UNMATCHED_ROUTE};
 use crate::request_budget::{BodyHold, SMALL_BODY_BYTES};
@@ -135,13 +136,21 @@ async fn admit_and_run(
             refusal.into_response()
         }
     };
-    if let Err(refusal) = auth::check_token(state, &request, route.map(MatchedPath::as_str)) {
-        let drain_time = match refusal {
-            ApiError::Unauthorized(_) => UNAUTHENTICATED_DRAIN_TIME,
-            _ => DRAIN_TIME,
-        };
-        let answer = refuse(refusal);
-        return answer_after_draining(request, waits_to_send, limit, answer, drain_time).await;
+    match auth::check_token(state, &request, route.map(MatchedPath::as_str)) {
+        Ok(true) => {
+            if let Some(connection) = request.extensions().get::<ConnectionOfRequest>() {
+                connection.vouch();
+            }
+        }
+        Ok(false) => {}
+        Err(refusal) => {
+            let drain_time = match refusal {
+                ApiError::Unauthorized(_) => UNAUTHENTICATED_DRAIN_TIME,
+                _ => DRAIN_TIME,
+            };
+            let answer = refuse(refusal);
+            return answer_after_draining(request, waits_to_send, limit, answer, drain_time).await;
+        }
     }
     if let Err(refusal) = single_content_type(&request) {
         let answer = refuse(refusal);

@@ -24,6 +24,7 @@ use tonic::metadata::MetadataMap;
 use tonic::Status;
 
 use crate::auth::{presented_token, AuthConfig, Scope};
+use crate::connection_limit::ConnectionOfRequest;
 use crate::routes::otlp::OTLP_WRITER;
 use crate::state::AppState;
 use crate::ServeError;
@@ -138,6 +139,11 @@ async fn admit_export(
     let metadata = MetadataMap::from_headers(request.headers().clone());
     if let Err(status) = (gate.authorize)(&metadata) {
         return refuse(status);
+    }
+    // A call with a valid token (or to a server without tokens) keeps its connection from being
+    // closed to make room while it is in use (see `connection_limit`).
+    if let Some(connection) = request.extensions().get::<ConnectionOfRequest>() {
+        connection.vouch();
     }
     let deadline = request
         .headers()

@@ -76,7 +76,9 @@ use tokio::net::TcpListener;
 use tower::ServiceExt;
 use tower_http::limit::RequestBodyLimitLayer;
 
-use crate::connection_limit::{ConnectionActivity, InFlightBody, EVICTION_GRACE};
+use crate::connection_limit::{
+    ConnectionActivity, ConnectionOfRequest, InFlightBody, EVICTION_GRACE,
+};
 
 pub use auth::{AuthConfig, Scope, Scopes};
 pub use error::ApiError;
@@ -350,11 +352,16 @@ fn tracked_service(
         + Send
         + 'static,
 > {
+    let of_requests = ConnectionOfRequest::new(Arc::clone(activity));
     let activity = Arc::clone(activity);
     TowerToHyperService::new(
         router
             .clone()
-            .map_request(|request: Request<Incoming>| request.map(Body::new))
+            .map_request(move |request: Request<Incoming>| {
+                let mut request = request.map(Body::new);
+                request.extensions_mut().insert(of_requests.clone());
+                request
+            })
             .map_future(move |answer| {
                 let in_flight = activity.begin();
                 async move {

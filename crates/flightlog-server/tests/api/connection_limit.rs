@@ -7,6 +7,7 @@
 //! either listener makes room for a client of the other.
 
 use flightlog_server::state::ServerConfig;
+use flightlog_server::{AuthConfig, Scopes};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -51,15 +52,21 @@ async fn every_slot_serves_a_client_with_both_listeners_on() {
     server.stop().await;
 }
 
-/// At the limit the listeners make room for each other: an idle gRPC connection (its export
-/// answered) gets a `GOAWAY` so an HTTP client is served, and an idle HTTP connection is
-/// closed so the gRPC client's next export is; neither client sees an error.
+/// At the limit the listeners make room for each other: a gRPC connection that never showed a
+/// token (its export refused `UNAUTHENTICATED`), idle, gets a `GOAWAY` so an HTTP client is
+/// served, and an HTTP connection that only asked the public `/healthz` is closed so the gRPC
+/// client's next call is served. (Connections that showed a token wait 10 s before they may be
+/// closed: the unit tests of `connection_limit` cover them.)
 #[tokio::test]
 async fn idle_connections_of_either_listener_make_room_for_the_other() {
+    let auth = AuthConfig::open()
+        .with_token("token-for-the-limit", Scopes::ALL)
+        .expect("a valid token");
     let server = TestServer::start_with(Options {
         grpc: true,
         config: ServerConfig {
             max_connections: 1,
+            auth,
             ..ServerConfig::default()
         },
         ..Options::default()
@@ -71,12 +78,19 @@ async fn idle_connections_of_either_listener_make_room_for_the_other() {
         use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
         let request = crate::otlp::request(vec![crate::otlp::root_span()]);
         let mut client = TraceServiceClient::new(channel.clone());
-        tokio::time::timeout(std::time::Duration::from_secs(10), client.export(request))
+        match tokio::time::timeout(std::time::Duration::from_secs(10), client.export(request))
             .await
             .expect("an answer within 10 s")
-            .map(|_| ())
+        {
+            Ok(_) => tonic::Code::Ok,
+            Err(status) => status.code(),
+        }
     };
-    export().await.expect("the first export");
+    assert_eq!(
+        export().await,
+        tonic::Code::Unauthenticated,
+        "the first call"
+    );
 
     let started = std::time::Instant::now();
     let mut http = TcpStream::connect(&addr).await.expect("connect");
@@ -87,10 +101,12 @@ async fn idle_connections_of_either_listener_make_room_for_the_other() {
     );
     assert!(started.elapsed() < std::time::Duration::from_secs(3));
 
-    // `http` stays open, idle: the next export's new connection makes it close.
-    export()
-        .await
-        .expect("the export after its connection was closed to make room");
+    // `http` stays open, idle: the next call's new connection makes it close.
+    assert_eq!(
+        export().await,
+        tonic::Code::Unauthenticated,
+        "the call after its connection was closed to make room is answered"
+    );
     let mut byte = [0u8; 1];
     let closed = tokio::time::timeout(
         std::time::Duration::from_secs(5),
