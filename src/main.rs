@@ -141,10 +141,11 @@ struct ServeArgs {
         verbatim_doc_comment
     )]
     max_inflight_writes: Option<String>,
-    /// Connections open at once, over the HTTP and gRPC listeners together; past it, the
-    /// connection idle the longest (for a second at least) is closed to make room for a new
-    /// one, which waits while every connection is in use (said on stderr). Bounds the memory
-    /// connections hold before any request is read (a request head is at most 32 KiB).
+    /// Connections open at once, over the HTTP and gRPC listeners together; past it, an idle
+    /// connection is closed to make room for a new one (one that never showed a token after
+    /// 1 s, one that did after 10 s idle), which waits while every connection is in use (said
+    /// on stderr). Bounds the memory connections hold before any request is read (a request
+    /// head is at most 32 KiB).
     /// [env: FLIGHTLOG_MAX_CONNECTIONS] [file: max_connections] [default: 4096]
     #[arg(
         long,

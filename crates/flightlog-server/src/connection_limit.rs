@@ -1,12 +1,15 @@
 //! The connection limit: at most `max_connections` connections are served at once, over both
 //! listeners (the HTTP API and OTLP/gRPC). Past it, a listener that has accepted a client first
-//! makes room: it asks the connection idle the longest (no request in flight for at least
-//! [`MIN_IDLE`], a second: a keep-alive connection between requests, or one that has not
-//! finished sending its first request a second after it was accepted) to close, and serves the
-//! client once its slot is free. When every connection is in use (a request in flight, a live
-//! stream, a request within the last second) the client waits for one to close or to have been
-//! idle a second, and the listener accepts no other meanwhile (that one socket unread, the
-//! rest in the kernel's listen queue).
+//! makes room: it asks the connection idle the longest to close, and serves the client once its
+//! slot is free. Connections that never showed a valid token go first (one that sent nothing,
+//! one still sending its first head, one whose requests were all refused `401` or asked only
+//! the public `/healthz`: their requests are not use of the connection), once [`MIN_IDLE`] (a
+//! second) after their accept; then connections that did, once idle (no request in flight) for
+//! [`VOUCHED_MIN_IDLE`] (10 s). On a server without tokens every request counts as showing one.
+//! When no connection qualifies (requests in flight, live streams, clients with a token that
+//! used their connection within 10 s) the client waits for one to close or to qualify, and the
+//! listener accepts no other meanwhile (that one socket unread, the rest in the kernel's listen
+//! queue).
 //!
 //! Why it exists: every open connection holds memory no request budget counts, before any
 //! token is checked: hyper's read buffer of an HTTP/1 connection (up to its request head limit,
@@ -20,16 +23,19 @@
 //! of connections): a limit that only waited let anyone who can connect take every slot
 //! without a token and keep it (an audit: 99 idle keep-alive connections re-sending a
 //! token-less request every 20 s held 99 of 100 slots, and an authorized client waited 45 s;
-//! connections that trickle a head held theirs for the 30 s a head may take). Closing a
-//! connection idle for a second loses nothing: an HTTP/1 one is closed by hyper only between
-//! requests (its client opens a new connection for its next request, as it would after the
-//! 30-s idle timeout; a request sent at that very moment gets no answer, as at that timeout),
-//! an HTTP/2 one gets a `GOAWAY` and its requests in flight finish; a connection still sending
-//! its first request's head [`EVICTION_GRACE`] after it was accepted is dropped. What the limit
-//! still does not stop: clients that keep a request in flight on every connection (a live
-//! stream, a body trickled within its time limits, a request at least every second) hold
-//! their slots, as they would hold file descriptors without it; a request without a valid
-//! token holds its connection for at most a second (the gate drains its body no longer).
+//! connections that trickle a head held theirs for the 30 s a head may take). Closing an idle
+//! connection loses nothing: an HTTP/1 one is closed by hyper only between requests (its
+//! client opens a new connection for its next request, as it would after the 30-s idle
+//! timeout; a request sent at that very moment gets no answer, as at that timeout, which is
+//! why a connection that showed a token is left 10 s), an HTTP/2 one gets a `GOAWAY` and its
+//! requests in flight finish; a connection still sending its first request's head
+//! [`EVICTION_GRACE`] after it was accepted is dropped. A request without a valid token holds
+//! its connection for at most a second (the gate drains its body no longer): clients without
+//! a token that keep re-sending such requests on new connections make the slots change hands
+//! every second, and a client waiting among them gets one within about a second. What the
+//! limit still does not stop: clients with a token that keep every connection in use (a live
+//! stream, a body trickled within its time limits, a request at least every 10 s) hold their
+//! slots, as they could hold file descriptors without it.
 //!
 //! Waiting, not refusing, when no connection is idle: a connection accepted only to be closed
 //! again tells the client nothing an HTTP answer would, and reading a request to answer it is
