@@ -63,15 +63,12 @@ const WARNING_INTERVAL: Duration = Duration::from_secs(10);
 /// the listen queue wait a second more, and an authorized client behind them 27 s.
 pub const EVICTION_GRACE: Duration = Duration::from_secs(1);
 
-/// How long a connection must have had no request in flight (or, if it never had one, been
-/// open) before it may be closed to make room. Without it the connection idle the longest was
-/// chosen however short its idleness (an audit's findings): a connection accepted a moment
-/// before, whose request was already in its socket unread, was closed and its request never
-/// answered (37% of the requests of three clients that made one a connection, at a limit
-/// with one slot free), and keep-alive writers at the limit, idle for microseconds between
-/// requests, had their connections closed under a request just sent (4.7% unanswered). A
-/// client idle for a second is not in the middle of a request; clients that keep every
-/// connection in use are served in turn as they end, like busy ones.
+/// How long a connection that never showed a valid token must have been open before it may be
+/// closed to make room (its requests are not use: see [`VOUCHED_MIN_IDLE`]); no request of it
+/// may be in flight. Without a minimum, a connection accepted a moment before, whose request
+/// was already in its socket unread, was closed and its request never answered (an audit: 37%
+/// of the requests of three clients that made one a connection, at a limit with one slot
+/// free), as were keep-alive writers' requests just sent (4.7%).
 pub const MIN_IDLE: Duration = EVICTION_GRACE;
 
 /// How long a connection that has shown a valid token (or any connection's requests, on a
