@@ -398,15 +398,15 @@ enum Ending {
 /// open with no request in flight [`EVICTION_GRACE`] after it was accepted (if it never made
 /// a request: its first head is still arriving) or after it was asked (an HTTP/2 one that
 /// has not closed), it is dropped.
+/// An HTTP/1 connection that was served is left to close by itself then: hyper may still be
+/// writing its last answer (the write-stall limit bounds how long).
 ///
 /// At a shutdown a connection whose first head is still arriving is dropped the same way,
 /// [`EVICTION_GRACE`] after its accept: nothing of it was answered or stored, and hyper's
 /// graceful shutdown waits for a head to complete, so clients trickling heads held every stop
 /// for the whole [`SHUTDOWN_GRACE`] (5.0 s with 150 of them at a limit of 100; an audit saw
-/// 6.35 s). One that was served is closed by hyper at once between requests, and otherwise
-/// finishes its request in flight or its last answer.
-/// An HTTP/1 connection that was served is left to close by itself then: hyper may still be
-/// writing its last answer (the write-stall limit bounds how long).
+/// 6.35 s). One that was served finishes its requests in flight and its last answer (hyper
+/// closes an HTTP/1 one at once between requests; an HTTP/2 one gets a `GOAWAY`).
 async fn drive<C: GracefulConnection>(
     connection: C,
     mut closing: tokio::sync::watch::Receiver<bool>,
