@@ -1689,6 +1689,15 @@ pub(crate) fn prune(
     if !candidates.is_empty() || !rootless.is_empty() || newest_trimmed.is_some() {
         ctx.keys.clear_volatile();
         ctx.keys.group_deleted_changes = true;
+        // Counted, for the commit watchers of other processes: a prune logs no change, so
+        // without it they saw the commit but nothing to ring for, and a run stream of theirs
+        // whose run this pruned ended only at its next periodic look (2 – 4 s later; an audit).
+        conn.prepare_cached(
+            "INSERT INTO flightlog_meta (name, value) VALUES ('activity_prunes', 1) \
+             ON CONFLICT(name) DO UPDATE SET value = value + 1",
+        )
+        .and_then(|mut stmt| stmt.execute([]))
+        .map_err(backend)?;
     }
     Ok(PruneResult {
         runs_pruned: i64::try_from(candidates.len() + rootless.len()).unwrap_or(i64::MAX),

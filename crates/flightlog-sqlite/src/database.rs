@@ -981,6 +981,7 @@ impl SqliteDatabase {
             doorbell: doorbell.clone(),
             commits_seen: commits_seen.clone(),
             data_version: None,
+            prunes: None,
         };
         let (watcher_alive, alive) = std::sync::mpsc::sync_channel::<()>(1);
         let watcher_thread = std::thread::Builder::new()
@@ -1768,8 +1769,10 @@ fn data_version(conn: &Connection) -> rusqlite::Result<i64> {
 }
 
 /// Notices commits by other processes (`PRAGMA data_version` moved) and rings the change
-/// doorbell with the newest change id, and the commit doorbell, so live readers see foreign
-/// writes (and the journal's rewrites) within [`CommitWatcher::PERIOD`]. On a thread and a
+/// doorbell with the newest change id (without moving it after a prune, which logs no change
+/// but which a run stream must see: `flightlog_meta.activity_prunes` counts them), and the
+/// commit doorbell, so live readers see foreign writes (and the journal's rewrites) within
+/// [`CommitWatcher::PERIOD`]. On a thread and a
 /// connection of its own: done between the checkpointer's passes, a stream reading another
 /// process's writes waited behind each checkpoint (which copies every frame that process wrote):
 /// p99 225 ms and up to 420 ms from a commit on one server to a stream on another, at 6,000 to
@@ -1779,6 +1782,8 @@ struct CommitWatcher {
     doorbell: tokio::sync::watch::Sender<i64>,
     commits_seen: tokio::sync::watch::Sender<u64>,
     data_version: Option<i64>,
+    /// `flightlog_meta.activity_prunes` at the last look.
+    prunes: Option<i64>,
 }
 
 impl CommitWatcher {
@@ -1805,17 +1810,26 @@ impl CommitWatcher {
         if self.commits_seen.receiver_count() > 0 {
             self.commits_seen.send_modify(|seen| *seen += 1);
         }
-        if let Ok(newest) = self
+        if let Ok((newest, prunes)) = self
             .conn
-            .prepare_cached("SELECT COALESCE(MAX(change_id), 0) FROM activity_changes")
-            .and_then(|mut stmt| stmt.query_row([], |row| row.get::<_, i64>(0)))
+            .prepare_cached(
+                "SELECT COALESCE(MAX(change_id), 0), \
+                 (SELECT value FROM flightlog_meta WHERE name = 'activity_prunes') \
+                 FROM activity_changes",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_row([], |row| {
+                    Ok((row.get::<_, i64>(0)?, row.get::<_, Option<i64>>(1)?))
+                })
+            })
         {
+            let pruned = self.prunes.replace(prunes.unwrap_or(0)) != Some(prunes.unwrap_or(0));
             self.doorbell.send_if_modified(|current| {
                 let moved = newest > *current;
                 if moved {
                     *current = newest;
                 }
-                moved
+                moved || pruned
             });
         }
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flightlog_core::activity::{ActivityStore, SpanKind, SpanOrigin, StartSpanInput};
+use flightlog_core::activity::{ActivityStore, PruneOptions, SpanKind, SpanOrigin, StartSpanInput};
 use flightlog_core::journal::{AppendInput, EngagementJournal, RetentionConfig};
 use flightlog_core::SystemClock;
 use flightlog_sqlite::{
@@ -974,6 +974,77 @@ async fn stream_child_writer() {
             .await
             .expect("child write");
     }
+}
+
+/// Child mode of [`another_process_s_prune_ends_a_run_stream_at_once`]: this test binary
+/// re-executed with `FLIGHTLOG_STREAM_CHILD_PRUNE_DB` set prunes every ended run of that file
+/// and exits. Run normally (the variable unset), it does nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_child_pruner() {
+    let Some(path) = std::env::var_os("FLIGHTLOG_STREAM_CHILD_PRUNE_DB") else {
+        return;
+    };
+    let db = SqliteDatabase::open(SqliteConfig::new(path)).expect("child opens the file");
+    let store = SqliteActivityStore::with_identity(db, Arc::new(SystemClock), "child-process");
+    let pruned = store
+        .prune(PruneOptions {
+            digest_floor_at: 4_000_000_000_000,
+            hard_ceiling_ms: 1,
+            now: None,
+            batch: None,
+            max_spans: None,
+            scheduled: false,
+        })
+        .await
+        .expect("child prunes");
+    assert_eq!(pruned.runs_pruned, 1, "{pruned:?}");
+}
+
+/// Regression: a run stream learned that another process pruned its run only from its 5 s
+/// safety-net re-read (2 – 4 s late in an audit): that process's commit was seen, but a prune
+/// logs no change, so the doorbell was not rung. Prunes are now counted in the file, and the
+/// commit watcher rings for them as the server's own prunes do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_process_s_prune_ends_a_run_stream_at_once() {
+    let server = TestServer::start().await;
+    finished_run(&server, "gone-root", "gone").await;
+    let mut stream = SseClient::connect(&server, "/v1/activity/runs/gone/stream", None).await;
+    let snapshot = stream.next().await;
+    assert_eq!(snapshot.event, "snapshot");
+    // Let the stream reach its wait, so only a doorbell (or the 5 s re-read) can wake it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "streams::stream_child_pruner",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("FLIGHTLOG_STREAM_CHILD_PRUNE_DB", &server.db_path)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("child process runs");
+    assert!(status.success(), "child pruner failed: {status}");
+    let pruned = Instant::now();
+    let event = tokio::time::timeout(Duration::from_secs(10), stream.next())
+        .await
+        .expect("the stream says something within 10 s");
+    assert_eq!(event.event, "resync", "{event:?}");
+    assert!(
+        event.data["reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("pruned")),
+        "{event:?}"
+    );
+    // Not a speed check: 4 s is far above the watcher's period and below the 5 s re-read, so
+    // it only tells which of the two woke the stream.
+    assert!(
+        pruned.elapsed() < Duration::from_secs(4),
+        "the stream woke only after {:?}",
+        pruned.elapsed()
+    );
+    drop(stream);
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
