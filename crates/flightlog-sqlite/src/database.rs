@@ -1823,7 +1823,12 @@ impl CommitWatcher {
                 })
             })
         {
-            let pruned = self.prunes.replace(prunes.unwrap_or(0)) != Some(prunes.unwrap_or(0));
+            // The first look only learns the count.
+            let prunes = prunes.unwrap_or(0);
+            let pruned = self
+                .prunes
+                .replace(prunes)
+                .is_some_and(|before| before != prunes);
             self.doorbell.send_if_modified(|current| {
                 let moved = newest > *current;
                 if moved {
