@@ -909,6 +909,32 @@ async fn stream_child_journal_writer() {
     }
 }
 
+/// The next event of `stream` (within 10 s) is a `resync` saying its run was pruned.
+async fn expect_resync_for_a_pruned_run(stream: &mut SseClient) {
+    let event = tokio::time::timeout(Duration::from_secs(10), stream.next())
+        .await
+        .expect("the stream says something within 10 s");
+    assert_eq!(event.event, "resync", "{event:?}");
+    assert!(
+        event.data["reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("pruned")),
+        "{event:?}"
+    );
+}
+
+/// Run this test binary again as another process, in the child mode `test` (one of the
+/// `stream_child_*` tests), with `variable` naming `server`'s database file; it must succeed.
+fn run_child_mode(test: &str, variable: &str, server: &TestServer) {
+    let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(variable, &server.db_path)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("child process runs");
+    assert!(status.success(), "child {test} failed: {status}");
+}
+
 /// Regression: an engagement stream learned of another process's appends only from its 5 s
 /// safety-net re-read. The database's housekeeper now rings the journal's doorbell when the
 /// file changes (every 100 ms it looks), so they arrive well before that re-read would.
@@ -918,18 +944,11 @@ async fn another_process_s_journal_appends_reach_an_engagement_stream() {
     let mut stream = SseClient::connect(&server, "/v1/engagements/foreign/stream", None).await;
     // Let the stream reach its wait, so only a doorbell (or the 5 s re-read) can wake it.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "streams::stream_child_journal_writer",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("FLIGHTLOG_STREAM_CHILD_JOURNAL_DB", &server.db_path)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .expect("child process runs");
-    assert!(status.success(), "child writer failed: {status}");
+    run_child_mode(
+        "streams::stream_child_journal_writer",
+        "FLIGHTLOG_STREAM_CHILD_JOURNAL_DB",
+        &server,
+    );
     let written = Instant::now();
     for n in 0..2 {
         let event = stream.next().await;
@@ -947,16 +966,26 @@ async fn another_process_s_journal_appends_reach_an_engagement_stream() {
     server.stop().await;
 }
 
+/// In a child mode: the activity store of the database file `variable` names, as writer
+/// `child-process`; `None` when the variable is unset (the test run normally).
+fn child_activity_store(variable: &str) -> Option<SqliteActivityStore> {
+    let path = std::env::var_os(variable)?;
+    let db = SqliteDatabase::open(SqliteConfig::new(path)).expect("child opens the file");
+    Some(SqliteActivityStore::with_identity(
+        db,
+        Arc::new(SystemClock),
+        "child-process",
+    ))
+}
+
 /// Child mode of [`a_second_process_writing_the_file_shows_up_in_a_stream`]: this test binary
 /// re-executed with `FLIGHTLOG_STREAM_CHILD_DB` set writes three spans into that file and exits.
 /// Run normally (the variable unset), it does nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_child_writer() {
-    let Some(path) = std::env::var_os("FLIGHTLOG_STREAM_CHILD_DB") else {
+    let Some(store) = child_activity_store("FLIGHTLOG_STREAM_CHILD_DB") else {
         return;
     };
-    let db = SqliteDatabase::open(SqliteConfig::new(path)).expect("child opens the file");
-    let store = SqliteActivityStore::with_identity(db, Arc::new(SystemClock), "child-process");
     for i in 0..3 {
         store
             .start_span(StartSpanInput {
@@ -981,11 +1010,9 @@ async fn stream_child_writer() {
 /// and exits. Run normally (the variable unset), it does nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_child_pruner() {
-    let Some(path) = std::env::var_os("FLIGHTLOG_STREAM_CHILD_PRUNE_DB") else {
+    let Some(store) = child_activity_store("FLIGHTLOG_STREAM_CHILD_PRUNE_DB") else {
         return;
     };
-    let db = SqliteDatabase::open(SqliteConfig::new(path)).expect("child opens the file");
-    let store = SqliteActivityStore::with_identity(db, Arc::new(SystemClock), "child-process");
     let pruned = store
         .prune(PruneOptions {
             digest_floor_at: 4_000_000_000_000,
@@ -1013,29 +1040,13 @@ async fn another_process_s_prune_ends_a_run_stream_at_once() {
     assert_eq!(snapshot.event, "snapshot");
     // Let the stream reach its wait, so only a doorbell (or the 5 s re-read) can wake it.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "streams::stream_child_pruner",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("FLIGHTLOG_STREAM_CHILD_PRUNE_DB", &server.db_path)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .expect("child process runs");
-    assert!(status.success(), "child pruner failed: {status}");
-    let pruned = Instant::now();
-    let event = tokio::time::timeout(Duration::from_secs(10), stream.next())
-        .await
-        .expect("the stream says something within 10 s");
-    assert_eq!(event.event, "resync", "{event:?}");
-    assert!(
-        event.data["reason"]
-            .as_str()
-            .is_some_and(|reason| reason.contains("pruned")),
-        "{event:?}"
+    run_child_mode(
+        "streams::stream_child_pruner",
+        "FLIGHTLOG_STREAM_CHILD_PRUNE_DB",
+        &server,
     );
+    let pruned = Instant::now();
+    expect_resync_for_a_pruned_run(&mut stream).await;
     // Not a speed check: 4 s is far above the watcher's period and below the 5 s re-read, so
     // it only tells which of the two woke the stream.
     assert!(
@@ -1051,18 +1062,11 @@ async fn another_process_s_prune_ends_a_run_stream_at_once() {
 async fn a_second_process_writing_the_file_shows_up_in_a_stream() {
     let server = TestServer::start().await;
     let mut stream = SseClient::connect(&server, "/v1/activity/changes/stream", None).await;
-    let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "streams::stream_child_writer",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("FLIGHTLOG_STREAM_CHILD_DB", &server.db_path)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .expect("child process runs");
-    assert!(status.success(), "child writer failed: {status}");
+    run_child_mode(
+        "streams::stream_child_writer",
+        "FLIGHTLOG_STREAM_CHILD_DB",
+        &server,
+    );
     for i in 0..3 {
         let event = stream.next().await;
         assert_eq!(event.data["span"]["spanId"], format!("foreign-{i}"));
@@ -1302,16 +1306,7 @@ async fn a_run_stream_is_told_when_its_open_run_is_pruned() {
         .assert_status(200)
         .clone();
     assert_eq!(result["runsPruned"], 1, "{result}");
-    let event = tokio::time::timeout(Duration::from_secs(10), stream.next())
-        .await
-        .expect("the stream says something within 10 s");
-    assert_eq!(event.event, "resync", "{event:?}");
-    assert!(
-        event.data["reason"]
-            .as_str()
-            .is_some_and(|reason| reason.contains("pruned")),
-        "{event:?}"
-    );
+    expect_resync_for_a_pruned_run(&mut stream).await;
     server
         .get(&format!("/v1/activity/runs/{trace}/snapshot"))
         .await
