@@ -359,9 +359,39 @@ impl<S: Send + Sync> FromRequestParts<S> for PathId {
         let Some((name, value)) = params.iter().next() else {
             return Err(ApiError::Internal("the route captures no id".into()));
         };
+        if let Some(escape) = malformed_percent_escape(parts.uri.path()) {
+            return Err(ApiError::invalid(format!(
+                "the path has {escape:?}, which is not a percent-escape (% and two hex \
+                 digits): percent-encode the {name} (a literal % is %25)"
+            )));
+        }
         check_id(name, value)?;
         Ok(PathId(value.to_owned()))
     }
+}
+
+/// The first `%` of `path` not followed by two hex digits, with what follows it (at most two
+/// characters). Percent-decoding leaves such a `%` as it is, so `/spans/%ZZ` and `/spans/%25ZZ`
+/// named the same span (an audit's finding); refused instead, as invalid UTF-8 is.
+fn malformed_percent_escape(path: &str) -> Option<&str> {
+    let bytes = path.as_bytes();
+    let mut from = 0;
+    while let Some(offset) = bytes.get(from..)?.iter().position(|&byte| byte == b'%') {
+        let at = from + offset;
+        let escape = bytes.get(at + 1..at + 3);
+        if !escape.is_some_and(|pair| pair.iter().all(u8::is_ascii_hexdigit)) {
+            let end = path
+                .char_indices()
+                .map(|(index, _)| index)
+                .chain(std::iter::once(path.len()))
+                .filter(|&index| index > at)
+                .nth(2)
+                .unwrap_or(path.len());
+            return path.get(at..end);
+        }
+        from = at + 3;
+    }
+    None
 }
 
 /// Identities that start with this belong to servers (`serve:<instance>/pid:…`): a server's
@@ -513,6 +543,22 @@ mod tests {
         );
         assert!(check_writer(&format!("{SERVER_WRITER_PREFIX}x")).is_err());
         assert!(check_writer("agent-7").is_ok());
+    }
+
+    #[test]
+    fn a_percent_without_two_hex_digits_is_found() {
+        for (path, found) in [
+            ("/v1/activity/spans/%ZZ", Some("%ZZ")),
+            ("/v1/activity/spans/a%2", Some("%2")),
+            ("/v1/activity/spans/%", Some("%")),
+            ("/v1/activity/spans/%2Fx%zz/end", Some("%zz")),
+            ("/v1/activity/spans/%e9x", None),
+            ("/v1/activity/spans/%25ZZ", None),
+            ("/v1/activity/spans/a%2Fb%2f", None),
+            ("/v1/activity/spans/plain", None),
+        ] {
+            assert_eq!(malformed_percent_escape(path), found, "{path}");
+        }
     }
 
     #[test]

@@ -1494,6 +1494,44 @@ async fn compressed_bodies_are_415_and_a_missing_body_is_400() {
     server.stop().await;
 }
 
+/// A `%` in a path id that is not a percent-escape (`%ZZ`, `a%2`) was taken as it is, so
+/// `/spans/%ZZ` and `/spans/%25ZZ` named the same span (an audit's finding): it is refused,
+/// as invalid UTF-8 is, and the id written with `%25` still reaches the span.
+#[tokio::test]
+async fn a_percent_in_a_path_id_must_start_a_percent_escape() {
+    let server = TestServer::start().await;
+    server
+        .post("/v1/activity/spans", &start_input("%ZZ", "r%", None, 1000))
+        .await
+        .assert_status(201);
+    for (method, path) in [
+        (Method::GET, "/v1/activity/spans/%ZZ"),
+        (Method::POST, "/v1/activity/spans/%ZZ/end"),
+        (Method::GET, "/v1/activity/spans/a%2"),
+        (Method::GET, "/v1/activity/runs/r%/snapshot"),
+        (Method::GET, "/v1/engagements/e%zz/events"),
+    ] {
+        let body = (method == Method::POST).then(|| json!({"outcome": "success"}));
+        let reply = server.send(method, path, body.as_ref(), None).await;
+        reply.assert_error(400, "invalid_request");
+        let message = reply.body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("%25"), "{path}: {message}");
+    }
+    let span = server.get("/v1/activity/spans/%25ZZ").await;
+    span.assert_status(200);
+    assert_eq!(span.body["spanId"], "%ZZ");
+    assert_eq!(
+        span.body["outcome"],
+        Value::Null,
+        "the refused end wrote nothing"
+    );
+    server
+        .get("/v1/activity/runs/r%25/snapshot")
+        .await
+        .assert_status(200);
+    server.stop().await;
+}
+
 /// A blank query parameter (`limit=`, as a form sends an empty field, and as the contract
 /// writes its queries) counts as not given; an unknown one is a 400 on every endpoint that
 /// takes a query (a misspelt `limt` used to be ignored on some of them and refused on others).
