@@ -204,3 +204,40 @@ async fn a_stalled_body_without_a_token_is_refused_after_a_second() {
     assert!(took < Duration::from_secs(5), "answered after {took:?}");
     server.stop().await;
 }
+
+/// A body declared over the limit that never comes (or stalls) is refused once nothing of it
+/// arrived for two seconds: the drain that lets a client still sending read its `413` waited
+/// the whole 10 s for a body that never came (an audit's finding). A body that keeps coming
+/// is still drained to its end (see `a_refusal_after_a_body_cut_short_says_the_connection_closes`).
+#[tokio::test]
+async fn a_declared_body_over_the_limit_that_never_comes_is_refused_within_seconds() {
+    let server = TestServer::start_with(Options {
+        config: ServerConfig {
+            body_limit: 1024,
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let address = server.base.trim_start_matches("http://").to_owned();
+    for sent in [&b""[..], b"{\"spanId\":"] {
+        let mut stream = TcpStream::connect(&address).await.expect("connect");
+        stream
+            .write_all(
+                b"POST /v1/activity/spans HTTP/1.1\r\nhost: test\r\ncontent-type: \
+                  application/json\r\ncontent-length: 9437184\r\n\r\n",
+            )
+            .await
+            .expect("the head");
+        stream.write_all(sent).await.expect("the body's start");
+        let started = std::time::Instant::now();
+        let (status, head) = read_answer_head(&mut stream).await.expect("an answer");
+        let took = started.elapsed();
+        assert_eq!(status, 413, "{head}");
+        assert!(head.contains("connection: close"), "{head}");
+        // Not a speed check: 6 s is far above the 2 s a drain waits for a piece and below the
+        // 10 s it may take in all, so it only tells which of the two ended it.
+        assert!(took < Duration::from_secs(6), "answered after {took:?}");
+    }
+    server.stop().await;
+}
