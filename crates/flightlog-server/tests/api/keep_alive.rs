@@ -141,14 +141,7 @@ async fn a_refusal_before_100_continue_says_the_connection_closes() {
 /// stalled body). A body drained to its end keeps the connection open and usable.
 #[tokio::test]
 async fn a_refusal_after_a_body_cut_short_says_the_connection_closes() {
-    let server = TestServer::start_with(Options {
-        config: ServerConfig {
-            body_limit: 1024,
-            ..ServerConfig::default()
-        },
-        ..Options::default()
-    })
-    .await;
+    let server = start_with_a_body_limit_of_1024().await;
     let address = server.base.trim_start_matches("http://").to_owned();
     for (declared, closes) in [(2_000usize, false), (10_000, true)] {
         let mut stream = TcpStream::connect(&address).await.expect("connect");
@@ -211,14 +204,7 @@ async fn a_stalled_body_without_a_token_is_refused_after_a_second() {
 /// is still drained to its end (see `a_refusal_after_a_body_cut_short_says_the_connection_closes`).
 #[tokio::test]
 async fn a_declared_body_over_the_limit_that_never_comes_is_refused_within_seconds() {
-    let server = TestServer::start_with(Options {
-        config: ServerConfig {
-            body_limit: 1024,
-            ..ServerConfig::default()
-        },
-        ..Options::default()
-    })
-    .await;
+    let server = start_with_a_body_limit_of_1024().await;
     let address = server.base.trim_start_matches("http://").to_owned();
     for sent in [&b""[..], b"{\"spanId\":"] {
         let mut stream = TcpStream::connect(&address).await.expect("connect");
@@ -240,4 +226,16 @@ async fn a_declared_body_over_the_limit_that_never_comes_is_refused_within_secon
         assert!(took < Duration::from_secs(6), "answered after {took:?}");
     }
     server.stop().await;
+}
+
+/// A test server whose body limit is 1 KiB.
+async fn start_with_a_body_limit_of_1024() -> TestServer {
+    TestServer::start_with(Options {
+        config: ServerConfig {
+            body_limit: 1024,
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await
 }
