@@ -258,9 +258,12 @@ impl ConnectionOfRequest {
         Self(activity)
     }
 
-    /// See [`ConnectionActivity::vouch`].
-    pub fn vouch(&self) {
-        self.0.vouch();
+    /// Vouch (see [`ConnectionActivity::vouch`]) for the connection of the request whose
+    /// extensions these are; nothing for a request served outside a tracked connection.
+    pub fn vouch_for(extensions: &axum::http::Extensions) {
+        if let Some(connection) = extensions.get::<Self>() {
+            connection.0.vouch();
+        }
     }
 }
 

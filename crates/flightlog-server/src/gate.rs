@@ -142,11 +142,7 @@ async fn admit_and_run(
         }
     };
     match auth::check_token(state, &request, route.map(MatchedPath::as_str)) {
-        Ok(true) => {
-            if let Some(connection) = request.extensions().get::<ConnectionOfRequest>() {
-                connection.vouch();
-            }
-        }
+        Ok(true) => ConnectionOfRequest::vouch_for(request.extensions()),
         Ok(false) => {}
         Err(refusal) => {
             let drain_time = match refusal {
@@ -494,9 +490,9 @@ fn too_slow(
 
 /// Read and discard up to [`DRAIN_LIMITS`] times the limit of a body that will not be used,
 /// for at most `time` ([`DRAIN_TIME`]; [`UNAUTHENTICATED_DRAIN_TIME`] without a valid token)
-/// and while a piece of it comes at least every [`DRAIN_IDLE_TIME`], before it is refused. A server that answers without reading
-/// closes the connection with unread bytes in its receive buffer, and the kernel then resets
-/// it: a client still sending its body sees the reset instead of the answer (an OTLP exporter
+/// and while a piece of it comes at least every [`DRAIN_IDLE_TIME`], before it is refused. A
+/// server that answers without reading closes the connection with unread bytes in its receive
+/// buffer, and the kernel then resets it: a client still sending its body sees the reset instead of the answer (an OTLP exporter
 /// then retries the same batch as if the network had failed). A body drained to its end also
 /// leaves the connection usable for the client's next request.
 async fn drain(body: Body, limit: usize, time: Duration) -> Drained {

@@ -142,9 +142,7 @@ async fn admit_export(
     }
     // A call with a valid token (or to a server without tokens) keeps its connection from being
     // closed to make room while it is in use (see `connection_limit`).
-    if let Some(connection) = request.extensions().get::<ConnectionOfRequest>() {
-        connection.vouch();
-    }
+    ConnectionOfRequest::vouch_for(request.extensions());
     let deadline = request
         .headers()
         .get("grpc-timeout")
