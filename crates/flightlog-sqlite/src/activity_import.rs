@@ -397,6 +397,10 @@ fn complete_open_span(
     // a span continued from a remote caller a root. A span that becomes a root while open
     // gets a root's heartbeat (as a root delivered whole would). A span started natively keeps
     // the parent its writer gave it. A delivery that leaves a span open renews its heartbeat.
+    // The end is never before the kept start (the mapping clamps a delivery's end to the
+    // delivery's own start, but the start kept may be later: a native start by the server's
+    // clock, an announcement from a clock ahead), as a negative duration would skew every total
+    // it enters. (SQLite's two-argument MAX is NULL when ?2 is: the end stays as it was.)
     ctx.statement(
             "UPDATE activity_spans SET attrs = ?1, \
              parent_span_id = CASE WHEN origin = ?13 THEN ?18 ELSE parent_span_id END, \
@@ -405,7 +409,7 @@ fn complete_open_span(
              session_id = CASE WHEN origin = ?13 THEN COALESCE(?16, session_id) \
                ELSE session_id END, \
              job_name = CASE WHEN origin = ?13 THEN COALESCE(?17, job_name) ELSE job_name END, \
-             ended_at = COALESCE(?2, ended_at), outcome = COALESCE(?3, outcome), \
+             ended_at = COALESCE(MAX(?2, started_at), ended_at), outcome = COALESCE(?3, outcome), \
              outcome_reason = CASE WHEN ?3 IS NULL THEN outcome_reason ELSE ?4 END, \
              input_tokens = COALESCE(?5, input_tokens), output_tokens = COALESCE(?6, output_tokens), \
              cache_read_tokens = COALESCE(?7, cache_read_tokens), \

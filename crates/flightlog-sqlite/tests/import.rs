@@ -855,6 +855,77 @@ async fn a_pending_span_is_live_until_its_final_delivery() {
     assert_eq!(rollup.outcome, Some(SpanOutcome::Success));
 }
 
+/// A delivery that completes an open span never ends it before the start it keeps: the start
+/// kept may be later than the delivery's own (a native start by the server's clock, an
+/// announcement from a clock ahead of the final copy's), and a negative duration would skew
+/// every total it enters.
+#[tokio::test]
+async fn a_completed_span_never_ends_before_the_start_it_keeps() {
+    let fx = fixture();
+    // Announced (open) at 1_050, then delivered whole as 1_000 .. 1_010.
+    let mut announced = span("root", None, SpanKind::Turn, 1_050);
+    announced.end = None;
+    fx.store.import_spans(vec![announced]).await.unwrap();
+    let mut final_copy = span("root", None, SpanKind::Turn, 1_000);
+    final_copy.end = Some(ImportedEnd {
+        ended_at: 1_010,
+        outcome: SpanOutcome::Success,
+        reason: None,
+    });
+    let report = fx.store.import_spans(vec![final_copy]).await.unwrap();
+    assert_eq!((report.completed, report.runs_rolled_up), (1, 1));
+    let root = fx.store.get_span("root").await.unwrap().unwrap();
+    assert_eq!((root.started_at, root.ended_at), (1_050, Some(1_050)));
+    let rollup = fx.store.read_rollup("trace1").await.unwrap().unwrap();
+    assert_eq!(rollup.duration_ms, Some(0), "not -40");
+    assert_eq!(listed_run(&fx, "trace1").await.duration_ms, Some(0));
+
+    // Started natively at 2_050 (the server's clock); the exporter's copy says 2_000 .. 2_010.
+    fx.store
+        .start_span(StartSpanInput {
+            span_id: "native".into(),
+            run_id: "trace2".into(),
+            parent_span_id: None,
+            name: "native".into(),
+            kind: SpanKind::Turn,
+            origin: SpanOrigin::Session,
+            session_id: None,
+            job_name: None,
+            attrs: None,
+            started_at: Some(2_050),
+        })
+        .await
+        .unwrap();
+    let mut exported = span("native", None, SpanKind::Turn, 2_000);
+    exported.run_id = "trace2".into();
+    exported.end = Some(ImportedEnd {
+        ended_at: 2_010,
+        outcome: SpanOutcome::Error,
+        reason: Some("boom".into()),
+    });
+    fx.store.import_spans(vec![exported]).await.unwrap();
+    let native = fx.store.get_span("native").await.unwrap().unwrap();
+    assert_eq!((native.started_at, native.ended_at), (2_050, Some(2_050)));
+    assert_eq!(native.outcome, Some(SpanOutcome::Error));
+    let rollup = fx.store.read_rollup("trace2").await.unwrap().unwrap();
+    assert_eq!(rollup.duration_ms, Some(0));
+
+    // An end after the kept start is kept as delivered.
+    let mut later = span("later", None, SpanKind::Turn, 3_050);
+    later.run_id = "trace3".into();
+    later.end = None;
+    fx.store.import_spans(vec![later.clone()]).await.unwrap();
+    later.started_at = 3_000;
+    later.end = Some(ImportedEnd {
+        ended_at: 3_100,
+        outcome: SpanOutcome::Success,
+        reason: None,
+    });
+    fx.store.import_spans(vec![later]).await.unwrap();
+    let rollup = fx.store.read_rollup("trace3").await.unwrap().unwrap();
+    assert_eq!((rollup.started_at, rollup.duration_ms), (3_050, Some(50)));
+}
+
 #[tokio::test]
 async fn a_span_id_of_another_run_is_rejected_and_the_rest_stored() {
     let fx = fixture();
