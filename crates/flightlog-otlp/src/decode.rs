@@ -761,11 +761,36 @@ fn canonicalize(value: &mut Value) {
 ///   non-finite double of a protobuf body is stored too (JSON has no such numbers);
 ///   a string that is no number is left for the decoder to refuse, naming its path.
 ///
-/// The keys are the `AnyValue` oneof's own, so whatever object holds them is an `AnyValue`.
+/// - a `KeyValue` without `key` (under `attributes`, or in a `kvlistValue`'s `values`) gets `""`,
+///   and an `EntityRef` (under `entityRefs`) gets `""` and `[]` for the fields it lacks: the
+///   mapping leaves out a field at its default value (protobuf's `json_format` does), and a
+///   protobuf body carries them so too, while the derive requires these members.
+///
+/// The keys are the `AnyValue` oneof's own, so whatever object holds them is an `AnyValue`;
+/// `attributes`, `values` and `entityRefs` are field names, never written by a user.
 /// The recursion is bounded by serde_json's nesting limit (128), which the body has passed.
 fn normalize_any_values(value: &mut Value) {
     match value {
         Value::Object(object) => {
+            if let Some(Value::Array(pairs)) = object.get_mut("attributes") {
+                fill_defaults(pairs, &[("key", Value::String(String::new()))]);
+            }
+            if let Some(Value::Object(list)) = object.get_mut("kvlistValue") {
+                if let Some(Value::Array(pairs)) = list.get_mut("values") {
+                    fill_defaults(pairs, &[("key", Value::String(String::new()))]);
+                }
+            }
+            if let Some(Value::Array(refs)) = object.get_mut("entityRefs") {
+                fill_defaults(
+                    refs,
+                    &[
+                        ("schemaUrl", Value::String(String::new())),
+                        ("type", Value::String(String::new())),
+                        ("idKeys", Value::Array(Vec::new())),
+                        ("descriptionKeys", Value::Array(Vec::new())),
+                    ],
+                );
+            }
             for key in ["arrayValue", "kvlistValue"] {
                 if let Some(Value::Object(list)) = object.get_mut(key) {
                     list.entry("values")
@@ -799,6 +824,20 @@ fn normalize_any_values(value: &mut Value) {
         }
         Value::Array(items) => items.iter_mut().for_each(normalize_any_values),
         _ => {}
+    }
+}
+
+/// Gives each object of `messages` the `defaults` it lacks (other items are left for the
+/// decoder to refuse, naming their path).
+fn fill_defaults(messages: &mut [Value], defaults: &[(&str, Value)]) {
+    for message in messages {
+        if let Value::Object(message) = message {
+            for (field, default) in defaults {
+                if !message.contains_key(*field) {
+                    message.insert((*field).to_owned(), default.clone());
+                }
+            }
+        }
     }
 }
 
@@ -1182,6 +1221,67 @@ mod tests {
             message.contains("attributes[0].value") && message.contains("\"abc\""),
             "{message}"
         );
+    }
+
+    /// Fields at their default value left out, as protobuf's `json_format` writes them, read as
+    /// their defaults (found by an audit: a `KeyValue` without `key` and an `EntityRef` without
+    /// `schemaUrl` were a 400 for the whole export), as a protobuf body carries them.
+    #[test]
+    fn fields_left_at_their_default_decode_as_the_default() {
+        let keyless = json_body("1", "2", "3").replacen(
+            r#"{"key":"gen_ai.usage.input_tokens","value""#,
+            r#"{"value""#,
+            1,
+        );
+        assert!(keyless.contains(r#"[{"value":{"intValue":3}}]"#));
+        let decoded = decode_json_text(&keyless).unwrap_or_else(|err| panic!("{err}"));
+        let pair = &decoded.resource_spans[0].scope_spans[0].spans[0].attributes[0];
+        assert_eq!(pair.key, "");
+        assert_eq!(
+            first_attribute(&decoded),
+            Some(any_value::Value::IntValue(3))
+        );
+        // A null key is the default too; inside a key-value list as well.
+        let nested = with_attribute(
+            r#"{"kvlistValue":{"values":[{"value":{"boolValue":true}},{"key":null}]}}"#,
+        );
+        let decoded = decode_json_text(&nested).unwrap_or_else(|err| panic!("{err}"));
+        let Some(any_value::Value::KvlistValue(list)) = first_attribute(&decoded) else {
+            panic!("a key-value list");
+        };
+        assert_eq!(
+            list.values
+                .iter()
+                .map(|pair| pair.key.as_str())
+                .collect::<Vec<_>>(),
+            ["", ""]
+        );
+
+        let with_refs = json_body("1", "2", "3").replacen(
+            r#""resource":{"#,
+            r#""resource":{"entityRefs":[{"type":"service","idKeys":["service.name"]},{}],"#,
+            1,
+        );
+        let decoded = decode_json_text(&with_refs).unwrap_or_else(|err| panic!("{err}"));
+        let refs = &decoded.resource_spans[0]
+            .resource
+            .as_ref()
+            .expect("a resource")
+            .entity_refs;
+        assert_eq!(refs.len(), 2);
+        assert_eq!(
+            (refs[0].r#type.as_str(), refs[0].schema_url.as_str()),
+            ("service", "")
+        );
+        assert_eq!(refs[0].id_keys, ["service.name"]);
+        assert_eq!(refs[1], Default::default());
+        // An attribute that is no object is still refused, naming where it is.
+        let message = malformed_message(decode_json_text(&json_body("1", "2", "3").replacen(
+            r#"{"key":"gen_ai.usage.input_tokens","value":{"intValue":3}}"#,
+            "7",
+            1,
+        )));
+        assert!(message.contains("attributes[0]"), "{message}");
     }
 
     /// What the protobuf JSON mapping allows and the library refused (found by an audit):

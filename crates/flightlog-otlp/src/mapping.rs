@@ -50,7 +50,8 @@ pub(crate) const REMOTE_PARENT_KEY: &str = "flightlog.remote_parent_span_id";
 /// `flightlog.price_table` on a span with a reported cost, or `flightlog.cost_source` on one
 /// with none, passed for the provenance of its cost).
 pub(crate) const RESERVED_KEY_PREFIX: &str = "flightlog.";
-/// attrs key: how many of the span's events were not stored (over [`MAX_EVENTS_PER_SPAN`]).
+/// attrs key: how many of the span's events were not stored (over [`MAX_EVENTS_PER_SPAN`], or
+/// dropped by the exporter).
 pub(crate) const DROPPED_EVENTS_KEY: &str = "flightlog.dropped_events";
 /// The most events one delivered span stores, the first ones as sent (OpenTelemetry SDKs keep
 /// 128 by default; one span of 300,000 events in an 8 MiB body made a 34 MB run snapshot). The
@@ -317,10 +318,16 @@ fn map_span(
         span.attributes
             .retain(|attribute| attribute.key != LOGFIRE_PENDING_PARENT);
     }
+    // The events not stored: those the exporter dropped already (its `droppedEventsCount`; an
+    // SDK keeps 128 a span by default) and those past the first 1,024.
     let dropped_events = if pending {
         0
     } else {
-        span.events.len().saturating_sub(MAX_EVENTS_PER_SPAN)
+        let exporters = usize::try_from(span.dropped_events_count).unwrap_or(usize::MAX);
+        span.events
+            .len()
+            .saturating_sub(MAX_EVENTS_PER_SPAN)
+            .saturating_add(exporters)
     };
     let attrs = span_attrs(
         span,
@@ -1537,6 +1544,24 @@ mod tests {
         // A span within the bound says nothing of dropped events.
         let calm = only_span(vec![span(2, None, "calm", vec![])]);
         assert!(!object(&calm.attrs).contains_key(DROPPED_EVENTS_KEY));
+        // Events the exporter dropped were not stored either (an audit: its count was lost).
+        let mut thinned = span(3, None, "thinned", vec![]);
+        thinned.dropped_events_count = 7;
+        assert_eq!(
+            object(&only_span(vec![thinned.clone()]).attrs)[DROPPED_EVENTS_KEY],
+            json!(7)
+        );
+        thinned.events = (0..1_030)
+            .map(|index| span::Event {
+                time_unix_nano: 1_000_000 + index,
+                name: format!("e{index}"),
+                ..span::Event::default()
+            })
+            .collect();
+        assert_eq!(
+            object(&only_span(vec![thinned]).attrs)[DROPPED_EVENTS_KEY],
+            json!(13)
+        );
     }
 
     /// The `flightlog.` keys are flightlog's own: a client's are dropped, so a forged price
