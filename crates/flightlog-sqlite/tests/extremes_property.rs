@@ -1402,7 +1402,9 @@ impl Model {
             }
             merge(&mut stored.attrs, Some(&attrs));
             if let Some(end) = end {
-                stored.ended_at = Some(end.ended_at);
+                // Never before the start the span keeps (which may be later than the
+                // delivery's own start).
+                stored.ended_at = Some(end.ended_at.max(stored.started_at));
                 stored.outcome = Some(end.outcome.clone());
                 stored.outcome_reason = end.reason.clone();
             }
