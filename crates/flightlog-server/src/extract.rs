@@ -6,6 +6,7 @@
 //!   wrong types, naming the JSON path).
 //! - [`ApiQuery`]: the query string (`400` for a bad one or an unknown parameter; a blank
 //!   parameter counts as not given).
+//! - [`NoQuery`]: on a route that reads no query parameter, `400` for one given.
 //! - [`PathId`]: the one id a path captures, checked as an id (non-empty, at most 256 bytes).
 //! - [`WriterStore`]: the activity store acting as the request's `Flightlog-Writer`.
 
@@ -14,7 +15,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Query, RawPathParams, Request};
 use axum::http::header::{CONTENT_ENCODING, CONTENT_TYPE};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use flightlog_core::activity::ActivityStore;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -286,6 +287,39 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
         parsed
             .map(|Query(value)| ApiQuery(value))
             .map_err(|rejection| ApiError::invalid(query_error_text(&rejection.body_text())))
+    }
+}
+
+/// On a route that reads no query parameter: `400` for one given (a blank one counts as not
+/// given, as in [`ApiQuery`]). Ignored, a parameter there is lost without a word: `?expectedSeq=3`
+/// on an append would drop the guard it means to set (an audit's finding), `?limit=5` on a
+/// snapshot would say nothing of the snapshot being whole.
+#[derive(Debug)]
+pub struct NoQuery;
+
+impl<S: Send + Sync> FromRequestParts<S> for NoQuery {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let Some(given) = parts.uri.query().and_then(|query| {
+            query
+                .split('&')
+                .find(|parameter| !is_blank_parameter(parameter))
+        }) else {
+            return Ok(NoQuery);
+        };
+        let name = given.split_once('=').map_or(given, |(name, _)| name);
+        let name: String = name.chars().take(64).collect();
+        let hint = if parts.method == Method::GET {
+            ""
+        } else {
+            ": a write's fields go in its JSON body"
+        };
+        Err(ApiError::invalid(format!(
+            "unknown query parameter `{name}`: {} {} takes no query parameters{hint}",
+            parts.method,
+            parts.uri.path()
+        )))
     }
 }
 

@@ -22,8 +22,8 @@ use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody, PATH_SEGMENT};
 use crate::extract::{
-    from_utf8_json, json_body_bytes, parse_json, ApiQuery, JsonBody, OptionalJsonBody, PathId,
-    WriterStore,
+    from_utf8_json, json_body_bytes, parse_json, ApiQuery, JsonBody, NoQuery, OptionalJsonBody,
+    PathId, WriterStore,
 };
 use crate::openapi::{tags, LARGE_RESPONSE_BUSY, RUN_ID, SPAN_ID};
 use crate::response_budget::{self, ChunkedJson};
@@ -255,6 +255,7 @@ pub(crate) async fn run_without_spans(store: &dyn ActivityStore, run_id: &str) -
     ),
 )]
 async fn start_span(
+    _: NoQuery,
     WriterStore(store): WriterStore,
     JsonBody(input): JsonBody<StartSpanInput>,
 ) -> Result<(StatusCode, Json<SpanRow>), ApiError> {
@@ -276,6 +277,7 @@ async fn start_span(
     ),
 )]
 async fn end_span(
+    _: NoQuery,
     WriterStore(store): WriterStore,
     PathId(span_id): PathId,
     JsonBody(input): JsonBody<EndSpanInput>,
@@ -297,6 +299,7 @@ async fn end_span(
     ),
 )]
 async fn patch_span(
+    _: NoQuery,
     WriterStore(store): WriterStore,
     PathId(span_id): PathId,
     JsonBody(patch): JsonBody<SpanPatch>,
@@ -321,6 +324,7 @@ async fn patch_span(
     ),
 )]
 async fn append_event(
+    _: NoQuery,
     State(state): State<AppState>,
     WriterStore(store): WriterStore,
     PathId(span_id): PathId,
@@ -403,6 +407,7 @@ async fn append_event_as_written(
     ),
 )]
 async fn heartbeat(
+    _: NoQuery,
     WriterStore(store): WriterStore,
     PathId(span_id): PathId,
     OptionalJsonBody(body): OptionalJsonBody<HeartbeatBody>,
@@ -425,6 +430,7 @@ async fn heartbeat(
     ),
 )]
 async fn get_span(
+    _: NoQuery,
     State(state): State<AppState>,
     PathId(span_id): PathId,
 ) -> Result<Json<SpanRow>, ApiError> {
@@ -450,6 +456,7 @@ async fn get_span(
     ),
 )]
 async fn close_run(
+    _: NoQuery,
     WriterStore(store): WriterStore,
     PathId(run_id): PathId,
     JsonBody(body): JsonBody<CloseRunBody>,
@@ -473,6 +480,7 @@ async fn close_run(
     ),
 )]
 async fn rollup_run(
+    _: NoQuery,
     WriterStore(store): WriterStore,
     PathId(run_id): PathId,
 ) -> Result<StatusCode, ApiError> {
@@ -494,6 +502,7 @@ async fn rollup_run(
     ),
 )]
 async fn read_rollup(
+    _: NoQuery,
     State(state): State<AppState>,
     PathId(run_id): PathId,
 ) -> Result<Json<RunRollupRow>, ApiError> {
@@ -521,6 +530,7 @@ async fn read_rollup(
     ),
 )]
 async fn snapshot_run(
+    _: NoQuery,
     State(state): State<AppState>,
     PathId(run_id): PathId,
 ) -> Result<Response, ApiError> {
@@ -549,6 +559,7 @@ async fn snapshot_run(
     ),
 )]
 async fn run_high_water_seq(
+    _: NoQuery,
     State(state): State<AppState>,
     PathId(run_id): PathId,
 ) -> Result<Json<HighWaterSeq>, ApiError> {
@@ -656,7 +667,10 @@ async fn terminal_root_changes_since(
             ("Flightlog-Change-Log-Horizon" = i64, description = "Change ids below this may be missing from the log (trimmed, or pruned with their runs)."),
         ))),
 )]
-async fn latest_change_cursor(State(state): State<AppState>) -> Result<Response, ApiError> {
+async fn latest_change_cursor(
+    _: NoQuery,
+    State(state): State<AppState>,
+) -> Result<Response, ApiError> {
     let change_cursor = state.activity().latest_change_cursor().await?;
     let horizon = state.activity().change_log_horizon().await?;
     let mut response = Json(ChangeCursor { change_cursor }).into_response();
@@ -677,7 +691,7 @@ async fn latest_change_cursor(State(state): State<AppState>) -> Result<Response,
         (status = 503, description = LARGE_RESPONSE_BUSY, body = ErrorBody),
     ),
 )]
-async fn open_root_spans(State(state): State<AppState>) -> Result<Response, ApiError> {
+async fn open_root_spans(_: NoQuery, State(state): State<AppState>) -> Result<Response, ApiError> {
     let roots = state.activity().open_root_spans().await?;
     state.response_budget().json(roots).await
 }

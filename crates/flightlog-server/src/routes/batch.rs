@@ -35,7 +35,7 @@ use super::activity::{
 };
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{
-    json_body_bytes, non_object_json, parse_json, require_json_object, WriterStore,
+    json_body_bytes, non_object_json, parse_json, require_json_object, NoQuery, WriterStore,
 };
 use crate::openapi::tags;
 use crate::skip_keys::SkipKeys;
@@ -195,6 +195,7 @@ enum BatchResult {
     ),
 )]
 async fn batch(
+    _: NoQuery,
     State(state): State<AppState>,
     WriterStore(store): WriterStore,
     request: Request,

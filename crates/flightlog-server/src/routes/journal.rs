@@ -21,7 +21,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{ApiQuery, JsonBody, PathId};
+use crate::extract::{ApiQuery, JsonBody, NoQuery, PathId};
 use crate::openapi::{tags, ENGAGEMENT_ID, LARGE_RESPONSE_BUSY};
 use crate::state::AppState;
 use crate::validate::{check_limit, check_time};
@@ -243,6 +243,7 @@ fn append_input(
     ),
 )]
 async fn append(
+    _: NoQuery,
     State(state): State<AppState>,
     PathId(engagement_id): PathId,
     JsonBody(body): JsonBody<AppendMembers>,
@@ -297,6 +298,7 @@ async fn read_events(
     ),
 )]
 async fn summary(
+    _: NoQuery,
     State(state): State<AppState>,
     PathId(engagement_id): PathId,
 ) -> Result<Json<EngagementSummary>, ApiError> {
@@ -357,6 +359,7 @@ async fn board(
     ),
 )]
 async fn compact(
+    _: NoQuery,
     State(state): State<AppState>,
     PathId(engagement_id): PathId,
 ) -> Result<StatusCode, ApiError> {
@@ -401,6 +404,7 @@ async fn list_engagements(
     ),
 )]
 async fn prune(
+    _: NoQuery,
     State(state): State<AppState>,
     JsonBody(body): JsonBody<EngagementPruneBody>,
 ) -> Result<Json<Removed>, ApiError> {

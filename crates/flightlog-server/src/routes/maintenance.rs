@@ -16,7 +16,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{JsonBody, SweeperStore, WriterStore};
+use crate::extract::{JsonBody, NoQuery, SweeperStore, WriterStore};
 use crate::openapi::tags;
 use crate::state::AppState;
 use crate::validate::{check_limit, check_optional_time, check_time};
@@ -56,7 +56,10 @@ struct SweepStaleBody {
     params(WriterStore),
     responses((status = 200, description = "How many spans were closed.", body = Closed)),
 )]
-async fn sweep_orphans(WriterStore(store): WriterStore) -> Result<Json<Closed>, ApiError> {
+async fn sweep_orphans(
+    _: NoQuery,
+    WriterStore(store): WriterStore,
+) -> Result<Json<Closed>, ApiError> {
     let closed = store.sweep_own_orphans().await?;
     Ok(Json(Closed { closed }))
 }
@@ -75,6 +78,7 @@ async fn sweep_orphans(WriterStore(store): WriterStore) -> Result<Json<Closed>, 
     ),
 )]
 async fn sweep_stale(
+    _: NoQuery,
     SweeperStore(store): SweeperStore,
     JsonBody(body): JsonBody<SweepStaleBody>,
 ) -> Result<Json<Closed>, ApiError> {
@@ -101,6 +105,7 @@ async fn sweep_stale(
     ),
 )]
 async fn prune(
+    _: NoQuery,
     WriterStore(store): WriterStore,
     JsonBody(options): JsonBody<PruneOptions>,
 ) -> Result<Json<PruneResult>, ApiError> {

@@ -11,7 +11,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::JsonBody;
+use crate::extract::{JsonBody, NoQuery};
 use crate::openapi::tags;
 use crate::state::AppState;
 use crate::validate::check_time;
@@ -48,6 +48,7 @@ struct ClockBody {
     ),
 )]
 async fn set_clock(
+    _: NoQuery,
     State(state): State<AppState>,
     JsonBody(body): JsonBody<ClockBody>,
 ) -> Result<StatusCode, ApiError> {

@@ -1619,6 +1619,85 @@ async fn blank_query_parameters_count_as_absent_and_unknown_ones_are_refused() {
     server.stop().await;
 }
 
+/// A route that reads no query parameter refuses one (an audit's finding: ignored, the guard
+/// of `?expectedSeq=0` on an append was dropped without a word, and the append went through at
+/// seq 1). A blank query still counts as none.
+#[tokio::test]
+async fn a_route_that_reads_no_query_parameter_refuses_one() {
+    let server = TestServer::start().await;
+    let event = json!({"type": "note", "at": 1, "data": {}});
+    server
+        .post("/v1/engagements/q/events", &event)
+        .await
+        .assert_status(201);
+    server
+        .post("/v1/activity/spans", &start_input("s1", "r1", None, 1000))
+        .await
+        .assert_status(201);
+    let cursor = server
+        .get("/v1/activity/cursor")
+        .await
+        .assert_status(200)
+        .clone();
+    let end = json!({"outcome": "success"});
+    let ops = json!({"ops": [{"op": "heartbeat", "spanId": "s1"}]});
+    for (method, path, body) in [
+        (
+            Method::POST,
+            "/v1/engagements/q/events?expectedSeq=0",
+            Some(&event),
+        ),
+        (Method::GET, "/v1/engagements/q/summary?fromSeq=5", None),
+        (Method::POST, "/v1/engagements/q/compact?x=1", None),
+        (Method::POST, "/v1/activity/spans?dryRun=true", Some(&event)),
+        (
+            Method::POST,
+            "/v1/activity/spans/s1/end?outcome=error",
+            Some(&end),
+        ),
+        (Method::GET, "/v1/activity/spans/s1?fields=name", None),
+        (Method::GET, "/v1/activity/runs/r1/snapshot?limit=5", None),
+        (Method::GET, "/v1/activity/cursor?after=3", None),
+        (Method::POST, "/v1/activity/batch?atomic=true", Some(&ops)),
+    ] {
+        let reply = server.send(method.clone(), path, body, None).await;
+        reply.assert_error(400, "invalid_request");
+        let message = reply.body["error"]["message"].as_str().unwrap_or_default();
+        let name = path
+            .split_once('?')
+            .and_then(|(_, query)| query.split_once('='))
+            .map(|(name, _)| name)
+            .unwrap_or_default();
+        assert!(
+            message.contains(&format!("unknown query parameter `{name}`"))
+                && message.contains("takes no query parameters"),
+            "{method} {path}: {message}"
+        );
+        if method == Method::POST {
+            assert!(message.contains("JSON body"), "{path}: {message}");
+        }
+    }
+    // Nothing refused was written: one event, the span open, the cursor where it was.
+    let events = server.get("/v1/engagements/q/events").await;
+    assert_eq!(events.assert_status(200).as_array().map(Vec::len), Some(1));
+    let span = server.get("/v1/activity/spans/s1").await;
+    assert_eq!(span.assert_status(200)["outcome"], Value::Null);
+    assert_eq!(
+        server.get("/v1/activity/cursor").await.assert_status(200),
+        &cursor
+    );
+    // A blank query is no query.
+    server
+        .post("/v1/engagements/q/events?", &event)
+        .await
+        .assert_status(201);
+    server
+        .get("/v1/activity/spans/s1?fields=")
+        .await
+        .assert_status(200);
+    server.stop().await;
+}
+
 /// Client JSON is stored as sent, whatever its keys. serde_json's `Value` (with the
 /// `raw_value` feature this program enables) read an object whose first key is its private
 /// token as the JSON text in that key's string: these attrs were stored as `[1, 2]`, and a
