@@ -932,6 +932,10 @@ fn journal_last_event_id(headers: &HeaderMap) -> Result<Option<JournalStart>, Ap
             Some((seq, generation)) => (seq, Some(parse_event_number(generation).ok()?)),
             None => (text, None),
         };
+        // Bounded as the `generation` query parameter is: no generation reaches 2^53 either.
+        if generation.is_some_and(|generation| generation > LARGEST_SEQ) {
+            return None;
+        }
         let generation = generation.map(|generation| generation as u64);
         // `-1@G` is the one id with a sign.
         let seq = match seq {
@@ -948,8 +952,8 @@ fn journal_last_event_id(headers: &HeaderMap) -> Result<Option<JournalStart>, Ap
     });
     parsed.map(Some).ok_or_else(|| {
         ApiError::invalid(
-            "Last-Event-ID must be an id this stream sent: <seq>@<generation>, or a seq \
-             from 0 to 2^53 - 1",
+            "Last-Event-ID must be an id this stream sent: <seq>@<generation> (each from 0 \
+             to 2^53 - 1, or -1@<generation>), or a seq from 0 to 2^53 - 1",
         )
     })
 }

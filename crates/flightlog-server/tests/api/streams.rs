@@ -1513,6 +1513,13 @@ async fn last_event_ids_are_read_as_the_streams_write_them() {
             "9007199254740992",
             "<seq>@<generation>",
         ),
+        // Nor a generation, as in the `generation` query parameter (an audit: the header took
+        // it, and answered with a `resync`).
+        (
+            "/v1/engagements/e/stream",
+            "1@9007199254740992",
+            "each from 0 to 2^53 - 1",
+        ),
         (
             "/v1/activity/changes/stream",
             "99999999999999999999",
