@@ -94,9 +94,9 @@ struct ServeArgs {
     /// [env: FLIGHTLOG_DURABILITY] [file: durability] [default: normal]
     #[arg(long, value_name = "normal|full", verbatim_doc_comment)]
     durability: Option<String>,
-    /// Largest request body, in bytes or with KiB/MiB/GiB; larger ones get 413 (a compressed OTLP
-    /// body may inflate to 64 MiB, or to this limit when larger); also the largest OTLP/gRPC
-    /// message (RESOURCE_EXHAUSTED past it). At most 1GiB.
+    /// Largest request body, in whole bytes or KiB/MiB/GiB; larger ones get 413 (a compressed
+    /// OTLP body may inflate to 64 MiB, or to this limit when larger); also the largest
+    /// OTLP/gRPC message (RESOURCE_EXHAUSTED past it). At most 1GiB.
     /// [env: FLIGHTLOG_BODY_LIMIT] [file: body_limit] [default: 8MiB]
     #[arg(
         long,
@@ -132,7 +132,8 @@ struct ServeArgs {
     request_budget: Option<String>,
     /// Write requests handled at once; one more waits up to 100 ms for a slot, then gets 503
     /// with Retry-After (never an unbounded queue). A write takes its slot once its body has
-    /// arrived; bodies of at most 64 KiB being read share a budget of 64 KiB per slot.
+    /// arrived; bodies of at most 64 KiB being read share a budget of 64 KiB per slot. From 1
+    /// to 1000000.
     /// [env: FLIGHTLOG_MAX_INFLIGHT_WRITES] [file: max_inflight_writes] [default: 4096]
     #[arg(
         long,
@@ -145,7 +146,7 @@ struct ServeArgs {
     /// connection is closed to make room for a new one (one that never showed a token after
     /// 1 s, one that did after 10 s idle), which waits while every connection is in use (said
     /// on stderr). Bounds the memory connections hold before any request is read (a request
-    /// head is at most 32 KiB).
+    /// head is at most 32 KiB). From 1 to 1000000.
     /// [env: FLIGHTLOG_MAX_CONNECTIONS] [file: max_connections] [default: 4096]
     #[arg(
         long,
@@ -178,7 +179,7 @@ struct ServeArgs {
     /// How long the writer waits, in ms, for the database's write lock while another process
     /// holds it (a long transaction in a `sqlite3` shell, say) before the writes waiting are
     /// answered 503 with Retry-After, nothing written. Writes queued behind one that waits
-    /// wait their turn first, so a request may take up to about twice this.
+    /// wait their turn first, so a request may take up to about twice this. From 0 to 600000.
     /// [env: FLIGHTLOG_WRITE_LOCK_WAIT_MS] [file: write_lock_wait_ms] [default: 10000]
     #[arg(
         long,

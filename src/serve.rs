@@ -597,8 +597,10 @@ fn raise_open_file_limit(max_connections: usize) {
 }
 
 /// Completes on the next Ctrl-C (SIGINT) or, on Unix, SIGTERM (what a container runtime or
-/// service manager sends). A handler that cannot be installed never completes: the server then
-/// runs until killed, which is what it would do without one.
+/// service manager sends) or SIGHUP (the terminal it ran in was closed: by default the process
+/// would die there and then, its WAL and lock file left behind, with no word; an audit's
+/// finding). A handler that cannot be installed never completes: the server then runs until
+/// killed, which is what it would do without one.
 async fn stop_signal() {
     let ctrl_c = async {
         if let Err(err) = tokio::signal::ctrl_c().await {
@@ -607,23 +609,31 @@ async fn stop_signal() {
         }
     };
     #[cfg(unix)]
-    let terminate = async {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => {
-                terminate.recv().await;
-            }
-            Err(err) => {
-                say_err!("flightlog: cannot listen for SIGTERM ({err})");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
+    let terminate = unix_signal(tokio::signal::unix::SignalKind::terminate(), "SIGTERM");
     #[cfg(not(unix))]
     let terminate = std::future::pending::<()>();
+    #[cfg(unix)]
+    let hang_up = unix_signal(tokio::signal::unix::SignalKind::hangup(), "SIGHUP");
+    #[cfg(not(unix))]
+    let hang_up = std::future::pending::<()>();
     tokio::select! {
         () = ctrl_c => {}
         () = terminate => {}
+        () = hang_up => {}
+    }
+}
+
+/// Completes on the next `kind` signal (never, said on stderr, when it cannot be listened for).
+#[cfg(unix)]
+async fn unix_signal(kind: tokio::signal::unix::SignalKind, name: &str) {
+    match tokio::signal::unix::signal(kind) {
+        Ok(mut signal) => {
+            signal.recv().await;
+        }
+        Err(err) => {
+            say_err!("flightlog: cannot listen for {name} ({err})");
+            std::future::pending::<()>().await;
+        }
     }
 }
 

@@ -455,10 +455,16 @@ fn read_stream_until(mut stream: TcpStream, needle: &str, limit: Duration) -> St
 }
 
 /// Send SIGTERM to a spawned `serve` and wait (bounded) for it to exit; its stdout and stderr.
-fn stop_with_sigterm(mut server: Spawned) -> (ExitStatus, String, String) {
+fn stop_with_sigterm(server: Spawned) -> (ExitStatus, String, String) {
+    stop_with_signal(server, "TERM")
+}
+
+/// Send the signal `name` (`TERM`, `HUP`) to a spawned `serve` and wait (bounded) for it to
+/// exit; its stdout and stderr.
+fn stop_with_signal(mut server: Spawned, name: &str) -> (ExitStatus, String, String) {
     let pid = server.child.id().to_string();
     let sent = Command::new("kill")
-        .args(["-TERM", &pid])
+        .args([&format!("-{name}"), &pid])
         .status()
         .expect("run kill");
     assert!(sent.success());
@@ -469,7 +475,7 @@ fn stop_with_sigterm(mut server: Spawned) -> (ExitStatus, String, String) {
         }
         assert!(
             started.elapsed() < CASE_TIMEOUT,
-            "serve did not stop on SIGTERM"
+            "serve did not stop on SIG{name}"
         );
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -1065,7 +1071,7 @@ const SIZE_TOMLS: &[&str] = &[
     "\"-8MiB\"",
 ];
 const SIZE_FIX: &str =
-    "give a size of at least 1 byte and at most 1024GiB, in bytes or with KiB, MiB or GiB";
+    "give a size of at least 1 byte and at most 1024GiB: a whole number of bytes, or of KiB, MiB or GiB";
 
 const NUMERIC: [Numeric; 14] = [
     Numeric {
@@ -1084,7 +1090,7 @@ const NUMERIC: [Numeric; 14] = [
             "",
         ],
         tomls: &["-1", "0", "1.5", "\"abc\"", "\"2GiB\"", "1073741825"],
-        fix: "give a size of at least 1 byte and at most 1GiB, in bytes or with KiB, MiB or GiB",
+        fix: "give a size of at least 1 byte and at most 1GiB: a whole number of bytes, or of KiB, MiB or GiB",
         takes: &["string", "integer"],
     },
     Numeric {
@@ -1409,7 +1415,11 @@ fn bad_tokens_are_refused_without_repeating_the_secret() {
         ),
         (
             "[[tokens]]\ntoken = 42\nscopes = [\"read\"]",
-            &["entry 1: has no `token` string", shape],
+            &["entry 1: has a `token` that is no string (a TOML integer)", shape],
+        ),
+        (
+            "[[tokens]]\ntoken = \"s3cr3t-value\"\nscopes = \"read\"",
+            &["entry 1: has `scopes` that is no list (a TOML string): give a list such as [\"read\"]", shape],
         ),
     ] {
         fs::write(&config, format!("{toml}\n")).expect("write config");
@@ -2143,6 +2153,35 @@ fn serve_keeps_serving_and_stops_cleanly_when_its_stdout_is_closed() {
 /// A clean stop (SIGTERM) used to leave the newest writes, and on a new file even the schema,
 /// only in the `-wal` file beside the database: copying the stopped server's database file, the
 /// natural backup, gave an empty or stale copy. Now the stop copies the WAL into the file.
+/// A closed terminal (SIGHUP) stops the server as Ctrl-C does: every write kept, the WAL folded
+/// into the file, exit status 0 (an audit's finding: by default SIGHUP killed it on the spot,
+/// exit 129, its WAL and lock file left behind).
+#[test]
+fn a_hang_up_stops_the_server_cleanly() {
+    let scratch = Scratch::new("hang-up");
+    let db = scratch.join("hung-up.db");
+    let (server, addr) = serve_on(&scratch, &db);
+    let (status, body) = http_post(
+        &addr,
+        "/v1/engagements/hang-up/events",
+        r#"{"type":"note","at":1,"data":{}}"#,
+    );
+    assert_eq!(status, 201, "{body}");
+    let (exit, stdout, stderr) = stop_with_signal(server, "HUP");
+    assert_eq!(exit.code(), Some(0), "{exit:?}\n{stdout}\n{stderr}");
+    assert!(stdout.contains("shutting down"), "{stdout}");
+    let wal = db_files(&db).remove(1);
+    assert!(
+        fs::metadata(&wal).map_or(true, |m| m.len() == 0),
+        "the WAL still holds writes after the stop:\n{stdout}\n{stderr}"
+    );
+    let (server, addr) = serve_on(&scratch, &db);
+    let (status, events) = http_get(&addr, "/v1/engagements/hang-up/events");
+    server.finish();
+    assert_eq!(status, 200, "{events}");
+    assert!(events.contains(r#""seq":0"#), "{events}");
+}
+
 #[test]
 fn a_clean_stop_leaves_everything_in_the_database_file_itself() {
     let scratch = Scratch::new("clean-stop");
@@ -2229,6 +2268,26 @@ fn hyphen_values_and_misspelled_variables_get_the_settings_messages() {
     args.extend(["--token", "--manual-clock"]);
     let out = run(scratch.path(), &args, &[]);
     out.assert_refused(&["--token (the 1st)", "looks like a flag"]);
+
+    // FLIGHTLOG_TOKENS' `SECRET:SCOPES` on the flag would be a token with every scope; a colon
+    // followed by anything else is part of the secret.
+    for scoped in ["s3cr3t-value:read", "s3cr3t-value:read, ingest"] {
+        let mut args = serve_args(&db, &LOOPBACK);
+        args.extend(["--token", "other-secret", "--token", scoped]);
+        let out = run(scratch.path(), &args, &[]);
+        out.assert_refused(&[
+            "--token (the 2nd)",
+            "takes the secret alone",
+            "FLIGHTLOG_TOKENS",
+        ]);
+        assert!(
+            !out.stderr.contains("s3cr3t-value"),
+            "the secret leaked:{out}"
+        );
+    }
+    let mut args = serve_args(&db, &LOOPBACK);
+    args.extend(["--token", "s3cr3t:value:42"]);
+    run(scratch.path(), &args, &[]).assert_listened();
 
     // The name misspelt, then the prefix (read too, and matched as if it were right), then
     // another tool's word for it. With no token configured anywhere the server does not start

@@ -346,7 +346,7 @@ Without any token the server refuses to listen on a non-loopback address (such a
 unless --allow-unauthenticated-non-loopback says so on purpose (e.g. behind an authenticating
 proxy).
 
-Exit status: 0 after a clean stop (Ctrl-C or SIGTERM); 1 when a setting is refused or the
+Exit status: 0 after a clean stop (Ctrl-C, SIGTERM or SIGHUP); 1 when a setting is refused or the
 server cannot start, or fails while running; 2 for a command line it cannot read.";
 
 /// What `flightlog serve` got on its command line, still as text: parsing happens in
@@ -929,8 +929,8 @@ pub fn resolve_with_file(
         flags.body_limit.as_deref(),
         ServerConfig::DEFAULT_BODY_LIMIT,
         |text| parse_size(text).filter(|size| *size <= MAX_BODY_LIMIT),
-        "give a size of at least 1 byte and at most 1GiB, in bytes or with KiB, MiB or GiB, \
-         such as 8388608 or 8MiB",
+        "give a size of at least 1 byte and at most 1GiB: a whole number of bytes, or of KiB, \
+         MiB or GiB, such as 8388608 or 8MiB (1.5MiB is 1536KiB)",
     )?;
     let response_budget_bytes = layers.parse_budget(
         &RESPONSE_BUDGET,
@@ -1166,8 +1166,8 @@ impl<'a> Layers<'a> {
             default,
             |text| parse_size(text).filter(|size| *size <= MAX_RESPONSE_BUDGET),
             &format!(
-                "give a size of at least 1 byte and at most 1024GiB, in bytes or with KiB, MiB or \
-                 GiB, {example}"
+                "give a size of at least 1 byte and at most 1024GiB: a whole number of bytes, or of \
+                 KiB, MiB or GiB, {example}"
             ),
         )
     }
@@ -1208,6 +1208,18 @@ impl<'a> Layers<'a> {
                             "starts with \"--\", so it looks like a flag: give the secret \
                              right after {} (a secret that really starts with \"--\" goes in \
                              FLIGHTLOG_TOKENS or the config file)",
+                            TOKENS.flag
+                        ),
+                    });
+                }
+                if looks_scoped(secret) {
+                    return Err(SettingsError::Token {
+                        origin: origin(),
+                        problem: format!(
+                            "ends in \":\" and scope names, as a token of FLIGHTLOG_TOKENS is \
+                             written, but {} takes the secret alone and grants it every scope: \
+                             give a token with fewer scopes in FLIGHTLOG_TOKENS \
+                             (\"SECRET:read,ingest\") or the config file ([[tokens]])",
                             TOKENS.flag
                         ),
                     });
@@ -1348,6 +1360,16 @@ fn invalid(origin: &Origin<'_>, value: &str, fix: &str) -> SettingsError {
         value: value.to_owned(),
         fix: fix.to_owned(),
     }
+}
+
+/// Whether a `--token` secret is written as `SECRET:SCOPES`, the form of `FLIGHTLOG_TOKENS`:
+/// taken whole, it would be a token with every scope where fewer were meant (an audit's finding).
+fn looks_scoped(secret: &str) -> bool {
+    secret.rsplit_once(':').is_some_and(|(_, scopes)| {
+        scopes
+            .split(',')
+            .all(|name| Scope::parse(name.trim()).is_some())
+    })
 }
 
 fn token_error(origin: String, err: &TokenError) -> SettingsError {
@@ -1608,11 +1630,25 @@ fn parse_file_tokens(
         if let Some(key) = table.keys().find(|k| *k != "token" && *k != "scopes") {
             return Err(problem(&format!("has an unknown key `{key}`")));
         }
-        let Some(Value::String(secret)) = table.get("token") else {
-            return Err(problem("has no `token` string"));
+        let secret = match table.get("token") {
+            Some(Value::String(secret)) => secret,
+            Some(other) => {
+                return Err(problem(&format!(
+                    "has a `token` that is no string (a TOML {})",
+                    other.type_str()
+                )))
+            }
+            None => return Err(problem("has no `token` string")),
         };
-        let Some(Value::Array(names)) = table.get("scopes") else {
-            return Err(problem("has no `scopes` list"));
+        let names = match table.get("scopes") {
+            Some(Value::Array(names)) => names,
+            Some(other) => {
+                return Err(problem(&format!(
+                    "has `scopes` that is no list (a TOML {}): give a list such as [\"read\"]",
+                    other.type_str()
+                )))
+            }
+            None => return Err(problem("has no `scopes` list")),
         };
         let Some(names) = names
             .iter()

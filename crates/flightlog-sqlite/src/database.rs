@@ -771,14 +771,23 @@ fn check_path_shape(path: &Path) -> Result<(), StoreError> {
     }
     if let Ok(link) = std::fs::symlink_metadata(path) {
         let target = std::fs::metadata(path);
-        if link.file_type().is_symlink() && target.is_err() {
-            let points_to = std::fs::read_link(path)
-                .map(|target| target.display().to_string())
-                .unwrap_or_default();
-            return Err(StoreError::Backend(format!(
-                "{shown} is a symbolic link to {points_to}, which does not exist: remove the \
-                 link, or give the path of the database file itself"
-            )));
+        if link.file_type().is_symlink() {
+            if let Err(err) = &target {
+                let points_to = std::fs::read_link(path)
+                    .map(|target| target.display().to_string())
+                    .unwrap_or_default();
+                // Links that lead back to themselves fail with "Too many levels of symbolic
+                // links": their target exists, as a link (an audit saw "does not exist").
+                let what = if err.kind() == std::io::ErrorKind::NotFound {
+                    "which does not exist".to_owned()
+                } else {
+                    format!("which cannot be reached ({err})")
+                };
+                return Err(StoreError::Backend(format!(
+                    "{shown} is a symbolic link to {points_to}, {what}: remove the link, or give \
+                     the path of the database file itself"
+                )));
+            }
         }
         if let Ok(target) = target {
             if !target.is_file() && !target.is_dir() {

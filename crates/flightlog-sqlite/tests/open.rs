@@ -140,7 +140,18 @@ fn paths_that_cannot_be_a_database_say_why() {
     std::os::unix::fs::symlink(dir.path().join("gone.db"), &dangling).unwrap();
     let message = refusal(&dangling);
     assert!(
-        message.contains("symbolic link") && message.contains("gone.db"),
+        message.contains("symbolic link")
+            && message.contains("gone.db")
+            && message.contains("does not exist"),
+        "{message}"
+    );
+    // Two links to each other: their targets exist, as links (it said "does not exist").
+    let (loop_a, loop_b) = (dir.path().join("loop-a.db"), dir.path().join("loop-b.db"));
+    std::os::unix::fs::symlink(&loop_b, &loop_a).unwrap();
+    std::os::unix::fs::symlink(&loop_a, &loop_b).unwrap();
+    let message = refusal(&loop_a);
+    assert!(
+        message.contains("cannot be reached") && message.contains("levels of symbolic links"),
         "{message}"
     );
     // A FIFO (SQLite answered "disk I/O error").
