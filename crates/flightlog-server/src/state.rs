@@ -146,7 +146,13 @@ struct Shared {
     otlp_mapping: Arc<MappingOptions>,
     /// `GET /openapi.json`'s body, encoded once when the router is built (see [`crate::app`]).
     openapi_json: Arc<std::sync::OnceLock<axum::body::Bytes>>,
+    /// The methods each route template serves, from the same document (see
+    /// [`AppState::route_serves`]).
+    route_methods: Arc<std::sync::OnceLock<RouteMethods>>,
 }
+
+/// The methods each route template serves (`HEAD` wherever `GET` is: axum answers it).
+type RouteMethods = std::collections::HashMap<String, Vec<axum::http::Method>>;
 
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -179,6 +185,7 @@ impl AppState {
             metrics: Arc::new(Metrics::new()),
             otlp_mapping: Arc::new(MappingOptions::default()),
             openapi_json: Arc::new(std::sync::OnceLock::new()),
+            route_methods: Arc::new(std::sync::OnceLock::new()),
         };
         Self {
             shared: Arc::new(shared),
@@ -188,9 +195,42 @@ impl AppState {
     /// Keep the finished OpenAPI document, encoded, for `GET /openapi.json` (the first one
     /// wins: every router built over one state describes the same routes).
     pub(crate) fn set_openapi_document(&self, document: utoipa::openapi::OpenApi) {
+        use axum::http::Method;
+        let route_methods = document
+            .paths
+            .paths
+            .iter()
+            .map(|(template, item)| {
+                let methods = [
+                    (&item.get, Method::GET),
+                    (&item.get, Method::HEAD),
+                    (&item.head, Method::HEAD),
+                    (&item.post, Method::POST),
+                    (&item.put, Method::PUT),
+                    (&item.patch, Method::PATCH),
+                    (&item.delete, Method::DELETE),
+                ]
+                .into_iter()
+                .filter(|(operation, _)| operation.is_some())
+                .map(|(_, method)| method)
+                .collect();
+                (template.clone(), methods)
+            })
+            .collect();
+        let _ = self.shared.route_methods.set(route_methods);
         if let Ok(json) = serde_json::to_vec(&document) {
             let _ = self.shared.openapi_json.set(json.into());
         }
+    }
+
+    /// Whether the route of template `route` serves `method` (the router answers `405`
+    /// otherwise); `true` for a template the document does not know.
+    pub(crate) fn route_serves(&self, route: &str, method: &axum::http::Method) -> bool {
+        self.shared
+            .route_methods
+            .get()
+            .and_then(|routes| routes.get(route))
+            .is_none_or(|methods| methods.contains(method))
     }
 
     /// The encoded OpenAPI document, once the router is built.

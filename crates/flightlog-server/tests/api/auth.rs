@@ -354,6 +354,38 @@ async fn an_unknown_path_needs_a_token_before_it_is_a_404() {
     server.stop().await;
 }
 
+/// A method its route does not serve is the router's 405 with any valid token (an audit:
+/// `POST /healthz` with a read token was "lacks the `ingest` scope that POST /healthz needs",
+/// and 405 with an ingest one); without a token it is still a 401.
+#[tokio::test]
+async fn a_method_its_route_does_not_serve_is_a_405_with_any_token() {
+    let server = start_with_tokens().await;
+    for (method, template) in [
+        (Method::POST, "/healthz"),
+        (Method::DELETE, "/v1/activity/cursor"),
+        (Method::DELETE, "/v1/activity/spans/{spanId}"),
+        (Method::PUT, "/v1/engagements/{engagementId}/events"),
+        (Method::GET, "/v1/activity/maintenance/prune"),
+        (Method::GET, "/v1/testing/clock"),
+    ] {
+        let wrong = route(method.clone(), template, None, Needs::Nothing);
+        let what = format!("{method} {template}");
+        if template != "/healthz" {
+            assert_refused(
+                &call(&server, &wrong, None).await,
+                401,
+                "unauthorized",
+                &format!("{what}, no token"),
+            );
+        }
+        for (secret, _) in TOKENS {
+            let answer = call(&server, &wrong, Some(&format!("Bearer {secret}"))).await;
+            assert_eq!(answer.status.as_u16(), 405, "{what} with {secret}");
+        }
+    }
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn two_authorization_headers_are_refused_whatever_their_order() {
     let server = start_with_tokens().await;
