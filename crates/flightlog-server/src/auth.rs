@@ -11,7 +11,7 @@
 //! later (OTLP ingest, metrics, the web UI) gets the contract's scope without anyone remembering
 //! to list it; only a new *maintenance* route has to be added to [`ADMIN_ROUTES`]. A path no
 //! route serves needs any valid token (it then gets its 404), so probing without a token learns
-//! nothing about which paths exist.
+//! nothing about which paths exist; so does a method its route does not serve (its 405).
 //!
 //! Several OpenTelemetry SDKs make a Basic header easier to set than a Bearer one, so a token
 //! is also accepted as the password of `Authorization: Basic base64(user:token)` (the user
