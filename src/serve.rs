@@ -492,8 +492,9 @@ fn refuse_tokens_meant_but_misnamed(
     anyhow::bail!(
         "{names} {looks} for this server, but the tokens are read from {tokens} (or --token, or \
          the config file), and none is configured: rather than serve without authentication, \
-         flightlog does not start. Rename {it} to {tokens} to require that token, or unset {it} \
-         to serve without tokens",
+         flightlog does not start. Rename {it} to {tokens}, each token followed by its scopes \
+         ({tokens}=SECRET:read,ingest,admin for one with every scope; entries apart by `;`), to \
+         require that token, or unset {it} to serve without tokens",
         tokens = settings::TOKENS.env
     )
 }

@@ -2301,7 +2301,8 @@ fn hyphen_values_and_misspelled_variables_get_the_settings_messages() {
         );
         out.assert_refused(&[
             &format!("{misspelt} looks like a token for this server"),
-            "Rename it to FLIGHTLOG_TOKENS",
+            "Rename it to FLIGHTLOG_TOKENS, each token followed by its scopes",
+            "FLIGHTLOG_TOKENS=SECRET:read,ingest,admin",
             "or unset it",
         ]);
         assert!(
