@@ -94,9 +94,12 @@ pub const BEARER: &str = "bearerAuth";
             the password (any user name) is taken as the same token, for clients such as OTLP \
             exporters that make Basic easier to set. Without tokens the server is open.\n\n\
             Query parameters: on an operation that takes any, an unknown one is a 400 (a \
-            misspelt `limt=5` is not ignored); an operation that takes none ignores the query \
-            string (a cache-busting `?_=…`); a blank one (`limit=`, as a form sends an empty \
-            field and as the contract writes its queries) counts as not given.",
+            misspelt `limt=5` is not ignored); so is any on the activity, journal and testing \
+            operations that take none (ignored, `?expectedSeq=0` on an append would drop the \
+            guard it means to set), while `/healthz`, `/metrics`, `/openapi.json` and the OTLP \
+            operations ignore the query string, as probes and exporters may add one; a blank \
+            parameter (`limit=`, as a form sends an empty field and as the contract writes its \
+            queries) counts as not given.",
     ),
     tags(
         (name = tags::ACTIVITY, description = "Spans, runs and the change log: one operation per reference `ActivityStore` call."),
@@ -232,7 +235,13 @@ fn finish_operation(path: &str, method: &Method, operation: &mut Operation) {
         Access::Scope(scope) => add_security(operation, &[scope.name()]),
     }
     ids_are_bounded(operation);
+    // Every operation of the API's own areas reads its query: the ones that take no parameter
+    // refuse any (`crate::extract::NoQuery`).
+    let reads_its_query = ["/v1/activity/", "/v1/engagements", "/v1/testing/"]
+        .iter()
+        .any(|area| path.starts_with(area));
     let takes_input = operation.request_body.is_some()
+        || reads_its_query
         || operation
             .parameters
             .as_ref()
