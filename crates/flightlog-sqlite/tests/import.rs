@@ -52,6 +52,23 @@ fn span(span_id: &str, parent: Option<&str>, kind: SpanKind, started_at: i64) ->
     }
 }
 
+/// A span started natively (origin `session`, no attrs): a turn named `native` under no parent,
+/// which callers adjust.
+fn native_start(span_id: &str, run_id: &str, started_at: i64) -> StartSpanInput {
+    StartSpanInput {
+        span_id: span_id.into(),
+        run_id: run_id.into(),
+        parent_span_id: None,
+        name: "native".into(),
+        kind: SpanKind::Turn,
+        origin: SpanOrigin::Session,
+        session_id: None,
+        job_name: None,
+        attrs: None,
+        started_at: Some(started_at),
+    }
+}
+
 /// The run `run_id` as the run list shows it (among the newest ten).
 async fn listed_run(fx: &Fixture, run_id: &str) -> RunListEntry {
     let page = fx
@@ -692,16 +709,10 @@ async fn a_callee_rolled_up_as_the_root_loses_that_rollup_when_its_caller_adopts
 async fn native_root_with_an_event(fx: &Fixture, session_id: Option<&str>) {
     fx.store
         .start_span(StartSpanInput {
-            span_id: "root".into(),
-            run_id: "trace1".into(),
-            parent_span_id: None,
             name: "native name".into(),
-            kind: SpanKind::Turn,
-            origin: SpanOrigin::Session,
             session_id: session_id.map(str::to_owned),
-            job_name: None,
             attrs: Some(JsonObject::from_iter([("native".to_owned(), json!(true))])),
-            started_at: Some(900),
+            ..native_start("root", "trace1", 900)
         })
         .await
         .expect("the native start");
@@ -882,18 +893,7 @@ async fn a_completed_span_never_ends_before_the_start_it_keeps() {
 
     // Started natively at 2_050 (the server's clock); the exporter's copy says 2_000 .. 2_010.
     fx.store
-        .start_span(StartSpanInput {
-            span_id: "native".into(),
-            run_id: "trace2".into(),
-            parent_span_id: None,
-            name: "native".into(),
-            kind: SpanKind::Turn,
-            origin: SpanOrigin::Session,
-            session_id: None,
-            job_name: None,
-            attrs: None,
-            started_at: Some(2_050),
-        })
+        .start_span(native_start("native", "trace2", 2_050))
         .await
         .unwrap();
     let mut exported = span("native", None, SpanKind::Turn, 2_000);
@@ -974,19 +974,11 @@ async fn attrs_encoded_by_the_importer_are_stored_as_given_and_merged_on_complet
     whole.attrs = encoded(r#"{"b":1,"a":{"nested":[true,null]},"service.name":"agent"}"#);
     fx.store
         .start_span(StartSpanInput {
-            span_id: "open".into(),
-            run_id: "trace2".into(),
-            parent_span_id: None,
-            name: "native".into(),
-            kind: SpanKind::Turn,
-            origin: SpanOrigin::Session,
-            session_id: None,
-            job_name: None,
             attrs: Some(JsonObject::from_iter([
                 ("native".to_owned(), json!(true)),
                 ("b".to_owned(), json!("old")),
             ])),
-            started_at: Some(900),
+            ..native_start("open", "trace2", 900)
         })
         .await
         .unwrap();
@@ -1447,16 +1439,10 @@ async fn a_delivery_logs_its_changes_densely_in_delivery_order() {
     }
     fx.store
         .start_span(StartSpanInput {
-            span_id: "native".into(),
-            run_id: "run-0".into(),
             parent_span_id: Some("s0".into()),
             name: "after".into(),
             kind: SpanKind::Tool,
-            origin: SpanOrigin::Session,
-            session_id: None,
-            job_name: None,
-            attrs: None,
-            started_at: Some(2_000),
+            ..native_start("native", "run-0", 2_000)
         })
         .await
         .expect("started");
