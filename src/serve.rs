@@ -600,7 +600,7 @@ fn raise_open_file_limit(max_connections: usize) {
 /// Completes on the next Ctrl-C (SIGINT) or, on Unix, SIGTERM (what a container runtime or
 /// service manager sends) or SIGHUP (the terminal it ran in was closed: by default the process
 /// would die there and then, its WAL and lock file left behind, with no word; an audit's
-/// finding). A handler that cannot be installed never completes: the server then runs until
+/// finding), unless SIGHUP was ignored at the start (`nohup`). A handler that cannot be installed never completes: the server then runs until
 /// killed, which is what it would do without one.
 async fn stop_signal() {
     let ctrl_c = async {
@@ -614,7 +614,12 @@ async fn stop_signal() {
     #[cfg(not(unix))]
     let terminate = std::future::pending::<()>();
     #[cfg(unix)]
-    let hang_up = unix_signal(tokio::signal::unix::SignalKind::hangup(), "SIGHUP");
+    let hang_up = async {
+        if hang_up_ignored_at_start() {
+            std::future::pending::<()>().await;
+        }
+        unix_signal(tokio::signal::unix::SignalKind::hangup(), "SIGHUP").await;
+    };
     #[cfg(not(unix))]
     let hang_up = std::future::pending::<()>();
     tokio::select! {
@@ -622,6 +627,29 @@ async fn stop_signal() {
         () = terminate => {}
         () = hang_up => {}
     }
+}
+
+/// Whether SIGHUP was ignored when the process started (`nohup flightlog serve`, a service
+/// manager's setting): listening for it would undo what whoever started the server asked for,
+/// so a hang-up then stops nothing. Read from `/proc/self/status` before the first listener is
+/// installed (which clears the ignore) and kept; elsewhere than Linux, taken as not ignored.
+#[cfg(unix)]
+fn hang_up_ignored_at_start() -> bool {
+    static IGNORED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *IGNORED.get_or_init(|| {
+        /// SIGHUP is signal 1: bit 0 of the `SigIgn` mask.
+        const SIGHUP_BIT: u64 = 1;
+        cfg!(target_os = "linux")
+            && std::fs::read_to_string("/proc/self/status")
+                .ok()
+                .and_then(|status| {
+                    status
+                        .lines()
+                        .find_map(|line| line.strip_prefix("SigIgn:"))
+                        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+                })
+                .is_some_and(|mask| mask & SIGHUP_BIT != 0)
+    })
 }
 
 /// Completes on the next `kind` signal (never, said on stderr, when it cannot be listened for).

@@ -2182,6 +2182,35 @@ fn a_hang_up_stops_the_server_cleanly() {
     assert!(events.contains(r#""seq":0"#), "{events}");
 }
 
+/// Started with SIGHUP ignored (`nohup`), the server keeps it ignored: a hang-up stops nothing.
+#[test]
+fn a_hang_up_is_ignored_under_nohup() {
+    let scratch = Scratch::new("nohup");
+    let db = scratch.join("nohup.db");
+    let mut args: Vec<&OsStr> = vec![OsStr::new("serve"), OsStr::new("--db"), db.as_os_str()];
+    args.extend(LOOPBACK.map(OsStr::new));
+    let mut server = spawn_under(&["nohup"], scratch.path(), &args, &[]);
+    let (_, listening, _) = server.wait_for_exit_or_listening();
+    assert!(
+        listening,
+        "serve under nohup does not start:\n{}",
+        server.stderr
+    );
+    let addr = listening_addr(&server);
+    let pid = server.child.id().to_string();
+    let sent = Command::new("kill").args(["-HUP", &pid]).status();
+    assert!(sent.expect("run kill").success());
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        server.child.try_wait().expect("poll").is_none(),
+        "a hang-up stopped a server started under nohup"
+    );
+    let (status, body) = http_get(&addr, "/healthz");
+    assert_eq!(status, 200, "{body}");
+    let (exit, stdout, stderr) = stop_with_sigterm(server);
+    assert_eq!(exit.code(), Some(0), "{exit:?}\n{stdout}\n{stderr}");
+}
+
 #[test]
 fn a_clean_stop_leaves_everything_in_the_database_file_itself() {
     let scratch = Scratch::new("clean-stop");

@@ -192,8 +192,9 @@ impl AppState {
         }
     }
 
-    /// Keep the finished OpenAPI document, encoded, for `GET /openapi.json` (the first one
-    /// wins: every router built over one state describes the same routes).
+    /// Keep the finished OpenAPI document, encoded, for `GET /openapi.json`, and the methods
+    /// each of its routes serves, for the auth check (the first one wins: every router built
+    /// over one state describes the same routes).
     pub(crate) fn set_openapi_document(&self, document: utoipa::openapi::OpenApi) {
         use axum::http::Method;
         let route_methods = document
