@@ -2300,7 +2300,13 @@ fn hyphen_values_and_misspelled_variables_get_the_settings_messages() {
 
     // FLIGHTLOG_TOKENS' `SECRET:SCOPES` on the flag would be a token with every scope; a colon
     // followed by anything else is part of the secret.
-    for scoped in ["s3cr3t-value:read", "s3cr3t-value:read, ingest"] {
+    for scoped in [
+        "s3cr3t-value:read",
+        "s3cr3t-value:read, ingest",
+        "s3cr3t-value:read,",
+        "s3cr3t-value:read,,ingest",
+        "s3cr3t-value:read;",
+    ] {
         let mut args = serve_args(&db, &LOOPBACK);
         args.extend(["--token", "other-secret", "--token", scoped]);
         let out = run(scratch.path(), &args, &[]);

@@ -1364,11 +1364,17 @@ fn invalid(origin: &Origin<'_>, value: &str, fix: &str) -> SettingsError {
 
 /// Whether a `--token` secret is written as `SECRET:SCOPES`, the form of `FLIGHTLOG_TOKENS`:
 /// taken whole, it would be a token with every scope where fewer were meant (an audit's finding).
+/// Read as `FLIGHTLOG_TOKENS` reads an entry: a trailing `;` ends it, blank scope names are
+/// skipped (`x:read,` and `x:read;` are scoped there too).
 fn looks_scoped(secret: &str) -> bool {
-    secret.rsplit_once(':').is_some_and(|(_, scopes)| {
-        scopes
+    let entry = secret.trim().trim_end_matches([';', ' ']);
+    entry.rsplit_once(':').is_some_and(|(_, scopes)| {
+        let names: Vec<&str> = scopes
             .split(',')
-            .all(|name| Scope::parse(name.trim()).is_some())
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
+            .collect();
+        !names.is_empty() && names.iter().all(|name| Scope::parse(name).is_some())
     })
 }
 
