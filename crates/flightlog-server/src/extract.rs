@@ -15,7 +15,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Query, RawPathParams, Request};
 use axum::http::header::{CONTENT_ENCODING, CONTENT_TYPE};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use flightlog_core::activity::ActivityStore;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -301,19 +301,14 @@ impl<S: Send + Sync> FromRequestParts<S> for NoQuery {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        let Some(given) = parts.uri.query().and_then(|query| {
-            query
-                .split('&')
-                .find(|parameter| !is_blank_parameter(parameter))
-        }) else {
+        let Some(name) = first_given_parameter(&parts.uri) else {
             return Ok(NoQuery);
         };
-        let name = given.split_once('=').map_or(given, |(name, _)| name);
-        let name: String = name.chars().take(64).collect();
-        let hint = if parts.method == Method::GET {
-            ""
-        } else {
+        // A client sending a body with its parameters in the query meant them as its fields.
+        let hint = if parts.headers.contains_key(CONTENT_TYPE) {
             ": a write's fields go in its JSON body"
+        } else {
+            ""
         };
         Err(ApiError::invalid(format!(
             "unknown query parameter `{name}`: {} {} takes no query parameters{hint}",
@@ -321,6 +316,25 @@ impl<S: Send + Sync> FromRequestParts<S> for NoQuery {
             parts.uri.path()
         )))
     }
+}
+
+/// The name of the first parameter of `uri`'s query that is not blank (see [`ApiQuery`]),
+/// percent-decoded as the query's reader decodes it and cut to 64 characters; `None` when there
+/// is none.
+pub(crate) fn first_given_parameter(uri: &Uri) -> Option<String> {
+    let given = uri
+        .query()?
+        .split('&')
+        .find(|parameter| !is_blank_parameter(parameter))?;
+    let name = given.split_once('=').map_or(given, |(name, _)| name);
+    let name = name.replace('+', " ");
+    Some(
+        percent_encoding::percent_decode_str(&name)
+            .decode_utf8_lossy()
+            .chars()
+            .take(64)
+            .collect(),
+    )
 }
 
 /// axum's query rejection in the words of the rest of the API: "Failed to deserialize query

@@ -12,8 +12,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::{RawQuery, State};
-use axum::http::HeaderMap;
+use axum::extract::State;
+use axum::http::{HeaderMap, Uri};
 use axum::response::{IntoResponse, Response};
 use flightlog_core::activity::{ActivityChange, ActivityStore, ChangeDoorbell};
 use flightlog_core::journal::{EngagementEvent, EngagementJournal, JournalTail, TailBound};
@@ -24,7 +24,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{ApiQuery, PathId};
+use crate::extract::{first_given_parameter, ApiQuery, PathId};
 use crate::metrics::{StreamEnds, StreamKind};
 use crate::openapi::{tags, ENGAGEMENT_ID, RUN_ID};
 use crate::response_budget::ChunkedJson;
@@ -795,14 +795,16 @@ async fn run_stream(
     State(state): State<AppState>,
     headers: HeaderMap,
     PathId(run_id): PathId,
-    RawQuery(query): RawQuery,
+    uri: Uri,
 ) -> Result<impl IntoResponse, ApiError> {
     // The change stream takes `after`; a client that gave it here too got a full snapshot, not
-    // the changes after it, and no word (an audit's finding).
-    if let Some(query) = query.filter(|query| !query.is_empty()) {
+    // the changes after it, and no word (an audit's finding). A blank parameter counts as not
+    // given, as on every route.
+    if let Some(name) = first_given_parameter(&uri) {
         return Err(ApiError::invalid(format!(
-            "the run stream takes no query parameters (got {query:?}): it starts with the \
-             run's snapshot, and a reconnecting client resumes with the Last-Event-ID header"
+            "unknown query parameter `{name}`: the run stream takes no query parameters: it \
+             starts with the run's snapshot, and a reconnecting client resumes with the \
+             Last-Event-ID header"
         )));
     }
     let store = state.activity().clone();

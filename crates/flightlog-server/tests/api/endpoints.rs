@@ -1673,7 +1673,7 @@ async fn a_route_that_reads_no_query_parameter_refuses_one() {
                 && message.contains("takes no query parameters"),
             "{method} {path}: {message}"
         );
-        if method == Method::POST {
+        if body.is_some() {
             assert!(message.contains("JSON body"), "{path}: {message}");
         }
     }
@@ -1686,6 +1686,18 @@ async fn a_route_that_reads_no_query_parameter_refuses_one() {
         server.get("/v1/activity/cursor").await.assert_status(200),
         &cursor
     );
+    // The name as the query's reader decodes it; the body hint only when a body came.
+    let reply = server.get("/v1/activity/cursor?%61%2Bb=1").await;
+    let message = reply.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("unknown query parameter `a+b`") && !message.contains("JSON body"),
+        "{message}"
+    );
+    let reply = server
+        .send(Method::POST, "/v1/engagements/q/compact?x=1", None, None)
+        .await;
+    let message = reply.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(!message.contains("JSON body"), "{message}");
     // A blank query is no query.
     server
         .post("/v1/engagements/q/events?", &event)

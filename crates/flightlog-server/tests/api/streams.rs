@@ -621,8 +621,13 @@ async fn a_run_stream_starts_with_the_snapshot_and_follows_only_that_run() {
             .as_str()
             .unwrap_or_default();
         assert!(message.contains("Last-Event-ID"), "{message}");
+        let name = query.split('=').next().unwrap_or_default();
+        assert!(message.contains(&format!("`{name}`")), "{message}");
     }
-    drop(stream);
+    // A blank one counts as not given, as on every route (it was refused here alone).
+    let mut blank = SseClient::connect(&server, "/v1/activity/runs/r1/stream?after=&x", None).await;
+    assert_eq!(blank.next().await.event, "snapshot");
+    drop((stream, blank));
     server.stop().await;
 }
 
