@@ -2150,9 +2150,6 @@ fn serve_keeps_serving_and_stops_cleanly_when_its_stdout_is_closed() {
     assert!(exit.success(), "exit {exit:?}; stderr:\n{stderr}");
 }
 
-/// A clean stop (SIGTERM) used to leave the newest writes, and on a new file even the schema,
-/// only in the `-wal` file beside the database: copying the stopped server's database file, the
-/// natural backup, gave an empty or stale copy. Now the stop copies the WAL into the file.
 /// A closed terminal (SIGHUP) stops the server as Ctrl-C does: every write kept, the WAL folded
 /// into the file, exit status 0 (an audit's finding: by default SIGHUP killed it on the spot,
 /// exit 129, its WAL and lock file left behind).
@@ -2211,6 +2208,9 @@ fn a_hang_up_is_ignored_under_nohup() {
     assert_eq!(exit.code(), Some(0), "{exit:?}\n{stdout}\n{stderr}");
 }
 
+/// A clean stop (SIGTERM) used to leave the newest writes, and on a new file even the schema,
+/// only in the `-wal` file beside the database: copying the stopped server's database file, the
+/// natural backup, gave an empty or stale copy. Now the stop copies the WAL into the file.
 #[test]
 fn a_clean_stop_leaves_everything_in_the_database_file_itself() {
     let scratch = Scratch::new("clean-stop");
