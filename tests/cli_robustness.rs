@@ -405,9 +405,14 @@ fn listening_addr(server: &Spawned) -> String {
 /// `serve` on `db` (loopback, no gRPC), started in `scratch`; panics with its output unless it
 /// listens. The server and its address.
 fn serve_on(scratch: &Scratch, db: &Path) -> (Spawned, String) {
+    serve_under(&[], scratch, db)
+}
+
+/// [`serve_on`], the binary run by the command `wrapper` (see [`spawn_under`]).
+fn serve_under(wrapper: &[&str], scratch: &Scratch, db: &Path) -> (Spawned, String) {
     let mut args: Vec<&OsStr> = vec![OsStr::new("serve"), OsStr::new("--db"), db.as_os_str()];
     args.extend(LOOPBACK.map(OsStr::new));
-    let mut server = spawn(scratch.path(), &args, &[]);
+    let mut server = spawn_under(wrapper, scratch.path(), &args, &[]);
     let (_, listening, _) = server.wait_for_exit_or_listening();
     assert!(
         listening,
@@ -2157,7 +2162,9 @@ fn serve_keeps_serving_and_stops_cleanly_when_its_stdout_is_closed() {
 fn a_hang_up_stops_the_server_cleanly() {
     let scratch = Scratch::new("hang-up");
     let db = scratch.join("hung-up.db");
-    let (server, addr) = serve_on(&scratch, &db);
+    // SIGHUP at its default, whatever this test runs under (a suite started with `nohup` passes
+    // the ignore on to every process it starts).
+    let (server, addr) = serve_under(&["env", "--default-signal=HUP"], &scratch, &db);
     let (status, body) = http_post(
         &addr,
         "/v1/engagements/hang-up/events",
@@ -2184,16 +2191,7 @@ fn a_hang_up_stops_the_server_cleanly() {
 fn a_hang_up_is_ignored_under_nohup() {
     let scratch = Scratch::new("nohup");
     let db = scratch.join("nohup.db");
-    let mut args: Vec<&OsStr> = vec![OsStr::new("serve"), OsStr::new("--db"), db.as_os_str()];
-    args.extend(LOOPBACK.map(OsStr::new));
-    let mut server = spawn_under(&["nohup"], scratch.path(), &args, &[]);
-    let (_, listening, _) = server.wait_for_exit_or_listening();
-    assert!(
-        listening,
-        "serve under nohup does not start:\n{}",
-        server.stderr
-    );
-    let addr = listening_addr(&server);
+    let (mut server, addr) = serve_under(&["nohup"], &scratch, &db);
     let pid = server.child.id().to_string();
     let sent = Command::new("kill").args(["-HUP", &pid]).status();
     assert!(sent.expect("run kill").success());
