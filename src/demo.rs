@@ -328,16 +328,20 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
         if runs == 1 { "" } else { "s" },
         db_path.display()
     );
-    report_line!(
-        report,
-        "{:<34} {:<8} {:>6} {:>9} {:>9} {:>9}  failure",
-        "run",
-        "outcome",
-        "spans",
-        "in tok",
-        "out tok",
-        "cost $"
-    );
+    if run_ids.is_empty() {
+        report_line!(report, "(no finished runs: --runs 0)");
+    } else {
+        report_line!(
+            report,
+            "{:<34} {:<8} {:>6} {:>9} {:>9} {:>9}  failure",
+            "run",
+            "outcome",
+            "spans",
+            "in tok",
+            "out tok",
+            "cost $"
+        );
+    }
     // The newest runs only: a table of a hundred thousand lines shows nothing.
     let shown = run_ids.len().min(DEMO_TABLE_ROWS);
     if shown < run_ids.len() {

@@ -51,9 +51,14 @@ enum Command {
     /// Its last run stays open, as one whose agent went away does (sweep-stale closes it).
     Demo {
         /// The SQLite database file (created if missing).
-        /// [env: FLIGHTLOG_DB] [default: flightlog.db]
+        /// [env: FLIGHTLOG_DB] [file: db] [default: flightlog.db]
         #[arg(long, value_name = "PATH", verbatim_doc_comment)]
         db: Option<PathBuf>,
+        /// The config file `flightlog serve` reads: the demo records into its `db`, so the
+        /// server shows what the demo recorded. The file is checked as `serve` checks it.
+        /// [env: FLIGHTLOG_CONFIG]
+        #[arg(long, value_name = "PATH", verbatim_doc_comment)]
+        config: Option<PathBuf>,
         /// How many finished agent runs to simulate (0 to 100000).
         #[arg(
             long,
@@ -309,25 +314,17 @@ impl ServeArgs {
     }
 }
 
-/// The demo's database: `--db`, else `FLIGHTLOG_DB` unless it is empty (as `serve` reads it),
-/// else `flightlog.db`.
-fn demo_db(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    if let Some(path) = flag {
-        anyhow::ensure!(
-            !path.as_os_str().is_empty(),
-            "--db is empty: give the path of the database file"
-        );
-        return Ok(path);
-    }
-    // As `serve` reads it: a path that is not UTF-8 is refused, not used.
-    let env = flightlog_server::settings::DB.env;
-    match std::env::var(env) {
-        Ok(path) if !path.is_empty() => Ok(PathBuf::from(path)),
-        Err(std::env::VarError::NotUnicode(_)) => {
-            anyhow::bail!("{env} is not valid UTF-8: give a path in UTF-8 (or --db PATH)")
-        }
-        _ => Ok(PathBuf::from(flightlog_server::settings::DEFAULT_DB)),
-    }
+/// The demo's database, found as `serve` finds its own: `--db`, else `FLIGHTLOG_DB` unless it
+/// is empty, else the config file's `db` (`--config` or `FLIGHTLOG_CONFIG`), else
+/// `flightlog.db`. The other settings are checked too (a bad one would stop `serve` on the same
+/// file), but the demo uses none of them.
+fn demo_db(db: Option<PathBuf>, config: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let flags = ServeFlags {
+        db,
+        config,
+        ..ServeFlags::default()
+    };
+    Ok(serve::resolve_settings(&flags)?.db)
 }
 
 fn main() -> ExitCode {
@@ -344,7 +341,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Demo { db, runs } => match demo_db(db) {
+            Command::Demo { db, config, runs } => match demo_db(db, config) {
                 Ok(db) => demo::run(&db, runs as usize).await,
                 Err(err) => Err(err),
             },

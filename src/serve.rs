@@ -424,6 +424,13 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The settings `flags`, the process's `FLIGHTLOG_*` variables and the config file say, as
+/// `serve` resolves them (for `flightlog demo`, which records into the file `serve` would open).
+pub(crate) fn resolve_settings(flags: &ServeFlags) -> anyhow::Result<settings::ServeSettings> {
+    let environment = flightlog_environment()?;
+    Ok(settings::resolve(flags, &environment.settings)?)
+}
+
 /// The `FLIGHTLOG_*` variables of the process, as `serve` reads them.
 struct FlightlogEnvironment {
     /// The setting variables (the resolver takes the environment as a map, so its tests never

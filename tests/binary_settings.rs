@@ -606,3 +606,90 @@ fn a_database_with_another_hard_link_is_warned_about() {
     assert!(demo.status.success(), "{stderr}");
     assert!(stderr.contains("has 2 hard links"), "{stderr}");
 }
+
+/// `flightlog demo` records into the file `serve` would open: the config file's `db` (named by
+/// `--config` or `FLIGHTLOG_CONFIG`) when neither `--db` nor `FLIGHTLOG_DB` names one. It
+/// recorded into `./flightlog.db` whatever the config said, so a server started with that config
+/// showed none of it (an audit's finding). A config `serve` would refuse is refused here too.
+#[test]
+fn the_demo_records_into_the_database_the_config_file_names() {
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    let config_dir = dir.path().join("etc");
+    let work_dir = dir.path().join("work");
+    std::fs::create_dir_all(&config_dir).expect("make the config folder");
+    std::fs::create_dir_all(&work_dir).expect("make the working folder");
+    let config = config_dir.join("flightlog.toml");
+    // A relative `db` is relative to the file's folder, as `serve` reads it.
+    std::fs::write(&config, "db = \"from-config.db\"\n").expect("write the config");
+    let demo = |args: &[&str], env: &[(&str, &str)]| {
+        let mut command = Command::new(bin());
+        command.arg("demo").args(args).current_dir(&work_dir);
+        for (name, _) in std::env::vars() {
+            if name.starts_with("FLIGHTLOG") {
+                command.env_remove(name);
+            }
+        }
+        command.envs(env.iter().copied());
+        command.output().expect("run the demo")
+    };
+    let config_text = config.to_string_lossy().into_owned();
+
+    let by_variable = demo(&["--runs", "1"], &[("FLIGHTLOG_CONFIG", &config_text)]);
+    let stdout = String::from_utf8_lossy(&by_variable.stdout);
+    assert!(by_variable.status.success(), "{by_variable:?}");
+    assert!(stdout.contains("from-config.db"), "{stdout}");
+    assert!(config_dir.join("from-config.db").exists());
+    assert!(!work_dir.join("flightlog.db").exists(), "{stdout}");
+
+    let by_flag = demo(&["--runs", "1", "--config", &config_text], &[]);
+    assert!(by_flag.status.success(), "{by_flag:?}");
+    assert!(String::from_utf8_lossy(&by_flag.stdout).contains("from-config.db"));
+
+    // `--db` and `FLIGHTLOG_DB` come first, as for `serve`.
+    let flag_wins = demo(
+        &["--runs", "1", "--config", &config_text, "--db", "flag.db"],
+        &[],
+    );
+    assert!(flag_wins.status.success(), "{flag_wins:?}");
+    assert!(work_dir.join("flag.db").exists());
+    let variable_wins = demo(
+        &["--runs", "1", "--config", &config_text],
+        &[("FLIGHTLOG_DB", "variable.db")],
+    );
+    assert!(variable_wins.status.success(), "{variable_wins:?}");
+    assert!(work_dir.join("variable.db").exists());
+
+    // A config `serve` would refuse: refused, naming the file and the key, nothing recorded.
+    let bad = config_dir.join("bad.toml");
+    std::fs::write(&bad, "db = \"bad.db\"\ndurability = \"sometimes\"\n").expect("write it");
+    let refused = demo(&["--runs", "1", "--config", &bad.to_string_lossy()], &[]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("bad.toml") && stderr.contains("durability"),
+        "{stderr}"
+    );
+    assert!(!config_dir.join("bad.db").exists());
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// `flightlog demo --runs 0` says there are no finished runs instead of printing a table
+/// header with nothing under it; its running run is still shown.
+#[test]
+fn a_demo_of_no_finished_runs_says_so() {
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    let out = Command::new(bin())
+        .args(["demo", "--runs", "0", "--db"])
+        .arg(dir.path().join("none.db"))
+        .output()
+        .expect("run the demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout.contains("Recorded 0 finished runs and 1 running run"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("(no finished runs: --runs 0)"), "{stdout}");
+    assert!(!stdout.contains("in tok"), "{stdout}");
+    assert!(stdout.contains("Running now:"), "{stdout}");
+}
