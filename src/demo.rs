@@ -279,8 +279,12 @@ fn run_spacing_ms(runs: usize) -> i64 {
 }
 
 pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
-    let db = SqliteDatabase::open(SqliteConfig::new(db_path))
-        .with_context(|| format!("cannot open database {}", db_path.display()))?;
+    // As `serve` does: refused while a flightlog uses the file under another name.
+    let real_db = flightlog_sqlite::real_database_path(db_path);
+    let (db, _name_lock) = crate::file_name_lock::open_under_name_lock(&real_db, || {
+        SqliteDatabase::open(SqliteConfig::new(db_path))
+            .with_context(|| format!("cannot open database {}", db_path.display()))
+    })?;
     if let Some(warning) = crate::serve::hard_link_warning(db_path) {
         let _ = writeln!(std::io::stderr().lock(), "{warning}");
     }

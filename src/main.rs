@@ -22,6 +22,7 @@ macro_rules! say_err {
 }
 
 mod demo;
+mod file_name_lock;
 mod instance_lock;
 mod serve;
 

@@ -185,11 +185,15 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
         Durability::Normal => flightlog_sqlite::Durability::Normal,
         Durability::Full => flightlog_sqlite::Durability::Full,
     };
-    let db = SqliteDatabase::open(sqlite).with_context(|| {
-        format!(
-            "cannot open the database {} (--db, FLIGHTLOG_DB or `db` in the config file)",
-            settings.db.display()
-        )
+    // Held until the process ends: a flightlog on another name of this file (a hard link)
+    // would write its own `-wal` beside that name and lose writes (see `file_name_lock`).
+    let (db, _name_lock) = crate::file_name_lock::open_under_name_lock(&real_db, || {
+        SqliteDatabase::open(sqlite).with_context(|| {
+            format!(
+                "cannot open the database {} (--db, FLIGHTLOG_DB or `db` in the config file)",
+                settings.db.display()
+            )
+        })
     })?;
     let manual_clock = settings.manual_clock.then(|| Arc::new(ManualClock::new(0)));
     let clock: Arc<dyn Clock> = match &manual_clock {
@@ -684,8 +688,10 @@ fn warn_of_hard_links(db: &std::path::Path) {
 /// processes on two names of one file write it unaware of each other: one's writes are lost to
 /// the other (an audit lost 20 acknowledged writes that way), and the file itself is damaged
 /// ("2nd reference to page", found by another; the instance lock, named after the file, does
-/// not see it either). Not refused: a backup tool may link the file on purpose, and one name in
-/// use is safe.
+/// not see it either). A flightlog on another name of a file in use is refused
+/// (`file_name_lock`); the warning is for the rest (`sqlite3`, a tool on the other name later).
+/// A link alone is not refused: a backup tool may link the file on purpose, and one name in use
+/// is safe.
 pub(crate) fn hard_link_warning(db: &std::path::Path) -> Option<String> {
     use std::os::unix::fs::MetadataExt as _;
     let links = std::fs::metadata(db).ok()?.nlink();

@@ -693,3 +693,140 @@ fn a_demo_of_no_finished_runs_says_so() {
     assert!(!stdout.contains("in tok"), "{stdout}");
     assert!(stdout.contains("Running now:"), "{stdout}");
 }
+
+/// Two flightlogs on two names of one file (hard links): the second is refused before it
+/// touches the file, where it used to start with a warning, and each acknowledged writes the
+/// other never saw (an audit: 6 spans acknowledged, 3 left after a restart). Processes on the
+/// same name stay allowed (another instance, a demo), and the other name is free again once
+/// the first process has stopped.
+#[test]
+fn a_second_name_of_a_file_in_use_is_refused() {
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    let first_name = dir.path().join("flightlog.db");
+    std::fs::write(&first_name, b"").expect("make the file");
+    let second_name = dir.path().join("linked.db");
+    std::fs::hard_link(&first_name, &second_name).expect("link it");
+    let server = serve(dir.path(), &["--grpc-addr", "off"], &[]);
+    start_span(server.addr, "written-by-the-first");
+
+    let mut command = Command::new(bin());
+    command
+        .current_dir(dir.path())
+        .args([
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "off",
+            "--db",
+        ])
+        .arg(&second_name);
+    let serve_second_name = output_within(command, dir.path());
+    let stderr = String::from_utf8_lossy(&serve_second_name.stderr);
+    assert_eq!(serve_second_name.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("linked.db")
+            && stderr.contains("another name")
+            && stderr.contains("2 hard links"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        !dir.path().join("linked.db-wal").exists(),
+        "refused before SQLite opened the file"
+    );
+    let mut command = Command::new(bin());
+    command
+        .args(["demo", "--runs", "1", "--db"])
+        .arg(&second_name);
+    let demo_second_name = output_within(command, dir.path());
+    let stderr = String::from_utf8_lossy(&demo_second_name.stderr);
+    assert!(!demo_second_name.status.success(), "{stderr}");
+    assert!(stderr.contains("another name"), "{stderr}");
+
+    // The same name: a demo and a second instance work beside the first server.
+    let mut command = Command::new(bin());
+    command
+        .args(["demo", "--runs", "1", "--db"])
+        .arg(&first_name);
+    let demo_same_name = output_within(command, dir.path());
+    assert!(demo_same_name.status.success(), "{demo_same_name:?}");
+    let mut command = Command::new(bin());
+    command
+        .current_dir(dir.path())
+        .args(["serve", "--addr", "127.0.0.1:0", "--grpc-addr", "off"])
+        .args(["--instance", "another-instance", "--db"])
+        .arg(&first_name);
+    let other_instance = ServeProcess::spawn(command, START_TIMEOUT);
+    start_span(other_instance.addr, "written-by-the-second-instance");
+    let (status, _) = request(
+        server.addr,
+        "GET",
+        "/v1/activity/spans/written-by-the-second-instance",
+        None,
+    );
+    assert_eq!(
+        status, 200,
+        "one file, one log: each server reads the other's writes"
+    );
+    stop(other_instance);
+    stop(server);
+
+    // Free again: the other name serves the same file, with everything written before.
+    let mut command = Command::new(bin());
+    command
+        .current_dir(dir.path())
+        .args([
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "off",
+            "--db",
+        ])
+        .arg(&second_name);
+    let on_second_name = ServeProcess::spawn(command, START_TIMEOUT);
+    for span in ["written-by-the-first", "written-by-the-second-instance"] {
+        let (status, body) = request(
+            on_second_name.addr,
+            "GET",
+            &format!("/v1/activity/spans/{span}"),
+            None,
+        );
+        assert_eq!(status, 200, "{span}: {body}");
+    }
+    stop(on_second_name);
+}
+
+/// Run `command` (with no `FLIGHTLOG_*` variable inherited) to its end, its output collected in
+/// files under `dir`; a process still running after a minute is killed and the test fails (a
+/// server that should have been refused would otherwise keep the test waiting for ever).
+fn output_within(mut command: Command, dir: &Path) -> std::process::Output {
+    let stdout_path = dir.join("command.stdout");
+    let stderr_path = dir.join("command.stderr");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("FLIGHTLOG") {
+            command.env_remove(&name);
+        }
+    }
+    command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&stdout_path).expect("an output file"))
+        .stderr(std::fs::File::create(&stderr_path).expect("an output file"));
+    let mut child = command.spawn().expect("start the command");
+    let status = support::wait_at_most(&mut child, START_TIMEOUT);
+    let read = |path: &Path| std::fs::read(path).unwrap_or_default();
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "{command:?} still ran after {START_TIMEOUT:?}:\n{}",
+            String::from_utf8_lossy(&read(&stderr_path))
+        );
+    };
+    std::process::Output {
+        status,
+        stdout: read(&stdout_path),
+        stderr: read(&stderr_path),
+    }
+}

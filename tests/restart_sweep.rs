@@ -263,17 +263,20 @@ fn a_second_live_server_of_one_instance_is_refused_and_closes_nothing() {
     let _ = first.stop(STOP_TIMEOUT);
     let next = serve(&scratch.0, &db, &["--instance", "shared"]);
     assert_eq!(span(next.addr, "live")["outcome"], "interrupted");
-    let lock_files = || {
+    let lock_files = |containing: &str| {
         std::fs::read_dir(&scratch.0)
             .expect("list the folder")
             .filter_map(|entry| entry.ok())
-            .filter(|entry| entry.file_name().to_string_lossy().ends_with(".lock"))
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".lock") && name.contains(containing))
             .count()
     };
-    assert_eq!(lock_files(), 1);
+    // The instance's lock, and the name's (`file_name_lock`).
+    assert_eq!(lock_files("-serve-"), 1);
+    assert_eq!(lock_files("-name.lock"), 1);
     stop(next);
-    // A clean exit removes its lock file.
-    assert_eq!(lock_files(), 0);
+    // A clean exit removes its lock files.
+    assert_eq!(lock_files(""), 0);
 }
 
 /// Under `--manual-clock` the clock starts at 0 at each boot, so the boot sweep closed a
