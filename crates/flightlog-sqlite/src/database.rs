@@ -1042,7 +1042,7 @@ impl SqliteDatabase {
             wal_hard_cap_frames: config.wal_hard_cap_frames.clamp(256, 1 << 20),
             stop: Arc::clone(&stop_writer),
             shutting_down: Arc::clone(&shutting_down),
-            file: WatchedFile::new(&config.path),
+            opened_files: Arc::clone(&opened_files),
             _watcher_alive: watcher_alive,
         };
         let writer_thread = std::thread::Builder::new()
@@ -1238,7 +1238,7 @@ impl SqliteDatabase {
     /// at the path, and the writer refuses every write. One `stat`: cheap enough for a health
     /// check.
     pub fn check_file(&self) -> Result<(), StoreError> {
-        self.opened_files.database.check()?;
+        self.opened_files.check()?;
         self.disk_failure.check()
     }
 
@@ -1744,6 +1744,12 @@ impl Checkpointer {
             // One `stat` a period: a file replaced under the process gets its WAL out of the
             // replacement's way at once, not only at a clean stop (a crash would leave it).
             self.opened_files.secure_if_lost(false);
+            // And one for the `-wal`: found deleted, what it holds is copied into the file at
+            // once (through this connection's descriptor of the deleted log), not left for a
+            // crash to lose.
+            if self.opened_files.note_if_wal_lost() {
+                let _ = self.passive_checkpoint();
+            }
             idle_looks = if self.anyone_committed() {
                 0
             } else {
@@ -1892,8 +1898,9 @@ struct GroupCommitWriter {
     shutting_down: Arc<AtomicBool>,
     /// Never sent on: dropped with the writer, which ends the commit watcher.
     _watcher_alive: std::sync::mpsc::SyncSender<()>,
-    /// The database file as opened, checked before every commit (see [`WatchedFile`]).
-    file: WatchedFile,
+    /// The database file and its `-wal` as opened, checked before every commit (see
+    /// [`OpenedFiles::check`]).
+    opened_files: Arc<OpenedFiles>,
 }
 
 /// The database file's path and its identity (device and inode) when this process opened it.
@@ -1992,6 +1999,11 @@ pub(crate) struct OpenedFiles {
     companions: [Option<(u64, u64)>; 2],
     /// What was moved aside, for `close` to say.
     moved: Mutex<Vec<String>>,
+    /// The `-wal` as this process opened it (see [`OpenedFiles::note_if_wal_lost`]).
+    wal: WatchedFile,
+    /// Set, for good, once the `-wal` was found deleted or replaced while the file itself was
+    /// still there: every write is refused from then on.
+    wal_lost: AtomicBool,
 }
 
 impl OpenedFiles {
@@ -2002,9 +2014,45 @@ impl OpenedFiles {
             real: WatchedFile::new(&resolved),
             companions: COMPANION_SUFFIXES
                 .map(|suffix| file_identity(&companion_path(&resolved, suffix))),
+            wal: WatchedFile::new(&companion_path(&resolved, "-wal")),
+            wal_lost: AtomicBool::new(false),
             resolved,
             missing_looks: std::sync::atomic::AtomicU32::new(0),
             moved: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Whether writes may go on: `Err(FileLost)` when the database file is no longer at its
+    /// path (see [`WatchedFile`]) or its `-wal` was lost (see [`Self::note_if_wal_lost`]). One
+    /// `stat` and one atomic load: the writer asks before every commit, `/healthz` on each call.
+    pub(crate) fn check(&self) -> Result<(), StoreError> {
+        self.database.check()?;
+        if self.wal_lost.load(Ordering::Acquire) {
+            return Err(StoreError::FileLost(format!(
+                "the write-ahead log {} was deleted or replaced while this process had it open: \
+                 SQLite writes on into the deleted file, which a crash would lose, so no write is \
+                 taken any more. Stop the server cleanly (Ctrl-C or SIGTERM), which copies what \
+                 it holds into the database file, and start it again (the start makes a new log)",
+                self.wal.path.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Note, once, that the `-wal` this process opened is no longer at its path while the
+    /// database file still is (an `rm` of it, a cleanup script): SQLite keeps writing the
+    /// deleted file through its open descriptor, so every write acknowledged from then on, and
+    /// every one not yet copied into the database file, would be gone after a crash (an audit
+    /// lost 4 of 5 acknowledged spans that way, `/healthz` saying ok). `true` when this look is
+    /// the one that found it, so the caller copies the log into the file at once. A database file
+    /// itself lost is [`Self::secure_if_lost`]'s, which moves the `-wal` away on purpose.
+    fn note_if_wal_lost(&self) -> bool {
+        if self.wal_lost.load(Ordering::Acquire) || self.real.look() != Look::Same {
+            return false;
+        }
+        match self.wal.look() {
+            Look::Missing | Look::Replaced => !self.wal_lost.swap(true, Ordering::AcqRel),
+            Look::Same | Look::Unknown => false,
         }
     }
 
@@ -2534,7 +2582,7 @@ impl GroupCommitWriter {
         // The file at the path must still be the one written: a commit into a deleted or
         // replaced one would be acknowledged and lost (see `WatchedFile`). Rolled back instead,
         // so the group fails clean; every later group fails the same way.
-        self.file.check()?;
+        self.opened_files.check()?;
         let committing = Instant::now();
         let committed = self.commit();
         if committed.is_ok() {
