@@ -100,6 +100,25 @@ pub fn write_js_double(out: &mut Vec<u8>, value: f64) {
     }
 }
 
+/// An optional double field written as JavaScript writes a number where it is a whole one
+/// (`#[serde(serialize_with = "optional_js_whole_double")]`): `3`, not serde's `3.0`, so a
+/// client comparing types strictly reads what the reference writes for `costUsd` (an audit's
+/// finding: every whole cost differed). Other values are written as serde writes a double (the
+/// same value; the digits may be placed differently from JavaScript's for tiny or huge ones).
+pub fn optional_js_whole_double<S: serde::Serializer>(
+    value: &Option<f64>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        None => serializer.serialize_none(),
+        Some(value) => match exact_integer(*value) {
+            // `-0.0` too: JavaScript writes it `0`.
+            Some(whole) => serializer.serialize_some(&whole),
+            None => serializer.serialize_some(value),
+        },
+    }
+}
+
 /// [`write_js_double`]'s text as a string (the summaries' numbers).
 pub fn js_double_text(value: f64) -> String {
     let mut out = Vec::with_capacity(24);
@@ -122,6 +141,28 @@ mod tests {
 
     fn read(json: &str) -> Result<Fields, String> {
         serde_json::from_str(json).map_err(|err| err.to_string())
+    }
+
+    #[derive(serde::Serialize)]
+    struct Cost {
+        #[serde(serialize_with = "optional_js_whole_double")]
+        cost: Option<f64>,
+    }
+
+    #[test]
+    fn whole_doubles_are_written_as_javascript_writes_them() {
+        for (cost, json) in [
+            (Some(3.0), r#"{"cost":3}"#),
+            (Some(0.0), r#"{"cost":0}"#),
+            (Some(-0.0), r#"{"cost":0}"#),
+            (Some(999_999_999_999_999.0), r#"{"cost":999999999999999}"#),
+            (Some(0.1), r#"{"cost":0.1}"#),
+            (Some(2.5), r#"{"cost":2.5}"#),
+            (None, r#"{"cost":null}"#),
+        ] {
+            let written = serde_json::to_string(&Cost { cost }).unwrap_or_default();
+            assert_eq!(written, json, "{cost:?}");
+        }
     }
 
     #[test]

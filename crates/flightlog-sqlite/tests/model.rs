@@ -124,7 +124,8 @@ impl ModelUsage {
             }
         }
         if let Some(cost) = self.cost_usd {
-            usage.insert("costUsd".to_owned(), json!(cost));
+            // Written as JavaScript writes it (`3`, not `3.0`), as the store writes it.
+            usage.insert("costUsd".to_owned(), js_normalized(&json!(cost)));
         }
         if let Some(model) = &self.model {
             usage.insert("model".to_owned(), json!(model));
@@ -259,7 +260,7 @@ impl ModelRollup {
         put("outputTokens", json!(self.output_tokens));
         put("cacheReadTokens", json!(self.cache_read_tokens));
         put("cacheCreationTokens", json!(self.cache_creation_tokens));
-        put("costUsd", json!(self.cost_usd));
+        put("costUsd", js_normalized(&json!(self.cost_usd)));
         put("failureReason", json!(self.failure_reason));
         put("detailPruned", json!(self.detail_pruned));
         Value::Object(row)

@@ -103,6 +103,7 @@ pub struct RunListEntry {
     #[cfg_attr(feature = "openapi", schema(required = true))]
     pub cache_creation_tokens: Option<i64>,
     #[cfg_attr(feature = "openapi", schema(required = true))]
+    #[serde(serialize_with = "crate::json_number::optional_js_whole_double")]
     pub cost_usd: Option<f64>,
     #[cfg_attr(feature = "openapi", schema(required = true))]
     pub failure_reason: Option<String>,

@@ -207,7 +207,11 @@ pub struct SpanUsage {
         schema(nullable = false, minimum = 0, maximum = 9_007_199_254_740_991_i64)
     )]
     pub cache_creation_tokens: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "crate::json_number::optional_js_whole_double"
+    )]
     #[cfg_attr(feature = "openapi", schema(nullable = false, minimum = 0))]
     pub cost_usd: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -411,6 +415,7 @@ pub struct RunRollupRow {
     #[cfg_attr(feature = "openapi", schema(required = true))]
     pub cache_creation_tokens: Option<i64>,
     #[cfg_attr(feature = "openapi", schema(required = true))]
+    #[serde(serialize_with = "crate::json_number::optional_js_whole_double")]
     pub cost_usd: Option<f64>,
     #[cfg_attr(feature = "openapi", schema(required = true))]
     pub failure_reason: Option<String>,
