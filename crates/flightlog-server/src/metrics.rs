@@ -768,13 +768,26 @@ impl ScrapeValues {
             start,
         );
         for sample in &self.backend {
-            match sample.kind {
-                MetricKind::Counter => {
+            // Counts are written as integers, as the server's own are (`3`, not `3.0`); a
+            // duration (`_seconds`) stays a float even when whole, so its type never changes.
+            let count = (!sample.name.ends_with("_seconds"))
+                .then(|| flightlog_core::json_number::exact_integer(sample.value))
+                .flatten();
+            match (sample.kind, count) {
+                (MetricKind::Counter, Some(count)) if count >= 0 => {
+                    let counter: Counter = Counter::default();
+                    counter.inc_by(count.unsigned_abs());
+                    registry.register(sample.name, sample.help, counter);
+                }
+                (MetricKind::Gauge, Some(count)) => {
+                    registry.register(sample.name, sample.help, gauge_i64(count));
+                }
+                (MetricKind::Counter, _) => {
                     let counter: Counter<f64, AtomicU64> = Counter::default();
                     counter.inc_by(sample.value);
                     registry.register(sample.name, sample.help, counter);
                 }
-                MetricKind::Gauge => {
+                (MetricKind::Gauge, None) => {
                     let gauge: Gauge<f64, AtomicU64> = Gauge::default();
                     gauge.set(sample.value);
                     registry.register(sample.name, sample.help, gauge);
@@ -919,6 +932,8 @@ mod tests {
             backend: vec![
                 BackendMetric::counter("flightlog_test_writes", "Writes", 12.0),
                 BackendMetric::gauge("flightlog_test_queue_depth", "Queued", 3.0),
+                BackendMetric::counter("flightlog_test_busy_seconds", "Busy", 2.0),
+                BackendMetric::gauge("flightlog_test_ratio", "A ratio", 0.5),
             ],
             response_budget: BudgetUsage {
                 total_bytes: 8 << 20,
@@ -968,10 +983,13 @@ mod tests {
             "flightlog_http_idle_connections_closed_total 3\n",
             "process_start_time_seconds 1.5\n",
             "# TYPE flightlog_test_writes_total counter\n",
-            "flightlog_test_writes_total 12.0\n",
+            "flightlog_test_writes_total 12\n",
             "# HELP flightlog_test_queue_depth Queued.\n",
             "# TYPE flightlog_test_queue_depth gauge\n",
-            "flightlog_test_queue_depth 3.0\n",
+            "flightlog_test_queue_depth 3\n",
+            // A duration stays a float, whole or not; a fraction is one.
+            "flightlog_test_busy_seconds_total 2.0\n",
+            "flightlog_test_ratio 0.5\n",
             "flightlog_http_response_budget_bytes 8388608\n",
             "flightlog_http_response_budget_held_bytes 1048576\n",
             "flightlog_http_large_responses_refused_total 2\n",

@@ -391,6 +391,35 @@ async fn the_sqlite_writer_its_queue_and_its_files_are_exported() {
     let after = scrape(&server).await;
     assert!(value(&after, "flightlog_sqlite_writer_writes_total") >= writes + 1.0);
     assert!(value(&after, "flightlog_sqlite_writer_transactions_total") >= transactions + 1.0);
+    // Counts are written as integers, as the server's own are (they were `3.0`, an audit
+    // found); durations stay floats.
+    let text = server
+        .client
+        .get(format!("{}/metrics", server.base))
+        .send()
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("the exposition");
+    let sample_text = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("{name} is not exported"))
+            .to_owned()
+    };
+    for count in [
+        "flightlog_sqlite_writer_transactions_total",
+        "flightlog_sqlite_writer_writes_total",
+        "flightlog_sqlite_database_bytes",
+    ] {
+        let written = sample_text(count);
+        assert!(
+            written.bytes().all(|byte| byte.is_ascii_digit()),
+            "{count} {written}"
+        );
+    }
+    assert!(sample_text("flightlog_sqlite_writer_commit_seconds_total").contains('.'));
     server.stop().await;
 }
 
