@@ -2453,7 +2453,8 @@ impl GroupCommitWriter {
                     {
                         return Err(StoreError::Busy(format!(
                             "the server is stopping and another process holds the database's \
-                             write lock; this write waited {:.1} s for it and was not made: \
+                             write lock; the writer waited {:.1} s for it with this write \
+                             (after any wait for its turn in the queue), which was not made: \
                              send it again (to another server on this database, or to this \
                              one once it is back)",
                             waited.as_secs_f64()
@@ -2461,9 +2462,10 @@ impl GroupCommitWriter {
                     }
                     if waited >= self.lock_retry_budget {
                         return Err(StoreError::Busy(format!(
-                            "another process holds the database's write lock; this write \
-                             waited {:.1} s for it, the most a write waits ({} ms; \
-                             `flightlog serve --write-lock-wait-ms` sets it)",
+                            "another process holds the database's write lock; the writer \
+                             waited {:.1} s for it with this write (after any wait for its turn \
+                             in the queue), the most it waits ({} ms; `flightlog serve \
+                             --write-lock-wait-ms` sets it)",
                             waited.as_secs_f64(),
                             self.lock_retry_budget.as_millis()
                         )));
