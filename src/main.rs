@@ -227,7 +227,8 @@ struct ServeArgs {
     )]
     stale_after_ms: Option<String>,
     /// Count a run as stuck when its root has been open this long, in ms, or `off`: named
-    /// once in the output, counted in the flightlog_runs_stuck gauge of /metrics.
+    /// once in the output, counted in the flightlog_runs_stuck gauge of /metrics (0 while the
+    /// check is off).
     /// [env: FLIGHTLOG_STUCK_AFTER_MS] [file: maintenance.stuck_after_ms] [default: 3600000 = 1 hour]
     #[arg(
         long,
@@ -237,7 +238,8 @@ struct ServeArgs {
     )]
     stuck_after_ms: Option<String>,
     /// Delete the spans, events and change rows of runs that ended this long ago, in ms,
-    /// keeping their rollups (usage, cost, outcome), or `off` to keep all detail.
+    /// keeping their rollups (usage, cost, outcome), or `off` to keep all detail (the change
+    /// log too: its trim to the newest 100,000 changes is part of the prune).
     /// [env: FLIGHTLOG_PRUNE_AFTER_MS] [file: maintenance.prune_after_ms] [default: 2592000000 = 30 days]
     #[arg(
         long,
