@@ -318,6 +318,35 @@ impl<S: Send + Sync> FromRequestParts<S> for NoQuery {
     }
 }
 
+/// On a `POST` route that reads no body (a rollup, a compaction, the orphan sweep): an empty
+/// body or `{}` (what a client library sends for "no fields"), else `400` naming the member, as
+/// every write refuses a member it does not define; a body that is not JSON is a `415` or a
+/// `400` as elsewhere. Ignored, `{"outcome": "error"}` on a rollup or `{"staleAfterMs": 0}` on
+/// the orphan sweep read as done while meaning something else (an audit's finding).
+#[derive(Debug)]
+pub struct NoBody;
+
+/// The members a body of a route that reads none may have: none (`{}`).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoMembers {}
+
+impl FromRequest<AppState> for NoBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        let path = req.uri().path().to_owned();
+        let method = req.method().clone();
+        match OptionalJsonBody::<NoMembers>::from_request(req, state).await {
+            Ok(_) => Ok(NoBody),
+            Err(ApiError::InvalidRequest(message)) => Err(ApiError::InvalidRequest(format!(
+                "{method} {path} takes no body (send none, or {{}}): {message}"
+            ))),
+            Err(other) => Err(other),
+        }
+    }
+}
+
 /// The name of the first parameter of `uri`'s query that is not blank (see [`ApiQuery`]),
 /// percent-decoded as the query's reader decodes it and cut to 64 characters; `None` when there
 /// is none.

@@ -22,8 +22,8 @@ use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody, PATH_SEGMENT};
 use crate::extract::{
-    from_utf8_json, json_body_bytes, parse_json, ApiQuery, JsonBody, NoQuery, OptionalJsonBody,
-    PathId, WriterStore,
+    from_utf8_json, json_body_bytes, parse_json, ApiQuery, JsonBody, NoBody, NoMembers, NoQuery,
+    OptionalJsonBody, PathId, WriterStore,
 };
 use crate::openapi::{tags, LARGE_RESPONSE_BUSY, RUN_ID, SPAN_ID};
 use crate::response_budget::{self, ChunkedJson};
@@ -474,15 +474,17 @@ async fn close_run(
     tag = tags::ACTIVITY,
     operation_id = "rollupRun",
     params(("runId" = String, Path, description = RUN_ID), WriterStore),
+    request_body = Option<NoMembers>,
     responses(
         (status = 204, description = "Rolled up (a run without spans is left alone)."),
-        (status = 400, description = "An invalid id.", body = ErrorBody),
+        (status = 400, description = "An invalid id, or a body with a member (it takes none: send no body, or `{}`).", body = ErrorBody),
     ),
 )]
 async fn rollup_run(
     _: NoQuery,
     WriterStore(store): WriterStore,
     PathId(run_id): PathId,
+    _: NoBody,
 ) -> Result<StatusCode, ApiError> {
     store.rollup_run(&run_id).await?;
     Ok(StatusCode::NO_CONTENT)

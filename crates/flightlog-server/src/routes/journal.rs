@@ -21,7 +21,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{ApiQuery, JsonBody, NoQuery, PathId};
+use crate::extract::{ApiQuery, JsonBody, NoBody, NoMembers, NoQuery, PathId};
 use crate::openapi::{tags, ENGAGEMENT_ID, LARGE_RESPONSE_BUSY};
 use crate::state::AppState;
 use crate::validate::{check_limit, check_time};
@@ -353,15 +353,17 @@ async fn board(
     tag = tags::MAINTENANCE,
     operation_id = "compactEngagement",
     params(("engagementId" = String, Path, description = ENGAGEMENT_ID)),
+    request_body = Option<NoMembers>,
     responses(
         (status = 204, description = "Compacted, or left alone by the rules (or unknown)."),
-        (status = 400, description = "A bad id, or a budget total of the engagement that is not a finite number (summed past the largest double): the reference's compaction throws a TypeError there, and nothing is changed.", body = ErrorBody),
+        (status = 400, description = "A bad id, a body with a member (it takes none: send no body, or `{}`), or a budget total of the engagement that is not a finite number (summed past the largest double): the reference's compaction throws a TypeError there, and nothing is changed.", body = ErrorBody),
     ),
 )]
 async fn compact(
     _: NoQuery,
     State(state): State<AppState>,
     PathId(engagement_id): PathId,
+    _: NoBody,
 ) -> Result<StatusCode, ApiError> {
     // `false` (left alone by the rules, or unknown) is not an error: the reference's `compact`
     // returns nothing either way.

@@ -16,7 +16,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{JsonBody, NoQuery, SweeperStore, WriterStore};
+use crate::extract::{JsonBody, NoBody, NoMembers, NoQuery, SweeperStore, WriterStore};
 use crate::openapi::tags;
 use crate::state::AppState;
 use crate::validate::{check_limit, check_optional_time, check_time};
@@ -54,11 +54,16 @@ struct SweepStaleBody {
     tag = tags::MAINTENANCE,
     operation_id = "sweepOwnOrphans",
     params(WriterStore),
-    responses((status = 200, description = "How many spans were closed.", body = Closed)),
+    request_body = Option<NoMembers>,
+    responses(
+        (status = 200, description = "How many spans were closed.", body = Closed),
+        (status = 400, description = "A body with a member (it takes none: send no body, or `{}`).", body = ErrorBody),
+    ),
 )]
 async fn sweep_orphans(
     _: NoQuery,
     WriterStore(store): WriterStore,
+    _: NoBody,
 ) -> Result<Json<Closed>, ApiError> {
     let closed = store.sweep_own_orphans().await?;
     Ok(Json(Closed { closed }))

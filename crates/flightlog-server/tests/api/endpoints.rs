@@ -1619,6 +1619,70 @@ async fn blank_query_parameters_count_as_absent_and_unknown_ones_are_refused() {
     server.stop().await;
 }
 
+/// A `POST` route that reads no body (rollup, compaction, orphan sweep) takes none, `{}` or
+/// whitespace, and refuses a body with a member (it was ignored: `{"staleAfterMs": 0}` on the
+/// orphan sweep, an audit's finding), a body that is not an object, and one that is not JSON.
+/// Nothing refused is done.
+#[tokio::test]
+async fn a_route_that_reads_no_body_refuses_members() {
+    let server = TestServer::start().await;
+    server
+        .post("/v1/activity/spans", &start_input("s1", "r1", None, 1000))
+        .await
+        .assert_status(201);
+    let routes = [
+        "/v1/activity/runs/r1/rollup",
+        "/v1/engagements/q/compact",
+        "/v1/activity/maintenance/sweep-orphans",
+    ];
+    for path in routes {
+        let member = server.post(path, &json!({"staleAfterMs": 0})).await;
+        member.assert_error(400, "invalid_request");
+        let message = member.body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("takes no body") && message.contains("staleAfterMs"),
+            "{path}: {message}"
+        );
+        server
+            .post(path, &json!([]))
+            .await
+            .assert_error(400, "invalid_request");
+        server
+            .send_raw(Method::POST, path, Some("text/plain"), "x")
+            .await
+            .assert_error(415, "unsupported_media_type");
+        server
+            .send_raw(Method::POST, path, Some("application/json"), "{")
+            .await
+            .assert_error(400, "invalid_request");
+    }
+    // Nothing refused was done: no rollup yet, the span still open.
+    server
+        .get("/v1/activity/runs/r1/rollup")
+        .await
+        .assert_status(404);
+    let span = server.get("/v1/activity/spans/s1").await;
+    assert_eq!(span.assert_status(200)["outcome"], Value::Null);
+    for path in routes {
+        let expected = if path.ends_with("sweep-orphans") {
+            200
+        } else {
+            204
+        };
+        server.post_empty(path).await.assert_status(expected);
+        server.post(path, &json!({})).await.assert_status(expected);
+        server
+            .send_raw(Method::POST, path, Some("application/json"), " \n")
+            .await
+            .assert_status(expected);
+    }
+    server
+        .get("/v1/activity/runs/r1/rollup")
+        .await
+        .assert_status(200);
+    server.stop().await;
+}
+
 /// A route that reads no query parameter refuses one (an audit's finding: ignored, the guard
 /// of `?expectedSeq=0` on an append was dropped without a word, and the append went through at
 /// seq 1). A blank query still counts as none.
