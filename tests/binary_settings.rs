@@ -708,20 +708,24 @@ fn a_second_name_of_a_file_in_use_is_refused() {
     std::fs::hard_link(&first_name, &second_name).expect("link it");
     let server = serve(dir.path(), &["--grpc-addr", "off"], &[]);
     start_span(server.addr, "written-by-the-first");
+    // `flightlog serve` on `db` (the harness's `serve` names its own file).
+    let serve_on = |db: &Path| {
+        let mut command = Command::new(bin());
+        command
+            .current_dir(dir.path())
+            .args([
+                "serve",
+                "--addr",
+                "127.0.0.1:0",
+                "--grpc-addr",
+                "off",
+                "--db",
+            ])
+            .arg(db);
+        command
+    };
 
-    let mut command = Command::new(bin());
-    command
-        .current_dir(dir.path())
-        .args([
-            "serve",
-            "--addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "off",
-            "--db",
-        ])
-        .arg(&second_name);
-    let serve_second_name = output_within(command, dir.path());
+    let serve_second_name = output_within(serve_on(&second_name), dir.path());
     let stderr = String::from_utf8_lossy(&serve_second_name.stderr);
     assert_eq!(serve_second_name.status.code(), Some(1), "{stderr}");
     assert!(
@@ -751,12 +755,8 @@ fn a_second_name_of_a_file_in_use_is_refused() {
         .arg(&first_name);
     let demo_same_name = output_within(command, dir.path());
     assert!(demo_same_name.status.success(), "{demo_same_name:?}");
-    let mut command = Command::new(bin());
-    command
-        .current_dir(dir.path())
-        .args(["serve", "--addr", "127.0.0.1:0", "--grpc-addr", "off"])
-        .args(["--instance", "another-instance", "--db"])
-        .arg(&first_name);
+    let mut command = serve_on(&first_name);
+    command.args(["--instance", "another-instance"]);
     let other_instance = ServeProcess::spawn(command, START_TIMEOUT);
     start_span(other_instance.addr, "written-by-the-second-instance");
     let (status, _) = request(
@@ -773,19 +773,7 @@ fn a_second_name_of_a_file_in_use_is_refused() {
     stop(server);
 
     // Free again: the other name serves the same file, with everything written before.
-    let mut command = Command::new(bin());
-    command
-        .current_dir(dir.path())
-        .args([
-            "serve",
-            "--addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "off",
-            "--db",
-        ])
-        .arg(&second_name);
-    let on_second_name = ServeProcess::spawn(command, START_TIMEOUT);
+    let on_second_name = ServeProcess::spawn(serve_on(&second_name), START_TIMEOUT);
     for span in ["written-by-the-first", "written-by-the-second-instance"] {
         let (status, body) = request(
             on_second_name.addr,
