@@ -1238,7 +1238,7 @@ impl SqliteDatabase {
     /// at the path, and the writer refuses every write. One `stat`: cheap enough for a health
     /// check.
     pub fn check_file(&self) -> Result<(), StoreError> {
-        self.opened_files.check()?;
+        self.opened_files.check_secured()?;
         self.disk_failure.check()
     }
 
@@ -1714,6 +1714,20 @@ impl Checkpointer {
         let _ = self.conn.busy_timeout(self.busy_timeout);
     }
 
+    /// The `-wal` was found deleted or replaced (see [`OpenedFiles::wal_newly_lost`]): a file put
+    /// in its place is moved aside, what the log holds is copied into the database file
+    /// (through this connection's descriptor of the deleted log), writes are refused, and what
+    /// was committed meanwhile is copied too before `/healthz` says so
+    /// ([`OpenedFiles::secure_refused_wal`]; the writer does the same before it answers its
+    /// first refused group): a supervisor that kills the server at the first 503 finds every
+    /// acknowledged write in the file (refused first, an audit lost 368 of 368 that way).
+    fn secure_lost_wal(&self) {
+        self.opened_files.move_replaced_wal_aside();
+        let _ = self.passive_checkpoint();
+        self.opened_files.refuse_writes_for_lost_wal();
+        self.opened_files.secure_refused_wal(&self.conn);
+    }
+
     /// One `PASSIVE` checkpoint: the WAL's length in frames when it began, or `None` when it
     /// failed.
     fn passive_checkpoint(&self) -> Option<i64> {
@@ -1744,11 +1758,9 @@ impl Checkpointer {
             // One `stat` a period: a file replaced under the process gets its WAL out of the
             // replacement's way at once, not only at a clean stop (a crash would leave it).
             self.opened_files.secure_if_lost(false);
-            // And one for the `-wal`: found deleted, what it holds is copied into the file at
-            // once (through this connection's descriptor of the deleted log), not left for a
-            // crash to lose.
-            if self.opened_files.note_if_wal_lost() {
-                let _ = self.passive_checkpoint();
+            // And one for the `-wal` (see `secure_lost_wal`).
+            if self.opened_files.wal_newly_lost() {
+                self.secure_lost_wal();
             }
             idle_looks = if self.anyone_committed() {
                 0
@@ -1999,11 +2011,18 @@ pub(crate) struct OpenedFiles {
     companions: [Option<(u64, u64)>; 2],
     /// What was moved aside, for `close` to say.
     moved: Mutex<Vec<String>>,
-    /// The `-wal` as this process opened it (see [`OpenedFiles::note_if_wal_lost`]).
+    /// The `-wal` as this process opened it (see [`OpenedFiles::wal_newly_lost`]).
     wal: WatchedFile,
     /// Set, for good, once the `-wal` was found deleted or replaced while the file itself was
     /// still there: every write is refused from then on.
     wal_lost: AtomicBool,
+    /// Set once, after `wal_lost`, a checkpoint has copied into the database file every write
+    /// committed before the refusals began; from then on `/healthz` says so (see
+    /// [`SqliteDatabase::check_file`]).
+    wal_secured: AtomicBool,
+    /// Held while one thread copies the lost log (the writer and the checkpointer may both try;
+    /// a second checkpoint at once would find the checkpoint lock busy and copy nothing).
+    wal_securing: Mutex<()>,
 }
 
 impl OpenedFiles {
@@ -2016,6 +2035,8 @@ impl OpenedFiles {
                 .map(|suffix| file_identity(&companion_path(&resolved, suffix))),
             wal: WatchedFile::new(&companion_path(&resolved, "-wal")),
             wal_lost: AtomicBool::new(false),
+            wal_secured: AtomicBool::new(false),
+            wal_securing: Mutex::new(()),
             resolved,
             missing_looks: std::sync::atomic::AtomicU32::new(0),
             moved: Mutex::new(Vec::new()),
@@ -2023,11 +2044,21 @@ impl OpenedFiles {
     }
 
     /// Whether writes may go on: `Err(FileLost)` when the database file is no longer at its
-    /// path (see [`WatchedFile`]) or its `-wal` was lost (see [`Self::note_if_wal_lost`]). One
-    /// `stat` and one atomic load: the writer asks before every commit, `/healthz` on each call.
+    /// path (see [`WatchedFile`]) or its `-wal` was lost (see [`Self::wal_newly_lost`]). One
+    /// `stat` and one atomic load: the writer asks before every commit.
     pub(crate) fn check(&self) -> Result<(), StoreError> {
+        self.check_with(&self.wal_lost)
+    }
+
+    /// [`Self::check`] as `/healthz` asks: a lost `-wal` is said once what it held is in the
+    /// database file, so a supervisor that stops the server at the first 503 loses nothing.
+    fn check_secured(&self) -> Result<(), StoreError> {
+        self.check_with(&self.wal_secured)
+    }
+
+    fn check_with(&self, wal_flag: &AtomicBool) -> Result<(), StoreError> {
         self.database.check()?;
-        if self.wal_lost.load(Ordering::Acquire) {
+        if wal_flag.load(Ordering::Acquire) {
             return Err(StoreError::FileLost(format!(
                 "the write-ahead log {} was deleted or replaced while this process had it open: \
                  SQLite writes on into the deleted file, which a crash would lose, so no write is \
@@ -2039,20 +2070,80 @@ impl OpenedFiles {
         Ok(())
     }
 
-    /// Note, once, that the `-wal` this process opened is no longer at its path while the
-    /// database file still is (an `rm` of it, a cleanup script): SQLite keeps writing the
-    /// deleted file through its open descriptor, so every write acknowledged from then on, and
-    /// every one not yet copied into the database file, would be gone after a crash (an audit
-    /// lost 4 of 5 acknowledged spans that way, `/healthz` saying ok). `true` when this look is
-    /// the one that found it, so the caller copies the log into the file at once. A database file
-    /// itself lost is [`Self::secure_if_lost`]'s, which moves the `-wal` away on purpose.
-    fn note_if_wal_lost(&self) -> bool {
+    /// Whether the `-wal` this process opened is, newly, no longer at its path while the
+    /// database file still is (an `rm` of it, a cleanup script, a copy put back over it):
+    /// SQLite keeps writing the deleted file through its open descriptors, so every write
+    /// acknowledged from then on, and every one not yet copied into the database file, would be
+    /// gone after a crash (an audit lost 4 of 5 acknowledged spans that way, `/healthz` saying
+    /// ok); and a file put in its place would be replayed over the database file at the next
+    /// open. `true` once, when this look finds it (and nothing is refused yet: the caller
+    /// secures the log first, see `Checkpointer::secure_lost_wal`). A database file itself lost
+    /// is [`Self::secure_if_lost`]'s, which moves the `-wal` away on purpose.
+    fn wal_newly_lost(&self) -> bool {
         if self.wal_lost.load(Ordering::Acquire) || self.real.look() != Look::Same {
             return false;
         }
-        match self.wal.look() {
-            Look::Missing | Look::Replaced => !self.wal_lost.swap(true, Ordering::AcqRel),
-            Look::Same | Look::Unknown => false,
+        matches!(self.wal.look(), Look::Missing | Look::Replaced)
+    }
+
+    /// From now on every write is refused (see [`Self::check`]).
+    fn refuse_writes_for_lost_wal(&self) {
+        self.wal_lost.store(true, Ordering::Release);
+    }
+
+    /// Once writes are refused for a lost `-wal`, copy what the log holds into the database file
+    /// through `conn` (a connection of this process, out of any transaction), unless done
+    /// already, and let `/healthz` say so. The writer calls it before it answers its first
+    /// refused group, the checkpointer after its own copy: whichever comes first, nothing is
+    /// refused or reported before every acknowledged write is in the file.
+    fn secure_refused_wal(&self, conn: &Connection) {
+        if !self.wal_lost.load(Ordering::Acquire) || self.wal_secured.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(_securing) = self.wal_securing.lock() else {
+            return;
+        };
+        if self.wal_secured.load(Ordering::Acquire) {
+            return;
+        }
+        // Whole when the checkpoint was not busy and copied every frame of the log. A reader of
+        // another process holding old frames can keep it from that for a while: tried for up to
+        // a second, then said all the same (the log stays readable through this process's
+        // descriptors, and a clean stop copies it).
+        for _ in 0..100 {
+            let whole = conn
+                .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+                    Ok((
+                        row.get::<_, i64>(0)?,
+                        row.get::<_, i64>(1)?,
+                        row.get::<_, i64>(2)?,
+                    ))
+                })
+                .is_ok_and(|(busy, log, copied)| busy == 0 && copied >= log);
+            if whole {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.wal_secured.store(true, Ordering::Release);
+    }
+
+    /// Move a file put at the `-wal`'s path in place of this process's (a copy put back) aside,
+    /// as `<name>-wal.replaced-<unix nanoseconds>`: the next open would replay it over the
+    /// database file, undoing writes already copied there (an audit lost 100 of 200 acknowledged
+    /// spans so). Listed for `close` to say.
+    fn move_replaced_wal_aside(&self) {
+        if self.wal.look() != Look::Replaced {
+            return;
+        }
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos());
+        let aside = side_file_path(&self.resolved, &format!("-wal.replaced-{stamp}"));
+        if !aside.exists() && std::fs::rename(&self.wal.path, &aside).is_ok() {
+            if let Ok(mut moved) = self.moved.lock() {
+                moved.push(aside.display().to_string());
+            }
         }
     }
 
@@ -2489,6 +2580,10 @@ impl GroupCommitWriter {
                 let _ = self.conn.execute_batch("ROLLBACK");
             }
             self.keys.clear();
+            // The first group refused for a lost `-wal` is answered once the log is copied.
+            if matches!(outcome, Err(StoreError::FileLost(_))) {
+                self.opened_files.secure_refused_wal(&self.conn);
+            }
         }
         self.keys.trim();
         for job in group.drain(..) {
