@@ -20,7 +20,10 @@
 //!
 //! The descriptor of the database file is never closed while the process runs: closing any
 //! descriptor of a file drops every POSIX lock the process holds on it, SQLite's included.
-//! Processes other than flightlog's (the `sqlite3` shell) take no part. Two processes starting
+//! Processes other than flightlog's (the `sqlite3` shell) take no part; a folder where the
+//! name's lock file cannot be made leaves the process unguarded; a `-wal` a crashed process
+//! left beside another name is not seen (the warning of hard links says to keep to one
+//! name). Two processes starting
 //! at the same moment can slip past the check: one on the other name within the microseconds a
 //! lock is converted, or two on one name while a third runs on another.
 
@@ -48,7 +51,8 @@ impl std::fmt::Display for FileNameLockError {
         match self {
             Self::OtherName { database, links } => write!(
                 formatter,
-                "{} is in use by another flightlog process under another name: the file has \
+                "{} is in use by another process under another name (a flightlog, or a \
+                 program holding a lock on the file): the file has \
                  {links} hard links, and SQLite keeps its write-ahead log beside the name, so two \
                  names would lose each other's writes. Use the name the other process uses, or \
                  stop it first (`ls -i` shows the names that share the file's inode number)",
@@ -153,6 +157,12 @@ pub fn lock_file_name(database: &Path) -> Result<Option<FileNameLock>, FileNameL
         // One name only: the exclusive lock was a moment's, or the file's other names are gone.
         return Ok(None);
     }
+    // The name's lock file this refused start may have made: removed when no one uses it.
+    if let Ok(name_file) = File::open(&name_path) {
+        if name_file.try_lock().is_ok() && same_file(&name_file, &name_path) {
+            let _ = std::fs::remove_file(&name_path);
+        }
+    }
     Err(FileNameLockError::OtherName {
         database: database.to_path_buf(),
         links,
@@ -230,8 +240,10 @@ mod tests {
             message.contains("h2.db") && message.contains("another name"),
             "{message}"
         );
-        // The refused process left no lock behind: the first name still works for others.
+        // The refused process left no lock behind: the first name still works for others,
+        // and the second name's lock file it made is gone.
         assert!(lock_file_name(&first_name).expect("same name").is_some());
+        assert!(!name_lock_path(&second_name).exists());
         drop(first);
     }
 
