@@ -327,7 +327,12 @@ fn demo_db(db: Option<PathBuf>, config: Option<PathBuf>) -> anyhow::Result<PathB
         config,
         ..ServeFlags::default()
     };
-    Ok(serve::resolve_settings(&flags)?.db)
+    use anyhow::Context as _;
+    let settings = serve::resolve_settings(&flags).context(
+        "the demo records into the database `flightlog serve` would open, and so reads serve's \
+         settings",
+    )?;
+    Ok(settings.db)
 }
 
 fn main() -> ExitCode {
