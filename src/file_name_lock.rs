@@ -185,7 +185,7 @@ pub fn open_under_name_lock<T, E: Into<anyhow::Error>>(
 }
 
 /// Whether `file` is still the file at `path` (not removed, nor replaced, since it was opened).
-fn same_file(file: &File, path: &Path) -> bool {
+pub(crate) fn same_file(file: &File, path: &Path) -> bool {
     match (file.metadata(), std::fs::metadata(path)) {
         (Ok(held), Ok(at_path)) => held.dev() == at_path.dev() && held.ino() == at_path.ino(),
         _ => false,

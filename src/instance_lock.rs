@@ -15,7 +15,6 @@
 //! the one at the path.
 
 use std::fs::{File, OpenOptions, TryLockError};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Why the lock was not taken.
@@ -93,13 +92,7 @@ pub fn lock_instance(
             }
             Err(TryLockError::Error(_)) => return Ok(None),
         }
-        let still_there = match (file.metadata(), std::fs::metadata(&path)) {
-            (Ok(locked), Ok(at_path)) => {
-                locked.dev() == at_path.dev() && locked.ino() == at_path.ino()
-            }
-            _ => false,
-        };
-        if still_there {
+        if crate::file_name_lock::same_file(&file, &path) {
             return Ok(Some(InstanceLock {
                 file: Some(file),
                 path,
