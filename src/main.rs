@@ -29,6 +29,7 @@ mod serve;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use flightlog_server::settings::ServeFlags;
 
@@ -327,7 +328,6 @@ fn demo_db(db: Option<PathBuf>, config: Option<PathBuf>) -> anyhow::Result<PathB
         config,
         ..ServeFlags::default()
     };
-    use anyhow::Context as _;
     let settings = serve::resolve_settings(&flags).context(
         "the demo records into the database `flightlog serve` would open, and so reads serve's \
          settings",
