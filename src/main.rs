@@ -139,8 +139,9 @@ struct ServeArgs {
     request_budget: Option<String>,
     /// Write requests handled at once; one more waits up to 100 ms for a slot, then gets 503
     /// with Retry-After (never an unbounded queue). A write takes its slot once its body has
-    /// arrived; bodies of at most 64 KiB being read share a budget of 64 KiB per slot. From 1
-    /// to 1000000.
+    /// arrived; the first 64 KiB of bodies being read share a budget of 64 KiB per slot, and
+    /// one that holds some while another waits gives way (503) if it arrives slower than
+    /// 128 KiB/s. From 1 to 1000000.
     /// [env: FLIGHTLOG_MAX_INFLIGHT_WRITES] [file: max_inflight_writes] [default: 4096]
     #[arg(
         long,

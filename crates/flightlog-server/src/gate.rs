@@ -67,32 +67,36 @@ pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// 64 KiB a write slot; given the whole minute, as many connections as write slots that sent
 /// all but the last bytes of a 64 KiB body and then one byte every few seconds held all of it
 /// for that minute, and every other write got 503 (an audit's finding, with 4 slots). With
-/// this, holding it takes sending the whole budget anew every 10 s.
+/// this, holding it took sending the whole budget anew every 10 s, which as many connections
+/// as write slots still did (a third audit's finding): while another body waits for that
+/// budget, a small body holding some of it must arrive at [`MIN_BODY_RATE_WHILE_AWAITED`] too.
 pub const SMALL_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// While another request waits for the budget of large bodies (see `request_budget`), a body
-/// holding some of it must have arrived at this many bytes a second on average since it took
-/// its share (its bytes past the first 64 KiB, over the time since the share less the first
-/// [`SLOW_BODY_GRACE`]), or it gives its share to the one waiting and is refused as a body that
+/// While another request waits for a budget of bodies (see `request_budget`), a body holding
+/// some of it must have arrived at this many bytes a second on average since it took its share
+/// (of the large budget its bytes past the first 64 KiB, of the small one all of them, over the
+/// time since the share less the first [`SLOW_BODY_GRACE`]), or it gives its share to the one waiting and is refused as a body that
 /// does not fit is: `503` with `Retry-After` after the rest of it is drained, over gRPC
 /// `UNAVAILABLE`, both of which OTLP exporters retry (a `408` was the first answer; the OTLP
 /// spec has exporters drop a batch on any 4xx but 429). About what an 8 MiB body needs to
 /// arrive within [`BODY_READ_TIMEOUT`]. Without it, a client that sent 64 KiB of a body
 /// declared 8 MB and then a byte every few seconds held 8 MB of the budget for that minute, and
-/// eight such kept every other body over 64 KiB (OTLP exports, large batches) out. A slow
+/// eight such kept every other body over 64 KiB (OTLP exports, large batches) out; and as many
+/// as write slots that sent 65,500 bytes of a 64 KiB body and trickled the rest kept every
+/// write out for the 10 s a small body may take, and again after reconnecting. A slow
 /// upload is left alone while nobody waits. The average is taken from the share, not from the
 /// head: a body's first 64 KiB, sent at once, buy it no time, and the time it waited for the
 /// share is not held against it.
 pub const MIN_BODY_RATE_WHILE_AWAITED: f64 = 128.0 * 1024.0;
-/// How long a body holding some of the budget of large bodies may take before
+/// How long a body holding some of a budget of bodies may take before
 /// [`MIN_BODY_RATE_WHILE_AWAITED`] asks anything of it: half of what a request waits for the
 /// budget (`BUDGET_WAIT`), so that a body that went slow just after it took its share gives
 /// it up while the request waiting still waits. (With 1 s from the head, eight clients that
 /// each sent 64 KiB and then a byte every 3 s, reconnecting when answered, still held the
 /// whole budget now and then: 4 of 107 batches of 200 KB got 503.)
 pub const SLOW_BODY_GRACE: Duration = Duration::from_millis(250);
-/// How often a body holding some of the budget of large bodies looks for a request waiting
-/// for it while its next bytes are awaited.
+/// How often a body holding some of a budget of bodies looks for a request waiting for it
+/// while its next bytes are awaited.
 const SLOW_BODY_CHECK: Duration = Duration::from_millis(100);
 
 /// The middleware (installed by [`crate::app`] with `from_fn_with_state`).
@@ -356,8 +360,10 @@ pub(crate) async fn read_whole(
     let started = tokio::time::Instant::now();
     let deadline = started + BODY_READ_TIMEOUT;
     let small_deadline = started + SMALL_BODY_READ_TIMEOUT;
-    // When the body took its share of the budget of large bodies.
-    let mut large_since: Option<tokio::time::Instant> = None;
+    // When the body took the share it holds now: of the budget of small bodies with its first
+    // bytes, of the large one once it holds any of that.
+    let mut share_since: Option<tokio::time::Instant> = None;
+    let mut share_is_large = false;
     loop {
         // Most bodies have arrived with their head: take what is there without arming a timer
         // (one per chunk would be a timer-wheel entry per write request).
@@ -371,7 +377,7 @@ pub(crate) async fn read_whole(
                     deadline
                 };
                 let idle_deadline = (tokio::time::Instant::now() + BODY_IDLE_TIMEOUT).min(whole_by);
-                match next_chunk(&mut stream, idle_deadline, hold, length, large_since).await {
+                match next_chunk(&mut stream, idle_deadline, hold, length, share_since).await {
                     Ok(next) => next,
                     Err(CutOff::Stalled(refusal)) => {
                         hold.release();
@@ -399,8 +405,11 @@ pub(crate) async fn read_whole(
         if let Err(refusal) = hold.cover(length).await {
             return Err(BodyRead::OverBudget(refusal, Body::from_stream(stream)));
         }
-        if large_since.is_none() && hold.holds_large() {
-            large_since = Some(tokio::time::Instant::now());
+        if !share_is_large && hold.holds_large() {
+            share_is_large = true;
+            share_since = Some(tokio::time::Instant::now());
+        } else if share_since.is_none() {
+            share_since = Some(tokio::time::Instant::now());
         }
         chunks.push(chunk);
     }
@@ -412,9 +421,9 @@ pub(crate) async fn read_whole(
 }
 
 /// The next chunk of a body of which `length` bytes arrived, awaited until `idle_deadline`.
-/// While the body holds some of the budget of large bodies (taken at `large_since`), it is
-/// cut off if it is slower than [`MIN_BODY_RATE_WHILE_AWAITED`] while a request waits for that
-/// budget: looked at before each chunk is awaited (a body sending a byte every 80 ms was never
+/// While the body holds some of a budget (its share taken at `share_since`), it is cut off if
+/// it is slower than [`MIN_BODY_RATE_WHILE_AWAITED`] while a request waits for that budget:
+/// looked at before each chunk is awaited (a body sending a byte every 80 ms was never
 /// looked at when only a wait of [`SLOW_BODY_CHECK`] with nothing arriving did; an audit's
 /// finding) and every [`SLOW_BODY_CHECK`] while none arrives.
 async fn next_chunk(
@@ -422,11 +431,11 @@ async fn next_chunk(
     idle_deadline: tokio::time::Instant,
     hold: &BodyHold,
     length: usize,
-    large_since: Option<tokio::time::Instant>,
+    share_since: Option<tokio::time::Instant>,
 ) -> Result<Option<Result<Bytes, axum::Error>>, CutOff> {
     loop {
         let now = tokio::time::Instant::now();
-        let wake = match large_since {
+        let wake = match share_since {
             Some(since) => {
                 if let Some(refusal) = too_slow(hold, length, since, now) {
                     return Err(CutOff::TooSlow(refusal));
@@ -459,12 +468,13 @@ enum CutOff {
     TooSlow(ApiError),
 }
 
-/// The refusal (`503`) of a body of which `length` bytes arrived, holding some of the budget of
-/// large bodies since `since`, when it is behind [`MIN_BODY_RATE_WHILE_AWAITED`] and a request
-/// waits for that budget. What counts as arrived since the share was taken is everything past
-/// the first [`SMALL_BODY_BYTES`], so a body's burst that took the share counts (a body sent in
-/// bursts of 100 KB every 0.4 s, 244 KiB/s, was cut off 0.3 s after its first burst when the
-/// burst did not count; an audit's finding).
+/// The refusal (`503`) of a body of which `length` bytes arrived, holding a share of a budget
+/// since `since`, when it is behind [`MIN_BODY_RATE_WHILE_AWAITED`] and a request waits for that
+/// budget. What counts as arrived since the share was taken is, for a share of the budget of
+/// large bodies, everything past the first [`SMALL_BODY_BYTES`], so a body's burst that took the
+/// share counts (a body sent in bursts of 100 KB every 0.4 s, 244 KiB/s, was cut off 0.3 s after
+/// its first burst when the burst did not count; an audit's finding); for a share of the budget
+/// of small bodies, all of it (that share is taken with the first bytes).
 fn too_slow(
     hold: &BodyHold,
     length: usize,
@@ -472,17 +482,33 @@ fn too_slow(
     now: tokio::time::Instant,
 ) -> Option<ApiError> {
     let elapsed = now.saturating_duration_since(since);
-    let arrived = length.saturating_sub(SMALL_BODY_BYTES);
+    let large = hold.holds_large();
+    let arrived = if large {
+        length.saturating_sub(SMALL_BODY_BYTES)
+    } else {
+        length
+    };
     let expected =
         MIN_BODY_RATE_WHILE_AWAITED * elapsed.saturating_sub(SLOW_BODY_GRACE).as_secs_f64();
-    if (arrived as f64) >= expected || !hold.large_is_awaited() {
+    if (arrived as f64) >= expected || !hold.share_is_awaited() {
         return None;
     }
+    let (counted, budget) = if large {
+        (
+            format!("{arrived} bytes past its first {SMALL_BODY_BYTES}"),
+            "the budget of bodies in flight (--request-budget)",
+        )
+    } else {
+        (
+            format!("{arrived} bytes"),
+            "the budget of the first 64 KiB of bodies in flight (64 KiB a slot of \
+             --max-inflight-writes)",
+        )
+    };
     Some(ApiError::Unavailable(format!(
-        "the request body arrived too slowly: {arrived} bytes past its first {SMALL_BODY_BYTES} \
-         in the {:.1} s since it took its share of the budget of bodies in flight \
-         (--request-budget), under {} KiB/s, while other requests waited for that share; send \
-         it faster, or retry when the server is less busy",
+        "the request body arrived too slowly: {counted} in the {:.1} s since it took its share \
+         of {budget}, under {} KiB/s, while other requests waited for that share; send it \
+         faster, or retry when the server is less busy",
         elapsed.as_secs_f64(),
         MIN_BODY_RATE_WHILE_AWAITED / 1024.0
     )))

@@ -756,8 +756,8 @@ impl ScrapeValues {
         slow.inc_by(self.slow_bodies_refused);
         registry.register(
             "flightlog_http_slow_request_bodies_refused",
-            "Request bodies over 64 KiB refused (HTTP 503, gRPC UNAVAILABLE) for arriving \
-             slower than 128 KiB/s while another request waited for the budget they held",
+            "Request bodies refused (HTTP 503, gRPC UNAVAILABLE) for arriving slower than \
+             128 KiB/s while another request waited for the budget they held",
             slow,
         );
         let start: Gauge<f64, AtomicU64> = Gauge::default();

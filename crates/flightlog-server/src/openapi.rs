@@ -528,8 +528,8 @@ impl SharedResponse {
             Self::Unavailable => {
                 "`unavailable`: the server is at its limit of writes in flight or of request \
                  bodies in flight (`--request-budget` for bodies over 64 KiB, 64 KiB a write \
-                 slot for smaller ones; a body over 64 KiB arriving slower than 128 KiB/s gives \
-                 way to one waiting), the store is overloaded, another process holds the \
+                 slot for the first 64 KiB of each; a body arriving slower than 128 KiB/s gives \
+                 way to one waiting for its budget), the store is overloaded, another process holds the \
                  database's write lock too long, the disk is full or failing, the database file \
                  was deleted or replaced under the server (until it is restarted), or the server \
                  is shutting down; nothing was written. Retry after `Retry-After` seconds; the \

@@ -20,10 +20,14 @@
 //! what it declares: a client that sends a write's head and then trickles its body a byte at
 //! a time holds a few bytes, not 64 KiB, so such clients can fill the small budget only by
 //! sending its 256 MiB, and only for the 10 s the first 64 KiB of a body may take
-//! (`gate::SMALL_BODY_READ_TIMEOUT`). (A write used to take its write slot before its body
-//! was read, and the slots bounded small bodies: 4,096 connections that each sent a head and
-//! then a byte every few seconds held every slot for the minute a body may take, and every
-//! other write got 503 meanwhile; a durability audit's finding.)
+//! (`gate::SMALL_BODY_READ_TIMEOUT`), or less: while another body waits for the small budget,
+//! a body holding some of it must arrive at 128 KiB/s, as below for the large one. (A write
+//! used to take its write slot before its body was read, and the slots bounded small bodies:
+//! 4,096 connections that each sent a head and then a byte every few seconds held every slot
+//! for the minute a body may take, and every other write got 503 meanwhile; a durability
+//! audit's finding. Then as many connections as write slots that each sent 65,500 bytes of a
+//! 64 KiB body, trickled the rest and sent it all again when cut off after 10 s held the whole
+//! small budget, and every other write got 503: 13 of 13 with 4 slots; an audit's finding.)
 //!
 //! Past its first [`SMALL_BODY_BYTES`], a body with a declared length takes all of it of the budget
 //! of large bodies at once; a body of no declared length (chunked, most gRPC calls) takes its size
@@ -36,8 +40,8 @@
 //! connections that each sent the head of an 8 MB batch and nothing more held the whole 64 MiB, ten
 //! seconds at a time, and 43 of 44 batches of 200 KB meanwhile got 503. A head now holds nothing; a
 //! client waiting for `100 Continue` is still refused before it sends a body that would not fit
-//! ([`BodyHold::cover_declared`]). And a body holding some of the large budget while another
-//! request waits for it must be arriving at 128 KiB/s or give it up and be refused
+//! ([`BodyHold::cover_declared`]). And a body holding some of a budget while another request
+//! waits for it must be arriving at 128 KiB/s or give it up and be refused
 //! (`gate::MIN_BODY_RATE_WHILE_AWAITED`): else a client sending 64 KiB and then a byte every few
 //! seconds held 8 MB for the minute a body may take. Small bodies never wait behind large ones, as
 //! small answers never wait behind large answers in the response budget: the two budgets are
@@ -133,7 +137,7 @@ impl RequestBudget {
     }
 
     /// How many bodies were refused for arriving too slowly while another request waited for
-    /// their share of the budget of large bodies (for `/metrics`).
+    /// their share of a budget (for `/metrics`).
     pub fn slow_refused(&self) -> u64 {
         self.slow_refused.load(Ordering::Relaxed)
     }
@@ -259,10 +263,15 @@ impl BodyHold {
         self.large.covered > 0
     }
 
-    /// Whether the body holds some of the budget of large bodies while another request waits
-    /// for it: a slow body then gives way (see `gate::read_whole`).
-    pub fn large_is_awaited(&self) -> bool {
-        self.holds_large() && self.budget.large.has_waiters()
+    /// Whether the body holds some of a budget (the large one once it holds any of it, else the
+    /// small one) while another request waits for that budget: a slow body then gives way (see
+    /// `gate::read_whole`).
+    pub fn share_is_awaited(&self) -> bool {
+        if self.holds_large() {
+            self.budget.large.has_waiters()
+        } else {
+            self.small.covered > 0 && self.budget.small.has_waiters()
+        }
     }
 
     /// Give back everything held, before the answer (a body that stalled).
@@ -381,7 +390,7 @@ mod tests {
         assert_eq!(budget.usage().held_bytes, 503_808, "all of 500,000 bytes");
         assert_eq!(budget.small_usage().held_bytes, 0);
         assert!(hold.holds_large());
-        assert!(!hold.large_is_awaited(), "nobody waits");
+        assert!(!hold.share_is_awaited(), "nobody waits");
 
         // Another body crossing 64 KiB waits for what it declared; meanwhile the first one's
         // share is awaited.
@@ -392,7 +401,7 @@ mod tests {
             (other, taken)
         });
         tokio::task::yield_now().await;
-        assert!(hold.large_is_awaited());
+        assert!(hold.share_is_awaited());
         hold.release();
         let (other, taken) = waiting.await.expect("the waiter ends");
         assert!(taken, "the share given back went to the one waiting");
@@ -460,6 +469,41 @@ mod tests {
         assert_eq!(budget.small_usage().held_bytes, 15 * SMALL_UNIT_BYTES);
         drop(first);
         second.cover(200).await.expect("room now");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_small_body_is_awaited_only_by_a_body_waiting_for_the_small_budget() {
+        let budget = RequestBudget::new(128 * 1024, SMALL_BODY_BYTES);
+        let mut small = budget.hold();
+        assert!(!small.share_is_awaited(), "holds nothing yet");
+        small.cover(SMALL_BODY_BYTES).await.expect("room");
+        let mut large = budget.hold();
+        large
+            .cover(128 * 1024)
+            .await
+            .expect("the whole large budget");
+
+        // A body waiting for the large budget awaits the large body, not the small one.
+        let waiting_large = tokio::spawn({
+            let mut hold = budget.hold();
+            async move { hold.cover(100_000).await.is_ok() }
+        });
+        tokio::task::yield_now().await;
+        assert!(large.share_is_awaited());
+        assert!(!small.share_is_awaited());
+        drop(large);
+        assert!(waiting_large.await.expect("the waiter ends"));
+
+        // A body waiting for the small budget awaits the small body.
+        let waiting_small = tokio::spawn({
+            let mut hold = budget.hold();
+            async move { hold.cover(100).await.is_ok() }
+        });
+        tokio::task::yield_now().await;
+        assert!(small.share_is_awaited());
+        small.release();
+        assert!(!small.share_is_awaited(), "holds nothing any more");
+        assert!(waiting_small.await.expect("the waiter ends"));
     }
 
     #[tokio::test(start_paused = true)]

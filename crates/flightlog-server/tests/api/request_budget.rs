@@ -409,6 +409,101 @@ async fn a_small_body_that_keeps_trickling_is_cut_off_after_10_s() {
     server.stop().await;
 }
 
+/// A small body holding some of the budget of small bodies gives way when it arrives slower
+/// than 128 KiB/s while another body waits for that budget: with 4 write slots, 4 clients that
+/// each sent 65,500 bytes of a 64 KiB body and then a byte every 2 s, sending it all again when
+/// cut off after 10 s, held the whole 256 KiB, and every other write got 503 (13 of 13 over
+/// 25 s; an audit's finding). Here 2 slots and 2 such bodies: the write waiting for room gets
+/// it, the trickling bodies `503` with `Retry-After`, and neither is stored.
+#[tokio::test]
+async fn slow_small_bodies_give_way_to_one_waiting_for_their_budget() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let server = TestServer::start_with(Options {
+            config: ServerConfig {
+                max_inflight_writes: 2,
+                ..ServerConfig::default()
+            },
+            ..Options::default()
+        })
+        .await;
+        let addr = server.base.trim_start_matches("http://").to_owned();
+        let mut trickling = Vec::new();
+        for span_id in ["small-1", "small-2"] {
+            let body = span_body(span_id, 65_300);
+            assert!(
+                body.len() > 65_000 && body.len() + 100 <= 65_536,
+                "all but the last bytes of at most 64 KiB, sent at once: {}",
+                body.len()
+            );
+            let mut stream = TcpStream::connect(&addr).await.expect("connect");
+            let head = format!(
+                "POST /v1/activity/spans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: \
+                 application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len() + 100
+            );
+            stream.write_all(head.as_bytes()).await.expect("send head");
+            stream
+                .write_all(&body)
+                .await
+                .expect("send most of the body");
+            let (answer, mut writer) = stream.into_split();
+            let trickle = tokio::spawn(async move {
+                for _ in 0..100 {
+                    if writer.write_all(b" ").await.is_err() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            });
+            trickling.push((answer, trickle));
+        }
+        let mut waited = 0;
+        while small_held_bytes(&server).await < 2.0 * 65_000.0 {
+            waited += 1;
+            assert!(waited < 200, "the bodies never reached the server");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The small budget (2 x 64 KiB) is all held; after 1 s both bodies are behind
+        // 128 KiB/s (65,000 bytes take 0.5 s at that rate, after 0.25 s of grace).
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        assert!(
+            small_held_bytes(&server).await >= 2.0 * 65_000.0,
+            "nobody waited yet"
+        );
+
+        let waiting = post_span(&server, span_body("waiting", 100)).await;
+        assert_eq!(waiting.status().as_u16(), 201, "the slow bodies gave way");
+        for (mut answer_half, trickle) in trickling {
+            let mut answer = Vec::new();
+            answer_half
+                .read_to_end(&mut answer)
+                .await
+                .expect("read the answer");
+            trickle.abort();
+            let text = String::from_utf8_lossy(&answer).to_lowercase();
+            assert_eq!(status_line_code(&answer), 503, "{text}");
+            assert!(text.contains("retry-after"), "{text}");
+            assert!(text.contains("too slowly"), "{text}");
+            assert!(text.contains("--max-inflight-writes"), "{text}");
+        }
+        for id in ["small-1", "small-2"] {
+            server
+                .get(&format!("/v1/activity/spans/{id}"))
+                .await
+                .assert_error(404, "not_found");
+        }
+        server
+            .get("/v1/activity/spans/waiting")
+            .await
+            .assert_status(200);
+        assert_eq!(slow_refused(&server).await, 2.0);
+        assert_eq!(small_held_bytes(&server).await, 0.0);
+        server.stop().await;
+    })
+    .await
+    .expect("the scenario ends within 60 s");
+}
+
 /// How many bodies were refused for arriving too slowly while another waited for their share.
 async fn slow_refused(server: &TestServer) -> f64 {
     scrape(server)
