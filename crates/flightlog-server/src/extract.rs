@@ -272,6 +272,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
         let query = parts.uri.query().unwrap_or_default();
+        check_query_escapes(query)?;
         let parsed = if query.split('&').any(is_blank_parameter) {
             let given: Vec<&str> = query
                 .split('&')
@@ -412,6 +413,39 @@ fn query_error_text(text: &str) -> String {
         return format!("the query parameter {field} is given more than once: give it once");
     }
     format!("bad query parameter {detail}")
+}
+
+/// Refuses a query with a `%` that starts no percent-escape, or a parameter that is not UTF-8
+/// once percent-decoded. The query's reader (the URL standard's form decoding) keeps such a `%`
+/// as it is and makes bytes that are not UTF-8 into U+FFFD, so `?key=%FF` read the board entry
+/// whose key is `\u{FFFD}` (an audit's finding), where the same escape in a path id is a 400.
+fn check_query_escapes(query: &str) -> Result<(), ApiError> {
+    for parameter in query.split('&') {
+        if let Some(escape) = malformed_percent_escape(parameter) {
+            return Err(ApiError::invalid(format!(
+                "the query has {escape:?}, which is not a percent-escape (% and two hex \
+                 digits): percent-encode each parameter's value (a literal % is %25)"
+            )));
+        }
+        if percent_encoding::percent_decode_str(parameter)
+            .decode_utf8()
+            .is_err()
+        {
+            let name = parameter
+                .split_once('=')
+                .map_or(parameter, |(name, _)| name);
+            let name: String = percent_encoding::percent_decode_str(&name.replace('+', " "))
+                .decode_utf8_lossy()
+                .chars()
+                .take(64)
+                .collect();
+            return Err(ApiError::invalid(format!(
+                "the query parameter {name:?} is not UTF-8 once percent-decoded: \
+                 percent-encode the UTF-8 bytes of its text"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `name=` or `name` (or nothing, between two `&`): a parameter with no value.

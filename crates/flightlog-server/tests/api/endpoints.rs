@@ -1619,6 +1619,50 @@ async fn blank_query_parameters_count_as_absent_and_unknown_ones_are_refused() {
     server.stop().await;
 }
 
+/// A query value is percent-decoded to UTF-8 or refused, as a path id is: `?key=%FF` read the
+/// board entry whose key is U+FFFD (the form decoder's replacement for bytes that are not
+/// UTF-8; an audit's finding), and `%zz` was read as those three characters.
+#[tokio::test]
+async fn a_query_value_that_is_not_utf8_or_has_a_broken_escape_is_refused() {
+    let server = TestServer::start().await;
+    for key in ["\u{FFFD}", "é", "%zz"] {
+        let write = json!({"type": "board_written", "at": 10,
+                           "data": {"key": key, "content": key}});
+        server
+            .post("/v1/engagements/q/events", &write)
+            .await
+            .assert_status(201);
+    }
+    let accented = server.get("/v1/engagements/q/board?key=%C3%A9").await;
+    assert_eq!(accented.assert_status(200)[0]["content"], "é");
+    let literal = server.get("/v1/engagements/q/board?key=%25zz").await;
+    assert_eq!(literal.assert_status(200)[0]["content"], "%zz");
+    for (path, said) in [
+        (
+            "/v1/engagements/q/board?key=%FF",
+            "not UTF-8 once percent-decoded",
+        ),
+        (
+            "/v1/engagements/q/board?key=%C3",
+            "not UTF-8 once percent-decoded",
+        ),
+        ("/v1/engagements/q/board?key=%zz", "not a percent-escape"),
+        ("/v1/engagements/q/board?key=100%", "not a percent-escape"),
+        (
+            "/v1/activity/runs?before=1:%FF",
+            "not UTF-8 once percent-decoded",
+        ),
+    ] {
+        let reply = server.get(path).await;
+        reply.assert_error(400, "invalid_request");
+        let message = reply.body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(said), "{path}: {message}");
+    }
+    let board = server.get("/v1/engagements/q/board").await;
+    assert_eq!(board.assert_status(200).as_array().map(Vec::len), Some(3));
+    server.stop().await;
+}
+
 /// A `POST` route that reads no body (rollup, compaction, orphan sweep) takes none, `{}` or
 /// whitespace, and refuses a body with a member (it was ignored: `{"staleAfterMs": 0}` on the
 /// orphan sweep, an audit's finding), a body that is not an object, and one that is not JSON.
