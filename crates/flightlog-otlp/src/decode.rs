@@ -179,8 +179,15 @@ pub fn check_grpc_messages(
         let message = match (flag, grpc_encoding.map(str::trim)) {
             (0, _) => message,
             (_, Some(encoding)) if encoding.eq_ignore_ascii_case("gzip") => {
-                match gunzip_bounded(message, max_decompressed) {
-                    Ok(plain) => {
+                match gunzip_one_member(message, max_decompressed) {
+                    Ok(OneMember::Followed { rest }) => {
+                        return Err(OtlpError::malformed(format!(
+                            "the gzip-compressed message has {rest} bytes after its first gzip \
+                             member, which gRPC's decompression does not read: compress each \
+                             message as one gzip member; nothing was stored"
+                        )))
+                    }
+                    Ok(OneMember::Alone(plain)) => {
                         inflated = plain;
                         found.inflated_bytes = found
                             .inflated_bytes
@@ -205,6 +212,28 @@ pub struct GrpcMessages {
     /// What its compressed messages inflate to, in all (0 when none is compressed): what a
     /// server sets memory aside for beside the body before tonic inflates them again.
     pub inflated_bytes: usize,
+}
+
+/// A gRPC message's first gzip member, inflated as tonic inflates it, or how many bytes follow
+/// that member (see [`gunzip_one_member`]).
+enum OneMember {
+    Alone(Inflated),
+    Followed { rest: usize },
+}
+
+/// Inflate a gRPC message compressed with gzip as tonic inflates it, one gzip member, within
+/// `limit`, telling when bytes follow that member: tonic reads the first member and drops the
+/// rest, so a message of two members (a valid gzip stream, which an OTLP/HTTP body may be) was
+/// answered OK with the second member's spans lost, and one with bytes of garbage after its
+/// member was taken where an OTLP/HTTP body is refused (an audit's finding).
+fn gunzip_one_member(message: &[u8], limit: usize) -> Result<OneMember, OtlpError> {
+    let mut decoder = flate2::bufread::GzDecoder::new(message);
+    let inflated = inflate_bounded(&mut decoder, limit, message.len(), "gzip")?;
+    let rest = decoder.get_ref().len();
+    if rest > 0 && inflated.as_bytes().len() <= limit {
+        return Ok(OneMember::Followed { rest });
+    }
+    Ok(OneMember::Alone(inflated))
 }
 
 /// The `Content-Encoding`s a body may come in (besides none).

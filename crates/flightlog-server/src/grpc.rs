@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use axum::Router;
 use flightlog_otlp::{
-    signal_services, trace_service, Authorize, ExportSchema, IngestTally, Signal,
+    signal_services, trace_service, Authorize, ExportSchema, IngestTally, OtlpError, Signal,
 };
 use tokio::net::TcpListener;
 use tonic::metadata::MetadataMap;
@@ -241,8 +241,13 @@ async fn entries_within_budget(
     } else {
         ExportSchema::Traces
     };
-    let found = flightlog_otlp::check_grpc_messages(&bytes, encoding, schema, body_limit)
-        .map_err(|error| Status::resource_exhausted(error.to_string()))?;
+    let found = flightlog_otlp::check_grpc_messages(&bytes, encoding, schema, body_limit).map_err(
+        |error| match error {
+            // A message that tonic would inflate only in part.
+            OtlpError::Malformed { .. } => Status::invalid_argument(error.to_string()),
+            _ => Status::resource_exhausted(error.to_string()),
+        },
+    )?;
     if found.inflated_bytes > 0 {
         hold.cover(bytes.len().saturating_add(found.inflated_bytes))
             .await

@@ -1223,6 +1223,89 @@ async fn a_grpc_export_of_two_messages_is_refused_and_stores_nothing() {
     server.stop().await;
 }
 
+/// The `grpc-status` and `grpc-message` of one unary call of the trace export carrying `frame`
+/// (a message's 5-byte prefix and bytes, as given) with `grpc-encoding: gzip`, sent over a raw
+/// HTTP/2 connection (tonic's client compresses what it sends itself).
+async fn grpc_status_of_gzip_frame(server: &TestServer, frame: Vec<u8>) -> (String, String) {
+    let grpc = server.grpc_base.clone().expect("a gRPC listener");
+    let tcp = tokio::net::TcpStream::connect(grpc.trim_start_matches("http://"))
+        .await
+        .expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("HTTP/2");
+    let driver = tokio::spawn(connection);
+    let mut client = client.ready().await.expect("ready");
+    let request = axum::http::Request::post(format!("{grpc}{}", crate::otlp_fuzz::EXPORT_PATH))
+        .header("content-type", "application/grpc")
+        .header("grpc-encoding", "gzip")
+        .header("te", "trailers")
+        .body(())
+        .expect("a request");
+    let (answer, mut send) = client.send_request(request, false).expect("sent");
+    send.send_data(frame.into(), true).expect("the frame sent");
+    let answer = answer.await.expect("answered");
+    let (head, mut body) = answer.into_parts();
+    while let Some(data) = body.data().await {
+        let data = data.expect("the answer's body");
+        let _ = body.flow_control().release_capacity(data.len());
+    }
+    let trailers = body.trailers().await.expect("the trailers");
+    let field = |name: &str| {
+        trailers
+            .as_ref()
+            .and_then(|trailers| trailers.get(name))
+            .or_else(|| head.headers.get(name))
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let message = percent_encoding::percent_decode_str(&field("grpc-message"))
+        .decode_utf8_lossy()
+        .into_owned();
+    let status = (field("grpc-status"), message);
+    driver.abort();
+    status
+}
+
+/// A gzip-compressed gRPC message is one gzip member: tonic inflates the first and drops what
+/// follows, so a message of two members (a valid gzip stream, which an OTLP/HTTP body may be)
+/// was answered OK with the second member's span lost, and a member followed by garbage was
+/// taken where an OTLP/HTTP body is refused (an audit's finding). Both are now
+/// `INVALID_ARGUMENT` with nothing stored; one member still goes through.
+#[tokio::test]
+async fn a_grpc_message_of_two_gzip_members_is_refused_and_stores_nothing() {
+    let server = TestServer::start_with(crate::support::Options {
+        grpc: true,
+        ..crate::support::Options::default()
+    })
+    .await;
+    use crate::otlp_fuzz::gzip;
+    let first = gzip(&request(vec![root_span()]).encode_to_vec());
+    let second = gzip(&request(vec![otlp_span(2, 1, 1_010, Vec::new())]).encode_to_vec());
+    let frame = |message: &[u8]| {
+        let mut frame = vec![1u8];
+        frame.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
+        frame.extend_from_slice(message);
+        frame
+    };
+    for message in [
+        [first.clone(), second].concat(),
+        [first.clone(), b"garbage".to_vec()].concat(),
+    ] {
+        let (status, text) = grpc_status_of_gzip_frame(&server, frame(&message)).await;
+        assert_eq!(status, "3", "INVALID_ARGUMENT: {text}");
+        assert!(text.contains("after its first gzip member"), "{text}");
+        for span in [1, 2] {
+            let (status, _) = get_json(&server, &format!("/v1/activity/spans/{}", hex(span))).await;
+            assert_eq!(status, 404, "span {span}: nothing stored");
+        }
+    }
+    let (status, text) = grpc_status_of_gzip_frame(&server, frame(&first)).await;
+    assert_eq!(status, "0", "{text}");
+    let (status, _) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
+    assert_eq!(status, 200);
+    server.stop().await;
+}
+
 /// Every span keeps its resource's attributes, so one large resource over many spans made a
 /// small export take hundreds of MiB and write as much (the audit's 249 KB export took 600 MiB
 /// and wrote 290 MB): such an export is refused whole, 413 over HTTP and `RESOURCE_EXHAUSTED`

@@ -663,7 +663,7 @@ fn replace_marker(bytes: &mut [u8], mark: &[u8], with: &[u8]) -> bool {
     true
 }
 
-fn gzip(bytes: &[u8]) -> Vec<u8> {
+pub(crate) fn gzip(bytes: &[u8]) -> Vec<u8> {
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     encoder.write_all(bytes).expect("compress");
     encoder.finish().expect("compress")
