@@ -433,11 +433,76 @@ pub(crate) fn decode_json_general(body: &[u8]) -> Result<ExportTraceServiceReque
              (OTLP/JSON keys are lowerCamelCase: resourceSpans, scopeSpans, spans)"
         )));
     }
-    normalize_any_values(&mut value);
-    serde_path_to_error::deserialize(value).map_err(|error| {
-        let path = error.path().to_string();
-        OtlpError::malformed(format!("{path}: {}", error.inner()))
-    })
+    let mut non_finite = false;
+    normalize_any_values(&mut value, &mut non_finite);
+    let mut request: ExportTraceServiceRequest =
+        serde_path_to_error::deserialize(value).map_err(|error| {
+            let path = error.path().to_string();
+            OtlpError::malformed(format!("{path}: {}", error.inner()))
+        })?;
+    if non_finite {
+        restore_non_finite_doubles(&mut request);
+    }
+    Ok(request)
+}
+
+/// What [`normalize_any_values`] writes as the `stringValue` of a non-finite `doubleValue` (which
+/// opentelemetry-proto's serde derive cannot read), for [`restore_non_finite_doubles`] to make a
+/// double again: the NUL keeps it apart from any text an exporter sends as a string.
+const NON_FINITE_MARK: &str = "\u{0}flightlog-non-finite-double:";
+
+/// The non-finite doubles [`normalize_any_values`] carried through decoding as marked strings,
+/// made doubles again in every attribute of the request (resources, scopes, spans, events,
+/// links, and inside arrays and key-value lists), so an OTLP/JSON export maps exactly as the
+/// same export in protobuf does: read as the string `"Infinity"`, a non-finite `logfire.msg`
+/// named its span, a `session.id` or a model name was taken, and an `openinference.span.kind`
+/// made the span `other` (an audit's finding, by sending the same exports both ways).
+fn restore_non_finite_doubles(request: &mut ExportTraceServiceRequest) {
+    use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+    fn restore_value(value: &mut AnyValue) {
+        match &mut value.value {
+            Some(any_value::Value::StringValue(text)) => {
+                let number = match text.strip_prefix(NON_FINITE_MARK) {
+                    Some("NaN") => f64::NAN,
+                    Some("Infinity") => f64::INFINITY,
+                    Some("-Infinity") => f64::NEG_INFINITY,
+                    _ => return,
+                };
+                value.value = Some(any_value::Value::DoubleValue(number));
+            }
+            Some(any_value::Value::ArrayValue(array)) => {
+                array.values.iter_mut().for_each(restore_value);
+            }
+            Some(any_value::Value::KvlistValue(list)) => restore(&mut list.values),
+            _ => {}
+        }
+    }
+    fn restore(attributes: &mut [KeyValue]) {
+        for pair in attributes {
+            if let Some(value) = pair.value.as_mut() {
+                restore_value(value);
+            }
+        }
+    }
+    for resource_spans in &mut request.resource_spans {
+        if let Some(resource) = resource_spans.resource.as_mut() {
+            restore(&mut resource.attributes);
+        }
+        for scope_spans in &mut resource_spans.scope_spans {
+            if let Some(scope) = scope_spans.scope.as_mut() {
+                restore(&mut scope.attributes);
+            }
+            for span in &mut scope_spans.spans {
+                restore(&mut span.attributes);
+                for event in &mut span.events {
+                    restore(&mut event.attributes);
+                }
+                for link in &mut span.links {
+                    restore(&mut link.attributes);
+                }
+            }
+        }
+    }
 }
 
 /// `body` parsed into a `serde_json::Value` exactly as written: serde_json's private raw-value
@@ -786,9 +851,10 @@ fn canonicalize(value: &mut Value) {
 ///   protojson and the Collector write it) get `"values": []`;
 /// - `doubleValue` as a string (the mapping writes `"NaN"`, `"Infinity"` and `"-Infinity"` so,
 ///   and accepts any number as a string): a finite number becomes a JSON number; a non-finite
-///   one becomes the `stringValue` `"NaN"`, `"Infinity"` or `"-Infinity"`, which is how a
-///   non-finite double of a protobuf body is stored too (JSON has no such numbers);
-///   a string that is no number is left for the decoder to refuse, naming its path.
+///   one, which the derive cannot read (JSON has no such numbers), a marked `stringValue` made
+///   a double again after decoding ([`restore_non_finite_doubles`]; `non_finite` is set), so it
+///   maps and is stored as a protobuf body's non-finite double is; a string that is no number
+///   is left for the decoder to refuse, naming its path.
 ///
 /// - a `KeyValue` without `key` (under `attributes`, or in a `kvlistValue`'s `values`) gets `""`,
 ///   and an `EntityRef` (under `entityRefs`) gets `""` and `[]` for the fields it lacks: the
@@ -798,7 +864,7 @@ fn canonicalize(value: &mut Value) {
 /// The keys are the `AnyValue` oneof's own, so whatever object holds them is an `AnyValue`;
 /// `attributes`, `values` and `entityRefs` are field names, never written by a user.
 /// The recursion is bounded by serde_json's nesting limit (128), which the body has passed.
-fn normalize_any_values(value: &mut Value) {
+fn normalize_any_values(value: &mut Value, non_finite: &mut bool) {
     match value {
         Value::Object(object) => {
             if let Some(Value::Array(pairs)) = object.get_mut("attributes") {
@@ -838,7 +904,11 @@ fn normalize_any_values(value: &mut Value) {
                             } else {
                                 "-Infinity"
                             };
-                            Some(("stringValue", Value::String(name.to_owned())))
+                            *non_finite = true;
+                            Some((
+                                "stringValue",
+                                Value::String(format!("{NON_FINITE_MARK}{name}")),
+                            ))
                         }),
                     Err(_) => None,
                 };
@@ -848,10 +918,12 @@ fn normalize_any_values(value: &mut Value) {
                 }
             }
             for child in object.values_mut() {
-                normalize_any_values(child);
+                normalize_any_values(child, non_finite);
             }
         }
-        Value::Array(items) => items.iter_mut().for_each(normalize_any_values),
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|item| normalize_any_values(item, non_finite)),
         _ => {}
     }
 }
@@ -1201,7 +1273,7 @@ mod tests {
     /// by an audit): empty lists written without their `values`, doubles as strings.
     #[test]
     fn any_values_in_every_form_of_the_json_mapping_decode() {
-        let cases: [(&str, any_value::Value); 7] = [
+        let cases: [(&str, any_value::Value); 6] = [
             (
                 r#"{"arrayValue":{}}"#,
                 any_value::Value::ArrayValue(Default::default()),
@@ -1219,16 +1291,12 @@ mod tests {
                 any_value::Value::DoubleValue(-2000.0),
             ),
             (
-                r#"{"doubleValue":"NaN"}"#,
-                any_value::Value::StringValue("NaN".into()),
-            ),
-            (
                 r#"{"doubleValue":"Infinity"}"#,
-                any_value::Value::StringValue("Infinity".into()),
+                any_value::Value::DoubleValue(f64::INFINITY),
             ),
             (
                 r#"{"doubleValue":"-Infinity"}"#,
-                any_value::Value::StringValue("-Infinity".into()),
+                any_value::Value::DoubleValue(f64::NEG_INFINITY),
             ),
         ];
         for (value, expected) in cases {
@@ -1237,11 +1305,47 @@ mod tests {
             let decoded = decode_json_text(&text).unwrap_or_else(|err| panic!("{value}: {err}"));
             assert_eq!(first_attribute(&decoded), Some(expected), "{value}");
         }
-        // Nested too: inside an array and a key-value list.
-        let nested = with_attribute(
-            r#"{"arrayValue":{"values":[{"doubleValue":"NaN"},{"kvlistValue":{}}]}}"#,
+        // A non-finite double is a double, as in a protobuf body, not the text JSON spells it
+        // with (which mapped as a string: an audit's finding); nested too.
+        let nan = decode_json_text(&with_attribute(r#"{"doubleValue":"NaN"}"#)).expect("decodes");
+        assert!(
+            matches!(first_attribute(&nan), Some(any_value::Value::DoubleValue(number)) if number.is_nan()),
+            "{:?}",
+            first_attribute(&nan)
         );
-        assert!(decode_json_text(&nested).is_ok());
+        let nested = with_attribute(
+            r#"{"arrayValue":{"values":[{"doubleValue":"NaN"},{"kvlistValue":{"values":[{"key":"k","value":{"doubleValue":"-Infinity"}}]}}]}}"#,
+        );
+        let nested = decode_json_text(&nested).expect("decodes");
+        let Some(any_value::Value::ArrayValue(array)) = first_attribute(&nested) else {
+            panic!("an array: {:?}", first_attribute(&nested));
+        };
+        let values: Vec<_> = array
+            .values
+            .iter()
+            .map(|value| value.value.clone())
+            .collect();
+        assert!(
+            matches!(values.first(), Some(Some(any_value::Value::DoubleValue(number))) if number.is_nan()),
+            "{values:?}"
+        );
+        let Some(Some(any_value::Value::KvlistValue(list))) = values.get(1) else {
+            panic!("a key-value list: {values:?}");
+        };
+        assert_eq!(
+            list.values
+                .first()
+                .and_then(|pair| pair.value.clone())
+                .and_then(|value| value.value),
+            Some(any_value::Value::DoubleValue(f64::NEG_INFINITY))
+        );
+        // A string that merely looks like the mark stays a string.
+        let text =
+            decode_json_text(&with_attribute(r#"{"stringValue":"Infinity"}"#)).expect("decodes");
+        assert_eq!(
+            first_attribute(&text),
+            Some(any_value::Value::StringValue("Infinity".into()))
+        );
         // A string that is no number is still refused, naming where it is.
         let message = malformed_message(decode_json_text(&with_attribute(
             r#"{"doubleValue":"abc"}"#,

@@ -1223,6 +1223,48 @@ async fn a_grpc_export_of_two_messages_is_refused_and_stores_nothing() {
     server.stop().await;
 }
 
+/// A non-finite double attribute maps the same in OTLP/JSON (`"doubleValue": "Infinity"`, the
+/// protobuf JSON mapping's spelling) as in protobuf: read as the string `"Infinity"`, a
+/// non-finite `logfire.msg` named the JSON span, and an `openinference.span.kind` of NaN made it
+/// `other` where the protobuf span is a `model` (an audit's finding, sending the same exports
+/// both ways). Both are stored as the strings.
+#[tokio::test]
+async fn a_non_finite_double_maps_the_same_in_json_as_in_protobuf() {
+    let server = TestServer::start().await;
+    let attributes = |n: u8| {
+        vec![
+            attr("logfire.msg", any_value::Value::DoubleValue(f64::INFINITY)),
+            attr(
+                "openinference.span.kind",
+                any_value::Value::DoubleValue(f64::NAN),
+            ),
+            text("gen_ai.operation.name", "chat"),
+            text("gen_ai.request.model", &format!("m{n}")),
+        ]
+    };
+    export(&server, vec![otlp_span(1, 0, 1_000, attributes(1))]).await;
+    let json_span = json!({"resourceSpans": [{"scopeSpans": [{"spans": [{
+    "traceId": "cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd", "spanId": hex(2), "name": "span-2",
+    "startTimeUnixNano": "1000000000", "endTimeUnixNano": "1050000000",
+    "status": {"code": 1},
+    "attributes": [
+        {"key": "logfire.msg", "value": {"doubleValue": "Infinity"}},
+        {"key": "openinference.span.kind", "value": {"doubleValue": "NaN"}},
+        {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+        {"key": "gen_ai.request.model", "value": {"stringValue": "m2"}}
+    ]}]}]}]});
+    export_json(&server, &json_span).await;
+    let (_, protobuf) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
+    let (_, json) = get_json(&server, &format!("/v1/activity/spans/{}", hex(2))).await;
+    assert_eq!(json["name"], "span-2", "{json}");
+    assert_eq!(protobuf["name"], "span-1", "{protobuf}");
+    assert_eq!(json["kind"], protobuf["kind"], "{json} / {protobuf}");
+    assert_eq!(json["attrs"]["logfire.msg"], "Infinity", "{json}");
+    assert_eq!(protobuf["attrs"]["logfire.msg"], "Infinity", "{protobuf}");
+    assert_eq!(json["attrs"]["openinference.span.kind"], "NaN", "{json}");
+    server.stop().await;
+}
+
 /// The `grpc-status` and `grpc-message` of one unary call of the trace export carrying `frame`
 /// (a message's 5-byte prefix and bytes, as given) with `grpc-encoding: gzip`, sent over a raw
 /// HTTP/2 connection (tonic's client compresses what it sends itself).
