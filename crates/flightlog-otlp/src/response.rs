@@ -143,9 +143,115 @@ pub fn encode_status(
     (encoding.content_type(), body)
 }
 
+/// How long an exporter told `UNAVAILABLE` is asked to wait before it retries, in seconds: the
+/// OTLP/HTTP listener's `Retry-After` (the server's `503`s say the same).
+pub const RETRY_DELAY_SECONDS: u32 = 1;
+
+/// `google.protobuf.Duration`.
+#[derive(Clone, PartialEq, Message)]
+struct ProtoDuration {
+    #[prost(int64, tag = "1")]
+    seconds: i64,
+    #[prost(int32, tag = "2")]
+    nanos: i32,
+}
+
+/// `google.rpc.RetryInfo`: how long the client should wait before it retries.
+#[derive(Clone, PartialEq, Message)]
+struct RetryInfo {
+    #[prost(message, optional, tag = "1")]
+    retry_delay: Option<ProtoDuration>,
+}
+
+/// `google.protobuf.Any`.
+#[derive(Clone, PartialEq, Message)]
+struct ProtoAny {
+    #[prost(string, tag = "1")]
+    type_url: String,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+/// `google.rpc.Status` with its `details`, as gRPC's `grpc-status-details-bin` carries it.
+#[derive(Clone, PartialEq, Message)]
+struct RpcStatusWithDetails {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+    #[prost(message, repeated, tag = "3")]
+    details: Vec<ProtoAny>,
+}
+
+/// An `UNAVAILABLE` status (the server's limits, a store that cannot take writes now) telling
+/// the exporter when to retry: a `google.rpc.RetryInfo` of [`RETRY_DELAY_SECONDS`] in the
+/// status details (`grpc-status-details-bin`, which the Go and Java exporters read) and in the
+/// `google.rpc.retryinfo-bin` trailer (which the Python exporter reads). The OTLP specification
+/// has a server signal backpressure so; without it, exporters fell back to their own backoff
+/// while the HTTP listener's `503` said `Retry-After` (an audit's finding).
+pub fn unavailable(message: impl Into<String>) -> tonic::Status {
+    let message = message.into();
+    let retry_info = RetryInfo {
+        retry_delay: Some(ProtoDuration {
+            seconds: i64::from(RETRY_DELAY_SECONDS),
+            nanos: 0,
+        }),
+    }
+    .encode_to_vec();
+    let details = RpcStatusWithDetails {
+        code: tonic::Code::Unavailable as i32,
+        message: message.clone(),
+        details: vec![ProtoAny {
+            type_url: "type.googleapis.com/google.rpc.RetryInfo".to_owned(),
+            value: retry_info.clone(),
+        }],
+    }
+    .encode_to_vec();
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    metadata.insert_bin(
+        "google.rpc.retryinfo-bin",
+        tonic::metadata::MetadataValue::from_bytes(&retry_info),
+    );
+    tonic::Status::with_details_and_metadata(
+        tonic::Code::Unavailable,
+        message,
+        details.into(),
+        metadata,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unavailable_carries_retry_info_in_its_details_and_its_trailer() {
+        let status = unavailable("busy");
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert_eq!(status.message(), "busy");
+        let details = RpcStatusWithDetails::decode(status.details()).expect("a google.rpc.Status");
+        assert_eq!(details.code, 14);
+        assert_eq!(details.message, "busy");
+        let [any] = details.details.as_slice() else {
+            panic!("one detail: {details:?}");
+        };
+        assert_eq!(any.type_url, "type.googleapis.com/google.rpc.RetryInfo");
+        let retry = RetryInfo::decode(any.value.as_slice()).expect("a RetryInfo");
+        assert_eq!(
+            retry.retry_delay,
+            Some(ProtoDuration {
+                seconds: 1,
+                nanos: 0
+            })
+        );
+        let trailer = status
+            .metadata()
+            .get_bin("google.rpc.retryinfo-bin")
+            .expect("the trailer")
+            .to_bytes()
+            .expect("bytes");
+        assert_eq!(trailer.as_ref(), any.value.as_slice());
+    }
 
     fn rejected(count: usize) -> Vec<RejectedSpan> {
         (0..count)
