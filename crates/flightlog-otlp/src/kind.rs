@@ -3,7 +3,8 @@
 //! Precedence, first match wins (the table in `docs/otlp.md` is the same rules):
 //! 1. `gen_ai.operation.name` (OpenTelemetry GenAI semantic conventions), when it is one of the
 //!    operations below; an unknown operation falls through.
-//! 2. `openinference.span.kind` (Arize OpenInference): any value decides, unknown ones → `other`.
+//! 2. `openinference.span.kind` (Arize OpenInference): any string value decides, unknown ones →
+//!    `other` (a value of another type is passed over, as in every row).
 //! 3. `traceloop.span.kind` (OpenLLMetry), when it is one of its four values.
 //! 4. `langfuse.observation.type` (Langfuse SDK v3), when it is one of its types.
 //! 5. `ai.operationId` (Vercel AI SDK), when it is a tool call or a top-level call.

@@ -53,39 +53,60 @@ pub fn export_response(rejected: &[RejectedSpan]) -> ExportTraceServiceResponse 
     }
 }
 
+/// The longest one listed span's part of the message, in bytes: a few long reasons cannot
+/// crowd out the count of the spans not listed.
+const MAX_LISTED_ENTRY_BYTES: usize = 400;
+/// Room kept at the end of the message for `; and N more`.
+const MORE_SUFFIX_BYTES: usize = 32;
+
+/// The `errorMessage` of an export whose spans in `rejected` were refused: the count, the
+/// first [`LISTED_REJECTIONS`] spans and why (each cut to [`MAX_LISTED_ENTRY_BYTES`]; fewer
+/// when the message would pass [`MAX_ERROR_MESSAGE_BYTES`]), and how many more there are. (The
+/// whole message used to be cut at the cap, which cut off the count of those not listed: an
+/// audit's finding.)
 fn rejection_message(rejected: &[RejectedSpan]) -> String {
     let mut message = format!(
         "rejected {} span{}: ",
         rejected.len(),
         if rejected.len() == 1 { "" } else { "s" }
     );
-    for (position, span) in rejected.iter().take(LISTED_REJECTIONS).enumerate() {
-        if position > 0 {
-            message.push_str("; ");
+    let mut listed = 0;
+    for span in rejected.iter().take(LISTED_REJECTIONS) {
+        let mut entry = match (&span.span_id, span.index) {
+            (Some(id), _) => format!("span {id}"),
+            (None, Some(index)) => format!("span #{index} (no id)"),
+            (None, None) => "a span".to_owned(),
+        };
+        entry.push_str(": ");
+        entry.push_str(&span.reason);
+        cut_with_ellipsis(&mut entry, MAX_LISTED_ENTRY_BYTES);
+        let separator = if listed > 0 { "; " } else { "" };
+        let room_left = MAX_ERROR_MESSAGE_BYTES.saturating_sub(MORE_SUFFIX_BYTES);
+        if listed > 0 && message.len() + separator.len() + entry.len() > room_left {
+            break;
         }
-        match (&span.span_id, span.index) {
-            (Some(id), _) => message.push_str(&format!("span {id}")),
-            (None, Some(index)) => message.push_str(&format!("span #{index} (no id)")),
-            (None, None) => message.push_str("a span"),
-        }
-        message.push_str(": ");
-        message.push_str(&span.reason);
+        message.push_str(separator);
+        message.push_str(&entry);
+        listed += 1;
     }
-    if rejected.len() > LISTED_REJECTIONS {
-        message.push_str(&format!(
-            "; and {} more",
-            rejected.len() - LISTED_REJECTIONS
-        ));
+    if rejected.len() > listed {
+        message.push_str(&format!("; and {} more", rejected.len() - listed));
     }
-    if message.len() > MAX_ERROR_MESSAGE_BYTES {
-        let mut end = MAX_ERROR_MESSAGE_BYTES - '…'.len_utf8();
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        message.truncate(end);
-        message.push('…');
-    }
+    cut_with_ellipsis(&mut message, MAX_ERROR_MESSAGE_BYTES);
     message
+}
+
+/// Cut `text` to at most `most` bytes on a character boundary, ending it with `…` when cut.
+fn cut_with_ellipsis(text: &mut String, most: usize) {
+    if text.len() <= most {
+        return;
+    }
+    let mut end = most.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push('…');
 }
 
 /// The body of `response` in `encoding`, with its `Content-Type`. The JSON form is OTLP/JSON
@@ -351,6 +372,32 @@ mod tests {
             message.len()
         );
         assert!(message.ends_with('…'));
+    }
+
+    #[test]
+    fn long_reasons_leave_the_count_of_the_spans_not_listed() {
+        let spans: Vec<RejectedSpan> = (0..30)
+            .map(|index| RejectedSpan {
+                index: Some(index),
+                span_id: Some(format!("{index:016x}")),
+                reason: format!("{index}: {}", "x".repeat(1_000)),
+            })
+            .collect();
+        let message = export_response(&spans)
+            .partial_success
+            .unwrap()
+            .error_message;
+        assert!(
+            message.len() <= MAX_ERROR_MESSAGE_BYTES,
+            "{}",
+            message.len()
+        );
+        let listed = message.matches("span 0000").count();
+        assert!(listed >= 1, "{message}");
+        assert!(
+            message.ends_with(&format!("; and {} more", 30 - listed)),
+            "{message}"
+        );
     }
 
     #[test]
