@@ -383,7 +383,7 @@ fn query_error_text(text: &str) -> String {
     }
     // serde_urlencoded names the parameter first: "limt: unknown field `limt`, expected …".
     if let Some((_, rest)) = detail.split_once("unknown field ") {
-        return format!("unknown query parameter {rest}");
+        return format!("unknown query parameter {}", crate::error::echoed(rest));
     }
     // The integer parameters' parse errors are Rust's ("invalid digit found in string",
     // "number too large to fit in target type"): said in the API's words, with what to give.
@@ -412,7 +412,7 @@ fn query_error_text(text: &str) -> String {
     {
         return format!("the query parameter {field} is given more than once: give it once");
     }
-    format!("bad query parameter {detail}")
+    format!("bad query parameter {}", crate::error::echoed(detail))
 }
 
 /// Refuses a query with a `%` that starts no percent-escape, or a parameter that is not UTF-8

@@ -332,7 +332,8 @@ async fn board(
         None => None,
         Some(text) => Some(BoardEntryKind::parse(text).ok_or_else(|| {
             ApiError::invalid(format!(
-                "kind must be one of artifact, todo, note, got {text:?}"
+                "kind must be one of artifact, todo, note, got {:?}",
+                crate::error::echoed(text)
             ))
         })?),
     };

@@ -59,7 +59,10 @@ impl RunsQuery {
         let state = match self.state.as_deref() {
             None => None,
             Some(text) => Some(RunState::parse(text).ok_or_else(|| {
-                ApiError::invalid(format!("state: expected `open` or `ended`, got {text:?}"))
+                ApiError::invalid(format!(
+                    "state: expected `open` or `ended`, got {:?}",
+                    crate::error::echoed(text)
+                ))
             })?),
         };
         let limit = self.limit.unwrap_or(DEFAULT_RUNS_LIMIT);
@@ -68,7 +71,8 @@ impl RunsQuery {
             None => None,
             Some(text) => Some(RunCursor::decode(text).ok_or_else(|| {
                 ApiError::invalid(format!(
-                    "before: {text:?} is not a cursor; pass back the `next` of a previous page"
+                    "before: {:?} is not a cursor; pass back the `next` of a previous page",
+                    crate::error::echoed(text)
                 ))
             })?),
         };

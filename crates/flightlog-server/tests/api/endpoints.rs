@@ -1663,6 +1663,34 @@ async fn a_query_value_that_is_not_utf8_or_has_a_broken_escape_is_refused() {
     server.stop().await;
 }
 
+/// An error message repeats at most 120 characters of what the client sent: a 5,000-character
+/// `before` or path came back whole (an audit's finding).
+#[tokio::test]
+async fn an_error_message_repeats_a_long_input_cut() {
+    let server = TestServer::start().await;
+    let long = "x".repeat(5_000);
+    for path in [
+        format!("/v1/activity/runs?before={long}"),
+        format!("/v1/activity/runs?state={long}"),
+        format!("/v1/engagements/q/board?kind={long}"),
+        format!("/v1/{long}"),
+        format!("/v1/activity/runs?{long}=1"),
+    ] {
+        let reply = server.get(&path).await;
+        let message = reply.body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            reply.status.as_u16() == 400 || reply.status.as_u16() == 404,
+            "{}: {message}",
+            reply.status
+        );
+        assert!(message.contains(&"x".repeat(100)), "{message}");
+        assert!(message.contains('…'), "{message}");
+        assert!(!message.contains(&"x".repeat(121)), "{message}");
+        assert!(message.len() < 400, "{} bytes", message.len());
+    }
+    server.stop().await;
+}
+
 /// A `POST` route that reads no body (rollup, compaction, orphan sweep) takes none, `{}` or
 /// whitespace, and refuses a body with a member (it was ignored: `{"staleAfterMs": 0}` on the
 /// orphan sweep, an audit's finding), a body that is not an object, and one that is not JSON.
