@@ -302,6 +302,7 @@ impl<S: Send + Sync> FromRequestParts<S> for NoQuery {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        check_query_escapes(parts.uri.query().unwrap_or_default())?;
         let Some(name) = first_given_parameter(&parts.uri) else {
             return Ok(NoQuery);
         };

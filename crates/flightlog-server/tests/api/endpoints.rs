@@ -1652,6 +1652,8 @@ async fn a_query_value_that_is_not_utf8_or_has_a_broken_escape_is_refused() {
             "/v1/activity/runs?before=1:%FF",
             "not UTF-8 once percent-decoded",
         ),
+        // On a route that reads no query too, where a blank parameter is otherwise ignored.
+        ("/v1/engagements/q/summary?%%%%", "not a percent-escape"),
     ] {
         let reply = server.get(path).await;
         reply.assert_error(400, "invalid_request");
