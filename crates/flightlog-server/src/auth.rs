@@ -404,8 +404,8 @@ fn authorize(
     }
     let token = bearer_token(headers)?.ok_or_else(|| {
         ApiError::Unauthorized(
-            "this server needs `Authorization: Bearer <token>` on every request but \
-             GET /healthz"
+            "this server needs `Authorization: Bearer <token>` (or HTTP Basic with the token \
+             as the password) on every request but GET /healthz"
                 .into(),
         )
     })?;

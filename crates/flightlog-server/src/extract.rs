@@ -272,7 +272,9 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
         let query = parts.uri.query().unwrap_or_default();
-        check_query_escapes(query)?;
+        if !query.is_empty() {
+            check_query_escapes(query)?;
+        }
         let parsed = if query.split('&').any(is_blank_parameter) {
             let given: Vec<&str> = query
                 .split('&')
@@ -302,7 +304,9 @@ impl<S: Send + Sync> FromRequestParts<S> for NoQuery {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        check_query_escapes(parts.uri.query().unwrap_or_default())?;
+        if let Some(query) = parts.uri.query() {
+            check_query_escapes(query)?;
+        }
         let Some(name) = first_given_parameter(&parts.uri) else {
             return Ok(NoQuery);
         };

@@ -361,7 +361,7 @@ pub(crate) async fn read_whole(
     let deadline = started + BODY_READ_TIMEOUT;
     let small_deadline = started + SMALL_BODY_READ_TIMEOUT;
     // When the body took the share it holds now: of the budget of small bodies with its first
-    // bytes, of the large one once it holds any of that.
+    // bytes (noted when the body is first waited for), of the large one once it holds any.
     let mut share_since: Option<tokio::time::Instant> = None;
     let mut share_is_large = false;
     loop {
@@ -376,7 +376,13 @@ pub(crate) async fn read_whole(
                 } else {
                     deadline
                 };
-                let idle_deadline = (tokio::time::Instant::now() + BODY_IDLE_TIMEOUT).min(whole_by);
+                let now = tokio::time::Instant::now();
+                // A small body's share was taken with its first bytes, just handled: timed from
+                // here, so a body that arrives whole reads no clock for it.
+                if share_since.is_none() && length > 0 {
+                    share_since = Some(now);
+                }
+                let idle_deadline = (now + BODY_IDLE_TIMEOUT).min(whole_by);
                 match next_chunk(&mut stream, idle_deadline, hold, length, share_since).await {
                     Ok(next) => next,
                     Err(CutOff::Stalled(refusal)) => {
@@ -407,8 +413,6 @@ pub(crate) async fn read_whole(
         }
         if !share_is_large && hold.holds_large() {
             share_is_large = true;
-            share_since = Some(tokio::time::Instant::now());
-        } else if share_since.is_none() {
             share_since = Some(tokio::time::Instant::now());
         }
         chunks.push(chunk);
