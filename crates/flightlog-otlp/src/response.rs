@@ -355,6 +355,20 @@ mod tests {
         );
     }
 
+    /// The `errorMessage` for `spans`, checked to be within its cap.
+    fn capped_message(spans: &[RejectedSpan]) -> String {
+        let message = export_response(spans)
+            .partial_success
+            .expect("spans were rejected")
+            .error_message;
+        assert!(
+            message.len() <= MAX_ERROR_MESSAGE_BYTES,
+            "{}",
+            message.len()
+        );
+        message
+    }
+
     #[test]
     fn a_huge_message_is_truncated() {
         let spans = vec![RejectedSpan {
@@ -362,15 +376,7 @@ mod tests {
             span_id: None,
             reason: "é".repeat(5_000),
         }];
-        let message = export_response(&spans)
-            .partial_success
-            .unwrap()
-            .error_message;
-        assert!(
-            message.len() <= MAX_ERROR_MESSAGE_BYTES,
-            "{}",
-            message.len()
-        );
+        let message = capped_message(&spans);
         assert!(message.ends_with('…'));
     }
 
@@ -383,15 +389,7 @@ mod tests {
                 reason: format!("{index}: {}", "x".repeat(1_000)),
             })
             .collect();
-        let message = export_response(&spans)
-            .partial_success
-            .unwrap()
-            .error_message;
-        assert!(
-            message.len() <= MAX_ERROR_MESSAGE_BYTES,
-            "{}",
-            message.len()
-        );
+        let message = capped_message(&spans);
         let listed = message.matches("span 0000").count();
         assert!(listed >= 1, "{message}");
         assert!(

@@ -473,6 +473,7 @@ async fn slow_small_bodies_give_way_to_one_waiting_for_their_budget() {
 
         let waiting = post_span(&server, span_body("waiting", 100)).await;
         assert_eq!(waiting.status().as_u16(), 201, "the slow bodies gave way");
+        let mut answers = Vec::new();
         for (mut answer_half, trickle) in trickling {
             let mut answer = Vec::new();
             answer_half
@@ -480,28 +481,50 @@ async fn slow_small_bodies_give_way_to_one_waiting_for_their_budget() {
                 .await
                 .expect("read the answer");
             trickle.abort();
-            let text = String::from_utf8_lossy(&answer).to_lowercase();
-            assert_eq!(status_line_code(&answer), 503, "{text}");
-            assert!(text.contains("retry-after"), "{text}");
-            assert!(text.contains("too slowly"), "{text}");
-            assert!(text.contains("--max-inflight-writes"), "{text}");
+            answers.push(answer);
         }
-        for id in ["small-1", "small-2"] {
-            server
-                .get(&format!("/v1/activity/spans/{id}"))
-                .await
-                .assert_error(404, "not_found");
-        }
-        server
-            .get("/v1/activity/spans/waiting")
-            .await
-            .assert_status(200);
-        assert_eq!(slow_refused(&server).await, 2.0);
+        assert_slow_bodies_gave_way(
+            &server,
+            &answers,
+            &["small-1", "small-2"],
+            "--max-inflight-writes",
+        )
+        .await;
         assert_eq!(small_held_bytes(&server).await, 0.0);
         server.stop().await;
     })
     .await
     .expect("the scenario ends within 60 s");
+}
+
+/// The end of a scenario in which the slow bodies of spans `refused` gave way to the span
+/// `waiting`: each of their `answers` a `503` with `Retry-After` saying the body was too slow
+/// (and `also_says`, lower-case), none of them stored, `waiting` stored, and as many slow
+/// refusals counted.
+async fn assert_slow_bodies_gave_way(
+    server: &TestServer,
+    answers: &[Vec<u8>],
+    refused: &[&str],
+    also_says: &str,
+) {
+    for answer in answers {
+        let text = String::from_utf8_lossy(answer).to_lowercase();
+        assert_eq!(status_line_code(answer), 503, "{text}");
+        assert!(text.contains("retry-after"), "{text}");
+        assert!(text.contains("too slowly"), "{text}");
+        assert!(text.contains(also_says), "{text}");
+    }
+    for id in refused {
+        server
+            .get(&format!("/v1/activity/spans/{id}"))
+            .await
+            .assert_error(404, "not_found");
+    }
+    server
+        .get("/v1/activity/spans/waiting")
+        .await
+        .assert_status(200);
+    assert_eq!(slow_refused(server).await, refused.len() as f64);
 }
 
 /// How many bodies were refused for arriving too slowly while another waited for their share.
@@ -608,25 +631,14 @@ async fn slow_large_bodies_give_way_to_one_waiting_for_their_budget() {
             .await
             .expect("read the answer");
         trickle.abort();
-        for answer in [answer, trickled] {
-            let text = String::from_utf8_lossy(&answer).to_lowercase();
-            assert_eq!(status_line_code(&answer), 503, "{text}");
-            assert!(text.contains("retry-after"), "{text}");
-            assert!(text.contains("connection: close"), "{text}");
-            assert!(text.contains("too slowly"), "{text}");
-        }
-        for id in ["stalled", "trickling"] {
-            server
-                .get(&format!("/v1/activity/spans/{id}"))
-                .await
-                .assert_error(404, "not_found");
-        }
-        server
-            .get("/v1/activity/spans/waiting")
-            .await
-            .assert_status(200);
+        assert_slow_bodies_gave_way(
+            &server,
+            &[answer, trickled],
+            &["stalled", "trickling"],
+            "connection: close",
+        )
+        .await;
         assert_eq!(held_bytes(&server).await, 0.0);
-        assert_eq!(slow_refused(&server).await, 2.0);
         server.stop().await;
     })
     .await
