@@ -47,9 +47,7 @@ pub use decode::{
 pub use error::OtlpError;
 pub use mapping::{map_request, MappedBatch, MappingOptions, RejectedSpan};
 pub use prices::{ModelPrice, PriceTable, PriceTableError};
-pub use response::{
-    encode_response, encode_status, export_response, unavailable, GrpcCode, RETRY_DELAY_SECONDS,
-};
+pub use response::{encode_response, encode_status, export_response, GrpcCode};
 pub use service::{
     ingest, trace_service, Authorize, FlightlogTraceService, IngestTally, ObserveIngest,
     TraceServiceServer,

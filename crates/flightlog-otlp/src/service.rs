@@ -113,7 +113,7 @@ fn store_status(error: StoreError) -> Status {
         | StoreError::Busy(_)
         | StoreError::StorageFull(_)
         | StoreError::FileLost(_)
-        | StoreError::DiskFailed(_) => crate::response::unavailable(error.to_string()),
+        | StoreError::DiskFailed(_) => Status::unavailable(error.to_string()),
         StoreError::InvalidInput(_) => Status::invalid_argument(error.to_string()),
         other => Status::internal(other.to_string()),
     }

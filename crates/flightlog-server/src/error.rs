@@ -15,9 +15,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use utoipa::ToSchema;
 
-/// How long a client told `503 unavailable` should wait before retrying, in seconds: what an
-/// OTLP/gRPC exporter told `UNAVAILABLE` is told too (its `RetryInfo`).
-pub const RETRY_AFTER_SECONDS: u32 = flightlog_otlp::RETRY_DELAY_SECONDS;
+/// How long a client told `503 unavailable` should wait before retrying, in seconds.
+pub const RETRY_AFTER_SECONDS: u32 = 1;
 
 /// A request that failed, as the contract's error table names it. Each variant's text is the
 /// human sentence sent as `message`.

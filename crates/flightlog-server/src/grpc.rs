@@ -186,7 +186,7 @@ async fn export_in_slot(
     let request = match crate::gate::read_whole(request, limit, &mut hold).await {
         Ok(request) => request,
         Err(crate::gate::BodyRead::OverBudget(refusal, _)) => {
-            return refuse(flightlog_otlp::unavailable(refusal.to_string()))
+            return refuse(Status::unavailable(refusal.to_string()))
         }
         Err(crate::gate::BodyRead::TooLarge(_)) => {
             return refuse(message_too_large(state.config().body_limit))
@@ -207,7 +207,7 @@ async fn export_in_slot(
     let slot = match crate::overload::take_write_slot(&state, &axum::http::Method::POST, true).await
     {
         Ok(slot) => slot,
-        Err(refusal) => return refuse(flightlog_otlp::unavailable(refusal.to_string())),
+        Err(refusal) => return refuse(Status::unavailable(refusal.to_string())),
     };
     let response = next.run(request).await;
     drop(hold);
@@ -251,7 +251,7 @@ async fn entries_within_budget(
     if found.inflated_bytes > 0 {
         hold.cover(bytes.len().saturating_add(found.inflated_bytes))
             .await
-            .map_err(|refusal| flightlog_otlp::unavailable(refusal.to_string()))?;
+            .map_err(|refusal| Status::unavailable(refusal.to_string()))?;
     }
     let messages = found.count;
     // tonic reads a unary call's first message and drops the rest unread: a client that sent
