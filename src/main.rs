@@ -241,7 +241,8 @@ struct ServeArgs {
     stuck_after_ms: Option<String>,
     /// Delete the spans, events and change rows of runs that ended this long ago, in ms,
     /// keeping their rollups (usage, cost, outcome), or `off` to keep all detail (the change
-    /// log too: its trim to the newest 100,000 changes is part of the prune).
+    /// log too: its trim of rows more than 100,000 ids behind the newest is part of the
+    /// prune).
     /// [env: FLIGHTLOG_PRUNE_AFTER_MS] [file: maintenance.prune_after_ms] [default: 2592000000 = 30 days]
     #[arg(
         long,

@@ -181,11 +181,12 @@ pub fn check_grpc_messages(
             (_, Some(encoding)) if encoding.eq_ignore_ascii_case("gzip") => {
                 match gunzip_one_member(message, max_decompressed) {
                     Ok(OneMember::Followed { rest }) => {
+                        let bytes = if rest == 1 { "byte" } else { "bytes" };
                         return Err(OtlpError::malformed(format!(
-                            "the gzip-compressed message has {rest} bytes after its first gzip \
+                            "the gzip-compressed message has {rest} {bytes} after its first gzip \
                              member, which gRPC's decompression does not read: compress each \
                              message as one gzip member; nothing was stored"
-                        )))
+                        )));
                     }
                     Ok(OneMember::Alone(plain)) => {
                         inflated = plain;
@@ -448,7 +449,9 @@ pub(crate) fn decode_json_general(body: &[u8]) -> Result<ExportTraceServiceReque
 
 /// What [`normalize_any_values`] writes as the `stringValue` of a non-finite `doubleValue` (which
 /// opentelemetry-proto's serde derive cannot read), for [`restore_non_finite_doubles`] to make a
-/// double again: the NUL keeps it apart from any text an exporter sends as a string.
+/// double again. A client's `stringValue` that begins with it gets it once more in front, taken
+/// off again after decoding, so no text a client sends is ever read as a double (an audit's
+/// finding: with a real non-finite double beside it, such a string became one).
 const NON_FINITE_MARK: &str = "\u{0}flightlog-non-finite-double:";
 
 /// The non-finite doubles [`normalize_any_values`] carried through decoding as marked strings,
@@ -462,13 +465,16 @@ fn restore_non_finite_doubles(request: &mut ExportTraceServiceRequest) {
     fn restore_value(value: &mut AnyValue) {
         match &mut value.value {
             Some(any_value::Value::StringValue(text)) => {
-                let number = match text.strip_prefix(NON_FINITE_MARK) {
-                    Some("NaN") => f64::NAN,
-                    Some("Infinity") => f64::INFINITY,
-                    Some("-Infinity") => f64::NEG_INFINITY,
-                    _ => return,
+                let Some(marked) = text.strip_prefix(NON_FINITE_MARK) else {
+                    return;
                 };
-                value.value = Some(any_value::Value::DoubleValue(number));
+                value.value = Some(match marked {
+                    "NaN" => any_value::Value::DoubleValue(f64::NAN),
+                    "Infinity" => any_value::Value::DoubleValue(f64::INFINITY),
+                    "-Infinity" => any_value::Value::DoubleValue(f64::NEG_INFINITY),
+                    // A client's own string that began with the mark, escaped by another.
+                    other => any_value::Value::StringValue(other.to_owned()),
+                });
             }
             Some(any_value::Value::ArrayValue(array)) => {
                 array.values.iter_mut().for_each(restore_value);
@@ -890,6 +896,12 @@ fn normalize_any_values(value: &mut Value, non_finite: &mut bool) {
                 if let Some(Value::Object(list)) = object.get_mut(key) {
                     list.entry("values")
                         .or_insert_with(|| Value::Array(Vec::new()));
+                }
+            }
+            if let Some(Value::String(text)) = object.get_mut("stringValue") {
+                if text.starts_with(NON_FINITE_MARK) {
+                    text.insert_str(0, NON_FINITE_MARK);
+                    *non_finite = true;
                 }
             }
             if let Some(Value::String(text)) = object.get("doubleValue") {
@@ -1339,13 +1351,35 @@ mod tests {
                 .and_then(|value| value.value),
             Some(any_value::Value::DoubleValue(f64::NEG_INFINITY))
         );
-        // A string that merely looks like the mark stays a string.
-        let text =
-            decode_json_text(&with_attribute(r#"{"stringValue":"Infinity"}"#)).expect("decodes");
-        assert_eq!(
-            first_attribute(&text),
-            Some(any_value::Value::StringValue("Infinity".into()))
-        );
+        // A string stays a string: the name of a non-finite number, and one that begins with
+        // the mark itself, beside a real non-finite double or not.
+        for text in ["Infinity", "\u{0}flightlog-non-finite-double:Infinity"] {
+            let value =
+                serde_json::to_string(&serde_json::json!({ "stringValue": text })).expect("JSON");
+            for with_double in [false, true] {
+                let mut request = with_attribute(&value);
+                if with_double {
+                    request = request.replacen(
+                        r#""attributes":[{"key":"gen_ai"#,
+                        r#""attributes":[{"key":"n","value":{"doubleValue":"NaN"}},{"key":"gen_ai"#,
+                        1,
+                    );
+                    assert!(request.contains("NaN"), "{request}");
+                }
+                let decoded = decode_json_text(&request).expect("decodes");
+                let attributes = &decoded.resource_spans[0].scope_spans[0].spans[0].attributes;
+                let found = attributes
+                    .iter()
+                    .find(|pair| pair.key != "n")
+                    .and_then(|pair| pair.value.clone())
+                    .and_then(|value| value.value);
+                assert_eq!(
+                    found,
+                    Some(any_value::Value::StringValue(text.into())),
+                    "{request}"
+                );
+            }
+        }
         // A string that is no number is still refused, naming where it is.
         let message = malformed_message(decode_json_text(&with_attribute(
             r#"{"doubleValue":"abc"}"#,

@@ -280,10 +280,6 @@ impl From<JournalError> for ApiError {
     }
 }
 
-/// Says on stderr, once per process, that the database file was lost (deleted or replaced
-/// under the server): from then on every write and `/healthz` answer 503 until a stop and a
-/// start (the message says what to do between them), and
-/// the operator heard of it only when the server stopped.
 /// The most characters of a client's text an error message repeats.
 const MOST_ECHOED_CHARS: usize = 120;
 
@@ -297,6 +293,10 @@ pub(crate) fn echoed(text: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// Says on stderr, once per process, that the database file was lost (deleted or replaced
+/// under the server): from then on every write and `/healthz` answer 503 until a stop and a
+/// start (the message says what to do between them), and
+/// the operator heard of it only when the server stopped.
 fn report_file_lost(message: &str) {
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {

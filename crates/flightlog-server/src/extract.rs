@@ -388,7 +388,17 @@ fn query_error_text(text: &str) -> String {
     }
     // serde_urlencoded names the parameter first: "limt: unknown field `limt`, expected …".
     if let Some((_, rest)) = detail.split_once("unknown field ") {
-        return format!("unknown query parameter {}", crate::error::echoed(rest));
+        // Only the client's name is cut (see `echoed`), never the list of the route's own.
+        return match rest
+            .strip_prefix('`')
+            .and_then(|rest| rest.split_once("`, expected"))
+        {
+            Some((name, expected)) => format!(
+                "unknown query parameter `{}`, expected{expected}",
+                crate::error::echoed(name)
+            ),
+            None => format!("unknown query parameter {}", crate::error::echoed(rest)),
+        };
     }
     // The integer parameters' parse errors are Rust's ("invalid digit found in string",
     // "number too large to fit in target type"): said in the API's words, with what to give.
@@ -424,7 +434,7 @@ fn query_error_text(text: &str) -> String {
 /// once percent-decoded. The query's reader (the URL standard's form decoding) keeps such a `%`
 /// as it is and makes bytes that are not UTF-8 into U+FFFD, so `?key=%FF` read the board entry
 /// whose key is `\u{FFFD}` (an audit's finding), where the same escape in a path id is a 400.
-fn check_query_escapes(query: &str) -> Result<(), ApiError> {
+pub(crate) fn check_query_escapes(query: &str) -> Result<(), ApiError> {
     for parameter in query.split('&') {
         if let Some(escape) = malformed_percent_escape(parameter) {
             return Err(ApiError::invalid(format!(

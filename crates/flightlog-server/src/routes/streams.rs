@@ -24,7 +24,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{first_given_parameter, ApiQuery, PathId};
+use crate::extract::{check_query_escapes, first_given_parameter, ApiQuery, PathId};
 use crate::metrics::{StreamEnds, StreamKind};
 use crate::openapi::{tags, ENGAGEMENT_ID, RUN_ID};
 use crate::response_budget::ChunkedJson;
@@ -799,7 +799,10 @@ async fn run_stream(
 ) -> Result<impl IntoResponse, ApiError> {
     // The change stream takes `after`; a client that gave it here too got a full snapshot, not
     // the changes after it, and no word (an audit's finding). A blank parameter counts as not
-    // given, as on every route.
+    // given, as on every route; a broken escape is refused as on every route.
+    if let Some(query) = uri.query() {
+        check_query_escapes(query)?;
+    }
     if let Some(name) = first_given_parameter(&uri) {
         return Err(ApiError::invalid(format!(
             "unknown query parameter `{name}`: the run stream takes no query parameters: it \

@@ -1654,6 +1654,11 @@ async fn a_query_value_that_is_not_utf8_or_has_a_broken_escape_is_refused() {
         ),
         // On a route that reads no query too, where a blank parameter is otherwise ignored.
         ("/v1/engagements/q/summary?%%%%", "not a percent-escape"),
+        (
+            "/v1/activity/runs/r1/stream?%FF",
+            "not UTF-8 once percent-decoded",
+        ),
+        ("/v1/activity/runs/r1/stream?%zz", "not a percent-escape"),
     ] {
         let reply = server.get(path).await;
         reply.assert_error(400, "invalid_request");
@@ -1690,6 +1695,11 @@ async fn an_error_message_repeats_a_long_input_cut() {
         assert!(!message.contains(&"x".repeat(121)), "{message}");
         assert!(message.len() < 400, "{} bytes", message.len());
     }
+    // The route's own list of parameters is never cut with the client's name.
+    let reply = server.get(&format!("/v1/activity/runs?{long}=1")).await;
+    let message = reply.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("…`, expected one of `state`"), "{message}");
+    assert!(message.ends_with('`'), "{message}");
     server.stop().await;
 }
 
