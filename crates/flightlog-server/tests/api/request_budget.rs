@@ -471,8 +471,17 @@ async fn slow_small_bodies_give_way_to_one_waiting_for_their_budget() {
             "nobody waited yet"
         );
 
-        let waiting = post_span(&server, span_body("waiting", 100)).await;
-        assert_eq!(waiting.status().as_u16(), 201, "the slow bodies gave way");
+        // Two writes of 40 KB at once: the share one slow body gives back has room for one
+        // of them, so the other still waits, and the second slow body gives way too (with
+        // one small write, the second slow body was left alone once the first gave way, and
+        // was cut off at 10 s with 408).
+        let (first, second) = tokio::join!(
+            post_span(&server, span_body("waiting-1", 40_000)),
+            post_span(&server, span_body("waiting-2", 40_000))
+        );
+        for waiting in [first, second] {
+            assert_eq!(waiting.status().as_u16(), 201, "the slow bodies gave way");
+        }
         let mut answers = Vec::new();
         for (mut answer_half, trickle) in trickling {
             let mut answer = Vec::new();
@@ -487,6 +496,7 @@ async fn slow_small_bodies_give_way_to_one_waiting_for_their_budget() {
             &server,
             &answers,
             &["small-1", "small-2"],
+            &["waiting-1", "waiting-2"],
             "--max-inflight-writes",
         )
         .await;
@@ -497,14 +507,15 @@ async fn slow_small_bodies_give_way_to_one_waiting_for_their_budget() {
     .expect("the scenario ends within 60 s");
 }
 
-/// The end of a scenario in which the slow bodies of spans `refused` gave way to the span
-/// `waiting`: each of their `answers` a `503` with `Retry-After` saying the body was too slow
-/// (and `also_says`, lower-case), none of them stored, `waiting` stored, and as many slow
+/// The end of a scenario in which the slow bodies of spans `refused` gave way to the spans
+/// `waited`: each of their `answers` a `503` with `Retry-After` saying the body was too slow
+/// (and `also_says`, lower-case), none of them stored, the others stored, and as many slow
 /// refusals counted.
 async fn assert_slow_bodies_gave_way(
     server: &TestServer,
     answers: &[Vec<u8>],
     refused: &[&str],
+    waited: &[&str],
     also_says: &str,
 ) {
     for answer in answers {
@@ -520,10 +531,12 @@ async fn assert_slow_bodies_gave_way(
             .await
             .assert_error(404, "not_found");
     }
-    server
-        .get("/v1/activity/spans/waiting")
-        .await
-        .assert_status(200);
+    for id in waited {
+        server
+            .get(&format!("/v1/activity/spans/{id}"))
+            .await
+            .assert_status(200);
+    }
     assert_eq!(slow_refused(server).await, refused.len() as f64);
 }
 
@@ -635,6 +648,7 @@ async fn slow_large_bodies_give_way_to_one_waiting_for_their_budget() {
             &server,
             &[answer, trickled],
             &["stalled", "trickling"],
+            &["waiting"],
             "connection: close",
         )
         .await;
