@@ -449,14 +449,13 @@ pub(crate) fn check_query_escapes(query: &str) -> Result<(), ApiError> {
             let name = parameter
                 .split_once('=')
                 .map_or(parameter, |(name, _)| name);
-            let name: String = percent_encoding::percent_decode_str(&name.replace('+', " "))
+            let name = percent_encoding::percent_decode_str(&name.replace('+', " "))
                 .decode_utf8_lossy()
-                .chars()
-                .take(64)
-                .collect();
+                .into_owned();
             return Err(ApiError::invalid(format!(
-                "the query parameter {name:?} is not UTF-8 once percent-decoded: \
-                 percent-encode the UTF-8 bytes of its text"
+                "the query parameter {:?} is not UTF-8 once percent-decoded: percent-encode \
+                 the UTF-8 bytes of its text",
+                crate::error::echoed(&name)
             )));
         }
     }

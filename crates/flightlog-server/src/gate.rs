@@ -75,8 +75,9 @@ pub const SMALL_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// While another request waits for a budget of bodies (see `request_budget`), a body holding
 /// some of it must have arrived at this many bytes a second on average since it took its share
 /// (of the large budget its bytes past the first 64 KiB, of the small one all of them, over the
-/// time since the share less the first [`SLOW_BODY_GRACE`]), or it gives its share to the one waiting and is refused as a body that
-/// does not fit is: `503` with `Retry-After` after the rest of it is drained, over gRPC
+/// time since the share less the first [`SLOW_BODY_GRACE`]), or it gives its share to the one
+/// waiting and is refused as a body that does not fit is: `503` with `Retry-After` after the
+/// rest of it is drained, over gRPC
 /// `UNAVAILABLE`, both of which OTLP exporters retry (a `408` was the first answer; the OTLP
 /// spec has exporters drop a batch on any 4xx but 429). About what an 8 MiB body needs to
 /// arrive within [`BODY_READ_TIMEOUT`]. Without it, a client that sent 64 KiB of a body
