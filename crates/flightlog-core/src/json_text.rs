@@ -6,8 +6,13 @@
 //! escape" that sent an agent's author looking for a typo (an audit's finding).
 
 /// `message` (serde_json's, perhaps behind a path or a prefix), with what a lone surrogate
-/// escape is and what to send instead when that is what it reports.
+/// escape is and what to send instead when that is what it reports, and each piece of it in
+/// backticks or double quotes cut to [`MOST_QUOTED_CHARS`] (see [`cut_long_quotes`]).
 pub fn explain_json_error(message: String) -> String {
+    let message = match cut_long_quotes(&message) {
+        std::borrow::Cow::Borrowed(_) => message,
+        std::borrow::Cow::Owned(cut) => cut,
+    };
     if message.contains("hex escape") {
         format!(
             "{message} (a lone UTF-16 surrogate escape such as \\ud83d, half of a character, \
@@ -16,6 +21,51 @@ pub fn explain_json_error(message: String) -> String {
     } else {
         message
     }
+}
+
+/// The most characters of one quoted piece of an error message, and of any text of a client's
+/// a message repeats.
+pub const MOST_QUOTED_CHARS: usize = 120;
+
+/// `text` as an error message repeats it: whole up to [`MOST_QUOTED_CHARS`] characters, else
+/// its beginning and `…` (cut on a character boundary).
+pub fn echoed(text: &str) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(MOST_QUOTED_CHARS) {
+        None => std::borrow::Cow::Borrowed(text),
+        Some((end, _)) => std::borrow::Cow::Owned(format!("{}…", &text[..end])),
+    }
+}
+
+/// `message` with each piece between backticks or double quotes (what serde's messages quote
+/// the client's text in: a field name, a variant, a string value) cut to its first
+/// [`MOST_QUOTED_CHARS`] characters and `…`. Such messages repeated the client's text whole: a
+/// 6 KB message for a long unknown JSON key, 3 KB for a bad `kind` (an audit's finding).
+pub fn cut_long_quotes(message: &str) -> std::borrow::Cow<'_, str> {
+    if message.len() <= MOST_QUOTED_CHARS {
+        return std::borrow::Cow::Borrowed(message);
+    }
+    let mut cut = String::with_capacity(message.len().min(1024));
+    let mut rest = message;
+    let mut changed = false;
+    while let Some(open) = rest.find(['`', '"']) {
+        let quote = &rest[open..open + 1];
+        let (before, after) = rest.split_at(open + 1);
+        cut.push_str(before);
+        let Some(close) = after.find(quote) else {
+            rest = after;
+            break;
+        };
+        let quoted = echoed(&after[..close]);
+        changed |= matches!(quoted, std::borrow::Cow::Owned(_));
+        cut.push_str(&quoted);
+        cut.push_str(quote);
+        rest = &after[close + 1..];
+    }
+    if !changed {
+        return std::borrow::Cow::Borrowed(message);
+    }
+    cut.push_str(rest);
+    std::borrow::Cow::Owned(cut)
 }
 
 #[cfg(test)]
@@ -43,5 +93,25 @@ mod tests {
         assert_eq!(explain_json_error(err.clone()), err);
         // A whole pair is text.
         assert!(serde_json::from_str::<serde_json::Value>(r#""\ud83d\ude00""#).is_ok());
+    }
+
+    #[test]
+    fn long_quoted_pieces_are_cut_and_the_rest_is_kept() {
+        let long = "é".repeat(500);
+        let message = format!(
+            "data: unknown field `{long}`, expected one of `key`, `kind`; got \"{long}\" at 1"
+        );
+        let cut = cut_long_quotes(&message);
+        let short = "é".repeat(MOST_QUOTED_CHARS);
+        assert_eq!(
+            cut,
+            format!(
+                "data: unknown field `{short}…`, expected one of `key`, `kind`; got \"{short}…\" at 1"
+            )
+        );
+        assert_eq!(explain_json_error(message.clone()), cut);
+        // Short pieces, and a quote that is never closed, are left as they are.
+        let open = format!("unknown field `a`, and `{long}");
+        assert_eq!(cut_long_quotes(&open), open);
     }
 }

@@ -439,7 +439,11 @@ pub(crate) fn decode_json_general(body: &[u8]) -> Result<ExportTraceServiceReque
     let mut request: ExportTraceServiceRequest =
         serde_path_to_error::deserialize(value).map_err(|error| {
             let path = error.path().to_string();
-            OtlpError::malformed(format!("{path}: {}", error.inner()))
+            OtlpError::malformed(format!(
+                "{}: {}",
+                flightlog_core::json_text::echoed(&path),
+                error.inner()
+            ))
         })?;
     if non_finite {
         restore_non_finite_doubles(&mut request);

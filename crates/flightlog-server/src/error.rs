@@ -280,17 +280,11 @@ impl From<JournalError> for ApiError {
     }
 }
 
-/// The most characters of a client's text an error message repeats.
-const MOST_ECHOED_CHARS: usize = 120;
-
-/// `text` as an error message repeats it: whole up to [`MOST_ECHOED_CHARS`] characters, else
-/// its beginning and `…`. A message that repeated a request's path or parameter whole ran to
-/// the size of the request's head (5 KB for a 5,000-character `before`; an audit's finding).
+/// `text` as an error message repeats it: whole up to 120 characters, else its beginning and
+/// `…`. A message that repeated a request's path or parameter whole ran to the size of the
+/// request's head (5 KB for a 5,000-character `before`; an audit's finding).
 pub(crate) fn echoed(text: &str) -> std::borrow::Cow<'_, str> {
-    match text.char_indices().nth(MOST_ECHOED_CHARS) {
-        None => std::borrow::Cow::Borrowed(text),
-        Some((end, _)) => std::borrow::Cow::Owned(format!("{}…", &text[..end])),
-    }
+    flightlog_core::json_text::echoed(text)
 }
 
 /// Says on stderr, once per process, that the database file was lost (deleted or replaced

@@ -195,8 +195,20 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
         return Ok(value);
     }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut deserializer)
-        .map_err(|err| ApiError::invalid(format!("invalid JSON body: {err}")))?;
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
+        // The path names the client's keys (a long unknown one whole): cut as every echo is;
+        // one of no known segment is left out, as the error's own text leaves it out.
+        let path = err.path();
+        let known = path
+            .iter()
+            .any(|segment| !matches!(segment, serde_path_to_error::Segment::Unknown));
+        let at = if known {
+            format!("{}: ", crate::error::echoed(&path.to_string()))
+        } else {
+            String::new()
+        };
+        ApiError::invalid(format!("invalid JSON body: {at}{}", err.inner()))
+    })?;
     deserializer
         .end()
         .map_err(|err| ApiError::invalid(format!("invalid JSON body: {err}")))?;

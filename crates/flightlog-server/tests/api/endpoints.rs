@@ -1695,6 +1695,17 @@ async fn an_error_message_repeats_a_long_input_cut() {
         assert!(!message.contains(&"x".repeat(121)), "{message}");
         assert!(message.len() < 400, "{} bytes", message.len());
     }
+    // A body's long unknown member is cut too (serde's message quotes it in backticks).
+    let mut body = start_input("s-long", "r-long", None, 1);
+    body[long.as_str()] = json!(1);
+    let reply = server.post("/v1/activity/spans", &body).await;
+    reply.assert_error(400, "invalid_request");
+    let message = reply.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("{}…`", "x".repeat(120))),
+        "{message}"
+    );
+    assert!(message.len() < 600, "{} bytes: {message}", message.len());
     // The route's own list of parameters is never cut with the client's name.
     let reply = server.get(&format!("/v1/activity/runs?{long}=1")).await;
     let message = reply.body["error"]["message"].as_str().unwrap_or_default();
