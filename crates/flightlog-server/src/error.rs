@@ -280,13 +280,6 @@ impl From<JournalError> for ApiError {
     }
 }
 
-/// `text` as an error message repeats it: whole up to 120 characters, else its beginning and
-/// `…`. A message that repeated a request's path or parameter whole ran to the size of the
-/// request's head (5 KB for a 5,000-character `before`; an audit's finding).
-pub(crate) fn echoed(text: &str) -> std::borrow::Cow<'_, str> {
-    flightlog_core::json_text::echoed(text)
-}
-
 /// Says on stderr, once per process, that the database file was lost (deleted or replaced
 /// under the server): from then on every write and `/healthz` answer 503 until a stop and a
 /// start (the message says what to do between them), and

@@ -203,7 +203,7 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
             .iter()
             .any(|segment| !matches!(segment, serde_path_to_error::Segment::Unknown));
         let at = if known {
-            format!("{}: ", crate::error::echoed(&path.to_string()))
+            format!("{}: ", flightlog_core::json_text::echoed(&path.to_string()))
         } else {
             String::new()
         };
@@ -407,9 +407,12 @@ fn query_error_text(text: &str) -> String {
         {
             Some((name, expected)) => format!(
                 "unknown query parameter `{}`, expected{expected}",
-                crate::error::echoed(name)
+                flightlog_core::json_text::echoed(name)
             ),
-            None => format!("unknown query parameter {}", crate::error::echoed(rest)),
+            None => format!(
+                "unknown query parameter {}",
+                flightlog_core::json_text::echoed(rest)
+            ),
         };
     }
     // The integer parameters' parse errors are Rust's ("invalid digit found in string",
@@ -439,7 +442,10 @@ fn query_error_text(text: &str) -> String {
     {
         return format!("the query parameter {field} is given more than once: give it once");
     }
-    format!("bad query parameter {}", crate::error::echoed(detail))
+    format!(
+        "bad query parameter {}",
+        flightlog_core::json_text::echoed(detail)
+    )
 }
 
 /// Refuses a query with a `%` that starts no percent-escape, or a parameter that is not UTF-8
@@ -467,7 +473,7 @@ pub(crate) fn check_query_escapes(query: &str) -> Result<(), ApiError> {
             return Err(ApiError::invalid(format!(
                 "the query parameter {:?} is not UTF-8 once percent-decoded: percent-encode \
                  the UTF-8 bytes of its text",
-                crate::error::echoed(&name)
+                flightlog_core::json_text::echoed(&name)
             )));
         }
     }

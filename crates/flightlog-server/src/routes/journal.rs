@@ -333,7 +333,7 @@ async fn board(
         Some(text) => Some(BoardEntryKind::parse(text).ok_or_else(|| {
             ApiError::invalid(format!(
                 "kind must be one of artifact, todo, note, got {:?}",
-                crate::error::echoed(text)
+                flightlog_core::json_text::echoed(text)
             ))
         })?),
     };

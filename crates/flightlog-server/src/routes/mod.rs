@@ -56,7 +56,10 @@ pub(crate) fn router(state: &AppState) -> (Router<AppState>, OpenApi) {
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
-    let mut message = format!("no route for {method} {}", crate::error::echoed(uri.path()));
+    let mut message = format!(
+        "no route for {method} {}",
+        flightlog_core::json_text::echoed(uri.path())
+    );
     if uri.path() == testing::CLOCK_PATH {
         message.push_str(": the testing clock exists only on a server started with --manual-clock");
     }
@@ -66,6 +69,6 @@ async fn not_found(method: Method, uri: Uri) -> ApiError {
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::MethodNotAllowed(format!(
         "{method} is not allowed on {}",
-        crate::error::echoed(uri.path())
+        flightlog_core::json_text::echoed(uri.path())
     ))
 }

@@ -61,7 +61,7 @@ impl RunsQuery {
             Some(text) => Some(RunState::parse(text).ok_or_else(|| {
                 ApiError::invalid(format!(
                     "state: expected `open` or `ended`, got {:?}",
-                    crate::error::echoed(text)
+                    flightlog_core::json_text::echoed(text)
                 ))
             })?),
         };
@@ -72,7 +72,7 @@ impl RunsQuery {
             Some(text) => Some(RunCursor::decode(text).ok_or_else(|| {
                 ApiError::invalid(format!(
                     "before: {:?} is not a cursor; pass back the `next` of a previous page",
-                    crate::error::echoed(text)
+                    flightlog_core::json_text::echoed(text)
                 ))
             })?),
         };
