@@ -33,6 +33,7 @@ pub fn error_kind(err: &JournalError) -> &'static str {
         | JournalError::Corrupt(_)
         | JournalError::Overloaded
         | JournalError::Busy(_)
+        | JournalError::Unavailable(_)
         | JournalError::Backend(_)
         | JournalError::StorageFull(_)
         | JournalError::FileLost(_)

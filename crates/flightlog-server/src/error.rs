@@ -200,9 +200,10 @@ impl From<StoreError> for ApiError {
                 report_storage_full(&message);
                 Self::Unavailable(message)
             }
-            StoreError::Overloaded | StoreError::Closed | StoreError::Busy(_) => {
-                Self::Unavailable(message)
-            }
+            StoreError::Overloaded
+            | StoreError::Closed
+            | StoreError::Busy(_)
+            | StoreError::Unavailable(_) => Self::Unavailable(message),
             StoreError::FileLost(_) => {
                 report_file_lost(&message);
                 Self::Unavailable(message)
@@ -264,9 +265,10 @@ impl From<JournalError> for ApiError {
                 report_storage_full(&message);
                 Self::Unavailable(message)
             }
-            JournalError::Closed | JournalError::Overloaded | JournalError::Busy(_) => {
-                Self::Unavailable(message)
-            }
+            JournalError::Closed
+            | JournalError::Overloaded
+            | JournalError::Busy(_)
+            | JournalError::Unavailable(_) => Self::Unavailable(message),
             JournalError::FileLost(_) => {
                 report_file_lost(&message);
                 Self::Unavailable(message)
@@ -460,6 +462,7 @@ mod tests {
             (StoreError::Overloaded, (503, "unavailable")),
             (StoreError::Closed, (503, "unavailable")),
             (StoreError::Busy("x".into()), (503, "unavailable")),
+            (StoreError::Unavailable("x".into()), (503, "unavailable")),
             (StoreError::StorageFull("x".into()), (503, "unavailable")),
             (StoreError::DiskFailed("x".into()), (503, "unavailable")),
             (StoreError::FileLost("x".into()), (503, "unavailable")),
@@ -506,6 +509,7 @@ mod tests {
             (JournalError::FileLost("x".into()), (503, "unavailable")),
             (JournalError::Overloaded, (503, "unavailable")),
             (JournalError::Busy("x".into()), (503, "unavailable")),
+            (JournalError::Unavailable("x".into()), (503, "unavailable")),
             (JournalError::Corrupt("x".into()), (500, "internal")),
             (JournalError::Backend("x".into()), (500, "internal")),
         ];
@@ -560,6 +564,7 @@ mod tests {
             StoreError::SchemaUnknown("u".into()),
             StoreError::Corrupt("c".into()),
             StoreError::Busy("b".into()),
+            StoreError::Unavailable("u".into()),
             StoreError::Backend("b".into()),
             StoreError::InvalidInput("i".into()),
             StoreError::StorageFull("f".into()),

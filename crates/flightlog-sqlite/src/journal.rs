@@ -174,6 +174,7 @@ fn journal_error(err: StoreError) -> JournalError {
         StoreError::DiskFailed(detail) => JournalError::DiskFailed(detail),
         StoreError::Overloaded => JournalError::Overloaded,
         StoreError::Busy(detail) => JournalError::Busy(detail),
+        StoreError::Unavailable(detail) => JournalError::Unavailable(detail),
         // The inner text, not the store error's: "journal backend error: database error: …"
         // said it twice.
         StoreError::Backend(detail) => JournalError::Backend(detail),

@@ -5,6 +5,42 @@
 //! method's doc says what it guarantees. Writes act as the instance's writer identity
 //! ([`ActivityStore::writer`]); [`ActivityStore::with_writer`] gives a handle over the same data
 //! with another identity.
+//!
+//! # What every backend guarantees, whoever else writes the database
+//!
+//! Several writers may share one database: other processes on one SQLite file today, several
+//! server instances on one PostgreSQL database next. The live streams and the maintenance rely
+//! on these guarantees, which the SQLite backend gets from its one write lock (each transaction
+//! takes `MAX + 1` under `BEGIN IMMEDIATE`, so id order is commit order) and a network backend
+//! must give by its own means:
+//!
+//! - **Change ids are a watermark.** Ids grow with every change, and a change becomes visible
+//!   only once every lower id that will ever exist is visible too: no change with an id at or
+//!   below a value already seen (the doorbell's, [`ActivityStore::latest_change_cursor`]'s,
+//!   [`RunSnapshot::change_cursor`], the last id [`ActivityStore::changes_since`] returned)
+//!   commits later. A stream moves its cursor to such a value and never reads below it again,
+//!   so a lower id committed late would be skipped for good. A sequence alone does not give
+//!   this (two transactions commit in the other order than they took ids); a counter row locked
+//!   until commit does, as does reading only up to the oldest id still in flight.
+//! - **A run's `seq` is gap-free in commit order**, 1, 2, 3, … per run (a follower of one run
+//!   discards deltas at or below its snapshot's `high_water_seq`), whoever writes the run.
+//! - **The doorbell hears everyone.** [`ActivityStore::change_doorbell`] rings within 250 ms of a
+//!   commit by any process or instance sharing the database (SQLite: a poller on
+//!   `data_version`; PostgreSQL: `LISTEN`/`NOTIFY`), and also after a prune or a trim of the
+//!   change log, when its value may stay or go down: a reader then checks
+//!   [`ActivityStore::change_log_horizon`] again.
+//! - **Maintenance is safe to run everywhere at once.** Every instance runs its scheduled
+//!   maintenance, so `prune`, `sweep_stale*`, `sweep_leftovers_step`, `cascade_close` and
+//!   `rollup_run` may run concurrently from several instances: each run is judged and changed
+//!   inside one transaction that holds it (SQLite: the write lock; a network backend: row locks,
+//!   e.g. `FOR UPDATE SKIP LOCKED` for the sweeps' candidates), and the counts returned are what
+//!   this call changed.
+//! - **A failed write has no effect** ([`StoreError`]). A backend that can lose the answer to
+//!   its `COMMIT` (a network connection dropped at that moment) must find out what happened
+//!   (PostgreSQL: `pg_xact_status` of the transaction's id) before it answers; a database it
+//!   cannot reach at all is [`StoreError::Unavailable`].
+//! - **`health` does no I/O**: it reports state the backend already holds, since `/healthz`
+//!   calls it on every probe.
 
 use std::sync::Arc;
 
@@ -65,6 +101,11 @@ pub enum StoreError {
     /// (the message says how long); nothing was written. A retry succeeds once it lets go.
     #[error("{0}; nothing was written, retry later")]
     Busy(String),
+    /// The database could not be reached in time (a network database down or restarting, its
+    /// connections all busy past the backend's wait); nothing was written. A retry succeeds
+    /// once it is back. The SQLite backend, which opens a file, never returns it.
+    #[error("the database is unavailable: {0}; nothing was written, retry later")]
+    Unavailable(String),
     /// The backend failed (I/O, …).
     #[error("database error: {0}")]
     Backend(String),
@@ -93,7 +134,7 @@ pub enum StoreError {
 
 impl StoreError {
     /// Whether the store as a whole refused the write (a full queue, a shutdown, another
-    /// process's lock, a full or failing disk, a lost file), as opposed to this write being
+    /// process's lock, an unreachable database, a full or failing disk, a lost file), as opposed to this write being
     /// wrong: nothing was written, and the same write may succeed when retried later (the HTTP
     /// API answers such refusals 503 with `Retry-After`).
     pub fn refuses_every_write(&self) -> bool {
@@ -102,6 +143,7 @@ impl StoreError {
             Self::Overloaded
                 | Self::Closed
                 | Self::Busy(_)
+                | Self::Unavailable(_)
                 | Self::StorageFull(_)
                 | Self::FileLost(_)
                 | Self::DiskFailed(_)
@@ -127,7 +169,8 @@ pub trait ActivityStore: Send + Sync {
     fn with_writer(&self, writer: &str) -> Arc<dyn ActivityStore>;
 
     /// Rings (moves to the newest change id) after changes commit, whether written through this
-    /// store or, within a bounded delay, by another process sharing the database.
+    /// store or, within 250 ms, by another process or instance sharing the database; also after
+    /// a prune or a trim of the change log (see the module doc).
     fn change_doorbell(&self) -> ChangeDoorbell;
 
     /// What the backend reports about its own machinery, for `/metrics` (see

@@ -4,6 +4,15 @@
 //! type: in-memory and SQLite journals are interchangeable behind `Arc<dyn EngagementJournal>`,
 //! and the conformance replayer drives them all the same way. Semantics follow the reference
 //! `EngagementJournal` (FORMAT.md §4); each method's doc says what it guarantees.
+//!
+//! Several processes or server instances may share one database. Each engagement's seqs are
+//! then still 0, 1, 2, … in commit order, the `expectedSeq` check and the `JournalFull` limit are
+//! judged inside the append's own transaction against the engagement's committed count (SQLite:
+//! under its write lock; a network backend: the engagement's row locked, `FOR UPDATE`), and
+//! `compact`, `prune` and `prune_idle`, which every instance's maintenance runs, may run
+//! concurrently: each engagement is changed once, inside a transaction that holds it, and the
+//! counts returned are what this call changed. A [`JournalSubscription`] carries only this
+//! handle's appends; the [`JournalDoorbell`] rings for everyone else's.
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -19,8 +28,9 @@ use super::validate::{AppendInput, AppendValidationError};
 pub type JournalSubscription = tokio::sync::broadcast::Receiver<EngagementEvent>;
 
 /// Rings (its value grows) after commits that a [`JournalSubscription`] does not carry:
-/// compactions, prunes and, where the backend can see them, other processes' appends. A live
-/// reader re-reads its engagement ([`EngagementJournal::read_tail`]) when it rings.
+/// compactions, prunes, and other processes' or instances' appends (within 250 ms of their
+/// commit: SQLite polls `data_version`, a network backend would `LISTEN`). A live reader
+/// re-reads its engagement ([`EngagementJournal::read_tail`]) when it rings.
 pub type JournalDoorbell = tokio::sync::watch::Receiver<u64>;
 
 /// An engagement's events from some seq on, and the generation they belong to, read together
@@ -109,6 +119,10 @@ pub enum JournalError {
     /// it; nothing was written. A retry succeeds once it lets go.
     #[error("{0}; nothing was written, retry later")]
     Busy(String),
+    /// The database could not be reached in time; nothing was written (see
+    /// `StoreError::Unavailable`). The SQLite backend never returns it.
+    #[error("the database is unavailable: {0}; nothing was written, retry later")]
+    Unavailable(String),
     /// The backend failed (I/O, …).
     #[error("journal backend error: {0}")]
     Backend(String),
@@ -137,7 +151,8 @@ pub trait EngagementJournal: Send + Sync {
     fn retention(&self) -> RetentionConfig;
 
     /// Append an event at seq = the engagement's current number of events. Appends to one
-    /// engagement are applied in call order; other engagements do not wait on them.
+    /// engagement through one handle, each awaited before the next is made, are applied in that
+    /// order; other engagements do not wait on them.
     ///
     /// Fails, writing nothing, with [`JournalError::JournalFull`] when the engagement already
     /// holds `max_events_per_engagement` events, then with [`JournalError::WrongExpectedSeq`]
