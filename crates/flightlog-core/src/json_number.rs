@@ -29,11 +29,19 @@ fn integral<E: serde::de::Error>(number: &serde_json::Number) -> Result<i64, E> 
     if let Some(integer) = number.as_i64() {
         return Ok(integer);
     }
+    if number.is_u64() {
+        // Written as an integer, past `i64` (so past every field's range).
+        return Err(E::custom(format!(
+            "expected an integer below 2^53 in magnitude, got {number}"
+        )));
+    }
     match number.as_f64().and_then(exact_integer) {
         Some(integer) => Ok(integer),
+        // The number as JavaScript writes it (`1e+16`, not Rust's `-9007199254740992.0`).
         None => Err(E::custom(format!(
             "expected an integer (below 2^53 in magnitude when written with a fraction or \
-             exponent), got {number}"
+             exponent), got {}",
+            js_double_text(number.as_f64().unwrap_or(f64::NAN))
         ))),
     }
 }
@@ -221,6 +229,31 @@ mod tests {
             r#"{"required": 1, "optional": true}"#,
         ] {
             assert!(read(json).is_err(), "{json} was accepted");
+        }
+    }
+
+    /// The message says what was wrong with the number as it was written, in JavaScript's
+    /// spelling of it (an audit's finding: `9223372036854775808` was told about fractions, and
+    /// `-9.007199254740993e15` was quoted back as `-9007199254740992.0`).
+    #[test]
+    fn a_refused_number_is_quoted_as_a_json_client_writes_it() {
+        for (json, says) in [
+            (
+                r#"{"required": 9223372036854775808}"#,
+                "expected an integer below 2^53 in magnitude, got 9223372036854775808",
+            ),
+            (
+                r#"{"required": -9.007199254740993e15}"#,
+                "got -9007199254740992",
+            ),
+            (r#"{"required": 1e16}"#, "got 10000000000000000"),
+            (r#"{"required": 1000.5}"#, "got 1000.5"),
+        ] {
+            let err = read(json)
+                .err()
+                .map(|err| err.to_string())
+                .unwrap_or_default();
+            assert!(err.contains(&format!("{says} at line")), "{json}: {err}");
         }
     }
 }

@@ -9,10 +9,23 @@
 /// escape is and what to send instead when that is what it reports, and each piece of it in
 /// backticks or double quotes cut to [`MOST_QUOTED_CHARS`] (see [`cut_long_quotes`]).
 pub fn explain_json_error(message: String) -> String {
-    let message = match cut_long_quotes(&message) {
+    let mut message = match cut_long_quotes(&message) {
         std::borrow::Cow::Borrowed(_) => message,
         std::borrow::Cow::Owned(cut) => cut,
     };
+    // serde names the Rust type it wanted (`expected f64` for `costUsd: "0.1"`, an audit's
+    // finding); a client knows JSON's.
+    for (rust, json) in RUST_TYPE_NAMES {
+        if let Some(at) = message.find(rust) {
+            if message[at + rust.len()..]
+                .chars()
+                .next()
+                .is_none_or(|next| !next.is_ascii_alphanumeric())
+            {
+                message.replace_range(at..at + rust.len(), json);
+            }
+        }
+    }
     if message.contains("hex escape") {
         format!(
             "{message} (a lone UTF-16 surrogate escape such as \\ud83d, half of a character, \
@@ -22,6 +35,16 @@ pub fn explain_json_error(message: String) -> String {
         message
     }
 }
+
+/// What serde's messages call a number field by its Rust type, and what a JSON client calls it.
+const RUST_TYPE_NAMES: [(&str, &str); 6] = [
+    ("expected f64", "expected a JSON number"),
+    ("expected f32", "expected a JSON number"),
+    ("expected i64", "expected an integer"),
+    ("expected u64", "expected a non-negative integer"),
+    ("expected u32", "expected a non-negative integer"),
+    ("expected usize", "expected a non-negative integer"),
+];
 
 /// The most characters of one quoted piece of an error message, and of any text of a client's
 /// a message repeats.
@@ -93,6 +116,33 @@ mod tests {
         assert_eq!(explain_json_error(err.clone()), err);
         // A whole pair is text.
         assert!(serde_json::from_str::<serde_json::Value>(r#""\ud83d\ude00""#).is_ok());
+    }
+
+    #[test]
+    fn a_number_fields_rust_type_is_named_as_json_names_it() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Usage {
+            cost: f64,
+            count: u64,
+        }
+        for (text, named) in [
+            (r#"{"cost": "0.1", "count": 1}"#, "expected a JSON number"),
+            (
+                r#"{"cost": 0.1, "count": -1}"#,
+                "expected a non-negative integer",
+            ),
+        ] {
+            let err = serde_json::from_str::<Usage>(text)
+                .err()
+                .map(|err| explain_json_error(err.to_string()))
+                .unwrap_or_default();
+            assert!(err.contains(named), "{text}: {err}");
+            assert!(!err.contains("f64") && !err.contains("u64"), "{err}");
+        }
+        // A word that only begins like a type name is left alone.
+        let other = "expected f64x".to_owned();
+        assert_eq!(explain_json_error(other.clone()), other);
     }
 
     #[test]
