@@ -285,7 +285,7 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
         SqliteDatabase::open(SqliteConfig::new(db_path))
             .with_context(|| format!("cannot open database {}", db_path.display()))
     })?;
-    if let Some(warning) = crate::serve::hard_link_warning(db_path) {
+    if let Some(warning) = crate::backend::hard_link_warning(db_path) {
         let _ = writeln!(std::io::stderr().lock(), "{warning}");
     }
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);

@@ -21,6 +21,7 @@ macro_rules! say_err {
     }};
 }
 
+mod backend;
 mod demo;
 mod file_name_lock;
 mod instance_lock;

@@ -9,7 +9,7 @@
 //! touched by that sweep and end by their writer or by `sweep-stale`.
 //!
 //! Boot order matters. Everything that can refuse the start (settings, addresses, binding the
-//! listeners, another live server of the same instance on the file: `instance_lock`) comes
+//! listeners, another live server of the same instance on the database: `Backend`'s claim) comes
 //! before the database is opened, so a refused start changes nothing stored.
 //! The sweep then runs before the first request is served (connections wait in the listener's
 //! backlog meanwhile).
@@ -19,20 +19,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use flightlog_core::activity::ActivityStore;
-use flightlog_core::journal::EngagementJournal;
 use flightlog_core::{default_writer_id, Clock, ManualClock, SystemClock};
 use flightlog_server::maintenance::{maintenance_writer, Maintenance};
-use flightlog_server::settings::{self, is_loopback, Durability, ServeFlags};
+use flightlog_server::settings::{self, is_loopback, ServeFlags};
 use flightlog_server::AppState;
-use flightlog_sqlite::{
-    SqliteActivityStore, SqliteConfig, SqliteDatabase, SqliteEngagementJournal,
-};
+
+use crate::backend::Backend;
 
 /// Where the listening address can be set, for error messages.
 const ADDR_SOURCES: &str = "--addr, FLIGHTLOG_ADDR or `addr` in the config file";
-/// How long the database's close may take at a stop before the server says what it waits for.
-const SLOW_CLOSE_NOTICE: std::time::Duration = std::time::Duration::from_secs(1);
 /// Where the OTLP/gRPC address can be set, for error messages.
 const GRPC_ADDR_SOURCES: &str =
     "--grpc-addr, FLIGHTLOG_GRPC_ADDR or `grpc_addr` in the config file";
@@ -162,39 +157,10 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
             settings::default_instance(&host_name(), local.port())
         }
     };
-    // Held until the server exits: a second live server of this instance on this file would
-    // otherwise close this one's live spans at its boot (see `instance_lock`).
-    // Beside the file itself, as SQLite's own files are: a server reaching the file through a
-    // symbolic link takes the same lock as one given its real path.
-    let real_db = flightlog_sqlite::real_database_path(&settings.db);
-    let _instance_lock = match crate::instance_lock::lock_instance(&real_db, &instance) {
-        Ok(lock) => lock,
-        Err(crate::instance_lock::InstanceLockError::Held { lock_file }) => anyhow::bail!(
-            "instance {instance} is already served by another live flightlog on {} (it holds \
-             {}): its boot would close that server's open spans as interrupted. Give this \
-             server another name with --instance (FLIGHTLOG_INSTANCE, `instance` in the config \
-             file), or stop the other one first",
-            settings.db.display(),
-            lock_file.display()
-        ),
-    };
-
-    let mut sqlite = SqliteConfig::new(&settings.db);
-    sqlite.lock_retry_budget = settings.write_lock_wait;
-    sqlite.durability = match settings.durability {
-        Durability::Normal => flightlog_sqlite::Durability::Normal,
-        Durability::Full => flightlog_sqlite::Durability::Full,
-    };
-    // Held until the process ends: a flightlog on another name of this file (a hard link)
-    // would write its own `-wal` beside that name and lose writes (see `file_name_lock`).
-    let (db, _name_lock) = crate::file_name_lock::open_under_name_lock(&real_db, || {
-        SqliteDatabase::open(sqlite).with_context(|| {
-            format!(
-                "cannot open the database {} (--db, FLIGHTLOG_DB or `db` in the config file)",
-                settings.db.display()
-            )
-        })
-    })?;
+    // Claimed before the database is opened, and held until the server exits: a second live
+    // server of this instance on this database would otherwise close this one's live spans at
+    // its boot (see `backend`).
+    let backend = Backend::claim_and_open(&settings, &instance)?;
     let manual_clock = settings.manual_clock.then(|| Arc::new(ManualClock::new(0)));
     let clock: Arc<dyn Clock> = match &manual_clock {
         Some(clock) => clock.clone(),
@@ -204,15 +170,8 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
     // --manual-clock, so two boots of the same pid (a container's pid 1) never share one.
     let life_prefix = settings::instance_life_prefix(&instance);
     let writer = format!("{life_prefix}{}", default_writer_id(&SystemClock));
-    let activity: Arc<dyn ActivityStore> = Arc::new(SqliteActivityStore::with_identity(
-        Arc::clone(&db),
-        Arc::clone(&clock),
-        &writer,
-    ));
-    let journal: Arc<dyn EngagementJournal> = Arc::new(
-        SqliteEngagementJournal::new(Arc::clone(&db), settings.retention)
-            .with_clock(Arc::clone(&clock)),
-    );
+    let activity = backend.activity(Arc::clone(&clock), &writer);
+    let journal = backend.journal(settings.retention, Arc::clone(&clock));
 
     // A sweep that cannot write (a full disk) must not keep the recorder from serving what it
     // holds: it starts anyway, and the spans stay open until a later boot's sweep, or
@@ -227,7 +186,7 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
         }
         // A damaged file fails every later request too: refuse to serve it, and say so.
         Err(err @ flightlog_core::activity::StoreError::Corrupt(_)) => {
-            anyhow::bail!("cannot serve the database {}: {err}", settings.db.display())
+            anyhow::bail!("cannot serve the database {}: {err}", backend.describe())
         }
         Err(err) => say_err!(
             "flightlog: warning: could not close the spans a previous run left open ({err}); \
@@ -243,7 +202,7 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
     }
     say!(
         "flightlog: listening on http://{local} (database {}, writer {writer}{})",
-        settings.db.display(),
+        backend.describe(),
         if manual_clock.is_some() {
             ", manual clock"
         } else {
@@ -284,19 +243,18 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
     if let Some(path) = &settings.config_file {
         say!("flightlog: settings from {}", path.display());
     }
-    warn_of_hard_links(&real_db);
+    backend.warn_of_risks();
     // One signal stops both listeners.
     let wait_for_stop = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stopped.wait_for(|stop| *stop).await;
     };
-    // From the stop on, a write behind another process's write lock waits at most 2 s, so the
-    // requests in flight are answered (503) within the grace instead of cut off after it.
+    // The backend hears of the stop at once (see `Backend::on_stop`).
     tokio::spawn({
-        let db = Arc::clone(&db);
+        let on_stop = backend.on_stop();
         let stopping = wait_for_stop(stopped.clone());
         async move {
             stopping.await;
-            db.shutting_down();
+            on_stop();
         }
     });
     let grpc = match grpc_listener {
@@ -356,76 +314,10 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
             say_err!("flightlog: warning: the scheduled maintenance's task failed: {err}");
         }
     }
-    // Leave the database file complete on its own (the WAL copied into it), so that copying
-    // the stopped server's file is a backup of everything it acknowledged. The writes still
-    // queued are done first, and one that waits for another process's write lock may take up
-    // to the lock wait: said when the close takes long, so a stop that hangs is explained.
-    let closing = db.close();
-    tokio::pin!(closing);
-    let closed = tokio::select! {
-        closed = &mut closing => closed,
-        () = tokio::time::sleep(SLOW_CLOSE_NOTICE) => {
-            say!(
-                "flightlog: still closing the database: finishing the writes queued before the \
-                 stop, then copying the WAL into the file; another process holding the \
-                 database's lock makes the writes wait up to {} s and the copy up to 5 s; a \
-                 second Ctrl-C or SIGTERM stops at once",
-                flightlog_sqlite::SHUTDOWN_LOCK_WAIT
-                    .min(settings.write_lock_wait)
-                    .as_secs_f64()
-            );
-            closing.await
-        }
-    };
-    match closed {
-        Ok(true) => {}
-        Ok(false) => {
-            // Which of the reasons it is, where it can be told: a file whose permissions were
-            // taken away while serving was blamed on readers or the disk.
-            let opened = std::fs::OpenOptions::new().write(true).open(&settings.db);
-            // EROFS: the file system was made read-only under the server, typically by the
-            // kernel after an I/O error: writes the kernel held then may never have reached
-            // the disk, so "nothing is lost" would be a promise it cannot keep (an audit lost
-            // 156 of 4,159 acknowledged spans that way under `normal` durability).
-            const READ_ONLY_FILE_SYSTEM: i32 = 30;
-            let (why, outcome) = match opened {
-                Ok(_) => (
-                    "another process is reading the database, or there was no room to copy \
-                     them into it",
-                    "nothing is lost: the next start reads them, and a backup must copy both \
-                     files",
-                ),
-                Err(err) if err.raw_os_error() == Some(READ_ONLY_FILE_SYSTEM) => (
-                    "the file system holding it became read-only while serving, as the kernel \
-                     makes one after a disk error: check the disk (dmesg) and remount it \
-                     writable",
-                    "writes acknowledged since the last sync may not have reached the disk \
-                     (--durability full syncs each one); the next start on a writable file \
-                     system reads what did",
-                ),
-                Err(_) => (
-                    "the database file is no longer writable by this user: its permissions \
-                     changed while serving; make it writable again (chmod u+w) and start and \
-                     stop the server once to copy them in",
-                    "nothing is lost: the next start reads them, and a backup must copy both \
-                     files",
-                ),
-            };
-            say_err!(
-                "flightlog: warning: the newest writes stay in the -wal file beside {} ({why}); \
-                 {outcome}",
-                settings.db.display()
-            )
-        }
-        Err(err) => {
-            say!("flightlog: stopped");
-            return Err(anyhow::anyhow!(
-                "the database could not be closed cleanly: {err}"
-            ));
-        }
-    }
+    // The writes still queued are done, then the file is left complete on its own.
+    let closed = backend.close().await;
     say!("flightlog: stopped");
-    Ok(())
+    closed
 }
 
 /// The settings `flags`, the process's `FLIGHTLOG_*` variables and the config file say, as
@@ -675,35 +567,6 @@ async fn unix_signal(kind: tokio::signal::unix::SignalKind, name: &str) {
             std::future::pending::<()>().await;
         }
     }
-}
-
-fn warn_of_hard_links(db: &std::path::Path) {
-    if let Some(warning) = hard_link_warning(db) {
-        say_err!("{warning}");
-    }
-}
-
-/// The warning for a database file with other hard links (`serve` and `demo` say it): SQLite
-/// names its `-wal` and `-shm`, and with them its locks, after the name a process opened, so two
-/// processes on two names of one file write it unaware of each other: one's writes are lost to
-/// the other (an audit lost 20 acknowledged writes that way), and the file itself is damaged
-/// ("2nd reference to page", found by another; the instance lock, named after the file, does
-/// not see it either). A flightlog on another name of a file in use is refused
-/// (`file_name_lock`); the warning is for the rest (`sqlite3`, a tool on the other name later).
-/// A link alone is not refused: a backup tool may link the file on purpose, and one name in use
-/// is safe.
-pub(crate) fn hard_link_warning(db: &std::path::Path) -> Option<String> {
-    use std::os::unix::fs::MetadataExt as _;
-    let links = std::fs::metadata(db).ok()?.nlink();
-    (links > 1).then(|| {
-        format!(
-            "flightlog: warning: {} has {links} hard links: every process (servers, demos, \
-             sqlite3) must open it by this one name: SQLite keeps its -wal file and its locks \
-             per name, so processes on two names at once lose each other's writes and damage \
-             the file",
-            db.display()
-        )
-    })
 }
 
 #[cfg(test)]

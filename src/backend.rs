@@ -1,0 +1,225 @@
+//! The database `flightlog serve` runs on: the one place the binary claims, opens and closes its
+//! storage backend (today the embedded SQLite file).
+//!
+//! Why it exists: everything else the server does goes through the store traits
+//! (`Arc<dyn ActivityStore>`, `Arc<dyn EngagementJournal>`), which name no backend. What the
+//! traits do not cover is a backend's life around them: claiming the instance name (one live
+//! server per instance on a database, or a boot sweep would close another live server's spans),
+//! opening, being told the server is stopping, and closing cleanly with a word on what was left
+//! behind. Keeping all of that here means a second backend (PostgreSQL, for several instances
+//! behind a load balancer) is added in this file and in its own crate, and `serve.rs` stays as it
+//! is: its claim would be a session advisory lock, its close the pool's.
+//!
+//! For SQLite the claim is an `flock` beside the file (`instance_lock`), taken before the file is
+//! opened so a refused start changes nothing stored, and the file is opened under the lock of
+//! its name (`file_name_lock`): a flightlog on another name of the same file (a hard link) is
+//! refused, since SQLite keeps its `-wal` per name.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use flightlog_core::activity::ActivityStore;
+use flightlog_core::journal::{EngagementJournal, RetentionConfig};
+use flightlog_core::Clock;
+use flightlog_server::settings::{Durability, ServeSettings};
+use flightlog_sqlite::{
+    SqliteActivityStore, SqliteConfig, SqliteDatabase, SqliteEngagementJournal,
+};
+
+use crate::file_name_lock::FileNameLock;
+use crate::instance_lock::InstanceLock;
+
+/// How long the database's close may take at a stop before the server says what it waits for.
+const SLOW_CLOSE_NOTICE: Duration = Duration::from_secs(1);
+
+/// The claimed and opened database of one server. Its locks are held until it is dropped, which
+/// is after [`Backend::close`] at a clean stop, and at the process's end otherwise (the kernel
+/// drops an `flock` with its process, a crash or SIGKILL included).
+pub(crate) struct Backend {
+    db: Arc<SqliteDatabase>,
+    /// The path as given (`--db`), for messages.
+    path: PathBuf,
+    /// The path with its symbolic links resolved, where the side files live.
+    real_path: PathBuf,
+    write_lock_wait: Duration,
+    _instance_lock: Option<InstanceLock>,
+    _name_lock: Option<FileNameLock>,
+}
+
+impl Backend {
+    /// Claim `instance` on the database `settings` name, then open it (creating it if needed).
+    /// A claim refused (another live server of the instance) opens nothing.
+    pub(crate) fn claim_and_open(settings: &ServeSettings, instance: &str) -> anyhow::Result<Self> {
+        // Beside the file itself, as SQLite's own files are: a server reaching the file through
+        // a symbolic link takes the same lock as one given its real path.
+        let real_path = flightlog_sqlite::real_database_path(&settings.db);
+        let instance_lock = match crate::instance_lock::lock_instance(&real_path, instance) {
+            Ok(lock) => lock,
+            Err(crate::instance_lock::InstanceLockError::Held { lock_file }) => anyhow::bail!(
+                "instance {instance} is already served by another live flightlog on {} (it \
+                 holds {}): its boot would close that server's open spans as interrupted. Give \
+                 this server another name with --instance (FLIGHTLOG_INSTANCE, `instance` in \
+                 the config file), or stop the other one first",
+                settings.db.display(),
+                lock_file.display()
+            ),
+        };
+        let mut sqlite = SqliteConfig::new(&settings.db);
+        sqlite.lock_retry_budget = settings.write_lock_wait;
+        sqlite.durability = match settings.durability {
+            Durability::Normal => flightlog_sqlite::Durability::Normal,
+            Durability::Full => flightlog_sqlite::Durability::Full,
+        };
+        let (db, name_lock) = crate::file_name_lock::open_under_name_lock(&real_path, || {
+            SqliteDatabase::open(sqlite).with_context(|| {
+                format!(
+                    "cannot open the database {} (--db, FLIGHTLOG_DB or `db` in the config file)",
+                    settings.db.display()
+                )
+            })
+        })?;
+        Ok(Self {
+            db,
+            path: settings.db.clone(),
+            real_path,
+            write_lock_wait: settings.write_lock_wait,
+            _instance_lock: instance_lock,
+            _name_lock: name_lock,
+        })
+    }
+
+    /// The database as messages name it (`database <this>`).
+    pub(crate) fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    /// The activity store over this database, writing as `writer`, on `clock`.
+    pub(crate) fn activity(&self, clock: Arc<dyn Clock>, writer: &str) -> Arc<dyn ActivityStore> {
+        Arc::new(SqliteActivityStore::with_identity(
+            Arc::clone(&self.db),
+            clock,
+            writer,
+        ))
+    }
+
+    /// The engagement journal over this database, keeping `retention`, on `clock`.
+    pub(crate) fn journal(
+        &self,
+        retention: RetentionConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Arc<dyn EngagementJournal> {
+        Arc::new(SqliteEngagementJournal::new(Arc::clone(&self.db), retention).with_clock(clock))
+    }
+
+    /// Say on stderr what is unsafe about how the database is reached (see
+    /// [`hard_link_warning`]).
+    pub(crate) fn warn_of_risks(&self) {
+        if let Some(warning) = hard_link_warning(&self.real_path) {
+            say_err!("{warning}");
+        }
+    }
+
+    /// A callback for the moment the server starts stopping: from then on a write behind
+    /// another process's write lock waits at most 2 s, so the requests in flight are answered
+    /// (503) within the shutdown's grace instead of cut off after it.
+    pub(crate) fn on_stop(&self) -> impl FnOnce() + Send + 'static {
+        let db = Arc::clone(&self.db);
+        move || db.shutting_down()
+    }
+
+    /// Close the database once nothing uses it any more: the writes still queued are done, then
+    /// the file is left complete on its own (the WAL copied into it), so that copying the stopped
+    /// server's file is a backup of everything it acknowledged. A close that takes long is
+    /// explained as it happens, and one that leaves writes in the `-wal` says why and what is
+    /// kept.
+    pub(crate) async fn close(self) -> anyhow::Result<()> {
+        let closing = self.db.close();
+        tokio::pin!(closing);
+        let closed = tokio::select! {
+            closed = &mut closing => closed,
+            () = tokio::time::sleep(SLOW_CLOSE_NOTICE) => {
+                say!(
+                    "flightlog: still closing the database: finishing the writes queued before \
+                     the stop, then copying the WAL into the file; another process holding the \
+                     database's lock makes the writes wait up to {} s and the copy up to 5 s; a \
+                     second Ctrl-C or SIGTERM stops at once",
+                    flightlog_sqlite::SHUTDOWN_LOCK_WAIT
+                        .min(self.write_lock_wait)
+                        .as_secs_f64()
+                );
+                closing.await
+            }
+        };
+        match closed {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                let (why, outcome) = why_the_wal_stayed(&self.path);
+                say_err!(
+                    "flightlog: warning: the newest writes stay in the -wal file beside {} \
+                     ({why}); {outcome}",
+                    self.path.display()
+                );
+                Ok(())
+            }
+            Err(err) => Err(anyhow::anyhow!(
+                "the database could not be closed cleanly: {err}"
+            )),
+        }
+    }
+}
+
+/// Why a clean close left writes in the `-wal` file, and what that means for them, where it can
+/// be told: a file whose permissions were taken away while serving was blamed on readers or the
+/// disk.
+fn why_the_wal_stayed(path: &Path) -> (&'static str, &'static str) {
+    // EROFS: the file system was made read-only under the server, typically by the kernel
+    // after an I/O error: writes the kernel held then may never have reached the disk, so
+    // "nothing is lost" would be a promise it cannot keep (an audit lost 156 of 4,159
+    // acknowledged spans that way under `normal` durability).
+    const READ_ONLY_FILE_SYSTEM: i32 = 30;
+    const KEPT: &str =
+        "nothing is lost: the next start reads them, and a backup must copy both files";
+    match std::fs::OpenOptions::new().write(true).open(path) {
+        Ok(_) => (
+            "another process is reading the database, or there was no room to copy them into it",
+            KEPT,
+        ),
+        Err(err) if err.raw_os_error() == Some(READ_ONLY_FILE_SYSTEM) => (
+            "the file system holding it became read-only while serving, as the kernel makes one \
+             after a disk error: check the disk (dmesg) and remount it writable",
+            "writes acknowledged since the last sync may not have reached the disk (--durability \
+             full syncs each one); the next start on a writable file system reads what did",
+        ),
+        Err(_) => (
+            "the database file is no longer writable by this user: its permissions changed \
+             while serving; make it writable again (chmod u+w) and start and stop the server \
+             once to copy them in",
+            KEPT,
+        ),
+    }
+}
+
+/// The warning for a database file with other hard links (`serve` and `demo` say it): SQLite
+/// names its `-wal` and `-shm`, and with them its locks, after the name a process opened, so two
+/// processes on two names of one file write it unaware of each other: one's writes are lost to
+/// the other (an audit lost 20 acknowledged writes that way), and the file itself is damaged
+/// ("2nd reference to page", found by another; the instance lock, named after the file, does
+/// not see it either). A flightlog on another name of a file in use is refused
+/// (`file_name_lock`); the warning is for the rest (`sqlite3`, a tool on the other name later).
+/// A link alone is not refused: a backup tool may link the file on purpose, and one name in use
+/// is safe.
+pub(crate) fn hard_link_warning(db: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let links = std::fs::metadata(db).ok()?.nlink();
+    (links > 1).then(|| {
+        format!(
+            "flightlog: warning: {} has {links} hard links: every process (servers, demos, \
+             sqlite3) must open it by this one name: SQLite keeps its -wal file and its locks \
+             per name, so processes on two names at once lose each other's writes and damage \
+             the file",
+            db.display()
+        )
+    })
+}
