@@ -90,6 +90,27 @@ impl Backend {
         })
     }
 
+    /// Open the database at `path` with the default settings and claim no instance: for
+    /// `flightlog demo`, which runs no sweep of earlier lives (still refused while a flightlog
+    /// uses the file under another name, as `serve` is).
+    pub(crate) fn open_unclaimed(path: &Path) -> anyhow::Result<Self> {
+        let real_path = flightlog_sqlite::real_database_path(path);
+        let config = SqliteConfig::new(path);
+        let write_lock_wait = config.lock_retry_budget;
+        let (db, name_lock) = crate::file_name_lock::open_under_name_lock(&real_path, || {
+            SqliteDatabase::open(config)
+                .with_context(|| format!("cannot open database {}", path.display()))
+        })?;
+        Ok(Self {
+            db,
+            path: path.to_path_buf(),
+            real_path,
+            write_lock_wait,
+            _instance_lock: None,
+            _name_lock: name_lock,
+        })
+    }
+
     /// The database as messages name it (`database <this>`).
     pub(crate) fn describe(&self) -> String {
         self.path.display().to_string()

@@ -16,9 +16,10 @@ use flightlog_core::activity::{
     ActivityStore, ActivityWrite, ActivityWriteResult, EndSpanInput, SpanKind, SpanOrigin,
     SpanOutcome, SpanPatch, SpanRow, SpanUsage, StartSpanInput,
 };
-use flightlog_core::{Clock, SystemClock};
-use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
+use flightlog_core::{default_writer_id, Clock, SystemClock};
 use serde_json::json;
+
+use crate::backend::Backend;
 
 /// The ids of one demo's runs and spans: `demo<ms>p<pid>-<kind>-<n>`, numbered per kind (the
 /// runs are `run-1` to `run-N`, the live one `run-N+1`). The process id keeps two demos that
@@ -279,17 +280,10 @@ fn run_spacing_ms(runs: usize) -> i64 {
 }
 
 pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
-    // As `serve` does: refused while a flightlog uses the file under another name.
-    let real_db = flightlog_sqlite::real_database_path(db_path);
-    let (db, _name_lock) = crate::file_name_lock::open_under_name_lock(&real_db, || {
-        SqliteDatabase::open(SqliteConfig::new(db_path))
-            .with_context(|| format!("cannot open database {}", db_path.display()))
-    })?;
-    if let Some(warning) = crate::backend::hard_link_warning(db_path) {
-        let _ = writeln!(std::io::stderr().lock(), "{warning}");
-    }
+    let backend = Backend::open_unclaimed(db_path)?;
+    backend.warn_of_risks();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store = SqliteActivityStore::new(Arc::clone(&db), clock.clone());
+    let store = backend.activity(Arc::clone(&clock), &default_writer_id(clock.as_ref()));
     let now = clock.now_ms();
     let mut ids = Ids::new(now, std::process::id());
     let mut run_ids = Vec::new();
@@ -298,7 +292,7 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
     let spacing = run_spacing_ms(runs);
     for index in 0..runs {
         let started = now - spacing * (runs - index) as i64;
-        run_ids.push(simulate_run(&store, &mut ids, index, started).await?);
+        run_ids.push(simulate_run(store.as_ref(), &mut ids, index, started).await?);
     }
     // One run still going: an agent waiting on a slow tool right now.
     let live_run = ids.next("run");
@@ -428,10 +422,7 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
     }
     drop(stdout);
     // Leave everything in the database file itself (a server reading it keeps its own view).
-    db.close()
-        .await
-        .with_context(|| format!("cannot close database {}", db_path.display()))?;
-    Ok(())
+    backend.close().await
 }
 
 #[cfg(test)]
