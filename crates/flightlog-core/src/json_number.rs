@@ -108,31 +108,6 @@ pub fn write_js_double(out: &mut Vec<u8>, value: f64) {
     }
 }
 
-/// The largest magnitude below which a double holds every integer (2^53): JavaScript reads a
-/// JSON integer up to it exactly.
-const EXACT_IN_A_DOUBLE: u64 = 1 << 53;
-
-/// A JSON integer as JavaScript's `JSON.stringify(JSON.parse(text))` writes it: as written up to
-/// 2^53 in magnitude, beyond as the nearest double (`9007199254740993` is `9007199254740992`,
-/// `99999999999999999999` is `100000000000000000000`, 10^21 and up in exponent form). Rust's
-/// integer-to-double conversion rounds to the nearest, ties to even, as `JSON.parse` does.
-pub fn write_js_integer(out: &mut Vec<u8>, value: i64) {
-    if value.unsigned_abs() <= EXACT_IN_A_DOUBLE {
-        // Writing to a `Vec` cannot fail.
-        let _ = std::io::Write::write_fmt(out, format_args!("{value}"));
-    } else {
-        write_js_double(out, value as f64);
-    }
-}
-
-/// [`write_js_integer`] for a JSON integer above `i64`'s range (serde_json reads those as `u64`).
-pub fn write_js_unsigned(out: &mut Vec<u8>, value: u64) {
-    match i64::try_from(value) {
-        Ok(signed) => write_js_integer(out, signed),
-        Err(_) => write_js_double(out, value as f64),
-    }
-}
-
 /// An optional double field written as JavaScript writes a number where it is a whole one
 /// (`#[serde(serialize_with = "optional_js_whole_double")]`): `3`, not serde's `3.0`, so a
 /// client comparing types strictly reads what the reference writes for `costUsd` (an audit's

@@ -1978,11 +1978,6 @@ async fn event_payloads_are_stored_as_javascript_writes_them_whatever_path_reads
     };
     let expected: Vec<String> = payloads.iter().map(|text| stored(text)).collect();
     assert!(expected[7].ends_with("…[truncated]\""));
-    // `JSON.stringify(JSON.parse(text))` in node 20: the integer past 2^53 is the nearest double.
-    assert_eq!(
-        expected[1],
-        r#"{"a":1,"b":1e+21,"c":0,"d":0.000001,"e":18446744073709552000}"#
-    );
 
     let server = TestServer::start().await;
     server
