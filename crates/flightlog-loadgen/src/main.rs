@@ -199,6 +199,12 @@ struct HttpArgs {
     /// How long to wait, after the last write was answered, for the stream to deliver the rest.
     #[arg(long, value_name = "MS", default_value_t = 5_000)]
     stream_grace_ms: u64,
+    /// More clients of the change stream in the stream phase, beside the measured one (all on
+    /// one thread of their own): each must receive exactly the changes the measured one did, in
+    /// the same order. What many dashboards cost the writers shows in the achieved rate and
+    /// the server's CPU.
+    #[arg(long, default_value_t = 0)]
+    stream_crowd: usize,
     /// Runs written (through the batch endpoint, unmeasured) before the first phase, so the
     /// phases see a server in its steady state: the event-payload compression dictionary is
     /// trained once per database on its first 256 KB of payloads, a one-time ~0.1 - 0.2 s of
@@ -471,6 +477,7 @@ async fn run_http(
             seconds: args.stream_seconds.max(0.1),
             writers: args.stream_writers.max(1),
             grace: Duration::from_millis(args.stream_grace_ms),
+            crowd: args.stream_crowd,
         };
         if args.stream_baseline {
             say_err!("flightlog-loadgen: paced-no-stream phase ...");

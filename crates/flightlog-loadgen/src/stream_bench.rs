@@ -45,6 +45,8 @@ pub struct StreamShape {
     pub writers: usize,
     /// How long to wait, after the last write was answered, for the stream to deliver the rest.
     pub grace: Duration,
+    /// More change-stream clients beside the measured one (see [`spawn_crowd`]).
+    pub crowd: usize,
 }
 
 /// One change as the stream delivered it.
@@ -191,6 +193,167 @@ fn spawn_reader(
         })
         .context("cannot start the stream reader thread")?;
     Ok(())
+}
+
+/// What one client of the crowd received: the `id:` of each `change` event, in order, and
+/// whether anything else happened.
+#[derive(Default)]
+struct CrowdClient {
+    ids: Vec<i64>,
+    /// Events other than `change`, events without a readable id, and an early end.
+    troubles: Vec<String>,
+}
+
+/// `clients` more followers of `url`, all on one thread and current-thread runtime of their own
+/// (as few of the generator's cycles as can be: an event's id is read from its `id:` line, its
+/// data not parsed). `connected` answers once every one has its 200; each counts its changes
+/// into `received`; `done` brings every client's record back after `stop`.
+fn spawn_crowd(
+    url: Url,
+    clients: usize,
+    connected: tokio::sync::oneshot::Sender<Result<(), String>>,
+    stop: tokio::sync::watch::Receiver<bool>,
+    received: Arc<AtomicUsize>,
+    done: tokio::sync::oneshot::Sender<Vec<CrowdClient>>,
+) -> anyhow::Result<()> {
+    std::thread::Builder::new()
+        .name("sse-crowd".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(err) => {
+                    let _ = connected.send(Err(format!("cannot start the crowd's runtime: {err}")));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let client = match reqwest::Client::builder()
+                    .no_proxy()
+                    .http1_only()
+                    .tcp_nodelay(true)
+                    .connect_timeout(Duration::from_secs(5))
+                    .build()
+                {
+                    Ok(client) => client,
+                    Err(err) => {
+                        let _ = connected.send(Err(format!("cannot build the SSE client: {err}")));
+                        return;
+                    }
+                };
+                let mut responses = Vec::with_capacity(clients);
+                for _ in 0..clients {
+                    let response = client
+                        .get(url.clone())
+                        .header(ACCEPT, "text/event-stream")
+                        .send()
+                        .await;
+                    match response {
+                        Ok(response) if response.status().as_u16() == 200 => {
+                            responses.push(response)
+                        }
+                        Ok(response) => {
+                            let _ = connected.send(Err(format!(
+                                "a crowd client's change stream answered {}",
+                                response.status()
+                            )));
+                            return;
+                        }
+                        Err(err) => {
+                            let _ = connected
+                                .send(Err(format!("a crowd client cannot open the stream: {err}")));
+                            return;
+                        }
+                    }
+                }
+                let _ = connected.send(Ok(()));
+                let followers = responses.into_iter().map(|mut response| {
+                    let mut stop = stop.clone();
+                    let received = Arc::clone(&received);
+                    async move {
+                        let mut record = CrowdClient::default();
+                        let mut parser = SseParser::default();
+                        let mut events = Vec::new();
+                        loop {
+                            tokio::select! {
+                                biased;
+                                chunk = response.chunk() => match chunk {
+                                    Ok(Some(bytes)) => {
+                                        parser.push(&bytes, &mut events);
+                                        for event in events.drain(..) {
+                                            let id = event.id.as_deref().and_then(|id| id.parse().ok());
+                                            match id {
+                                                Some(id) if event.event == "change" => {
+                                                    record.ids.push(id);
+                                                    received.fetch_add(1, Ordering::Relaxed);
+                                                }
+                                                _ => record.troubles.push(format!(
+                                                    "event: {} id: {:?}",
+                                                    event.event, event.id
+                                                )),
+                                            }
+                                        }
+                                    }
+                                    Ok(None) => {
+                                        record.troubles.push("the server ended the stream".into());
+                                        break;
+                                    }
+                                    Err(err) => {
+                                        record.troubles.push(format!("the stream failed: {err}"));
+                                        break;
+                                    }
+                                },
+                                _ = stop.changed() => break,
+                            }
+                        }
+                        record
+                    }
+                });
+                let handles: Vec<_> = followers.map(tokio::spawn).collect();
+                let mut records = Vec::with_capacity(handles.len());
+                for handle in handles {
+                    records.push(handle.await.unwrap_or_else(|err| CrowdClient {
+                        ids: Vec::new(),
+                        troubles: vec![format!("the client's task failed: {err}")],
+                    }));
+                }
+                let _ = done.send(records);
+            });
+        })
+        .context("cannot start the crowd's thread")?;
+    Ok(())
+}
+
+/// How many crowd clients did not receive exactly `expected` (the measured client's change ids,
+/// in order) or had other trouble, and the first trouble seen.
+fn judge_crowd(crowd: &[CrowdClient], expected: &[i64]) -> (u64, Option<String>) {
+    let mut failed = 0;
+    let mut first = None;
+    for (index, client) in crowd.iter().enumerate() {
+        let trouble = if let Some(trouble) = client.troubles.first() {
+            Some(trouble.clone())
+        } else if client.ids != expected {
+            Some(format!(
+                "received {} changes (first {:?}, last {:?}) where the measured client received \
+                 {} (first {:?}, last {:?})",
+                client.ids.len(),
+                client.ids.first(),
+                client.ids.last(),
+                expected.len(),
+                expected.first(),
+                expected.last()
+            ))
+        } else {
+            None
+        };
+        if let Some(trouble) = trouble {
+            failed += 1;
+            first.get_or_insert_with(|| format!("crowd client {index}: {trouble}"));
+        }
+    }
+    (failed, first)
 }
 
 fn start_request(ids: &RunIds) -> anyhow::Result<PreparedRequest> {
@@ -552,9 +715,9 @@ pub async fn stream_phase(
     let (done_tx, done) = tokio::sync::oneshot::channel();
     let received = Arc::new(AtomicUsize::new(0));
     spawn_reader(
-        stream_url,
+        stream_url.clone(),
         connected_tx,
-        stop_rx,
+        stop_rx.clone(),
         Arc::clone(&received),
         done_tx,
     )?;
@@ -563,6 +726,27 @@ pub async fn stream_phase(
         .map_err(|_| anyhow!("the change stream did not answer within 10 s"))?
         .map_err(|_| anyhow!("the stream reader stopped before connecting"))?
         .map_err(|message| anyhow!(message))?;
+    let crowd_received = Arc::new(AtomicUsize::new(0));
+    let crowd_done = if shape.crowd > 0 {
+        let (connected_tx, connected) = tokio::sync::oneshot::channel();
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        spawn_crowd(
+            stream_url.clone(),
+            shape.crowd,
+            connected_tx,
+            stop_rx.clone(),
+            Arc::clone(&crowd_received),
+            done_tx,
+        )?;
+        tokio::time::timeout(Duration::from_secs(30), connected)
+            .await
+            .map_err(|_| anyhow!("the crowd's change streams did not answer within 30 s"))?
+            .map_err(|_| anyhow!("the crowd stopped before connecting"))?
+            .map_err(|message| anyhow!(message))?;
+        Some(done)
+    } else {
+        None
+    };
 
     let meter = PhaseMeter::start(server);
     let t0 = Instant::now() + Duration::from_millis(20);
@@ -580,7 +764,10 @@ pub async fn stream_phase(
     let acknowledged = records.iter().filter(|r| r.acknowledged.is_some()).count();
     // Let the stream deliver the rest, then stop it.
     let grace_end = writers_done + shape.grace;
-    while received.load(Ordering::Relaxed) < acknowledged && Instant::now() < grace_end {
+    while (received.load(Ordering::Relaxed) < acknowledged
+        || crowd_received.load(Ordering::Relaxed) < acknowledged * shape.crowd)
+        && Instant::now() < grace_end
+    {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let waited_ms = writers_done.elapsed().as_secs_f64() * 1e3;
@@ -589,6 +776,13 @@ pub async fn stream_phase(
         .await
         .map_err(|_| anyhow!("the stream reader did not stop within 10 s"))?
         .map_err(|_| anyhow!("the stream reader ended without a result"))?;
+    let crowd = match crowd_done {
+        Some(done) => tokio::time::timeout(Duration::from_secs(10), done)
+            .await
+            .map_err(|_| anyhow!("the crowd did not stop within 10 s"))?
+            .map_err(|_| anyhow!("the crowd ended without a result"))?,
+        None => Vec::new(),
+    };
     let (rss_peak, server_cpu, loadgen_cpu) = meter.finish(server);
 
     let last_ack = records
@@ -612,6 +806,9 @@ pub async fn stream_phase(
     if outcome.ended_early.is_some() {
         violations += 1;
     }
+    let expected_ids: Vec<i64> = outcome.delivered.iter().map(|d| d.change_id).collect();
+    let (crowd_failed, crowd_trouble) = judge_crowd(&crowd, &expected_ids);
+    violations += crowd_failed;
     if abandoned {
         violations += 1;
     }
@@ -665,6 +862,17 @@ pub async fn stream_phase(
             outcome.keep_alives
         ),
     ];
+    if shape.crowd > 0 {
+        notes.push(format!(
+            "{} more change-stream clients: {} received exactly the measured client's changes \
+             in its order",
+            shape.crowd,
+            shape.crowd as u64 - crowd_failed
+        ));
+    }
+    if let Some(trouble) = &crowd_trouble {
+        notes.push(format!("CROWD: {trouble}"));
+    }
     if let Some(why) = &outcome.ended_early {
         notes.push(format!("STREAM ENDED EARLY: {why}"));
     }
@@ -681,6 +889,8 @@ pub async fn stream_phase(
     extra.insert("rate".into(), json!(shape.rate));
     extra.insert("achievedRate".into(), json!(achieved_rate.round()));
     extra.insert("writers".into(), json!(shape.writers));
+    extra.insert("crowd".into(), json!(shape.crowd));
+    extra.insert("crowdFailed".into(), json!(crowd_failed));
     extra.insert("acknowledged".into(), json!(verdict.acknowledged));
     extra.insert("delivered".into(), json!(outcome.delivered.len()));
     extra.insert("deliveredMinusAcknowledged".into(), after_ack.to_json());

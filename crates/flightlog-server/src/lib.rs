@@ -37,6 +37,7 @@
 
 pub mod auth;
 pub mod byte_budget;
+mod change_tail;
 pub mod connection_limit;
 pub mod error;
 pub mod extract;

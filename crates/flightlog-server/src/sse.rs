@@ -36,26 +36,48 @@ use crate::response_budget::{BudgetedChunks, ChunkedJson};
 /// What the stream sends when it has been quiet for the keep-alive interval.
 const KEEP_ALIVE_COMMENT: &[u8] = b": keep-alive\n\n";
 
-/// One event, encoded, with the response budget its bytes hold (if any).
+/// One event, encoded, with the response budget its bytes hold (if any); or several events
+/// already encoded, sent together (see [`SseEvent::encoded`]).
 #[derive(Debug)]
 pub struct SseEvent {
     chunks: BudgetedChunks,
+    /// How many events the chunks hold (for the sent-events counter).
+    events: u64,
+}
+
+/// `event: name`, `id: id` (when given) and `value` as JSON data: one event's frame.
+pub fn encode_json<T: Serialize>(name: &str, id: Option<&str>, value: &T) -> Bytes {
+    let mut bytes = head(name, id);
+    let data_at = bytes.len();
+    if serde_json::to_writer(&mut bytes, value).is_err() {
+        // Only a map with non-string keys fails, which no type sent here has.
+        bytes.truncate(data_at);
+        bytes.extend_from_slice(b"null");
+    }
+    bytes.extend_from_slice(b"\n\n");
+    Bytes::from(bytes)
 }
 
 impl SseEvent {
     /// `event: name`, `id: id` (when given) and `value` as JSON data.
     pub fn json<T: Serialize>(name: &str, id: Option<&str>, value: &T) -> Self {
-        let mut bytes = head(name, id);
-        let data_at = bytes.len();
-        if serde_json::to_writer(&mut bytes, value).is_err() {
-            // Only a map with non-string keys fails, which no type sent here has.
-            bytes.truncate(data_at);
-            bytes.extend_from_slice(b"null");
-        }
-        bytes.extend_from_slice(b"\n\n");
         Self {
-            chunks: BudgetedChunks::new(VecDeque::from([Bytes::from(bytes)]), None),
+            chunks: BudgetedChunks::new(VecDeque::from([encode_json(name, id, value)]), None),
+            events: 1,
         }
+    }
+
+    /// Events already encoded by [`encode_json`], one frame each, sent one after the other.
+    pub fn encoded(frames: Vec<Bytes>) -> Self {
+        Self {
+            events: frames.len() as u64,
+            chunks: BudgetedChunks::new(VecDeque::from(frames), None),
+        }
+    }
+
+    /// How many events this is.
+    pub fn events(&self) -> u64 {
+        self.events
     }
 
     /// An event whose data is a document already serialized (a run's snapshot), sent in its
@@ -71,12 +93,13 @@ impl SseEvent {
         chunks.push_back(Bytes::from_static(b"\n\n"));
         Self {
             chunks: BudgetedChunks::new(chunks, permit),
+            events: 1,
         }
     }
 
     /// The whole event as one byte string (for tests).
     #[cfg(test)]
-    fn into_bytes(mut self) -> Vec<u8> {
+    pub(crate) fn into_bytes(mut self) -> Vec<u8> {
         let mut bytes = Vec::new();
         while let Some(chunk) = self.chunks.take_next() {
             bytes.extend_from_slice(&chunk);

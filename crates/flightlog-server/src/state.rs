@@ -137,6 +137,9 @@ struct Shared {
     request_budget: RequestBudget,
     /// One slot per open connection, over both listeners (see [`crate::connection_limit`]).
     connection_slots: ConnectionSlots,
+    /// The newest changes, read and encoded once for every client of the change stream (see
+    /// [`crate::change_tail`]).
+    change_tail: Arc<crate::change_tail::ChangeTail>,
     /// Becomes `true` when the server starts shutting down (live streams end then).
     closing: Arc<tokio::sync::watch::Sender<bool>>,
     /// What `GET /metrics` reports (see [`crate::metrics`]).
@@ -181,6 +184,7 @@ impl AppState {
             journal,
             manual_clock: None,
             config: Arc::new(config),
+            change_tail: Arc::default(),
             closing: Arc::new(tokio::sync::watch::Sender::new(false)),
             metrics: Arc::new(Metrics::new()),
             otlp_mapping: Arc::new(MappingOptions::default()),
@@ -295,6 +299,11 @@ impl AppState {
     /// The activity store acting as the server's own writer identity.
     pub fn activity(&self) -> &Arc<dyn ActivityStore> {
         &self.shared.activity
+    }
+
+    /// The change stream's shared tail (see [`crate::change_tail`]).
+    pub(crate) fn change_tail(&self) -> &Arc<crate::change_tail::ChangeTail> {
+        &self.shared.change_tail
     }
 
     /// The activity store acting as `writer` (the server's own handle when that is its name).

@@ -6,7 +6,9 @@
 //! then emit), it never skips or repeats a change id, a reconnect with `Last-Event-ID` resumes
 //! exactly, and a slow client costs nothing but its own reads and one page (bounded in count
 //! and bytes): the response body pulls the next page only when the socket has taken the
-//! previous one, so no per-client buffer grows and no writer ever waits for a reader.
+//! previous one, so no per-client buffer grows and no writer ever waits for a reader. Clients
+//! of the change stream that have caught up share one reading of each commit (the server's
+//! [`ChangeTail`]); a client that falls behind it reads for itself again.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -23,6 +25,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::change_tail::{ChangeTail, FillError};
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{check_query_escapes, first_given_parameter, ApiQuery, PathId};
 use crate::metrics::{StreamEnds, StreamKind};
@@ -32,12 +35,12 @@ use crate::sse::SseEvent;
 use crate::state::AppState;
 
 /// Changes read from the database per query while a stream catches up.
-const PAGE: i64 = 500;
+pub(crate) const PAGE: i64 = 500;
 /// And at most about this many bytes of attrs and payloads in a page: a stream holds its page
 /// until its client has taken it (up to the write-stall limit, 30 s, for a client that reads
 /// nothing), and 500 changes of a span with a megabyte of attrs were half a gigabyte per such
 /// client (an audit's finding: five of them took the server to 1.6 GB).
-const PAGE_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) const PAGE_BYTES: usize = 4 * 1024 * 1024;
 /// A journal stream's page: as few events as the change stream's, and at most about 1 MiB of
 /// their data's JSON text (parsed, the page holds a few times that). Read all at once, one
 /// 18 MB engagement was 116–148 MiB per slow client (an audit's finding: 16 such clients took
@@ -465,69 +468,185 @@ impl ChangeFeed {
             if let Some(change) = self.pending.pop_front() {
                 return Ok(change);
             }
-            if self.run_recreated {
-                return Err(FeedEnd::Resync {
-                    horizon: self.horizon().await?,
-                    reason: if self.run_began_after_id {
-                        RUN_BEGAN_AFTER_ID
-                    } else {
-                        RUN_RECREATED
-                    },
-                });
-            }
-            if self.run_lost_changes {
-                return Err(FeedEnd::Resync {
-                    horizon: self.horizon().await?,
-                    reason: LOG_TRIMMED,
-                });
-            }
-            if let Some(failed) = check_health(&mut self.health_checked, || self.store.health()) {
-                return Err(FeedEnd::Failed(failed));
-            }
-            // Note the doorbell before reading, so a commit landing during the read rings again.
-            let rung = *self.doorbell.borrow_and_update();
-            if self.followed_run_held_still().await? {
-                // Nothing of the run up to `rung`: the other runs' changes are not read at all.
-                self.cursor = self.cursor.max(rung);
+            if self.step().await? == Step::CaughtUp {
                 let _ = tokio::time::timeout(RECHECK, self.doorbell.changed()).await;
-                continue;
             }
-            let page = self
-                .store
-                .changes_since_bounded(self.cursor, PAGE, PAGE_BYTES)
-                .await
-                .map_err(|err| FeedEnd::Failed(err.to_string()))?;
-            self.pages_read += 1;
-            // The horizon after the page: it only grows, in the transaction that deletes, so a
-            // prune or trim that committed before the page was read is seen here, and one
-            // after it deleted nothing the page holds.
-            let horizon = self
-                .store
-                .change_log_horizon()
-                .await
-                .map_err(|err| FeedEnd::Failed(err.to_string()))?;
-            if self.cursor.saturating_add(1) < horizon && !self.own_run_intact().await? {
-                // Changes after the cursor may have been trimmed or pruned: streaming on would be
-                // a silent gap, so the client is told to start again from a snapshot.
-                return Err(FeedEnd::Resync {
-                    horizon,
-                    reason: LOG_TRIMMED,
-                });
-            }
-            if let Some(last) = page.last() {
-                self.cursor = last.change_id;
-                self.take_page(page);
-                continue;
-            }
-            if rung > self.cursor {
-                // Everything up to `rung` is committed and none of it is readable any more
-                // (pruned): nothing to send for it.
-                self.cursor = rung;
-                continue;
-            }
-            let _ = tokio::time::timeout(RECHECK, self.doorbell.changed()).await;
         }
     }
+
+    /// One read of the change log after the cursor, without waiting: the changes it found are
+    /// queued (`pending`) and the cursor moved past them, or the feed is caught up (nothing
+    /// after the cursor is readable up to the doorbell's last ring). `Err` as `next_change`.
+    async fn step(&mut self) -> Result<Step, FeedEnd> {
+        if self.run_recreated {
+            return Err(FeedEnd::Resync {
+                horizon: self.horizon().await?,
+                reason: if self.run_began_after_id {
+                    RUN_BEGAN_AFTER_ID
+                } else {
+                    RUN_RECREATED
+                },
+            });
+        }
+        if self.run_lost_changes {
+            return Err(FeedEnd::Resync {
+                horizon: self.horizon().await?,
+                reason: LOG_TRIMMED,
+            });
+        }
+        if let Some(failed) = check_health(&mut self.health_checked, || self.store.health()) {
+            return Err(FeedEnd::Failed(failed));
+        }
+        // Note the doorbell before reading, so a commit landing during the read rings again.
+        let rung = *self.doorbell.borrow_and_update();
+        if self.followed_run_held_still().await? {
+            // Nothing of the run up to `rung`: the other runs' changes are not read at all.
+            self.cursor = self.cursor.max(rung);
+            return Ok(Step::CaughtUp);
+        }
+        let page = self
+            .store
+            .changes_since_bounded(self.cursor, PAGE, PAGE_BYTES)
+            .await
+            .map_err(|err| FeedEnd::Failed(err.to_string()))?;
+        self.pages_read += 1;
+        // The horizon after the page: it only grows, in the transaction that deletes, so a
+        // prune or trim that committed before the page was read is seen here, and one
+        // after it deleted nothing the page holds.
+        let horizon = self
+            .store
+            .change_log_horizon()
+            .await
+            .map_err(|err| FeedEnd::Failed(err.to_string()))?;
+        if self.cursor.saturating_add(1) < horizon && !self.own_run_intact().await? {
+            // Changes after the cursor may have been trimmed or pruned: streaming on would be
+            // a silent gap, so the client is told to start again from a snapshot.
+            return Err(FeedEnd::Resync {
+                horizon,
+                reason: LOG_TRIMMED,
+            });
+        }
+        if let Some(last) = page.last() {
+            self.cursor = last.change_id;
+            self.take_page(page);
+            return Ok(Step::Read);
+        }
+        if rung > self.cursor {
+            // Everything up to `rung` is committed and none of it is readable any more
+            // (pruned): nothing to send for it.
+            self.cursor = rung;
+            return Ok(Step::Read);
+        }
+        Ok(Step::CaughtUp)
+    }
+}
+
+/// What one [`ChangeFeed::step`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// It moved the cursor (and queued what it read, if anything): read again.
+    Read,
+    /// Nothing after the cursor is readable: wait for the doorbell.
+    CaughtUp,
+}
+
+/// A client of the global change stream: it takes its changes from the server's shared tail
+/// (read and encoded once for every client at the head of the log, see [`ChangeTail`]) while
+/// its cursor is inside it, and reads the database itself ([`ChangeFeed`]) while it is not:
+/// when it starts, or falls behind the tail's oldest frame, or the tail started again past a
+/// gap (the database then tells it to resync).
+struct GlobalFeed {
+    own: ChangeFeed,
+    tail: Arc<ChangeTail>,
+    failed: bool,
+}
+
+impl GlobalFeed {
+    fn new(store: Arc<dyn ActivityStore>, tail: Arc<ChangeTail>, cursor: i64) -> Self {
+        Self {
+            own: ChangeFeed::new(store, cursor, None),
+            tail,
+            failed: false,
+        }
+    }
+
+    /// The next changes after the cursor, encoded (one or more), waiting for some if need be;
+    /// `Err` as [`ChangeFeed::next_change`].
+    async fn next_events(&mut self) -> Result<SseEvent, FeedEnd> {
+        loop {
+            if let Some(change) = self.own.pending.pop_front() {
+                return Ok(change_event(&change));
+            }
+            if let Some(taken) = self.tail.take(self.own.cursor) {
+                self.own.cursor = taken.cursor;
+                if !taken.frames.is_empty() {
+                    return Ok(SseEvent::encoded(taken.frames));
+                }
+                // Up to date with the tail: read on for everyone when the doorbell rang past it.
+                if let Some(failed) =
+                    check_health(&mut self.own.health_checked, || self.own.store.health())
+                {
+                    return Err(FeedEnd::Failed(failed));
+                }
+                let rung = *self.own.doorbell.borrow_and_update();
+                if rung <= self.own.cursor {
+                    // The doorbell's value only grows; it rings without moving after a prune.
+                    // Either (or the safety net's timeout) is a reason to read.
+                    let _ = tokio::time::timeout(RECHECK, self.own.doorbell.changed()).await;
+                }
+                let rung = *self.own.doorbell.borrow_and_update();
+                self.fill(rung).await?;
+                continue;
+            }
+            match self.own.step().await? {
+                Step::Read => continue,
+                Step::CaughtUp => {
+                    // Caught up on its own: from now on it follows the tail.
+                    let rung = *self.own.doorbell.borrow();
+                    self.tail
+                        .join(self.own.store.as_ref(), self.own.cursor, rung)
+                        .await
+                        .map_err(|FillError::Store(err)| FeedEnd::Failed(err.to_string()))?;
+                    if self.tail.take(self.own.cursor).is_none() {
+                        // The tail could not take it (another client moved it meanwhile): wait
+                        // as a stream reading for itself does, then try again.
+                        let _ = tokio::time::timeout(RECHECK, self.own.doorbell.changed()).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn fill(&self, rung: i64) -> Result<(), FeedEnd> {
+        self.tail
+            .fill(self.own.store.as_ref(), self.own.cursor, rung)
+            .await
+            .map_err(|FillError::Store(err)| FeedEnd::Failed(err.to_string()))
+    }
+}
+
+/// A global feed's events; its end (a resync or an error) is counted in `ends`.
+fn global_feed_stream(feed: GlobalFeed, ends: StreamEnds) -> impl Stream<Item = SseEvent> {
+    stream::unfold((feed, ends), |(mut feed, ends)| async move {
+        if feed.failed {
+            return None;
+        }
+        let event = match feed.next_events().await {
+            Ok(event) => event,
+            Err(FeedEnd::Failed(message)) => {
+                feed.failed = true;
+                ends.error.inc();
+                error_event(&message)
+            }
+            Err(FeedEnd::Resync { horizon, reason }) => {
+                feed.failed = true;
+                ends.resync.inc();
+                ends.resync_sent.inc();
+                resync_event(horizon, reason, false)
+            }
+        };
+        Some((event, (feed, ends)))
+    })
 }
 
 /// Every `RECHECK` (a stream wakes at least that often), whether the store still has its file:
@@ -598,6 +717,7 @@ fn follow_from_snapshot(cursor: i64, horizon_before: i64, horizon_after: i64) ->
 }
 
 /// Why a change feed stopped.
+#[derive(Debug)]
 enum FeedEnd {
     /// The store failed; the client may reconnect with its last event id.
     Failed(String),
@@ -714,7 +834,7 @@ where
         // The closure owns the guard, so the gauge goes down when the body is dropped: the
         // client went away, the stream ended, or the server shut down.
         let _client = &client;
-        sent.inc();
+        sent.inc_by(event.events());
         event
     });
     let stream = futures_util::StreamExt::take_until(stream, Box::pin(closed));
@@ -763,8 +883,8 @@ async fn change_stream(
     Ok(sse(
         &state,
         StreamKind::Changes,
-        feed_stream(
-            ChangeFeed::new(store, start, None),
+        global_feed_stream(
+            GlobalFeed::new(store, Arc::clone(state.change_tail()), start),
             state.metrics().stream_ends(StreamKind::Changes),
         ),
     ))
@@ -1251,6 +1371,186 @@ mod tests {
             .expect("snapshot")
             .expect("the run");
         (store, snapshot)
+    }
+
+    /// The change ids of a global feed's next events (one or more), within 5 s.
+    async fn next_ids(feed: &mut GlobalFeed) -> Vec<i64> {
+        let event = tokio::time::timeout(Duration::from_secs(5), feed.next_events())
+            .await
+            .expect("events within 5 s");
+        let Ok(event) = event else {
+            panic!("the feed ended");
+        };
+        let text = String::from_utf8(event.into_bytes()).expect("UTF-8");
+        text.lines()
+            .filter_map(|line| line.strip_prefix("id: "))
+            .map(|id| id.parse().expect("a change id"))
+            .collect()
+    }
+
+    /// Read `feed` until it has nothing new for 100 ms (it is then following the tail, or
+    /// waiting on its own), returning the ids it gave.
+    async fn drain(feed: &mut GlobalFeed) -> Vec<i64> {
+        let mut ids = Vec::new();
+        while let Ok(Ok(event)) =
+            tokio::time::timeout(Duration::from_millis(100), feed.next_events()).await
+        {
+            let text = String::from_utf8(event.into_bytes()).expect("UTF-8");
+            ids.extend(
+                text.lines()
+                    .filter_map(|line| line.strip_prefix("id: "))
+                    .map(|id| id.parse::<i64>().expect("a change id")),
+            );
+        }
+        ids
+    }
+
+    /// Clients at the head of the log share the tail's reading: after they caught up, new
+    /// changes reach every one of them, in order, with no read of the log of their own.
+    #[tokio::test]
+    async fn clients_at_the_head_share_one_reading_of_each_commit() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (store, snapshot) = store_with_a_run(dir.path(), "a-root", "a").await;
+        let tail = Arc::new(ChangeTail::default());
+        let mut feeds: Vec<GlobalFeed> = (0..5)
+            .map(|_| {
+                GlobalFeed::new(
+                    Arc::clone(&store),
+                    Arc::clone(&tail),
+                    snapshot.change_cursor,
+                )
+            })
+            .collect();
+        for feed in &mut feeds {
+            assert_eq!(drain(feed).await, Vec::<i64>::new());
+        }
+        let own_reads: Vec<u64> = feeds.iter().map(|feed| feed.own.pages_read).collect();
+        let tail_reads = tail.pages_read();
+        let mut written = Vec::new();
+        for k in 0..20 {
+            let span = store
+                .start_span(start(&format!("b{k}"), &format!("b{k}"), 2_000))
+                .await
+                .expect("start");
+            written.push(span.span_id);
+        }
+        let newest = store.latest_change_cursor().await.expect("cursor");
+        let expected: Vec<i64> = (snapshot.change_cursor + 1..=newest).collect();
+        assert_eq!(expected.len(), 20);
+        for feed in &mut feeds {
+            let mut got = Vec::new();
+            while got.len() < expected.len() {
+                got.extend(next_ids(feed).await);
+            }
+            assert_eq!(got, expected);
+        }
+        for (feed, before) in feeds.iter().zip(own_reads) {
+            assert_eq!(feed.own.pages_read, before, "a client read the log itself");
+        }
+        // At most one read a commit (the first client woken), not one a client.
+        let tail_reads = tail.pages_read() - tail_reads;
+        assert!((1..=20).contains(&tail_reads), "{tail_reads} reads");
+    }
+
+    /// A client behind the tail's oldest frame reads the database itself from its cursor, and
+    /// follows the tail once it reaches it: every change once, in order.
+    #[tokio::test]
+    async fn a_client_behind_the_tail_catches_up_on_its_own_then_joins_it() {
+        use flightlog_core::activity::ActivityWrite;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (store, snapshot) = store_with_a_run(dir.path(), "a-root", "a").await;
+        let tail = Arc::new(ChangeTail::default());
+        let mut leader = GlobalFeed::new(
+            Arc::clone(&store),
+            Arc::clone(&tail),
+            snapshot.change_cursor,
+        );
+        assert_eq!(drain(&mut leader).await, Vec::<i64>::new());
+        let count = crate::change_tail::MAX_ENTRIES + 600;
+        let writes = (0..count)
+            .map(|k| ActivityWrite::StartSpan(start(&format!("c{k}"), &format!("c{k}"), 2_000)))
+            .collect();
+        for result in store.write_batch(writes).await {
+            result.expect("start");
+        }
+        let newest = store.latest_change_cursor().await.expect("cursor");
+        let expected: Vec<i64> = (snapshot.change_cursor + 1..=newest).collect();
+        let mut got = Vec::new();
+        while got.len() < expected.len() {
+            got.extend(next_ids(&mut leader).await);
+        }
+        assert_eq!(got, expected);
+        // The tail now starts past the first changes: a client at the old cursor reads itself.
+        assert!(tail.take(snapshot.change_cursor).is_none());
+        let mut late = GlobalFeed::new(
+            Arc::clone(&store),
+            Arc::clone(&tail),
+            snapshot.change_cursor,
+        );
+        let mut got = Vec::new();
+        while got.len() < expected.len() {
+            got.extend(next_ids(&mut late).await);
+        }
+        assert_eq!(got, expected);
+        assert!(late.own.pages_read > 0);
+        // Joined: the next change comes from the tail.
+        let own_reads = late.own.pages_read;
+        store
+            .start_span(start("d", "d", 3_000))
+            .await
+            .expect("start d");
+        assert_eq!(next_ids(&mut late).await, vec![newest + 1]);
+        assert_eq!(late.own.pages_read, own_reads);
+    }
+
+    /// A prune that deleted changes the tail had not read yet: the tail starts again past them,
+    /// and its clients, outside it, read the database themselves and are told to resync, as a
+    /// client reading for itself always was.
+    #[tokio::test]
+    async fn a_gap_behind_the_tail_sends_its_clients_to_resync() {
+        use flightlog_core::activity::{EndSpanInput, PruneOptions, SpanOutcome};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (store, snapshot) = store_with_a_run(dir.path(), "z-root", "z").await;
+        let tail = Arc::new(ChangeTail::default());
+        let mut feed = GlobalFeed::new(
+            Arc::clone(&store),
+            Arc::clone(&tail),
+            snapshot.change_cursor,
+        );
+        assert_eq!(drain(&mut feed).await, Vec::<i64>::new());
+        assert!(
+            tail.take(snapshot.change_cursor).is_some(),
+            "following the tail"
+        );
+        store
+            .start_span(start("y-root", "y", 1_000))
+            .await
+            .expect("start y");
+        let ended = EndSpanInput {
+            outcome: SpanOutcome::Success,
+            reason: None,
+            ended_at: Some(1_100),
+            usage: None,
+            attrs: None,
+        };
+        assert!(store.end_span("y-root", ended).await.expect("end y"));
+        store.rollup_run("y").await.expect("roll up y");
+        let pruned = store
+            .prune(PruneOptions {
+                digest_floor_at: 5_000,
+                hard_ceiling_ms: 1_000_000,
+                now: Some(6_000),
+                batch: None,
+                max_spans: None,
+                scheduled: false,
+            })
+            .await
+            .expect("prune");
+        assert_eq!(pruned.runs_pruned, 1);
+        let next = tokio::time::timeout(Duration::from_secs(5), feed.next_events())
+            .await
+            .expect("within 5 s");
+        assert!(matches!(next, Err(FeedEnd::Resync { .. })), "{next:?}");
     }
 
     /// A run stream whose cursor a prune of *other* runs left behind the change log's horizon
