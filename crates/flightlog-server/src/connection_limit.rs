@@ -35,7 +35,8 @@
 //! every second, and a client waiting among them gets one within about a second. What the
 //! limit still does not stop: clients with a token that keep every connection in use (a live
 //! stream, a body trickled within its time limits, a request at least every 10 s) hold their
-//! slots, as they could hold file descriptors without it.
+//! slots, as they could hold file descriptors without it (live streams only up to three
+//! quarters of the limit: `ServerConfig::stream_limit`).
 //!
 //! Waiting, not refusing, when no connection is idle: a connection accepted only to be closed
 //! again tells the client nothing an HTTP answer would, and reading a request to answer it is

@@ -88,6 +88,17 @@ impl ServerConfig {
     /// HTTP/1 a head is at most 32 KiB, and 4,000 connections each holding 28 KiB of one took
     /// the server to about 170 MiB of RSS (`bench/big_heads.py`).
     pub const DEFAULT_MAX_CONNECTIONS: usize = 4_096;
+
+    /// The most live streams open at once: three quarters of [`Self::max_connections`] (at
+    /// least one). A live stream keeps its connection busy for as long as its client follows,
+    /// so it is never closed to make room (see [`crate::connection_limit`]); without this cap,
+    /// dashboards alone could take every connection, and every write, `/healthz` and new
+    /// stream waited unanswered (an audit's finding: 20 streams against `--max-connections 20`
+    /// held an ingest request 45 s). Past it, a stream request is answered `503` with
+    /// `Retry-After`, and the last quarter stays for writes.
+    pub fn stream_limit(&self) -> usize {
+        (self.max_connections.saturating_mul(3) / 4).max(1)
+    }
 }
 
 impl Default for ServerConfig {
@@ -137,6 +148,8 @@ struct Shared {
     request_budget: RequestBudget,
     /// One slot per open connection, over both listeners (see [`crate::connection_limit`]).
     connection_slots: ConnectionSlots,
+    /// Live streams open now, over every kind (see [`ServerConfig::stream_limit`]).
+    open_streams: Arc<std::sync::atomic::AtomicUsize>,
     /// The newest changes, read and encoded once for every client of the change stream (see
     /// [`crate::change_tail`]).
     change_tail: Arc<crate::change_tail::ChangeTail>,
@@ -156,6 +169,16 @@ struct Shared {
 
 /// The methods each route template serves (`HEAD` wherever `GET` is: axum answers it).
 type RouteMethods = std::collections::HashMap<String, Vec<axum::http::Method>>;
+
+/// One live stream's place among [`ServerConfig::stream_limit`]; given back when dropped.
+#[derive(Debug)]
+pub(crate) struct StreamPlace(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for StreamPlace {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
 
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -184,6 +207,7 @@ impl AppState {
             journal,
             manual_clock: None,
             config: Arc::new(config),
+            open_streams: Arc::default(),
             change_tail: Arc::default(),
             closing: Arc::new(tokio::sync::watch::Sender::new(false)),
             metrics: Arc::new(Metrics::new()),
@@ -251,6 +275,29 @@ impl AppState {
     /// The sender that marks the server as shutting down.
     pub(crate) fn closing_signal(&self) -> Arc<tokio::sync::watch::Sender<bool>> {
         self.shared.closing.clone()
+    }
+
+    /// A place for one more live stream, held until the stream's response is dropped; `503`
+    /// with `Retry-After` when [`ServerConfig::stream_limit`] streams are open already.
+    pub(crate) fn open_stream(&self) -> Result<StreamPlace, crate::ApiError> {
+        use std::sync::atomic::Ordering;
+        let limit = self.shared.config.stream_limit();
+        let open = &self.shared.open_streams;
+        if open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                (now < limit).then_some(now + 1)
+            })
+            .is_err()
+        {
+            return Err(crate::ApiError::Unavailable(format!(
+                "{limit} live streams are open, the most this server serves at once (three \
+                 quarters of its connection limit, --max-connections {}, so that writes always \
+                 find a connection); retry later, or start the server with a higher \
+                 --max-connections",
+                self.shared.config.max_connections
+            )));
+        }
+        Ok(StreamPlace(Arc::clone(open)))
     }
 
     /// A receiver that turns `true` when the server starts shutting down.

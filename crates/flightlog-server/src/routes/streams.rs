@@ -32,7 +32,7 @@ use crate::metrics::{StreamEnds, StreamKind};
 use crate::openapi::{tags, ENGAGEMENT_ID, RUN_ID};
 use crate::response_budget::ChunkedJson;
 use crate::sse::SseEvent;
-use crate::state::AppState;
+use crate::state::{AppState, StreamPlace};
 
 /// Changes read from the database per query while a stream catches up.
 pub(crate) const PAGE: i64 = 500;
@@ -57,14 +57,17 @@ const RECHECK: Duration = Duration::from_secs(5);
 const KEEP_ALIVE: Duration = Duration::from_secs(10);
 
 /// A stream's 503, as the OpenAPI document describes it.
-const STORE_LOST: &str = "The store cannot serve a live stream: its database file was deleted \
-     or replaced while the server ran (the message says which; `/healthz` says the same). An \
-     open stream ends with an `error` event within a few seconds of it.";
+const STORE_LOST: &str = "As many live streams are open as the server serves at once (three \
+     quarters of `--max-connections`, so writes always find a connection; carries \
+     `Retry-After`); or the store cannot serve a live stream: its database file was deleted or \
+     replaced while the server ran (the message says which; `/healthz` says the same). An open \
+     stream ends with an `error` event within a few seconds of it.";
 /// The run stream's 503, as the OpenAPI document describes it.
 const RUN_STREAM_BUSY_OR_STORE_LOST: &str = "The snapshot is large and the server's memory for \
-     large answers is taken by other clients' for now (carries `Retry-After`); or the store \
-     cannot serve a live stream: its database file was deleted or replaced while the server \
-     ran (the message says which; `/healthz` says the same).";
+     large answers is taken by other clients' for now, or as many live streams are open as the \
+     server serves at once (three quarters of `--max-connections`); both carry `Retry-After`. \
+     Or the store cannot serve a live stream: its database file was deleted or replaced while \
+     the server ran (the message says which; `/healthz` says the same).";
 
 /// The journal stream's `Last-Event-ID`, as the OpenAPI document describes it.
 const JOURNAL_LAST_EVENT_ID: &str = "The `id:` of the last event received (sent by a \
@@ -820,7 +823,7 @@ fn feed_stream(feed: ChangeFeed, ends: StreamEnds) -> impl Stream<Item = SseEven
 
 /// The SSE response: keep-alive comments, the end of the stream when the server shuts down, and
 /// the live-clients gauge of `kind` for as long as the response body exists.
-fn sse<S>(state: &AppState, kind: StreamKind, stream: S) -> Response
+fn sse<S>(state: &AppState, kind: StreamKind, place: StreamPlace, stream: S) -> Response
 where
     S: Stream<Item = SseEvent> + Send + 'static,
 {
@@ -833,7 +836,7 @@ where
     let stream = futures_util::StreamExt::map(stream, move |event| {
         // The closure owns the guard, so the gauge goes down when the body is dropped: the
         // client went away, the stream ended, or the server shut down.
-        let _client = &client;
+        let _client = (&client, &place);
         sent.inc_by(event.events());
         event
     });
@@ -880,9 +883,11 @@ async fn change_stream(
         }
         None => newest_position(store.as_ref()).await?,
     };
+    let place = state.open_stream()?;
     Ok(sse(
         &state,
         StreamKind::Changes,
+        place,
         global_feed_stream(
             GlobalFeed::new(store, Arc::clone(state.change_tail()), start),
             state.metrics().stream_ends(StreamKind::Changes),
@@ -933,6 +938,8 @@ async fn run_stream(
     let store = state.activity().clone();
     store.health()?;
     let resume = last_event_id(&headers)?;
+    // Before the snapshot is read: a stream refused for want of a place costs nothing.
+    let place = state.open_stream()?;
     let (first, feed) = match resume {
         // Every event of a run stream has an id past its run's first change, so no client was
         // sent 0; read as "the snapshot held the run" it ended the stream with a `resync`
@@ -987,6 +994,7 @@ async fn run_stream(
     Ok(sse(
         &state,
         StreamKind::Run,
+        place,
         futures_util::StreamExt::chain(
             head,
             feed_stream(feed, state.metrics().stream_ends(StreamKind::Run)),
@@ -1271,6 +1279,7 @@ async fn journal_stream(
     };
     let journal = state.journal().clone();
     journal.health()?;
+    let place = state.open_stream()?;
     // Subscribe before the first read, so nothing committed in between is missed.
     let subscription = journal.subscribe();
     let doorbell = Some(journal.commit_doorbell());
@@ -1307,7 +1316,7 @@ async fn journal_stream(
         };
         Some((sse_event, (feed, ends)))
     });
-    Ok(sse(&state, StreamKind::Journal, events))
+    Ok(sse(&state, StreamKind::Journal, place, events))
 }
 
 #[cfg(test)]

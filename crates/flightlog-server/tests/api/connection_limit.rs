@@ -119,3 +119,79 @@ async fn idle_connections_of_either_listener_make_room_for_the_other() {
     );
     server.stop().await;
 }
+
+/// Live streams take at most three quarters of the connection limit: past it a stream request
+/// is answered `503` with `Retry-After`, so writes always find a connection. (Streams are never
+/// closed to make room, so with no cap 20 dashboards against `--max-connections 20` held every
+/// write and `/healthz` unanswered: an audit's finding.)
+#[tokio::test]
+async fn live_streams_leave_a_quarter_of_the_connections_to_writes() {
+    let server = TestServer::start_with(Options {
+        config: ServerConfig {
+            max_connections: 8,
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let open = |path: &'static str| {
+        let request = server.client.get(format!("{}{path}", server.base));
+        async move { request.send().await.expect("stream request") }
+    };
+    let mut streams = Vec::new();
+    for _ in 0..6 {
+        let stream = open("/v1/activity/changes/stream").await;
+        assert_eq!(stream.status().as_u16(), 200);
+        streams.push(stream);
+    }
+    let start = serde_json::json!({
+        "spanId": "s1", "runId": "r1", "name": "turn", "kind": "turn", "origin": "session",
+    });
+    server
+        .post("/v1/activity/spans", &start)
+        .await
+        .assert_status(201);
+    for path in [
+        "/v1/activity/changes/stream",
+        "/v1/activity/runs/r1/stream",
+        "/v1/engagements/e1/stream",
+    ] {
+        let refused = open(path).await;
+        assert_eq!(refused.status().as_u16(), 503, "{path}");
+        assert!(refused.headers().contains_key("retry-after"), "{path}");
+        let body: serde_json::Value = refused.json().await.expect("an error body");
+        assert_eq!(body["error"]["code"], "unavailable", "{path}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("--max-connections 8"), "{message}");
+    }
+    // Writes and health checks are still served.
+    let end = serde_json::json!({"outcome": "success"});
+    server
+        .post("/v1/activity/spans/s1/end", &end)
+        .await
+        .assert_status(200);
+    server.get("/healthz").await.assert_status(200);
+    // A stream that ends gives its place back (noticed when the server next writes to it).
+    drop(streams.pop());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut k = 0;
+    loop {
+        k += 1;
+        let event = serde_json::json!({"eventType": "tick", "payload": {"k": k}});
+        server
+            .post("/v1/activity/spans/s1/events", &event)
+            .await
+            .assert_status(201);
+        let stream = open("/v1/activity/changes/stream").await;
+        if stream.status().as_u16() == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no place given back within 10 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    drop(streams);
+    server.stop().await;
+}
