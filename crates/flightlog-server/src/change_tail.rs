@@ -132,8 +132,8 @@ impl ChangeTail {
     /// A client that read the database itself caught up at `cursor` (nothing readable after it
     /// up to the doorbell's `rung`): bring the tail to it, so the client follows the tail from
     /// now on. The tail is read forward when it is a little behind, and started again at
-    /// `cursor` when it is far behind, not started yet, or ahead of it (a prune moved the
-    /// newest change down).
+    /// `cursor` when it is far behind or not started yet; one ahead of the client is left to
+    /// the clients that follow it (the client reads on by itself until it is inside).
     pub(crate) async fn join(
         &self,
         store: &dyn ActivityStore,
@@ -155,11 +155,12 @@ impl ChangeTail {
                         return Ok(());
                     }
                 }
+                // Ahead of the client: others follow it; the client reads on by itself until
+                // it is inside (or learns it must resync).
+                Some(end) if end > cursor => return Ok(()),
+                // Not started, or far behind: start it at the client.
                 _ => {
-                    // A covered cursor needs nothing; any other is started afresh.
-                    if !self.covers(cursor) {
-                        self.restart_at(cursor);
-                    }
+                    self.restart_at(cursor);
                     return Ok(());
                 }
             }
@@ -231,12 +232,6 @@ impl ChangeTail {
 
     fn end(&self) -> Option<i64> {
         self.lock().as_ref().map(|covered| covered.to)
-    }
-
-    fn covers(&self, cursor: i64) -> bool {
-        self.lock()
-            .as_ref()
-            .is_some_and(|covered| covered.from <= cursor && cursor <= covered.to)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Covered>> {
