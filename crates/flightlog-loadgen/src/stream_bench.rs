@@ -98,6 +98,24 @@ fn read_change(event: &SseEvent, at: Instant) -> Option<Delivered> {
     })
 }
 
+/// A runtime for a reader's own thread.
+fn current_thread_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+/// A client for live streams: no overall timeout (a stream is meant to stay open; the phase's
+/// `stop` ends it), HTTP/1.1, `TCP_NODELAY`.
+fn sse_client() -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .http1_only()
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+}
+
 /// The reader: its own thread and current-thread runtime.
 fn spawn_reader(
     url: Url,
@@ -109,10 +127,7 @@ fn spawn_reader(
     std::thread::Builder::new()
         .name("sse-reader".into())
         .spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
+            let runtime = match current_thread_runtime() {
                 Ok(runtime) => runtime,
                 Err(err) => {
                     let _ = connected.send(Err(format!("cannot start the reader's runtime: {err}")));
@@ -120,13 +135,7 @@ fn spawn_reader(
                 }
             };
             runtime.block_on(async move {
-                // No overall timeout: the stream is meant to stay open; `stop` ends it.
-                let client = reqwest::Client::builder()
-                    .no_proxy()
-                    .http1_only()
-                    .tcp_nodelay(true)
-                    .connect_timeout(Duration::from_secs(5))
-                    .build();
+                let client = sse_client();
                 let response = match client {
                     Ok(client) => client.get(url).header(ACCEPT, "text/event-stream").send().await,
                     Err(err) => {
@@ -219,10 +228,7 @@ fn spawn_crowd(
     std::thread::Builder::new()
         .name("sse-crowd".into())
         .spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
+            let runtime = match current_thread_runtime() {
                 Ok(runtime) => runtime,
                 Err(err) => {
                     let _ = connected.send(Err(format!("cannot start the crowd's runtime: {err}")));
@@ -230,13 +236,7 @@ fn spawn_crowd(
                 }
             };
             runtime.block_on(async move {
-                let client = match reqwest::Client::builder()
-                    .no_proxy()
-                    .http1_only()
-                    .tcp_nodelay(true)
-                    .connect_timeout(Duration::from_secs(5))
-                    .build()
-                {
+                let client = match sse_client() {
                     Ok(client) => client,
                     Err(err) => {
                         let _ = connected.send(Err(format!("cannot build the SSE client: {err}")));

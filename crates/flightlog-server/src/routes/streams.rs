@@ -1394,6 +1394,37 @@ mod tests {
         (store, snapshot)
     }
 
+    /// Run `y`, written after whatever the store holds, ended, rolled up and pruned: its
+    /// changes are deleted and the change log's horizon passes them.
+    async fn write_and_prune_another_run(store: &dyn ActivityStore) {
+        use flightlog_core::activity::{EndSpanInput, PruneOptions, SpanOutcome};
+        store
+            .start_span(start("y-root", "y", 1_000))
+            .await
+            .expect("start y");
+        let ended = EndSpanInput {
+            outcome: SpanOutcome::Success,
+            reason: None,
+            ended_at: Some(1_100),
+            usage: None,
+            attrs: None,
+        };
+        assert!(store.end_span("y-root", ended).await.expect("end y"));
+        store.rollup_run("y").await.expect("roll up y");
+        let pruned = store
+            .prune(PruneOptions {
+                digest_floor_at: 5_000,
+                hard_ceiling_ms: 1_000_000,
+                now: Some(6_000),
+                batch: None,
+                max_spans: None,
+                scheduled: false,
+            })
+            .await
+            .expect("prune");
+        assert_eq!(pruned.runs_pruned, 1);
+    }
+
     /// The change ids of a global feed's next events (one or more), within 5 s.
     async fn next_ids(feed: &mut GlobalFeed) -> Vec<i64> {
         let event = tokio::time::timeout(Duration::from_secs(5), feed.next_events())
@@ -1529,7 +1560,6 @@ mod tests {
     /// client reading for itself always was.
     #[tokio::test]
     async fn a_gap_behind_the_tail_sends_its_clients_to_resync() {
-        use flightlog_core::activity::{EndSpanInput, PruneOptions, SpanOutcome};
         let dir = tempfile::tempdir().expect("temp dir");
         let (store, snapshot) = store_with_a_run(dir.path(), "z-root", "z").await;
         let tail = Arc::new(ChangeTail::default());
@@ -1543,31 +1573,7 @@ mod tests {
             tail.take(snapshot.change_cursor).is_some(),
             "following the tail"
         );
-        store
-            .start_span(start("y-root", "y", 1_000))
-            .await
-            .expect("start y");
-        let ended = EndSpanInput {
-            outcome: SpanOutcome::Success,
-            reason: None,
-            ended_at: Some(1_100),
-            usage: None,
-            attrs: None,
-        };
-        assert!(store.end_span("y-root", ended).await.expect("end y"));
-        store.rollup_run("y").await.expect("roll up y");
-        let pruned = store
-            .prune(PruneOptions {
-                digest_floor_at: 5_000,
-                hard_ceiling_ms: 1_000_000,
-                now: Some(6_000),
-                batch: None,
-                max_spans: None,
-                scheduled: false,
-            })
-            .await
-            .expect("prune");
-        assert_eq!(pruned.runs_pruned, 1);
+        write_and_prune_another_run(store.as_ref()).await;
         let next = tokio::time::timeout(Duration::from_secs(5), feed.next_events())
             .await
             .expect("within 5 s");
@@ -1580,36 +1586,12 @@ mod tests {
     /// follows every run, resyncs there, as it must.
     #[tokio::test]
     async fn a_run_stream_goes_on_across_a_prune_of_other_runs() {
-        use flightlog_core::activity::{EndSpanInput, PruneOptions, SpanOutcome, SpanPatch};
+        use flightlog_core::activity::SpanPatch;
         let dir = tempfile::tempdir().expect("temp dir");
         let (store, snapshot) = store_with_a_run(dir.path(), "z-root", "z").await;
         // Another run after the snapshot: ended, rolled up and pruned, so its changes (newer
         // than the snapshot's cursor) are deleted and the horizon passes the cursor.
-        store
-            .start_span(start("y-root", "y", 1_000))
-            .await
-            .expect("start y");
-        let ended = EndSpanInput {
-            outcome: SpanOutcome::Success,
-            reason: None,
-            ended_at: Some(1_100),
-            usage: None,
-            attrs: None,
-        };
-        assert!(store.end_span("y-root", ended).await.expect("end y"));
-        store.rollup_run("y").await.expect("roll up y");
-        let pruned = store
-            .prune(PruneOptions {
-                digest_floor_at: 5_000,
-                hard_ceiling_ms: 1_000_000,
-                now: Some(6_000),
-                batch: None,
-                max_spans: None,
-                scheduled: false,
-            })
-            .await
-            .expect("prune");
-        assert_eq!(pruned.runs_pruned, 1);
+        write_and_prune_another_run(store.as_ref()).await;
         let horizon = store.change_log_horizon().await.expect("horizon");
         assert!(horizon > snapshot.change_cursor + 1, "{horizon}");
         let patch = SpanPatch {
