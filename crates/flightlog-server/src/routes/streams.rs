@@ -49,11 +49,11 @@ const JOURNAL_PAGE: TailBound = TailBound {
     max_events: PAGE as usize,
     max_bytes: 1024 * 1024,
 };
-/// How long a run stream that found nothing of its run after a commit waits before it looks
-/// again: every commit of any run rings every stream, and a look costs a run stream two index
-/// probes, so 200 streams on quiet runs at 1,000 writes/s took most of a core (an audit's
-/// finding). Pausing lets the commits of the pause share one look; the first change of a quiet
-/// run reaches its stream at most this much later.
+/// The least time between two looks of a run stream at the log: every commit of any run rings
+/// every stream, and a look costs a run stream two index probes, so 200 streams on quiet runs
+/// at 1,000 writes/s took most of a core (an audit's finding). The commits of such a spell
+/// share one look; a change of the run reaches its stream at most this much later, and only
+/// while commits come faster than this (after a quieter spell the stream looks at once).
 const QUIET_RUN_LOOK_PAUSE: Duration = Duration::from_millis(10);
 /// A stream re-reads even without a doorbell this often (a safety net, not the mechanism).
 const RECHECK: Duration = Duration::from_secs(5);
@@ -320,6 +320,8 @@ struct ChangeFeed {
     failed: bool,
     /// When the store's file was last checked (see `check_health`).
     health_checked: Instant,
+    /// When the feed last looked at the log (see `QUIET_RUN_LOOK_PAUSE`).
+    looked_at: Option<tokio::time::Instant>,
     /// Pages of the change log read so far (what following one quiet run must not cost).
     #[cfg_attr(not(test), allow(dead_code))]
     pages_read: u64,
@@ -338,6 +340,7 @@ impl ChangeFeed {
             run_lost_changes: false,
             failed: false,
             health_checked: Instant::now(),
+            looked_at: None,
             pages_read: 0,
         }
     }
@@ -479,11 +482,11 @@ impl ChangeFeed {
             }
             if self.step().await? == Step::CaughtUp {
                 let _ = tokio::time::timeout(RECHECK, self.doorbell.changed()).await;
-                if self.filter.is_some() {
-                    // A run stream that found nothing of its run looks again after a pause, so
-                    // the commits of other runs meanwhile are judged by one look (two index
-                    // probes), not one look each.
-                    tokio::time::sleep(QUIET_RUN_LOOK_PAUSE).await;
+                if let Some(looked) = self.looked_at.filter(|_| self.filter.is_some()) {
+                    // A run stream looks at most every `QUIET_RUN_LOOK_PAUSE`, so the commits of
+                    // other runs in that time are judged by one look (two index probes), not one
+                    // look each; after a quiet spell longer than that it looks at once.
+                    tokio::time::sleep_until(looked + QUIET_RUN_LOOK_PAUSE).await;
                 }
             }
         }
@@ -512,6 +515,7 @@ impl ChangeFeed {
         if let Some(failed) = check_health(&mut self.health_checked, || self.store.health()) {
             return Err(FeedEnd::Failed(failed));
         }
+        self.looked_at = Some(tokio::time::Instant::now());
         // Note the doorbell before reading, so a commit landing during the read rings again.
         let rung = *self.doorbell.borrow_and_update();
         if self.followed_run_held_still().await? {
