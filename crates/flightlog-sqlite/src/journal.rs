@@ -28,9 +28,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use flightlog_core::activity::StoreError;
 use flightlog_core::journal::{
-    plan_compaction, AppendInput, EngagementEvent, EngagementJournal, JournalDoorbell,
-    JournalError, JournalSubscription, JournalTail, JsonObject, RetentionConfig, TailBound,
-    DEFAULT_SUBSCRIBER_BUFFER, MAX_SUBSCRIBER_BUFFER,
+    plan_compaction, AppendInput, CommittedEvent, EngagementEvent, EngagementJournal,
+    JournalDoorbell, JournalError, JournalSubscription, JournalTail, JsonObject, RetentionConfig,
+    TailBound, DEFAULT_SUBSCRIBER_BUFFER, MAX_SUBSCRIBER_BUFFER,
 };
 use flightlog_core::{Clock, SystemClock};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -47,7 +47,7 @@ use crate::error::backend;
 pub struct SqliteEngagementJournal {
     db: Arc<SqliteDatabase>,
     retention: RetentionConfig,
-    committed: broadcast::Sender<EngagementEvent>,
+    committed: broadcast::Sender<CommittedEvent>,
     /// Stamps each append's arrival (`appended_at`), which [`EngagementJournal::prune_idle`]
     /// judges idleness by.
     clock: Arc<dyn Clock>,
@@ -151,7 +151,7 @@ impl SqliteEngagementJournal {
     }
 
     /// The after-commit hook of an append: hands the committed event to the subscribers.
-    fn publisher(&self) -> AfterCommit<Result<EngagementEvent, JournalError>> {
+    fn publisher(&self) -> AfterCommit<Result<CommittedEvent, JournalError>> {
         let committed = self.committed.clone();
         Box::new(move |outcome| {
             if let Ok(event) = outcome {
@@ -215,6 +215,8 @@ pub(crate) struct EngagementCounter {
     pub next_seq: i64,
     /// Its `appended_bucket`; `None` on a row an older flightlog wrote.
     pub arrival_bucket: Option<i64>,
+    /// Its numbering's generation (published with each append).
+    pub generation: i64,
 }
 
 /// The engagement's counter row.
@@ -223,7 +225,7 @@ fn engagement_counter(
     engagement_id: &str,
 ) -> Result<Option<EngagementCounter>, StoreError> {
     conn.prepare_cached(
-        "SELECT engagement_key, next_seq, appended_bucket FROM journal_engagements \
+        "SELECT engagement_key, next_seq, appended_bucket, generation FROM journal_engagements \
          WHERE engagement_id = ?1",
     )
     .and_then(|mut stmt| {
@@ -232,6 +234,7 @@ fn engagement_counter(
                 key: row.get(0)?,
                 next_seq: row.get(1)?,
                 arrival_bucket: row.get(2)?,
+                generation: row.get(3)?,
             })
         })
         .optional()
@@ -250,7 +253,7 @@ fn append_in_transaction(
     expected_seq: Option<i64>,
     max_events: u64,
     appended_at: i64,
-) -> Result<Result<EngagementEvent, JournalError>, StoreError> {
+) -> Result<Result<CommittedEvent, JournalError>, StoreError> {
     let conn = ctx.conn;
     let counter = match ctx.keys.engagements.get(&*template.engagement_id) {
         Some(counter) => Some(*counter),
@@ -272,7 +275,7 @@ fn append_in_transaction(
         }
     }
     let bucket = arrival_bucket(appended_at);
-    let engagement_key = match counter {
+    let (engagement_key, generation) = match counter {
         // The arrival bucket is indexed: rewritten only when it changes.
         Some(counter) if counter.arrival_bucket == Some(bucket) => {
             ctx.statement(
@@ -281,7 +284,7 @@ fn append_in_transaction(
             )
             .and_then(|stmt| stmt.execute(params![counter.key, seq + 1, template.at, appended_at]))
             .map_err(backend)?;
-            counter.key
+            (counter.key, counter.generation)
         }
         Some(counter) => {
             ctx.statement(
@@ -298,9 +301,10 @@ fn append_in_transaction(
                 ])
             })
             .map_err(backend)?;
-            counter.key
+            (counter.key, counter.generation)
         }
         None => {
+            let generation = new_generation(seq);
             // The new row's key is one more than the largest present: the creation order.
             conn.prepare_cached(
                 "INSERT INTO journal_engagements \
@@ -311,13 +315,13 @@ fn append_in_transaction(
                 stmt.execute(params![
                     &*template.engagement_id,
                     template.at,
-                    new_generation(seq),
+                    generation,
                     appended_at,
                     bucket
                 ])
             })
             .map_err(backend)?;
-            conn.last_insert_rowid()
+            (conn.last_insert_rowid(), generation)
         }
     };
     ctx.statement(
@@ -340,11 +344,15 @@ fn append_in_transaction(
             key: engagement_key,
             next_seq: seq + 1,
             arrival_bucket: Some(bucket),
+            generation,
         },
     );
-    Ok(Ok(EngagementEvent {
-        seq,
-        ..template.clone()
+    Ok(Ok(CommittedEvent {
+        event: EngagementEvent {
+            seq,
+            ..template.clone()
+        },
+        generation: generation as u64,
     }))
 }
 
@@ -717,6 +725,7 @@ impl EngagementJournal for SqliteEngagementJournal {
             .write_then(work, Some(self.publisher()))
             .await
             .map_err(journal_error)?
+            .map(|committed| committed.event)
     }
 
     async fn read(&self, engagement_id: &str) -> Result<Vec<EngagementEvent>, JournalError> {

@@ -2333,7 +2333,7 @@ impl Harness {
         let mut seen = Vec::new();
         loop {
             match self.live.subscription.try_recv() {
-                Ok(event) => seen.push(event),
+                Ok(committed) => seen.push(committed.event),
                 Err(tokio::sync::broadcast::error::TryRecvError::Empty) => break,
                 Err(err) => return Err(fail(format!("journal subscription: {err}"))),
             }

@@ -804,7 +804,7 @@ fn subscribers_get_each_committed_event_once_in_seq_order_after_commit() {
                 let mut received = Vec::new();
                 loop {
                     let event = match subscription.recv().await {
-                        Ok(event) => event,
+                        Ok(committed) => committed.event,
                         Err(RecvError::Lagged(missed)) => panic!("lagged by {missed}"),
                         Err(RecvError::Closed) => panic!("the journal closed"),
                     };
@@ -911,7 +911,7 @@ fn subscribers_get_each_committed_event_once_in_seq_order_after_commit() {
             roomy.append(input).await.expect("appends");
         }
         for expected_seq in 0..CRASH_EVENTS as i64 {
-            let event = roomy_subscription.recv().await.expect("delivered");
+            let event = roomy_subscription.recv().await.expect("delivered").event;
             assert_eq!(
                 (&*event.engagement_id, event.seq),
                 ("sub-compact", expected_seq)
@@ -924,7 +924,7 @@ fn subscribers_get_each_committed_event_once_in_seq_order_after_commit() {
             .await
             .expect("appends");
         assert_eq!(next.seq, compacted_len);
-        let delivered = roomy_subscription.recv().await.expect("delivered");
+        let delivered = roomy_subscription.recv().await.expect("delivered").event;
         assert_eq!(delivered, next, "nothing was sent for the rewrite");
         assert!(roomy_subscription.try_recv().is_err());
         assert!(
@@ -1001,6 +1001,7 @@ fn the_generation_changes_exactly_when_seqs_are_given_out_again() {
         rt.block_on(async {
             let mut doorbell = journal.commit_doorbell();
             doorbell.borrow_and_update();
+            let mut subscription = journal.subscribe();
             let tail = journal
                 .read_tail("g", 0, TailBound::ALL)
                 .await
@@ -1023,6 +1024,14 @@ fn the_generation_changes_exactly_when_seqs_are_given_out_again() {
                 .await
                 .expect("read");
             assert_eq!(tail.generation, Some(generation), "{name}: appends keep it");
+            // Each append was published with the generation a read reports (also the first,
+            // which created the engagement).
+            let mut published = Vec::new();
+            while let Ok(committed) = subscription.try_recv() {
+                published.push((committed.event.seq, committed.generation));
+            }
+            let expected: Vec<_> = (0..count).map(|seq| (seq, generation)).collect();
+            assert_eq!(published, expected, "{name}");
             assert_eq!(
                 tail.events.iter().map(|e| e.seq).collect::<Vec<_>>(),
                 vec![count - 2, count - 1],
@@ -1043,6 +1052,21 @@ fn the_generation_changes_exactly_when_seqs_are_given_out_again() {
                 .expect("read");
             let renumbered = compacted.generation.expect("a generation");
             assert_ne!(renumbered, generation, "{name}: compaction renews it");
+            // An append after the compaction is published under the new numbering.
+            let after = journal
+                .append(input("g", 1, "note", json!({"after": "compaction"})))
+                .await
+                .expect("append after the compaction");
+            let committed = subscription.try_recv().expect("published");
+            assert_eq!(
+                (committed.event.seq, committed.generation),
+                (after.seq, renumbered),
+                "{name}: the compacted numbering's generation"
+            );
+            let compacted = journal
+                .read_tail("g", 0, TailBound::ALL)
+                .await
+                .expect("read");
             assert_eq!(compacted.events, journal.read("g").await.expect("read"));
             tokio::time::timeout(Duration::from_secs(5), doorbell.changed())
                 .await
@@ -1073,6 +1097,12 @@ fn the_generation_changes_exactly_when_seqs_are_given_out_again() {
             assert!(
                 fresh != generation && fresh != renumbered,
                 "{name}: a re-created engagement gets a generation of its own"
+            );
+            let committed = subscription.try_recv().expect("published");
+            assert_eq!(
+                (committed.event.seq, committed.generation),
+                (0, fresh),
+                "{name}: the re-created numbering's generation"
             );
             assert_eq!(recreated.events.len(), 1, "{name}");
             assert_eq!(recreated.events[0].seq, 0, "{name}");

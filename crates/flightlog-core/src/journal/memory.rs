@@ -19,7 +19,8 @@ use tokio::sync::{broadcast, watch};
 
 use super::compaction::plan_compaction;
 use super::store::{
-    EngagementJournal, JournalDoorbell, JournalError, JournalSubscription, JournalTail, TailBound,
+    CommittedEvent, EngagementJournal, JournalDoorbell, JournalError, JournalSubscription,
+    JournalTail, TailBound,
 };
 use super::summary::summarize_engagement_events;
 use super::types::{EngagementEvent, EngagementSummary, RetentionConfig};
@@ -59,7 +60,7 @@ pub struct InMemoryEngagementJournal {
     /// Keyed (SipHash) so clients choosing engagement ids cannot force collisions.
     hasher: RandomState,
     creations: AtomicU64,
-    committed: broadcast::Sender<EngagementEvent>,
+    committed: broadcast::Sender<CommittedEvent>,
     /// Rung by compactions and prunes (see [`JournalDoorbell`]).
     rewrites: watch::Sender<u64>,
 }
@@ -145,11 +146,11 @@ impl EngagementJournal for InMemoryEngagementJournal {
                 });
             }
         }
-        let event = match log {
+        let (event, generation) = match log {
             Some(log) => {
                 let event = input.into_event_of(Arc::clone(&log.id), seq);
                 log.events.push(event.clone());
-                event
+                (event, log.generation)
             }
             None => {
                 let event = input.into_event(seq);
@@ -162,13 +163,16 @@ impl EngagementJournal for InMemoryEngagementJournal {
                     generation: created,
                 };
                 shard.insert_unique(hash, log, |log| log.hash);
-                event
+                (event, created)
             }
         };
         // Committed; still under the shard lock, so subscribers see each engagement in seq
         // order. A send error only means nobody listens.
         if self.committed.receiver_count() > 0 {
-            let _ = self.committed.send(event.clone());
+            let _ = self.committed.send(CommittedEvent {
+                event: event.clone(),
+                generation,
+            });
         }
         drop(shard);
         Ok(event)
@@ -423,10 +427,19 @@ mod tests {
                 .append_json(json!({"engagementId": "e", "at": 1}))
                 .await;
             let mut seen = Vec::new();
-            while let Ok(event) = events.try_recv() {
-                seen.push(event.seq);
+            let mut generations = Vec::new();
+            while let Ok(committed) = events.try_recv() {
+                seen.push(committed.event.seq);
+                generations.push(committed.generation);
             }
             assert_eq!(seen, [0, 1, 2]);
+            // Each carries the numbering's generation, the one a read reports.
+            let tail = journal
+                .read_tail("e", 0, TailBound::ALL)
+                .await
+                .expect("read the tail");
+            let generation = tail.generation.expect("the engagement has events");
+            assert_eq!(generations, [generation; 3]);
         });
     }
 

@@ -22,10 +22,24 @@ use super::types::{EngagementEvent, EngagementSummary, RetentionConfig};
 use super::validate::{AppendInput, AppendValidationError};
 
 /// Committed events as they happen: each appended event once, in seq order per engagement,
-/// sent after its commit. A receiver that falls more than the backend's buffer behind gets
-/// `RecvError::Lagged` and must re-read (`read_from`) to catch up. Compaction rewrites are not
-/// sent: they are not new events.
-pub type JournalSubscription = tokio::sync::broadcast::Receiver<EngagementEvent>;
+/// sent after its commit, with the generation it was numbered in. A receiver that falls more
+/// than the backend's buffer behind gets `RecvError::Lagged` and must re-read (`read_from`) to
+/// catch up. Compaction rewrites are not sent: they are not new events.
+pub type JournalSubscription = tokio::sync::broadcast::Receiver<CommittedEvent>;
+
+/// An appended event as a [`JournalSubscription`] carries it: the event and the generation of
+/// the numbering its seq belongs to (the one [`EngagementJournal::read_tail`] reports). A live
+/// reader that holds the engagement up to `seq - 1` in that generation takes the event as its
+/// next one without reading the store: `(generation, seq)` names one event, as a compaction or
+/// a re-creation after a prune draws a new generation. Anything else (a seq past the next, a
+/// generation the reader does not hold) sends it to the store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommittedEvent {
+    /// The event as committed.
+    pub event: EngagementEvent,
+    /// The generation its seq was given out in.
+    pub generation: u64,
+}
 
 /// Rings (its value grows) after commits that a [`JournalSubscription`] does not carry:
 /// compactions, prunes, and other processes' or instances' appends (within 250 ms of their

@@ -1136,10 +1136,40 @@ struct JournalFeed {
     doorbell: Option<flightlog_core::journal::JournalDoorbell>,
     /// When the store's file was last checked (see `check_health`).
     health_checked: Instant,
+    /// Whether the next step reads the store (else it waits for a commit); see `wait`.
+    must_read: bool,
+    /// How many pages it read from the store (tests see that live events cost none).
+    pages_read: u64,
     failed: bool,
 }
 
 impl JournalFeed {
+    /// A feed from `start`, refused (400) when the engagement cannot be resumed there.
+    async fn start(
+        journal: Arc<dyn EngagementJournal>,
+        engagement_id: String,
+        start: &JournalStart,
+    ) -> Result<Self, ApiError> {
+        // Subscribe before the first read, so nothing committed in between is missed.
+        let subscription = journal.subscribe();
+        let doorbell = Some(journal.commit_doorbell());
+        let first_read = check_resumable(journal.as_ref(), &engagement_id, start).await?;
+        Ok(JournalFeed {
+            subscription,
+            doorbell,
+            first_read,
+            journal,
+            engagement_id,
+            next_seq: start.next_seq,
+            generation: start.generation,
+            pending: VecDeque::new(),
+            health_checked: Instant::now(),
+            must_read: true,
+            pages_read: 0,
+            failed: false,
+        })
+    }
+
     async fn next_item(&mut self) -> Result<JournalItem, String> {
         loop {
             if let Some(item) = self.pending.pop_front() {
@@ -1148,15 +1178,21 @@ impl JournalFeed {
             if let Some(failed) = check_health(&mut self.health_checked, || self.journal.health()) {
                 return Err(failed);
             }
+            if !self.must_read {
+                self.wait().await;
+                continue;
+            }
             // Read what is stored from the next seq on (covers catch-up, lag, other processes).
             // A first read made from an earlier seq is as good: older events are skipped below.
             let tail = match self.first_read.take() {
                 Some(tail) => tail,
-                None => self
-                    .journal
-                    .read_tail(&self.engagement_id, self.next_seq, JOURNAL_PAGE)
-                    .await
-                    .map_err(|err| err.to_string())?,
+                None => {
+                    self.pages_read += 1;
+                    self.journal
+                        .read_tail(&self.engagement_id, self.next_seq, JOURNAL_PAGE)
+                        .await
+                        .map_err(|err| err.to_string())?
+                }
             };
             match (self.generation, tail.generation) {
                 (Some(held), current) if current != Some(held) => {
@@ -1178,15 +1214,17 @@ impl JournalFeed {
                             .push_back(JournalItem::Event { event, generation });
                     }
                 }
-                if !self.pending.is_empty() {
-                    continue;
-                }
             }
-            self.wait().await;
+            // A page that brought events may have stopped short of the end: read on. One that
+            // brought none found the end: wait.
+            self.must_read = !self.pending.is_empty();
         }
     }
 
-    /// Caught up: wait for a commit on this engagement, the doorbell, or the safety-net timeout.
+    /// Caught up: wait for a commit on this engagement, the doorbell, or the safety-net
+    /// timeout. A commit of the event that comes next in the numbering the client holds is
+    /// queued as it is (nothing read: many clients of one busy engagement cost the store
+    /// nothing each); anything else sets `must_read`.
     async fn wait(&mut self) {
         let recheck = tokio::time::sleep(RECHECK);
         tokio::pin!(recheck);
@@ -1199,17 +1237,44 @@ impl JournalFeed {
             };
             tokio::select! {
                 received = self.subscription.recv() => match received {
-                    Ok(event) if *event.engagement_id != *self.engagement_id => continue,
-                    // This engagement's commit, or lagged or closed: re-read from the database.
-                    _ => return,
+                    Ok(committed) if *committed.event.engagement_id != *self.engagement_id => {
+                        continue
+                    }
+                    Ok(committed) if self.generation == Some(committed.generation) => {
+                        let seq = committed.event.seq;
+                        if seq < self.next_seq {
+                            // Already read from the store.
+                            continue;
+                        }
+                        if seq == self.next_seq {
+                            self.next_seq = seq + 1;
+                            self.pending.push_back(JournalItem::Event {
+                                event: committed.event,
+                                generation: committed.generation,
+                            });
+                            return;
+                        }
+                        // Past the next: something in between came another way.
+                        self.must_read = true;
+                        return;
+                    }
+                    // Another numbering, or lagged or closed: re-read from the database.
+                    _ => {
+                        self.must_read = true;
+                        return;
+                    }
                 },
                 open = rung => {
                     if !open {
                         self.doorbell = None;
                     }
+                    self.must_read = true;
                     return;
                 }
-                () = &mut recheck => return,
+                () = &mut recheck => {
+                    self.must_read = true;
+                    return;
+                }
             }
         }
     }
@@ -1296,22 +1361,7 @@ async fn journal_stream(
     let journal = state.journal().clone();
     journal.health()?;
     let place = state.open_stream()?;
-    // Subscribe before the first read, so nothing committed in between is missed.
-    let subscription = journal.subscribe();
-    let doorbell = Some(journal.commit_doorbell());
-    let first_read = check_resumable(journal.as_ref(), &engagement_id, &start).await?;
-    let feed = JournalFeed {
-        subscription,
-        doorbell,
-        first_read,
-        journal,
-        engagement_id,
-        next_seq: start.next_seq,
-        generation: start.generation,
-        pending: VecDeque::new(),
-        health_checked: Instant::now(),
-        failed: false,
-    };
+    let feed = JournalFeed::start(journal, engagement_id, &start).await?;
     let ends = state.metrics().stream_ends(StreamKind::Journal);
     let events = stream::unfold((feed, ends), |(mut feed, ends)| async move {
         if feed.failed {
@@ -1676,6 +1726,132 @@ mod tests {
         assert_eq!(
             feed.pages_read, 1,
             "one page, from past the other run's changes"
+        );
+    }
+
+    /// A SQLite journal in `dir` with engagement `e` of `events` events.
+    async fn journal_with(dir: &std::path::Path, events: i64) -> Arc<dyn EngagementJournal> {
+        let db = flightlog_sqlite::SqliteDatabase::open(flightlog_sqlite::SqliteConfig::new(
+            dir.join("j.db"),
+        ))
+        .expect("open");
+        let journal: Arc<dyn EngagementJournal> = Arc::new(
+            flightlog_sqlite::SqliteEngagementJournal::new(db, Default::default()),
+        );
+        for at in 0..events {
+            append_note(journal.as_ref(), at).await;
+        }
+        journal
+    }
+
+    async fn append_note(journal: &dyn EngagementJournal, at: i64) -> EngagementEvent {
+        journal
+            .append_json(serde_json::json!({"engagementId": "e", "at": at, "type": "note", "data": {"n": at}}))
+            .await
+            .expect("append")
+    }
+
+    /// What a journal feed gives until it has nothing new for 100 ms: `seq@generation` for
+    /// each event, `resync@generation` for a resync.
+    async fn drain_journal(feed: &mut JournalFeed) -> Vec<String> {
+        let mut items = Vec::new();
+        while let Ok(item) =
+            tokio::time::timeout(Duration::from_millis(100), feed.next_item()).await
+        {
+            items.push(match item.expect("the feed goes on") {
+                JournalItem::Event { event, generation } => format!("{}@{generation}", event.seq),
+                JournalItem::Resync { generation } => format!("resync@{generation:?}"),
+            });
+        }
+        items
+    }
+
+    fn from_seq_zero() -> JournalStart {
+        JournalStart {
+            next_seq: 0,
+            generation: None,
+        }
+    }
+
+    /// Clients of one engagement take each new event as its commit publishes it: after the
+    /// catch-up, 20 appends reach each of 5 clients, in order, with no read of the store (the
+    /// old feed read the engagement once per client per commit: 100 clients held the appends to
+    /// 632 a second).
+    #[tokio::test]
+    async fn clients_of_one_engagement_take_new_events_without_reading_the_store() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let journal = journal_with(dir.path(), 3).await;
+        let mut feeds = Vec::new();
+        for _ in 0..5 {
+            let feed = JournalFeed::start(Arc::clone(&journal), "e".into(), &from_seq_zero())
+                .await
+                .expect("the feed starts");
+            feeds.push(feed);
+        }
+        let generation = journal
+            .read_tail("e", 0, TailBound::ALL)
+            .await
+            .expect("read")
+            .generation
+            .expect("a generation");
+        let caught_up: Vec<String> = (0..3).map(|seq| format!("{seq}@{generation}")).collect();
+        for feed in &mut feeds {
+            assert_eq!(drain_journal(feed).await, caught_up);
+        }
+        // The commit doorbell also rings for this process's own commits (its watcher sees the
+        // file move, at most every 40 ms), and each ring is a read; what is measured here is
+        // what the events themselves cost.
+        for feed in &mut feeds {
+            feed.doorbell = None;
+        }
+        let reads_before: Vec<u64> = feeds.iter().map(|feed| feed.pages_read).collect();
+        for at in 3..23 {
+            append_note(journal.as_ref(), at).await;
+        }
+        let live: Vec<String> = (3..23).map(|seq| format!("{seq}@{generation}")).collect();
+        for (feed, before) in feeds.iter_mut().zip(reads_before) {
+            assert_eq!(drain_journal(feed).await, live);
+            assert_eq!(feed.pages_read, before, "live events cost no read");
+        }
+    }
+
+    /// A published event is taken as the next one only in the numbering the client holds: an
+    /// engagement pruned and written again has seqs 0, 1, … anew, and a client that held seq 0
+    /// of the old numbering and sees the new seq 1 published before the prune's doorbell rang
+    /// gets a resync and the new events, never the new seq 1 as the old one's next.
+    #[tokio::test]
+    async fn an_event_of_another_numbering_sends_the_client_to_the_store() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let journal = journal_with(dir.path(), 1).await;
+        let mut feed = JournalFeed::start(Arc::clone(&journal), "e".into(), &from_seq_zero())
+            .await
+            .expect("the feed starts");
+        let old = journal
+            .read_tail("e", 0, TailBound::ALL)
+            .await
+            .expect("read")
+            .generation
+            .expect("a generation");
+        assert_eq!(drain_journal(&mut feed).await, [format!("0@{old}")]);
+        // The prune's ring not yet seen: only the published events tell.
+        feed.doorbell = None;
+        assert_eq!(journal.prune(i64::MAX / 2).await.expect("prune"), 1);
+        append_note(journal.as_ref(), 10).await;
+        append_note(journal.as_ref(), 11).await;
+        let new = journal
+            .read_tail("e", 0, TailBound::ALL)
+            .await
+            .expect("read")
+            .generation
+            .expect("a generation");
+        assert_ne!(new, old);
+        assert_eq!(
+            drain_journal(&mut feed).await,
+            [
+                format!("resync@Some({new})"),
+                format!("0@{new}"),
+                format!("1@{new}")
+            ]
         );
     }
 }
