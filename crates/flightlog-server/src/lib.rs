@@ -43,6 +43,7 @@ pub mod error;
 pub mod extract;
 mod gate;
 pub mod grpc;
+mod journal_hub;
 pub mod maintenance;
 pub mod metrics;
 pub mod openapi;

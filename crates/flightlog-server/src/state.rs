@@ -153,6 +153,9 @@ struct Shared {
     /// The newest changes, read and encoded once for every client of the change stream (see
     /// [`crate::change_tail`]).
     change_tail: Arc<crate::change_tail::ChangeTail>,
+    /// The journal's committed events, routed to the streams of their engagement (see
+    /// [`crate::journal_hub`]).
+    journal_hub: Arc<crate::journal_hub::JournalHub>,
     /// Becomes `true` when the server starts shutting down (live streams end then).
     closing: Arc<tokio::sync::watch::Sender<bool>>,
     /// What `GET /metrics` reports (see [`crate::metrics`]).
@@ -209,6 +212,7 @@ impl AppState {
             config: Arc::new(config),
             open_streams: Arc::default(),
             change_tail: Arc::default(),
+            journal_hub: Arc::default(),
             closing: Arc::new(tokio::sync::watch::Sender::new(false)),
             metrics: Arc::new(Metrics::new()),
             otlp_mapping: Arc::new(MappingOptions::default()),
@@ -366,6 +370,11 @@ impl AppState {
     /// The engagement journal.
     pub fn journal(&self) -> &Arc<dyn EngagementJournal> {
         &self.shared.journal
+    }
+
+    /// The routes of the journal's events to engagement streams (see [`crate::journal_hub`]).
+    pub(crate) fn journal_hub(&self) -> &crate::journal_hub::JournalHub {
+        &self.shared.journal_hub
     }
 
     /// The testing clock, when the server runs with one.

@@ -19,8 +19,8 @@ use tokio::sync::{broadcast, watch};
 
 use super::compaction::plan_compaction;
 use super::store::{
-    CommittedEvent, EngagementJournal, JournalDoorbell, JournalError, JournalSubscription,
-    JournalTail, TailBound,
+    CommittedEvent, EngagementHead, EngagementJournal, JournalDoorbell, JournalError,
+    JournalSubscription, JournalTail, TailBound,
 };
 use super::summary::summarize_engagement_events;
 use super::types::{EngagementEvent, EngagementSummary, RetentionConfig};
@@ -224,6 +224,24 @@ impl EngagementJournal for InMemoryEngagementJournal {
             generation: Some(log.generation),
             events,
         })
+    }
+
+    async fn heads(
+        &self,
+        engagement_ids: &[Arc<str>],
+    ) -> Result<Vec<Option<EngagementHead>>, JournalError> {
+        Ok(engagement_ids
+            .iter()
+            .map(|engagement_id| {
+                let (hash, shard) = self.shard(engagement_id);
+                shard
+                    .find(hash, |log| *log.id == **engagement_id)
+                    .map(|log| EngagementHead {
+                        generation: log.generation,
+                        next_seq: log.events.len() as i64,
+                    })
+            })
+            .collect())
     }
 
     async fn summarize(

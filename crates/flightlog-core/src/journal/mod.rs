@@ -35,8 +35,8 @@ pub use compaction::{
 pub use memory::{InMemoryEngagementJournal, DEFAULT_SUBSCRIBER_BUFFER, MAX_SUBSCRIBER_BUFFER};
 pub use record::{JournalRecord, Payload};
 pub use store::{
-    CommittedEvent, EngagementJournal, JournalDoorbell, JournalError, JournalSubscription,
-    JournalTail, TailBound,
+    CommittedEvent, EngagementHead, EngagementJournal, JournalDoorbell, JournalError,
+    JournalSubscription, JournalTail, TailBound,
 };
 pub use summary::{is_actor_ref, summarize_engagement_events};
 pub use types::*;

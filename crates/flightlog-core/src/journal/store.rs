@@ -57,6 +57,15 @@ pub struct JournalTail {
     pub events: Vec<EngagementEvent>,
 }
 
+/// Where an engagement's numbering stands (see [`EngagementJournal::heads`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngagementHead {
+    /// Its numbering's generation (as [`EngagementJournal::read_tail`] reports it).
+    pub generation: u64,
+    /// The seq its next event gets: the number of events it holds.
+    pub next_seq: i64,
+}
+
 /// How much one [`EngagementJournal::read_tail`] returns: at most `max_events` events, and no
 /// more once those read hold about `max_bytes` of data (as JSON text; the event that passes it
 /// is the last, and the first always comes, whatever its size). A live reader holds its page
@@ -201,6 +210,16 @@ pub trait EngagementJournal: Send + Sync {
         from_seq: i64,
         bound: TailBound,
     ) -> Result<JournalTail, JournalError>;
+
+    /// Where each engagement stands, in the order given: `None` for one with no events. What
+    /// the server asks after the commit doorbell rang, for every engagement a live stream
+    /// follows at once, to tell only the streams whose engagement moved other than by the
+    /// events they were handed: so cheap per id (one index lookup, no event read). Each answer
+    /// is read after the call began.
+    async fn heads(
+        &self,
+        engagement_ids: &[std::sync::Arc<str>],
+    ) -> Result<Vec<Option<EngagementHead>>, JournalError>;
 
     /// The summary of the engagement's events, or `None` when it has none.
     async fn summarize(

@@ -28,6 +28,7 @@ use utoipa_axum::routes;
 use crate::change_tail::{ChangeTail, FillError};
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{check_query_escapes, first_given_parameter, ApiQuery, PathId};
+use crate::journal_hub::{Delivery, EngagementSubscription, JournalHub};
 use crate::metrics::{StreamEnds, StreamKind};
 use crate::openapi::{tags, ENGAGEMENT_ID, RUN_ID};
 use crate::response_budget::ChunkedJson;
@@ -1131,9 +1132,8 @@ struct JournalFeed {
     pending: VecDeque<JournalItem>,
     /// A read made before the feed started (the resume check's), taken as its first read.
     first_read: Option<JournalTail>,
-    subscription: flightlog_core::journal::JournalSubscription,
-    /// Rings on compactions, prunes and other processes' commits; `None` once it has closed.
-    doorbell: Option<flightlog_core::journal::JournalDoorbell>,
+    /// The engagement's events as they commit; `None` once the journal closed it.
+    subscription: Option<EngagementSubscription>,
     /// When the store's file was last checked (see `check_health`).
     health_checked: Instant,
     /// Whether the next step reads the store (else it waits for a commit); see `wait`.
@@ -1147,16 +1147,15 @@ impl JournalFeed {
     /// A feed from `start`, refused (400) when the engagement cannot be resumed there.
     async fn start(
         journal: Arc<dyn EngagementJournal>,
+        hub: &JournalHub,
         engagement_id: String,
         start: &JournalStart,
     ) -> Result<Self, ApiError> {
         // Subscribe before the first read, so nothing committed in between is missed.
-        let subscription = journal.subscribe();
-        let doorbell = Some(journal.commit_doorbell());
+        let subscription = Some(hub.subscribe(&journal, &engagement_id));
         let first_read = check_resumable(journal.as_ref(), &engagement_id, start).await?;
         Ok(JournalFeed {
             subscription,
-            doorbell,
             first_read,
             journal,
             engagement_id,
@@ -1229,18 +1228,15 @@ impl JournalFeed {
         let recheck = tokio::time::sleep(RECHECK);
         tokio::pin!(recheck);
         loop {
-            let rung = async {
-                match self.doorbell.as_mut() {
-                    Some(doorbell) => doorbell.changed().await.is_ok(),
+            let delivered = async {
+                match self.subscription.as_mut() {
+                    Some(subscription) => subscription.recv().await,
                     None => std::future::pending().await,
                 }
             };
             tokio::select! {
-                received = self.subscription.recv() => match received {
-                    Ok(committed) if *committed.event.engagement_id != *self.engagement_id => {
-                        continue
-                    }
-                    Ok(committed) if self.generation == Some(committed.generation) => {
+                delivery = delivered => match delivery {
+                    Delivery::Event(committed) if self.generation == Some(committed.generation) => {
                         let seq = committed.event.seq;
                         if seq < self.next_seq {
                             // Already read from the store.
@@ -1258,19 +1254,18 @@ impl JournalFeed {
                         self.must_read = true;
                         return;
                     }
-                    // Another numbering, or lagged or closed: re-read from the database.
-                    _ => {
+                    // Another numbering, or events missed: re-read from the database.
+                    Delivery::Event(_) | Delivery::Missed => {
+                        self.must_read = true;
+                        return;
+                    }
+                    // The doorbell and the timeout go on; a last read sees what came before.
+                    Delivery::Closed => {
+                        self.subscription = None;
                         self.must_read = true;
                         return;
                     }
                 },
-                open = rung => {
-                    if !open {
-                        self.doorbell = None;
-                    }
-                    self.must_read = true;
-                    return;
-                }
                 () = &mut recheck => {
                     self.must_read = true;
                     return;
@@ -1361,7 +1356,7 @@ async fn journal_stream(
     let journal = state.journal().clone();
     journal.health()?;
     let place = state.open_stream()?;
-    let feed = JournalFeed::start(journal, engagement_id, &start).await?;
+    let feed = JournalFeed::start(journal, state.journal_hub(), engagement_id, &start).await?;
     let ends = state.metrics().stream_ends(StreamKind::Journal);
     let events = stream::unfold((feed, ends), |(mut feed, ends)| async move {
         if feed.failed {
@@ -1781,9 +1776,10 @@ mod tests {
     async fn clients_of_one_engagement_take_new_events_without_reading_the_store() {
         let dir = tempfile::tempdir().expect("temp dir");
         let journal = journal_with(dir.path(), 3).await;
+        let hub = JournalHub::default();
         let mut feeds = Vec::new();
         for _ in 0..5 {
-            let feed = JournalFeed::start(Arc::clone(&journal), "e".into(), &from_seq_zero())
+            let feed = JournalFeed::start(Arc::clone(&journal), &hub, "e".into(), &from_seq_zero())
                 .await
                 .expect("the feed starts");
             feeds.push(feed);
@@ -1797,12 +1793,6 @@ mod tests {
         let caught_up: Vec<String> = (0..3).map(|seq| format!("{seq}@{generation}")).collect();
         for feed in &mut feeds {
             assert_eq!(drain_journal(feed).await, caught_up);
-        }
-        // The commit doorbell also rings for this process's own commits (its watcher sees the
-        // file move, at most every 40 ms), and each ring is a read; what is measured here is
-        // what the events themselves cost.
-        for feed in &mut feeds {
-            feed.doorbell = None;
         }
         let reads_before: Vec<u64> = feeds.iter().map(|feed| feed.pages_read).collect();
         for at in 3..23 {
@@ -1823,7 +1813,9 @@ mod tests {
     async fn an_event_of_another_numbering_sends_the_client_to_the_store() {
         let dir = tempfile::tempdir().expect("temp dir");
         let journal = journal_with(dir.path(), 1).await;
-        let mut feed = JournalFeed::start(Arc::clone(&journal), "e".into(), &from_seq_zero())
+        // The prune's ring never heard: only the published events tell.
+        let hub = JournalHub::deaf_to_the_doorbell();
+        let mut feed = JournalFeed::start(Arc::clone(&journal), &hub, "e".into(), &from_seq_zero())
             .await
             .expect("the feed starts");
         let old = journal
@@ -1833,8 +1825,6 @@ mod tests {
             .generation
             .expect("a generation");
         assert_eq!(drain_journal(&mut feed).await, [format!("0@{old}")]);
-        // The prune's ring not yet seen: only the published events tell.
-        feed.doorbell = None;
         assert_eq!(journal.prune(i64::MAX / 2).await.expect("prune"), 1);
         append_note(journal.as_ref(), 10).await;
         append_note(journal.as_ref(), 11).await;

@@ -1,0 +1,479 @@
+//! The journal's committed events, routed to the live streams of their own engagement.
+//!
+//! Why it exists: each engagement stream used to hold a receiver of the journal's subscription,
+//! which carries every engagement's appends, so every append woke every open engagement stream
+//! to compare one id; and each held the journal's commit doorbell, which rings after any commit
+//! to the file (this process's own too: its watcher cannot tell them apart) at most every
+//! 40 ms, so every stream read its engagement 25 times a second while anything was written.
+//! 1,000 streams on 1,000 engagements at 1,000 appends a second took a core of the server's two
+//! for nothing (1,054 µs of server CPU an append against 202 with no stream; measured in stop
+//! 54). Here one task takes the journal's subscription and hands each event to the streams of
+//! its engagement only, through a channel per engagement that exists while a stream follows it;
+//! and it alone answers the doorbell: it asks the journal where every followed engagement
+//! stands ([`EngagementJournal::heads`], one index lookup each) and tells only the streams of
+//! an engagement that moved other than by the events routed to them (another process's
+//! append, a compaction, a prune) to read the store.
+//!
+//! It keeps what a stream's own receiver gave:
+//! - **Nothing committed after a stream subscribed is missed**: the task's receiver is made
+//!   before the first stream's route (under a `OnceLock`, so a second stream does not read before
+//!   it exists), and a route is made before the stream's first read of the store. An event
+//!   committed after that read reaches the task after the route exists, so it is routed to the
+//!   stream; one committed before is in the read, and the stream skips it by its seq.
+//! - **A miss is said, never silent**: when the task falls behind the journal's channel (its
+//!   `Lagged`), every stream is told that events may be missing ([`Delivery::Missed`]) and reads
+//!   the store; a stream behind its engagement's channel gets the same. The journal closing ends
+//!   every route ([`Delivery::Closed`]).
+//! - **Another process's commits reach the streams, within the doorbell's 250 ms**: a route
+//!   knows where its engagement stood after the last event routed or head read (unknown when
+//!   new); after each ring every route's head is read again, and a route whose head differs
+//!   (or was unknown) tells its streams to read. A commit after the heads were read moved the
+//!   file after the watcher's last look, so it rings again. A head read that fails tells every
+//!   stream to read (each then meets the error itself).
+//! - **Bounded memory**: a route's channel holds [`ROUTE_CAPACITY`] events, allocated when its
+//!   first stream subscribes and freed when its last one ends.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use flightlog_core::journal::{
+    CommittedEvent, EngagementHead, EngagementJournal, JournalDoorbell, JournalSubscription,
+};
+use tokio::sync::{broadcast, watch};
+
+/// Events an engagement's channel holds for a stream that is slow to take them; past that the
+/// stream reads the store (its page read is no slower than taking the events one by one).
+pub(crate) const ROUTE_CAPACITY: usize = 256;
+
+/// The routes of one server's journal (see the module docs).
+#[derive(Default)]
+pub(crate) struct JournalHub {
+    shared: Arc<HubShared>,
+    /// Set once the routing task runs (with the journal's receiver it made first).
+    started: OnceLock<()>,
+    /// Tests: the task never hears the doorbell (only routed events reach the streams).
+    #[cfg(test)]
+    deaf: bool,
+}
+
+#[derive(Default)]
+struct HubShared {
+    routes: Mutex<HashMap<Arc<str>, Route>>,
+    /// Counts the times the routing task fell behind the journal's channel.
+    missed: watch::Sender<u64>,
+}
+
+struct Route {
+    events: broadcast::Sender<Routed>,
+    /// The subscriptions holding it.
+    followers: usize,
+    /// Where its engagement stood after the last event routed or head read; `None` while
+    /// unknown (a new route, or after the task fell behind).
+    head: Option<Option<EngagementHead>>,
+}
+
+/// What a route carries.
+#[derive(Debug, Clone)]
+enum Routed {
+    Event(CommittedEvent),
+    /// The engagement moved other than by the events routed: read the store.
+    Look,
+}
+
+/// What a subscription's next delivery is.
+#[derive(Debug)]
+pub(crate) enum Delivery {
+    /// An event of the engagement, as committed.
+    Event(CommittedEvent),
+    /// Events of the engagement may have gone by unseen (a lag, another process's commit, a
+    /// compaction or a prune): read the store.
+    Missed,
+    /// The journal is gone: no more events will be routed.
+    Closed,
+}
+
+/// A stream's place on its engagement's route; leaving it (drop) frees the route after its last
+/// follower.
+pub(crate) struct EngagementSubscription {
+    shared: Arc<HubShared>,
+    engagement_id: Arc<str>,
+    events: broadcast::Receiver<Routed>,
+    missed: watch::Receiver<u64>,
+}
+
+impl JournalHub {
+    /// A subscription to `engagement_id`'s events committed from now on. Made before the
+    /// stream's first read of the store (see the module docs).
+    pub(crate) fn subscribe(
+        &self,
+        journal: &Arc<dyn EngagementJournal>,
+        engagement_id: &str,
+    ) -> EngagementSubscription {
+        self.started.get_or_init(|| {
+            let receiver = journal.subscribe();
+            #[cfg(test)]
+            let doorbell = if self.deaf {
+                watch::channel(0).1
+            } else {
+                journal.commit_doorbell()
+            };
+            #[cfg(not(test))]
+            let doorbell = journal.commit_doorbell();
+            // Weak: the task must not keep the journal (and its channel, which ends the task)
+            // alive.
+            tokio::spawn(route_events(
+                Arc::clone(&self.shared),
+                receiver,
+                doorbell,
+                Arc::downgrade(journal),
+            ));
+        });
+        let mut routes = self.shared.routes();
+        let (engagement_id, events) = match routes.get_key_value(engagement_id) {
+            Some((id, route)) => (Arc::clone(id), route.events.subscribe()),
+            None => {
+                let id: Arc<str> = engagement_id.into();
+                let (sender, receiver) = broadcast::channel(ROUTE_CAPACITY);
+                routes.insert(
+                    Arc::clone(&id),
+                    Route {
+                        events: sender,
+                        followers: 0,
+                        head: None,
+                    },
+                );
+                (id, receiver)
+            }
+        };
+        if let Some(route) = routes.get_mut(&engagement_id) {
+            route.followers += 1;
+        }
+        drop(routes);
+        EngagementSubscription {
+            missed: self.shared.missed.subscribe(),
+            shared: Arc::clone(&self.shared),
+            engagement_id,
+            events,
+        }
+    }
+
+    /// A hub whose task never hears the doorbell (tests of what routed events alone do).
+    #[cfg(test)]
+    pub(crate) fn deaf_to_the_doorbell() -> Self {
+        JournalHub {
+            deaf: true,
+            ..JournalHub::default()
+        }
+    }
+
+    /// How many engagements have a route (tests see routes freed).
+    #[cfg(test)]
+    pub(crate) fn routes(&self) -> usize {
+        self.shared.routes().len()
+    }
+}
+
+/// The routing task: each committed event to its engagement's route, if any; a lag to everyone;
+/// after each ring of the doorbell, a look at every route's head.
+async fn route_events(
+    shared: Arc<HubShared>,
+    mut committed: JournalSubscription,
+    mut doorbell: JournalDoorbell,
+    journal: std::sync::Weak<dyn EngagementJournal>,
+) {
+    use broadcast::error::RecvError;
+    let mut doorbell_open = true;
+    loop {
+        let rung = async {
+            if doorbell_open {
+                doorbell.changed().await.is_ok()
+            } else {
+                std::future::pending().await
+            }
+        };
+        tokio::select! {
+            received = committed.recv() => match received {
+                Ok(event) => shared.route(event),
+                Err(RecvError::Lagged(_)) => {
+                    shared.forget_heads();
+                    shared.missed.send_modify(|missed| *missed += 1);
+                }
+                Err(RecvError::Closed) => {
+                    // Dropping the senders closes every follower's channel.
+                    shared.routes().clear();
+                    return;
+                }
+            },
+            open = rung => {
+                if !open {
+                    doorbell_open = false;
+                    continue;
+                }
+                let Some(journal) = journal.upgrade() else {
+                    return;
+                };
+                shared.look_at_heads(journal.as_ref()).await;
+            }
+        }
+    }
+}
+
+impl HubShared {
+    fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Route>> {
+        self.routes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn route(&self, committed: CommittedEvent) {
+        let mut routes = self.routes();
+        if let Some(route) = routes.get_mut(&*committed.event.engagement_id) {
+            let next_seq = committed.event.seq + 1;
+            let generation = committed.generation;
+            route.head = Some(Some(match route.head {
+                // The store's head read earlier may be ahead of the events routed since.
+                Some(Some(head)) if head.generation == generation => EngagementHead {
+                    generation,
+                    next_seq: head.next_seq.max(next_seq),
+                },
+                _ => EngagementHead {
+                    generation,
+                    next_seq,
+                },
+            }));
+            // An error only means its followers all left since.
+            let _ = route.events.send(Routed::Event(committed));
+        }
+    }
+
+    fn forget_heads(&self) {
+        for route in self.routes().values_mut() {
+            route.head = None;
+        }
+    }
+
+    /// Read every route's head; tell the routes whose head is not what they knew.
+    async fn look_at_heads(&self, journal: &dyn EngagementJournal) {
+        let ids: Vec<Arc<str>> = self.routes().keys().cloned().collect();
+        if ids.is_empty() {
+            return;
+        }
+        let heads = journal.heads(&ids).await;
+        let mut routes = self.routes();
+        match heads {
+            Ok(heads) => {
+                for (id, head) in ids.iter().zip(heads) {
+                    if let Some(route) = routes.get_mut(id) {
+                        if route.head != Some(head) {
+                            route.head = Some(head);
+                            let _ = route.events.send(Routed::Look);
+                        }
+                    }
+                }
+            }
+            Err(_) => {
+                for route in routes.values_mut() {
+                    route.head = None;
+                    let _ = route.events.send(Routed::Look);
+                }
+            }
+        }
+    }
+}
+
+impl EngagementSubscription {
+    /// The next delivery for this engagement (see [`Delivery`]).
+    pub(crate) async fn recv(&mut self) -> Delivery {
+        use broadcast::error::RecvError;
+        tokio::select! {
+            received = self.events.recv() => match received {
+                Ok(Routed::Event(event)) => Delivery::Event(event),
+                Ok(Routed::Look) => Delivery::Missed,
+                Err(RecvError::Lagged(_)) => Delivery::Missed,
+                Err(RecvError::Closed) => Delivery::Closed,
+            },
+            changed = self.missed.changed() => match changed {
+                Ok(()) => Delivery::Missed,
+                // The hub is gone with its task.
+                Err(_) => Delivery::Closed,
+            },
+        }
+    }
+}
+
+impl Drop for EngagementSubscription {
+    fn drop(&mut self) {
+        let mut routes = self.shared.routes();
+        if let Some(route) = routes.get_mut(&self.engagement_id) {
+            route.followers = route.followers.saturating_sub(1);
+            if route.followers == 0 {
+                routes.remove(&self.engagement_id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flightlog_core::journal::InMemoryEngagementJournal;
+    use std::time::Duration;
+
+    async fn append(journal: &dyn EngagementJournal, engagement_id: &str, at: i64) {
+        journal
+            .append_json(serde_json::json!({
+                "engagementId": engagement_id, "at": at, "type": "note", "data": {}
+            }))
+            .await
+            .expect("append");
+    }
+
+    async fn next(subscription: &mut EngagementSubscription) -> Delivery {
+        tokio::time::timeout(Duration::from_secs(5), subscription.recv())
+            .await
+            .expect("a delivery within 5 s")
+    }
+
+    fn seq_of(delivery: Delivery) -> i64 {
+        match delivery {
+            Delivery::Event(committed) => committed.event.seq,
+            other => panic!("an event expected, got {other:?}"),
+        }
+    }
+
+    /// Each subscription gets its own engagement's events, in order, and no other's; the route
+    /// goes when its last follower leaves.
+    #[tokio::test]
+    async fn each_stream_gets_its_engagement_only() {
+        let journal: Arc<dyn EngagementJournal> = Arc::new(InMemoryEngagementJournal::default());
+        let hub = JournalHub::default();
+        let mut a1 = hub.subscribe(&journal, "a");
+        let mut a2 = hub.subscribe(&journal, "a");
+        let mut b = hub.subscribe(&journal, "b");
+        assert_eq!(hub.routes(), 2);
+        for at in 0..3 {
+            append(journal.as_ref(), "a", at).await;
+            append(journal.as_ref(), "c", at).await;
+            append(journal.as_ref(), "b", at).await;
+        }
+        for subscription in [&mut a1, &mut a2, &mut b] {
+            let seqs = [
+                seq_of(next(subscription).await),
+                seq_of(next(subscription).await),
+                seq_of(next(subscription).await),
+            ];
+            assert_eq!(seqs, [0, 1, 2]);
+            assert!(
+                tokio::time::timeout(Duration::from_millis(50), subscription.recv())
+                    .await
+                    .is_err(),
+                "nothing else"
+            );
+        }
+        drop(a1);
+        assert_eq!(hub.routes(), 2);
+        drop(a2);
+        drop(b);
+        assert_eq!(hub.routes(), 0);
+    }
+
+    /// A stream more than a route's capacity behind is told it missed events, not left to
+    /// take a later event as its next.
+    #[tokio::test]
+    async fn a_stream_behind_its_route_is_told_it_missed_events() {
+        let journal: Arc<dyn EngagementJournal> = Arc::new(InMemoryEngagementJournal::default());
+        let hub = JournalHub::default();
+        let mut slow = hub.subscribe(&journal, "a");
+        for at in 0..(ROUTE_CAPACITY as i64 + 10) {
+            append(journal.as_ref(), "a", at).await;
+            // Let the routing task keep up with the journal's own channel.
+            tokio::task::yield_now().await;
+        }
+        assert!(matches!(next(&mut slow).await, Delivery::Missed));
+    }
+
+    /// When the routing task falls behind the journal's channel, every stream is told.
+    #[tokio::test]
+    async fn a_lag_of_the_routing_task_reaches_every_stream() {
+        let journal: Arc<dyn EngagementJournal> =
+            Arc::new(InMemoryEngagementJournal::with_subscriber_buffer(
+                flightlog_core::journal::RetentionConfig::default(),
+                4,
+            ));
+        let hub = JournalHub::default();
+        let mut quiet = hub.subscribe(&journal, "quiet");
+        // On this single-threaded runtime the routing task runs only when the test waits, so
+        // twenty appends overrun the journal's channel of four first.
+        for at in 0..20 {
+            append(journal.as_ref(), "busy", at).await;
+        }
+        assert!(matches!(next(&mut quiet).await, Delivery::Missed));
+    }
+
+    /// The journal gone, every stream hears it closed.
+    #[tokio::test]
+    async fn a_closed_journal_closes_every_route() {
+        let journal: Arc<dyn EngagementJournal> = Arc::new(InMemoryEngagementJournal::default());
+        let hub = JournalHub::default();
+        let mut follower = hub.subscribe(&journal, "a");
+        drop(journal);
+        assert!(matches!(next(&mut follower).await, Delivery::Closed));
+        drop(follower);
+        assert_eq!(hub.routes(), 0);
+    }
+
+    /// Two handles on one SQLite file, as two server instances would be: the second one's
+    /// appends are not on the first one's subscription, only its doorbell.
+    fn two_handles(
+        dir: &std::path::Path,
+    ) -> (Arc<dyn EngagementJournal>, Arc<dyn EngagementJournal>) {
+        let db = flightlog_sqlite::SqliteDatabase::open(flightlog_sqlite::SqliteConfig::new(
+            dir.join("hub.db"),
+        ))
+        .expect("open");
+        let first =
+            flightlog_sqlite::SqliteEngagementJournal::new(Arc::clone(&db), Default::default());
+        let second = flightlog_sqlite::SqliteEngagementJournal::new(db, Default::default());
+        (Arc::new(first), Arc::new(second))
+    }
+
+    /// The doorbell rings after every commit to the file, but a stream whose engagement did not
+    /// move is not told: appends to another engagement for half a second wake it for nothing.
+    #[tokio::test]
+    async fn commits_to_other_engagements_do_not_wake_a_stream() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (journal, _) = two_handles(dir.path());
+        let hub = JournalHub::default();
+        let mut follower = hub.subscribe(&journal, "a");
+        append(journal.as_ref(), "a", 0).await;
+        assert_eq!(seq_of(next(&mut follower).await), 0);
+        let until = tokio::time::Instant::now() + Duration::from_millis(500);
+        let mut at = 0;
+        while tokio::time::Instant::now() < until {
+            append(journal.as_ref(), "b", at).await;
+            at += 1;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The watcher looks every 40 ms: a dozen rings or more went by.
+        assert!(at > 20, "{at} appends");
+        let woken = tokio::time::timeout(Duration::from_millis(200), follower.recv()).await;
+        assert!(woken.is_err(), "woken for nothing: {woken:?}");
+    }
+
+    /// An append through another handle (another instance) is on no subscription here; the
+    /// doorbell's look at the heads tells the stream of its engagement to read, and only it.
+    #[tokio::test]
+    async fn another_handles_append_tells_only_its_engagements_streams() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (journal, other) = two_handles(dir.path());
+        let hub = JournalHub::default();
+        let mut on_a = hub.subscribe(&journal, "a");
+        let mut on_b = hub.subscribe(&journal, "b");
+        append(journal.as_ref(), "a", 0).await;
+        append(journal.as_ref(), "b", 0).await;
+        assert_eq!(seq_of(next(&mut on_a).await), 0);
+        assert_eq!(seq_of(next(&mut on_b).await), 0);
+        append(other.as_ref(), "a", 1).await;
+        assert!(matches!(next(&mut on_a).await, Delivery::Missed));
+        let woken = tokio::time::timeout(Duration::from_millis(300), on_b.recv()).await;
+        assert!(woken.is_err(), "b did not move: {woken:?}");
+    }
+}
