@@ -43,8 +43,11 @@ pub struct CommittedEvent {
 
 /// Rings (its value grows) after commits that a [`JournalSubscription`] does not carry:
 /// compactions, prunes, and other processes' or instances' appends (within 250 ms of their
-/// commit: SQLite polls `data_version`, a network backend would `LISTEN`). A live reader
-/// re-reads its engagement ([`EngagementJournal::read_tail`]) when it rings.
+/// commit: SQLite polls `data_version`, a network backend would `LISTEN`). It may also ring
+/// after commits the subscription did carry (SQLite's watcher cannot tell this process's
+/// commits from others'). A live reader re-reads its engagement
+/// ([`EngagementJournal::read_tail`]) when it rings, or, following many, asks where they stand
+/// ([`EngagementJournal::heads`]) and re-reads those that moved.
 pub type JournalDoorbell = tokio::sync::watch::Receiver<u64>;
 
 /// An engagement's events from some seq on, and the generation they belong to, read together
