@@ -52,6 +52,7 @@ mod parse_error_body;
 pub mod request_budget;
 pub mod response_budget;
 mod routes;
+mod run_hub;
 pub mod settings;
 mod skip_keys;
 mod sse;

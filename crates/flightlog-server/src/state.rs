@@ -156,6 +156,9 @@ struct Shared {
     /// The journal's committed events, routed to the streams of their engagement (see
     /// [`crate::journal_hub`]).
     journal_hub: Arc<crate::journal_hub::JournalHub>,
+    /// One look at the change log after each commit for every run stream (see
+    /// [`crate::run_hub`]).
+    run_hub: Arc<crate::run_hub::RunHub>,
     /// Becomes `true` when the server starts shutting down (live streams end then).
     closing: Arc<tokio::sync::watch::Sender<bool>>,
     /// What `GET /metrics` reports (see [`crate::metrics`]).
@@ -213,6 +216,7 @@ impl AppState {
             open_streams: Arc::default(),
             change_tail: Arc::default(),
             journal_hub: Arc::default(),
+            run_hub: Arc::default(),
             closing: Arc::new(tokio::sync::watch::Sender::new(false)),
             metrics: Arc::new(Metrics::new()),
             otlp_mapping: Arc::new(MappingOptions::default()),
@@ -370,6 +374,11 @@ impl AppState {
     /// The engagement journal.
     pub fn journal(&self) -> &Arc<dyn EngagementJournal> {
         &self.shared.journal
+    }
+
+    /// The run streams' wake-ups (see [`crate::run_hub`]).
+    pub(crate) fn run_hub(&self) -> &crate::run_hub::RunHub {
+        &self.shared.run_hub
     }
 
     /// The routes of the journal's events to engagement streams (see [`crate::journal_hub`]).

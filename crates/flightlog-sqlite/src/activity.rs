@@ -10,7 +10,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use flightlog_core::activity::{
     cap_payload, ActivityChange, ActivityStore, ActivityWrite, ActivityWriteResult, CappedPayload,
-    ChangeBody, ChangeDoorbell, EndSpanInput, ImportReport, ImportedSpan, PayloadText,
+    ChangeBody, ChangeDoorbell, EndSpanInput, ImportReport, ImportedSpan, LogMovement, PayloadText,
     PruneOptions, PruneResult, RunListQuery, RunPage, RunRollupRow, RunSnapshot, SpanEventRow,
     SpanOutcome, SpanPatch, SpanRow, StartSpanInput, StoreError, TerminalRootChange,
     DEFAULT_PRUNE_BATCH,
@@ -903,6 +903,38 @@ impl ActivityStore for SqliteActivityStore {
                 .and_then(|mut stmt| stmt.query_row([key], |row| row.get(0)).optional())
                 .map_err(backend),
             None => Ok(None),
+        })
+    }
+
+    async fn log_movement(&self, after: i64, up_to: i64) -> Result<LogMovement, StoreError> {
+        self.db.read(|conn| {
+            let runs = if up_to > after {
+                conn.prepare_cached(
+                    "SELECT r.run_id FROM activity_runs r WHERE r.run_key IN \
+                     (SELECT run_key FROM activity_changes WHERE change_id > ?1 AND change_id <= ?2)",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map([after, up_to], |row| row.get(0))?
+                        .collect::<Result<Vec<String>, _>>()
+                })
+                .map_err(backend)?
+            } else {
+                Vec::new()
+            };
+            let (horizon, prunes) = conn
+                .prepare_cached(
+                    "SELECT \
+                     COALESCE((SELECT value FROM flightlog_meta \
+                       WHERE name = 'change_log_trimmed_below'), 0), \
+                     COALESCE((SELECT value FROM flightlog_meta WHERE name = 'activity_prunes'), 0)",
+                )
+                .and_then(|mut stmt| stmt.query_row([], |row| Ok((row.get(0)?, row.get(1)?))))
+                .map_err(backend)?;
+            Ok(LogMovement {
+                runs,
+                horizon,
+                prunes,
+            })
         })
     }
 

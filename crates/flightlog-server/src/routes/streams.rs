@@ -32,6 +32,7 @@ use crate::journal_hub::{Delivery, EngagementSubscription, JournalHub};
 use crate::metrics::{StreamEnds, StreamKind};
 use crate::openapi::{tags, ENGAGEMENT_ID, RUN_ID};
 use crate::response_budget::ChunkedJson;
+use crate::run_hub::{RunHub, RunSubscription};
 use crate::sse::SseEvent;
 use crate::state::{AppState, StreamPlace};
 
@@ -50,12 +51,6 @@ const JOURNAL_PAGE: TailBound = TailBound {
     max_events: PAGE as usize,
     max_bytes: 1024 * 1024,
 };
-/// The least time between two looks of a run stream at the log: every commit of any run rings
-/// every stream, and a look costs a run stream two index probes, so 200 streams on quiet runs
-/// at 1,000 writes/s took most of a core (an audit's finding). The commits of such a spell
-/// share one look; a change of the run reaches its stream at most this much later, and only
-/// while commits come faster than this (after a quieter spell the stream looks at once).
-const QUIET_RUN_LOOK_PAUSE: Duration = Duration::from_millis(10);
 /// A stream re-reads even without a doorbell this often (a safety net, not the mechanism).
 const RECHECK: Duration = Duration::from_secs(5);
 /// The keep-alive: a comment line after this long without an event. The contract asks for one
@@ -321,11 +316,17 @@ struct ChangeFeed {
     failed: bool,
     /// When the store's file was last checked (see `check_health`).
     health_checked: Instant,
-    /// When the feed last looked at the log (see `QUIET_RUN_LOOK_PAUSE`).
-    looked_at: Option<tokio::time::Instant>,
+    /// A run stream's wake-ups (see [`crate::run_hub`]): it looks at the store when its run may
+    /// have moved, not after every commit. `None` for the change stream, which waits on the
+    /// doorbell.
+    run_wake: Option<RunSubscription>,
     /// Pages of the change log read so far (what following one quiet run must not cost).
     #[cfg_attr(not(test), allow(dead_code))]
     pages_read: u64,
+    /// Looks at the store so far (steps), of which a run stream takes none for other runs'
+    /// commits.
+    #[cfg_attr(not(test), allow(dead_code))]
+    looks: u64,
 }
 
 impl ChangeFeed {
@@ -341,8 +342,23 @@ impl ChangeFeed {
             run_lost_changes: false,
             failed: false,
             health_checked: Instant::now(),
-            looked_at: None,
+            run_wake: None,
+            looks: 0,
             pages_read: 0,
+        }
+    }
+
+    /// A run stream's feed: it looks at the store when `hub` says its run may have moved.
+    fn for_run(
+        store: Arc<dyn ActivityStore>,
+        cursor: i64,
+        filter: RunFilter,
+        hub: &RunHub,
+    ) -> Self {
+        let wake = hub.subscribe(&store, &filter.run_id);
+        Self {
+            run_wake: Some(wake),
+            ..Self::new(store, cursor, Some(filter))
         }
     }
 
@@ -482,12 +498,13 @@ impl ChangeFeed {
                 return Ok(change);
             }
             if self.step().await? == Step::CaughtUp {
-                let _ = tokio::time::timeout(RECHECK, self.doorbell.changed()).await;
-                if let Some(looked) = self.looked_at.filter(|_| self.filter.is_some()) {
-                    // A run stream looks at most every `QUIET_RUN_LOOK_PAUSE`, so the commits of
-                    // other runs in that time are judged by one look (two index probes), not one
-                    // look each; after a quiet spell longer than that it looks at once.
-                    tokio::time::sleep_until(looked + QUIET_RUN_LOOK_PAUSE).await;
+                match self.run_wake.as_mut() {
+                    Some(wake) => {
+                        let _ = tokio::time::timeout(RECHECK, wake.woken()).await;
+                    }
+                    None => {
+                        let _ = tokio::time::timeout(RECHECK, self.doorbell.changed()).await;
+                    }
                 }
             }
         }
@@ -516,7 +533,7 @@ impl ChangeFeed {
         if let Some(failed) = check_health(&mut self.health_checked, || self.store.health()) {
             return Err(FeedEnd::Failed(failed));
         }
-        self.looked_at = Some(tokio::time::Instant::now());
+        self.looks += 1;
         // Note the doorbell before reading, so a commit landing during the read rings again.
         let rung = *self.doorbell.borrow_and_update();
         if self.followed_run_held_still().await? {
@@ -973,7 +990,8 @@ async fn run_stream(
                 run_id,
                 above_seq: None,
             };
-            (None, ChangeFeed::new(store, cursor, Some(filter)))
+            let feed = ChangeFeed::for_run(store, cursor, filter, state.run_hub());
+            (None, feed)
         }
         None => {
             let budget = state.response_budget();
@@ -1001,7 +1019,7 @@ async fn run_stream(
                 SseEvent::chunked_json("snapshot", Some(&follow_from.to_string()), json, permit);
             (
                 Some(event),
-                ChangeFeed::new(store, follow_from, Some(filter)),
+                ChangeFeed::for_run(store, follow_from, filter, state.run_hub()),
             )
         }
     };
@@ -1654,8 +1672,9 @@ mod tests {
             run_id: "z".into(),
             above_seq: Some(snapshot.high_water_seq),
         };
+        let hub = RunHub::default();
         let mut run_feed =
-            ChangeFeed::new(Arc::clone(&store), snapshot.change_cursor, Some(follow));
+            ChangeFeed::for_run(Arc::clone(&store), snapshot.change_cursor, follow, &hub);
         let next = tokio::time::timeout(Duration::from_secs(5), run_feed.next_change())
             .await
             .expect("within 5 s");
@@ -1686,7 +1705,9 @@ mod tests {
             run_id: "quiet".into(),
             above_seq: Some(snapshot.high_water_seq),
         };
-        let mut feed = ChangeFeed::new(Arc::clone(&store), snapshot.change_cursor, Some(follow));
+        let hub = RunHub::default();
+        let mut feed =
+            ChangeFeed::for_run(Arc::clone(&store), snapshot.change_cursor, follow, &hub);
         for index in 0..20 {
             store
                 .start_span(start(&format!("busy-{index}"), "busy", 1_000))
@@ -1843,5 +1864,83 @@ mod tests {
                 format!("1@{new}")
             ]
         );
+    }
+
+    /// A run stream looks at the store only when its run may have moved: commits of other runs
+    /// wake it not at all (it looked after every one of them, two probes each: 200 streams on
+    /// quiet runs took a core at 1,000 writes/s), a prune of another run wakes it (a prune
+    /// may delete what no change says), and its own run's change wakes it and comes.
+    #[tokio::test]
+    async fn a_run_stream_looks_only_when_its_run_may_have_moved() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (store, snapshot) = store_with_a_run(dir.path(), "q-root", "q").await;
+        let follow = RunFilter {
+            run_id: "q".into(),
+            above_seq: Some(snapshot.high_water_seq),
+        };
+        let hub = RunHub::default();
+        let mut feed =
+            ChangeFeed::for_run(Arc::clone(&store), snapshot.change_cursor, follow, &hub);
+        assert_eq!(hub.routes(), 1);
+        // The hub's first look wakes every stream (it knows no horizon yet): let it pass.
+        store
+            .start_span(start("other-0", "other", 1_000))
+            .await
+            .expect("start");
+        let settled = tokio::time::timeout(Duration::from_millis(200), feed.next_change()).await;
+        assert!(settled.is_err(), "nothing of q yet");
+        // Commits of another run while the stream waits: it looks once as `next_change` begins,
+        // and never for them.
+        let looks = feed.looks;
+        let other_runs = async {
+            for index in 1..40 {
+                store
+                    .start_span(start(&format!("other-{index}"), "other", 1_000))
+                    .await
+                    .expect("start");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let (waited, ()) = tokio::join!(
+            tokio::time::timeout(Duration::from_millis(500), feed.next_change()),
+            other_runs
+        );
+        assert!(waited.is_err(), "nothing of q yet");
+        assert_eq!(
+            feed.looks,
+            looks + 1,
+            "no look for 39 commits of another run"
+        );
+
+        // A prune of another run while it waits wakes it.
+        let looks = feed.looks;
+        let prune = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            write_and_prune_another_run(store.as_ref()).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let (waited, ()) = tokio::join!(
+            tokio::time::timeout(Duration::from_millis(300), feed.next_change()),
+            prune
+        );
+        assert!(waited.is_err(), "the prune took nothing of q");
+        assert!(feed.looks >= looks + 2, "the prune woke the stream");
+
+        let mut child = start("q-child", "q", 1_100);
+        child.parent_span_id = Some("q-root".into());
+        store.start_span(child).await.expect("start a child");
+        let next = tokio::time::timeout(Duration::from_secs(1), feed.next_change())
+            .await
+            .expect("q's change within 1 s");
+        let Ok(change) = next else {
+            panic!("the run stream ended");
+        };
+        assert_eq!(
+            (change.run_id.as_str(), change.seq),
+            ("q", snapshot.high_water_seq + 1)
+        );
+        drop(feed);
+        assert_eq!(hub.routes(), 0, "the route goes with its last stream");
     }
 }

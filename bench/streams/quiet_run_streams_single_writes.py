@@ -1,0 +1,61 @@
+"""Run streams on quiet runs beside paced single-op writes (BENCHMARKS.md, stops 53 and 54):
+K run-stream clients follow runs nobody writes while 2 writers start spans of other runs, one
+request and one commit each, at a paced RATE a second in all for SECONDS; the server's CPU in
+that time, against the same with no stream, and the writes reached. Each commit rang every run
+stream; what a quiet run's stream costs is the difference.
+
+Usage: python3 bench/streams/quiet_run_streams_single_writes.py K RATE SECONDS
+(e.g. `200 1000 8`). FLBIN names the server binary. Serves on 127.0.0.1:18544."""
+import os, sys, selectors, socket; sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sse_client import *
+PORT = 18544
+K, RATE, SECS = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+WRITERS = 2
+
+def measure(streams):
+    db = f"{BASE}/quiet-run-streams-{streams}.db"
+    for s in ("", "-wal", "-shm"):
+        try: os.remove(db + s)
+        except FileNotFoundError: pass
+    p = start_server(PORT, db, "--max-connections", str(max(1024, 2 * streams)))
+    def cpu():
+        with open(f"/proc/{p.pid}/stat") as f: v = f.read().split(")")[1].split()
+        return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
+    try:
+        setup = Client(PORT)
+        selector = selectors.DefaultSelector()
+        for i in range(streams):
+            status, _ = setup.start(f"quiet-{i}", f"quiet-{i}")
+            assert status == 201, status
+            s = socket.create_connection(("127.0.0.1", PORT))
+            s.sendall(f"GET /v1/activity/runs/quiet-{i}/stream HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            s.setblocking(False); selector.register(s, selectors.EVENT_READ)
+        stop = threading.Event()
+        def reader():
+            while not stop.is_set():
+                for key, _ in selector.select(0.2):
+                    try: key.fileobj.recv(1 << 20)
+                    except BlockingIOError: pass
+        threading.Thread(target=reader, daemon=True).start()
+        time.sleep(1.0)
+        done = [0]
+        def writer(w):
+            client = Client(PORT); n = 0; t0 = time.time()
+            while time.time() - t0 < SECS:
+                status, _ = client.start(f"busy-{w}-{n}", f"busy-{w}-{n // 10}")
+                assert status == 201, status
+                n += 1; done[0] += 1
+                pause = t0 + n * WRITERS / RATE - time.time()
+                if pause > 0: time.sleep(pause)
+        c0 = cpu(); t0 = time.time()
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(WRITERS)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        elapsed = time.time() - t0; used = cpu() - c0
+        stop.set()
+        print(f"{streams:5} quiet run streams: {done[0] / elapsed:6.0f} writes/s, server CPU "
+              f"{used:.2f} s in {elapsed:.1f} s")
+    finally:
+        p.terminate(); p.wait()
+
+measure(0); measure(K); measure(0)
