@@ -47,6 +47,8 @@ pub(crate) struct RunHub {
 #[derive(Default)]
 struct HubShared {
     routes: Mutex<HashMap<Arc<str>, Route>>,
+    /// Looks at the store so far (tests wait for the first, which wakes every stream).
+    looks: std::sync::atomic::AtomicU64,
 }
 
 struct Route {
@@ -72,11 +74,15 @@ impl RunHub {
         run_id: &str,
     ) -> RunSubscription {
         self.started.get_or_init(|| {
-            let doorbell = store.change_doorbell();
+            let mut doorbell = store.change_doorbell();
+            // Where its looks begin: read here, not when the task first runs, so a commit
+            // between the two is in its first range rather than taken as already seen.
+            let start = *doorbell.borrow_and_update();
             // Weak: the task must not keep the store alive.
             tokio::spawn(watch_the_log(
                 Arc::clone(&self.shared),
                 doorbell,
+                start,
                 Arc::downgrade(store),
             ));
         });
@@ -105,6 +111,12 @@ impl RunHub {
             run_id,
             wake,
         }
+    }
+
+    /// How many times the task looked at the store.
+    #[cfg(test)]
+    pub(crate) fn looks(&self) -> u64 {
+        self.shared.looks.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many runs have a route (tests see routes freed).
@@ -140,9 +152,10 @@ impl HubShared {
 async fn watch_the_log(
     shared: Arc<HubShared>,
     mut doorbell: ChangeDoorbell,
+    start: i64,
     store: Weak<dyn ActivityStore>,
 ) {
-    let mut cursor = *doorbell.borrow_and_update();
+    let mut cursor = start;
     // The horizon and prune count at the last look; `None` until the first (which wakes all).
     let mut known: Option<(i64, i64)> = None;
     let mut looked_at: Option<tokio::time::Instant> = None;
@@ -184,6 +197,9 @@ async fn watch_the_log(
                 shared.wake_all();
             }
         }
+        shared
+            .looks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         cursor = rung;
     }
 }
