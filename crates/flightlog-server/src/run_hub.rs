@@ -14,6 +14,15 @@
 //! before (its probes, then a page when its run moved), so what a stream sends is decided as
 //! before; only when it looks changed.
 //!
+//! A stream that is not woken does not look, so its cursor would stay where it last looked, and
+//! the page it reads when its run moves would hold every other run's changes since (seconds of
+//! them; a stream resumed with `Last-Event-ID` would even take a prune of another run as a gap:
+//! an audit's findings). So each route keeps its run's **clean streak**: the ids the task looked
+//! through without finding a change of the run, with neither the horizon nor the prune count
+//! moving, since it last did (and the streak before, for a stream that looks only after the
+//! next one began). A stream moves its cursor over a streak that begins at or below it before it
+//! looks: no change of its run was ever in it.
+//!
 //! No change of a followed run goes unseen: a stream's route exists before its first look at
 //! the store, and change ids are a watermark (nothing at or below a seen id commits later), so
 //! a change the stream's last look did not see has an id above the doorbell's value at that
@@ -46,9 +55,39 @@ pub(crate) struct RunHub {
 
 #[derive(Default)]
 struct HubShared {
-    routes: Mutex<HashMap<Arc<str>, Route>>,
+    routes: Mutex<Routes>,
     /// Looks at the store so far (tests wait for the first, which wakes every stream).
     looks: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Default)]
+struct Routes {
+    by_run: HashMap<Arc<str>, Route>,
+    /// The change id the task has looked through (its next look begins after it).
+    looked_to: i64,
+}
+
+/// Change ids `(from, to]` the task looked through without finding a change of a run, with the
+/// horizon and the prune count unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Streak {
+    from: i64,
+    to: i64,
+}
+
+impl Streak {
+    fn empty_at(id: i64) -> Self {
+        Streak { from: id, to: id }
+    }
+
+    /// `cursor` moved over the streak, when the streak begins at or below it.
+    fn skip(self, cursor: i64) -> i64 {
+        if self.from <= cursor && cursor < self.to {
+            self.to
+        } else {
+            cursor
+        }
+    }
 }
 
 struct Route {
@@ -56,6 +95,10 @@ struct Route {
     wake: watch::Sender<u64>,
     /// The subscriptions holding it.
     followers: usize,
+    /// The streak the task is in (see the module docs).
+    streak: Streak,
+    /// The streak before it.
+    last_streak: Streak,
 }
 
 /// A run stream's place on its run's route; dropping it frees the route after its last
@@ -78,6 +121,7 @@ impl RunHub {
             // Where its looks begin: read here, not when the task first runs, so a commit
             // between the two is in its first range rather than taken as already seen.
             let start = *doorbell.borrow_and_update();
+            self.shared.routes().looked_to = start;
             // Weak: the task must not keep the store alive.
             tokio::spawn(watch_the_log(
                 Arc::clone(&self.shared),
@@ -87,22 +131,25 @@ impl RunHub {
             ));
         });
         let mut routes = self.shared.routes();
-        let (run_id, wake) = match routes.get_key_value(run_id) {
+        let looked_to = routes.looked_to;
+        let (run_id, wake) = match routes.by_run.get_key_value(run_id) {
             Some((id, route)) => (Arc::clone(id), route.wake.subscribe()),
             None => {
                 let id: Arc<str> = run_id.into();
                 let (sender, receiver) = watch::channel(0);
-                routes.insert(
+                routes.by_run.insert(
                     Arc::clone(&id),
                     Route {
                         wake: sender,
                         followers: 0,
+                        streak: Streak::empty_at(looked_to),
+                        last_streak: Streak::empty_at(looked_to),
                     },
                 );
                 (id, receiver)
             }
         };
-        if let Some(route) = routes.get_mut(&run_id) {
+        if let Some(route) = routes.by_run.get_mut(&run_id) {
             route.followers += 1;
         }
         drop(routes);
@@ -122,25 +169,43 @@ impl RunHub {
     /// How many runs have a route (tests see routes freed).
     #[cfg(test)]
     pub(crate) fn routes(&self) -> usize {
-        self.shared.routes().len()
+        self.shared.routes().by_run.len()
     }
 }
 
 impl HubShared {
-    fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Route>> {
+    fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {
         self.routes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn wake_all(&self) {
-        for route in self.routes().values() {
-            route.wake.send_modify(|count| *count += 1);
-        }
-    }
-
-    fn wake(&self, runs: &[String]) {
-        let routes = self.routes();
-        for run in runs {
-            if let Some(route) = routes.get(run.as_str()) {
+    /// What a look through `(looked_to, up_to]` found: `moved` the runs with a change in it, or
+    /// `None` for "any may have moved" (the horizon or the prune count moved, or the look
+    /// failed or was not made). The runs that may have moved are woken. A run with no change in
+    /// the range has its streak grow to `up_to`; one that had, or may have had (`None` over a
+    /// range holding ids: a change of it there may have been deleted before the look read it),
+    /// begins a new streak after `up_to`. A prune rings without moving the doorbell: its look's
+    /// range holds no id, so it wakes every stream and breaks no streak.
+    fn looked(&self, up_to: i64, moved: Option<&[String]>) {
+        let mut routes = self.routes();
+        let range_holds_ids = up_to > routes.looked_to;
+        routes.looked_to = routes.looked_to.max(up_to);
+        let moved: Option<std::collections::HashSet<&str>> =
+            moved.map(|runs| runs.iter().map(String::as_str).collect());
+        for (run_id, route) in &mut routes.by_run {
+            let (clean, wake) = match &moved {
+                Some(moved) => {
+                    let moved = moved.contains(&**run_id);
+                    (!moved, moved)
+                }
+                None => (!range_holds_ids, true),
+            };
+            if clean {
+                route.streak.to = route.streak.to.max(up_to);
+            } else {
+                route.last_streak = route.streak;
+                route.streak = Streak::empty_at(up_to);
+            }
+            if wake {
                 route.wake.send_modify(|count| *count += 1);
             }
         }
@@ -169,7 +234,16 @@ async fn watch_the_log(
         looked_at = Some(tokio::time::Instant::now());
         // Noted before the store is read: a commit during the look rings again.
         let rung = (*doorbell.borrow_and_update()).max(cursor);
-        if shared.routes().is_empty() {
+        let idle = {
+            let mut routes = shared.routes();
+            if routes.by_run.is_empty() {
+                routes.looked_to = rung;
+                true
+            } else {
+                false
+            }
+        };
+        if idle {
             cursor = rung;
             continue;
         }
@@ -178,23 +252,22 @@ async fn watch_the_log(
         };
         if rung - cursor > LONGEST_LOOK {
             known = None;
-            cursor = rung;
-            shared.wake_all();
-            continue;
-        }
-        match store.log_movement(cursor, rung).await {
-            Ok(movement) => {
-                let now = (movement.horizon, movement.prunes);
-                if known.replace(now) == Some(now) {
-                    shared.wake(&movement.runs);
-                } else {
-                    shared.wake_all();
+            shared.looked(rung, None);
+        } else {
+            match store.log_movement(cursor, rung).await {
+                Ok(movement) => {
+                    let now = (movement.horizon, movement.prunes);
+                    if known.replace(now) == Some(now) {
+                        shared.looked(rung, Some(&movement.runs));
+                    } else {
+                        shared.looked(rung, None);
+                    }
                 }
-            }
-            Err(_) => {
-                // Each stream meets the failure in its own look.
-                known = None;
-                shared.wake_all();
+                Err(_) => {
+                    // Each stream meets the failure in its own look.
+                    known = None;
+                    shared.looked(rung, None);
+                }
             }
         }
         shared
@@ -212,15 +285,25 @@ impl RunSubscription {
             std::future::pending::<()>().await;
         }
     }
+
+    /// `cursor` moved over the run's clean streaks that begin at or below it (see the module
+    /// docs): no change of the run was ever at an id it passes.
+    pub(crate) fn skip_clean(&self, cursor: i64) -> i64 {
+        let routes = self.shared.routes();
+        match routes.by_run.get(&self.run_id) {
+            Some(route) => route.streak.skip(route.last_streak.skip(cursor)),
+            None => cursor,
+        }
+    }
 }
 
 impl Drop for RunSubscription {
     fn drop(&mut self) {
         let mut routes = self.shared.routes();
-        if let Some(route) = routes.get_mut(&self.run_id) {
+        if let Some(route) = routes.by_run.get_mut(&self.run_id) {
             route.followers = route.followers.saturating_sub(1);
             if route.followers == 0 {
-                routes.remove(&self.run_id);
+                routes.by_run.remove(&self.run_id);
             }
         }
     }

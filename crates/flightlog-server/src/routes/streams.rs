@@ -534,6 +534,11 @@ impl ChangeFeed {
             return Err(FeedEnd::Failed(failed));
         }
         self.looks += 1;
+        if let Some(wake) = &self.run_wake {
+            // Past the ids the run hub looked through without a change of this run: a quiet
+            // run's stream reads from where its run may have moved, not from its last look.
+            self.cursor = wake.skip_clean(self.cursor);
+        }
         // Note the doorbell before reading, so a commit landing during the read rings again.
         let rung = *self.doorbell.borrow_and_update();
         if self.followed_run_held_still().await? {
@@ -1950,5 +1955,133 @@ mod tests {
         );
         drop(feed);
         assert_eq!(hub.routes(), 0, "the route goes with its last stream");
+    }
+
+    /// Wait for the hub's first look (it wakes every stream), then let `feed` take it.
+    async fn after_first_look(hub: &RunHub, feed: &mut ChangeFeed) {
+        let first_look = tokio::time::Instant::now() + Duration::from_secs(5);
+        while hub.looks() == 0 && tokio::time::Instant::now() < first_look {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(hub.looks() > 0, "the hub looked");
+        let settled = tokio::time::timeout(Duration::from_millis(300), feed.next_change()).await;
+        assert!(settled.is_err(), "nothing of the run yet");
+    }
+
+    /// Start `count` spans of other runs in bursts, pausing between them so the hub looks.
+    async fn other_runs_write(store: &dyn ActivityStore, prefix: &str, count: usize) {
+        for index in 0..count {
+            store
+                .start_span(start(
+                    &format!("{prefix}-{index}"),
+                    &format!("{prefix}-{}", index / 50),
+                    1_000,
+                ))
+                .await
+                .expect("start");
+            if index % 100 == 99 {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    /// A stream that was not woken for seconds of other runs' commits reads from where its run
+    /// moved when it does, not every change since its last look (600 changes of other runs
+    /// were two pages, and at 10,000 writes/s a quiet run's change took 100 ms and more to
+    /// reach its stream: an audit's finding).
+    #[tokio::test]
+    async fn a_quiet_run_stream_reads_from_where_its_run_moved() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (store, snapshot) = store_with_a_run(dir.path(), "r-root", "r").await;
+        let follow = RunFilter {
+            run_id: "r".into(),
+            above_seq: Some(snapshot.high_water_seq),
+        };
+        let hub = RunHub::default();
+        let mut feed =
+            ChangeFeed::for_run(Arc::clone(&store), snapshot.change_cursor, follow, &hub);
+        store
+            .start_span(start("first-other", "first-other", 1_000))
+            .await
+            .expect("start");
+        after_first_look(&hub, &mut feed).await;
+        let pages = feed.pages_read;
+        other_runs_write(store.as_ref(), "other", 3 * PAGE as usize / 2).await;
+        let mut child = start("r-child", "r", 1_100);
+        child.parent_span_id = Some("r-root".into());
+        store.start_span(child).await.expect("start a child");
+        let next = tokio::time::timeout(Duration::from_secs(1), feed.next_change())
+            .await
+            .expect("r's change within 1 s");
+        let Ok(change) = next else {
+            panic!("the run stream ended");
+        };
+        assert_eq!(
+            (change.run_id.as_str(), change.seq),
+            ("r", snapshot.high_water_seq + 1)
+        );
+        assert_eq!(feed.pages_read, pages + 1, "one page, from where r moved");
+    }
+
+    /// A stream resumed with `Last-Event-ID` (it knows no seq of its run) goes on across a
+    /// prune of another run that wrote after it last looked: the ids the hub looked through
+    /// without a change of its run are behind it, so the horizon the prune moved is not past
+    /// its cursor (it took the prune as a gap and resynced, 8 times of 8: an audit's finding).
+    #[tokio::test]
+    async fn a_resumed_run_stream_goes_on_across_a_prune_of_another_run() {
+        use flightlog_core::activity::{EndSpanInput, PruneOptions, SpanOutcome};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (store, _) = store_with_a_run(dir.path(), "s-root", "s").await;
+        let resume_from = store.latest_change_cursor().await.expect("cursor");
+        let follow = RunFilter {
+            run_id: "s".into(),
+            above_seq: None,
+        };
+        let hub = RunHub::default();
+        let mut feed = ChangeFeed::for_run(Arc::clone(&store), resume_from, follow, &hub);
+        store
+            .start_span(start("first-other", "first-other", 1_000))
+            .await
+            .expect("start");
+        after_first_look(&hub, &mut feed).await;
+        store
+            .start_span(start("y-root", "y", 1_000))
+            .await
+            .expect("start y");
+        let ended = EndSpanInput {
+            outcome: SpanOutcome::Success,
+            reason: None,
+            ended_at: Some(1_100),
+            usage: None,
+            attrs: None,
+        };
+        assert!(store.end_span("y-root", ended).await.expect("end y"));
+        store.rollup_run("y").await.expect("roll up y");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let pruned = store
+            .prune(PruneOptions {
+                digest_floor_at: 5_000,
+                hard_ceiling_ms: 1_000_000,
+                now: Some(6_000),
+                batch: None,
+                max_spans: None,
+                scheduled: false,
+            })
+            .await
+            .expect("prune");
+        assert!(pruned.runs_pruned >= 1);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut child = start("s-child", "s", 1_100);
+        child.parent_span_id = Some("s-root".into());
+        store.start_span(child).await.expect("start a child");
+        let next = tokio::time::timeout(Duration::from_secs(1), feed.next_change())
+            .await
+            .expect("within 1 s");
+        match next {
+            Ok(change) => assert_eq!(change.run_id, "s"),
+            Err(FeedEnd::Resync { reason, .. }) => panic!("resync: {reason}"),
+            Err(_) => panic!("the stream ended"),
+        }
     }
 }
