@@ -14,14 +14,9 @@ PORT = 18543
 K, RATE, SECS = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 E = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 WRITERS = 4
-db = f"{BASE}/many-engagement-streams.db"
-for s in ("", "-wal", "-shm"):
-    try: os.remove(db + s)
-    except FileNotFoundError: pass
+db = fresh_db("many-engagement-streams.db")
 p = start_server(PORT, db, "--max-connections", str(max(2048, 2 * K)))
-def cpu():
-    with open(f"/proc/{p.pid}/stat") as f: v = f.read().split(")")[1].split()
-    return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
+def cpu(): return cpu_seconds(p.pid)
 def append(client, engagement, at):
     status, _ = client.append(engagement, "note", at, {"from": "a", "text": "x" * 200})
     assert status == 201, status

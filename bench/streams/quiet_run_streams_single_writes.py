@@ -13,14 +13,9 @@ K, RATE, SECS = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 WRITERS = 2
 
 def measure(streams):
-    db = f"{BASE}/quiet-run-streams-{streams}.db"
-    for s in ("", "-wal", "-shm"):
-        try: os.remove(db + s)
-        except FileNotFoundError: pass
+    db = fresh_db(f"quiet-run-streams-{streams}.db")
     p = start_server(PORT, db, "--max-connections", str(max(1024, 2 * streams)))
-    def cpu():
-        with open(f"/proc/{p.pid}/stat") as f: v = f.read().split(")")[1].split()
-        return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
+    def cpu(): return cpu_seconds(p.pid)
     try:
         setup = Client(PORT)
         selector = selectors.DefaultSelector()

@@ -31,6 +31,19 @@ def start_server(port, db, *extra, env=None, log=None, wait=True):
             raise RuntimeError("server did not start; see " + log)
     return p
 
+def fresh_db(name):
+    """A database path in the scratch folder, its file and side files removed."""
+    db = f"{BASE}/{name}"
+    for suffix in ("", "-wal", "-shm"):
+        try: os.remove(db + suffix)
+        except FileNotFoundError: pass
+    return db
+
+def cpu_seconds(pid):
+    """User and system CPU time the process has used, in seconds."""
+    with open(f"/proc/{pid}/stat") as f: fields = f.read().split(")")[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
 class Client:
     def __init__(self, port, token=None):
         self.port = port; self.token = token

@@ -1469,7 +1469,13 @@ mod tests {
     /// Run `y`, written after whatever the store holds, ended, rolled up and pruned: its
     /// changes are deleted and the change log's horizon passes them.
     async fn write_and_prune_another_run(store: &dyn ActivityStore) {
-        use flightlog_core::activity::{EndSpanInput, PruneOptions, SpanOutcome};
+        write_and_end_another_run(store).await;
+        assert_eq!(prune_ended_runs(store).await, 1);
+    }
+
+    /// Run `y`, written after whatever the store holds, ended and rolled up.
+    async fn write_and_end_another_run(store: &dyn ActivityStore) {
+        use flightlog_core::activity::{EndSpanInput, SpanOutcome};
         store
             .start_span(start("y-root", "y", 1_000))
             .await
@@ -1483,7 +1489,13 @@ mod tests {
         };
         assert!(store.end_span("y-root", ended).await.expect("end y"));
         store.rollup_run("y").await.expect("roll up y");
-        let pruned = store
+    }
+
+    /// Prune the runs ended and rolled up at 1,100 (their detail past the digest floor); how
+    /// many were pruned.
+    async fn prune_ended_runs(store: &dyn ActivityStore) -> i64 {
+        use flightlog_core::activity::PruneOptions;
+        store
             .prune(PruneOptions {
                 digest_floor_at: 5_000,
                 hard_ceiling_ms: 1_000_000,
@@ -1493,8 +1505,29 @@ mod tests {
                 scheduled: false,
             })
             .await
-            .expect("prune");
-        assert_eq!(pruned.runs_pruned, 1);
+            .expect("prune")
+            .runs_pruned
+    }
+
+    /// Start a child of `root` in `run`, and the change the run stream `feed` gives next,
+    /// within `within`.
+    async fn child_change(
+        store: &dyn ActivityStore,
+        feed: &mut ChangeFeed,
+        (root, run): (&str, &str),
+        within: Duration,
+    ) -> ActivityChange {
+        let mut child = start(&format!("{root}-child"), run, 1_100);
+        child.parent_span_id = Some(root.into());
+        store.start_span(child).await.expect("start a child");
+        let next = tokio::time::timeout(within, feed.next_change())
+            .await
+            .expect("the run's change in time");
+        match next {
+            Ok(change) => change,
+            Err(FeedEnd::Resync { reason, .. }) => panic!("resync: {reason}"),
+            Err(_) => panic!("the run stream ended"),
+        }
     }
 
     /// The change ids of a global feed's next events (one or more), within 5 s.
@@ -1731,15 +1764,13 @@ mod tests {
             "the cursor passed the other run's changes"
         );
 
-        let mut child = start("quiet-child", "quiet", 1_100);
-        child.parent_span_id = Some("quiet-root".into());
-        store.start_span(child).await.expect("start a child");
-        let next = tokio::time::timeout(Duration::from_secs(5), feed.next_change())
-            .await
-            .expect("within 5 s");
-        let Ok(change) = next else {
-            panic!("the run stream ended instead of going on");
-        };
+        let change = child_change(
+            store.as_ref(),
+            &mut feed,
+            ("quiet-root", "quiet"),
+            Duration::from_secs(5),
+        )
+        .await;
         assert_eq!(
             (change.run_id.as_str(), change.seq),
             ("quiet", snapshot.high_water_seq + 1)
@@ -1895,13 +1926,7 @@ mod tests {
             .start_span(start("other-0", "other", 1_000))
             .await
             .expect("start");
-        let first_look = tokio::time::Instant::now() + Duration::from_secs(5);
-        while hub.looks() == 0 && tokio::time::Instant::now() < first_look {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        assert!(hub.looks() > 0, "the hub looked");
-        let settled = tokio::time::timeout(Duration::from_millis(300), feed.next_change()).await;
-        assert!(settled.is_err(), "nothing of q yet");
+        after_first_look(&hub, &mut feed).await;
         // Commits of another run while the stream waits: it looks once as `next_change` begins,
         // and never for them.
         let looks = feed.looks;
@@ -1940,15 +1965,13 @@ mod tests {
         assert!(waited.is_err(), "the prune took nothing of q");
         assert!(feed.looks >= looks + 2, "the prune woke the stream");
 
-        let mut child = start("q-child", "q", 1_100);
-        child.parent_span_id = Some("q-root".into());
-        store.start_span(child).await.expect("start a child");
-        let next = tokio::time::timeout(Duration::from_secs(1), feed.next_change())
-            .await
-            .expect("q's change within 1 s");
-        let Ok(change) = next else {
-            panic!("the run stream ended");
-        };
+        let change = child_change(
+            store.as_ref(),
+            &mut feed,
+            ("q-root", "q"),
+            Duration::from_secs(1),
+        )
+        .await;
         assert_eq!(
             (change.run_id.as_str(), change.seq),
             ("q", snapshot.high_water_seq + 1)
@@ -2008,15 +2031,13 @@ mod tests {
         after_first_look(&hub, &mut feed).await;
         let pages = feed.pages_read;
         other_runs_write(store.as_ref(), "other", 3 * PAGE as usize / 2).await;
-        let mut child = start("r-child", "r", 1_100);
-        child.parent_span_id = Some("r-root".into());
-        store.start_span(child).await.expect("start a child");
-        let next = tokio::time::timeout(Duration::from_secs(1), feed.next_change())
-            .await
-            .expect("r's change within 1 s");
-        let Ok(change) = next else {
-            panic!("the run stream ended");
-        };
+        let change = child_change(
+            store.as_ref(),
+            &mut feed,
+            ("r-root", "r"),
+            Duration::from_secs(1),
+        )
+        .await;
         assert_eq!(
             (change.run_id.as_str(), change.seq),
             ("r", snapshot.high_water_seq + 1)
@@ -2030,7 +2051,6 @@ mod tests {
     /// its cursor (it took the prune as a gap and resynced, 8 times of 8: an audit's finding).
     #[tokio::test]
     async fn a_resumed_run_stream_goes_on_across_a_prune_of_another_run() {
-        use flightlog_core::activity::{EndSpanInput, PruneOptions, SpanOutcome};
         let dir = tempfile::tempdir().expect("temp dir");
         let (store, _) = store_with_a_run(dir.path(), "s-root", "s").await;
         let resume_from = store.latest_change_cursor().await.expect("cursor");
@@ -2045,43 +2065,17 @@ mod tests {
             .await
             .expect("start");
         after_first_look(&hub, &mut feed).await;
-        store
-            .start_span(start("y-root", "y", 1_000))
-            .await
-            .expect("start y");
-        let ended = EndSpanInput {
-            outcome: SpanOutcome::Success,
-            reason: None,
-            ended_at: Some(1_100),
-            usage: None,
-            attrs: None,
-        };
-        assert!(store.end_span("y-root", ended).await.expect("end y"));
-        store.rollup_run("y").await.expect("roll up y");
+        write_and_end_another_run(store.as_ref()).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let pruned = store
-            .prune(PruneOptions {
-                digest_floor_at: 5_000,
-                hard_ceiling_ms: 1_000_000,
-                now: Some(6_000),
-                batch: None,
-                max_spans: None,
-                scheduled: false,
-            })
-            .await
-            .expect("prune");
-        assert!(pruned.runs_pruned >= 1);
+        assert_eq!(prune_ended_runs(store.as_ref()).await, 1);
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let mut child = start("s-child", "s", 1_100);
-        child.parent_span_id = Some("s-root".into());
-        store.start_span(child).await.expect("start a child");
-        let next = tokio::time::timeout(Duration::from_secs(1), feed.next_change())
-            .await
-            .expect("within 1 s");
-        match next {
-            Ok(change) => assert_eq!(change.run_id, "s"),
-            Err(FeedEnd::Resync { reason, .. }) => panic!("resync: {reason}"),
-            Err(_) => panic!("the stream ended"),
-        }
+        let change = child_change(
+            store.as_ref(),
+            &mut feed,
+            ("s-root", "s"),
+            Duration::from_secs(1),
+        )
+        .await;
+        assert_eq!(change.run_id, "s");
     }
 }
