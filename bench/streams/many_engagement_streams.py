@@ -8,7 +8,7 @@ Usage: python3 bench/streams/many_engagement_streams.py K RATE SECONDS [E=1]
 (e.g. `100 1000 5` for 100 clients of one engagement, `1000 1000 5 1000` for one client on
 each of 1,000 engagements; the clients' sockets need `ulimit -n` above K). FLBIN names the
 server binary. Serves on 127.0.0.1:18543."""
-import os, sys, selectors, socket; sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import os, sys; sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sse_client import *
 PORT = 18543
 K, RATE, SECS = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
@@ -23,19 +23,7 @@ def append(client, engagement, at):
 try:
     setup = Client(PORT)
     for e in range(E): append(setup, f"e{e}", 0)
-    selector = selectors.DefaultSelector()
-    for i in range(K):
-        s = socket.create_connection(("127.0.0.1", PORT))
-        s.sendall(f"GET /v1/engagements/e{i % E}/stream HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-        s.setblocking(False); selector.register(s, selectors.EVENT_READ)
-    received = [0]; stop = threading.Event()
-    def reader():
-        while not stop.is_set():
-            for key, _ in selector.select(0.2):
-                try: data = key.fileobj.recv(1 << 20)
-                except BlockingIOError: continue
-                received[0] += data.count(b"event: journal")
-    threading.Thread(target=reader, daemon=True).start()
+    crowd = Crowd(PORT, [f"/v1/engagements/e{i % E}/stream" for i in range(K)], "journal")
     time.sleep(1.0)
     done = [0]
     def writer(w):
@@ -49,9 +37,9 @@ try:
     for t in threads: t.start()
     for t in threads: t.join()
     elapsed = time.time() - t0; c1 = cpu()
-    time.sleep(1.0); stop.set()
+    time.sleep(1.0); crowd.close()
     print(f"K={K} E={E} rate={RATE}: appends {done[0] / elapsed:.0f}/s, server CPU {c1 - c0:.2f} s "
           f"in {elapsed:.1f} s ({(c1 - c0) / max(1, done[0]) * 1e6:.0f} us an append), "
-          f"events received {received[0]}" + (f" of {K // E * (done[0] + E)}" if K % E == 0 else ""))
+          f"events received {crowd.received}" + (f" of {K // E * (done[0] + E)}" if K % E == 0 else ""))
 finally:
     p.terminate(); p.wait()

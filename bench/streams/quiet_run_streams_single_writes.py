@@ -6,7 +6,7 @@ stream; what a quiet run's stream costs is the difference.
 
 Usage: python3 bench/streams/quiet_run_streams_single_writes.py K RATE SECONDS
 (e.g. `200 1000 8`). FLBIN names the server binary. Serves on 127.0.0.1:18544."""
-import os, sys, selectors, socket; sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import os, sys; sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sse_client import *
 PORT = 18544
 K, RATE, SECS = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
@@ -18,20 +18,10 @@ def measure(streams):
     def cpu(): return cpu_seconds(p.pid)
     try:
         setup = Client(PORT)
-        selector = selectors.DefaultSelector()
         for i in range(streams):
             status, _ = setup.start(f"quiet-{i}", f"quiet-{i}")
             assert status == 201, status
-            s = socket.create_connection(("127.0.0.1", PORT))
-            s.sendall(f"GET /v1/activity/runs/quiet-{i}/stream HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-            s.setblocking(False); selector.register(s, selectors.EVENT_READ)
-        stop = threading.Event()
-        def reader():
-            while not stop.is_set():
-                for key, _ in selector.select(0.2):
-                    try: key.fileobj.recv(1 << 20)
-                    except BlockingIOError: pass
-        threading.Thread(target=reader, daemon=True).start()
+        crowd = Crowd(PORT, [f"/v1/activity/runs/quiet-{i}/stream" for i in range(streams)], "change")
         time.sleep(1.0)
         done = [0]
         def writer(w):
@@ -47,7 +37,7 @@ def measure(streams):
         for t in threads: t.start()
         for t in threads: t.join()
         elapsed = time.time() - t0; used = cpu() - c0
-        stop.set()
+        crowd.close()
         print(f"{streams:5} quiet run streams: {done[0] / elapsed:6.0f} writes/s, server CPU "
               f"{used:.2f} s in {elapsed:.1f} s")
     finally:

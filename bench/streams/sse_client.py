@@ -44,6 +44,27 @@ def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f: fields = f.read().split(")")[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+class Crowd:
+    """Many stream clients read by one thread that only counts `event: <kind>` lines: the
+    clients cost the benchmark little, so what is measured is the server."""
+    def __init__(self, port, paths, kind):
+        import selectors
+        self.selector = selectors.DefaultSelector(); self.kind = f"event: {kind}".encode()
+        self.received = 0; self.stop = threading.Event()
+        for path in paths:
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            s.setblocking(False); self.selector.register(s, selectors.EVENT_READ)
+        threading.Thread(target=self._read, daemon=True).start()
+    def _read(self):
+        while not self.stop.is_set():
+            for key, _ in self.selector.select(0.2):
+                try: data = key.fileobj.recv(1 << 20)
+                except BlockingIOError: continue
+                self.received += data.count(self.kind)
+    def close(self):
+        self.stop.set()
+
 class Client:
     def __init__(self, port, token=None):
         self.port = port; self.token = token
