@@ -429,16 +429,7 @@ async fn slow_small_bodies_give_way_to_one_waiting_for_their_budget() {
         let addr = server.base.trim_start_matches("http://").to_owned();
         let mut trickling = Vec::new();
         for span_id in ["small-1", "small-2"] {
-            // One byte past a unit of the budget of small bodies (64 bytes), so the trickled
-            // bytes fit in the units the body holds: a byte that needs one more unit while the
-            // waiting writes hold the rest makes the body give back its share and wait for all
-            // of it (`Share::cover`), which lets the waiting write through but ends the slow
-            // body with 408 at 10 s, not 503 (this test failed so under load, 1 run of 3).
-            let body = (65_200..65_400)
-                .map(|blob| span_body(span_id, blob))
-                .filter(|body| body.len() + 100 <= 65_536)
-                .find(|body| body.len() % 64 == 1)
-                .expect("a length one past a multiple of 64");
+            let body = span_body(span_id, 65_300);
             assert!(
                 body.len() > 65_000 && body.len() + 100 <= 65_536,
                 "all but the last bytes of at most 64 KiB, sent at once: {}",
@@ -480,17 +471,23 @@ async fn slow_small_bodies_give_way_to_one_waiting_for_their_budget() {
             "nobody waited yet"
         );
 
-        // Two writes of 40 KB at once: the share one slow body gives back has room for one
-        // of them, so the other still waits, and the second slow body gives way too (with
-        // one small write, the second slow body was left alone once the first gave way, and
-        // was cut off at 10 s with 408).
+        // Two writes, which fit only once both slow bodies are gone: one of 60 KB whose last
+        // 500 bytes come 300 ms after the rest (faster than 128 KiB/s all the same), and 50 ms
+        // later one of 40 KB. The share one slow body gives back has room for the first, which
+        // holds it while the second waits, so the second slow body gives way too when it is
+        // next looked at (every 100 ms). (With one small write, the second slow body was left
+        // alone once the first gave way and was cut off at 10 s with 408; with two writes of
+        // 40 KB sent whole at once, the first was handled and gave its share back before the
+        // second slow body was looked at, in a CI run under load.)
         let (first, second) = tokio::join!(
-            post_span(&server, span_body("waiting-1", 40_000)),
-            post_span(&server, span_body("waiting-2", 40_000))
+            write_with_a_pause(&addr, span_body("waiting-1", 60_000), 500),
+            async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                post_span(&server, span_body("waiting-2", 40_000)).await
+            }
         );
-        for waiting in [first, second] {
-            assert_eq!(waiting.status().as_u16(), 201, "the slow bodies gave way");
-        }
+        assert_eq!(first, 201, "the slow bodies gave way");
+        assert_eq!(second.status().as_u16(), 201, "the slow bodies gave way");
         let mut answers = Vec::new();
         for (mut answer_half, trickle) in trickling {
             let mut answer = Vec::new();
@@ -514,6 +511,26 @@ async fn slow_small_bodies_give_way_to_one_waiting_for_their_budget() {
     })
     .await
     .expect("the scenario ends within 60 s");
+}
+
+/// `POST /v1/activity/spans` of `body` on a raw connection to `addr`, its last `last` bytes
+/// sent 300 ms after the rest: the answer's status code.
+async fn write_with_a_pause(addr: &str, body: Vec<u8>, last: usize) -> u16 {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST /v1/activity/spans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let (first, rest) = body.split_at(body.len() - last);
+    stream.write_all(head.as_bytes()).await.expect("send head");
+    stream
+        .write_all(first)
+        .await
+        .expect("send most of the body");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stream.write_all(rest).await.expect("send the rest");
+    status_of(&mut stream).await
 }
 
 /// The end of a scenario in which the slow bodies of spans `refused` gave way to the spans
