@@ -147,6 +147,11 @@ pub(crate) struct WriterCache {
     /// so, so the doorbell is rung without moving once it commits, and the streams look again
     /// (a run stream whose run was pruned ends at once rather than at its next periodic look).
     pub group_deleted_changes: bool,
+    /// Whether the current group wrote to the journal (an append, a compaction, a prune that
+    /// removed something; kept by every clear): its commit then moves
+    /// `flightlog_meta.journal_writes`, which the commit watcher reads, so the journal's
+    /// commit doorbell rings for journal commits only (see [`CommitWatcher`]).
+    pub group_wrote_journal: bool,
     /// engagement id -> its counter row (key, next seq, arrival bucket). Only appends keep
     /// entries up to date; compaction and pruning drop them (see `journal.rs`).
     pub engagements: FastMap<String, crate::journal::EngagementCounter>,
@@ -445,8 +450,9 @@ pub struct SqliteDatabase {
     /// The newest committed change id: set by our writer after each commit, and by the
     /// change watcher when another process commits.
     doorbell: tokio::sync::watch::Sender<i64>,
-    /// Counts the commits the commit watcher saw on the file (any connection's, this process's
-    /// writer included): the journal's doorbell for what its subscription cannot carry.
+    /// Counts the journal commits the commit watcher saw on the file (any connection's, this
+    /// process's writer included): the journal's doorbell for what its subscription cannot
+    /// carry.
     commits_seen: tokio::sync::watch::Sender<u64>,
     stats: Arc<WriterStats>,
     /// Set by [`SqliteDatabase::close`]: the writer stops after the group it is committing.
@@ -991,6 +997,7 @@ impl SqliteDatabase {
             commits_seen: commits_seen.clone(),
             data_version: None,
             prunes: None,
+            journal_writes: None,
         };
         let (watcher_alive, alive) = std::sync::mpsc::sync_channel::<()>(1);
         let watcher_thread = std::thread::Builder::new()
@@ -1424,8 +1431,9 @@ impl SqliteDatabase {
         self.doorbell.subscribe()
     }
 
-    /// A receiver that moves whenever the commit watcher sees that the file changed (a commit by
-    /// any connection, another process's included), within its period.
+    /// A receiver that moves whenever the commit watcher sees that a commit by any connection
+    /// (another process's included) wrote to the journal, within its period
+    /// (`flightlog_meta.journal_writes` moved; see [`CommitWatcher`]).
     pub fn commit_doorbell(&self) -> tokio::sync::watch::Receiver<u64> {
         self.commits_seen.subscribe()
     }
@@ -1798,8 +1806,14 @@ fn data_version(conn: &Connection) -> rusqlite::Result<i64> {
 /// Notices commits by other processes (`PRAGMA data_version` moved) and rings the change
 /// doorbell with the newest change id (without moving it after a prune, which logs no change
 /// but which a run stream must see: `flightlog_meta.activity_prunes` counts them), and the
-/// commit doorbell, so live readers see foreign writes (and the journal's rewrites) within
-/// [`CommitWatcher::PERIOD`]. On a thread and a
+/// commit doorbell when the commits wrote to the journal (`flightlog_meta.journal_writes`, moved
+/// once by every group that did, counts them), so live readers see foreign writes (and the
+/// journal's rewrites) within [`CommitWatcher::PERIOD`]. The journal's doorbell rang for every
+/// commit, activity writes included, and the engagement streams' hub read the head of every
+/// engagement it followed at each ring (at most 25 a second): 3,000 idle engagement streams cost
+/// a quarter of a core while only activity was written (an audit's finding). A writer of an
+/// earlier flightlog, which does not move the count, is seen by a stream at its periodic
+/// recheck instead. On a thread and a
 /// connection of its own: done between the checkpointer's passes, a stream reading another
 /// process's writes waited behind each checkpoint (which copies every frame that process wrote):
 /// p99 225 ms and up to 420 ms from a commit on one server to a stream on another, at 6,000 to
@@ -1811,6 +1825,8 @@ struct CommitWatcher {
     data_version: Option<i64>,
     /// `flightlog_meta.activity_prunes` at the last look.
     prunes: Option<i64>,
+    /// `flightlog_meta.journal_writes` at the last look.
+    journal_writes: Option<i64>,
 }
 
 impl CommitWatcher {
@@ -1834,22 +1850,35 @@ impl CommitWatcher {
         if self.data_version.replace(version) == Some(version) {
             return;
         }
-        if self.commits_seen.receiver_count() > 0 {
-            self.commits_seen.send_modify(|seen| *seen += 1);
-        }
-        if let Ok((newest, prunes)) = self
+        let looked = self
             .conn
             .prepare_cached(
                 "SELECT COALESCE(MAX(change_id), 0), \
-                 (SELECT value FROM flightlog_meta WHERE name = 'activity_prunes') \
+                 (SELECT value FROM flightlog_meta WHERE name = 'activity_prunes'), \
+                 (SELECT value FROM flightlog_meta WHERE name = 'journal_writes') \
                  FROM activity_changes",
             )
             .and_then(|mut stmt| {
                 stmt.query_row([], |row| {
-                    Ok((row.get::<_, i64>(0)?, row.get::<_, Option<i64>>(1)?))
+                    Ok((
+                        row.get::<_, i64>(0)?,
+                        row.get::<_, Option<i64>>(1)?,
+                        row.get::<_, Option<i64>>(2)?,
+                    ))
                 })
-            })
-        {
+            });
+        // A failed look rings, as one that cannot tell what was written.
+        let journal_written = match &looked {
+            Ok((_, _, journal_writes)) => {
+                self.journal_writes.replace(journal_writes.unwrap_or(0))
+                    != Some(journal_writes.unwrap_or(0))
+            }
+            Err(_) => true,
+        };
+        if journal_written && self.commits_seen.receiver_count() > 0 {
+            self.commits_seen.send_modify(|seen| *seen += 1);
+        }
+        if let Ok((newest, prunes, _)) = looked {
             // The first look only learns the count.
             let prunes = prunes.unwrap_or(0);
             let pruned = self
@@ -2642,6 +2671,7 @@ impl GroupCommitWriter {
         self.begin_group()?;
         self.keys.group_logged_change = false;
         self.keys.group_deleted_changes = false;
+        self.keys.group_wrote_journal = false;
         let applying = Instant::now();
         let mut dirty = false;
         {
@@ -2690,6 +2720,15 @@ impl GroupCommitWriter {
                 }
                 self.exec("RELEASE write")?;
             }
+        }
+        if self.keys.group_wrote_journal {
+            // One row a group, not a statement an append (see `CommitWatcher`).
+            execute_cached_raw(
+                &self.conn,
+                "INSERT INTO flightlog_meta (name, value) VALUES ('journal_writes', 1) \
+                 ON CONFLICT (name) DO UPDATE SET value = value + 1",
+            )
+            .map_err(backend)?;
         }
         // The file at the path must still be the one written: a commit into a deleted or
         // replaced one would be acknowledged and lost (see `WatchedFile`). Rolled back instead,

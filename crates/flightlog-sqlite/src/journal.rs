@@ -18,8 +18,10 @@
 //! - Each engagement's counter row holds its numbering's generation, a random value drawn when
 //!   the row is created and again at each compaction (see `EngagementJournal::read_tail`): a
 //!   live reader compares it to tell a renumbered or re-created engagement from a longer one.
-//!   The commit doorbell is the database's commit watcher noticing that the file changed, so it
-//!   also carries other processes' appends and every compaction and prune.
+//!   The commit doorbell is the database's commit watcher noticing that a commit wrote to the
+//!   journal (each write closure here marks its group, whose commit then moves
+//!   `flightlog_meta.journal_writes`), so it carries other processes' appends and every
+//!   compaction and prune, and no activity write.
 
 use foldhash::{HashSet, HashSetExt};
 use std::hash::BuildHasher;
@@ -132,6 +134,7 @@ impl SqliteEngagementJournal {
                     // prune that removed nothing keeps the cache.
                     if removed > 0 {
                         ctx.keys.engagements.clear();
+                        ctx.keys.group_wrote_journal = true;
                     }
                     Ok(removed)
                 })
@@ -255,6 +258,7 @@ fn append_in_transaction(
     appended_at: i64,
 ) -> Result<Result<CommittedEvent, JournalError>, StoreError> {
     let conn = ctx.conn;
+    ctx.keys.group_wrote_journal = true;
     let counter = match ctx.keys.engagements.get(&*template.engagement_id) {
         Some(counter) => Some(*counter),
         None => engagement_counter(conn, &template.engagement_id)?,
@@ -802,6 +806,7 @@ impl EngagementJournal for SqliteEngagementJournal {
             .write(move |ctx| {
                 // Compaction renumbers the engagement: its cached counter is stale.
                 ctx.keys.engagements.remove(&engagement_id);
+                ctx.keys.group_wrote_journal = true;
                 compact_in_transaction(ctx.conn, &engagement_id)
             })
             .await

@@ -1525,3 +1525,96 @@ fn an_older_flightlogs_prune_still_runs_on_an_upgraded_file() {
     drop(older);
     runtime().block_on(db.close()).expect("close");
 }
+
+/// The journal's commit doorbell rings for commits that wrote to the journal (an append, a
+/// compaction, a prune; this process's or another's), and not for activity writes: it rang for
+/// every commit, and the engagement streams' hub then read the head of every engagement it
+/// followed, so 3,000 idle engagement streams cost a quarter of a core while only activity was
+/// written (an audit's finding).
+#[test]
+fn the_commit_doorbell_rings_for_journal_commits_only() {
+    use flightlog_core::activity::{ActivityStore, SpanKind, SpanOrigin, StartSpanInput};
+    use flightlog_sqlite::SqliteActivityStore;
+
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("bell.db");
+    let retention = RetentionConfig {
+        max_age_ms: 1_000,
+        ..RetentionConfig::default()
+    };
+    let ours_db = SqliteDatabase::open(SqliteConfig::new(&path)).expect("open");
+    let clock = Arc::new(flightlog_core::ManualClock::new(1_000));
+    let activity = SqliteActivityStore::with_identity(Arc::clone(&ours_db), clock.clone(), "ours");
+    let ours = SqliteEngagementJournal::new(ours_db, retention);
+    // A second database handle has its own writer and connections, as another process would.
+    let theirs_db = SqliteDatabase::open(SqliteConfig::new(&path)).expect("open again");
+    let their_activity =
+        SqliteActivityStore::with_identity(Arc::clone(&theirs_db), clock, "theirs");
+    let theirs = SqliteEngagementJournal::new(theirs_db, retention);
+    let span = |span_id: String| StartSpanInput {
+        span_id: span_id.clone(),
+        run_id: format!("run-{span_id}"),
+        parent_span_id: None,
+        name: "turn".into(),
+        kind: SpanKind::Turn,
+        origin: SpanOrigin::Session,
+        session_id: None,
+        job_name: None,
+        attrs: None,
+        started_at: None,
+    };
+    let watcher_period = Duration::from_millis(40);
+    runtime().block_on(async {
+        let mut bell = ours.commit_doorbell();
+        // The watcher's first look learns where the count stands (and may ring for it).
+        tokio::time::sleep(watcher_period * 4).await;
+        bell.borrow_and_update();
+
+        // Activity writes of both handles, over several of the watcher's looks: no ring.
+        for index in 0..20 {
+            activity
+                .start_span(span(format!("ours-{index}")))
+                .await
+                .expect("start a span");
+            their_activity
+                .start_span(span(format!("theirs-{index}")))
+                .await
+                .expect("start a span");
+            tokio::time::sleep(watcher_period / 2).await;
+        }
+        tokio::time::sleep(watcher_period * 4).await;
+        assert!(
+            !bell.has_changed().expect("the watcher lives"),
+            "activity writes rang the journal's doorbell"
+        );
+
+        // Every kind of journal write rings, this handle's and the other's.
+        ours.append(input("mine", 1, "note", json!({"text": "hi"})))
+            .await
+            .expect("append");
+        rang(&mut bell, "our append").await;
+        theirs
+            .append(input("yours", 1, "note", json!({"text": "hi"})))
+            .await
+            .expect("append");
+        rang(&mut bell, "their append").await;
+        for event in finished_engagement("done", 10) {
+            theirs.append(event).await.expect("append");
+        }
+        tokio::time::sleep(watcher_period * 4).await;
+        bell.borrow_and_update();
+        assert!(theirs.compact("done").await.expect("compact"));
+        rang(&mut bell, "their compaction").await;
+        assert!(ours.prune(1_000_000).await.expect("prune") > 0);
+        rang(&mut bell, "our prune").await;
+    });
+}
+
+/// Wait (at most 2 s) for `bell` to ring after `what`, and take the ring.
+async fn rang(bell: &mut flightlog_core::journal::JournalDoorbell, what: &str) {
+    tokio::time::timeout(Duration::from_secs(2), bell.changed())
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not ring within 2 s"))
+        .expect("the watcher lives");
+    bell.borrow_and_update();
+}

@@ -43,9 +43,10 @@ pub struct CommittedEvent {
 
 /// Rings (its value grows) after commits that a [`JournalSubscription`] does not carry:
 /// compactions, prunes, and other processes' or instances' appends (within 250 ms of their
-/// commit: SQLite polls `data_version`, a network backend would `LISTEN`). It may also ring
-/// after commits the subscription did carry (SQLite's watcher cannot tell this process's
-/// commits from others'). A live reader re-reads its engagement
+/// commit: SQLite polls `data_version` and a count of journal commits, a network backend would
+/// `LISTEN`). It may also ring after commits the subscription did carry (SQLite's watcher cannot
+/// tell this process's commits from others'), not after commits that wrote no journal entry
+/// (activity writes). A live reader re-reads its engagement
 /// ([`EngagementJournal::read_tail`]) when it rings, or, following many, asks where they stand
 /// ([`EngagementJournal::heads`]) and re-reads those that moved.
 pub type JournalDoorbell = tokio::sync::watch::Receiver<u64>;
