@@ -33,7 +33,7 @@
 //! - **Bounded memory**: a route's channel holds [`ROUTE_CAPACITY`] events, allocated when its
 //!   first stream subscribes and freed when its last one ends.
 
-use std::collections::HashMap;
+use crate::followed::Followed;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use flightlog_core::journal::{
@@ -58,15 +58,13 @@ pub(crate) struct JournalHub {
 
 #[derive(Default)]
 struct HubShared {
-    routes: Mutex<HashMap<Arc<str>, Route>>,
+    routes: Mutex<Followed<Route>>,
     /// Counts the times the routing task fell behind the journal's channel.
     missed: watch::Sender<u64>,
 }
 
 struct Route {
     events: broadcast::Sender<Routed>,
-    /// The subscriptions holding it.
-    followers: usize,
     /// Where its engagement stood after the last event routed or head read; `None` while
     /// unknown (a new route, or after the task fell behind).
     head: Option<Option<EngagementHead>>,
@@ -129,25 +127,11 @@ impl JournalHub {
             ));
         });
         let mut routes = self.shared.routes();
-        let (engagement_id, events) = match routes.get_key_value(engagement_id) {
-            Some((id, route)) => (Arc::clone(id), route.events.subscribe()),
-            None => {
-                let id: Arc<str> = engagement_id.into();
-                let (sender, receiver) = broadcast::channel(ROUTE_CAPACITY);
-                routes.insert(
-                    Arc::clone(&id),
-                    Route {
-                        events: sender,
-                        followers: 0,
-                        head: None,
-                    },
-                );
-                (id, receiver)
-            }
-        };
-        if let Some(route) = routes.get_mut(&engagement_id) {
-            route.followers += 1;
-        }
+        let (engagement_id, route) = routes.follow(engagement_id, || Route {
+            events: broadcast::channel(ROUTE_CAPACITY).0,
+            head: None,
+        });
+        let events = route.events.subscribe();
         drop(routes);
         EngagementSubscription {
             missed: self.shared.missed.subscribe(),
@@ -222,13 +206,13 @@ async fn route_events(
 }
 
 impl HubShared {
-    fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Route>> {
+    fn routes(&self) -> std::sync::MutexGuard<'_, Followed<Route>> {
         self.routes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn route(&self, committed: CommittedEvent) {
         let mut routes = self.routes();
-        if let Some(route) = routes.get_mut(&*committed.event.engagement_id) {
+        if let Some(route) = routes.get_mut(&committed.event.engagement_id) {
             let next_seq = committed.event.seq + 1;
             let generation = committed.generation;
             route.head = Some(Some(match route.head {
@@ -248,14 +232,14 @@ impl HubShared {
     }
 
     fn forget_heads(&self) {
-        for route in self.routes().values_mut() {
+        for route in self.routes().routes_mut() {
             route.head = None;
         }
     }
 
     /// Read every route's head; tell the routes whose head is not what they knew.
     async fn look_at_heads(&self, journal: &dyn EngagementJournal) {
-        let ids: Vec<Arc<str>> = self.routes().keys().cloned().collect();
+        let ids: Vec<Arc<str>> = self.routes().ids().cloned().collect();
         if ids.is_empty() {
             return;
         }
@@ -273,7 +257,7 @@ impl HubShared {
                 }
             }
             Err(_) => {
-                for route in routes.values_mut() {
+                for route in routes.routes_mut() {
                     route.head = None;
                     let _ = route.events.send(Routed::Look);
                 }
@@ -304,13 +288,7 @@ impl EngagementSubscription {
 
 impl Drop for EngagementSubscription {
     fn drop(&mut self) {
-        let mut routes = self.shared.routes();
-        if let Some(route) = routes.get_mut(&self.engagement_id) {
-            route.followers = route.followers.saturating_sub(1);
-            if route.followers == 0 {
-                routes.remove(&self.engagement_id);
-            }
-        }
+        self.shared.routes().leave(&self.engagement_id);
     }
 }
 

@@ -41,6 +41,7 @@ mod change_tail;
 pub mod connection_limit;
 pub mod error;
 pub mod extract;
+mod followed;
 mod gate;
 pub mod grpc;
 mod journal_hub;

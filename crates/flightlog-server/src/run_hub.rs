@@ -31,12 +31,13 @@
 //! a look misses nothing that look read (its stream's first look sees it). A change deleted
 //! before the task read it moved the horizon or the prune count.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use flightlog_core::activity::{ActivityStore, ChangeDoorbell};
 use tokio::sync::watch;
+
+use crate::followed::Followed;
 
 /// The shortest time between two looks: the commits in between share one.
 pub(crate) const LOOK_PAUSE: Duration = Duration::from_millis(10);
@@ -62,7 +63,7 @@ struct HubShared {
 
 #[derive(Default)]
 struct Routes {
-    by_run: HashMap<Arc<str>, Route>,
+    by_run: Followed<Route>,
     /// The change id the task has looked through (its next look begins after it).
     looked_to: i64,
 }
@@ -93,8 +94,6 @@ impl Streak {
 struct Route {
     /// Bumped to wake the run's streams.
     wake: watch::Sender<u64>,
-    /// The subscriptions holding it.
-    followers: usize,
     /// The streak the task is in (see the module docs).
     streak: Streak,
     /// The streak before it.
@@ -132,26 +131,12 @@ impl RunHub {
         });
         let mut routes = self.shared.routes();
         let looked_to = routes.looked_to;
-        let (run_id, wake) = match routes.by_run.get_key_value(run_id) {
-            Some((id, route)) => (Arc::clone(id), route.wake.subscribe()),
-            None => {
-                let id: Arc<str> = run_id.into();
-                let (sender, receiver) = watch::channel(0);
-                routes.by_run.insert(
-                    Arc::clone(&id),
-                    Route {
-                        wake: sender,
-                        followers: 0,
-                        streak: Streak::empty_at(looked_to),
-                        last_streak: Streak::empty_at(looked_to),
-                    },
-                );
-                (id, receiver)
-            }
-        };
-        if let Some(route) = routes.by_run.get_mut(&run_id) {
-            route.followers += 1;
-        }
+        let (run_id, route) = routes.by_run.follow(run_id, || Route {
+            wake: watch::channel(0).0,
+            streak: Streak::empty_at(looked_to),
+            last_streak: Streak::empty_at(looked_to),
+        });
+        let wake = route.wake.subscribe();
         drop(routes);
         RunSubscription {
             shared: Arc::clone(&self.shared),
@@ -191,7 +176,7 @@ impl HubShared {
         routes.looked_to = routes.looked_to.max(up_to);
         let moved: Option<std::collections::HashSet<&str>> =
             moved.map(|runs| runs.iter().map(String::as_str).collect());
-        for (run_id, route) in &mut routes.by_run {
+        for (run_id, route) in routes.by_run.iter_mut() {
             let (clean, wake) = match &moved {
                 Some(moved) => {
                     let moved = moved.contains(&**run_id);
@@ -299,12 +284,6 @@ impl RunSubscription {
 
 impl Drop for RunSubscription {
     fn drop(&mut self) {
-        let mut routes = self.shared.routes();
-        if let Some(route) = routes.by_run.get_mut(&self.run_id) {
-            route.followers = route.followers.saturating_sub(1);
-            if route.followers == 0 {
-                routes.by_run.remove(&self.run_id);
-            }
-        }
+        self.shared.routes().by_run.leave(&self.run_id);
     }
 }
