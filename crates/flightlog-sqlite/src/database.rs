@@ -30,6 +30,7 @@ use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{backend, is_busy};
+use crate::journal_bells::{JournalBells, JournalWrites};
 use crate::lock_turns::LockTurns;
 use crate::payload_codec::{Dictionary, PayloadCodec};
 use crate::rewind_gate::RewindGate;
@@ -147,11 +148,12 @@ pub(crate) struct WriterCache {
     /// so, so the doorbell is rung without moving once it commits, and the streams look again
     /// (a run stream whose run was pruned ends at once rather than at its next periodic look).
     pub group_deleted_changes: bool,
-    /// Whether the current group wrote to the journal (an append, a compaction, a prune that
-    /// removed something; kept by every clear): its commit then moves
-    /// `flightlog_meta.journal_writes`, which the commit watcher reads, so the journal's
-    /// commit doorbell rings for journal commits only (see [`CommitWatcher`]).
-    pub group_wrote_journal: bool,
+    /// What the current group wrote to the journal (appends through which handle, a compaction,
+    /// a prune that removed something; kept by every clear): a group that wrote anything moves
+    /// `flightlog_meta.journal_writes`, which the commit watcher reads, so the journals' commit
+    /// doorbells ring for journal commits only, and not for the appends a handle's subscription
+    /// carried (see `journal_bells`).
+    pub group_journal: JournalWrites,
     /// engagement id -> its counter row (key, next seq, arrival bucket). Only appends keep
     /// entries up to date; compaction and pruning drop them (see `journal.rs`).
     pub engagements: FastMap<String, crate::journal::EngagementCounter>,
@@ -450,10 +452,9 @@ pub struct SqliteDatabase {
     /// The newest committed change id: set by our writer after each commit, and by the
     /// change watcher when another process commits.
     doorbell: tokio::sync::watch::Sender<i64>,
-    /// Counts the journal commits the commit watcher saw on the file (any connection's, this
-    /// process's writer included): the journal's doorbell for what its subscription cannot
-    /// carry.
-    commits_seen: tokio::sync::watch::Sender<u64>,
+    /// The journal handles' commit doorbells, rung by the commit watcher (see
+    /// `journal_bells`).
+    journal_bells: Arc<JournalBells>,
     stats: Arc<WriterStats>,
     /// Set by [`SqliteDatabase::close`]: the writer stops after the group it is committing.
     stop_writer: Arc<AtomicBool>,
@@ -985,7 +986,7 @@ impl SqliteDatabase {
             )
             .map_err(backend)?;
         let (doorbell, _) = tokio::sync::watch::channel(newest_change);
-        let commits_seen = tokio::sync::watch::Sender::new(0_u64);
+        let journal_bells = Arc::new(JournalBells::default());
         let (nudge, nudges) = std::sync::mpsc::sync_channel::<()>(1);
         let rewind_wanted = Arc::new(AtomicBool::new(false));
         let rewinding = Arc::new(AtomicBool::new(false));
@@ -994,7 +995,7 @@ impl SqliteDatabase {
         let watcher = CommitWatcher {
             conn: open_reader(&config.path, config.busy_timeout)?,
             doorbell: doorbell.clone(),
-            commits_seen: commits_seen.clone(),
+            journal_bells: Arc::clone(&journal_bells),
             data_version: None,
             prunes: None,
             journal_writes: None,
@@ -1026,6 +1027,7 @@ impl SqliteDatabase {
         let writer = GroupCommitWriter {
             codec: Arc::clone(&codec),
             doorbell: doorbell.clone(),
+            journal_bells: Arc::clone(&journal_bells),
             checkpoint_nudge: nudge,
             stats: stats.clone(),
             conn,
@@ -1069,7 +1071,7 @@ impl SqliteDatabase {
             change_log_retention: config.change_log_retention.max(0),
             change_log_trim_batch: config.change_log_trim_batch.max(1),
             doorbell,
-            commits_seen,
+            journal_bells,
             stats,
             stop_writer,
             shutting_down,
@@ -1431,11 +1433,11 @@ impl SqliteDatabase {
         self.doorbell.subscribe()
     }
 
-    /// A receiver that moves whenever the commit watcher sees that a commit by any connection
-    /// (another process's included) wrote to the journal, within its period
-    /// (`flightlog_meta.journal_writes` moved; see [`CommitWatcher`]).
-    pub fn commit_doorbell(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.commits_seen.subscribe()
+    /// The commit doorbell of the journal handle of `carrier` (see `journal_bells`): it moves
+    /// when the commit watcher sees, within its period, that a commit by any connection (another
+    /// process's included) wrote to the journal, other than with appends that handle carried.
+    pub(crate) fn journal_doorbell(&self, carrier: u64) -> tokio::sync::watch::Receiver<u64> {
+        self.journal_bells.subscribe(carrier)
     }
 
     /// How far behind the newest change `prune` trims the change log.
@@ -1821,7 +1823,7 @@ fn data_version(conn: &Connection) -> rusqlite::Result<i64> {
 struct CommitWatcher {
     conn: Connection,
     doorbell: tokio::sync::watch::Sender<i64>,
-    commits_seen: tokio::sync::watch::Sender<u64>,
+    journal_bells: Arc<JournalBells>,
     data_version: Option<i64>,
     /// `flightlog_meta.activity_prunes` at the last look.
     prunes: Option<i64>,
@@ -1867,16 +1869,16 @@ impl CommitWatcher {
                     ))
                 })
             });
-        // A failed look rings, as one that cannot tell what was written.
-        let journal_written = match &looked {
+        match &looked {
             Ok((_, _, journal_writes)) => {
-                self.journal_writes.replace(journal_writes.unwrap_or(0))
-                    != Some(journal_writes.unwrap_or(0))
+                let count = journal_writes.unwrap_or(0);
+                let before = self.journal_writes.replace(count);
+                if before != Some(count) {
+                    self.journal_bells.moved(before, count);
+                }
             }
-            Err(_) => true,
-        };
-        if journal_written && self.commits_seen.receiver_count() > 0 {
-            self.commits_seen.send_modify(|seen| *seen += 1);
+            // A failed look rings, as one that cannot tell what was written.
+            Err(_) => self.journal_bells.ring_all(),
         }
         if let Ok((newest, prunes, _)) = looked {
             // The first look only learns the count.
@@ -1900,6 +1902,8 @@ struct GroupCommitWriter {
     /// The database's payload codec: writes that merge into packed attrs unpack and pack them.
     codec: Arc<PayloadCodec>,
     doorbell: tokio::sync::watch::Sender<i64>,
+    /// Told of each committed group whose journal writes one handle's subscription carried.
+    journal_bells: Arc<JournalBells>,
     /// Wakes the checkpointer; full means it already has a wake-up pending.
     checkpoint_nudge: std::sync::mpsc::SyncSender<()>,
     stats: Arc<WriterStats>,
@@ -2671,7 +2675,7 @@ impl GroupCommitWriter {
         self.begin_group()?;
         self.keys.group_logged_change = false;
         self.keys.group_deleted_changes = false;
-        self.keys.group_wrote_journal = false;
+        self.keys.group_journal = JournalWrites::Nothing;
         let applying = Instant::now();
         let mut dirty = false;
         {
@@ -2721,15 +2725,20 @@ impl GroupCommitWriter {
                 self.exec("RELEASE write")?;
             }
         }
-        if self.keys.group_wrote_journal {
+        let journal_count = if self.keys.group_journal == JournalWrites::Nothing {
+            None
+        } else {
             // One row a group, not a statement an append (see `CommitWatcher`).
-            execute_cached_raw(
-                &self.conn,
-                "INSERT INTO flightlog_meta (name, value) VALUES ('journal_writes', 1) \
-                 ON CONFLICT (name) DO UPDATE SET value = value + 1",
+            Some(
+                self.conn
+                    .prepare_cached(
+                        "INSERT INTO flightlog_meta (name, value) VALUES ('journal_writes', 1) \
+                         ON CONFLICT (name) DO UPDATE SET value = value + 1 RETURNING value",
+                    )
+                    .and_then(|mut stmt| stmt.query_row([], |row| row.get::<_, i64>(0)))
+                    .map_err(backend)?,
             )
-            .map_err(backend)?;
-        }
+        };
         // The file at the path must still be the one written: a commit into a deleted or
         // replaced one would be acknowledged and lost (see `WatchedFile`). Rolled back instead,
         // so the group fails clean; every later group fails the same way.
@@ -2737,6 +2746,11 @@ impl GroupCommitWriter {
         let committing = Instant::now();
         let committed = self.commit();
         if committed.is_ok() {
+            if let (Some(count), JournalWrites::CarriedBy(carrier)) =
+                (journal_count, self.keys.group_journal)
+            {
+                self.journal_bells.carried(count, carrier);
+            }
             let newest = match self.keys.next_change_id {
                 Some(next) => Some(next - 1),
                 // The group logged changes but the cache was cleared after them (a prune, a

@@ -20,8 +20,9 @@
 //!   live reader compares it to tell a renumbered or re-created engagement from a longer one.
 //!   The commit doorbell is the database's commit watcher noticing that a commit wrote to the
 //!   journal (each write closure here marks its group, whose commit then moves
-//!   `flightlog_meta.journal_writes`), so it carries other processes' appends and every
-//!   compaction and prune, and no activity write.
+//!   `flightlog_meta.journal_writes`), so it carries other processes' and other handles' appends
+//!   and every compaction and prune, and neither activity writes nor the appends this handle's
+//!   subscription carried (see `journal_bells`).
 
 use foldhash::{HashSet, HashSetExt};
 use std::hash::BuildHasher;
@@ -50,6 +51,9 @@ pub struct SqliteEngagementJournal {
     db: Arc<SqliteDatabase>,
     retention: RetentionConfig,
     committed: broadcast::Sender<CommittedEvent>,
+    /// Names this handle's appends to the writer, so that its commit doorbell does not ring for
+    /// what its subscription carried (see `journal_bells`).
+    carrier: u64,
     /// Stamps each append's arrival (`appended_at`), which [`EngagementJournal::prune_idle`]
     /// judges idleness by.
     clock: Arc<dyn Clock>,
@@ -82,6 +86,7 @@ impl SqliteEngagementJournal {
             db,
             retention,
             committed,
+            carrier: crate::journal_bells::new_carrier(),
             clock: Arc::new(SystemClock),
         }
     }
@@ -134,7 +139,7 @@ impl SqliteEngagementJournal {
                     // prune that removed nothing keeps the cache.
                     if removed > 0 {
                         ctx.keys.engagements.clear();
-                        ctx.keys.group_wrote_journal = true;
+                        ctx.keys.group_journal.rewrite();
                     }
                     Ok(removed)
                 })
@@ -256,9 +261,10 @@ fn append_in_transaction(
     expected_seq: Option<i64>,
     max_events: u64,
     appended_at: i64,
+    carrier: u64,
 ) -> Result<Result<CommittedEvent, JournalError>, StoreError> {
     let conn = ctx.conn;
-    ctx.keys.group_wrote_journal = true;
+    ctx.keys.group_journal.append(carrier);
     let counter = match ctx.keys.engagements.get(&*template.engagement_id) {
         Some(counter) => Some(*counter),
         None => engagement_counter(conn, &template.engagement_id)?,
@@ -743,6 +749,7 @@ impl EngagementJournal for SqliteEngagementJournal {
             .map_err(|err| JournalError::Backend(format!("cannot encode event data: {err}")))?;
         let max_events = self.retention.max_events_per_engagement;
         let appended_at = self.clock.now_ms();
+        let carrier = self.carrier;
         let work = move |ctx: &mut WriteContext<'_>| {
             append_in_transaction(
                 ctx,
@@ -751,6 +758,7 @@ impl EngagementJournal for SqliteEngagementJournal {
                 expected_seq,
                 max_events,
                 appended_at,
+                carrier,
             )
         };
         self.db
@@ -806,7 +814,7 @@ impl EngagementJournal for SqliteEngagementJournal {
             .write(move |ctx| {
                 // Compaction renumbers the engagement: its cached counter is stale.
                 ctx.keys.engagements.remove(&engagement_id);
-                ctx.keys.group_wrote_journal = true;
+                ctx.keys.group_journal.rewrite();
                 compact_in_transaction(ctx.conn, &engagement_id)
             })
             .await
@@ -844,6 +852,6 @@ impl EngagementJournal for SqliteEngagementJournal {
     }
 
     fn commit_doorbell(&self) -> JournalDoorbell {
-        self.db.commit_doorbell()
+        self.db.journal_doorbell(self.carrier)
     }
 }

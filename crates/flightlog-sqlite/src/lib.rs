@@ -15,6 +15,7 @@ mod database;
 mod disk_probe;
 mod error;
 mod journal;
+mod journal_bells;
 mod lock_turns;
 mod payload_codec;
 mod remote_callers;

@@ -1526,13 +1526,14 @@ fn an_older_flightlogs_prune_still_runs_on_an_upgraded_file() {
     runtime().block_on(db.close()).expect("close");
 }
 
-/// The journal's commit doorbell rings for commits that wrote to the journal (an append, a
-/// compaction, a prune; this process's or another's), and not for activity writes: it rang for
-/// every commit, and the engagement streams' hub then read the head of every engagement it
-/// followed, so 3,000 idle engagement streams cost a quarter of a core while only activity was
-/// written (an audit's finding).
+/// A journal handle's commit doorbell rings for the commits that wrote to the journal other than
+/// by the appends its subscription carried (another process's or another handle's append, a
+/// compaction, a prune), and not for activity writes: it rang for every commit, and the
+/// engagement streams' hub then read the head of every engagement it followed, so 3,000 idle
+/// engagement streams cost a quarter of a core while only activity was written (an audit's
+/// finding), and looked at 1,000 heads up to 25 times a second for the appends it had routed.
 #[test]
-fn the_commit_doorbell_rings_for_journal_commits_only() {
+fn the_commit_doorbell_rings_for_journal_commits_its_subscription_did_not_carry() {
     use flightlog_core::activity::{ActivityStore, SpanKind, SpanOrigin, StartSpanInput};
     use flightlog_sqlite::SqliteActivityStore;
 
@@ -1545,7 +1546,8 @@ fn the_commit_doorbell_rings_for_journal_commits_only() {
     let ours_db = SqliteDatabase::open(SqliteConfig::new(&path)).expect("open");
     let clock = Arc::new(flightlog_core::ManualClock::new(1_000));
     let activity = SqliteActivityStore::with_identity(Arc::clone(&ours_db), clock.clone(), "ours");
-    let ours = SqliteEngagementJournal::new(ours_db, retention);
+    let ours = SqliteEngagementJournal::new(Arc::clone(&ours_db), retention);
+    let our_other_handle = SqliteEngagementJournal::new(ours_db, retention);
     // A second database handle has its own writer and connections, as another process would.
     let theirs_db = SqliteDatabase::open(SqliteConfig::new(&path)).expect("open again");
     let their_activity =
@@ -1588,11 +1590,28 @@ fn the_commit_doorbell_rings_for_journal_commits_only() {
             "activity writes rang the journal's doorbell"
         );
 
-        // Every kind of journal write rings, this handle's and the other's.
-        ours.append(input("mine", 1, "note", json!({"text": "hi"})))
+        // This handle's appends, which its subscription carries: no ring.
+        let mut carried = ours.subscribe();
+        for at in 0..5 {
+            ours.append(input("mine", at, "note", json!({"text": "hi"})))
+                .await
+                .expect("append");
+            tokio::time::sleep(watcher_period / 2).await;
+        }
+        tokio::time::sleep(watcher_period * 4).await;
+        assert!(
+            !bell.has_changed().expect("the watcher lives"),
+            "this handle's own appends rang its doorbell"
+        );
+        assert_eq!(carried.try_recv().expect("carried").event.seq, 0);
+
+        // Every other journal write rings: another handle's append, another process's, a
+        // compaction and a prune, this handle's own included.
+        our_other_handle
+            .append(input("mine", 9, "note", json!({"text": "hi"})))
             .await
             .expect("append");
-        rang(&mut bell, "our append").await;
+        rang(&mut bell, "another handle's append").await;
         theirs
             .append(input("yours", 1, "note", json!({"text": "hi"})))
             .await
@@ -1603,8 +1622,8 @@ fn the_commit_doorbell_rings_for_journal_commits_only() {
         }
         tokio::time::sleep(watcher_period * 4).await;
         bell.borrow_and_update();
-        assert!(theirs.compact("done").await.expect("compact"));
-        rang(&mut bell, "their compaction").await;
+        assert!(ours.compact("done").await.expect("compact"));
+        rang(&mut bell, "our compaction").await;
         assert!(ours.prune(1_000_000).await.expect("prune") > 0);
         rang(&mut bell, "our prune").await;
     });

@@ -44,9 +44,10 @@ pub struct CommittedEvent {
 /// Rings (its value grows) after commits that a [`JournalSubscription`] does not carry:
 /// compactions, prunes, and other processes' or instances' appends (within 250 ms of their
 /// commit: SQLite polls `data_version` and a count of journal commits, a network backend would
-/// `LISTEN`). It may also ring after commits the subscription did carry (SQLite's watcher cannot
-/// tell this process's commits from others'), not after commits that wrote no journal entry
-/// (activity writes). A live reader re-reads its engagement
+/// `LISTEN`). It need not ring after the appends the same handle's subscription carried, nor
+/// after commits that wrote no journal entry (activity writes), so a reader that wants this
+/// handle's appends subscribes; it may ring for nothing (a look that finds nothing new). A live
+/// reader re-reads its engagement
 /// ([`EngagementJournal::read_tail`]) when it rings, or, following many, asks where they stand
 /// ([`EngagementJournal::heads`]) and re-reads those that moved.
 pub type JournalDoorbell = tokio::sync::watch::Receiver<u64>;
