@@ -14,35 +14,11 @@ PORT = 18545
 K, RATE, SECS = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 WRITERS = 2
 
-def measure(streams):
-    db = fresh_db(f"idle-engagement-streams-{streams}.db")
-    p = start_server(PORT, db, "--max-connections", str(max(1024, 2 * streams + 64)))
-    def cpu(): return cpu_seconds(p.pid)
-    try:
-        setup = Client(PORT)
-        for i in range(streams):
-            status, _ = setup.append(f"idle-{i}", "note", 1, {"from": "a", "text": "hello"})
-            assert status == 201, status
-        crowd = Crowd(PORT, [f"/v1/engagements/idle-{i}/stream" for i in range(streams)], "journal")
-        time.sleep(1.0)
-        done = [0]
-        def writer(w):
-            client = Client(PORT); n = 0; t0 = time.time()
-            while time.time() - t0 < SECS:
-                status, _ = client.start(f"busy-{w}-{n}", f"busy-{w}-{n // 10}")
-                assert status == 201, status
-                n += 1; done[0] += 1
-                pause = t0 + n * WRITERS / RATE - time.time()
-                if pause > 0: time.sleep(pause)
-        c0 = cpu(); t0 = time.time()
-        threads = [threading.Thread(target=writer, args=(w,)) for w in range(WRITERS)]
-        for t in threads: t.start()
-        for t in threads: t.join()
-        elapsed = time.time() - t0; used = cpu() - c0
-        crowd.close()
-        print(f"{streams:5} idle engagement streams: {done[0] / elapsed:6.0f} writes/s, server "
-              f"CPU {used:.2f} s in {elapsed:.1f} s")
-    finally:
-        p.terminate(); p.wait()
+def follow(setup, i):
+    status, _ = setup.append(f"idle-{i}", "note", 1, {"from": "a", "text": "hello"})
+    assert status == 201, status
+    return f"/v1/engagements/idle-{i}/stream"
 
-measure(0); measure(K); measure(0)
+for streams in (0, K, 0):
+    streams_beside_span_writes(PORT, "idle engagement streams", streams, follow, "journal",
+                               WRITERS, RATE, SECS)

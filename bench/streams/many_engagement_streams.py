@@ -25,21 +25,13 @@ try:
     for e in range(E): append(setup, f"e{e}", 0)
     crowd = Crowd(PORT, [f"/v1/engagements/e{i % E}/stream" for i in range(K)], "journal")
     time.sleep(1.0)
-    done = [0]
-    def writer(w):
-        client = Client(PORT); n = 0; t0 = time.time()
-        while time.time() - t0 < SECS:
-            append(client, f"e{(w + n) % E}", n); n += 1; done[0] += 1
-            pause = t0 + n * WRITERS / RATE - time.time()
-            if pause > 0: time.sleep(pause)
-    c0 = cpu(); t0 = time.time()
-    threads = [threading.Thread(target=writer, args=(w,)) for w in range(WRITERS)]
-    for t in threads: t.start()
-    for t in threads: t.join()
-    elapsed = time.time() - t0; c1 = cpu()
+    c0 = cpu()
+    done, elapsed = paced_writes(PORT, WRITERS, RATE, SECS,
+                                 lambda client, w, n: append(client, f"e{(w + n) % E}", n))
+    c1 = cpu()
     time.sleep(1.0); crowd.close()
-    print(f"K={K} E={E} rate={RATE}: appends {done[0] / elapsed:.0f}/s, server CPU {c1 - c0:.2f} s "
-          f"in {elapsed:.1f} s ({(c1 - c0) / max(1, done[0]) * 1e6:.0f} us an append), "
-          f"events received {crowd.received}" + (f" of {K // E * (done[0] + E)}" if K % E == 0 else ""))
+    print(f"K={K} E={E} rate={RATE}: appends {done / elapsed:.0f}/s, server CPU {c1 - c0:.2f} s "
+          f"in {elapsed:.1f} s ({(c1 - c0) / max(1, done) * 1e6:.0f} us an append), "
+          f"events received {crowd.received}" + (f" of {K // E * (done + E)}" if K % E == 0 else ""))
 finally:
     p.terminate(); p.wait()

@@ -39,6 +39,46 @@ def fresh_db(name):
         except FileNotFoundError: pass
     return db
 
+def paced_writes(port, writers, rate, secs, write):
+    """`writers` threads, each with its own client, call `write(client, writer, n)` for its n-th
+    write, paced to `rate` writes a second in all, for `secs` seconds: (writes done, seconds
+    taken)."""
+    done = [0]
+    def writer(w):
+        client = Client(port); n = 0; t0 = time.time()
+        while time.time() - t0 < secs:
+            write(client, w, n); n += 1; done[0] += 1
+            pause = t0 + n * writers / rate - time.time()
+            if pause > 0: time.sleep(pause)
+    t0 = time.time()
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    return done[0], time.time() - t0
+
+def streams_beside_span_writes(port, label, streams, follow, kind, writers, rate, secs):
+    """Start a server on a fresh database; `follow(setup_client, i)` readies the i-th stream's
+    subject and returns its path; `streams` clients follow those streams (`kind` events) while
+    `writers` start spans of other runs, paced to `rate` writes a second in all, for `secs`
+    seconds. Prints the writes reached and the server's CPU in that time."""
+    db = fresh_db(f"{label.replace(' ', '-')}-{streams}.db")
+    p = start_server(port, db, "--max-connections", str(max(1024, 2 * streams + 64)))
+    try:
+        setup = Client(port)
+        crowd = Crowd(port, [follow(setup, i) for i in range(streams)], kind)
+        time.sleep(1.0)
+        def start_a_span(client, w, n):
+            status, _ = client.start(f"busy-{w}-{n}", f"busy-{w}-{n // 10}")
+            assert status == 201, status
+        c0 = cpu_seconds(p.pid)
+        done, elapsed = paced_writes(port, writers, rate, secs, start_a_span)
+        used = cpu_seconds(p.pid) - c0
+        crowd.close()
+        print(f"{streams:5} {label}: {done / elapsed:6.0f} writes/s, server CPU {used:.2f} s "
+              f"in {elapsed:.1f} s")
+    finally:
+        p.terminate(); p.wait()
+
 def cpu_seconds(pid):
     """User and system CPU time the process has used, in seconds."""
     with open(f"/proc/{pid}/stat") as f: fields = f.read().split(")")[1].split()
