@@ -2,9 +2,11 @@
 //!
 //! Why it exists: each engagement stream used to hold a receiver of the journal's subscription,
 //! which carries every engagement's appends, so every append woke every open engagement stream
-//! to compare one id; and each held the journal's commit doorbell, which rings after any commit
-//! to the file (this process's own too: its watcher cannot tell them apart) at most every
+//! to compare one id; and each held the journal's commit doorbell, which rang after any commit
+//! to the file (this process's own too: its watcher could not tell them apart) at most every
 //! 40 ms, so every stream read its engagement 25 times a second while anything was written.
+//! (The doorbell now rings only for journal commits the subscription did not carry: see
+//! `flightlog_sqlite`'s `journal_bells`.)
 //! 1,000 streams on 1,000 engagements at 1,000 appends a second took a core of the server's two
 //! for nothing (1,054 µs of server CPU an append against 202 with no stream; measured in stop
 //! 54). Here one task takes the journal's subscription and hands each event to the streams of
@@ -435,12 +437,13 @@ mod tests {
         (Arc::new(first), Arc::new(second))
     }
 
-    /// The doorbell rings after every commit to the file, but a stream whose engagement did not
-    /// move is not told: appends to another engagement for half a second wake it for nothing.
+    /// The doorbell rings after another handle's appends (which the hub's subscription does not
+    /// carry), but a stream whose engagement did not move is not told: appends to another
+    /// engagement for half a second wake it for nothing.
     #[tokio::test]
     async fn commits_to_other_engagements_do_not_wake_a_stream() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (journal, _) = two_handles(dir.path());
+        let (journal, other) = two_handles(dir.path());
         let hub = JournalHub::default();
         let mut follower = hub.subscribe(&journal, "a");
         append(journal.as_ref(), "a", 0).await;
@@ -449,7 +452,7 @@ mod tests {
         let until = tokio::time::Instant::now() + Duration::from_millis(500);
         let mut at = 0;
         while tokio::time::Instant::now() < until {
-            append(journal.as_ref(), "b", at).await;
+            append(other.as_ref(), "b", at).await;
             at += 1;
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

@@ -264,7 +264,6 @@ fn append_in_transaction(
     carrier: u64,
 ) -> Result<Result<CommittedEvent, JournalError>, StoreError> {
     let conn = ctx.conn;
-    ctx.keys.group_journal.append(carrier);
     let counter = match ctx.keys.engagements.get(&*template.engagement_id) {
         Some(counter) => Some(*counter),
         None => engagement_counter(conn, &template.engagement_id)?,
@@ -284,6 +283,8 @@ fn append_in_transaction(
             }));
         }
     }
+    // Marked once the append will write (a refused one writes nothing: no ring for it).
+    ctx.keys.group_journal.append(carrier);
     let bucket = arrival_bucket(appended_at);
     let (engagement_key, generation) = match counter {
         // The arrival bucket is indexed: rewritten only when it changes.

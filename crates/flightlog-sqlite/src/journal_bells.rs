@@ -21,7 +21,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::watch;
 
@@ -74,8 +74,9 @@ pub(crate) struct JournalBells {
 
 #[derive(Debug, Default)]
 struct Bells {
-    /// carrier id -> its doorbell.
-    bells: Vec<(u64, watch::Sender<u64>)>,
+    /// carrier id -> its doorbell (shared, so that it is rung after the lock is let go: a
+    /// holder of a borrow of its receiver never holds up the watcher with the lock held).
+    bells: Vec<(u64, Arc<watch::Sender<u64>>)>,
     /// (`journal_writes` after the group, carrier id) of carried groups, in commit order.
     carried: VecDeque<(i64, u64)>,
 }
@@ -92,7 +93,7 @@ impl JournalBells {
             return bell.subscribe();
         }
         let (bell, receiver) = watch::channel(0);
-        bells.bells.push((carrier, bell));
+        bells.bells.push((carrier, Arc::new(bell)));
         receiver
     }
 
@@ -109,44 +110,65 @@ impl JournalBells {
     /// The watcher saw `journal_writes` move from `from` (`None`: its first look) to `to`: ring
     /// every doorbell but that of a handle that carried every group in between.
     pub(crate) fn moved(&self, from: Option<i64>, to: i64) {
-        let mut bells = self.bells();
-        let quiet = from
-            .filter(|from| to > *from)
-            .and_then(|from| sole_carrier(&bells.carried, from, to));
-        bells.carried.retain(|(count, _)| *count > to);
-        ring(&mut bells.bells, quiet);
+        let to_ring = {
+            let mut bells = self.bells();
+            let quiet = match from {
+                Some(from) if to > from => sole_carrier(&bells.carried, from, to),
+                _ => {
+                    // A first look, or a count that went back (the file restored under us):
+                    // no note can be trusted to name a group any more.
+                    bells.carried.clear();
+                    None
+                }
+            };
+            bells.carried.retain(|(count, _)| *count > to);
+            bells.bells_to_ring(quiet)
+        };
+        ring(to_ring);
     }
 
     /// Ring every doorbell (the watcher could not tell what was written).
     pub(crate) fn ring_all(&self) {
-        ring(&mut self.bells().bells, None);
+        let to_ring = self.bells().bells_to_ring(None);
+        ring(to_ring);
     }
 }
 
-/// The one carrier noted for every group of `(from, to]`, if there is one.
+impl Bells {
+    /// Every doorbell but `quiet`'s, forgetting those nobody holds any more.
+    fn bells_to_ring(&mut self, quiet: Option<u64>) -> Vec<Arc<watch::Sender<u64>>> {
+        self.bells.retain(|(_, bell)| bell.receiver_count() > 0);
+        self.bells
+            .iter()
+            .filter(|(carrier, _)| Some(*carrier) != quiet)
+            .map(|(_, bell)| Arc::clone(bell))
+            .collect()
+    }
+}
+
+/// The one carrier noted for every group of `(from, to]`, if there is one: the notes of that
+/// range must be exactly `from + 1 ..= to`, in order (they are noted in commit order), all of
+/// one carrier.
 fn sole_carrier(carried: &VecDeque<(i64, u64)>, from: i64, to: i64) -> Option<u64> {
     let mut sole = None;
-    let mut noted = 0;
+    let mut next = from + 1;
     for &(count, carrier) in carried {
         if count <= from || count > to {
             continue;
         }
-        if sole.is_some_and(|sole| sole != carrier) {
+        if count != next || sole.is_some_and(|sole| sole != carrier) {
             return None;
         }
         sole = Some(carrier);
-        noted += 1;
+        next += 1;
     }
-    sole.filter(|_| noted == to - from)
+    sole.filter(|_| next == to + 1)
 }
 
-/// Ring every doorbell but `quiet`'s, forgetting those nobody holds any more.
-fn ring(bells: &mut Vec<(u64, watch::Sender<u64>)>, quiet: Option<u64>) {
-    bells.retain(|(_, bell)| bell.receiver_count() > 0);
-    for (carrier, bell) in bells.iter() {
-        if Some(*carrier) != quiet {
-            bell.send_modify(|rings| *rings += 1);
-        }
+/// Ring `bells`.
+fn ring(bells: Vec<Arc<watch::Sender<u64>>>) {
+    for bell in bells {
+        bell.send_modify(|rings| *rings += 1);
     }
 }
 
@@ -191,6 +213,16 @@ mod tests {
         bells.moved(Some(6), 7);
         assert!(rung(&mut first), "not the carrier of 7");
         assert!(!rung(&mut second));
+        assert!(bells.bells().carried.is_empty());
+
+        // A count that went back (the file restored under us) rings everyone and forgets the
+        // notes, so a stale note never speaks for a group of the new counting.
+        bells.carried(9, 1);
+        bells.moved(Some(7), 5);
+        assert!(rung(&mut first) && rung(&mut second));
+        bells.carried(6, 2);
+        bells.moved(Some(5), 7);
+        assert!(rung(&mut first) && rung(&mut second), "7 was never noted");
         assert!(bells.bells().carried.is_empty());
 
         // A doorbell nobody holds is forgotten; a new one made again for its carrier.

@@ -1590,18 +1590,22 @@ fn the_commit_doorbell_rings_for_journal_commits_its_subscription_did_not_carry(
             "activity writes rang the journal's doorbell"
         );
 
-        // This handle's appends, which its subscription carries: no ring.
+        // This handle's appends, which its subscription carries: no ring, each seen by the
+        // watcher on its own. (One may ring once, for nothing, if the watcher looks between
+        // its commit and the writer's note of it: a preempted writer thread, under load.)
         let mut carried = ours.subscribe();
+        let rings_before = *bell.borrow_and_update();
         for at in 0..5 {
             ours.append(input("mine", at, "note", json!({"text": "hi"})))
                 .await
                 .expect("append");
-            tokio::time::sleep(watcher_period / 2).await;
+            tokio::time::sleep(watcher_period * 2).await;
         }
-        tokio::time::sleep(watcher_period * 4).await;
+        tokio::time::sleep(watcher_period * 2).await;
+        let rings = *bell.borrow_and_update() - rings_before;
         assert!(
-            !bell.has_changed().expect("the watcher lives"),
-            "this handle's own appends rang its doorbell"
+            rings <= 1,
+            "this handle's own appends rang its doorbell {rings} times"
         );
         assert_eq!(carried.try_recv().expect("carried").event.seq, 0);
 

@@ -44,7 +44,8 @@ pub struct CommittedEvent {
 /// Rings (its value grows) after commits that a [`JournalSubscription`] does not carry:
 /// compactions, prunes, and other processes' or instances' appends (within 250 ms of their
 /// commit: SQLite polls `data_version` and a count of journal commits, a network backend would
-/// `LISTEN`). It need not ring after the appends the same handle's subscription carried, nor
+/// `LISTEN`; on SQLite, a process of a flightlog older than that count moves nothing, and its
+/// journal writes are seen by a reader's own periodic recheck). It need not ring after the appends the same handle's subscription carried, nor
 /// after commits that wrote no journal entry (activity writes), so a reader that wants this
 /// handle's appends subscribes; it may ring for nothing (a look that finds nothing new). A live
 /// reader re-reads its engagement
