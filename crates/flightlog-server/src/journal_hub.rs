@@ -63,6 +63,9 @@ struct HubShared {
     routes: Mutex<Followed<Route>>,
     /// Counts the times the routing task fell behind the journal's channel.
     missed: watch::Sender<u64>,
+    /// Looks at the heads so far (tests see that the hub's own appends need none).
+    #[cfg(test)]
+    head_looks: std::sync::atomic::AtomicU64,
 }
 
 struct Route {
@@ -150,6 +153,14 @@ impl JournalHub {
             deaf: true,
             ..JournalHub::default()
         }
+    }
+
+    /// How many times the task read the followed engagements' heads.
+    #[cfg(test)]
+    pub(crate) fn head_looks(&self) -> u64 {
+        self.shared
+            .head_looks
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many engagements have a route (tests see routes freed).
@@ -245,6 +256,9 @@ impl HubShared {
         if ids.is_empty() {
             return;
         }
+        #[cfg(test)]
+        self.head_looks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let heads = journal.heads(&ids).await;
         let mut routes = self.routes();
         match heads {
@@ -460,6 +474,40 @@ mod tests {
         assert!(at > 20, "{at} appends");
         let woken = tokio::time::timeout(Duration::from_millis(200), follower.recv()).await;
         assert!(woken.is_err(), "woken for nothing: {woken:?}");
+    }
+
+    /// The hub's own journal handle's appends, which its subscription routes, ring no doorbell,
+    /// so the hub reads no head for them (it read every followed head up to 25 times a second
+    /// while they came); another handle's append makes it look.
+    #[tokio::test]
+    async fn the_hubs_own_appends_need_no_look_at_the_heads() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (journal, other) = two_handles(dir.path());
+        let hub = JournalHub::default();
+        let mut follower = hub.subscribe(&journal, "a");
+        // The watcher's first look learns the count (and may ring for it).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let looks_before = hub.head_looks();
+        for at in 0..10 {
+            append(journal.as_ref(), "a", at).await;
+            append(journal.as_ref(), "b", at).await;
+            assert_eq!(next_event(&mut follower).await, at);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // One look may come for nothing: the watcher looked between a commit and its note.
+        let looks = hub.head_looks() - looks_before;
+        assert!(
+            looks <= 1,
+            "{looks} looks at the heads for the hub's own appends"
+        );
+
+        append(other.as_ref(), "a", 10).await;
+        assert!(
+            matches!(next(&mut follower).await, Delivery::Missed),
+            "another handle's append is read from the store"
+        );
+        assert!(hub.head_looks() > looks_before + looks);
     }
 
     /// An append through another handle (another instance) is on no subscription here; the
