@@ -5,8 +5,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flightlog_core::activity::{ActivityStore, SpanKind, SpanOrigin, StartSpanInput};
+use flightlog_core::journal::{EngagementJournal, RetentionConfig};
 use flightlog_core::ManualClock;
-use flightlog_sqlite::{SqliteActivityStore, SqliteConfig, SqliteDatabase};
+use flightlog_sqlite::{
+    SqliteActivityStore, SqliteConfig, SqliteDatabase, SqliteEngagementJournal,
+};
 
 fn root(span_id: &str) -> StartSpanInput {
     StartSpanInput {
@@ -105,4 +108,59 @@ async fn a_group_that_ends_with_a_prune_still_rings_its_changes() {
         let newest = store.latest_change_cursor().await.unwrap();
         assert_eq!(*bell.borrow(), newest, "round {round}");
     }
+}
+
+/// The journal's commit doorbell does not ring for activity writes, this process's or another's:
+/// it rang for every commit, and the engagement streams' hub then read the head of every
+/// engagement it followed at each ring, so 3,000 idle engagement streams cost a sixth of a core
+/// while only activity was written (an audit's finding).
+#[tokio::test(flavor = "multi_thread")]
+async fn activity_writes_ring_no_journal_doorbell() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("quiet.db");
+    let clock = Arc::new(ManualClock::new(1_000));
+    let ours_db = SqliteDatabase::open(SqliteConfig::new(&path)).unwrap();
+    let ours = SqliteActivityStore::with_identity(Arc::clone(&ours_db), clock.clone(), "ours");
+    let journal = SqliteEngagementJournal::new(ours_db, RetentionConfig::default());
+    // A second database handle has its own writer and connections, as another process would.
+    let theirs = SqliteActivityStore::with_identity(
+        SqliteDatabase::open(SqliteConfig::new(&path)).unwrap(),
+        clock,
+        "theirs",
+    );
+    let watcher_period = Duration::from_millis(40);
+    let mut bell = journal.commit_doorbell();
+    // The watcher's first look learns where the journal's count stands (and may ring for it).
+    tokio::time::sleep(watcher_period * 4).await;
+    bell.borrow_and_update();
+    for index in 0..20 {
+        ours.start_span(root(&format!("ours-{index}")))
+            .await
+            .unwrap();
+        theirs
+            .start_span(root(&format!("theirs-{index}")))
+            .await
+            .unwrap();
+        tokio::time::sleep(watcher_period / 2).await;
+    }
+    tokio::time::sleep(watcher_period * 4).await;
+    assert!(
+        !bell.has_changed().unwrap(),
+        "activity writes rang the journal's doorbell"
+    );
+    // A journal write of the other process does.
+    let their_journal = SqliteEngagementJournal::new(
+        SqliteDatabase::open(SqliteConfig::new(&path)).unwrap(),
+        RetentionConfig::default(),
+    );
+    their_journal
+        .append_json(serde_json::json!({
+            "engagementId": "e", "at": 1, "type": "note", "data": {}
+        }))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(2), bell.changed())
+        .await
+        .expect("another process's append rang")
+        .unwrap();
 }
