@@ -1436,6 +1436,20 @@ mod tests {
         }
     }
 
+    /// The run stream of `run_id` from where `snapshot` (of that run) left it, woken by `hub`.
+    fn feed_after_snapshot(
+        store: &Arc<dyn ActivityStore>,
+        snapshot: &flightlog_core::activity::RunSnapshot,
+        run_id: &str,
+        hub: &RunHub,
+    ) -> ChangeFeed {
+        let follow = RunFilter {
+            run_id: run_id.into(),
+            above_seq: Some(snapshot.high_water_seq),
+        };
+        ChangeFeed::for_run(Arc::clone(store), snapshot.change_cursor, follow, hub)
+    }
+
     /// A SQLite activity store in `dir` on a manual clock at 1,000, acting as writer `w`, with
     /// run `run_id` of one root span, and the run's snapshot.
     async fn store_with_a_run(
@@ -1706,13 +1720,8 @@ mod tests {
         };
         assert!(store.patch_span("z-root", patch).await.expect("patch z"));
 
-        let follow = RunFilter {
-            run_id: "z".into(),
-            above_seq: Some(snapshot.high_water_seq),
-        };
         let hub = RunHub::default();
-        let mut run_feed =
-            ChangeFeed::for_run(Arc::clone(&store), snapshot.change_cursor, follow, &hub);
+        let mut run_feed = feed_after_snapshot(&store, &snapshot, "z", &hub);
         let next = tokio::time::timeout(Duration::from_secs(5), run_feed.next_change())
             .await
             .expect("within 5 s");
@@ -1739,13 +1748,8 @@ mod tests {
     async fn a_run_stream_on_a_quiet_run_reads_no_other_runs_changes() {
         let dir = tempfile::tempdir().expect("temp dir");
         let (store, snapshot) = store_with_a_run(dir.path(), "quiet-root", "quiet").await;
-        let follow = RunFilter {
-            run_id: "quiet".into(),
-            above_seq: Some(snapshot.high_water_seq),
-        };
         let hub = RunHub::default();
-        let mut feed =
-            ChangeFeed::for_run(Arc::clone(&store), snapshot.change_cursor, follow, &hub);
+        let mut feed = feed_after_snapshot(&store, &snapshot, "quiet", &hub);
         for index in 0..20 {
             store
                 .start_span(start(&format!("busy-{index}"), "busy", 1_000))
@@ -1913,13 +1917,8 @@ mod tests {
     async fn a_run_stream_looks_only_when_its_run_may_have_moved() {
         let dir = tempfile::tempdir().expect("temp dir");
         let (store, snapshot) = store_with_a_run(dir.path(), "q-root", "q").await;
-        let follow = RunFilter {
-            run_id: "q".into(),
-            above_seq: Some(snapshot.high_water_seq),
-        };
         let hub = RunHub::default();
-        let mut feed =
-            ChangeFeed::for_run(Arc::clone(&store), snapshot.change_cursor, follow, &hub);
+        let mut feed = feed_after_snapshot(&store, &snapshot, "q", &hub);
         assert_eq!(hub.routes(), 1);
         // The hub's first look wakes every stream (it knows no horizon yet): let it pass.
         store
@@ -2017,13 +2016,8 @@ mod tests {
     async fn a_quiet_run_stream_reads_from_where_its_run_moved() {
         let dir = tempfile::tempdir().expect("temp dir");
         let (store, snapshot) = store_with_a_run(dir.path(), "r-root", "r").await;
-        let follow = RunFilter {
-            run_id: "r".into(),
-            above_seq: Some(snapshot.high_water_seq),
-        };
         let hub = RunHub::default();
-        let mut feed =
-            ChangeFeed::for_run(Arc::clone(&store), snapshot.change_cursor, follow, &hub);
+        let mut feed = feed_after_snapshot(&store, &snapshot, "r", &hub);
         store
             .start_span(start("first-other", "first-other", 1_000))
             .await
