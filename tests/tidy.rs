@@ -1,6 +1,8 @@
 //! Repository habits that a reviewer should not have to check by eye (rust-analyzer's "tidy"
-//! tests): every Rust file starts with a `//!` comment saying why it exists, and no test hides
-//! behind `#[ignore]` (a known failure is asserted as today's behaviour with a FIXME instead).
+//! tests): every Rust file starts with a `//!` comment saying why it exists, no test hides
+//! behind `#[ignore]` (a known failure is asserted as today's behaviour with a FIXME instead),
+//! and every source module is named in `ARCHITECTURE.md`'s code map, so the map cannot fall
+//! behind the code unnoticed (an audit in stop 56 found five modules missing from it).
 //!
 //! It walks the source folders of the workspace (`src`, `tests`, `crates/*/{src,tests,benches}`)
 //! and skips what is not ours (the OpenTelemetry clients' installed packages, build output).
@@ -90,5 +92,45 @@ fn no_test_is_ignored() {
         offenders.is_empty(),
         "`#[ignore]` hides a test; assert today's behaviour with a FIXME instead:\n{}",
         offenders.join("\n")
+    );
+}
+
+/// A source file's path inside its `src` folder (`journal/store.rs`), as the code map names it;
+/// `None` for files outside a `src` folder (tests, benches, examples).
+fn path_inside_src(path: &Path) -> Option<String> {
+    let relative = relative(path);
+    let inside = match relative.strip_prefix("src/") {
+        Some(inside) => inside,
+        None => relative.split_once("/src/")?.1,
+    };
+    Some(inside.to_owned())
+}
+
+#[test]
+fn every_source_module_is_named_in_the_code_map() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let architecture = std::fs::read_to_string(root.join("ARCHITECTURE.md"))
+        .unwrap_or_else(|error| panic!("cannot read ARCHITECTURE.md: {error}"));
+    let sources: Vec<String> = workspace_rust_files()
+        .iter()
+        .filter(|path| !relative(path).starts_with("tests/"))
+        .filter_map(|path| path_inside_src(path))
+        .collect();
+    assert!(
+        sources.len() > 80,
+        "the walk found only {} source files: is it looking in the right place?",
+        sources.len()
+    );
+    // A folder's `mod.rs` is named by its folder, and `tests.rs` files are the unit tests of the
+    // module beside them.
+    let unnamed: Vec<&String> = sources
+        .iter()
+        .filter(|inside| !inside.ends_with("mod.rs") && !inside.ends_with("tests.rs"))
+        .filter(|inside| !architecture.contains(inside.as_str()))
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "these source files are not named (by their path inside `src/`) in ARCHITECTURE.md's \
+         code map; add a line saying what each is for:\n{unnamed:?}"
     );
 }
