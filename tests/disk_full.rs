@@ -63,6 +63,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+#[path = "support/sse.rs"]
+#[allow(dead_code)] // Each test file uses its own part of the shared helpers.
+mod sse;
 #[allow(dead_code)] // Each test file uses its own part of the shared helpers.
 mod support;
 use support::{wait_at_most, ServeProcess, Stopped, LISTENING};
@@ -547,80 +550,20 @@ fn open_change_stream(addr: &str) -> JoinHandle<StreamLog> {
 
 fn read_change_stream(addr: &str, changes: &mut Vec<(i64, Value)>) -> io::Result<()> {
     let socket: SocketAddr = addr.parse().map_err(io::Error::other)?;
-    let stream = TcpStream::connect_timeout(&socket, IO_TIMEOUT)?;
     // The server sends a keep-alive comment at least every 15 s.
-    stream.set_read_timeout(Some(Duration::from_secs(20)))?;
-    let mut reader = BufReader::new(stream);
-    write!(
-        reader.get_mut(),
-        "GET /v1/activity/changes/stream?after=0 HTTP/1.1\r\nHost: {addr}\r\n\
-         Accept: text/event-stream\r\n\r\n"
-    )?;
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    if line.split_whitespace().nth(1) != Some("200") {
-        return Err(io::Error::other(format!("stream answered {line:?}")));
-    }
-    let mut chunked = false;
-    loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 {
-            return Err(io::Error::other("the stream ended in its headers"));
-        }
-        if line.trim().is_empty() {
-            break;
-        }
-        let lower = line.to_ascii_lowercase();
-        if lower.starts_with("transfer-encoding:") && lower.contains("chunked") {
-            chunked = true;
-        }
-    }
-    // Server-sent events: `id:` and `data:` lines, an empty line ends an event.
-    let mut text = String::new();
-    let (mut id, mut data) = (None, String::new());
-    let mut take = |text: &mut String| {
-        while let Some(end) = text.find('\n') {
-            let event_line: String = text.drain(..=end).collect();
-            let event_line = event_line.trim_end_matches(['\n', '\r']);
-            if let Some(value) = event_line.strip_prefix("id:") {
-                id = value.trim().parse::<i64>().ok();
-            } else if let Some(value) = event_line.strip_prefix("data:") {
-                data.push_str(value.trim_start());
-            } else if event_line.is_empty() {
-                if let Some(id) = id.take() {
-                    changes.push((id, serde_json::from_str(&data).unwrap_or(Value::Null)));
-                }
-                data.clear();
+    sse::follow(
+        socket,
+        "/v1/activity/changes/stream?after=0",
+        None,
+        Duration::from_secs(20),
+        |event| {
+            if let Some(id) = event.id.as_deref().and_then(|id| id.parse::<i64>().ok()) {
+                changes.push((id, serde_json::from_str(&event.data).unwrap_or(Value::Null)));
             }
-        }
-    };
-    if !chunked {
-        loop {
-            line.clear();
-            if reader.read_line(&mut line)? == 0 {
-                return Ok(());
-            }
-            text.push_str(&line);
-            take(&mut text);
-        }
-    }
-    loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 {
-            return Err(io::Error::other("the stream was cut off mid-chunk"));
-        }
-        let size_text = line.trim().split(';').next().unwrap_or_default();
-        let size = usize::from_str_radix(size_text, 16).map_err(io::Error::other)?;
-        if size == 0 {
-            return Ok(());
-        }
-        let mut chunk = vec![0; size];
-        reader.read_exact(&mut chunk)?;
-        line.clear();
-        reader.read_line(&mut line)?;
-        text.push_str(&String::from_utf8_lossy(&chunk));
-        take(&mut text);
-    }
+        },
+        &|| false,
+    )
+    .map(|_| ())
 }
 
 /// The stream delivered committed changes only: ids gap-free from 1, each the change the log

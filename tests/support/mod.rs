@@ -1,6 +1,6 @@
 //! The real `flightlog serve` as a child process (and a scratch folder), shared by the root
 //! package's process-level tests (`connections.rs`, `disk_full.rs`, `binary_settings.rs`,
-//! `foreign_lock.rs`, `restart_sweep.rs`, `snapshot_memory.rs`).
+//! `foreign_lock.rs`, `restart_sweep.rs`, `restart_streams.rs`, `snapshot_memory.rs`).
 //!
 //! Why it exists: those tests attack or starve the binary itself (hostile connections, a full
 //! disk), so each needs the same careful start and stop: an environment without inherited
