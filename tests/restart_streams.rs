@@ -36,8 +36,13 @@ use support::{Scratch, ServeProcess};
 
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long each life serves the writers before it is ended.
+/// How long each life serves the writers at least before it is ended (and until every
+/// follower has heard from it, at most [`HEARD_WITHIN`]).
 const LIFE: Duration = Duration::from_millis(900);
+/// How long a life may take to reach every follower (a busy machine is slow, never this slow).
+const HEARD_WITHIN: Duration = Duration::from_secs(30);
+/// The followers: the change stream, the run stream, the engagement stream.
+const FOLLOWERS: usize = 3;
 /// How long the followers may take, after the last write, to reach the end of what is stored.
 const CATCH_UP: Duration = Duration::from_secs(30);
 /// The run the run-stream follower watches: a root span that one writer adds events to.
@@ -75,6 +80,8 @@ struct Shared {
     /// Set once the writers stopped and the file's final state was read: the followers stop
     /// when they have received up to it.
     final_read: AtomicBool,
+    /// The newest life each follower has received an event from.
+    heard: [AtomicI64; FOLLOWERS],
 }
 
 impl Shared {
@@ -84,6 +91,26 @@ impl Shared {
 
     fn serve_at(&self, addr: Option<SocketAddr>) {
         *self.addr.lock().unwrap_or_else(PoisonError::into_inner) = addr;
+    }
+
+    /// Let the life serving now serve for [`LIFE`], and on until every follower has heard from
+    /// it, so that each restart cuts a stream that was carrying events.
+    fn serve_until_heard(&self) {
+        std::thread::sleep(LIFE);
+        let life = self.life.load(Ordering::SeqCst);
+        let started = Instant::now();
+        while self
+            .heard
+            .iter()
+            .any(|heard| heard.load(Ordering::SeqCst) < life)
+        {
+            assert!(
+                started.elapsed() < HEARD_WITHIN,
+                "life {life}: not every follower heard from it within {HEARD_WITHIN:?}: {:?}",
+                self.heard
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
@@ -184,13 +211,14 @@ struct Followed {
 /// follower has everything (looked at only once the file's final state was read).
 fn follower(
     shared: Arc<Shared>,
+    slot: usize,
     path: &'static str,
     first_query: &'static str,
     done: impl Fn(&[(i64, sse::Event)]) -> bool + Send + 'static,
 ) -> JoinHandle<Followed> {
     std::thread::spawn(move || {
         let followed = Mutex::new(Followed::default());
-        let deadline = Instant::now() + 4 * LIFE * 3 + CATCH_UP + START_TIMEOUT;
+        let deadline = Instant::now() + 3 * (LIFE + HEARD_WITHIN + START_TIMEOUT) + CATCH_UP;
         let finished = || {
             shared.final_read.load(Ordering::SeqCst)
                 && done(
@@ -236,6 +264,7 @@ fn follower(
                         followed.connections += 1;
                     }
                     followed.events.push((life, event));
+                    shared.heard[slot].fetch_max(life, Ordering::SeqCst);
                 },
                 &finished,
             );
@@ -326,6 +355,7 @@ fn stream_clients_resume_across_a_crash_and_a_clean_restart_and_miss_nothing() {
         let newest = Arc::clone(&newest_change);
         follower(
             Arc::clone(&shared),
+            0,
             "/v1/activity/changes/stream",
             "?after=0",
             move |events| {
@@ -340,6 +370,7 @@ fn stream_clients_resume_across_a_crash_and_a_clean_restart_and_miss_nothing() {
         let newest = Arc::clone(&watched_seq);
         follower(
             Arc::clone(&shared),
+            1,
             "/v1/activity/runs/watched-run/stream",
             "",
             move |events| {
@@ -358,6 +389,7 @@ fn stream_clients_resume_across_a_crash_and_a_clean_restart_and_miss_nothing() {
         let newest = Arc::clone(&journal_seq);
         follower(
             Arc::clone(&shared),
+            2,
             "/v1/engagements/restarted-engagement/stream",
             "?fromSeq=0",
             move |events| {
@@ -372,7 +404,7 @@ fn stream_clients_resume_across_a_crash_and_a_clean_restart_and_miss_nothing() {
         .collect();
 
     // The first life crashes mid-load, the second stops cleanly, the third serves to the end.
-    std::thread::sleep(LIFE);
+    shared.serve_until_heard();
     shared.serve_at(None);
     server.child.kill().expect("SIGKILL the first life");
     server.child.wait().expect("reap the first life");
@@ -382,7 +414,7 @@ fn stream_clients_resume_across_a_crash_and_a_clean_restart_and_miss_nothing() {
         shared.serve_at(Some(next.addr));
         let output = std::mem::replace(&mut server, next).output();
         assert!(!output.contains("panicked"), "{output}");
-        std::thread::sleep(LIFE);
+        shared.serve_until_heard();
         if !last {
             shared.serve_at(None);
             server.stop_cleanly(STOP_TIMEOUT);
