@@ -411,15 +411,19 @@ impl ConnectionSlots {
             let Ok(open) = self.inner.open.lock() else {
                 return false;
             };
-            open.values()
-                .filter_map(|activity| {
+            // Ties (idle since the same millisecond) go to the connection accepted first, its
+            // id: the map's order is random, and two connections accepted in one burst would
+            // otherwise be asked in either order.
+            open.iter()
+                .filter_map(|(id, activity)| {
                     if activity.is_busy() || activity.evicted.load(Ordering::Relaxed) {
                         return None;
                     }
                     let vouched = activity.vouched();
                     let since = activity.idle_since_ms.load(Ordering::Acquire);
                     let minimum = if vouched { vouched_min_idle } else { min_idle };
-                    (now.saturating_sub(since) >= minimum).then_some(((vouched, since), activity))
+                    (now.saturating_sub(since) >= minimum)
+                        .then_some(((vouched, since, *id), activity))
                 })
                 .min_by_key(|(order, _)| *order)
                 .map(|(_, activity)| Arc::clone(activity))
@@ -561,8 +565,12 @@ mod tests {
 
     #[tokio::test]
     async fn out_of_descriptors_the_idlest_connection_is_asked_and_its_close_awaited() {
-        let slots =
-            ConnectionSlots::with_min_idle(8, Duration::from_millis(10), Duration::from_millis(10));
+        // A minimum a busy machine does not pass between two statements by accident.
+        let slots = ConnectionSlots::with_min_idle(
+            8,
+            Duration::from_millis(1_000),
+            Duration::from_millis(1_000),
+        );
         let busy = slots.acquire().await.expect("a slot");
         let in_flight = busy.activity().begin();
         assert!(
@@ -574,7 +582,7 @@ mod tests {
             !slots.make_room_for_a_descriptor().await,
             "idle for less than the minimum: not asked"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(1_050)).await;
         let making_room = {
             let slots = slots.clone();
             tokio::spawn(async move { slots.make_room_for_a_descriptor().await })
@@ -594,12 +602,36 @@ mod tests {
         drop((in_flight, busy));
     }
 
+    /// Two connections idle since the same millisecond (accepted in one burst) are asked in the
+    /// order they were accepted, not in the random order of the map holding them.
+    #[tokio::test]
+    async fn connections_idle_since_the_same_millisecond_are_asked_in_accept_order() {
+        let slots =
+            ConnectionSlots::with_min_idle(8, Duration::from_millis(0), Duration::from_millis(0));
+        let mut accepted = Vec::new();
+        for _ in 0..6 {
+            accepted.push(slots.acquire().await.expect("a slot"));
+        }
+        for slot in &accepted {
+            slot.activity().idle_since_ms.store(0, Ordering::Release);
+        }
+        for (order, slot) in accepted.iter().enumerate() {
+            assert!(slots.ask_idlest_to_close(), "one to ask");
+            assert!(
+                slot.activity().evicted.load(Ordering::Relaxed),
+                "the connection accepted {order}th was not asked {order}th"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn connections_that_never_showed_a_token_go_first_and_their_requests_are_not_use() {
+        // The vouched minimum is one a busy machine does not pass between two statements by
+        // accident.
         let slots = ConnectionSlots::with_min_idle(
             8,
             Duration::from_millis(10),
-            Duration::from_millis(300),
+            Duration::from_millis(1_500),
         );
         let vouched = slots.acquire().await.expect("a slot");
         let request = vouched.activity().begin();
@@ -621,7 +653,7 @@ mod tests {
             !slots.ask_idlest_to_close(),
             "the vouched one is idle for less than its minimum"
         );
-        tokio::time::sleep(Duration::from_millis(350)).await;
+        tokio::time::sleep(Duration::from_millis(1_550)).await;
         assert!(slots.ask_idlest_to_close(), "now the vouched one");
         assert!(vouched.activity().evicted.load(Ordering::Relaxed));
         assert_eq!(slots.idle_closed(), 2);

@@ -463,15 +463,15 @@ mod tests {
         append(journal.as_ref(), "a", 0).await;
         assert_eq!(next_event(&mut follower).await, 0);
         settle(&mut follower).await;
-        let until = tokio::time::Instant::now() + Duration::from_millis(500);
+        // At least half a second and 30 appends (a busy machine makes each slower): the
+        // watcher looks every 40 ms, so a dozen rings or more go by.
+        let started = tokio::time::Instant::now();
         let mut at = 0;
-        while tokio::time::Instant::now() < until {
+        while at < 30 || started.elapsed() < Duration::from_millis(500) {
             append(other.as_ref(), "b", at).await;
             at += 1;
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        // The watcher looks every 40 ms: a dozen rings or more went by.
-        assert!(at > 20, "{at} appends");
         let woken = tokio::time::timeout(Duration::from_millis(200), follower.recv()).await;
         assert!(woken.is_err(), "woken for nothing: {woken:?}");
     }
@@ -485,8 +485,13 @@ mod tests {
         let (journal, other) = two_handles(dir.path());
         let hub = JournalHub::default();
         let mut follower = hub.subscribe(&journal, "a");
-        // The watcher's first look learns the count (and may ring for it).
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The watcher's first look learns the count and rings for it (unless it came before the
+        // hub heard the doorbell): wait for the hub's look at it, not a fixed time a busy
+        // machine may overrun.
+        let first_look = tokio::time::Instant::now();
+        while hub.head_looks() == 0 && first_look.elapsed() < Duration::from_secs(2) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let looks_before = hub.head_looks();
         for at in 0..10 {
             append(journal.as_ref(), "a", at).await;
@@ -495,10 +500,12 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-        // One look may come for nothing: the watcher looked between a commit and its note.
+        // A look may come for nothing when the watcher looks between a commit and its note (a
+        // writer thread preempted there, under load); with the doorbell ringing for every
+        // journal group there were 10.
         let looks = hub.head_looks() - looks_before;
         assert!(
-            looks <= 1,
+            looks <= 3,
             "{looks} looks at the heads for the hub's own appends"
         );
 

@@ -130,8 +130,10 @@ async fn activity_writes_ring_no_journal_doorbell() {
     );
     let watcher_period = Duration::from_millis(40);
     let mut bell = journal.commit_doorbell();
-    // The watcher's first look learns where the journal's count stands (and may ring for it).
-    tokio::time::sleep(watcher_period * 4).await;
+    // The watcher's first look learns where the journal's count stands and rings for it (unless
+    // it came before this subscription): wait for that ring rather than a fixed time a busy
+    // machine may overrun.
+    let _ = tokio::time::timeout(Duration::from_secs(5), bell.changed()).await;
     bell.borrow_and_update();
     for index in 0..20 {
         ours.start_span(root(&format!("ours-{index}")))

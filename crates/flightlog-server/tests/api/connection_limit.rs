@@ -99,7 +99,9 @@ async fn idle_connections_of_either_listener_make_room_for_the_other() {
         Some(200),
         "the HTTP client is served once the idle gRPC connection made room"
     );
-    assert!(started.elapsed() < std::time::Duration::from_secs(3));
+    // About 1 – 1.5 s of it is the idle minimum and the recheck; the bound catches a wait for
+    // ever, not a busy machine.
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
 
     // `http` stays open, idle: the next call's new connection makes it close.
     assert_eq!(
