@@ -17,7 +17,6 @@ use http::{request, request_with_head};
 use serde_json::{json, Value};
 use support::{Scratch, ServeProcess};
 
-use support::flightlog_binary as bin;
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Another process in `BEGIN EXCLUSIVE` on the database until [`LockHolder::release`] (or
@@ -74,13 +73,7 @@ impl Drop for LockHolder {
 }
 
 fn serve(folder: &Path, db: &Path, wait_ms: &str) -> ServeProcess {
-    let mut command = Command::new(bin());
-    command
-        .current_dir(folder)
-        .args(["serve", "--db"])
-        .arg(db)
-        .args(["--addr", "127.0.0.1:0", "--grpc-addr", "off"])
-        .args(["--write-lock-wait-ms", wait_ms]);
+    let command = support::serve_command(folder, db, &["--write-lock-wait-ms", wait_ms]);
     ServeProcess::spawn(command, START_TIMEOUT)
 }
 

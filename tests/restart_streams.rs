@@ -24,7 +24,6 @@ mod support;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -53,19 +52,7 @@ const ENGAGEMENT: &str = "restarted-engagement";
 /// `flightlog serve` on `db` at 127.0.0.1:0, always the same instance, so each life's boot
 /// sweep closes what the life before it left open.
 fn serve(folder: &Path, db: &Path) -> ServeProcess {
-    let mut command = Command::new(support::flightlog_binary());
-    command
-        .current_dir(folder)
-        .args(["serve", "--db"])
-        .arg(db)
-        .args([
-            "--addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "off",
-            "--instance",
-            "restarts",
-        ]);
+    let command = support::serve_command(folder, db, &["--instance", "restarts"]);
     ServeProcess::spawn(command, START_TIMEOUT)
 }
 
@@ -207,15 +194,20 @@ struct Followed {
 }
 
 /// Follow `path` across the server's lives: the first connection with `first_query`, each
-/// later one with the `Last-Event-ID` of the last event received, until `done` says the
-/// follower has everything (looked at only once the file's final state was read).
+/// later one with the `Last-Event-ID` of the last event received, until the last event's
+/// `position` reaches `newest` (looked at only once the file's final state was read).
 fn follower(
     shared: Arc<Shared>,
     slot: usize,
-    path: &'static str,
-    first_query: &'static str,
-    done: impl Fn(&[(i64, sse::Event)]) -> bool + Send + 'static,
+    (path, first_query): (&'static str, &'static str),
+    position: fn(&sse::Event) -> Option<i64>,
+    newest: Arc<AtomicI64>,
 ) -> JoinHandle<Followed> {
+    let done = move |events: &[(i64, sse::Event)]| {
+        events
+            .last()
+            .is_some_and(|(_, event)| position(event) >= Some(newest.load(Ordering::SeqCst)))
+    };
     std::thread::spawn(move || {
         let followed = Mutex::new(Followed::default());
         let deadline = Instant::now() + 3 * (LIFE + HEARD_WITHIN + START_TIMEOUT) + CATCH_UP;
@@ -351,54 +343,30 @@ fn stream_clients_resume_across_a_crash_and_a_clean_restart_and_miss_nothing() {
     let newest_change = Arc::new(AtomicI64::new(i64::MAX));
     let watched_seq = Arc::new(AtomicI64::new(i64::MAX));
     let journal_seq = Arc::new(AtomicI64::new(i64::MAX));
-    let changes = {
-        let newest = Arc::clone(&newest_change);
-        follower(
-            Arc::clone(&shared),
-            0,
-            "/v1/activity/changes/stream",
-            "?after=0",
-            move |events| {
-                events.last().is_some_and(|(_, event)| {
-                    event.id.as_deref().and_then(|id| id.parse::<i64>().ok())
-                        >= Some(newest.load(Ordering::SeqCst))
-                })
-            },
-        )
-    };
-    let run = {
-        let newest = Arc::clone(&watched_seq);
-        follower(
-            Arc::clone(&shared),
-            1,
-            "/v1/activity/runs/watched-run/stream",
-            "",
-            move |events| {
-                events.last().is_some_and(|(_, event)| {
-                    let data = data(event);
-                    let seq = match event.kind.as_str() {
-                        "snapshot" => data["highWaterSeq"].as_i64(),
-                        _ => data["seq"].as_i64(),
-                    };
-                    seq >= Some(newest.load(Ordering::SeqCst))
-                })
-            },
-        )
-    };
-    let journal = {
-        let newest = Arc::clone(&journal_seq);
-        follower(
-            Arc::clone(&shared),
-            2,
-            "/v1/engagements/restarted-engagement/stream",
-            "?fromSeq=0",
-            move |events| {
-                events.last().is_some_and(|(_, event)| {
-                    data(event)["seq"].as_i64() >= Some(newest.load(Ordering::SeqCst))
-                })
-            },
-        )
-    };
+    let changes = follower(
+        Arc::clone(&shared),
+        0,
+        ("/v1/activity/changes/stream", "?after=0"),
+        |event| event.id.as_deref().and_then(|id| id.parse::<i64>().ok()),
+        Arc::clone(&newest_change),
+    );
+    let run = follower(
+        Arc::clone(&shared),
+        1,
+        ("/v1/activity/runs/watched-run/stream", ""),
+        |event| match event.kind.as_str() {
+            "snapshot" => data(event)["highWaterSeq"].as_i64(),
+            _ => data(event)["seq"].as_i64(),
+        },
+        Arc::clone(&watched_seq),
+    );
+    let journal = follower(
+        Arc::clone(&shared),
+        2,
+        ("/v1/engagements/restarted-engagement/stream", "?fromSeq=0"),
+        |event| data(event)["seq"].as_i64(),
+        Arc::clone(&journal_seq),
+    );
     let writers: Vec<_> = (0..2)
         .map(|index| writer(index, Arc::clone(&shared)))
         .collect();

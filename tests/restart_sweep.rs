@@ -20,20 +20,12 @@ use http::request;
 use serde_json::{json, Value};
 use support::{Scratch, ServeProcess};
 
-use support::flightlog_binary as bin;
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `flightlog serve` on `db` at 127.0.0.1:0, with `extra` flags.
 fn serve(folder: &Path, db: &Path, extra: &[&str]) -> ServeProcess {
-    let mut command = Command::new(bin());
-    command
-        .current_dir(folder)
-        .args(["serve", "--db"])
-        .arg(db)
-        .args(["--addr", "127.0.0.1:0", "--grpc-addr", "off"])
-        .args(extra);
-    ServeProcess::spawn(command, START_TIMEOUT)
+    ServeProcess::spawn(support::serve_command(folder, db, extra), START_TIMEOUT)
 }
 
 /// Start a span (as `writer` when given) and return the stored row.
@@ -216,18 +208,7 @@ fn a_second_live_server_of_one_instance_is_refused_and_closes_nothing() {
     let link = linked.join("same.db");
     std::os::unix::fs::symlink(&db, &link).expect("make a symbolic link");
     for twin_db in [&db, &link] {
-        let mut twin = Command::new(bin())
-            .current_dir(&scratch.0)
-            .args(["serve", "--db"])
-            .arg(twin_db)
-            .args([
-                "--addr",
-                "127.0.0.1:0",
-                "--grpc-addr",
-                "off",
-                "--instance",
-                "shared",
-            ])
+        let mut twin = support::serve_command(&scratch.0, twin_db, &["--instance", "shared"])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -42,6 +42,19 @@ pub fn flightlog_binary() -> &'static str {
     })
 }
 
+/// `flightlog serve --db db` on 127.0.0.1:0 with no gRPC listener, run in `folder`, with
+/// `extra` flags: the command the process-level tests start a server with.
+pub fn serve_command(folder: &std::path::Path, db: &std::path::Path, extra: &[&str]) -> Command {
+    let mut command = Command::new(flightlog_binary());
+    command
+        .current_dir(folder)
+        .args(["serve", "--db"])
+        .arg(db)
+        .args(["--addr", "127.0.0.1:0", "--grpc-addr", "off"])
+        .args(extra);
+    command
+}
+
 /// A running `flightlog serve`; killed when dropped if it is still running.
 pub struct ServeProcess {
     pub child: Child,
