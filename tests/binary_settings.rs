@@ -562,7 +562,7 @@ fn grpc_on_port_zero_prints_an_address_that_accepts_connections() {
 #[test]
 fn a_short_token_is_warned_about_and_a_long_one_is_not() {
     let dir = tempfile::tempdir().expect("a scratch folder");
-    let server = serve(dir.path(), &["--token", "x"], &[]);
+    let server = serve(dir.path(), &["--grpc-addr", "off", "--token", "x"], &[]);
     let output = stop(server);
     assert!(
         output.contains("warning: 1 token(s) shorter than 16 characters"),
@@ -571,7 +571,12 @@ fn a_short_token_is_warned_about_and_a_long_one_is_not() {
     let dir = tempfile::tempdir().expect("a scratch folder");
     let server = serve(
         dir.path(),
-        &["--token", "0123456789abcdef0123456789abcdef"],
+        &[
+            "--grpc-addr",
+            "off",
+            "--token",
+            "0123456789abcdef0123456789abcdef",
+        ],
         &[],
     );
     let output = stop(server);

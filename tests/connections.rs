@@ -68,6 +68,10 @@ impl Server {
 
     /// [`Server::start`] with more `serve` flags.
     fn start_with(case: &'static str, nofile: Option<u64>, extra: &[&str]) -> Self {
+        // These tests' clients hold up to 500 sockets each, and tests run side by side: the
+        // soft open-file limit of 1024 some machines give leaves too little room, so this
+        // process raises its own toward the hard limit (the server raises its own at start).
+        let _ = rlimit::increase_nofile_limit(8192);
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "flightlog-connections-{}-{}-{case}",

@@ -43,6 +43,16 @@ command -v "$node" >/dev/null || fail "no $node on PATH (Node.js >= 20.6 is need
 command -v "$npm" >/dev/null || fail "no $npm on PATH"
 
 digest() { sha256sum "$@" | sha256sum | cut -c1-64; }
+# A registry's passing hiccup (a reset, a 503) should not fail a CI run: up to three tries, 5
+# and 10 s apart, on top of the clients' own retries.
+with_retries() {
+  local try
+  for try in 1 2 3; do
+    "$@" && return 0
+    [[ $try -lt 3 ]] && { say "try $try of 3 failed: $*; again in $((try * 5)) s"; sleep $((try * 5)); }
+  done
+  return 1
+}
 
 python_version="$("$python" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
 "$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 9) else 1)' \
@@ -64,8 +74,8 @@ else
   rm -rf "$venv"
   "$python" -m venv "$venv" || fail "$python -m venv $venv"
   say "pip install -r tests/otlp-clients/python/requirements.txt"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
-    -r "$here/python/requirements.txt" || fail "pip install into $venv"
+  with_retries "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
+    --retries 10 --timeout 60 -r "$here/python/requirements.txt" || fail "pip install into $venv"
   "$venv/bin/python" -c 'import opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter, opentelemetry.exporter.otlp.proto.grpc.trace_exporter' \
     || fail "the installed Python SDK does not import"
   printf '%s\n' "$python_stamp" >"$venv/.flightlog-stamp"
@@ -80,7 +90,8 @@ if [[ -d "$js/node_modules" && "$(cat "$js/node_modules/.flightlog-stamp" 2>/dev
 else
   if [[ -f "$js/package-lock.json" ]]; then
     say "npm ci in tests/otlp-clients/js ($node $node_version)"
-    (cd "$js" && "$npm" ci --ignore-scripts --no-audit --no-fund --loglevel=error >&2) || fail "npm ci in $js"
+    (cd "$js" && with_retries "$npm" ci --ignore-scripts --no-audit --no-fund --loglevel=error \
+      --fetch-retries=5 >&2) || fail "npm ci in $js"
   else
     say "npm install in tests/otlp-clients/js (no package-lock.json: it will be written; commit it)"
     (cd "$js" && "$npm" install --ignore-scripts --no-audit --no-fund --loglevel=error >&2) || fail "npm install in $js"

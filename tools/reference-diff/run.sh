@@ -79,8 +79,18 @@ if [ -z "${BUN:-}" ]; then
       fi
       if [ ! -x "$BUN" ]; then
         say "installing Bun $BUN_VERSION (@oven/$pkg) into $here/node_modules"
-        npm install --prefix "$here" --no-save --no-package-lock --no-audit --no-fund \
-          "@oven/$pkg@$BUN_VERSION" >&2
+        # Up to three tries (a registry's passing hiccup should not fail a test run).
+        for try in 1 2 3; do
+          if npm install --prefix "$here" --no-save --no-package-lock --no-audit --no-fund \
+            --fetch-retries=5 "@oven/$pkg@$BUN_VERSION" >&2; then
+            break
+          fi
+          if [ "$try" = 3 ]; then
+            say "npm could not fetch Bun $BUN_VERSION (@oven/$pkg); set BUN or put bun on PATH" >&2
+            exit 1
+          fi
+          sleep $((try * 5))
+        done
       fi
     fi
   fi

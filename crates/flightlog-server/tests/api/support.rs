@@ -164,7 +164,12 @@ impl TestServer {
         Self {
             base: format!("http://{addr}"),
             grpc_base,
-            client: reqwest::Client::new(),
+            // No proxy from the environment (a CI reaching the registries through one would
+            // otherwise send these loopback requests to it).
+            client: reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .expect("an HTTP client"),
             clock: manual,
             state,
             db_path,
