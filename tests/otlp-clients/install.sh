@@ -83,8 +83,8 @@ else
 fi
 
 # --- JavaScript ---------------------------------------------------------------------------
-node_major="$("$node" -p 'process.versions.node.split(".")[0]')"
-[[ "$node_major" -ge 20 ]] || fail "node is $node_version; Node.js >= 20.6 is needed"
+node_version_number="$("$node" -p 'process.versions.node.split(".").slice(0, 2).map(Number).reduce((major, minor) => major * 1000 + minor)')"
+[[ "$node_version_number" -ge 20006 ]] || fail "node is $node_version; Node.js >= 20.6 is needed"
 if [[ -d "$js/node_modules" && "$(cat "$js/node_modules/.flightlog-stamp" 2>/dev/null)" == "$(node_stamp)" ]]; then
   say "js node_modules up to date: $js/node_modules"
 else

@@ -315,7 +315,9 @@ fn run_client(client: Client, endpoint: &str, credentials: &Credentials, service
             command
         }
         Client::JsHttpJson => {
-            let mut command = Command::new("node");
+            // The interpreter install.sh installed the packages with (`NODE`, as it reads it).
+            let node = std::env::var_os("NODE").filter(|node| !node.is_empty());
+            let mut command = Command::new(node.as_deref().unwrap_or("node".as_ref()));
             command
                 .current_dir(&clients.js_dir)
                 .arg(clients.js_dir.join("send_trace.mjs"));
