@@ -486,18 +486,20 @@ async fn slow_small_bodies_give_way_to_one_waiting_for_their_budget() {
         );
 
         // Two writes, which fit only once both slow bodies are gone: one of 60 KB whose last
-        // 500 bytes come 300 ms after the rest (faster than 128 KiB/s all the same), and 50 ms
-        // later one of 40 KB. The share one slow body gives back has room for the first, which
-        // holds it while the second waits, so the second slow body gives way too when it is
-        // next looked at (every 100 ms). (With one small write, the second slow body was left
-        // alone once the first gave way and was cut off at 10 s with 408; with two writes of
-        // 40 KB sent whole at once, the first was handled and gave its share back before the
-        // second slow body was looked at, in a CI run under load.)
+        // 500 bytes are held back until both slow bodies gave way (within the 0.7 s its 60 KB
+        // may take at 128 KiB/s while another waits), and 50 ms later one of 40 KB. The share
+        // one slow body gives back has room for the first, which holds it while the second
+        // waits, so the second slow body gives way too when it is next looked at (every
+        // 100 ms). (With one small write, the second slow body was left alone once the first
+        // gave way and was cut off at 10 s with 408; with two writes of 40 KB sent whole at
+        // once, the first was handled and gave its share back before the second slow body was
+        // looked at, in a CI run under load; with the last bytes sent after a fixed 300 ms, the
+        // second write had to be waiting within those 300 ms.)
         let (first, second) = tokio::join!(
-            write_with_a_pause(&addr, span_body("waiting-1", 60_000), 500),
+            write_holding_its_share(&server, span_body("waiting-1", 60_000), 500, 2.0),
             async {
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                post_span(&server, span_body("waiting-2", 40_000)).await
+                post_span_once_room(&server, span_body("waiting-2", 40_000)).await
             }
         );
         assert_eq!(first, 201, "the slow bodies gave way");
@@ -527,24 +529,61 @@ async fn slow_small_bodies_give_way_to_one_waiting_for_their_budget() {
     .expect("the scenario ends within 60 s");
 }
 
-/// `POST /v1/activity/spans` of `body` on a raw connection to `addr`, its last `last` bytes
-/// sent 300 ms after the rest: the answer's status code.
-async fn write_with_a_pause(addr: &str, body: Vec<u8>, last: usize) -> u16 {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
+/// `POST /v1/activity/spans` of `body` on a raw connection, its last `last` bytes held back
+/// until the server counted `refusals` slow bodies refused, or 450 ms after it counted the
+/// first (the share this body took then stands for 0.7 s at 128 KiB/s while another request
+/// waits; see `gate::MIN_BODY_RATE_WHILE_AWAITED`), or 1 s after it was sent if none was (it
+/// then got no room within the half second a body waits for the budget): the answer's status
+/// code. Sent again (at most 3 times) when refused for want of room, as a body is on a busy
+/// machine when the slow bodies are looked at late.
+async fn write_holding_its_share(
+    server: &TestServer,
+    body: Vec<u8>,
+    last: usize,
+    refusals: f64,
+) -> u16 {
+    let addr = server.base.trim_start_matches("http://").to_owned();
     let head = format!(
         "POST /v1/activity/spans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     let (first, rest) = body.split_at(body.len() - last);
-    stream.write_all(head.as_bytes()).await.expect("send head");
-    stream
-        .write_all(first)
-        .await
-        .expect("send most of the body");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stream.write_all(rest).await.expect("send the rest");
-    status_of(&mut stream).await
+    let mut tries = 0;
+    loop {
+        let mut stream = TcpStream::connect(&addr).await.expect("connect");
+        stream.write_all(head.as_bytes()).await.expect("send head");
+        stream
+            .write_all(first)
+            .await
+            .expect("send most of the body");
+        let sent = tokio::time::Instant::now();
+        let mut first_counted = None;
+        loop {
+            let counted = slow_refused(server).await;
+            let now = tokio::time::Instant::now();
+            if counted >= refusals {
+                break;
+            }
+            if counted < 1.0 && now.duration_since(sent) >= Duration::from_secs(1) {
+                // Nothing gave way while this body waited its half second: it was refused.
+                break;
+            }
+            if counted >= 1.0 {
+                let since = *first_counted.get_or_insert(now);
+                if now.duration_since(since) >= Duration::from_millis(450) {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stream.write_all(rest).await.expect("send the rest");
+        let status = status_of(&mut stream).await;
+        tries += 1;
+        if status != 503 || tries == 3 {
+            return status;
+        }
+    }
 }
 
 /// The end of a scenario in which the slow bodies of spans `refused` gave way to the spans
