@@ -128,14 +128,38 @@ struct EngagementAppendBody {
     engagement_id: Option<String>,
 }
 
-/// `expectedSeq` written another way (`expectedseq`, `expected_seq`, `Expected-Seq`).
+/// `expectedSeq` written another way: in another case or with `_` or `-` (`expectedseq`,
+/// `expected_seq`, `Expected-Seq`), or with up to two letters missing, added or changed
+/// (`expectSeq`, `expectedSeqs`, `exceptedSeq`). No member the reference's append keeps or
+/// a writer would mean otherwise (`seq`, `type`, `data`, …) is that close to it.
 fn is_expected_seq_misspelt(key: &str) -> bool {
-    let folded: String = key
+    const GUARD: &str = "expectedseq";
+    if key == "expectedSeq" || key.len() > GUARD.len() + 2 {
+        return false;
+    }
+    let folded: Vec<char> = key
         .chars()
         .filter(|c| !matches!(c, '_' | '-'))
         .map(|c| c.to_ascii_lowercase())
         .collect();
-    folded == "expectedseq" && key != "expectedSeq"
+    let guard: Vec<char> = GUARD.chars().collect();
+    edit_distance(&folded, &guard) <= 2
+}
+
+/// The fewest single-character insertions, deletions and substitutions that turn `from` into
+/// `to` (Levenshtein), for short member names.
+fn edit_distance(from: &[char], to: &[char]) -> usize {
+    let mut previous: Vec<usize> = (0..=to.len()).collect();
+    let mut current = vec![0; to.len() + 1];
+    for (i, from_char) in from.iter().enumerate() {
+        current[0] = i + 1;
+        for (j, to_char) in to.iter().enumerate() {
+            let substitution = previous[j] + usize::from(from_char != to_char);
+            current[j + 1] = substitution.min(previous[j + 1] + 1).min(current[j] + 1);
+        }
+        std::mem::swap(&mut previous, &mut current);
+    }
+    previous[to.len()]
 }
 
 /// An append body's top-level members, each at most once. A JSON object read as a `Value` keeps
@@ -213,7 +237,7 @@ fn append_input(
     // pins it: `"seq": 99, "extra": "dropped"`), unlike every other write body's
     // (ARCHITECTURE, "Deliberate differences"). One exception: a misspelt `expectedSeq` would
     // drop the concurrency check it carries with a 201, so a member that is `expectedSeq` but
-    // for case, `_` or `-` is refused.
+    // for case, `_`, `-` or two letters is refused.
     if let Some(misspelt) = body.keys().find(|key| is_expected_seq_misspelt(key)) {
         return Err(ApiError::invalid(format!(
             "unknown field `{misspelt}` in the append body: the guard is spelt `expectedSeq`; \
@@ -429,6 +453,49 @@ mod tests {
     fn append_text(engagement_id: &str, text: &str) -> Result<AppendInput, ApiError> {
         crate::extract::parse_json::<AppendMembers>(text.as_bytes())
             .and_then(|members| append_input(engagement_id, members))
+    }
+
+    /// A misspelt guard was dropped with a 201 (`expectSeq` too, an audit's finding); the
+    /// members the reference's append drops (a conformance fixture sends `seq` and `extra`)
+    /// are still dropped.
+    #[test]
+    fn a_misspelt_expected_seq_is_refused_and_other_members_are_dropped() {
+        for misspelt in [
+            "expectedseq",
+            "expected_seq",
+            "Expected-Seq",
+            "EXPECTEDSEQ",
+            "expectSeq",
+            "expectedSeqs",
+            "exceptedSeq",
+            "expectedSq",
+            "xpectedSe",
+        ] {
+            let err = append_from("e", json!({"type": "t", "at": 1, "data": {}, misspelt: 3}))
+                .expect_err(misspelt);
+            assert!(
+                err.to_string().contains("the guard is spelt `expectedSeq`"),
+                "{misspelt}: {err}"
+            );
+        }
+        for dropped in [
+            "seq",
+            "extra",
+            "expected",
+            "sequence",
+            "expectedSequence",
+            "nextSeq",
+            "",
+        ] {
+            append_from("e", json!({"type": "t", "at": 1, "data": {}, dropped: 3}))
+                .unwrap_or_else(|err| panic!("{dropped}: {err}"));
+        }
+        let guarded = append_from(
+            "e",
+            json!({"type": "t", "at": 1, "data": {}, "expectedSeq": 3}),
+        )
+        .expect("the guard itself");
+        assert_eq!(guarded.expected_seq(), Some(3));
     }
 
     /// A repeated member was read as its last copy: a repeated `expectedSeq` appended without

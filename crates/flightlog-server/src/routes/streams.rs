@@ -900,7 +900,7 @@ where
     ),
     responses(
         (status = 200, description = "The event stream (`change`, `resync`, `error` events).", content_type = "text/event-stream", body = String),
-        (status = 400, description = "A bad `after` or `Last-Event-ID`.", body = ErrorBody),
+        (status = 400, description = "A bad `after` or `Last-Event-ID`: not a change id, or above the newest change id this database has given out (an id of another database, or of this one before a restore from a backup).", body = ErrorBody),
         (status = 503, description = STORE_LOST, body = ErrorBody),
     ),
 )]
@@ -950,7 +950,7 @@ async fn change_stream(
     ),
     responses(
         (status = 200, description = "The event stream (`snapshot`, `change`, `resync`, `error` events).", content_type = "text/event-stream", body = String),
-        (status = 400, description = "A bad id or `Last-Event-ID`.", body = ErrorBody),
+        (status = 400, description = "A bad id or `Last-Event-ID`: not a change id, or above the newest change id this database has given out (an id of another database, or of this one before a restore from a backup).", body = ErrorBody),
         (status = 404, description = "The run has no spans (unknown, or its detail pruned), and no `Last-Event-ID` was given.", body = ErrorBody),
         (status = 503, description = RUN_STREAM_BUSY_OR_STORE_LOST, body = ErrorBody),
     ),

@@ -939,6 +939,7 @@ async fn journal_appends_reads_views_compaction_listing_and_pruning() {
         // conflict). Other unknown members are dropped, as the reference drops them.
         json!({"type": "t", "at": 1, "data": {}, "expectedseq": 1}),
         json!({"type": "t", "at": 1, "data": {}, "expected_seq": 1}),
+        json!({"type": "t", "at": 1, "data": {}, "expectSeq": 1}),
         json!("text"),
     ] {
         server
