@@ -209,6 +209,7 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
             ""
         }
     );
+    say!("flightlog: {}", settings.describe_storage());
     let auth = &settings.server.auth;
     if auth.is_enabled() {
         say!(

@@ -856,6 +856,7 @@ fn a_non_loopback_address_without_a_token_is_refused_with_how_to_allow_it() {
         "127.0.0.1:",
         "--allow-unauthenticated-non-loopback",
         "FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBACK=true",
+        "`allow_unauthenticated_non_loopback = true` in the config file",
     ];
     for addr in ["0.0.0.0:0", "[::]:0"] {
         // The message names the address itself (not where it came from) and how to allow it.

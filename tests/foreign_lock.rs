@@ -112,6 +112,14 @@ fn writes_get_503_while_another_process_holds_the_lock_and_succeed_after() {
     assert_eq!(body["error"]["code"], "unavailable", "{body}");
     let message = body["error"]["message"].as_str().unwrap_or("");
     assert!(message.contains("write lock"), "{message}");
+    // And how to wait longer, from every source of the setting.
+    for source in [
+        "--write-lock-wait-ms",
+        "FLIGHTLOG_WRITE_LOCK_WAIT_MS",
+        "`write_lock_wait_ms` in the config file",
+    ] {
+        assert!(message.contains(source), "{source}: {message}");
+    }
     // Journal appends meet the same limit; reads are not held up at all.
     let (status, body) = request(
         server.addr,

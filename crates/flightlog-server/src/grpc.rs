@@ -245,7 +245,7 @@ async fn entries_within_budget(
         |error| match error {
             // A message that tonic would inflate only in part.
             OtlpError::Malformed { .. } => Status::invalid_argument(error.to_string()),
-            _ => Status::resource_exhausted(error.to_string()),
+            _ => Status::resource_exhausted(crate::routes::otlp::otlp_error_message(&error)),
         },
     )?;
     if found.inflated_bytes > 0 {

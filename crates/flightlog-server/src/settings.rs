@@ -347,7 +347,8 @@ unless --allow-unauthenticated-non-loopback says so on purpose (e.g. behind an a
 proxy).
 
 Exit status: 0 after a clean stop (Ctrl-C, SIGTERM or SIGHUP); 1 when a setting is refused or the
-server cannot start, or fails while running; 2 for a command line it cannot read.";
+server cannot start, fails while running, or is stopped at once by a second stop signal; 2 for a
+command line it cannot read.";
 
 /// What `flightlog serve` got on its command line, still as text: parsing happens in
 /// [`resolve`], so a bad flag value gets the same message as a bad variable or file entry.
@@ -469,6 +470,49 @@ pub struct ServeSettings {
     pub maintenance: MaintenanceSettings,
     /// The config file read, if any.
     pub config_file: Option<PathBuf>,
+}
+
+impl ServeSettings {
+    /// The settings that shape what is kept and refused, as the start-up line says them, so an
+    /// operator sees that `--durability full` (or a body limit, a journal's cap) took effect
+    /// without reading `/metrics` or counting fsyncs (an audit's finding).
+    pub fn describe_storage(&self) -> String {
+        let durability = match self.durability {
+            Durability::Normal => "normal (commits survive a crash of this process)",
+            Durability::Full => "full (commits survive power loss)",
+        };
+        format!(
+            "durability {durability}; request bodies up to {}; journals of up to {} events \
+             each; a write waits up to {} for another process's write lock",
+            describe_bytes(self.server.body_limit),
+            self.retention.max_events_per_engagement,
+            describe_duration(self.write_lock_wait)
+        )
+    }
+}
+
+/// `bytes` in the largest unit that writes it whole (`8 MiB`, `1536 KiB`, `1000 bytes`).
+fn describe_bytes(bytes: usize) -> String {
+    const KIB: usize = 1 << 10;
+    const MIB: usize = 1 << 20;
+    const GIB: usize = 1 << 30;
+    match bytes {
+        0 => "0 bytes".to_owned(),
+        _ if bytes.is_multiple_of(GIB) => format!("{} GiB", bytes / GIB),
+        _ if bytes.is_multiple_of(MIB) => format!("{} MiB", bytes / MIB),
+        _ if bytes.is_multiple_of(KIB) => format!("{} KiB", bytes / KIB),
+        _ => format!("{bytes} bytes"),
+    }
+}
+
+/// `duration` in whole seconds when it is, else in milliseconds (`10 s`, `250 ms`).
+fn describe_duration(duration: Duration) -> String {
+    let millis = duration.as_millis();
+    if millis.is_multiple_of(1000) {
+        format!("{} s", millis / 1000)
+    } else {
+        format!("{millis} ms")
+    }
 }
 
 /// The scheduled maintenance as configured (see [`crate::maintenance`]).
@@ -600,7 +644,8 @@ pub enum SettingsError {
          [[tokens]] in the config file), or listen on a loopback address such as \
          127.0.0.1:{port}, or, if something in front of this server does the \
          authentication, allow it on purpose with --allow-unauthenticated-non-loopback \
-         (or FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBACK=true)",
+         (or FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBACK=true, or \
+         `allow_unauthenticated_non_loopback = true` in the config file)",
         port = .addr.port()
     )]
     UnauthenticatedNonLoopback {

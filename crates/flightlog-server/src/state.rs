@@ -89,15 +89,16 @@ impl ServerConfig {
     /// the server to about 170 MiB of RSS (`bench/big_heads.py`).
     pub const DEFAULT_MAX_CONNECTIONS: usize = 4_096;
 
-    /// The most live streams open at once: three quarters of [`Self::max_connections`] (at
-    /// least one). A live stream keeps its connection busy for as long as its client follows,
+    /// The most live streams open at once: three quarters of [`Self::max_connections`],
+    /// rounded down (none at a limit of 1: with "at least one", one stream took the only
+    /// connection and every write waited until it ended; an audit's finding). A live stream keeps its connection busy for as long as its client follows,
     /// so it is never closed to make room (see [`crate::connection_limit`]); without this cap,
     /// dashboards alone could take every connection, and every write, `/healthz` and new
     /// stream waited unanswered (an audit's finding: 20 streams against `--max-connections 20`
     /// held an ingest request 45 s). Past it, a stream request is answered `503` with
     /// `Retry-After`, and the last quarter stays for writes.
     pub fn stream_limit(&self) -> usize {
-        (self.max_connections.saturating_mul(3) / 4).max(1)
+        self.max_connections.saturating_mul(3) / 4
     }
 }
 
@@ -297,12 +298,20 @@ impl AppState {
             })
             .is_err()
         {
+            let connections = self.shared.config.max_connections;
+            if limit == 0 {
+                return Err(crate::ApiError::Unavailable(format!(
+                    "this server serves no live streams: its connection limit, \
+                     --max-connections {connections}, leaves its one connection to writes \
+                     (streams take at most three quarters of the limit); start the server with \
+                     --max-connections 2 or more"
+                )));
+            }
             return Err(crate::ApiError::Unavailable(format!(
                 "{limit} live streams are open, the most this server serves at once (three \
-                 quarters of its connection limit, --max-connections {}, so that writes always \
-                 find a connection); retry later, or start the server with a higher \
-                 --max-connections",
-                self.shared.config.max_connections
+                 quarters of its connection limit, --max-connections {connections}, so that \
+                 writes always find a connection); retry later, or start the server with a \
+                 higher --max-connections"
             )));
         }
         Ok(StreamPlace(Arc::clone(open)))

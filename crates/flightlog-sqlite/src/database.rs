@@ -2601,7 +2601,8 @@ impl GroupCommitWriter {
                             "another process holds the database's write lock; the writer \
                              waited {:.1} s for it with this write (after any wait for its turn \
                              in the queue), the most it waits ({} ms; `flightlog serve \
-                             --write-lock-wait-ms` sets it)",
+                             --write-lock-wait-ms`, FLIGHTLOG_WRITE_LOCK_WAIT_MS or \
+                             `write_lock_wait_ms` in the config file sets it)",
                             waited.as_secs_f64(),
                             self.lock_retry_budget.as_millis()
                         )));

@@ -119,8 +119,22 @@ fn protobuf_failure(error: &ApiError, code: GrpcCode) -> Response {
     response
 }
 
+/// What an OTLP decoding error says to the client: the library's words, and for a body that
+/// inflates past the limit how to fit (that 413 named no fix, where every other one names the
+/// setting; an audit's finding).
+pub(crate) fn otlp_error_message(error: &OtlpError) -> String {
+    match error {
+        OtlpError::TooLarge { .. } => format!(
+            "{error}: split the export into smaller requests, or start the server with a higher \
+             --body-limit (FLIGHTLOG_BODY_LIMIT or `body_limit` in the config file), which \
+             raises this limit too once it is the larger (64 MiB by default)"
+        ),
+        _ => error.to_string(),
+    }
+}
+
 fn decode_failure(headers: &HeaderMap, error: &OtlpError) -> Response {
-    let message = error.to_string();
+    let message = otlp_error_message(error);
     let api_error = match error {
         OtlpError::UnsupportedContentType { .. } | OtlpError::UnsupportedContentEncoding { .. } => {
             ApiError::UnsupportedMediaType(message)

@@ -60,7 +60,8 @@ const KEEP_ALIVE: Duration = Duration::from_secs(10);
 
 /// A stream's 503, as the OpenAPI document describes it.
 const STORE_LOST: &str = "As many live streams are open as the server serves at once (three \
-     quarters of `--max-connections`, so writes always find a connection; carries \
+     quarters of `--max-connections` rounded down, none at 1, so writes always find a \
+     connection; carries \
      `Retry-After`); or the store cannot serve a live stream: its database file was deleted or \
      replaced while the server ran (the message says which; `/healthz` says the same). An open \
      stream ends with an `error` event within a few seconds of it.";

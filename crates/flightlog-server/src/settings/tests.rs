@@ -1086,3 +1086,36 @@ fn an_unknown_config_key_says_what_was_meant() {
         .to_string();
     assert!(!err.contains("did you mean"), "{err}");
 }
+
+/// The start-up line names durability, the body limit, the journal's cap and the write-lock
+/// wait as they were resolved, from whichever source.
+#[test]
+fn the_storage_settings_are_described_as_resolved() {
+    let defaults = resolve_with_file(&ServeFlags::default(), &env(&[]), None).expect("defaults");
+    assert_eq!(
+        defaults.describe_storage(),
+        "durability normal (commits survive a crash of this process); request bodies up to \
+         8 MiB; journals of up to 10000 events each; a write waits up to 10 s for another \
+         process's write lock"
+    );
+    let chosen = resolve_with_file(
+        &ServeFlags {
+            durability: Some("full".into()),
+            body_limit: Some("1536KiB".into()),
+            ..ServeFlags::default()
+        },
+        &env(&[
+            ("FLIGHTLOG_JOURNAL_MAX_EVENTS", "50"),
+            ("FLIGHTLOG_WRITE_LOCK_WAIT_MS", "250"),
+        ]),
+        None,
+    )
+    .expect("valid settings");
+    assert_eq!(
+        chosen.describe_storage(),
+        "durability full (commits survive power loss); request bodies up to 1536 KiB; journals \
+         of up to 50 events each; a write waits up to 250 ms for another process's write lock"
+    );
+    assert_eq!(describe_bytes(1000), "1000 bytes");
+    assert_eq!(describe_bytes(2 << 30), "2 GiB");
+}

@@ -684,6 +684,7 @@ fn serving_without_tokens_is_refused_on_non_loopback_addresses_unless_allowed() 
             &address.to_string(),
             "--allow-unauthenticated-non-loopback",
             "FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBACK=true",
+            "`allow_unauthenticated_non_loopback = true` in the config file",
             "--token",
             "FLIGHTLOG_TOKENS",
             "127.0.0.1:4318",

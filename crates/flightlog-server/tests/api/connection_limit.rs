@@ -197,3 +197,46 @@ async fn live_streams_leave_a_quarter_of_the_connections_to_writes() {
     drop(streams);
     server.stop().await;
 }
+
+/// At `--max-connections 1` the one connection is left to writes: a stream is refused at once
+/// with `503` and a message saying what to change. (Three quarters of 1 was raised to one
+/// stream, which took the only connection: a write and `/healthz` got no answer until the
+/// stream ended; an audit's finding.)
+#[tokio::test]
+async fn a_limit_of_one_connection_serves_no_live_stream() {
+    let server = TestServer::start_with(Options {
+        config: ServerConfig {
+            max_connections: 1,
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    for path in [
+        "/v1/activity/changes/stream",
+        "/v1/activity/runs/r1/stream",
+        "/v1/engagements/e1/stream",
+    ] {
+        let refused = server
+            .client
+            .get(format!("{}{path}", server.base))
+            .send()
+            .await
+            .expect("stream request");
+        assert_eq!(refused.status().as_u16(), 503, "{path}");
+        assert!(refused.headers().contains_key("retry-after"), "{path}");
+        let body: serde_json::Value = refused.json().await.expect("an error body");
+        assert_eq!(body["error"]["code"], "unavailable", "{path}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("--max-connections 2 or more"), "{message}");
+    }
+    let start = serde_json::json!({
+        "spanId": "s1", "runId": "r1", "name": "turn", "kind": "turn", "origin": "session",
+    });
+    server
+        .post("/v1/activity/spans", &start)
+        .await
+        .assert_status(201);
+    server.get("/healthz").await.assert_status(200);
+    server.stop().await;
+}

@@ -3282,6 +3282,10 @@ async fn assert_protobuf_413(response: reqwest::Response, limit: usize) {
         status.message.contains(&limit.to_string()),
         "the message names the limit that was exceeded ({limit}): {status:?}"
     );
+    assert!(
+        status.message.contains("--body-limit"),
+        "the message says how to fit: {status:?}"
+    );
 }
 
 /// Regression (found by the fuzzing, fixed): `POST /v1/traces` with `Content-Type: application/x-protobuf`,
