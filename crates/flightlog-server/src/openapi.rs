@@ -87,7 +87,11 @@ pub const BEARER: &str = "bearerAuth";
             events, a change log and rollups) and engagement journals (append-only event streams \
             per multi-agent engagement). Field names are camelCase, times are integer epoch \
             milliseconds, a field the reference leaves undefined is absent and `null` stays \
-            `null`. Every error answer is `{\"error\": {\"code\", \"message\"}}`.\n\n\
+            `null`. Every error answer is `{\"error\": {\"code\", \"message\"}}`. A JSON \
+            value the server keeps (span `attrs`, an event's `payload`, a journal event's \
+            `data`) nests at most 64 levels deep (400 `invalid_request` naming the path \
+            beyond), so that every later read holding it stays within the depth JSON parsers \
+            accept (serde_json's is 128).\n\n\
             When the server has tokens configured, every request but `GET /healthz` needs \
             `Authorization: Bearer <token>` with the scope each operation's security \
             requirement names (`read`, `ingest` or `admin`); HTTP Basic auth with the token as \
