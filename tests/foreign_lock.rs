@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use http::{request, request_with_head};
+use http::{metric_sample, request, request_with_head};
 use serde_json::{json, Value};
 use support::{Scratch, ServeProcess};
 
@@ -261,4 +261,99 @@ fn a_write_behind_a_foreign_lock_is_answered_when_the_server_stops() {
         "{body}"
     );
     assert!(took < Duration::from_secs(5), "answered after {took:?}");
+}
+
+/// A write whose client goes away before its answer keeps its slot of the write limit (and its
+/// share of the budget of bodies) until the store has answered it, and is counted. With
+/// `--max-inflight-writes 1` and the store waiting for another process's lock, writes whose
+/// clients each closed 0.1 s after sending left no write in flight and every one of them in
+/// the store's queue, each holding its body: 40 such writes of 1 MiB took the server from 30
+/// to 174 MB of RSS while `/metrics` said it was idle (an audit's finding).
+#[test]
+fn a_write_whose_client_went_away_holds_its_slot_until_the_store_answers() {
+    let scratch = Scratch::new("foreign-lock", "abandoned");
+    let db = scratch.0.join("flightlog.db");
+    let mut server = ServeProcess::spawn(
+        support::serve_command(
+            &scratch.0,
+            &db,
+            &[
+                "--write-lock-wait-ms",
+                "20000",
+                "--max-inflight-writes",
+                "1",
+            ],
+        ),
+        START_TIMEOUT,
+    );
+    let (status, _) = request(
+        server.addr,
+        "POST",
+        "/v1/activity/spans",
+        None,
+        Some(span("before")),
+    );
+    assert_eq!(status, 201);
+    let holder = LockHolder::hold(&db);
+    for k in 1..=5 {
+        let body = span(&format!("gone-{k}")).to_string();
+        let mut stream = std::net::TcpStream::connect(server.addr).expect("connect");
+        let head = format!(
+            "POST /v1/activity/spans HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            server.addr,
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).expect("send the write");
+        std::thread::sleep(Duration::from_millis(100));
+        drop(stream);
+    }
+    // The first write holds the one slot while the writer waits for the lock with it; the others
+    // found no slot (their clients gone too), so none waits in the store's queue. (Without the
+    // slot held, the other four waited in the queue and none was in flight once each client's
+    // close was seen, in milliseconds.)
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        metric_sample(server.addr, "flightlog_http_writes_in_flight"),
+        Some(1.0),
+        "the abandoned write holds its slot"
+    );
+    assert_eq!(
+        metric_sample(server.addr, "flightlog_sqlite_write_queue_depth"),
+        Some(0.0),
+        "no write waits behind the one the writer holds"
+    );
+    holder.release();
+    // Answered once the lock is free: the slot goes back, the write is counted with its status.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric_sample(server.addr, "flightlog_http_writes_in_flight") != Some(0.0) {
+        assert!(Instant::now() < deadline, "the slot never came back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        metric_sample(server.addr, "flightlog_http_writes_abandoned_total"),
+        Some(1.0),
+        "counted once it was answered"
+    );
+    let (status, _) = request(server.addr, "GET", "/v1/activity/spans/gone-1", None, None);
+    assert_eq!(status, 200, "the write that held the slot ran to its end");
+    for k in 2..=5 {
+        let (status, _) = request(
+            server.addr,
+            "GET",
+            &format!("/v1/activity/spans/gone-{k}"),
+            None,
+            None,
+        );
+        assert_eq!(status, 404, "gone-{k} found no slot and was never written");
+    }
+    assert_eq!(
+        metric_sample(
+            server.addr,
+            "flightlog_http_requests_total{route=\"/v1/activity/spans\",method=\"POST\",status=\"201\"}"
+        ),
+        Some(2.0),
+        "the abandoned write is counted with the answer it would have had"
+    );
+    server.stop_cleanly(Duration::from_secs(30));
 }

@@ -77,3 +77,20 @@ pub fn try_request_with_head(
         serde_json::from_str(body).unwrap_or(Value::Null),
     ))
 }
+
+/// What `GET /metrics` at `addr` says of the sample `name` (the whole series name, labels
+/// included when it has any, such as `x_total{route="/a"}`); `None` when absent.
+#[allow(dead_code)]
+pub fn metric_sample(addr: SocketAddr, name: &str) -> Option<f64> {
+    let mut stream = TcpStream::connect(addr).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .ok()?;
+    let head = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    answer
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}

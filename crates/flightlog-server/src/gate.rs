@@ -32,6 +32,7 @@ use futures_util::StreamExt;
 
 use crate::connection_limit::ConnectionOfRequest;
 use crate::error::ApiError;
+use crate::finish_on_drop::FinishOnDrop;
 use crate::metrics::{method_label, UNMATCHED_ROUTE};
 use crate::request_budget::{BodyHold, SMALL_BODY_BYTES};
 use crate::routes::otlp::{is_otlp_path, is_protobuf, refusal_answer, too_large_answer};
@@ -112,7 +113,15 @@ pub(crate) async fn gate(State(state): State<AppState>, request: Request, next: 
         .as_ref()
         .is_some_and(|route| is_otlp_path(route.as_str()))
         && is_protobuf(request.headers());
-    let response = admit_and_run(&state, route.as_ref(), otlp_protobuf, request, next).await;
+    let response = admit_and_run(
+        &state,
+        route.as_ref(),
+        otlp_protobuf,
+        request,
+        next,
+        (started, method),
+    )
+    .await;
     let response =
         with_contract_body_limit_answer(response, state.config().body_limit, otlp_protobuf);
     state.metrics().observe_request(
@@ -130,6 +139,7 @@ async fn admit_and_run(
     otlp_protobuf: bool,
     request: Request,
     next: Next,
+    (started, method_name): (Instant, &'static str),
 ) -> Response {
     let limit = state.config().body_limit;
     // Nothing is sent yet by a client waiting for `100 Continue` (hyper sends it when the body
@@ -237,9 +247,31 @@ async fn admit_and_run(
         Ok(slot) => slot,
         Err(refusal) => return refuse(refusal),
     };
-    let response = next.run(request).await;
-    drop(hold);
-    drop(slot);
+    let response = match slot {
+        // A write runs to its answer holding its slot and budget, its client there or not.
+        Some(slot) => {
+            let abandoned = {
+                let state = state.clone();
+                let route = route.cloned();
+                move |response: Response| {
+                    let metrics = state.metrics();
+                    metrics.write_abandoned();
+                    metrics.observe_request(
+                        route.as_ref().map_or(UNMATCHED_ROUTE, MatchedPath::as_str),
+                        method_name,
+                        response.status().as_u16(),
+                        started.elapsed().as_secs_f64(),
+                    );
+                }
+            };
+            FinishOnDrop::new(next.run(request), (hold, slot), abandoned).await
+        }
+        None => {
+            let response = next.run(request).await;
+            drop(hold);
+            response
+        }
+    };
     closing(response, drained)
 }
 

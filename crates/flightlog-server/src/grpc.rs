@@ -209,10 +209,13 @@ async fn export_in_slot(
         Ok(slot) => slot,
         Err(refusal) => return refuse(Status::unavailable(refusal.to_string())),
     };
-    let response = next.run(request).await;
-    drop(hold);
-    drop(slot);
-    response
+    // The export runs to its answer holding its slot and budget, its client there or not (see
+    // `finish_on_drop`): a client's deadline or reset cancels the call, not the write.
+    let abandoned = {
+        let state = state.clone();
+        move |_| state.metrics().write_abandoned()
+    };
+    crate::finish_on_drop::FinishOnDrop::new(next.run(request), (hold, slot), abandoned).await
 }
 
 /// The message's entries checked before tonic decodes them, as an OTLP/HTTP body's are: a

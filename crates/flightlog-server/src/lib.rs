@@ -41,6 +41,7 @@ mod change_tail;
 pub mod connection_limit;
 pub mod error;
 pub mod extract;
+mod finish_on_drop;
 mod followed;
 mod gate;
 pub mod grpc;

@@ -194,6 +194,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     durations: DurationFamily,
     writes_refused: Counter,
+    writes_abandoned: Counter,
     stream_clients: Family<StreamLabels, Gauge>,
     stream_events: Family<StreamLabels, Counter>,
     stream_ends: Family<StreamEndLabels, Counter>,
@@ -283,6 +284,14 @@ impl Metrics {
              503, or UNAVAILABLE for an OTLP/gRPC export, which shares the limit)",
             writes_refused.clone(),
         );
+        let writes_abandoned = Counter::default();
+        registry.register(
+            "flightlog_http_writes_abandoned",
+            "Write requests whose client went away before the answer (HTTP or OTLP/gRPC): each \
+             still ran to its answer holding its slot of the write limit, and is counted in the \
+             requests with that answer's status",
+            writes_abandoned.clone(),
+        );
         let stream_clients = Family::<StreamLabels, Gauge>::default();
         for kind in StreamKind::ALL {
             // Every kind is exported from the start (at 0), not only once a client came.
@@ -368,6 +377,7 @@ impl Metrics {
             requests,
             durations,
             writes_refused,
+            writes_abandoned,
             stream_clients,
             stream_events,
             stream_ends,
@@ -502,6 +512,11 @@ impl Metrics {
     /// Count one write refused by the write limit.
     pub(crate) fn write_refused(&self) {
         self.writes_refused.inc();
+    }
+
+    /// Count one write whose client went away before its answer (see `finish_on_drop`).
+    pub(crate) fn write_abandoned(&self) {
+        self.writes_abandoned.inc();
     }
 
     /// A stream client of `kind` came; the gauge goes down again when the guard is dropped.
@@ -965,6 +980,7 @@ mod tests {
         metrics.observe_request("/v1/activity/cursor", "GET", 200, 0.002);
         metrics.observe_request(UNMATCHED_ROUTE, "POST", 404, 0.0001);
         metrics.write_refused();
+        metrics.write_abandoned();
         let text = metrics.encode(&scrape()).unwrap_or_default();
         for expected in [
             "# TYPE flightlog_http_requests_total counter\n",
@@ -974,6 +990,7 @@ mod tests {
             "flightlog_http_request_duration_seconds_count{route=\"/v1/activity/cursor\",method=\"GET\"} 2\n",
             "flightlog_http_request_duration_seconds_bucket{route=\"/v1/activity/cursor\",method=\"GET\",le=\"0.0025\"} 2\n",
             "flightlog_http_writes_refused_total 1\n",
+            "flightlog_http_writes_abandoned_total 1\n",
             "flightlog_activity_change_cursor 7\n",
             "flightlog_http_writes_in_flight 1\n",
             "flightlog_http_write_limit 4\n",
