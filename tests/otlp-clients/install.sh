@@ -38,6 +38,27 @@ venv="$dir/venv"
 exec 9>"$dir/.install.lock"
 flock -w 900 9 || fail "another install.sh held $dir/.install.lock for 15 minutes"
 
+# A fresh Debian or Ubuntu machine may lack Python's venv module (the `python3-venv` package) or
+# Node.js: installed with apt-get when this runs as root or may use sudo without a password,
+# else (or when that fails) the checks below say what is missing.
+apt_install() {
+  command -v apt-get >/dev/null || return 1
+  local sudo=()
+  if [[ "$(id -u)" != 0 ]]; then
+    sudo -n true 2>/dev/null || return 1
+    sudo=(sudo -n)
+  fi
+  say "installing $* with apt-get"
+  "${sudo[@]}" apt-get update -qq >&2 || true
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
+}
+if [[ -z "${PYTHON:-}" ]] && ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+  apt_install python3 python3-venv || say "could not install python3-venv with apt-get"
+fi
+if [[ -z "${NODE:-}${NPM:-}" ]] && ! { command -v node && command -v npm; } >/dev/null; then
+  apt_install nodejs npm || say "could not install nodejs and npm with apt-get"
+fi
+
 command -v "$python" >/dev/null || fail "no $python on PATH (Python >= 3.9 with the venv module is needed)"
 command -v "$node" >/dev/null || fail "no $node on PATH (Node.js >= 20.6 is needed)"
 command -v "$npm" >/dev/null || fail "no $npm on PATH"
