@@ -129,10 +129,73 @@ struct GrpcGate {
 /// bodies in flight (shared with the HTTP listener) for as long as its body takes to arrive.
 ///
 /// The caller's deadline (`grpc-timeout`) bounds the body, the wait for the slot and the
-/// export: past it the call ends `DEADLINE_EXCEEDED` and gives back what it holds (an import
-/// already handed to the writer still commits; the exporter's retry of it is idempotent).
+/// export: past it the call ends `DEADLINE_EXCEEDED`; an export already running goes on to its
+/// end holding its slot and budget (see `finish_on_drop`: the writer commits it anyway; the
+/// exporter's retry of it is idempotent). Every answered call is counted by method and status
+/// code (`flightlog_grpc_calls_total`).
 async fn admit_export(
     axum::extract::State(gate): axum::extract::State<GrpcGate>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let method = call_method_label(request.uri().path());
+    let state = gate.state.clone();
+    let response = admit_and_export(gate, request, next).await;
+    state
+        .metrics()
+        .observe_grpc_call(method, call_code_label(&response));
+    response
+}
+
+/// The `method` label of `flightlog_grpc_calls_total` for a call to `path`: one of the OTLP
+/// Export methods, else `other` (the trace service answers it UNIMPLEMENTED), so that made-up
+/// paths add no series.
+fn call_method_label(path: &str) -> &'static str {
+    const METHODS: [&str; 3] = [
+        "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+        "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+        "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
+    ];
+    METHODS
+        .into_iter()
+        .find(|method| *method == path)
+        .unwrap_or("other")
+}
+
+/// The `code` label of `flightlog_grpc_calls_total` for an answer: the `grpc-status` of a
+/// trailers-only answer (every refusal and every error of a unary call), else `OK` (a unary
+/// call that succeeded sends its status in the trailers).
+fn call_code_label(response: &axum::response::Response) -> &'static str {
+    let code = response
+        .headers()
+        .get("grpc-status")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<i32>().ok())
+        .map_or(tonic::Code::Ok, tonic::Code::from_i32);
+    match code {
+        tonic::Code::Ok => "OK",
+        tonic::Code::Cancelled => "CANCELLED",
+        tonic::Code::Unknown => "UNKNOWN",
+        tonic::Code::InvalidArgument => "INVALID_ARGUMENT",
+        tonic::Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        tonic::Code::NotFound => "NOT_FOUND",
+        tonic::Code::AlreadyExists => "ALREADY_EXISTS",
+        tonic::Code::PermissionDenied => "PERMISSION_DENIED",
+        tonic::Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        tonic::Code::FailedPrecondition => "FAILED_PRECONDITION",
+        tonic::Code::Aborted => "ABORTED",
+        tonic::Code::OutOfRange => "OUT_OF_RANGE",
+        tonic::Code::Unimplemented => "UNIMPLEMENTED",
+        tonic::Code::Internal => "INTERNAL",
+        tonic::Code::Unavailable => "UNAVAILABLE",
+        tonic::Code::DataLoss => "DATA_LOSS",
+        tonic::Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// [`admit_export`] but for counting: the token, the deadline, the export in its slot.
+async fn admit_and_export(
+    gate: GrpcGate,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
@@ -365,5 +428,35 @@ mod tests {
         for bad in ["", "S", "1", "123456789S", "1s", "-1S", "1.5S", "1 S"] {
             assert_eq!(grpc_timeout(bad), None, "{bad:?}");
         }
+    }
+
+    /// Made-up paths add no series; each status code has its canonical name.
+    #[test]
+    fn calls_are_labelled_by_a_known_method_and_the_status_code() {
+        assert_eq!(
+            call_method_label("/opentelemetry.proto.collector.logs.v1.LogsService/Export"),
+            "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
+        );
+        for path in [
+            "/",
+            "/x.Y/Z",
+            "/opentelemetry.proto.collector.trace.v1.TraceService/Other",
+        ] {
+            assert_eq!(call_method_label(path), "other", "{path}");
+        }
+        let answer = |status: Option<&str>| {
+            let mut response = axum::response::Response::new(axum::body::Body::empty());
+            if let Some(status) = status {
+                response
+                    .headers_mut()
+                    .insert("grpc-status", status.parse().expect("a header value"));
+            }
+            response
+        };
+        assert_eq!(call_code_label(&answer(None)), "OK");
+        assert_eq!(call_code_label(&answer(Some("0"))), "OK");
+        assert_eq!(call_code_label(&answer(Some("14"))), "UNAVAILABLE");
+        assert_eq!(call_code_label(&answer(Some("16"))), "UNAUTHENTICATED");
+        assert_eq!(call_code_label(&answer(Some("99"))), "UNKNOWN");
     }
 }

@@ -122,6 +122,13 @@ struct OtlpSignalLabels {
     signal: &'static str,
 }
 
+/// Labels of `flightlog_grpc_calls_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GrpcCallLabels {
+    method: &'static str,
+    code: &'static str,
+}
+
 /// Labels of `flightlog_maintenance_passes_total`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MaintenanceLabels {
@@ -202,6 +209,7 @@ pub struct Metrics {
     otlp_spans: Family<OtlpSpanLabels, Counter>,
     otlp_span_events: Counter,
     otlp_dropped: Family<OtlpSignalLabels, Counter>,
+    grpc_calls: Family<GrpcCallLabels, Counter>,
     maintenance: MaintenanceMetrics,
     /// The request metrics of each route seen, by its template. The families find a metric by
     /// hashing its labels with SipHash, the route as an owned `String`: two lookups and a copy
@@ -371,6 +379,14 @@ impl Metrics {
              answered but not stored (flightlog keeps traces), by signal",
             otlp_dropped.clone(),
         );
+        let grpc_calls = Family::<GrpcCallLabels, Counter>::default();
+        registry.register(
+            "flightlog_grpc_calls",
+            "OTLP/gRPC calls answered, by method (the three OTLP Export methods, `other` for any \
+             other path) and gRPC status code (`OK`, `UNAUTHENTICATED`, `RESOURCE_EXHAUSTED`, \
+             `UNAVAILABLE`, …); the HTTP listener's requests are in flightlog_http_requests_total",
+            grpc_calls.clone(),
+        );
         let maintenance = MaintenanceMetrics::register(&mut registry);
         Self {
             registry,
@@ -385,9 +401,18 @@ impl Metrics {
             otlp_spans,
             otlp_span_events,
             otlp_dropped,
+            grpc_calls,
             maintenance,
             by_route: RwLock::default(),
         }
+    }
+
+    /// Count one OTLP/gRPC call answered with `code` (a `flightlog_grpc_calls_total` label
+    /// value, as [`crate::grpc`] names it).
+    pub(crate) fn observe_grpc_call(&self, method: &'static str, code: &'static str) {
+        self.grpc_calls
+            .get_or_create(&GrpcCallLabels { method, code })
+            .inc();
     }
 
     /// Count the items of an OTLP export of a signal that is not stored.

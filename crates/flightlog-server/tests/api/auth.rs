@@ -535,6 +535,17 @@ async fn grpc_export_refuses_missing_wrong_and_under_scoped_tokens_and_stores_no
     assert_eq!(stored.status().as_u16(), 200);
     let stored: Value = stored.json().await.expect("the span");
     assert_eq!(stored["runId"], crate::otlp::TRACE_HEX);
+    // Every call is counted by its status code (the HTTP listener's counts never showed them:
+    // an audit's finding).
+    let metrics = read_back("/metrics".into()).await.expect("request");
+    let metrics = metrics.text().await.expect("the metrics");
+    for (code, calls) in [("UNAUTHENTICATED", 7), ("PERMISSION_DENIED", 3), ("OK", 2)] {
+        let series = format!(
+            "flightlog_grpc_calls_total{{method=\"/opentelemetry.proto.collector.trace.v1.\
+             TraceService/Export\",code=\"{code}\"}} {calls}\n"
+        );
+        assert!(metrics.contains(&series), "{series}{metrics}");
+    }
     server.stop().await;
 }
 
