@@ -111,6 +111,9 @@ struct Inner {
     reached: AtomicU64,
     /// How many idle connections were asked to close to make room for a waiting client.
     evicted: AtomicU64,
+    /// How many connections were closed because their client read nothing for the write-stall
+    /// limit (counted by each connection's `write_stall::StallGuard`).
+    stalled: Arc<AtomicU64>,
     /// Told whenever a connection ends.
     closed: Notify,
     last_warning: Mutex<Option<Instant>>,
@@ -330,6 +333,7 @@ impl ConnectionSlots {
                 next_id: AtomicU64::new(0),
                 reached: AtomicU64::new(0),
                 evicted: AtomicU64::new(0),
+                stalled: Arc::new(AtomicU64::new(0)),
                 closed: Notify::new(),
                 last_warning: Mutex::new(None),
             }),
@@ -457,6 +461,18 @@ impl ConnectionSlots {
     /// How many idle connections were asked to close to make room.
     pub fn idle_closed(&self) -> u64 {
         self.inner.evicted.load(Ordering::Relaxed)
+    }
+
+    /// The count of connections closed for a client that stopped reading, for each
+    /// connection's `write_stall::StallGuard` to add to.
+    pub(crate) fn stall_count(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.inner.stalled)
+    }
+
+    /// How many connections were closed because their client read nothing for the write-stall
+    /// limit while an answer or a live stream waited to be written.
+    pub fn stalled_closed(&self) -> u64 {
+        self.inner.stalled.load(Ordering::Relaxed)
     }
 
     fn warn_full(&self) {

@@ -268,7 +268,7 @@ where
         };
         let _ = stream.set_nodelay(true);
         let closing_seen = closing_seen.clone();
-        let guarded = write_stall::StallGuard::new(stream, write_stall_limit);
+        let guarded = write_stall::StallGuard::new(stream, write_stall_limit, slots.stall_count());
         match protocol {
             Protocol::Http1 => {
                 let service = tracked_service(&router, slot.activity());

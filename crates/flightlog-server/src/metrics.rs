@@ -57,9 +57,12 @@ pub const UNMATCHED_ROUTE: &str = "unmatched";
 pub const UNPARSED_ROUTE: &str = "unparsed";
 
 /// Upper bounds (seconds) of the request-duration buckets: a local SQLite read answers in well
-/// under a millisecond, a group commit in a few, so the low end is fine-grained.
-const DURATION_BUCKETS: [f64; 14] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+/// under a millisecond, a group commit in a few, so the low end is fine-grained; the top ones
+/// tell apart writes that waited out another process's write lock (10 s by default, twice that
+/// behind the queue) and large bodies (a minute at most).
+const DURATION_BUCKETS: [f64; 16] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
 ];
 
 /// Labels of `flightlog_http_requests_total`.
@@ -466,7 +469,13 @@ impl Metrics {
                 .clone()
         };
         StreamEnds {
-            resync: counter("resync"),
+            // A journal stream's resync does not end it: no series for what never happens (one
+            // appeared, at 0, with the first journal stream; an audit's finding).
+            resync: if kind == StreamKind::Journal {
+                Counter::default()
+            } else {
+                counter("resync")
+            },
             error: counter("error"),
             resync_sent: self
                 .stream_resyncs
@@ -681,6 +690,8 @@ struct ScrapeValues {
     connection_limit_reached: u64,
     /// Idle connections closed to make room for a client at the limit.
     idle_connections_closed: u64,
+    /// Connections closed for a client that read nothing for the write-stall limit.
+    stalled_connections_closed: u64,
 }
 
 impl ScrapeValues {
@@ -732,6 +743,14 @@ impl ScrapeValues {
             "Idle connections (no request in flight) closed to make room for a client that \
              connected while every connection slot was taken",
             idle_closed,
+        );
+        let stalled: Counter = Counter::default();
+        stalled.inc_by(self.stalled_connections_closed);
+        registry.register(
+            "flightlog_http_stalled_connections_closed",
+            "Connections closed because their client read nothing for the write-stall limit \
+             (30 s) while an answer or a live stream waited to be written to it",
+            stalled,
         );
         if let Some(bytes) = self.resident_memory_bytes {
             registry.register(
@@ -947,6 +966,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
         connection_limit: state.connection_slots().limit(),
         connection_limit_reached: state.connection_slots().times_reached(),
         idle_connections_closed: state.connection_slots().idle_closed(),
+        stalled_connections_closed: state.connection_slots().stalled_closed(),
     };
     match state.metrics().encode(&scrape) {
         Ok(text) => ([(CONTENT_TYPE, CONTENT_TYPE_TEXT)], text).into_response(),
@@ -995,6 +1015,7 @@ mod tests {
             connection_limit: 64,
             connection_limit_reached: 8,
             idle_connections_closed: 3,
+            stalled_connections_closed: 2,
         }
     }
 
@@ -1023,6 +1044,7 @@ mod tests {
             "flightlog_http_connection_limit 64\n",
             "flightlog_http_connection_limit_reached_total 8\n",
             "flightlog_http_idle_connections_closed_total 3\n",
+            "flightlog_http_stalled_connections_closed_total 2\n",
             "process_start_time_seconds 1.5\n",
             "# TYPE flightlog_test_writes_total counter\n",
             "flightlog_test_writes_total 12\n",

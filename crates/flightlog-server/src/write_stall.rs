@@ -17,6 +17,8 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -29,14 +31,20 @@ pub(crate) struct StallGuard<T> {
     limit: Duration,
     /// Running while the last write attempt could not go on.
     stalled: Option<Pin<Box<Sleep>>>,
+    /// Counts the connections cut off (for `/metrics`), once each.
+    cut_off: Arc<AtomicU64>,
+    counted: bool,
 }
 
 impl<T> StallGuard<T> {
-    pub(crate) fn new(inner: T, limit: Duration) -> Self {
+    /// `inner`, cut off once a write has made no progress for `limit`, counted in `cut_off`.
+    pub(crate) fn new(inner: T, limit: Duration, cut_off: Arc<AtomicU64>) -> Self {
         Self {
             inner,
             limit,
             stalled: None,
+            cut_off,
+            counted: false,
         }
     }
 
@@ -48,10 +56,15 @@ impl<T> StallGuard<T> {
             .stalled
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
         match timer.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("the client read nothing for {} s", limit.as_secs_f64()),
-            ))),
+            Poll::Ready(()) => {
+                if !std::mem::replace(&mut self.counted, true) {
+                    self.cut_off.fetch_add(1, Ordering::Relaxed);
+                }
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the client read nothing for {} s", limit.as_secs_f64()),
+                )))
+            }
             Poll::Pending => Poll::Pending,
         }
     }
@@ -125,7 +138,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_write_that_cannot_go_on_fails_after_the_limit() {
         let (client, server) = tokio::io::duplex(1024);
-        let mut guarded = StallGuard::new(server, Duration::from_secs(30));
+        let cut_off = Arc::new(AtomicU64::new(0));
+        let mut guarded = StallGuard::new(server, Duration::from_secs(30), Arc::clone(&cut_off));
         guarded.write_all(&[0; 1024]).await.expect("fits the pipe");
         let started = tokio::time::Instant::now();
         let failed = guarded.write_all(&[1; 10]).await;
@@ -134,6 +148,9 @@ mod tests {
             Err(io::ErrorKind::TimedOut)
         );
         assert_eq!(started.elapsed(), Duration::from_secs(30));
+        // Counted once, however often hyper tries again before it drops the connection.
+        assert!(guarded.write_all(&[1; 10]).await.is_err());
+        assert_eq!(cut_off.load(Ordering::Relaxed), 1);
         drop(client);
     }
 
@@ -150,11 +167,13 @@ mod tests {
             }
             total
         });
-        let mut guarded = StallGuard::new(server, Duration::from_secs(30));
+        let cut_off = Arc::new(AtomicU64::new(0));
+        let mut guarded = StallGuard::new(server, Duration::from_secs(30), Arc::clone(&cut_off));
         guarded
             .write_all(&vec![7; 64 * 1024])
             .await
             .expect("each write goes on within the limit");
         assert_eq!(reader.await.expect("the reader"), 64 * 1024);
+        assert_eq!(cut_off.load(Ordering::Relaxed), 0);
     }
 }

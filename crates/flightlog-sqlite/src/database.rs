@@ -1273,7 +1273,8 @@ impl SqliteDatabase {
             ),
             BackendMetric::counter(
                 "flightlog_sqlite_writer_writes",
-                "Write jobs the writer thread applied (one per single write, batch or import)",
+                "Write jobs the writer thread took (one per single write, batch, import or \
+                 maintenance step, those the store refused, such as a duplicate span, included)",
                 count(&stats.writes),
             ),
             BackendMetric::counter(
@@ -1329,8 +1330,8 @@ impl SqliteDatabase {
             ),
             (
                 "flightlog_sqlite_wal_bytes",
-                "Size of the WAL file beside it (kept at its high-water mark under load, cut \
-                 back once writes go quiet)",
+                "Size of the WAL file beside it (kept at its high-water mark under load; once \
+                 writes go quiet, a WAL over 32 MiB is cut back, a smaller one kept for reuse)",
                 wal_path_of(&self.path),
             ),
         ] {

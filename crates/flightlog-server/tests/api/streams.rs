@@ -1827,6 +1827,12 @@ async fn a_client_that_never_reads_is_cut_off_and_the_budget_comes_back() {
         "{ended:?}"
     );
     assert!(received.len() < 12_000_000, "only part of the answer came");
+    // And counted, once (an audit found a stream cut off this way in no count).
+    let counted = crate::metrics::scrape(&server).await;
+    assert_eq!(
+        counted.get("flightlog_http_stalled_connections_closed_total"),
+        Some(1.0)
+    );
     server.stop().await;
 }
 
