@@ -304,9 +304,22 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
             None
         }
     };
+    let writes = state.clone();
     flightlog_server::serve(listener, state, wait_for_stop(stopped)).await?;
     if let Some(grpc) = grpc {
         grpc.await.context("the gRPC listener's task failed")??;
+    }
+    // Writes whose clients went away run on after their connections closed: the store closes
+    // once they are done.
+    let running = writes
+        .writes_finished(flightlog_server::SHUTDOWN_GRACE)
+        .await;
+    if running > 0 {
+        say_err!(
+            "flightlog: warning: {running} write(s) whose clients went away were still running \
+             after {} s; the store closes without them (nothing of them is half-written)",
+            flightlog_server::SHUTDOWN_GRACE.as_secs()
+        );
     }
     // A pass under way ends at its current store call; the database closes after it.
     if let Some(maintenance) = maintenance {

@@ -357,3 +357,62 @@ fn a_write_whose_client_went_away_holds_its_slot_until_the_store_answers() {
     );
     server.stop_cleanly(Duration::from_secs(30));
 }
+
+/// A stop while a write whose client went away waits for another process's lock: the write
+/// goes on after its connection closed (see the test above) and the stop waits for it (the lock
+/// wait shortened to 2 s by the stop) before it closes the store. What this checks: the stop
+/// ends cleanly and in bounded time with such a write running, says nothing of writes still
+/// running past its grace, and nothing of the write is in the file.
+#[test]
+fn a_stop_waits_for_a_write_whose_client_went_away() {
+    let scratch = Scratch::new("foreign-lock", "abandoned-stop");
+    let db = scratch.0.join("flightlog.db");
+    let mut server = serve(&scratch.0, &db, "20000");
+    let (status, row) = request(
+        server.addr,
+        "POST",
+        "/v1/activity/spans",
+        None,
+        Some(span("before")),
+    );
+    assert_eq!(status, 201, "{row}");
+    let holder = LockHolder::hold(&db);
+    let body = span("gone").to_string();
+    let mut stream = std::net::TcpStream::connect(server.addr).expect("connect");
+    let head = format!(
+        "POST /v1/activity/spans HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        server.addr,
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).expect("send the write");
+    std::thread::sleep(Duration::from_millis(300));
+    drop(stream);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        metric_sample(server.addr, "flightlog_http_writes_in_flight"),
+        Some(1.0),
+        "the write goes on without its client"
+    );
+    let stopped = server.stop(Duration::from_secs(30));
+    assert!(
+        stopped.graceful && stopped.status.is_some_and(|status| status.success()),
+        "no clean stop ({:?} after {:?}):\n{}",
+        stopped.status,
+        stopped.took,
+        stopped.output
+    );
+    assert!(
+        !stopped.output.contains("were still running"),
+        "{}",
+        stopped.output
+    );
+    holder.release();
+    // Nothing of it was written: the file alone, opened by a new server.
+    let mut again = serve(&scratch.0, &db, "2000");
+    let (status, _) = request(again.addr, "GET", "/v1/activity/spans/gone", None, None);
+    assert_eq!(status, 404);
+    let (status, _) = request(again.addr, "GET", "/v1/activity/spans/before", None, None);
+    assert_eq!(status, 200);
+    again.stop_cleanly(Duration::from_secs(30));
+}

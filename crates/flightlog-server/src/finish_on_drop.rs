@@ -82,14 +82,22 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
-        // Polled again after its output was taken: never by `.await`.
-        let Some(running) = this.running.as_mut() else {
+        // Out of `self` while it is polled: a handler that panics unwinds with it, so what it
+        // held goes back and `drop` finds nothing to go on with (a panicked future polled again
+        // panics again, with a misleading message).
+        let Some(mut running) = this.running.take() else {
+            // Polled again after its output was taken: `.await` never does.
+            debug_assert!(false, "FinishOnDrop polled after it completed");
             return Poll::Pending;
         };
-        let output = std::task::ready!(running.future.as_mut().poll(cx));
-        // What it held goes back with the answer.
-        this.running = None;
-        Poll::Ready(output)
+        match running.future.as_mut().poll(cx) {
+            // What it held goes back with the answer.
+            Poll::Ready(output) => Poll::Ready(output),
+            Poll::Pending => {
+                this.running = Some(running);
+                Poll::Pending
+            }
+        }
     }
 }
 
@@ -109,8 +117,9 @@ where
         else {
             return;
         };
-        // Outside a runtime (a runtime shutting down drops its tasks' futures on no runtime's
-        // thread) there is nothing to run it on: it is dropped as before.
+        // Outside a runtime there is nothing to run it on: it is dropped as before. A runtime
+        // shutting down takes the task and drops it at once (tokio shuts down what is spawned
+        // on a closed runtime), which gives back what it held.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let output = future.await;
@@ -140,6 +149,29 @@ mod tests {
         assert_eq!(output, 7);
         assert_eq!(slots.available_permits(), 1);
         assert!(heard.try_recv().is_err(), "not abandoned");
+    }
+
+    #[tokio::test]
+    async fn a_handler_that_panics_gives_back_what_it_held_and_is_not_run_again() {
+        let slots = Arc::new(Semaphore::new(1));
+        let slot = Arc::clone(&slots).acquire_owned().await.expect("a slot");
+        let (abandoned, heard) = oneshot::channel::<()>();
+        let panicking = FinishOnDrop::new(
+            async {
+                panic!("a handler's bug");
+            },
+            slot,
+            move |()| {
+                let _ = abandoned.send(());
+            },
+        );
+        let joined = tokio::spawn(panicking).await;
+        assert!(joined.is_err_and(|err| err.is_panic()));
+        assert_eq!(slots.available_permits(), 1, "given back by the unwind");
+        assert!(
+            heard.await.is_err(),
+            "nothing went on with the panicked future"
+        );
     }
 
     #[tokio::test]

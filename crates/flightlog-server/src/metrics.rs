@@ -298,9 +298,10 @@ impl Metrics {
         let writes_abandoned = Counter::default();
         registry.register(
             "flightlog_http_writes_abandoned",
-            "Write requests whose client went away before the answer (HTTP or OTLP/gRPC): each \
-             still ran to its answer holding its slot of the write limit, and is counted in the \
-             requests with that answer's status",
+            "Write requests (HTTP or OTLP/gRPC) dropped before their answer, by their client \
+             going away or a gRPC deadline passing: each still ran to its end holding its slot \
+             of the write limit (an HTTP one is then counted in flightlog_http_requests_total \
+             with the status it would have had)",
             writes_abandoned.clone(),
         );
         let stream_clients = Family::<StreamLabels, Gauge>::default();
@@ -748,8 +749,9 @@ impl ScrapeValues {
         stalled.inc_by(self.stalled_connections_closed);
         registry.register(
             "flightlog_http_stalled_connections_closed",
-            "Connections closed because their client read nothing for the write-stall limit \
-             (30 s) while an answer or a live stream waited to be written to it",
+            "Connections (HTTP and gRPC) closed because their client read nothing for the \
+             write-stall limit (30 s by default) while an answer or a live stream waited to be \
+             written to it",
             stalled,
         );
         if let Some(bytes) = self.resident_memory_bytes {

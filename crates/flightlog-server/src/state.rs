@@ -436,6 +436,19 @@ impl AppState {
         &self.shared.write_permits
     }
 
+    /// Wait, at most `limit`, until no write holds a slot of the write limit; how many still do
+    /// then. A write whose client went away goes on after its connection closed (see
+    /// `finish_on_drop`), so a stop that has closed every connection waits for those before it
+    /// closes the store under them.
+    pub async fn writes_finished(&self, limit: std::time::Duration) -> usize {
+        let all = u32::try_from(crate::overload::write_limit(self)).unwrap_or(u32::MAX);
+        let every_slot = self.write_permits().acquire_many(all);
+        match tokio::time::timeout(limit, every_slot).await {
+            Ok(Ok(_every_slot)) => 0,
+            _ => crate::overload::writes_in_flight(self),
+        }
+    }
+
     /// The metrics counted as requests come and go.
     pub(crate) fn metrics(&self) -> &Metrics {
         &self.shared.metrics

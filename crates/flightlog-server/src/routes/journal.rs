@@ -129,26 +129,33 @@ struct EngagementAppendBody {
 }
 
 /// `expectedSeq` written another way: in another case or with `_` or `-` (`expectedseq`,
-/// `expected_seq`, `Expected-Seq`), or with up to two letters missing, added or changed
-/// (`expectSeq`, `expectedSeqs`, `exceptedSeq`). No member the reference's append keeps or
-/// a writer would mean otherwise (`seq`, `type`, `data`, …) is that close to it.
+/// `expected_seq`, `Expected-Seq`), ending in `seq`, `seqs` or `sequence` after `expected` with
+/// one letter missing, added or changed (`expectedSeqs`, `expectdSeq`), or after `expect`,
+/// `expects`, `expecting` or `excepted` (`expectSeq`). Members that only share letters with it
+/// (`expectedKey`, `expectedSet`, `exportedSeq`, `unexpectedSeq`) are dropped as other members
+/// are (allowing two edits anywhere refused those; a review's finding).
 fn is_expected_seq_misspelt(key: &str) -> bool {
-    const GUARD: &str = "expectedseq";
-    if key == "expectedSeq" || key.len() > GUARD.len() + 2 {
+    if key == "expectedSeq" || !(6..=24).contains(&key.len()) {
         return false;
     }
-    let folded: Vec<char> = key
+    let folded: String = key
         .chars()
         .filter(|c| !matches!(c, '_' | '-'))
         .map(|c| c.to_ascii_lowercase())
         .collect();
-    let guard: Vec<char> = GUARD.chars().collect();
-    edit_distance(&folded, &guard) <= 2
+    let Some(prefix) = ["sequence", "seqs", "seq"]
+        .into_iter()
+        .find_map(|end| folded.strip_suffix(end))
+    else {
+        return false;
+    };
+    matches!(prefix, "expect" | "expects" | "expecting" | "excepted")
+        || edit_distance(prefix.as_bytes(), b"expected") <= 1
 }
 
-/// The fewest single-character insertions, deletions and substitutions that turn `from` into
-/// `to` (Levenshtein), for short member names.
-fn edit_distance(from: &[char], to: &[char]) -> usize {
+/// The fewest single-byte insertions, deletions and substitutions that turn `from` into `to`
+/// (Levenshtein), for short member names.
+fn edit_distance(from: &[u8], to: &[u8]) -> usize {
     let mut previous: Vec<usize> = (0..=to.len()).collect();
     let mut current = vec![0; to.len() + 1];
     for (i, from_char) in from.iter().enumerate() {
@@ -237,7 +244,7 @@ fn append_input(
     // pins it: `"seq": 99, "extra": "dropped"`), unlike every other write body's
     // (ARCHITECTURE, "Deliberate differences"). One exception: a misspelt `expectedSeq` would
     // drop the concurrency check it carries with a 201, so a member that is `expectedSeq` but
-    // for case, `_`, `-` or two letters is refused.
+    // for case, `_`, `-` or a slip of the pen (see `is_expected_seq_misspelt`) is refused.
     if let Some(misspelt) = body.keys().find(|key| is_expected_seq_misspelt(key)) {
         return Err(ApiError::invalid(format!(
             "unknown field `{misspelt}` in the append body: the guard is spelt `expectedSeq`; \
@@ -466,10 +473,14 @@ mod tests {
             "Expected-Seq",
             "EXPECTEDSEQ",
             "expectSeq",
+            "expectsSeq",
+            "expectingSeq",
             "expectedSeqs",
+            "expectedSequence",
             "exceptedSeq",
-            "expectedSq",
-            "xpectedSe",
+            "expectdSeq",
+            "xpectedSeq",
+            "expectedsSeq",
         ] {
             let err = append_from("e", json!({"type": "t", "at": 1, "data": {}, misspelt: 3}))
                 .expect_err(misspelt);
@@ -483,8 +494,14 @@ mod tests {
             "extra",
             "expected",
             "sequence",
-            "expectedSequence",
             "nextSeq",
+            "expectedKey",
+            "expectedRev",
+            "expectedSet",
+            "expectedSeen",
+            "exportedSeq",
+            "respectedSeq",
+            "unexpectedSeq",
             "",
         ] {
             append_from("e", json!({"type": "t", "at": 1, "data": {}, dropped: 3}))

@@ -68,7 +68,8 @@ const STORE_LOST: &str = "As many live streams are open as the server serves at 
 /// The run stream's 503, as the OpenAPI document describes it.
 const RUN_STREAM_BUSY_OR_STORE_LOST: &str = "The snapshot is large and the server's memory for \
      large answers is taken by other clients' for now, or as many live streams are open as the \
-     server serves at once (three quarters of `--max-connections`); both carry `Retry-After`. \
+     server serves at once (three quarters of `--max-connections` rounded down, none at 1); \
+     both carry `Retry-After`. \
      Or the store cannot serve a live stream: its database file was deleted or replaced while \
      the server ran (the message says which; `/healthz` says the same).";
 
