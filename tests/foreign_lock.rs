@@ -9,7 +9,7 @@ mod http;
 mod support;
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -77,16 +77,26 @@ fn serve(folder: &Path, db: &Path, wait_ms: &str) -> ServeProcess {
     ServeProcess::spawn(command, START_TIMEOUT)
 }
 
-fn span(span_id: &str) -> Value {
-    json!({"spanId": span_id, "runId": format!("run-{span_id}"), "name": "turn",
-           "kind": "turn", "origin": "session"})
+/// `POST /v1/activity/spans` of span `span_id` on a connection of its own, closed `after` it
+/// was sent without reading the answer: a client that gave up.
+fn write_and_go_away(addr: std::net::SocketAddr, span_id: &str, after: Duration) {
+    let body = span(span_id).to_string();
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    let head = format!(
+        "POST /v1/activity/spans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).expect("send the write");
+    std::thread::sleep(after);
 }
 
-#[test]
-fn writes_get_503_while_another_process_holds_the_lock_and_succeed_after() {
-    let scratch = Scratch::new("foreign-lock", "503");
+/// A scratch folder, its database and a server on it waiting at most `wait_ms` for another
+/// process's write lock, which has stored span `before`.
+fn serving_a_span(name: &str, wait_ms: &str) -> (Scratch, PathBuf, ServeProcess) {
+    let scratch = Scratch::new("foreign-lock", name);
     let db = scratch.0.join("flightlog.db");
-    let mut server = serve(&scratch.0, &db, "300");
+    let server = serve(&scratch.0, &db, wait_ms);
     let (status, row) = request(
         server.addr,
         "POST",
@@ -95,6 +105,17 @@ fn writes_get_503_while_another_process_holds_the_lock_and_succeed_after() {
         Some(span("before")),
     );
     assert_eq!(status, 201, "{row}");
+    (scratch, db, server)
+}
+
+fn span(span_id: &str) -> Value {
+    json!({"spanId": span_id, "runId": format!("run-{span_id}"), "name": "turn",
+           "kind": "turn", "origin": "session"})
+}
+
+#[test]
+fn writes_get_503_while_another_process_holds_the_lock_and_succeed_after() {
+    let (_scratch, db, mut server) = serving_a_span("503", "300");
 
     let holder = LockHolder::hold(&db);
     let (status, head, body) = request_with_head(
@@ -166,17 +187,7 @@ fn writes_get_503_while_another_process_holds_the_lock_and_succeed_after() {
 
 #[test]
 fn a_shutdown_while_a_write_waits_for_the_lock_ends_in_bounded_time() {
-    let scratch = Scratch::new("foreign-lock", "shutdown");
-    let db = scratch.0.join("flightlog.db");
-    let mut server = serve(&scratch.0, &db, "2000");
-    let (status, row) = request(
-        server.addr,
-        "POST",
-        "/v1/activity/spans",
-        None,
-        Some(span("before")),
-    );
-    assert_eq!(status, 201, "{row}");
+    let (_scratch, db, mut server) = serving_a_span("shutdown", "2000");
 
     let holder = LockHolder::hold(&db);
     let addr = server.addr;
@@ -296,17 +307,11 @@ fn a_write_whose_client_went_away_holds_its_slot_until_the_store_answers() {
     assert_eq!(status, 201);
     let holder = LockHolder::hold(&db);
     for k in 1..=5 {
-        let body = span(&format!("gone-{k}")).to_string();
-        let mut stream = std::net::TcpStream::connect(server.addr).expect("connect");
-        let head = format!(
-            "POST /v1/activity/spans HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n\r\n{body}",
+        write_and_go_away(
             server.addr,
-            body.len()
+            &format!("gone-{k}"),
+            Duration::from_millis(100),
         );
-        stream.write_all(head.as_bytes()).expect("send the write");
-        std::thread::sleep(Duration::from_millis(100));
-        drop(stream);
     }
     // The first write holds the one slot while the writer waits for the lock with it; the others
     // found no slot (their clients gone too), so none waits in the store's queue. (Without the
@@ -365,48 +370,17 @@ fn a_write_whose_client_went_away_holds_its_slot_until_the_store_answers() {
 /// running past its grace, and nothing of the write is in the file.
 #[test]
 fn a_stop_waits_for_a_write_whose_client_went_away() {
-    let scratch = Scratch::new("foreign-lock", "abandoned-stop");
-    let db = scratch.0.join("flightlog.db");
-    let mut server = serve(&scratch.0, &db, "20000");
-    let (status, row) = request(
-        server.addr,
-        "POST",
-        "/v1/activity/spans",
-        None,
-        Some(span("before")),
-    );
-    assert_eq!(status, 201, "{row}");
+    let (scratch, db, mut server) = serving_a_span("abandoned-stop", "20000");
     let holder = LockHolder::hold(&db);
-    let body = span("gone").to_string();
-    let mut stream = std::net::TcpStream::connect(server.addr).expect("connect");
-    let head = format!(
-        "POST /v1/activity/spans HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{body}",
-        server.addr,
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).expect("send the write");
-    std::thread::sleep(Duration::from_millis(300));
-    drop(stream);
+    write_and_go_away(server.addr, "gone", Duration::from_millis(300));
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(
         metric_sample(server.addr, "flightlog_http_writes_in_flight"),
         Some(1.0),
         "the write goes on without its client"
     );
-    let stopped = server.stop(Duration::from_secs(30));
-    assert!(
-        stopped.graceful && stopped.status.is_some_and(|status| status.success()),
-        "no clean stop ({:?} after {:?}):\n{}",
-        stopped.status,
-        stopped.took,
-        stopped.output
-    );
-    assert!(
-        !stopped.output.contains("were still running"),
-        "{}",
-        stopped.output
-    );
+    let output = server.stop_cleanly(Duration::from_secs(30));
+    assert!(!output.contains("were still running"), "{output}");
     holder.release();
     // Nothing of it was written: the file alone, opened by a new server.
     let mut again = serve(&scratch.0, &db, "2000");

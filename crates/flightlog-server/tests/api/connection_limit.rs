@@ -128,14 +128,7 @@ async fn idle_connections_of_either_listener_make_room_for_the_other() {
 /// write and `/healthz` unanswered: an audit's finding.)
 #[tokio::test]
 async fn live_streams_leave_a_quarter_of_the_connections_to_writes() {
-    let server = TestServer::start_with(Options {
-        config: ServerConfig {
-            max_connections: 8,
-            ..ServerConfig::default()
-        },
-        ..Options::default()
-    })
-    .await;
+    let server = with_connection_limit(8).await;
     let open = |path: &'static str| {
         let request = server.client.get(format!("{}{path}", server.base));
         async move { request.send().await.expect("stream request") }
@@ -153,19 +146,7 @@ async fn live_streams_leave_a_quarter_of_the_connections_to_writes() {
         .post("/v1/activity/spans", &start)
         .await
         .assert_status(201);
-    for path in [
-        "/v1/activity/changes/stream",
-        "/v1/activity/runs/r1/stream",
-        "/v1/engagements/e1/stream",
-    ] {
-        let refused = open(path).await;
-        assert_eq!(refused.status().as_u16(), 503, "{path}");
-        assert!(refused.headers().contains_key("retry-after"), "{path}");
-        let body: serde_json::Value = refused.json().await.expect("an error body");
-        assert_eq!(body["error"]["code"], "unavailable", "{path}");
-        let message = body["error"]["message"].as_str().unwrap_or_default();
-        assert!(message.contains("--max-connections 8"), "{message}");
-    }
+    assert_streams_refused(&server, "--max-connections 8").await;
     // Writes and health checks are still served.
     let end = serde_json::json!({"outcome": "success"});
     server
@@ -204,14 +185,22 @@ async fn live_streams_leave_a_quarter_of_the_connections_to_writes() {
 /// stream ended; an audit's finding.)
 #[tokio::test]
 async fn a_limit_of_one_connection_serves_no_live_stream() {
-    let server = TestServer::start_with(Options {
-        config: ServerConfig {
-            max_connections: 1,
-            ..ServerConfig::default()
-        },
-        ..Options::default()
-    })
-    .await;
+    let server = with_connection_limit(1).await;
+    assert_streams_refused(&server, "--max-connections 2 or more").await;
+    let start = serde_json::json!({
+        "spanId": "s1", "runId": "r1", "name": "turn", "kind": "turn", "origin": "session",
+    });
+    server
+        .post("/v1/activity/spans", &start)
+        .await
+        .assert_status(201);
+    server.get("/healthz").await.assert_status(200);
+    server.stop().await;
+}
+
+/// Each kind of live stream asked of `server` is refused before anything is read: `503` with
+/// `Retry-After`, the contract's `unavailable`, and a message that says `says`.
+async fn assert_streams_refused(server: &TestServer, says: &str) {
     for path in [
         "/v1/activity/changes/stream",
         "/v1/activity/runs/r1/stream",
@@ -228,15 +217,18 @@ async fn a_limit_of_one_connection_serves_no_live_stream() {
         let body: serde_json::Value = refused.json().await.expect("an error body");
         assert_eq!(body["error"]["code"], "unavailable", "{path}");
         let message = body["error"]["message"].as_str().unwrap_or_default();
-        assert!(message.contains("--max-connections 2 or more"), "{message}");
+        assert!(message.contains(says), "{path}: {message}");
     }
-    let start = serde_json::json!({
-        "spanId": "s1", "runId": "r1", "name": "turn", "kind": "turn", "origin": "session",
-    });
-    server
-        .post("/v1/activity/spans", &start)
-        .await
-        .assert_status(201);
-    server.get("/healthz").await.assert_status(200);
-    server.stop().await;
+}
+
+/// A server whose connection limit is `limit`.
+async fn with_connection_limit(limit: usize) -> TestServer {
+    TestServer::start_with(Options {
+        config: ServerConfig {
+            max_connections: limit,
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await
 }
