@@ -365,3 +365,73 @@ async fn a_grpc_export_ends_at_its_own_deadline() {
     );
     server.stop().await;
 }
+
+/// An OTLP/gRPC export whose deadline passes while the store waits for another process's lock
+/// ends for its client at the deadline (tonic's client gives up itself, `CANCELLED`, or hears
+/// the server's `DEADLINE_EXCEEDED`, whichever comes first), but goes on to its end holding its
+/// slot of the write limit (the writer commits what it was handed either way): before, the slot
+/// went back at the deadline while the export stayed in the store's queue, so exporters
+/// retrying timed-out exports filled that queue past the limit. Once the lock is free the
+/// export is stored, the slot comes back, and it is counted as abandoned.
+#[tokio::test]
+async fn a_grpc_export_past_its_deadline_keeps_its_slot_until_the_store_answers() {
+    use crate::otlp::{request, root_span};
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let server = TestServer::start_with(Options {
+            config: ServerConfig {
+                max_inflight_writes: 1,
+                write_wait: Duration::from_millis(50),
+                ..ServerConfig::default()
+            },
+            grpc: true,
+            ..Options::default()
+        })
+        .await;
+        let channel = crate::otlp_fuzz::grpc_channel(&server).await;
+        let lock = ForeignWriteLock::take(&server);
+        let mut call = tonic::Request::new(request(vec![root_span()]));
+        call.set_timeout(Duration::from_millis(300));
+        let answer = TraceServiceClient::new(channel).export(call).await;
+        let code = answer.map_or_else(|status| status.code(), |_| tonic::Code::Ok);
+        assert!(
+            matches!(code, tonic::Code::Cancelled | tonic::Code::DeadlineExceeded),
+            "{code:?}"
+        );
+        let metrics = crate::metrics::scrape(&server).await;
+        assert_eq!(
+            metrics.get("flightlog_http_writes_in_flight"),
+            Some(1.0),
+            "the export holds its slot past its deadline"
+        );
+        let late = json!({"spanId": "late", "runId": "late", "name": "late", "kind": "turn",
+                          "origin": "session"});
+        server
+            .post("/v1/activity/spans", &late)
+            .await
+            .assert_error(503, "unavailable");
+        lock.release();
+        let mut probes = 0;
+        loop {
+            let metrics = crate::metrics::scrape(&server).await;
+            if metrics.get("flightlog_http_writes_in_flight") == Some(0.0) {
+                assert_eq!(
+                    metrics.get("flightlog_http_writes_abandoned_total"),
+                    Some(1.0)
+                );
+                break;
+            }
+            probes += 1;
+            assert!(probes < 500, "the slot never came back");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        server
+            .get(&format!("/v1/activity/spans/{}", crate::otlp::hex(1)))
+            .await
+            .assert_status(200);
+        server.stop().await;
+    })
+    .await
+    .expect("the scenario ends within 30 s");
+}
