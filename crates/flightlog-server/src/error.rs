@@ -179,10 +179,17 @@ impl ApiError {
     }
 }
 
+/// The contract's error code of an error answer, in the answer's extensions, for the gate to
+/// count (`flightlog_http_errors_total`): two 409s, `conflict` and `journal_full`, ask
+/// different things of an operator.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ErrorCode(pub(crate) &'static str);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status(), Json(self.body())).into_response();
         self.insert_headers(response.headers_mut());
+        response.extensions_mut().insert(ErrorCode(self.code()));
         if let Self::Internal(message) = self {
             report_internal_error(&message);
         }

@@ -31,7 +31,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 
 use crate::connection_limit::ConnectionOfRequest;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::finish_on_drop::FinishOnDrop;
 use crate::metrics::{method_label, UNMATCHED_ROUTE};
 use crate::request_budget::{BodyHold, SMALL_BODY_BYTES};
@@ -124,6 +124,9 @@ pub(crate) async fn gate(State(state): State<AppState>, request: Request, next: 
     .await;
     let response =
         with_contract_body_limit_answer(response, state.config().body_limit, otlp_protobuf);
+    if let Some(ErrorCode(code)) = response.extensions().get::<ErrorCode>() {
+        state.metrics().observe_error(code);
+    }
     state.metrics().observe_request(
         route.as_ref().map_or(UNMATCHED_ROUTE, MatchedPath::as_str),
         method,
@@ -256,6 +259,9 @@ async fn admit_and_run(
                 move |response: Response| {
                     let metrics = state.metrics();
                     metrics.write_abandoned();
+                    if let Some(ErrorCode(code)) = response.extensions().get::<ErrorCode>() {
+                        metrics.observe_error(code);
+                    }
                     metrics.observe_request(
                         route.as_ref().map_or(UNMATCHED_ROUTE, MatchedPath::as_str),
                         method_name,

@@ -125,6 +125,12 @@ struct OtlpSignalLabels {
     signal: &'static str,
 }
 
+/// Labels of `flightlog_http_errors_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    code: &'static str,
+}
+
 /// Labels of `flightlog_grpc_calls_total`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GrpcCallLabels {
@@ -213,6 +219,7 @@ pub struct Metrics {
     otlp_span_events: Counter,
     otlp_dropped: Family<OtlpSignalLabels, Counter>,
     grpc_calls: Family<GrpcCallLabels, Counter>,
+    errors: Family<ErrorLabels, Counter>,
     maintenance: MaintenanceMetrics,
     /// The request metrics of each route seen, by its template. The families find a metric by
     /// hashing its labels with SipHash, the route as an owned `String`: two lookups and a copy
@@ -391,6 +398,15 @@ impl Metrics {
              `UNAVAILABLE`, …); the HTTP listener's requests are in flightlog_http_requests_total",
             grpc_calls.clone(),
         );
+        let errors = Family::<ErrorLabels, Counter>::default();
+        registry.register(
+            "flightlog_http_errors",
+            "HTTP error answers by the contract's error code (`conflict` apart from \
+             `journal_full`, `unavailable`, `invalid_request`, …); the statuses are in \
+             flightlog_http_requests_total, and an OTLP exporter's protobuf error answers are \
+             not in it",
+            errors.clone(),
+        );
         let maintenance = MaintenanceMetrics::register(&mut registry);
         Self {
             registry,
@@ -406,9 +422,15 @@ impl Metrics {
             otlp_span_events,
             otlp_dropped,
             grpc_calls,
+            errors,
             maintenance,
             by_route: RwLock::default(),
         }
+    }
+
+    /// Count one HTTP error answer with the contract's error `code`.
+    pub(crate) fn observe_error(&self, code: &'static str) {
+        self.errors.get_or_create(&ErrorLabels { code }).inc();
     }
 
     /// Count one OTLP/gRPC call answered with `code` (a `flightlog_grpc_calls_total` label
@@ -1029,6 +1051,7 @@ mod tests {
         metrics.observe_request(UNMATCHED_ROUTE, "POST", 404, 0.0001);
         metrics.write_refused();
         metrics.write_abandoned();
+        metrics.observe_error("journal_full");
         let text = metrics.encode(&scrape()).unwrap_or_default();
         for expected in [
             "# TYPE flightlog_http_requests_total counter\n",
@@ -1039,6 +1062,7 @@ mod tests {
             "flightlog_http_request_duration_seconds_bucket{route=\"/v1/activity/cursor\",method=\"GET\",le=\"0.0025\"} 2\n",
             "flightlog_http_writes_refused_total 1\n",
             "flightlog_http_writes_abandoned_total 1\n",
+            "flightlog_http_errors_total{code=\"journal_full\"} 1\n",
             "flightlog_activity_change_cursor 7\n",
             "flightlog_http_writes_in_flight 1\n",
             "flightlog_http_write_limit 4\n",

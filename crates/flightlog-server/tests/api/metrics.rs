@@ -545,3 +545,49 @@ async fn the_cursor_gauge_does_not_go_back_when_a_prune_takes_the_newest_changes
     );
     server.stop().await;
 }
+
+/// Error answers are counted by the contract's code: the two 409s of a journal append, a full
+/// journal (retention needs a look) and an `expectedSeq` conflict (concurrency as designed),
+/// share a status but not a cause (the metrics audit could not tell them apart).
+#[tokio::test]
+async fn error_answers_are_counted_by_their_code() {
+    let server = TestServer::start_with(Options {
+        retention: flightlog_core::journal::RetentionConfig {
+            max_events_per_engagement: 1,
+            ..flightlog_core::journal::RetentionConfig::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let note = json!({"type": "note", "at": 1, "data": {}});
+    server
+        .post("/v1/engagements/full/events", &note)
+        .await
+        .assert_status(201);
+    server
+        .post("/v1/engagements/full/events", &note)
+        .await
+        .assert_error(409, "journal_full");
+    let guarded = json!({"type": "note", "at": 1, "data": {}, "expectedSeq": 5});
+    server
+        .post("/v1/engagements/other/events", &guarded)
+        .await
+        .assert_error(409, "conflict");
+    server
+        .get("/v1/activity/spans/nobody")
+        .await
+        .assert_error(404, "not_found");
+    let counted = scrape(&server).await;
+    for (code, answers) in [("journal_full", 1.0), ("conflict", 1.0), ("not_found", 1.0)] {
+        assert_eq!(
+            counted.get(&format!("flightlog_http_errors_total{{code=\"{code}\"}}")),
+            Some(answers),
+            "{code}"
+        );
+    }
+    assert_eq!(
+        counted.get("flightlog_http_errors_total{code=\"unavailable\"}"),
+        None
+    );
+    server.stop().await;
+}
