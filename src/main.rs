@@ -340,8 +340,38 @@ fn demo_db(db: Option<PathBuf>, config: Option<PathBuf>) -> anyhow::Result<PathB
     Ok(settings.db)
 }
 
+/// The switches that take their value only after `=` (`--manual-clock=false`): given apart
+/// (`--manual-clock false`), clap reads the value as a stray argument and says only that.
+const EQUALS_ONLY_SWITCHES: [&str; 2] = ["--manual-clock", "--allow-unauthenticated-non-loopback"];
+
+/// Parse the command line; a switch's value given apart from it gets clap's error and how to
+/// write it (an audit's finding: the error alone named no fix).
+fn parse_command_line() -> Cli {
+    let err = match Cli::try_parse() {
+        Ok(cli) => return cli,
+        Err(err) => err,
+    };
+    if err.kind() == clap::error::ErrorKind::UnknownArgument {
+        let args: Vec<String> = std::env::args().collect();
+        let switch = args.windows(2).find_map(|pair| {
+            let is_bool = matches!(
+                pair[1].to_ascii_lowercase().as_str(),
+                "true" | "false" | "yes" | "no" | "on" | "off" | "1" | "0"
+            );
+            (is_bool && EQUALS_ONLY_SWITCHES.contains(&pair[0].as_str()))
+                .then(|| (pair[0].clone(), pair[1].clone()))
+        });
+        if let Some((switch, value)) = switch {
+            eprint!("{err}");
+            eprintln!("\nflightlog: {switch} takes its value after `=`: write {switch}={value}");
+            std::process::exit(err.exit_code());
+        }
+    }
+    err.exit()
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_command_line();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -687,7 +687,14 @@ fn unknown_commands_flags_missing_values_and_repeated_flags_are_usage_errors() {
         // A switch's value given apart from it (it takes `=BOOL` only).
         (
             serve_args(&db, &["--manual-clock", "false"]),
-            &["unexpected argument 'false'"],
+            &[
+                "unexpected argument 'false'",
+                "--manual-clock takes its value after `=`: write --manual-clock=false",
+            ],
+        ),
+        (
+            serve_args(&db, &["--allow-unauthenticated-non-loopback", "true"]),
+            &["write --allow-unauthenticated-non-loopback=true"],
         ),
         // Flags that cannot sensibly be given twice.
         (
