@@ -395,7 +395,8 @@ impl Metrics {
             "flightlog_grpc_calls",
             "OTLP/gRPC calls answered, by method (the three OTLP Export methods, `other` for any \
              other path) and gRPC status code (`OK`, `UNAUTHENTICATED`, `RESOURCE_EXHAUSTED`, \
-             `UNAVAILABLE`, …); the HTTP listener's requests are in flightlog_http_requests_total",
+             `UNAVAILABLE`, …); the HTTP listener's requests are in \
+             flightlog_http_requests_total",
             grpc_calls.clone(),
         );
         let errors = Family::<ErrorLabels, Counter>::default();

@@ -91,8 +91,9 @@ impl ServerConfig {
 
     /// The most live streams open at once: three quarters of [`Self::max_connections`],
     /// rounded down (none at a limit of 1: with "at least one", one stream took the only
-    /// connection and every write waited until it ended; an audit's finding). A live stream keeps its connection busy for as long as its client follows,
-    /// so it is never closed to make room (see [`crate::connection_limit`]); without this cap,
+    /// connection and every write waited until it ended; an audit's finding). A live stream
+    /// keeps its connection busy for as long as its client follows, so it is never closed to
+    /// make room (see [`crate::connection_limit`]); without this cap,
     /// dashboards alone could take every connection, and every write, `/healthz` and new
     /// stream waited unanswered (an audit's finding: 20 streams against `--max-connections 20`
     /// held an ingest request 45 s). Past it, a stream request is answered `503` with
