@@ -29,6 +29,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+#[path = "support/http.rs"]
+#[allow(dead_code)] // This file uses only the metrics reader; it has its own request helper.
+mod http;
+use http::metric_sample as metric;
+
 #[allow(dead_code)] // Each test file uses its own part of the shared helpers.
 mod support;
 use support::ServeProcess;
@@ -1021,13 +1026,6 @@ fn stalled_write_bodies_hold_no_write_slot() {
     let events: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(events.as_array().map(Vec::len), Some(3), "{status} {body}");
     server.stop().unwrap();
-}
-
-/// What a server's `/metrics` says of one sample (the first line naming it, without labels).
-fn metric(addr: SocketAddr, name: &str) -> Option<f64> {
-    let (_, text) = request(addr, "GET", "/metrics", None).ok()?;
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
 
 /// With write slots taken only once a body is here, small bodies being read are bounded by a

@@ -124,16 +124,29 @@ pub(crate) async fn gate(State(state): State<AppState>, request: Request, next: 
     .await;
     let response =
         with_contract_body_limit_answer(response, state.config().body_limit, otlp_protobuf);
+    count_answer(&state, route.as_ref(), method, &response, started);
+    response
+}
+
+/// Count a request's answer in `/metrics`: by route, method and status, its duration since
+/// `started`, and an error answer by the contract's code.
+fn count_answer(
+    state: &AppState,
+    route: Option<&MatchedPath>,
+    method: &'static str,
+    response: &Response,
+    started: Instant,
+) {
+    let metrics = state.metrics();
     if let Some(ErrorCode(code)) = response.extensions().get::<ErrorCode>() {
-        state.metrics().observe_error(code);
+        metrics.observe_error(code);
     }
-    state.metrics().observe_request(
-        route.as_ref().map_or(UNMATCHED_ROUTE, MatchedPath::as_str),
+    metrics.observe_request(
+        route.map_or(UNMATCHED_ROUTE, MatchedPath::as_str),
         method,
         response.status().as_u16(),
         started.elapsed().as_secs_f64(),
     );
-    response
 }
 
 async fn admit_and_run(
@@ -257,17 +270,8 @@ async fn admit_and_run(
                 let state = state.clone();
                 let route = route.cloned();
                 move |response: Response| {
-                    let metrics = state.metrics();
-                    metrics.write_abandoned();
-                    if let Some(ErrorCode(code)) = response.extensions().get::<ErrorCode>() {
-                        metrics.observe_error(code);
-                    }
-                    metrics.observe_request(
-                        route.as_ref().map_or(UNMATCHED_ROUTE, MatchedPath::as_str),
-                        method_name,
-                        response.status().as_u16(),
-                        started.elapsed().as_secs_f64(),
-                    );
+                    state.metrics().write_abandoned();
+                    count_answer(&state, route.as_ref(), method_name, &response, started);
                 }
             };
             FinishOnDrop::new(next.run(request), (hold, slot), abandoned).await
