@@ -7,7 +7,8 @@
 //!   requests by route template, method and status; request durations; writes refused by the
 //!   write limit; live stream clients; stream events sent, and streams the server ended (resync
 //!   or error); OTLP spans by what became of them; the scheduled maintenance's steps (see
-//!   `crate::maintenance`) and the stuck runs its last pass found;
+//!   `crate::maintenance`), when each last succeeded, and the stuck runs its last pass found;
+//!   the server's version (`flightlog_build_info`);
 //! - read at scrape time and never stored: the activity store's change cursor, the writes in
 //!   flight (from the write limit's semaphore), the budget of large answers (its size, what is
 //!   held of it, the answers it refused), the process's resident memory and start time,
@@ -145,10 +146,25 @@ struct MaintenanceLabels {
     result: &'static str,
 }
 
+/// Labels of `flightlog_maintenance_last_success_timestamp_seconds`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepLabels {
+    step: &'static str,
+}
+
+/// Labels of `flightlog_build_info`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+}
+
 /// The counters of the scheduled maintenance (see `crate::maintenance`); clones share them.
 #[derive(Debug, Clone)]
 pub(crate) struct MaintenanceMetrics {
     passes: Family<MaintenanceLabels, Counter>,
+    /// When each step last succeeded (wall clock, seconds since the Unix epoch); a step that
+    /// never has has no series.
+    last_success: Family<StepLabels, Gauge<f64, AtomicU64>>,
     /// Spans the stale sweep closed.
     pub stale_spans_closed: Counter,
     /// Runs whose detail the retention pruned.
@@ -166,7 +182,7 @@ pub(crate) struct MaintenanceMetrics {
 }
 
 impl MaintenanceMetrics {
-    /// Count one run of `step`, successful or not.
+    /// Count one run of `step`, successful or not; a success also sets its timestamp.
     pub(crate) fn pass(&self, step: Step, succeeded: bool) {
         self.passes
             .get_or_create(&MaintenanceLabels {
@@ -174,6 +190,13 @@ impl MaintenanceMetrics {
                 result: if succeeded { "ok" } else { "error" },
             })
             .inc();
+        if succeeded {
+            self.last_success
+                .get_or_create(&StepLabels {
+                    step: step.as_str(),
+                })
+                .set(unix_time_seconds());
+        }
     }
 }
 
@@ -409,6 +432,17 @@ impl Metrics {
             errors.clone(),
         );
         let maintenance = MaintenanceMetrics::register(&mut registry);
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        registry.register(
+            "flightlog_build_info",
+            "Always 1; its `version` label is the running server's version",
+            build_info,
+        );
         Self {
             registry,
             requests,
@@ -616,6 +650,14 @@ impl MaintenanceMetrics {
              (stale_sweep, stuck, prune, journal_prune) and result (ok, error)",
             passes.clone(),
         );
+        let last_success = Family::<StepLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "flightlog_maintenance_last_success_timestamp_seconds",
+            "When each step of the scheduled maintenance last succeeded, in seconds since the \
+             Unix epoch by the machine's clock (absent for a step that has not yet); alert on \
+             time() minus it to learn that retention or the stale sweep has stopped working",
+            last_success.clone(),
+        );
         let stale_spans_closed = Counter::default();
         registry.register(
             "flightlog_maintenance_stale_spans_closed",
@@ -665,6 +707,7 @@ impl MaintenanceMetrics {
         );
         Self {
             passes,
+            last_success,
             stale_spans_closed,
             runs_pruned,
             spans_pruned,
@@ -891,11 +934,15 @@ fn gauge_i64(value: i64) -> Gauge<i64, AtomicI64> {
 /// When this process made its first server state, seconds since the Unix epoch.
 fn process_start_time() -> f64 {
     static START: OnceLock<f64> = OnceLock::new();
-    *START.get_or_init(|| {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0.0, |since| since.as_secs_f64())
-    })
+    *START.get_or_init(unix_time_seconds)
+}
+
+/// Now by the machine's clock (never the stores' clock, which tests may drive), in seconds
+/// since the Unix epoch; 0 before it.
+fn unix_time_seconds() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |since| since.as_secs_f64())
 }
 
 /// The process's resident set size, from `VmRSS` in `/proc/self/status` (in kB there).
@@ -946,7 +993,7 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
 /// `flightlog_http_request_duration_seconds{route,method}`, `flightlog_http_writes_refused_total`,
 /// `flightlog_stream_events_total{stream}`, `flightlog_stream_ends_total{stream,reason}`,
 /// `flightlog_otlp_spans_total{result}`, `flightlog_otlp_span_events_total`.
-/// Gauges: `flightlog_stream_clients{stream}`, `flightlog_http_writes_in_flight`,
+/// Gauges: `flightlog_build_info{version}`, `flightlog_stream_clients{stream}`, `flightlog_http_writes_in_flight`,
 /// `flightlog_http_write_limit`, `flightlog_activity_change_cursor` (absent when the store could
 /// not be read), `process_resident_memory_bytes` (Linux only), `process_start_time_seconds`.
 /// And what the storage backend reports about itself: on SQLite the writer thread's

@@ -154,6 +154,23 @@ async fn the_stale_sweep_closes_silent_runs_of_every_writer_once_the_server_has_
         Some(2.0),
         "the pass inside the first window does not count as a sweep"
     );
+    // By the machine's clock, not the testing clock the sweep went by.
+    let last_success = metrics
+        .get(r#"flightlog_maintenance_last_success_timestamp_seconds{step="stale_sweep"}"#)
+        .expect("the sweep's last success");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_secs_f64();
+    assert!(
+        last_success <= now && last_success > now - 600.0,
+        "{last_success} vs now {now}"
+    );
+    assert_eq!(
+        metrics.get(r#"flightlog_maintenance_last_success_timestamp_seconds{step="prune"}"#),
+        None,
+        "a step that is off has never succeeded"
+    );
     server.stop().await;
 }
 
@@ -645,6 +662,13 @@ async fn a_failing_step_is_counted_and_the_other_steps_still_run() {
             )),
             Some(2.0),
             "{step}"
+        );
+        assert_eq!(
+            metrics.get(&format!(
+                r#"flightlog_maintenance_last_success_timestamp_seconds{{step="{step}"}}"#
+            )),
+            None,
+            "{step} never succeeded"
         );
     }
     server.get("/healthz").await.assert_status(503);

@@ -224,6 +224,13 @@ async fn requests_are_counted_by_route_template_method_and_status() {
     assert!(before
         .get("process_start_time_seconds")
         .is_some_and(|t| t > 1.6e9));
+    assert_eq!(
+        before.get(&format!(
+            r#"flightlog_build_info{{version="{}"}}"#,
+            env!("CARGO_PKG_VERSION")
+        )),
+        Some(1.0)
+    );
     if cfg!(target_os = "linux") {
         assert!(before
             .get("process_resident_memory_bytes")
