@@ -15,8 +15,11 @@
 //! - **No gap, no duplicate**: the tail *covers* a range of change ids `(from, to]`: everything the
 //!   log held in it when it was read, in order, with the same horizon check after each page as a
 //!   client's own reading (a page that may miss pruned or trimmed changes resets the tail, and a
-//!   client behind the reset reads the database itself, which tells it to resync). A client
-//!   takes frames only when its cursor is inside the range, and moves its cursor to what it took.
+//!   client behind the reset reads the database itself, which tells it to resync; frames below
+//!   the horizon are forgotten at each reading). A client takes frames only once it has caught
+//!   up by reading the database itself (so one that comes back after a prune is told to resync,
+//!   and gets each span as it is now) and while its cursor is inside the range, and moves its
+//!   cursor to what it took.
 //! - **Bounded memory, no client holds writers up**: the tail keeps at most [`MAX_ENTRIES`] frames
 //!   and about [`MAX_BYTES`]; a client that falls behind its oldest frame reads the database
 //!   itself from its own cursor (catching up in pages, as before) and joins the tail again once
@@ -205,6 +208,11 @@ impl ChangeTail {
         let Some(covered) = covered.as_mut() else {
             return Ok(());
         };
+        // Frames below the horizon may be of changes a prune or trim deleted since they were
+        // read: a client behind them must read the database itself (which tells it to
+        // resync), not take them (an audit's finding: a client that came back after a prune
+        // was sent the pruned run's changes, and no resync).
+        forget_below(covered, horizon);
         if covered.to != after {
             return Ok(());
         }
@@ -261,6 +269,25 @@ fn encode(change: &ActivityChange) -> Entry {
     }
 }
 
+/// Drop the frames below the change log's `horizon` (what may have been deleted); the range
+/// then starts just below it.
+fn forget_below(covered: &mut Covered, horizon: i64) {
+    let below = horizon.saturating_sub(1);
+    if covered.from >= below {
+        return;
+    }
+    while covered
+        .entries
+        .front()
+        .is_some_and(|oldest| oldest.change_id <= below)
+    {
+        if let Some(oldest) = covered.entries.pop_front() {
+            covered.bytes -= oldest.frame.len();
+        }
+    }
+    covered.from = below.min(covered.to);
+}
+
 /// Drop the oldest frames past the bounds; the range then starts at the last one dropped.
 fn trim(covered: &mut Covered) {
     while covered.entries.len() > MAX_ENTRIES
@@ -315,6 +342,22 @@ mod tests {
         let tail = tail_of(&[MAX_TAKE_BYTES * 2, 10]);
         let taken = tail.take(0).expect("covered");
         assert_eq!((taken.frames.len(), taken.cursor), (1, 1));
+    }
+
+    #[test]
+    fn frames_below_the_horizon_are_forgotten() {
+        let tail = tail_of(&[10; 5]);
+        let mut covered = tail.lock();
+        let covered = covered.as_mut().expect("covered");
+        forget_below(covered, 4);
+        assert_eq!((covered.from, covered.to, covered.bytes), (3, 5, 20));
+        assert_eq!(covered.entries.front().map(|e| e.change_id), Some(4));
+        // A horizon at or below the range changes nothing.
+        forget_below(covered, 2);
+        assert_eq!((covered.from, covered.entries.len()), (3, 2));
+        // One past the end empties it; the range ends where it did.
+        forget_below(covered, 9);
+        assert_eq!((covered.from, covered.to, covered.entries.len()), (5, 5, 0));
     }
 
     #[test]

@@ -457,7 +457,7 @@ impl ChangeFeed {
         if newest.is_some_and(|newest| newest > self.cursor) {
             return Ok(false);
         }
-        if newest.is_none() && filter.above_seq.is_some_and(|above| above > 0) {
+        if newest.is_none() && filter.above_seq.is_none_or(|above| above > 0) {
             // No change of the run is logged: trimmed (it keeps its seq), or its detail was
             // pruned (it has none), which no change says: a caught-up client of a run pruned
             // before it ended (an OpenTelemetry trace whose root never came, by the hard
@@ -467,7 +467,20 @@ impl ChangeFeed {
                 .run_high_water_seq(&filter.run_id)
                 .await
                 .map_err(|err| FeedEnd::Failed(err.to_string()))?;
-            if high == 0 {
+            // A stream resumed with `Last-Event-ID` (no seq seen yet) may have been opened
+            // before its run's first span, to wait for it (the run's first change then ends it
+            // with a `resync`, see `take_page`); only a run whose rollup says its detail was
+            // pruned is over for it. Such a client, away while the prune ran, waited on in
+            // silence (an audit's finding).
+            let pruned = high == 0
+                && (filter.above_seq.is_some()
+                    || self
+                        .store
+                        .read_rollup(&filter.run_id)
+                        .await
+                        .map_err(|err| FeedEnd::Failed(err.to_string()))?
+                        .is_some_and(|rollup| rollup.detail_pruned));
+            if pruned {
                 return Err(FeedEnd::Resync {
                     horizon: self.horizon().await?,
                     reason: RUN_PRUNED,
@@ -599,9 +612,17 @@ enum Step {
 /// its cursor is inside it, and reads the database itself ([`ChangeFeed`]) while it is not:
 /// when it starts, or falls behind the tail's oldest frame, or the tail started again past a
 /// gap (the database then tells it to resync).
+///
+/// A client starts on the database even when the tail covers its cursor, until it has caught
+/// up: the tail learns of a prune only when it next reads, so a client that came back after
+/// one was sent the pruned run's changes and no resync; and the tail's frames hold each span
+/// as it was when the tail read it, while a client resuming expects it as it is now, as the
+/// change pages give it (an audit's findings).
 struct GlobalFeed {
     own: ChangeFeed,
     tail: Arc<ChangeTail>,
+    /// Whether it caught up on its own once, and so may take from the tail.
+    joined: bool,
     failed: bool,
 }
 
@@ -610,6 +631,7 @@ impl GlobalFeed {
         Self {
             own: ChangeFeed::new(store, cursor, None),
             tail,
+            joined: false,
             failed: false,
         }
     }
@@ -621,7 +643,11 @@ impl GlobalFeed {
             if let Some(change) = self.own.pending.pop_front() {
                 return Ok(change_event(&change));
             }
-            if let Some(taken) = self.tail.take(self.own.cursor) {
+            if let Some(taken) = self
+                .joined
+                .then(|| self.tail.take(self.own.cursor))
+                .flatten()
+            {
                 self.own.cursor = taken.cursor;
                 if !taken.frames.is_empty() {
                     return Ok(SseEvent::encoded(taken.frames));
@@ -646,6 +672,7 @@ impl GlobalFeed {
                 Step::Read => continue,
                 Step::CaughtUp => {
                     // Caught up on its own: from now on it follows the tail.
+                    self.joined = true;
                     let rung = *self.own.doorbell.borrow();
                     self.tail
                         .join(self.own.store.as_ref(), self.own.cursor, rung)
@@ -1666,7 +1693,9 @@ mod tests {
         }
         assert_eq!(got, expected);
         assert!(late.own.pages_read > 0);
-        // Joined: the next change comes from the tail.
+        // Caught up on its own (its cursor has long been inside the tail: it reads the database
+        // until it finds nothing more), it joins the tail: the next change comes from there.
+        assert_eq!(drain(&mut late).await, Vec::<i64>::new());
         let own_reads = late.own.pages_read;
         store
             .start_span(start("d", "d", 3_000))
@@ -1674,6 +1703,93 @@ mod tests {
             .expect("start d");
         assert_eq!(next_ids(&mut late).await, vec![newest + 1]);
         assert_eq!(late.own.pages_read, own_reads);
+    }
+
+    /// A client that comes back after a prune deleted changes the tail still holds (no commit
+    /// since, so the tail has not read again) is told to resync, as the change pages say, and
+    /// not sent the pruned run's changes; once the tail reads again it forgets them.
+    #[tokio::test]
+    async fn a_client_that_comes_back_after_a_prune_is_told_to_resync_not_sent_the_tail() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (store, snapshot) = store_with_a_run(dir.path(), "a-root", "a").await;
+        let tail = Arc::new(ChangeTail::default());
+        let mut leader = GlobalFeed::new(
+            Arc::clone(&store),
+            Arc::clone(&tail),
+            snapshot.change_cursor,
+        );
+        assert_eq!(drain(&mut leader).await, Vec::<i64>::new());
+        write_and_end_another_run(store.as_ref()).await;
+        let ids = drain(&mut leader).await;
+        assert_eq!(ids.len(), 2, "y's start and end: {ids:?}");
+        assert!(tail.take(snapshot.change_cursor).is_some(), "in the tail");
+        assert_eq!(prune_ended_runs(store.as_ref()).await, 1);
+
+        let mut back = GlobalFeed::new(
+            Arc::clone(&store),
+            Arc::clone(&tail),
+            snapshot.change_cursor,
+        );
+        let next = tokio::time::timeout(Duration::from_secs(5), back.next_events())
+            .await
+            .expect("within 5 s");
+        assert!(matches!(next, Err(FeedEnd::Resync { .. })), "{next:?}");
+
+        // The leader, at the head, reads on past the prune: the tail forgets y's changes.
+        store
+            .start_span(start("b-root", "b", 7_000))
+            .await
+            .expect("start b");
+        assert_eq!(drain(&mut leader).await.len(), 1);
+        assert!(tail.take(snapshot.change_cursor).is_none(), "forgotten");
+    }
+
+    /// A client resuming inside the tail gets each span as it is now (as the change pages
+    /// give it), not as the tail read it at its change.
+    #[tokio::test]
+    async fn a_client_resuming_inside_the_tail_gets_each_span_as_it_is_now() {
+        use flightlog_core::activity::{EndSpanInput, SpanOutcome};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (store, snapshot) = store_with_a_run(dir.path(), "a-root", "a").await;
+        let tail = Arc::new(ChangeTail::default());
+        let mut leader = GlobalFeed::new(
+            Arc::clone(&store),
+            Arc::clone(&tail),
+            snapshot.change_cursor,
+        );
+        assert_eq!(drain(&mut leader).await, Vec::<i64>::new());
+        store
+            .start_span(start("t", "a", 1_200))
+            .await
+            .expect("start t");
+        assert_eq!(drain(&mut leader).await.len(), 1);
+        let ended = EndSpanInput {
+            outcome: SpanOutcome::Error,
+            reason: Some("boom".into()),
+            ended_at: Some(1_300),
+            usage: None,
+            attrs: None,
+        };
+        assert!(store.end_span("t", ended).await.expect("end t"));
+        assert_eq!(drain(&mut leader).await.len(), 1);
+
+        let mut resumed = GlobalFeed::new(
+            Arc::clone(&store),
+            Arc::clone(&tail),
+            snapshot.change_cursor,
+        );
+        let event = tokio::time::timeout(Duration::from_secs(5), resumed.next_events())
+            .await
+            .expect("within 5 s")
+            .expect("events");
+        let text = String::from_utf8(event.into_bytes()).expect("UTF-8");
+        let first = text
+            .lines()
+            .find_map(|line| line.strip_prefix("data: "))
+            .expect("a change");
+        let change: serde_json::Value = serde_json::from_str(first).expect("JSON");
+        assert_eq!(change["changeId"], snapshot.change_cursor + 1, "{change}");
+        assert_eq!(change["span"]["outcome"], "error", "{change}");
     }
 
     /// A prune that deleted changes the tail had not read yet: the tail starts again past them,

@@ -1320,6 +1320,35 @@ async fn a_run_stream_is_told_when_its_open_run_is_pruned() {
     server.stop().await;
 }
 
+/// A client away while its run was pruned comes back with `Last-Event-ID`: the stream ends
+/// with a `resync` saying the run was pruned. It waited in silence (only keep-alives) until a
+/// new run took the id (an audit's finding); a fresh connect gets 404 as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stream_resumed_after_its_run_was_pruned_is_told_so() {
+    let server = TestServer::start().await;
+    finished_run(&server, "g", "gone").await;
+    let mut stream = SseClient::connect(&server, "/v1/activity/runs/gone/stream", None).await;
+    let snapshot = stream.next().await;
+    assert_eq!(snapshot.event, "snapshot", "{snapshot:?}");
+    drop(stream);
+    let result = prune_every_ended_run(&server).await;
+    assert_eq!(result["runsPruned"], 1, "{result}");
+    // Another run goes on, so the client's id is not behind the change log's horizon.
+    server
+        .post("/v1/activity/spans", &span_body("o", "open", None))
+        .await
+        .assert_status(201);
+    let mut resumed =
+        SseClient::connect(&server, "/v1/activity/runs/gone/stream", snapshot.id).await;
+    expect_resync_for_a_pruned_run(&mut resumed).await;
+    server
+        .get("/v1/activity/runs/gone/stream")
+        .await
+        .assert_error(404, "not_found");
+    drop(resumed);
+    server.stop().await;
+}
+
 /// A run whose change rows the trim deleted (its spans kept) goes on from its seq: its late
 /// event reaches its run stream as the next seq, and the change stream carries it with a seq
 /// above the run's snapshot's, so a client applying "drop what the snapshot holds" keeps it.
