@@ -166,7 +166,8 @@ struct ServeArgs {
         verbatim_doc_comment
     )]
     max_connections: Option<String>,
-    /// Events one engagement may hold; appends past it get 409 journal_full.
+    /// Events one engagement may hold; appends past it get 409 journal_full (0: every append
+    /// does, the journal read-only, as the reference's maxEventsPerEngagement 0).
     /// [env: FLIGHTLOG_JOURNAL_MAX_EVENTS] [file: journal.max_events] [default: 10000]
     #[arg(
         long,

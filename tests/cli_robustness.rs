@@ -1169,15 +1169,15 @@ const NUMERIC: [Numeric; 14] = [
         key: "journal.max_events",
         texts: &[
             "-1",
-            "0",
             "9007199254740992",
             "abc",
             "1.5",
             "99999999999999999999999",
             "",
         ],
-        tomls: &["-1", "0", "9007199254740992", "1.5", "false", "\"ten\""],
-        fix: "give a whole number of events per engagement from 1 to 9007199254740991",
+        tomls: &["-1", "9007199254740992", "1.5", "false", "\"ten\""],
+        fix: "give a whole number of events per engagement from 0 (no append accepted) to \
+              9007199254740991",
         takes: &["integer"],
     },
     Numeric {

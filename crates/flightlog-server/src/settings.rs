@@ -481,11 +481,14 @@ impl ServeSettings {
             Durability::Normal => "normal (commits survive a crash of this process)",
             Durability::Full => "full (commits survive power loss)",
         };
+        let journals = match self.retention.max_events_per_engagement {
+            0 => "journals read-only (journal.max_events 0: every append refused)".to_owned(),
+            max => format!("journals of up to {max} events each"),
+        };
         format!(
-            "durability {durability}; request bodies up to {}; journals of up to {} events \
-             each; a write waits up to {} for another process's write lock",
+            "durability {durability}; request bodies up to {}; {journals}; a write waits up to \
+             {} for another process's write lock",
             describe_bytes(self.server.body_limit),
-            self.retention.max_events_per_engagement,
             describe_duration(self.write_lock_wait)
         )
     }
@@ -1007,9 +1010,9 @@ pub fn resolve_with_file(
         &JOURNAL_MAX_EVENTS,
         flags.journal_max_events.as_deref(),
         RetentionConfig::DEFAULT_MAX_EVENTS_PER_ENGAGEMENT,
-        |text| parse_in_range(text, 1, SAFE_INTEGER_LIMIT as u64 - 1),
-        "give a whole number of events per engagement from 1 to 9007199254740991 (default \
-         10000)",
+        |text| parse_in_range(text, 0, SAFE_INTEGER_LIMIT as u64 - 1),
+        "give a whole number of events per engagement from 0 (no append accepted) to \
+         9007199254740991 (default 10000)",
     )?;
     let journal_max_age_ms = layers.parse(
         &JOURNAL_MAX_AGE_MS,

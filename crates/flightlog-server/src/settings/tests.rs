@@ -583,7 +583,7 @@ fn bad_values_name_the_setting_where_it_was_given_and_the_fix() {
             &["`journal.max_events` in", "(a TOML string)", "TOML integer"],
         ),
         (
-            Input::File("[journal]\nmax_events = 0"),
+            Input::File("[journal]\nmax_events = -1"),
             &["`journal.max_events` in", "whole number"],
         ),
         (
@@ -1115,6 +1115,24 @@ fn the_storage_settings_are_described_as_resolved() {
         chosen.describe_storage(),
         "durability full (commits survive power loss); request bodies up to 1536 KiB; journals \
          of up to 50 events each; a write waits up to 250 ms for another process's write lock"
+    );
+    // 0, as the reference's maxEventsPerEngagement 0 (a journal-full fixture): no append.
+    let read_only = resolve_with_file(
+        &ServeFlags {
+            journal_max_events: Some("0".into()),
+            ..ServeFlags::default()
+        },
+        &env(&[]),
+        None,
+    )
+    .expect("valid settings");
+    assert_eq!(read_only.retention.max_events_per_engagement, 0);
+    assert!(
+        read_only
+            .describe_storage()
+            .contains("journals read-only (journal.max_events 0: every append refused)"),
+        "{}",
+        read_only.describe_storage()
     );
     assert_eq!(describe_bytes(1000), "1000 bytes");
     assert_eq!(describe_bytes(2 << 30), "2 GiB");
