@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
-use axum::http::{HeaderMap, Uri};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use flightlog_core::activity::{ActivityChange, ActivityStore, ChangeDoorbell};
 use flightlog_core::journal::{EngagementEvent, EngagementJournal, JournalTail, TailBound};
@@ -200,6 +200,23 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(change_stream))
         .routes(routes!(run_stream))
         .routes(routes!(journal_stream))
+        .route_layer(axum::middleware::map_response(close_after_refusal))
+}
+
+/// A stream refused `503` (every place taken, the store lost, no room for its snapshot) is
+/// answered with `Connection: close`: its client retries after `Retry-After`, and on a
+/// keep-alive connection each retry kept that connection in use, so clients refused past the
+/// streams' three quarters of `--max-connections` held the quarter kept for writes (an audit:
+/// two such clients at a limit of 8, retrying every second, left a write unanswered for 30 s).
+/// Closed, the connection is free between the retries.
+async fn close_after_refusal(mut response: Response) -> Response {
+    if response.status() == StatusCode::SERVICE_UNAVAILABLE {
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    response
 }
 
 /// Query of `GET /v1/activity/changes/stream`.

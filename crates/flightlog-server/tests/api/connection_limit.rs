@@ -8,10 +8,10 @@
 
 use flightlog_server::state::ServerConfig;
 use flightlog_server::{AuthConfig, Scopes};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{read_answer, Options, TestServer};
+use crate::support::{read_answer, read_answer_head, Options, TestServer};
 
 /// `GET /healthz` on `stream`, kept open after; its status (`None`: no answer within 10 s).
 async fn healthz_on(stream: &mut TcpStream) -> Option<u16> {
@@ -179,6 +179,55 @@ async fn live_streams_leave_a_quarter_of_the_connections_to_writes() {
     server.stop().await;
 }
 
+/// A stream refused for want of a place closes its connection: clients that retried on their
+/// keep-alive connections (as a dashboard does after `Retry-After`) held the quarter of the
+/// connections kept for writes, and a write waited 30 s unanswered (an audit's finding).
+#[tokio::test]
+async fn a_refused_stream_closes_its_connection_so_retries_leave_room_for_writes() {
+    let server = with_connection_limit(8).await;
+    let mut streams = Vec::new();
+    for _ in 0..6 {
+        let stream = server
+            .client
+            .get(format!("{}/v1/activity/changes/stream", server.base))
+            .send()
+            .await
+            .expect("stream request");
+        assert_eq!(stream.status().as_u16(), 200);
+        streams.push(stream);
+    }
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let request = "GET /v1/activity/changes/stream HTTP/1.1\r\nHost: x\r\n\r\n";
+    let mut retrying = Vec::new();
+    for _ in 0..2 {
+        let mut socket = TcpStream::connect(&addr).await.expect("connect");
+        socket.write_all(request.as_bytes()).await.expect("send");
+        let (status, head) = read_answer_head(&mut socket).await.expect("an answer");
+        assert_eq!(status, 503, "{head}");
+        assert!(head.contains("connection: close"), "{head}");
+        // The server closed it: the client's retry needs a new connection.
+        let mut rest = [0u8; 16];
+        let read = tokio::time::timeout(std::time::Duration::from_secs(10), socket.read(&mut rest))
+            .await
+            .expect("closed within 10 s");
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+        retrying.push(socket);
+    }
+    // Both slots are free for writes at once (no idle connection has to be waited for).
+    let start = serde_json::json!({
+        "spanId": "s1", "runId": "r1", "name": "turn", "kind": "turn", "origin": "session",
+    });
+    let write = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        server.post("/v1/activity/spans", &start),
+    )
+    .await
+    .expect("a write answered within 5 s");
+    write.assert_status(201);
+    drop((streams, retrying));
+    server.stop().await;
+}
+
 /// At `--max-connections 1` the one connection is left to writes: a stream is refused at once
 /// with `503` and a message saying what to change. (Three quarters of 1 was raised to one
 /// stream, which took the only connection: a write and `/healthz` got no answer until the
@@ -214,6 +263,11 @@ async fn assert_streams_refused(server: &TestServer, says: &str) {
             .expect("stream request");
         assert_eq!(refused.status().as_u16(), 503, "{path}");
         assert!(refused.headers().contains_key("retry-after"), "{path}");
+        assert_eq!(
+            refused.headers().get("connection").map(|v| v.as_bytes()),
+            Some(&b"close"[..]),
+            "{path}"
+        );
         let body: serde_json::Value = refused.json().await.expect("an error body");
         assert_eq!(body["error"]["code"], "unavailable", "{path}");
         let message = body["error"]["message"].as_str().unwrap_or_default();
