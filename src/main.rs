@@ -156,8 +156,8 @@ struct ServeArgs {
     /// 1 s, one that did after 10 s idle), which waits while every connection is in use (said
     /// on stderr). Bounds the memory connections hold before any request is read (a request
     /// head is at most 32 KiB). Live streams take at most three quarters of it (a stream past
-    /// that gets 503 with Retry-After; none at 1), so writes always find a connection. From 1
-    /// to 1000000.
+    /// that gets 503 with Retry-After and its connection closed; none at 1), so writes always
+    /// find a connection. From 1 to 1000000.
     /// [env: FLIGHTLOG_MAX_CONNECTIONS] [file: max_connections] [default: 4096]
     #[arg(
         long,
