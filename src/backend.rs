@@ -29,7 +29,10 @@ use flightlog_sqlite::{
 };
 
 use crate::file_name_lock::FileNameLock;
-use crate::instance_lock::InstanceLock;
+use crate::instance_lock::{InstanceLock, Renewal};
+
+/// How often the instance's lock file is looked at (see [`Backend::keep_claim`]).
+const CLAIM_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long the database's close may take at a stop before the server says what it waits for.
 const SLOW_CLOSE_NOTICE: Duration = Duration::from_secs(1);
@@ -44,8 +47,37 @@ pub(crate) struct Backend {
     /// The path with its symbolic links resolved, where the side files live.
     real_path: PathBuf,
     write_lock_wait: Duration,
-    _instance_lock: Option<InstanceLock>,
+    /// Shared with the task that renews it (see [`Backend::keep_claim`]), which holds it only
+    /// weakly: it is let go when the backend is dropped.
+    instance_lock: Option<Arc<InstanceLock>>,
     _name_lock: Option<FileNameLock>,
+}
+
+/// Say on stderr what a renewal of the instance's lock found (see [`Backend::keep_claim`]).
+fn tell_renewal(renewal: &Renewal, instance: &str, lock_file: &Path) {
+    match renewal {
+        Renewal::Intact => {}
+        Renewal::Restored => say_err!(
+            "flightlog: warning: the lock file of instance {instance}, {}, was deleted or \
+             replaced while this server runs; made again. While it was missing a second server \
+             of instance {instance} could have started and closed this one's open spans: \
+             leave the lock files of live servers alone (a stopped server removes its own)",
+            lock_file.display()
+        ),
+        Renewal::TakenByAnother => say_err!(
+            "flightlog: error: the lock file of instance {instance}, {}, was deleted while this \
+             server runs, and another live flightlog has taken instance {instance} since: two \
+             servers are instance {instance} on this database, and each start of one closes \
+             the other's open spans as interrupted. Stop one of them, or give it another \
+             --instance",
+            lock_file.display()
+        ),
+        Renewal::CannotRestore(why) => say_err!(
+            "flightlog: warning: the lock file of instance {instance} was deleted while this \
+             server runs and {why}; a second server of instance {instance} could start and \
+             close this one's open spans. Tried again every second"
+        ),
+    }
 }
 
 impl Backend {
@@ -85,7 +117,7 @@ impl Backend {
             path: settings.db.clone(),
             real_path,
             write_lock_wait: settings.write_lock_wait,
-            _instance_lock: instance_lock,
+            instance_lock: instance_lock.map(Arc::new),
             _name_lock: name_lock,
         })
     }
@@ -106,7 +138,7 @@ impl Backend {
             path: path.to_path_buf(),
             real_path,
             write_lock_wait,
-            _instance_lock: None,
+            instance_lock: None,
             _name_lock: name_lock,
         })
     }
@@ -145,6 +177,38 @@ impl Backend {
     /// A callback for the moment the server starts stopping: from then on a write behind
     /// another process's write lock waits at most 2 s, so the requests in flight are answered
     /// (503) within the shutdown's grace instead of cut off after it.
+    /// The claim of `instance` kept up while the server runs: every second its lock file is
+    /// looked at and made again when it was deleted (`InstanceLock::renew`), and what was found
+    /// is said on stderr (once while it lasts). Ends when the backend is dropped. `None` when
+    /// no lock was taken.
+    pub(crate) fn keep_claim(
+        &self,
+        instance: &str,
+    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        let lock = Arc::downgrade(self.instance_lock.as_ref()?);
+        let instance = instance.to_owned();
+        Some(async move {
+            let mut ticks = tokio::time::interval(CLAIM_CHECK_INTERVAL);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last = Renewal::Intact;
+            loop {
+                ticks.tick().await;
+                let Some(lock) = lock.upgrade() else {
+                    return;
+                };
+                let renewal = lock.renew();
+                if renewal != last {
+                    tell_renewal(&renewal, &instance, lock.path());
+                }
+                last = match renewal {
+                    // Restored is news once; the file is then intact.
+                    Renewal::Restored => Renewal::Intact,
+                    other => other,
+                };
+            }
+        })
+    }
+
     pub(crate) fn on_stop(&self) -> impl FnOnce() + Send + 'static {
         let db = Arc::clone(&self.db);
         move || db.shutting_down()

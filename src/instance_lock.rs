@@ -13,9 +13,17 @@
 //! exit; a file left by a crash is simply locked again by the next life. Because a file may be
 //! removed while another process opens it, the lock counts only when the locked file is still
 //! the one at the path.
+//!
+//! A lock file deleted while its server runs (a crash leaves such files behind, and they look
+//! like leftovers to clean up) locked nothing any more: a second server of the instance made a
+//! new one, took it, and its boot closed the first one's live spans (an audit's finding). So the
+//! server looks at its lock file every second ([`InstanceLock::renew`], PostgreSQL checks its
+//! `postmaster.pid` the same way) and makes it again, locked, when it is gone or another file;
+//! the window is that second. A clean exit removes the file only when it is still its own.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 /// Why the lock was not taken.
 #[derive(Debug)]
@@ -24,20 +32,67 @@ pub enum InstanceLockError {
     Held { lock_file: PathBuf },
 }
 
-/// The held lock; dropping it removes the file and releases the lock.
+/// The held lock; dropping it removes the file (when it is still the one locked) and releases
+/// the lock.
 #[derive(Debug)]
 pub struct InstanceLock {
-    file: Option<File>,
+    /// The locked file; replaced when the one at the path was deleted (see [`Self::renew`]).
+    file: Mutex<File>,
     path: PathBuf,
+}
+
+/// What [`InstanceLock::renew`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// The locked file is still the one at the path.
+    Intact,
+    /// The file at the path was gone or another one: made again and locked.
+    Restored,
+    /// It was gone, and the file at the path is locked by another process: a second server of
+    /// the instance started meanwhile.
+    TakenByAnother,
+    /// It was gone, and could not be made again (the folder is read-only or gone); tried again
+    /// at the next renewal.
+    CannotRestore(String),
+}
+
+impl InstanceLock {
+    /// The lock file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Check that the locked file is still the one at the path, and make it again, locked, when
+    /// it is not (see the module docs).
+    pub fn renew(&self) -> Renewal {
+        let mut held = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        if crate::file_name_lock::same_file(&held, &self.path) {
+            return Renewal::Intact;
+        }
+        match take(&self.path) {
+            Ok(Some(file)) => {
+                // The old file (deleted, or no longer at the path) is let go.
+                *held = file;
+                Renewal::Restored
+            }
+            Ok(None) => Renewal::CannotRestore(format!(
+                "cannot make {} again (is its folder writable?)",
+                self.path.display()
+            )),
+            Err(InstanceLockError::Held { .. }) => Renewal::TakenByAnother,
+        }
+    }
 }
 
 impl Drop for InstanceLock {
     fn drop(&mut self) {
-        // Remove the path while still holding the lock, so no one can lock the old file between.
-        if self.file.is_some() {
+        // Remove the path while still holding the lock, so no one can lock the old file between;
+        // only when it is still this lock's file (another server's, made after this one's was
+        // deleted, is left alone).
+        let held = self.file.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if crate::file_name_lock::same_file(held, &self.path) {
             let _ = std::fs::remove_file(&self.path);
         }
-        self.file = None;
     }
 }
 
@@ -74,6 +129,14 @@ pub fn lock_instance(
     instance: &str,
 ) -> Result<Option<InstanceLock>, InstanceLockError> {
     let path = lock_file_path(database, instance);
+    Ok(take(&path)?.map(|file| InstanceLock {
+        file: Mutex::new(file),
+        path,
+    }))
+}
+
+/// Make (or open) the lock file at `path` and lock it: `Ok(None)` when it cannot be made.
+fn take(path: &Path) -> Result<Option<File>, InstanceLockError> {
     // A few tries: another life may remove the file between our open and our lock.
     for _ in 0..3 {
         let Ok(file) = OpenOptions::new()
@@ -81,22 +144,21 @@ pub fn lock_instance(
             .write(true)
             .create(true)
             .truncate(false)
-            .open(&path)
+            .open(path)
         else {
             return Ok(None);
         };
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
-                return Err(InstanceLockError::Held { lock_file: path });
+                return Err(InstanceLockError::Held {
+                    lock_file: path.to_path_buf(),
+                });
             }
             Err(TryLockError::Error(_)) => return Ok(None),
         }
-        if crate::file_name_lock::same_file(&file, &path) {
-            return Ok(Some(InstanceLock {
-                file: Some(file),
-                path,
-            }));
+        if crate::file_name_lock::same_file(&file, path) {
+            return Ok(Some(file));
         }
     }
     Ok(None)
@@ -124,6 +186,35 @@ mod tests {
         drop(first);
         assert!(!lock_file_path(&database, "shared").exists());
         assert!(matches!(lock_instance(&database, "shared"), Ok(Some(_))));
+    }
+
+    /// A lock file deleted under a live server is made again at its next renewal, so a second
+    /// server of the instance is refused again; one that took the instance meanwhile is seen,
+    /// and its file is not removed when the first one stops.
+    #[test]
+    fn a_deleted_lock_file_is_made_again_and_a_taker_is_seen() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let database = dir.path().join("flightlog.db");
+        let first = lock_instance(&database, "x").expect("free").expect("made");
+        assert_eq!(first.renew(), Renewal::Intact);
+        std::fs::remove_file(first.path()).expect("delete the lock file");
+        assert_eq!(first.renew(), Renewal::Restored);
+        assert!(first.path().exists());
+        assert!(matches!(
+            lock_instance(&database, "x"),
+            Err(InstanceLockError::Held { .. })
+        ));
+        assert_eq!(first.renew(), Renewal::Intact);
+
+        // Deleted again, and a second server of "x" starts before the renewal.
+        std::fs::remove_file(first.path()).expect("delete the lock file");
+        let second = lock_instance(&database, "x").expect("free").expect("made");
+        assert_eq!(first.renew(), Renewal::TakenByAnother);
+        drop(first);
+        assert!(second.path().exists(), "the second one's file is kept");
+        assert_eq!(second.renew(), Renewal::Intact);
+        drop(second);
+        assert!(!lock_file_path(&database, "x").exists());
     }
 
     #[test]

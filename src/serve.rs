@@ -249,6 +249,16 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
     let wait_for_stop = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stopped.wait_for(|stop| *stop).await;
     };
+    // The instance's lock file is looked after while the server runs (see `Backend::keep_claim`).
+    if let Some(keep_claim) = backend.keep_claim(&instance) {
+        let stopping = wait_for_stop(stopped.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = stopping => {}
+                () = keep_claim => {}
+            }
+        });
+    }
     // The backend hears of the stop at once (see `Backend::on_stop`).
     tokio::spawn({
         let on_stop = backend.on_stop();

@@ -260,6 +260,77 @@ fn a_second_live_server_of_one_instance_is_refused_and_closes_nothing() {
     assert_eq!(lock_files(""), 0);
 }
 
+/// A lock file deleted while its server runs (crashes leave such files, which look like
+/// leftovers to clean up) is made again within a second, so a second server of the instance is
+/// still refused: it started, and its boot closed the first one's live span, whose real end
+/// was then refused (an audit's finding).
+#[test]
+fn a_lock_file_deleted_under_a_live_server_is_made_again() {
+    let scratch = Scratch::new("restart-sweep", "relock");
+    let db = scratch.0.join("flightlog.db");
+    let first = serve(&scratch.0, &db, &["--instance", "shared"]);
+    start(
+        first.addr,
+        None,
+        json!({"spanId": "live", "runId": "run-live", "name": "turn", "kind": "turn",
+               "origin": "session"}),
+    );
+    let lock_file = std::fs::read_dir(&scratch.0)
+        .expect("list the folder")
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.path())
+        .find(|path| {
+            path.file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.contains("-serve-shared-") && name.ends_with(".lock"))
+        })
+        .expect("the instance's lock file");
+    std::fs::remove_file(&lock_file).expect("delete the lock file");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !lock_file.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not made again within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut twin = support::serve_command(&scratch.0, &db, &["--instance", "shared"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the twin");
+    let status = support::wait_at_most(&mut twin, START_TIMEOUT);
+    if status.is_none() {
+        let _ = twin.kill();
+    }
+    let output = twin.wait_with_output().expect("the twin's output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        status.is_some_and(|status| status.code() == Some(1)),
+        "{status:?}: {stderr}"
+    );
+    assert!(
+        stderr.contains("instance shared is already served by another live flightlog"),
+        "{stderr}"
+    );
+    assert_eq!(span(first.addr, "live")["outcome"], Value::Null);
+    let (status, ended) = request(
+        first.addr,
+        "POST",
+        "/v1/activity/spans/live/end",
+        None,
+        Some(json!({"outcome": "success"})),
+    );
+    assert_eq!(status, 200, "{ended}");
+    assert_eq!(ended["ended"], true, "{ended}");
+    let output = stop(first);
+    assert!(
+        output.contains("was deleted or replaced while this server runs; made again"),
+        "{output}"
+    );
+    assert!(!lock_file.exists(), "a clean exit removes it");
+}
+
 /// Under `--manual-clock` the clock starts at 0 at each boot, so the boot sweep closed a
 /// leftover started at 5,000,000 "at 0": an end before its start and a negative duration (an
 /// audit's finding). A leftover never ends before it started.
