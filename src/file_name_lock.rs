@@ -39,11 +39,18 @@ const REFUSAL_CHECKS: usize = 5;
 /// The pause between two of those checks.
 const RECHECK_PAUSE: Duration = Duration::from_millis(20);
 
+/// How long a process joining others on the file waits for their `-shm` to show before it
+/// concludes it was deleted (another process may be between its locks and SQLite's open).
+const SHM_WAIT: Duration = Duration::from_secs(1);
+
 /// Why the database may not be opened under this name.
 #[derive(Debug)]
 pub enum FileNameLockError {
     /// Another flightlog process uses the file under another name (a hard link).
     OtherName { database: PathBuf, links: u64 },
+    /// Other flightlog processes use the file, and its `-shm` is not there: it was deleted
+    /// under them.
+    ShmDeleted { database: PathBuf },
 }
 
 impl std::fmt::Display for FileNameLockError {
@@ -56,6 +63,16 @@ impl std::fmt::Display for FileNameLockError {
                  {links} hard links, and SQLite keeps its write-ahead log beside the name, so two \
                  names would lose each other's writes. Use the name the other process uses, or \
                  stop it first (`ls -i` shows the names that share the file's inode number)",
+                database.display()
+            ),
+            Self::ShmDeleted { database } => write!(
+                formatter,
+                "{} is in use by another flightlog process, and its shared-memory index (its \
+                 `-shm` file) has been deleted under it: SQLite coordinates the processes on a \
+                 file through that index, so a process opening the file now would make another \
+                 one, unseen by the first, and the two would damage the file. Stop the other \
+                 flightlog cleanly (Ctrl-C or SIGTERM; it loses nothing) and start again; and \
+                 leave a live database's `-shm` and `-wal` files alone",
                 database.display()
             ),
         }
@@ -98,6 +115,8 @@ pub fn name_lock_path(database: &Path) -> PathBuf {
 /// reason, or the process runs without this guard).
 pub fn lock_file_name(database: &Path) -> Result<Option<FileNameLock>, FileNameLockError> {
     let name_path = name_lock_path(database);
+    // Whether other processes use the file on this name (their `-shm` must then be there).
+    let mut joined_others = false;
     for _ in 0..REFUSAL_CHECKS {
         // Never closed, on any path: this process may already have the file open in SQLite.
         let Ok(database_file) = File::open(database).map(ManuallyDrop::new) else {
@@ -135,17 +154,29 @@ pub fn lock_file_name(database: &Path) -> Result<Option<FileNameLock>, FileNameL
                     if name_file.lock_shared().is_err() || database_file.lock_shared().is_err() {
                         return Ok(None);
                     }
+                    joined_others = true;
                 }
                 Err(TryLockError::Error(_)) => return Ok(None),
             },
             Err(TryLockError::Error(_)) => return Ok(None),
         }
         if same_file(&name_file, &name_path) {
-            return Ok(Some(FileNameLock {
+            let lock = FileNameLock {
                 _database: database_file,
                 name_file: Some(name_file),
                 name_path,
-            }));
+            };
+            // An audit deleted the `-shm` under a live server and started a second one: each
+            // had its own index, neither saw the other's locks, and the file was damaged
+            // ("database disk image is malformed"), `/healthz` saying ok on both.
+            if joined_others && !shm_shows(database) {
+                // The file's descriptor stays open (see the module comment), its lock does not.
+                let _ = lock._database.unlock();
+                return Err(FileNameLockError::ShmDeleted {
+                    database: database.to_path_buf(),
+                });
+            }
+            return Ok(Some(lock));
         }
         // The last user removed the name's file between our open and our lock: the lock
         // held is on a file nobody else will see. Again, with the file at the path (the
@@ -167,6 +198,24 @@ pub fn lock_file_name(database: &Path) -> Result<Option<FileNameLock>, FileNameL
         database: database.to_path_buf(),
         links,
     })
+}
+
+/// Whether the database's `-shm` is there, or comes within [`SHM_WAIT`] (a process that has
+/// just taken its locks makes it when SQLite opens the file).
+fn shm_shows(database: &Path) -> bool {
+    let mut shm = database.as_os_str().to_owned();
+    shm.push("-shm");
+    let shm = PathBuf::from(shm);
+    let deadline = std::time::Instant::now() + SHM_WAIT;
+    loop {
+        if shm.exists() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(RECHECK_PAUSE);
+    }
 }
 
 /// Open the database with `open` under the name's locks: taken before, when the file exists (so
@@ -196,9 +245,11 @@ pub(crate) fn same_file(file: &File, path: &Path) -> bool {
 mod tests {
     use super::*;
 
+    /// A database file and its `-shm`, as a process using it in WAL mode keeps them.
     fn database_in(dir: &Path, name: &str) -> PathBuf {
         let path = dir.join(name);
         std::fs::write(&path, b"").expect("make the database file");
+        std::fs::write(dir.join(format!("{name}-shm")), b"").expect("make the -shm");
         path
     }
 
@@ -244,6 +295,32 @@ mod tests {
         // and the second name's lock file it made is gone.
         assert!(lock_file_name(&first_name).expect("same name").is_some());
         assert!(!name_lock_path(&second_name).exists());
+        drop(first);
+    }
+
+    /// Its `-shm` deleted under a live user, a second one is refused (it would make an index
+    /// of its own and the two would damage the file). (A process alone on the file takes its
+    /// lock exclusively and never looks: the binary's tests start servers on fresh files.)
+    #[test]
+    fn a_second_user_is_refused_when_the_shm_was_deleted_under_the_first() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let database = database_in(dir.path(), "flightlog.db");
+        let shm = dir.path().join("flightlog.db-shm");
+        let first = lock_file_name(&database).expect("free");
+        assert!(first.is_some());
+        std::fs::remove_file(&shm).expect("delete the -shm");
+        let refused = lock_file_name(&database);
+        let Err(err @ FileNameLockError::ShmDeleted { .. }) = &refused else {
+            panic!("expected a refusal, got {refused:?}");
+        };
+        assert!(err.to_string().contains("-shm"), "{err}");
+        assert!(
+            name_lock_path(&database).exists(),
+            "the first still holds its name"
+        );
+        // With an index there (the first one's, as ever), a second user joins.
+        std::fs::write(&shm, b"").expect("make the -shm");
+        assert!(lock_file_name(&database).expect("joins").is_some());
         drop(first);
     }
 

@@ -331,6 +331,52 @@ fn a_lock_file_deleted_under_a_live_server_is_made_again() {
     assert!(!lock_file.exists(), "a clean exit removes it");
 }
 
+/// The `-shm` deleted under a live server: a second server on the file (another instance) is
+/// refused, with the fix; it started, each had an index of its own, and their writes damaged
+/// the file ("database disk image is malformed"; an audit's finding).
+#[test]
+fn a_second_server_is_refused_when_the_shm_was_deleted_under_the_first() {
+    let scratch = Scratch::new("restart-sweep", "shm");
+    let db = scratch.0.join("flightlog.db");
+    let first = serve(&scratch.0, &db, &["--instance", "first"]);
+    start(
+        first.addr,
+        None,
+        json!({"spanId": "s", "runId": "r", "name": "turn", "kind": "turn",
+               "origin": "session"}),
+    );
+    let shm = scratch.0.join("flightlog.db-shm");
+    std::fs::remove_file(&shm).expect("delete the -shm");
+    let mut second = support::serve_command(&scratch.0, &db, &["--instance", "second"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the second server");
+    let status = support::wait_at_most(&mut second, START_TIMEOUT);
+    if status.is_none() {
+        let _ = second.kill();
+    }
+    let output = second
+        .wait_with_output()
+        .expect("the second server's output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        status.is_some_and(|status| status.code() == Some(1)),
+        "{status:?}: {stderr}"
+    );
+    assert!(
+        stderr.contains("shared-memory index") && stderr.contains("Stop the other flightlog"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // The first goes on, and a clean stop keeps what it wrote.
+    assert_eq!(span(first.addr, "s")["outcome"], Value::Null);
+    stop(first);
+    let again = serve(&scratch.0, &db, &["--instance", "first"]);
+    assert_eq!(span(again.addr, "s")["outcome"], "interrupted");
+    stop(again);
+}
+
 /// Under `--manual-clock` the clock starts at 0 at each boot, so the boot sweep closed a
 /// leftover started at 5,000,000 "at 0": an end before its start and a negative duration (an
 /// audit's finding). A leftover never ends before it started.
