@@ -271,7 +271,12 @@ impl std::fmt::Display for Outcome {
 }
 
 fn run_os(dir: &Path, args: &[&OsStr], env: &[(&str, &OsStr)]) -> Outcome {
-    let mut spawned = spawn(dir, args, env);
+    run_under(&[], dir, args, env)
+}
+
+/// [`run_os`], the binary run by the command `wrapper` (see [`spawn_under`]).
+fn run_under(wrapper: &[&str], dir: &Path, args: &[&OsStr], env: &[(&str, &OsStr)]) -> Outcome {
+    let mut spawned = spawn_under(wrapper, dir, args, env);
     let description = spawned.description.clone();
     let (status, listening, timed_out) = spawned.wait_for_exit_or_listening();
     let (stdout, stderr) = spawned.finish();
@@ -598,10 +603,54 @@ fn permission_checks_apply(scratch: &Scratch) -> bool {
     let writable = fs::OpenOptions::new().write(true).open(&probe).is_ok();
     let _ = fs::set_permissions(&probe, fs::Permissions::from_mode(0o644));
     let _ = fs::remove_file(&probe);
-    if writable {
-        eprintln!("skipped: running with privileges that ignore file permissions (root?)");
-    }
     !writable
+}
+
+/// `path` given to the user [`unprivileged_wrapper`] runs the binary as, when it runs it as
+/// another user (`wrapper` not empty).
+fn give_to_runner(wrapper: &[String], path: &Path) {
+    if !wrapper.is_empty() {
+        std::os::unix::fs::chown(path, Some(UNPRIVILEGED_ID), Some(UNPRIVILEGED_ID))
+            .expect("give the file to nobody");
+    }
+}
+
+/// [`run_under`] with `args` as text.
+fn run_wrapped(wrapper: &[String], dir: &Path, args: &[&str]) -> Outcome {
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    run_under(&wrapper, dir, &args, &[])
+}
+
+/// The user (and group) id files are given to, and the binary run as, where this process's own
+/// ignores file permissions: `nobody`.
+const UNPRIVILEGED_ID: u32 = 65_534;
+
+/// How to run the binary so that file permissions stop it: as is where they stop this process;
+/// as root, under `setpriv` as [`UNPRIVILEGED_ID`], to which the scratch folder is then given
+/// (the files the case makes in it are given by the case). `None` where neither works (root
+/// without `setpriv`).
+fn unprivileged_wrapper(scratch: &Scratch) -> Option<Vec<String>> {
+    if permission_checks_apply(scratch) {
+        return Some(Vec::new());
+    }
+    let setpriv_works = Command::new("setpriv")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    if !setpriv_works {
+        return None;
+    }
+    std::os::unix::fs::chown(scratch.path(), Some(UNPRIVILEGED_ID), Some(UNPRIVILEGED_ID))
+        .expect("give the scratch folder to nobody");
+    Some(vec![
+        "setpriv".to_owned(),
+        format!("--reuid={UNPRIVILEGED_ID}"),
+        format!("--regid={UNPRIVILEGED_ID}"),
+        "--clear-groups".to_owned(),
+    ])
 }
 
 fn serve_args<'a>(db: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
@@ -1830,23 +1879,23 @@ fn a_database_damaged_in_the_middle_is_refused_with_how_to_recover() {
 #[test]
 fn a_read_only_folder_is_refused_and_its_database_left_alone() {
     let scratch = Scratch::new("read-only-folder");
-    if !permission_checks_apply(&scratch) {
-        return;
-    }
     let good = GoodDb::create(&scratch);
+    let wrapper = unprivileged_wrapper(&scratch).expect("a way to run as another user");
     let folder = scratch.join("locked");
     fs::create_dir(&folder).expect("create the folder");
     let checkpointed = checkpointed_copy(&scratch, &good, "for-locked.db");
     let db = folder.join("flightlog.db");
     fs::copy(&checkpointed, &db).expect("copy");
+    give_to_runner(&wrapper, &folder);
+    give_to_runner(&wrapper, &db);
     let before = fs::read(&db).expect("read");
     fs::set_permissions(&folder, fs::Permissions::from_mode(0o555)).expect("chmod");
     let db_arg = s(&db);
-    let out = run(scratch.path(), &serve_args(&db_arg, &LOOPBACK), &[]);
+    let out = run_wrapped(&wrapper, scratch.path(), &serve_args(&db_arg, &LOOPBACK));
     out.assert_refused(&[&db_arg, "readonly"]);
     // A new database in a read-only folder.
     let fresh = s(&folder.join("new.db"));
-    let out = run(scratch.path(), &serve_args(&fresh, &LOOPBACK), &[]);
+    let out = run_wrapped(&wrapper, scratch.path(), &serve_args(&fresh, &LOOPBACK));
     out.assert_refused(&[&fresh]);
     fs::set_permissions(&folder, fs::Permissions::from_mode(0o755)).expect("chmod back");
     assert!(
@@ -2068,31 +2117,62 @@ fn a_db_in_a_missing_folder_says_the_folder_is_missing() {
 #[test]
 fn serve_refuses_a_read_only_database_at_start() {
     let scratch = Scratch::new("defect-read-only");
-    if !permission_checks_apply(&scratch) {
-        return;
-    }
     let good = GoodDb::create(&scratch);
+    let wrapper = unprivileged_wrapper(&scratch).expect("a way to run as another user");
     let db = checkpointed_copy(&scratch, &good, "read-only.db");
+    give_to_runner(&wrapper, &db);
     fs::set_permissions(&db, fs::Permissions::from_mode(0o444)).expect("chmod");
     let db_arg = s(&db);
-    let out = run(scratch.path(), &serve_args(&db_arg, &LOOPBACK), &[]);
+    let out = run_wrapped(&wrapper, scratch.path(), &serve_args(&db_arg, &LOOPBACK));
     out.assert_refused(&[&db_arg, "read"]);
+}
+
+/// A `-wal` and `-shm` the server's user may not write (a root process killed on the file left
+/// them): the start is refused, naming the file and the fix. It started, said ok on
+/// `/healthz`, and answered every write 500 "attempt to write a readonly database" (an
+/// audit's finding).
+#[test]
+fn serve_refuses_a_wal_or_shm_it_cannot_write() {
+    let scratch = Scratch::new("defect-foreign-wal");
+    let good = GoodDb::create(&scratch);
+    let wrapper = unprivileged_wrapper(&scratch).expect("a way to run as another user");
+    let db = checkpointed_copy(&scratch, &good, "foreign-wal.db");
+    let wal = scratch.join("foreign-wal.db-wal");
+    let shm = scratch.join("foreign-wal.db-shm");
+    fs::write(&wal, b"").expect("make the -wal");
+    fs::write(&shm, b"").expect("make the -shm");
+    if wrapper.is_empty() {
+        // Ours, but read-only.
+        for companion in [&wal, &shm] {
+            fs::set_permissions(companion, fs::Permissions::from_mode(0o444)).expect("chmod");
+        }
+    }
+    // The database is the server's user's; run as another user, the -wal and -shm stay
+    // root's (0644).
+    give_to_runner(&wrapper, &db);
+    let before = fs::read(&db).expect("read");
+    let db_arg = s(&db);
+    let out = run_wrapped(&wrapper, scratch.path(), &serve_args(&db_arg, &LOOPBACK));
+    out.assert_refused(&[&s(&wal), "not writable", "chown"]);
+    assert!(
+        fs::read(&db).expect("read") == before,
+        "the database changed"
+    );
 }
 
 #[test]
 fn demo_on_a_read_only_database_names_the_file() {
     let scratch = Scratch::new("defect-demo-read-only");
-    if !permission_checks_apply(&scratch) {
-        return;
-    }
     let good = GoodDb::create(&scratch);
+    let wrapper = unprivileged_wrapper(&scratch).expect("a way to run as another user");
     let db = checkpointed_copy(&scratch, &good, "read-only.db");
+    give_to_runner(&wrapper, &db);
     fs::set_permissions(&db, fs::Permissions::from_mode(0o444)).expect("chmod");
     let db_arg = s(&db);
-    let out = run(
+    let out = run_wrapped(
+        &wrapper,
         scratch.path(),
         &["demo", "--db", &db_arg, "--runs", "1"],
-        &[],
     );
     out.assert_refused(&[&db_arg]);
 }

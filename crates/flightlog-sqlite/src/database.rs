@@ -570,6 +570,33 @@ fn wal_path_of(path: &Path) -> PathBuf {
 /// The files SQLite keeps beside a database in WAL mode.
 const COMPANION_SUFFIXES: [&str; 2] = ["-wal", "-shm"];
 
+/// Refuse a `-wal` or `-shm` beside the file that this process may not write (left by a process
+/// of another user, root's say, killed): SQLite opened the database anyway, the boot's writes
+/// failed with a warning, `/healthz` said ok, and every write was answered 500 "attempt to
+/// write a readonly database" (an audit's finding).
+fn check_companions_writable(real_path: &Path) -> Result<(), StoreError> {
+    for suffix in COMPANION_SUFFIXES {
+        let companion = companion_path(real_path, suffix);
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&companion);
+        if let Err(err) = opened {
+            if err.kind() == std::io::ErrorKind::PermissionDenied {
+                return Err(StoreError::Backend(format!(
+                    "{} is not writable by the user this process runs as (a process of another \
+                     user, root's say, left it): flightlog writes to its database's -wal and \
+                     -shm files as to the database itself; give both to this user as the \
+                     database is (chown), and do not delete the -wal (it may hold committed \
+                     writes)",
+                    companion.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `<path><suffix>`.
 fn companion_path(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
@@ -898,6 +925,7 @@ impl SqliteDatabase {
         };
         let real_path = real_database_path(&config.path);
         check_existing_file(&config.path, config.busy_timeout)?;
+        check_companions_writable(&real_path)?;
         let mut conn = Connection::open_with_flags_and_vfs(
             &config.path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
