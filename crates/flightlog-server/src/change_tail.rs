@@ -16,10 +16,10 @@
 //!   log held in it when it was read, in order, with the same horizon check after each page as a
 //!   client's own reading (a page that may miss pruned or trimmed changes resets the tail, and a
 //!   client behind the reset reads the database itself, which tells it to resync; frames below
-//!   the horizon are forgotten at each reading). A client takes frames only once it has caught
-//!   up by reading the database itself (so one that comes back after a prune is told to resync,
-//!   and gets each span as it is now) and while its cursor is inside the range, and moves its
-//!   cursor to what it took.
+//!   the horizon are forgotten at each reading). A client takes frames only once it has read
+//!   the database itself once (so one that comes back after a prune is told to resync, and
+//!   gets its first changes with each span as it is now) and while its cursor is inside the
+//!   range, and moves its cursor to what it took.
 //! - **Bounded memory, no client holds writers up**: the tail keeps at most [`MAX_ENTRIES`] frames
 //!   and about [`MAX_BYTES`]; a client that falls behind its oldest frame reads the database
 //!   itself from its own cursor (catching up in pages, as before) and joins the tail again once

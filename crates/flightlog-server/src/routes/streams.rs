@@ -630,15 +630,17 @@ enum Step {
 /// when it starts, or falls behind the tail's oldest frame, or the tail started again past a
 /// gap (the database then tells it to resync).
 ///
-/// A client starts on the database even when the tail covers its cursor, until it has caught
-/// up: the tail learns of a prune only when it next reads, so a client that came back after
-/// one was sent the pruned run's changes and no resync; and the tail's frames hold each span
-/// as it was when the tail read it, while a client resuming expects it as it is now, as the
-/// change pages give it (an audit's findings).
+/// A client's first reading is its own, even when the tail covers its cursor: the tail learns
+/// of a prune only when it next reads, so a client that came back after one was sent the
+/// pruned run's changes and no resync; and the tail's frames hold each span as it was when
+/// the tail read it, while a client resuming expects its first changes as they are now, as the
+/// change pages give them (an audit's findings). (Not until it has caught up: under
+/// sustained writes a client may never find the log's end, and would read for itself for
+/// good, the cost the tail is there to save.)
 struct GlobalFeed {
     own: ChangeFeed,
     tail: Arc<ChangeTail>,
-    /// Whether it caught up on its own once, and so may take from the tail.
+    /// Whether it read the log itself once, and so may take from the tail.
     joined: bool,
     failed: bool,
 }
@@ -685,11 +687,14 @@ impl GlobalFeed {
                 self.fill(rung).await?;
                 continue;
             }
-            match self.own.step().await? {
+            let step = self.own.step().await?;
+            // One reading of its own done (its horizon checked, its first page fresh): from now
+            // on it takes from the tail whenever its cursor is inside.
+            self.joined = true;
+            match step {
                 Step::Read => continue,
                 Step::CaughtUp => {
                     // Caught up on its own: from now on it follows the tail.
-                    self.joined = true;
                     let rung = *self.own.doorbell.borrow();
                     self.tail
                         .join(self.own.store.as_ref(), self.own.cursor, rung)
