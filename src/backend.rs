@@ -174,9 +174,6 @@ impl Backend {
         }
     }
 
-    /// A callback for the moment the server starts stopping: from then on a write behind
-    /// another process's write lock waits at most 2 s, so the requests in flight are answered
-    /// (503) within the shutdown's grace instead of cut off after it.
     /// The claim of `instance` kept up while the server runs: every second its lock file is
     /// looked at and made again when it was deleted (`InstanceLock::renew`), and what was found
     /// is said on stderr (once while it lasts). Ends when the backend is dropped. `None` when
@@ -209,6 +206,9 @@ impl Backend {
         })
     }
 
+    /// A callback for the moment the server starts stopping: from then on a write behind
+    /// another process's write lock waits at most 2 s, so the requests in flight are answered
+    /// (503) within the shutdown's grace instead of cut off after it.
     pub(crate) fn on_stop(&self) -> impl FnOnce() + Send + 'static {
         let db = Arc::clone(&self.db);
         move || db.shutting_down()

@@ -40,8 +40,10 @@ const REFUSAL_CHECKS: usize = 5;
 const RECHECK_PAUSE: Duration = Duration::from_millis(20);
 
 /// How long a process joining others on the file waits for their `-shm` to show before it
-/// concludes it was deleted (another process may be between its locks and SQLite's open).
-const SHM_WAIT: Duration = Duration::from_secs(1);
+/// concludes it was deleted: another process may be between its locks and SQLite's open (which
+/// may wait for another program's lock), or stopping (its close removed the `-shm` before the
+/// process ended and its locks with it).
+const SHM_WAIT: Duration = Duration::from_secs(5);
 
 /// Why the database may not be opened under this name.
 #[derive(Debug)]
@@ -169,7 +171,7 @@ pub fn lock_file_name(database: &Path) -> Result<Option<FileNameLock>, FileNameL
             // An audit deleted the `-shm` under a live server and started a second one: each
             // had its own index, neither saw the other's locks, and the file was damaged
             // ("database disk image is malformed"), `/healthz` saying ok on both.
-            if joined_others && !shm_shows(database) {
+            if joined_others && !shm_shows_or_others_leave(database, &lock._database) {
                 // The file's descriptor stays open (see the module comment), its lock does not.
                 let _ = lock._database.unlock();
                 return Err(FileNameLockError::ShmDeleted {
@@ -201,8 +203,10 @@ pub fn lock_file_name(database: &Path) -> Result<Option<FileNameLock>, FileNameL
 }
 
 /// Whether the database's `-shm` is there, or comes within [`SHM_WAIT`] (a process that has
-/// just taken its locks makes it when SQLite opens the file).
-fn shm_shows(database: &Path) -> bool {
+/// just taken its locks makes it when SQLite opens the file), or the other users leave
+/// meanwhile (this process, `database_file` locked shared, then holds the file alone: a
+/// stopping server's close removes its `-shm` before its locks go).
+fn shm_shows_or_others_leave(database: &Path, database_file: &File) -> bool {
     let mut shm = database.as_os_str().to_owned();
     shm.push("-shm");
     let shm = PathBuf::from(shm);
@@ -210,6 +214,11 @@ fn shm_shows(database: &Path) -> bool {
     loop {
         if shm.exists() {
             return true;
+        }
+        // Alone now: an exclusive lock is had (a conversion of this process's shared one),
+        // and given back as shared, as the lock of a process that found the file free.
+        if database_file.try_lock().is_ok() {
+            return database_file.lock_shared().is_ok();
         }
         if std::time::Instant::now() >= deadline {
             return false;

@@ -573,16 +573,22 @@ const COMPANION_SUFFIXES: [&str; 2] = ["-wal", "-shm"];
 /// Refuse a `-wal` or `-shm` beside the file that this process may not write (left by a process
 /// of another user, root's say, killed): SQLite opened the database anyway, the boot's writes
 /// failed with a warning, `/healthz` said ok, and every write was answered 500 "attempt to
-/// write a readonly database" (an audit's finding).
+/// write a readonly database" (an audit's finding). Asked of the kernel (`faccessat` with the
+/// effective ids), not by opening the file: closing a descriptor of a file drops every POSIX
+/// lock this process holds on it, SQLite's on the `-shm` of a database it has open already.
 fn check_companions_writable(real_path: &Path) -> Result<(), StoreError> {
+    use rustix::fs::{accessat, Access, AtFlags, CWD};
     for suffix in COMPANION_SUFFIXES {
         let companion = companion_path(real_path, suffix);
-        let opened = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&companion);
-        if let Err(err) = opened {
-            if err.kind() == std::io::ErrorKind::PermissionDenied {
+        let writable = accessat(
+            CWD,
+            &companion,
+            Access::READ_OK | Access::WRITE_OK,
+            AtFlags::EACCESS,
+        );
+        if let Err(err) = writable {
+            // A missing file is made by SQLite; a read-only file system gets its own message.
+            if err == rustix::io::Errno::ACCESS {
                 return Err(StoreError::Backend(format!(
                     "{} is not writable by the user this process runs as (a process of another \
                      user, root's say, left it): flightlog writes to its database's -wal and \
@@ -924,8 +930,8 @@ impl SqliteDatabase {
             ..config
         };
         let real_path = real_database_path(&config.path);
-        check_existing_file(&config.path, config.busy_timeout)?;
         check_companions_writable(&real_path)?;
+        check_existing_file(&config.path, config.busy_timeout)?;
         let mut conn = Connection::open_with_flags_and_vfs(
             &config.path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
