@@ -51,6 +51,29 @@ fn stop(mut server: ServeProcess) -> String {
     server.stop_cleanly(STOP_TIMEOUT)
 }
 
+/// `flightlog serve` on `db` with `extra` flags, expected to be refused at start: exit status 1,
+/// no panic. Its stderr.
+fn refused_start(folder: &Path, db: &Path, extra: &[&str]) -> String {
+    let mut server = support::serve_command(folder, db, extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the server");
+    let status = support::wait_at_most(&mut server, START_TIMEOUT);
+    if status.is_none() {
+        let _ = server.kill();
+    }
+    let output = server.wait_with_output().expect("the server's output");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        status.is_some_and(|status| status.code() == Some(1)),
+        "{}: {status:?}: {stderr}",
+        db.display()
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
 #[test]
 fn a_restart_closes_only_what_its_own_earlier_life_left_open() {
     let scratch = Scratch::new("restart-sweep", "own");
@@ -208,28 +231,12 @@ fn a_second_live_server_of_one_instance_is_refused_and_closes_nothing() {
     let link = linked.join("same.db");
     std::os::unix::fs::symlink(&db, &link).expect("make a symbolic link");
     for twin_db in [&db, &link] {
-        let mut twin = support::serve_command(&scratch.0, twin_db, &["--instance", "shared"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn the twin");
-        let status = support::wait_at_most(&mut twin, START_TIMEOUT);
-        if status.is_none() {
-            let _ = twin.kill();
-        }
-        let output = twin.wait_with_output().expect("the twin's output");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(
-            status.is_some_and(|status| status.code() == Some(1)),
-            "{}: {status:?}: {stderr}",
-            twin_db.display()
-        );
+        let stderr = refused_start(&scratch.0, twin_db, &["--instance", "shared"]);
         assert!(
             stderr.contains("instance shared is already served by another live flightlog")
                 && stderr.contains("--instance"),
             "{stderr}"
         );
-        assert!(!stderr.contains("panicked"), "{stderr}");
         assert_eq!(span(first.addr, "live")["outcome"], Value::Null);
     }
     // The first server's live span is untouched, and it can still end it.
@@ -294,21 +301,7 @@ fn a_lock_file_deleted_under_a_live_server_is_made_again() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let mut twin = support::serve_command(&scratch.0, &db, &["--instance", "shared"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn the twin");
-    let status = support::wait_at_most(&mut twin, START_TIMEOUT);
-    if status.is_none() {
-        let _ = twin.kill();
-    }
-    let output = twin.wait_with_output().expect("the twin's output");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        status.is_some_and(|status| status.code() == Some(1)),
-        "{status:?}: {stderr}"
-    );
+    let stderr = refused_start(&scratch.0, &db, &["--instance", "shared"]);
     assert!(
         stderr.contains("instance shared is already served by another live flightlog"),
         "{stderr}"
@@ -347,28 +340,11 @@ fn a_second_server_is_refused_when_the_shm_was_deleted_under_the_first() {
     );
     let shm = scratch.0.join("flightlog.db-shm");
     std::fs::remove_file(&shm).expect("delete the -shm");
-    let mut second = support::serve_command(&scratch.0, &db, &["--instance", "second"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn the second server");
-    let status = support::wait_at_most(&mut second, START_TIMEOUT);
-    if status.is_none() {
-        let _ = second.kill();
-    }
-    let output = second
-        .wait_with_output()
-        .expect("the second server's output");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        status.is_some_and(|status| status.code() == Some(1)),
-        "{status:?}: {stderr}"
-    );
+    let stderr = refused_start(&scratch.0, &db, &["--instance", "second"]);
     assert!(
         stderr.contains("shared-memory index") && stderr.contains("Stop the other flightlog"),
         "{stderr}"
     );
-    assert!(!stderr.contains("panicked"), "{stderr}");
     // The first goes on, and a clean stop keeps what it wrote.
     assert_eq!(span(first.addr, "s")["outcome"], Value::Null);
     stop(first);

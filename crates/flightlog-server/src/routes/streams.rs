@@ -1610,6 +1610,17 @@ mod tests {
             .collect()
     }
 
+    /// A feed from `cursor`, read until it has nothing new (so it follows the tail).
+    async fn caught_up_feed(
+        store: &Arc<dyn ActivityStore>,
+        tail: &Arc<ChangeTail>,
+        cursor: i64,
+    ) -> GlobalFeed {
+        let mut feed = GlobalFeed::new(Arc::clone(store), Arc::clone(tail), cursor);
+        assert_eq!(drain(&mut feed).await, Vec::<i64>::new());
+        feed
+    }
+
     /// Read `feed` until it has nothing new for 100 ms (it is then following the tail, or
     /// waiting on its own), returning the ids it gave.
     async fn drain(feed: &mut GlobalFeed) -> Vec<i64> {
@@ -1682,12 +1693,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let (store, snapshot) = store_with_a_run(dir.path(), "a-root", "a").await;
         let tail = Arc::new(ChangeTail::default());
-        let mut leader = GlobalFeed::new(
-            Arc::clone(&store),
-            Arc::clone(&tail),
-            snapshot.change_cursor,
-        );
-        assert_eq!(drain(&mut leader).await, Vec::<i64>::new());
+        let mut leader = caught_up_feed(&store, &tail, snapshot.change_cursor).await;
         let count = crate::change_tail::MAX_ENTRIES + 600;
         let writes = (0..count)
             .map(|k| ActivityWrite::StartSpan(start(&format!("c{k}"), &format!("c{k}"), 2_000)))
@@ -1735,12 +1741,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let (store, snapshot) = store_with_a_run(dir.path(), "a-root", "a").await;
         let tail = Arc::new(ChangeTail::default());
-        let mut leader = GlobalFeed::new(
-            Arc::clone(&store),
-            Arc::clone(&tail),
-            snapshot.change_cursor,
-        );
-        assert_eq!(drain(&mut leader).await, Vec::<i64>::new());
+        let mut leader = caught_up_feed(&store, &tail, snapshot.change_cursor).await;
         write_and_end_another_run(store.as_ref()).await;
         let ids = drain(&mut leader).await;
         assert_eq!(ids.len(), 2, "y's start and end: {ids:?}");
@@ -1774,12 +1775,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let (store, snapshot) = store_with_a_run(dir.path(), "a-root", "a").await;
         let tail = Arc::new(ChangeTail::default());
-        let mut leader = GlobalFeed::new(
-            Arc::clone(&store),
-            Arc::clone(&tail),
-            snapshot.change_cursor,
-        );
-        assert_eq!(drain(&mut leader).await, Vec::<i64>::new());
+        let mut leader = caught_up_feed(&store, &tail, snapshot.change_cursor).await;
         store
             .start_span(start("t", "a", 1_200))
             .await
@@ -1822,12 +1818,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let (store, snapshot) = store_with_a_run(dir.path(), "z-root", "z").await;
         let tail = Arc::new(ChangeTail::default());
-        let mut feed = GlobalFeed::new(
-            Arc::clone(&store),
-            Arc::clone(&tail),
-            snapshot.change_cursor,
-        );
-        assert_eq!(drain(&mut feed).await, Vec::<i64>::new());
+        let mut feed = caught_up_feed(&store, &tail, snapshot.change_cursor).await;
         assert!(
             tail.take(snapshot.change_cursor).is_some(),
             "following the tail"
