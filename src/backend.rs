@@ -29,7 +29,7 @@ use flightlog_sqlite::{
 };
 
 use crate::file_name_lock::FileNameLock;
-use crate::instance_lock::{InstanceLock, Renewal};
+use crate::instance_lock::{InstanceFileLock, InstanceLock, Renewal};
 
 /// How often the instance's lock file is looked at (see [`Backend::keep_claim`]).
 const CLAIM_CHECK_INTERVAL: Duration = Duration::from_secs(1);
@@ -50,6 +50,8 @@ pub(crate) struct Backend {
     /// Shared with the task that renews it (see [`Backend::keep_claim`]), which holds it only
     /// weakly: it is let go when the backend is dropped.
     instance_lock: Option<Arc<InstanceLock>>,
+    /// The instance's byte of the database file (see `instance_lock`).
+    _instance_byte: Option<InstanceFileLock>,
     _name_lock: Option<FileNameLock>,
 }
 
@@ -112,12 +114,27 @@ impl Backend {
                 )
             })
         })?;
+        // Before the boot's sweep: a server of the instance that got past a deleted lock file
+        // (see `instance_lock`) is refused here.
+        let instance_byte = match crate::instance_lock::lock_instance_in_file(&real_path, instance)
+        {
+            Ok(lock) => lock,
+            Err(crate::instance_lock::InstanceLockError::Held { .. }) => anyhow::bail!(
+                "instance {instance} is already served by another live flightlog on {} (it \
+                 holds the instance's lock in the database file; its lock file beside the file \
+                 was deleted): its boot would close that server's open spans as interrupted. \
+                 Give this server another name with --instance (FLIGHTLOG_INSTANCE, `instance` \
+                 in the config file), or stop the other one first",
+                settings.db.display()
+            ),
+        };
         Ok(Self {
             db,
             path: settings.db.clone(),
             real_path,
             write_lock_wait: settings.write_lock_wait,
             instance_lock: instance_lock.map(Arc::new),
+            _instance_byte: instance_byte,
             _name_lock: name_lock,
         })
     }
@@ -139,6 +156,7 @@ impl Backend {
             real_path,
             write_lock_wait,
             instance_lock: None,
+            _instance_byte: None,
             _name_lock: name_lock,
         })
     }

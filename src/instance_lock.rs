@@ -20,10 +20,24 @@
 //! server looks at its lock file every second ([`InstanceLock::renew`], PostgreSQL checks its
 //! `postmaster.pid` the same way) and makes it again, locked, when it is gone or another file;
 //! the window is that second. A clean exit removes the file only when it is still its own.
+//!
+//! And one lock that nothing can delete: once the database is open, the server holds an
+//! open-file-description lock (`F_OFD_SETLK`) on one byte of the database file itself, at an
+//! offset named by the instance ([`lock_instance_in_file`]), far past every byte SQLite locks.
+//! A second server of the instance that got past a deleted lock file inside that second is
+//! refused there, before its boot's sweep. (OFD locks, unlike the process-wide POSIX record
+//! locks SQLite takes, belong to one open file description: they neither meet SQLite's nor are
+//! dropped when another descriptor of the file is closed; the descriptor is never closed.)
 
 use std::fs::{File, OpenOptions, TryLockError};
+use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
+
+/// Where the instances' bytes begin in the database file: 1 PiB, past any database's size and
+/// every byte SQLite locks (510 bytes from 1 GiB); an instance's byte is this plus the hash of
+/// its name (see [`instance_hash`]).
+const INSTANCE_BYTES_START: i64 = 1 << 50;
 
 /// Why the lock was not taken.
 #[derive(Debug)]
@@ -112,13 +126,56 @@ pub fn lock_file_path(database: &Path, instance: &str) -> PathBuf {
         })
         .take(40)
         .collect();
-    // FNV-1a: stable across builds, so every flightlog version names the same file.
-    let hash = instance.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
-        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
-    });
+    let hash = instance_hash(instance);
     // Shortened when the database's own name leaves no room (it was once not made at all, and
     // the server ran unguarded).
     flightlog_sqlite::side_file_path(database, &format!("-serve-{readable}-{hash:08x}.lock"))
+}
+
+/// FNV-1a of the instance's name: stable across builds, so every flightlog version names the same
+/// lock file and locks the same byte.
+fn instance_hash(instance: &str) -> u32 {
+    instance.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// The instance's lock on a byte of the database file (see the module docs); held until the
+/// process ends: its descriptor is never closed.
+#[derive(Debug)]
+pub struct InstanceFileLock {
+    _file: ManuallyDrop<File>,
+}
+
+/// Lock the instance's byte of the existing `database` file. `Err(Held)` when another open file
+/// (another live server of the instance) holds it; `Ok(None)` when the file cannot be opened
+/// for writing or the platform or file system has no OFD locks (the lock file is then the only
+/// guard).
+pub fn lock_instance_in_file(
+    database: &Path,
+    instance: &str,
+) -> Result<Option<InstanceFileLock>, InstanceLockError> {
+    use nix::errno::Errno;
+    use nix::fcntl::{fcntl, FcntlArg};
+    let Ok(file) = OpenOptions::new().read(true).write(true).open(database) else {
+        return Ok(None);
+    };
+    // Never closed, on any path: closing a descriptor of the file would drop SQLite's locks.
+    let file = ManuallyDrop::new(file);
+    let byte = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: INSTANCE_BYTES_START + i64::from(instance_hash(instance)),
+        l_len: 1,
+        l_pid: 0,
+    };
+    match fcntl(&*file, FcntlArg::F_OFD_SETLK(&byte)) {
+        Ok(_) => Ok(Some(InstanceFileLock { _file: file })),
+        Err(Errno::EAGAIN | Errno::EACCES) => Err(InstanceLockError::Held {
+            lock_file: database.to_path_buf(),
+        }),
+        Err(_) => Ok(None),
+    }
 }
 
 /// Take the instance's lock. `Ok(None)` when the lock file cannot be made at all (the folder is
@@ -215,6 +272,26 @@ mod tests {
         assert_eq!(second.renew(), Renewal::Intact);
         drop(second);
         assert!(!lock_file_path(&database, "x").exists());
+    }
+
+    /// The byte lock in the database file: a second holder of the instance is refused, another
+    /// instance is not; it holds whatever happens to the lock file.
+    #[test]
+    fn the_instance_byte_of_the_database_file_is_held_once() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let database = dir.path().join("flightlog.db");
+        std::fs::write(&database, b"").expect("make the database file");
+        let first = lock_instance_in_file(&database, "x").expect("free");
+        assert!(first.is_some());
+        assert!(matches!(
+            lock_instance_in_file(&database, "x"),
+            Err(InstanceLockError::Held { .. })
+        ));
+        assert!(matches!(lock_instance_in_file(&database, "y"), Ok(Some(_))));
+        assert!(matches!(
+            lock_instance_in_file(&dir.path().join("missing.db"), "x"),
+            Ok(None)
+        ));
     }
 
     #[test]

@@ -268,9 +268,10 @@ fn a_second_live_server_of_one_instance_is_refused_and_closes_nothing() {
 }
 
 /// A lock file deleted while its server runs (crashes leave such files, which look like
-/// leftovers to clean up) is made again within a second, so a second server of the instance is
-/// still refused: it started, and its boot closed the first one's live span, whose real end
-/// was then refused (an audit's finding).
+/// leftovers to clean up) is made again within a second, and a second server of the instance
+/// is refused, at once by the instance's lock in the database file and later by the lock file
+/// too: it started, and its boot closed the first one's live span, whose real end was then
+/// refused (an audit's finding).
 #[test]
 fn a_lock_file_deleted_under_a_live_server_is_made_again() {
     let scratch = Scratch::new("restart-sweep", "relock");
@@ -293,6 +294,14 @@ fn a_lock_file_deleted_under_a_live_server_is_made_again() {
         })
         .expect("the instance's lock file");
     std::fs::remove_file(&lock_file).expect("delete the lock file");
+    // A twin started at once, before the file is made again, gets past it, and is refused by
+    // the instance's lock in the database file, before its boot's sweep.
+    let stderr = refused_start(&scratch.0, &db, &["--instance", "shared"]);
+    assert!(
+        stderr.contains("holds the instance's lock in the database file"),
+        "{stderr}"
+    );
+    assert_eq!(span(first.addr, "live")["outcome"], Value::Null);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !lock_file.exists() {
         assert!(
