@@ -37,6 +37,7 @@ use std::sync::{Mutex, PoisonError};
 /// Where the instances' bytes begin in the database file: 1 PiB, past any database's size and
 /// every byte SQLite locks (510 bytes from 1 GiB); an instance's byte is this plus the hash of
 /// its name (see [`instance_hash`]).
+#[cfg(any(target_os = "linux", target_os = "android"))]
 const INSTANCE_BYTES_START: i64 = 1 << 50;
 
 /// Why the lock was not taken.
@@ -151,6 +152,7 @@ pub struct InstanceFileLock {
 /// (another live server of the instance) holds it; `Ok(None)` when the file cannot be opened
 /// for writing or the platform or file system has no OFD locks (the lock file is then the only
 /// guard).
+#[cfg(any(target_os = "linux", target_os = "android"))]
 pub fn lock_instance_in_file(
     database: &Path,
     instance: &str,
@@ -176,6 +178,15 @@ pub fn lock_instance_in_file(
         }),
         Err(_) => Ok(None),
     }
+}
+
+/// Elsewhere there are no OFD locks: the lock file is the only guard.
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+pub fn lock_instance_in_file(
+    _database: &Path,
+    _instance: &str,
+) -> Result<Option<InstanceFileLock>, InstanceLockError> {
+    Ok(None)
 }
 
 /// Take the instance's lock. `Ok(None)` when the lock file cannot be made at all (the folder is
@@ -277,6 +288,7 @@ mod tests {
     /// The byte lock in the database file: a second holder of the instance is refused, another
     /// instance is not; it holds whatever happens to the lock file.
     #[test]
+    #[cfg(any(target_os = "linux", target_os = "android"))]
     fn the_instance_byte_of_the_database_file_is_held_once() {
         let dir = tempfile::tempdir().expect("a temp dir");
         let database = dir.path().join("flightlog.db");
