@@ -31,6 +31,39 @@ use flightlog_sqlite::{
 use crate::file_name_lock::FileNameLock;
 use crate::instance_lock::{InstanceFileLock, InstanceLock, Renewal};
 
+/// How long a start waits for another live server of its instance to let the instance go: one
+/// stopping after SIGTERM finishes its requests in flight first (about 2 s under load), and a
+/// restart that did not wait for the old process to exit was refused (an audit's finding).
+const INSTANCE_WAIT: Duration = Duration::from_secs(5);
+
+/// `take` (an instance lock), tried again while another live server holds it, for up to `wait`
+/// (said once on stderr); the last answer.
+fn wait_for_instance<T>(
+    mut take: impl FnMut() -> Result<T, crate::instance_lock::InstanceLockError>,
+    instance: &str,
+    wait: Duration,
+) -> Result<T, crate::instance_lock::InstanceLockError> {
+    let deadline = std::time::Instant::now() + wait;
+    let mut said = false;
+    loop {
+        match take() {
+            Err(held) if std::time::Instant::now() >= deadline => return Err(held),
+            Err(_) => {
+                if !said {
+                    said = true;
+                    say_err!(
+                        "flightlog: instance {instance} is held by another live flightlog on this \
+                         database; waiting up to {} s for it to stop",
+                        wait.as_secs()
+                    );
+                }
+                std::thread::sleep(crate::instance_lock::RETRY_PAUSE);
+            }
+            taken => return taken,
+        }
+    }
+}
+
 /// How often the instance's lock file is looked at (see [`Backend::keep_claim`]).
 const CLAIM_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -89,15 +122,21 @@ impl Backend {
         // Beside the file itself, as SQLite's own files are: a server reaching the file through
         // a symbolic link takes the same lock as one given its real path.
         let real_path = flightlog_sqlite::real_database_path(&settings.db);
-        let instance_lock = match crate::instance_lock::lock_instance(&real_path, instance) {
+        let instance_lock = match wait_for_instance(
+            || crate::instance_lock::lock_instance(&real_path, instance),
+            instance,
+            INSTANCE_WAIT,
+        ) {
             Ok(lock) => lock,
             Err(crate::instance_lock::InstanceLockError::Held { lock_file }) => anyhow::bail!(
                 "instance {instance} is already served by another live flightlog on {} (it \
-                 holds {}): its boot would close that server's open spans as interrupted. Give \
-                 this server another name with --instance (FLIGHTLOG_INSTANCE, `instance` in \
-                 the config file), or stop the other one first",
+                 holds {}, and did not stop within {} s): its boot would close that server's \
+                 open spans as interrupted. Give this server another name with --instance \
+                 (FLIGHTLOG_INSTANCE, `instance` in the config file), or stop the other one \
+                 first",
                 settings.db.display(),
-                lock_file.display()
+                lock_file.display(),
+                INSTANCE_WAIT.as_secs()
             ),
         };
         let mut sqlite = SqliteConfig::new(&settings.db);
@@ -116,16 +155,21 @@ impl Backend {
         })?;
         // Before the boot's sweep: a server of the instance that got past a deleted lock file
         // (see `instance_lock`) is refused here.
-        let instance_byte = match crate::instance_lock::lock_instance_in_file(&real_path, instance)
-        {
+        let instance_byte = match crate::instance_lock::lock_instance_in_file(
+            &real_path,
+            instance,
+            INSTANCE_WAIT,
+        ) {
             Ok(lock) => lock,
             Err(crate::instance_lock::InstanceLockError::Held { .. }) => anyhow::bail!(
                 "instance {instance} is already served by another live flightlog on {} (it \
-                 holds the instance's lock in the database file; its lock file beside the file \
-                 was deleted): its boot would close that server's open spans as interrupted. \
-                 Give this server another name with --instance (FLIGHTLOG_INSTANCE, `instance` \
-                 in the config file), or stop the other one first",
-                settings.db.display()
+                 holds the instance's lock in the database file, and did not stop within {} s; \
+                 its lock file beside the file was deleted): its boot would close that \
+                 server's open spans as interrupted. Give this server another name with \
+                 --instance (FLIGHTLOG_INSTANCE, `instance` in the config file), or stop the \
+                 other one first",
+                settings.db.display(),
+                INSTANCE_WAIT.as_secs()
             ),
         };
         Ok(Self {
@@ -325,4 +369,40 @@ pub(crate) fn hard_link_warning(db: &Path) -> Option<String> {
             db.display()
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::instance_lock::InstanceLockError;
+
+    fn held() -> InstanceLockError {
+        InstanceLockError::Held {
+            lock_file: PathBuf::from("x.lock"),
+        }
+    }
+
+    /// A server of the instance that stops within the wait lets the start go on; one that does
+    /// not is refused once the wait is over.
+    #[test]
+    fn a_start_waits_for_a_stopping_server_of_its_instance_then_gives_up() {
+        let mut tries = 0;
+        let taken = wait_for_instance(
+            || {
+                tries += 1;
+                if tries < 3 {
+                    Err(held())
+                } else {
+                    Ok(tries)
+                }
+            },
+            "x",
+            Duration::from_secs(5),
+        );
+        assert!(matches!(taken, Ok(3)), "{taken:?}");
+        let started = std::time::Instant::now();
+        let refused = wait_for_instance(|| Err::<(), _>(held()), "x", Duration::from_millis(200));
+        assert!(matches!(refused, Err(InstanceLockError::Held { .. })));
+        assert!(started.elapsed() >= Duration::from_millis(200));
+    }
 }
