@@ -133,15 +133,8 @@ async fn live_streams_leave_a_quarter_of_the_connections_to_writes() {
         let request = server.client.get(format!("{}{path}", server.base));
         async move { request.send().await.expect("stream request") }
     };
-    let mut streams = Vec::new();
-    for _ in 0..6 {
-        let stream = open("/v1/activity/changes/stream").await;
-        assert_eq!(stream.status().as_u16(), 200);
-        streams.push(stream);
-    }
-    let start = serde_json::json!({
-        "spanId": "s1", "runId": "r1", "name": "turn", "kind": "turn", "origin": "session",
-    });
+    let mut streams = open_change_streams(&server, 6).await;
+    let start = a_turn();
     server
         .post("/v1/activity/spans", &start)
         .await
@@ -185,17 +178,7 @@ async fn live_streams_leave_a_quarter_of_the_connections_to_writes() {
 #[tokio::test]
 async fn a_refused_stream_closes_its_connection_so_retries_leave_room_for_writes() {
     let server = with_connection_limit(8).await;
-    let mut streams = Vec::new();
-    for _ in 0..6 {
-        let stream = server
-            .client
-            .get(format!("{}/v1/activity/changes/stream", server.base))
-            .send()
-            .await
-            .expect("stream request");
-        assert_eq!(stream.status().as_u16(), 200);
-        streams.push(stream);
-    }
+    let streams = open_change_streams(&server, 6).await;
     let addr = server.base.trim_start_matches("http://").to_owned();
     let request = "GET /v1/activity/changes/stream HTTP/1.1\r\nHost: x\r\n\r\n";
     let mut retrying = Vec::new();
@@ -214,9 +197,7 @@ async fn a_refused_stream_closes_its_connection_so_retries_leave_room_for_writes
         retrying.push(socket);
     }
     // Both slots are free for writes at once (no idle connection has to be waited for).
-    let start = serde_json::json!({
-        "spanId": "s1", "runId": "r1", "name": "turn", "kind": "turn", "origin": "session",
-    });
+    let start = a_turn();
     let write = tokio::time::timeout(
         std::time::Duration::from_secs(5),
         server.post("/v1/activity/spans", &start),
@@ -236,9 +217,7 @@ async fn a_refused_stream_closes_its_connection_so_retries_leave_room_for_writes
 async fn a_limit_of_one_connection_serves_no_live_stream() {
     let server = with_connection_limit(1).await;
     assert_streams_refused(&server, "--max-connections 2 or more").await;
-    let start = serde_json::json!({
-        "spanId": "s1", "runId": "r1", "name": "turn", "kind": "turn", "origin": "session",
-    });
+    let start = a_turn();
     server
         .post("/v1/activity/spans", &start)
         .await
@@ -273,6 +252,29 @@ async fn assert_streams_refused(server: &TestServer, says: &str) {
         let message = body["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains(says), "{path}: {message}");
     }
+}
+
+/// The start of a turn span `s1` of run `r1`.
+fn a_turn() -> serde_json::Value {
+    serde_json::json!({
+        "spanId": "s1", "runId": "r1", "name": "turn", "kind": "turn", "origin": "session",
+    })
+}
+
+/// `count` change streams of `server`, each answered 200 (kept open while the answers live).
+async fn open_change_streams(server: &TestServer, count: usize) -> Vec<reqwest::Response> {
+    let mut streams = Vec::new();
+    for _ in 0..count {
+        let stream = server
+            .client
+            .get(format!("{}/v1/activity/changes/stream", server.base))
+            .send()
+            .await
+            .expect("stream request");
+        assert_eq!(stream.status().as_u16(), 200);
+        streams.push(stream);
+    }
+    streams
 }
 
 /// A server whose connection limit is `limit`.
