@@ -25,7 +25,9 @@
 //!    count is the `flightlog_runs_stuck` gauge (for an alert), and each run that becomes stuck
 //!    is named once in the server's output.
 //! 3. **Activity prune** (`--prune-after-ms`, default 30 days): the detail (spans, events,
-//!    change rows) of runs that ended longer ago than that is deleted, their rollups kept, in
+//!    change rows) of runs that ended longer ago than that (no span of theirs started or ended
+//!    since: a rollup's end is its first root's) is deleted, their rollups kept (made again
+//!    from the detail first), in
 //!    transactions of at most [`PRUNE_BATCH`] runs and [`PRUNE_SPAN_BUDGET`] spans (as the
 //!    rollups count them), so writers wait behind a few tens of milliseconds at most: 50 runs
 //!    may be 500 spans or 50 million. Each call also trims up to 20,000 change-log rows far

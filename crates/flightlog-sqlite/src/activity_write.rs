@@ -1298,6 +1298,13 @@ type PruneCandidate = ((i64, i64), i64);
 /// the reference's rule; 2: written to again since their prune), ended before the digest
 /// floor or the hard ceiling, with no span open; `((run key, end), span count)`, oldest end
 /// first, at most `limit` (SQL `LIMIT` semantics).
+///
+/// The scheduled prune also asks that no span of the run started or ended since then: the
+/// rollup's end is its first root's, so a session of several turns whose first turn ended
+/// longer ago than the retention lost its latest turn minutes after it ended (an audit's
+/// finding). The endpoint keeps the reference's rule. A recent start is found by an index
+/// seek, so a busy session costs little each pass; only a run about to go (or one whose last
+/// span started before the window and ended inside it) has its spans' ends read.
 fn rolled_up_candidates(
     conn: &rusqlite::Connection,
     detail_pruned: i64,
@@ -1310,11 +1317,21 @@ fn rolled_up_candidates(
            AND (o.ended_at < ?1 OR o.ended_at < ?2) \
            AND NOT EXISTS (SELECT 1 FROM activity_spans s \
                            WHERE s.run_key = o.run_key AND s.outcome IS NULL) \
+           AND (?5 = 0 OR (NOT EXISTS (SELECT 1 FROM activity_spans s \
+                                WHERE s.run_key = o.run_key AND s.started_at >= MAX(?1, ?2)) \
+                           AND NOT EXISTS (SELECT 1 FROM activity_spans s \
+                                WHERE s.run_key = o.run_key AND s.ended_at >= MAX(?1, ?2)))) \
          ORDER BY o.ended_at, o.run_key LIMIT ?3",
     )
     .and_then(|mut stmt| {
         stmt.query_map(
-            params![plan.floor, plan.ceiling, limit, detail_pruned],
+            params![
+                plan.floor,
+                plan.ceiling,
+                limit,
+                detail_pruned,
+                plan.scheduled
+            ],
             |row| Ok(((row.get(0)?, row.get(1)?), row.get(2)?)),
         )?
         .collect()
@@ -1583,6 +1600,11 @@ pub(crate) fn prune(
     let mut newest_pruned_change = 0i64;
     for (run_key, ended_at) in &candidates {
         let run_key = *run_key;
+        if plan.scheduled {
+            // The rollup is all that stays: made again from the detail about to go, so what a
+            // writer ended after its last rollup (a failed last turn, its tokens) is kept.
+            rollup_run_key(ctx, run_key, RollupIdentity::KeepFirst)?;
+        }
         // Pruned by the hard ceiling alone: the digest never covered this run, so the rollup
         // says so instead of silently losing its detail.
         let gap = *ended_at >= plan.floor;

@@ -618,7 +618,10 @@ pub struct PruneOptions {
     ///   of their spans is open and the newest ended before the hard ceiling, they are rolled up
     ///   (the reference's rollup) and so pruned like any other.
     ///
-    /// The endpoint keeps the reference's counts.
+    /// And it takes a run only once no span of it started or ended since the floor and the
+    /// ceiling (a rollup's end is its first root's: a session's latest turn went minutes after
+    /// it ended), rolling it up again just before its detail goes (a turn ended after the
+    /// writer's last rollup is counted). The endpoint keeps the reference's rule and counts.
     #[serde(skip)]
     pub scheduled: bool,
 }
