@@ -100,6 +100,7 @@ fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<(RunListEntry, i64)> {
         rolled_up,
         detail_pruned: row.get(19)?,
         awaiting_root: false,
+        live_usage_skipped: false,
     };
     Ok((entry, row.get(20)?))
 }
@@ -107,7 +108,8 @@ fn entry_from_row(row: &Row<'_>) -> rusqlite::Result<(RunListEntry, i64)> {
 /// The most spans a page reads to give its live entries their usage (see [`with_live_usage`]),
 /// in page order: about 0.1 s on the benchmark machine (a live run of 150,000 spans took
 /// 0.17 s alone). A page of huge live sessions read them all: seconds for a dashboard's first
-/// page. An entry past the budget shows its root's own figures, as all of them did before.
+/// page. An entry past the budget shows its root's own figures, as all of them did before, and
+/// says so (`liveUsageSkipped`).
 const LIVE_USAGE_SPAN_BUDGET: i64 = 100_000;
 
 /// The columns of `ROLLUP_SPANS_SQL` the usage rule reads, the others empty (names and
@@ -138,7 +140,12 @@ fn with_live_usage(
         && entry.cache_creation_tokens.is_some()
         && entry.cost_usd.is_some();
     // A live entry's span count is the run's (see `roots_sql`).
-    if entry.rolled_up || carries_all || entry.span_count > *budget {
+    if entry.rolled_up || carries_all {
+        return Ok(entry);
+    }
+    if entry.span_count > *budget {
+        // Said on the entry: its usage looked like the run had none (an audit's finding).
+        entry.live_usage_skipped = true;
         return Ok(entry);
     }
     *budget -= entry.span_count;
@@ -396,6 +403,7 @@ fn awaiting_entry(conn: &Connection, run: AwaitingRun) -> Result<RunListEntry, S
         rolled_up: false,
         detail_pruned: run.detail_pruned,
         awaiting_root: true,
+        live_usage_skipped: false,
     };
     if run.ended {
         conn.prepare_cached(

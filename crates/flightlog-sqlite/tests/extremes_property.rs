@@ -1572,6 +1572,7 @@ impl Model {
                     .get(*run_id)
                     .is_some_and(|row| row.detail_pruned),
                 awaiting_root: false,
+                live_usage_skipped: false,
             });
         }
         // Runs with spans but no root, from their earliest span (start, then key): ended with
@@ -1626,6 +1627,7 @@ impl Model {
                     .get(run_id)
                     .is_some_and(|row| row.detail_pruned),
                 awaiting_root: true,
+                live_usage_skipped: false,
             };
             if let Some(row) = ended {
                 entry.state = RunState::Ended;
@@ -1675,6 +1677,7 @@ impl Model {
                     rolled_up: true,
                     detail_pruned: true,
                     awaiting_root: false,
+                    live_usage_skipped: false,
                 });
             }
         }

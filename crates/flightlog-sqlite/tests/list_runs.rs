@@ -475,6 +475,77 @@ async fn a_live_run_is_listed_with_the_usage_its_rollup_would_have() {
     );
 }
 
+/// A page reads at most 100,000 spans for its live runs' usage: a run past that budget says
+/// its usage was not read (`liveUsageSkipped`), where it looked like a run that used nothing
+/// (an audit's finding: the same run showed 60,000 tokens on a page of one, none on a page of
+/// two); a page starting at it reads it.
+#[tokio::test]
+async fn a_live_run_past_the_pages_usage_budget_says_its_usage_was_not_read() {
+    use flightlog_core::activity::ActivityWrite;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("budget.db")))
+        .expect("the database opens");
+    let store = SqliteActivityStore::with_identity(db, Arc::new(ManualClock::new(1_000)), "w");
+    // Two open runs of 60,000 model calls each under a root that reports no usage: "older",
+    // then "newer" (listed first).
+    for (run_id, at) in [("older", 1_000), ("newer", 2_000)] {
+        let root = format!("{run_id}-root");
+        store
+            .start_span(start(&root, run_id, None, at))
+            .await
+            .expect("the root starts");
+        for chunk in 0..60 {
+            let writes = (0..1_000)
+                .flat_map(|index| {
+                    let id = format!("{run_id}-call-{chunk}-{index}");
+                    [
+                        ActivityWrite::StartSpan(model_call(&id, run_id, &root, at + 1)),
+                        ActivityWrite::EndSpan {
+                            span_id: id,
+                            input: used(1, 0.0, at + 2),
+                        },
+                    ]
+                })
+                .collect();
+            for result in store.write_batch(writes).await {
+                result.expect("each write of the batch");
+            }
+        }
+    }
+    let page = store
+        .list_runs(query(None, 2))
+        .await
+        .expect("a page of two");
+    let figures: Vec<(String, Option<i64>, bool)> = page
+        .runs
+        .into_iter()
+        .map(|run| (run.run_id, run.input_tokens, run.live_usage_skipped))
+        .collect();
+    assert_eq!(
+        figures,
+        vec![
+            ("newer".to_owned(), Some(60_000), false),
+            ("older".to_owned(), None, true),
+        ]
+    );
+    let page = store
+        .list_runs(RunListQuery {
+            before: Some(RunCursor {
+                started_at: 2_000,
+                run_id: "newer".into(),
+            }),
+            ..query(None, 1)
+        })
+        .await
+        .expect("a page starting at it");
+    assert_eq!(
+        (page.runs[0].input_tokens, page.runs[0].live_usage_skipped),
+        (Some(60_000), false)
+    );
+    let json = serde_json::to_value(&page.runs[0]).expect("serialized");
+    assert!(json.get("liveUsageSkipped").is_none(), "{json}");
+}
+
 /// An OpenTelemetry SDK exports a span when it ends, so a trace's root, which ends last, comes
 /// after all its other spans: such a run is listed open while it waits for its root (it was not
 /// listed at all, so a running agent was invisible), named by its earliest span, with its model

@@ -125,6 +125,14 @@ pub struct RunListEntry {
     /// and rolled it up (cascade close, a sweep) and none of its spans is open. Once a root
     /// arrives it is listed from the root.
     pub awaiting_root: bool,
+    /// Present (`true`) only on a live entry (not rolled up) whose usage was not read: a page
+    /// reads at most 100,000 spans to give its live runs the usage their rollup would have now,
+    /// in page order, and this run's did not fit, so its usage fields are its root's own (null
+    /// where the root has none). A page with a smaller `limit` starting at it reads them, unless
+    /// the run alone holds more than 100,000 spans; its rollup (`POST
+    /// /v1/activity/runs/{runId}/rollup` once it ends) has them always.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub live_usage_skipped: bool,
 }
 
 /// One page of runs and the cursor of the next (`None`: this was the last page; a page asked
