@@ -152,6 +152,46 @@ impl ResponseBudget {
         Ok(json_response(json, permit))
     }
 
+    /// The answer of writes already made, `value`, as a JSON response holding its size of the
+    /// budget, with `reserved` (what [`Self::reserve`] took for its estimate before the writes)
+    /// set to it: the surplus goes back, and a shortfall is taken only if it is free now. Never
+    /// refused: a 503 says nothing was written, and a client retrying would write it all twice.
+    /// `value` is dropped once serialized.
+    pub fn json_after_writes<T: Serialize>(
+        &self,
+        value: T,
+        reserved: Option<OwnedSemaphorePermit>,
+    ) -> Result<Response, ApiError> {
+        let json = ChunkedJson::of(&value)?;
+        drop(value);
+        let wanted = if json.len() <= SMALL_RESPONSE_BYTES {
+            0
+        } else {
+            self.bytes.units_for(json.len()) as usize
+        };
+        let permit = match reserved {
+            Some(mut permit) if permit.num_permits() >= wanted => {
+                keep_at_most(&mut permit, wanted);
+                (wanted > 0).then_some(permit)
+            }
+            reserved => {
+                let held = reserved
+                    .as_ref()
+                    .map_or(0, OwnedSemaphorePermit::num_permits);
+                let more = u32::try_from(wanted - held).unwrap_or(u32::MAX);
+                match (reserved, self.bytes.try_acquire(more)) {
+                    (Some(mut permit), Some(extra)) => {
+                        permit.merge(extra);
+                        Some(permit)
+                    }
+                    (None, extra) => extra,
+                    (reserved, None) => reserved,
+                }
+            }
+        };
+        Ok(json_response(json, permit))
+    }
+
     /// Budget units free now (for tests).
     pub fn available_units(&self) -> usize {
         self.bytes.available_units()

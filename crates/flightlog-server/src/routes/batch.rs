@@ -14,9 +14,15 @@
 //!
 //! Order is kept: op N+1 may depend on op N (start a span, then end it), and `write_batch`
 //! guarantees in-order application whatever the backend.
+//!
+//! An answer gives back what the ops sent (attrs, payloads): one that may pass 1 MiB takes its
+//! room in the budget of large answers (`response_budget`) before anything is written, so that
+//! its 503 still means nothing was written, and holds it until it is handed to the socket.
 
+use crate::response_budget::SMALL_RESPONSE_BYTES;
 use crate::wire::Json;
 use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
 use flightlog_core::activity::{
     ActivityWrite, ActivityWriteResult, EndSpanInput, SpanEventRow, SpanPatch, SpanRow,
     StartSpanInput, StoreError,
@@ -191,7 +197,7 @@ enum BatchResult {
     responses(
         (status = 200, description = "Every op's result, in order.", body = BatchResponse),
         (status = 400, description = "Not `{\"ops\": [...]}`, or more ops than the server's limit.", body = ErrorBody),
-        (status = 503, description = "The store refused every op (overload, shutdown, another process holding the write lock, a full disk): nothing was written; retry after `Retry-After`.", body = ErrorBody),
+        (status = 503, description = "The store refused every op (overload, shutdown, another process holding the write lock, a full disk), or other clients' large answers held the budget this batch's answer needs (a batch whose answer may pass 1 MiB takes its room before anything is written): nothing was written; retry after `Retry-After`.", body = ErrorBody),
     ),
 )]
 async fn batch(
@@ -199,7 +205,7 @@ async fn batch(
     State(state): State<AppState>,
     WriterStore(store): WriterStore,
     request: Request,
-) -> Result<Json<BatchResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     // The body is read only once this request has a lane (see `AppState::BATCH_LANES`): a
     // queued batch holds its socket, not its parsed ops.
     let _lane = state
@@ -210,6 +216,18 @@ async fn batch(
     let bytes = json_body_bytes(request, &state).await?;
     // Parse and check every op first; only the valid ones reach the store, in order.
     let parsed = parse_ops(&bytes, state.config().max_batch_ops)?;
+    // A large answer's room in the budget of large answers is taken before anything is
+    // written, so that a refusal (503) still means nothing was written; the answer then holds
+    // it until it is handed to the socket. Answers of 8 MB batches left unread held 7.3 MiB
+    // each outside any budget (572 MiB for 60 clients; an audit's finding).
+    let estimate = answer_estimate(bytes.len(), parsed.len());
+    let large = estimate > SMALL_RESPONSE_BYTES;
+    let reserved = if large {
+        state.response_budget().reserve(estimate).await?
+    } else {
+        None
+    };
+    drop(bytes);
     let mut writes = Vec::with_capacity(parsed.len());
     let mut slots = Vec::with_capacity(parsed.len());
     for op in parsed {
@@ -253,7 +271,23 @@ async fn batch(
             },
         })
         .collect();
-    Ok(Json(BatchResponse { results }))
+    let answer = BatchResponse { results };
+    if large {
+        state.response_budget().json_after_writes(answer, reserved)
+    } else {
+        Ok(Json(answer).into_response())
+    }
+}
+
+/// What an op's answer adds to the op's own text at most, about: a started span's answer is its
+/// whole row (every column named, `null` or not: ~400 bytes) around the attrs the op sent; an
+/// event's is its row around the payload sent.
+const ANSWER_BYTES_PER_OP: usize = 512;
+
+/// About the most bytes the answer of a batch of `ops` ops in a body of `body_bytes` takes: an
+/// answer gives back what the ops sent (attrs, payloads, ids) with each op's row around it.
+fn answer_estimate(body_bytes: usize, ops: usize) -> usize {
+    body_bytes.saturating_add(ops.saturating_mul(ANSWER_BYTES_PER_OP))
 }
 
 /// The span an op writes (for the `not_found` message of an append to an unknown span).

@@ -1828,6 +1828,109 @@ async fn large_change_pages_for_clients_that_do_not_read_are_bounded() {
     server.stop().await;
 }
 
+/// A batch of 250 starts with 60 KB of attrs each (a 15 MB body, and as large an answer), its
+/// span ids prefixed by `prefix`.
+fn large_batch(prefix: &str) -> Vec<u8> {
+    let filler = "x".repeat(60_000);
+    let ops: Vec<Value> = (0..250)
+        .map(|i| {
+            let mut op = span_body(&format!("{prefix}-{i}"), prefix, None);
+            op["op"] = json!("startSpan");
+            op["attrs"] = json!({ "filler": filler });
+            op
+        })
+        .collect();
+    json!({ "ops": ops }).to_string().into_bytes()
+}
+
+/// A batch's answer gives back what its ops sent: 8 MB batches whose answers were left unread
+/// held 7.3 MiB each outside the budget of large answers (572 MiB of RSS for 60 clients, an
+/// audit's finding). A batch whose answer may be large now takes its room before it writes
+/// anything: while a client that does not read holds the budget, the next large batch is
+/// refused (503) with nothing written, small batches go on, and the budget comes back when the
+/// client goes away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_batch_answers_for_clients_that_do_not_read_are_bounded() {
+    use std::io::Write as _;
+    let mut options = crate::support::Options::default();
+    options.config.response_budget_bytes = 8 << 20;
+    options.config.body_limit = 32 << 20;
+    let server = TestServer::start_with(options).await;
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let body = large_batch("unread");
+    let mut slow_reader = std::net::TcpStream::connect(&addr).expect("connect");
+    write!(
+        slow_reader,
+        "POST /v1/activity/batch HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .expect("send the head");
+    slow_reader.write_all(&body).expect("send the body");
+    // Its writes are made (the answer waits for its client).
+    let started = Instant::now();
+    while server
+        .get("/v1/activity/spans/unread-249")
+        .await
+        .status
+        .as_u16()
+        != 200
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "not written");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let metrics = crate::metrics::scrape(&server).await;
+    let held = metrics.get("flightlog_http_response_budget_held_bytes");
+    assert!(held.is_some_and(|held| held > 0.0), "{held:?}");
+
+    let refused = server
+        .send_raw(
+            reqwest::Method::POST,
+            "/v1/activity/batch",
+            Some("application/json"),
+            large_batch("refused"),
+        )
+        .await;
+    refused.assert_error(503, "unavailable");
+    assert!(refused.headers.contains_key("retry-after"));
+    server
+        .get("/v1/activity/spans/refused-0")
+        .await
+        .assert_status(404);
+    // Small batches are never held up.
+    let small = json!({ "ops": [{"op": "startSpan", "spanId": "small", "runId": "small",
+        "name": "step", "kind": "tool", "origin": "session"}] });
+    server
+        .post("/v1/activity/batch", &small)
+        .await
+        .assert_status(200);
+
+    drop(slow_reader);
+    let started = Instant::now();
+    loop {
+        let reply = server
+            .send_raw(
+                reqwest::Method::POST,
+                "/v1/activity/batch",
+                Some("application/json"),
+                large_batch("later"),
+            )
+            .await;
+        if reply.status.as_u16() == 200 {
+            assert_eq!(reply.body["results"].as_array().map(Vec::len), Some(250));
+            break;
+        }
+        reply.assert_error(503, "unavailable");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the budget did not come back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.stop().await;
+}
+
 /// A client that asks for a large answer, reads nothing and never goes away held the answer's
 /// share of the budget for as long as it liked (hyper has no write timeout), and every other
 /// large answer was refused meanwhile. Its connection is now closed once nothing could be
