@@ -7,8 +7,9 @@
 //! [`AppState::BATCH_LANES`] batches are read and parsed at once; the others wait for a lane with
 //! their bodies unread, so memory follows the lanes, not the number of clients. A failing op
 //! (malformed, an unknown span, a duplicate id) fails alone: its entry in `results` is the
-//! `{"error": …}` object the single endpoint would have answered (same status code; a refused
-//! op's message starts with its position, `ops[3]: …`), and the ops after it still run. Only a body that is not `{"ops": [...]}` at all, or one with too many ops, fails the
+//! `{"error": …}` object the single endpoint would have answered (same code and status; a
+//! refused op's message starts with its position, `ops[3]: …`, and of several bad members
+//! may name another than the single endpoint, which names the first in its body), and the ops after it still run. Only a body that is not `{"ops": [...]}` at all, or one with too many ops, fails the
 //! whole request, and so does a store that refused every op as a whole (503 with `Retry-After`,
 //! nothing written: see `StoreError::refuses_every_write`).
 //!
@@ -168,7 +169,10 @@ struct BatchResponse {
 }
 
 /// One op's result: the single endpoint's answer body, `null` for a heartbeat (whose endpoint
-/// answers 204), or the `{"error": …}` body the single endpoint would have answered.
+/// answers 204), or the `{"error": …}` body the single endpoint would have answered: its
+/// `code` (and status); the message starts with the op's position (`ops[3]: …`) and names the
+/// member at fault without a line and column, and an op with several bad members may name
+/// another of them than the single endpoint does (which names the first in its body).
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(untagged)]
 enum BatchResult {
