@@ -191,6 +191,14 @@ enum BatchResult {
 }
 
 /// Run many span writes in order, each atomic on its own; a failing op fails alone.
+///
+/// Sending a batch again (after a timeout, say: a write whose client went away is still made)
+/// is safe for its starts (a second start answers 409 `conflict`), ends (a span's end is
+/// written once; a second answers `{"ended": false}`), patches (the same values again, on an
+/// open span) and heartbeats, as for the single
+/// endpoints and the reference; an `appendEvent` sent again is a second event. A client that
+/// must not record an event twice retries only the ops whose answers it did not get, or reads
+/// the span's events (`GET /v1/activity/runs/{runId}/snapshot`) before it sends them again.
 #[utoipa::path(
     post,
     path = "/v1/activity/batch",
