@@ -64,6 +64,7 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
     let settings = settings::resolve(flags, &environment.settings)?;
     raise_open_file_limit(settings.server.max_connections);
     refuse_tokens_meant_but_misnamed(&environment.meant_as_tokens, &settings.server.auth)?;
+    refuse_settings_meant_but_shortened(&environment.meant_with_more_words)?;
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(settings.addr.as_str())
         .await
         .with_context(|| {
@@ -93,11 +94,15 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
                     )
                 })?
                 .collect();
+            // Said which listener: the refusal names only the address (an audit's finding).
             settings::check_exposure(
                 &grpc_addrs,
                 &settings.server.auth,
                 settings.allow_unauthenticated_non_loopback,
-            )?;
+            )
+            .with_context(|| {
+                format!("the OTLP/gRPC listener at {grpc_addr} ({GRPC_ADDR_SOURCES})")
+            })?;
             // Bound second, the gRPC listener failed on its own server's HTTP port with "address
             // in use", and nothing held the port once the server had exited (an audit's
             // finding).
@@ -359,6 +364,9 @@ struct FlightlogEnvironment {
     /// Variables that are no setting but look like the token list (`FLIGHTLOG_TOKEN`,
     /// `FLIGHTLOG_API_KEY`): see [`refuse_tokens_meant_but_misnamed`].
     meant_as_tokens: Vec<String>,
+    /// Variables that are a setting's name short of its last words (`FLIGHTLOG_PRUNE_AFTER`),
+    /// with that setting: see [`refuse_settings_meant_but_shortened`].
+    meant_with_more_words: Vec<(String, &'static str)>,
 }
 
 /// The process's `FLIGHTLOG_*` variables. A setting whose value is not UTF-8 is an error naming
@@ -368,6 +376,7 @@ fn flightlog_environment() -> anyhow::Result<FlightlogEnvironment> {
     let mut environment = FlightlogEnvironment {
         settings: BTreeMap::new(),
         meant_as_tokens: Vec::new(),
+        meant_with_more_words: Vec::new(),
     };
     for (name, value) in std::env::vars_os() {
         // `FLIGHTLOG*` and `FLIGHT_LOG*`: a misspelt prefix deserves the warning as much.
@@ -385,6 +394,10 @@ fn flightlog_environment() -> anyhow::Result<FlightlogEnvironment> {
                 );
                 if meant == settings::TOKENS.env {
                     environment.meant_as_tokens.push(name.to_owned());
+                } else if settings::setting_with_more_words(name).is_some() {
+                    environment
+                        .meant_with_more_words
+                        .push((name.to_owned(), meant));
                 }
             }
             continue;
@@ -423,6 +436,33 @@ fn refuse_tokens_meant_but_misnamed(
          ({tokens}=SECRET:read,ingest,admin for one with every scope; entries apart by `;`), to \
          require that token, or unset {it} to serve without tokens",
         tokens = settings::TOKENS.env
+    )
+}
+
+/// A variable that is a setting's name short of its last words (`FLIGHTLOG_PRUNE_AFTER=off`
+/// for `FLIGHTLOG_PRUNE_AFTER_MS`): the operator set that setting, and starting without it
+/// would do what they set it against (delete the detail of runs ended 30 days ago; an audit
+/// found it started so, with no word). The server refuses to start, naming the setting.
+fn refuse_settings_meant_but_shortened(meant: &[(String, &'static str)]) -> anyhow::Result<()> {
+    let Some((name, setting)) = meant.first() else {
+        return Ok(());
+    };
+    let others = if meant.len() > 1 {
+        format!(
+            " (and {})",
+            meant[1..]
+                .iter()
+                .map(|(name, setting)| format!("{name} for {setting}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    } else {
+        String::new()
+    };
+    anyhow::bail!(
+        "{name} is not a setting: {setting} is{others}. Rather than start without what it says, \
+         flightlog does not start: rename it to {setting} (flightlog serve --help says what it \
+         takes), or unset it"
     )
 }
 

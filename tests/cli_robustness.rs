@@ -936,6 +936,8 @@ fn a_non_loopback_address_without_a_token_is_refused_with_how_to_allow_it() {
         &[],
     );
     out.assert_refused(&how);
+    // Naming the listener and its setting, not only the address (an audit's finding).
+    out.assert_refused(&["the OTLP/gRPC listener at 0.0.0.0:0 (--grpc-addr"]);
     good.assert_unchanged(&out);
     // A broken token is refused itself rather than taken as configured authentication.
     let out = run(
@@ -2482,6 +2484,57 @@ fn hyphen_values_and_misspelled_variables_get_the_settings_messages() {
         &[("FLIGHTLOG_TOKENS", ";")],
     );
     out.assert_refused(&["FLIGHTLOG_TOKENS", "holds no token"]);
+}
+
+/// A setting's variable with its unit left out (`FLIGHTLOG_PRUNE_AFTER=off`) was ignored without
+/// a word, three edits from its name: the server started on the 30-day retention the operator
+/// had set against (an audit's finding). Such a name, which one setting extends by words, now
+/// stops the start naming the setting. A near miss of the switch to allow an open listener
+/// (`…_NON_LOOPBAK`, which holds `AUTH`) is matched to that switch, not to the token list.
+#[test]
+fn a_setting_variable_short_of_its_unit_stops_the_start() {
+    let scratch = Scratch::new("shortened-variables");
+    let db = s(&scratch.join("shortened.db"));
+    for (shortened, setting) in [
+        ("FLIGHTLOG_PRUNE_AFTER", "FLIGHTLOG_PRUNE_AFTER_MS"),
+        ("FLIGHTLOG_JOURNAL_MAX_AGE", "FLIGHTLOG_JOURNAL_MAX_AGE_MS"),
+        ("FLIGHTLOG_STALE_AFTER", "FLIGHTLOG_STALE_AFTER_MS"),
+        (
+            "flightlog_maintenance_every",
+            "FLIGHTLOG_MAINTENANCE_EVERY_MS",
+        ),
+    ] {
+        let out = run(
+            scratch.path(),
+            &serve_args(&db, &LOOPBACK),
+            &[(shortened, "off")],
+        );
+        out.assert_refused(&[
+            &format!("{shortened} is not a setting: {setting} is"),
+            &format!("rename it to {setting}"),
+            "or unset it",
+        ]);
+    }
+    // Several settings extend it: a warning would need a guess, so none is made.
+    let out = run(
+        scratch.path(),
+        &serve_args(&db, &LOOPBACK),
+        &[("FLIGHTLOG_JOURNAL_MAX", "5")],
+    );
+    out.assert_listened();
+
+    let out = run(
+        scratch.path(),
+        &serve_args(&db, &LOOPBACK),
+        &[("FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBAK", "true")],
+    );
+    out.assert_listened();
+    assert!(
+        out.stderr
+            .contains("did you mean FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBACK?"),
+        "{out}"
+    );
+    assert!(!out.stderr.contains("FLIGHTLOG_TOKENS"), "{out}");
 }
 
 /// A database file deleted under the running server: the writes it went on acknowledging went

@@ -640,6 +640,20 @@ pub enum SettingsError {
         /// The keys it may hold.
         known: String,
     },
+    /// A config file giving one setting twice: as a quoted dotted key (`"journal.max_events"`)
+    /// and in its section (`[journal] max_events`), two keys to TOML; one of the two values
+    /// was dropped without a word (an audit's finding).
+    #[error(
+        "the config file {} gives `{key}` twice (as `\"{key}\" = …` and in its section): \
+         keep one",
+        .path.display()
+    )]
+    DuplicateKey {
+        /// The file.
+        path: PathBuf,
+        /// The key, dotted.
+        key: &'static str,
+    },
     /// A server without tokens was asked to listen on a non-loopback address.
     #[error(
         "refusing to listen on {addr} without any token: anyone who can reach that address \
@@ -783,7 +797,12 @@ fn collect_keys(
             format!("{prefix}.{key}")
         };
         if let Some(setting) = SETTINGS.iter().find(|s| s.key == dotted) {
-            values.insert(setting.key, value);
+            if values.insert(setting.key, value).is_some() {
+                return Err(SettingsError::DuplicateKey {
+                    path: path.to_owned(),
+                    key: setting.key,
+                });
+            }
             continue;
         }
         let is_section = SETTINGS
@@ -898,6 +917,14 @@ pub fn resolve(
     resolve_with_file(flags, env, file.as_ref())
 }
 
+/// The fix for a database path that begins or ends with white space: taken as written, it
+/// opened a new, empty file beside the real one, and everything stored looked lost (an env file
+/// that keeps trailing spaces, as Docker's `--env-file` does; an audit's finding). Every other
+/// setting's value is trimmed; a path is refused, since the space could be the file's.
+const PADDED_DB_PATH: &str = "remove the white space at its start or end (an env file may keep \
+     trailing spaces); flightlog does not take a database file whose name begins or ends with \
+     white space";
+
 /// [`resolve`] with the config file already parsed (or none).
 pub fn resolve_with_file(
     flags: &ServeFlags,
@@ -916,6 +943,9 @@ pub fn resolve_with_file(
                 "give the path of the database file",
             ));
         }
+        if text.trim() != text {
+            return Err(invalid(&origin, &text, PADDED_DB_PATH));
+        }
         if names_a_folder(Path::new(&text)) {
             return Err(invalid(&origin, &text, &folder_not_file(&text)));
         }
@@ -927,6 +957,13 @@ pub fn resolve_with_file(
                 &Origin::Flag(DB.flag),
                 "",
                 "give the path of the database file",
+            ))
+        }
+        Some(path) if path.to_str().is_some_and(|text| text.trim() != text) => {
+            return Err(invalid(
+                &Origin::Flag(DB.flag),
+                &path.to_string_lossy(),
+                PADDED_DB_PATH,
             ))
         }
         Some(path) if names_a_folder(path) => {
@@ -1327,6 +1364,18 @@ pub fn meant_variable(name: &str) -> Option<&'static str> {
     if upper.starts_with("FLIGHTLOG_TEST_") {
         return None;
     }
+    if let Some(meant) = setting_with_more_words(&upper) {
+        return Some(meant);
+    }
+    let variables = SETTINGS
+        .iter()
+        .map(|setting| setting.env)
+        .chain([CONFIG_ENV]);
+    // A near miss first: `FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBAK` holds `AUTH`, and was
+    // told to be renamed to the token list (an audit's finding).
+    if let Some(meant) = closest_within_two(&upper, variables, str::to_owned) {
+        return Some(meant);
+    }
     // However far from the name: a token meant for the server that it ignores means a server
     // without authentication (`FLIGHTLOG_API_TOKEN`, `FLIGHTLOG_AUTH`, `FLIGHTLOG_API_KEY`).
     if [
@@ -1343,14 +1392,34 @@ pub fn meant_variable(name: &str) -> Option<&'static str> {
     {
         return Some(TOKENS.env);
     }
-    if let Some(meant) = meant_by_another_word(&upper) {
-        return Some(meant);
+    meant_by_another_word(&upper)
+}
+
+/// The one setting variable whose name is `name` (a `FLIGHTLOG_*` name that is none) with
+/// words more at its end: its unit left out (`FLIGHTLOG_PRUNE_AFTER` for
+/// `FLIGHTLOG_PRUNE_AFTER_MS`, three edits away), or its last words (`FLIGHTLOG_BODY`). Such a
+/// name cannot mean anything else, and ignored it costs what the operator set it against (the
+/// retention's `off` above all: the detail of runs deleted after 30 days), so `serve` refuses
+/// to start beside it. `None` when no setting, or several (`FLIGHTLOG_JOURNAL_MAX`), extend it.
+pub fn setting_with_more_words(name: &str) -> Option<&'static str> {
+    let upper = name.to_ascii_uppercase();
+    if is_setting_variable(&upper) || upper.starts_with("FLIGHTLOG_TEST_") {
+        return None;
     }
-    let variables = SETTINGS
+    let rest = upper.strip_prefix("FLIGHTLOG_")?.trim_end_matches('_');
+    if rest.is_empty() {
+        return None;
+    }
+    let wanted = format!("FLIGHTLOG_{rest}_");
+    let mut extending = SETTINGS
         .iter()
         .map(|setting| setting.env)
-        .chain([CONFIG_ENV]);
-    closest_within_two(&upper, variables, str::to_owned)
+        .chain([CONFIG_ENV])
+        .filter(|known| known.starts_with(&wanted));
+    match (extending.next(), extending.next()) {
+        (Some(only), None) => Some(only),
+        _ => None,
+    }
 }
 
 /// The setting a `FLIGHTLOG_*` name means in other words, as other servers name theirs
@@ -1366,6 +1435,12 @@ fn meant_by_another_word(upper: &str) -> Option<&'static str> {
     }
     if has(&["GRPC"]) {
         return Some(GRPC_ADDR.env);
+    }
+    if has(&["DURABLE", "FSYNC", "SYNC", "SYNCHRONOUS"]) {
+        return Some(DURABILITY.env);
+    }
+    if has(&["BODY"]) {
+        return Some(BODY_LIMIT.env);
     }
     if has(&["CONFIG", "CONF", "TOML"]) {
         return Some(CONFIG_ENV);
@@ -1394,7 +1469,8 @@ fn toml_text(value: &Value) -> String {
     match value {
         Value::String(text) => format!("{text:?}"),
         Value::Integer(number) => number.to_string(),
-        Value::Float(number) => number.to_string(),
+        // As written: `10.0` is a float, where `10` would read as the integer it is not.
+        Value::Float(number) => format!("{number:?}"),
         Value::Boolean(switch) => switch.to_string(),
         Value::Datetime(datetime) => datetime.to_string(),
         Value::Array(_) => "[…]".to_owned(),

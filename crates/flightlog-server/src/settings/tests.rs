@@ -597,7 +597,11 @@ fn bad_values_name_the_setting_where_it_was_given_and_the_fix() {
         ),
         (
             Input::File("max_inflight_writes = 4096.0"),
-            &["`max_inflight_writes` in", "(a TOML float)", "TOML integer"],
+            &[
+                "`max_inflight_writes` in",
+                "is 4096.0 (a TOML float)",
+                "TOML integer",
+            ],
         ),
         (
             Input::File("max_inflight_writes = \"4096\""),
@@ -886,6 +890,43 @@ fn a_misspelled_variable_is_matched_to_the_setting_it_was_meant_to_be() {
     );
     assert_eq!(meant_variable("FLIGHTLOG_TEST_DATABASE_URL"), None);
     assert_eq!(meant_variable("FLIGHTLOG_OTLP_CLIENTS_DIR"), None);
+    // A unit left out, or the last words: the one setting that extends it.
+    for (shortened, meant) in [
+        ("FLIGHTLOG_PRUNE_AFTER", "FLIGHTLOG_PRUNE_AFTER_MS"),
+        ("FLIGHTLOG_WRITE_LOCK_WAIT", "FLIGHTLOG_WRITE_LOCK_WAIT_MS"),
+        ("FLIGHTLOG_BODY", "FLIGHTLOG_BODY_LIMIT"),
+        ("FLIGHTLOG_STUCK_AFTER_", "FLIGHTLOG_STUCK_AFTER_MS"),
+    ] {
+        assert_eq!(meant_variable(shortened), Some(meant), "{shortened}");
+        assert_eq!(
+            setting_with_more_words(shortened),
+            Some(meant),
+            "{shortened}"
+        );
+    }
+    for ambiguous in [
+        "FLIGHTLOG_JOURNAL_MAX",
+        "FLIGHTLOG_MAX",
+        "FLIGHTLOG_",
+        "FLIGHTLOG_TEST",
+    ] {
+        assert_eq!(setting_with_more_words(ambiguous), None, "{ambiguous}");
+    }
+    assert_eq!(setting_with_more_words("FLIGHTLOG_PRUNE_AFTER_MS"), None);
+    // Other words for two settings (an audit's examples).
+    assert_eq!(
+        meant_variable("FLIGHTLOG_DURABLE"),
+        Some("FLIGHTLOG_DURABILITY")
+    );
+    assert_eq!(
+        meant_variable("FLIGHTLOG_MAX_BODY"),
+        Some("FLIGHTLOG_BODY_LIMIT")
+    );
+    // A near miss of a setting holding `AUTH` is that setting, not the token list.
+    assert_eq!(
+        meant_variable("FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBAK"),
+        Some("FLIGHTLOG_ALLOW_UNAUTHENTICATED_NON_LOOPBACK")
+    );
     assert!(is_setting_variable("FLIGHTLOG_CONFIG"));
     assert!(is_setting_variable("FLIGHTLOG_JOURNAL_MAX_AGE_MS"));
     assert!(!is_setting_variable("FLIGHTLOG_TOKEN"));
@@ -996,6 +1037,74 @@ fn bad_maintenance_values_are_refused_with_the_fix() {
         err.to_string().contains("maintenance.stale_after_ms"),
         "{err}"
     );
+}
+
+/// `"journal.max_events" = 7` beside `[journal] max_events = 9` is valid TOML (two keys), and
+/// one of the two values was dropped without a word (an audit's finding): refused, naming the
+/// key. Either form alone is taken.
+#[test]
+fn a_setting_given_twice_in_the_config_file_is_refused() {
+    for text in [
+        "\"journal.max_events\" = 7\n[journal]\nmax_events = 9\n",
+        "[maintenance]\nevery_ms = 5000\n[\"maintenance.every_ms\"]\n",
+        "\"maintenance.every_ms\" = 1000\nmaintenance = { every_ms = 2000 }\n",
+    ] {
+        match ConfigFile::parse(Path::new(FILE), text) {
+            Err(err @ SettingsError::DuplicateKey { .. }) => {
+                let message = err.to_string();
+                assert!(
+                    message.contains("twice") && message.contains("keep one"),
+                    "{message}"
+                );
+            }
+            Err(SettingsError::ConfigSyntax { .. }) => {}
+            other => panic!("{text:?} was taken: {other:?}"),
+        }
+    }
+    let err = ConfigFile::parse(
+        Path::new(FILE),
+        "\"journal.max_events\" = 7\n[journal]\nmax_events = 9\n",
+    )
+    .expect_err("refused")
+    .to_string();
+    assert!(err.contains("`journal.max_events` twice"), "{err}");
+    file("\"journal.max_events\" = 7\n");
+    file("[journal]\nmax_events = 9\n");
+}
+
+/// Found by an audit: `FLIGHTLOG_DB="/data/real.db "` (an env file keeping a trailing space)
+/// opened a new, empty `real.db ` beside the real file. A database path that begins or ends
+/// with white space is refused from the flag, the variable and the file, naming where it came
+/// from; other settings' values are trimmed.
+#[test]
+fn a_database_path_padded_with_white_space_is_refused() {
+    let padded = [" /data/real.db", "/data/real.db ", "/data/real.db\t"];
+    for text in padded {
+        let flags = ServeFlags {
+            db: Some(PathBuf::from(text)),
+            ..ServeFlags::default()
+        };
+        let err = resolve(&flags, &env(&[]))
+            .expect_err("refused from the flag")
+            .to_string();
+        assert!(err.contains("--db") && err.contains("white space"), "{err}");
+        let err = resolve(&ServeFlags::default(), &env(&[("FLIGHTLOG_DB", text)]))
+            .expect_err("refused from the variable")
+            .to_string();
+        assert!(
+            err.contains("FLIGHTLOG_DB") && err.contains("white space"),
+            "{err}"
+        );
+    }
+    let resolved = resolve(
+        &ServeFlags::default(),
+        &env(&[
+            ("FLIGHTLOG_DB", "/data/real.db"),
+            ("FLIGHTLOG_INSTANCE", "i1 "),
+        ]),
+    )
+    .expect("no padding");
+    assert_eq!(resolved.db, PathBuf::from("/data/real.db"));
 }
 
 /// Found by an audit: `--db ./data/` made a file called `data`; `--grpc-addr OFF` was refused
