@@ -371,7 +371,10 @@ struct FlightlogEnvironment {
 
 /// The process's `FLIGHTLOG_*` variables. A setting whose value is not UTF-8 is an error naming
 /// the variable, rather than being skipped silently; a name close to a setting's
-/// (`FLIGHTLOG_ADR`) gets a warning naming the setting; other variables are not ours to judge.
+/// (`FLIGHTLOG_ADR`) gets a warning naming the setting (and one that looks like the token list,
+/// or is a setting's name short of its last words, is kept to stop the start: see
+/// [`refuse_tokens_meant_but_misnamed`], [`refuse_settings_meant_but_shortened`]); other
+/// variables are not ours to judge.
 fn flightlog_environment() -> anyhow::Result<FlightlogEnvironment> {
     let mut environment = FlightlogEnvironment {
         settings: BTreeMap::new(),

@@ -1338,20 +1338,7 @@ pub fn meant_variable(name: &str) -> Option<&'static str> {
     if is_setting_variable(name) {
         return None;
     }
-    let upper = name.to_ascii_uppercase();
-    // The prefix misspelt (`FLIGHT_LOG_TOKENS`, `FLIGHTLOGTOKENS`) is read as the right one.
-    let upper = match upper
-        .strip_prefix("FLIGHT_LOG_")
-        .or_else(|| {
-            upper
-                .strip_prefix("FLIGHTLOG")
-                .filter(|rest| !rest.starts_with('_'))
-        })
-        .or_else(|| upper.strip_prefix("FLIGHT_LOG"))
-    {
-        Some(rest) if !rest.is_empty() => format!("FLIGHTLOG_{rest}"),
-        _ => upper,
-    };
+    let upper = with_prefix_mended(name);
     if is_setting_variable(&upper) {
         return SETTINGS
             .iter()
@@ -1395,6 +1382,24 @@ pub fn meant_variable(name: &str) -> Option<&'static str> {
     meant_by_another_word(&upper)
 }
 
+/// `name` in upper case, its prefix misspelt (`FLIGHT_LOG_TOKENS`, `FLIGHTLOGTOKENS`) read as
+/// the right one.
+fn with_prefix_mended(name: &str) -> String {
+    let upper = name.to_ascii_uppercase();
+    match upper
+        .strip_prefix("FLIGHT_LOG_")
+        .or_else(|| {
+            upper
+                .strip_prefix("FLIGHTLOG")
+                .filter(|rest| !rest.starts_with('_'))
+        })
+        .or_else(|| upper.strip_prefix("FLIGHT_LOG"))
+    {
+        Some(rest) if !rest.is_empty() => format!("FLIGHTLOG_{rest}"),
+        _ => upper,
+    }
+}
+
 /// The one setting variable whose name is `name` (a `FLIGHTLOG_*` name that is none) with
 /// words more at its end: its unit left out (`FLIGHTLOG_PRUNE_AFTER` for
 /// `FLIGHTLOG_PRUNE_AFTER_MS`, three edits away), or its last words (`FLIGHTLOG_BODY`). Such a
@@ -1402,7 +1407,7 @@ pub fn meant_variable(name: &str) -> Option<&'static str> {
 /// retention's `off` above all: the detail of runs deleted after 30 days), so `serve` refuses
 /// to start beside it. `None` when no setting, or several (`FLIGHTLOG_JOURNAL_MAX`), extend it.
 pub fn setting_with_more_words(name: &str) -> Option<&'static str> {
-    let upper = name.to_ascii_uppercase();
+    let upper = with_prefix_mended(name);
     if is_setting_variable(&upper) || upper.starts_with("FLIGHTLOG_TEST_") {
         return None;
     }
@@ -1423,8 +1428,8 @@ pub fn setting_with_more_words(name: &str) -> Option<&'static str> {
 }
 
 /// The setting a `FLIGHTLOG_*` name means in other words, as other servers name theirs
-/// (`FLIGHTLOG_PORT`, `FLIGHTLOG_DATABASE`, `FLIGHTLOG_GRPC`): ignored without a word, the server
-/// started on its defaults. The test suites' own variables (`FLIGHTLOG_TEST_*`) are not settings
+/// (`FLIGHTLOG_PORT`, `FLIGHTLOG_DATABASE`, `FLIGHTLOG_GRPC_PORT`): ignored without a word, the
+/// server started on its defaults (a warning names the setting now). The test suites' own variables (`FLIGHTLOG_TEST_*`) are not settings
 /// and are left alone.
 fn meant_by_another_word(upper: &str) -> Option<&'static str> {
     let rest = upper.strip_prefix("FLIGHTLOG_")?;
@@ -1470,6 +1475,13 @@ fn toml_text(value: &Value) -> String {
         Value::String(text) => format!("{text:?}"),
         Value::Integer(number) => number.to_string(),
         // As written: `10.0` is a float, where `10` would read as the integer it is not.
+        Value::Float(number) if number.is_nan() => "nan".to_owned(),
+        Value::Float(number) if number.is_infinite() => if number.is_sign_negative() {
+            "-inf"
+        } else {
+            "inf"
+        }
+        .to_owned(),
         Value::Float(number) => format!("{number:?}"),
         Value::Boolean(switch) => switch.to_string(),
         Value::Datetime(datetime) => datetime.to_string(),

@@ -1299,12 +1299,11 @@ type PruneCandidate = ((i64, i64), i64);
 /// floor or the hard ceiling, with no span open; `((run key, end), span count)`, oldest end
 /// first, at most `limit` (SQL `LIMIT` semantics).
 ///
-/// The scheduled prune also asks that no span of the run started or ended since then: the
-/// rollup's end is its first root's, so a session of several turns whose first turn ended
-/// longer ago than the retention lost its latest turn minutes after it ended (an audit's
-/// finding). The endpoint keeps the reference's rule. A recent start is found by an index
-/// seek, so a busy session costs little each pass; only a run about to go (or one whose last
-/// span started before the window and ended inside it) has its spans' ends read.
+/// The scheduled prune also asks that no span of the run started since then (an index seek,
+/// so a busy session costs little each pass), and [`quiet_candidates`] then that none ended
+/// since: the rollup's end is its first root's, so a session of several turns whose first turn
+/// ended longer ago than the retention lost its latest turn minutes after it ended (an audit's
+/// finding). The endpoint keeps the reference's rule.
 fn rolled_up_candidates(
     conn: &rusqlite::Connection,
     detail_pruned: i64,
@@ -1317,10 +1316,8 @@ fn rolled_up_candidates(
            AND (o.ended_at < ?1 OR o.ended_at < ?2) \
            AND NOT EXISTS (SELECT 1 FROM activity_spans s \
                            WHERE s.run_key = o.run_key AND s.outcome IS NULL) \
-           AND (?5 = 0 OR (NOT EXISTS (SELECT 1 FROM activity_spans s \
-                                WHERE s.run_key = o.run_key AND s.started_at >= MAX(?1, ?2)) \
-                           AND NOT EXISTS (SELECT 1 FROM activity_spans s \
-                                WHERE s.run_key = o.run_key AND s.ended_at >= MAX(?1, ?2)))) \
+           AND (?5 = 0 OR NOT EXISTS (SELECT 1 FROM activity_spans s \
+                                WHERE s.run_key = o.run_key AND s.started_at >= MAX(?1, ?2))) \
          ORDER BY o.ended_at, o.run_key LIMIT ?3",
     )
     .and_then(|mut stmt| {
@@ -1337,6 +1334,45 @@ fn rolled_up_candidates(
         .collect()
     })
     .map_err(backend)
+}
+
+/// Of the scheduled prune's `found` candidates (oldest first), those none of whose spans ended
+/// since the floor and the ceiling (their starts are checked already), each with the spans it
+/// holds now, read as far as [`PrunePlan::max_spans`] reaches beyond `taken` (the next run that
+/// does not fit is the last read): a rollup's span count is of when it was made, and a session
+/// rolled up after its first turn and grown since would take a transaction far past the budget
+/// (the re-rollup and the deletes read all its spans). Each run read costs one pass over its
+/// spans, as deleting it does; a run that is not taken (its last span started before the window
+/// and ended inside it) is read again next pass, until it is old enough.
+fn quiet_candidates(
+    conn: &rusqlite::Connection,
+    found: Vec<PruneCandidate>,
+    plan: &PrunePlan,
+    taken: i64,
+) -> Result<Vec<PruneCandidate>, StoreError> {
+    let since = plan.floor.max(plan.ceiling);
+    let mut quiet = Vec::with_capacity(found.len());
+    let mut total = taken;
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT COUNT(*), MAX(COALESCE(ended_at, started_at)) \
+             FROM activity_spans WHERE run_key = ?1",
+        )
+        .map_err(backend)?;
+    for ((run_key, ended_at), _counted) in found {
+        let (spans, newest_end): (i64, Option<i64>) = stmt
+            .query_row([run_key], |row| Ok((row.get(0)?, row.get(1)?)))
+            .map_err(backend)?;
+        if newest_end.is_some_and(|end| end >= since) {
+            continue;
+        }
+        quiet.push(((run_key, ended_at), spans));
+        total = total.saturating_add(spans);
+        if plan.max_spans.is_some_and(|max| total > max) {
+            break;
+        }
+    }
+    Ok(quiet)
 }
 
 /// Roll up (as `rollupRun` does) up to `batch` ended runs that have no rollup a prune takes
@@ -1513,7 +1549,10 @@ pub(crate) fn prune(
     let conn = ctx.conn;
     // Candidates come from the rollups (a finished run's terminal write made it prunable),
     // guarded against any run that still has an open span.
-    let candidates = rolled_up_candidates(conn, 0, &plan, plan.batch)?;
+    let mut candidates = rolled_up_candidates(conn, 0, &plan, plan.batch)?;
+    if plan.scheduled {
+        candidates = quiet_candidates(conn, candidates, &plan, 0)?;
+    }
     let (mut candidates, mut all_fitted, mut candidate_spans) =
         within_span_budget(candidates, plan.max_spans, 0, false);
     // Runs written to again after their prune: a rollup after that marks the row
@@ -1524,6 +1563,7 @@ pub(crate) fn prune(
     let remaining = remaining_batch(plan.batch, candidates.len());
     if plan.scheduled && remaining != 0 && all_fitted {
         let rewritten = rolled_up_candidates(conn, 2, &plan, remaining)?;
+        let rewritten = quiet_candidates(conn, rewritten, &plan, candidate_spans)?;
         let (rewritten, fitted, spans) = within_span_budget(
             rewritten,
             plan.max_spans,
@@ -1602,8 +1642,11 @@ pub(crate) fn prune(
         let run_key = *run_key;
         if plan.scheduled {
             // The rollup is all that stays: made again from the detail about to go, so what a
-            // writer ended after its last rollup (a failed last turn, its tokens) is kept.
-            rollup_run_key(ctx, run_key, RollupIdentity::KeepFirst)?;
+            // writer ended after its last rollup (a failed last turn, its tokens) is kept; named
+            // and started by the root the run is listed by now (a rollup made before an earlier
+            // root arrived keeps its first making's, and the run moved in the listing when
+            // listed from it).
+            rollup_run_key(ctx, run_key, RollupIdentity::Refresh)?;
         }
         // Pruned by the hard ceiling alone: the digest never covered this run, so the rollup
         // says so instead of silently losing its detail.

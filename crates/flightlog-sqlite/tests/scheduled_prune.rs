@@ -1,6 +1,8 @@
 //! The scheduled retention's prune (`PruneOptions::scheduled`) on a real SQLite file: it judges
-//! a run by its last sign of life, not by the end its rollup took from the first root, and the
-//! rollup it keeps is made from the detail it deletes.
+//! a run by its last span to start or end, not by the end its rollup took from the first root;
+//! the rollup it keeps is made from the detail it deletes, named by the root the run is listed
+//! by; its span budget counts the spans runs hold, not those their rollups counted. The
+//! endpoint's prune keeps the reference's rule.
 
 use std::sync::Arc;
 
@@ -73,18 +75,37 @@ async fn session_of_two_turns(store: &SqliteActivityStore, run_id: &str, roll_up
 }
 
 async fn scheduled_prune(store: &SqliteActivityStore, now: i64) -> i64 {
+    prune(store, now, true, None).await
+}
+
+/// A prune at `now` with the window as floor and ceiling: the scheduled one or the endpoint's,
+/// deleting at most `max_spans` spans; the runs it pruned.
+async fn prune(
+    store: &SqliteActivityStore,
+    now: i64,
+    scheduled: bool,
+    max_spans: Option<i64>,
+) -> i64 {
     store
         .prune(PruneOptions {
             digest_floor_at: now - WINDOW_MS,
             hard_ceiling_ms: WINDOW_MS,
             now: Some(now),
             batch: Some(50),
-            max_spans: None,
-            scheduled: true,
+            max_spans,
+            scheduled,
         })
         .await
         .expect("the store answers")
         .runs_pruned
+}
+
+fn store_in(dir: &tempfile::TempDir) -> (SqliteActivityStore, Arc<ManualClock>) {
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("prune.db")))
+        .expect("the database opens");
+    let clock = Arc::new(ManualClock::new(0));
+    let store = SqliteActivityStore::with_identity(db, clock.clone(), "writer-a");
+    (store, clock)
 }
 
 fn without_id(mut rollup: RunRollupRow) -> RunRollupRow {
@@ -133,4 +154,119 @@ async fn a_session_is_pruned_by_its_latest_turn_and_keeps_it_in_its_rollup() {
     assert_eq!(without_id(kept), expected);
     let control = store.read_rollup("rolled").await.unwrap().expect("kept");
     assert_eq!(without_id(control), expected);
+}
+
+/// The endpoint keeps the reference's rule: the session goes by its rollup's end (its first
+/// turn's), latest turn and all.
+#[tokio::test]
+async fn the_endpoint_still_prunes_a_session_by_its_rollups_end() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (store, clock) = store_in(&dir);
+    session_of_two_turns(&store, "session", true).await;
+    clock.set(200_000);
+    assert_eq!(prune(&store, 200_000, false, None).await, 1);
+    assert!(store
+        .get_span("session-t2")
+        .await
+        .expect("the store answers")
+        .is_none());
+}
+
+/// Runs rolled up after their first span and grown since: their rollups count 1 span each, and
+/// the scheduled prune's budget of 10 spans took both runs of 8 at once. It counts the spans
+/// they hold: one run a call.
+#[tokio::test]
+async fn the_span_budget_counts_the_spans_a_run_holds_not_its_rollups_count() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (store, clock) = store_in(&dir);
+    for run_id in ["first", "second"] {
+        let root = format!("{run_id}-root");
+        store
+            .start_span(turn(&root, run_id, 1_000))
+            .await
+            .expect("the store answers");
+        store
+            .end_span(&root, ended(SpanOutcome::Success, None, 1_100, 1))
+            .await
+            .expect("the store answers");
+        store.rollup_run(run_id).await.expect("the store answers");
+        for index in 0..7 {
+            let id = format!("{run_id}-late-{index}");
+            store
+                .start_span(turn(&id, run_id, 1_200))
+                .await
+                .expect("the store answers");
+            store
+                .end_span(&id, ended(SpanOutcome::Success, None, 1_300, 1))
+                .await
+                .expect("the store answers");
+        }
+        let rollup = store
+            .read_rollup(run_id)
+            .await
+            .expect("read")
+            .expect("kept");
+        assert_eq!(rollup.span_count, 1, "rolled up before it grew");
+    }
+    let now = 1_300 + WINDOW_MS + 1;
+    clock.set(now);
+    assert_eq!(prune(&store, now, true, Some(10)).await, 1);
+    assert_eq!(prune(&store, now, true, Some(10)).await, 1);
+    assert_eq!(prune(&store, now, true, Some(10)).await, 0);
+    for run_id in ["first", "second"] {
+        let rollup = store
+            .read_rollup(run_id)
+            .await
+            .expect("read")
+            .expect("kept");
+        assert_eq!((rollup.span_count, rollup.detail_pruned), (8, true));
+    }
+}
+
+/// A run rolled up before its earlier root arrived: its rollup kept the name and start of that
+/// first making (the reference's rule) while the run was listed by the earlier root, so the
+/// prune moved it in the listing. The scheduled prune's rollup is named by the root the run is
+/// listed by.
+#[tokio::test]
+async fn the_kept_rollup_is_named_by_the_root_the_run_is_listed_by() {
+    use flightlog_core::activity::{RunListQuery, SpanOrigin};
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (store, clock) = store_in(&dir);
+    let mut later = turn("later", "moved", 2_000);
+    later.name = "the later root".into();
+    later.origin = SpanOrigin::Cron;
+    store.start_span(later).await.expect("the store answers");
+    store
+        .end_span("later", ended(SpanOutcome::Success, None, 2_500, 1))
+        .await
+        .expect("the store answers");
+    store.rollup_run("moved").await.expect("the store answers");
+    let mut earlier = turn("earlier", "moved", 1_000);
+    earlier.name = "the earlier root".into();
+    store.start_span(earlier).await.expect("the store answers");
+    store
+        .end_span("earlier", ended(SpanOutcome::Success, None, 1_500, 1))
+        .await
+        .expect("the store answers");
+    let listed = |page: flightlog_core::activity::RunPage| {
+        let run = page.runs.into_iter().next().expect("the run");
+        (run.name, run.origin, run.started_at)
+    };
+    let query = RunListQuery {
+        state: None,
+        outcome: None,
+        origin: None,
+        limit: 10,
+        before: None,
+    };
+    let before = listed(store.list_runs(query.clone()).await.expect("listed"));
+    assert_eq!(
+        before,
+        ("the earlier root".to_owned(), SpanOrigin::Session, 1_000)
+    );
+    let now = 2_500 + WINDOW_MS + 1;
+    clock.set(now);
+    assert_eq!(scheduled_prune(&store, now).await, 1);
+    let after = listed(store.list_runs(query).await.expect("listed"));
+    assert_eq!(after, before, "the run did not move");
 }

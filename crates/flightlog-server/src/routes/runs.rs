@@ -89,10 +89,12 @@ impl RunsQuery {
 /// Runs newest first: open roots, ended runs with their rollups, pruned runs, and runs whose root
 /// has not arrived (`awaitingRoot`: an OpenTelemetry trace's root is exported last). A run's
 /// place can move when a root that started earlier arrives, and, for a run rolled up before
-/// that root came, again when its detail is pruned (a rollup keeps the name and start of its
-/// first making, the reference's rule, and a pruned run is listed from its rollup): a client
-/// paging while traces come in or retention prunes should drop a `runId` it has already seen,
-/// and may miss a run that moved behind its cursor until it lists from the top again.
+/// that root came, again when `POST /v1/activity/maintenance/prune` deletes its detail (a
+/// rollup keeps the name and start of its first making, the reference's rule, and a pruned run
+/// is listed from its rollup; the scheduled retention makes the rollup again from the root the
+/// run is listed by): a client paging while traces come in or runs are pruned should drop a
+/// `runId` it has already seen, and may miss a run that moved behind its cursor until it lists
+/// from the top again.
 #[utoipa::path(
     get,
     path = "/v1/activity/runs",
