@@ -2503,6 +2503,12 @@ fn a_setting_variable_short_of_its_unit_stops_the_start() {
             "flightlog_maintenance_every",
             "FLIGHTLOG_MAINTENANCE_EVERY_MS",
         ),
+        // Named after the config file's key, another unit (an audit's examples).
+        (
+            "FLIGHTLOG_MAINTENANCE_PRUNE_AFTER_MS",
+            "FLIGHTLOG_PRUNE_AFTER_MS",
+        ),
+        ("FLIGHTLOG_PRUNE_AFTER_SECS", "FLIGHTLOG_PRUNE_AFTER_MS"),
     ] {
         let out = run(
             scratch.path(),

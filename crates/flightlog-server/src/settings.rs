@@ -1411,21 +1411,68 @@ pub fn setting_with_more_words(name: &str) -> Option<&'static str> {
     if is_setting_variable(&upper) || upper.starts_with("FLIGHTLOG_TEST_") {
         return None;
     }
-    let rest = upper.strip_prefix("FLIGHTLOG_")?.trim_end_matches('_');
-    if rest.is_empty() {
+    let rest = upper.strip_prefix("FLIGHTLOG_")?;
+    // Words apart by one `_` (`FLIGHTLOG__PRUNE_AFTER`), a unit of another name left out
+    // (`FLIGHTLOG_PRUNE_AFTER_SECS`: the setting takes milliseconds).
+    let mut words: Vec<&str> = rest.split('_').filter(|word| !word.is_empty()).collect();
+    if words.len() > 1 && words.last().is_some_and(|word| OTHER_UNITS.contains(word)) {
+        words.pop();
+    }
+    if words.is_empty() {
         return None;
     }
-    let wanted = format!("FLIGHTLOG_{rest}_");
-    let mut extending = SETTINGS
+    let wanted = format!("FLIGHTLOG_{}", words.join("_"));
+    let extended = format!("{wanted}_");
+    // A setting's variable, or the name its config-file key would give
+    // (`FLIGHTLOG_MAINTENANCE_PRUNE_AFTER_MS` for `maintenance.prune_after_ms`).
+    let mut meaning = SETTINGS
         .iter()
+        .filter(|setting| {
+            let from_key = format!(
+                "FLIGHTLOG_{}",
+                setting.key.replace('.', "_").to_ascii_uppercase()
+            );
+            setting.env == wanted
+                || setting.env.starts_with(&extended)
+                || (from_key != setting.env
+                    && (from_key == wanted || from_key.starts_with(&extended)))
+        })
         .map(|setting| setting.env)
-        .chain([CONFIG_ENV])
-        .filter(|known| known.starts_with(&wanted));
-    match (extending.next(), extending.next()) {
+        .chain(CONFIG_ENV.starts_with(&extended).then_some(CONFIG_ENV));
+    match (meaning.next(), meaning.next()) {
         (Some(only), None) => Some(only),
         _ => None,
     }
 }
+
+/// Units a `FLIGHTLOG_*` name may end with where its setting's takes another
+/// (`FLIGHTLOG_PRUNE_AFTER_SECS`): left out when the name is matched to its setting.
+const OTHER_UNITS: &[&str] = &[
+    "S",
+    "SEC",
+    "SECS",
+    "SECOND",
+    "SECONDS",
+    "MIN",
+    "MINS",
+    "MINUTE",
+    "MINUTES",
+    "H",
+    "HOUR",
+    "HOURS",
+    "DAY",
+    "DAYS",
+    "MSEC",
+    "MSECS",
+    "MILLIS",
+    "MILLISECONDS",
+    "B",
+    "BYTES",
+    "KB",
+    "MB",
+    "KIB",
+    "MIB",
+];
 
 /// The setting a `FLIGHTLOG_*` name means in other words, as other servers name theirs
 /// (`FLIGHTLOG_PORT`, `FLIGHTLOG_DATABASE`, `FLIGHTLOG_GRPC_PORT`): ignored without a word, the

@@ -999,6 +999,7 @@ impl ActivityStore for SqliteActivityStore {
             change_log_trim_batch: self.db.change_log_trim_batch(),
             max_spans: options.max_spans,
             scheduled: options.scheduled,
+            now,
         };
         self.db.write(move |ctx| write::prune(ctx, plan)).await
     }

@@ -1267,6 +1267,21 @@ pub(crate) struct PrunePlan {
     /// The scheduled retention's extra candidates: runs written to and rolled up again after
     /// their prune, ended runs nobody rolled up (see `PruneOptions::scheduled`).
     pub scheduled: bool,
+    /// The prune's time (the scheduled prune's "recent" ends a window after it: see
+    /// [`PrunePlan::recent`]).
+    pub now: i64,
+}
+
+impl PrunePlan {
+    /// The times that keep a run from the scheduled prune when a span of it started or ended
+    /// at one of them: since the floor and the ceiling, up to as far after now. A span far in
+    /// the future (a clock in microseconds read as milliseconds) kept its run for good, and
+    /// nothing said so (an audit's finding); a writer's clock a little ahead still holds it.
+    fn recent(&self) -> (i64, i64) {
+        let since = self.floor.max(self.ceiling);
+        let window = self.now.saturating_sub(since).max(0);
+        (since, self.now.saturating_add(window))
+    }
 }
 
 /// The first runs of `runs` (each with its span count) that fit in `max_spans` together with
@@ -1317,7 +1332,8 @@ fn rolled_up_candidates(
            AND NOT EXISTS (SELECT 1 FROM activity_spans s \
                            WHERE s.run_key = o.run_key AND s.outcome IS NULL) \
            AND (?5 = 0 OR NOT EXISTS (SELECT 1 FROM activity_spans s \
-                                WHERE s.run_key = o.run_key AND s.started_at >= MAX(?1, ?2))) \
+                                WHERE s.run_key = o.run_key \
+                                  AND s.started_at BETWEEN ?6 AND ?7)) \
          ORDER BY o.ended_at, o.run_key LIMIT ?3",
     )
     .and_then(|mut stmt| {
@@ -1327,7 +1343,9 @@ fn rolled_up_candidates(
                 plan.ceiling,
                 limit,
                 detail_pruned,
-                plan.scheduled
+                plan.scheduled,
+                plan.recent().0,
+                plan.recent().1
             ],
             |row| Ok(((row.get(0)?, row.get(1)?), row.get(2)?)),
         )?
@@ -1337,7 +1355,7 @@ fn rolled_up_candidates(
 }
 
 /// Of the scheduled prune's `found` candidates (oldest first), those none of whose spans ended
-/// since the floor and the ceiling (their starts are checked already), each with the spans it
+/// at a recent time ([`PrunePlan::recent`]; their starts are checked already), each with the spans it
 /// holds now, read as far as [`PrunePlan::max_spans`] reaches beyond `taken` (the next run that
 /// does not fit is the last read): a rollup's span count is of when it was made, and a session
 /// rolled up after its first turn and grown since would take a transaction far past the budget
@@ -1350,20 +1368,22 @@ fn quiet_candidates(
     plan: &PrunePlan,
     taken: i64,
 ) -> Result<Vec<PruneCandidate>, StoreError> {
-    let since = plan.floor.max(plan.ceiling);
+    let (since, until) = plan.recent();
     let mut quiet = Vec::with_capacity(found.len());
     let mut total = taken;
     let mut stmt = conn
         .prepare_cached(
-            "SELECT COUNT(*), MAX(COALESCE(ended_at, started_at)) \
+            "SELECT COUNT(*), COALESCE(SUM(ended_at BETWEEN ?2 AND ?3), 0) \
              FROM activity_spans WHERE run_key = ?1",
         )
         .map_err(backend)?;
     for ((run_key, ended_at), _counted) in found {
-        let (spans, newest_end): (i64, Option<i64>) = stmt
-            .query_row([run_key], |row| Ok((row.get(0)?, row.get(1)?)))
+        let (spans, recent_ends): (i64, i64) = stmt
+            .query_row(params![run_key, since, until], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })
             .map_err(backend)?;
-        if newest_end.is_some_and(|end| end >= since) {
+        if recent_ends > 0 {
             continue;
         }
         quiet.push(((run_key, ended_at), spans));

@@ -270,3 +270,53 @@ async fn the_kept_rollup_is_named_by_the_root_the_run_is_listed_by() {
     let after = listed(store.list_runs(query).await.expect("listed"));
     assert_eq!(after, before, "the run did not move");
 }
+
+/// A span stamped far in the future (a clock in microseconds read as milliseconds) kept its
+/// run from the scheduled prune for good, and nothing said so (an audit's finding): only times
+/// up to a window after now hold a run; one a little ahead of the server's clock (a writer's
+/// clock ahead) still does.
+#[tokio::test]
+async fn a_span_far_in_the_future_does_not_hold_its_run_for_good() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (store, clock) = store_in(&dir);
+    for (run_id, child_at) in [("far", 1_000_000_000_000_000), ("near", 20_000)] {
+        let root = format!("{run_id}-root");
+        store
+            .start_span(turn(&root, run_id, 1_000))
+            .await
+            .expect("the store answers");
+        let child = format!("{run_id}-child");
+        let mut start = turn(&child, run_id, child_at);
+        start.parent_span_id = Some(root.clone());
+        store.start_span(start).await.expect("the store answers");
+        store
+            .end_span(&child, ended(SpanOutcome::Success, None, child_at + 1, 1))
+            .await
+            .expect("the store answers");
+        store
+            .end_span(&root, ended(SpanOutcome::Success, None, 2_000, 1))
+            .await
+            .expect("the store answers");
+        store.rollup_run(run_id).await.expect("the store answers");
+    }
+    // At 17,000: "near"'s child (20,000) is 3 s ahead, inside a window after now; "far"'s is
+    // not, and the rest of "far" is older than the window.
+    clock.set(17_000);
+    assert_eq!(scheduled_prune(&store, 17_000).await, 1);
+    assert!(
+        store
+            .read_rollup("far")
+            .await
+            .expect("read")
+            .expect("kept")
+            .detail_pruned
+    );
+    assert!(
+        !store
+            .read_rollup("near")
+            .await
+            .expect("read")
+            .expect("kept")
+            .detail_pruned
+    );
+}

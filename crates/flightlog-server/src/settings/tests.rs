@@ -899,6 +899,19 @@ fn a_misspelled_variable_is_matched_to_the_setting_it_was_meant_to_be() {
         // The prefix misspelt too.
         ("FLIGHT_LOG_PRUNE_AFTER", "FLIGHTLOG_PRUNE_AFTER_MS"),
         ("FlightLogPrune_After", "FLIGHTLOG_PRUNE_AFTER_MS"),
+        ("FLIGHTLOG__PRUNE_AFTER", "FLIGHTLOG_PRUNE_AFTER_MS"),
+        // Another unit, and the names the config file's keys would give.
+        ("FLIGHTLOG_PRUNE_AFTER_SECS", "FLIGHTLOG_PRUNE_AFTER_MS"),
+        ("FLIGHTLOG_BODY_LIMIT_BYTES", "FLIGHTLOG_BODY_LIMIT"),
+        (
+            "FLIGHTLOG_MAINTENANCE_PRUNE_AFTER_MS",
+            "FLIGHTLOG_PRUNE_AFTER_MS",
+        ),
+        (
+            "FLIGHTLOG_MAINTENANCE_PRUNE_AFTER",
+            "FLIGHTLOG_PRUNE_AFTER_MS",
+        ),
+        ("FLIGHTLOG_JOURNAL_MAX_AGE", "FLIGHTLOG_JOURNAL_MAX_AGE_MS"),
     ] {
         assert_eq!(meant_variable(shortened), Some(meant), "{shortened}");
         assert_eq!(
@@ -906,6 +919,26 @@ fn a_misspelled_variable_is_matched_to_the_setting_it_was_meant_to_be() {
             Some(meant),
             "{shortened}"
         );
+    }
+    // The project's own variables (tests, benchmarks, CI) are never taken for settings.
+    for own in [
+        "FLIGHTLOG_TEST_DATABASE_URL",
+        "FLIGHTLOG_BENCH_DB",
+        "FLIGHTLOG_CONFORMANCE_DIR",
+        "FLIGHTLOG_OTLP_CLIENTS_DIR",
+        "FLIGHTLOG_STREAM_CHILD_DB",
+        "FLIGHTLOG_FUZZ_SEED",
+        "FLIGHTLOG_JOURNAL_TEST_DB",
+        "FLIGHTLOG_JOURNAL_TEST_ARG",
+        "FLIGHTLOG_JOURNAL_TEST_CHILD",
+        "FLIGHTLOG_JOURNAL_TEST_SEED",
+        "FLIGHTLOG_STREAM_CHILD_JOURNAL_DB",
+        "FLIGHTLOG_STREAM_CHILD_PRUNE_DB",
+        "FLIGHTLOG_TEST_BINARY",
+        "FLIGHTLOG_TEST_TAG",
+        "FLIGHTLOG_TABLES",
+    ] {
+        assert_eq!(setting_with_more_words(own), None, "{own}");
     }
     for ambiguous in [
         "FLIGHTLOG_JOURNAL_MAX",
