@@ -44,31 +44,34 @@ fn ended(outcome: SpanOutcome, reason: Option<&str>, at: i64, tokens: i64) -> En
     }
 }
 
+/// Start `span`, then end it with `end`.
+async fn start_and_end(store: &SqliteActivityStore, span: StartSpanInput, end: EndSpanInput) {
+    let span_id = span.span_id.clone();
+    store.start_span(span).await.expect("the store answers");
+    store
+        .end_span(&span_id, end)
+        .await
+        .expect("the store answers");
+}
+
 /// A session of two turns: the first ended long ago and was rolled up; the second ran until
 /// 199,500 and failed; `roll_up_last` says whether its writer rolled the run up after that.
 async fn session_of_two_turns(store: &SqliteActivityStore, run_id: &str, roll_up_last: bool) {
     let first = format!("{run_id}-t1");
     let second = format!("{run_id}-t2");
-    store
-        .start_span(turn(&first, run_id, 1_000))
-        .await
-        .expect("the store answers");
-    store
-        .end_span(&first, ended(SpanOutcome::Success, None, 2_000, 10))
-        .await
-        .expect("the store answers");
+    start_and_end(
+        store,
+        turn(&first, run_id, 1_000),
+        ended(SpanOutcome::Success, None, 2_000, 10),
+    )
+    .await;
     store.rollup_run(run_id).await.expect("the store answers");
-    store
-        .start_span(turn(&second, run_id, 100_000))
-        .await
-        .expect("the store answers");
-    store
-        .end_span(
-            &second,
-            ended(SpanOutcome::Error, Some("the tool failed"), 199_500, 500),
-        )
-        .await
-        .expect("the store answers");
+    start_and_end(
+        store,
+        turn(&second, run_id, 100_000),
+        ended(SpanOutcome::Error, Some("the tool failed"), 199_500, 500),
+    )
+    .await;
     if roll_up_last {
         store.rollup_run(run_id).await.expect("the store answers");
     }
@@ -181,25 +184,21 @@ async fn the_span_budget_counts_the_spans_a_run_holds_not_its_rollups_count() {
     let (store, clock) = store_in(&dir);
     for run_id in ["first", "second"] {
         let root = format!("{run_id}-root");
-        store
-            .start_span(turn(&root, run_id, 1_000))
-            .await
-            .expect("the store answers");
-        store
-            .end_span(&root, ended(SpanOutcome::Success, None, 1_100, 1))
-            .await
-            .expect("the store answers");
+        start_and_end(
+            &store,
+            turn(&root, run_id, 1_000),
+            ended(SpanOutcome::Success, None, 1_100, 1),
+        )
+        .await;
         store.rollup_run(run_id).await.expect("the store answers");
         for index in 0..7 {
             let id = format!("{run_id}-late-{index}");
-            store
-                .start_span(turn(&id, run_id, 1_200))
-                .await
-                .expect("the store answers");
-            store
-                .end_span(&id, ended(SpanOutcome::Success, None, 1_300, 1))
-                .await
-                .expect("the store answers");
+            start_and_end(
+                &store,
+                turn(&id, run_id, 1_200),
+                ended(SpanOutcome::Success, None, 1_300, 1),
+            )
+            .await;
         }
         let rollup = store
             .read_rollup(run_id)
@@ -235,19 +234,11 @@ async fn the_kept_rollup_is_named_by_the_root_the_run_is_listed_by() {
     let mut later = turn("later", "moved", 2_000);
     later.name = "the later root".into();
     later.origin = SpanOrigin::Cron;
-    store.start_span(later).await.expect("the store answers");
-    store
-        .end_span("later", ended(SpanOutcome::Success, None, 2_500, 1))
-        .await
-        .expect("the store answers");
+    start_and_end(&store, later, ended(SpanOutcome::Success, None, 2_500, 1)).await;
     store.rollup_run("moved").await.expect("the store answers");
     let mut earlier = turn("earlier", "moved", 1_000);
     earlier.name = "the earlier root".into();
-    store.start_span(earlier).await.expect("the store answers");
-    store
-        .end_span("earlier", ended(SpanOutcome::Success, None, 1_500, 1))
-        .await
-        .expect("the store answers");
+    start_and_end(&store, earlier, ended(SpanOutcome::Success, None, 1_500, 1)).await;
     let listed = |page: flightlog_core::activity::RunPage| {
         let run = page.runs.into_iter().next().expect("the run");
         (run.name, run.origin, run.started_at)
@@ -288,11 +279,12 @@ async fn a_span_far_in_the_future_does_not_hold_its_run_for_good() {
         let child = format!("{run_id}-child");
         let mut start = turn(&child, run_id, child_at);
         start.parent_span_id = Some(root.clone());
-        store.start_span(start).await.expect("the store answers");
-        store
-            .end_span(&child, ended(SpanOutcome::Success, None, child_at + 1, 1))
-            .await
-            .expect("the store answers");
+        start_and_end(
+            &store,
+            start,
+            ended(SpanOutcome::Success, None, child_at + 1, 1),
+        )
+        .await;
         store
             .end_span(&root, ended(SpanOutcome::Success, None, 2_000, 1))
             .await

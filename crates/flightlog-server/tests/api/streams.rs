@@ -1843,6 +1843,18 @@ fn large_batch(prefix: &str) -> Vec<u8> {
     json!({ "ops": ops }).to_string().into_bytes()
 }
 
+/// POST [`large_batch`]`(prefix)`.
+async fn post_large_batch(server: &TestServer, prefix: &str) -> crate::support::Reply {
+    server
+        .send_raw(
+            reqwest::Method::POST,
+            "/v1/activity/batch",
+            Some("application/json"),
+            large_batch(prefix),
+        )
+        .await
+}
+
 /// A batch's answer gives back what its ops sent: 8 MB batches whose answers were left unread
 /// held 7.3 MiB each outside the budget of large answers (572 MiB of RSS for 60 clients, an
 /// audit's finding). A batch whose answer may be large now takes its room before it writes
@@ -1884,14 +1896,7 @@ async fn large_batch_answers_for_clients_that_do_not_read_are_bounded() {
     let held = metrics.get("flightlog_http_response_budget_held_bytes");
     assert!(held.is_some_and(|held| held > 0.0), "{held:?}");
 
-    let refused = server
-        .send_raw(
-            reqwest::Method::POST,
-            "/v1/activity/batch",
-            Some("application/json"),
-            large_batch("refused"),
-        )
-        .await;
+    let refused = post_large_batch(&server, "refused").await;
     refused.assert_error(503, "unavailable");
     assert!(refused.headers.contains_key("retry-after"));
     server
@@ -1909,14 +1914,7 @@ async fn large_batch_answers_for_clients_that_do_not_read_are_bounded() {
     drop(slow_reader);
     let started = Instant::now();
     loop {
-        let reply = server
-            .send_raw(
-                reqwest::Method::POST,
-                "/v1/activity/batch",
-                Some("application/json"),
-                large_batch("later"),
-            )
-            .await;
+        let reply = post_large_batch(&server, "later").await;
         if reply.status.as_u16() == 200 {
             assert_eq!(reply.body["results"].as_array().map(Vec::len), Some(250));
             break;
