@@ -1312,7 +1312,8 @@ type PruneCandidate = ((i64, i64), i64);
 /// The runs a prune takes through their rollup row: marked `detail_pruned` (0: never pruned,
 /// the reference's rule; 2: written to again since their prune), ended before the digest
 /// floor or the hard ceiling, with no span open; `((run key, end), span count)`, oldest end
-/// first, at most `limit` (SQL `LIMIT` semantics).
+/// first, at most `limit` (SQL `LIMIT` semantics), after `after` (an end and a run key) when
+/// given.
 ///
 /// The scheduled prune also asks that no span of the run started since then (an index seek,
 /// so a busy session costs little each pass), and [`quiet_candidates`] then that none ended
@@ -1324,11 +1325,14 @@ fn rolled_up_candidates(
     detail_pruned: i64,
     plan: &PrunePlan,
     limit: i64,
+    after: Option<(i64, i64)>,
 ) -> Result<Vec<PruneCandidate>, StoreError> {
+    let (since, until) = plan.recent();
     conn.prepare_cached(
         "SELECT o.run_key, o.ended_at, o.span_count FROM activity_run_rollups o \
          WHERE o.detail_pruned = ?4 AND o.ended_at IS NOT NULL \
            AND (o.ended_at < ?1 OR o.ended_at < ?2) \
+           AND (?8 IS NULL OR o.ended_at > ?8 OR (o.ended_at = ?8 AND o.run_key > ?9)) \
            AND NOT EXISTS (SELECT 1 FROM activity_spans s \
                            WHERE s.run_key = o.run_key AND s.outcome IS NULL) \
            AND (?5 = 0 OR NOT EXISTS (SELECT 1 FROM activity_spans s \
@@ -1344,8 +1348,10 @@ fn rolled_up_candidates(
                 limit,
                 detail_pruned,
                 plan.scheduled,
-                plan.recent().0,
-                plan.recent().1
+                since,
+                until,
+                after.map(|(ended_at, _)| ended_at),
+                after.map(|(_, run_key)| run_key),
             ],
             |row| Ok(((row.get(0)?, row.get(1)?), row.get(2)?)),
         )?
@@ -1354,20 +1360,74 @@ fn rolled_up_candidates(
     .map_err(backend)
 }
 
+/// The most candidates one scheduled prune call looks at past those it takes: runs held by a
+/// span that ended inside the window (see [`quiet_candidates`]) are passed over, and without a
+/// bound a long line of them (each swept leftover's run for two hours) could take the writer's
+/// transaction as long as it liked.
+const MAX_CANDIDATES_PASSED_OVER: usize = 1_000;
+
+/// The scheduled prune's candidates with `detail_pruned` (see [`rolled_up_candidates`]): at
+/// most `limit` (SQL `LIMIT` semantics) of the rollups' candidates, oldest end first, that
+/// [`quiet_candidates`] keeps, read page after page past those it passes over (at most
+/// [`MAX_CANDIDATES_PASSED_OVER`]): taking only the first `limit` and passing over the held
+/// ones among them, a line of `limit` held runs at the oldest end stopped every prune behind
+/// it (the diff's review).
+fn scheduled_candidates(
+    conn: &rusqlite::Connection,
+    detail_pruned: i64,
+    plan: &PrunePlan,
+    limit: i64,
+    taken: i64,
+) -> Result<Vec<PruneCandidate>, StoreError> {
+    let wanted = if limit < 0 {
+        usize::MAX
+    } else {
+        usize::try_from(limit).unwrap_or(usize::MAX)
+    };
+    let mut chosen: Vec<PruneCandidate> = Vec::new();
+    let mut total = taken;
+    let mut passed_over = 0usize;
+    let mut after = None;
+    while chosen.len() < wanted {
+        let page_limit = if limit < 0 {
+            -1
+        } else {
+            i64::try_from(wanted - chosen.len()).unwrap_or(i64::MAX)
+        };
+        let page = rolled_up_candidates(conn, detail_pruned, plan, page_limit, after)?;
+        let full = limit >= 0 && i64::try_from(page.len()).unwrap_or(i64::MAX) == page_limit;
+        after = page
+            .last()
+            .map(|((run_key, ended_at), _)| (*ended_at, *run_key));
+        let read = page.len();
+        let (quiet, budget_full) = quiet_candidates(conn, page, plan, total)?;
+        passed_over += read - quiet.len();
+        total = quiet
+            .iter()
+            .fold(total, |sum, (_, spans)| sum.saturating_add(*spans));
+        chosen.extend(quiet);
+        if budget_full || !full || passed_over >= MAX_CANDIDATES_PASSED_OVER {
+            break;
+        }
+    }
+    Ok(chosen)
+}
+
 /// Of the scheduled prune's `found` candidates (oldest first), those none of whose spans ended
-/// at a recent time ([`PrunePlan::recent`]; their starts are checked already), each with the spans it
-/// holds now, read as far as [`PrunePlan::max_spans`] reaches beyond `taken` (the next run that
-/// does not fit is the last read): a rollup's span count is of when it was made, and a session
-/// rolled up after its first turn and grown since would take a transaction far past the budget
-/// (the re-rollup and the deletes read all its spans). Each run read costs one pass over its
-/// spans, as deleting it does; a run that is not taken (its last span started before the window
-/// and ended inside it) is read again next pass, until it is old enough.
+/// at a recent time ([`PrunePlan::recent`]; their starts are checked already), each with the
+/// spans it holds now, read as far as [`PrunePlan::max_spans`] reaches beyond `taken` (the next
+/// run that does not fit is the last read; `true` then): a rollup's span count is of when it
+/// was made, and a session rolled up after its first turn and grown since would take a
+/// transaction far past the budget (the re-rollup and the deletes read all its spans). Each
+/// run read costs one pass over its spans, as deleting it does; a run that is not taken (its
+/// last span started before the window and ended inside it) is read again next pass, until it
+/// is old enough.
 fn quiet_candidates(
     conn: &rusqlite::Connection,
     found: Vec<PruneCandidate>,
     plan: &PrunePlan,
     taken: i64,
-) -> Result<Vec<PruneCandidate>, StoreError> {
+) -> Result<(Vec<PruneCandidate>, bool), StoreError> {
     let (since, until) = plan.recent();
     let mut quiet = Vec::with_capacity(found.len());
     let mut total = taken;
@@ -1389,10 +1449,10 @@ fn quiet_candidates(
         quiet.push(((run_key, ended_at), spans));
         total = total.saturating_add(spans);
         if plan.max_spans.is_some_and(|max| total > max) {
-            break;
+            return Ok((quiet, true));
         }
     }
-    Ok(quiet)
+    Ok((quiet, false))
 }
 
 /// Roll up (as `rollupRun` does) up to `batch` ended runs that have no rollup a prune takes
@@ -1569,10 +1629,11 @@ pub(crate) fn prune(
     let conn = ctx.conn;
     // Candidates come from the rollups (a finished run's terminal write made it prunable),
     // guarded against any run that still has an open span.
-    let mut candidates = rolled_up_candidates(conn, 0, &plan, plan.batch)?;
-    if plan.scheduled {
-        candidates = quiet_candidates(conn, candidates, &plan, 0)?;
-    }
+    let candidates = if plan.scheduled {
+        scheduled_candidates(conn, 0, &plan, plan.batch, 0)?
+    } else {
+        rolled_up_candidates(conn, 0, &plan, plan.batch, None)?
+    };
     let (mut candidates, mut all_fitted, mut candidate_spans) =
         within_span_budget(candidates, plan.max_spans, 0, false);
     // Runs written to again after their prune: a rollup after that marks the row
@@ -1582,8 +1643,7 @@ pub(crate) fn prune(
     // reference's counts.
     let remaining = remaining_batch(plan.batch, candidates.len());
     if plan.scheduled && remaining != 0 && all_fitted {
-        let rewritten = rolled_up_candidates(conn, 2, &plan, remaining)?;
-        let rewritten = quiet_candidates(conn, rewritten, &plan, candidate_spans)?;
+        let rewritten = scheduled_candidates(conn, 2, &plan, remaining, candidate_spans)?;
         let (rewritten, fitted, spans) = within_span_budget(
             rewritten,
             plan.max_spans,

@@ -312,3 +312,67 @@ async fn a_span_far_in_the_future_does_not_hold_its_run_for_good() {
             .detail_pruned
     );
 }
+
+/// Runs held by a span that ended inside the window (a leftover the sweep closed late) are
+/// passed over, and a line of as many of them as a prune takes at once, at the oldest end, no
+/// longer stops every run behind them from being pruned (the diff's review): a call reads on
+/// past them.
+#[tokio::test]
+async fn runs_held_at_the_oldest_end_do_not_stop_the_prune_behind_them() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (store, clock) = store_in(&dir);
+    // Two held runs, rolled up with the oldest ends, each with a child ending at 20,000.
+    for (run_id, root_end) in [("held-1", 1_100), ("held-2", 1_200)] {
+        let root = format!("{run_id}-root");
+        store
+            .start_span(turn(&root, run_id, 1_000))
+            .await
+            .expect("the store answers");
+        let mut child = turn(&format!("{run_id}-child"), run_id, 1_050);
+        child.parent_span_id = Some(root.clone());
+        start_and_end(&store, child, ended(SpanOutcome::Success, None, 20_000, 1)).await;
+        store
+            .end_span(&root, ended(SpanOutcome::Success, None, root_end, 1))
+            .await
+            .expect("the store answers");
+        store.rollup_run(run_id).await.expect("the store answers");
+    }
+    start_and_end(
+        &store,
+        turn("quiet-root", "quiet", 1_300),
+        ended(SpanOutcome::Success, None, 1_400, 1),
+    )
+    .await;
+    store.rollup_run("quiet").await.expect("the store answers");
+    clock.set(17_000);
+    let pruned = store
+        .prune(PruneOptions {
+            digest_floor_at: 17_000 - WINDOW_MS,
+            hard_ceiling_ms: WINDOW_MS,
+            now: Some(17_000),
+            batch: Some(2),
+            max_spans: None,
+            scheduled: true,
+        })
+        .await
+        .expect("the store answers");
+    assert_eq!(pruned.runs_pruned, 1);
+    assert!(
+        store
+            .read_rollup("quiet")
+            .await
+            .expect("read")
+            .expect("kept")
+            .detail_pruned
+    );
+    for held in ["held-1", "held-2"] {
+        assert!(
+            !store
+                .read_rollup(held)
+                .await
+                .expect("read")
+                .expect("kept")
+                .detail_pruned
+        );
+    }
+}
