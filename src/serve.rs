@@ -402,6 +402,15 @@ fn flightlog_environment() -> anyhow::Result<FlightlogEnvironment> {
                         .meant_with_more_words
                         .push((name.to_owned(), meant));
                 }
+            } else if let several @ [_, _, ..] = settings::settings_with_more_words(name).as_slice()
+            {
+                // Short of words two settings share (`FLIGHTLOG_JOURNAL_MAX`): no one setting
+                // to name, but not ignored without a word (an audit's finding).
+                say_err!(
+                    "flightlog: warning: {name} is not a setting and is ignored; did you mean \
+                     one of {}? (flightlog serve --help lists them)",
+                    several.join(", ")
+                );
             }
             continue;
         }

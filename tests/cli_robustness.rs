@@ -2521,13 +2521,20 @@ fn a_setting_variable_short_of_its_unit_stops_the_start() {
             "or unset it",
         ]);
     }
-    // Several settings extend it: a warning would need a guess, so none is made.
+    // Several settings extend it: no one to name, so a warning naming them all, and the start.
     let out = run(
         scratch.path(),
         &serve_args(&db, &LOOPBACK),
         &[("FLIGHTLOG_JOURNAL_MAX", "5")],
     );
     out.assert_listened();
+    assert!(
+        out.stderr.contains(
+            "FLIGHTLOG_JOURNAL_MAX is not a setting and is ignored; did you mean one of \
+             FLIGHTLOG_JOURNAL_MAX_EVENTS, FLIGHTLOG_JOURNAL_MAX_AGE_MS?"
+        ),
+        "{out}"
+    );
 
     let out = run(
         scratch.path(),

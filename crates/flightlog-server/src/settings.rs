@@ -1405,13 +1405,25 @@ fn with_prefix_mended(name: &str) -> String {
 /// `FLIGHTLOG_PRUNE_AFTER_MS`, three edits away), or its last words (`FLIGHTLOG_BODY`). Such a
 /// name cannot mean anything else, and ignored it costs what the operator set it against (the
 /// retention's `off` above all: the detail of runs deleted after 30 days), so `serve` refuses
-/// to start beside it. `None` when no setting, or several (`FLIGHTLOG_JOURNAL_MAX`), extend it.
+/// to start beside it. `None` when no setting, or several (`FLIGHTLOG_JOURNAL_MAX`: see
+/// [`settings_with_more_words`]), extend it.
 pub fn setting_with_more_words(name: &str) -> Option<&'static str> {
+    match settings_with_more_words(name).as_slice() {
+        [only] => Some(only),
+        _ => None,
+    }
+}
+
+/// Every setting variable whose name is `name` with words more at its end, as
+/// [`setting_with_more_words`] matches them (`FLIGHTLOG_JOURNAL_MAX`: both journal limits).
+pub fn settings_with_more_words(name: &str) -> Vec<&'static str> {
     let upper = with_prefix_mended(name);
     if is_setting_variable(&upper) || upper.starts_with("FLIGHTLOG_TEST_") {
-        return None;
+        return Vec::new();
     }
-    let rest = upper.strip_prefix("FLIGHTLOG_")?;
+    let Some(rest) = upper.strip_prefix("FLIGHTLOG_") else {
+        return Vec::new();
+    };
     // Words apart by one `_` (`FLIGHTLOG__PRUNE_AFTER`), a unit of another name left out
     // (`FLIGHTLOG_PRUNE_AFTER_SECS`: the setting takes milliseconds).
     let mut words: Vec<&str> = rest.split('_').filter(|word| !word.is_empty()).collect();
@@ -1419,13 +1431,13 @@ pub fn setting_with_more_words(name: &str) -> Option<&'static str> {
         words.pop();
     }
     if words.is_empty() {
-        return None;
+        return Vec::new();
     }
     let wanted = format!("FLIGHTLOG_{}", words.join("_"));
     let extended = format!("{wanted}_");
     // A setting's variable, or the name its config-file key would give
     // (`FLIGHTLOG_MAINTENANCE_PRUNE_AFTER_MS` for `maintenance.prune_after_ms`).
-    let mut meaning = SETTINGS
+    SETTINGS
         .iter()
         .filter(|setting| {
             let from_key = format!(
@@ -1438,11 +1450,8 @@ pub fn setting_with_more_words(name: &str) -> Option<&'static str> {
                     && (from_key == wanted || from_key.starts_with(&extended)))
         })
         .map(|setting| setting.env)
-        .chain(CONFIG_ENV.starts_with(&extended).then_some(CONFIG_ENV));
-    match (meaning.next(), meaning.next()) {
-        (Some(only), None) => Some(only),
-        _ => None,
-    }
+        .chain(CONFIG_ENV.starts_with(&extended).then_some(CONFIG_ENV))
+        .collect()
 }
 
 /// Units a `FLIGHTLOG_*` name may end with where its setting's takes another
