@@ -169,26 +169,22 @@ impl ResponseBudget {
         } else {
             self.bytes.units_for(json.len()) as usize
         };
-        let permit = match reserved {
-            Some(mut permit) if permit.num_permits() >= wanted => {
-                keep_at_most(&mut permit, wanted);
-                (wanted > 0).then_some(permit)
+        let mut permit = reserved;
+        let held = permit.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
+        if held > wanted {
+            if let Some(permit) = permit.as_mut() {
+                keep_at_most(permit, wanted);
             }
-            reserved => {
-                let held = reserved
-                    .as_ref()
-                    .map_or(0, OwnedSemaphorePermit::num_permits);
-                let more = u32::try_from(wanted - held).unwrap_or(u32::MAX);
-                match (reserved, self.bytes.try_acquire(more)) {
-                    (Some(mut permit), Some(extra)) => {
-                        permit.merge(extra);
-                        Some(permit)
-                    }
-                    (None, extra) => extra,
-                    (reserved, None) => reserved,
+        } else if held < wanted {
+            let more = u32::try_from(wanted - held).unwrap_or(u32::MAX);
+            if let Some(extra) = self.bytes.try_acquire(more) {
+                match permit.as_mut() {
+                    Some(permit) => permit.merge(extra),
+                    None => permit = Some(extra),
                 }
             }
-        };
+        }
+        let permit = permit.filter(|permit| permit.num_permits() > 0);
         Ok(json_response(json, permit))
     }
 

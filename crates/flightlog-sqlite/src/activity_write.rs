@@ -1400,11 +1400,9 @@ fn scheduled_candidates(
             .last()
             .map(|((run_key, ended_at), _)| (*ended_at, *run_key));
         let read = page.len();
-        let (quiet, budget_full) = quiet_candidates(conn, page, plan, total)?;
+        let (quiet, spans, budget_full) = quiet_candidates(conn, page, plan, total)?;
         passed_over += read - quiet.len();
-        total = quiet
-            .iter()
-            .fold(total, |sum, (_, spans)| sum.saturating_add(*spans));
+        total = spans;
         chosen.extend(quiet);
         if budget_full || !full || passed_over >= MAX_CANDIDATES_PASSED_OVER {
             break;
@@ -1416,7 +1414,7 @@ fn scheduled_candidates(
 /// Of the scheduled prune's `found` candidates (oldest first), those none of whose spans ended
 /// at a recent time ([`PrunePlan::recent`]; their starts are checked already), each with the
 /// spans it holds now, read as far as [`PrunePlan::max_spans`] reaches beyond `taken` (the next
-/// run that does not fit is the last read; `true` then): a rollup's span count is of when it
+/// run that does not fit is the last read; `true` then), with `taken` plus their spans: a rollup's span count is of when it
 /// was made, and a session rolled up after its first turn and grown since would take a
 /// transaction far past the budget (the re-rollup and the deletes read all its spans). Each
 /// run read costs one pass over its spans, as deleting it does; a run that is not taken (its
@@ -1427,7 +1425,7 @@ fn quiet_candidates(
     found: Vec<PruneCandidate>,
     plan: &PrunePlan,
     taken: i64,
-) -> Result<(Vec<PruneCandidate>, bool), StoreError> {
+) -> Result<(Vec<PruneCandidate>, i64, bool), StoreError> {
     let (since, until) = plan.recent();
     let mut quiet = Vec::with_capacity(found.len());
     let mut total = taken;
@@ -1449,10 +1447,10 @@ fn quiet_candidates(
         quiet.push(((run_key, ended_at), spans));
         total = total.saturating_add(spans);
         if plan.max_spans.is_some_and(|max| total > max) {
-            return Ok((quiet, true));
+            return Ok((quiet, total, true));
         }
     }
-    Ok((quiet, false))
+    Ok((quiet, total, false))
 }
 
 /// Roll up (as `rollupRun` does) up to `batch` ended runs that have no rollup a prune takes
