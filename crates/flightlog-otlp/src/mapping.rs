@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use flightlog_core::activity::{
     EncodedAttrs, ImportedAttrs, ImportedEnd, ImportedEvent, ImportedSpan, JsonObject,
-    RemoteParent, SpanKind, SpanOrigin, SpanOutcome,
+    RemoteParent, SpanKind, SpanOrigin, SpanOutcome, COST_SOURCE_PRICE_TABLE, COST_SOURCE_REPORTED,
 };
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope};
@@ -39,9 +39,9 @@ pub(crate) const LINKS_KEY: &str = "links";
 /// attrs key: the OTLP span kind (`internal`, `server`, `client`, `producer`, `consumer`).
 pub(crate) const OTEL_SPAN_KIND_KEY: &str = "otel.span_kind";
 /// attrs key: `"reported"` or `"price_table"`, when the span has a cost.
-pub(crate) const COST_SOURCE_KEY: &str = "flightlog.cost_source";
+pub(crate) const COST_SOURCE_KEY: &str = flightlog_core::activity::COST_SOURCE_ATTR;
 /// attrs key: the version of the price table that computed the span's cost.
-pub(crate) const PRICE_TABLE_KEY: &str = "flightlog.price_table";
+pub(crate) const PRICE_TABLE_KEY: &str = flightlog_core::activity::PRICE_TABLE_ATTR;
 /// attrs key: the id of a span's remote parent (see `remote_parent`), which is not its
 /// `parentSpanId`.
 pub(crate) const REMOTE_PARENT_KEY: &str = "flightlog.remote_parent_span_id";
@@ -304,6 +304,10 @@ fn map_span(
     // the run's rollup. Its calls are priced; its own cost is a reported one or none.
     let priceable = !matches!(kind, SpanKind::Turn | SpanKind::Subagent);
     let (usage, cost_source) = span_usage(&facts, &options.price_table, priceable);
+    let priced_at = match &cost_source {
+        Some(CostSource::PriceTable(_, price)) => Some(*price),
+        _ => None,
+    };
     let session_id = first_of(&facts.session, |value| session_text(value, max_bytes));
     // Only the rollup reads it, and only on model spans.
     let call_id = if kind == SpanKind::Model {
@@ -380,6 +384,7 @@ fn map_span(
             started_at,
             end,
             usage,
+            priced_at,
             call_id,
             remote_parent,
             events,
@@ -427,8 +432,10 @@ fn span_attrs(
     let links = (!span.links.is_empty()).then(|| links_to_json(&span.links, max_bytes));
     let kind = otel_span_kind(span.kind);
     let (cost_source, price_table) = match &cost_source {
-        Some(CostSource::Reported) => (Some("reported"), None),
-        Some(CostSource::PriceTable(version)) => (Some("price_table"), Some(version.as_str())),
+        Some(CostSource::Reported) => (Some(COST_SOURCE_REPORTED), None),
+        Some(CostSource::PriceTable(version, _)) => {
+            (Some(COST_SOURCE_PRICE_TABLE), Some(version.as_str()))
+        }
         None => (None, None),
     };
     let mut extras: Vec<(&str, Extra<'_>)> = Vec::with_capacity(ADDED_KEYS.len());
@@ -746,6 +753,7 @@ mod tests {
         assert_eq!(
             mapped,
             ImportedSpan {
+                priced_at: PriceTable::bundled().lookup("gpt-4o").copied(),
                 span_id: sid_hex(2),
                 run_id: TRACE_HEX.into(),
                 parent_span_id: Some(sid_hex(1)),

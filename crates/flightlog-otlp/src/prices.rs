@@ -14,6 +14,9 @@ use std::sync::{Arc, OnceLock};
 
 use serde::Deserialize;
 
+pub use flightlog_core::activity::pricing::ModelPrice;
+pub(crate) use flightlog_core::activity::pricing::{cost_usd, to_nano_dollar, TokenCounts};
+
 /// The bundled price table's JSON text.
 const BUNDLED_PRICES: &str = include_str!("prices.json");
 
@@ -26,34 +29,6 @@ pub enum PriceTableError {
     /// A price is negative or not finite.
     #[error("invalid price for model {model:?}: prices must be finite and not negative")]
     BadPrice { model: String },
-}
-
-/// One model's prices in USD per million tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ModelPrice {
-    pub input: f64,
-    pub output: f64,
-    /// Cached input read; absent: charged at the input price.
-    #[serde(default)]
-    pub cache_read: Option<f64>,
-    /// Cached input written; absent: charged at the input price.
-    #[serde(default)]
-    pub cache_write: Option<f64>,
-}
-
-impl ModelPrice {
-    fn is_valid(&self) -> bool {
-        [
-            Some(self.input),
-            Some(self.output),
-            self.cache_read,
-            self.cache_write,
-        ]
-        .into_iter()
-        .flatten()
-        .all(|price| price.is_finite() && price >= 0.0)
-    }
 }
 
 /// A versioned table of model prices.
@@ -202,47 +177,6 @@ fn is_version_suffix(rest: &str) -> bool {
         let digits = part.strip_prefix('v').unwrap_or(part);
         part == "latest" || (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
     })
-}
-
-/// Token counts a cost is computed from (absent counts cost nothing).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct TokenCounts {
-    pub(crate) input: Option<i64>,
-    pub(crate) output: Option<i64>,
-    pub(crate) cache_read: Option<i64>,
-    pub(crate) cache_creation: Option<i64>,
-}
-
-/// The cost in USD of `tokens` at `price`, rounded to a nano-dollar.
-///
-/// Input tokens are taken to *include* cached ones (the OpenTelemetry GenAI and OpenInference
-/// convention): the uncached remainder `input − cache_read − cache_creation` (never below 0) is
-/// charged at the input price and the cached parts at their own prices.
-pub(crate) fn cost_usd(tokens: TokenCounts, price: &ModelPrice) -> f64 {
-    let cache_read = tokens.cache_read.unwrap_or(0);
-    let cache_creation = tokens.cache_creation.unwrap_or(0);
-    let uncached = tokens
-        .input
-        .map(|input| {
-            input
-                .saturating_sub(cache_read)
-                .saturating_sub(cache_creation)
-                .max(0)
-        })
-        .unwrap_or(0);
-    let output = tokens.output.unwrap_or(0);
-    // Token counts are far below 2^53, so the conversions are exact.
-    let per_million = uncached as f64 * price.input
-        + cache_read as f64 * price.cache_read.unwrap_or(price.input)
-        + cache_creation as f64 * price.cache_write.unwrap_or(price.input)
-        + output as f64 * price.output;
-    to_nano_dollar(per_million / 1_000_000.0)
-}
-
-/// `usd` rounded to a nano-dollar: how every cost this crate computes is stored (no
-/// `0.30000000000000004` from a sum).
-pub(crate) fn to_nano_dollar(usd: f64) -> f64 {
-    (usd * 1e9).round() / 1e9
 }
 
 #[cfg(test)]

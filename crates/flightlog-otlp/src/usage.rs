@@ -16,15 +16,15 @@ use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue};
 use serde_json::{Map, Value};
 
 use crate::facts::{as_str, first_of, Facts};
-use crate::prices::{cost_usd, to_nano_dollar, PriceTable, TokenCounts};
+use crate::prices::{cost_usd, to_nano_dollar, ModelPrice, PriceTable, TokenCounts};
 
 /// Where a span's cost came from; recorded in its attrs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum CostSource {
     /// An attribute of the span carried it.
     Reported,
-    /// Computed from the price table of this version.
-    PriceTable(String),
+    /// Computed from the price table of this version, at these prices.
+    PriceTable(String, ModelPrice),
 }
 
 /// Counts at or above this are refused as implausible (and would lose precision as a double):
@@ -282,7 +282,7 @@ pub(crate) fn span_usage(
         None => match model.and_then(|model| prices.lookup(model)) {
             Some(price) if any_count && priceable => (
                 Some(cost_usd(tokens, price)),
-                Some(CostSource::PriceTable(prices.version().to_owned())),
+                Some(CostSource::PriceTable(prices.version().to_owned(), *price)),
             ),
             _ => (None, None),
         },
@@ -495,7 +495,10 @@ mod tests {
         ]);
         // 1M input × $2.50 + 100k output × $10.
         assert_eq!(usage.cost_usd, Some(3.5));
-        assert_eq!(source, Some(CostSource::PriceTable("2026-12-03".into())));
+        assert!(
+            matches!(&source, Some(CostSource::PriceTable(version, _)) if version == "2026-12-03"),
+            "{source:?}"
+        );
         let (usage, source) = usage_of(vec![
             kv("llm.model_name", string("unknown-model")),
             kv("llm.token_count.prompt", int(10)),
@@ -515,7 +518,7 @@ mod tests {
         ]);
         assert_eq!(usage.model.as_deref(), Some("text-embedding-3-small"));
         assert!(usage.cost_usd.is_some_and(|cost| cost > 0.0), "{usage:?}");
-        assert!(matches!(source, Some(CostSource::PriceTable(_))));
+        assert!(matches!(source, Some(CostSource::PriceTable(..))));
         let (usage, _) = usage_of(vec![
             kv("ai.model.id", string("claude-sonnet-4-5")),
             kv("ai.usage.inputTokens", int(7_530)),
@@ -728,7 +731,10 @@ mod tests {
         assert_eq!(usage.cost_usd, expected);
         assert_eq!(
             source,
-            Some(CostSource::PriceTable(table.version().to_owned()))
+            Some(CostSource::PriceTable(
+                table.version().to_owned(),
+                price.expect("checked above")
+            ))
         );
     }
 
@@ -783,7 +789,7 @@ mod tests {
             kv("langfuse.observation.cost_details", string("{}")),
         ]);
         assert!(
-            matches!(source, Some(CostSource::PriceTable(_))),
+            matches!(source, Some(CostSource::PriceTable(..))),
             "{source:?}"
         );
     }
@@ -802,7 +808,7 @@ mod tests {
             (Some(300), Some(20))
         );
         assert!(
-            matches!(source, Some(CostSource::PriceTable(_))),
+            matches!(source, Some(CostSource::PriceTable(..))),
             "{source:?}"
         );
         // AI SDK 5 names, with the cached part of the input.

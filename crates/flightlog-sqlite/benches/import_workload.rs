@@ -132,6 +132,7 @@ fn span(trace: u64, position: u64) -> ImportedSpan {
         Vec::new()
     };
     ImportedSpan {
+        priced_at: None,
         span_id,
         run_id,
         parent_span_id: (position > 0).then_some(root_id),

@@ -32,22 +32,26 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
+use flightlog_core::activity::pricing::{cost_usd, TokenCounts};
 use flightlog_core::activity::{
     cap_payload, CappedPayload, ImportRejection, ImportReport, ImportedAttrs, ImportedSpan,
-    JsonObject, RollupSpan, SpanKind, SpanUsage, StoreError,
+    JsonObject, RollupSpan, SpanKind, SpanUsage, StoreError, COST_SOURCE_ATTR,
+    COST_SOURCE_PRICE_TABLE, PRICE_TABLE_ATTR,
 };
 use flightlog_core::json_depth;
+use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, OptionalExtension};
+use serde_json::Value;
 
 use crate::activity_write::{
-    insert_event, log_change, merged_attrs, note_new_span, register_span_id, rollup_run_key,
+    attrs_text, insert_event, log_change, note_new_span, register_span_id, rollup_run_key,
     run_key_or_new, span_key_of, store_rollup, writer_key_of, RollupIdentity,
 };
 use crate::database::WriteContext;
 use crate::error::backend;
 use crate::payload_codec::{CompressedPayload, PayloadCodec};
 use crate::remote_callers;
-use crate::rows::{payload_from_row, StoredAttrs};
+use crate::rows::{parse_attrs, payload_from_row, StoredAttrs};
 use crate::run_roots;
 
 /// Events a span already holds: their payloads' JSON text by `(ts, event_type)`.
@@ -389,7 +393,16 @@ fn complete_open_span(
     now: i64,
 ) -> Result<(), StoreError> {
     let span = &prepared.span;
-    let attrs = merged_attrs(ctx, existing.attrs, Some(update));
+    let held = open_span_fields(ctx, existing.span_key)?;
+    let held_attrs = parse_attrs(
+        existing
+            .attrs
+            .and_then(|stored| stored.into_text(ctx.codec, ctx.conn))
+            .as_deref(),
+    );
+    let mut attrs_now = held_attrs.clone();
+    let cost = completed_cost(span, &held, update, &mut attrs_now);
+    let attrs = StoredAttrs::pack(attrs_text(&attrs_now), ctx.codec);
     let end = span.end.as_ref();
     // ?18: the delivery's parent. A span this importer announced takes it, as it takes the
     // name: an announcement cannot say that its parent is remote (Logfire's pending span
@@ -433,7 +446,7 @@ fn complete_open_span(
                 span.usage.output_tokens,
                 span.usage.cache_read_tokens,
                 span.usage.cache_creation_tokens,
-                span.usage.cost_usd,
+                cost,
                 span.usage.model,
                 now,
                 existing.span_key,
@@ -447,8 +460,99 @@ fn complete_open_span(
             ])
         })
         .map_err(backend)?;
-    log_change(ctx, existing.run_key, existing.span_key, None)?;
+    // A delivery that leaves the span open and changes none of its fields (an announcement
+    // sent again, an exporter's retry) renewed its heartbeat only, which is not change-logged
+    // (as a native heartbeat is not): logged, it was a change for every stream and cursor that
+    // said nothing new.
+    let changed = end.is_some()
+        || attrs_now != held_attrs
+        || open_span_fields(ctx, existing.span_key)? != held;
+    if changed {
+        log_change(ctx, existing.run_key, existing.span_key, None)?;
+    }
     Ok(())
+}
+
+/// The fields of a stored span a delivery may change but its attrs (compared apart, parsed:
+/// stored text may be compressed), as `open_span_fields(..)[HELD_*]`.
+fn open_span_fields(
+    ctx: &mut WriteContext<'_>,
+    span_key: i64,
+) -> Result<Vec<SqlValue>, StoreError> {
+    ctx.statement(
+        "SELECT input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens, cost_usd, \
+         parent_span_id, name, kind, session_id, job_name, ended_at, outcome, outcome_reason, \
+         model, call_id, last_heartbeat_at IS NULL FROM activity_spans WHERE span_key = ?1",
+    )
+    .and_then(|stmt| {
+        stmt.query_row([span_key], |row| {
+            (0..16).map(|index| row.get::<_, SqlValue>(index)).collect()
+        })
+    })
+    .map_err(backend)
+}
+
+/// The held token count at `index` of [`open_span_fields`] (0 to 3: input, output, cache read,
+/// cache creation).
+fn held_count(held: &[SqlValue], index: usize) -> Option<i64> {
+    match held.get(index) {
+        Some(SqlValue::Integer(count)) => Some(*count),
+        _ => None,
+    }
+}
+
+/// [`open_span_fields`]' index of `cost_usd`.
+const HELD_COST: usize = 4;
+
+/// The cost to write for an open span completed (or refreshed) by `span` (`None`: the held one
+/// stays), with `attrs` (the held attrs) updated by the delivery's `update` so they say where
+/// the cost came from:
+/// - a reported cost in the delivery replaces the held one (a price-table version an earlier
+///   priced delivery left is dropped with it);
+/// - a cost the delivery priced from its own counts: a held cost that was not priced (reported
+///   by an earlier delivery, or by the native writer) stays, with its source; otherwise the
+///   counts the span ends up with, each the delivery's or else the one held, are priced at the
+///   delivery's prices (priced from the delivery's counts alone, an announcement's 100,000
+///   input tokens completed by a copy that carries only the output count cost 0.000006 USD for
+///   0.015006 USD of tokens);
+/// - no cost in the delivery: the held cost stays.
+fn completed_cost(
+    span: &ImportedSpan,
+    held: &[SqlValue],
+    update: &JsonObject,
+    attrs: &mut JsonObject,
+) -> Option<f64> {
+    let held_cost = matches!(
+        held.get(HELD_COST),
+        Some(SqlValue::Real(_) | SqlValue::Integer(_))
+    );
+    let held_priced =
+        attrs.get(COST_SOURCE_ATTR).and_then(Value::as_str) == Some(COST_SOURCE_PRICE_TABLE);
+    let keep_held = held_cost && !held_priced && span.priced_at.is_some();
+    for (key, value) in update {
+        if keep_held && (key == COST_SOURCE_ATTR || key == PRICE_TABLE_ATTR) {
+            continue;
+        }
+        attrs.insert(key.clone(), value.clone());
+    }
+    let cost = span.usage.cost_usd?;
+    let Some(prices) = span.priced_at else {
+        if !update.contains_key(PRICE_TABLE_ATTR) {
+            attrs.remove(PRICE_TABLE_ATTR);
+        }
+        return Some(cost);
+    };
+    if keep_held {
+        return None;
+    }
+    let usage = &span.usage;
+    let counts = TokenCounts {
+        input: usage.input_tokens.or_else(|| held_count(held, 0)),
+        output: usage.output_tokens.or_else(|| held_count(held, 1)),
+        cache_read: usage.cache_read_tokens.or_else(|| held_count(held, 2)),
+        cache_creation: usage.cache_creation_tokens.or_else(|| held_count(held, 3)),
+    };
+    Some(cost_usd(counts, &prices))
 }
 
 /// The events a span already holds (payloads decoded, so a payload compressed with another

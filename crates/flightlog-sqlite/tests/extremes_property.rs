@@ -2566,6 +2566,7 @@ fn imported(
     end: Option<ImportedEnd>,
 ) -> ImportedSpan {
     ImportedSpan {
+        priced_at: None,
         span_id: span_id.to_owned(),
         run_id: run_id.to_owned(),
         parent_span_id: parent.map(str::to_owned),
@@ -2754,6 +2755,7 @@ impl ImportOp {
             ImportedAttrs::Object(attrs)
         };
         ImportedSpan {
+            priced_at: None,
             span_id: id(self.span),
             run_id: id(self.run),
             parent_span_id: self.parent.map(id),
@@ -4003,6 +4005,7 @@ async fn payload_cap_on_both_storage_paths() -> Result<(), TestCaseError> {
         check_kept(&event, payload)?;
     }
     let spans = vec![ImportedSpan {
+        priced_at: None,
         events: payloads
             .iter()
             .enumerate()

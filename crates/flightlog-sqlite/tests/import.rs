@@ -30,6 +30,7 @@ fn span(span_id: &str, parent: Option<&str>, kind: SpanKind, started_at: i64) ->
     let mut attrs = JsonObject::new();
     attrs.insert("service.name".into(), json!("agent"));
     ImportedSpan {
+        priced_at: None,
         span_id: span_id.into(),
         run_id: "trace1".into(),
         parent_span_id: parent.map(str::to_owned),

@@ -11,7 +11,18 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::pricing::ModelPrice;
 use super::types::{JsonObject, SpanKind, SpanOrigin, SpanOutcome, SpanUsage};
+
+/// attrs key an importer writes on a span that has a cost: where the cost came from,
+/// [`COST_SOURCE_REPORTED`] or [`COST_SOURCE_PRICE_TABLE`].
+pub const COST_SOURCE_ATTR: &str = "flightlog.cost_source";
+/// [`COST_SOURCE_ATTR`]: the instrumentation reported the cost.
+pub const COST_SOURCE_REPORTED: &str = "reported";
+/// [`COST_SOURCE_ATTR`]: computed from the token counts at a price table's prices.
+pub const COST_SOURCE_PRICE_TABLE: &str = "price_table";
+/// attrs key: the version of the price table a span's cost was computed with.
+pub const PRICE_TABLE_ATTR: &str = "flightlog.price_table";
 
 /// The terminal part of an imported span.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -60,6 +71,14 @@ pub struct ImportedSpan {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end: Option<ImportedEnd>,
     pub usage: SpanUsage,
+    /// The prices `usage.cost_usd` was computed at from this delivery's token counts (an
+    /// importer's price table), none when the cost was reported or there is none. A store that
+    /// completes an open span with this delivery prices the counts the span ends up with (some
+    /// may come from an earlier delivery, which the merge keeps) at them, so the cost is never
+    /// that of this delivery's counts alone; a cost an earlier delivery or the native writer
+    /// reported is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priced_at: Option<ModelPrice>,
     /// The provider's id of the model call (over OTLP `gen_ai.response.id`, else
     /// `ai.response.id`), when a model span names one: the rollup counts one call once, however
     /// many spans record it.

@@ -10,6 +10,7 @@ pub mod import;
 pub mod listing;
 pub mod payload;
 pub mod payload_text;
+pub mod pricing;
 pub mod rollup;
 pub mod store;
 pub mod types;
@@ -17,7 +18,8 @@ pub mod types;
 pub use batch::{ActivityWrite, ActivityWriteResult};
 pub use import::{
     EncodedAttrs, ImportRejection, ImportReport, ImportedAttrs, ImportedEnd, ImportedEvent,
-    ImportedSpan, RemoteParent,
+    ImportedSpan, RemoteParent, COST_SOURCE_ATTR, COST_SOURCE_PRICE_TABLE, COST_SOURCE_REPORTED,
+    PRICE_TABLE_ATTR,
 };
 pub use listing::{RunCursor, RunListEntry, RunListQuery, RunPage, RunState};
 pub use payload::{cap_payload, CappedPayload, MAX_EVENT_PAYLOAD_BYTES, TRUNCATION_MARKER};

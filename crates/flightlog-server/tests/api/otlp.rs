@@ -1726,3 +1726,109 @@ async fn a_natively_started_span_delivered_by_otlp_is_completed_not_duplicated()
     assert_eq!(after_retry["events"], snapshot["events"]);
     server.stop().await;
 }
+
+/// An open model span (announced with `endTimeUnixNano` 0) completed by a copy that lacks some
+/// counts keeps the counts it held, and its price-table cost is of all of them (it was of the
+/// copy's counts alone: 0.000006 USD for 0.015006 USD of tokens). A cost reported by either
+/// delivery wins over one priced, and the attrs say where the kept cost came from. An
+/// announcement sent again that changes nothing is no change in the run's log.
+#[tokio::test]
+async fn an_open_span_completed_by_a_copy_short_of_counts_is_priced_on_all_it_holds() {
+    let server = TestServer::start().await;
+    let announced = |n: u8, attributes: Vec<KeyValue>| {
+        let mut span = otlp_span(n, 0, 1_000 + u64::from(n), attributes);
+        span.end_time_unix_nano = 0;
+        span.status = None;
+        span
+    };
+    let model = || text("gen_ai.request.model", "gpt-4o-mini");
+    let chat = || text("gen_ai.operation.name", "chat");
+    let priced_announcement = announced(
+        1,
+        vec![chat(), model(), int("gen_ai.usage.input_tokens", 100_000)],
+    );
+    export(&server, vec![priced_announcement.clone()]).await;
+    let seq_path = format!("/v1/activity/runs/{TRACE_HEX}/seq");
+    let (_, seq) = get_json(&server, &seq_path).await;
+    export(&server, vec![priced_announcement]).await;
+    let (_, seq_again) = get_json(&server, &seq_path).await;
+    assert_eq!(seq_again, seq, "a repeated announcement changes nothing");
+
+    let mut output_only = otlp_span(
+        1,
+        0,
+        1_001,
+        vec![chat(), model(), int("gen_ai.usage.output_tokens", 10)],
+    );
+    output_only.end_time_unix_nano = 1_100 * 1_000_000;
+    // Reported first, then a copy the price table prices.
+    let reported_announcement = announced(
+        2,
+        vec![
+            chat(),
+            model(),
+            attr("gen_ai.usage.cost", any_value::Value::DoubleValue(0.5)),
+        ],
+    );
+    let priced_copy = otlp_span(
+        2,
+        0,
+        1_002,
+        vec![chat(), model(), int("gen_ai.usage.input_tokens", 1_000)],
+    );
+    // Priced first, then a copy that reports its cost.
+    let priced_then_reported = announced(
+        3,
+        vec![chat(), model(), int("gen_ai.usage.input_tokens", 1_000)],
+    );
+    let reported_copy = otlp_span(
+        3,
+        0,
+        1_003,
+        vec![
+            chat(),
+            model(),
+            attr("gen_ai.usage.cost", any_value::Value::DoubleValue(0.25)),
+        ],
+    );
+    export(&server, vec![reported_announcement, priced_then_reported]).await;
+    export(&server, vec![output_only, priced_copy, reported_copy]).await;
+
+    let span = |n: u8| {
+        let server = &server;
+        async move {
+            get_json(server, &format!("/v1/activity/spans/{}", hex(n)))
+                .await
+                .1
+        }
+    };
+    let first = span(1).await;
+    assert_eq!(first["outcome"], "success", "{first}");
+    assert_eq!(first["usage"]["inputTokens"], 100_000, "{first}");
+    assert_eq!(first["usage"]["outputTokens"], 10, "{first}");
+    // 100,000 × $0.15 + 10 × $0.60, per million.
+    assert_eq!(first["usage"]["costUsd"], 0.015006, "{first}");
+    assert_eq!(first["attrs"]["flightlog.cost_source"], "price_table");
+
+    let second = span(2).await;
+    assert_eq!(second["usage"]["inputTokens"], 1_000, "{second}");
+    assert_eq!(
+        second["usage"]["costUsd"], 0.5,
+        "the reported cost stays: {second}"
+    );
+    assert_eq!(second["attrs"]["flightlog.cost_source"], "reported");
+    assert_eq!(
+        second["attrs"].get("flightlog.price_table"),
+        None,
+        "{second}"
+    );
+
+    let third = span(3).await;
+    assert_eq!(third["usage"]["costUsd"], 0.25, "{third}");
+    assert_eq!(third["attrs"]["flightlog.cost_source"], "reported");
+    assert_eq!(
+        third["attrs"].get("flightlog.price_table"),
+        None,
+        "no price table priced the kept cost: {third}"
+    );
+}

@@ -209,6 +209,7 @@ pub fn ended_otlp_span(
     started_at: i64,
 ) -> ImportedSpan {
     ImportedSpan {
+        priced_at: None,
         span_id,
         run_id,
         parent_span_id,
