@@ -390,10 +390,10 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
     for span in store.open_root_spans().await? {
         report_line!(
             report,
-            "  {} (run {}, started {} s ago)",
+            "  {} (run {}, {})",
             span.name,
             span.run_id,
-            (now - span.started_at) / 1000
+            started_when(now, span.started_at)
         );
     }
     report_line!(
@@ -425,9 +425,42 @@ pub async fn run(db_path: &Path, runs: usize) -> anyhow::Result<()> {
     backend.close().await
 }
 
+/// When a running root started, as people say it: `started 2 min 5 s ago`, or, for a start
+/// stamped ahead of this machine's clock (another machine's clock, a client's bug), `stamped
+/// to start in 3 h`, never a negative age (a run stamped in the year 3000 showed `started
+/// -30707014789 s ago`).
+fn started_when(now: i64, started_at: i64) -> String {
+    let age = now.saturating_sub(started_at);
+    if age >= 0 {
+        format!(
+            "started {} ago",
+            flightlog_server::maintenance::human_duration(age)
+        )
+    } else {
+        format!(
+            "stamped to start in {}",
+            flightlog_server::maintenance::human_duration(age.saturating_neg())
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_start_ahead_of_the_clock_is_no_negative_age() {
+        assert_eq!(started_when(125_000, 0), "started 2 min 5 s ago");
+        assert_eq!(started_when(0, 3 * 3_600_000), "stamped to start in 3 h");
+        assert_eq!(
+            started_when(1_800_000_000_000, -9_007_199_254_740_991),
+            "started 104270824 days 16 h ago"
+        );
+        assert_eq!(
+            started_when(i64::MIN, i64::MAX),
+            "stamped to start in 106751991167 days 7 h"
+        );
+    }
 
     #[test]
     fn ids_are_numbered_per_kind_and_differ_between_processes() {

@@ -442,6 +442,15 @@ fn query_error_text(text: &str) -> String {
     {
         return format!("the query parameter {field} is given more than once: give it once");
     }
+    // An unknown value of a parameter with a fixed set ("outcome: unknown SpanOutcome
+    // \"bogus\", expected one of [...]"): only the client's value is cut, never the list of the
+    // values to give (it was cut with the rest, the fix lost).
+    if let Some((given, expected)) = detail.split_once(", expected one of ") {
+        return format!(
+            "bad query parameter {}, expected one of {expected}",
+            flightlog_core::json_text::echoed(given)
+        );
+    }
     format!(
         "bad query parameter {}",
         flightlog_core::json_text::echoed(detail)

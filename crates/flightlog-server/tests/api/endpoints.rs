@@ -1611,6 +1611,20 @@ async fn blank_query_parameters_count_as_absent_and_unknown_ones_are_refused() {
             "/v1/engagements?limit=99999999999999999999",
             "give a whole number from 0 to 10000",
         ),
+        // A value outside a fixed set: the whole list to choose from, however long the value
+        // (it was cut with the value, after "interrupte").
+        (
+            "/v1/activity/runs?outcome=bogus",
+            r#""denied", "interrupted"]"#,
+        ),
+        (
+            "/v1/activity/runs?outcome=bogusbogusbogusbogusbogusbogusbogusbogusbogusbogusbogus",
+            r#"expected one of ["success", "error", "timeout", "cancelled", "denied", "interrupted"]"#,
+        ),
+        (
+            "/v1/activity/runs?state=bogus",
+            "expected `open` or `ended`",
+        ),
     ] {
         let reply = server.get(path).await;
         reply.assert_error(400, "invalid_request");
