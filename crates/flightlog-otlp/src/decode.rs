@@ -157,7 +157,7 @@ pub(crate) fn read_body<T>(
 
 /// Check the messages of a gRPC request body (its length-prefixed frames) before tonic decodes
 /// them, as an OTLP/HTTP body is checked (see `decoded_size`): a frame flagged compressed is
-/// inflated first when the call's `grpc-encoding` is gzip, within `max_decompressed`. The
+/// inflated first when the call's `grpc-encoding` is gzip or deflate, within `max_decompressed`. The
 /// messages are walked along `schema`. What cannot be checked (a frame cut short, a message
 /// that does not inflate, another compression) passes: tonic refuses it itself.
 pub fn check_grpc_messages(
@@ -176,16 +176,27 @@ pub fn check_grpc_messages(
         rest = &rest[5 + length..];
         found.count += 1;
         let inflated;
-        let message = match (flag, grpc_encoding.map(str::trim)) {
+        let compression = match grpc_encoding.map(str::trim) {
+            Some(encoding) if encoding.eq_ignore_ascii_case("gzip") => Some(GrpcCompression::Gzip),
+            Some(encoding) if encoding.eq_ignore_ascii_case("deflate") => {
+                Some(GrpcCompression::Deflate)
+            }
+            _ => None,
+        };
+        let message = match (flag, compression) {
             (0, _) => message,
-            (_, Some(encoding)) if encoding.eq_ignore_ascii_case("gzip") => {
-                match gunzip_one_member(message, max_decompressed) {
+            (_, Some(compression)) => {
+                match inflate_one_stream(message, max_decompressed, compression) {
                     Ok(OneMember::Followed { rest }) => {
                         let bytes = if rest == 1 { "byte" } else { "bytes" };
+                        let (name, unit) = match compression {
+                            GrpcCompression::Gzip => ("gzip", "gzip member"),
+                            GrpcCompression::Deflate => ("deflate", "zlib stream"),
+                        };
                         return Err(OtlpError::malformed(format!(
-                            "the gzip-compressed message has {rest} {bytes} after its first gzip \
-                             member, which gRPC's decompression does not read: compress each \
-                             message as one gzip member; nothing was stored"
+                            "the {name}-compressed message has {rest} {bytes} after its first \
+                             {unit}, which gRPC's decompression does not read: compress each \
+                             message as one {unit}; nothing was stored"
                         )));
                     }
                     Ok(OneMember::Alone(plain)) => {
@@ -215,22 +226,46 @@ pub struct GrpcMessages {
     pub inflated_bytes: usize,
 }
 
-/// A gRPC message's first gzip member, inflated as tonic inflates it, or how many bytes follow
-/// that member (see [`gunzip_one_member`]).
+/// The `grpc-encoding`s a message may come in (besides `identity`), as the gRPC listener
+/// accepts them: gzip, which every OTLP exporter offers, and deflate, the OpenTelemetry Python
+/// gRPC exporter's other choice (`Compression.Deflate`, `OTEL_EXPORTER_OTLP_COMPRESSION=deflate`:
+/// refused `UNIMPLEMENTED`, which that exporter does not retry, it lost every span).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GrpcCompression {
+    Gzip,
+    /// gRPC's `deflate` is the zlib format (RFC 1950), as tonic and grpc-core read it.
+    Deflate,
+}
+
+/// A gRPC message's first gzip member (or zlib stream), inflated as tonic inflates it, or how
+/// many bytes follow it (see [`inflate_one_stream`]).
 enum OneMember {
     Alone(Inflated),
     Followed { rest: usize },
 }
 
-/// Inflate a gRPC message compressed with gzip as tonic inflates it, one gzip member, within
-/// `limit`, telling when bytes follow that member: tonic reads the first member and drops the
-/// rest, so a message of two members (a valid gzip stream, which an OTLP/HTTP body may be) was
+/// Inflate a compressed gRPC message as tonic inflates it, one gzip member or zlib stream,
+/// within `limit`, telling when bytes follow it: tonic reads the first and drops the rest, so a
+/// message of two gzip members (a valid gzip stream, which an OTLP/HTTP body may be) was
 /// answered OK with the second member's spans lost, and one with bytes of garbage after its
 /// member was taken where an OTLP/HTTP body is refused (an audit's finding).
-fn gunzip_one_member(message: &[u8], limit: usize) -> Result<OneMember, OtlpError> {
-    let mut decoder = flate2::bufread::GzDecoder::new(message);
-    let inflated = inflate_bounded(&mut decoder, limit, message.len(), "gzip")?;
-    let rest = decoder.get_ref().len();
+fn inflate_one_stream(
+    message: &[u8],
+    limit: usize,
+    compression: GrpcCompression,
+) -> Result<OneMember, OtlpError> {
+    let (inflated, rest) = match compression {
+        GrpcCompression::Gzip => {
+            let mut decoder = flate2::bufread::GzDecoder::new(message);
+            let inflated = inflate_bounded(&mut decoder, limit, message.len(), "gzip")?;
+            (inflated, decoder.get_ref().len())
+        }
+        GrpcCompression::Deflate => {
+            let mut decoder = ZlibDecoder::new(message);
+            let inflated = inflate_bounded(&mut decoder, limit, message.len(), "deflate")?;
+            (inflated, decoder.get_ref().len())
+        }
+    };
     if rest > 0 && inflated.as_bytes().len() <= limit {
         return Ok(OneMember::Followed { rest });
     }

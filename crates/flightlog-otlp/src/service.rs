@@ -138,7 +138,8 @@ impl TraceService for FlightlogTraceService {
 }
 
 /// The tonic server of [`FlightlogTraceService`], accepting gzip-compressed requests (the
-/// OpenTelemetry Collector's default). Tonic's default 4 MiB decoded-message limit applies;
+/// OpenTelemetry Collector's default) and deflate-compressed ones (the Python exporter's other
+/// choice). Tonic's default 4 MiB decoded-message limit applies;
 /// raise it with `.max_decoding_message_size(n)` on the result.
 pub fn trace_service(
     store: Arc<dyn ActivityStore>,
@@ -150,6 +151,7 @@ pub fn trace_service(
         store, authorize, options, observe,
     ))
     .accept_compressed(CompressionEncoding::Gzip)
+    .accept_compressed(CompressionEncoding::Deflate)
 }
 
 #[cfg(test)]

@@ -386,8 +386,12 @@ pub fn signal_services(
 ) {
     let service = FlightlogSignalService { authorize, observe };
     (
-        MetricsServiceServer::new(service.clone()).accept_compressed(CompressionEncoding::Gzip),
-        LogsServiceServer::new(service).accept_compressed(CompressionEncoding::Gzip),
+        MetricsServiceServer::new(service.clone())
+            .accept_compressed(CompressionEncoding::Gzip)
+            .accept_compressed(CompressionEncoding::Deflate),
+        LogsServiceServer::new(service)
+            .accept_compressed(CompressionEncoding::Gzip)
+            .accept_compressed(CompressionEncoding::Deflate),
     )
 }
 

@@ -284,7 +284,7 @@ async fn export_in_slot(
 /// The message's entries checked before tonic decodes them, as an OTLP/HTTP body's are: a
 /// message of empty or tiny entries decodes to fifty times its size (see
 /// `flightlog_otlp::check_grpc_messages`). The body is in memory already (read whole above).
-/// A compressed message (`grpc-encoding: gzip`) also holds what it inflates to of the request
+/// A compressed message (`grpc-encoding: gzip` or `deflate`) also holds what it inflates to of the request
 /// budget, as a compressed OTLP/HTTP body does (`UNAVAILABLE` when it does not fit).
 async fn entries_within_budget(
     request: axum::extract::Request,

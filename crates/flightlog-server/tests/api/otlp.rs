@@ -1266,9 +1266,13 @@ async fn a_non_finite_double_maps_the_same_in_json_as_in_protobuf() {
 }
 
 /// The `grpc-status` and `grpc-message` of one unary call of the trace export carrying `frame`
-/// (a message's 5-byte prefix and bytes, as given) with `grpc-encoding: gzip`, sent over a raw
-/// HTTP/2 connection (tonic's client compresses what it sends itself).
-async fn grpc_status_of_gzip_frame(server: &TestServer, frame: Vec<u8>) -> (String, String) {
+/// (a message's 5-byte prefix and bytes, as given) with `grpc-encoding: {encoding}`, sent over
+/// a raw HTTP/2 connection (tonic's client compresses what it sends itself).
+async fn grpc_status_of_frame(
+    server: &TestServer,
+    encoding: &str,
+    frame: Vec<u8>,
+) -> (String, String) {
     let grpc = server.grpc_base.clone().expect("a gRPC listener");
     let tcp = tokio::net::TcpStream::connect(grpc.trim_start_matches("http://"))
         .await
@@ -1278,7 +1282,7 @@ async fn grpc_status_of_gzip_frame(server: &TestServer, frame: Vec<u8>) -> (Stri
     let mut client = client.ready().await.expect("ready");
     let request = axum::http::Request::post(format!("{grpc}{}", crate::otlp_fuzz::EXPORT_PATH))
         .header("content-type", "application/grpc")
-        .header("grpc-encoding", "gzip")
+        .header("grpc-encoding", encoding)
         .header("te", "trailers")
         .body(())
         .expect("a request");
@@ -1333,7 +1337,7 @@ async fn a_grpc_message_of_two_gzip_members_is_refused_and_stores_nothing() {
         [first.clone(), second].concat(),
         [first.clone(), b"garbage".to_vec()].concat(),
     ] {
-        let (status, text) = grpc_status_of_gzip_frame(&server, frame(&message)).await;
+        let (status, text) = grpc_status_of_frame(&server, "gzip", frame(&message)).await;
         assert_eq!(status, "3", "INVALID_ARGUMENT: {text}");
         assert!(text.contains("after its first gzip member"), "{text}");
         for span in [1, 2] {
@@ -1341,10 +1345,60 @@ async fn a_grpc_message_of_two_gzip_members_is_refused_and_stores_nothing() {
             assert_eq!(status, 404, "span {span}: nothing stored");
         }
     }
-    let (status, text) = grpc_status_of_gzip_frame(&server, frame(&first)).await;
+    let (status, text) = grpc_status_of_frame(&server, "gzip", frame(&first)).await;
     assert_eq!(status, "0", "{text}");
     let (status, _) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
     assert_eq!(status, 200);
+    server.stop().await;
+}
+
+/// A frame flagged compressed: its 5-byte prefix, then `message`.
+fn compressed_frame(message: &[u8]) -> Vec<u8> {
+    let mut frame = vec![1u8];
+    frame.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
+    frame.extend_from_slice(message);
+    frame
+}
+
+/// gRPC's `deflate` (zlib), which the OpenTelemetry Python gRPC exporter offers beside gzip,
+/// is read: it was refused `UNIMPLEMENTED`, which that exporter does not retry, and every span
+/// was lost (an audit's finding). As with gzip, bytes after the zlib stream (which tonic would
+/// drop unread) refuse the message, and one inflating past the body limit is
+/// `RESOURCE_EXHAUSTED`, nothing stored either way.
+#[tokio::test]
+async fn a_deflate_compressed_grpc_export_is_stored() {
+    let server = TestServer::start_with(crate::support::Options {
+        grpc: true,
+        ..crate::support::Options::default()
+    })
+    .await;
+    let zlib = |bytes: &[u8]| {
+        let mut encoder =
+            flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder.write_all(bytes).expect("zlib");
+        encoder.finish().expect("zlib")
+    };
+    let root = zlib(&request(vec![root_span()]).encode_to_vec());
+    let followed = [root.clone(), b"garbage".to_vec()].concat();
+    let (status, text) =
+        grpc_status_of_frame(&server, "deflate", compressed_frame(&followed)).await;
+    assert_eq!(status, "3", "INVALID_ARGUMENT: {text}");
+    assert!(text.contains("after its first zlib stream"), "{text}");
+    let mut bomb_span = otlp_span(2, 0, 1_010, Vec::new());
+    // Past the 8 MiB body limit once inflated.
+    bomb_span.name = "x".repeat(9 << 20);
+    let bomb = zlib(&request(vec![bomb_span]).encode_to_vec());
+    let (status, text) = grpc_status_of_frame(&server, "deflate", compressed_frame(&bomb)).await;
+    assert_eq!(status, "8", "RESOURCE_EXHAUSTED: {text}");
+    for span in [1, 2] {
+        let (status, _) = get_json(&server, &format!("/v1/activity/spans/{}", hex(span))).await;
+        assert_eq!(status, 404, "span {span}: nothing stored");
+    }
+    let (status, text) = grpc_status_of_frame(&server, "deflate", compressed_frame(&root)).await;
+    assert_eq!(status, "0", "{text}");
+    let (status, span) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
+    assert_eq!(status, 200, "{span}");
+    assert_eq!(span["name"], "span-1");
     server.stop().await;
 }
 
