@@ -1100,6 +1100,8 @@ struct JournalStart {
     next_seq: i64,
     /// The generation the client's events came from, to be checked before resuming.
     generation: Option<u64>,
+    /// Taken from `Last-Event-ID` (not `fromSeq`): what a refusal tells the client to drop.
+    from_last_event_id: bool,
 }
 
 /// Refuse to resume after an event the engagement does not hold in the numbering the client
@@ -1133,11 +1135,16 @@ async fn check_resumable(
     Err(ApiError::invalid(format!(
         "cannot start the stream of engagement {engagement_id:?} after seq {last_seen} (at seq \
          {}): it holds no event with seq {last_seen}{}; start at a seq it holds (fromSeq at \
-         most its next seq, 0 for all), or connect without Last-Event-ID",
+         most its next seq, 0 for all){}",
         start.next_seq,
         match tail.generation {
             None => " (it has no events)".to_owned(),
             Some(_) => String::new(),
+        },
+        if start.from_last_event_id {
+            ", or connect without Last-Event-ID"
+        } else {
+            ""
         }
     )))
 }
@@ -1172,6 +1179,7 @@ fn journal_last_event_id(headers: &HeaderMap) -> Result<Option<JournalStart>, Ap
         (lowest..=LARGEST_SEQ).contains(&seq).then(|| JournalStart {
             next_seq: seq + 1,
             generation,
+            from_last_event_id: true,
         })
     });
     parsed.map(Some).ok_or_else(|| {
@@ -1425,6 +1433,7 @@ async fn journal_stream(
         (None, from) => JournalStart {
             next_seq: from.unwrap_or(0),
             generation: query.generation,
+            from_last_event_id: false,
         },
     };
     let journal = state.journal().clone();
@@ -1957,6 +1966,7 @@ mod tests {
         JournalStart {
             next_seq: 0,
             generation: None,
+            from_last_event_id: false,
         }
     }
 

@@ -1664,6 +1664,12 @@ async fn an_engagement_stream_started_past_its_end_is_refused() {
     ] {
         let message = refused_start(&server, &path, header.as_deref()).await;
         assert!(message.contains("holds no event with seq"), "{message}");
+        // The fix names what the client sent: a header it never sent is not to be dropped.
+        assert_eq!(
+            message.contains("connect without Last-Event-ID"),
+            header.is_some(),
+            "{message}"
+        );
     }
     // At the end (fromSeq = the next seq) and after the last event: what comes next arrives.
     let mut at_end = SseClient::connect(&server, "/v1/engagements/e/stream?fromSeq=3", None).await;
