@@ -53,6 +53,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
+use crate::half_close::EofWatch;
+
 /// How often, at most, reaching the limit is said on stderr.
 const WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -167,6 +169,8 @@ pub struct ConnectionActivity {
     /// requests' ends count as use (see [`VOUCHED_MIN_IDLE`]).
     vouched: AtomicBool,
     close_asked: Notify,
+    /// The client's end of sending, for the answers of clients that half-close.
+    eof: EofWatch,
 }
 
 /// One request in flight on a connection; its end when dropped.
@@ -184,14 +188,21 @@ impl ConnectionActivity {
             evicted: AtomicBool::new(false),
             vouched: AtomicBool::new(false),
             close_asked: Notify::new(),
+            eof: EofWatch::default(),
         }
     }
 
     /// A request begins; it ends when the returned guard is dropped.
     pub fn begin(self: &Arc<Self>) -> InFlight {
         self.served.store(true, Ordering::Relaxed);
+        self.eof.request_began();
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight(Arc::clone(self))
+    }
+
+    /// The client's end of sending on the connection (see `half_close`).
+    pub(crate) fn eof(&self) -> &EofWatch {
+        &self.eof
     }
 
     /// Whether a request is in flight.
@@ -247,7 +258,9 @@ impl Drop for InFlight {
                 .idle_since_ms
                 .fetch_max(millis_since(self.0.epoch), Ordering::AcqRel);
         }
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.eof.requests_ended();
+        }
     }
 }
 
@@ -260,6 +273,12 @@ impl ConnectionOfRequest {
     /// The handle of `activity`'s connection, for its requests.
     pub fn new(activity: Arc<ConnectionActivity>) -> Self {
         Self(activity)
+    }
+
+    /// Whether the client closed its sending side (went away, or half-closed to wait for its
+    /// answer).
+    pub fn client_closed(&self) -> bool {
+        self.0.eof.seen()
     }
 
     /// Vouch (see [`ConnectionActivity::vouch`]) for the connection of the request whose

@@ -266,6 +266,7 @@ async fn admit_and_run(
     let response = match slot {
         // A write runs to its answer holding its slot and budget, its client there or not.
         Some(slot) => {
+            let connection = request.extensions().get::<ConnectionOfRequest>().cloned();
             let abandoned = {
                 let state = state.clone();
                 let route = route.cloned();
@@ -274,7 +275,13 @@ async fn admit_and_run(
                     count_answer(&state, route.as_ref(), method_name, &response, started);
                 }
             };
-            FinishOnDrop::new(next.run(request), (hold, slot), abandoned).await
+            let response = FinishOnDrop::new(next.run(request), (hold, slot), abandoned).await;
+            // Answered, to a client that closed its sending side meanwhile: gone (its answer is
+            // written and lost) or half-closed, waiting for it; the two cannot be told apart.
+            if connection.is_some_and(|connection| connection.client_closed()) {
+                state.metrics().write_abandoned();
+            }
+            response
         }
         None => {
             let response = next.run(request).await;

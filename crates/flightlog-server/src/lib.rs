@@ -45,6 +45,7 @@ mod finish_on_drop;
 mod followed;
 mod gate;
 pub mod grpc;
+mod half_close;
 mod journal_hub;
 pub mod maintenance;
 pub mod metrics;
@@ -273,7 +274,7 @@ where
             Protocol::Http1 => {
                 let service = tracked_service(&router, slot.activity());
                 let io = TokioIo::new(parse_error_body::ParseErrorBody::new(
-                    guarded,
+                    half_close::HalfCloseReader::new(guarded, Arc::clone(slot.activity())),
                     unparsed.clone(),
                 ));
                 let mut builder = hyper::server::conn::http1::Builder::new();
@@ -358,20 +359,30 @@ fn tracked_service(
         + 'static,
 > {
     let of_requests = ConnectionOfRequest::new(Arc::clone(activity));
+    let of_bodies = Arc::clone(activity);
     let activity = Arc::clone(activity);
     TowerToHyperService::new(
         router
             .clone()
             .map_request(move |request: Request<Incoming>| {
-                let mut request = request.map(Body::new);
+                let of_body = Arc::clone(&of_bodies);
+                let mut request =
+                    request.map(|body| Body::new(half_close::WatchedBody::new(body, of_body)));
                 request.extensions_mut().insert(of_requests.clone());
                 request
             })
             .map_future(move |answer| {
                 let in_flight = activity.begin();
+                let activity = Arc::clone(&activity);
                 async move {
                     let answer = answer.await;
-                    answer.map(|response| response.map(|body| InFlightBody::new(body, in_flight)))
+                    answer.map(|response| {
+                        // A client that closes during a live stream is gone: its EOF passes.
+                        if crate::sse::is_event_stream(response.headers()) {
+                            activity.eof().answer_is_stream();
+                        }
+                        response.map(|body| InFlightBody::new(body, in_flight))
+                    })
                 }
             }),
     )

@@ -328,10 +328,12 @@ impl Metrics {
         let writes_abandoned = Counter::default();
         registry.register(
             "flightlog_http_writes_abandoned",
-            "Write requests (HTTP or OTLP/gRPC) dropped before their answer, by their client \
-             going away or a gRPC deadline passing: each still ran to its end holding its slot \
-             of the write limit (an HTTP one is then counted in flightlog_http_requests_total \
-             with the status it would have had)",
+            "Write requests (HTTP or OTLP/gRPC) whose client left before their answer: it \
+             closed the connection (or, over HTTP/1, its sending side: a client that half-closes \
+             to wait for its answer, which cannot be told apart, is counted too and gets the \
+             answer), or a gRPC deadline passed; each still ran to its end holding its slot of \
+             the write limit (an HTTP one is counted in flightlog_http_requests_total with its \
+             status)",
             writes_abandoned.clone(),
         );
         let stream_clients = Family::<StreamLabels, Gauge>::default();

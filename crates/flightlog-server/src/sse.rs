@@ -124,6 +124,13 @@ fn head(name: &str, id: Option<&str>) -> Vec<u8> {
     bytes
 }
 
+/// Whether an answer with these headers is a live stream (see [`response`]).
+pub fn is_event_stream(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes() == b"text/event-stream")
+}
+
 /// The `text/event-stream` response of `events`, with a keep-alive comment after every
 /// `keep_alive` without an event.
 pub fn response<S>(events: S, keep_alive: Duration) -> Response
