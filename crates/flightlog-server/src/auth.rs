@@ -380,6 +380,10 @@ pub(crate) fn check_token(
     route: Option<&str>,
 ) -> Result<bool, ApiError> {
     let auth = &state.config().auth;
+    crate::browser_guard::check(
+        request.headers(),
+        !auth.is_enabled() && state.config().loopback_names_only,
+    )?;
     if !auth.is_enabled() {
         return Ok(true);
     }

@@ -36,6 +36,7 @@
 //! This is the only crate with wire types; the stores know nothing about HTTP.
 
 pub mod auth;
+mod browser_guard;
 pub mod byte_budget;
 mod change_tail;
 pub mod connection_limit;

@@ -1166,6 +1166,7 @@ pub fn resolve_with_file(
             // What an OTLP body may inflate to is never below what it may be sent as: a plain
             // body over 64 MiB was refused as "decompressed" past a larger --body-limit.
             otlp_max_decompressed: ServerConfig::DEFAULT_OTLP_MAX_DECOMPRESSED.max(body_limit),
+            loopback_names_only: !allow_unauthenticated_non_loopback,
             ..ServerConfig::default()
         },
         retention: RetentionConfig {

@@ -55,6 +55,11 @@ pub struct ServerConfig {
     /// to make room for a new one, which waits while every one is busy (see
     /// [`crate::connection_limit`]).
     pub max_connections: usize,
+    /// Without tokens, answer only requests that address the server as `localhost` or by an IP
+    /// address (a web page's own name resolved to loopback is refused: see `browser_guard`).
+    /// On (the default) but for a server exposed without tokens on purpose
+    /// (`allow_unauthenticated_non_loopback`).
+    pub loopback_names_only: bool,
 }
 
 impl ServerConfig {
@@ -117,6 +122,7 @@ impl Default for ServerConfig {
             request_budget_bytes: Self::DEFAULT_REQUEST_BUDGET_BYTES,
             write_stall_limit: Self::DEFAULT_WRITE_STALL_LIMIT,
             max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+            loopback_names_only: true,
         }
     }
 }

@@ -712,3 +712,98 @@ fn serving_without_tokens_is_refused_on_non_loopback_addresses_unless_allowed() 
     let mixed = [loopback[0], exposed[1]];
     assert!(check_exposure(&mixed, &open, false).is_err());
 }
+
+/// A web page must not use the flightlog of the machine its browser runs on. Without tokens, a
+/// page of another site sent a "simple" request (`text/plain`, an empty body) to
+/// `sweep-orphans` and closed the live runs; a page whose own name resolves to 127.0.0.1 (DNS
+/// rebinding) could read everything (an audit's finding). Now a request whose `Origin` is not
+/// the server's own is `403 forbidden`, and a token-less server answers only requests that
+/// address it by an IP address, localhost or a name without a dot. Programs (no `Origin`) are
+/// served as before.
+#[tokio::test]
+async fn requests_a_web_page_sends_are_refused() {
+    let server = TestServer::start().await;
+    let span = json!({"spanId": "live", "runId": "live", "name": "n", "kind": "turn",
+                      "origin": "session", "attrs": {}});
+    server
+        .post("/v1/activity/spans", &span)
+        .await
+        .assert_status(201);
+    let port = server.base.rsplit(':').next().expect("a port").to_owned();
+    let send = |path: &str, headers: &[(&str, String)]| {
+        let mut request = server
+            .client
+            .post(format!("{}{path}", server.base))
+            .header("content-type", "text/plain");
+        for (name, value) in headers {
+            request = request.header(*name, value);
+        }
+        request.send()
+    };
+    let sweep = "/v1/activity/maintenance/sweep-orphans";
+    for headers in [
+        vec![("origin", "http://evil.example".to_owned())],
+        vec![("origin", "null".to_owned())],
+        vec![("origin", format!("http://127.0.0.1:{}", 1))],
+        vec![
+            ("host", format!("evil.example:{port}")),
+            ("origin", format!("http://evil.example:{port}")),
+        ],
+    ] {
+        let answer = send(sweep, &headers).await.expect("answered");
+        assert_eq!(answer.status(), StatusCode::FORBIDDEN, "{headers:?}");
+        let body: Value = answer.json().await.expect("the error body");
+        assert_eq!(body["error"]["code"], "forbidden", "{body}");
+    }
+    let read = server
+        .client
+        .get(format!("{}/v1/activity/runs", server.base))
+        .header("host", format!("rebound.example:{port}"))
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(read.status(), StatusCode::FORBIDDEN);
+    let live = server.get("/v1/activity/spans/live").await;
+    assert_eq!(
+        live.assert_status(200)["outcome"],
+        Value::Null,
+        "no page closed the live run"
+    );
+    // The server's own origin, and its names: served.
+    for headers in [
+        vec![("origin", format!("http://127.0.0.1:{port}"))],
+        vec![
+            ("host", format!("localhost:{port}")),
+            ("origin", format!("http://localhost:{port}")),
+        ],
+    ] {
+        let answer = send(sweep, &headers).await.expect("answered");
+        assert_eq!(answer.status(), StatusCode::OK, "{headers:?}");
+    }
+    server.stop().await;
+
+    // A server with tokens serves any name (a page has no token).
+    let mut auth = AuthConfig::open();
+    auth.add_token("secret", Scopes::ALL).expect("a token");
+    let server = TestServer::start_with(Options {
+        config: ServerConfig {
+            auth,
+            ..ServerConfig::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let answer = server
+        .client
+        .get(format!("{}/v1/activity/runs", server.base))
+        .header(
+            "host",
+            format!("box.lan:{}", server.base.rsplit(':').next().unwrap_or("")),
+        )
+        .bearer_auth("secret")
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(answer.status(), StatusCode::OK);
+    server.stop().await;
+}
