@@ -237,7 +237,7 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
             .and_then(|grpc_listener| grpc_listener.local_addr().ok());
         let exposed = beyond_loopback(std::iter::once(local).chain(grpc_local));
         if exposed.is_empty() {
-            say!("flightlog: no tokens configured: any local process may read and write");
+            say!("flightlog: no tokens configured: any local process may read and write (web pages in a browser may not)");
         } else {
             say_err!(
                 "flightlog: warning: serving {} WITHOUT authentication \
