@@ -152,6 +152,17 @@ impl ResponseBudget {
         Ok(json_response(json, permit))
     }
 
+    /// `json` (serialized already, after `reserved` was taken for it, if anything was) as a
+    /// JSON response holding its size of the budget, as [`Self::settle`] sets it.
+    pub async fn serialized(
+        &self,
+        json: ChunkedJson,
+        reserved: Option<OwnedSemaphorePermit>,
+    ) -> Result<Response, ApiError> {
+        let permit = self.settle(reserved, json.len()).await?;
+        Ok(json_response(json, permit))
+    }
+
     /// The answer of writes already made, `value`, as a JSON response holding its size of the
     /// budget, with `reserved` (what [`Self::reserve`] took for its estimate before the writes)
     /// set to it: the surplus goes back, and a shortfall is taken only if it is free now. Never
@@ -234,6 +245,55 @@ impl ChunkedJson {
     /// The chunks of the document, in order.
     pub fn into_chunks(self) -> VecDeque<Bytes> {
         self.chunks
+    }
+}
+
+/// A JSON array serialized part by part (a page read from the store in parts), into the same
+/// chunks as [`ChunkedJson::of`] would write the whole array.
+pub struct JsonArray {
+    writer: ChunkWriter,
+    items: usize,
+}
+
+impl Default for JsonArray {
+    fn default() -> Self {
+        let mut writer = ChunkWriter::default();
+        writer.current.push(b'[');
+        writer.len = 1;
+        Self { writer, items: 0 }
+    }
+}
+
+impl JsonArray {
+    /// Append `items`, each dropped once written.
+    pub fn extend<T: Serialize>(&mut self, items: Vec<T>) -> Result<(), ApiError> {
+        for item in items {
+            if self.items > 0 {
+                std::io::Write::write_all(&mut self.writer, b",")
+                    .map_err(|err| ApiError::Internal(err.to_string()))?;
+            }
+            serde_json::to_writer(&mut self.writer, &item)
+                .map_err(|err| ApiError::Internal(err.to_string()))?;
+            self.items += 1;
+        }
+        Ok(())
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> usize {
+        self.writer.len
+    }
+
+    /// True before anything was written (never: the array's `[` is written at once).
+    pub fn is_empty(&self) -> bool {
+        self.writer.len == 0
+    }
+
+    /// The whole array.
+    pub fn finish(mut self) -> ChunkedJson {
+        self.writer.current.push(b']');
+        self.writer.len += 1;
+        self.writer.finish()
     }
 }
 

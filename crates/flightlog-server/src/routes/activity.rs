@@ -577,8 +577,9 @@ async fn run_high_water_seq(
     operation_id = "changesSince",
     params(ChangesQuery),
     responses(
-        (status = 200, description = "At most `limit` changes.", body = Vec<ActivityChange>,
+        (status = 200, description = "At most `limit` changes. A page whose JSON reaches 32 MiB stops there, with `Flightlog-Page-Cut: true` (each change carries its span's whole current row, so a page of a span's many changes repeats its attrs): read on from its last `changeId`.", body = Vec<ActivityChange>,
             headers(
+                ("Flightlog-Page-Cut" = String, description = "`true` when the page stopped short of `limit` at 32 MiB of JSON: more changes may follow its last one."),
                 ("Flightlog-Change-Log-Horizon" = i64, description = "Change ids below this may be missing from the log (trimmed, or pruned with their runs)."),
                 ("Flightlog-Resync" = String, description = "`true` when `after` is below the horizon minus one: changes after it may be missing; take a new snapshot, then continue from the larger of your cursor and the horizon minus one."),
             )),
@@ -591,11 +592,59 @@ async fn changes_since(
     ApiQuery(query): ApiQuery<ChangesQuery>,
 ) -> Result<Response, ApiError> {
     let limit = query.limit()?;
-    let changes = state.activity().changes_since(query.after, limit).await?;
-    let horizon = state.activity().change_log_horizon().await?;
-    let response = state.response_budget().json(changes).await?;
+    let store = state.activity();
+    let budget = state.response_budget();
+    let mut page = response_budget::JsonArray::default();
+    let (mut cursor, mut wanted) = (query.after, limit);
+    let mut reserved = None;
+    let mut cut = false;
+    loop {
+        let part = store
+            .changes_since_bounded(cursor, wanted, CHANGE_PAGE_PART_BYTES)
+            .await?;
+        let Some(last) = part.last() else { break };
+        cursor = last.change_id;
+        wanted = wanted.saturating_sub(i64::try_from(part.len()).unwrap_or(i64::MAX));
+        let before = page.len();
+        page.extend(part)?;
+        // A part that the bound cut holds more than an eighth of it in JSON (the store's
+        // estimate of a change's bytes is at most eight times its JSON: a number counts 8);
+        // a smaller one ended with the log.
+        if wanted <= 0 || page.len() - before <= CHANGE_PAGE_PART_BYTES / 8 {
+            break;
+        }
+        if page.len() >= CHANGE_PAGE_MAX_BYTES {
+            cut = true;
+            break;
+        }
+        if reserved.is_none() {
+            // Before more is read: a page this large waits for its room (503 when it stays
+            // taken) with nothing more held than the part read.
+            reserved = budget.reserve(CHANGE_PAGE_MAX_BYTES).await?;
+        }
+    }
+    let horizon = store.change_log_horizon().await?;
+    let mut response = budget.serialized(page.finish(), reserved).await?;
+    if cut {
+        response
+            .headers_mut()
+            .insert(PAGE_CUT, HeaderValue::from_static("true"));
+    }
     Ok(with_change_log_horizon(response, query.after, horizon))
 }
+
+/// A change page is read from the store in parts of about this many bytes of attrs and
+/// payloads (`changes_since_bounded`), serialized as they come.
+const CHANGE_PAGE_PART_BYTES: usize = 1 << 20;
+/// A change page stops once its JSON reaches this size, short of its `limit`, and says so
+/// ([`PAGE_CUT`]). Each change carries its span's whole current row, so a page repeats a span
+/// once per change: 200 patches of one span with 1 MB of attrs, a 2 MB database, made a
+/// 201 MB page, read and serialized whole before the budget of large answers was asked (six
+/// such requests at once took the server to 1.4 GB; at 10,000 changes one page would be
+/// tens of GB). A page past its first part takes this much of the budget before it reads on.
+const CHANGE_PAGE_MAX_BYTES: usize = 32 << 20;
+/// The header of a change page cut short of its `limit` by [`CHANGE_PAGE_MAX_BYTES`].
+pub(crate) const PAGE_CUT: &str = "flightlog-page-cut";
 
 /// The header that tells a client polling the change log (rather than streaming it, whose
 /// stream says `resync`) whether the page can be trusted to miss nothing:

@@ -2062,3 +2062,72 @@ async fn event_payloads_are_stored_as_javascript_writes_them_whatever_path_reads
     assert_eq!(read, twice);
     server.stop().await;
 }
+
+/// Each change carries its span's whole current row, so a page of one span's many changes
+/// repeats its attrs: 200 patches of a span with 1 MB of attrs made a 201 MB page, read and
+/// serialized whole before the budget of large answers was asked (six at once took the server
+/// to 1.4 GB; an audit's finding). A page now stops once its JSON reaches 32 MiB, says so in
+/// `Flightlog-Page-Cut`, and the next page, from its last change id, goes on: together they
+/// hold every change, once, in order. A page within the size has no such header.
+#[tokio::test]
+async fn a_change_page_of_a_large_span_changed_many_times_stops_at_its_size() {
+    let server = TestServer::start().await;
+    let big = "x".repeat(1 << 20);
+    server
+        .post(
+            "/v1/activity/spans",
+            &json!({"spanId": "big", "runId": "big", "name": "n", "kind": "turn",
+                    "origin": "session", "attrs": {"big": big}}),
+        )
+        .await
+        .assert_status(201);
+    for n in 0..40 {
+        server
+            .send(
+                Method::PATCH,
+                "/v1/activity/spans/big",
+                Some(&json!({"attrs": {"n": n}})),
+                None,
+            )
+            .await
+            .assert_status(200);
+    }
+    let mut seen = Vec::new();
+    let mut cursor = 0;
+    let mut pages = Vec::new();
+    loop {
+        let page = server
+            .get(&format!("/v1/activity/changes?after={cursor}&limit=100"))
+            .await;
+        let cut = page
+            .headers
+            .get("flightlog-page-cut")
+            .map(|value| value.to_str().unwrap_or_default().to_owned());
+        let changes = page
+            .assert_status(200)
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        pages.push((changes.len(), cut.clone()));
+        let Some(last) = changes.last() else { break };
+        cursor = last["changeId"].as_i64().expect("a change id");
+        seen.extend(changes.iter().map(|change| change["changeId"].as_i64()));
+        if cut.is_none() {
+            break;
+        }
+    }
+    let expected: Vec<Option<i64>> = (1..=41).map(Some).collect();
+    assert_eq!(
+        seen, expected,
+        "every change once, in order: pages {pages:?}"
+    );
+    assert!(pages.len() >= 2, "{pages:?}");
+    assert_eq!(pages[0].1.as_deref(), Some("true"), "{pages:?}");
+    assert!(
+        pages[0].0 >= 25 && pages[0].0 < 41,
+        "cut at 32 MiB: {pages:?}"
+    );
+    let (_, last_cut) = pages.last().cloned().unwrap_or_default();
+    assert_eq!(last_cut, None, "the last page is whole: {pages:?}");
+    server.stop().await;
+}
