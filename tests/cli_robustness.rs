@@ -2171,11 +2171,27 @@ fn serve_refuses_a_wal_or_shm_it_cannot_write() {
     let before = fs::read(&db).expect("read");
     let db_arg = s(&db);
     let out = run_wrapped(&wrapper, scratch.path(), &serve_args(&db_arg, &LOOPBACK));
-    out.assert_refused(&[&s(&wal), "not writable", "chown"]);
+    // Its owner's own file wants a chmod; another user's, a chown.
+    let fix = if wrapper.is_empty() {
+        "chmod u+rw"
+    } else {
+        "chown"
+    };
+    out.assert_refused(&[&s(&wal), "not writable", fix]);
     assert!(
         fs::read(&db).expect("read") == before,
         "the database changed"
     );
+    if !wrapper.is_empty() {
+        // The server's user's own -wal and -shm, read-only (a `chmod 444` of the database while
+        // a server ran leaves them so): the fix is a chmod, not the chown it was told.
+        for companion in [&wal, &shm] {
+            give_to_runner(&wrapper, companion);
+            fs::set_permissions(companion, fs::Permissions::from_mode(0o444)).expect("chmod");
+        }
+        let out = run_wrapped(&wrapper, scratch.path(), &serve_args(&db_arg, &LOOPBACK));
+        out.assert_refused(&[&s(&wal), "not writable", "chmod u+rw"]);
+    }
 }
 
 #[test]

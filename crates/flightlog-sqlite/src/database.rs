@@ -589,12 +589,25 @@ fn check_companions_writable(real_path: &Path) -> Result<(), StoreError> {
         if let Err(err) = writable {
             // A missing file is made by SQLite; a read-only file system gets its own message.
             if err == rustix::io::Errno::ACCESS {
+                // Owned by this user already, only its mode keeps it from writing (a `chmod`
+                // of the database while a server ran left the server's -wal read-only): chown
+                // was the wrong fix to name (an audit's finding).
+                let own = {
+                    use std::os::unix::fs::MetadataExt;
+                    std::fs::metadata(&companion)
+                        .is_ok_and(|meta| meta.uid() == rustix::process::geteuid().as_raw())
+                };
+                let fix = if own {
+                    "it belongs to this user, but its mode does not let its owner write it: \
+                     give it the database's mode (chmod u+rw)"
+                } else {
+                    "a process of another user, root's say, left it: give it to this user as \
+                     the database is (chown)"
+                };
                 return Err(StoreError::Backend(format!(
-                    "{} is not writable by the user this process runs as (a process of another \
-                     user, root's say, left it): flightlog writes to its database's -wal and \
-                     -shm files as to the database itself; give both to this user as the \
-                     database is (chown), and do not delete the -wal (it may hold committed \
-                     writes)",
+                    "{} is not writable by the user this process runs as ({fix}); flightlog \
+                     writes to its database's -wal and -shm files as to the database itself, \
+                     and do not delete the -wal (it may hold committed writes)",
                     companion.display()
                 )));
             }
