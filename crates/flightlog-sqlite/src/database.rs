@@ -38,6 +38,7 @@ use crate::rows::KeyNames;
 use crate::schema;
 use crate::side_files::{side_file_path, NAME_MAX};
 use crate::span_id_filter::SpanIdFilterState;
+use crate::wal_room::WalRoom;
 
 /// How hard a commit is pushed to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -1052,8 +1053,14 @@ impl SqliteDatabase {
             .name("flightlog-watch".into())
             .spawn(move || watcher.run(alive))
             .map_err(|err| StoreError::Backend(format!("cannot start commit watcher: {err}")))?;
+        let wal_room = Arc::new(WalRoom::default());
+        let page_size: i64 = checkpoint_conn
+            .query_row("PRAGMA page_size", [], |row| row.get(0))
+            .map_err(backend)?;
         let checkpointer = Checkpointer {
             opened_files: Arc::clone(&opened_files),
+            wal_room: Arc::clone(&wal_room),
+            page_size: u64::try_from(page_size).unwrap_or(4096),
             conn: checkpoint_conn,
             stats: stats.clone(),
             data_version: None,
@@ -1096,6 +1103,7 @@ impl SqliteDatabase {
             frames_at_last_nudge: 0,
             frames_after_last_commit: 0,
             wal_hard_cap_frames: config.wal_hard_cap_frames.clamp(256, 1 << 20),
+            wal_room,
             stop: Arc::clone(&stop_writer),
             shutting_down: Arc::clone(&shutting_down),
             opened_files: Arc::clone(&opened_files),
@@ -1656,6 +1664,10 @@ struct Checkpointer {
     rewind_wanted: Arc<AtomicBool>,
     /// The `-wal` file, whose length a quiet pass checks (see `truncate_long_wal`).
     wal_path: PathBuf,
+    /// The WAL's share of the disk's room, measured here once a period (see `wal_room`).
+    wal_room: Arc<WalRoom>,
+    /// The database's page size: a WAL frame holds one page.
+    page_size: u64,
     /// The connection's busy timeout, restored after a truncation that must not wait.
     busy_timeout: Duration,
 }
@@ -1704,7 +1716,7 @@ impl Checkpointer {
         let Some(mut frames) = self.passive_checkpoint() else {
             return;
         };
-        if frames <= Self::WAL_RESTART_FRAMES {
+        if frames <= Self::WAL_RESTART_FRAMES.min(self.wal_room.frames() / 2) {
             return;
         }
         // The writer's `RESTART` copies and syncs whatever this pass did not: the frames
@@ -1754,8 +1766,12 @@ impl Checkpointer {
     /// is none (the request then stayed pending, and with it every checkpoint, until the next
     /// write).
     fn truncate_long_wal(&self) {
-        let long =
-            std::fs::metadata(&self.wal_path).is_ok_and(|meta| meta.len() > Self::QUIET_WAL_BYTES);
+        // On a disk with little room, a quarter of the WAL's share of it.
+        let room_bytes = u64::try_from(self.wal_room.frames())
+            .unwrap_or(0)
+            .saturating_mul(self.page_size);
+        let quiet_len = Self::QUIET_WAL_BYTES.min(room_bytes / 4);
+        let long = std::fs::metadata(&self.wal_path).is_ok_and(|meta| meta.len() > quiet_len);
         if !long || self.conn.busy_timeout(Duration::ZERO).is_err() {
             return;
         }
@@ -1820,6 +1836,8 @@ impl Checkpointer {
             if self.opened_files.wal_newly_lost() {
                 self.secure_lost_wal();
             }
+            // And a `statvfs`: how long the WAL may grow on its disk.
+            self.wal_room.measure(&self.wal_path, self.page_size);
             idle_looks = if self.anyone_committed() {
                 0
             } else {
@@ -1985,6 +2003,9 @@ struct GroupCommitWriter {
     frames_after_last_commit: i64,
     /// `SqliteConfig::wal_hard_cap_frames`, clamped.
     wal_hard_cap_frames: i64,
+    /// The WAL's share of the disk's room (see `wal_room`): the hard cap and the nudges come
+    /// sooner on a disk with little free space.
+    wal_room: Arc<WalRoom>,
     /// Set by [`SqliteDatabase::close`]: stop after the current group.
     stop: Arc<AtomicBool>,
     /// Set by [`SqliteDatabase::shutting_down`] (see there).
@@ -2530,7 +2551,8 @@ impl GroupCommitWriter {
     /// the rewind): the WAL cannot be rewound past it, so the writer goes on, and tries again
     /// after a pause, briefly, as under the cap.
     fn rewind_wal_if_asked(&mut self) {
-        let over_cap = self.frames_after_last_commit > self.wal_hard_cap_frames;
+        let over_cap =
+            self.frames_after_last_commit > self.wal_hard_cap_frames.min(self.wal_room.frames());
         if over_cap {
             self.rewind_wanted.store(true, Ordering::Release);
         }
@@ -2863,7 +2885,8 @@ impl GroupCommitWriter {
             // The WAL was rewound since: count from its start.
             self.frames_at_last_nudge = 0;
         }
-        if frames - self.frames_at_last_nudge >= Self::FRAMES_PER_CHECKPOINT {
+        let every = Self::FRAMES_PER_CHECKPOINT.min(self.wal_room.frames() / 4);
+        if frames - self.frames_at_last_nudge >= every {
             self.frames_at_last_nudge = frames;
             let _ = self.checkpoint_nudge.try_send(());
         }

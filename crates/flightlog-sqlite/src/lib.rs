@@ -25,6 +25,7 @@ mod run_roots;
 mod schema;
 mod side_files;
 mod span_id_filter;
+mod wal_room;
 
 pub use activity::SqliteActivityStore;
 pub use database::{
