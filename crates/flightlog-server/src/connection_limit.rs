@@ -294,13 +294,79 @@ fn millis_since(epoch: Instant) -> u64 {
     u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A connection's hyper service that counts each request in flight from the moment hyper hands
+/// it over (`call`) until its answer's body is done ([`InFlightBody`]). Not from the first poll
+/// of its future (as a tower layer inside hyper-util's adapter would, which calls the tower
+/// service lazily): hyper reads on before it polls, and a client's EOF read right behind its
+/// request found no request in flight, so it was passed on and the request dropped unanswered
+/// (see `half_close`).
+#[derive(Debug, Clone)]
+pub struct CountedService<S> {
+    inner: S,
+    activity: Arc<ConnectionActivity>,
+}
+
+impl<S> CountedService<S> {
+    /// `inner`, counting its requests on `activity`.
+    pub fn new(inner: S, activity: Arc<ConnectionActivity>) -> Self {
+        Self { inner, activity }
+    }
+}
+
+impl<S, Req, B> hyper::service::Service<Req> for CountedService<S>
+where
+    S: hyper::service::Service<Req, Response = axum::http::Response<B>>,
+{
+    type Response = axum::http::Response<InFlightBody<B>>;
+    type Error = S::Error;
+    type Future = Counted<S::Future>;
+
+    fn call(&self, request: Req) -> Self::Future {
+        let in_flight = self.activity.begin();
+        Counted {
+            future: self.inner.call(request),
+            in_flight: Some(in_flight),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of a [`CountedService`] request: the answer with its in-flight mark.
+    pub struct Counted<F> {
+        #[pin]
+        future: F,
+        in_flight: Option<InFlight>,
+    }
+}
+
+impl<F, B, E> std::future::Future for Counted<F>
+where
+    F: std::future::Future<Output = Result<axum::http::Response<B>, E>>,
+{
+    type Output = Result<axum::http::Response<InFlightBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let answer = std::task::ready!(this.future.poll(cx));
+        // Taken once: a future is not polled after it is ready. (Were it, the answer would
+        // only lose its mark.)
+        let in_flight = this.in_flight.take();
+        Poll::Ready(answer.map(|response| {
+            response.map(|body| InFlightBody {
+                body,
+                _in_flight: in_flight,
+            })
+        }))
+    }
+}
+
 /// An answer's body that keeps its request in flight until hyper has taken its last piece (or
 /// dropped it): a live stream's connection is busy for as long as the stream runs, though its
 /// handler returned at once.
 #[derive(Debug)]
 pub struct InFlightBody<B> {
     body: B,
-    _in_flight: InFlight,
+    _in_flight: Option<InFlight>,
 }
 
 impl<B> InFlightBody<B> {
@@ -308,7 +374,7 @@ impl<B> InFlightBody<B> {
     pub fn new(body: B, in_flight: InFlight) -> Self {
         Self {
             body,
-            _in_flight: in_flight,
+            _in_flight: Some(in_flight),
         }
     }
 }

@@ -17,9 +17,11 @@
 //! - no request is in flight (between requests: the client closed, hyper closes);
 //! - the answer in flight is a live stream (`text/event-stream`): a stream's client that closes
 //!   is gone, and its stream ends at once, as before;
-//! - the request's body is still awaited ([`WatchedBody`] saw its reader wait for more): the
-//!   client closed in the middle of its body, an aborted upload, which hyper reports to the
-//!   handler as an incomplete body.
+//! - the request's body is still awaited after the EOF ([`WatchedBody`] saw its reader wait
+//!   for more once the EOF was read, woken for it): the client closed in the middle of its
+//!   body, an aborted upload, which hyper reports to the handler as an incomplete body. (hyper
+//!   reads a body's last bytes and the EOF behind them in one pass, before the handler takes
+//!   those bytes: a reader that waited before the EOF says nothing yet.)
 //!
 //! A client that closed its connection whole is told apart from one that half-closed only by
 //! writing to it; its answer is written and lost, as a client that leaves is.
@@ -46,10 +48,13 @@ struct EofState {
     seen: bool,
     /// The answer in flight is a live stream.
     streaming: bool,
-    /// The request in flight waits for more of its body.
-    body_awaited: bool,
+    /// The request in flight waited for more of its body after the EOF was read.
+    body_cut: bool,
     /// The reader holding the EOF back, to wake when it may pass it on.
     reader: Option<Waker>,
+    /// The task reading the request's body, waiting for more of it: woken when the EOF is
+    /// read, to say whether the body is whole.
+    body_reader: Option<Waker>,
 }
 
 impl EofWatch {
@@ -64,7 +69,8 @@ impl EofWatch {
     pub(crate) fn request_began(&self) {
         let mut state = self.state();
         state.streaming = false;
-        state.body_awaited = false;
+        state.body_cut = false;
+        state.body_reader = None;
     }
 
     /// The connection's last request in flight ended: a held EOF may pass.
@@ -79,15 +85,16 @@ impl EofWatch {
         self.wake_reader(state);
     }
 
-    /// Whether the request in flight waits for more of its body (a held EOF then passes: the
-    /// body will never come whole).
-    fn body_awaited(&self, awaited: bool) {
+    /// The request's body reader waits for more of it (`waker`'s task): after the EOF, the body
+    /// will never come whole, and the held EOF passes; before it, the reader is woken when the
+    /// EOF comes, to look again.
+    fn body_awaited(&self, waker: &Waker) {
         let mut state = self.state();
-        if state.body_awaited != awaited {
-            state.body_awaited = awaited;
-            if awaited {
-                self.wake_reader(state);
-            }
+        if state.seen {
+            state.body_cut = true;
+            self.wake_reader(state);
+        } else {
+            state.body_reader = Some(waker.clone());
         }
     }
 
@@ -110,8 +117,13 @@ impl EofWatch {
     fn hold(&self, busy: impl Fn() -> bool, waker: &Waker) -> bool {
         let mut state = self.state();
         state.seen = true;
-        let hold = !state.streaming && !state.body_awaited && busy();
+        let hold = !state.streaming && !state.body_cut && busy();
         state.reader = hold.then(|| waker.clone());
+        let body_reader = state.body_reader.take();
+        drop(state);
+        if let Some(body_reader) = body_reader {
+            body_reader.wake();
+        }
         hold
     }
 }
@@ -203,7 +215,9 @@ impl<B: http_body::Body + Unpin> http_body::Body for WatchedBody<B> {
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
         let this = self.get_mut();
         let frame = Pin::new(&mut this.body).poll_frame(cx);
-        this.activity.eof().body_awaited(frame.is_pending());
+        if frame.is_pending() {
+            this.activity.eof().body_awaited(cx.waker());
+        }
         frame
     }
 

@@ -84,7 +84,7 @@ use tower::ServiceExt;
 use tower_http::limit::RequestBodyLimitLayer;
 
 use crate::connection_limit::{
-    ConnectionActivity, ConnectionOfRequest, InFlightBody, EVICTION_GRACE,
+    ConnectionActivity, ConnectionOfRequest, CountedService, EVICTION_GRACE,
 };
 
 pub use auth::{AuthConfig, Scope, Scopes};
@@ -273,7 +273,7 @@ where
         let guarded = write_stall::StallGuard::new(stream, write_stall_limit, slots.stall_count());
         match protocol {
             Protocol::Http1 => {
-                let service = tracked_service(&router, slot.activity());
+                let service = tracked_service(&router, slot.activity(), true);
                 let io = TokioIo::new(parse_error_body::ParseErrorBody::new(
                     half_close::HalfCloseReader::new(guarded, Arc::clone(slot.activity())),
                     unparsed.clone(),
@@ -295,7 +295,7 @@ where
                 });
             }
             Protocol::Http2 => {
-                let service = tracked_service(&router, slot.activity());
+                let service = tracked_service(&router, slot.activity(), false);
                 let io = TokioIo::new(guarded);
                 let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
                 builder
@@ -338,55 +338,71 @@ where
     Ok(())
 }
 
-/// An answer whose body keeps its request in flight on its connection until written.
-type TrackedResponse = axum::http::Response<InFlightBody<Body>>;
+/// The answer of the router to one request.
+type RouterAnswer = Result<axum::http::Response<Body>, Infallible>;
+
+/// The router with a connection's own request and answer steps (see [`tracked_service`]).
+trait RouterService:
+    tower::Service<
+        Request<Incoming>,
+        Response = axum::http::Response<Body>,
+        Error = Infallible,
+        Future: Future<Output = RouterAnswer> + Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> RouterService for S where
+    S: tower::Service<
+            Request<Incoming>,
+            Response = axum::http::Response<Body>,
+            Error = Infallible,
+            Future: Future<Output = RouterAnswer> + Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
 
 /// The router as one connection's hyper service: each request marks its start on `activity`
-/// when the service is called and its end when hyper has taken the answer's body's last piece
-/// or dropped it (a live stream is in flight for as long as it runs), so the connection limit
-/// can tell an idle connection from a busy one and the HTTP/2 idle timeout can see when the
-/// last request ended.
+/// when hyper calls the service (`CountedService`: before hyper reads on, so a client's EOF
+/// read right behind its request finds it in flight) and its end when hyper has taken the
+/// answer's body's last piece or dropped it (a live stream is in flight for as long as it
+/// runs), so the connection limit can tell an idle connection from a busy one and the HTTP/2
+/// idle timeout can see when the last request ended.
 fn tracked_service(
     router: &Router,
     activity: &Arc<ConnectionActivity>,
-) -> TowerToHyperService<
-    impl tower::Service<
-            Request<Incoming>,
-            Response = TrackedResponse,
-            Error = Infallible,
-            Future = impl Future<Output = Result<TrackedResponse, Infallible>> + Send + 'static,
-        > + Clone
-        + Send
-        + 'static,
-> {
+    watch_bodies: bool,
+) -> CountedService<TowerToHyperService<impl RouterService>> {
     let of_requests = ConnectionOfRequest::new(Arc::clone(activity));
     let of_bodies = Arc::clone(activity);
-    let activity = Arc::clone(activity);
-    TowerToHyperService::new(
+    let of_answers = Arc::clone(activity);
+    let service = TowerToHyperService::new(
         router
             .clone()
             .map_request(move |request: Request<Incoming>| {
-                let of_body = Arc::clone(&of_bodies);
-                let mut request =
-                    request.map(|body| Body::new(half_close::WatchedBody::new(body, of_body)));
+                // Only an HTTP/1 connection's EOF is held back (see `half_close`).
+                let mut request = if watch_bodies {
+                    let of_body = Arc::clone(&of_bodies);
+                    request.map(|body| Body::new(half_close::WatchedBody::new(body, of_body)))
+                } else {
+                    request.map(Body::new)
+                };
                 request.extensions_mut().insert(of_requests.clone());
                 request
             })
-            .map_future(move |answer| {
-                let in_flight = activity.begin();
-                let activity = Arc::clone(&activity);
-                async move {
-                    let answer = answer.await;
-                    answer.map(|response| {
-                        // A client that closes during a live stream is gone: its EOF passes.
-                        if crate::sse::is_event_stream(response.headers()) {
-                            activity.eof().answer_is_stream();
-                        }
-                        response.map(|body| InFlightBody::new(body, in_flight))
-                    })
+            .map_response(move |response: axum::http::Response<Body>| {
+                // A client that closes during a live stream is gone: its EOF passes.
+                if crate::sse::is_event_stream(response.headers()) {
+                    of_answers.eof().answer_is_stream();
                 }
+                response
             }),
-    )
+    );
+    CountedService::new(service, Arc::clone(activity))
 }
 
 /// How a connection's serving came to an end, short of the connection ending by itself.
