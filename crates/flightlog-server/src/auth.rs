@@ -380,11 +380,8 @@ pub(crate) fn check_token(
     route: Option<&str>,
 ) -> Result<bool, ApiError> {
     let auth = &state.config().auth;
-    crate::browser_guard::check(
-        request.headers(),
-        !auth.is_enabled() && state.config().loopback_names_only,
-    )?;
     if !auth.is_enabled() {
+        crate::browser_guard::check(request.headers(), state.config().loopback_names_only)?;
         return Ok(true);
     }
     // A method its route does not serve gets the router's 405 with any token, as a path no

@@ -13,20 +13,24 @@
 //! - a request whose `Origin` is not the server's own (the scheme's host and port against the
 //!   request's `Host`), or is `null` (a sandboxed page, a file): browsers send `Origin` on every
 //!   cross-origin request and on every `POST`, other clients do not send it at all;
-//! - on a server without tokens that listens on loopback only (the only way one starts without
+//! - on a server that listens on loopback only (the only way one starts without
 //!   `allow_unauthenticated_non_loopback`), a request whose `Host` is a dotted DNS name other
-//!   than a `*.localhost` one: local clients address it by an IP address, `localhost` or a
-//!   name of the machine's own (`/etc/hosts`, one label), a rebinding page by a name of a
-//!   domain its site controls, which has a dot. A server with tokens is safe from both without
-//!   this (a page cannot send a token it does not have).
+//!   than a `*.localhost` one, `localhost.localdomain` or `host.docker.internal` (Docker
+//!   Desktop's name of the host for its containers): local clients address it by an IP
+//!   address, `localhost` or a name of the machine's own (`/etc/hosts`, one label), a
+//!   rebinding page by a name of a domain its site controls, which has a dot.
+//!
+//! Both only on a server without tokens: one with tokens is safe from both without them (a
+//! page cannot send a token it does not have), and a page of its own behind a proxy that
+//! rewrites `Host` must not be refused.
 
 use axum::http::header::{HOST, ORIGIN};
 use axum::http::HeaderMap;
 
 use crate::error::ApiError;
 
-/// Refuse a request a web page made a browser send (see the module's doc).
-/// `loopback_names_only`: the server has no tokens and listens on loopback only.
+/// Refuse a request a web page made a browser send to a server without tokens (see the
+/// module's doc). `loopback_names_only`: it listens on loopback only.
 pub(crate) fn check(headers: &HeaderMap, loopback_names_only: bool) -> Result<(), ApiError> {
     let host = headers.get(HOST).and_then(|host| host.to_str().ok());
     if let Some(origin) = headers.get(ORIGIN) {
@@ -48,7 +52,8 @@ pub(crate) fn check(headers: &HeaderMap, loopback_names_only: bool) -> Result<()
                      an IP address, localhost or a name without a dot, not as {}: a web page \
                      can reach a loopback server through a name of its own site that resolves \
                      here (DNS rebinding); address it as 127.0.0.1 or localhost, or configure \
-                     a token (--token) to serve it under other names",
+                     a token (--token), or start it with --allow-unauthenticated-non-loopback, \
+                     to serve it under other names",
                     flightlog_core::json_text::echoed(host)
                 )));
             }
@@ -98,9 +103,6 @@ fn host_name(host: &str) -> &str {
 /// `/etc/hosts`: no site on the internet can make one resolve to this machine) or a
 /// `*.localhost` name (RFC 6761: resolved to loopback, never by DNS).
 fn is_local_name(name: &str) -> bool {
-    if name.parse::<std::net::Ipv4Addr>().is_ok() {
-        return true;
-    }
     if let Some(v6) = name
         .strip_prefix('[')
         .and_then(|rest| rest.strip_suffix(']'))
@@ -108,7 +110,15 @@ fn is_local_name(name: &str) -> bool {
         return v6.parse::<std::net::Ipv6Addr>().is_ok();
     }
     let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
-    !name.contains('.') || name.ends_with(".localhost")
+    // Digits and dots: an IPv4 address in any of the forms a browser reads as one (`127.1`),
+    // never a DNS name a site could make resolve here.
+    !name.contains('.')
+        || name
+            .bytes()
+            .all(|byte| byte.is_ascii_digit() || byte == b'.')
+        || name.ends_with(".localhost")
+        || name == "localhost.localdomain"
+        || name == "host.docker.internal"
 }
 
 #[cfg(test)]
@@ -135,6 +145,10 @@ mod tests {
             headers(&[(HOST, "[::1]:4318")]),
             headers(&[(HOST, "10.0.0.5")]),
             headers(&[(HOST, "otel-collector:4318")]),
+            headers(&[(HOST, "127.1:4318")]),
+            headers(&[(HOST, "127.0.0.1.:4318")]),
+            headers(&[(HOST, "host.docker.internal:4318")]),
+            headers(&[(HOST, "localhost.localdomain")]),
             headers(&[]),
             headers(&[(HOST, "127.0.0.1:4318"), (ORIGIN, "http://127.0.0.1:4318")]),
             headers(&[(HOST, "localhost"), (ORIGIN, "http://LocalHost:80")]),
@@ -163,7 +177,7 @@ mod tests {
                 "{request:?}"
             );
         }
-        // With tokens (or exposed on purpose) any name is served; an Origin still is checked.
+        // Exposed on purpose, any name is served; an Origin still is checked.
         assert!(check(&headers(&[(HOST, "box.lan:4318")]), false).is_ok());
         assert!(check(
             &headers(&[(HOST, "box.lan:4318"), (ORIGIN, "http://box.lan:4318")]),

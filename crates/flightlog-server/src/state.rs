@@ -55,8 +55,9 @@ pub struct ServerConfig {
     /// to make room for a new one, which waits while every one is busy (see
     /// [`crate::connection_limit`]).
     pub max_connections: usize,
-    /// Without tokens, answer only requests that address the server as `localhost` or by an IP
-    /// address (a web page's own name resolved to loopback is refused: see `browser_guard`).
+    /// Without tokens, answer only requests that address the server by an IP address,
+    /// `localhost` or another local name (a web page's own name resolved to loopback is
+    /// refused: see `browser_guard`).
     /// On (the default) but for a server exposed without tokens on purpose
     /// (`allow_unauthenticated_non_loopback`).
     pub loopback_names_only: bool,
