@@ -17,6 +17,7 @@ use serde_json::{Map, Value};
 
 use crate::facts::{as_str, first_of, Facts};
 use crate::prices::{cost_usd, to_nano_dollar, ModelPrice, PriceTable, TokenCounts};
+use flightlog_core::activity::pricing::count_cache_into_input;
 
 /// Where a span's cost came from; recorded in its attrs.
 #[derive(Debug, Clone, PartialEq)]
@@ -215,24 +216,6 @@ fn non_empty_str(value: &AnyValue) -> Option<&str> {
 }
 
 /// The usage of a span with these attributes, and where its cost came from.
-/// Input tokens *include* cached ones in flightlog (the GenAI and OpenInference convention),
-/// but some producers report Anthropic's raw count, which excludes them (Logfire's Anthropic
-/// integration, the Claude Agent SDK, Strands: input 3 next to a cache read of 7,166). When the
-/// cached counts exceed the input count, the input cannot include them: they are added to it,
-/// so the run's input and the computed cost are right. (A count that excludes the cache but is
-/// still the larger cannot be told apart, and is read as including it.)
-fn count_cache_into_input(tokens: &mut TokenCounts) {
-    let cached = tokens
-        .cache_read
-        .unwrap_or(0)
-        .saturating_add(tokens.cache_creation.unwrap_or(0));
-    if let Some(input) = tokens.input {
-        if cached > input {
-            tokens.input = Some(input.saturating_add(cached));
-        }
-    }
-}
-
 pub(crate) fn span_usage(
     facts: &Facts<'_>,
     prices: &PriceTable,

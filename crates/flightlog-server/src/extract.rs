@@ -445,7 +445,7 @@ fn query_error_text(text: &str) -> String {
     // An unknown value of a parameter with a fixed set ("outcome: unknown SpanOutcome
     // \"bogus\", expected one of [...]"): only the client's value is cut, never the list of the
     // values to give (it was cut with the rest, the fix lost).
-    if let Some((given, expected)) = detail.split_once(", expected one of ") {
+    if let Some((given, expected)) = detail.rsplit_once(", expected one of ") {
         return format!(
             "bad query parameter {}, expected one of {expected}",
             flightlog_core::json_text::echoed(given)

@@ -16,10 +16,11 @@
 //! stream's snapshot event too: its data goes out in the same chunks, see `sse`). A run
 //! snapshot (`GET /v1/activity/runs/{runId}/snapshot`, a run stream's first event) takes the
 //! store's estimate of its size ([`ActivityStore::snapshot_size_estimate`], from stored sizes,
-//! without reading the values) *before* it is read, set to its real size once serialized; the
-//! other large responses (change pages, listings, open and stuck roots, journal reads) are
-//! bounded in count by their limits and by the store's places for long reads, and are charged
-//! once serialized. When the budget is taken, the request waits up to [`BUDGET_WAIT`], then
+//! without reading the values) *before* it is read, set to its real size once serialized; a
+//! change page is read in parts and holds its size so far and two parts more before each part
+//! after its first (and stops at 32 MiB: each change repeats its span's row); the other large
+//! responses (listings, open and stuck roots, journal reads) are bounded in count by their
+//! limits and by the store's places for long reads, and are charged once serialized. When the budget is taken, the request waits up to [`BUDGET_WAIT`], then
 //! gets `503 unavailable` with `Retry-After` (a snapshot: before anything is read, unless its
 //! estimate was low): what slow and simultaneous clients cost is bounded, and nobody else waits
 //! on them for long; a client that reads nothing at all is disconnected after the write-stall

@@ -32,7 +32,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use flightlog_core::activity::pricing::{cost_usd, TokenCounts};
+use flightlog_core::activity::pricing::{cost_usd, count_cache_into_input, TokenCounts};
 use flightlog_core::activity::{
     cap_payload, CappedPayload, ImportRejection, ImportReport, ImportedAttrs, ImportedSpan,
     JsonObject, RollupSpan, SpanKind, SpanUsage, StoreError, COST_SOURCE_ATTR,
@@ -401,7 +401,7 @@ fn complete_open_span(
             .as_deref(),
     );
     let mut attrs_now = held_attrs.clone();
-    let cost = completed_cost(span, &held, update, &mut attrs_now);
+    let (cost, input_tokens) = completed_cost(span, &held, update, &mut attrs_now);
     let attrs = StoredAttrs::pack(attrs_text(&attrs_now), ctx.codec);
     let end = span.end.as_ref();
     // ?18: the delivery's parent. A span this importer announced takes it, as it takes the
@@ -442,7 +442,7 @@ fn complete_open_span(
                 end.map(|end| end.ended_at),
                 end.map(|end| end.outcome.as_str()),
                 end.and_then(|end| end.reason.as_deref()),
-                span.usage.input_tokens,
+                input_tokens,
                 span.usage.output_tokens,
                 span.usage.cache_read_tokens,
                 span.usage.cache_creation_tokens,
@@ -504,9 +504,9 @@ fn held_count(held: &[SqlValue], index: usize) -> Option<i64> {
 /// [`open_span_fields`]' index of `cost_usd`.
 const HELD_COST: usize = 4;
 
-/// The cost to write for an open span completed (or refreshed) by `span` (`None`: the held one
-/// stays), with `attrs` (the held attrs) updated by the delivery's `update` so they say where
-/// the cost came from:
+/// The cost and the input count to write for an open span completed (or refreshed) by `span`
+/// (`None`: the held one stays), with `attrs` (the held attrs) updated by the delivery's
+/// `update` so they say where the cost came from:
 /// - a reported cost in the delivery replaces the held one (a price-table version an earlier
 ///   priced delivery left is dropped with it);
 /// - a cost the delivery priced from its own counts: a held cost that was not priced (reported
@@ -516,12 +516,17 @@ const HELD_COST: usize = 4;
 ///   input tokens completed by a copy that carries only the output count cost 0.000006 USD for
 ///   0.015006 USD of tokens);
 /// - no cost in the delivery: the held cost stays.
+///
+/// Priced, the input count is that of the counts priced: cached counts larger than the input
+/// are added to it as the importer adds them within one delivery (an announcement's raw
+/// Anthropic input of 100 beside a final copy's cache read of 5,000 was priced as no uncached
+/// input at all).
 fn completed_cost(
     span: &ImportedSpan,
     held: &[SqlValue],
     update: &JsonObject,
     attrs: &mut JsonObject,
-) -> Option<f64> {
+) -> (Option<f64>, Option<i64>) {
     let held_cost = matches!(
         held.get(HELD_COST),
         Some(SqlValue::Real(_) | SqlValue::Integer(_))
@@ -535,24 +540,28 @@ fn completed_cost(
         }
         attrs.insert(key.clone(), value.clone());
     }
-    let cost = span.usage.cost_usd?;
+    let input = span.usage.input_tokens;
+    let Some(cost) = span.usage.cost_usd else {
+        return (None, input);
+    };
     let Some(prices) = span.priced_at else {
         if !update.contains_key(PRICE_TABLE_ATTR) {
             attrs.remove(PRICE_TABLE_ATTR);
         }
-        return Some(cost);
+        return (Some(cost), input);
     };
     if keep_held {
-        return None;
+        return (None, input);
     }
     let usage = &span.usage;
-    let counts = TokenCounts {
+    let mut counts = TokenCounts {
         input: usage.input_tokens.or_else(|| held_count(held, 0)),
         output: usage.output_tokens.or_else(|| held_count(held, 1)),
         cache_read: usage.cache_read_tokens.or_else(|| held_count(held, 2)),
         cache_creation: usage.cache_creation_tokens.or_else(|| held_count(held, 3)),
     };
-    Some(cost_usd(counts, &prices))
+    count_cache_into_input(&mut counts);
+    (Some(cost_usd(counts, &prices)), counts.input)
 }
 
 /// The events a span already holds (payloads decoded, so a payload compressed with another

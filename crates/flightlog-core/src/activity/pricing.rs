@@ -73,3 +73,21 @@ pub fn cost_usd(tokens: TokenCounts, price: &ModelPrice) -> f64 {
 pub fn to_nano_dollar(usd: f64) -> f64 {
     (usd * 1e9).round() / 1e9
 }
+
+/// Input tokens *include* cached ones in flightlog (the GenAI and OpenInference convention),
+/// but some producers report Anthropic's raw count, which excludes them (Logfire's Anthropic
+/// integration, the Claude Agent SDK, Strands: input 3 next to a cache read of 7,166). When the
+/// cached counts exceed the input count, the input cannot include them: they are added to it,
+/// so the run's input and the computed cost are right. (A count that excludes the cache but is
+/// still the larger cannot be told apart, and is read as including it.)
+pub fn count_cache_into_input(tokens: &mut TokenCounts) {
+    let cached = tokens
+        .cache_read
+        .unwrap_or(0)
+        .saturating_add(tokens.cache_creation.unwrap_or(0));
+    if let Some(input) = tokens.input {
+        if cached > input {
+            tokens.input = Some(input.saturating_add(cached));
+        }
+    }
+}

@@ -617,11 +617,12 @@ async fn changes_since(
             cut = true;
             break;
         }
-        if reserved.is_none() {
-            // Before more is read: a page this large waits for its room (503 when it stays
-            // taken) with nothing more held than the part read.
-            reserved = budget.reserve(CHANGE_PAGE_MAX_BYTES).await?;
-        }
+        // Before more is read: room for the page so far and two parts more (a part may pass
+        // its bound by a change), waited for as any large answer's (503 when it stays taken).
+        // A page still small after it ends with the log gives it back.
+        reserved = budget
+            .settle(reserved, page.len() + 2 * CHANGE_PAGE_PART_BYTES)
+            .await?;
     }
     let horizon = store.change_log_horizon().await?;
     let mut response = budget.serialized(page.finish(), reserved).await?;
@@ -641,7 +642,8 @@ const CHANGE_PAGE_PART_BYTES: usize = 1 << 20;
 /// once per change: 200 patches of one span with 1 MB of attrs, a 2 MB database, made a
 /// 201 MB page, read and serialized whole before the budget of large answers was asked (six
 /// such requests at once took the server to 1.4 GB; at 10,000 changes one page would be
-/// tens of GB). A page past its first part takes this much of the budget before it reads on.
+/// tens of GB). A page that reads past its first part holds its size so far and two parts
+/// more of the budget before each read.
 const CHANGE_PAGE_MAX_BYTES: usize = 32 << 20;
 /// The header of a change page cut short of its `limit` by [`CHANGE_PAGE_MAX_BYTES`].
 pub(crate) const PAGE_CUT: &str = "flightlog-page-cut";

@@ -1845,8 +1845,33 @@ async fn an_open_span_completed_by_a_copy_short_of_counts_is_priced_on_all_it_ho
             attr("gen_ai.usage.cost", any_value::Value::DoubleValue(0.25)),
         ],
     );
-    export(&server, vec![reported_announcement, priced_then_reported]).await;
-    export(&server, vec![output_only, priced_copy, reported_copy]).await;
+    // Anthropic's raw input (cache excluded) announced, the cache read in the final copy: the
+    // cache is counted into the input over the merged counts, as within one delivery.
+    let claude = || text("gen_ai.request.model", "claude-sonnet-4-20250514");
+    let raw_input = announced(
+        4,
+        vec![chat(), claude(), int("gen_ai.usage.input_tokens", 100)],
+    );
+    let cache_copy = otlp_span(
+        4,
+        0,
+        1_004,
+        vec![
+            chat(),
+            claude(),
+            int("gen_ai.usage.cache_read_input_tokens", 5_000),
+        ],
+    );
+    export(
+        &server,
+        vec![reported_announcement, priced_then_reported, raw_input],
+    )
+    .await;
+    export(
+        &server,
+        vec![output_only, priced_copy, reported_copy, cache_copy],
+    )
+    .await;
 
     let span = |n: u8| {
         let server = &server;
@@ -1876,6 +1901,12 @@ async fn an_open_span_completed_by_a_copy_short_of_counts_is_priced_on_all_it_ho
         None,
         "{second}"
     );
+
+    let fourth = span(4).await;
+    assert_eq!(fourth["usage"]["inputTokens"], 5_100, "{fourth}");
+    assert_eq!(fourth["usage"]["cacheReadTokens"], 5_000, "{fourth}");
+    // 100 uncached × $3 + 5,000 cached × $0.30, per million.
+    assert_eq!(fourth["usage"]["costUsd"], 0.0018, "{fourth}");
 
     let third = span(3).await;
     assert_eq!(third["usage"]["costUsd"], 0.25, "{third}");
