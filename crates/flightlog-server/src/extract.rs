@@ -446,10 +446,15 @@ fn query_error_text(text: &str) -> String {
     // \"bogus\", expected one of [...]"): only the client's value is cut, never the list of the
     // values to give (it was cut with the rest, the fix lost).
     if let Some((given, expected)) = detail.rsplit_once(", expected one of ") {
-        return format!(
-            "bad query parameter {}, expected one of {expected}",
-            flightlog_core::json_text::echoed(given)
-        );
+        // The value between its quotes is cut, the quotes kept (`unknown SpanOutcome "yyy…"`).
+        let given = match given.split_once('"') {
+            Some((head, quoted)) if quoted.len() > 1 && quoted.ends_with('"') => format!(
+                "{head}\"{}\"",
+                flightlog_core::json_text::echoed(&quoted[..quoted.len() - 1])
+            ),
+            _ => flightlog_core::json_text::echoed(given).to_string(),
+        };
+        return format!("bad query parameter {given}, expected one of {expected}");
     }
     format!(
         "bad query parameter {}",

@@ -1631,6 +1631,14 @@ async fn blank_query_parameters_count_as_absent_and_unknown_ones_are_refused() {
         let message = reply.body["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains(said), "{path}: {message}");
     }
+    // A long value is cut between its quotes, which stay.
+    let long = format!("/v1/activity/runs?outcome={}", "y".repeat(300));
+    let reply = server.get(&long).await;
+    let message = reply.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(r#"…", expected one of ["success""#) && message.len() < 300,
+        "{message}"
+    );
     server.stop().await;
 }
 
