@@ -265,13 +265,15 @@ async fn send_then_half_close(server: &TestServer, request: &[u8]) -> String {
 #[tokio::test]
 async fn a_client_that_half_closes_after_its_request_gets_its_answer() {
     let server = TestServer::start().await;
-    for n in 0..10 {
-        let body = format!(r#"{{"type":"note","at":{n},"data":{{"n":{n}}}}}"#);
-        let request = format!(
+    let append = |body: String| {
+        format!(
             "POST /v1/engagements/half/events HTTP/1.1\r\nhost: test\r\n\
              content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
-        );
+        )
+    };
+    for n in 0..10 {
+        let request = append(format!(r#"{{"type":"note","at":{n},"data":{{"n":{n}}}}}"#));
         let answer = send_then_half_close(&server, request.as_bytes()).await;
         assert!(answer.starts_with("HTTP/1.1 201"), "append {n}: {answer:?}");
         assert!(
@@ -282,15 +284,10 @@ async fn a_client_that_half_closes_after_its_request_gets_its_answer() {
     // A body far larger than one read (the review's case: hyper reads its last bytes and the
     // EOF in one pass, before the handler has taken them): answered too.
     for n in 10..13 {
-        let body = format!(
+        let request = append(format!(
             r#"{{"type":"note","at":{n},"data":{{"n":{n},"pad":"{}"}}}}"#,
             "p".repeat(300_000)
-        );
-        let request = format!(
-            "POST /v1/engagements/half/events HTTP/1.1\r\nhost: test\r\n\
-             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        );
+        ));
         let answer = send_then_half_close(&server, request.as_bytes()).await;
         assert!(answer.starts_with("HTTP/1.1 201"), "append {n}: {answer:?}");
     }

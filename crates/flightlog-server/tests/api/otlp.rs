@@ -1327,12 +1327,7 @@ async fn a_grpc_message_of_two_gzip_members_is_refused_and_stores_nothing() {
     use crate::otlp_fuzz::gzip;
     let first = gzip(&request(vec![root_span()]).encode_to_vec());
     let second = gzip(&request(vec![otlp_span(2, 1, 1_010, Vec::new())]).encode_to_vec());
-    let frame = |message: &[u8]| {
-        let mut frame = vec![1u8];
-        frame.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
-        frame.extend_from_slice(message);
-        frame
-    };
+    let frame = compressed_frame;
     for message in [
         [first.clone(), second].concat(),
         [first.clone(), b"garbage".to_vec()].concat(),
