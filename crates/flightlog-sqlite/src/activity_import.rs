@@ -156,6 +156,8 @@ struct ExistingSpan {
     terminal: bool,
     /// Written by this importer (the span's origin is the delivery's), not natively.
     same_origin: bool,
+    /// Stored as a root (no parent).
+    root: bool,
     attrs: Option<StoredAttrs>,
 }
 
@@ -165,8 +167,8 @@ fn existing_span(
     origin: &str,
 ) -> Result<Option<ExistingSpan>, StoreError> {
     ctx.statement(concat!(
-        "SELECT span_key, run_key, outcome IS NOT NULL, origin = ?2, attrs FROM activity_spans \
-                 WHERE span_key = ",
+        "SELECT span_key, run_key, outcome IS NOT NULL, origin = ?2, attrs, \
+                 parent_span_id IS NULL FROM activity_spans WHERE span_key = ",
         span_key_of!("?1")
     ))
     .and_then(|stmt| {
@@ -177,6 +179,7 @@ fn existing_span(
                 terminal: row.get(2)?,
                 same_origin: row.get(3)?,
                 attrs: row.get(4)?,
+                root: row.get(5)?,
             })
         })
         .optional()
@@ -564,6 +567,45 @@ fn completed_cost(
     (Some(cost_usd(counts, &prices)), counts.input)
 }
 
+/// A span this importer stored as a root while it ran (an announcement whose parent was not
+/// stored yet, or had ended), closed by the server since (its run closed, a stale sweep), whose
+/// completed copy now names its parent: it moves under that parent, as the completed copy of a
+/// span still open would have moved it (see [`complete_open_span`]). Its end and outcome stay
+/// (written once); the move is change-logged, and a rollup made from it as a root is dropped
+/// (the import rolls the run up again from its roots). Left a root was a run with two roots
+/// for good, the parent's id the copy named thrown away, and the run's name and outcome taken
+/// from the wrong root when their starts tied (an audit's finding). Only under a parent stored
+/// in the same run and not below the span itself (the walk of [`may_adopt`]). Whether it
+/// moved.
+fn place_closed_root(
+    ctx: &mut WriteContext<'_>,
+    span: &ImportedSpan,
+    parent: Option<&str>,
+    existing: &ExistingSpan,
+) -> Result<bool, StoreError> {
+    let Some(parent) = parent else {
+        return Ok(false);
+    };
+    if parent == span.span_id || !may_adopt(ctx, parent, &span.span_id, existing.run_key)? {
+        return Ok(false);
+    }
+    ctx.statement(
+        "UPDATE activity_spans SET parent_span_id = ?2, kind = ?3, last_heartbeat_at = NULL \
+         WHERE span_key = ?1",
+    )
+    .and_then(|stmt| {
+        stmt.execute(params![
+            existing.span_key,
+            parent,
+            kind_of(span, Some(parent)).as_str()
+        ])
+    })
+    .map_err(backend)?;
+    log_change(ctx, existing.run_key, existing.span_key, None)?;
+    remote_callers::forget_rollup_from(ctx, existing.run_key, existing.span_key)?;
+    Ok(true)
+}
+
 /// The events a span already holds (payloads decoded, so a payload compressed with another
 /// dictionary still matches its text). Only spans completed by a delivery are read this way.
 fn held_events(
@@ -833,6 +875,15 @@ fn import_each(
             // rows are no longer just the inserted ones.
             if let Some((_, run_spans, _)) = touched.get_mut(at) {
                 *run_spans = RunSpans::Stored;
+            }
+            if existing.terminal
+                && existing.same_origin
+                && existing.root
+                && span.end.is_some()
+                && place_closed_root(ctx, span, parent, &existing)?
+            {
+                report.completed += 1;
+                continue;
             }
             if existing.terminal {
                 report.unchanged += 1;

@@ -140,7 +140,7 @@ pub(crate) fn adopt(
 /// no root has ended). A digest left by `prune` stays, even one a later delivery refreshed from
 /// the moved root (a pruned run written to again: rare, and the digest is all that is left of
 /// the pruned detail).
-fn forget_rollup_from(
+pub(crate) fn forget_rollup_from(
     ctx: &mut WriteContext<'_>,
     run_key: i64,
     span_key: i64,

@@ -1912,3 +1912,65 @@ async fn an_open_span_completed_by_a_copy_short_of_counts_is_priced_on_all_it_ho
         "no price table priced the kept cost: {third}"
     );
 }
+
+/// A span announced open under a parent not stored yet is a root while it runs; closed by the
+/// server meanwhile (its run closed, a stale sweep), its completed copy, naming the parent now
+/// stored, was a repeated delivery: the run kept two roots for good and the parent the copy
+/// named was thrown away (an audit's finding). The copy now moves it under its parent, its
+/// outcome kept (written once), the move change-logged, and the run rolled up from its one
+/// root.
+#[tokio::test]
+async fn a_closed_provisional_root_moves_under_the_parent_its_completed_copy_names() {
+    let server = TestServer::start().await;
+    let mut announced = otlp_span(
+        2,
+        1,
+        1_010,
+        vec![text("gen_ai.operation.name", "execute_tool")],
+    );
+    announced.end_time_unix_nano = 0;
+    announced.status = None;
+    export(&server, vec![announced]).await;
+    let (_, tool) = get_json(&server, &format!("/v1/activity/spans/{}", hex(2))).await;
+    assert_eq!(
+        tool["parentSpanId"],
+        Value::Null,
+        "a root while its parent is not stored"
+    );
+    server
+        .post(
+            &format!("/v1/activity/runs/{TRACE_HEX}/close"),
+            &json!({"outcome": "cancelled", "reason": "closed by hand"}),
+        )
+        .await
+        .assert_status(200);
+    let (_, closed) = get_json(&server, &format!("/v1/activity/spans/{}", hex(2))).await;
+    let outcome = closed["outcome"].clone();
+    assert_ne!(outcome, Value::Null, "closed by the server: {closed}");
+
+    export(&server, vec![root_span()]).await;
+    let seq_path = format!("/v1/activity/runs/{TRACE_HEX}/seq");
+    let (_, before) = get_json(&server, &seq_path).await;
+    let answer = export(&server, vec![otlp_span(2, 1, 1_010, Vec::new())]).await;
+    assert_eq!(answer.partial_success, None);
+    let (_, moved) = get_json(&server, &format!("/v1/activity/spans/{}", hex(2))).await;
+    assert_eq!(moved["parentSpanId"], hex(1), "under its parent: {moved}");
+    assert_eq!(
+        moved["outcome"], outcome,
+        "the outcome is written once: {moved}"
+    );
+    let (_, after) = get_json(&server, &seq_path).await;
+    assert_eq!(
+        after["highWaterSeq"].as_i64(),
+        before["highWaterSeq"].as_i64().map(|seq| seq + 1),
+        "the move is one change"
+    );
+    let (_, rollup) = get_json(&server, &format!("/v1/activity/runs/{TRACE_HEX}/rollup")).await;
+    assert_eq!(rollup["name"], "span-1", "named by its one root: {rollup}");
+    assert_eq!(rollup["spanCount"], 2, "{rollup}");
+    // Sent again: nothing more.
+    export(&server, vec![otlp_span(2, 1, 1_010, Vec::new())]).await;
+    let (_, again) = get_json(&server, &seq_path).await;
+    assert_eq!(again, after);
+    server.stop().await;
+}
