@@ -10,10 +10,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use flightlog_core::activity::{
     cap_payload, ActivityChange, ActivityStore, ActivityWrite, ActivityWriteResult, CappedPayload,
-    ChangeBody, ChangeDoorbell, EndSpanInput, ImportReport, ImportedSpan, LogMovement, PayloadText,
-    PruneOptions, PruneResult, RunListQuery, RunPage, RunRollupRow, RunSnapshot, SpanEventRow,
-    SpanOutcome, SpanPatch, SpanRow, StartSpanInput, StoreError, TerminalRootChange,
-    DEFAULT_PRUNE_BATCH,
+    ChangeBody, ChangeDoorbell, EndSpanInput, ImportReport, ImportedSpan, LogMovement,
+    OpenRootsCursor, OpenRootsPart, PayloadText, PruneOptions, PruneResult, RunListQuery, RunPage,
+    RunRollupRow, RunSnapshot, SpanEventRow, SpanOutcome, SpanPatch, SpanRow, StartSpanInput,
+    StoreError, TerminalRootChange, DEFAULT_PRUNE_BATCH,
 };
 use flightlog_core::json_depth;
 use flightlog_core::{default_writer_id, BackendMetric, Clock};
@@ -403,13 +403,17 @@ fn approx_json_bytes(value: &serde_json::Value) -> usize {
 /// About how many bytes of attrs or payload `change` holds.
 fn change_bytes(change: &ActivityChange) -> usize {
     match &change.body {
-        ChangeBody::Span { span } => span
-            .attrs
-            .iter()
-            .map(|(key, value)| key.len() + 4 + approx_json_bytes(value))
-            .sum(),
+        ChangeBody::Span { span } => span_attr_bytes(span),
         ChangeBody::Event { event } => event.payload.get().len(),
     }
+}
+
+/// About how many bytes of attrs `span` holds.
+fn span_attr_bytes(span: &SpanRow) -> usize {
+    span.attrs
+        .iter()
+        .map(|(key, value)| key.len() + 4 + approx_json_bytes(value))
+        .sum()
 }
 
 /// Changes after the cursor (see `changes_since`), at most `sql_limit`, and when `max_bytes` is
@@ -709,6 +713,70 @@ impl ActivityStore for SqliteActivityStore {
         max_runs: i64,
     ) -> Result<(i64, bool), StoreError> {
         self.sweep_silent_step(LEFTOVER_RUNS_SQL, stale_after_ms, now, max_runs)
+            .await
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.now()
+    }
+
+    async fn open_roots_part(
+        &self,
+        part: OpenRootsPart,
+    ) -> Result<(Vec<SpanRow>, Option<OpenRootsCursor>), StoreError> {
+        // On the open roots' own index (by start, then key): a range seek to the cursor, so a
+        // part far into the roots reads no entry before it; the cutoff of `findStuck` bounds
+        // the start.
+        let (order, past, cmp) = if part.newest_first {
+            ("DESC", "<", "<=")
+        } else {
+            ("ASC", ">", ">=")
+        };
+        let after = if part.after.is_some() {
+            format!(
+                "AND s.started_at {cmp} ?2 AND (s.started_at {past} ?2 OR s.span_key {past} ?3)"
+            )
+        } else {
+            "AND ?2 IS NULL AND ?3 = 0".to_owned()
+        };
+        let sql = format!(
+            "SELECT s.span_key, {SPAN_COLUMNS} FROM activity_spans s \
+             INDEXED BY activity_spans_open_roots \
+             WHERE s.outcome IS NULL AND s.parent_span_id IS NULL AND s.started_at < ?1 {after} \
+             ORDER BY s.started_at {order}, s.span_key {order}"
+        );
+        let before = part.started_before.unwrap_or(i64::MAX);
+        let (after_start, after_key) = match part.after {
+            Some(cursor) => (Some(cursor.started_at), cursor.tie),
+            None => (None, 0),
+        };
+        self.db
+            .read_apart(move |db, conn| {
+                let mut roots = Vec::new();
+                let mut held = 0usize;
+                let mut last = None;
+                let mut more = false;
+                let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+                let mut rows = stmt
+                    .query(params![before, after_start, after_key])
+                    .map_err(backend)?;
+                while let Some(row) = rows.next().map_err(backend)? {
+                    if held > part.max_bytes {
+                        more = true;
+                        break;
+                    }
+                    let key: i64 = row.get(0).map_err(backend)?;
+                    let span =
+                        span_from_row(row, 1, db.names(), db.codec(), conn).map_err(backend)?;
+                    held = held.saturating_add(span_attr_bytes(&span));
+                    last = Some(OpenRootsCursor {
+                        started_at: span.started_at,
+                        tie: key,
+                    });
+                    roots.push(span);
+                }
+                Ok((roots, if more { last } else { None }))
+            })
             .await
     }
 

@@ -26,7 +26,7 @@ pub use payload::{cap_payload, CappedPayload, MAX_EVENT_PAYLOAD_BYTES, TRUNCATIO
 pub use payload_text::PayloadText;
 pub use rollup::{compute_rollup, rootless_usage, RollupFields, RollupSpan};
 pub use store::{
-    ActivityStore, ChangeDoorbell, LogMovement, StoreError, DEFAULT_CHANGES_LIMIT,
-    DEFAULT_PRUNE_BATCH,
+    ActivityStore, ChangeDoorbell, LogMovement, OpenRootsCursor, OpenRootsPart, StoreError,
+    DEFAULT_CHANGES_LIMIT, DEFAULT_PRUNE_BATCH,
 };
 pub use types::*;

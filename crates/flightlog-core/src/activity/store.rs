@@ -164,6 +164,27 @@ pub struct LogMovement {
     pub prunes: i64,
 }
 
+/// Which part of the open roots [`ActivityStore::open_roots_part`] reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenRootsPart {
+    /// Newest start first (`openRootSpans`), else oldest first (`findStuck`).
+    pub newest_first: bool,
+    /// Only roots that started before this (`findStuck`'s cutoff).
+    pub started_before: Option<i64>,
+    /// Where the part starts: after this root, in the order (`None`: from the first).
+    pub after: Option<OpenRootsCursor>,
+    /// The part ends once its roots hold about this many bytes of attrs.
+    pub max_bytes: usize,
+}
+
+/// A position among the open roots: a root's start and a tie-breaker the store chose (its
+/// own key of the root, meaningful only to it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenRootsCursor {
+    pub started_at: i64,
+    pub tie: i64,
+}
+
 /// The newest committed change id known to a store: a doorbell for live readers.
 ///
 /// It carries no changes itself. A reader that sees it move reads `changes_since(its cursor)`
@@ -295,6 +316,20 @@ pub trait ActivityStore: Send + Sync {
         now: Option<i64>,
         max_runs: i64,
     ) -> Result<(i64, bool), StoreError>;
+
+    /// The time by the store's clock (injected: a testing clock in tests and under
+    /// `--manual-clock`), as its time-dependent operations take it.
+    fn now_ms(&self) -> i64;
+
+    /// A part of the open roots (`openRootSpans`, or with `part.started_before` those of
+    /// `findStuck`), in `part`'s order after `part.after`, stopping once they hold about
+    /// `part.max_bytes` of attrs (at least one root), with where the next part starts (`None`
+    /// after the last): an answer of tens of thousands of roots is read and serialized part by
+    /// part, each part taking its room in the server's budget of large answers first.
+    async fn open_roots_part(
+        &self,
+        part: OpenRootsPart,
+    ) -> Result<(Vec<SpanRow>, Option<OpenRootsCursor>), StoreError>;
 
     /// Open roots that started more than `threshold_ms` before `now`, oldest first.
     async fn find_stuck(
