@@ -724,9 +724,10 @@ impl ActivityStore for SqliteActivityStore {
         &self,
         part: OpenRootsPart,
     ) -> Result<(Vec<SpanRow>, Option<OpenRootsCursor>), StoreError> {
-        // On the open roots' own index (by start, then key): a range seek to the cursor, so a
-        // part far into the roots reads no entry before it; the cutoff of `findStuck` bounds
-        // the start.
+        // On the open roots' own partial index (by start, then key; without statistics SQLite
+        // read every root through `activity_spans_roots`, 0.3 – 0.45 s at 340,000 roots): a
+        // range seek to the cursor, so a part far into the roots reads no entry before it; the
+        // cutoff of `findStuck` bounds the start.
         let (order, past, cmp) = if part.newest_first {
             ("DESC", "<", "<=")
         } else {
@@ -739,13 +740,19 @@ impl ActivityStore for SqliteActivityStore {
         } else {
             "AND ?2 IS NULL AND ?3 = 0".to_owned()
         };
+        // No cutoff is no bound at all (a start may be `i64::MAX` through the store's API).
+        let cutoff = if part.started_before.is_some() {
+            "AND s.started_at < ?1"
+        } else {
+            "AND ?1 IS NULL"
+        };
         let sql = format!(
             "SELECT s.span_key, {SPAN_COLUMNS} FROM activity_spans s \
              INDEXED BY activity_spans_open_roots \
-             WHERE s.outcome IS NULL AND s.parent_span_id IS NULL AND s.started_at < ?1 {after} \
+             WHERE s.outcome IS NULL AND s.parent_span_id IS NULL {cutoff} {after} \
              ORDER BY s.started_at {order}, s.span_key {order}"
         );
-        let before = part.started_before.unwrap_or(i64::MAX);
+        let before = part.started_before;
         let (after_start, after_key) = match part.after {
             Some(cursor) => (Some(cursor.started_at), cursor.tie),
             None => (None, 0),
@@ -788,19 +795,15 @@ impl ActivityStore for SqliteActivityStore {
         let cutoff = now
             .unwrap_or_else(|| self.now())
             .saturating_sub(threshold_ms);
-        self.db
-            .read_apart(move |db, conn| {
-                query_spans(
-                    conn,
-                    db.names(),
-                    db.codec(),
-                    "INDEXED BY activity_spans_open_roots \
-                     WHERE s.outcome IS NULL AND s.parent_span_id IS NULL AND s.started_at < ?1 \
-                     ORDER BY s.started_at, s.span_key",
-                    [cutoff],
-                )
+        let (stuck, _) = self
+            .open_roots_part(OpenRootsPart {
+                newest_first: false,
+                started_before: Some(cutoff),
+                after: None,
+                max_bytes: usize::MAX,
             })
-            .await
+            .await?;
+        Ok(stuck)
     }
 
     async fn changes_since(
@@ -1021,21 +1024,16 @@ impl ActivityStore for SqliteActivityStore {
     }
 
     async fn open_root_spans(&self) -> Result<Vec<SpanRow>, StoreError> {
-        self.db
-            .read_apart(|db, conn| {
-                query_spans(
-                    conn,
-                    db.names(),
-                    db.codec(),
-                    // The open roots' own partial index: without statistics SQLite read every
-                    // root through `activity_spans_roots` (0.3 – 0.45 s at 340,000 roots).
-                    "INDEXED BY activity_spans_open_roots \
-                     WHERE s.outcome IS NULL AND s.parent_span_id IS NULL \
-                     ORDER BY s.started_at DESC, s.span_key DESC",
-                    [],
-                )
+        // One part without a bound: all of them.
+        let (roots, _) = self
+            .open_roots_part(OpenRootsPart {
+                newest_first: true,
+                started_before: None,
+                after: None,
+                max_bytes: usize::MAX,
             })
-            .await
+            .await?;
+        Ok(roots)
     }
 
     async fn rollup_run(&self, run_id: &str) -> Result<(), StoreError> {
