@@ -8,7 +8,7 @@ Start a server on a manual clock whose maintenance only prunes, a pass every 200
 
 then
 
-    python3 bench/prune_under_load.py PORT [RUNS] [SPANS] [WRITERS] [BASELINE_SECONDS]
+    python3 bench/prune_under_load.py PORT [RUNS] [SPANS] [WRITERS] [BASELINE_SECONDS] [BATCH]
 
 It records RUNS ended runs (default 20,000) of SPANS spans each (default 10: a root and its
 children, one event each), rolled up, all ended at t = 2,000 ms; times WRITERS clients
@@ -17,6 +17,10 @@ with nothing to prune; then moves the clock a day on, so that every run is past 
 and times the same writers until `flightlog_maintenance_runs_pruned_total` reaches RUNS. It
 prints the prune's rate (runs/s, spans/s) and the writers' per-write latency (p50, p99, max) in
 both phases.
+
+With BATCH, the prune is the endpoint's instead (start the server with `--maintenance-every-ms
+off`): after the clock move, `POST /v1/activity/maintenance/prune` with `batch` BATCH (at most
+10,000) is called until every run is pruned, each call timed.
 """
 import http.client
 import json
@@ -29,6 +33,7 @@ runs = int(sys.argv[2]) if len(sys.argv) > 2 else 20_000
 spans = int(sys.argv[3]) if len(sys.argv) > 3 else 10
 n_writers = int(sys.argv[4]) if len(sys.argv) > 4 else 2
 baseline_secs = float(sys.argv[5]) if len(sys.argv) > 5 else 5
+endpoint_batch = int(sys.argv[6]) if len(sys.argv) > 6 else None
 DAY = 86_400_000
 
 
@@ -138,7 +143,24 @@ moved = time.time()
 done = {"at": None}
 
 
+def prune_by_endpoint():
+    pruner = connect()
+    total = 0
+    while total < runs and time.time() - moved < 600:
+        began = time.perf_counter()
+        result = call(pruner, "POST", "/v1/activity/maintenance/prune",
+                      {"digestFloorAt": 0, "hardCeilingMs": DAY, "batch": endpoint_batch})
+        total += result["runsPruned"]
+        print(f"  prune call: {result['runsPruned']} runs, {result['spansDeleted']} spans in "
+              f"{(time.perf_counter() - began) * 1000:.0f} ms")
+        if result["runsPruned"] == 0:
+            break
+    done["at"] = time.time()
+
+
 def watch():
+    if endpoint_batch is not None:
+        return prune_by_endpoint()
     watcher = connect()
     while time.time() - moved < 600:
         if metric(watcher, "flightlog_maintenance_runs_pruned_total") - before >= runs:
@@ -153,9 +175,10 @@ watcher_thread.start()
 during = timed(lambda: done["at"] is not None)
 watcher_thread.join()
 elapsed = (done["at"] or time.time()) - moved
-pruned = metric(conn, "flightlog_maintenance_runs_pruned_total") - before
-spans_pruned = metric(conn, "flightlog_maintenance_spans_pruned_total") - spans_before
-print(f"pruned {pruned:.0f} runs ({spans_pruned:.0f} spans) in {elapsed:.1f} s from the clock "
-      f"move (passes every 200 ms, at most 2 s of pruning each): "
-      f"{pruned / elapsed:.0f} runs/s, {spans_pruned / elapsed:.0f} spans/s")
+if endpoint_batch is None:
+    pruned = metric(conn, "flightlog_maintenance_runs_pruned_total") - before
+    spans_pruned = metric(conn, "flightlog_maintenance_spans_pruned_total") - spans_before
+    print(f"pruned {pruned:.0f} runs ({spans_pruned:.0f} spans) in {elapsed:.1f} s from the "
+          f"clock move (passes every 200 ms, at most 2 s of pruning each): "
+          f"{pruned / elapsed:.0f} runs/s, {spans_pruned / elapsed:.0f} spans/s")
 print("during the prune:", during)

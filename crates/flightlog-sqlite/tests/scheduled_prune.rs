@@ -376,3 +376,84 @@ async fn runs_held_at_the_oldest_end_do_not_stop_the_prune_behind_them() {
         );
     }
 }
+
+/// The endpoint's prune of many runs is written in parts of at most 100 runs (one transaction
+/// of 10,000 held every writer for 1 – 2 s): the parts prune the oldest-ended runs first, as one
+/// transaction would, count the runs and spans of every part, stop at `batch`, and a negative
+/// `batch` (no limit) prunes every candidate.
+#[tokio::test]
+async fn a_large_endpoint_prune_is_written_in_parts_and_counts_them_all() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (store, clock) = store_in(&dir);
+    // 250 runs of a turn and its tool call, ended in the reverse order of their ids (so the
+    // order is the end's, not the id's), then rolled up.
+    let runs = 250;
+    for i in 0..runs {
+        let run_id = format!("run-{i:03}");
+        let ended_at = 10_000 - i;
+        let root = format!("{run_id}-turn");
+        let mut tool = turn(&format!("{run_id}-tool"), &run_id, 1_000);
+        tool.parent_span_id = Some(root.clone());
+        tool.kind = SpanKind::Tool;
+        store
+            .start_span(turn(&root, &run_id, 1_000))
+            .await
+            .expect("the store answers");
+        start_and_end(&store, tool, ended(SpanOutcome::Success, None, ended_at, 1)).await;
+        store
+            .end_span(&root, ended(SpanOutcome::Success, None, ended_at, 1))
+            .await
+            .expect("the store answers");
+        store.rollup_run(&run_id).await.expect("the store answers");
+    }
+    clock.set(100_000);
+    let transactions = || {
+        store
+            .database()
+            .writer_stats()
+            .groups
+            .load(Ordering::Relaxed)
+    };
+    let endpoint_prune = |batch: i64| PruneOptions {
+        digest_floor_at: 20_000,
+        hard_ceiling_ms: WINDOW_MS,
+        now: Some(100_000),
+        batch: Some(batch),
+        max_spans: None,
+        scheduled: false,
+    };
+    let before = transactions();
+    let first = store
+        .prune(endpoint_prune(230))
+        .await
+        .expect("the store answers");
+    assert_eq!((first.runs_pruned, first.spans_deleted), (230, 460));
+    assert!(
+        transactions() - before >= 3,
+        "230 runs in parts of at most 100: {} transactions",
+        transactions() - before
+    );
+    // The 230 that ended first (the highest ids) went; the 20 that ended last stay whole.
+    for i in 0..runs {
+        let rollup = store
+            .read_rollup(&format!("run-{i:03}"))
+            .await
+            .expect("the store answers")
+            .expect("every run keeps its rollup");
+        assert_eq!(rollup.detail_pruned, i >= 20, "run-{i:03}");
+        // The rollup stays as it was made (the root's usage, as the reference's).
+        assert_eq!(rollup.input_tokens, Some(1), "run-{i:03}");
+        assert_eq!(rollup.span_count, 2, "run-{i:03}");
+    }
+    let rest = store
+        .prune(endpoint_prune(-1))
+        .await
+        .expect("the store answers");
+    assert_eq!((rest.runs_pruned, rest.spans_deleted), (20, 40));
+    let none = store
+        .prune(endpoint_prune(-1))
+        .await
+        .expect("the store answers");
+    assert_eq!((none.runs_pruned, none.spans_deleted), (0, 0));
+}
