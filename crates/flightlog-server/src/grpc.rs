@@ -334,9 +334,11 @@ async fn entries_within_budget(
     ))
 }
 
-/// The refusal of a message over the limit: `RESOURCE_EXHAUSTED`, which OTLP exporters do not
-/// retry (without `RetryInfo`), as the HTTP listener's 413 is not retried: the same batch can
-/// never fit. (`OUT_OF_RANGE`, tonic's code for it, is one OTLP says to retry.)
+/// The refusal of a message over the limit: `RESOURCE_EXHAUSTED`, which OTLP says to retry only
+/// with `RetryInfo` (never sent here: the same batch can never fit), as the HTTP listener's 413
+/// is not retried; the Python exporter retries it all the same, for its retry time
+/// (an audit; `docs/otlp.md` says so). (`OUT_OF_RANGE`, tonic's code for it, is one OTLP says
+/// to retry.)
 fn message_too_large(body_limit: usize) -> Status {
     Status::resource_exhausted(format!(
         "the message is larger than this server's limit of {body_limit} bytes (--body-limit): \

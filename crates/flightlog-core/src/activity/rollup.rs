@@ -10,7 +10,9 @@
 //! model span below another model span that reports usage. That happens when two
 //! instrumentations see one call (pydantic-ai's `chat` span around the OpenAI SDK
 //! instrumentation's, a LangChain LLM span around the provider instrumentor's), and both report
-//! its tokens: summing both counted the call twice. An outer model span that reports nothing
+//! its tokens: summing both counted the call twice (unless they name different provider calls,
+//! or a tool call, subagent, turn or job sits between them: the agent's model → tool → model
+//! loop; then each is a call of its own). An outer model span that reports nothing
 //! (a framework's span around a streamed call) does not hide the inner one's counts, which would
 //! count the call zero times; and when the inner ones report more of the usage fields than the
 //! outer one (the OpenAI Agents SDK's `generation` span with prompt and completion tokens around
@@ -538,20 +540,58 @@ fn sum_model_usage(spans: &[RollupSpan]) -> SpanUsage {
     total
 }
 
-/// For each span, its nearest ancestor (within `spans`) that is a `model` span reporting usage,
-/// found by [`first_above`] (a parent id that is not a span of `spans` ends the chain).
+/// For each span, its nearest ancestor (within `spans`) that is a `model` span reporting usage
+/// and may record the same provider call, found by [`first_above`] (a parent id that is not a
+/// span of `spans` ends the chain). Two kinds of evidence say a nested model span is a call of
+/// its own, not a second instrumentation's copy of the one above it, whose usage it would
+/// otherwise be taken for (an audit: a Google ADK run counted 100 of 400 input tokens):
+/// - a unit of agent work between them (a tool call, a subagent, a turn, a job): the agent's
+///   model → tool → model loop, a tool that calls a model;
+/// - the two name different provider calls (response ids): Google ADK hangs its later
+///   `call_llm` spans under the first, each with its own response id.
 fn nearest_reporting_model_above(spans: &[RollupSpan]) -> Vec<Option<usize>> {
-    first_ancestor(spans, |parent| reports_model_usage(&spans[parent]))
+    let by_id = index_by_span_id(spans);
+    let separates_calls = |span: &RollupSpan| {
+        matches!(
+            span.kind,
+            SpanKind::Tool | SpanKind::Subagent | SpanKind::Turn | SpanKind::Cron
+        )
+    };
+    let mut nearest = first_above(
+        spans.len(),
+        |at| {
+            spans[at]
+                .parent_span_id
+                .as_deref()
+                .and_then(|id| by_id.get(id).copied())
+                .filter(|&parent| !separates_calls(&spans[parent]))
+        },
+        |parent| reports_model_usage(&spans[parent]),
+    );
+    let call_id = |index: usize| spans[index].call_id.as_deref().filter(|id| !id.is_empty());
+    for (index, above) in nearest.iter_mut().enumerate() {
+        if let (Some(at), Some(own)) = (*above, call_id(index)) {
+            if call_id(at).is_some_and(|theirs| theirs != own) {
+                *above = None;
+            }
+        }
+    }
+    nearest
+}
+
+/// Each span's index by its id (a repeated id: the last span with it).
+fn index_by_span_id(spans: &[RollupSpan]) -> HashMap<&str, usize> {
+    spans
+        .iter()
+        .enumerate()
+        .map(|(index, span)| (span.span_id.as_str(), index))
+        .collect()
 }
 
 /// For each span, its nearest ancestor (within `spans`) that `is_answer`, up the parent ids
 /// ([`first_above`]; a parent id that is not a span of `spans` ends the chain).
 fn first_ancestor(spans: &[RollupSpan], is_answer: impl Fn(usize) -> bool) -> Vec<Option<usize>> {
-    let by_id: HashMap<&str, usize> = spans
-        .iter()
-        .enumerate()
-        .map(|(index, span)| (span.span_id.as_str(), index))
-        .collect();
+    let by_id = index_by_span_id(spans);
     first_above(
         spans.len(),
         |at| {
@@ -820,6 +860,50 @@ mod tests {
         assert!(compute_rollup(&spans).is_some());
     }
 
+    /// A model span below another is a call of its own when they name different provider calls
+    /// (Google ADK hangs its later `call_llm` spans under the first) or when a unit of agent
+    /// work sits between them (model → tool → model): an audit's ADK run counted 100 of 400
+    /// input tokens. The same call named twice, nested, still counts once.
+    #[test]
+    fn nested_model_spans_of_different_calls_all_count() {
+        let model = |id: &str, parent: &str, call: Option<&str>, tokens: i64| {
+            let mut model = span(id, Some(parent), 2);
+            model.kind = SpanKind::Model;
+            model.usage.input_tokens = Some(tokens);
+            model.usage.output_tokens = Some(tokens / 5);
+            model.call_id = call.map(str::to_owned);
+            model
+        };
+        let mut agent = span("agent", None, 1);
+        agent.kind = SpanKind::Subagent;
+        let adk = [
+            agent.clone(),
+            model("llm-1", "agent", Some("resp-1"), 100),
+            model("llm-2", "llm-1", Some("resp-2"), 300),
+        ];
+        let fields = compute_rollup(&adk).expect("a rollup");
+        assert_eq!(
+            (fields.input_tokens, fields.output_tokens),
+            (Some(400), Some(80))
+        );
+        let tool = span("tool", Some("llm-1"), 3);
+        let through_a_tool = [
+            agent.clone(),
+            model("llm-1", "agent", None, 1_000),
+            tool,
+            model("llm-2", "tool", None, 500),
+        ];
+        let fields = compute_rollup(&through_a_tool).expect("a rollup");
+        assert_eq!(fields.input_tokens, Some(1_500));
+        let one_call_twice = [
+            agent,
+            model("framework", "agent", Some("resp-1"), 100),
+            model("sdk", "framework", Some("resp-1"), 100),
+        ];
+        let fields = compute_rollup(&one_call_twice).expect("a rollup");
+        assert_eq!(fields.input_tokens, Some(100));
+    }
+
     /// Deep chains and long cycles of model spans with call ids (ids are the writers'): each
     /// chain is walked once, so these take milliseconds (a walk per span took seconds here).
     #[test]
@@ -841,16 +925,26 @@ mod tests {
             };
             model(index, Some(parent))
         }));
-        // The outermost counts (the inner ones report no more than it): one token.
+        // Each names its own provider call, so each counts, however deep.
         let fields = compute_rollup(&chain).expect("a rollup");
-        assert_eq!(fields.input_tokens, Some(1));
+        assert_eq!(fields.input_tokens, Some(DEPTH as i64));
         let mut cycle = vec![span("root", None, 1)];
         cycle.extend(
             (0..DEPTH).map(|index| model(index, Some(format!("m{}", (index + 1) % DEPTH)))),
         );
-        // No span of the cycle has a reporting model span above it that is not on the cycle,
-        // so none is counted.
+        // Each span of the cycle names a call other than its parent's, so each counts.
         let fields = compute_rollup(&cycle).expect("a rollup");
+        assert_eq!(fields.input_tokens, Some(DEPTH as i64));
+        // Without ids, no span of the cycle has a reporting model span above it that is not on
+        // the cycle, so none is counted.
+        let unnamed: Vec<RollupSpan> = cycle
+            .into_iter()
+            .map(|mut span| {
+                span.call_id = None;
+                span
+            })
+            .collect();
+        let fields = compute_rollup(&unnamed).expect("a rollup");
         assert_eq!(fields.input_tokens, None);
     }
 
@@ -907,7 +1001,8 @@ mod tests {
         };
         let outer = model("outer", "root", 2, 1_000);
         let inner = model("inner", "outer", 3, 1_000);
-        let http = span("http", Some("inner"), 4);
+        let mut http = span("http", Some("inner"), 4);
+        http.kind = SpanKind::Other;
         let innermost = model("innermost", "http", 5, 1_000);
         let tool = span("tool", Some("root"), 6);
         let beside = model("beside", "root", 7, 300);
@@ -1114,6 +1209,9 @@ mod tests {
                     if ancestor.kind == SpanKind::Model && carries_usage(&ancestor.usage) {
                         return true;
                     }
+                    if ancestor.kind != SpanKind::Model && ancestor.kind != SpanKind::Other {
+                        return false;
+                    }
                     parent = ancestor.parent_span_id.as_deref();
                 }
                 false
@@ -1127,19 +1225,21 @@ mod tests {
         #[test]
         fn shared_chain_walks_answer_as_single_walks(
             shape in proptest::collection::vec(
-                (0u8..12, proptest::option::of(0u8..14), proptest::bool::ANY, proptest::bool::ANY),
+                (0u8..12, proptest::option::of(0u8..14), 0u8..3, proptest::bool::ANY),
                 0..40,
             )
         ) {
             let spans: Vec<RollupSpan> = shape
                 .iter()
                 .enumerate()
-                .map(|(index, (id, parent, model, reports))| {
+                .map(|(index, (id, parent, kind, reports))| {
                     let parent = parent.map(|parent| format!("s{parent}"));
                     let mut span = span(&format!("s{id}"), parent.as_deref(), index as i64);
-                    if *model {
-                        span.kind = SpanKind::Model;
-                    }
+                    span.kind = match kind {
+                        0 => SpanKind::Model,
+                        1 => SpanKind::Other,
+                        _ => SpanKind::Tool,
+                    };
                     if *reports {
                         span.usage.input_tokens = Some(1);
                     }
