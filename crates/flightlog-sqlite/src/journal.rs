@@ -31,9 +31,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use flightlog_core::activity::StoreError;
 use flightlog_core::journal::{
-    plan_compaction, AppendInput, CommittedEvent, EngagementEvent, EngagementHead,
-    EngagementJournal, JournalDoorbell, JournalError, JournalSubscription, JournalTail, JsonObject,
-    RetentionConfig, TailBound, DEFAULT_SUBSCRIBER_BUFFER, MAX_SUBSCRIBER_BUFFER,
+    plan_compaction, summarize_engagement_events, AppendInput, CommittedEvent, EngagementEvent,
+    EngagementHead, EngagementJournal, EngagementSummary, JournalDoorbell, JournalError,
+    JournalSubscription, JournalTail, JsonObject, RetentionConfig, TailBound,
+    DEFAULT_SUBSCRIBER_BUFFER, MAX_SUBSCRIBER_BUFFER,
 };
 use flightlog_core::{Clock, SystemClock};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -481,6 +482,34 @@ fn read_events(
     read_tail(conn, engagement_id, from_seq, TailBound::ALL).map(|tail| tail.events)
 }
 
+/// What a read of a whole engagement (from a seq on) reads on the caller's runtime worker: a
+/// read that finds more goes again apart (see [`SqliteDatabase::read_apart`]). An engagement of
+/// twenty 4 MiB events read on a worker held it 3 – 4 s, and two such reads held up every other
+/// request (`/healthz` 4.3 s; an audit).
+const WHOLE_READ_ON_A_WORKER: TailBound = TailBound {
+    max_events: 1_000,
+    max_bytes: 256 * 1024,
+};
+
+/// The engagement's events from `from_seq` on, all of them: read on the caller's worker when
+/// they are few and small ([`WHOLE_READ_ON_A_WORKER`]), else apart; `then` runs where they
+/// were read (a summary of many events is work for the read's thread too).
+async fn read_whole<T>(
+    db: &Arc<SqliteDatabase>,
+    engagement_id: &str,
+    from_seq: i64,
+    then: impl FnOnce(Vec<EngagementEvent>) -> T,
+) -> Result<T, StoreError> {
+    let (tail, cut) =
+        db.read(|conn| read_tail_cut(conn, engagement_id, from_seq, WHOLE_READ_ON_A_WORKER))?;
+    if !cut {
+        return Ok(then(tail.events));
+    }
+    drop(tail);
+    db.read_apart(|_, conn| read_events(conn, engagement_id, from_seq).map(then))
+        .await
+}
+
 /// The engagement's generation and its events with `seq >= from_seq`, in one statement (one
 /// snapshot): a `LEFT JOIN` so an engagement with no events that far still yields its
 /// generation, on a row whose event columns are null.
@@ -490,6 +519,16 @@ fn read_tail(
     from_seq: i64,
     bound: TailBound,
 ) -> Result<JournalTail, StoreError> {
+    read_tail_cut(conn, engagement_id, from_seq, bound).map(|(tail, _)| tail)
+}
+
+/// [`read_tail`], and whether the bound left events unread.
+fn read_tail_cut(
+    conn: &Connection,
+    engagement_id: &str,
+    from_seq: i64,
+    bound: TailBound,
+) -> Result<(JournalTail, bool), StoreError> {
     let mut stmt = conn
         .prepare_cached(
             "SELECT e.seq, e.at, e.event_type, e.data, g.generation \
@@ -499,8 +538,9 @@ fn read_tail(
              ORDER BY e.seq LIMIT ?3",
         )
         .map_err(backend)?;
-    // At least one row, so an engagement yields its generation even with a bound of none.
-    let sql_limit = i64::try_from(bound.max_events.max(1)).unwrap_or(i64::MAX);
+    // At least one row, so an engagement yields its generation even with a bound of none; and
+    // one past the bound, so a read the bound stops says it was cut.
+    let sql_limit = i64::try_from(bound.max_events.max(1).saturating_add(1)).unwrap_or(i64::MAX);
     let mut rows = stmt
         .query(params![engagement_id, from_seq, sql_limit])
         .map_err(backend)?;
@@ -515,13 +555,13 @@ fn read_tail(
             continue;
         }
         if bound.reached(tail.events.len(), bytes) {
-            break;
+            return Ok((tail, true));
         }
         // The data's stored JSON text: its length is the bound's measure.
         bytes = bytes.saturating_add(data.as_bytes().map_or(0, <[u8]>::len));
         tail.events.push(decoder.decode(row, false)?.0);
     }
-    Ok(tail)
+    Ok((tail, false))
 }
 
 /// Compact the engagement inside the writer's transaction: everything is read and planned
@@ -778,9 +818,20 @@ impl EngagementJournal for SqliteEngagementJournal {
         engagement_id: &str,
         from_seq: i64,
     ) -> Result<Vec<EngagementEvent>, JournalError> {
-        self.db
-            .read(|conn| read_events(conn, engagement_id, from_seq))
+        read_whole(&self.db, engagement_id, from_seq, |events| events)
+            .await
             .map_err(journal_error)
+    }
+
+    async fn summarize(
+        &self,
+        engagement_id: &str,
+    ) -> Result<Option<EngagementSummary>, JournalError> {
+        read_whole(&self.db, engagement_id, 0, |events| {
+            (!events.is_empty()).then(|| summarize_engagement_events(engagement_id, &events))
+        })
+        .await
+        .map_err(journal_error)
     }
 
     async fn read_tail(

@@ -1606,3 +1606,54 @@ async fn rang(bell: &mut flightlog_core::journal::JournalDoorbell, what: &str) {
         .expect("the watcher lives");
     bell.borrow_and_update();
 }
+
+/// A read of a whole engagement that is large (more than 1,000 events, or more than 256 KiB of
+/// data) goes apart from the runtime's worker after a first bounded look: whichever way it is
+/// read, it is whole and in seq order, from any seq, and its summary is the in-memory
+/// journal's.
+#[test]
+fn large_engagements_are_read_whole_from_any_seq() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let journal = open_journal(&dir.path().join("large.db"));
+    let memory = InMemoryEngagementJournal::new(RetentionConfig::default());
+    runtime().block_on(async {
+        // Many small events; a few large ones; a small engagement read on the worker.
+        let big_text = "x".repeat(200 * 1024);
+        let mut appends = Vec::new();
+        for seq in 0..1_500 {
+            appends.push(input("many", seq, "note", json!({ "n": seq })));
+        }
+        for seq in 0..4 {
+            appends.push(input("large", seq, "note", json!({ "text": big_text })));
+        }
+        for seq in 0..3 {
+            appends.push(input("small", seq, "note", json!({ "n": seq })));
+        }
+        for append in appends {
+            journal.append(append.clone()).await.expect("appended");
+            memory.append(append).await.expect("appended");
+        }
+        for (engagement, count) in [("many", 1_500), ("large", 4), ("small", 3)] {
+            for from_seq in [0, 1, count - 1, count, count + 5] {
+                let events = journal.read_from(engagement, from_seq).await.expect("read");
+                let seqs: Vec<i64> = events.iter().map(|event| event.seq).collect();
+                let expected: Vec<i64> = (from_seq.min(count)..count).collect();
+                assert!(
+                    seqs == expected,
+                    "{engagement} from {from_seq}: {} events, {:?} to {:?}",
+                    seqs.len(),
+                    seqs.first(),
+                    seqs.last()
+                );
+            }
+            let summary = journal.summarize(engagement).await.expect("summarized");
+            let events = memory.read(engagement).await.expect("read");
+            assert_eq!(
+                summary,
+                Some(summarize_engagement_events(engagement, &events)),
+                "{engagement}"
+            );
+        }
+        assert_eq!(journal.summarize("none").await.expect("summarized"), None);
+    });
+}
