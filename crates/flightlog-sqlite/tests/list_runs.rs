@@ -475,6 +475,113 @@ async fn a_live_run_is_listed_with_the_usage_its_rollup_would_have() {
     );
 }
 
+/// An ended run not rolled up is listed with the failure reason its rollup would have: the
+/// first span to start that failed with a reason (a tool call's, under a root that succeeded),
+/// else `interrupted` for an interrupted root; it was the root's reason alone (an audit).
+#[tokio::test]
+async fn a_live_run_is_listed_with_the_failure_reason_its_rollup_would_have() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("reason.db"))).unwrap();
+    let store = SqliteActivityStore::with_identity(db, Arc::new(ManualClock::new(1_000)), "w");
+    let ended_with = |outcome: SpanOutcome, reason: Option<&str>, at: i64| EndSpanInput {
+        outcome,
+        reason: reason.map(str::to_owned),
+        ended_at: Some(at),
+        usage: None,
+        attrs: None,
+    };
+    // A tool failed under a root that succeeded; a later tool timed out.
+    let tool_failed = [
+        (
+            "tool-1",
+            Some("root-a"),
+            11,
+            SpanOutcome::Error,
+            Some("tool crashed"),
+        ),
+        (
+            "tool-2",
+            Some("root-a"),
+            12,
+            SpanOutcome::Timeout,
+            Some("too slow"),
+        ),
+        ("root-a", None, 10, SpanOutcome::Success, None),
+    ];
+    // An interrupted root, and a second root that failed with a reason.
+    let roots = [
+        (
+            "root-b",
+            None,
+            20,
+            SpanOutcome::Interrupted,
+            Some("server restarted"),
+        ),
+        (
+            "root-c",
+            None,
+            21,
+            SpanOutcome::Error,
+            Some("later root failed"),
+        ),
+    ];
+    // Only an interrupted root, no reason anywhere.
+    let interrupted = [("root-d", None, 30, SpanOutcome::Interrupted, None)];
+    for (run_id, spans) in [
+        ("tool-failed", &tool_failed[..]),
+        ("two-roots", &roots[..]),
+        ("interrupted", &interrupted[..]),
+    ] {
+        for (span_id, parent, at, _, _) in spans {
+            store
+                .start_span(start(span_id, run_id, *parent, *at))
+                .await
+                .unwrap();
+        }
+        for (span_id, _, at, outcome, reason) in spans {
+            store
+                .end_span(span_id, ended_with(outcome.clone(), *reason, at + 100))
+                .await
+                .unwrap();
+        }
+    }
+    let reasons = |page: flightlog_core::activity::RunPage| {
+        let mut listed: Vec<(String, Option<String>, bool)> = page
+            .runs
+            .into_iter()
+            .map(|run| (run.run_id, run.failure_reason, run.rolled_up))
+            .collect();
+        listed.sort();
+        listed
+    };
+    let expected = |rolled_up: bool| {
+        vec![
+            (
+                "interrupted".to_owned(),
+                Some("interrupted".to_owned()),
+                rolled_up,
+            ),
+            (
+                "tool-failed".to_owned(),
+                Some("tool crashed".to_owned()),
+                rolled_up,
+            ),
+            (
+                "two-roots".to_owned(),
+                Some("later root failed".to_owned()),
+                rolled_up,
+            ),
+        ]
+    };
+    let live = reasons(store.list_runs(query(None, 10)).await.unwrap());
+    assert_eq!(live, expected(false), "ended, not rolled up");
+    for run_id in ["tool-failed", "two-roots", "interrupted"] {
+        store.rollup_run(run_id).await.unwrap();
+    }
+    let rolled_up = reasons(store.list_runs(query(None, 10)).await.unwrap());
+    assert_eq!(rolled_up, expected(true), "rolled up");
+}
+
 /// A page reads at most 100,000 spans for its live runs' usage: a run past that budget says
 /// its usage was not read (`liveUsageSkipped`), where it looked like a run that used nothing
 /// (an audit's finding: the same run showed 60,000 tokens on a page of one, none on a page of
