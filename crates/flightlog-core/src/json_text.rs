@@ -36,6 +36,67 @@ pub fn explain_json_error(message: String) -> String {
     }
 }
 
+/// `text` (JSON) with each lone UTF-16 surrogate escape inside its strings (`\ud83d` not
+/// followed by its low half, or a low half alone) replaced by `\ufffd`, the replacement
+/// character, as a protobuf encoder, Go's `encoding/json` and the OpenTelemetry Collector
+/// take it; `None` when there is none (nothing to mend). For OTLP/JSON: an exporter cannot
+/// change what it sends, and refusing the body drops every span of its batch for half a
+/// character in one attribute (an audit: the JavaScript exporter's default JSON). The native
+/// API refuses such text instead, saying how to mend it (see [`explain_json_error`]).
+pub fn replace_lone_surrogate_escapes(text: &[u8]) -> Option<Vec<u8>> {
+    /// The code unit of the `\uXXXX` escape starting at `at` (its backslash), if one is there.
+    fn escaped_unit(text: &[u8], at: usize) -> Option<u32> {
+        if text.get(at) != Some(&b'\\') || text.get(at + 1) != Some(&b'u') {
+            return None;
+        }
+        let digits = text.get(at + 2..at + 6)?;
+        let digits = std::str::from_utf8(digits).ok()?;
+        u32::from_str_radix(digits, 16).ok()
+    }
+    const HIGH: std::ops::Range<u32> = 0xD800..0xDC00;
+    const LOW: std::ops::Range<u32> = 0xDC00..0xE000;
+    let mut mended: Option<Vec<u8>> = None;
+    let mut copied_to = 0;
+    let mut in_string = false;
+    let mut at = 0;
+    while at < text.len() {
+        match (in_string, text[at]) {
+            (false, b'"') => {
+                in_string = true;
+                at += 1;
+            }
+            (false, _) => at += 1,
+            (true, b'"') => {
+                in_string = false;
+                at += 1;
+            }
+            (true, b'\\') => match escaped_unit(text, at) {
+                Some(unit) if HIGH.contains(&unit) || LOW.contains(&unit) => {
+                    let paired = HIGH.contains(&unit)
+                        && escaped_unit(text, at + 6).is_some_and(|next| LOW.contains(&next));
+                    if paired {
+                        at += 12;
+                    } else {
+                        let out = mended.get_or_insert_with(|| Vec::with_capacity(text.len()));
+                        out.extend_from_slice(&text[copied_to..at]);
+                        out.extend_from_slice(br"\ufffd");
+                        at += 6;
+                        copied_to = at;
+                    }
+                }
+                Some(_) => at += 6,
+                // Any other escape (a bad one is the parser's to name).
+                None => at += 2,
+            },
+            (true, _) => at += 1,
+        }
+    }
+    mended.map(|mut out| {
+        out.extend_from_slice(&text[copied_to.min(text.len())..]);
+        out
+    })
+}
+
 /// What serde's messages call a number field by its Rust type, and what a JSON client calls it.
 const RUST_TYPE_NAMES: [(&str, &str); 6] = [
     ("expected f64", "expected a JSON number"),
@@ -94,6 +155,42 @@ pub fn cut_long_quotes(message: &str) -> std::borrow::Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lone_surrogate_escapes_are_replaced_and_pairs_kept() {
+        let mend = |text: &str| {
+            replace_lone_surrogate_escapes(text.as_bytes())
+                .map(|out| String::from_utf8(out).expect("UTF-8 in, UTF-8 out"))
+        };
+        assert_eq!(
+            mend(r#"{"a":"hello \ud83d"}"#).as_deref(),
+            Some(r#"{"a":"hello \ufffd"}"#)
+        );
+        assert_eq!(
+            mend(r#"["\udc00x", "\ud83d\u0041"]"#).as_deref(),
+            Some(r#"["\ufffdx", "\ufffd\u0041"]"#)
+        );
+        assert_eq!(
+            mend(r#"["\ud83d\ud83d\ude00"]"#).as_deref(),
+            Some(r#"["\ufffd\ud83d\ude00"]"#)
+        );
+        // Nothing to mend: a whole pair, other escapes, an escaped backslash before `u`, text
+        // outside strings, a string cut short.
+        for text in [
+            r#""\ud83d\ude00""#,
+            r#""\n\"\\ud83d""#,
+            r#"{"k": 1, "\u0041": "\\\\"}"#,
+            r#""\ud8"#,
+            r#""abc"#,
+        ] {
+            assert_eq!(mend(text), None, "{text}");
+        }
+        // What it gives back parses, with the replacement character in place.
+        let mended = mend(r#"{"a":"x\ud83d","b":"\udead"}"#).expect("mended");
+        let value: serde_json::Value = serde_json::from_str(&mended).expect("parses");
+        assert_eq!(value["a"], "x\u{fffd}");
+        assert_eq!(value["b"], "\u{fffd}");
+    }
 
     #[test]
     fn a_lone_surrogate_is_explained_and_other_errors_are_left_alone() {

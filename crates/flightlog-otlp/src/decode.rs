@@ -446,7 +446,19 @@ fn decode_json(body: &[u8]) -> Result<ExportTraceServiceRequest, OtlpError> {
     if let Some(request) = crate::json_direct::read(body) {
         return Ok(request);
     }
-    decode_json_general(body)
+    let decoded = decode_json_general(body);
+    if decoded.is_err() {
+        // Half a character (a lone UTF-16 surrogate escape, which JavaScript's JSON.stringify
+        // writes for an emoji cut in two) is read as the replacement character, as the
+        // protobuf form of the same span is: refused, the exporter dropped its whole batch.
+        if let Some(mended) = flightlog_core::json_text::replace_lone_surrogate_escapes(body) {
+            if let Some(request) = crate::json_direct::read(&mended) {
+                return Ok(request);
+            }
+            return decode_json_general(&mended);
+        }
+    }
+    decoded
 }
 
 /// [`decode_json`] through a `serde_json::Value`: every form the Collector reads, and the error
@@ -1064,6 +1076,27 @@ mod tests {
         assert_eq!(inflated_len(Some("gzip"), b"not gzip", LIMIT), None);
         assert_eq!(inflated_len(None, &zlib, LIMIT), None);
         assert_eq!(inflated_len(Some("identity"), &zlib, LIMIT), None);
+    }
+
+    /// A lone UTF-16 surrogate escape (JavaScript's JSON for half an emoji) in a string is read
+    /// as the replacement character, as the protobuf form of the span is, instead of refusing
+    /// the whole batch; a body with another error still says what is wrong.
+    #[test]
+    fn a_lone_surrogate_in_otlp_json_is_the_replacement_character() {
+        let request = decode_json_text(&with_attribute(r#"{"stringValue":"hello \ud83d"}"#))
+            .expect("decoded");
+        assert_eq!(
+            first_attribute(&request),
+            Some(any_value::Value::StringValue("hello \u{fffd}".into()))
+        );
+        let pair = decode_json_text(&with_attribute(r#"{"stringValue":"\ud83d\ude00"}"#))
+            .expect("decoded");
+        assert_eq!(
+            first_attribute(&pair),
+            Some(any_value::Value::StringValue("\u{1f600}".into()))
+        );
+        let broken = with_attribute(r#"{"stringValue":"\ud83d"}"#).replacen('{', "[", 1);
+        assert!(decode_json_text(&broken).is_err());
     }
 
     fn decode_json_text(text: &str) -> Result<ExportTraceServiceRequest, OtlpError> {
