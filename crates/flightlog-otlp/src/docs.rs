@@ -12,8 +12,8 @@ mod tests {
         VERCEL_OPERATIONS,
     };
     use crate::mapping::{
-        COST_SOURCE_KEY, DROPPED_EVENTS_KEY, LINKS_KEY, OTEL_SPAN_KIND_KEY, PRICE_TABLE_KEY,
-        REMOTE_PARENT_KEY, RESOURCE_KEY, SCOPE_KEY,
+        COST_SOURCE_KEY, DROPPED_EVENTS_KEY, DROPPED_LINKS_KEY, LINKS_KEY, OTEL_SPAN_KIND_KEY,
+        PRICE_TABLE_KEY, REMOTE_PARENT_KEY, RESOURCE_KEY, SCOPE_KEY,
     };
     use crate::prices::PriceTable;
     use crate::usage::{
@@ -90,6 +90,7 @@ mod tests {
             PRICE_TABLE_KEY,
             REMOTE_PARENT_KEY,
             DROPPED_EVENTS_KEY,
+            DROPPED_LINKS_KEY,
         ] {
             assert_documented(key);
         }

@@ -57,6 +57,13 @@ pub(crate) const DROPPED_EVENTS_KEY: &str = "flightlog.dropped_events";
 /// 128 by default; one span of 300,000 events in an 8 MiB body made a 34 MB run snapshot). The
 /// rest are counted under [`DROPPED_EVENTS_KEY`].
 pub const MAX_EVENTS_PER_SPAN: usize = 1_024;
+/// attrs key: how many of the span's links were not stored (over [`MAX_LINKS_PER_SPAN`], ids
+/// that are not a trace's and a span's, or dropped by the exporter).
+pub(crate) const DROPPED_LINKS_KEY: &str = "flightlog.dropped_links";
+/// The most links one delivered span stores, the first valid ones as sent (OpenTelemetry SDKs
+/// keep 128 by default): 150,000 links made an 11 MB span row, and a link's ids were stored
+/// as sent, of any length (a 6 MB trace id became 12 MB of hex; an audit).
+pub const MAX_LINKS_PER_SPAN: usize = 1_024;
 /// `Span.flags` bits: the flags say whether the parent is remote, and it is.
 const FLAGS_PARENT_REMOTENESS_KNOWN: u32 = 0x100;
 const FLAGS_PARENT_IS_REMOTE: u32 = 0x200;
@@ -394,7 +401,7 @@ fn map_span(
 }
 
 /// The keys the mapping adds to a span's own attributes, in the order it adds them.
-const ADDED_KEYS: [&str; 8] = [
+const ADDED_KEYS: [&str; 9] = [
     RESOURCE_KEY,
     SCOPE_KEY,
     LINKS_KEY,
@@ -403,6 +410,7 @@ const ADDED_KEYS: [&str; 8] = [
     PRICE_TABLE_KEY,
     REMOTE_PARENT_KEY,
     DROPPED_EVENTS_KEY,
+    DROPPED_LINKS_KEY,
 ];
 
 /// Whether the span's parent lives in another process: the SDK continued a trace from an
@@ -429,7 +437,7 @@ fn span_attrs(
 ) -> ImportedAttrs {
     span.attributes
         .retain(|attribute| !attribute.key.starts_with(RESERVED_KEY_PREFIX));
-    let links = (!span.links.is_empty()).then(|| links_to_json(&span.links, max_bytes));
+    let (links, dropped_links) = stored_links(span, max_bytes);
     let kind = otel_span_kind(span.kind);
     let (cost_source, price_table) = match &cost_source {
         Some(CostSource::Reported) => (Some(COST_SOURCE_REPORTED), None),
@@ -463,6 +471,10 @@ fn span_attrs(
     let dropped_text = (dropped_events > 0).then(|| dropped_events.to_string());
     if let Some(text) = &dropped_text {
         extras.push((DROPPED_EVENTS_KEY, Extra::Text(text)));
+    }
+    let dropped_links_text = (dropped_links > 0).then(|| dropped_links.to_string());
+    if let Some(text) = &dropped_links_text {
+        extras.push((DROPPED_LINKS_KEY, Extra::Text(text)));
     }
     if let Some(text) = attrs_object_text(
         &span.attributes,
@@ -501,6 +513,9 @@ fn span_attrs(
     }
     if dropped_events > 0 {
         attrs.insert(DROPPED_EVENTS_KEY.to_owned(), Value::from(dropped_events));
+    }
+    if dropped_links > 0 {
+        attrs.insert(DROPPED_LINKS_KEY.to_owned(), Value::from(dropped_links));
     }
     ImportedAttrs::Object(attrs)
 }
@@ -605,10 +620,27 @@ fn scope_to_json(scope: &InstrumentationScope, max_bytes: usize) -> Option<Value
     (!object.is_empty()).then_some(Value::Object(object))
 }
 
-fn links_to_json(links: &[span::Link], max_bytes: usize) -> Value {
+/// The span's links as stored (`None` for none) and how many were not: the first
+/// [`MAX_LINKS_PER_SPAN`] whose ids are a trace's (16 bytes) and a span's (8 bytes), not all
+/// zero, are kept; the rest, and the exporter's `droppedLinksCount`, are counted.
+fn stored_links(span: &Span, max_bytes: usize) -> (Option<Value>, usize) {
+    let is_id = |bytes: &[u8], len: usize| bytes.len() == len && bytes.iter().any(|&b| b != 0);
+    let valid: Vec<&span::Link> = span
+        .links
+        .iter()
+        .filter(|link| is_id(&link.trace_id, 16) && is_id(&link.span_id, 8))
+        .take(MAX_LINKS_PER_SPAN)
+        .collect();
+    let exporters = usize::try_from(span.dropped_links_count).unwrap_or(usize::MAX);
+    let dropped = (span.links.len() - valid.len()).saturating_add(exporters);
+    let links = (!valid.is_empty()).then(|| links_to_json(valid, max_bytes));
+    (links, dropped)
+}
+
+fn links_to_json(links: Vec<&span::Link>, max_bytes: usize) -> Value {
     Value::Array(
         links
-            .iter()
+            .into_iter()
             .map(|link| {
                 let mut object = JsonObject::new();
                 object.insert("traceId".to_owned(), Value::from(to_hex(&link.trace_id)));
@@ -1570,6 +1602,45 @@ mod tests {
             object(&only_span(vec![thinned]).attrs)[DROPPED_EVENTS_KEY],
             json!(13)
         );
+    }
+
+    /// A span keeps its first 1,024 links whose ids are a trace's and a span's; the rest, and
+    /// the exporter's `droppedLinksCount`, are counted under `flightlog.dropped_links` (an
+    /// audit stored 150,000 links, and a 6 MB trace id as 12 MB of hex).
+    #[test]
+    fn links_are_bounded_and_their_ids_checked() {
+        let link = |trace_id: Vec<u8>, span_id: Vec<u8>| span::Link {
+            trace_id,
+            span_id,
+            ..span::Link::default()
+        };
+        let mut linked = span(1, None, "linked", vec![]);
+        linked.links = vec![
+            link(vec![7; 6_000], sid(9)),
+            link(vec![0; 16], sid(9)),
+            link(vec![2; 16], vec![0; 8]),
+            link(vec![2; 16], vec![3; 4]),
+        ];
+        linked
+            .links
+            .extend((0..1_100).map(|_| link(vec![2; 16], sid(9))));
+        linked.dropped_links_count = 2;
+        let mapped = only_span(vec![linked]);
+        let attrs = object(&mapped.attrs);
+        let links = attrs[LINKS_KEY].as_array().expect("the links");
+        assert_eq!(links.len(), MAX_LINKS_PER_SPAN);
+        assert_eq!(links[0]["traceId"], json!("02".repeat(16)));
+        // 4 bad ids, 76 past the bound, 2 the exporter dropped.
+        assert_eq!(attrs[DROPPED_LINKS_KEY], json!(4 + 76 + 2));
+        // A span with only bad links stores none, and says so.
+        let mut bad = span(2, None, "bad", vec![]);
+        bad.links = vec![link(vec![1; 3], sid(9))];
+        let only_bad = only_span(vec![bad]);
+        let attrs = object(&only_bad.attrs);
+        assert!(!attrs.contains_key(LINKS_KEY));
+        assert_eq!(attrs[DROPPED_LINKS_KEY], json!(1));
+        let calm = only_span(vec![span(3, None, "calm", vec![])]);
+        assert!(!object(&calm.attrs).contains_key(DROPPED_LINKS_KEY));
     }
 
     /// The `flightlog.` keys are flightlog's own: a client's are dropped, so a forged price
