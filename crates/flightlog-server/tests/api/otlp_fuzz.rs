@@ -2489,14 +2489,22 @@ impl<'a> Fuzz<'a> {
                 (format!("arrays nested {depth} deep"), Expect::Refused)
             }
             14 => {
-                let escape = *rng.pick(&["\\ud800", "\\udfff", "\\ud800\\u0041", "\\u00", "\\x41"]);
+                // A lone UTF-16 surrogate (JavaScript's JSON for half an emoji) is read as
+                // U+FFFD, as the protobuf form is; a broken escape is refused.
+                let (escape, expect) = *rng.pick(&[
+                    ("\\ud800", Expect::Accepted),
+                    ("\\udfff", Expect::Accepted),
+                    ("\\ud800\\u0041", Expect::Accepted),
+                    ("\\u00", Expect::Refused),
+                    ("\\x41", Expect::Refused),
+                ]);
                 let text = serde_json::to_string(&value).expect("JSON").replacen(
                     "\"name\":\"",
                     &format!("\"name\":\"{escape}"),
                     1,
                 );
                 raw = Some(text.into_bytes());
-                (format!("bad escape {escape} in a string"), Expect::Refused)
+                (format!("escape {escape} in a string"), expect)
             }
             15 => {
                 let (number, expect) = *rng.pick(&[
