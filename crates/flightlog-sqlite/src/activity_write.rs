@@ -1028,29 +1028,39 @@ pub(crate) fn sweep_own_orphans(ctx: &mut WriteContext<'_>, now: i64) -> Result<
     Ok(closed)
 }
 
-/// Close the open spans of a server's earlier lives (see [`PREVIOUS_LIVES_SQL`]) and roll up
-/// each run touched. Spans of other writers in the same runs stay open.
+/// Close the first `max_spans` open spans of a server's earlier lives (see
+/// [`PREVIOUS_LIVES_SQL`]) and roll up each run touched, and say whether more are left:
+/// `(spans closed, more)`. Spans of other writers in the same runs stay open.
 pub(crate) fn sweep_previous_lives(
     ctx: &mut WriteContext<'_>,
     life_prefix: &str,
     own_writer: &str,
     now: i64,
-) -> Result<i64, StoreError> {
+    max_spans: i64,
+) -> Result<(i64, bool), StoreError> {
     // Re-read inside the transaction: a span ended since the caller's look is simply absent.
-    let open: Vec<(OpenSpan, i64)> = ctx
-        .statement(PREVIOUS_LIVES_SQL)
-        .and_then(|stmt| {
-            stmt.query_map(params![life_prefix, own_writer], |row| {
-                let span = OpenSpan {
-                    span_key: row.get(0)?,
-                    run_key: row.get(1)?,
-                    attrs: row.get(2)?,
-                };
-                Ok((span, row.get(3)?))
-            })?
+    // One more than asked for, to tell whether any remain.
+    let sql = format!("{PREVIOUS_LIVES_SQL} LIMIT ?3");
+    let mut open: Vec<(OpenSpan, i64)> = ctx
+        .conn
+        .prepare_cached(&sql)
+        .and_then(|mut stmt| {
+            stmt.query_map(
+                params![life_prefix, own_writer, max_spans.saturating_add(1)],
+                |row| {
+                    let span = OpenSpan {
+                        span_key: row.get(0)?,
+                        run_key: row.get(1)?,
+                        attrs: row.get(2)?,
+                    };
+                    Ok((span, row.get(3)?))
+                },
+            )?
             .collect()
         })
         .map_err(backend)?;
+    let more = open.len() as i64 > max_spans;
+    open.truncate(usize::try_from(max_spans).unwrap_or(usize::MAX));
     let input = EndSpanInput {
         outcome: SpanOutcome::Interrupted,
         reason: Some("server restarted".to_owned()),
@@ -1073,7 +1083,7 @@ pub(crate) fn sweep_previous_lives(
     for run_key in runs {
         rollup_run_key(ctx, run_key, RollupIdentity::KeepFirst)?;
     }
-    Ok(closed)
+    Ok((closed, more))
 }
 
 /// Close, as interrupted ("writer went silent"), the first `max_runs` runs that `candidates`
