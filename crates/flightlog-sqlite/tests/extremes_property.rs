@@ -1500,10 +1500,15 @@ impl Model {
             } else {
                 root.last_heartbeat_at
             };
-            let live_failure = match root.outcome {
-                Some(SpanOutcome::Error | SpanOutcome::Timeout) => root.outcome_reason.clone(),
-                Some(SpanOutcome::Interrupted) => Some("interrupted".to_owned()),
-                _ => None,
+            // A live entry's failure reason is what a rollup would say now: the first span to
+            // start that failed with a reason, else `interrupted` for an interrupted root.
+            let live_failure = {
+                let spans: Vec<RollupSpan> = self
+                    .run_spans(run_id)
+                    .into_iter()
+                    .map(|index| RollupSpan::from(&self.spans[index]))
+                    .collect();
+                compute_rollup(&spans).and_then(|fields| fields.failure_reason)
             };
             let span_count = self
                 .spans
