@@ -43,6 +43,8 @@ const PRUNE_RUNS_PER_WRITE: i64 = 100;
 /// The most spans one write job of the boot sweep (`sweep_previous_lives`) closes: about
 /// 10 – 30 ms of the writer's time, and that many spans' attrs in memory.
 const SWEEP_SPANS_PER_WRITE: i64 = 1_000;
+/// The most runs one write job of `sweep_stale` or `sweep_own_orphans` closes.
+const SWEEP_RUNS_PER_WRITE: i64 = 100;
 
 /// The most spans, and separately the most events, a run's snapshot may have to be read on the
 /// caller's thread; a bigger run's snapshot runs apart (see [`SqliteDatabase::read_apart`]).
@@ -669,9 +671,20 @@ impl ActivityStore for SqliteActivityStore {
         if !self.db.read(|conn| any_row(conn, ORPHAN_RUNS_SQL, []))? {
             return Ok(0);
         }
-        self.db
-            .write(move |ctx| write::sweep_own_orphans(ctx, now))
-            .await
+        // In write jobs of at most `SWEEP_RUNS_PER_WRITE` runs, in the reference's order (as
+        // the boot sweep's parts, and for the same reason).
+        let mut closed = 0;
+        loop {
+            let (part, more) = self
+                .db
+                .write(move |ctx| write::sweep_own_orphans(ctx, now, SWEEP_RUNS_PER_WRITE))
+                .await?;
+            closed += part;
+            // (A step that closed nothing would find the same candidates again.)
+            if !more || part == 0 {
+                return Ok(closed);
+            }
+        }
     }
 
     async fn sweep_previous_lives(&self, life_prefix: &str) -> Result<i64, StoreError> {
@@ -702,18 +715,27 @@ impl ActivityStore for SqliteActivityStore {
                 })
                 .await?;
             closed += part;
-            if !more {
+            // (A step that closed nothing would find the same candidates again.)
+            if !more || part == 0 {
                 return Ok(closed);
             }
         }
     }
 
     async fn sweep_stale(&self, stale_after_ms: i64, now: Option<i64>) -> Result<i64, StoreError> {
-        // One step without a limit: every stale run in one transaction, as the reference.
-        let (closed, _) = self
-            .sweep_silent_step(STALE_RUNS_SQL, stale_after_ms, now, i64::MAX)
-            .await?;
-        Ok(closed)
+        // Every stale run, as the reference's, in steps of at most `SWEEP_RUNS_PER_WRITE` runs
+        // in its order (one transaction held every writer for as long as the whole sweep).
+        let mut closed = 0;
+        loop {
+            let (part, more) = self
+                .sweep_silent_step(STALE_RUNS_SQL, stale_after_ms, now, SWEEP_RUNS_PER_WRITE)
+                .await?;
+            closed += part;
+            // (A step that closed nothing would find the same candidates again.)
+            if !more || part == 0 {
+                return Ok(closed);
+            }
+        }
     }
 
     async fn sweep_stale_step(

@@ -1013,10 +1013,21 @@ fn run_keys(
         .map_err(backend)
 }
 
-pub(crate) fn sweep_own_orphans(ctx: &mut WriteContext<'_>, now: i64) -> Result<i64, StoreError> {
+/// Close the first `max_runs` runs [`ORPHAN_RUNS_SQL`] lists, and say whether it lists more:
+/// `(spans closed, more)`.
+pub(crate) fn sweep_own_orphans(
+    ctx: &mut WriteContext<'_>,
+    now: i64,
+    max_runs: i64,
+) -> Result<(i64, bool), StoreError> {
     let mut closed = 0;
     // Re-read inside the transaction: a run closed since the caller's look is simply absent.
-    for run_key in run_keys(ctx.conn, ORPHAN_RUNS_SQL, [])? {
+    // One more than asked for, to tell whether any remain.
+    let sql = format!("{ORPHAN_RUNS_SQL} LIMIT ?1");
+    let mut run_keys = run_keys(ctx.conn, &sql, [max_runs.saturating_add(1)])?;
+    let more = run_keys.len() as i64 > max_runs;
+    run_keys.truncate(usize::try_from(max_runs).unwrap_or(usize::MAX));
+    for run_key in run_keys {
         closed += close_run(
             ctx,
             run_key,
@@ -1025,7 +1036,7 @@ pub(crate) fn sweep_own_orphans(ctx: &mut WriteContext<'_>, now: i64) -> Result<
             now,
         )?;
     }
-    Ok(closed)
+    Ok((closed, more))
 }
 
 /// Close the first `max_spans` open spans of a server's earlier lives (see

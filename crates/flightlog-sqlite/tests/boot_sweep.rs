@@ -1,6 +1,8 @@
-//! The boot sweep (`sweep_previous_lives`) on a real SQLite file: the open spans of a server's
-//! earlier lives are closed in write jobs of at most 1,000 spans (one transaction of 300,000
-//! held every other server's writes on the file 5.9 s), all of them, and no other writer's.
+//! The sweeps on a real SQLite file, each in bounded write jobs: the boot sweep
+//! (`sweep_previous_lives`) closes the open spans of a server's earlier lives in jobs of at
+//! most 1,000 spans (one transaction of 300,000 held every other server's writes on the file
+//! 5.9 s), all of them, and no other writer's; `sweep_stale` and `sweep_own_orphans` (the
+//! reference's endpoints) close their runs 100 a job, every one of them, counted together.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -91,4 +93,48 @@ async fn an_earlier_lifes_open_spans_are_closed_in_parts_and_no_one_elses() {
         0,
         "nothing left"
     );
+}
+
+#[tokio::test]
+async fn the_stale_and_orphan_sweeps_close_every_run_in_parts() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("sweeps.db")))
+        .expect("the database opens");
+    let clock = Arc::new(ManualClock::new(5_000));
+    let writer = SqliteActivityStore::with_identity(db.clone(), clock.clone(), "client-1");
+    let sweeper = SqliteActivityStore::with_identity(db.clone(), clock.clone(), "maintenance");
+    let transactions = || db.writer_stats().groups.load(Ordering::Relaxed);
+    // 250 runs of an open root and an open child each: stale by 100,000.
+    let open_runs = |prefix: &'static str| {
+        let writer = &writer;
+        async move {
+            for run in 0..250 {
+                let run_id = format!("{prefix}-{run}");
+                let root = format!("{run_id}-root");
+                writer
+                    .start_span(span(root.clone(), &run_id, None, 0))
+                    .await
+                    .expect("started");
+                writer
+                    .start_span(span(format!("{run_id}-child"), &run_id, Some(root), 1))
+                    .await
+                    .expect("started");
+            }
+        }
+    };
+    open_runs("stale").await;
+    clock.set(100_000);
+    let before = transactions();
+    let closed = sweeper.sweep_stale(10_000, None).await.expect("swept");
+    assert_eq!(closed, 500);
+    assert!(transactions() - before >= 3, "{}", transactions() - before);
+    assert!(sweeper.open_root_spans().await.expect("read").is_empty());
+    open_runs("orphan").await;
+    let before = transactions();
+    let closed = sweeper.sweep_own_orphans().await.expect("swept");
+    assert_eq!(closed, 500);
+    assert!(transactions() - before >= 3, "{}", transactions() - before);
+    assert!(sweeper.open_root_spans().await.expect("read").is_empty());
+    assert_eq!(sweeper.sweep_own_orphans().await.expect("swept"), 0);
+    assert_eq!(sweeper.sweep_stale(10_000, None).await.expect("swept"), 0);
 }
