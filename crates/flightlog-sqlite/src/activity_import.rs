@@ -776,6 +776,24 @@ pub(crate) fn import_spans(
     crate::activity_write::defer_changes(ctx, |ctx| import_each(ctx, spans, writer, now, codec))
 }
 
+/// How stale a run's `imported_at` may be before a delivery rewrites it: the row is written at
+/// most once in this long, not at every delivery.
+const ARRIVAL_STAMP_MS: i64 = 10_000;
+
+/// Stamp the run as written by a delivery at `now` (see schema version 15): the scheduled
+/// retention and the hard ceiling keep a run that arrived within their window, whatever times
+/// its exporter gave its spans.
+fn note_arrival(ctx: &mut WriteContext<'_>, run_key: i64, now: i64) -> Result<(), StoreError> {
+    ctx.conn
+        .prepare_cached(
+            "UPDATE activity_runs SET imported_at = ?2 WHERE run_key = ?1 \
+             AND COALESCE(imported_at, -9223372036854775807 - 1) < ?2 - ?3",
+        )
+        .and_then(|mut stmt| stmt.execute(params![run_key, now, ARRIVAL_STAMP_MS]))
+        .map_err(backend)?;
+    Ok(())
+}
+
 /// [`import_spans`]' work, each span in turn.
 fn import_each(
     ctx: &mut WriteContext<'_>,
@@ -931,6 +949,7 @@ fn import_each(
         }
     }
     for (run_key, run_spans, origin) in touched {
+        note_arrival(ctx, run_key, now)?;
         match run_spans {
             RunSpans::New(mut run_spans) => {
                 // A new run holds just these spans: without a root among them it waits for one.

@@ -1340,7 +1340,9 @@ type PruneCandidate = ((i64, i64), i64);
 /// so a busy session costs little each pass), and [`quiet_candidates`] then that none ended
 /// since: the rollup's end is its first root's, so a session of several turns whose first turn
 /// ended longer ago than the retention lost its latest turn minutes after it ended (an audit's
-/// finding). The endpoint keeps the reference's rule.
+/// finding); and that no OTLP delivery wrote to it since (`activity_runs.imported_at`, the
+/// server's clock), so a trace replayed with month-old times stays for the retention's length
+/// after its arrival. The endpoint keeps the reference's rule.
 fn rolled_up_candidates(
     conn: &rusqlite::Connection,
     detail_pruned: i64,
@@ -1359,6 +1361,8 @@ fn rolled_up_candidates(
            AND (?5 = 0 OR NOT EXISTS (SELECT 1 FROM activity_spans s \
                                 WHERE s.run_key = o.run_key \
                                   AND s.started_at BETWEEN ?6 AND ?7)) \
+           AND (?5 = 0 OR NOT EXISTS (SELECT 1 FROM activity_runs a \
+                                WHERE a.run_key = o.run_key AND a.imported_at >= ?6)) \
          ORDER BY o.ended_at, o.run_key LIMIT ?3",
     )
     .and_then(|mut stmt| {
@@ -1697,6 +1701,8 @@ pub(crate) fn prune(
                                AND (s.outcome IS NULL OR s.origin <> 'otlp')) \
                AND (SELECT MAX(MAX(s.started_at, COALESCE(s.ended_at, s.started_at))) \
                     FROM activity_spans s WHERE s.run_key = w.run_key) < ?1 \
+               AND NOT EXISTS (SELECT 1 FROM activity_runs a \
+                               WHERE a.run_key = w.run_key AND a.imported_at >= ?1) \
              ORDER BY w.started_at, w.run_key LIMIT ?2",
             )
             .and_then(|mut stmt| {

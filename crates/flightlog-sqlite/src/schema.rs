@@ -312,6 +312,15 @@ UPDATE journal_engagements
 DROP INDEX journal_engagements_by_arrival;
 CREATE INDEX journal_engagements_by_arrival ON journal_engagements (appended_bucket);
 "#,
+    // Version 15: when an OTLP delivery last wrote to each run, by the server's clock (to ten
+    // seconds: a delivery rewrites it only when it is older than that), so the scheduled
+    // retention and the hard ceiling judge an imported run by its arrival too, not by the
+    // exporter's times alone: a trace replayed or backfilled with month-old timestamps was
+    // pruned within a minute of its arrival, and its later spans refused (an audit's finding).
+    // Rows of runs no delivery touched keep it null.
+    r#"
+ALTER TABLE activity_runs ADD COLUMN imported_at INTEGER;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -1627,3 +1627,60 @@ async fn a_trace_with_two_roots_rolls_up_both_calls() {
     assert_eq!(both.name, "call-1-name");
     assert_eq!(both.span_count, 4);
 }
+
+/// An imported run is judged by the scheduled retention and the hard ceiling by its arrival
+/// too (`activity_runs.imported_at`, the server's clock), not by its exporter's times alone: a
+/// trace replayed with timestamps far in the past was pruned within a minute of arriving, and
+/// its later spans refused (an audit's finding). Once its arrival is older than the window,
+/// it goes as any run.
+#[tokio::test]
+async fn an_imported_run_is_kept_for_the_retention_after_it_arrived() {
+    const DAY: i64 = 86_400_000;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let db = SqliteDatabase::open(SqliteConfig::new(dir.path().join("arrival.db")))
+        .expect("the database opens");
+    let clock = Arc::new(ManualClock::new(100 * DAY));
+    let store = SqliteActivityStore::with_identity(db, clock.clone(), "otlp");
+    // A whole trace and one whose root never comes, both stamped 100 days ago by the exporter.
+    let whole = vec![
+        span("root", None, SpanKind::Turn, 1_000),
+        span("tool", Some("root"), SpanKind::Tool, 1_010),
+    ];
+    let mut rootless = span("orphan", Some("elsewhere"), SpanKind::Tool, 1_000);
+    rootless.run_id = "trace2".into();
+    store.import_spans(whole).await.expect("imported");
+    store.import_spans(vec![rootless]).await.expect("imported");
+    let scheduled = |now: i64| PruneOptions {
+        digest_floor_at: now - 30 * DAY,
+        hard_ceiling_ms: 30 * DAY,
+        now: Some(now),
+        batch: Some(50),
+        max_spans: Some(5_000),
+        scheduled: true,
+    };
+    let pruned = store
+        .prune(scheduled(100 * DAY + 60_000))
+        .await
+        .expect("pruned");
+    assert_eq!(pruned.runs_pruned, 0, "both arrived a minute ago");
+    // A late span of the replayed trace is taken, not refused as a pruned run's.
+    let late = store
+        .import_spans(vec![span("late", Some("root"), SpanKind::Tool, 1_020)])
+        .await
+        .expect("imported");
+    assert!(late.rejected.is_empty(), "{:?}", late.rejected);
+    // The endpoint's hard ceiling keeps the rootless run by its arrival too (the whole trace,
+    // rolled up, goes by the reference's rule).
+    let endpoint = PruneOptions {
+        scheduled: false,
+        max_spans: None,
+        ..scheduled(100 * DAY + 60_000)
+    };
+    store.prune(endpoint).await.expect("pruned");
+    assert!(store.get_span("orphan").await.expect("read").is_some());
+    // A month and a day after its arrival, the rootless run goes as any old run.
+    clock.set(131 * DAY);
+    let pruned = store.prune(scheduled(131 * DAY)).await.expect("pruned");
+    assert!(pruned.runs_pruned >= 1, "{pruned:?}");
+    assert!(store.get_span("orphan").await.expect("read").is_none());
+}
