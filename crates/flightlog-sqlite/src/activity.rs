@@ -667,24 +667,24 @@ impl ActivityStore for SqliteActivityStore {
 
     async fn sweep_own_orphans(&self) -> Result<i64, StoreError> {
         let now = self.now();
-        // The common case finds nothing and must not take the write lock for it.
-        if !self.db.read(|conn| any_row(conn, ORPHAN_RUNS_SQL, []))? {
-            return Ok(0);
-        }
-        // In write jobs of at most `SWEEP_RUNS_PER_WRITE` runs, in the reference's order (as
-        // the boot sweep's parts, and for the same reason).
+        // The runs are read once, as the reference's look (the common case finds none and takes
+        // no write lock), then closed in write jobs of at most `SWEEP_RUNS_PER_WRITE` runs in its
+        // order (one transaction held every writer for the whole sweep; a list read again for
+        // each part grouped every open span each time: a review's finding).
+        let run_keys = self
+            .db
+            .read_apart(|_, conn| write::run_keys(conn, ORPHAN_RUNS_SQL, []))
+            .await?;
         let mut closed = 0;
-        loop {
-            let (part, more) = self
+        let part_len = usize::try_from(SWEEP_RUNS_PER_WRITE).unwrap_or(usize::MAX);
+        for part in run_keys.chunks(part_len) {
+            let part = part.to_vec();
+            closed += self
                 .db
-                .write(move |ctx| write::sweep_own_orphans(ctx, now, SWEEP_RUNS_PER_WRITE))
+                .write(move |ctx| write::sweep_own_orphans(ctx, now, &part))
                 .await?;
-            closed += part;
-            // (A step that closed nothing would find the same candidates again.)
-            if !more || part == 0 {
-                return Ok(closed);
-            }
         }
+        Ok(closed)
     }
 
     async fn sweep_previous_lives(&self, life_prefix: &str) -> Result<i64, StoreError> {
@@ -696,7 +696,7 @@ impl ActivityStore for SqliteActivityStore {
             any_row(
                 conn,
                 PREVIOUS_LIVES_SQL,
-                params![prefix.as_str(), writer.as_ref()],
+                params![prefix.as_str(), writer.as_ref(), i64::MIN],
             )
         })?;
         if !found {
@@ -705,16 +705,25 @@ impl ActivityStore for SqliteActivityStore {
         // In write jobs of at most `SWEEP_SPANS_PER_WRITE` spans: one transaction closing the
         // 300,000 open spans a killed server left held every other server's writes on the file
         // 5.9 s (1.5 million: 10 s, and a 503), and read every span's attrs at once (824 MB).
+        // Each part goes on from the run the last one ended in.
         let mut closed = 0;
+        let mut from_run = i64::MIN;
         loop {
             let (prefix, writer) = (prefix.clone(), writer.clone());
-            let (part, more) = self
+            let (part, more, last_run) = self
                 .db
                 .write(move |ctx| {
-                    write::sweep_previous_lives(ctx, &prefix, &writer, now, SWEEP_SPANS_PER_WRITE)
+                    write::sweep_previous_lives(
+                        ctx,
+                        &prefix,
+                        &writer,
+                        now,
+                        (from_run, SWEEP_SPANS_PER_WRITE),
+                    )
                 })
                 .await?;
             closed += part;
+            from_run = last_run;
             // (A step that closed nothing would find the same candidates again.)
             if !more || part == 0 {
                 return Ok(closed);
@@ -724,7 +733,9 @@ impl ActivityStore for SqliteActivityStore {
 
     async fn sweep_stale(&self, stale_after_ms: i64, now: Option<i64>) -> Result<i64, StoreError> {
         // Every stale run, as the reference's, in steps of at most `SWEEP_RUNS_PER_WRITE` runs
-        // in its order (one transaction held every writer for as long as the whole sweep).
+        // in its order (one transaction held every writer for as long as the whole sweep), all
+        // judged by one cutoff, as the reference's one look.
+        let now = Some(now.unwrap_or_else(|| self.now()));
         let mut closed = 0;
         loop {
             let (part, more) = self
@@ -1110,7 +1121,8 @@ impl ActivityStore for SqliteActivityStore {
             now,
         };
         // One write job prunes at most `PRUNE_RUNS_PER_WRITE` runs: an admin prune of 10,000
-        // runs in one transaction held every writer for 1 – 2 s (a scale audit). Each part
+        // runs in one transaction held every writer for 0.25 s (10 spans a run: bench/
+        // prune_under_load.py) to 2 s (a scale audit's larger runs). Each part
         // takes the next runs of the same order (ended, then key), so the parts together prune
         // what one transaction would, and count as much; a part that finds fewer runs than it
         // may take is the last. The scheduled prune bounds itself (a span budget) and stays one.

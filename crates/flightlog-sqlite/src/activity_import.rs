@@ -782,12 +782,13 @@ const ARRIVAL_STAMP_MS: i64 = 10_000;
 
 /// Stamp the run as written by a delivery at `now` (see schema version 15): the scheduled
 /// retention and the hard ceiling keep a run that arrived within their window, whatever times
-/// its exporter gave its spans.
+/// its exporter gave its spans. A stamp after `now` (a clock set back since) is rewritten.
 fn note_arrival(ctx: &mut WriteContext<'_>, run_key: i64, now: i64) -> Result<(), StoreError> {
     ctx.conn
         .prepare_cached(
             "UPDATE activity_runs SET imported_at = ?2 WHERE run_key = ?1 \
-             AND COALESCE(imported_at, -9223372036854775807 - 1) < ?2 - ?3",
+             AND (COALESCE(imported_at, -9223372036854775807 - 1) < ?2 - ?3 \
+                  OR imported_at > ?2)",
         )
         .and_then(|mut stmt| stmt.execute(params![run_key, now, ARRIVAL_STAMP_MS]))
         .map_err(backend)?;
@@ -809,6 +810,10 @@ fn import_each(
     let mut touched_at: HashMap<i64, usize> = HashMap::new();
     // Whether each stored run this delivery names had its detail pruned (read once a run).
     let mut pruned_runs: HashMap<i64, bool> = HashMap::new();
+    // The runs this delivery wrote to (a span or an event stored, a span completed or renewed):
+    // stamped as arrived. Not a run it only repeated ended spans of: a replayer sending one old
+    // trace again and again would hold it from the retention for good (a review's finding).
+    let mut written_runs: foldhash::HashSet<i64> = foldhash::HashSet::default();
     let writer_key = writer_key_of(ctx, writer)?;
     for prepared in spans {
         let span = &prepared.span;
@@ -851,6 +856,7 @@ fn import_each(
         // per span.)
         let parent = stored_parent(ctx, span, run_key)?;
         if let Some(span_key) = insert_new_span(ctx, prepared, parent, run_key, writer_key, now)? {
+            written_runs.insert(run_key);
             log_change(ctx, run_key, span_key, None)?;
             // Spans continued from this one in another service, delivered before it, come
             // under it (the rollup then reads the run back: a root of it moved). First, so
@@ -900,6 +906,7 @@ fn import_each(
                 && span.end.is_some()
                 && place_closed_root(ctx, span, parent, &existing)?
             {
+                written_runs.insert(run_key);
                 report.completed += 1;
                 continue;
             }
@@ -912,8 +919,12 @@ fn import_each(
                 if !existing.same_origin && !prepared.events.is_empty() {
                     let span_key = existing.span_key;
                     let add = events_to_add(&prepared.events, held_events(ctx, span_key, codec)?);
-                    report.events_added +=
+                    let added =
                         insert_events(ctx, span_key, run_key, &prepared.events, Some(&add))?;
+                    if added > 0 {
+                        written_runs.insert(run_key);
+                    }
+                    report.events_added += added;
                 }
                 continue;
             }
@@ -935,6 +946,7 @@ fn import_each(
             // root still waiting for its remote caller waits on.
             let awaits_caller = existing.same_origin && parent.is_none();
             complete_open_span(ctx, prepared, parent, &update, existing, now)?;
+            written_runs.insert(run_key);
             if awaits_caller {
                 remote_callers::note_awaiting(ctx, run_key, span_key, span.remote_parent.as_ref())?;
             }
@@ -949,7 +961,9 @@ fn import_each(
         }
     }
     for (run_key, run_spans, origin) in touched {
-        note_arrival(ctx, run_key, now)?;
+        if written_runs.contains(&run_key) {
+            note_arrival(ctx, run_key, now)?;
+        }
         match run_spans {
             RunSpans::New(mut run_spans) => {
                 // A new run holds just these spans: without a root among them it waits for one.

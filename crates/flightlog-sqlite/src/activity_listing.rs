@@ -199,7 +199,8 @@ const LIVE: &str = concat!(
 /// reason of the first span to start that ended `error` or `timeout` with one, else (below)
 /// `interrupted` for an interrupted root. The root's reason alone left a run that failed in a
 /// tool call without one until someone rolled it up (an audit: 65 of 150 ended runs differed).
-/// The run's spans in start order on `activity_spans_by_run`, to the first such span.
+/// The run's spans in start order on `activity_spans_by_run`, to the first such span; not
+/// read for a run whose first root is open (an open run shows no failure reason).
 const FIRST_FAILURE_REASON: &str = "(SELECT f.outcome_reason FROM activity_spans f \
      INDEXED BY activity_spans_by_run \
      WHERE f.run_key = s.run_key AND f.outcome IN ('error', 'timeout') \
@@ -232,8 +233,9 @@ fn roots_sql(query: &RunListQuery) -> String {
          CASE WHEN {LIVE} THEN s.cache_read_tokens ELSE u.cache_read_tokens END, \
          CASE WHEN {LIVE} THEN s.cache_creation_tokens ELSE u.cache_creation_tokens END, \
          CASE WHEN {LIVE} THEN s.cost_usd ELSE u.cost_usd END, \
-         CASE WHEN {LIVE} THEN COALESCE({FIRST_FAILURE_REASON}, \
-           CASE WHEN s.outcome = 'interrupted' THEN 'interrupted' END) ELSE u.failure_reason END, \
+         CASE WHEN NOT {LIVE} THEN u.failure_reason WHEN s.outcome IS NULL THEN NULL \
+           ELSE COALESCE({FIRST_FAILURE_REASON}, \
+           CASE WHEN s.outcome = 'interrupted' THEN 'interrupted' END) END, \
          CASE WHEN s.outcome IS NULL THEN s.last_heartbeat_at \
            ELSE COALESCE({OPEN_ROOTS_HEARTBEAT}, s.last_heartbeat_at) END, NOT {LIVE}, \
          COALESCE(u.detail_pruned, 0), s.run_key \

@@ -946,13 +946,15 @@ pub(crate) const ORPHAN_RUNS_SQL: &str = "SELECT s.run_key FROM activity_spans s
      JOIN activity_runs r ON r.run_key = s.run_key \
      WHERE s.outcome IS NULL AND s.origin = 'session' GROUP BY s.run_key ORDER BY r.run_id";
 
-/// Open spans written by an earlier life of a server (writer starting with `?1`, not `?2`),
-/// by run, children before parents: the named boot sweep's targets. It walks the index of
-/// open spans, never the whole span table.
+/// Open spans written by an earlier life of a server (writer starting with `?1`, not `?2`), of
+/// runs from key `?3` on, by run, children before parents: the named boot sweep's targets. It
+/// walks the index of open spans, never the whole span table, from the run the last part of the
+/// sweep ended in (each part read it from the start again, other writers' open spans too).
 pub(crate) const PREVIOUS_LIVES_SQL: &str = "SELECT s.span_key, s.run_key, s.attrs, s.started_at \
      FROM activity_spans s INDEXED BY activity_spans_open_by_run \
      JOIN activity_writers w ON w.writer_key = s.writer_key \
-     WHERE s.outcome IS NULL AND substr(w.writer, 1, length(?1)) = ?1 AND w.writer != ?2 \
+     WHERE s.outcome IS NULL AND s.run_key >= ?3 \
+       AND substr(w.writer, 1, length(?1)) = ?1 AND w.writer != ?2 \
      ORDER BY s.run_key, s.started_at DESC, s.span_key DESC";
 
 /// Runs whose open root was started by another writer and whose root heartbeat (or start) is
@@ -1003,7 +1005,7 @@ pub(crate) const SILENT_STALE_RUNS_SQL: &str = "SELECT s.run_key FROM activity_s
            AND COALESCE(f.last_heartbeat_at, f.started_at) >= ?2) \
      ORDER BY s.started_at, s.span_key";
 
-fn run_keys(
+pub(crate) fn run_keys(
     conn: &Connection,
     sql: &str,
     params: impl rusqlite::Params,
@@ -1013,21 +1015,15 @@ fn run_keys(
         .map_err(backend)
 }
 
-/// Close the first `max_runs` runs [`ORPHAN_RUNS_SQL`] lists, and say whether it lists more:
-/// `(spans closed, more)`.
+/// Close the runs `run_keys` (a part of what [`ORPHAN_RUNS_SQL`] listed): spans closed. A run
+/// closed since the list was read closes nothing.
 pub(crate) fn sweep_own_orphans(
     ctx: &mut WriteContext<'_>,
     now: i64,
-    max_runs: i64,
-) -> Result<(i64, bool), StoreError> {
+    run_keys: &[i64],
+) -> Result<i64, StoreError> {
     let mut closed = 0;
-    // Re-read inside the transaction: a run closed since the caller's look is simply absent.
-    // One more than asked for, to tell whether any remain.
-    let sql = format!("{ORPHAN_RUNS_SQL} LIMIT ?1");
-    let mut run_keys = run_keys(ctx.conn, &sql, [max_runs.saturating_add(1)])?;
-    let more = run_keys.len() as i64 > max_runs;
-    run_keys.truncate(usize::try_from(max_runs).unwrap_or(usize::MAX));
-    for run_key in run_keys {
+    for &run_key in run_keys {
         closed += close_run(
             ctx,
             run_key,
@@ -1036,28 +1032,34 @@ pub(crate) fn sweep_own_orphans(
             now,
         )?;
     }
-    Ok((closed, more))
+    Ok(closed)
 }
 
 /// Close the first `max_spans` open spans of a server's earlier lives (see
-/// [`PREVIOUS_LIVES_SQL`]) and roll up each run touched, and say whether more are left:
-/// `(spans closed, more)`. Spans of other writers in the same runs stay open.
+/// [`PREVIOUS_LIVES_SQL`]) of runs from key `from_run` on and roll up each run touched, and say
+/// whether more are left and the last run touched: `(spans closed, more, last run)`. Spans of
+/// other writers in the same runs stay open.
 pub(crate) fn sweep_previous_lives(
     ctx: &mut WriteContext<'_>,
     life_prefix: &str,
     own_writer: &str,
     now: i64,
-    max_spans: i64,
-) -> Result<(i64, bool), StoreError> {
+    (from_run, max_spans): (i64, i64),
+) -> Result<(i64, bool, i64), StoreError> {
     // Re-read inside the transaction: a span ended since the caller's look is simply absent.
     // One more than asked for, to tell whether any remain.
-    let sql = format!("{PREVIOUS_LIVES_SQL} LIMIT ?3");
+    let sql = format!("{PREVIOUS_LIVES_SQL} LIMIT ?4");
     let mut open: Vec<(OpenSpan, i64)> = ctx
         .conn
         .prepare_cached(&sql)
         .and_then(|mut stmt| {
             stmt.query_map(
-                params![life_prefix, own_writer, max_spans.saturating_add(1)],
+                params![
+                    life_prefix,
+                    own_writer,
+                    from_run,
+                    max_spans.saturating_add(1)
+                ],
                 |row| {
                     let span = OpenSpan {
                         span_key: row.get(0)?,
@@ -1081,6 +1083,7 @@ pub(crate) fn sweep_previous_lives(
     };
     let mut runs: Vec<i64> = Vec::new();
     let mut closed = 0;
+    let last_run = open.last().map_or(from_run, |(span, _)| span.run_key);
     for (span, started_at) in open {
         if runs.last() != Some(&span.run_key) {
             runs.push(span.run_key);
@@ -1094,7 +1097,7 @@ pub(crate) fn sweep_previous_lives(
     for run_key in runs {
         rollup_run_key(ctx, run_key, RollupIdentity::KeepFirst)?;
     }
-    Ok((closed, more))
+    Ok((closed, more, last_run))
 }
 
 /// Close, as interrupted ("writer went silent"), the first `max_runs` runs that `candidates`
@@ -1362,7 +1365,8 @@ fn rolled_up_candidates(
                                 WHERE s.run_key = o.run_key \
                                   AND s.started_at BETWEEN ?6 AND ?7)) \
            AND (?5 = 0 OR NOT EXISTS (SELECT 1 FROM activity_runs a \
-                                WHERE a.run_key = o.run_key AND a.imported_at >= ?6)) \
+                                WHERE a.run_key = o.run_key \
+                                  AND a.imported_at BETWEEN ?6 AND ?7)) \
          ORDER BY o.ended_at, o.run_key LIMIT ?3",
     )
     .and_then(|mut stmt| {
@@ -1699,14 +1703,16 @@ pub(crate) fn prune(
                                WHERE o.run_key = w.run_key AND o.detail_pruned = 0) \
                AND NOT EXISTS (SELECT 1 FROM activity_spans s WHERE s.run_key = w.run_key \
                                AND (s.outcome IS NULL OR s.origin <> 'otlp')) \
+               AND NOT EXISTS (SELECT 1 FROM activity_runs a \
+                               WHERE a.run_key = w.run_key AND a.imported_at BETWEEN ?1 AND ?3) \
                AND (SELECT MAX(MAX(s.started_at, COALESCE(s.ended_at, s.started_at))) \
                     FROM activity_spans s WHERE s.run_key = w.run_key) < ?1 \
-               AND NOT EXISTS (SELECT 1 FROM activity_runs a \
-                               WHERE a.run_key = w.run_key AND a.imported_at >= ?1) \
              ORDER BY w.started_at, w.run_key LIMIT ?2",
             )
             .and_then(|mut stmt| {
-                stmt.query_map(params![plan.ceiling, remaining], |row| {
+                // (An arrival stamped far after now, by a clock since set back, holds a run no
+                // longer than a span's time does: see `PrunePlan::recent`.)
+                stmt.query_map(params![plan.ceiling, remaining, plan.recent().1], |row| {
                     Ok((row.get(0)?, row.get(1)?))
                 })?
                 .collect()

@@ -79,8 +79,9 @@ pub struct SqliteConfig {
     pub write_queue_capacity: usize,
     /// `prune` trims change rows of finished runs this many change ids behind the newest.
     pub change_log_retention: i64,
-    /// The most change rows one `prune` call trims (at least 1; default 20,000), so that the
-    /// first prune of a big database does not hold the write lock for seconds.
+    /// The most change rows one write job of a `prune` call trims (at least 1; default 20,000),
+    /// so that the first prune of a big database does not hold the write lock for seconds (an
+    /// endpoint prune of many runs is several jobs, each trimming up to this many).
     pub change_log_trim_batch: i64,
     /// WAL frames (pages) in use past which the writer rewinds the WAL itself and takes no new
     /// group until it has (256 to 2^20; default 32,768 frames, 128 MiB of 4 KiB pages). The

@@ -501,7 +501,7 @@ async fn read_whole<T>(
     then: impl FnOnce(Vec<EngagementEvent>) -> T,
 ) -> Result<T, StoreError> {
     let (tail, cut) =
-        db.read(|conn| read_tail_cut(conn, engagement_id, from_seq, WHOLE_READ_ON_A_WORKER))?;
+        db.read(|conn| read_tail_cut(conn, engagement_id, from_seq, WHOLE_READ_ON_A_WORKER, true))?;
     if !cut {
         return Ok(then(tail.events));
     }
@@ -519,15 +519,19 @@ fn read_tail(
     from_seq: i64,
     bound: TailBound,
 ) -> Result<JournalTail, StoreError> {
-    read_tail_cut(conn, engagement_id, from_seq, bound).map(|(tail, _)| tail)
+    read_tail_cut(conn, engagement_id, from_seq, bound, false).map(|(tail, _)| tail)
 }
 
-/// [`read_tail`], and whether the bound left events unread.
+/// [`read_tail`], and whether the bound left events unread. `strict`: an event whose data would
+/// take the read past the bound's bytes is left unread (cut) before it is decoded, the first
+/// too (a stream's page takes at least one; a whole read's look on a worker must not decode an
+/// 8 MiB event there).
 fn read_tail_cut(
     conn: &Connection,
     engagement_id: &str,
     from_seq: i64,
     bound: TailBound,
+    strict: bool,
 ) -> Result<(JournalTail, bool), StoreError> {
     let mut stmt = conn
         .prepare_cached(
@@ -559,6 +563,9 @@ fn read_tail_cut(
         }
         // The data's stored JSON text: its length is the bound's measure.
         bytes = bytes.saturating_add(data.as_bytes().map_or(0, <[u8]>::len));
+        if strict && bytes > bound.max_bytes {
+            return Ok((tail, true));
+        }
         tail.events.push(decoder.decode(row, false)?.0);
     }
     Ok((tail, false))

@@ -1678,8 +1678,13 @@ async fn an_imported_run_is_kept_for_the_retention_after_it_arrived() {
     };
     store.prune(endpoint).await.expect("pruned");
     assert!(store.get_span("orphan").await.expect("read").is_some());
-    // A month and a day after its arrival, the rootless run goes as any old run.
+    // A month and a day after its arrival, the rootless run goes as any old run, even when the
+    // same ended span is delivered again (a repeat writes nothing, so stamps no arrival).
     clock.set(131 * DAY);
+    let mut again = span("orphan", Some("elsewhere"), SpanKind::Tool, 1_000);
+    again.run_id = "trace2".into();
+    let repeat = store.import_spans(vec![again]).await.expect("imported");
+    assert_eq!(repeat.unchanged, 1);
     let pruned = store.prune(scheduled(131 * DAY)).await.expect("pruned");
     assert!(pruned.runs_pruned >= 1, "{pruned:?}");
     assert!(store.get_span("orphan").await.expect("read").is_none());

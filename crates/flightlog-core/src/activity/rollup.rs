@@ -557,7 +557,7 @@ fn nearest_reporting_model_above(spans: &[RollupSpan]) -> Vec<Option<usize>> {
             SpanKind::Tool | SpanKind::Subagent | SpanKind::Turn | SpanKind::Cron
         )
     };
-    let mut nearest = first_above(
+    let nearest = first_above(
         spans.len(),
         |at| {
             spans[at]
@@ -568,16 +568,34 @@ fn nearest_reporting_model_above(spans: &[RollupSpan]) -> Vec<Option<usize>> {
         },
         |parent| reports_model_usage(&spans[parent]),
     );
+    // A span naming a call other than the one above it looks further up, past it: one whose
+    // call it may be is a framework's span around both (an aggregate with no id, say), which
+    // must still stand for it, or the call counted twice (a review's finding). At most
+    // `MOST_CALL_HOPS` spans are passed over (chains of distinct calls are the writers' ids:
+    // walking every one to its top cost nodes x depth); past that the span is a call of its own.
     let call_id = |index: usize| spans[index].call_id.as_deref().filter(|id| !id.is_empty());
-    for (index, above) in nearest.iter_mut().enumerate() {
-        if let (Some(at), Some(own)) = (*above, call_id(index)) {
-            if call_id(at).is_some_and(|theirs| theirs != own) {
-                *above = None;
+    (0..spans.len())
+        .map(|index| {
+            let Some(own) = call_id(index) else {
+                return nearest[index];
+            };
+            let mut above = nearest[index];
+            for _ in 0..MOST_CALL_HOPS {
+                match above {
+                    Some(at) if call_id(at).is_some_and(|theirs| theirs != own) => {
+                        above = nearest[at];
+                    }
+                    _ => return above,
+                }
             }
-        }
-    }
-    nearest
+            None
+        })
+        .collect()
 }
+
+/// The most model spans naming other calls that a span's look for the span above it that may
+/// be its call passes over (see [`nearest_reporting_model_above`]).
+const MOST_CALL_HOPS: usize = 64;
 
 /// Each span's index by its id (a repeated id: the last span with it).
 fn index_by_span_id(spans: &[RollupSpan]) -> HashMap<&str, usize> {
@@ -902,6 +920,15 @@ mod tests {
         ];
         let fields = compute_rollup(&one_call_twice).expect("a rollup");
         assert_eq!(fields.input_tokens, Some(100));
+        // A framework's aggregate around two calls of their own stands for both: counted once.
+        let aggregate = [
+            span("agent", None, 1),
+            model("aggregate", "agent", None, 400),
+            model("llm-1", "aggregate", Some("resp-1"), 100),
+            model("llm-2", "llm-1", Some("resp-2"), 300),
+        ];
+        let fields = compute_rollup(&aggregate).expect("a rollup");
+        assert_eq!(fields.input_tokens, Some(400));
     }
 
     /// Deep chains and long cycles of model spans with call ids (ids are the writers'): each
