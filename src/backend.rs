@@ -36,17 +36,48 @@ use crate::instance_lock::{InstanceFileLock, InstanceLock, Renewal};
 /// restart that did not wait for the old process to exit was refused (an audit's finding).
 const INSTANCE_WAIT: Duration = Duration::from_secs(5);
 
+/// A stop signal came while the start waited for another process (a live server of the same
+/// instance, or one holding the database's lock): the start was given up with nothing opened,
+/// which is a clean stop. `serve` tells it apart from a refusal by its type.
+#[derive(Debug)]
+pub(crate) struct StoppedWhileStarting {
+    /// What the start was waiting for, as the message says it.
+    pub(crate) waiting_for: &'static str,
+}
+
+impl std::fmt::Display for StoppedWhileStarting {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            formatter,
+            "stopped while waiting for {}, before the database was opened",
+            self.waiting_for
+        )
+    }
+}
+
+impl std::error::Error for StoppedWhileStarting {}
+
+/// What a start waits for while another live server holds its instance.
+const WAITING_FOR_INSTANCE: &str = "another live flightlog of this instance to stop";
+
 /// `take` (an instance lock), tried again while another live server holds it, for up to `wait`
-/// (said once on stderr); the last answer.
+/// (said once on stderr), or until `stop_requested` says so (`Err(Stopped)`); the last answer.
 fn wait_for_instance<T>(
     mut take: impl FnMut() -> Result<T, crate::instance_lock::InstanceLockError>,
     instance: &str,
     wait: Duration,
+    stop_requested: &dyn Fn() -> bool,
 ) -> Result<T, crate::instance_lock::InstanceLockError> {
     let deadline = std::time::Instant::now() + wait;
     let mut said = false;
     loop {
         match take() {
+            // A stop during the wait ends it at once: the wait is for the start, and the
+            // operator who sent the stop no longer wants one (the start used to wait the 5 s
+            // out, then exit 1 with "already served" after saying "shutting down").
+            Err(_) if stop_requested() => {
+                return Err(crate::instance_lock::InstanceLockError::Stopped)
+            }
             Err(held) if std::time::Instant::now() >= deadline => return Err(held),
             Err(_) => {
                 if !said {
@@ -84,12 +115,14 @@ pub(crate) struct Backend {
     /// weakly: it is let go when the backend is dropped.
     instance_lock: Option<Arc<InstanceLock>>,
     /// The instance's byte of the database file (see `instance_lock`).
-    _instance_byte: Option<InstanceFileLock>,
+    instance_byte: Option<InstanceFileLock>,
     _name_lock: Option<FileNameLock>,
 }
 
 /// Say on stderr what a renewal of the instance's lock found (see [`Backend::keep_claim`]).
-fn tell_renewal(renewal: &Renewal, instance: &str, lock_file: &Path) {
+/// `holds_byte`: this server holds the instance's byte of the database file, which no second
+/// server of the instance can take while it runs.
+fn tell_renewal(renewal: &Renewal, instance: &str, lock_file: &Path, holds_byte: bool) {
     match renewal {
         Renewal::Intact => {}
         Renewal::Restored => say_err!(
@@ -97,6 +130,17 @@ fn tell_renewal(renewal: &Renewal, instance: &str, lock_file: &Path) {
              replaced while this server runs; made again. While it was missing a second server \
              of instance {instance} could have started and closed this one's open spans: \
              leave the lock files of live servers alone (a stopped server removes its own)",
+            lock_file.display()
+        ),
+        // The newcomer made a lock file and waits for the byte this server holds, then is
+        // refused: "two servers are instance …" made an operator stop a healthy server (an
+        // audit's finding).
+        Renewal::TakenByAnother if holds_byte => say_err!(
+            "flightlog: warning: the lock file of instance {instance}, {}, was deleted while this \
+             server runs, and another process has made and locked one since: a second server \
+             of instance {instance} is starting on this database. It cannot take the instance \
+             while this server runs (this server holds the instance's lock in the database \
+             file), so it is refused; this server then makes its lock file again",
             lock_file.display()
         ),
         Renewal::TakenByAnother => say_err!(
@@ -117,8 +161,14 @@ fn tell_renewal(renewal: &Renewal, instance: &str, lock_file: &Path) {
 
 impl Backend {
     /// Claim `instance` on the database `settings` name, then open it (creating it if needed).
-    /// A claim refused (another live server of the instance) opens nothing.
-    pub(crate) fn claim_and_open(settings: &ServeSettings, instance: &str) -> anyhow::Result<Self> {
+    /// A claim refused (another live server of the instance) opens nothing. The waits of the
+    /// start (for another server of the instance to stop, for another process's lock on the
+    /// file) end early when `stop_requested` says so, with a [`StoppedWhileStarting`] error.
+    pub(crate) fn claim_and_open(
+        settings: &ServeSettings,
+        instance: &str,
+        stop_requested: &dyn Fn() -> bool,
+    ) -> anyhow::Result<Self> {
         // Beside the file itself, as SQLite's own files are: a server reaching the file through
         // a symbolic link takes the same lock as one given its real path.
         let real_path = flightlog_sqlite::real_database_path(&settings.db);
@@ -126,8 +176,15 @@ impl Backend {
             || crate::instance_lock::lock_instance(&real_path, instance),
             instance,
             INSTANCE_WAIT,
+            stop_requested,
         ) {
             Ok(lock) => lock,
+            Err(crate::instance_lock::InstanceLockError::Stopped) => {
+                return Err(StoppedWhileStarting {
+                    waiting_for: WAITING_FOR_INSTANCE,
+                }
+                .into())
+            }
             Err(crate::instance_lock::InstanceLockError::Held { lock_file }) => anyhow::bail!(
                 "instance {instance} is already served by another live flightlog on {} (it \
                  holds {}, and did not stop within {} s): its boot would close that server's \
@@ -146,7 +203,13 @@ impl Backend {
             Durability::Full => flightlog_sqlite::Durability::Full,
         };
         let (db, name_lock) = crate::file_name_lock::open_under_name_lock(&real_path, || {
-            SqliteDatabase::open(sqlite).with_context(|| {
+            open_once_not_locked_by_another(
+                sqlite,
+                &settings.db,
+                settings.write_lock_wait,
+                stop_requested,
+            )
+            .with_context(|| {
                 format!(
                     "cannot open the database {} (--db, FLIGHTLOG_DB or `db` in the config file)",
                     settings.db.display()
@@ -159,8 +222,15 @@ impl Backend {
             &real_path,
             instance,
             INSTANCE_WAIT,
+            stop_requested,
         ) {
             Ok(lock) => lock,
+            Err(crate::instance_lock::InstanceLockError::Stopped) => {
+                return Err(StoppedWhileStarting {
+                    waiting_for: WAITING_FOR_INSTANCE,
+                }
+                .into())
+            }
             Err(crate::instance_lock::InstanceLockError::Held { .. }) => anyhow::bail!(
                 "instance {instance} is already served by another live flightlog on {} (it \
                  holds the instance's lock in the database file, and did not stop within {} s; \
@@ -178,7 +248,7 @@ impl Backend {
             real_path,
             write_lock_wait: settings.write_lock_wait,
             instance_lock: instance_lock.map(Arc::new),
-            _instance_byte: instance_byte,
+            instance_byte,
             _name_lock: name_lock,
         })
     }
@@ -191,7 +261,8 @@ impl Backend {
         let config = SqliteConfig::new(path);
         let write_lock_wait = config.lock_retry_budget;
         let (db, name_lock) = crate::file_name_lock::open_under_name_lock(&real_path, || {
-            SqliteDatabase::open(config)
+            // The demo listens for no stop signal: Ctrl-C ends it as it ends any program.
+            open_once_not_locked_by_another(config, path, write_lock_wait, &|| false)
                 .with_context(|| format!("cannot open database {}", path.display()))
         })?;
         Ok(Self {
@@ -200,7 +271,7 @@ impl Backend {
             real_path,
             write_lock_wait,
             instance_lock: None,
-            _instance_byte: None,
+            instance_byte: None,
             _name_lock: name_lock,
         })
     }
@@ -246,6 +317,7 @@ impl Backend {
     ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
         let lock = Arc::downgrade(self.instance_lock.as_ref()?);
         let instance = instance.to_owned();
+        let holds_byte = self.instance_byte.is_some();
         Some(async move {
             let mut ticks = tokio::time::interval(CLAIM_CHECK_INTERVAL);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -257,7 +329,7 @@ impl Backend {
                 };
                 let renewal = lock.renew();
                 if renewal != last {
-                    tell_renewal(&renewal, &instance, lock.path());
+                    tell_renewal(&renewal, &instance, lock.path(), holds_byte);
                 }
                 last = match renewal {
                     // Restored is news once; the file is then intact.
@@ -315,6 +387,39 @@ impl Backend {
             )),
         }
     }
+}
+
+/// Open the SQLite database `config` names once no other process holds its lock so that no one
+/// else may read it (see `foreign_exclusive_lock`), waiting up to `wait` for that (the write
+/// lock's wait, `--write-lock-wait-ms`: the same kind of wait, for the same kind of process),
+/// or until `stop_requested` says so. `shown` names the file in messages. A lock still held,
+/// or taken in the moment before SQLite's open, is refused saying whose it is and what to do.
+fn open_once_not_locked_by_another(
+    config: SqliteConfig,
+    shown: &Path,
+    wait: Duration,
+    stop_requested: &dyn Fn() -> bool,
+) -> anyhow::Result<Arc<SqliteDatabase>> {
+    use crate::foreign_exclusive_lock::{refusal, wait_for_foreign_exclusive_lock, LockWait};
+    match wait_for_foreign_exclusive_lock(&config.path, shown, wait, stop_requested) {
+        LockWait::Free => {}
+        LockWait::StillHeld(lock) => {
+            anyhow::bail!(refusal(shown, &lock.describe_holder(), wait))
+        }
+        LockWait::Stopped => {
+            return Err(StoppedWhileStarting {
+                waiting_for: "another process to let go of the database's lock",
+            }
+            .into())
+        }
+    }
+    SqliteDatabase::open(config).map_err(|err| {
+        if crate::foreign_exclusive_lock::is_locked_by_another(&err) {
+            anyhow::anyhow!(refusal(shown, "another process", wait))
+        } else {
+            err.into()
+        }
+    })
 }
 
 /// Why a clean close left writes in the `-wal` file, and what that means for them, where it can
@@ -398,11 +503,32 @@ mod tests {
             },
             "x",
             Duration::from_secs(5),
+            &|| false,
         );
         assert!(matches!(taken, Ok(3)), "{taken:?}");
         let started = std::time::Instant::now();
-        let refused = wait_for_instance(|| Err::<(), _>(held()), "x", Duration::from_millis(200));
+        let refused = wait_for_instance(
+            || Err::<(), _>(held()),
+            "x",
+            Duration::from_millis(200),
+            &|| false,
+        );
         assert!(matches!(refused, Err(InstanceLockError::Held { .. })));
         assert!(started.elapsed() >= Duration::from_millis(200));
+    }
+
+    /// A stop asked for while the start waits for its instance ends the wait at the next try,
+    /// not when the wait is over.
+    #[test]
+    fn a_stop_ends_the_wait_for_the_instance_at_once() {
+        let started = std::time::Instant::now();
+        let stopped = wait_for_instance(
+            || Err::<(), _>(held()),
+            "x",
+            Duration::from_secs(30),
+            &|| started.elapsed() >= Duration::from_millis(100),
+        );
+        assert!(matches!(stopped, Err(InstanceLockError::Stopped)));
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 }

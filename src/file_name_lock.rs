@@ -119,11 +119,27 @@ pub fn lock_file_name(database: &Path) -> Result<Option<FileNameLock>, FileNameL
     let name_path = name_lock_path(database);
     // Whether other processes use the file on this name (their `-shm` must then be there).
     let mut joined_others = false;
+    // Only a regular file (or a link to one) can be a database, and only one is opened here: an
+    // `open` of a FIFO blocks until a writer comes, so a FIFO given as the database hung the
+    // start before SQLite's check could say "not a regular file", and no stop signal ended it
+    // (an audit's finding). Anything else is left to that check.
+    if std::fs::metadata(database).is_ok_and(|metadata| !metadata.is_file()) {
+        return Ok(None);
+    }
     for _ in 0..REFUSAL_CHECKS {
-        // Never closed, on any path: this process may already have the file open in SQLite.
-        let Ok(database_file) = File::open(database).map(ManuallyDrop::new) else {
+        let Ok(database_file) = open_without_blocking(database) else {
             return Ok(None);
         };
+        // Swapped for a FIFO or a device since the check above: no database, and so no SQLite
+        // of this process on it either (the descriptor may be closed).
+        if !database_file
+            .metadata()
+            .is_ok_and(|metadata| metadata.is_file())
+        {
+            return Ok(None);
+        }
+        // Never closed, on any path: this process may already have the file open in SQLite.
+        let database_file = ManuallyDrop::new(database_file);
         let Ok(name_file) = OpenOptions::new()
             .read(true)
             .write(true)
@@ -200,6 +216,21 @@ pub fn lock_file_name(database: &Path) -> Result<Option<FileNameLock>, FileNameL
         database: database.to_path_buf(),
         links,
     })
+}
+
+/// Open `database` for reading with `O_NONBLOCK`, which returns at once where a plain `open`
+/// would wait (a FIFO with no writer); on a regular file it changes nothing (`flock` and
+/// reads of a regular file never block on it). Where `libc` is not a dependency, a plain open
+/// (the file type was checked just before).
+fn open_without_blocking(database: &Path) -> std::io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.read(true);
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    options.open(database)
 }
 
 /// Whether the database's `-shm` is there, or comes within [`SHM_WAIT`] (a process that has
@@ -331,6 +362,28 @@ mod tests {
         std::fs::write(&shm, b"").expect("make the -shm");
         assert!(lock_file_name(&database).expect("joins").is_some());
         drop(first);
+    }
+
+    /// A FIFO is no database: left to SQLite's open to refuse, at once (its `open` used to
+    /// wait here for a writer that never came).
+    #[test]
+    fn a_fifo_is_left_alone_without_waiting() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let fifo = dir.path().join("f.db");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("run mkfifo");
+        assert!(made.success());
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(matches!(lock_file_name(&fifo), Ok(None)));
+        });
+        assert_eq!(
+            finished.recv_timeout(Duration::from_secs(10)),
+            Ok(true),
+            "a FIFO is not taken as a database, and not waited on"
+        );
     }
 
     #[test]

@@ -63,6 +63,8 @@ fn instance_byte(instance: &str) -> i64 {
 pub enum InstanceLockError {
     /// Another live process holds the instance's lock on this database.
     Held { lock_file: PathBuf },
+    /// A stop was asked for while the lock was waited for: nothing was taken.
+    Stopped,
 }
 
 /// The held lock; dropping it removes the file (when it is still the one locked) and releases
@@ -112,7 +114,10 @@ impl InstanceLock {
                 "cannot make {} again (is its folder writable?)",
                 self.path.display()
             )),
-            Err(InstanceLockError::Held { .. }) => Renewal::TakenByAnother,
+            // `take` does not wait, so `Held` is the only refusal it gives.
+            Err(InstanceLockError::Held { .. } | InstanceLockError::Stopped) => {
+                Renewal::TakenByAnother
+            }
         }
     }
 }
@@ -166,15 +171,17 @@ pub struct InstanceFileLock {
     _file: ManuallyDrop<File>,
 }
 
-/// Lock the instance's byte of the existing `database` file. `Err(Held)` when another open file
-/// (another live server of the instance) holds it; `Ok(None)` when the file cannot be opened
-/// for writing or the platform or file system has no OFD locks (the lock file is then the only
-/// guard).
+/// Lock the instance's byte of the existing `database` file, waiting up to `wait` for another
+/// holder to let go. `Err(Held)` when another open file (another live server of the instance)
+/// holds it still; `Err(Stopped)` when `stop_requested` said so meanwhile; `Ok(None)` when the
+/// file cannot be opened for writing or the platform or file system has no OFD locks (the lock
+/// file is then the only guard).
 #[cfg(any(target_os = "linux", target_os = "android"))]
 pub fn lock_instance_in_file(
     database: &Path,
     instance: &str,
     wait: Duration,
+    stop_requested: &dyn Fn() -> bool,
 ) -> Result<Option<InstanceFileLock>, InstanceLockError> {
     use nix::errno::Errno;
     use nix::fcntl::{fcntl, FcntlArg};
@@ -195,6 +202,9 @@ pub fn lock_instance_in_file(
     loop {
         match fcntl(&*file, FcntlArg::F_OFD_SETLK(&byte)) {
             Ok(_) => return Ok(Some(InstanceFileLock { _file: file })),
+            Err(Errno::EAGAIN | Errno::EACCES) if stop_requested() => {
+                return Err(InstanceLockError::Stopped)
+            }
             Err(Errno::EAGAIN | Errno::EACCES) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(RETRY_PAUSE);
             }
@@ -214,6 +224,7 @@ pub fn lock_instance_in_file(
     _database: &Path,
     _instance: &str,
     _wait: Duration,
+    _stop_requested: &dyn Fn() -> bool,
 ) -> Result<Option<InstanceFileLock>, InstanceLockError> {
     Ok(None)
 }
@@ -322,18 +333,20 @@ mod tests {
         let dir = tempfile::tempdir().expect("a temp dir");
         let database = dir.path().join("flightlog.db");
         std::fs::write(&database, b"").expect("make the database file");
-        let first = lock_instance_in_file(&database, "x", Duration::ZERO).expect("free");
+        let first = lock_instance_in_file(&database, "x", Duration::ZERO, &|| false).expect("free");
         assert!(first.is_some());
         assert!(matches!(
-            lock_instance_in_file(&database, "x", Duration::ZERO),
+            lock_instance_in_file(&database, "x", Duration::ZERO, &|| false),
             Err(InstanceLockError::Held { .. })
         ));
         assert!(matches!(
-            lock_instance_in_file(&database, "y", Duration::ZERO),
+            lock_instance_in_file(&database, "y", Duration::ZERO, &|| false),
             Ok(Some(_))
         ));
         assert!(matches!(
-            lock_instance_in_file(&dir.path().join("missing.db"), "x", Duration::ZERO),
+            lock_instance_in_file(&dir.path().join("missing.db"), "x", Duration::ZERO, &|| {
+                false
+            }),
             Ok(None)
         ));
         // Two names whose 32-bit FNV-1a is the same (an audit's search) get bytes of their own.
@@ -346,11 +359,11 @@ mod tests {
             instance_byte("ingest-739192")
         );
         assert!(matches!(
-            lock_instance_in_file(&database, "ingest-522789", Duration::ZERO),
+            lock_instance_in_file(&database, "ingest-522789", Duration::ZERO, &|| false),
             Ok(Some(_))
         ));
         assert!(matches!(
-            lock_instance_in_file(&database, "ingest-739192", Duration::ZERO),
+            lock_instance_in_file(&database, "ingest-739192", Duration::ZERO, &|| false),
             Ok(Some(_))
         ));
     }

@@ -24,6 +24,7 @@ macro_rules! say_err {
 mod backend;
 mod demo;
 mod file_name_lock;
+mod foreign_exclusive_lock;
 mod instance_lock;
 mod serve;
 
@@ -191,7 +192,10 @@ struct ServeArgs {
     /// How long the writer waits, in ms, for the database's write lock while another process
     /// holds it (a long transaction in a `sqlite3` shell, say) before the writes waiting are
     /// answered 503 with Retry-After, nothing written. Writes queued behind one that waits
-    /// wait their turn first, so a request may take up to about twice this. From 0 to 600000.
+    /// wait their turn first, so a request may take up to about twice this. Also how long the
+    /// start waits for a process that keeps every other from even reading the file (one in
+    /// exclusive locking mode) before it refuses to start, naming that process. From 0 to
+    /// 600000.
     /// [env: FLIGHTLOG_WRITE_LOCK_WAIT_MS] [file: write_lock_wait_ms] [default: 10000]
     #[arg(
         long,

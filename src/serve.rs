@@ -24,7 +24,7 @@ use flightlog_server::maintenance::{maintenance_writer, Maintenance};
 use flightlog_server::settings::{self, is_loopback, ServeFlags};
 use flightlog_server::AppState;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, StoppedWhileStarting};
 
 /// Where the listening address can be set, for error messages.
 const ADDR_SOURCES: &str = "--addr, FLIGHTLOG_ADDR or `addr` in the config file";
@@ -37,7 +37,9 @@ const GRPC_ADDR_SOURCES: &str =
 pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
     // Listen for Ctrl-C and SIGTERM from the start: a signal during start-up (opening the
     // database, the boot sweep) then stops the server as soon as it is up, through the same
-    // clean stop, instead of killing the process mid-sweep with its WAL left behind.
+    // clean stop, instead of killing the process mid-sweep with its WAL left behind. One during
+    // a wait of the start (for another server of the instance to stop, for another process's
+    // lock on the file) ends the start there, a clean stop too (see `Backend::claim_and_open`).
     let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         stop_signal().await;
@@ -61,7 +63,7 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
     survive_file_size_limit();
     // Everything is checked before the database is opened: a typo costs nothing.
     let environment = flightlog_environment()?;
-    let settings = settings::resolve(flags, &environment.settings)?;
+    let settings = resolve_checked(flags, &environment)?;
     raise_open_file_limit(settings.server.max_connections);
     refuse_tokens_meant_but_misnamed(&environment.meant_as_tokens, &settings.server.auth)?;
     refuse_settings_meant_but_shortened(&environment.meant_with_more_words)?;
@@ -165,7 +167,22 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
     // Claimed before the database is opened, and held until the server exits: a second live
     // server of this instance on this database would otherwise close this one's live spans at
     // its boot (see `backend`).
-    let backend = Backend::claim_and_open(&settings, &instance)?;
+    let stop_requested = || *stopped.borrow();
+    let backend = match Backend::claim_and_open(&settings, &instance, &stop_requested) {
+        Ok(backend) => backend,
+        // A stop during the start's wait is a clean stop (exit 0, as for a stop while serving):
+        // nothing was opened, so nothing is left to close.
+        Err(err) => match err
+            .chain()
+            .find_map(|cause| cause.downcast_ref::<StoppedWhileStarting>())
+        {
+            Some(stopped) => {
+                say!("flightlog: {stopped}");
+                return Ok(());
+            }
+            None => return Err(err),
+        },
+    };
     let manual_clock = settings.manual_clock.then(|| Arc::new(ManualClock::new(0)));
     let clock: Arc<dyn Clock> = match &manual_clock {
         Some(clock) => clock.clone(),
@@ -353,7 +370,127 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
 /// `serve` resolves them (for `flightlog demo`, which records into the file `serve` would open).
 pub(crate) fn resolve_settings(flags: &ServeFlags) -> anyhow::Result<settings::ServeSettings> {
     let environment = flightlog_environment()?;
-    Ok(settings::resolve(flags, &environment.settings)?)
+    resolve_checked(flags, &environment)
+}
+
+/// [`settings::resolve`] with the checks of the config file's naming first (see
+/// [`refuse_padded_config_path`], [`refuse_config_meant_but_misnamed`]), and a config file's
+/// syntax error told without the file's text (see [`syntax_error_without_source`]).
+fn resolve_checked(
+    flags: &ServeFlags,
+    environment: &FlightlogEnvironment,
+) -> anyhow::Result<settings::ServeSettings> {
+    refuse_padded_config_path(flags, &environment.settings)?;
+    refuse_config_meant_but_misnamed(&environment.meant_as_config, flags, &environment.settings)?;
+    settings::resolve(flags, &environment.settings).map_err(|err| match err {
+        settings::SettingsError::ConfigSyntax { path, message } => {
+            settings::SettingsError::ConfigSyntax {
+                path,
+                message: syntax_error_without_source(&message),
+            }
+            .into()
+        }
+        other => other.into(),
+    })
+}
+
+/// The TOML parser's message without the excerpt of the file it quotes: the line it points at
+/// may be a token's (`token = "SECRET` with its closing quote missing was printed whole, where
+/// every other settings error keeps tokens out: an audit's finding). The position (`at line 2,
+/// column 9`) and what is wrong are kept; they are enough to find the mistake in the file. A
+/// message in a form this does not know is not shown at all, since which of its lines quote
+/// the file cannot be told.
+fn syntax_error_without_source(message: &str) -> String {
+    /// How the parser's message begins (the `toml` crate's `TOML parse error at line L, column
+    /// C`, then the excerpt, then what is wrong).
+    const HEADER: &str = "TOML parse error ";
+    /// An excerpt's line: `  |`, `2 | token = …`, `  |         ^`.
+    fn quotes_the_file(line: &str) -> bool {
+        line.trim_start()
+            .trim_start_matches(|c: char| c.is_ascii_digit())
+            .trim_start()
+            .starts_with('|')
+    }
+    let mut lines = message.lines();
+    let Some(position) = lines
+        .next()
+        .and_then(|first| first.trim().strip_prefix(HEADER))
+    else {
+        return "the parser's message is left out, since it may quote the file (tokens \
+                included): check the file with a TOML checker"
+            .to_owned();
+    };
+    let what: Vec<&str> = lines
+        .filter(|line| !quotes_the_file(line))
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect();
+    if what.is_empty() {
+        position.to_owned()
+    } else {
+        format!("{position}: {}", what.join("; "))
+    }
+}
+
+/// A config file named with white space at the start or end of its name
+/// (`FLIGHTLOG_CONFIG="c/3.toml "` from an env file that keeps trailing spaces, as Docker's
+/// `--env-file` does): refused as `FLIGHTLOG_DB` is, naming the fix, where it was "cannot read
+/// the config file c/3.toml  … No such file" with the space invisible (an audit's finding).
+/// Both names are checked, the variable's too when the flag overrides it, as the settings read
+/// both files.
+fn refuse_padded_config_path(
+    flags: &ServeFlags,
+    env: &BTreeMap<String, String>,
+) -> anyhow::Result<()> {
+    let from_flag = flags.config.as_ref().map(|path| {
+        (
+            path.as_os_str().to_string_lossy().into_owned(),
+            settings::CONFIG_FLAG,
+        )
+    });
+    let from_env = env
+        .get(settings::CONFIG_ENV)
+        .map(|text| (text.clone(), settings::CONFIG_ENV));
+    for (text, origin) in from_flag.into_iter().chain(from_env) {
+        // A blank one is no name (the variable counts as unset; the flag's is refused by the
+        // settings as a file that cannot be read).
+        if !text.trim().is_empty() && text.trim() != text {
+            anyhow::bail!(
+                "{origin} = {text:?} is not valid: remove the white space at its start or end \
+                 (an env file may keep trailing spaces); flightlog does not take a config file \
+                 whose name begins or ends with white space"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A variable that looks like the config file's (`FLIGHTLOG_CONFIG_FILE`, `FLIGHTLOG_CONF`)
+/// when no config file is named (`--config`, `FLIGHTLOG_CONFIG`): the operator meant the
+/// server to read that file, and starting without it would start without its settings, its
+/// tokens above all, so open to every local process (an audit started one so; the warning
+/// scrolled past). The start is refused, as for a misnamed token variable (see
+/// [`refuse_tokens_meant_but_misnamed`]). With a config file named, the warning alone is given.
+fn refuse_config_meant_but_misnamed(
+    meant_as_config: &[String],
+    flags: &ServeFlags,
+    env: &BTreeMap<String, String>,
+) -> anyhow::Result<()> {
+    if meant_as_config.is_empty() || settings::config_path(flags, env).is_some() {
+        return Ok(());
+    }
+    let (names, looks, it) = match meant_as_config {
+        [one] => (one.clone(), "looks like the variable", "it"),
+        many => (many.join(", "), "look like the variable", "them"),
+    };
+    anyhow::bail!(
+        "{names} {looks} naming the config file, but the config file is named by {config} \
+         (or --config), and none is named: rather than start without that file's settings \
+         (its tokens above all: without them the server would serve without authentication), \
+         flightlog does not start. Rename {it} to {config} to read that file, or unset {it} to \
+         start without a config file",
+        config = settings::CONFIG_ENV
+    )
 }
 
 /// The `FLIGHTLOG_*` variables of the process, as `serve` reads them.
@@ -367,19 +504,25 @@ struct FlightlogEnvironment {
     /// Variables that are a setting's name short of its last words (`FLIGHTLOG_PRUNE_AFTER`),
     /// with that setting: see [`refuse_settings_meant_but_shortened`].
     meant_with_more_words: Vec<(String, &'static str)>,
+    /// Variables that are no setting but look like the config file's (`FLIGHTLOG_CONFIG_FILE`,
+    /// `FLIGHTLOG_CONF`), and name something (not blank): see
+    /// [`refuse_config_meant_but_misnamed`].
+    meant_as_config: Vec<String>,
 }
 
 /// The process's `FLIGHTLOG_*` variables. A setting whose value is not UTF-8 is an error naming
 /// the variable, rather than being skipped silently; a name close to a setting's
-/// (`FLIGHTLOG_ADR`) gets a warning naming the setting (and one that looks like the token list,
-/// or is a setting's name short of its last words, is kept to stop the start: see
-/// [`refuse_tokens_meant_but_misnamed`], [`refuse_settings_meant_but_shortened`]); other
+/// (`FLIGHTLOG_ADR`) gets a warning naming the setting (and one that looks like the token list
+/// or the config file's variable, or is a setting's name short of its last words, is kept to
+/// stop the start: see [`refuse_tokens_meant_but_misnamed`],
+/// [`refuse_config_meant_but_misnamed`], [`refuse_settings_meant_but_shortened`]); other
 /// variables are not ours to judge.
 fn flightlog_environment() -> anyhow::Result<FlightlogEnvironment> {
     let mut environment = FlightlogEnvironment {
         settings: BTreeMap::new(),
         meant_as_tokens: Vec::new(),
         meant_with_more_words: Vec::new(),
+        meant_as_config: Vec::new(),
     };
     for (name, value) in std::env::vars_os() {
         // `FLIGHTLOG*` and `FLIGHT_LOG*`: a misspelt prefix deserves the warning as much.
@@ -390,13 +533,26 @@ fn flightlog_environment() -> anyhow::Result<FlightlogEnvironment> {
             continue;
         };
         if !settings::is_setting_variable(name) {
-            if let Some(meant) = settings::meant_variable(name) {
+            let meant = settings::meant_variable(name).or_else(|| {
+                // The settings' guess is by edits and words (`FLIGHTLOG_CONF`,
+                // `FLIGHTLOG_CONFIG_FILE`); any name that begins with the config file's
+                // variable (`FLIGHTLOG_CONFIGFILE`, `FLIGHTLOG_CONFIGURATION`) means it too.
+                name.to_ascii_uppercase()
+                    .starts_with(settings::CONFIG_ENV)
+                    .then_some(settings::CONFIG_ENV)
+            });
+            if let Some(meant) = meant {
                 say_err!(
                     "flightlog: warning: {name} is not a setting and is ignored; did you mean \
                      {meant}? (flightlog serve --help lists them)"
                 );
                 if meant == settings::TOKENS.env {
                     environment.meant_as_tokens.push(name.to_owned());
+                } else if meant == settings::CONFIG_ENV {
+                    // Blank, it names no file: as a blank `FLIGHTLOG_CONFIG` is unset.
+                    if !value.to_string_lossy().trim().is_empty() {
+                        environment.meant_as_config.push(name.to_owned());
+                    }
                 } else if settings::setting_with_more_words(name).is_some() {
                     environment
                         .meant_with_more_words
@@ -648,6 +804,22 @@ async fn unix_signal(kind: tokio::signal::unix::SignalKind, name: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `toml` crate's message for a string left open on a token's line: the position and
+    /// what is wrong stay, the quoted line (the secret) goes.
+    #[test]
+    fn a_syntax_error_keeps_its_position_and_loses_the_file_s_text() {
+        let message = "TOML parse error at line 2, column 31\n  |\n2 | token = \
+                       \"SUPERSECRET-AAAA-1111\n  |                               ^\n\
+                       invalid basic string, expected `\"`";
+        assert_eq!(
+            syntax_error_without_source(message),
+            "at line 2, column 31: invalid basic string, expected `\"`"
+        );
+        // A form it does not know is not shown at all: its lines may quote the file.
+        let unknown = syntax_error_without_source("token = \"SUPERSECRET\nbad");
+        assert!(!unknown.contains("SUPERSECRET"), "{unknown}");
+    }
 
     #[test]
     fn a_privileged_port_is_not_called_taken() {

@@ -1391,15 +1391,15 @@ fn bad_numbers_sizes_and_switches_are_refused_from_flag_variable_and_file() {
             cases += 1;
         }
     }
-    // A TOML integer too large for TOML itself: a syntax error that points at the line.
+    // A TOML integer too large for TOML itself: a syntax error that points at the line (by
+    // number: the file's text is not quoted, since a line may hold a token).
     fs::write(&config, "body_limit = 99999999999999999999999\n").expect("write config");
     let mut args = base.clone();
     args.extend(["--config", &config_arg]);
     let out = run(scratch.path(), &args, &[]);
     out.assert_refused(&[
         &format!("the config file {config_arg} is not valid TOML"),
-        "line 1",
-        "body_limit",
+        "at line 1, column 14",
     ]);
     good.assert_unchanged(&out);
     // A value that is not UTF-8 names its variable.
@@ -2974,4 +2974,275 @@ fn a_backup_moved_over_a_symlinked_database_survives_the_server_being_killed() {
     fs::rename(&backup, &real).expect("move the backup over the real file");
     kill_once_moved_aside(server, &wal);
     assert_the_backup_opens_intact(&scratch, &link);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Settings, start-up and stop findings of the audit of `serve`'s settings, auth and start
+// ---------------------------------------------------------------------------------------------
+
+/// Read `server`'s output until a line holds `needle` (`true`), or `limit` passes or the
+/// process's streams close first (`false`).
+fn wait_for_output(server: &mut Spawned, needle: &str, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if server.stdout.contains(needle) || server.stderr.contains(needle) {
+            return true;
+        }
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+            return false;
+        };
+        match server
+            .lines
+            .recv_timeout(left.min(Duration::from_millis(20)))
+        {
+            Ok(line) => {
+                server.take(line);
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return server.stdout.contains(needle) || server.stderr.contains(needle)
+            }
+        }
+    }
+}
+
+/// A FIFO given as the database: `open` of a FIFO waits for a writer, and the name lock opened
+/// the file before anything looked at its type, so `serve` and `demo` hung at start (a stop
+/// signal did not end it either) where the "not a regular file" refusal was meant to come (an
+/// audit's finding).
+#[test]
+fn a_fifo_as_the_database_is_refused_at_once_as_not_a_regular_file() {
+    let scratch = Scratch::new("fifo-db");
+    let fifo = scratch.join("f.db");
+    let made = Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success());
+    let fifo = s(&fifo);
+    for args in [
+        serve_args(&fifo, &LOOPBACK),
+        vec!["demo", "--db", fifo.as_str(), "--runs", "1"],
+    ] {
+        let out = run(scratch.path(), &args, &[]);
+        out.assert_refused(&[fifo.as_str(), "not a regular file"]);
+        assert_eq!(out.status.and_then(|s| s.code()), Some(1), "{out}");
+    }
+}
+
+/// A config file that is not valid TOML, its error on the line of a token: the parser's
+/// message quoted that line, and with it the secret (`2 | token = "SUPERSECRET-…`), where the
+/// settings promise that no error repeats a token (an audit's finding). The position and what
+/// is wrong are said, no text of the file.
+#[test]
+fn a_config_file_syntax_error_is_told_by_position_without_the_file_s_text() {
+    let scratch = Scratch::new("toml-syntax-secret");
+    let config = scratch.join("t.toml");
+    fs::write(
+        &config,
+        "[[tokens]]\ntoken = \"SUPERSECRET-AAAA-1111\nscopes=[\"read\"]\n",
+    )
+    .expect("write the config file");
+    let config = s(&config);
+    let db = s(&scratch.join("t.db"));
+    for (args, env) in [
+        (
+            serve_args(
+                &db,
+                &[
+                    "--config",
+                    config.as_str(),
+                    "--addr",
+                    "127.0.0.1:0",
+                    "--grpc-addr",
+                    "off",
+                ],
+            ),
+            vec![],
+        ),
+        (
+            serve_args(&db, &LOOPBACK),
+            vec![("FLIGHTLOG_CONFIG", config.as_str())],
+        ),
+        (
+            vec!["demo", "--config", config.as_str(), "--runs", "1"],
+            vec![],
+        ),
+    ] {
+        let out = run(scratch.path(), &args, &env);
+        out.assert_refused(&[
+            &format!("the config file {config} is not valid TOML"),
+            "at line 2, column",
+            "invalid basic string",
+        ]);
+        assert!(
+            !out.stderr.contains("SUPERSECRET") && !out.stdout.contains("SUPERSECRET"),
+            "the secret is repeated:{out}"
+        );
+    }
+}
+
+/// A variable meant to name the config file but misnamed (`FLIGHTLOG_CONFIG_FILE`,
+/// `FLIGHTLOG_CONF`): the server warned and started without the file, its tokens included,
+/// so open to every local process (an audit's finding). With no config file named otherwise
+/// the start is refused, as for a misnamed token variable; with one named, the warning alone.
+#[test]
+fn a_misnamed_config_file_variable_stops_the_start() {
+    let scratch = Scratch::new("misnamed-config-variable");
+    fs::write(
+        scratch.join("tok.toml"),
+        "[[tokens]]\ntoken = \"a-long-enough-secret-for-the-test-0001\"\nscopes = [\"read\"]\n",
+    )
+    .expect("write the config file");
+    let db = s(&scratch.join("m.db"));
+    for misnamed in [
+        "FLIGHTLOG_CONFIG_FILE",
+        "FLIGHTLOG_CONF",
+        "FLIGHTLOG_CONFIGURATION",
+    ] {
+        let out = run(
+            scratch.path(),
+            &serve_args(&db, &LOOPBACK),
+            &[(misnamed, "tok.toml")],
+        );
+        out.assert_refused(&[
+            &format!("{misnamed} looks like the variable naming the config file"),
+            "Rename it to FLIGHTLOG_CONFIG",
+            "or unset it",
+        ]);
+        let out = run(
+            scratch.path(),
+            &["demo", "--db", db.as_str(), "--runs", "1"],
+            &[(misnamed, "tok.toml")],
+        );
+        out.assert_refused(&["Rename it to FLIGHTLOG_CONFIG"]);
+    }
+    // A config file named: the warning alone, and its tokens are required.
+    let out = run(
+        scratch.path(),
+        &serve_args(&db, &LOOPBACK),
+        &[
+            ("FLIGHTLOG_CONFIG_FILE", "tok.toml"),
+            ("FLIGHTLOG_CONFIG", "tok.toml"),
+        ],
+    );
+    out.assert_listened();
+    assert!(
+        out.stderr.contains("did you mean FLIGHTLOG_CONFIG?")
+            && out.stdout.contains("bearer tokens required"),
+        "{out}"
+    );
+    // A blank one names no file (as a blank FLIGHTLOG_CONFIG is unset).
+    let out = run(
+        scratch.path(),
+        &serve_args(&db, &LOOPBACK),
+        &[("FLIGHTLOG_CONF", "")],
+    );
+    out.assert_listened();
+}
+
+/// A config file's name with white space at an end (`FLIGHTLOG_CONFIG="c/3.toml "`, from an
+/// env file that keeps trailing spaces): "cannot read the config file c/3.toml  … No such
+/// file", the space invisible, where `FLIGHTLOG_DB` so written says to remove it (an audit's
+/// finding). Now both the variable and `--config` say so.
+#[test]
+fn a_config_file_name_with_white_space_at_an_end_is_refused_naming_the_fix() {
+    let scratch = Scratch::new("padded-config");
+    fs::create_dir(scratch.join("c")).expect("make a folder");
+    fs::write(
+        scratch.join("c").join("3.toml"),
+        "durability = \"normal\"\n",
+    )
+    .expect("write the config file");
+    let db = s(&scratch.join("p.db"));
+    for (name, args, env) in [
+        (
+            "FLIGHTLOG_CONFIG = \"c/3.toml \"",
+            serve_args(&db, &LOOPBACK),
+            vec![("FLIGHTLOG_CONFIG", "c/3.toml ")],
+        ),
+        (
+            "--config = \" c/3.toml\"",
+            serve_args(
+                &db,
+                &[
+                    "--config",
+                    " c/3.toml",
+                    "--addr",
+                    "127.0.0.1:0",
+                    "--grpc-addr",
+                    "off",
+                ],
+            ),
+            vec![],
+        ),
+        (
+            "FLIGHTLOG_CONFIG = \"c/3.toml\\t\"",
+            vec!["demo", "--db", db.as_str(), "--runs", "1"],
+            vec![("FLIGHTLOG_CONFIG", "c/3.toml\t")],
+        ),
+    ] {
+        let out = run(scratch.path(), &args, &env);
+        out.assert_refused(&[name, "remove the white space at its start or end"]);
+        assert!(!out.stderr.contains("No such file"), "{out}");
+    }
+    // Written without the space, the same file is read.
+    let out = run(
+        scratch.path(),
+        &serve_args(&db, &LOOPBACK),
+        &[("FLIGHTLOG_CONFIG", "c/3.toml")],
+    );
+    out.assert_listened();
+}
+
+/// SIGTERM while a start waits for another live server of its instance to stop: it said
+/// "shutting down", then waited the 5 s out and exited 1 with "already served" (an audit's
+/// finding). A stop at start is a clean stop: at once, exit 0, nothing opened.
+#[test]
+fn a_stop_while_the_start_waits_for_its_instance_ends_it_at_once_and_cleanly() {
+    let scratch = Scratch::new("instance-wait-stop");
+    let db = scratch.join("i.db");
+    let db_arg = s(&db);
+    let args = serve_args(
+        &db_arg,
+        &[
+            "--instance",
+            "A",
+            "--addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "off",
+        ],
+    );
+    let first_args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let mut first = spawn(scratch.path(), &first_args, &[]);
+    let (_, listening, _) = first.wait_for_exit_or_listening();
+    assert!(
+        listening,
+        "the first server does not start:\n{}",
+        first.stderr
+    );
+    let mut second = spawn(scratch.path(), &first_args, &[]);
+    assert!(
+        wait_for_output(
+            &mut second,
+            "waiting up to 5 s for it to stop",
+            CASE_TIMEOUT
+        ),
+        "the second start does not wait:\n{}\n{}",
+        second.stdout,
+        second.stderr
+    );
+    let asked = Instant::now();
+    let (exit, stdout, stderr) = stop_with_sigterm(second);
+    let took = asked.elapsed();
+    assert_eq!(exit.code(), Some(0), "{exit:?}\n{stdout}\n{stderr}");
+    assert!(took < Duration::from_secs(3), "the stop took {took:?}");
+    assert!(
+        stdout.contains("stopped while waiting for another live flightlog of this instance"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(!stderr.contains("already served"), "{stderr}");
+    let (exit, _, stderr) = stop_with_sigterm(first);
+    assert!(exit.success(), "{stderr}");
 }

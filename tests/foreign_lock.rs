@@ -2,7 +2,9 @@
 //! `sqlite3` module inside `BEGIN EXCLUSIVE`, as a `sqlite3` shell left in a transaction
 //! would): writes wait at most `--write-lock-wait-ms`, then get `503 unavailable` with
 //! `Retry-After` and nothing written; reads go on; once the lock is free the same write
-//! succeeds; and a shutdown during the wait ends within a bounded time.
+//! succeeds; and a shutdown during the wait ends within a bounded time. At start, a database
+//! no other process may even read (exclusive locking mode) is waited for `--write-lock-wait-ms`,
+//! then refused naming the holder and the fix, and a stop during that wait is a clean stop.
 
 #[path = "support/http.rs"]
 mod http;
@@ -11,6 +13,7 @@ mod support;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use http::{metric_sample, request, request_with_head};
@@ -28,12 +31,35 @@ struct LockHolder {
 
 impl LockHolder {
     fn hold(db: &Path) -> Self {
-        let script = "import sqlite3, sys\n\
-                      c = sqlite3.connect(sys.argv[1], isolation_level=None)\n\
-                      c.execute('BEGIN EXCLUSIVE')\n\
-                      print('locked', flush=True)\n\
-                      sys.stdin.read()\n\
-                      c.execute('COMMIT')\n";
+        Self::run(
+            db,
+            "import sqlite3, sys\n\
+             c = sqlite3.connect(sys.argv[1], isolation_level=None)\n\
+             c.execute('BEGIN EXCLUSIVE')\n\
+             print('locked', flush=True)\n\
+             sys.stdin.read()\n\
+             c.execute('COMMIT')\n",
+        )
+    }
+
+    /// Another process with the file (new, so not in WAL mode) in exclusive locking mode and in
+    /// `BEGIN EXCLUSIVE`, as the audit's `sqlite3` shell was: no other process may even read
+    /// it, so a server cannot open it at all.
+    fn hold_so_none_may_read(db: &Path) -> Self {
+        Self::run(
+            db,
+            "import sqlite3, sys\n\
+             c = sqlite3.connect(sys.argv[1], isolation_level=None)\n\
+             c.execute('PRAGMA locking_mode=EXCLUSIVE')\n\
+             c.execute('BEGIN EXCLUSIVE')\n\
+             c.execute('CREATE TABLE zz(x)')\n\
+             print('locked', flush=True)\n\
+             sys.stdin.read()\n\
+             c.execute('COMMIT')\n",
+        )
+    }
+
+    fn run(db: &Path, script: &str) -> Self {
         let mut child = Command::new("python3")
             .args(["-c", script])
             .arg(db)
@@ -389,4 +415,125 @@ fn a_stop_waits_for_a_write_whose_client_went_away() {
     let (status, _) = request(again.addr, "GET", "/v1/activity/spans/before", None, None);
     assert_eq!(status, 200);
     again.stop_cleanly(Duration::from_secs(30));
+}
+
+/// A `flightlog serve` on `db` (with `extra` flags) that is not expected to start: its output
+/// lines arrive on the channel as they are printed.
+fn spawn_start(folder: &Path, db: &Path, extra: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let mut command = support::serve_command(folder, db, extra);
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("FLIGHTLOG_") {
+            command.env_remove(&name);
+        }
+    }
+    let mut child = command.spawn().expect("start flightlog serve");
+    let (send, lines) = mpsc::channel();
+    let streams: [Box<dyn std::io::Read + Send>; 2] = [
+        Box::new(child.stdout.take().expect("piped stdout")),
+        Box::new(child.stderr.take().expect("piped stderr")),
+    ];
+    for stream in streams {
+        let send = send.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    (child, lines)
+}
+
+/// The lines `lines` brings within `limit` (all of them once the process has exited and its
+/// streams are closed), and whether one held `needle` (reading stops there).
+fn lines_until(lines: &mpsc::Receiver<String>, needle: &str, limit: Duration) -> (String, bool) {
+    let deadline = Instant::now() + limit;
+    let mut seen = String::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match lines.recv_timeout(left) {
+            Ok(line) => {
+                seen.push_str(&line);
+                seen.push('\n');
+                if line.contains(needle) {
+                    return (seen, true);
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    (seen, false)
+}
+
+/// At start, a database another process holds so that no one may even read it (exclusive
+/// locking mode, a `sqlite3` shell in `BEGIN EXCLUSIVE` on a file not in WAL mode): SQLite's
+/// open waited its fixed 5 s whatever `--write-lock-wait-ms` said, and the start failed with a
+/// bare "database error: database is locked" (an audit's finding). Now the start waits
+/// `--write-lock-wait-ms`, saying so, then refuses naming the holder and what to do.
+#[test]
+fn a_start_on_a_database_none_may_read_waits_the_lock_wait_then_says_whose_lock_it_is() {
+    let scratch = Scratch::new("foreign-lock", "start-refused");
+    let db = scratch.0.join("held.db");
+    let holder = LockHolder::hold_so_none_may_read(&db);
+    let started = Instant::now();
+    let (mut child, lines) = spawn_start(&scratch.0, &db, &["--write-lock-wait-ms", "1000"]);
+    let status = support::wait_at_most(&mut child, Duration::from_secs(30));
+    let took = started.elapsed();
+    let (output, _) = lines_until(&lines, "never printed", Duration::from_secs(5));
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{output}");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_millis(4500),
+        "the start took {took:?}, not about the 1 s lock wait:\n{output}"
+    );
+    for needle in [
+        "waiting up to 1 s for it to let go",
+        "holds the lock of",
+        "so that no other process may even read it",
+        "did not let go within 1 s (--write-lock-wait-ms",
+        "exclusive locking mode",
+        "BEGIN EXCLUSIVE",
+        "pid ",
+    ] {
+        assert!(output.contains(needle), "no {needle:?} in:\n{output}");
+    }
+    holder.release();
+}
+
+/// A stop signal while the start waits for such a lock ends the start at once, as a clean
+/// stop (exit 0): the operator who sent it wants no server.
+#[test]
+fn a_stop_while_the_start_waits_for_another_process_s_lock_is_a_clean_stop() {
+    let scratch = Scratch::new("foreign-lock", "start-stopped");
+    let db = scratch.0.join("held.db");
+    let holder = LockHolder::hold_so_none_may_read(&db);
+    let (mut child, lines) = spawn_start(&scratch.0, &db, &["--write-lock-wait-ms", "60000"]);
+    let (mut output, waiting) = lines_until(&lines, "waiting up to 60 s", START_TIMEOUT);
+    assert!(waiting, "the start does not say it waits:\n{output}");
+    let asked = Instant::now();
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(sent.success());
+    let status = support::wait_at_most(&mut child, Duration::from_secs(30));
+    let took = asked.elapsed();
+    let _ = child.kill();
+    output.push_str(&lines_until(&lines, "never printed", Duration::from_secs(5)).0);
+    assert!(
+        status.is_some_and(|status| status.success()),
+        "{status:?}:\n{output}"
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "the stop took {took:?}:\n{output}"
+    );
+    assert!(
+        output.contains("stopped while waiting for another process to let go"),
+        "{output}"
+    );
+    holder.release();
 }

@@ -330,6 +330,14 @@ fn a_lock_file_deleted_under_a_live_server_is_made_again() {
         output.contains("was deleted or replaced while this server runs; made again"),
         "{output}"
     );
+    // While the twin waited for the instance's byte (5 s), this server saw the twin's lock
+    // file: told as a second server starting, which is refused, not as two servers of the
+    // instance (which made an operator stop a healthy server: an audit's finding).
+    assert!(
+        output.contains("a second server of instance shared is starting"),
+        "{output}"
+    );
+    assert!(!output.contains("two servers are instance"), "{output}");
     assert!(!lock_file.exists(), "a clean exit removes it");
 }
 

@@ -316,6 +316,36 @@ pub fn required_access(method: &Method, path: &str, route: Option<&str>) -> Acce
     }
 }
 
+/// The challenges of a `401`'s `WWW-Authenticate`, one header value each, in the order sent:
+/// `Bearer` (RFC 6750), the form this server asks for, and `Basic` (RFC 7617), since a token is
+/// also taken as a Basic password. Many clients send Basic credentials only once a `Basic`
+/// challenge asks for them (curl `--anyauth`, Python's `HTTPBasicAuthHandler`, Java's and
+/// .NET's HTTP clients); offered `Bearer` alone, they never authenticated (an audit's finding).
+/// Two header values rather than one comma-separated list: RFC 9110 allows both, and more
+/// clients parse the first.
+pub const CHALLENGES: [&str; 2] = ["Bearer realm=\"flightlog\"", "Basic realm=\"flightlog\""];
+
+/// Add the [`CHALLENGES`] to a `401`'s headers.
+pub(crate) fn insert_challenges(headers: &mut HeaderMap) {
+    headers.remove(header::WWW_AUTHENTICATE);
+    for challenge in CHALLENGES {
+        headers.append(
+            header::WWW_AUTHENTICATE,
+            axum::http::HeaderValue::from_static(challenge),
+        );
+    }
+}
+
+/// Whether the request's headers carry a token this server accepts, whatever its scopes (`true`
+/// when no token is configured: every request is then trusted as much). For a public route
+/// that says more to those who may read the data (`/healthz`'s reason with its file paths).
+pub(crate) fn shows_accepted_token(auth: &AuthConfig, headers: &HeaderMap) -> bool {
+    if !auth.is_enabled() {
+        return true;
+    }
+    matches!(bearer_token(headers), Ok(Some(token)) if auth.scopes_of(&token).is_some())
+}
+
 /// The token an `Authorization` header value carries: `Bearer <token>`, or `Basic` with the
 /// token as the password (schemes in any case). `Err` names the accepted forms.
 pub fn presented_token(value: &str) -> Result<String, String> {

@@ -27,7 +27,8 @@ pub enum ApiError {
     #[error("{0}")]
     InvalidRequest(String),
     /// 401 `unauthorized`: tokens are configured and the request carries none, a malformed
-    /// `Authorization` header or an unknown token; sent with `WWW-Authenticate: Bearer`.
+    /// `Authorization` header or an unknown token; sent with `WWW-Authenticate: Bearer` and
+    /// `Basic`.
     #[error("{0}")]
     Unauthorized(String),
     /// 403 `forbidden`: the token is valid but lacks the scope the route needs.
@@ -167,13 +168,8 @@ impl ApiError {
             Self::RequestTimeout(_) => {
                 headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
-            // RFC 6750: a 401 names the scheme the client should use.
-            Self::Unauthorized(_) => {
-                headers.insert(
-                    header::WWW_AUTHENTICATE,
-                    HeaderValue::from_static("Bearer realm=\"flightlog\""),
-                );
-            }
+            // RFC 6750: a 401 names the schemes the client may use (see `auth::CHALLENGES`).
+            Self::Unauthorized(_) => crate::auth::insert_challenges(headers),
             _ => {}
         }
     }

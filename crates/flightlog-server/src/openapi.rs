@@ -561,7 +561,10 @@ impl SharedResponse {
                     "WWW-Authenticate",
                     HeaderBuilder::new()
                         .schema(text)
-                        .description(Some("`Bearer realm=\"flightlog\"`."))
+                        .description(Some(
+                            "Two values: `Bearer realm=\"flightlog\"` and \
+                             `Basic realm=\"flightlog\"` (the token as the password).",
+                        ))
                         .build(),
                 );
             }

@@ -807,3 +807,129 @@ async fn requests_a_web_page_sends_are_refused() {
     assert_eq!(answer.status(), StatusCode::OK);
     server.stop().await;
 }
+
+/// A 401 offers both schemes the server takes: `Bearer` and `Basic` (the token as the
+/// password). Offered `Bearer` alone, clients that send Basic credentials only after a `Basic`
+/// challenge (curl `--anyauth`, Python's `HTTPBasicAuthHandler`, Java's and .NET's clients)
+/// never authenticated (an audit's finding). Checked with Python's handler itself, which
+/// answers a challenge it understands and gives up otherwise; the body stays the contract's.
+#[tokio::test]
+async fn a_401_challenges_with_basic_too_and_a_basic_only_client_gets_in() {
+    let server = start_with_tokens().await;
+    let response = server
+        .client
+        .get(format!("{}/v1/activity/runs", server.base))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status().as_u16(), 401);
+    let challenges: Vec<String> = response
+        .headers()
+        .get_all("www-authenticate")
+        .iter()
+        .filter_map(|value| value.to_str().ok().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        challenges,
+        ["Bearer realm=\"flightlog\"", "Basic realm=\"flightlog\""],
+        "one challenge per scheme"
+    );
+    let body: Value = response.json().await.expect("an error body");
+    assert_eq!(body.pointer("/error/code"), Some(&json!("unauthorized")));
+    assert_eq!(body.as_object().map(|o| o.len()), Some(1), "{body}");
+
+    // A client that sends credentials only when challenged with Basic.
+    let script = [
+        "import sys, urllib.error, urllib.request",
+        "base, token = sys.argv[1], sys.argv[2]",
+        "passwords = urllib.request.HTTPPasswordMgrWithDefaultRealm()",
+        "passwords.add_password(None, base, 'agent', token)",
+        "opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),",
+        "    urllib.request.HTTPBasicAuthHandler(passwords))",
+        "try:",
+        "    print(opener.open(base + '/v1/activity/runs', timeout=10).status)",
+        "except urllib.error.HTTPError as err:",
+        "    print(err.code)",
+    ]
+    .join("\n");
+    let base = server.base.clone();
+    let answered = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .args(["-c", &script, &base, "token-read"])
+            .output()
+            .expect("python3 runs (the OTLP client tests need it too)")
+    })
+    .await
+    .expect("the client's task");
+    let said = String::from_utf8_lossy(&answered.stdout);
+    assert_eq!(
+        said.trim(),
+        "200",
+        "{said}{}",
+        String::from_utf8_lossy(&answered.stderr)
+    );
+    server.stop().await;
+}
+
+/// An unhealthy store's `/healthz` answer named the database file by its absolute path to
+/// anyone who could reach the port, tokens configured or not (an audit's finding). Without a
+/// token it now says what is wrong in words that name no file; with any accepted token (any
+/// scope) the full reason, path included.
+#[tokio::test]
+async fn an_unhealthy_healthz_names_the_database_file_only_to_a_token() {
+    let server = start_with_tokens().await;
+    let folder = server
+        .db_path
+        .parent()
+        .expect("the database's folder")
+        .to_string_lossy()
+        .into_owned();
+    std::fs::remove_file(&server.db_path).expect("delete the database file");
+    // A write meets the loss (the store says so from then on).
+    let write = server
+        .client
+        .post(format!("{}/v1/activity/spans", server.base))
+        .bearer_auth("token-all")
+        .json(
+            &json!({"spanId": "s", "runId": "r", "name": "n", "kind": "turn",
+                      "origin": "session"}),
+        )
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(write.status().as_u16(), 503);
+    let healthz = |authorization: Option<&'static str>| {
+        let mut request = server.client.get(format!("{}/healthz", server.base));
+        if let Some(token) = authorization {
+            request = request.bearer_auth(token);
+        }
+        async move {
+            let response = request.send().await.expect("request");
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.expect("an error body");
+            (status, body)
+        }
+    };
+    for authorization in [None, Some("not-a-token")] {
+        let (status, body) = healthz(authorization).await;
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body.pointer("/error/code"), Some(&json!("unavailable")));
+        let message = body
+            .pointer("/error/message")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        assert!(message.contains("deleted or replaced"), "{message}");
+        assert!(
+            !message.contains(&folder) && !message.contains("flightlog.db"),
+            "{authorization:?}: {message}"
+        );
+    }
+    let (status, body) = healthz(Some("token-read")).await;
+    assert_eq!(status, 503, "{body}");
+    let message = body
+        .pointer("/error/message")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    assert!(message.contains(&folder), "{message}");
+    server.stop().await;
+}
