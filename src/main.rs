@@ -247,10 +247,10 @@ struct ServeArgs {
         verbatim_doc_comment
     )]
     stuck_after_ms: Option<String>,
-    /// Delete the spans, events and change rows of runs that ended this long ago, in ms,
-    /// keeping their rollups (usage, cost, outcome), or `off` to keep all detail (the change
-    /// log too: its trim of rows more than 100,000 ids behind the newest is part of the
-    /// prune).
+    /// Delete the spans, events and change rows of runs that ended this long ago (an
+    /// OpenTelemetry run: that also arrived this long ago), in ms, keeping their rollups
+    /// (usage, cost, outcome), or `off` to keep all detail (the change log too: its trim of
+    /// rows more than 100,000 ids behind the newest is part of the prune).
     /// [env: FLIGHTLOG_PRUNE_AFTER_MS] [file: maintenance.prune_after_ms] [default: 2592000000 = 30 days]
     #[arg(
         long,
