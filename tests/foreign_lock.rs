@@ -421,15 +421,7 @@ fn a_stop_waits_for_a_write_whose_client_went_away() {
 /// lines arrive on the channel as they are printed.
 fn spawn_start(folder: &Path, db: &Path, extra: &[&str]) -> (Child, mpsc::Receiver<String>) {
     let mut command = support::serve_command(folder, db, extra);
-    command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("FLIGHTLOG_") {
-            command.env_remove(&name);
-        }
-    }
+    support::isolate(&mut command);
     let mut child = command.spawn().expect("start flightlog serve");
     let (send, lines) = mpsc::channel();
     let streams: [Box<dyn std::io::Read + Send>; 2] = [

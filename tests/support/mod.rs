@@ -42,6 +42,20 @@ pub fn flightlog_binary() -> &'static str {
     })
 }
 
+/// `command` with no input, its output piped, and no `FLIGHTLOG_*` variable inherited: only the
+/// test's own flags may change the settings.
+pub fn isolate(command: &mut Command) {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("FLIGHTLOG_") {
+            command.env_remove(&name);
+        }
+    }
+}
+
 /// `flightlog serve --db db` on 127.0.0.1:0 with no gRPC listener, run in `folder`, with
 /// `extra` flags: the command the process-level tests start a server with.
 pub fn serve_command(folder: &std::path::Path, db: &std::path::Path, extra: &[&str]) -> Command {
@@ -79,16 +93,7 @@ impl ServeProcess {
     /// no `FLIGHTLOG_*` variable inherited and its output collected, and wait up to `timeout`
     /// for its listening line. Panics with the output if it exits or stays silent instead.
     pub fn spawn(mut command: Command, timeout: Duration) -> Self {
-        command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // Only the test's own flags: nothing inherited may change the settings.
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("FLIGHTLOG_") {
-                command.env_remove(&name);
-            }
-        }
+        isolate(&mut command);
         let mut child = command.spawn().expect("start flightlog serve");
         let output = Arc::new(Mutex::new(String::new()));
         let (send, lines) = mpsc::channel::<String>();
