@@ -216,8 +216,14 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
         ),
     }
 
+    let server_config = flightlog_server::ServerConfig {
+        grpc_listening_on: grpc_listener
+            .as_ref()
+            .and_then(|grpc_listener| grpc_listener.local_addr().ok()),
+        ..settings.server.clone()
+    };
     let mut state = AppState::new(activity, journal)
-        .with_config(settings.server.clone())
+        .with_config(server_config)
         .with_maintenance_writer(&maintenance_writer(&instance));
     if let Some(clock) = &manual_clock {
         state = state.with_manual_clock(Arc::clone(clock));

@@ -134,8 +134,11 @@ where
         closing.send_replace(true);
     };
     let write_stall_limit = state.config().write_stall_limit;
-    let unparsed = state.metrics().unparsed_requests();
     let slots = state.connection_slots().clone();
+    let answers = parse_error_body::Http1Answers {
+        counted_in: state.metrics().unparsed_requests(),
+        http2_refusal: parse_error_body::http2_refusal(state.config().grpc_listening_on),
+    };
     serve_router(
         listener,
         app(state),
@@ -143,7 +146,7 @@ where
         Protocol::Http1,
         write_stall_limit,
         slots,
-        Some(unparsed),
+        Some(answers),
     )
     .await
 }
@@ -204,7 +207,8 @@ const HTTP2_MAX_HEADER_LIST: u32 = 16 * 1024;
 /// refuse it).
 ///
 /// An HTTP/1 socket is also wrapped in a [`parse_error_body::ParseErrorBody`]: the answers hyper
-/// writes by itself to a request it cannot parse (400, 414, 431) get the contract's error body.
+/// writes by itself to a request it cannot parse (400, 414, 431) get the contract's error body,
+/// and an HTTP/2 client hears that this port is not its own (`http1_answers`).
 ///
 /// Each socket is wrapped in a [`write_stall::StallGuard`]: a connection whose client has read
 /// nothing for `write_stall_limit` while the server had something to send is closed.
@@ -219,7 +223,7 @@ pub(crate) async fn serve_router<F>(
     protocol: Protocol,
     write_stall_limit: Duration,
     slots: connection_limit::ConnectionSlots,
-    unparsed: Option<metrics::UnparsedRequests>,
+    http1_answers: Option<parse_error_body::Http1Answers>,
 ) -> Result<(), ServeError>
 where
     F: Future<Output = ()> + Send + 'static,
@@ -276,7 +280,12 @@ where
                 let service = tracked_service(&router, slot.activity(), true);
                 let io = TokioIo::new(parse_error_body::ParseErrorBody::new(
                     half_close::HalfCloseReader::new(guarded, Arc::clone(slot.activity())),
-                    unparsed.clone(),
+                    http1_answers
+                        .as_ref()
+                        .map(|answers| answers.counted_in.clone()),
+                    http1_answers
+                        .as_ref()
+                        .map(|answers| Arc::clone(&answers.http2_refusal)),
                 ));
                 let mut builder = hyper::server::conn::http1::Builder::new();
                 builder

@@ -61,6 +61,9 @@ pub struct ServerConfig {
     /// On (the default) but for a server exposed without tokens on purpose
     /// (`allow_unauthenticated_non_loopback`).
     pub loopback_names_only: bool,
+    /// Where the OTLP/gRPC listener listens, if anywhere: named in what an HTTP/2 (gRPC) client
+    /// that reached the HTTP port is answered (see `parse_error_body`).
+    pub grpc_listening_on: Option<std::net::SocketAddr>,
 }
 
 impl ServerConfig {
@@ -124,6 +127,7 @@ impl Default for ServerConfig {
             write_stall_limit: Self::DEFAULT_WRITE_STALL_LIMIT,
             max_connections: Self::DEFAULT_MAX_CONNECTIONS,
             loopback_names_only: true,
+            grpc_listening_on: None,
         }
     }
 }

@@ -1974,3 +1974,152 @@ async fn a_closed_provisional_root_moves_under_the_parent_its_completed_copy_nam
     assert_eq!(again, after);
     server.stop().await;
 }
+
+/// A gRPC (HTTP/2) client given the HTTP port by mistake (4318 for 4317) hears, in HTTP/2, why
+/// and where to go: the server's SETTINGS, then `GOAWAY` with `HTTP_1_1_REQUIRED` whose debug
+/// data (which gRPC clients print) names the gRPC listener. hyper answered nothing and dropped
+/// the connection, and the exporter only said "connection closed". HTTP/1.1 requests, even one
+/// that starts as the preface does or arrives a byte at a time, are served as before.
+#[tokio::test]
+async fn a_grpc_client_on_the_http_port_is_told_where_the_grpc_listener_is() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = TestServer::start_with(crate::support::Options {
+        grpc: true,
+        ..crate::support::Options::default()
+    })
+    .await;
+    let grpc = server.grpc_base.clone().expect("a gRPC listener");
+    let grpc_addr = grpc.trim_start_matches("http://").to_owned();
+    let http_addr = server.base.trim_start_matches("http://").to_owned();
+    let within = std::time::Duration::from_secs(10);
+
+    // A raw HTTP/2 client: its preface (in two pieces) and an empty SETTINGS frame.
+    let mut raw = tokio::net::TcpStream::connect(&http_addr)
+        .await
+        .expect("connect");
+    raw.write_all(b"PRI * HTTP/2.0\r\n").await.expect("write");
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    raw.write_all(b"\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .expect("write");
+    let mut answer = Vec::new();
+    let goaway = tokio::time::timeout(within, async {
+        loop {
+            // Frames: a 9-byte header (24-bit length, type, flags, stream id), then the payload.
+            let mut at = 0;
+            while let Some(header) = answer.get(at..at + 9) {
+                let length = usize::from(header[0]) << 16
+                    | usize::from(header[1]) << 8
+                    | usize::from(header[2]);
+                let kind = header[3];
+                let Some(payload) = answer.get(at + 9..at + 9 + length) else {
+                    break;
+                };
+                if kind == 0x7 {
+                    return Some((at, payload.to_vec()));
+                }
+                at += 9 + length;
+            }
+            let mut chunk = [0u8; 4096];
+            match raw.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(count) => answer.extend_from_slice(&chunk[..count]),
+            }
+        }
+    })
+    .await
+    .expect("an answer within 10 s");
+    let (at, payload) = goaway.unwrap_or_else(|| panic!("no GOAWAY in {answer:?}"));
+    assert_eq!(
+        answer.get(..9),
+        Some(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0][..]),
+        "the server's preface, an empty SETTINGS frame, comes first"
+    );
+    assert_eq!(at, 9, "then the GOAWAY");
+    assert_eq!(
+        payload.get(..4),
+        Some(&[0, 0, 0, 0][..]),
+        "no stream processed"
+    );
+    assert_eq!(
+        payload.get(4..8),
+        Some(&[0, 0, 0, 0xd][..]),
+        "HTTP_1_1_REQUIRED"
+    );
+    let debug = String::from_utf8_lossy(payload.get(8..).unwrap_or_default()).into_owned();
+    assert!(
+        debug.contains("HTTP/1.1 only") && debug.contains(&format!("gRPC listener at {grpc_addr}")),
+        "{debug}"
+    );
+    // Once the client closes, so does the server.
+    raw.shutdown().await.expect("close");
+    let mut rest = [0u8; 64];
+    let closed = tokio::time::timeout(within, raw.read(&mut rest)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0) | Err(_))),
+        "the server closes too: {closed:?}"
+    );
+
+    // The h2 crate's client sees the refusal as a GOAWAY with HTTP_1_1_REQUIRED.
+    let tcp = tokio::net::TcpStream::connect(&http_addr)
+        .await
+        .expect("connect");
+    let refused = tokio::time::timeout(within, async {
+        let (client, connection) = h2::client::handshake(tcp).await?;
+        let driver = tokio::spawn(connection);
+        let mut client = client.ready().await?;
+        let request = axum::http::Request::post(format!(
+            "{}/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+            server.base
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("a request");
+        let (answer, _) = client.send_request(request, true)?;
+        let answer = answer.await;
+        driver.abort();
+        answer.map(|_| ())
+    })
+    .await
+    .expect("refused within 10 s");
+    let error = refused.expect_err("no HTTP/2 request is served on the HTTP port");
+    assert_eq!(
+        error.reason(),
+        Some(h2::Reason::HTTP_1_1_REQUIRED),
+        "{error:?}"
+    );
+
+    // HTTP/1.1 goes on: a request that starts as the preface does, and one sent a byte at a time.
+    for (request, pause) in [
+        (
+            &b"PRI /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"[..],
+            false,
+        ),
+        (
+            &b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"[..],
+            true,
+        ),
+    ] {
+        let mut http1 = tokio::net::TcpStream::connect(&http_addr)
+            .await
+            .expect("connect");
+        for byte in request {
+            http1.write_all(&[*byte]).await.expect("write");
+            if pause {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+        }
+        let head = tokio::time::timeout(within, crate::support::read_answer_head(&mut http1))
+            .await
+            .expect("an answer within 10 s")
+            .expect("an HTTP/1.1 answer");
+        assert!(head.0 == 200 || head.0 == 404 || head.0 == 405, "{head:?}");
+        if !pause {
+            assert!(head.1.contains("application/json"), "{head:?}");
+        } else {
+            assert_eq!(head.0, 200, "{head:?}");
+        }
+    }
+    server.stop().await;
+}

@@ -134,16 +134,27 @@ impl TestServer {
         ));
         let journal: Arc<dyn EngagementJournal> =
             Arc::new(SqliteEngagementJournal::new(db, options.retention).with_clock(clock));
-        let mut state = AppState::new(activity, journal).with_config(options.config);
+        let grpc_listener = match options.grpc {
+            true => Some(
+                tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind 127.0.0.1:0 for gRPC"),
+            ),
+            false => None,
+        };
+        let config = ServerConfig {
+            grpc_listening_on: grpc_listener
+                .as_ref()
+                .map(|grpc_listener| grpc_listener.local_addr().expect("gRPC local addr")),
+            ..options.config
+        };
+        let mut state = AppState::new(activity, journal).with_config(config);
         if let Some(clock) = &manual {
             state = state.with_manual_clock(Arc::clone(clock));
         }
         let listener = listen_on_loopback(options.send_buffer);
         let addr = listener.local_addr().expect("local addr");
-        let (grpc_base, grpc_shutdown, grpc_task) = if options.grpc {
-            let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind 127.0.0.1:0 for gRPC");
+        let (grpc_base, grpc_shutdown, grpc_task) = if let Some(grpc_listener) = grpc_listener {
             let grpc_addr = grpc_listener.local_addr().expect("gRPC local addr");
             let (grpc_shutdown, grpc_signal) = oneshot::channel::<()>();
             let grpc_task = tokio::spawn(serve_grpc(grpc_listener, state.clone(), async move {
