@@ -202,8 +202,8 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
         Ok(0) => {}
         Ok(orphans) => {
             say!(
-                "flightlog: closed {orphans} span(s) left open by a previous run of instance \
-                 {instance} as interrupted"
+                "flightlog: closed {orphans} span(s) an earlier server process of instance \
+                 {instance} left open, as interrupted (\"server restarted\")"
             )
         }
         // A damaged file fails every later request too: refuse to serve it, and say so.
@@ -220,6 +220,7 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
         grpc_listening_on: grpc_listener
             .as_ref()
             .and_then(|grpc_listener| grpc_listener.local_addr().ok()),
+        http_listening_on: listener.local_addr().ok(),
         ..settings.server.clone()
     };
     let mut state = AppState::new(activity, journal)

@@ -137,7 +137,7 @@ fn a_restart_closes_only_what_its_own_earlier_life_left_open() {
     let alpha = serve(&scratch.0, &db, &["--instance", "alpha"]);
     let output = alpha.output();
     assert!(
-        output.contains("closed 3 span(s) left open by a previous run of instance alpha"),
+        output.contains("closed 3 span(s) an earlier server process of instance alpha left open"),
         "{output}"
     );
     for span_id in ["own-session", "own-cron", "own-cron-step"] {
@@ -174,7 +174,7 @@ fn a_restart_closes_only_what_its_own_earlier_life_left_open() {
     let beta = serve(&scratch.0, &db, &["--instance", "beta"]);
     let output = beta.output();
     assert!(
-        output.contains("closed 1 span(s) left open by a previous run of instance beta"),
+        output.contains("closed 1 span(s) an earlier server process of instance beta left open"),
         "{output}"
     );
     assert_eq!(span(beta.addr, "beta-session")["outcome"], "interrupted");

@@ -402,7 +402,10 @@ where
         crate::Protocol::Http2,
         write_stall_limit,
         state.connection_slots().clone(),
-        None,
+        crate::ListenerAnswers {
+            wrong_port: crate::wrong_port::refusal_of_http1(state.config().http_listening_on),
+            unparsed: None,
+        },
     )
     .await
 }

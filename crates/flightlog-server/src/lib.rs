@@ -64,6 +64,7 @@ pub mod state;
 pub mod validate;
 pub mod wire;
 mod write_stall;
+mod wrong_port;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -135,9 +136,9 @@ where
     };
     let write_stall_limit = state.config().write_stall_limit;
     let slots = state.connection_slots().clone();
-    let answers = parse_error_body::Http1Answers {
-        counted_in: state.metrics().unparsed_requests(),
-        http2_refusal: parse_error_body::http2_refusal(state.config().grpc_listening_on),
+    let answers = ListenerAnswers {
+        wrong_port: wrong_port::refusal_of_http2(state.config().grpc_listening_on),
+        unparsed: Some(state.metrics().unparsed_requests()),
     };
     serve_router(
         listener,
@@ -146,9 +147,18 @@ where
         Protocol::Http1,
         write_stall_limit,
         slots,
-        Some(answers),
+        answers,
     )
     .await
+}
+
+/// What a listener answers besides its routes.
+pub(crate) struct ListenerAnswers {
+    /// What a client of the other listener's protocol hears (see [`wrong_port`]).
+    pub(crate) wrong_port: Arc<[u8]>,
+    /// Where hyper's own answers to requests it cannot parse are counted (HTTP/1 only, see
+    /// [`parse_error_body`]).
+    pub(crate) unparsed: Option<metrics::UnparsedRequests>,
 }
 
 /// What a listener speaks. Each listener speaks one protocol only: telling them apart (as
@@ -208,7 +218,8 @@ const HTTP2_MAX_HEADER_LIST: u32 = 16 * 1024;
 ///
 /// An HTTP/1 socket is also wrapped in a [`parse_error_body::ParseErrorBody`]: the answers hyper
 /// writes by itself to a request it cannot parse (400, 414, 431) get the contract's error body,
-/// and an HTTP/2 client hears that this port is not its own (`http1_answers`).
+/// and both listeners' sockets in a [`wrong_port::WrongPort`]: a client of the other protocol
+/// hears where to go (`answers`).
 ///
 /// Each socket is wrapped in a [`write_stall::StallGuard`]: a connection whose client has read
 /// nothing for `write_stall_limit` while the server had something to send is closed.
@@ -223,7 +234,7 @@ pub(crate) async fn serve_router<F>(
     protocol: Protocol,
     write_stall_limit: Duration,
     slots: connection_limit::ConnectionSlots,
-    http1_answers: Option<parse_error_body::Http1Answers>,
+    answers: ListenerAnswers,
 ) -> Result<(), ServeError>
 where
     F: Future<Output = ()> + Send + 'static,
@@ -279,13 +290,12 @@ where
             Protocol::Http1 => {
                 let service = tracked_service(&router, slot.activity(), true);
                 let io = TokioIo::new(parse_error_body::ParseErrorBody::new(
-                    half_close::HalfCloseReader::new(guarded, Arc::clone(slot.activity())),
-                    http1_answers
-                        .as_ref()
-                        .map(|answers| answers.counted_in.clone()),
-                    http1_answers
-                        .as_ref()
-                        .map(|answers| Arc::clone(&answers.http2_refusal)),
+                    wrong_port::WrongPort::new(
+                        half_close::HalfCloseReader::new(guarded, Arc::clone(slot.activity())),
+                        wrong_port::Speaks::Http1,
+                        Arc::clone(&answers.wrong_port),
+                    ),
+                    answers.unparsed.clone(),
                 ));
                 let mut builder = hyper::server::conn::http1::Builder::new();
                 builder
@@ -305,7 +315,11 @@ where
             }
             Protocol::Http2 => {
                 let service = tracked_service(&router, slot.activity(), false);
-                let io = TokioIo::new(guarded);
+                let io = TokioIo::new(wrong_port::WrongPort::new(
+                    guarded,
+                    wrong_port::Speaks::Http2,
+                    Arc::clone(&answers.wrong_port),
+                ));
                 let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
                 builder
                     .timer(TokioTimer::new())

@@ -21,22 +21,9 @@
 //! this wrapper (hyper is told its own head was written whole), and `poll_flush` and
 //! `poll_shutdown` write them out before they flush or close the socket, so hyper's close
 //! still follows the whole answer.
-//!
-//! An HTTP/2 client on this HTTP/1.1 port (an OTLP/gRPC exporter given the HTTP port, the usual
-//! slip between 4317 and 4318) sent its connection preface and heard nothing: hyper recognises
-//! the preface, writes no answer (there is none in HTTP/1.1) and drops the connection, and the
-//! exporter reported only "connection closed before server preface received". This wrapper
-//! looks at a connection's first 24 bytes; when they are the HTTP/2 preface it answers in
-//! HTTP/2 itself: the server's preface (an empty SETTINGS frame), then `GOAWAY` with
-//! `HTTP_1_1_REQUIRED` and a sentence that names the gRPC listener (gRPC clients print a
-//! GOAWAY's debug data). hyper is shown the end of the stream once the client has gone (it
-//! closes on a GOAWAY); what the client sends until then is read and dropped, so the close is
-//! not a reset that could overtake the answer.
 
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -57,89 +44,21 @@ pub(crate) const MAX_HEAD_BYTES: usize = 32 * 1024;
 /// The longest request target hyper takes (its `MAX_URI_LEN`, not configurable).
 const MAX_TARGET_BYTES: usize = u16::MAX as usize - 1;
 
-/// The connection preface every HTTP/2 client sends first (RFC 9113, section 3.4).
-const HTTP2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// HTTP/2's `GOAWAY` error code `HTTP_1_1_REQUIRED` (RFC 9113, section 7).
-const HTTP_1_1_REQUIRED: u32 = 0xd;
-
-/// What an HTTP/2 client hears on this HTTP/1.1 port: the server's connection preface (an
-/// empty SETTINGS frame), then `GOAWAY` (no stream processed, `HTTP_1_1_REQUIRED`) whose debug
-/// data says where to send OTLP/gRPC: `grpc`, the gRPC listener's address, or that it is off.
-pub(crate) fn http2_refusal(grpc: Option<SocketAddr>) -> Arc<[u8]> {
-    let where_to = match grpc {
-        Some(grpc) => format!("send OTLP/gRPC to flightlog's gRPC listener at {grpc}"),
-        None => "flightlog's OTLP/gRPC listener is off (--grpc-addr); send OTLP/HTTP to \
-                 /v1/traces on this port"
-            .to_owned(),
-    };
-    let message = format!(
-        "flightlog: this port speaks HTTP/1.1 only (the HTTP API and OTLP/HTTP at /v1/traces); \
-         {where_to}"
-    );
-    let mut frames = Vec::with_capacity(9 + 9 + 8 + message.len());
-    // SETTINGS: length 0, type 0x4, no flags, stream 0.
-    frames.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
-    // GOAWAY: type 0x7, no flags, stream 0; last stream id 0, the error code, the debug data.
-    let length = u32::try_from(8 + message.len()).unwrap_or(u32::MAX);
-    frames.extend_from_slice(&length.to_be_bytes()[1..]);
-    frames.extend_from_slice(&[0x7, 0, 0, 0, 0, 0]);
-    frames.extend_from_slice(&0u32.to_be_bytes());
-    frames.extend_from_slice(&HTTP_1_1_REQUIRED.to_be_bytes());
-    frames.extend_from_slice(message.as_bytes());
-    frames.into()
-}
-
-/// What every connection of the HTTP/1 listener shares: where hyper's answers are counted, and
-/// what an HTTP/2 client is answered.
-#[derive(Clone)]
-pub(crate) struct Http1Answers {
-    pub(crate) counted_in: UnparsedRequests,
-    pub(crate) http2_refusal: Arc<[u8]>,
-}
-
-/// Where a connection is in telling an HTTP/2 preface from an HTTP/1.1 request.
-enum Opening {
-    /// Its first bytes, fewer than 24 and all of them the preface's so far, kept from hyper.
-    Looking(Vec<u8>),
-    /// Not the preface: these bytes go to hyper before the socket's next ones.
-    Passing(Vec<u8>, usize),
-    /// Decided (or not looked at): reads go straight to the socket.
-    Through,
-    /// The preface: the refusal is being written; the client's bytes are dropped until it
-    /// closes, and hyper then sees the end of the stream.
-    Refused,
-}
-
-/// A connection's socket whose hyper-written parse-error answers get the contract's body, and
-/// whose HTTP/2 clients hear in HTTP/2 that this port is not theirs.
+/// A connection's socket whose hyper-written parse-error answers get the contract's body.
 pub(crate) struct ParseErrorBody<T> {
     inner: T,
-    /// The rewritten answer (or the HTTP/2 refusal) and how much of it is written.
+    /// The rewritten answer and how much of it is written.
     rewritten: Option<(Vec<u8>, usize)>,
     /// Where each such answer is counted (they never reach the gate, which counts the rest).
     counted_in: Option<UnparsedRequests>,
-    /// What an HTTP/2 client is answered (see [`http2_refusal`]); `None` looks at no preface.
-    http2_refusal: Option<Arc<[u8]>>,
-    opening: Opening,
 }
 
 impl<T> ParseErrorBody<T> {
-    pub(crate) fn new(
-        inner: T,
-        counted_in: Option<UnparsedRequests>,
-        http2_refusal: Option<Arc<[u8]>>,
-    ) -> Self {
-        let opening = match http2_refusal {
-            Some(_) => Opening::Looking(Vec::new()),
-            None => Opening::Through,
-        };
+    pub(crate) fn new(inner: T, counted_in: Option<UnparsedRequests>) -> Self {
         Self {
             inner,
             rewritten: None,
             counted_in,
-            http2_refusal,
-            opening,
         }
     }
 }
@@ -253,87 +172,13 @@ impl<T: AsyncWrite + Unpin> ParseErrorBody<T> {
     }
 }
 
-/// How many reads of a refused client's bytes one poll makes before it yields.
-const DROPPED_READS_A_POLL: usize = 16;
-
-impl<T: AsyncRead + AsyncWrite + Unpin> ParseErrorBody<T> {
-    /// A read while the connection's first bytes are looked at: ready once they are told apart
-    /// (`Passing`, `Refused`) or the socket has nothing more now.
-    fn poll_look(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        loop {
-            let Opening::Looking(seen) = &mut self.opening else {
-                return Poll::Ready(Ok(()));
-            };
-            let mut chunk = [0u8; HTTP2_PREFACE.len()];
-            let wanted = HTTP2_PREFACE.len() - seen.len();
-            let mut small = ReadBuf::new(&mut chunk[..wanted]);
-            match Pin::new(&mut self.inner).poll_read(cx, &mut small) {
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
-                Poll::Pending => return Poll::Pending,
-            }
-            let got = small.filled();
-            let ended = got.is_empty();
-            seen.extend_from_slice(got);
-            if ended || !HTTP2_PREFACE.starts_with(seen) {
-                self.opening = Opening::Passing(std::mem::take(seen), 0);
-            } else if seen.len() == HTTP2_PREFACE.len() {
-                self.opening = Opening::Refused;
-                if let Some(refusal) = &self.http2_refusal {
-                    self.rewritten = Some((refusal.to_vec(), 0));
-                }
-            }
-        }
-    }
-
-    /// A read of a refused client: the refusal written on, the client's bytes dropped; ready
-    /// (the end of the stream for hyper) once the client has closed.
-    fn poll_refused(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let Poll::Ready(Err(err)) = self.poll_write_rewritten(cx) {
-            return Poll::Ready(Err(err));
-        }
-        let mut dropped = [0u8; 4096];
-        for _ in 0..DROPPED_READS_A_POLL {
-            let mut sink = ReadBuf::new(&mut dropped);
-            match Pin::new(&mut self.inner).poll_read(cx, &mut sink) {
-                Poll::Ready(Ok(())) if sink.filled().is_empty() => return Poll::Ready(Ok(())),
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    }
-}
-
-impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for ParseErrorBody<T> {
+impl<T: AsyncRead + Unpin> AsyncRead for ParseErrorBody<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        if matches!(this.opening, Opening::Looking(_)) {
-            match this.poll_look(cx) {
-                Poll::Ready(Ok(())) => {}
-                other => return other,
-            }
-        }
-        match &mut this.opening {
-            Opening::Through | Opening::Looking(_) => Pin::new(&mut this.inner).poll_read(cx, buf),
-            Opening::Passing(held, given) => {
-                let rest = held.get(*given..).unwrap_or_default();
-                let count = rest.len().min(buf.remaining());
-                buf.put_slice(&rest[..count]);
-                *given += count;
-                if *given >= held.len() {
-                    this.opening = Opening::Through;
-                }
-                Poll::Ready(Ok(()))
-            }
-            Opening::Refused => this.poll_refused(cx),
-        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
 
@@ -486,7 +331,7 @@ mod tests {
             client.read_to_end(&mut answer).await.expect("read");
             answer
         });
-        let mut wrapped = ParseErrorBody::new(server, None, None);
+        let mut wrapped = ParseErrorBody::new(server, None);
         let written = wrapped.write(HYPER_431).await.expect("write");
         assert_eq!(
             written,
@@ -502,68 +347,10 @@ mod tests {
         assert_eq!(body["error"]["code"], "invalid_request");
     }
 
-    /// The HTTP/2 preface, even in pieces, is answered with the refusal and kept from hyper,
-    /// which sees the end of the stream once the client has closed; anything else, even bytes
-    /// that start as the preface does, reaches hyper whole and in order.
-    #[tokio::test]
-    async fn an_http2_preface_is_refused_and_anything_else_passes_whole() {
-        let refusal = http2_refusal(Some(SocketAddr::from(([127, 0, 0, 1], 4317))));
-        let (mut client, server) = tokio::io::duplex(64);
-        let mut wrapped = ParseErrorBody::new(server, None, Some(Arc::clone(&refusal)));
-        let hyper = tokio::spawn(async move {
-            let mut seen = Vec::new();
-            wrapped.read_to_end(&mut seen).await.expect("read");
-            wrapped.shutdown().await.expect("close");
-            seen
-        });
-        client.write_all(b"PRI * HTT").await.expect("write");
-        client
-            .write_all(b"P/2.0\r\n\r\nSM\r\n\r\n")
-            .await
-            .expect("write");
-        // The client's SETTINGS and more, dropped.
-        client.write_all(&[0u8; 300]).await.expect("write");
-        let mut answer = vec![0u8; refusal.len()];
-        client.read_exact(&mut answer).await.expect("the refusal");
-        assert_eq!(answer, *refusal);
-        client.shutdown().await.expect("the client closes");
-        let seen = hyper.await.expect("hyper's side");
-        assert!(seen.is_empty(), "hyper saw {seen:?}");
-        let text = String::from_utf8_lossy(&refusal[26..]).into_owned();
-        assert!(text.contains("gRPC listener at 127.0.0.1:4317"), "{text}");
-        assert_eq!(&refusal[..9], &[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
-        assert_eq!(&refusal[12..13], &[0x7]);
-        assert_eq!(&refusal[22..26], &[0, 0, 0, 0xd]);
-        let off = http2_refusal(None);
-        assert!(String::from_utf8_lossy(&off).contains("listener is off"));
-
-        for sent in [
-            &b"GET /healthz HTTP/1.1\r\n\r\n"[..],
-            b"PRI /x HTTP/1.1\r\n\r\n",
-            b"PRI * HTTP/2.0\r\n\r\nSX",
-            b"P",
-            b"",
-        ] {
-            let (mut client, server) = tokio::io::duplex(8);
-            let mut wrapped = ParseErrorBody::new(server, None, Some(Arc::clone(&refusal)));
-            let hyper = tokio::spawn(async move {
-                let mut seen = Vec::new();
-                wrapped.read_to_end(&mut seen).await.expect("read");
-                seen
-            });
-            for byte in sent {
-                client.write_all(&[*byte]).await.expect("write");
-            }
-            client.shutdown().await.expect("close");
-            let seen = hyper.await.expect("hyper's side");
-            assert_eq!(seen, sent, "{}", String::from_utf8_lossy(sent));
-        }
-    }
-
     #[tokio::test]
     async fn other_writes_pass_through_unchanged() {
         let (mut client, server) = tokio::io::duplex(1024);
-        let mut wrapped = ParseErrorBody::new(server, None, None);
+        let mut wrapped = ParseErrorBody::new(server, None);
         let response = b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\n{}";
         wrapped.write_all(response).await.expect("write");
         wrapped.shutdown().await.expect("close");

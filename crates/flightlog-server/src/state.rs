@@ -64,6 +64,9 @@ pub struct ServerConfig {
     /// Where the OTLP/gRPC listener listens, if anywhere: named in what an HTTP/2 (gRPC) client
     /// that reached the HTTP port is answered (see `parse_error_body`).
     pub grpc_listening_on: Option<std::net::SocketAddr>,
+    /// Where the HTTP listener listens: named in what an HTTP/1.1 client that reached the gRPC
+    /// listener is answered.
+    pub http_listening_on: Option<std::net::SocketAddr>,
 }
 
 impl ServerConfig {
@@ -128,6 +131,7 @@ impl Default for ServerConfig {
             max_connections: Self::DEFAULT_MAX_CONNECTIONS,
             loopback_names_only: true,
             grpc_listening_on: None,
+            http_listening_on: None,
         }
     }
 }

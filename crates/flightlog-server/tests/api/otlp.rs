@@ -1979,9 +1979,10 @@ async fn a_closed_provisional_root_moves_under_the_parent_its_completed_copy_nam
 /// and where to go: the server's SETTINGS, then `GOAWAY` with `HTTP_1_1_REQUIRED` whose debug
 /// data (which gRPC clients print) names the gRPC listener. hyper answered nothing and dropped
 /// the connection, and the exporter only said "connection closed". HTTP/1.1 requests, even one
-/// that starts as the preface does or arrives a byte at a time, are served as before.
+/// that starts as the preface does or arrives a byte at a time, are served as before. The other
+/// way round, an HTTP/1.1 request on the gRPC port is answered 400 naming the HTTP listener.
 #[tokio::test]
-async fn a_grpc_client_on_the_http_port_is_told_where_the_grpc_listener_is() {
+async fn a_client_on_the_other_listeners_port_is_told_where_to_go() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let server = TestServer::start_with(crate::support::Options {
         grpc: true,
@@ -2121,5 +2122,31 @@ async fn a_grpc_client_on_the_http_port_is_told_where_the_grpc_listener_is() {
             assert_eq!(head.0, 200, "{head:?}");
         }
     }
+
+    // The other slip: an OTLP/HTTP exporter (HTTP/1.1) given the gRPC port gets a 400 with the
+    // contract's body naming the HTTP listener, not a reset.
+    let answer = server
+        .client
+        .post(format!("{grpc}/v1/traces"))
+        .header("content-type", "application/x-protobuf")
+        .body(vec![0u8; 100])
+        .send()
+        .await
+        .expect("an HTTP/1.1 answer from the gRPC port");
+    assert_eq!(answer.status(), 400);
+    let body: Value = answer.json().await.expect("the contract's error body");
+    assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("OTLP/gRPC listener") && message.contains(&server.base),
+        "{message}"
+    );
+    // And the gRPC listener still serves gRPC.
+    let channel = crate::otlp_fuzz::grpc_channel(&server).await;
+    let answer =
+        crate::otlp_fuzz::grpc_export(&channel, request(vec![root_span()]).encode_to_vec(), false)
+            .await
+            .expect("in time");
+    assert!(answer.is_ok(), "{answer:?}");
     server.stop().await;
 }

@@ -148,12 +148,16 @@ impl TestServer {
                 .map(|grpc_listener| grpc_listener.local_addr().expect("gRPC local addr")),
             ..options.config
         };
+        let listener = listen_on_loopback(options.send_buffer);
+        let addr = listener.local_addr().expect("local addr");
+        let config = ServerConfig {
+            http_listening_on: Some(addr),
+            ..config
+        };
         let mut state = AppState::new(activity, journal).with_config(config);
         if let Some(clock) = &manual {
             state = state.with_manual_clock(Arc::clone(clock));
         }
-        let listener = listen_on_loopback(options.send_buffer);
-        let addr = listener.local_addr().expect("local addr");
         let (grpc_base, grpc_shutdown, grpc_task) = if let Some(grpc_listener) = grpc_listener {
             let grpc_addr = grpc_listener.local_addr().expect("gRPC local addr");
             let (grpc_shutdown, grpc_signal) = oneshot::channel::<()>();
