@@ -105,7 +105,8 @@ struct ServeArgs {
     durability: Option<String>,
     /// Largest request body, in whole bytes or KiB/MiB/GiB; larger ones get 413 (a compressed
     /// OTLP body may inflate to 64 MiB, or to this limit when larger); also the largest
-    /// OTLP/gRPC message (RESOURCE_EXHAUSTED past it). At most 1GiB.
+    /// OTLP/gRPC message, which may inflate as far (RESOURCE_EXHAUSTED past either). At most
+    /// 1GiB.
     /// [env: FLIGHTLOG_BODY_LIMIT] [file: body_limit] [default: 8MiB]
     #[arg(
         long,

@@ -157,9 +157,10 @@ pub(crate) fn read_body<T>(
 
 /// Check the messages of a gRPC request body (its length-prefixed frames) before tonic decodes
 /// them, as an OTLP/HTTP body is checked (see `decoded_size`): a frame flagged compressed is
-/// inflated first when the call's `grpc-encoding` is gzip or deflate, within `max_decompressed`. The
-/// messages are walked along `schema`. What cannot be checked (a frame cut short, a message
-/// that does not inflate, another compression) passes: tonic refuses it itself.
+/// inflated first when the call's `grpc-encoding` is gzip or deflate, within `max_decompressed`
+/// ([`OtlpError::TooLarge`] past it, as an OTLP/HTTP body). The messages are walked along
+/// `schema`. What cannot be checked (a frame cut short, a message that does not inflate,
+/// another compression) passes: tonic refuses it itself.
 pub fn check_grpc_messages(
     body: &[u8],
     grpc_encoding: Option<&str>,
@@ -206,6 +207,7 @@ pub fn check_grpc_messages(
                             .saturating_add(inflated.as_bytes().len());
                         inflated.as_bytes()
                     }
+                    Err(error @ OtlpError::TooLarge { .. }) => return Err(error),
                     Err(_) => return Ok(found),
                 }
             }

@@ -80,9 +80,11 @@ pub fn grpc_app(state: &AppState) -> Router {
         state.otlp_mapping().clone(),
         Arc::new(move |tally: &IngestTally| counted.metrics().observe_ingest(tally)),
     )
-    // An OTLP batch is bounded by the HTTP body limit on the other listener; the same here
-    // (tonic's default would be 4 MiB).
-    .max_decoding_message_size(state.config().body_limit);
+    // An OTLP batch is bounded as on the HTTP listener: its message by the body limit (checked
+    // in `entries_within_budget`), what a compressed one inflates to by the inflated limit
+    // (64 MiB by default; tonic's default would be 4 MiB for both). A compressed batch the HTTP
+    // listener took was refused here past the body limit (an audit's finding).
+    .max_decoding_message_size(state.config().otlp_max_decompressed);
     let counted = state.clone();
     let (metrics, logs) = signal_services(
         Arc::clone(&authorize),
@@ -90,9 +92,9 @@ pub fn grpc_app(state: &AppState) -> Router {
             counted.metrics().observe_dropped(signal, items)
         }),
     );
-    let body_limit = state.config().body_limit;
-    let metrics = metrics.max_decoding_message_size(body_limit);
-    let logs = logs.max_decoding_message_size(body_limit);
+    let inflated_limit = state.config().otlp_max_decompressed;
+    let metrics = metrics.max_decoding_message_size(inflated_limit);
+    let logs = logs.max_decoding_message_size(inflated_limit);
     // Each service under its own path prefix (`/<package>.<Service>/<Method>`); anything else
     // reaches the trace service, which answers UNIMPLEMENTED for a method it does not have.
     Router::new()
@@ -147,16 +149,55 @@ async fn admit_export(
     response
 }
 
+/// The methods this listener serves (anything else is `UNIMPLEMENTED`, its message naming these).
+const EXPORT_METHODS: [&str; 3] = [
+    "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+    "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+    "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
+];
+
+/// A request that is not gRPC (its `content-type` is not `application/grpc`, `…+proto` and the
+/// like) is answered `415`, as the gRPC protocol asks of servers ("so that other HTTP/2 clients
+/// do not read a gRPC error, status 200, as a success"), with the contract's error body and a
+/// `grpc-status` of `INVALID_ARGUMENT` (how it is counted). It was handled as a gRPC call, and a
+/// JSON body's answer was `200` with `grpc-status: 0` (an audit's finding).
+fn not_grpc(headers: &axum::http::HeaderMap) -> Option<axum::response::Response> {
+    let content_type = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default();
+    let is_grpc = content_type
+        .get(.."application/grpc".len())
+        .is_some_and(|start| start.eq_ignore_ascii_case("application/grpc"))
+        && matches!(
+            content_type.as_bytes().get("application/grpc".len()),
+            None | Some(b'+' | b';')
+        );
+    if is_grpc {
+        return None;
+    }
+    let shown = if content_type.is_empty() {
+        "none".to_owned()
+    } else {
+        format!("{content_type:?}")
+    };
+    let mut response = axum::response::IntoResponse::into_response(
+        crate::ApiError::UnsupportedMediaType(format!(
+            "this is flightlog's OTLP/gRPC listener: a call's content-type must be              application/grpc (this request's is {shown}); send OTLP/HTTP (JSON or protobuf) to              /v1/traces on the HTTP listener"
+        )),
+    );
+    response.headers_mut().insert(
+        "grpc-status",
+        axum::http::HeaderValue::from(tonic::Code::InvalidArgument as i32),
+    );
+    Some(response)
+}
+
 /// The `method` label of `flightlog_grpc_calls_total` for a call to `path`: one of the OTLP
 /// Export methods, else `other` (the trace service answers it UNIMPLEMENTED), so that made-up
 /// paths add no series.
 fn call_method_label(path: &str) -> &'static str {
-    const METHODS: [&str; 3] = [
-        "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
-        "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
-        "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
-    ];
-    METHODS
+    EXPORT_METHODS
         .into_iter()
         .find(|method| *method == path)
         .unwrap_or("other")
@@ -199,9 +240,19 @@ async fn admit_and_export(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
+    if let Some(refusal) = not_grpc(request.headers()) {
+        return refusal;
+    }
     let metadata = MetadataMap::from_headers(request.headers().clone());
     if let Err(status) = (gate.authorize)(&metadata) {
         return refuse(status);
+    }
+    let path = request.uri().path();
+    if call_method_label(path) == "other" {
+        return refuse(Status::unimplemented(format!(
+            "this server has no gRPC method {path}; it serves {}",
+            EXPORT_METHODS.join(", ")
+        )));
     }
     // A call with a valid token (or to a server without tokens) keeps its connection from being
     // closed to make room while it is in use (see `connection_limit`).
@@ -261,7 +312,11 @@ async fn export_in_slot(
             return refuse(Status::deadline_exceeded(error.to_string()))
         }
     };
-    let request = match entries_within_budget(request, state.config().body_limit, &mut hold).await {
+    let limits = MessageLimits {
+        body_limit: state.config().body_limit,
+        inflated_limit: state.config().otlp_max_decompressed,
+    };
+    let request = match entries_within_budget(request, limits, &mut hold).await {
         Ok(request) => request,
         Err(status) => return refuse(status),
     };
@@ -288,13 +343,17 @@ async fn export_in_slot(
 /// budget, as a compressed OTLP/HTTP body does (`UNAVAILABLE` when it does not fit).
 async fn entries_within_budget(
     request: axum::extract::Request,
-    body_limit: usize,
+    limits: MessageLimits,
     hold: &mut crate::request_budget::BodyHold,
 ) -> Result<axum::extract::Request, Status> {
     let (parts, body) = request.into_parts();
     let bytes = axum::body::to_bytes(body, usize::MAX)
         .await
         .map_err(|error| Status::cancelled(error.to_string()))?;
+    // One message and its 5-byte prefix: tonic's own limit is the inflated one.
+    if bytes.len() > limits.body_limit.saturating_add(5) {
+        return Err(message_too_large(limits.body_limit));
+    }
     let encoding = parts
         .headers
         .get("grpc-encoding")
@@ -307,13 +366,13 @@ async fn entries_within_budget(
     } else {
         ExportSchema::Traces
     };
-    let found = flightlog_otlp::check_grpc_messages(&bytes, encoding, schema, body_limit).map_err(
-        |error| match error {
-            // A message that tonic would inflate only in part.
-            OtlpError::Malformed { .. } => Status::invalid_argument(error.to_string()),
-            _ => Status::resource_exhausted(crate::routes::otlp::otlp_error_message(&error)),
-        },
-    )?;
+    let found =
+        flightlog_otlp::check_grpc_messages(&bytes, encoding, schema, limits.inflated_limit)
+            .map_err(|error| match error {
+                // A message that tonic would inflate only in part.
+                OtlpError::Malformed { .. } => Status::invalid_argument(error.to_string()),
+                _ => Status::resource_exhausted(crate::routes::otlp::otlp_error_message(&error)),
+            })?;
     if found.inflated_bytes > 0 {
         hold.cover(bytes.len().saturating_add(found.inflated_bytes))
             .await
@@ -332,6 +391,14 @@ async fn entries_within_budget(
         parts,
         axum::body::Body::from(bytes),
     ))
+}
+
+/// How large a call's message may be: as sent (`--body-limit`), and inflated when compressed
+/// (`ServerConfig::otlp_max_decompressed`, as for an OTLP/HTTP body).
+#[derive(Debug, Clone, Copy)]
+struct MessageLimits {
+    body_limit: usize,
+    inflated_limit: usize,
 }
 
 /// The refusal of a message over the limit: `RESOURCE_EXHAUSTED`, which OTLP says to retry only

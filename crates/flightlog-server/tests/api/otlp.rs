@@ -1358,8 +1358,8 @@ fn compressed_frame(message: &[u8]) -> Vec<u8> {
 /// gRPC's `deflate` (zlib), which the OpenTelemetry Python gRPC exporter offers beside gzip,
 /// is read: it was refused `UNIMPLEMENTED`, which that exporter does not retry, and every span
 /// was lost (an audit's finding). As with gzip, bytes after the zlib stream (which tonic would
-/// drop unread) refuse the message, and one inflating past the body limit is
-/// `RESOURCE_EXHAUSTED`, nothing stored either way.
+/// drop unread) refuse the message, and one inflating past the inflated limit (64 MiB, as for
+/// an OTLP/HTTP body) is `RESOURCE_EXHAUSTED`, nothing stored either way.
 #[tokio::test]
 async fn a_deflate_compressed_grpc_export_is_stored() {
     let server = TestServer::start_with(crate::support::Options {
@@ -1380,11 +1380,12 @@ async fn a_deflate_compressed_grpc_export_is_stored() {
     assert_eq!(status, "3", "INVALID_ARGUMENT: {text}");
     assert!(text.contains("after its first zlib stream"), "{text}");
     let mut bomb_span = otlp_span(2, 0, 1_010, Vec::new());
-    // Past the 8 MiB body limit once inflated.
-    bomb_span.name = "x".repeat(9 << 20);
+    // Past the 64 MiB inflated limit once inflated.
+    bomb_span.name = "x".repeat(65 << 20);
     let bomb = zlib(&request(vec![bomb_span]).encode_to_vec());
     let (status, text) = grpc_status_of_frame(&server, "deflate", compressed_frame(&bomb)).await;
     assert_eq!(status, "8", "RESOURCE_EXHAUSTED: {text}");
+    assert!(text.contains("decompressed"), "{text}");
     for span in [1, 2] {
         let (status, _) = get_json(&server, &format!("/v1/activity/spans/{}", hex(span))).await;
         assert_eq!(status, 404, "span {span}: nothing stored");
@@ -1482,38 +1483,43 @@ async fn a_logs_export_of_empty_records_is_refused_before_it_is_decoded() {
 }
 
 /// A gRPC message over the limit is `RESOURCE_EXHAUSTED` however it comes (just over the
-/// limit, far over it, or compressed and inflating past it), as the HTTP listener answers 413:
-/// OTLP exporters do not retry it, since the same batch can never fit (tonic's own code for
-/// the first case, `OUT_OF_RANGE`, is one they retry).
+/// limit, far over it, or compressed and inflating past the inflated limit), as the HTTP
+/// listener answers 413: OTLP exporters do not retry it, since the same batch can never fit
+/// (tonic's own code for the first case, `OUT_OF_RANGE`, is one they retry). A compressed
+/// message is bounded as an OTLP/HTTP body is: as sent by the body limit, inflated by the
+/// inflated limit; it was refused past the body limit, so a batch the HTTP listener took was
+/// dropped over gRPC (an audit's finding).
 #[tokio::test]
 async fn an_oversized_grpc_message_is_resource_exhausted_however_it_comes() {
     use crate::otlp_fuzz::{grpc_channel, grpc_export};
     const LIMIT: usize = 64 * 1024;
+    const INFLATED_LIMIT: usize = 256 * 1024;
     let server = TestServer::start_with(crate::support::Options {
         grpc: true,
         config: flightlog_server::ServerConfig {
             body_limit: LIMIT,
+            otlp_max_decompressed: INFLATED_LIMIT,
             ..flightlog_server::ServerConfig::default()
         },
         ..crate::support::Options::default()
     })
     .await;
     let channel = grpc_channel(&server).await;
-    let message = |size: usize| {
+    let message = |id: u8, size: usize| {
         request(vec![otlp_span(
-            1,
+            id,
             0,
             1_000,
             vec![text("big", &"a".repeat(size))],
         )])
         .encode_to_vec()
     };
-    for (size, gzip) in [
-        (LIMIT + 1_000, false),
-        (4 * LIMIT, false),
-        (4 * LIMIT, true),
+    for (size, gzip, words) in [
+        (LIMIT + 1_000, false, "--body-limit"),
+        (4 * LIMIT, false, "--body-limit"),
+        (2 * INFLATED_LIMIT, true, "decompressed"),
     ] {
-        let answer = grpc_export(&channel, message(size), gzip)
+        let answer = grpc_export(&channel, message(1, size), gzip)
             .await
             .expect("in time");
         let status = answer.expect_err("over the limit");
@@ -1522,14 +1528,103 @@ async fn an_oversized_grpc_message_is_resource_exhausted_however_it_comes() {
             tonic::Code::ResourceExhausted,
             "{size} bytes, gzip {gzip}: {status:?}"
         );
+        assert!(status.message().contains(words), "{status:?}");
     }
     let (status, _) = get_json(&server, &format!("/v1/activity/spans/{}", hex(1))).await;
     assert_eq!(status, 404, "nothing stored");
-    // A message within the limit still goes through.
-    let answer = grpc_export(&channel, message(1_000), true)
+    // A message within the limit still goes through, and so does a compressed one that
+    // inflates past the body limit but within the inflated limit (as over HTTP).
+    for (id, size) in [(2, 1_000), (3, 3 * LIMIT)] {
+        let answer = grpc_export(&channel, message(id, size), true)
+            .await
+            .expect("in time");
+        assert!(answer.is_ok(), "{size} bytes: {answer:?}");
+        let (status, _) = get_json(&server, &format!("/v1/activity/spans/{}", hex(id))).await;
+        assert_eq!(status, 200, "{size} bytes stored");
+    }
+    server.stop().await;
+}
+
+/// A call that is not gRPC (another content-type) on the gRPC listener is answered 415 with
+/// the contract's body, as gRPC asks of servers; a method this server does not have is
+/// `UNIMPLEMENTED` with a message naming the ones it has.
+#[tokio::test]
+async fn the_grpc_listener_refuses_non_grpc_calls_and_names_its_methods() {
+    let server = TestServer::start_with(crate::support::Options {
+        grpc: true,
+        ..crate::support::Options::default()
+    })
+    .await;
+    let grpc = server.grpc_base.clone().expect("a gRPC listener");
+    let addr = grpc.trim_start_matches("http://").to_owned();
+    let tcp = tokio::net::TcpStream::connect(&addr)
         .await
-        .expect("in time");
-    assert!(answer.is_ok(), "{answer:?}");
+        .expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("HTTP/2");
+    let driver = tokio::spawn(connection);
+    let call = |path: &str, content_type: Option<&str>| {
+        let mut request =
+            axum::http::Request::post(format!("{grpc}{path}")).header("te", "trailers");
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        request.body(()).expect("a request")
+    };
+    const EXPORT: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+    for content_type in [Some("application/json"), None, Some("application/grpc-web")] {
+        let mut client = client.clone().ready().await.expect("ready");
+        let (answer, _) = client
+            .send_request(call(EXPORT, content_type), true)
+            .expect("sent");
+        let answer = answer.await.expect("answered");
+        assert_eq!(answer.status(), 415, "{content_type:?}");
+        assert_eq!(answer.headers()["grpc-status"], "3");
+        let mut body = answer.into_body();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = body.data().await {
+            bytes.extend_from_slice(&chunk.expect("a chunk"));
+        }
+        let body: Value = serde_json::from_slice(&bytes).expect("the contract's body");
+        assert_eq!(body["error"]["code"], "unsupported_media_type", "{body}");
+    }
+    for content_type in [
+        "application/grpc",
+        "application/grpc+proto",
+        "Application/GRPC",
+    ] {
+        let mut client = client.clone().ready().await.expect("ready");
+        let (answer, mut body) = client
+            .send_request(call(EXPORT, Some(content_type)), false)
+            .expect("sent");
+        // An empty export message: OK.
+        body.send_data(axum::body::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+            .expect("the message");
+        let answer = answer.await.expect("answered");
+        assert_eq!(answer.status(), 200, "{content_type}");
+        let mut body = answer.into_body();
+        while body.data().await.is_some() {}
+        let trailers = body.trailers().await.expect("trailers").expect("some");
+        assert_eq!(trailers["grpc-status"], "0", "{content_type}");
+    }
+    let channel = crate::otlp_fuzz::grpc_channel(&server).await;
+    let mut grpc_client = tonic::client::Grpc::new(channel);
+    grpc_client.ready().await.expect("ready");
+    let status = grpc_client
+        .unary::<Vec<u8>, Vec<u8>, _>(
+            tonic::Request::new(Vec::new()),
+            axum::http::uri::PathAndQuery::from_static(
+                "/opentelemetry.proto.collector.trace.v1.TraceService/Exportx",
+            ),
+            crate::otlp_fuzz::RawCodec,
+        )
+        .await
+        .expect_err("no such method");
+    assert_eq!(status.code(), tonic::Code::Unimplemented);
+    assert!(
+        status.message().contains("Exportx") && status.message().contains(EXPORT),
+        "{status:?}"
+    );
+    driver.abort();
     server.stop().await;
 }
 
