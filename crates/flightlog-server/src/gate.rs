@@ -597,9 +597,9 @@ fn too_slow(
         )
     };
     Some(ApiError::Unavailable(format!(
-        "the request body arrived too slowly: {counted} in the {:.1} s since it took its share \
-         of {budget}, under {} KiB/s, while other requests waited for that share; send it \
-         faster, or retry when the server is less busy",
+        "the request body came in too slowly: {counted} in the {:.1} s since it took its share \
+         of {budget}, under {} KiB/s, while other requests waited for that share (a slow \
+         upload, or this server too busy to read it); retry, or send it faster",
         elapsed.as_secs_f64(),
         MIN_BODY_RATE_WHILE_AWAITED / 1024.0
     )))

@@ -206,9 +206,20 @@ const HTTP2_MAX_STREAMS: u32 = 16;
 /// finding).
 const HTTP2_MAX_HEADER_LIST: u32 = 16 * 1024;
 
+/// The most bytes a connection's socket holds that TCP has not sent yet (`TCP_NOTSENT_LOWAT`):
+/// past it a write waits. Without it the kernel took up to its whole send buffer (autotuned to
+/// 4 MiB) and said the socket was writable again only once a third of that had drained, so a
+/// client reading a live stream or a large answer steadily but slower than about 45 KB/s went
+/// 30 s without a write going through and was cut off as one that reads nothing (an audit's
+/// finding). With it, a write goes through each time this client has read about this much, so
+/// the stall limit judges whether it reads at all; the bytes that wait stay in the server, under
+/// the budget of large answers, and a live stream that falls behind catches up from the
+/// database, as it is built to. Loopback and LAN clients drain it in microseconds.
+const UNSENT_LOW_WATER: u32 = 128 * 1024;
+
 /// The accept loop of both listeners: what `axum::serve` does, plus a timer for hyper (the
 /// header-read timeout and HTTP/2 keep-alive need one, and `axum::serve` sets none),
-/// `TCP_NODELAY` on every connection, and a bounded graceful shutdown.
+/// `TCP_NODELAY` and [`UNSENT_LOW_WATER`] on every connection, and a bounded graceful shutdown.
 ///
 /// `TCP_NODELAY`: with Nagle's algorithm on, a small write that follows another small write
 /// (each SSE event of a live stream, a response right after its headers) waited for the peer's
@@ -284,6 +295,9 @@ where
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
+        // As with `TCP_NODELAY`, a socket whose option cannot be set is served anyway.
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        let _ = socket2::SockRef::from(&stream).set_tcp_notsent_lowat(UNSENT_LOW_WATER);
         let closing_seen = closing_seen.clone();
         let guarded = write_stall::StallGuard::new(stream, write_stall_limit, slots.stall_count());
         match protocol {

@@ -323,8 +323,11 @@ fn protobuf_bodies_are_bytes(operation: &mut Operation, path: &str) {
                     ),
                 )
                 .description(Some(format!(
-                    "An `Export{message}ServiceRequest` in OTLP/JSON (see docs/otlp.md for the \
-                     field spellings read)."
+                    "An `Export{message}ServiceRequest` in OTLP/JSON (see \
+                     `crates/flightlog-otlp/docs/otlp.md` in flightlog's repository for the \
+                     field spellings read). `{{}}` is an empty export; an object with keys but no \
+                     `{resources}` (another signal's export, another casing) is refused 400 as \
+                     not an OTLP request."
                 )));
             content.schema = Some(RefOr::T(Schema::Object(schema.build())));
         }

@@ -18,12 +18,14 @@
 //!
 //! Anything else reaches the stack unchanged, the bytes looked at first. A refused client's
 //! bytes are read and dropped until it closes (it does, on the GOAWAY or the `connection:
-//! close`), and only then does the stack see the end of the stream: closing with its bytes
-//! unread would reset the connection, and a reset can overtake the answer. Until the first
+//! close`) or for at most [`REFUSED_LINGER`], and only then does the stack see the end of the
+//! stream: closing with its bytes unread would reset the connection, and a reset can overtake
+//! the answer. Until the first
 //! bytes are told apart the stack's writes wait (hyper's HTTP/2 server writes its SETTINGS
 //! first, which must not reach an HTTP/1.1 client ahead of its answer), and a refused
 //! connection's writes are dropped. Looking costs one read of at most 24 bytes a connection.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -42,6 +44,11 @@ const HTTP_1_1_REQUIRED: u32 = 0xd;
 
 /// How many reads of a refused client's bytes one poll makes before it yields.
 const DROPPED_READS_A_POLL: usize = 16;
+
+/// How long a refused client's bytes are dropped while it has not closed: long enough for a
+/// client to read the refusal and close (gRPC clients close on the GOAWAY at once), short
+/// enough that one that never does holds its connection no longer than this.
+const REFUSED_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The protocol a listener speaks, and so what its clients must open with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,8 +119,9 @@ enum Opening {
     /// The bytes looked at have all gone to the stack: reads and writes go straight through.
     Through,
     /// Not the listener's protocol: the refusal (how much of it is written) goes out, the
-    /// client's bytes and the stack's writes are dropped.
-    Refused(usize),
+    /// client's bytes and the stack's writes are dropped, until the client closes or the
+    /// linger ends.
+    Refused(usize, std::pin::Pin<Box<tokio::time::Sleep>>),
 }
 
 /// A listener's socket that answers a client of the other protocol (see the module doc).
@@ -162,7 +170,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> WrongPort<T> {
                 Speaks::Http2 => !preface_so_far,
             };
             if refused {
-                self.opening = Opening::Refused(0);
+                self.opening = Opening::Refused(0, Box::pin(tokio::time::sleep(REFUSED_LINGER)));
             } else if ended || preface || !preface_so_far {
                 self.opening = Opening::Passing(std::mem::take(seen), 0);
             }
@@ -171,7 +179,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> WrongPort<T> {
 
     /// Write the refusal on; ready once all of it is written (or when not refused).
     fn poll_write_refusal(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while let Opening::Refused(written) = &mut self.opening {
+        while let Opening::Refused(written, _) = &mut self.opening {
             let Some(rest) = self.refusal.get(*written..).filter(|rest| !rest.is_empty()) else {
                 break;
             };
@@ -190,6 +198,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> WrongPort<T> {
     fn poll_refused(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if let Poll::Ready(Err(err)) = self.poll_write_refusal(cx) {
             return Poll::Ready(Err(err));
+        }
+        if let Opening::Refused(_, linger) = &mut self.opening {
+            if linger.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Ok(()));
+            }
         }
         let mut dropped = [0u8; 4096];
         for _ in 0..DROPPED_READS_A_POLL {
@@ -214,7 +227,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> WrongPort<T> {
             Poll::Pending => return Poll::Pending,
         }
         match self.opening {
-            Opening::Refused(_) => self.poll_write_refusal(cx).map_ok(|()| true),
+            Opening::Refused(..) => self.poll_write_refusal(cx).map_ok(|()| true),
             _ => Poll::Ready(Ok(false)),
         }
     }
@@ -243,7 +256,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for WrongPort<T> {
                 }
                 Poll::Ready(Ok(()))
             }
-            Opening::Refused(_) => this.poll_refused(cx),
+            Opening::Refused(..) => this.poll_refused(cx),
         }
     }
 }
@@ -369,6 +382,24 @@ mod tests {
             let seen = hyper.await.expect("hyper's side");
             assert_eq!(seen, sent, "{}", String::from_utf8_lossy(sent));
         }
+    }
+
+    /// A refused client that never closes is let go after [`REFUSED_LINGER`]: the stack sees
+    /// the end of the stream and closes the connection.
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_client_that_stays_is_let_go_after_the_linger() {
+        let refusal = refusal_of_http2(None);
+        let (mut client, server) = tokio::io::duplex(4096);
+        let mut wrapped = WrongPort::new(server, Speaks::Http1, Arc::clone(&refusal));
+        client.write_all(HTTP2_PREFACE).await.expect("write");
+        let started = tokio::time::Instant::now();
+        let mut seen = Vec::new();
+        wrapped.read_to_end(&mut seen).await.expect("read");
+        assert!(seen.is_empty());
+        assert_eq!(started.elapsed(), REFUSED_LINGER);
+        let mut answer = vec![0u8; refusal.len()];
+        client.read_exact(&mut answer).await.expect("the refusal");
+        assert_eq!(answer, *refusal);
     }
 
     /// On the HTTP/2 listener an HTTP/1.1 request is answered `400` with the contract's body

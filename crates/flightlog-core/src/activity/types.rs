@@ -314,7 +314,8 @@ pub struct SpanEventRow {
     pub ts: i64,
     pub event_type: String,
     /// The stored payload (`null` when none was given); a string with the truncation marker when
-    /// the original exceeded [`crate::activity::MAX_EVENT_PAYLOAD_BYTES`].
+    /// the original's JSON text exceeded 16,384 bytes.
+    // (`crate::activity::MAX_EVENT_PAYLOAD_BYTES`; this comment is the OpenAPI description.)
     #[cfg_attr(feature = "openapi", schema(value_type = Value))]
     pub payload: Box<RawValue>,
     pub truncated: bool,

@@ -129,10 +129,10 @@ impl<'de> Deserialize<'de> for OpMembers {
 
 /// One op of a batch as the OpenAPI document describes it: `op` names the operation, `spanId`
 /// is the single endpoint's path parameter, and the other fields are that endpoint's body.
-///
-/// Documentation only: the handler reads each op as a loose object, so that a malformed op fails
-/// alone instead of failing the whole batch. The bodies are named in the descriptions rather than
-/// flattened in, because their schemas forbid unknown fields (which `op` and `spanId` would be).
+// Documentation only: the handler reads each op as a loose object, so that a malformed op fails
+// alone instead of failing the whole batch. The bodies are named in the descriptions rather than
+// flattened in, because their schemas forbid unknown fields (which `op` and `spanId` would be).
+// (A `//` comment: the `///` ones are the OpenAPI description, which API readers see.)
 #[derive(ToSchema)]
 #[serde(tag = "op", rename_all = "camelCase")]
 #[allow(dead_code)] // never built: it only describes what `run_op` accepts

@@ -101,9 +101,9 @@ fn integral_ms<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i64,
 }
 
 /// Body of `POST /v1/engagements/{engagementId}/events` as the OpenAPI document describes it.
-///
-/// Documentation only: the handler takes the body as loose JSON and hands it to
-/// `AppendInput::from_json`, so the wire applies exactly the library's rules and messages.
+// Documentation only: the handler takes the body as loose JSON and hands it to
+// `AppendInput::from_json`, so the wire applies exactly the library's rules and messages. (A
+// `//` comment: the `///` ones are the OpenAPI description, which API readers see.)
 #[derive(ToSchema)]
 #[serde(rename_all = "camelCase")]
 #[allow(dead_code)] // never built: it only describes what `append_input` accepts

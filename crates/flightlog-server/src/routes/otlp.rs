@@ -147,7 +147,8 @@ fn decode_failure(headers: &HeaderMap, error: &OtlpError) -> Response {
     failure(headers, api_error, error.grpc_code())
 }
 
-/// OTLP/HTTP trace export: each trace a run, each span a span (mapping: docs/otlp.md).
+/// OTLP/HTTP trace export: each trace a run, each span a span (mapping:
+/// `crates/flightlog-otlp/docs/otlp.md` in flightlog's repository).
 #[utoipa::path(
     post,
     path = "/v1/traces",

@@ -2066,3 +2066,65 @@ async fn up_to_date_clients_are_not_told_to_resync_after_a_prune_of_the_newest_c
     drop((newest, run, behind, resumed, reconnected));
     server.stop().await;
 }
+
+/// A client that reads a large answer steadily but slowly (here 160 KB/s, four times as long
+/// as the stall limit) is never cut off: with the kernel's whole send buffer to fill, a write
+/// went through only once a third of it (about a megabyte) had drained, and a client slower
+/// than that over the limit was closed as one that reads nothing (an audit's finding: 30 s and
+/// 45 KB/s). A client that reads nothing is still cut off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_but_steady_reader_of_a_large_answer_is_not_cut_off() {
+    use std::io::{Read as _, Write as _};
+    const LIMIT: Duration = Duration::from_secs(2);
+    let server = server_with_a_big_run(LIMIT).await;
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let read_slowly_then_all = move || {
+        let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
+        write!(
+            stream,
+            "GET /v1/activity/runs/big/snapshot HTTP/1.1\r\nHost: {addr}\r\nConnection: \
+             close\r\n\r\n"
+        )
+        .expect("send");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut answer = Vec::new();
+        let mut chunk = vec![0u8; 16 * 1024];
+        let slowly_until = Instant::now() + 4 * LIMIT;
+        while Instant::now() < slowly_until {
+            std::thread::sleep(Duration::from_millis(100));
+            match stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return (answer, false),
+                Ok(count) => answer.extend_from_slice(&chunk[..count]),
+            }
+        }
+        let whole = stream.read_to_end(&mut answer).is_ok();
+        (answer, whole)
+    };
+    let (answer, whole) = tokio::task::spawn_blocking(read_slowly_then_all)
+        .await
+        .expect("the reader");
+    let text = String::from_utf8_lossy(&answer);
+    let (head, body) = text.split_once("\r\n\r\n").expect("an answer head");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(whole, "the answer was cut after {} bytes", answer.len());
+    let snapshot: Value = serde_json::from_str(body).expect("the whole snapshot");
+    assert_eq!(snapshot["spans"].as_array().map(Vec::len), Some(2_000));
+    let counted = crate::metrics::scrape(&server).await;
+    assert_eq!(
+        counted.get("flightlog_http_stalled_connections_closed_total"),
+        Some(0.0)
+    );
+
+    // One that reads nothing is cut off after the limit.
+    let silent = stalled_get(&server, "/v1/activity/runs/big/snapshot").await;
+    tokio::time::sleep(LIMIT + Duration::from_secs(2)).await;
+    let counted = crate::metrics::scrape(&server).await;
+    assert_eq!(
+        counted.get("flightlog_http_stalled_connections_closed_total"),
+        Some(1.0)
+    );
+    drop(silent);
+    server.stop().await;
+}
