@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use axum::body::{Body, Bytes};
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::header::{
-    CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, EXPECT, TRANSFER_ENCODING,
+    CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, EXPECT, HOST, TRANSFER_ENCODING,
 };
 use axum::http::{HeaderValue, StatusCode, Version};
 use axum::middleware::Next;
@@ -172,6 +172,20 @@ async fn admit_and_run(
             refusal.into_response()
         }
     };
+    if let Some(refusal) = misframed(&request) {
+        let mut answer = refuse(refusal);
+        answer
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+        return answer_after_draining(
+            request,
+            waits_to_send,
+            limit,
+            answer,
+            UNAUTHENTICATED_DRAIN_TIME,
+        )
+        .await;
+    }
     match auth::check_token(state, &request, route.map(MatchedPath::as_str)) {
         Ok(true) => ConnectionOfRequest::vouch_for(request.extensions()),
         Ok(false) => {}
@@ -242,7 +256,15 @@ async fn admit_and_run(
                     let drained = drain(rest, limit, DRAIN_TIME).await;
                     return closing(refuse(refusal), drained);
                 }
-                Err(BodyRead::Failed(error)) => return error.into_response(),
+                // The body's framing broke (a bad chunk size, a cut connection): nothing more of
+                // the connection can be read, and the answer says so.
+                Err(BodyRead::Failed(error)) => {
+                    let mut response = refuse(error);
+                    response
+                        .headers_mut()
+                        .insert(CONNECTION, HeaderValue::from_static("close"));
+                    return response;
+                }
                 Err(BodyRead::Stalled(error)) => {
                     let mut response = refuse(error);
                     response
@@ -340,6 +362,77 @@ fn single_content_type(request: &Request) -> Result<(), ApiError> {
 /// Continue` has sent no body and is answered at once, with `Connection: close`: hyper closes
 /// such a connection after the answer (the body may still come), and RFC 9110 (10.1.1) asks a
 /// server answering before the content to say whether it will close.
+/// An error and its causes, `: `-joined: hyper's body error says only "error reading a body
+/// from connection", its cause what was wrong ("invalid chunk size line", …).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        text.push_str(": ");
+        text.push_str(&next.to_string());
+        cause = next.source();
+    }
+    text
+}
+
+/// A request whose framing or addressing HTTP/1.1 does not allow, refused before anything
+/// else (RFC 9112): an HTTP/1.1 request without exactly one `Host` (a second `Host` was read as
+/// the first one, so the browser guard judged whichever came first, an audit's finding), or
+/// whose absolute-form target names another authority than its `Host`; a `Transfer-Encoding`
+/// other than `chunked` once (hyper read `gzip, chunked` as plain chunked and dropped the gzip,
+/// and `chunked, chunked` as chunked once, which a proxy in front may read otherwise).
+fn misframed(request: &Request) -> Option<ApiError> {
+    let headers = request.headers();
+    if request.version() == Version::HTTP_11 {
+        let mut hosts = headers.get_all(HOST).iter();
+        let host = hosts.next();
+        let problem = match (host, hosts.next()) {
+            (None, _) => Some("has no Host header"),
+            (Some(_), Some(_)) => Some("has more than one Host header"),
+            (Some(host), None) => request
+                .uri()
+                .authority()
+                .filter(|authority| {
+                    !authority
+                        .as_str()
+                        .as_bytes()
+                        .eq_ignore_ascii_case(host.as_bytes())
+                })
+                .map(|_| "names another host in its target than in its Host header"),
+        };
+        if let Some(problem) = problem {
+            return Some(ApiError::invalid(format!(
+                "the request {problem}: an HTTP/1.1 request has exactly one Host header, the \
+                 server's address as the client reached it (RFC 9112, section 3.2)"
+            )));
+        }
+    }
+    let mut codings = headers.get_all(TRANSFER_ENCODING).iter().peekable();
+    codings.peek()?;
+    let mut listed = Vec::new();
+    for value in codings {
+        let Ok(value) = value.to_str() else {
+            listed.push("(not ASCII)".to_owned());
+            continue;
+        };
+        listed.extend(
+            value
+                .split(',')
+                .map(str::trim)
+                .filter(|coding| !coding.is_empty())
+                .map(str::to_ascii_lowercase),
+        );
+    }
+    if listed.len() == 1 && listed[0] == "chunked" {
+        return None;
+    }
+    Some(ApiError::invalid(format!(
+        "the request's Transfer-Encoding is {:?}: only `chunked`, once, is taken; send a \
+         compressed body with Content-Encoding (gzip or deflate on the OTLP routes)",
+        listed.join(", ")
+    )))
+}
+
 async fn answer_after_draining(
     request: Request,
     waits_to_send: bool,
@@ -456,7 +549,8 @@ pub(crate) async fn read_whole(
         };
         let chunk = chunk.map_err(|err| {
             BodyRead::Failed(ApiError::invalid(format!(
-                "cannot read the request body: {err}"
+                "cannot read the request body: {}",
+                error_chain(&err)
             )))
         })?;
         length += chunk.len();
@@ -540,9 +634,9 @@ async fn next_chunk(
         }
         if tokio::time::Instant::now() >= idle_deadline {
             return Err(CutOff::Stalled(ApiError::RequestTimeout(format!(
-                "the request body stalled after {length} bytes: a body must keep arriving \
-                 (nothing for {} s), its first {SMALL_BODY_BYTES} bytes within {} s, and all \
-                 of it within {} s",
+                "the request body did not arrive in time ({length} bytes came): a body must \
+                 keep arriving (nothing for {} s), its first {SMALL_BODY_BYTES} bytes within {} \
+                 s, and all of it within {} s",
                 BODY_IDLE_TIMEOUT.as_secs(),
                 SMALL_BODY_READ_TIMEOUT.as_secs(),
                 BODY_READ_TIMEOUT.as_secs()

@@ -204,3 +204,108 @@ async fn a_bad_request_after_good_ones_on_one_connection() {
     assert_contract_error(&answers[2], 400, "not valid HTTP/1.1");
     server.stop().await;
 }
+
+/// Requests whose framing or addressing HTTP/1.1 does not allow are refused `400` with the
+/// contract's body and a close, nothing stored (RFC 9112): no `Host`, two `Host`s (the browser
+/// guard judged the first), an absolute-form target naming another host, a transfer coding
+/// other than `chunked` (hyper dropped `gzip` from `gzip, chunked` and read `chunked, chunked`
+/// as chunked once), and a chunked body whose framing breaks (its 400 did not say the
+/// connection closes, nor what was wrong). HTTP/1.0 without `Host` and plain chunked bodies are
+/// served as before.
+#[tokio::test]
+async fn misframed_requests_are_refused_with_a_close_and_nothing_stored() {
+    let server = TestServer::start().await;
+    let append = |headers: &str, body: &str| {
+        format!(
+            "POST /v1/engagements/framing/events HTTP/1.1\r\n{headers}content-type: \
+             application/json\r\n\r\n{body}"
+        )
+    };
+    let event = r#"{"type":"note","at":1,"data":{}}"#;
+    let chunked = format!("{:x}\r\n{event}\r\n0\r\n\r\n", event.len());
+    let sized = format!("content-length: {}\r\n", event.len());
+    for (case, raw, words) in [
+        ("no Host", append(&sized, event), "has no Host header"),
+        (
+            "two Hosts",
+            append(
+                &format!("host: 127.0.0.1\r\nhost: evil.example\r\n{sized}"),
+                event,
+            ),
+            "more than one Host",
+        ),
+        (
+            "an absolute-form target naming another host",
+            format!(
+                "POST http://evil.example/v1/engagements/framing/events HTTP/1.1\r\nhost: \
+                 127.0.0.1\r\n{sized}content-type: application/json\r\n\r\n{event}"
+            ),
+            "another host in its target",
+        ),
+        (
+            "gzip, chunked",
+            append(
+                "host: 127.0.0.1\r\ntransfer-encoding: gzip, chunked\r\n",
+                &chunked,
+            ),
+            "Transfer-Encoding",
+        ),
+        (
+            "chunked twice",
+            append(
+                "host: 127.0.0.1\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n",
+                &chunked,
+            ),
+            "only `chunked`, once",
+        ),
+        (
+            "a broken chunk size",
+            append(
+                "host: 127.0.0.1\r\ntransfer-encoding: chunked\r\n",
+                "zz\r\nabc\r\n0\r\n\r\n",
+            ),
+            "cannot read the request body: error reading a body from connection: ",
+        ),
+    ] {
+        let text = exchange(&server, raw.as_bytes()).await;
+        let all = answers(&text);
+        assert_eq!(all.len(), 1, "{case}: {text}");
+        assert_contract_error(&all[0], 400, words);
+        assert!(
+            all[0].1.contains("\r\nconnection: close"),
+            "{case}: {}",
+            all[0].1
+        );
+    }
+    let events = server.get("/v1/engagements/framing/events").await;
+    assert_eq!(
+        events.assert_status(200),
+        &serde_json::json!([]),
+        "nothing stored"
+    );
+
+    // Served as before: HTTP/1.0 without Host, a plain chunked body, one Host in any case.
+    for raw in [
+        format!(
+            "POST /v1/engagements/framing/events HTTP/1.0\r\n{sized}content-type: \
+             application/json\r\n\r\n{event}"
+        ),
+        append(
+            "HOST: 127.0.0.1\r\ntransfer-encoding: Chunked\r\nconnection: close\r\n",
+            &chunked,
+        ),
+        format!(
+            "POST http://127.0.0.1/v1/engagements/framing/events HTTP/1.1\r\nhost: \
+             127.0.0.1\r\n{sized}content-type: application/json\r\nconnection: \
+             close\r\n\r\n{event}"
+        ),
+    ] {
+        let text = exchange(&server, raw.as_bytes()).await;
+        let all = answers(&text);
+        assert_eq!(all.len(), 1, "{raw}: {text}");
+        assert_eq!(all[0].0, 201, "{raw}: {text}");
+    }
+    let events = server.get("/v1/engagements/framing/events").await;
+    assert_eq!(events.assert_status(200).as_array().map(Vec::len), Some(3));
+    server.stop().await;
+}
