@@ -333,7 +333,7 @@ pub async fn run(flags: &ServeFlags) -> anyhow::Result<()> {
         None => {
             say!(
                 "flightlog: no scheduled maintenance{}",
-                if manual_clock.is_some() {
+                if manual_clock.is_some() && settings.maintenance.every.is_none() {
                     " (the manual clock's default; --maintenance-every-ms starts it)"
                 } else {
                     " (set `off` by --maintenance-every-ms, FLIGHTLOG_MAINTENANCE_EVERY_MS or \

@@ -974,7 +974,8 @@ fn stalled_write_bodies_hold_no_write_slot() {
     let stalled: Vec<TcpStream> = [
         &b"Content-Length: 100\r\n\r\n{\"ty"[..],
         &b"Transfer-Encoding: Chunked\r\n\r\n64\r\n{\"ty"[..],
-        &b"Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n64\r\n{\"ty"[..],
+        // (`gzip, chunked` is refused before its body is read: `misframed`, in the gate.)
+        &b"Transfer-Encoding: CHUNKED\r\n\r\n64;ext=1\r\n{\"ty"[..],
     ]
     .into_iter()
     .map(|framing| {

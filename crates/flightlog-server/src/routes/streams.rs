@@ -858,6 +858,12 @@ pub(crate) struct ChangeStreamResync {
 /// A `resync`'s action on the change stream.
 const CHANGE_STREAM_ACTION: &str = "take a new snapshot, then reconnect with after = the larger \
      of its cursor and resumeAfter (or with no after, to start at the newest change)";
+/// A `resync`'s action on a run stream whose run's detail was pruned: a new stream of it is a
+/// `404` until its id is written again, so "reconnect" (the action of every other run-stream
+/// resync) could not work (an audit's finding).
+const RUN_PRUNED_ACTION: &str = "drop what you hold of the run: its detail is gone, and a new \
+     stream of it answers 404 until its run id is written again; read how it ended at \
+     GET /v1/activity/runs/{runId}/rollup";
 /// A `resync`'s action on a run stream (which has no `after`).
 const RUN_STREAM_ACTION: &str = "drop what you hold of the run and reconnect without \
      Last-Event-ID: the stream starts again with a new snapshot";
@@ -867,7 +873,9 @@ fn resync_event(horizon: i64, reason: &'static str, run_stream: bool) -> SseEven
         reason,
         change_log_horizon: horizon,
         resume_after: horizon.saturating_sub(1).max(0),
-        action: if run_stream {
+        action: if run_stream && reason == RUN_PRUNED {
+            RUN_PRUNED_ACTION
+        } else if run_stream {
             RUN_STREAM_ACTION
         } else {
             CHANGE_STREAM_ACTION

@@ -926,6 +926,16 @@ async fn expect_resync_for_a_pruned_run(stream: &mut SseClient) {
             .is_some_and(|reason| reason.contains("pruned")),
         "{event:?}"
     );
+    // Its detail gone, a new stream of it is a 404: the action says to read its rollup, not
+    // to reconnect (an audit's finding).
+    let reason = event.data["reason"].as_str().unwrap_or_default();
+    let action = event.data["action"].as_str().unwrap_or_default();
+    if reason.starts_with("the run's detail was pruned") {
+        assert!(
+            action.contains("/rollup") && !action.contains("reconnect"),
+            "{event:?}"
+        );
+    }
 }
 
 /// Run this test binary again as another process, in the child mode `test` (one of the
