@@ -356,12 +356,6 @@ fn single_content_type(request: &Request) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Answer `response` to a request refused before its body was read: after draining the body
-/// (see [`drain`]), so the client reads the answer and may keep using the connection (the
-/// answer says `Connection: close` when the body was cut short). A client waiting for `100
-/// Continue` has sent no body and is answered at once, with `Connection: close`: hyper closes
-/// such a connection after the answer (the body may still come), and RFC 9110 (10.1.1) asks a
-/// server answering before the content to say whether it will close.
 /// An error and its causes, `: `-joined: hyper's body error says only "error reading a body
 /// from connection", its cause what was wrong ("invalid chunk size line", …).
 fn error_chain(error: &dyn std::error::Error) -> String {
@@ -377,8 +371,8 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 
 /// A request whose framing or addressing HTTP/1.1 does not allow, refused before anything
 /// else (RFC 9112): an HTTP/1.1 request without exactly one `Host` (a second `Host` was read as
-/// the first one, so the browser guard judged whichever came first, an audit's finding), or
-/// whose absolute-form target names another authority than its `Host`; a `Transfer-Encoding`
+/// the first one, so the browser guard judged whichever came first, an audit's finding); a
+/// `Transfer-Encoding`
 /// other than `chunked` once (hyper read `gzip, chunked` as plain chunked and dropped the gzip,
 /// and `chunked, chunked` as chunked once, which a proxy in front may read otherwise).
 fn misframed(request: &Request) -> Option<ApiError> {
@@ -389,16 +383,10 @@ fn misframed(request: &Request) -> Option<ApiError> {
         let problem = match (host, hosts.next()) {
             (None, _) => Some("has no Host header"),
             (Some(_), Some(_)) => Some("has more than one Host header"),
-            (Some(host), None) => request
-                .uri()
-                .authority()
-                .filter(|authority| {
-                    !authority
-                        .as_str()
-                        .as_bytes()
-                        .eq_ignore_ascii_case(host.as_bytes())
-                })
-                .map(|_| "names another host in its target than in its Host header"),
+            // An absolute-form target's authority stands in for `Host`, which the server
+            // then ignores (RFC 9112, section 3.2.2); the browser guard reads `Host`, which a
+            // browser sends with an origin-form target only.
+            (Some(_), None) => None,
         };
         if let Some(problem) = problem {
             return Some(ApiError::invalid(format!(
@@ -433,6 +421,12 @@ fn misframed(request: &Request) -> Option<ApiError> {
     )))
 }
 
+/// Answer `response` to a request refused before its body was read: after draining the body
+/// (see [`drain`]), so the client reads the answer and may keep using the connection (the
+/// answer says `Connection: close` when the body was cut short). A client waiting for `100
+/// Continue` has sent no body and is answered at once, with `Connection: close`: hyper closes
+/// such a connection after the answer (the body may still come), and RFC 9110 (10.1.1) asks a
+/// server answering before the content to say whether it will close.
 async fn answer_after_draining(
     request: Request,
     waits_to_send: bool,

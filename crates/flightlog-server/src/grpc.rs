@@ -183,7 +183,9 @@ fn not_grpc(headers: &axum::http::HeaderMap) -> Option<axum::response::Response>
     };
     let mut response = axum::response::IntoResponse::into_response(
         crate::ApiError::UnsupportedMediaType(format!(
-            "this is flightlog's OTLP/gRPC listener: a call's content-type must be              application/grpc (this request's is {shown}); send OTLP/HTTP (JSON or protobuf) to              /v1/traces on the HTTP listener"
+            "this is flightlog's OTLP/gRPC listener: a call's content-type must be \
+             application/grpc (this request's is {shown}); send OTLP/HTTP (JSON or protobuf) to \
+             /v1/traces on the HTTP listener"
         )),
     );
     response.headers_mut().insert(
@@ -366,6 +368,16 @@ async fn entries_within_budget(
     } else {
         ExportSchema::Traces
     };
+    // What the compressed messages inflate to holds the budget before anything is inflated
+    // into memory, counted by inflating into nothing, as the HTTP gate counts an OTLP body
+    // (the check below, and tonic after it, inflate it for real): sixteen calls of a 65 KB zlib
+    // message inflating to 64 MiB each held a gigabyte the budget did not see (the review).
+    let inflated = inflated_len(&bytes, encoding, limits.inflated_limit);
+    if inflated > 0 {
+        hold.cover(bytes.len().saturating_add(inflated))
+            .await
+            .map_err(|refusal| Status::unavailable(refusal.to_string()))?;
+    }
     let found =
         flightlog_otlp::check_grpc_messages(&bytes, encoding, schema, limits.inflated_limit)
             .map_err(|error| match error {
@@ -373,11 +385,6 @@ async fn entries_within_budget(
                 OtlpError::Malformed { .. } => Status::invalid_argument(error.to_string()),
                 _ => Status::resource_exhausted(crate::routes::otlp::otlp_error_message(&error)),
             })?;
-    if found.inflated_bytes > 0 {
-        hold.cover(bytes.len().saturating_add(found.inflated_bytes))
-            .await
-            .map_err(|refusal| Status::unavailable(refusal.to_string()))?;
-    }
     let messages = found.count;
     // tonic reads a unary call's first message and drops the rest unread: a client that sent
     // two was answered OK and lost the second's spans without a word (an audit's finding).
@@ -391,6 +398,29 @@ async fn entries_within_budget(
         parts,
         axum::body::Body::from(bytes),
     ))
+}
+
+/// What the compressed messages of a gRPC request body (its length-prefixed frames flagged
+/// compressed, under `grpc-encoding` gzip or deflate) inflate to, each counted up to `limit`
+/// without being kept ([`flightlog_otlp::inflated_len`]); 0 when none is.
+fn inflated_len(body: &[u8], encoding: Option<&str>, limit: usize) -> usize {
+    let Some(encoding) = encoding else {
+        return 0;
+    };
+    let mut rest = body;
+    let mut total = 0usize;
+    while let (Some(&flag), Some(length)) = (rest.first(), rest.get(1..5)) {
+        let length = u32::from_be_bytes([length[0], length[1], length[2], length[3]]) as usize;
+        let Some(message) = rest.get(5..5 + length) else {
+            break;
+        };
+        rest = &rest[5 + length..];
+        if flag != 0 {
+            let counted = flightlog_otlp::inflated_len(Some(encoding), message, limit);
+            total = total.saturating_add(counted.unwrap_or(0));
+        }
+    }
+    total
 }
 
 /// How large a call's message may be: as sent (`--body-limit`), and inflated when compressed

@@ -62,7 +62,7 @@ pub struct ServerConfig {
     /// (`allow_unauthenticated_non_loopback`).
     pub loopback_names_only: bool,
     /// Where the OTLP/gRPC listener listens, if anywhere: named in what an HTTP/2 (gRPC) client
-    /// that reached the HTTP port is answered (see `parse_error_body`).
+    /// that reached the HTTP port is answered (see `wrong_port`).
     pub grpc_listening_on: Option<std::net::SocketAddr>,
     /// Where the HTTP listener listens: named in what an HTTP/1.1 client that reached the gRPC
     /// listener is answered.

@@ -45,10 +45,15 @@ const HTTP_1_1_REQUIRED: u32 = 0xd;
 /// How many reads of a refused client's bytes one poll makes before it yields.
 const DROPPED_READS_A_POLL: usize = 16;
 
-/// How long a refused client's bytes are dropped while it has not closed: long enough for a
-/// client to read the refusal and close (gRPC clients close on the GOAWAY at once), short
-/// enough that one that never does holds its connection no longer than this.
+/// How long a refused client's bytes are dropped while it has not closed, counted from the last
+/// of them: long enough for a client to read the refusal and close (gRPC clients close on the
+/// GOAWAY at once), and for one still uploading a body (an OTLP/HTTP exporter sends its whole
+/// batch before it reads an answer) to finish it, so the close is no reset; short enough that
+/// one that sends nothing holds its connection no longer than this.
 const REFUSED_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The longest a refused client's bytes are dropped in all, however steadily they come.
+const REFUSED_LINGER_AT_MOST: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The protocol a listener speaks, and so what its clients must open with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,12 +64,26 @@ pub(crate) enum Speaks {
     Http2,
 }
 
+/// A listener's address as a client names it: a listener on every address (`0.0.0.0:4317`, in a
+/// container) is reached at its port of whatever address the client used, so only the port is
+/// named (the review: "at 0.0.0.0:4317" is no address a remote client can use).
+fn named(addr: SocketAddr) -> String {
+    if addr.ip().is_unspecified() {
+        format!("port {} of this host", addr.port())
+    } else {
+        addr.to_string()
+    }
+}
+
 /// What an HTTP/2 client hears on the HTTP/1.1 listener: the server's connection preface (an
 /// empty SETTINGS frame), then `GOAWAY` (no stream processed, `HTTP_1_1_REQUIRED`) whose debug
 /// data says where to send OTLP/gRPC: `grpc`, the gRPC listener's address, or that it is off.
 pub(crate) fn refusal_of_http2(grpc: Option<SocketAddr>) -> Arc<[u8]> {
     let where_to = match grpc {
-        Some(grpc) => format!("send OTLP/gRPC to flightlog's gRPC listener at {grpc}"),
+        Some(grpc) => format!(
+            "send OTLP/gRPC to flightlog's gRPC listener at {}",
+            named(grpc)
+        ),
         None => "flightlog's OTLP/gRPC listener is off (--grpc-addr); send OTLP/HTTP to \
                  /v1/traces on this port"
             .to_owned(),
@@ -90,6 +109,10 @@ pub(crate) fn refusal_of_http2(grpc: Option<SocketAddr>) -> Arc<[u8]> {
 /// error body, naming `http`, the HTTP listener's address (when known).
 pub(crate) fn refusal_of_http1(http: Option<SocketAddr>) -> Arc<[u8]> {
     let where_to = match http {
+        Some(http) if http.ip().is_unspecified() => format!(
+            "send OTLP/HTTP (POST /v1/traces) and API requests to port {} of this host",
+            http.port()
+        ),
         Some(http) => format!("send OTLP/HTTP (POST /v1/traces) and API requests to http://{http}"),
         None => "send OTLP/HTTP (POST /v1/traces) and API requests to flightlog's HTTP listener \
                  (--addr)"
@@ -121,7 +144,11 @@ enum Opening {
     /// Not the listener's protocol: the refusal (how much of it is written) goes out, the
     /// client's bytes and the stack's writes are dropped, until the client closes or the
     /// linger ends.
-    Refused(usize, std::pin::Pin<Box<tokio::time::Sleep>>),
+    Refused(
+        usize,
+        std::pin::Pin<Box<tokio::time::Sleep>>,
+        tokio::time::Instant,
+    ),
 }
 
 /// A listener's socket that answers a client of the other protocol (see the module doc).
@@ -170,7 +197,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> WrongPort<T> {
                 Speaks::Http2 => !preface_so_far,
             };
             if refused {
-                self.opening = Opening::Refused(0, Box::pin(tokio::time::sleep(REFUSED_LINGER)));
+                let now = tokio::time::Instant::now();
+                self.opening = Opening::Refused(
+                    0,
+                    Box::pin(tokio::time::sleep(REFUSED_LINGER)),
+                    now + REFUSED_LINGER_AT_MOST,
+                );
             } else if ended || preface || !preface_so_far {
                 self.opening = Opening::Passing(std::mem::take(seen), 0);
             }
@@ -179,7 +211,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> WrongPort<T> {
 
     /// Write the refusal on; ready once all of it is written (or when not refused).
     fn poll_write_refusal(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while let Opening::Refused(written, _) = &mut self.opening {
+        while let Opening::Refused(written, ..) = &mut self.opening {
             let Some(rest) = self.refusal.get(*written..).filter(|rest| !rest.is_empty()) else {
                 break;
             };
@@ -199,23 +231,33 @@ impl<T: AsyncRead + AsyncWrite + Unpin> WrongPort<T> {
         if let Poll::Ready(Err(err)) = self.poll_write_refusal(cx) {
             return Poll::Ready(Err(err));
         }
-        if let Opening::Refused(_, linger) = &mut self.opening {
-            if linger.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Ok(()));
-            }
-        }
         let mut dropped = [0u8; 4096];
         for _ in 0..DROPPED_READS_A_POLL {
             let mut sink = ReadBuf::new(&mut dropped);
             match Pin::new(&mut self.inner).poll_read(cx, &mut sink) {
                 Poll::Ready(Ok(())) if sink.filled().is_empty() => return Poll::Ready(Ok(())),
-                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Ok(())) => {
+                    // Bytes came: the linger counts again from now, within its bound.
+                    if let Opening::Refused(_, linger, at_most) = &mut self.opening {
+                        let until = (tokio::time::Instant::now() + REFUSED_LINGER).min(*at_most);
+                        linger.as_mut().reset(until);
+                    }
+                }
                 Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => return self.poll_linger(cx),
             }
         }
         cx.waker().wake_by_ref();
-        Poll::Pending
+        self.poll_linger(cx)
+    }
+
+    /// Ready (the end of the stream for the stack) once a refused client's linger is over,
+    /// else pending with the timer's waker registered.
+    fn poll_linger(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.opening {
+            Opening::Refused(_, linger, _) => linger.as_mut().poll(cx).map(Ok),
+            _ => Poll::Ready(Ok(())),
+        }
     }
 
     /// Before any write of the stack: the first bytes told apart (the stack waits until then),
@@ -322,6 +364,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WrongPort<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// The HTTP/2 preface on the HTTP/1 listener, even in pieces, is answered with the refusal
@@ -400,6 +443,41 @@ mod tests {
         let mut answer = vec![0u8; refusal.len()];
         client.read_exact(&mut answer).await.expect("the refusal");
         assert_eq!(answer, *refusal);
+    }
+
+    /// A refused client still sending (an exporter uploading its batch) is read on while its
+    /// bytes keep coming, up to [`REFUSED_LINGER_AT_MOST`], so the close after it is no reset.
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_client_still_sending_is_read_on_within_a_bound() {
+        for (sends_for, let_go_after) in [
+            (Duration::from_secs(3), Duration::from_secs(4)),
+            (Duration::from_secs(30), REFUSED_LINGER_AT_MOST),
+        ] {
+            let refusal = refusal_of_http1(None);
+            let (mut client, server) = tokio::io::duplex(1 << 20);
+            let mut wrapped = WrongPort::new(server, Speaks::Http2, Arc::clone(&refusal));
+            client
+                .write_all(b"POST /v1/traces HTTP/1.1\r\n")
+                .await
+                .expect("write");
+            let sender = tokio::spawn(async move {
+                let started = tokio::time::Instant::now();
+                while started.elapsed() < sends_for {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    if client.write_all(&[b'x'; 100]).await.is_err() {
+                        break;
+                    }
+                }
+                client
+            });
+            let started = tokio::time::Instant::now();
+            let mut seen = Vec::new();
+            wrapped.read_to_end(&mut seen).await.expect("read");
+            assert!(seen.is_empty());
+            assert_eq!(started.elapsed(), let_go_after, "sending for {sends_for:?}");
+            drop(wrapped);
+            drop(sender.await.expect("the sender"));
+        }
     }
 
     /// On the HTTP/2 listener an HTTP/1.1 request is answered `400` with the contract's body
