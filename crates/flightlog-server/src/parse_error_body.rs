@@ -123,24 +123,36 @@ fn rewrite(bytes: &[u8]) -> Option<(Vec<u8>, u16)> {
     Some((answer, status))
 }
 
+/// Write `bytes` from `written` on to `inner`, counting in `written`; ready once all of them
+/// are written (what a socket wrapper that answers by itself writes before anything else).
+pub(crate) fn poll_write_rest<W: AsyncWrite + Unpin>(
+    inner: &mut W,
+    cx: &mut Context<'_>,
+    bytes: &[u8],
+    written: &mut usize,
+) -> Poll<io::Result<()>> {
+    while let Some(rest) = bytes.get(*written..).filter(|rest| !rest.is_empty()) {
+        match Pin::new(&mut *inner).poll_write(cx, rest) {
+            Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+            Poll::Ready(Ok(count)) => *written += count,
+            Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
+            Poll::Pending => return Poll::Pending,
+        }
+    }
+    Poll::Ready(Ok(()))
+}
+
 impl<T: AsyncWrite + Unpin> ParseErrorBody<T> {
     /// Write out the rewritten answer; ready once all of it is written (or there is none).
     fn poll_write_rewritten(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while let Some((answer, written)) = &mut self.rewritten {
-            let Some(rest) = answer.get(*written..).filter(|rest| !rest.is_empty()) else {
-                self.rewritten = None;
-                break;
-            };
-            match Pin::new(&mut self.inner).poll_write(cx, rest) {
-                Poll::Ready(Ok(0)) => {
-                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-                }
-                Poll::Ready(Ok(count)) => *written += count,
-                Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
-                Poll::Pending => return Poll::Pending,
-            }
+        let Some((answer, written)) = &mut self.rewritten else {
+            return Poll::Ready(Ok(()));
+        };
+        let outcome = poll_write_rest(&mut self.inner, cx, answer, written);
+        if matches!(outcome, Poll::Ready(Ok(()))) {
+            self.rewritten = None;
         }
-        Poll::Ready(Ok(()))
+        outcome
     }
 
     /// `None` once the rewritten answer (if any) is all written; else what a write must answer

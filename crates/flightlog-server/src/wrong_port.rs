@@ -211,18 +211,15 @@ impl<T: AsyncRead + AsyncWrite + Unpin> WrongPort<T> {
 
     /// Write the refusal on; ready once all of it is written (or when not refused).
     fn poll_write_refusal(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while let Opening::Refused(written, ..) = &mut self.opening {
-            let Some(rest) = self.refusal.get(*written..).filter(|rest| !rest.is_empty()) else {
-                break;
-            };
-            match Pin::new(&mut self.inner).poll_write(cx, rest) {
-                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Poll::Ready(Ok(count)) => *written += count,
-                Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
-                Poll::Pending => return Poll::Pending,
-            }
+        match &mut self.opening {
+            Opening::Refused(written, ..) => crate::parse_error_body::poll_write_rest(
+                &mut self.inner,
+                cx,
+                &self.refusal,
+                written,
+            ),
+            _ => Poll::Ready(Ok(())),
         }
-        Poll::Ready(Ok(()))
     }
 
     /// A read of a refused client: the refusal written on, the client's bytes dropped; ready
