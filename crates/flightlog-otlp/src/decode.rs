@@ -155,6 +155,19 @@ pub(crate) fn read_body<T>(
     Ok((decode(body, encoding)?, encoding))
 }
 
+/// The length-prefixed messages of a gRPC request body, each with its flag (1: compressed), up
+/// to the first one cut short.
+pub fn grpc_frames(body: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
+    let mut rest = body;
+    std::iter::from_fn(move || {
+        let (&flag, length) = (rest.first()?, rest.get(1..5)?);
+        let length = u32::from_be_bytes([length[0], length[1], length[2], length[3]]) as usize;
+        let message = rest.get(5..5usize.checked_add(length)?)?;
+        rest = &rest[5 + length..];
+        Some((flag, message))
+    })
+}
+
 /// Check the messages of a gRPC request body (its length-prefixed frames) before tonic decodes
 /// them, as an OTLP/HTTP body is checked (see `decoded_size`): a frame flagged compressed is
 /// inflated first when the call's `grpc-encoding` is gzip or deflate, within `max_decompressed`
@@ -167,14 +180,8 @@ pub fn check_grpc_messages(
     schema: ExportSchema,
     max_decompressed: usize,
 ) -> Result<GrpcMessages, OtlpError> {
-    let mut rest = body;
     let mut found = GrpcMessages::default();
-    while let (Some(&flag), Some(length)) = (rest.first(), rest.get(1..5)) {
-        let length = u32::from_be_bytes([length[0], length[1], length[2], length[3]]) as usize;
-        let Some(message) = rest.get(5..5 + length) else {
-            return Ok(found);
-        };
-        rest = &rest[5 + length..];
+    for (flag, message) in grpc_frames(body) {
         found.count += 1;
         let inflated;
         let compression = match grpc_encoding.map(str::trim) {

@@ -42,7 +42,8 @@ mod test_support;
 
 pub use attributes::MAX_ATTRIBUTE_VALUE_BYTES;
 pub use decode::{
-    check_grpc_messages, decode_request, inflated_len, ExportSchema, GrpcMessages, OtlpEncoding,
+    check_grpc_messages, decode_request, grpc_frames, inflated_len, ExportSchema, GrpcMessages,
+    OtlpEncoding,
 };
 pub use error::OtlpError;
 pub use mapping::{map_request, MappedBatch, MappingOptions, RejectedSpan};

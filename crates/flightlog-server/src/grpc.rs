@@ -407,20 +407,12 @@ fn inflated_len(body: &[u8], encoding: Option<&str>, limit: usize) -> usize {
     let Some(encoding) = encoding else {
         return 0;
     };
-    let mut rest = body;
-    let mut total = 0usize;
-    while let (Some(&flag), Some(length)) = (rest.first(), rest.get(1..5)) {
-        let length = u32::from_be_bytes([length[0], length[1], length[2], length[3]]) as usize;
-        let Some(message) = rest.get(5..5 + length) else {
-            break;
-        };
-        rest = &rest[5 + length..];
-        if flag != 0 {
-            let counted = flightlog_otlp::inflated_len(Some(encoding), message, limit);
-            total = total.saturating_add(counted.unwrap_or(0));
-        }
-    }
-    total
+    flightlog_otlp::grpc_frames(body)
+        .filter(|(flag, _)| *flag != 0)
+        .map(|(_, message)| flightlog_otlp::inflated_len(Some(encoding), message, limit))
+        .fold(0usize, |total, counted| {
+            total.saturating_add(counted.unwrap_or(0))
+        })
 }
 
 /// How large a call's message may be: as sent (`--body-limit`), and inflated when compressed
